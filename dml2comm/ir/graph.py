@@ -1,0 +1,175 @@
+"""dml2comm's own frozen operator graph.
+
+Only :mod:`dml2comm.ir.onnx_import` reads ONNX protobufs; everything after it sees these
+classes.  An :class:`OpGraph` is the forward graph of one model replica with every tensor's
+shape static (symbolic dims bound at import).  Weights are tensors with ``is_weight=True``;
+their values are never read.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = ["DType", "Tensor", "Op", "OpGraph"]
+
+
+class DType(enum.Enum):
+    """Element types, named as in the ONNX spec (TensorProto.DataType), with byte sizes."""
+
+    FLOAT = ("float32", 4, True)
+    FLOAT16 = ("float16", 2, True)
+    BFLOAT16 = ("bfloat16", 2, True)
+    DOUBLE = ("float64", 8, True)
+    FLOAT8 = ("float8", 1, True)
+    INT8 = ("int8", 1, False)
+    UINT8 = ("uint8", 1, False)
+    INT16 = ("int16", 2, False)
+    UINT16 = ("uint16", 2, False)
+    INT32 = ("int32", 4, False)
+    UINT32 = ("uint32", 4, False)
+    INT64 = ("int64", 8, False)
+    UINT64 = ("uint64", 8, False)
+    BOOL = ("bool", 1, False)
+    STRING = ("string", 8, False)
+    COMPLEX64 = ("complex64", 8, True)
+    COMPLEX128 = ("complex128", 16, True)
+    UNDEFINED = ("undefined", 4, False)
+
+    def __init__(self, label: str, itemsize: int, is_float: bool) -> None:
+        self.label = label
+        self.itemsize = itemsize
+        self.is_float = is_float
+
+    @classmethod
+    def from_label(cls, label: str) -> "DType":
+        for member in cls:
+            if member.label == label:
+                return member
+        raise KeyError(label)
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A value in the graph: a static shape and an element type.
+
+    ``shape`` is a tuple of ints (``()`` for scalars).  ``is_weight`` marks trainable
+    parameters (initializers or large Constant nodes); ``is_input`` marks graph inputs that
+    carry the micro-batch (read from the host each step).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    is_weight: bool = False
+    is_input: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def with_shape(self, shape: tuple[int, ...]) -> "Tensor":
+        return Tensor(self.name, tuple(shape), self.dtype, self.is_weight, self.is_input)
+
+    def with_dtype(self, dtype: DType) -> "Tensor":
+        return Tensor(self.name, self.shape, dtype, self.is_weight, self.is_input)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One ONNX node after shape inference.
+
+    ``inputs``/``outputs`` are tensor names; an omitted optional input is ``""``.
+    ``scope`` is the module path the exporter recorded (``transformer.h.5.attn``), or ``""``.
+    ``attrs`` holds plain Python values (ints, floats, strings, lists of those).
+    """
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    scope: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+class OpGraph:
+    """Forward graph of one replica: ops in topological order and every tensor by name.
+
+    Immutable after construction (mappings are read-only views).
+    """
+
+    __slots__ = ("name", "ops", "tensors", "inputs", "outputs", "_producer", "_consumers", "metadata")
+
+    def __init__(
+        self,
+        name: str,
+        ops: tuple[Op, ...],
+        tensors: Mapping[str, Tensor],
+        inputs: tuple[str, ...],
+        outputs: tuple[str, ...],
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.ops = tuple(ops)
+        self.tensors = MappingProxyType(dict(tensors))
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.metadata = MappingProxyType(dict(metadata or {}))
+        producer: dict[str, int] = {}
+        consumers: dict[str, list[int]] = {}
+        for op in self.ops:
+            for name_ in op.outputs:
+                if name_:
+                    producer[name_] = op.index
+            for name_ in op.inputs:
+                if name_:
+                    consumers.setdefault(name_, []).append(op.index)
+        self._producer = MappingProxyType(producer)
+        self._consumers = MappingProxyType({k: tuple(v) for k, v in consumers.items()})
+
+    def producer(self, tensor: str) -> int | None:
+        """Index of the op producing ``tensor``, or None for inputs and weights."""
+        return self._producer.get(tensor)
+
+    def consumers(self, tensor: str) -> tuple[int, ...]:
+        """Indices of ops reading ``tensor``."""
+        return self._consumers.get(tensor, ())
+
+    def tensor(self, name: str) -> Tensor | None:
+        return self.tensors.get(name) if name else None
+
+    def op_inputs(self, op: Op) -> tuple[Tensor | None, ...]:
+        return tuple(self.tensors.get(n) if n else None for n in op.inputs)
+
+    def op_outputs(self, op: Op) -> tuple[Tensor | None, ...]:
+        return tuple(self.tensors.get(n) if n else None for n in op.outputs)
+
+    @property
+    def weights(self) -> tuple[Tensor, ...]:
+        return tuple(t for t in self.tensors.values() if t.is_weight)
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.tensors.values() if t.is_weight)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __repr__(self) -> str:
+        return f"OpGraph({self.name!r}, ops={len(self.ops)}, params={self.num_params})"

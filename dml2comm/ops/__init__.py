@@ -1,0 +1,1 @@
+"""Op cost rules.  Importing this package registers every family module with the registry."""

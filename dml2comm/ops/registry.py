@@ -1,0 +1,121 @@
+"""Registry of per-op cost rules: FLOPs and HBM bytes, forward and backward.
+
+A rule is a function ``rule(op, inputs, outputs) -> OpCost`` registered for one or more ONNX
+op types with :func:`cost_rule`.  ``inputs``/``outputs`` are :class:`~dml2comm.ir.graph.Tensor`
+objects (``None`` for an omitted optional input) whose shapes are the ones the op really runs
+on: the analysis passes *sharded* shapes under tensor parallelism and the training dtype's
+element size, so a rule never looks anything up in the graph.
+
+Conventions every rule follows (the per-family modules cite their sources):
+- ``flops_fwd`` counts a multiply-add as 2 FLOPs (Narayanan et al. 2021, Sec. 5.1 / App.).
+- ``bytes_fwd`` is the HBM traffic of an unfused kernel: every input read once plus every
+  output written once (weights included).  View ops (Reshape, Squeeze, ...) move no data.
+- ``flops_bwd``/``bytes_bwd`` are the backward pass of the op: for matmul-like ops 2x the
+  forward FLOPs (gradient w.r.t. input and w.r.t. weight; Narayanan et al. 2021, eq. (3)
+  derivation); per-family rules otherwise.
+
+Duplicates are refused at import time; a miss raises :class:`UnsupportedOpError` naming the
+op and where to add a rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from dml2comm.errors import RegistryError, UnsupportedOpError
+from dml2comm.ir.graph import Op, Tensor
+
+__all__ = [
+    "OpCost",
+    "Rule",
+    "cost_rule",
+    "lookup",
+    "op_cost",
+    "registered_op_types",
+    "io_bytes",
+    "memory_bound_cost",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """Cost of one op for one micro-batch on one GPU (SI units: FLOPs and bytes)."""
+
+    flops_fwd: float
+    bytes_fwd: float
+    flops_bwd: float
+    bytes_bwd: float
+    rule: str  # which rule produced it, shown in tooltips ("matmul", "elementwise", ...)
+    fallback: bool = False  # True when --lenient guessed a memory-bound cost for an unknown op
+
+
+Rule = Callable[[Op, Sequence["Tensor | None"], Sequence["Tensor | None"]], OpCost]
+
+_RULES: dict[str, Rule] = {}
+_RULE_HOME: dict[str, str] = {}
+
+
+def cost_rule(*op_types: str) -> Callable[[Rule], Rule]:
+    """Register ``fn`` as the cost rule for ``op_types``; a second rule for a type is refused."""
+
+    def register(fn: Rule) -> Rule:
+        for op_type in op_types:
+            if op_type in _RULES:
+                raise RegistryError(
+                    f"cost rule for {op_type!r} registered twice "
+                    f"({_RULE_HOME[op_type]} and {fn.__module__}.{fn.__qualname__}); keep one"
+                )
+            _RULES[op_type] = fn
+            _RULE_HOME[op_type] = f"{fn.__module__}.{fn.__qualname__}"
+        return fn
+
+    return register
+
+
+def _load_families() -> None:
+    # Importing the package registers every family module (see dml2comm/ops/__init__.py).
+    import dml2comm.ops  # noqa: F401
+
+
+def lookup(op_type: str) -> Rule | None:
+    _load_families()
+    return _RULES.get(op_type)
+
+
+def registered_op_types() -> tuple[str, ...]:
+    _load_families()
+    return tuple(sorted(_RULES))
+
+
+def io_bytes(inputs: Iterable[Tensor | None], outputs: Iterable[Tensor | None]) -> float:
+    """Bytes read plus bytes written by an unfused kernel: each tensor touched once."""
+    return float(sum(t.nbytes for t in inputs if t is not None) + sum(t.nbytes for t in outputs if t is not None))
+
+
+def memory_bound_cost(inputs: Sequence[Tensor | None], outputs: Sequence[Tensor | None], rule: str, fallback: bool = False) -> OpCost:
+    """Zero-FLOP cost: forward moves inputs+outputs; backward reads the output gradient and
+    writes the gradients of float inputs (same sizes), i.e. about the same traffic."""
+    fwd = io_bytes(inputs, outputs)
+    bwd = io_bytes([t for t in inputs if t is not None and t.dtype.is_float], outputs)
+    return OpCost(0.0, fwd, 0.0, bwd, rule, fallback)
+
+
+def op_cost(op: Op, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor | None], lenient: bool = False) -> OpCost:
+    """Cost of ``op`` on the given (possibly sharded) tensors.
+
+    Raises
+    ------
+    UnsupportedOpError
+        No rule for ``op.op_type`` and ``lenient`` is false.
+    """
+    rule = lookup(op.op_type)
+    if rule is not None:
+        return rule(op, inputs, outputs)
+    if lenient:
+        return memory_bound_cost(inputs, outputs, "unknown op: memory-bound guess", fallback=True)
+    domain = f" (domain {op.domain!r})" if op.domain not in ("", "ai.onnx") else ""
+    raise UnsupportedOpError(
+        f"no cost rule for op type {op.op_type!r}{domain} at node {op.name!r}; add one with "
+        f"@cost_rule({op.op_type!r}) in a module of dml2comm/ops/, or pass --lenient to cost it as memory-bound"
+    )
