@@ -20,7 +20,6 @@ class CollectiveKind(enum.Enum):
     ALL_TO_ALL = "ALL_TO_ALL"
     SEND_RECV = "SEND_RECV"
 
-    @property
 
 class ParallelDim(enum.Enum):
     TP = "tp"
