@@ -1,0 +1,479 @@
+"""``analyze(model, config, cluster) -> Analysis``: the one place the stages are chained.
+
+ONNX -> OpGraph -> layers -> tensor-parallel shards -> per-op costs -> pipeline stages ->
+communication (tp, pp, dp) -> network costs -> first iteration estimate.
+
+Symmetry: replicas and tensor ranks are identical up to GPU ids, so every op is costed once
+(on its tensor-parallel shard) and every stage once; per-GPU views are derived on demand.
+Nothing here grows with d*t*p except the O(1) look-ups of one representative group per stage.
+
+First iteration estimate (documented in the README; replaced by the event simulator of a
+later issue): the 1F1B critical path (Narayanan et al. 2021, Sec. 2.2.1)
+
+    T = (m + (p - 1) / v) * max_s (t_f,s + t_b,s) + exposed DP reduction + optimizer step
+
+where t_f,s / t_b,s are one micro-batch's forward / backward time on stage s, including its
+tensor-parallel collectives (on the critical path in Megatron-LM), its pipeline Send of
+activations (forward) or gradients (backward), the input Read, per-micro-batch ZeRO-2/3
+collectives, and recomputation.  The once-per-iteration DP gradient reduction overlaps the
+backward pass of the last micro-batch and the pipeline drain: exposed = max over stages of
+max(T_dp,s - t_b,s - s * t_b,max, T_last bucket,s, 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dml2comm.cost.compute import op_times_s, optimizer_step_s
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import Cluster, RankMap
+from dml2comm.ir.graph import OpGraph, Tensor
+from dml2comm.ir.layers import LayeredGraph, group_layers
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model
+from dml2comm.network.collectives import collective_cost
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
+from dml2comm.ops.registry import OpCost, op_cost
+from dml2comm.parallel.config import ParallelConfig
+from dml2comm.parallel.data import data_parallel_comms
+from dml2comm.parallel.pipeline import partition_layers, stage_boundaries
+from dml2comm.parallel.tensor import TensorParallelPlan, shard_tensor_parallel
+
+__all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
+
+#: Host-to-device bandwidth for the input Read when a GPU preset gives none: PCIe 4.0 x16,
+#: 32 GB/s per direction (PCI-SIG PCIe 4.0 specification, 16 GT/s x 16 lanes).
+PCIE4_X16_BYTES_PER_S = 32e9
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """One op as it runs on one tensor rank, for one micro-batch."""
+
+    index: int
+    name: str
+    op_type: str
+    layer: int
+    stage: int
+    cost: OpCost
+    time_fwd_s: float
+    time_bwd_s: float
+    shard_factor: int
+    shard_rule: str
+    output_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommNode:
+    """A communication op of the plan, costed: count is per iteration on one GPU of its group."""
+
+    kind: CollectiveKind
+    dim: ParallelDim
+    phase: Phase
+    stage: int
+    layer: int | None
+    after_op: int | None
+    tensor: str
+    group_size: int
+    group: tuple[int, ...]  # ranks of the representative group (replica 0, tensor rank 0)
+    message_bytes: float
+    bytes_sent_per_gpu: float
+    time_s: float
+    algorithm: str
+    link: str
+    count_per_iteration: int
+    per_micro_batch: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LayerInfo:
+    index: int
+    name: str
+    kind: str
+    stage: int
+    num_ops: int
+    params: int  # unsharded
+    flops_fwd: float  # unsharded, per micro-batch
+    time_fwd_s: float  # per micro-batch on one GPU (sharded), compute only
+    time_bwd_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageInfo:
+    index: int
+    layers: tuple[int, ...]
+    params: int  # unsharded
+    params_per_gpu: float  # after tensor parallelism (before ZeRO)
+    flops_fwd: float  # unsharded, per micro-batch
+    time_fwd_s: float  # per micro-batch: compute + tp comm + pp send + read + zero per-mb
+    time_bwd_s: float  # per micro-batch, including recomputation
+    compute_fwd_s: float
+    compute_bwd_s: float
+    dp_time_s: float  # once-per-iteration data-parallel collectives
+    optimizer_time_s: float
+    memory: Mapping[str, float | None]
+    ranks: tuple[int, ...]  # GPUs of replica 0 in this stage (tensor group)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    model_path: str
+    graph: OpGraph
+    layered: LayeredGraph
+    config: ParallelConfig
+    cluster: Cluster
+    rank_map: RankMap
+    tp: TensorParallelPlan
+    ops: tuple[OpInfo, ...]
+    layers: tuple[LayerInfo, ...]
+    stages: tuple[StageInfo, ...]
+    comms: tuple[CommNode, ...]
+    summary: Mapping[str, Any]
+    model_info: Mapping[str, Any]
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def analyze(
+    model_path: str | os.PathLike[str],
+    config: ParallelConfig,
+    cluster: Cluster,
+    import_options: ImportOptions | None = None,
+    lenient: bool = False,
+) -> Analysis:
+    """Import ``model_path`` and analyse it under ``config`` on ``cluster``."""
+    options = import_options or ImportOptions(batch_size=config.micro_batch_size, seq_len=config.seq_len, lenient=lenient)
+    imported = load_model(model_path, options)
+    return analyze_graph(imported, config, cluster, str(model_path), lenient=lenient)
+
+
+def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Cluster, model_path: str = "", lenient: bool = False) -> Analysis:
+    graph = imported.graph
+    warnings: list[str] = list(imported.warnings)
+    if imported.model_batch is not None and imported.model_batch != config.micro_batch_size:
+        raise ConfigError(
+            f"the model fixes its batch dimension at {imported.model_batch}, but --micro-batch-size is "
+            f"{config.micro_batch_size}; use --micro-batch-size {imported.model_batch} or export with a dynamic batch axis"
+        )
+    if cluster.num_gpus != config.num_gpus:
+        raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
+    layered = group_layers(graph)
+    warnings.extend(layered.warnings)
+    train = config.train_dtype
+    dtype_bytes = train.itemsize
+    tp = shard_tensor_parallel(graph, config.tp_size, config.sequence_parallel, dtype_bytes)
+    warnings.extend(tp.warnings)
+
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(config.dtype)
+    hbm = gpu.hbm_bytes_per_s
+
+    def train_view(t: Tensor | None) -> Tensor | None:
+        return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
+
+    # ---- per-op costs on the tensor-parallel shard (each op once)
+    costs: list[OpCost] = []
+    times: list[tuple[float, float]] = []
+    fallback_types: set[str] = set()
+    full_flops: list[float] = []
+    for op, shard in zip(graph.ops, tp.shards):
+        ins = tuple(train_view(t) for t in shard.inputs)
+        outs = tuple(train_view(t) for t in shard.outputs)
+        c = op_cost(op, ins, outs, lenient=lenient)
+        if c.fallback:
+            fallback_types.add(op.op_type)
+        costs.append(c)
+        times.append(op_times_s(c, peak, hbm))
+        full_flops.append(c.flops_fwd * shard.factor)
+    if fallback_types:
+        warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
+
+    # ---- layers and their costs
+    layer_params: list[int] = []
+    layer_params_local: list[float] = []
+    weight_layer: dict[str, int] = {}
+    for layer in layered.layers:
+        for i in layer.op_indices:
+            for name in graph.ops[i].inputs:
+                t = graph.tensors.get(name) if name else None
+                if t is not None and t.is_weight and name not in weight_layer:
+                    weight_layer[name] = layer.index
+    # weights reached through a view (tied LM head via Transpose) belong to their first user
+    for layer in layered.layers:
+        params = sum(graph.tensors[w].numel for w, li in weight_layer.items() if li == layer.index)
+        local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) for w, li in weight_layer.items() if li == layer.index)
+        layer_params.append(params)
+        layer_params_local.append(local)
+    layer_fwd = [sum(times[i][0] for i in layer.op_indices) for layer in layered.layers]
+    layer_bwd = [sum(times[i][1] for i in layer.op_indices) for layer in layered.layers]
+    layer_flops = [sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers]
+
+    # ---- pipeline stages: contiguous, minimising the slowest stage
+    ranges = partition_layers([f + b for f, b in zip(layer_fwd, layer_bwd)], config.pp_size)
+    stage_of_layer = [0] * len(layered.layers)
+    for s, (a, b) in enumerate(ranges):
+        for li in range(a, b):
+            stage_of_layer[li] = s
+    stage_of_op = [stage_of_layer[layered.layer_of_op[i]] for i in range(len(graph.ops))]
+
+    rank_map = RankMap(config.dp_size, config.tp_size, config.pp_size, config.rank_order)
+    comms: list[CommNode] = []
+    m = config.num_micro_batches
+
+    def add_comm(kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason):
+        n = len(group)
+        link = cluster.link_for_group(group)
+        cc = collective_cost(kind, n, message_bytes, link)
+        comms.append(
+            CommNode(kind, dim, phase, stage, layer, after_op, tensor, n, tuple(group), float(message_bytes),
+                     cc.bytes_sent_per_gpu, cc.time_s, cc.algorithm, link.name, count, per_mb, reason)
+        )
+
+    # tensor parallel, per micro-batch (forward and backward)
+    if config.tp_size > 1:
+        for c in tp.comms:
+            s = stage_of_op[c.op_index]
+            add_comm(c.kind, ParallelDim.TP, c.phase, s, layered.layer_of_op[c.op_index], c.op_index, c.tensor,
+                     rank_map.tp_group(0, s), c.message_bytes, m, True, c.reason)
+
+    # pipeline parallel: boundary activations forward, their gradients backward
+    producer_stage: dict[str, int] = {}
+    consumer_stages: dict[str, set[int]] = defaultdict(set)
+    for op in graph.ops:
+        s = stage_of_op[op.index]
+        for name in op.outputs:
+            if name:
+                producer_stage[name] = s
+        for name in op.inputs:
+            if name:
+                consumer_stages[name].add(s)
+    from dml2comm.parallel.tensor import _requires_grad  # noqa: PLC0415 - shared helper
+
+    needs_grad = _requires_grad(graph)
+    boundaries = stage_boundaries(producer_stage, consumer_stages, needs_grad, config.pp_size)
+    local_out: dict[str, Tensor] = {}
+    for op, shard in zip(graph.ops, tp.shards):
+        for name, t in zip(op.outputs, shard.outputs):
+            if name and t is not None:
+                local_out[name] = t
+    for boundary in boundaries:
+        s = boundary.stage
+        pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
+        for name in boundary.tensors:
+            t = local_out.get(name) or graph.tensors[name]
+            size = t.numel * (dtype_bytes if t.dtype.is_float else t.dtype.itemsize)
+            prod = graph.producer(name)
+            add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, size, m, True,
+                     f"activation from stage {s} to stage {s + 1}")
+            add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], size, m, True,
+                     f"gradient from stage {s + 1} to stage {s}")
+
+    # data parallel, per stage
+    for s, (a, b) in enumerate(ranges):
+        local_params = sum(layer_params_local[a:b])
+        for dc in data_parallel_comms(local_params * dtype_bytes, config.dp_size, config.zero_stage, config.bucket_bytes):
+            count = dc.count * (m if dc.per_micro_batch else 1)
+            add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, "gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "parameters",
+                     rank_map.dp_group(s, 0), dc.message_bytes, count, dc.per_micro_batch, dc.reason)
+
+    # ---- stage times per micro-batch
+    pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
+    input_bytes = sum(graph.tensors[n].nbytes for n in graph.inputs)
+    seq_len = config.seq_len or _infer_seq_len(graph)
+    stages: list[StageInfo] = []
+    for s, (a, b) in enumerate(ranges):
+        op_idx = [i for li in range(a, b) for i in layered.layers[li].op_indices]
+        compute_f = sum(times[i][0] for i in op_idx)
+        compute_b = sum(times[i][1] for i in op_idx)
+        recompute = 0.0
+        if config.recompute == "full":
+            recompute = compute_f
+        elif config.recompute == "selective":
+            recompute = sum(times[i][0] for i in op_idx if _is_attention_core(graph, i, seq_len))
+        per_mb = defaultdict(float)
+        dp_once = 0.0
+        for c in comms:
+            if c.stage != s:
+                continue
+            if c.per_micro_batch:
+                per_mb[c.phase] += c.time_s * (c.count_per_iteration / m)
+            elif c.dim is ParallelDim.DP:
+                dp_once += c.time_s * c.count_per_iteration
+        if config.recompute == "full":  # the recomputed forward repeats its TP collectives
+            per_mb[Phase.BACKWARD] += sum(c.time_s * c.count_per_iteration / m for c in comms if c.stage == s and c.dim is ParallelDim.TP and c.phase is Phase.FORWARD)
+        reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
+        t_f = compute_f + per_mb[Phase.FORWARD] + reads
+        t_b = compute_b + recompute + per_mb[Phase.BACKWARD]
+        params = sum(layer_params[a:b])
+        params_local = sum(layer_params_local[a:b])
+        opt_params = params_local / (config.dp_size if config.zero_stage >= 1 else 1)
+        opt_t = optimizer_step_s(opt_params, config.optimizer, dtype_bytes, hbm)
+        stages.append(
+            StageInfo(
+                index=s,
+                layers=tuple(range(a, b)),
+                params=params,
+                params_per_gpu=params_local,
+                flops_fwd=sum(layer_flops[a:b]),
+                time_fwd_s=t_f,
+                time_bwd_s=t_b,
+                compute_fwd_s=compute_f,
+                compute_bwd_s=compute_b + recompute,
+                dp_time_s=dp_once,
+                optimizer_time_s=opt_t,
+                memory=_model_state_memory(params_local, config, dtype_bytes),
+                ranks=rank_map.tp_group(0, s),
+            )
+        )
+    # exposed DP reduction (see module docstring)
+    t_b_max = max(st.time_bwd_s for st in stages)
+    exposed_dp = 0.0
+    for st in stages:
+        last_bucket = max((c.time_s for c in comms if c.stage == st.index and c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD), default=0.0)
+        others = st.dp_time_s - sum(c.time_s * c.count_per_iteration for c in comms if c.stage == st.index and c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD)
+        exposed_dp = max(exposed_dp, max(st.dp_time_s - others - st.time_bwd_s - st.index * t_b_max, last_bucket if st.dp_time_s else 0.0, 0.0) + others)
+
+    layers_info = tuple(
+        LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
+        for l in layered.layers
+    )
+    ops_info = tuple(
+        OpInfo(op.index, op.name, op.op_type, layered.layer_of_op[op.index], stage_of_op[op.index], costs[op.index],
+               times[op.index][0], times[op.index][1], tp.shards[op.index].factor, tp.shards[op.index].rule,
+               _shape(tp.shards[op.index].outputs))
+        for op in graph.ops
+    )
+    summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, exposed_dp, full_flops, peak, seq_len, model_path)
+    warnings.append(
+        "compute times are rooflines at the GPU's peak dense throughput (no GEMM efficiency model yet), "
+        "so they are lower bounds; network times use the alpha-beta ring model"
+    )
+    warnings.append("activation memory is not modelled yet: stages[].memory.activations_bytes, peak_memory_bytes and fits_in_memory are null")
+    if not any(l.kind == "block" for l in layered.layers):
+        warnings.append("no repeated blocks found; pipeline stages split whole layers only")
+    return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
+                    summary, model_info, tuple(dict.fromkeys(warnings)))
+
+
+def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
+    for t in outputs:
+        if t is not None:
+            return t.shape
+    return ()
+
+
+def _infer_seq_len(graph: OpGraph) -> int | None:
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        if not t.dtype.is_float and t.rank == 2:
+            return t.shape[1]
+    return None
+
+
+def _is_attention_core(graph: OpGraph, index: int, seq_len: int | None) -> bool:
+    """Selective recomputation recomputes the ops on the s x s attention scores
+    (Korthikanti et al. 2022, Sec. 5): QK^T, scale, mask, softmax, dropout, scores x V."""
+    if not seq_len:
+        return False
+    op = graph.ops[index]
+    for name in op.outputs + op.inputs:
+        t = graph.tensors.get(name) if name else None
+        if t is not None and t.rank >= 2 and t.shape[-1] == seq_len and t.shape[-2] == seq_len and not t.is_weight:
+            return True
+    return False
+
+
+def _model_state_memory(params_local: float, config: ParallelConfig, dtype_bytes: int) -> dict[str, float | None]:
+    """Weights, gradients and optimizer states per GPU (Rajbhandari et al. 2020, Sec. 3.1 and
+    Table 1: 2 + 2 + K bytes per parameter in mixed precision, K = 12 for Adam; sharded over
+    the data-parallel group by ZeRO stage).  Activations come with the memory-model issue."""
+    d = config.dp_size
+    z = config.zero_stage
+    k = 12 if config.optimizer in ("adam", "adamw") else 8
+    if dtype_bytes >= 4:
+        k -= 4  # no separate fp32 master copy when training in fp32
+    weights = params_local * dtype_bytes / (d if z >= 3 else 1)
+    grads = params_local * dtype_bytes / (d if z >= 2 else 1)
+    optim = params_local * k / (d if z >= 1 else 1)
+    return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim, "activations_bytes": None, "total_bytes": None}
+
+
+def _summarize(graph, layered, config, cluster, stages, comms, exposed_dp, full_flops, peak, seq_len, model_path):
+    m = config.num_micro_batches
+    p = config.pp_size
+    v = config.virtual_stages if config.schedule == "interleaved" else 1
+    slowest = max(stages, key=lambda st: st.time_fwd_s + st.time_bwd_s)
+    per_mb = slowest.time_fwd_s + slowest.time_bwd_s
+    optimizer = max(st.optimizer_time_s for st in stages)
+    pipeline_s = (m + (p - 1) / v) * per_mb
+    iteration = pipeline_s + exposed_dp + optimizer
+    compute = m * (slowest.compute_fwd_s + slowest.compute_bwd_s)
+
+    def dim_stage_time(dim: ParallelDim, stage: int) -> float:
+        return sum(c.time_s * c.count_per_iteration for c in comms if c.dim is dim and c.stage == stage)
+
+    comm_total = sum(dim_stage_time(dim, slowest.index) for dim in ParallelDim)
+    exposed_tp_pp = m * (per_mb - slowest.compute_fwd_s - slowest.compute_bwd_s)
+    exposed = exposed_tp_pp + exposed_dp
+    batch = config.micro_batch_size
+    flops_fwd_per_sample = sum(full_flops) / batch
+    model_flops = 3 * flops_fwd_per_sample * config.global_batch_size  # forward + 2x backward, no recomputation
+    mfu = model_flops / (iteration * config.num_gpus * peak) if iteration > 0 else None
+    tokens = config.global_batch_size * seq_len if seq_len else None
+    bubble = (p - 1) / (v * m)
+    parts = {
+        "compute": compute,
+        "tensor-parallel communication": m * sum(c.time_s * c.count_per_iteration / m for c in comms if c.dim is ParallelDim.TP and c.stage == slowest.index),
+        "pipeline communication": m * sum(c.time_s * c.count_per_iteration / m for c in comms if c.dim is ParallelDim.PP and c.stage == slowest.index),
+        "pipeline bubble": (p - 1) / v * per_mb,
+        "exposed data-parallel communication": exposed_dp,
+        "optimizer step": optimizer,
+    }
+    name, share = max(parts.items(), key=lambda kv: kv[1])
+    bottleneck = f"{name}: {share / iteration:.0%} of the iteration (stage {slowest.index} is the slowest)" if iteration else None
+    summary = {
+        "iteration_time_s": iteration,
+        "compute_time_s": compute,
+        "comm_time_s": comm_total,
+        "exposed_comm_time_s": exposed,
+        "bubble_fraction": bubble,
+        "mfu": mfu,
+        "tokens_per_s": tokens / iteration if tokens and iteration else None,
+        "samples_per_s": config.global_batch_size / iteration if iteration else None,
+        "peak_memory_bytes": None,
+        "fits_in_memory": None,
+        "bottleneck": bottleneck,
+    }
+    model_info = {
+        "path": model_path,
+        "name": graph.name,
+        "num_ops": len(graph.ops),
+        "num_layers": len(layered.layers),
+        "num_blocks": layered.num_blocks,
+        "layer_source": layered.source,
+        "params": graph.num_params,
+        "flops_fwd_per_sample": flops_fwd_per_sample,
+    }
+    return summary, model_info
+
+
+def comm_by_dim(analysis: Analysis) -> dict[str, dict[str, float | int]]:
+    """Per iteration, for the GPU (stage) that spends the most time on each dimension."""
+    out: dict[str, dict[str, float | int]] = {}
+    for dim in ParallelDim:
+        best: dict[str, float | int] = {"message_bytes": 0.0, "bytes_sent_per_gpu": 0.0, "time_s": 0.0, "count": 0}
+        for st in analysis.stages:
+            nodes = [c for c in analysis.comms if c.dim is dim and c.stage == st.index]
+            entry = {
+                "message_bytes": math.fsum(c.message_bytes * c.count_per_iteration for c in nodes),
+                "bytes_sent_per_gpu": math.fsum(c.bytes_sent_per_gpu * c.count_per_iteration for c in nodes),
+                "time_s": math.fsum(c.time_s * c.count_per_iteration for c in nodes),
+                "count": sum(c.count_per_iteration for c in nodes),
+            }
+            if entry["time_s"] > best["time_s"] or (entry["count"] and not best["count"]):
+                best = entry
+        out[dim.value] = best
+    return out

@@ -1,0 +1,351 @@
+"""Command line front end: the only module that prints or sets exit codes.
+
+    python main.py MODEL.onnx --d 2 --p 4 --t 2          analyse, write data.json
+    python main.py zoo gpt --layers 12 ... -o gpt.onnx   build a shape-only model
+    python main.py presets                               list GPUs and clusters
+
+Bad input prints one line ``error: ...`` on stderr and exits with code 2; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from dml2comm.errors import ConfigError, Dml2CommError
+
+__all__ = ["main"]
+
+EXAMPLES = """examples:
+  python main.py examples/gpt_tiny.onnx --d 2 --p 4 --t 2
+  python main.py model.onnx --d 8 --t 8 --p 16 --micro-batch-size 1 --global-batch-size 1536 --seq-len 2048 --gpu a100
+  python main.py model.onnx --d 2 --t 4 --sequence-parallel --zero 1 --json --no-site
+  python main.py model.onnx --dim batch=4 --dim sequence=512 --cluster dgx-h100
+  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx
+  python main.py presets
+"""
+
+SUBCOMMANDS = ("zoo", "presets")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage, so every error is one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message} (see --help)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, _positive(value)
+
+
+def analysis_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python main.py",
+        description="Plan, cost and draw the distributed training of an ONNX model.",
+        epilog=EXAMPLES + "\nsubcommands: " + ", ".join(SUBCOMMANDS) + " (python main.py SUBCOMMAND --help)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="the ONNX model (.onnx); weights may be absent external data")
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--d", type=_positive, default=1, help="data-parallel size (default 1)")
+    g.add_argument("--t", type=_positive, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--p", type=_positive, default=1, help="pipeline-parallel size (default 1)")
+    g.add_argument("--gpus", type=_positive, help="total GPUs, cross-checked against d*t*p")
+    g.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
+    g.add_argument("--virtual-stages", type=_positive, default=1, help="model chunks per GPU (interleaved)")
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --t)")
+    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (default 0)")
+    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
+    b = p.add_argument_group("batch and precision")
+    b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=_positive,
+                   help="micro-batch size b; binds the model's symbolic batch axis (default: the model's own batch, else 1)")
+    b.add_argument("--global-batch-size", type=_positive, help="global batch B (default: b x d x p, enough micro-batches to fill the pipeline)")
+    b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
+    b.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=VALUE", help="bind a symbolic input dim by name")
+    b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training dtype (default bf16)")
+    h = p.add_argument_group("hardware")
+    h.add_argument("--gpu", default="a100", help="GPU preset (default a100; see: python main.py presets)")
+    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...); overrides --gpu")
+    h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
+    h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=".", help="output folder (default: current folder)")
+    o.add_argument("--no-site", action="store_true", help="stop after data.json")
+    o.add_argument("--json", action="store_true", help="also print the summary as JSON on stdout")
+    o.add_argument("--lenient", action="store_true", help="cost unknown ops as memory-bound and control flow as one op, with warnings")
+    o.add_argument("--config", help="YAML file of options (keys as the long flags, e.g. micro_batch_size: 4); flags win")
+    return p
+
+
+def _load_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    if "--config" not in argv and not any(a.startswith("--config=") for a in argv):
+        return
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    path = Path(known.config)
+    if not path.is_file():
+        raise ConfigError(f"--config file not found: {str(path)!r}")
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path.name!r} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path.name!r} must hold a mapping of option names to values")
+    valid = {a.dest for a in parser._actions}
+    defaults = {}
+    for key, value in data.items():
+        dest = str(key).replace("-", "_").lstrip("_")
+        if dest not in valid:
+            raise ConfigError(f"--config {path.name!r}: unknown option {key!r}")
+        defaults[dest] = value
+    parser.set_defaults(**defaults)
+
+
+def run_analysis(argv: Sequence[str]) -> int:
+    parser = analysis_parser()
+    _load_config_defaults(parser, argv)
+    args = parser.parse_args(argv)
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.hardware.cluster import get_cluster, make_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.parallel.config import ParallelConfig
+
+    start = time.perf_counter()
+    num_gpus = args.d * args.t * args.p
+    if args.gpus is not None and args.gpus != num_gpus:
+        raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p = {args.d}*{args.t}*{args.p} = {num_gpus}; change --d/--t/--p or --gpus")
+    if args.sequence_parallel and args.t == 1:
+        raise ConfigError("--sequence-parallel needs tensor parallelism; add --t 2 or more")
+    options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient)
+    imported = load_model(args.model, options)
+    micro = args.micro_batch_size or imported.model_batch or 1
+    seq = args.seq_len
+    if seq is None:
+        for name in imported.graph.inputs:
+            t = imported.graph.tensors[name]
+            if not t.dtype.is_float and t.rank == 2:
+                seq = t.shape[1]
+                break
+    global_batch = args.global_batch_size or micro * args.d * args.p
+    config = ParallelConfig(
+        dp_size=args.d, tp_size=args.t, pp_size=args.p, micro_batch_size=micro, global_batch_size=global_batch,
+        seq_len=seq, dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages,
+        zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+        optimizer=args.optimizer, rank_order=args.rank_order,
+    )
+    if args.cluster:
+        cluster = get_cluster(args.cluster, num_gpus)
+    else:
+        cluster = make_cluster(args.gpu, num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
+                               topology=args.topology)
+    analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient)
+    from dml2comm.export.report import report_dict, report_json
+
+    _publish(Path(args.out), {"data.json": report_json(analysis)})
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(report_dict(analysis)["summary"], sort_keys=True))
+    else:
+        _print_summary(analysis, Path(args.out), elapsed, site=not args.no_site)
+    return 0
+
+
+def _publish(out: Path, files: dict[str, str]) -> None:
+    """Write every file into a temporary folder beside ``out``, then move them into place."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        for name in files:
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.2f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def _fmt_bytes(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _print_summary(analysis: Any, out: Path, elapsed: float, site: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from dml2comm.analysis import comm_by_dim
+
+    console = Console(highlight=False)
+    cfg = analysis.config
+    s = analysis.summary
+    mi = analysis.model_info
+    console.print(
+        f"[bold]{escape(mi['name'])}[/bold]: {mi['num_ops']} ops, {mi['num_layers']} layers ({mi['num_blocks']} blocks), "
+        f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size} on "
+        f"{analysis.config.num_gpus} x {escape(analysis.cluster.gpu.name)} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
+        f"m={cfg.num_micro_batches} s={cfg.seq_len} {cfg.dtype}"
+    )
+    t = Table(title="iteration (first estimate: 1F1B critical path)", show_header=False)
+    t.add_row("iteration time", _fmt_s(s["iteration_time_s"]))
+    t.add_row("compute (slowest stage)", _fmt_s(s["compute_time_s"]))
+    t.add_row("communication (slowest stage)", _fmt_s(s["comm_time_s"]))
+    t.add_row("exposed communication", _fmt_s(s["exposed_comm_time_s"]))
+    t.add_row("bubble fraction", f"{s['bubble_fraction']:.3f}")
+    t.add_row("MFU", f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a")
+    t.add_row("tokens/s", f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a")
+    t.add_row("bottleneck", escape(s["bottleneck"] or "n/a"))
+    console.print(t)
+    st = Table(title="stages (per micro-batch, one GPU)")
+    for col in ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter", "weights+grads+optim"):
+        st.add_column(col, justify="right")
+    for stage in analysis.stages:
+        layers = stage.layers
+        mem = stage.memory
+        st.add_row(
+            str(stage.index), f"{layers[0]}-{layers[-1]}", f"{stage.params_per_gpu / 1e6:.1f} M", _fmt_s(stage.time_fwd_s),
+            _fmt_s(stage.time_bwd_s), _fmt_s(stage.dp_time_s),
+            _fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]),
+        )
+    console.print(st)
+    ct = Table(title="communication per iteration (busiest GPU per dimension)")
+    for col in ("dim", "count", "message bytes", "sent per GPU", "time"):
+        ct.add_column(col, justify="right")
+    for dim, e in comm_by_dim(analysis).items():
+        if e["count"]:
+            ct.add_row(dim, str(e["count"]), _fmt_bytes(e["message_bytes"]), _fmt_bytes(e["bytes_sent_per_gpu"]), _fmt_s(e["time_s"]))
+    console.print(ct)
+    for w in analysis.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    console.print(f"wrote {escape(str(out / 'data.json'))} in {elapsed:.2f} s")
+    if site:
+        console.print("site: the drill-down site is not built yet (see the README's roadmap); use --no-site to silence this")
+
+
+# ----------------------------------------------------------------------------- subcommands
+
+
+def run_presets(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="python main.py presets", description="List GPU and cluster presets with their sources.")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    from dml2comm.hardware.cluster import cluster_names, get_cluster
+    from dml2comm.hardware.gpus import get_gpu, gpu_names
+
+    gpus = {name: get_gpu(name).to_dict() for name in gpu_names()}
+    clusters = {name: get_cluster(name).to_dict() for name in cluster_names()}
+    if args.json:
+        print(json.dumps({"gpus": gpus, "clusters": clusters}, sort_keys=True, indent=1, default=str))
+        return 0
+    print("GPUs:", ", ".join(gpu_names()))
+    print("clusters:", ", ".join(cluster_names()))
+    print("(--json prints every number with its source)")
+    return 0
+
+
+def run_zoo(argv: Sequence[str]) -> int:
+    from dml2comm import zoo
+
+    parser = _Parser(
+        prog="python main.py zoo",
+        description="Build a shape-only ONNX model (weights are external references to a file that is not written).",
+        epilog="examples:\n  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx\n"
+        "  python main.py zoo llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn-hidden 28672 -o llama70b.onnx\n"
+        "  python main.py zoo preset gpt2-small -o gpt2.onnx",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="kind", required=True, parser_class=_Parser)
+    for kind, params in zoo.KINDS.items():
+        sp = sub.add_parser(kind, help=f"build a {kind} model")
+        for prm in params:
+            flag = "--" + prm.name.replace("_", "-")
+            kwargs: dict[str, Any] = {"dest": prm.name, "help": prm.help, "default": prm.default}
+            if prm.type is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif prm.type in (list, tuple):
+                kwargs["type"] = lambda s: [int(x) for x in s.split(",")]
+            else:
+                kwargs["type"] = prm.type
+            if prm.default is None and prm.required:
+                kwargs["required"] = True
+            sp.add_argument(flag, **kwargs)
+        sp.add_argument("-o", "--output", required=True, help="where to write the .onnx")
+    pp = sub.add_parser("preset", help="build a named preset: " + ", ".join(sorted(zoo.PRESETS)))
+    pp.add_argument("name", choices=sorted(zoo.PRESETS))
+    pp.add_argument("-o", "--output", required=True)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    if args.kind == "preset":
+        kind, kwargs = zoo.PRESETS[args.name]
+        model = zoo.build(kind, **kwargs)
+    else:
+        kwargs = {prm.name: getattr(args, prm.name) for prm in zoo.KINDS[args.kind] if getattr(args, prm.name) is not None}
+        model = zoo.build(args.kind, **kwargs)
+    out = Path(args.output)
+    if out.parent and not out.parent.exists():
+        raise ConfigError(f"output folder does not exist: {str(out.parent)!r}")
+    zoo.save(model, out)
+    print(f"wrote {out} ({len(model.graph.node)} nodes) in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "zoo":
+            return run_zoo(argv[1:])
+        if argv and argv[0] == "presets":
+            return run_presets(argv[1:])
+        if not argv:
+            analysis_parser().print_help()
+            return 2
+        return run_analysis(argv)
+    except Dml2CommError as exc:
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

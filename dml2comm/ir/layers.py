@@ -1,0 +1,228 @@
+"""Group the ops of an :class:`OpGraph` into layers: embedding, repeated blocks, head.
+
+Three sources, tried in order:
+
+1. **Scopes** (dynamo ``pkg.torch.onnx.name_scopes`` metadata or legacy scoped node names,
+   both already in ``Op.scope``): the repeated container is the numbered module path
+   (``transformer.h.5``, ``model.layers.3``, ``bert.encoder.layer.7``,
+   ``resnet.encoder.stages.1.layers.0``).  Among nested numbered containers the inner one is
+   preferred only when it covers (almost) the same ops as the outer one: ResNet's
+   ``stages.N.layers.M`` residual blocks win over ``stages.N``, but Mixtral's
+   ``layers.N.block_sparse_moe.experts.M`` do not win over ``layers.N``.
+2. **Structure** (graphs with empty names): cut the topological order wherever a single
+   activation tensor carries all live state (small side tensors such as masks and position
+   tables are ignored), then merge the repeating unit of segments (attention half + MLP half)
+   into one block.
+3. Otherwise one layer holding everything, with a warning.
+
+Ops before the first block form the ``embedding`` layer, ops after the last the ``head``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from dml2comm.ir.graph import OpGraph
+
+__all__ = ["Layer", "LayeredGraph", "group_layers"]
+
+#: An inner numbered container replaces an outer one when it covers this share of its ops.
+NESTED_COVERAGE = 0.9
+#: Live tensors smaller than this share of the largest live tensor are side inputs, not state.
+SIDE_TENSOR_SHARE = 0.25
+
+_NUMBERED = re.compile(r"^\d+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """A contiguous group of ops.  ``kind`` is ``embedding``, ``block``, ``head`` or ``other``."""
+
+    index: int
+    name: str
+    kind: str
+    op_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LayeredGraph:
+    graph: OpGraph
+    layers: tuple[Layer, ...]
+    layer_of_op: tuple[int, ...]  # op index -> layer index
+    source: str  # "scopes", "structure" or "single"
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(1 for layer in self.layers if layer.kind == "block")
+
+
+def group_layers(graph: OpGraph) -> LayeredGraph:
+    """Assign every op to a layer (see module docstring)."""
+    keys = _block_keys_from_scopes(graph)
+    if keys is not None:
+        return _assemble(graph, keys, "scopes")
+    keys = _block_keys_from_structure(graph)
+    if keys is not None:
+        return _assemble(graph, keys, "structure")
+    layer = Layer(0, graph.name or "model", "other", tuple(range(len(graph.ops))))
+    return LayeredGraph(
+        graph,
+        (layer,),
+        tuple(0 for _ in graph.ops),
+        "single",
+        ("no repeated layers found (no scopes and no single-tensor cut points): the model is one layer",),
+    )
+
+
+# ----------------------------------------------------------------------------- scopes
+
+
+def _containers(scope: str) -> list[tuple[str, str]]:
+    """(pattern, instance key) for each numbered component: ``a.h.5.x`` -> (``a.h.*``, ``a.h.5``)."""
+    parts = scope.split(".") if scope else []
+    out = []
+    for i, part in enumerate(parts):
+        if _NUMBERED.match(part):
+            pattern = ".".join("*" if _NUMBERED.match(p) else p for p in parts[: i + 1])
+            out.append((pattern, ".".join(parts[: i + 1])))
+    return out
+
+
+def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
+    per_op = [_containers(op.scope) for op in graph.ops]
+    coverage: Counter[str] = Counter()
+    instances: dict[str, set[str]] = {}
+    for conts in per_op:
+        for pattern, key in conts:
+            coverage[pattern] += 1
+            instances.setdefault(pattern, set()).add(key)
+    candidates = [p for p in coverage if len(instances[p]) >= 2]
+    if not candidates:
+        return None
+    # The outermost numbered container that covers the most ops.
+    depth = min(p.count("*") for p in candidates)
+    best = max((p for p in candidates if p.count("*") == depth), key=lambda p: coverage[p])
+    # Descend into nested containers that cover almost the same ops.
+    while True:
+        inner = [
+            p
+            for p in candidates
+            if p.startswith(best + ".") and p.count("*") == best.count("*") + 1
+            and coverage[p] >= NESTED_COVERAGE * coverage[best]
+        ]
+        if not inner:
+            break
+        best = max(inner, key=lambda p: coverage[p])
+    keys: list[str | None] = []
+    for conts in per_op:
+        key = next((k for p, k in conts if p == best), None)
+        keys.append(key)
+    return keys
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
+    ops = graph.ops
+    if len(ops) < 4:
+        return None
+    last_use: dict[str, int] = {}
+    for op in ops:
+        for name in op.inputs:
+            if name:
+                last_use[name] = op.index
+    live: dict[str, int] = {}  # activation name -> bytes
+    cuts: list[int] = []  # cut after op index
+    for op in ops:
+        for name in op.inputs:
+            if name in live and last_use.get(name) == op.index:
+                del live[name]
+        for name in op.outputs:
+            t = graph.tensors.get(name)
+            if t is not None and name in last_use and not t.is_weight:
+                live[name] = t.nbytes
+        if live:
+            largest = max(live.values())
+            state = [n for n, b in live.items() if b >= SIDE_TENSOR_SHARE * largest]
+            if len(state) == 1 and op.index < len(ops) - 1:
+                cuts.append(op.index)
+    if not cuts:
+        return None
+    bounds = [0] + [c + 1 for c in cuts] + [len(ops)]
+    segments = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i] < bounds[i + 1]]
+    sigs = [tuple(ops[j].op_type for j in range(a, b)) for a, b in segments]
+    start, period, reps = _find_repeats(sigs)
+    if reps < 2:
+        return None
+    keys: list[str | None] = [None] * len(ops)
+    for r in range(reps):
+        first = segments[start + r * period][0]
+        last = segments[start + (r + 1) * period - 1][1]
+        for j in range(first, last):
+            keys[j] = f"block.{r}"
+    return keys
+
+
+def _find_repeats(sigs: list[tuple[str, ...]]) -> tuple[int, int, int]:
+    """Longest run of a repeated unit of 1-6 segments: (start, period, repetitions)."""
+    best = (0, 1, 0)
+    n = len(sigs)
+    for period in range(1, 7):
+        for start in range(0, min(period + 4, n)):
+            reps = 0
+            while start + (reps + 2) * period <= n and all(
+                sigs[start + reps * period + k] == sigs[start + (reps + 1) * period + k] for k in range(period)
+            ):
+                reps += 1
+            reps = reps + 1 if reps else 0
+            covered = reps * period
+            if reps >= 2 and covered > best[1] * best[2]:
+                best = (start, period, reps)
+    return best
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+def _assemble(graph: OpGraph, keys: list[str | None], source: str) -> LayeredGraph:
+    n = len(graph.ops)
+    first = next(i for i, k in enumerate(keys) if k is not None)
+    last = max(i for i, k in enumerate(keys) if k is not None)
+    assigned: list[str] = [""] * n
+    current = keys[first]
+    for i in range(n):
+        if i < first:
+            assigned[i] = "#embedding"
+        elif i > last:
+            assigned[i] = "#head"
+        else:
+            if keys[i] is not None:
+                current = keys[i]
+            assigned[i] = current  # unscoped ops inside the block range join the running block
+    order: list[str] = []
+    for key in assigned:
+        if not order or order[-1] != key:
+            order.append(key)
+    # A block key seen again after another block means its ops interleave; keep first order.
+    seen: dict[str, int] = {}
+    layer_names: list[str] = []
+    for key in order:
+        if key not in seen:
+            seen[key] = len(layer_names)
+            layer_names.append(key)
+    members: dict[str, list[int]] = {k: [] for k in layer_names}
+    for i, key in enumerate(assigned):
+        members[key].append(i)
+    layers = []
+    layer_of_op = [0] * n
+    for idx, key in enumerate(layer_names):
+        kind = "embedding" if key == "#embedding" else "head" if key == "#head" else "block"
+        name = {"#embedding": "embedding", "#head": "head"}.get(key, key)
+        layers.append(Layer(idx, name, kind, tuple(members[key])))
+        for i in members[key]:
+            layer_of_op[i] = idx
+    return LayeredGraph(graph, tuple(layers), tuple(layer_of_op), source)

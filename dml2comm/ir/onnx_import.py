@@ -1,0 +1,451 @@
+"""ONNX file -> :class:`~dml2comm.ir.graph.OpGraph`.  The only module that reads ONNX protobufs.
+
+What it does, in order:
+
+1. Loads the model *without* external data (weights are never read: shapes and dtypes are
+   enough), so exports whose weight files are absent work, and so do models over 2 GB.
+2. Inlines model-local functions (``onnx.inliner``).
+3. Binds symbolic input dims: ``dims`` by name first, then the batch axis (axis 0 of every
+   input) from ``batch_size`` and the sequence axis (axis 1 of token inputs) from ``seq_len``.
+4. Runs ONNX shape inference with data propagation (so ``Shape -> Gather -> Concat -> Reshape``
+   chains of dynamic exports resolve).  Small protos are inferred in memory; a file over 2 GB
+   goes through :func:`onnx.shape_inference.infer_shapes_path`.
+5. Converts every node into a frozen :class:`Op` with its scope (module path) from the dynamo
+   exporter's ``pkg.torch.onnx.name_scopes`` metadata or from legacy scoped node names
+   (``/transformer/h.5/attn/c_attn/Gemm``), and every value into a :class:`Tensor`.  Large
+   float ``Constant`` nodes (Paddle-style exports) become weights.
+
+Every failure raises a :class:`~dml2comm.errors.Dml2CommError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto
+
+from dml2comm.errors import InputFileError, ModelError, UnboundDimError
+from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+
+__all__ = ["ImportOptions", "load_model", "load_model_proto", "CONTROL_FLOW_OPS"]
+
+#: Protobuf refuses messages over 2 GiB; such models are inferred from their path instead.
+PROTO_LIMIT_BYTES = 2**31
+
+#: Constant nodes with at least this many float elements are treated as weights (Paddle-style
+#: exports keep parameters in Constant nodes rather than initializers).
+CONSTANT_WEIGHT_MIN_ELEMENTS = 4096
+
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+# Initializers that are buffers, not trainable parameters (PyTorch ``register_buffer``):
+# BatchNorm running statistics, rotary-embedding tables, position-id ranges, attention masks.
+_BUFFER_NAME = re.compile(
+    r"(running_mean|running_var|num_batches_tracked|inv_freq|cos_cached|sin_cached|_cos_|_sin_|"
+    r"position_ids|token_type_ids|masked_bias|causal_mask|(^|\.)attn\.bias|rotary)",
+    re.IGNORECASE,
+)
+
+# Op types in which a float initializer input is a learned parameter.
+_PARAMETRIC_CONSUMERS = frozenset(
+    {
+        "MatMul", "Gemm", "Conv", "ConvTranspose", "Gather", "Einsum", "Transpose",
+        "LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
+        "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization", "Add", "Mul", "Sub", "PRelu", "Cast",
+        "Attention", "MultiHeadAttention", "Embedding", "EmbedLayerNormalization",
+    }
+)
+
+_DTYPE_BY_ONNX = {
+    TensorProto.FLOAT: DType.FLOAT,
+    TensorProto.FLOAT16: DType.FLOAT16,
+    TensorProto.BFLOAT16: DType.BFLOAT16,
+    TensorProto.DOUBLE: DType.DOUBLE,
+    TensorProto.INT8: DType.INT8,
+    TensorProto.UINT8: DType.UINT8,
+    TensorProto.INT16: DType.INT16,
+    TensorProto.UINT16: DType.UINT16,
+    TensorProto.INT32: DType.INT32,
+    TensorProto.UINT32: DType.UINT32,
+    TensorProto.INT64: DType.INT64,
+    TensorProto.UINT64: DType.UINT64,
+    TensorProto.BOOL: DType.BOOL,
+    TensorProto.STRING: DType.STRING,
+    TensorProto.COMPLEX64: DType.COMPLEX64,
+    TensorProto.COMPLEX128: DType.COMPLEX128,
+}
+for _name in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0"):
+    if hasattr(TensorProto, _name):
+        _DTYPE_BY_ONNX[getattr(TensorProto, _name)] = DType.FLOAT8
+
+
+def _dtype(elem_type: int) -> DType:
+    return _DTYPE_BY_ONNX.get(elem_type, DType.UNDEFINED)
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """How to bind symbolic dims and what to tolerate.
+
+    ``batch_size`` binds axis 0 of every graph input (the micro-batch size); ``seq_len`` binds
+    axis 1 of integer token inputs and of rank-3 float inputs; ``dims`` binds by dim name and
+    wins over both.  ``lenient`` turns control flow into a warning.
+    """
+
+    batch_size: int | None = None
+    seq_len: int | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    lenient: bool = False
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    graph: OpGraph
+    bound_dims: Mapping[str, int]
+    model_batch: int | None  # the batch size the model fixes itself, if its axis 0 is static
+    warnings: tuple[str, ...]
+
+
+# ----------------------------------------------------------------------------- loading
+
+Dml2CommErrorTypes = (InputFileError, ModelError, UnboundDimError)
+
+
+def load_model(path: str | os.PathLike[str], options: ImportOptions | None = None) -> ImportResult:
+    """Read ``path`` and return the shape-inferred op graph.
+
+    Raises
+    ------
+    InputFileError
+        The file is missing or unreadable.
+    ModelError
+        The file is not a (complete) ONNX model, or uses unsupported constructs.
+    UnboundDimError
+        A tensor still has an unknown dimension after binding and shape inference.
+    """
+    options = options or ImportOptions()
+    p = Path(path)
+    if not p.exists():
+        raise InputFileError(f"model file not found: {str(p)!r}; check the path")
+    if not p.is_file():
+        raise InputFileError(f"model path is not a file: {str(p)!r}; pass the .onnx file itself")
+    try:
+        size = p.stat().st_size
+        if size == 0:
+            raise ModelError(f"{p.name!r} is empty; pass an ONNX model file (.onnx)")
+        model = onnx.load(str(p), load_external_data=False)
+    except Dml2CommErrorTypes:
+        raise
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise ModelError(
+            f"{p.name!r} is not a readable ONNX model ({_first_line(exc)}); "
+            "check that the file is a complete .onnx export"
+        ) from exc
+    except OSError as exc:
+        raise InputFileError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from exc
+    if not model.graph.node:
+        raise ModelError(
+            f"{p.name!r} has no graph nodes: it is empty, truncated or not an ONNX model; re-export it"
+        )
+    return load_model_proto(model, options, name=p.stem, path_for_large=p if size >= PROTO_LIMIT_BYTES else None)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def load_model_proto(
+    model: onnx.ModelProto,
+    options: ImportOptions | None = None,
+    name: str | None = None,
+    path_for_large: Path | None = None,
+) -> ImportResult:
+    """Like :func:`load_model` for an in-memory proto (tests build these with onnx.helper)."""
+    options = options or ImportOptions()
+    warnings: list[str] = []
+    model = _copy_without_weight_data(model)
+    if model.functions:
+        try:
+            from onnx import inliner
+
+            model = inliner.inline_local_functions(model)
+        except Exception as exc:  # noqa: BLE001 - onnx raises plain exceptions here
+            raise ModelError(f"cannot inline the model's local functions: {_first_line(exc)}") from exc
+        warnings.append(f"inlined {len(model.functions)} model-local function(s)")
+    graph = model.graph
+    initializer_names = {init.name for init in graph.initializer}
+    bound, model_batch = _bind_input_dims(graph, initializer_names, options)
+    _forget_inferred_shapes(graph)
+    inferred = _infer(model, path_for_large)
+    op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options)
+    warnings.extend(more_warnings)
+    return ImportResult(op_graph, MappingProxyType(bound), model_batch, tuple(warnings))
+
+
+def _copy_without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose large initializers carry no bytes (shape inference never needs them)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        numel = 1
+        for d in init.dims:
+            numel *= d
+        if numel > 1024 and init.data_location != TensorProto.EXTERNAL:
+            _mark_external(init)
+    return out
+
+
+def _mark_external(tensor: TensorProto) -> None:
+    for field_name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        tensor.ClearField(field_name)
+    tensor.data_location = TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "dml2comm-not-loaded.bin"
+
+
+# ----------------------------------------------------------------------------- dims
+
+
+def _bind_input_dims(
+    graph: onnx.GraphProto, initializer_names: set[str], options: ImportOptions
+) -> tuple[dict[str, int], int | None]:
+    """Replace symbolic dims of graph inputs with values.  Returns the bindings made."""
+    bound: dict[str, int] = {}
+    model_batch: int | None = None
+    for value in graph.input:
+        if value.name in initializer_names or not value.type.HasField("tensor_type"):
+            continue
+        ttype = value.type.tensor_type
+        if not ttype.HasField("shape"):
+            continue
+        is_int = _dtype(ttype.elem_type) in (DType.INT64, DType.INT32)
+        rank = len(ttype.shape.dim)
+        for axis, dim in enumerate(ttype.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                if axis == 0 and model_batch is None:
+                    model_batch = dim.dim_value
+                continue
+            label = dim.dim_param
+            value_ = None
+            if label and label in options.dims:
+                value_ = options.dims[label]
+            elif label and label in bound:
+                value_ = bound[label]
+            elif axis == 0 and options.batch_size is not None:
+                value_ = options.batch_size
+            elif axis == 1 and options.seq_len is not None and ((is_int and rank == 2) or rank == 3):
+                value_ = options.seq_len
+            elif axis == 0:
+                value_ = 1  # documented default: micro-batch size 1 for a symbolic batch axis
+            if value_ is not None:
+                dim.Clear()
+                dim.dim_value = int(value_)
+                bound[label or f"{value.name}[{axis}]"] = int(value_)
+    return bound, model_batch
+
+
+def _forget_inferred_shapes(graph: onnx.GraphProto) -> None:
+    """Drop exporter-written value_info and output dims: they hold the old symbolic dims."""
+    del graph.value_info[:]
+    for out in graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+
+
+def _infer(model: onnx.ModelProto, path_for_large: Path | None) -> onnx.ModelProto:
+    try:
+        if path_for_large is None:
+            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "in.onnx"
+            dst = Path(tmp) / "out.onnx"
+            onnx.save_model(model, str(src))
+            onnx.shape_inference.infer_shapes_path(str(src), str(dst), check_type=False, strict_mode=False, data_prop=True)
+            return onnx.load(str(dst), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError / RuntimeError
+        raise ModelError(f"ONNX shape inference failed: {_first_line(exc)}; check the model with onnx.checker") from exc
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def _shape_of(vtype: onnx.TypeProto) -> tuple[tuple[int | str, ...] | None, DType]:
+    if not vtype.HasField("tensor_type"):
+        return None, DType.UNDEFINED
+    ttype = vtype.tensor_type
+    dtype = _dtype(ttype.elem_type)
+    if not ttype.HasField("shape"):
+        return None, dtype
+    dims: list[int | str] = []
+    for d in ttype.shape.dim:
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or "?")
+    return tuple(dims), dtype
+
+
+def _scope(node: onnx.NodeProto) -> str:
+    """Module path of a node: dynamo metadata first, legacy scoped node name second."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = _parse_list(prop.value)
+            if scopes:
+                return str(scopes[-1])
+    name = node.name
+    if name.startswith("/") and name.count("/") >= 2:
+        parts = [p for p in name.split("/") if p]
+        return ".".join(parts[:-1])
+    return ""
+
+
+def _parse_list(text: str) -> list[Any]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _attr_value(attr: onnx.AttributeProto) -> Any:
+    if attr.type == onnx.AttributeProto.TENSOR:
+        t = attr.t
+        return {"tensor_dims": tuple(t.dims), "dtype": _dtype(t.data_type).label}
+    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        return "<subgraph>"
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value)
+    return value
+
+
+def _constant_tensor(node: onnx.NodeProto) -> tuple[tuple[int, ...], DType] | None:
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            return tuple(int(d) for d in attr.t.dims), _dtype(attr.t.data_type)
+    return None
+
+
+def _is_parameter(name: str, dtype: DType, shape: tuple[int, ...], consumers: list[onnx.NodeProto]) -> bool:
+    numel = 1
+    for d in shape:
+        numel *= d
+    if not dtype.is_float or numel <= 1 or _BUFFER_NAME.search(name):
+        return False
+    return any(c.op_type in _PARAMETRIC_CONSUMERS for c in consumers)
+
+
+def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple[OpGraph, list[str]]:
+    graph = model.graph
+    warnings: list[str] = []
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for inp in node.input:
+            if inp:
+                consumers.setdefault(inp, []).append(node)
+
+    shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]] = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        shapes[vi.name] = _shape_of(vi.type)
+
+    tensors: dict[str, Tensor] = {}
+    initializer_names = set()
+    for init in graph.initializer:
+        initializer_names.add(init.name)
+        shape = tuple(int(d) for d in init.dims)
+        dtype = _dtype(init.data_type)
+        tensors[init.name] = Tensor(init.name, shape, dtype, is_weight=_is_parameter(init.name, dtype, shape, consumers.get(init.name, [])))
+
+    inputs: list[str] = []
+    unknown: dict[str, list[str]] = {}
+    for vi in graph.input:
+        if vi.name in initializer_names:
+            continue
+        shape, dtype = shapes[vi.name]
+        if shape is None or any(not isinstance(d, int) for d in shape):
+            unknown.setdefault(vi.name, []).extend(str(d) for d in (shape or ("?",)) if not isinstance(d, int))
+            continue
+        tensors[vi.name] = Tensor(vi.name, shape, dtype, is_input=True)  # type: ignore[arg-type]
+        inputs.append(vi.name)
+
+    ops: list[Op] = []
+    control_flow: list[str] = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            const = _constant_tensor(node)
+            out = node.output[0]
+            if const is not None:
+                shape, dtype = const
+                numel = 1
+                for d in shape:
+                    numel *= d
+                weight = numel >= CONSTANT_WEIGHT_MIN_ELEMENTS and _is_parameter(out, dtype, shape, consumers.get(out, []))
+                tensors[out] = Tensor(out, shape, dtype, is_weight=weight)
+            else:
+                inferred = shapes.get(out)
+                if inferred and inferred[0] is not None and all(isinstance(d, int) for d in inferred[0]):
+                    tensors[out] = Tensor(out, inferred[0], inferred[1])  # type: ignore[arg-type]
+                else:
+                    tensors[out] = Tensor(out, (), DType.FLOAT)
+            continue
+        if node.op_type in CONTROL_FLOW_OPS:
+            control_flow.append(f"{node.op_type} at node {node.name or '(unnamed)'!r}")
+        for out in node.output:
+            if not out:
+                continue
+            shape, dtype = shapes.get(out, (None, DType.UNDEFINED))
+            if shape is None:
+                unknown.setdefault(out, []).append(f"shape of {node.op_type} output")
+                continue
+            missing = [str(d) for d in shape if not isinstance(d, int)]
+            if missing:
+                unknown.setdefault(out, []).extend(missing)
+                continue
+            tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
+        attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute})
+        ops.append(
+            Op(
+                index=len(ops),
+                name=node.name or f"{node.op_type}_{len(ops)}",
+                op_type=node.op_type,
+                domain=node.domain,
+                inputs=tuple(node.input),
+                outputs=tuple(node.output),
+                attrs=attrs,
+                scope=_scope(node),
+            )
+        )
+
+    if control_flow:
+        where = ", ".join(control_flow[:3])
+        if not options.lenient:
+            raise ModelError(
+                f"control flow is not supported ({where}); re-export with loops unrolled "
+                "(torch.onnx.export traces Python loops), or pass --lenient to cost each as one memory-bound op"
+            )
+        warnings.append(f"control flow costed as memory-bound ops without their subgraphs: {where}")
+
+    if unknown:
+        dims = sorted({d for ds in unknown.values() for d in ds})
+        first = sorted(unknown)[:3]
+        raise UnboundDimError(
+            f"unknown dimensions {', '.join(dims)} remain (e.g. tensors {', '.join(map(repr, first))}); "
+            "bind them with --batch-size N, --seq-len N or --dim NAME=VALUE"
+        )
+    outputs = tuple(o.name for o in graph.output if o.name in tensors)
+    metadata = {p.key: p.value for p in model.metadata_props}
+    return OpGraph(name, tuple(ops), tensors, tuple(inputs), outputs, metadata), warnings

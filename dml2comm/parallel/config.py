@@ -1,0 +1,101 @@
+"""The parallelism and batching configuration of one training run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from dml2comm.errors import ConfigError
+from dml2comm.ir.graph import DType
+
+__all__ = ["ParallelConfig", "DTYPES", "SCHEDULES", "RECOMPUTE_MODES", "OPTIMIZERS"]
+
+DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE_MODES = ("none", "selective", "full")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``,
+#: torch.nn.parallel.DistributedDataParallel documentation).
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Sizes ``dp_size`` (d), ``tp_size`` (t), ``pp_size`` (p) and the batch.
+
+    ``global_batch_size`` = ``micro_batch_size`` x ``dp_size`` x ``num_micro_batches``
+    (Narayanan et al. 2021, Sec. 2.2: m = B / (b d)).
+    """
+
+    dp_size: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    seq_len: int | None = None
+    dtype: str = "bf16"
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    optimizer: str = "adam"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    rank_order: str = "tdp"
+
+    def __post_init__(self) -> None:
+        for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown --schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        per_step = self.micro_batch_size * self.dp_size
+        if self.global_batch_size % per_step:
+            raise ConfigError(
+                f"global batch {self.global_batch_size} is not divisible by micro-batch {self.micro_batch_size} x d {self.dp_size} "
+                f"= {per_step}; choose a global batch that is a multiple of {per_step}"
+            )
+        if self.schedule == "interleaved" and self.virtual_stages < 2:
+            raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp_size)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp_size * self.tp_size * self.pp_size
+
+    @property
+    def train_dtype(self) -> DType:
+        return DTYPES[self.dtype]
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        return {
+            "d": d["dp_size"],
+            "t": d["tp_size"],
+            "p": d["pp_size"],
+            "micro_batch_size": self.micro_batch_size,
+            "global_batch_size": self.global_batch_size,
+            "num_micro_batches": self.num_micro_batches,
+            "seq_len": self.seq_len,
+            "dtype": self.dtype,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+            "zero_stage": self.zero_stage,
+            "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute,
+            "optimizer": self.optimizer,
+            "bucket_bytes": self.bucket_bytes,
+            "rank_order": self.rank_order,
+        }

@@ -1,0 +1,663 @@
+"""Megatron-LM tensor parallelism by sharding propagation over the op graph.
+
+Every activation gets a state on the ``t`` ranks of a tensor group:
+
+- ``R``: replicated (every rank holds the whole tensor),
+- ``S(axis)``: split along ``axis`` into ``t`` equal parts,
+- ``P``: partial sums (every rank holds a full-shape addend).
+
+Rules (Shoeybi et al. 2019, "Megatron-LM", arXiv:1909.08053, Sec. 3 and Fig. 3; Narayanan et
+al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.2.2):
+
+- A weight MatMul/Gemm/Conv whose input is ``R`` is **column-parallel**: its weight is split
+  along the output features, its output is ``S(last)``.  In backward the input gradient is a
+  partial sum: an **AllReduce** (Megatron's ``f``), one per input tensor however many
+  column-parallel ops read it (Q, K and V share one).
+- A weight MatMul/Gemm/Conv whose input is split along its reduction axis is
+  **row-parallel**: the weight is split along the input features, the output is ``P``.
+- A ``P`` tensor is all-reduced in forward before its first consumer (Megatron's ``g``;
+  backward identity).  ``P + P`` stays ``P``.
+- With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) that AllReduce becomes a
+  **ReduceScatter** to ``S(sequence axis)``; norms, dropout and residual adds run on the
+  sequence shard, and a column-parallel op first **AllGathers** its input.  Backward mirrors
+  them (AllGather <-> ReduceScatter), the same total volume.
+- Head-parallel attention follows from the rules: Reshape/Transpose/Split carry the split axis,
+  Q.K^T and the attention-weighted V are batched matmuls over the split head axis, softmax
+  and masks act on other axes.  A replicated operand is sliced locally (free).
+- The largest embedding table read by ``Gather`` is **vocabulary-parallel** (output ``P``); a
+  LM head MatMul with that (tied, transposed) table is column-parallel over the vocabulary,
+  and a vocabulary-split graph output adds Megatron's parallel cross-entropy: three
+  AllReduces of ``b*s`` fp32 values (max logit, target logit, sum of exponentials;
+  Megatron-LM ``tensor_parallel/cross_entropy.py``).
+- Grouped-query attention: when ``t`` does not divide the KV heads, the K/V projections are
+  replicated (detected as a split that a head Reshape cannot keep); ``t`` must divide the
+  query heads.
+- Anything else that reads a split tensor on its split axis (a norm over the hidden axis, a
+  softmax over a split axis) gets an AllGather first, with a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dml2comm.errors import ConfigError
+from dml2comm.ir.graph import Op, OpGraph, Tensor
+from dml2comm.network.kinds import CollectiveKind, Phase
+
+__all__ = ["Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads"]
+
+R = "R"
+P = "P"
+
+_WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+_VIEWS_PASS = frozenset(
+    {
+        "Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs",
+        "Cast", "CastLike", "Dropout", "Identity", "LeakyRelu", "Elu", "Selu", "Celu", "Softplus",
+        "Softsign", "HardSigmoid", "HardSwish", "Mish", "Sin", "Cos", "Floor", "Ceil", "Round",
+        "Sign", "Not", "IsNaN", "IsInf", "Clip", "ThresholdedRelu", "BatchNormalization",
+        "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "Trilu",
+    }
+)
+_ELEMENTWISE = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater",
+        "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu", "BitShift", "Sum", "Mean",
+    }
+)
+_NO_DATA = frozenset({"Shape", "Size"})
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """How one op runs on one tensor rank."""
+
+    inputs: tuple[Tensor | None, ...]  # local shapes
+    outputs: tuple[Tensor | None, ...]
+    factor: int  # 1 (replicated) or t (its work is split t ways)
+    rule: str  # "column-parallel", "row-parallel", "head-parallel", "replicated", ...
+
+
+@dataclass(frozen=True, slots=True)
+class TPComm:
+    """A tensor-parallel collective, per micro-batch, inserted after op ``op_index``."""
+
+    kind: CollectiveKind
+    phase: Phase
+    op_index: int
+    tensor: str
+    message_bytes: float  # nccl-tests buffer size convention, in the training dtype
+    reason: str
+
+
+@dataclass(frozen=True)
+class TensorParallelPlan:
+    tp_size: int
+    shards: tuple[Shard, ...]  # per op
+    comms: tuple[TPComm, ...]
+    weight_factor: dict[str, int]  # weight name -> t if split, 1 if replicated
+    heads: int | None
+    kv_heads: int | None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class _State:
+    kind: str  # R, P or "S"
+    axis: int = -1
+    origin: int | None = None  # op index that introduced the split
+
+
+def attention_heads(graph: OpGraph) -> tuple[int | None, int | None]:
+    """(query heads, KV heads) read off head-splitting Reshapes ``[.., n*d] -> [.., n, d]``."""
+    counts: set[int] = set()
+    for op in graph.ops:
+        if op.op_type != "Reshape":
+            continue
+        src = graph.tensor(op.inputs[0])
+        dst = graph.tensor(op.outputs[0])
+        if src is None or dst is None or dst.rank < 4 or src.rank != dst.rank - 1:
+            continue
+        n, d = dst.shape[-2], dst.shape[-1]
+        if n > 1 and 8 <= d <= 512 and n * d == src.shape[-1] and src.shape[:-1] == dst.shape[:-2]:
+            counts.add(n)
+    if not counts:
+        return None, None
+    return max(counts), min(counts)
+
+
+class _Conflict(Exception):
+    def __init__(self, origin: int) -> None:
+        self.origin = origin
+
+
+def shard_tensor_parallel(
+    graph: OpGraph,
+    tp_size: int,
+    sequence_parallel: bool = False,
+    dtype_bytes: int = 2,
+    requires_grad: frozenset[str] | None = None,
+) -> TensorParallelPlan:
+    """Propagate tensor-parallel sharding through ``graph`` (see module docstring).
+
+    Raises
+    ------
+    ConfigError
+        ``tp_size`` does not divide the attention heads or a column-parallel output size.
+    """
+    heads, kv_heads = attention_heads(graph)
+    if tp_size == 1:
+        shards = tuple(
+            Shard(graph.op_inputs(op), graph.op_outputs(op), 1, "replicated (t=1)") for op in graph.ops
+        )
+        return TensorParallelPlan(1, shards, (), {w.name: 1 for w in graph.weights}, heads, kv_heads)
+    if heads is not None and heads % tp_size:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise ConfigError(
+            f"--t {tp_size} does not divide the {heads} attention heads; choose t from {divisors}"
+        )
+    replicated: set[int] = set()
+    while True:
+        try:
+            return _propagate(graph, tp_size, sequence_parallel, dtype_bytes, replicated, heads, kv_heads, requires_grad)
+        except _Conflict as conflict:
+            if conflict.origin in replicated:  # pragma: no cover - defensive: cannot loop
+                raise ConfigError("tensor-parallel sharding did not converge; report this model") from None
+            replicated.add(conflict.origin)
+
+
+def _vocab_table(graph: OpGraph) -> str | None:
+    best, rows = None, 0
+    for op in graph.ops:
+        if op.op_type == "Gather" and int(op.attr("axis", 0)) == 0:
+            t = graph.tensor(op.inputs[0])
+            if t is not None and t.is_weight and t.rank == 2 and t.shape[0] > rows:
+                best, rows = t.name, t.shape[0]
+    return best
+
+
+def _propagate(
+    graph: OpGraph,
+    t: int,
+    sp: bool,
+    dtype_bytes: int,
+    replicated: set[int],
+    heads: int | None,
+    kv_heads: int | None,
+    requires_grad: frozenset[str] | None,
+) -> TensorParallelPlan:
+    states: dict[str, _State] = {}
+    weight_split: dict[str, int] = {}  # weight -> split axis (of the weight's own shape)
+    weight_alias: dict[str, tuple[str, tuple[int, ...]]] = {}  # tensor -> (weight, perm to weight)
+    comms: list[TPComm] = []
+    shards: list[Shard] = []
+    warnings: list[str] = []
+    bwd_reduced: set[str] = set()
+    vocab = _vocab_table(graph)
+    grad = requires_grad if requires_grad is not None else _requires_grad(graph)
+
+    def local(name: str) -> Tensor | None:
+        tensor = graph.tensor(name)
+        if tensor is None:
+            return None
+        if tensor.is_weight or name in weight_alias:
+            base, perm = weight_alias.get(name, (name, ()))
+            axis = weight_split.get(base)
+            if axis is None:
+                return tensor
+            own_axis = perm.index(axis) if perm else axis
+            return _split_shape(tensor, own_axis, t)
+        st = states.get(name)
+        if st is None or st.kind != "S":
+            return tensor
+        return _split_shape(tensor, st.axis, t)
+
+    def state(name: str) -> _State:
+        return states.get(name) or _State(R)
+
+    def nbytes(name: str) -> float:
+        tensor = graph.tensor(name)
+        return float(tensor.numel * dtype_bytes) if tensor is not None else 0.0
+
+    def to_replicated(op: Op, name: str, why: str) -> None:
+        """Make ``name`` replicated before ``op`` reads it, inserting the collective."""
+        st = state(name)
+        if st.kind == R:
+            return
+        if st.kind == P:
+            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, op.index, name, nbytes(name), why))
+        else:
+            comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, op.index, name, nbytes(name), why))
+            if name in grad:
+                comms.append(
+                    TPComm(CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of " + why)
+                )
+        states[name] = _State(R)
+
+    def resolve_partial(op: Op, name: str) -> None:
+        st = state(name)
+        if st.kind != P:
+            return
+        tensor = graph.tensor(name)
+        seq_axis = tensor.rank - 2 if tensor is not None and tensor.rank >= 2 else -1
+        if sp and tensor is not None and seq_axis >= 0 and tensor.shape[seq_axis] % t == 0:
+            comms.append(
+                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, op.index, name, nbytes(name), "row-parallel output (sequence parallel)")
+            )
+            if name in grad:
+                comms.append(
+                    TPComm(CollectiveKind.ALL_GATHER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of a sequence-parallel reduce-scatter")
+                )
+            states[name] = _State("S", seq_axis)
+        else:
+            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, op.index, name, nbytes(name), "row-parallel output (Megatron g)"))
+            states[name] = _State(R)
+
+    def column_input_grad(op: Op, name: str) -> None:
+        if name in bwd_reduced or name not in grad:
+            return
+        bwd_reduced.add(name)
+        comms.append(
+            TPComm(CollectiveKind.ALL_REDUCE, Phase.BACKWARD, op.index, name, nbytes(name), "input gradient of column-parallel ops (Megatron f)")
+        )
+
+    def weight_of(name: str) -> tuple[str, tuple[int, ...]] | None:
+        tensor = graph.tensor(name)
+        if tensor is not None and tensor.is_weight:
+            return name, ()
+        return weight_alias.get(name)
+
+    def split_weight(name: str, axis_in_tensor: int, op: Op) -> None:
+        base, perm = weight_of(name) or (name, ())
+        axis = perm[axis_in_tensor] if perm else axis_in_tensor
+        prev = weight_split.get(base)
+        if prev is not None and prev != axis:
+            warnings.append(f"weight {base!r} is used with two different splits; costed with the first")
+            return
+        weight_split[base] = axis
+
+    for op in graph.ops:
+        outs = [o for o in op.outputs if o]
+        ins = list(op.inputs)
+        act_ins = [n for n in ins if n and weight_of(n) is None and graph.tensor(n) is not None]
+        rule = "replicated"
+        factor = 1
+        out_state: _State = _State(R)
+
+        # Every partial sum is reduced before it is read (P + P excepted).
+        if op.op_type in ("Add", "Sub", "Sum") and act_ins and all(state(n).kind == P for n in act_ins) and len(act_ins) == len([n for n in ins if n]):
+            out_state, rule = _State(P), "partial sum"
+        else:
+            for n in act_ins:
+                resolve_partial(op, n)
+
+        if out_state.kind == P:
+            pass
+        elif op.op_type in _NO_DATA:
+            rule = "shape"
+        elif op.op_type == "Transpose" and weight_of(ins[0]) is not None:
+            base, perm0 = weight_of(ins[0])  # type: ignore[misc]
+            perm = tuple(op.attr("perm") or tuple(reversed(range(graph.tensor(ins[0]).rank))))  # type: ignore[union-attr]
+            weight_alias[op.outputs[0]] = (base, tuple(perm0[p] if perm0 else p for p in perm))
+            rule = "weight view"
+        elif op.op_type in ("Cast", "Identity") and weight_of(ins[0]) is not None:
+            weight_alias[op.outputs[0]] = weight_of(ins[0])  # type: ignore[assignment]
+            rule = "weight view"
+        elif op.op_type in _WEIGHT_OPS and _weight_operand(op, weight_of) is not None:
+            out_state, rule, factor = _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings)
+        elif op.op_type == "Gather" and weight_of(ins[0]) is not None:
+            base, _ = weight_of(ins[0])  # type: ignore[misc]
+            table = graph.tensor(base)
+            if base == vocab and table is not None and table.shape[0] % t == 0:
+                split_weight(ins[0], 0, op)
+                out_state, rule, factor = _State(P), "vocab-parallel embedding", t
+            else:
+                rule = "replicated embedding"
+        elif op.op_type == "MatMul":
+            out_state, rule, factor = _batched_matmul(op, graph, t, state, to_replicated)
+        elif op.op_type in _VIEWS_PASS or op.op_type in _ELEMENTWISE:
+            out_state, rule, factor = _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t)
+        elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather", "Tile", "Pad"):
+            out_state, rule, factor = _movement(op, graph, t, state, to_replicated, heads, kv_heads)
+        elif op.op_type in ("Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+                            "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
+                            "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK", "InstanceNormalization", "GroupNormalization"):
+            out_state, rule, factor = _reduction(op, graph, t, state, to_replicated)
+        else:
+            for n in act_ins:
+                if state(n).kind == "S":
+                    to_replicated(op, n, f"{op.op_type} has no sharding rule: gathered")
+                    warnings.append(f"{op.op_type} {op.name!r} reads a tensor-parallel split tensor; gathered and replicated")
+
+        for o in outs:
+            if out_state.kind == "S":
+                states[o] = _State("S", out_state.axis, out_state.origin)
+            elif out_state.kind == P:
+                states[o] = _State(P)
+        shards.append(Shard(tuple(local(n) if n else None for n in ins), tuple(local(n) if n else None for n in op.outputs), factor, rule))
+
+    # Graph outputs: a vocabulary-split logits tensor -> Megatron's parallel cross-entropy.
+    for name in graph.outputs:
+        st = state(name)
+        tensor = graph.tensor(name)
+        if tensor is None:
+            continue
+        last = graph.producer(name) if graph.producer(name) is not None else len(graph.ops) - 1
+        if st.kind == "S" and st.axis == tensor.rank - 1:
+            tokens = tensor.numel // tensor.shape[-1]
+            for what in ("max logit", "target logit", "sum of exponentials"):
+                comms.append(
+                    TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, last, name, float(tokens * 4),
+                           f"vocab-parallel cross-entropy: {what} (Megatron)")
+                )
+        elif st.kind == P:
+            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, last, name, nbytes(name), "partial graph output"))
+        elif st.kind == "S":
+            comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, last, name, nbytes(name), "split graph output gathered"))
+
+    weight_factor = {w.name: (t if w.name in weight_split else 1) for w in graph.weights}
+    return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)))
+
+
+def _requires_grad(graph: OpGraph) -> frozenset[str]:
+    """Activations that depend on a weight (their gradient is computed in backward)."""
+    needs: set[str] = {w.name for w in graph.weights}
+    for op in graph.ops:
+        if any(n in needs for n in op.inputs if n):
+            needs.update(o for o in op.outputs if o)
+    return frozenset(needs)
+
+
+def _split_shape(tensor: Tensor, axis: int, t: int) -> Tensor:
+    if axis < 0 or axis >= tensor.rank or tensor.shape[axis] % t:
+        return tensor
+    shape = list(tensor.shape)
+    shape[axis] //= t
+    return tensor.with_shape(tuple(shape))
+
+
+def _weight_operand(op: Op, weight_of) -> int | None:
+    slots = {"MatMul": (1, 0), "Gemm": (1, 0), "Conv": (1,), "ConvTranspose": (1,)}[op.op_type]
+    for slot in slots:
+        if slot < len(op.inputs) and op.inputs[slot] and weight_of(op.inputs[slot]) is not None:
+            return slot
+    return None
+
+
+def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings):
+    """Column- or row-parallel MatMul/Gemm/Conv with a weight operand."""
+    slot = _weight_operand(op, weight_of)
+    w_name = op.inputs[slot]
+    x_name = op.inputs[1 - slot] if op.op_type in ("MatMul", "Gemm") else op.inputs[0]
+    w = graph.tensor(w_name)
+    x = graph.tensor(x_name)
+    if x is None or w is None:
+        return _State(R), "replicated", 1
+    conv = op.op_type in ("Conv", "ConvTranspose")
+    if conv:
+        out_axis_w, in_axis_w, x_red_axis, y_axis = (0, 1, 1, 1) if op.op_type == "Conv" else (1, 0, 1, 1)
+        n_out = w.shape[out_axis_w] * (int(op.attr("group", 1)) if op.op_type == "ConvTranspose" else 1)
+        if int(op.attr("group", 1)) != 1:
+            to_replicated(op, x_name, "grouped convolution is not tensor-parallel")
+            return _State(R), "replicated (grouped conv)", 1
+    elif op.op_type == "Gemm":
+        trans_b = int(op.attr("transB", 0))
+        trans_a = int(op.attr("transA", 0))
+        if slot == 0:  # weight as A: treat as replicated (rare)
+            to_replicated(op, x_name, "Gemm with weight as A")
+            return _State(R), "replicated", 1
+        out_axis_w, in_axis_w = (0, 1) if trans_b else (1, 0)
+        x_red_axis = 0 if trans_a else 1
+        y_axis = 1
+        n_out = w.shape[out_axis_w]
+    else:
+        if slot == 0:  # W @ x: rare in exports; replicate
+            to_replicated(op, x_name, "MatMul with a weight on the left")
+            return _State(R), "replicated", 1
+        if w.rank != 2:
+            to_replicated(op, x_name, "batched weight MatMul")
+            return _State(R), "replicated (batched weight)", 1
+        out_axis_w, in_axis_w = 1, 0
+        x_red_axis = x.rank - 1
+        y_axis = max(x.rank, 2) - 1
+        n_out = w.shape[1]
+    xs = state(x_name)
+    if xs.kind == "S" and xs.axis == x_red_axis and w.shape[in_axis_w] % t == 0:
+        split_weight(w_name, in_axis_w, op)
+        return _State(P), "row-parallel", t
+    if xs.kind == "S":
+        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op")
+    if op.index in replicated:
+        warnings.append(f"{op.op_type} {op.name!r} replicated: its heads are not divisible by t={t} (grouped-query KV heads)")
+        return _State(R), "replicated (KV heads not divisible by t)", 1
+    if n_out % t:
+        raise ConfigError(
+            f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
+            f"(hidden or FFN size); choose t dividing {n_out}"
+        )
+    split_weight(w_name, out_axis_w, op)
+    if op.op_type == "Gemm" and len(op.inputs) > 2 and op.inputs[2] and weight_of(op.inputs[2]) is not None:
+        b = graph.tensor(op.inputs[2])
+        if b is not None and b.rank >= 1 and b.shape[-1] == n_out:
+            split_weight(op.inputs[2], b.rank - 1, op)
+    column_input_grad(op, x_name)
+    return _State("S", y_axis, op.index), "column-parallel", t
+
+
+def _batched_matmul(op, graph, t, state, to_replicated):
+    a_name, b_name = op.inputs[0], op.inputs[1]
+    a, b, y = graph.tensor(a_name), graph.tensor(b_name), graph.tensor(op.outputs[0])
+    if a is None or b is None or y is None:
+        return _State(R), "replicated", 1
+    sa, sb = state(a_name), state(b_name)
+    r = y.rank
+
+    def out_axis(tensor: Tensor, axis: int) -> int:
+        return axis + (r - tensor.rank)
+
+    a_batch = sa.kind == "S" and sa.axis < a.rank - 2
+    b_batch = sb.kind == "S" and sb.axis < b.rank - 2
+    origin = sa.origin if sa.kind == "S" else sb.origin
+    if a_batch or b_batch:
+        axes = {out_axis(a, sa.axis)} if a_batch else set()
+        if b_batch:
+            axes.add(out_axis(b, sb.axis))
+        if len(axes) == 1:
+            ax = axes.pop()
+            for name, s, tensor in ((a_name, sa, a), (b_name, sb, b)):
+                if s.kind == "S" and out_axis(tensor, s.axis) != ax:
+                    to_replicated(op, name, "operand split on another axis")
+            return _State("S", ax, origin), "head-parallel", t
+    if sa.kind == "S" and sa.axis == a.rank - 1 and sb.kind == "S" and sb.axis == b.rank - 2:
+        return _State(P), "row-parallel (activations)", t
+    if sa.kind == "S" and sa.axis == a.rank - 2 and sb.kind == R:
+        return _State("S", r - 2, origin), "row-split", t
+    if sb.kind == "S" and sb.axis == b.rank - 1 and sa.kind == R:
+        return _State("S", r - 1, origin), "column-split", t
+    for name in (a_name, b_name):
+        if state(name).kind == "S":
+            to_replicated(op, name, "MatMul operands split incompatibly")
+    return _State(R), "replicated", 1
+
+
+def _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t):
+    y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
+    if y is None:
+        return _State(R), "replicated", 1
+    r = y.rank
+    axes: dict[int, int | None] = {}
+    for name in act_ins:
+        s = state(name)
+        tensor = graph.tensor(name)
+        if s.kind == "S" and tensor is not None:
+            axes.setdefault(s.axis + (r - tensor.rank), s.origin)
+    if not axes:
+        return _State(R), "replicated", 1
+    if len(axes) > 1:
+        keep = min(axes)
+        for name in act_ins:
+            s = state(name)
+            tensor = graph.tensor(name)
+            if s.kind == "S" and s.axis + (r - tensor.rank) != keep:
+                to_replicated(op, name, "operands split on different axes")
+        axes = {keep: axes[keep]}
+    ax, origin = next(iter(axes.items()))
+    # Weights (bias, norm scale) aligned with the split axis are split with it.
+    for name in op.inputs:
+        if name and weight_of(name) is not None:
+            w = graph.tensor(name)
+            w_axis = ax - (r - w.rank)
+            if 0 <= w_axis < w.rank and w.shape[w_axis] == y.shape[ax]:
+                split_weight(name, w_axis, op)
+    return _State("S", ax, origin), "split (elementwise)", t
+
+
+def _norm_axes(op: Op, rank: int) -> set[int] | None:
+    """Axes an op reduces over; None means all of them."""
+    kind = op.op_type
+    if kind in ("Softmax", "LogSoftmax", "CumSum", "TopK", "ArgMax", "ArgMin"):
+        axis = int(op.attr("axis", -1))
+        return {axis % rank}
+    if kind in ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"):
+        axis = int(op.attr("axis", -1)) % rank
+        return set(range(axis, rank))
+    if kind in ("InstanceNormalization", "GroupNormalization"):
+        return set(range(1, rank)) if kind == "GroupNormalization" else set(range(2, rank))
+    axes = op.attr("axes")
+    if axes is None:
+        return None
+    return {int(a) % rank for a in axes}
+
+
+def _reduction(op, graph, t, state, to_replicated):
+    x_name = op.inputs[0]
+    x = graph.tensor(x_name)
+    s = state(x_name)
+    if x is None or s.kind != "S":
+        return _State(R), "replicated", 1
+    axes = _norm_axes(op, x.rank)
+    if op.op_type.startswith("Reduce") and len(op.inputs) > 1 and op.inputs[1]:
+        axes = None  # axes given as an input tensor (opset 18): be conservative
+    if axes is None or s.axis in axes:
+        to_replicated(op, x_name, f"{op.op_type} over the split axis")
+        return _State(R), "replicated", 1
+    keepdims = int(op.attr("keepdims", 1))
+    axis = s.axis
+    if op.op_type.startswith("Reduce") and not keepdims:
+        axis -= sum(1 for a in axes if a < s.axis)
+    return _State("S", axis, s.origin), "split (reduction on other axes)", t
+
+
+def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int) -> int | None:
+    """Where a split of ``src[axis]`` lands after reshaping to ``dst``, or None if it cannot stay.
+
+    Row-major reshapes group dims into blocks of equal product; a split of the *first* (most
+    significant) dim of a block is a split of the first dim of the matching output block, if
+    that dim is divisible by ``t``.
+    """
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        i0, j0 = i, j
+        pi, pj = src[i], dst[j]
+        i += 1
+        j += 1
+        while pi != pj:
+            if pi < pj:
+                if i >= len(src):
+                    return None
+                pi *= src[i]
+                i += 1
+            else:
+                if j >= len(dst):
+                    return None
+                pj *= dst[j]
+                j += 1
+        if i0 <= axis < i:
+            # skip leading size-1 dims on both sides
+            lead_src = i0
+            while lead_src < i and src[lead_src] == 1:
+                lead_src += 1
+            lead_dst = j0
+            while lead_dst < j and dst[lead_dst] == 1:
+                lead_dst += 1
+            if axis != lead_src or lead_dst >= j or dst[lead_dst] % t:
+                return None
+            return lead_dst
+    return None
+
+
+def _movement(op, graph, t, state, to_replicated, heads, kv_heads):
+    x_name = op.inputs[0]
+    x = graph.tensor(x_name)
+    y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
+    s = state(x_name)
+    kind = op.op_type
+    if kind == "Concat":
+        split = [state(n) for n in op.inputs if n]
+        axis = int(op.attr("axis", 0)) % y.rank if y is not None else 0
+        if all(st.kind == "S" for st in split) and len({st.axis for st in split}) == 1:
+            return _State("S", split[0].axis, split[0].origin), "split (concat)", t
+        for n in op.inputs:
+            if n and state(n).kind == "S":
+                to_replicated(op, n, "Concat of mixed splits")
+        return _State(R), "replicated", 1
+    if x is None or y is None or s.kind != "S":
+        return _State(R), "replicated", 1
+    ax = s.axis
+    if kind == "Reshape":
+        new = _reshape_axis(x.shape, y.shape, ax, t)
+        if new is None:
+            if s.origin is not None:
+                raise _Conflict(s.origin)
+            to_replicated(op, x_name, "Reshape cannot keep the split")
+            return _State(R), "replicated", 1
+        return _State("S", new, s.origin), "split (view)", t
+    if kind == "Flatten":
+        fa = int(op.attr("axis", 1)) % max(x.rank, 1)
+        new = 0 if ax < fa else 1
+        if (new == 0 and ax != 0) or (new == 1 and ax != fa):
+            to_replicated(op, x_name, "Flatten cannot keep the split")
+            return _State(R), "replicated", 1
+        return _State("S", new, s.origin), "split (view)", t
+    if kind in ("Squeeze", "Unsqueeze"):
+        axes = op.attr("axes")
+        if axes is None and len(op.inputs) > 1:
+            # axes given as input (opset 13+): infer from shapes
+            return _State("S", _match_axis(x.shape, y.shape, ax), s.origin), "split (view)", t
+        axes = sorted(int(a) % (y.rank if kind == "Unsqueeze" else x.rank) for a in (axes or ()))
+        if kind == "Squeeze":
+            return _State("S", ax - sum(1 for a in axes if a < ax), s.origin), "split (view)", t
+        new = ax
+        for a in axes:
+            if a <= new:
+                new += 1
+        return _State("S", new, s.origin), "split (view)", t
+    if kind == "Transpose":
+        perm = list(op.attr("perm") or reversed(range(x.rank)))
+        return _State("S", perm.index(ax), s.origin), "split (transpose)", t
+    if kind in ("Expand", "Tile", "Pad"):
+        return _State("S", ax + (y.rank - x.rank), s.origin), "split (broadcast)", t
+    if kind in ("Split", "Slice"):
+        # Megatron lays fused QKV out so each rank's columns hold its own q, k and v heads:
+        # splitting or slicing along the split axis keeps each output split.
+        return _State("S", ax, s.origin), "split (slice)", t
+    if kind == "Gather":
+        gaxis = int(op.attr("axis", 0)) % x.rank
+        if gaxis == ax:
+            to_replicated(op, x_name, "Gather along the split axis")
+            return _State(R), "replicated", 1
+        idx = graph.tensor(op.inputs[1])
+        idx_rank = idx.rank if idx is not None else 0
+        new = ax if ax < gaxis else ax + idx_rank - 1
+        return _State("S", new, s.origin), "split (gather)", t
+    to_replicated(op, x_name, f"{kind} on a split tensor")
+    return _State(R), "replicated", 1
+
+
+def _match_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int) -> int:
+    """The dst axis of ``src[axis]`` when only size-1 dims were added or removed."""
+    non1_src = [i for i, d in enumerate(src) if d != 1]
+    non1_dst = [i for i, d in enumerate(dst) if d != 1]
+    if axis in non1_src and len(non1_src) == len(non1_dst):
+        return non1_dst[non1_src.index(axis)]
+    return min(axis, len(dst) - 1)

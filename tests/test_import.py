@@ -1,0 +1,128 @@
+"""ONNX import: binding dims, scopes, weights, and every bad-input path."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dml2comm.errors import InputFileError, ModelError, UnboundDimError
+from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from tests.helpers import mlp, model, weight
+
+
+def test_binds_symbolic_batch_and_infers_every_shape():
+    r = load_model_proto(mlp(), ImportOptions(batch_size=4))
+    g = r.graph
+    assert r.bound_dims == {"batch": 4}
+    assert g.tensors["h3"].shape == (4, 8, 64)
+    assert g.tensors["x"].is_input and not g.tensors["x"].is_weight
+    # params: LN 2*16 + fc1 16*64 + 64 + fc2 64*16 + 16 = 32 + 1088 + 1040
+    assert g.num_params == 32 + 1088 + 1040
+    assert [op.scope for op in g.ops][:2] == ["mlp.ln", "mlp.fc1"]
+
+
+def test_symbolic_batch_defaults_to_one_and_fixed_batch_is_reported():
+    assert load_model_proto(mlp()).graph.tensors["x"].shape == (1, 8, 16)
+    r = load_model_proto(mlp(batch=3))
+    assert r.model_batch == 3 and r.graph.tensors["y"].shape == (3, 8, 16)
+
+
+def test_dim_by_name_wins():
+    r = load_model_proto(mlp(), ImportOptions(batch_size=4, dims={"batch": 2}))
+    assert r.graph.tensors["x"].shape == (2, 8, 16)
+
+
+def test_unbound_dim_names_the_dim_and_the_flag():
+    x = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 4])
+    m = model([helper.make_node("Gather", ["emb", "ids"], ["y"], name="/wte/Gather")], [x], [y], [weight("emb", [10, 4])])
+    with pytest.raises(UnboundDimError, match=r"sequence.*--seq-len"):
+        load_model_proto(m)
+    r = load_model_proto(m, ImportOptions(seq_len=7))
+    assert r.graph.tensors["y"].shape == (1, 7, 4)
+
+
+def test_dynamo_metadata_scope_wins_over_name():
+    m = mlp()
+    prop = m.graph.node[1].metadata_props.add()
+    prop.key, prop.value = "pkg.torch.onnx.name_scopes", "['', 'model', 'model.layers.0', 'model.layers.0.fc1']"
+    g = load_model_proto(m).graph
+    assert g.ops[1].scope == "model.layers.0.fc1"
+
+
+def test_large_constant_is_a_weight_small_is_not():
+    import numpy as np
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])
+    big = helper.make_tensor("wc", TensorProto.FLOAT, [128, 64], np.zeros(128 * 64, np.float32))
+    nodes = [helper.make_node("Constant", [], ["w"], value=big), helper.make_node("MatMul", ["x", "w"], ["y"])]
+    g = load_model_proto(model(nodes, [x], [y])).graph
+    assert g.tensors["w"].is_weight and g.num_params == 128 * 64
+    assert [op.op_type for op in g.ops] == ["MatMul"]
+
+
+def test_buffers_are_not_parameters():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8, 8])
+    bn = helper.make_node("BatchNormalization", ["x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"], ["y"])
+    inits = [weight(n, [4]) for n in ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var")]
+    g = load_model_proto(model([bn], [x], [y], inits)).graph
+    assert g.num_params == 8
+
+
+def test_local_functions_are_inlined():
+    fn = helper.make_function(
+        "custom", "DoubleRelu", ["a"], ["b"],
+        [helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Add", ["r", "r"], ["b"])],
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([helper.make_node("DoubleRelu", ["x"], ["y"], domain="custom")], "g", [x], [y])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)], functions=[fn])
+    r = load_model_proto(m)
+    assert sorted(op.op_type for op in r.graph.ops) == ["Add", "Relu"]
+    assert any("inlined" in w for w in r.warnings)
+
+
+def test_control_flow_is_an_error_unless_lenient():
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, [2])
+    then = helper.make_graph([helper.make_node("Constant", [], ["t"], value=helper.make_tensor("tv", TensorProto.FLOAT, [2], [1, 2]))], "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=helper.make_tensor("ev", TensorProto.FLOAT, [2], [3, 4]))], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+    m = model([helper.make_node("If", ["c"], ["o"], name="branch", then_branch=then, else_branch=other)], [cond], [out])
+    with pytest.raises(ModelError, match="control flow.*--lenient"):
+        load_model_proto(m)
+    assert any("control flow" in w for w in load_model_proto(m, ImportOptions(lenient=True)).warnings)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputFileError, match="not found"):
+        load_model(tmp_path / "nope.onnx")
+
+
+def test_not_onnx_and_truncated(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("this is not a model")
+    with pytest.raises(ModelError):
+        load_model(bad)
+    good = tmp_path / "good.onnx"
+    onnx.save(mlp(), good)
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ModelError):
+        load_model(cut)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelError, match="empty"):
+        load_model(empty)
+
+
+def test_external_weights_that_are_absent_are_fine(tmp_path):
+    m = mlp()
+    onnx.save(m, tmp_path / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=0)
+    (tmp_path / "w.bin").unlink()
+    g = load_model(tmp_path / "m.onnx", ImportOptions(batch_size=2)).graph
+    assert g.num_params == 32 + 1088 + 1040
