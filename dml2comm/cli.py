@@ -269,14 +269,14 @@ def run_presets(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     from dml2comm.hardware.cluster import cluster_names, get_cluster
-    from dml2comm.hardware.gpus import get_gpu, gpu_names
+    from dml2comm.hardware.gpus import GPUS, get_gpu
 
-    gpus = {name: get_gpu(name).to_dict() for name in gpu_names()}
+    gpus = {name: get_gpu(name).to_dict() for name in sorted(GPUS)}
     clusters = {name: get_cluster(name).to_dict() for name in cluster_names()}
     if args.json:
         print(json.dumps({"gpus": gpus, "clusters": clusters}, sort_keys=True, indent=1, default=str))
         return 0
-    print("GPUs:", ", ".join(gpu_names()))
+    print("GPUs:", ", ".join(sorted(GPUS)))
     print("clusters:", ", ".join(cluster_names()))
     print("(--json prints every number with its source)")
     return 0

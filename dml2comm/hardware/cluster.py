@@ -1,0 +1,756 @@
+"""Clusters: nodes of GPUs, the two link classes between them, and the (d, p, t) -> rank mapping.
+
+A :class:`Cluster` is ``num_gpus`` GPUs of one :class:`~dml2comm.hardware.gpus.GPU` model packed
+``gpus_per_node`` to a node.  Two :class:`Link` classes connect them: ``intra_node`` (NVLink /
+NVSwitch, or PCIe) between GPUs of one node, and ``inter_node`` (the InfiniBand NICs) between
+nodes.  :meth:`Cluster.link_for_group` answers which one a communication group uses: the
+intra-node link when every rank of the group is on one node, otherwise the NIC link -- the
+slowest link class the group crosses.  (The inter-node network is taken as non-blocking, a fat
+tree as in Narayanan et al. 2021, Sec. 5.)
+
+Link conventions
+----------------
+- ``bandwidth_bytes_per_s`` is the *line rate per direction available to one GPU*: the sum over
+  the GPU's NVLinks for the intra-node link; for the NIC link, the node's NIC line rate divided
+  among its GPUs (DGX A100: 8 x 200 Gb/s NICs for 8 GPUs -> 25 GB/s per GPU; DGX-1: 4 x 100 Gb/s
+  for 8 GPUs -> 6.25 GB/s per GPU).  That share is what each GPU gets when all GPUs of a node talk
+  across nodes at once, as data-parallel groups do.
+- ``efficiency`` = achieved / line rate, from NCCL maintainers' expected bus bandwidths (A100
+  NVSwitch 230 of 300 GB/s, H100 370 of 450, 200 Gb/s NIC 24 of 25, 400 Gb/s NIC 46-48 of 50) or
+  from NCCL's own topology model where no statement exists.  Time models use
+  ``bandwidth_bytes_per_s * efficiency`` (:attr:`Link.effective_bytes_per_s`).
+- ``latency_s`` is the per-message (per ring step) latency alpha of the alpha-beta model: NCCL
+  2.20.3 ``src/graph/tuning.cc`` ``hwLat[hw][Ring][Simple]`` -- 3.4 us over NVLink, 5.7 us over
+  PCIe, 14.0 us over the network.  Simple is the protocol NCCL uses for the bandwidth-bound
+  messages the efficiencies above describe.  NCCL's constant ``baseLat`` (8.4 us for Ring/Simple)
+  is *not* included: the textbook formulas have no constant term (see benchmarks/bench_nccl_baseline.py
+  for what that costs on small messages).
+
+Known limitation of the baseline (for the hierarchical model to come): a group with several GPUs
+per node that crosses nodes is costed at one NIC's per-GPU share, although NCCL then runs one ring
+per NIC and reaches about (GPUs of the group per node) x that bandwidth.  The estimate is exact for
+groups with one GPU per node (Megatron data-parallel groups when t = GPUs per node) and for nodes
+with one NIC, pessimistic otherwise.  Likewise a hybrid cube-mesh (DGX-1) gives small groups fewer
+NVLinks than the full-node ring the V100 preset describes.
+
+Rank mapping
+------------
+:class:`RankMap` places coordinates (d, p, t) on global ranks.  The default order ``"tdp"`` is
+Megatron-LM's: tensor fastest, then data, then pipeline, ``rank = t + tp * (d + dp * p)``, so a
+tensor group is contiguous and stays inside a node when t <= GPUs per node.
+
+References
+----------
+Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC'21 (arXiv:2104.04473), Sec. 5 (8 x A100 per node, NVSwitch, 8 x 200 Gb/s HDR).
+NVIDIA nccl-tests issues #119, #149, #212, #267, #290 (expected bus bandwidths, maintainers).
+NVIDIA NCCL 2.20.3 src/graph/tuning.cc (hwLat) and src/graph/topo.h / topo.cc (SM70_NVLINK_BW,
+kvDictPciGen).  NVIDIA DGX-1 with Tesla V100 system-architecture whitepaper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterator, Mapping, Sequence
+
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.gpus import GPU, get_gpu
+
+__all__ = [
+    "Link",
+    "Cluster",
+    "ClusterPreset",
+    "CLUSTERS",
+    "get_cluster",
+    "cluster_names",
+    "make_cluster",
+    "RankMap",
+    "NVLINK3_NVSWITCH_A100",
+    "NVLINK4_NVSWITCH_H100",
+    "NVLINK2_CUBE_MESH_V100",
+    "PCIE_GEN4_X16",
+    "IB_EDR_100G",
+    "IB_HDR_200G",
+    "IB_NDR_400G",
+]
+
+_GB = 1e9  # bytes per GB, for messages
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# Links
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One class of link as seen by one GPU.
+
+    Parameters
+    ----------
+    name
+        Human-readable name, shown in outputs (e.g. ``"NVLink3 x12 + NVSwitch (A100)"``).
+    bandwidth_bytes_per_s
+        Line rate per direction available to one GPU (bytes/s).
+    latency_s
+        Per-message latency alpha (seconds), see the module docstring.
+    efficiency
+        Achieved / line rate, in (0, 1]; time models use ``bandwidth_bytes_per_s * efficiency``.
+    sources
+        ``"bandwidth_bytes_per_s"``, ``"latency_s"``, ``"efficiency"`` -> where the number comes from.
+
+    Raises
+    ------
+    ConfigError
+        Non-positive bandwidth, negative latency, or efficiency outside (0, 1].
+    """
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float = 1.0
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
+            raise ConfigError(f"link {self.name!r}: bandwidth_bytes_per_s must be positive, got {self.bandwidth_bytes_per_s!r}")
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ConfigError(f"link {self.name!r}: latency_s must be >= 0, got {self.latency_s!r}")
+        if not (math.isfinite(self.efficiency) and 0 < self.efficiency <= 1):
+            raise ConfigError(f"link {self.name!r}: efficiency must be in (0, 1], got {self.efficiency!r}")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.bandwidth_bytes_per_s, self.latency_s, self.efficiency, tuple(sorted(self.sources.items()))))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # mappingproxy does not pickle; rebuild from a plain dict (copy, deepcopy, multiprocessing).
+        return (type(self), (self.name, self.bandwidth_bytes_per_s, self.latency_s, self.efficiency, dict(self.sources)))
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        """Achievable bandwidth per direction: line rate x efficiency (bytes/s)."""
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        """Seconds per byte of the alpha-beta model: 1 / (line rate x efficiency)."""
+        return 1.0 / self.effective_bytes_per_s
+
+    def unsourced_fields(self) -> tuple[str, ...]:
+        """Numbers without a non-empty entry in :attr:`sources` (empty for every preset link)."""
+        wanted = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
+        return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-data view for data.json ``cluster.links``."""
+        return {
+            "name": self.name,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "efficiency": self.efficiency,
+            "effective_bytes_per_s": self.effective_bytes_per_s,
+            "latency_s": self.latency_s,
+            "sources": dict(self.sources),
+        }
+
+
+_LAT_NVLINK = (
+    "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_NVLINK][Ring][Simple] = 3.4 us per ring step "
+    "(baseLat 8.4 us not included)"
+)
+_LAT_PCI = "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_PCI][Ring][Simple] = 5.7 us per ring step (baseLat 8.4 us not included)"
+_LAT_NET = (
+    "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_NET][Ring][Simple] = 14.0 us per ring step "
+    "(9.6 us in NCCL 2.7; baseLat 8.4 us not included)"
+)
+
+#: A100 SXM4: 12 NVLink3 links through NVSwitch (DGX/HGX A100).
+NVLINK3_NVSWITCH_A100 = Link(
+    name="NVLink3 x12 + NVSwitch (A100)",
+    bandwidth_bytes_per_s=300e9,
+    latency_s=3.4e-6,
+    efficiency=230.0 / 300.0,
+    sources={
+        "bandwidth_bytes_per_s": "12 NVLink3 links x 25 GB/s per direction = 300 GB/s (sjeaugey, NVIDIA/nccl-tests#149)",
+        "latency_s": _LAT_NVLINK,
+        "efficiency": "expected 8-GPU all-reduce busbw about 230 GB/s of 300 GB/s line rate (sjeaugey, NVIDIA/nccl-tests#149)",
+    },
+)
+
+#: H100/H200 SXM: 18 NVLink4 links through NVSwitch (DGX/HGX H100, HGX H200).
+NVLINK4_NVSWITCH_H100 = Link(
+    name="NVLink4 x18 + NVSwitch (H100/H200)",
+    bandwidth_bytes_per_s=450e9,
+    latency_s=3.4e-6,
+    efficiency=370.0 / 450.0,
+    sources={
+        "bandwidth_bytes_per_s": "'450GB/s is the line rate' per direction (sjeaugey, NVIDIA/nccl-tests#212); 900 GB/s bidirectional",
+        "latency_s": _LAT_NVLINK,
+        "efficiency": (
+            "'With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s' (ring; "
+            "sjeaugey, NVIDIA/nccl-tests#212); also 18 links x SM90_NVLINK_BW 20.6 = 370.8 in NCCL src/graph/topo.h. "
+            "NVLink SHARP all-reduce (~480 GB/s busbw) is not a ring and is not modelled here"
+        ),
+    },
+)
+
+#: V100 SXM2 in a DGX-1 hybrid cube-mesh: an 8-GPU ring uses all six NVLink2 links of a GPU.
+NVLINK2_CUBE_MESH_V100 = Link(
+    name="NVLink2 x6 hybrid cube-mesh (V100, 8-GPU ring)",
+    bandwidth_bytes_per_s=150e9,
+    latency_s=3.4e-6,
+    efficiency=20.0 / 25.0,
+    sources={
+        "bandwidth_bytes_per_s": (
+            "six NVLinks x 25 GB/s per direction; the hybrid cube-mesh is 'three interwoven rings of single NVLink "
+            "connections', so an 8-GPU ring in both directions uses all six (NVIDIA DGX-1 with V100 whitepaper). "
+            "Subsets of the GPUs see fewer links (one link = 25 GB/s between some pairs)"
+        ),
+        "latency_s": _LAT_NVLINK,
+        "efficiency": "NCCL's model of a Volta NVLink: SM70_NVLINK_BW 20.0 GB/s of 25 GB/s line (NCCL src/graph/topo.h)",
+    },
+)
+
+#: PCIe Gen4 x16 between GPUs of a PCIe box (no NVSwitch).
+PCIE_GEN4_X16 = Link(
+    name="PCIe Gen4 x16",
+    bandwidth_bytes_per_s=32e9,
+    latency_s=5.7e-6,
+    efficiency=24.0 / 32.0,
+    sources={
+        "bandwidth_bytes_per_s": "16 GT/s x 16 lanes / 8 = 32 GB/s per direction (PCIe 4.0 x16 line rate, before 128b/130b)",
+        "latency_s": _LAT_PCI,
+        "efficiency": (
+            "NCCL models Gen4 as 120 x 100 Mb/s per lane (kvDictPciGen, src/graph/topo.cc), 'for PCIe 4.0*16, the "
+            "bandwidth is 24(GBps)' (NVIDIA/nccl#1206, sjeaugey: the line rate 'doesn't account for the protocol'): 24/32. "
+            "An upper bound: 8-GPU PCIe boxes are often limited by the CPU root complex (sjeaugey, NVIDIA/nccl#1639)"
+        ),
+    },
+)
+
+#: One 100 Gb/s EDR InfiniBand NIC.
+IB_EDR_100G = Link(
+    name="InfiniBand EDR 100 Gb/s",
+    bandwidth_bytes_per_s=12.5e9,
+    latency_s=14.0e-6,
+    efficiency=12.0 / 12.5,
+    sources={
+        "bandwidth_bytes_per_s": "100 Gb/s / 8 = 12.5 GB/s per direction",
+        "latency_s": _LAT_NET,
+        "efficiency": "'We usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s for 100G NICs)' (sjeaugey, NVIDIA/nccl-tests#119)",
+    },
+)
+
+#: One 200 Gb/s HDR InfiniBand NIC (DGX A100 has one per GPU).
+IB_HDR_200G = Link(
+    name="InfiniBand HDR 200 Gb/s",
+    bandwidth_bytes_per_s=25e9,
+    latency_s=14.0e-6,
+    efficiency=24.0 / 25.0,
+    sources={
+        "bandwidth_bytes_per_s": "200 Gb/s / 8 = 25 GB/s per direction",
+        "latency_s": _LAT_NET,
+        "efficiency": "'We usually consider 24GB/s is the peak performance per 200G NIC' (sjeaugey, NVIDIA/nccl-tests#119; also NVIDIA/nccl#412)",
+    },
+)
+
+#: One 400 Gb/s NDR InfiniBand NIC (ConnectX-7; DGX H100 has one per GPU).
+IB_NDR_400G = Link(
+    name="InfiniBand NDR 400 Gb/s",
+    bandwidth_bytes_per_s=50e9,
+    latency_s=14.0e-6,
+    efficiency=47.0 / 50.0,
+    sources={
+        "bandwidth_bytes_per_s": "400 Gb/s / 8 = 50 GB/s per direction",
+        "latency_s": _LAT_NET,
+        "efficiency": (
+            "46-48 GB/s achievable per NDR NIC (AddyLaddy, NVIDIA/nccl-tests#290; 'should achieve up to 48-49GB/s per NIC', "
+            "NVIDIA/nccl-tests#267): midpoint 47 of 50"
+        ),
+    },
+)
+
+
+def _per_gpu_nic_share(nic: Link, nics_per_node: int, gpus_per_node: int) -> Link:
+    """The NIC bandwidth one GPU gets when all ``gpus_per_node`` GPUs talk across nodes at once."""
+    used = min(nics_per_node, gpus_per_node)
+    share = nic.bandwidth_bytes_per_s * used / gpus_per_node
+    sources = dict(nic.sources)
+    sources["bandwidth_bytes_per_s"] = (
+        f"{nics_per_node} NIC(s) per node shared by {gpus_per_node} GPU(s): {used} x "
+        f"{nic.bandwidth_bytes_per_s / _GB:g} GB/s / {gpus_per_node} = {share / _GB:g} GB/s per GPU; per NIC: "
+        + nic.sources.get("bandwidth_bytes_per_s", "")
+    )
+    return Link(
+        name=f"{nic.name} ({nics_per_node} per node, {gpus_per_node} GPUs)",
+        bandwidth_bytes_per_s=share,
+        latency_s=nic.latency_s,
+        efficiency=nic.efficiency,
+        sources=sources,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """``num_gpus`` GPUs, ``gpus_per_node`` to a node, two link classes.
+
+    Parameters
+    ----------
+    gpu
+        The GPU model (all GPUs are the same).
+    num_gpus
+        Total GPUs (>= 1).  The last node may be partly filled.
+    gpus_per_node
+        GPUs per node (>= 1); ranks ``[k * gpus_per_node, (k + 1) * gpus_per_node)`` are node ``k``.
+    intra_node, inter_node
+        Links between GPUs of one node, and between nodes (per-GPU share of the NICs).
+    topology
+        ``"<intra-node>/<inter-node>"`` identifier, e.g. ``"nvswitch/fat-tree"``.
+    name
+        Display name.
+    assumptions
+        What the preset assumed rather than sourced, in words; the analysis copies these into
+        data.json ``warnings``.
+
+    Raises
+    ------
+    ConfigError
+        Non-positive sizes.
+    """
+
+    gpu: GPU
+    num_gpus: int
+    gpus_per_node: int
+    intra_node: Link
+    inter_node: Link
+    topology: str
+    name: str
+    assumptions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for label, value in (("num_gpus", self.num_gpus), ("gpus_per_node", self.gpus_per_node)):
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"cluster {self.name!r}: {label} must be a positive integer, got {value!r}")
+        object.__setattr__(self, "assumptions", tuple(self.assumptions))
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes used (the last one may be partly filled)."""
+        return -(-self.num_gpus // self.gpus_per_node)
+
+    def node_of(self, rank: int) -> int:
+        """Index of the node holding global ``rank``.
+
+        Raises
+        ------
+        ConfigError
+            ``rank`` outside ``[0, num_gpus)``.
+        """
+        if not _is_int(rank) or not 0 <= rank < self.num_gpus:
+            raise ConfigError(f"rank {rank!r} is outside the cluster's {self.num_gpus} GPUs (0..{self.num_gpus - 1})")
+        return rank // self.gpus_per_node
+
+    def link_for_group(self, ranks: Sequence[int]) -> Link:
+        """The slowest link class a communication group crosses.
+
+        Parameters
+        ----------
+        ranks
+            Global ranks of the group (any order).
+
+        Returns
+        -------
+        Link
+            :attr:`intra_node` when every rank is on one node (a single rank included),
+            otherwise :attr:`inter_node`.
+
+        Raises
+        ------
+        ConfigError
+            Empty group or a rank outside the cluster.
+        """
+        if len(ranks) == 0:
+            raise ConfigError("a communication group needs at least one rank")
+        first = self.node_of(ranks[0])
+        crosses = False
+        for rank in ranks:
+            if self.node_of(rank) != first:
+                crosses = True
+        return self.inter_node if crosses else self.intra_node
+
+    def to_dict(self) -> dict[str, object]:
+        """The data.json ``cluster`` block: gpu, num_gpus, gpus_per_node, topology, links (and name,
+        num_nodes, assumptions)."""
+        return {
+            "name": self.name,
+            "gpu": self.gpu.name,
+            "num_gpus": self.num_gpus,
+            "gpus_per_node": self.gpus_per_node,
+            "num_nodes": self.num_nodes,
+            "topology": self.topology,
+            "links": {"intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict()},
+            "assumptions": list(self.assumptions),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPreset:
+    """A node recipe: which GPU, the intra-node link, the NICs, and where the numbers come from.
+
+    :meth:`build` turns it into a :class:`Cluster` of a given size; the inter-node link is the
+    per-GPU share of ``nics_per_node`` copies of ``nic`` (see the module docstring).
+    """
+
+    name: str
+    gpu_name: str
+    intra_node: Link
+    nic: Link
+    nics_per_node: int
+    gpus_per_node: int
+    topology: str
+    description: str
+    assumptions: tuple[str, ...] = ()
+
+    def build(self, num_gpus: int | None = None, gpus_per_node: int | None = None, gpu: GPU | None = None) -> Cluster:
+        """A cluster of ``num_gpus`` GPUs (default: one full node) from this recipe.
+
+        Parameters
+        ----------
+        num_gpus
+            Total GPUs; default ``gpus_per_node``.
+        gpus_per_node
+            Override the recipe's GPUs per node (the NIC share is recomputed).
+        gpu
+            Override the GPU (e.g. A100 40 GB in a DGX A100 node).
+        """
+        per_node = self.gpus_per_node if gpus_per_node is None else gpus_per_node
+        if not _is_int(per_node) or per_node < 1:
+            raise ConfigError(f"gpus_per_node must be a positive integer, got {per_node!r}")
+        total = per_node if num_gpus is None else num_gpus
+        chosen = gpu if gpu is not None else get_gpu(self.gpu_name)
+        return Cluster(
+            gpu=chosen,
+            num_gpus=total,
+            gpus_per_node=per_node,
+            intra_node=self.intra_node,
+            inter_node=_per_gpu_nic_share(self.nic, self.nics_per_node, per_node),
+            topology=self.topology,
+            name=f"{self.name} x{total}" if total != per_node else self.name,
+            assumptions=self.assumptions,
+        )
+
+
+_PCIE_BOX_ASSUMPTIONS = (
+    "PCIe box: no vendor reference node exists; one 200 Gb/s HDR InfiniBand NIC per 8-GPU node is assumed "
+    "(pass inter_node= to make_cluster to change it)",
+    "PCIe intra-node bandwidth is NCCL's 24 GB/s model of a Gen4 x16 slot, an upper bound: 8-GPU PCIe "
+    "servers are often limited by the CPU root complex",
+)
+
+_PRESETS: tuple[ClusterPreset, ...] = (
+    ClusterPreset(
+        name="dgx-a100",
+        gpu_name="A100-SXM4-80GB",
+        intra_node=NVLINK3_NVSWITCH_A100,
+        nic=IB_HDR_200G,
+        nics_per_node=8,
+        gpus_per_node=8,
+        topology="nvswitch/fat-tree",
+        description=(
+            "8x A100 80GB, NVSwitch, 8x 200 Gb/s HDR InfiniBand per node, fat tree (the Selene nodes of "
+            "Narayanan et al. 2021 Sec. 5 / Table 1)"
+        ),
+    ),
+    ClusterPreset(
+        name="dgx-h100",
+        gpu_name="H100-SXM5-80GB",
+        intra_node=NVLINK4_NVSWITCH_H100,
+        nic=IB_NDR_400G,
+        nics_per_node=8,
+        gpus_per_node=8,
+        topology="nvswitch/fat-tree",
+        description=(
+            "8x H100 SXM5, NVLink4 + NVSwitch, 8x 400 Gb/s NDR (ConnectX-7) per node, one per GPU "
+            "(400 Gb/s NDR per GPU: AddyLaddy, NVIDIA/nccl-tests#290)"
+        ),
+    ),
+    ClusterPreset(
+        name="hgx-h200",
+        gpu_name="H200-SXM-141GB",
+        intra_node=NVLINK4_NVSWITCH_H100,
+        nic=IB_NDR_400G,
+        nics_per_node=8,
+        gpus_per_node=8,
+        topology="nvswitch/fat-tree",
+        description="8x H200 SXM 141GB, NVLink4 + NVSwitch, 400 Gb/s NDR InfiniBand (MLCommons H200-SXM-141GBx8 system JSON)",
+        assumptions=(
+            "hgx-h200: the MLCommons H200x8 host lists 10x 400 Gb/s InfiniBand; 8 of them (one per GPU, as on DGX H100) "
+            "are assumed to carry GPU traffic",
+        ),
+    ),
+    ClusterPreset(
+        name="dgx-v100",
+        gpu_name="V100-SXM2-32GB",
+        intra_node=NVLINK2_CUBE_MESH_V100,
+        nic=IB_EDR_100G,
+        nics_per_node=4,
+        gpus_per_node=8,
+        topology="hybrid-cube-mesh/fat-tree",
+        description=(
+            "DGX-1: 8x V100 SXM2 in an NVLink2 hybrid cube-mesh, 'four 100 Gb InfiniBand network interface "
+            "cards' (NVIDIA DGX-1 with V100 whitepaper)"
+        ),
+        assumptions=(
+            "dgx-v100: the intra-node link is the 8-GPU ring over all six NVLinks; groups of 2-4 GPUs on a hybrid "
+            "cube-mesh may see as little as one NVLink (25 GB/s), which this baseline does not model",
+        ),
+    ),
+    ClusterPreset(
+        name="pcie-a6000",
+        gpu_name="RTX-A6000",
+        intra_node=PCIE_GEN4_X16,
+        nic=IB_HDR_200G,
+        nics_per_node=1,
+        gpus_per_node=8,
+        topology="pcie/fat-tree",
+        description="8x RTX A6000 on PCIe Gen4 x16, no NVSwitch; 2-GPU NVLink bridges are not modelled",
+        assumptions=_PCIE_BOX_ASSUMPTIONS
+        + ("pcie-a6000: 2-GPU NVLink bridges (56.25 GB/s per direction) are ignored; all intra-node groups use PCIe",),
+    ),
+    ClusterPreset(
+        name="pcie-l40s",
+        gpu_name="L40S",
+        intra_node=PCIE_GEN4_X16,
+        nic=IB_HDR_200G,
+        nics_per_node=1,
+        gpus_per_node=8,
+        topology="pcie/fat-tree",
+        description="8x L40S on PCIe Gen4 x16 (no NVLink)",
+        assumptions=_PCIE_BOX_ASSUMPTIONS,
+    ),
+)
+
+#: Cluster presets by name (read-only); build one with :func:`get_cluster`.
+CLUSTERS: Mapping[str, ClusterPreset] = MappingProxyType({p.name: p for p in _PRESETS})
+
+# Default node recipe per GPU for make_cluster (MI300X has none: no sourced RCCL efficiency).
+_DEFAULT_PRESET_FOR_GPU: Mapping[str, str] = MappingProxyType(
+    {
+        "A100-SXM4-80GB": "dgx-a100",
+        "A100-SXM4-40GB": "dgx-a100",
+        "H100-SXM5-80GB": "dgx-h100",
+        "H200-SXM-141GB": "hgx-h200",
+        "V100-SXM2-32GB": "dgx-v100",
+        "RTX-A6000": "pcie-a6000",
+        "L40S": "pcie-l40s",
+    }
+)
+
+
+def cluster_names() -> tuple[str, ...]:
+    """Names :func:`get_cluster` accepts, sorted."""
+    return tuple(sorted(CLUSTERS))
+
+
+def get_cluster(name: str, num_gpus: int | None = None) -> Cluster:
+    """Build the preset ``name`` (case-insensitive) with ``num_gpus`` GPUs (default: one node).
+
+    Raises
+    ------
+    ConfigError
+        Unknown name (the message lists the valid ones) or a non-positive size.
+    """
+    preset = CLUSTERS.get(name.strip().lower().replace("_", "-"))
+    if preset is None:
+        raise ConfigError(
+            f"unknown cluster {name!r}; valid names: {', '.join(cluster_names())} "
+            "(or use --gpu NAME with --gpus-per-node for a cluster built from a GPU preset)"
+        )
+    return preset.build(num_gpus)
+
+
+def make_cluster(
+    gpu_name: str,
+    num_gpus: int,
+    gpus_per_node: int = 8,
+    *,
+    intra_node: Link | None = None,
+    inter_node: Link | None = None,
+    topology: str | None = None,
+    name: str | None = None,
+) -> Cluster:
+    """A cluster of ``num_gpus`` GPUs of model ``gpu_name`` with sensible default links.
+
+    Defaults come from the GPU's usual node (each documented, with sources, on its preset):
+    A100 -> dgx-a100 (NVSwitch, one HDR NIC per GPU); H100 -> dgx-h100 (NVSwitch, one NDR NIC per
+    GPU); H200 -> hgx-h200; V100 -> dgx-v100 (hybrid cube-mesh, 4 EDR NICs per node); RTX A6000 and
+    L40S -> PCIe Gen4 boxes with one HDR NIC per node (an assumption, recorded in
+    ``Cluster.assumptions``).  MI300X has no default: pass both links.
+
+    Parameters
+    ----------
+    gpu_name
+        Any name :func:`~dml2comm.hardware.gpus.get_gpu` accepts.
+    num_gpus, gpus_per_node
+        Sizes; the NIC share per GPU is recomputed for ``gpus_per_node``.
+    intra_node, inter_node
+        Override the links (``inter_node`` is taken as the per-GPU link as given).
+    topology, name
+        Override the identifiers.
+
+    Raises
+    ------
+    ConfigError
+        Unknown GPU, bad sizes, or no default node for the GPU and a link not given.
+    """
+    gpu = get_gpu(gpu_name)
+    preset_name = _DEFAULT_PRESET_FOR_GPU.get(gpu.name)
+    assumptions: tuple[str, ...] = ()
+    default_topology = "custom"
+    if preset_name is not None:
+        base = CLUSTERS[preset_name].build(num_gpus, gpus_per_node, gpu=gpu)
+        assumptions, default_topology = base.assumptions, base.topology
+        intra_node = intra_node if intra_node is not None else base.intra_node
+        inter_node = inter_node if inter_node is not None else base.inter_node
+    if intra_node is None or inter_node is None:
+        raise ConfigError(
+            f"no sourced default node for {gpu.name}; pass intra_node= and inter_node= Links "
+            f"(GPUs with defaults: {', '.join(sorted(_DEFAULT_PRESET_FOR_GPU))})"
+        )
+    return Cluster(
+        gpu=gpu,
+        num_gpus=num_gpus,
+        gpus_per_node=gpus_per_node,
+        intra_node=intra_node,
+        inter_node=inter_node,
+        topology=topology if topology is not None else default_topology,
+        name=name if name is not None else f"{gpu.name} x{num_gpus} ({gpus_per_node} per node)",
+        assumptions=assumptions,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Rank mapping
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankMap:
+    """Global rank <-> (d, p, t) coordinates for ``dp x tp x pp`` GPUs.
+
+    ``order`` lists the dimensions from fastest- to slowest-varying; the default ``"tdp"`` is
+    Megatron-LM's (tensor, then data, then pipeline): ``rank = t + tp * (d + dp * p)``.  Every
+    method is O(1) per rank; the ``*_groups`` generators are the only way to walk all groups.
+
+    Parameters
+    ----------
+    dp, tp, pp
+        Data-, tensor- and pipeline-parallel sizes (>= 1).
+    order
+        A permutation of ``"t"``, ``"d"``, ``"p"`` (case-insensitive), first letter fastest.
+
+    Raises
+    ------
+    ConfigError
+        Non-positive size or an order that is not a permutation of ``"tdp"``.
+
+    References
+    ----------
+    Megatron-LM ``megatron/core/parallel_state.py`` (default order ``"tp-cp-ep-dp-pp"``);
+    Narayanan et al. 2021, Sec. 3.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    order: str = "tdp"
+    _stride: tuple[int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for label, value in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)):
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"{label} must be a positive integer, got {value!r}")
+        order = self.order.strip().lower() if isinstance(self.order, str) else self.order
+        if not isinstance(order, str) or sorted(order) != ["d", "p", "t"]:
+            raise ConfigError(
+                f"rank order {self.order!r} must be a permutation of 't', 'd', 'p' (first letter fastest), "
+                "e.g. 'tdp' (Megatron-LM default)"
+            )
+        object.__setattr__(self, "order", order)
+        sizes = {"d": self.dp, "p": self.pp, "t": self.tp}
+        stride: dict[str, int] = {}
+        step = 1
+        for letter in order:
+            stride[letter] = step
+            step *= sizes[letter]
+        object.__setattr__(self, "_stride", (stride["d"], stride["p"], stride["t"]))
+
+    @property
+    def world_size(self) -> int:
+        """dp x tp x pp."""
+        return self.dp * self.tp * self.pp
+
+    def _check(self, label: str, value: int, size: int) -> None:
+        if not _is_int(value) or not 0 <= value < size:
+            raise ConfigError(f"{label}={value!r} is outside 0..{size - 1}")
+
+    def rank(self, d: int, p: int, t: int) -> int:
+        """Global rank of coordinates (d, p, t)."""
+        self._check("d", d, self.dp)
+        self._check("p", p, self.pp)
+        self._check("t", t, self.tp)
+        sd, sp, st = self._stride
+        return d * sd + p * sp + t * st
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(d, p, t) of global ``rank``."""
+        self._check("rank", rank, self.world_size)
+        sd, sp, st = self._stride
+        return (rank // sd) % self.dp, (rank // sp) % self.pp, (rank // st) % self.tp
+
+    def tp_group(self, d: int, p: int) -> tuple[int, ...]:
+        """Ranks of the tensor-parallel group at (d, p), ordered by t."""
+        base = self.rank(d, p, 0)
+        st = self._stride[2]
+        return tuple(base + t * st for t in range(self.tp))
+
+    def dp_group(self, p: int, t: int) -> tuple[int, ...]:
+        """Ranks of the data-parallel group at (p, t), ordered by d."""
+        base = self.rank(0, p, t)
+        sd = self._stride[0]
+        return tuple(base + d * sd for d in range(self.dp))
+
+    def pp_group(self, d: int, t: int) -> tuple[int, ...]:
+        """Ranks of the pipeline of replica d, tensor rank t, ordered by stage p."""
+        base = self.rank(d, 0, t)
+        sp = self._stride[1]
+        return tuple(base + p * sp for p in range(self.pp))
+
+    def tp_groups(self) -> Iterator[tuple[int, ...]]:
+        """Every tensor-parallel group (dp x pp of them), generated lazily."""
+        for p in range(self.pp):
+            for d in range(self.dp):
+                yield self.tp_group(d, p)
+
+    def dp_groups(self) -> Iterator[tuple[int, ...]]:
+        """Every data-parallel group (pp x tp of them), generated lazily."""
+        for p in range(self.pp):
+            for t in range(self.tp):
+                yield self.dp_group(p, t)
+
+    def pp_groups(self) -> Iterator[tuple[int, ...]]:
+        """Every pipeline (dp x tp of them), generated lazily."""
+        for d in range(self.dp):
+            for t in range(self.tp):
+                yield self.pp_group(d, t)

@@ -1,0 +1,466 @@
+"""GPU presets: peak FLOP/s per data type, memory, and link line rates, every number sourced.
+
+A :class:`GPU` holds the datasheet numbers the cost models need.  Conventions:
+
+- ``peak_flops_per_s``: dense (no 2:4 sparsity) peak in FLOP/s, a multiply-add counted as 2.
+  Keys: ``"fp32"`` is the *non-tensor-core* FP32 (CUDA-core FMA) peak; ``"tf32"``, ``"bf16"``,
+  ``"fp16"`` and ``"fp8"`` are tensor-core (matrix-core) peaks.  A key is present only where a
+  source gives the number.  Where a datasheet prints only figures *with sparsity* (H100, L40S)
+  we store half of them, as the datasheets themselves say ("specifications 1/2 lower without
+  sparsity").
+- ``hbm_bytes`` / ``hbm_bytes_per_s``: device-memory capacity and peak bandwidth, in decimal
+  units as printed on the datasheet (80 GB = 80e9 bytes; the device itself reports 80 GiB,
+  so this is conservative by about 7 %).  For GDDR6 parts (RTX A6000, L40S) the field holds the
+  GDDR6 numbers.
+- ``nvlink_bytes_per_s``: GPU-to-GPU line rate per direction, summed over all of the GPU's links
+  (0 when the GPU has none).  Half of the "bidirectional" figure NVIDIA prints.
+- ``pcie_bytes_per_s``: host-interface line rate per direction (half of the bidirectional figure).
+- ``sources``: one entry per number, keyed by field name (``"peak_flops_per_s.bf16"`` for a
+  peak), saying where the number comes from.  :meth:`GPU.unsourced_fields` lists numbers that
+  lack one; every preset has none (tested).
+
+Achieved-versus-line-rate efficiencies of links live on :class:`dml2comm.hardware.cluster.Link`,
+not here: they depend on the system (NVSwitch, hybrid cube-mesh, NIC count), not the chip.
+
+References
+----------
+NVIDIA A100 datasheet and Ampere whitepaper (as tabulated at glennklockwood.com/garden/processors/A100);
+NVIDIA H100 whitepaper / datasheet (glennklockwood.com/garden/processors/h100; datasheet table as
+reproduced by hpctech.co.jp); NVIDIA Tesla V100 datasheet and DGX-1 system-architecture whitepaper;
+NVIDIA RTX A6000 datasheet (servethehome.com reproduction) and Microway's Ampere comparison;
+NVIDIA L40S datasheet (reseller reproductions); AMD ROCm documentation, "AMD Instinct MI300 series
+microarchitecture"; Narayanan et al., SC'21 (arXiv:2104.04473) Sec. 5; MLCommons inference v4.1
+system description H200-SXM-141GBx8; sjeaugey in NVIDIA/nccl-tests#149 and #212.  See also
+shared/data/hardware_presets_sources.json.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from dml2comm.errors import ConfigError
+
+__all__ = [
+    "DTYPE_KEYS",
+    "GPU",
+    "GPUS",
+    "GPU_ALIASES",
+    "get_gpu",
+    "gpu_names",
+]
+
+#: The peak-FLOP/s keys a GPU may carry, in display order.
+DTYPE_KEYS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+# Spellings accepted by GPU.peak_flops (ONNX/DType labels and common short names).
+_DTYPE_SPELLINGS: Mapping[str, str] = MappingProxyType(
+    {
+        "fp32": "fp32",
+        "float32": "fp32",
+        "float": "fp32",
+        "tf32": "tf32",
+        "bf16": "bf16",
+        "bfloat16": "bf16",
+        "fp16": "fp16",
+        "float16": "fp16",
+        "half": "fp16",
+        "fp8": "fp8",
+        "float8": "fp8",
+    }
+)
+
+_NUMERIC_FIELDS: tuple[str, ...] = ("hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
+
+
+def _frozen(mapping: Mapping[str, object]) -> Mapping[str, object]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    """One accelerator model and its datasheet numbers (SI units, see the module docstring).
+
+    Parameters
+    ----------
+    name
+        Canonical name, e.g. ``"A100-SXM4-80GB"``.
+    peak_flops_per_s
+        Dense peak FLOP/s by key in :data:`DTYPE_KEYS` (``"fp32"`` = CUDA cores, others = tensor cores).
+    hbm_bytes, hbm_bytes_per_s
+        Device-memory capacity (bytes) and peak bandwidth (bytes/s).
+    nvlink_bytes_per_s
+        GPU-to-GPU line rate per direction summed over links; 0 for none.
+    pcie_bytes_per_s
+        Host-interface line rate per direction.
+    sources
+        Field name (``"peak_flops_per_s.<key>"`` for peaks) -> where the number comes from.
+
+    Raises
+    ------
+    ConfigError
+        A number is negative, not finite, or a peak key is not one of :data:`DTYPE_KEYS`.
+    """
+
+    name: str
+    peak_flops_per_s: Mapping[str, float]
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    pcie_bytes_per_s: float
+    sources: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        for key, value in self.peak_flops_per_s.items():
+            if key not in DTYPE_KEYS:
+                raise ConfigError(
+                    f"GPU {self.name!r}: unknown peak-FLOP/s key {key!r}; use one of {', '.join(DTYPE_KEYS)}"
+                )
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"GPU {self.name!r}: peak_flops_per_s[{key!r}] must be a positive number, got {value!r}")
+        for field_name in _NUMERIC_FIELDS:
+            value = getattr(self, field_name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"GPU {self.name!r}: {field_name} must be a non-negative number, got {value!r}")
+        if self.hbm_bytes <= 0 or self.hbm_bytes_per_s <= 0:
+            raise ConfigError(f"GPU {self.name!r}: hbm_bytes and hbm_bytes_per_s must be positive")
+        object.__setattr__(self, "peak_flops_per_s", _frozen(self.peak_flops_per_s))
+        object.__setattr__(self, "sources", _frozen(self.sources))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_flops_per_s.items())),
+                self.hbm_bytes,
+                self.hbm_bytes_per_s,
+                self.nvlink_bytes_per_s,
+                self.pcie_bytes_per_s,
+                tuple(sorted(self.sources.items())),
+            )
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # mappingproxy does not pickle; rebuild from plain dicts (copy, deepcopy, multiprocessing).
+        return (
+            type(self),
+            (
+                self.name,
+                dict(self.peak_flops_per_s),
+                self.hbm_bytes,
+                self.hbm_bytes_per_s,
+                self.nvlink_bytes_per_s,
+                self.pcie_bytes_per_s,
+                dict(self.sources),
+            ),
+        )
+
+    def peak_flops(self, dtype: str, *, allow_tf32: bool = False) -> float:
+        """Dense peak FLOP/s of matrix math in ``dtype``.
+
+        ``"fp32"`` is ambiguous on Ampere and later: a float32 matmul runs on the CUDA cores
+        (the ``"fp32"`` peak, e.g. 19.5 TFLOP/s on A100) unless the framework lets it use TF32
+        tensor cores (156 TFLOP/s on A100).  PyTorch >= 1.12 defaults to the former for matmuls
+        (``torch.backends.cuda.matmul.allow_tf32 = False``), so that is our default too; pass
+        ``allow_tf32=True`` to model ``allow_tf32 = True`` / ``set_float32_matmul_precision("high")``.
+
+        Parameters
+        ----------
+        dtype
+            ``"fp32"``/``"float32"``, ``"tf32"``, ``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``,
+            ``"fp8"``/``"float8"`` (case-insensitive).
+        allow_tf32
+            For ``"fp32"`` only: return the TF32 tensor-core peak instead of the CUDA-core peak.
+
+        Returns
+        -------
+        float
+            FLOP/s (a multiply-add counts 2).
+
+        Raises
+        ------
+        ConfigError
+            Unknown dtype, or no sourced peak for it on this GPU (e.g. bf16 on V100, which has no
+            bf16 tensor cores; TF32 on V100, which has none) -- the message lists what is known.
+        """
+        key = _DTYPE_SPELLINGS.get(dtype.strip().lower())
+        if key is None:
+            raise ConfigError(
+                f"unknown dtype {dtype!r} for peak FLOP/s; use one of {', '.join(sorted(_DTYPE_SPELLINGS))}"
+            )
+        via_allow_tf32 = key == "fp32" and allow_tf32
+        if via_allow_tf32:
+            key = "tf32"
+        if key not in self.peak_flops_per_s:
+            known = ", ".join(k for k in DTYPE_KEYS if k in self.peak_flops_per_s)
+            hint = " (pass allow_tf32=False to use the FP32 CUDA-core peak)" if via_allow_tf32 else ""
+            raise ConfigError(f"GPU {self.name} has no sourced {key} peak{hint}; known: {known}")
+        return self.peak_flops_per_s[key]
+
+    def unsourced_fields(self) -> tuple[str, ...]:
+        """Names of numbers without a non-empty entry in :attr:`sources` (empty for every preset)."""
+        wanted = [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s] + list(_NUMERIC_FIELDS)
+        return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain-data view (for ``presets`` output and data.json)."""
+        return {
+            "name": self.name,
+            "peak_flops_per_s": dict(self.peak_flops_per_s),
+            "hbm_bytes": self.hbm_bytes,
+            "hbm_bytes_per_s": self.hbm_bytes_per_s,
+            "nvlink_bytes_per_s": self.nvlink_bytes_per_s,
+            "pcie_bytes_per_s": self.pcie_bytes_per_s,
+            "sources": dict(self.sources),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Source strings shared by several presets
+# --------------------------------------------------------------------------------------------
+
+_A100_FLOPS = (
+    "NVIDIA A100 datasheet / Ampere whitepaper, tabulated at glennklockwood.com/garden/processors/A100: "
+    "FP32 19.5, TF32 tensor 156 (312 sparse), BF16/FP16 tensor 312 (624 sparse) TFLOP/s; "
+    "312 also in Narayanan et al. 2021 Sec. 5 ('peak device throughput of an A100 GPU with 16-bit precision')"
+)
+_A100_NVLINK = (
+    "12 NVLink3 links x 25 GB/s per direction = 300 GB/s (sjeaugey, NVIDIA/nccl-tests#149; "
+    "'300+300 GB/s NVLink', glennklockwood.com/garden/processors/A100)"
+)
+_A100_PCIE = "PCIe Gen4 x16, '32+32 GB/s PCIe Gen4' (glennklockwood.com/garden/processors/A100)"
+_H100_FLOPS = (
+    "NVIDIA H100 SXM5 whitepaper table at glennklockwood.com/garden/processors/h100 (FP32 66.9; dense "
+    "TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOP/s; the sparse figures are 2x); datasheet as "
+    "reproduced by hpctech.co.jp: FP32 67, TF32 989*, BF16/FP16 1,979*, FP8 3,958* with '*with sparsity, "
+    "specifications 1/2 lower without sparsity'"
+)
+_H100_NVLINK = (
+    "NVLink4: 900 GB/s bidirectional (NVIDIA 'Introducing NVIDIA HGX H100' blog), 450 GB/s per "
+    "direction is the line rate (sjeaugey, NVIDIA/nccl-tests#212)"
+)
+_H100_PCIE = "PCIe Gen5 x16, '128 GB/s PCIe Gen5' bidirectional = 64 GB/s per direction (glennklockwood.com/garden/processors/h100)"
+
+_A100_80 = GPU(
+    name="A100-SXM4-80GB",
+    peak_flops_per_s={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+    hbm_bytes=80e9,
+    hbm_bytes_per_s=2039e9,
+    nvlink_bytes_per_s=300e9,
+    pcie_bytes_per_s=32e9,
+    sources={
+        "peak_flops_per_s.fp32": _A100_FLOPS,
+        "peak_flops_per_s.tf32": _A100_FLOPS,
+        "peak_flops_per_s.bf16": _A100_FLOPS,
+        "peak_flops_per_s.fp16": _A100_FLOPS,
+        "hbm_bytes": "80 GB HBM2e (Narayanan et al. 2021 Sec. 5 / Korthikanti et al. 2022: '8 NVIDIA 80GB A100 GPUs')",
+        "hbm_bytes_per_s": "2,039 GB/s for A100 SXM 80GB (glennklockwood.com/garden/processors/A100; thundercompute.com A100 specs table)",
+        "nvlink_bytes_per_s": _A100_NVLINK,
+        "pcie_bytes_per_s": _A100_PCIE,
+    },
+)
+
+_A100_40 = GPU(
+    name="A100-SXM4-40GB",
+    peak_flops_per_s=dict(_A100_80.peak_flops_per_s),
+    hbm_bytes=40e9,
+    hbm_bytes_per_s=1555e9,
+    nvlink_bytes_per_s=300e9,
+    pcie_bytes_per_s=32e9,
+    sources={
+        **dict(_A100_80.sources),
+        "hbm_bytes": "40 GB HBM2 (glennklockwood.com/garden/processors/A100: 'A100 40G SXM4 ... 40 GB HBM2')",
+        "hbm_bytes_per_s": "1,555 GB/s (glennklockwood.com/garden/processors/A100; thundercompute.com A100 specs table)",
+    },
+)
+
+_H100 = GPU(
+    name="H100-SXM5-80GB",
+    peak_flops_per_s={"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12},
+    hbm_bytes=80e9,
+    hbm_bytes_per_s=3350e9,
+    nvlink_bytes_per_s=450e9,
+    pcie_bytes_per_s=64e9,
+    sources={
+        "peak_flops_per_s.fp32": _H100_FLOPS,
+        "peak_flops_per_s.tf32": _H100_FLOPS,
+        "peak_flops_per_s.bf16": _H100_FLOPS,
+        "peak_flops_per_s.fp16": _H100_FLOPS,
+        "peak_flops_per_s.fp8": _H100_FLOPS,
+        "hbm_bytes": "80 GB HBM3 (H100 SXM datasheet as reproduced by hpctech.co.jp; glennklockwood.com/garden/processors/h100)",
+        "hbm_bytes_per_s": "3,350 GB/s (H100 SXM datasheet as reproduced by hpctech.co.jp: 'GPU memory bandwidth 3,350 GB/sec')",
+        "nvlink_bytes_per_s": _H100_NVLINK,
+        "pcie_bytes_per_s": _H100_PCIE,
+    },
+)
+
+_H200 = GPU(
+    name="H200-SXM-141GB",
+    peak_flops_per_s=dict(_H100.peak_flops_per_s),
+    hbm_bytes=141e9,
+    hbm_bytes_per_s=4800e9,
+    nvlink_bytes_per_s=450e9,
+    pcie_bytes_per_s=64e9,
+    sources={
+        **{
+            f"peak_flops_per_s.{k}": (
+                "same GH100 compute as H100 SXM5 ('H200 GPUs are the same as H100 GPUs ... just with more and "
+                "faster HBM', glennklockwood.com/garden/processors/h100): " + _H100_FLOPS
+            )
+            for k in _H100.peak_flops_per_s
+        },
+        "hbm_bytes": "141 GB HBM3e (MLCommons inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json)",
+        "hbm_bytes_per_s": "4.8 TB/s (NVIDIA H200 specification pages; shared/data/hardware_presets_sources.json, SECONDARY)",
+        "nvlink_bytes_per_s": "18x 4th Gen NVLink, 900 GB/s bidirectional = 450 GB/s per direction (MLCommons H200-SXM-141GBx8 system JSON)",
+        "pcie_bytes_per_s": "PCIe Gen5 x16 as on H100 SXM5 (H200 = H100 with HBM3e, glennklockwood.com/garden/processors/h100): " + _H100_PCIE,
+    },
+)
+
+_V100 = GPU(
+    name="V100-SXM2-32GB",
+    peak_flops_per_s={"fp32": 15.7e12, "fp16": 125e12},
+    hbm_bytes=32e9,
+    hbm_bytes_per_s=900e9,
+    nvlink_bytes_per_s=150e9,
+    pcie_bytes_per_s=16e9,
+    sources={
+        "peak_flops_per_s.fp32": "NVIDIA Tesla V100 datasheet, SXM2: single precision 15.7 TFLOP/s (double 7.8)",
+        "peak_flops_per_s.fp16": (
+            "NVIDIA Tesla V100 datasheet, SXM2: 'Tensor Performance 125 TFLOPS'; NVIDIA developer blog "
+            "'Programming Tensor Cores in CUDA 9' (up to 125 Tensor TFLOPS). Volta has no bf16/TF32 tensor cores"
+        ),
+        "hbm_bytes": "32 GB HBM2 (V100-SXM2-32GB variant; the 16 GB variant also exists; spec pages, SECONDARY)",
+        "hbm_bytes_per_s": "900 GB/s (V100 datasheet; llm-analysis preset; shared/data/hardware_presets_sources.json, SECONDARY)",
+        "nvlink_bytes_per_s": (
+            "six NVLink2 links, 'each providing a point-to-point connection to another GPU at a peak bandwidth of "
+            "25 GB/s in each direction' = 150 GB/s (NVIDIA DGX-1 with V100 system-architecture whitepaper)"
+        ),
+        "pcie_bytes_per_s": (
+            "PCIe 3.0 x16 ('V100 also supports 16 lanes of PCIe 3.0', DGX-1 whitepaper): 8 GT/s x 16 lanes / 8 = "
+            "16 GB/s per direction before 128b/130b encoding"
+        ),
+    },
+)
+
+_A6000 = GPU(
+    name="RTX-A6000",
+    peak_flops_per_s={"fp32": 38.7e12, "bf16": 154.8e12, "fp16": 154.8e12},
+    hbm_bytes=48e9,
+    hbm_bytes_per_s=768e9,
+    nvlink_bytes_per_s=56.25e9,
+    pcie_bytes_per_s=32e9,
+    sources={
+        "peak_flops_per_s.fp32": "NVIDIA RTX A6000 datasheet: single-precision 38.7 TFLOP/s (also 38.71 in TechPowerUp-derived tables)",
+        "peak_flops_per_s.bf16": (
+            "Microway 'In-Depth Comparison of NVIDIA Ampere GPU Accelerators': RTX A6000 FP16/BF16 tensor 154.8 "
+            "TFLOP/s dense (309.7 with sparsity, the datasheet's 'Tensor Performance'). No TF32 figure was found, "
+            "so the preset has no 'tf32' key"
+        ),
+        "peak_flops_per_s.fp16": "Microway 'In-Depth Comparison of NVIDIA Ampere GPU Accelerators': 154.8 TFLOP/s dense (309.7 sparse)",
+        "hbm_bytes": "48 GB GDDR6 with ECC (NVIDIA RTX A6000 spec table reproduced by servethehome.com)",
+        "hbm_bytes_per_s": "768 GB/s GDDR6 (NVIDIA RTX A6000 spec table reproduced by servethehome.com)",
+        "nvlink_bytes_per_s": (
+            "2-way NVLink bridge only: 'NVLink Interconnect 112.5 GB/s (bidirectional), Connect 2x RTX A6000' = "
+            "56.25 GB/s per direction (NVIDIA spec table, servethehome.com). No NVSwitch: it joins pairs of GPUs; "
+            "the pcie-a6000 cluster preset uses PCIe for every intra-node group"
+        ),
+        "pcie_bytes_per_s": "PCI Express 4.0 x16 (NVIDIA spec table, servethehome.com): 16 GT/s x 16 / 8 = 32 GB/s per direction",
+    },
+)
+
+_L40S = GPU(
+    name="L40S",
+    peak_flops_per_s={"fp32": 91.6e12, "tf32": 183e12, "bf16": 362.05e12, "fp16": 362.05e12, "fp8": 733e12},
+    hbm_bytes=48e9,
+    hbm_bytes_per_s=864e9,
+    nvlink_bytes_per_s=0.0,
+    pcie_bytes_per_s=32e9,
+    sources={
+        **{
+            f"peak_flops_per_s.{k}": (
+                "NVIDIA L40S datasheet table (reproduced by mullet.se): FP32 91.6; TF32 183 (366*); BF16/FP16 "
+                "362.05 (733*); FP8 733 (1,466*) TFLOP/s, '* With Sparsity'"
+            )
+            for k in ("fp32", "tf32", "bf16", "fp16", "fp8")
+        },
+        "hbm_bytes": "48 GB GDDR6 with ECC (NVIDIA L40S datasheet table, mullet.se / itcreations.com)",
+        "hbm_bytes_per_s": "864 GB/s (NVIDIA L40S datasheet table, mullet.se / itcreations.com)",
+        "nvlink_bytes_per_s": "none: 'NVLink is not supported' (itcreations.com L40S page); the datasheet lists PCIe only",
+        "pcie_bytes_per_s": "'PCIe Gen4 x16: 64GB/s bidirectional' = 32 GB/s per direction (NVIDIA L40S datasheet table)",
+    },
+)
+
+_MI300X_FLOPS = (
+    "AMD ROCm documentation 'AMD Instinct MI300 series microarchitecture', table 'Peak-performance "
+    "capabilities of the MI300X': Vector/Matrix FP32 163.4, TF32 653.7, Matrix FP16/BF16 1307.4, "
+    "Matrix FP8 2614.9 TFLOP/s (dense)"
+)
+_MI300X = GPU(
+    name="MI300X",
+    peak_flops_per_s={"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
+    hbm_bytes=192e9,
+    hbm_bytes_per_s=5300e9,
+    nvlink_bytes_per_s=448e9,
+    pcie_bytes_per_s=64e9,
+    sources={
+        **{f"peak_flops_per_s.{k}": _MI300X_FLOPS for k in ("fp32", "tf32", "bf16", "fp16", "fp8")},
+        "hbm_bytes": "192 GB HBM3 (MLCommons system name 'MI300X-NPS1-SPX-192GB-750W'; spec pages, SECONDARY)",
+        "hbm_bytes_per_s": "'theoretical aggregated peak memory bandwidth of the GPU is 5.3 TB per second' (AMD ROCm MI300 microarchitecture docs)",
+        "nvlink_bytes_per_s": (
+            "Infinity Fabric (xGMI), not NVLink: seven links per GPU forming a fully connected 8-GPU system (AMD ROCm "
+            "MI300 docs); 128 GB/s bidirectional per link (emergentmind MI300X summary), 896 GB/s aggregate "
+            "bidirectional (gpu.blog) -> 7 x 64 = 448 GB/s per direction. SECONDARY: AMD datasheet not found"
+        ),
+        "pcie_bytes_per_s": "PCIe Gen 5 x16 host links (AMD ROCm MI300 node-level architecture): 32 GT/s x 16 / 8 = 64 GB/s per direction",
+    },
+)
+
+#: Presets by canonical name (read-only).
+GPUS: Mapping[str, GPU] = MappingProxyType({g.name: g for g in (_A100_80, _A100_40, _H100, _H200, _V100, _A6000, _L40S, _MI300X)})
+
+#: Short names accepted by :func:`get_gpu` (case-insensitive) -> canonical name.
+GPU_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "a100": "A100-SXM4-80GB",
+        "a100-80gb": "A100-SXM4-80GB",
+        "a100-sxm4-80gb": "A100-SXM4-80GB",
+        "a100-40gb": "A100-SXM4-40GB",
+        "a100-sxm4-40gb": "A100-SXM4-40GB",
+        "h100": "H100-SXM5-80GB",
+        "h100-sxm": "H100-SXM5-80GB",
+        "h100-sxm5-80gb": "H100-SXM5-80GB",
+        "h200": "H200-SXM-141GB",
+        "h200-sxm-141gb": "H200-SXM-141GB",
+        "v100": "V100-SXM2-32GB",
+        "v100-sxm2-32gb": "V100-SXM2-32GB",
+        "a6000": "RTX-A6000",
+        "rtx-a6000": "RTX-A6000",
+        "l40s": "L40S",
+        "mi300x": "MI300X",
+    }
+)
+
+
+def gpu_names() -> tuple[str, ...]:
+    """Every name :func:`get_gpu` accepts (aliases), sorted."""
+    return tuple(sorted(GPU_ALIASES))
+
+
+def get_gpu(name: str) -> GPU:
+    """The preset called ``name`` (case-insensitive; ``_`` and spaces read as ``-``).
+
+    Raises
+    ------
+    ConfigError
+        Unknown name; the message lists the valid names.
+    """
+    key = name.strip().lower().replace("_", "-").replace(" ", "-")
+    canonical = GPU_ALIASES.get(key)
+    if canonical is None:
+        raise ConfigError(
+            f"unknown GPU {name!r}; valid names: {', '.join(gpu_names())} "
+            "(or build a dml2comm.hardware.GPU with your own sourced numbers)"
+        )
+    return GPUS[canonical]
