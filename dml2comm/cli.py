@@ -282,6 +282,13 @@ def run_presets(argv: Sequence[str]) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def run_zoo(argv: Sequence[str]) -> int:
     from dml2comm import zoo
 
@@ -294,20 +301,24 @@ def run_zoo(argv: Sequence[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="kind", required=True, parser_class=_Parser)
-    for kind, params in zoo.KINDS.items():
-        sp = sub.add_parser(kind, help=f"build a {kind} model")
-        for prm in params:
-            flag = "--" + prm.name.replace("_", "-")
-            kwargs: dict[str, Any] = {"dest": prm.name, "help": prm.help, "default": prm.default}
+    for kind_name, kind in zoo.KINDS.items():
+        sp = sub.add_parser(kind_name, help=kind.help, description=kind.help)
+        for prm in kind.params:
+            kwargs: dict[str, Any] = {"dest": prm.name, "help": prm.help}
             if prm.type is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
-            elif prm.type in (list, tuple):
-                kwargs["type"] = lambda s: [int(x) for x in s.split(",")]
+            elif prm.many:
+                kwargs["type"] = _int_list if prm.type is int else (lambda s: [x for x in s.split(",") if x])
             else:
                 kwargs["type"] = prm.type
-            if prm.default is None and prm.required:
+            if prm.choices:
+                kwargs["choices"] = list(prm.choices)
+            if prm.required:
                 kwargs["required"] = True
-            sp.add_argument(flag, **kwargs)
+            else:
+                kwargs["default"] = None
+                kwargs["help"] = f"{prm.help} (default {prm.default!r})"
+            sp.add_argument(prm.flag, **kwargs)
         sp.add_argument("-o", "--output", required=True, help="where to write the .onnx")
     pp = sub.add_parser("preset", help="build a named preset: " + ", ".join(sorted(zoo.PRESETS)))
     pp.add_argument("name", choices=sorted(zoo.PRESETS))
@@ -318,7 +329,7 @@ def run_zoo(argv: Sequence[str]) -> int:
         kind, kwargs = zoo.PRESETS[args.name]
         model = zoo.build(kind, **kwargs)
     else:
-        kwargs = {prm.name: getattr(args, prm.name) for prm in zoo.KINDS[args.kind] if getattr(args, prm.name) is not None}
+        kwargs = {prm.name: getattr(args, prm.name) for prm in zoo.KINDS[args.kind].params if getattr(args, prm.name) is not None}
         model = zoo.build(args.kind, **kwargs)
     out = Path(args.output)
     if out.parent and not out.parent.exists():

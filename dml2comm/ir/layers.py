@@ -34,6 +34,7 @@ NESTED_COVERAGE = 0.9
 SIDE_TENSOR_SHARE = 0.25
 
 _NUMBERED = re.compile(r"^\d+$")
+_TRAILING_DIGITS = re.compile(r"\d+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +82,16 @@ def group_layers(graph: OpGraph) -> LayeredGraph:
 
 
 def _containers(scope: str) -> list[tuple[str, str]]:
-    """(pattern, instance key) for each numbered component: ``a.h.5.x`` -> (``a.h.*``, ``a.h.5``)."""
+    """(pattern, instance key) for each numbered component: ``a.h.5.x`` -> (``a.h.*``, ``a.h.5``).
+
+    Trailing digits of names are wildcards in the pattern too, so torchvision's
+    ``layer1.layer1.0`` and ``layer2.layer2.1`` are instances of one pattern ``layer*.layer*.*``.
+    """
     parts = scope.split(".") if scope else []
     out = []
     for i, part in enumerate(parts):
         if _NUMBERED.match(part):
-            pattern = ".".join("*" if _NUMBERED.match(p) else p for p in parts[: i + 1])
+            pattern = ".".join(_TRAILING_DIGITS.sub("*", p) for p in parts[: i + 1])
             out.append((pattern, ".".join(parts[: i + 1])))
     return out
 

@@ -188,6 +188,10 @@ def load_model_proto(
     bound, model_batch = _bind_input_dims(graph, initializer_names, options)
     _forget_inferred_shapes(graph)
     inferred = _infer(model, path_for_large)
+    if _has_unknown_dims(inferred):
+        inferred, folded = _fold_shape_computations(inferred, path_for_large)
+        if folded:
+            warnings.append(f"folded {folded} shape-computation node(s) into constants after binding the input dims")
     op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options)
     warnings.extend(more_warnings)
     return ImportResult(op_graph, MappingProxyType(bound), model_batch, tuple(warnings))
@@ -257,11 +261,19 @@ def _bind_input_dims(
 
 
 def _forget_inferred_shapes(graph: onnx.GraphProto) -> None:
-    """Drop exporter-written value_info and output dims: they hold the old symbolic dims."""
+    """Drop exporter-written shapes that hold symbolic dims (they are stale once the inputs
+    are bound); keep fully static ones, the only shape information for custom-domain ops."""
+    keep = [vi for vi in graph.value_info if _is_static(vi.type)]
     del graph.value_info[:]
+    graph.value_info.extend(keep)
     for out in graph.output:
-        if out.type.HasField("tensor_type"):
+        if out.type.HasField("tensor_type") and not _is_static(out.type):
             out.type.tensor_type.ClearField("shape")
+
+
+def _is_static(vtype: onnx.TypeProto) -> bool:
+    shape, _ = _shape_of(vtype)
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def _infer(model: onnx.ModelProto, path_for_large: Path | None) -> onnx.ModelProto:
@@ -276,6 +288,92 @@ def _infer(model: onnx.ModelProto, path_for_large: Path | None) -> onnx.ModelPro
             return onnx.load(str(dst), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError / RuntimeError
         raise ModelError(f"ONNX shape inference failed: {_first_line(exc)}; check the model with onnx.checker") from exc
+
+
+# ----------------------------------------------------------------------------- folding
+
+#: Shape computations produce small integer tensors; nothing larger is folded.
+FOLD_MAX_ELEMENTS = 4096
+_NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
+
+
+def _has_unknown_dims(model: onnx.ModelProto) -> bool:
+    for vi in list(model.graph.value_info) + list(model.graph.output):
+        shape, _ = _shape_of(vi.type)
+        if shape is None or any(not isinstance(d, int) for d in shape):
+            return True
+    known = {vi.name for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)}
+    return any(out and out not in known for node in model.graph.node for out in node.output)
+
+
+def _fold_shape_computations(model: onnx.ModelProto, path_for_large: Path | None) -> tuple[onnx.ModelProto, int]:
+    """Evaluate ``Shape`` of static tensors and the small integer subgraphs fed by them
+    (``Shape -> Squeeze -> Range``, ``Shape -> Gather -> Concat -> Reshape``) with onnx's
+    reference evaluator, replace them by ``Constant`` nodes and infer shapes again.
+
+    Dynamic-shape exports (torch dynamo) compute sizes at run time; ONNX's data propagation
+    does not cover every op (``Range`` notably), so once the input dims are bound we fold.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    total = 0
+    for _ in range(8):
+        shapes = {vi.name: _shape_of(vi.type)[0] for vi in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+        known: dict[str, Any] = {}
+        for init in model.graph.initializer:
+            if init.data_location != TensorProto.EXTERNAL:
+                n = 1
+                for d in init.dims:
+                    n *= d
+                if n <= FOLD_MAX_ELEMENTS:
+                    known[init.name] = numpy_helper.to_array(init)
+        replaced: dict[int, onnx.NodeProto] = {}
+        for idx, node in enumerate(model.graph.node):
+            if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD:
+                continue
+            if node.op_type == "Constant":
+                try:
+                    known[node.output[0]] = numpy_helper.to_array(node.attribute[0].t) if node.attribute[0].type == onnx.AttributeProto.TENSOR else None
+                except Exception:  # noqa: BLE001 - sparse or odd constants are simply not folded
+                    pass
+                continue
+            values: list[Any]
+            if node.op_type == "Shape":
+                shape = shapes.get(node.input[0])
+                if shape is None or any(not isinstance(d, int) for d in shape):
+                    continue
+                attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+                values = [np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)]
+            elif node.input and all((not i) or (i in known and known[i] is not None) for i in node.input):
+                try:
+                    values = list(ReferenceEvaluator(node).run(None, {i: known[i] for i in node.input if i}))
+                except Exception:  # noqa: BLE001 - anything the evaluator cannot run stays an op
+                    continue
+            else:
+                continue
+            if any(np.asarray(v).size > FOLD_MAX_ELEMENTS for v in values):
+                continue
+            outs = [o for o in node.output]
+            for name, value in zip(outs, values):
+                known[name] = np.asarray(value)
+            if len(outs) == 1:
+                replaced[idx] = onnx.helper.make_node(
+                    "Constant", [], [outs[0]], name=node.name, value=numpy_helper.from_array(np.asarray(values[0]), outs[0])
+                )
+        if not replaced:
+            break
+        nodes = [replaced.get(i, n) for i, n in enumerate(model.graph.node)]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        total += sum(1 for n in replaced.values())
+        _forget_inferred_shapes(model.graph)
+        model = _infer(model, path_for_large)
+        if not _has_unknown_dims(model):
+            break
+    return model, total
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -301,14 +399,31 @@ def _scope(node: onnx.NodeProto) -> str:
     """Module path of a node: dynamo metadata first, legacy scoped node name second."""
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
-            scopes = _parse_list(prop.value)
-            if scopes:
-                return str(scopes[-1])
+            return _innermost_module(_parse_list(prop.value))
     name = node.name
     if name.startswith("/") and name.count("/") >= 2:
         parts = [p for p in name.split("/") if p]
         return ".".join(parts[:-1])
     return ""
+
+
+def _innermost_module(scopes: list[Any]) -> str:
+    """The deepest module path of a dynamo ``name_scopes`` list.
+
+    Entries are full dotted paths (``['', 'transformer', 'transformer.h.5', ...]``), possibly
+    ending with the operation's own name (``'linear_12'``), which is not a module: keep each
+    entry only while it extends the previous one.
+    """
+    scope = ""
+    for entry in scopes:
+        entry = str(entry)
+        if not entry:
+            continue
+        if not scope or entry.startswith(scope + "."):
+            scope = entry
+        else:
+            break
+    return scope
 
 
 def _parse_list(text: str) -> list[Any]:
@@ -372,6 +487,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
 
     inputs: list[str] = []
     unknown: dict[str, list[str]] = {}
+    no_shape: dict[str, tuple[str, str]] = {}
     for vi in graph.input:
         if vi.name in initializer_names:
             continue
@@ -409,7 +525,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
                 continue
             shape, dtype = shapes.get(out, (None, DType.UNDEFINED))
             if shape is None:
-                unknown.setdefault(out, []).append(f"shape of {node.op_type} output")
+                no_shape.setdefault(node.op_type, (node.domain, node.name or "(unnamed)"))
                 continue
             missing = [str(d) for d in shape if not isinstance(d, int)]
             if missing:
@@ -439,6 +555,13 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
             )
         warnings.append(f"control flow costed as memory-bound ops without their subgraphs: {where}")
 
+    if no_shape:
+        op_type, (domain, node_name) = next(iter(no_shape.items()))
+        where = f" (domain {domain!r})" if domain not in ("", "ai.onnx") else ""
+        raise ModelError(
+            f"ONNX shape inference cannot infer the output of op {op_type!r}{where} at node {node_name!r}; "
+            "declare its output shapes in the model's value_info, or replace the op with standard ONNX ops"
+        )
     if unknown:
         dims = sorted({d for ds in unknown.values() for d in ds})
         first = sorted(unknown)[:3]

@@ -44,10 +44,13 @@ from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import Op, OpGraph, Tensor
 from dml2comm.network.kinds import CollectiveKind, Phase
 
-__all__ = ["Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads"]
+__all__ = ["Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads", "padded_vocab"]
 
 R = "R"
 P = "P"
+
+#: Megatron-LM's default ``--make-vocab-size-divisible-by``.
+VOCAB_PAD_MULTIPLE = 128
 
 _WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 _VIEWS_PASS = frozenset(
@@ -194,6 +197,12 @@ def _propagate(
     warnings: list[str] = []
     bwd_reduced: set[str] = set()
     vocab = _vocab_table(graph)
+    vocab_rows = graph.tensors[vocab].shape[0] if vocab else None
+    if vocab_rows and vocab_rows % t:
+        warnings.append(
+            f"vocabulary of {vocab_rows} padded to {padded_vocab(vocab_rows, t)} for t={t} "
+            "(Megatron-LM --make-vocab-size-divisible-by 128)"
+        )
     grad = requires_grad if requires_grad is not None else _requires_grad(graph)
 
     def local(name: str) -> Tensor | None:
@@ -206,11 +215,11 @@ def _propagate(
             if axis is None:
                 return tensor
             own_axis = perm.index(axis) if perm else axis
-            return _split_shape(tensor, own_axis, t)
+            return _split_shape(tensor, own_axis, t, vocab_rows)
         st = states.get(name)
         if st is None or st.kind != "S":
             return tensor
-        return _split_shape(tensor, st.axis, t)
+        return _split_shape(tensor, st.axis, t, vocab_rows)
 
     def state(name: str) -> _State:
         return states.get(name) or _State(R)
@@ -304,11 +313,11 @@ def _propagate(
             weight_alias[op.outputs[0]] = weight_of(ins[0])  # type: ignore[assignment]
             rule = "weight view"
         elif op.op_type in _WEIGHT_OPS and _weight_operand(op, weight_of) is not None:
-            out_state, rule, factor = _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings)
+            out_state, rule, factor = _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings, vocab_rows)
         elif op.op_type == "Gather" and weight_of(ins[0]) is not None:
             base, _ = weight_of(ins[0])  # type: ignore[misc]
             table = graph.tensor(base)
-            if base == vocab and table is not None and table.shape[0] % t == 0:
+            if base == vocab and table is not None:
                 split_weight(ins[0], 0, op)
                 out_state, rule, factor = _State(P), "vocab-parallel embedding", t
             else:
@@ -368,10 +377,21 @@ def _requires_grad(graph: OpGraph) -> frozenset[str]:
     return frozenset(needs)
 
 
-def _split_shape(tensor: Tensor, axis: int, t: int) -> Tensor:
-    if axis < 0 or axis >= tensor.rank or tensor.shape[axis] % t:
+def padded_vocab(vocab: int, t: int, multiple: int = VOCAB_PAD_MULTIPLE) -> int:
+    """Megatron-LM pads the vocabulary to a multiple of ``multiple * t``
+    (``--make-vocab-size-divisible-by 128``; megatron/training/tokenizer ``_vocab_size_with_padding``)."""
+    step = multiple * t
+    return -(-vocab // step) * step
+
+
+def _split_shape(tensor: Tensor, axis: int, t: int, vocab_rows: int | None = None) -> Tensor:
+    if axis < 0 or axis >= tensor.rank:
         return tensor
     shape = list(tensor.shape)
+    if shape[axis] % t:
+        if vocab_rows is None or shape[axis] != vocab_rows:
+            return tensor
+        shape[axis] = padded_vocab(vocab_rows, t)
     shape[axis] //= t
     return tensor.with_shape(tuple(shape))
 
@@ -384,7 +404,7 @@ def _weight_operand(op: Op, weight_of) -> int | None:
     return None
 
 
-def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings):
+def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings, vocab_rows):
     """Column- or row-parallel MatMul/Gemm/Conv with a weight operand."""
     slot = _weight_operand(op, weight_of)
     w_name = op.inputs[slot]
@@ -430,7 +450,7 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
     if op.index in replicated:
         warnings.append(f"{op.op_type} {op.name!r} replicated: its heads are not divisible by t={t} (grouped-query KV heads)")
         return _State(R), "replicated (KV heads not divisible by t)", 1
-    if n_out % t:
+    if n_out % t and not (vocab_rows and n_out == vocab_rows):
         raise ConfigError(
             f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
             f"(hidden or FFN size); choose t dividing {n_out}"
