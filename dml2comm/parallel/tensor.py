@@ -247,19 +247,21 @@ def _propagate(
         st = state(name)
         if st.kind != P:
             return
+        at = graph.producer(name)
+        at = op.index if at is None else at  # the reduction belongs to the op that made the partial sums
         tensor = graph.tensor(name)
         seq_axis = tensor.rank - 2 if tensor is not None and tensor.rank >= 2 else -1
         if sp and tensor is not None and seq_axis >= 0 and tensor.shape[seq_axis] % t == 0:
             comms.append(
-                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, op.index, name, nbytes(name), "row-parallel output (sequence parallel)")
+                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, at, name, nbytes(name), "row-parallel output (sequence parallel)")
             )
             if name in grad:
                 comms.append(
-                    TPComm(CollectiveKind.ALL_GATHER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of a sequence-parallel reduce-scatter")
+                    TPComm(CollectiveKind.ALL_GATHER, Phase.BACKWARD, at, name, nbytes(name), "gradient of a sequence-parallel reduce-scatter")
                 )
             states[name] = _State("S", seq_axis)
         else:
-            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, op.index, name, nbytes(name), "row-parallel output (Megatron g)"))
+            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, at, name, nbytes(name), "row-parallel output (Megatron g)"))
             states[name] = _State(R)
 
     def column_input_grad(op: Op, name: str) -> None:
@@ -343,7 +345,10 @@ def _propagate(
                 states[o] = _State("S", out_state.axis, out_state.origin)
             elif out_state.kind == P:
                 states[o] = _State(P)
-        shards.append(Shard(tuple(local(n) if n else None for n in ins), tuple(local(n) if n else None for n in op.outputs), factor, rule))
+        in_views = tuple(local(n) if n else None for n in ins)
+        if out_state.kind == "S" and factor > 1:
+            in_views = _slice_replicated(graph, op, in_views, out_state.axis, t, vocab_rows)
+        shards.append(Shard(in_views, tuple(local(n) if n else None for n in op.outputs), factor, rule))
 
     # Graph outputs: a vocabulary-split logits tensor -> Megatron's parallel cross-entropy.
     for name in graph.outputs:
@@ -366,6 +371,26 @@ def _propagate(
 
     weight_factor = {w.name: (t if w.name in weight_split else 1) for w in graph.weights}
     return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)))
+
+
+def _slice_replicated(graph: OpGraph, op: Op, views: tuple, axis: int, t: int, vocab_rows: int | None) -> tuple:
+    """A replicated operand of a split op is read only in the rank's slice (a free local view):
+    show it with the slice's shape so the op's cost sees consistent operands."""
+    y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
+    if y is None or axis >= y.rank:
+        return views
+    full = y.shape[axis]
+    out = list(views)
+    for i, (name, view) in enumerate(zip(op.inputs, views)):
+        tensor = graph.tensor(name) if name else None
+        if tensor is None or view is None or view.shape != tensor.shape:
+            continue
+        if op.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose") and axis >= y.rank - 2:
+            continue  # only batch (head) axes of a matmul are sliced; weights keep their split
+        a = axis - (y.rank - tensor.rank)
+        if 0 <= a < tensor.rank and tensor.shape[a] == full and full > 1:
+            out[i] = _split_shape(tensor, a, t, vocab_rows)
+    return tuple(out)
 
 
 def _requires_grad(graph: OpGraph) -> frozenset[str]:
