@@ -30,6 +30,8 @@ __all__ = ["Layer", "LayeredGraph", "group_layers"]
 
 #: An inner numbered container replaces an outer one when it covers this share of its ops.
 NESTED_COVERAGE = 0.9
+#: A repeated unit must cover this share of the ops to define the blocks.
+STRUCTURE_MIN_COVERAGE = 0.5
 #: Live tensors smaller than this share of the largest live tensor are side inputs, not state.
 SIDE_TENSOR_SHARE = 0.25
 
@@ -140,6 +142,12 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
         for name in op.inputs:
             if name:
                 last_use[name] = op.index
+    # State is what carries gradients: masks, positions and rotary tables depend on the inputs
+    # only and are side tensors however large.
+    needs_grad = {w.name for w in graph.weights}
+    for op in ops:
+        if any(n in needs_grad for n in op.inputs if n):
+            needs_grad.update(o for o in op.outputs if o)
     live: dict[str, int] = {}  # activation name -> bytes
     cuts: list[int] = []  # cut after op index
     for op in ops:
@@ -148,7 +156,7 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
                 del live[name]
         for name in op.outputs:
             t = graph.tensors.get(name)
-            if t is not None and name in last_use and not t.is_weight:
+            if t is not None and name in last_use and not t.is_weight and name in needs_grad:
                 live[name] = t.nbytes
         if live:
             largest = max(live.values())
@@ -159,11 +167,37 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
         return None
     bounds = [0] + [c + 1 for c in cuts] + [len(ops)]
     segments = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i] < bounds[i + 1]]
-    sigs = [tuple(ops[j].op_type for j in range(a, b)) for a, b in segments]
+    # A segment without a weight op (shape bookkeeping, a lone cast) joins the next one.
+    merged: list[tuple[int, int]] = []
+    pending = None
+    for a, b in segments:
+        a = pending if pending is not None else a
+        if any(_has_weight(graph, ops[j]) for j in range(a, b)):
+            merged.append((a, b))
+            pending = None
+        else:
+            pending = a
+    if pending is not None:
+        if merged:
+            merged[-1] = (merged[-1][0], len(ops))
+        else:
+            merged.append((pending, len(ops)))
+    segments = merged
+    # Compare segments by their weight ops only: bookkeeping ops (masks, shapes) differ
+    # between the first block and the rest in real exports.
+    sigs = [tuple(_weight_signature(graph, ops[j]) for j in range(a, b) if _has_weight(graph, ops[j])) for a, b in segments]
     start, period, reps = _find_repeats(sigs)
-    if reps < 2:
-        return None
+    covered = sum(b - a for a, b in segments[start:start + reps * period]) if reps >= 2 else 0
     keys: list[str | None] = [None] * len(ops)
+    if covered < STRUCTURE_MIN_COVERAGE * len(ops):
+        # No dominant repeated unit (a CNN whose blocks change shape stage by stage): every
+        # segment between the first and the last is a block of its own.
+        if len(segments) < 3:
+            return None
+        for r, (a, b) in enumerate(segments[1:-1]):
+            for j in range(a, b):
+                keys[j] = f"block.{r}"
+        return keys
     for r in range(reps):
         first = segments[start + r * period][0]
         last = segments[start + (r + 1) * period - 1][1]
@@ -177,17 +211,22 @@ def _find_repeats(sigs: list[tuple[str, ...]]) -> tuple[int, int, int]:
     best = (0, 1, 0)
     n = len(sigs)
     for period in range(1, 7):
-        for start in range(0, min(period + 4, n)):
-            reps = 0
-            while start + (reps + 2) * period <= n and all(
-                sigs[start + reps * period + k] == sigs[start + (reps + 1) * period + k] for k in range(period)
-            ):
+        for start in range(0, n - 2 * period + 1):
+            reps = 1
+            while start + (reps + 1) * period <= n and sigs[start + reps * period:start + (reps + 1) * period] == sigs[start:start + period]:
                 reps += 1
-            reps = reps + 1 if reps else 0
-            covered = reps * period
-            if reps >= 2 and covered > best[1] * best[2]:
+            if reps >= 2 and reps * period > best[1] * best[2]:
                 best = (start, period, reps)
     return best
+
+
+def _weight_signature(graph: OpGraph, op) -> tuple:
+    """Op type and weight shapes: tells an attention half ([h, 3h]) from an MLP half ([h, 4h])."""
+    return (op.op_type,) + tuple(graph.tensors[n].shape for n in op.inputs if n and n in graph.tensors and graph.tensors[n].is_weight)
+
+
+def _has_weight(graph: OpGraph, op) -> bool:
+    return any(name and (t := graph.tensors.get(name)) is not None and t.is_weight for name in op.inputs)
 
 
 # ----------------------------------------------------------------------------- assembly
