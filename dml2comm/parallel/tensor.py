@@ -241,6 +241,8 @@ def _propagate(
                 comms.append(
                     TPComm(CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of " + why)
                 )
+                # that reduce-scatter already sums the input gradient: no Megatron-f all-reduce
+                bwd_reduced.add(name)
         states[name] = _State(R)
 
     def resolve_partial(op: Op, name: str) -> None:
