@@ -16,8 +16,7 @@ where t_f,s / t_b,s are one micro-batch's forward / backward time on stage s, in
 tensor-parallel collectives (on the critical path in Megatron-LM), its pipeline Send of
 activations (forward) or gradients (backward), the input Read, per-micro-batch ZeRO-2/3
 collectives, and recomputation.  The once-per-iteration DP gradient reduction overlaps the
-backward pass of the last micro-batch and the pipeline drain: exposed = max over stages of
-max(T_dp,s - t_b,s - s * t_b,max, T_last bucket,s, 0).
+backward pass of the last micro-batch and the pipeline drain (see ``_exposed_dp_s``).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import partition_layers, stage_boundaries
-from dml2comm.parallel.tensor import TensorParallelPlan, shard_tensor_parallel
+from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -250,9 +249,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for name in op.inputs:
             if name:
                 consumer_stages[name].add(s)
-    from dml2comm.parallel.tensor import _requires_grad  # noqa: PLC0415 - shared helper
-
-    needs_grad = _requires_grad(graph)
+    needs_grad = requires_grad(graph)
     boundaries = stage_boundaries(producer_stage, consumer_stages, needs_grad, config.pp_size)
     local_out: dict[str, Tensor] = {}
     for op, shard in zip(graph.ops, tp.shards):
@@ -328,14 +325,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 ranks=rank_map.tp_group(0, s),
             )
         )
-    # exposed DP reduction (see module docstring)
-    t_b_max = max(st.time_bwd_s for st in stages)
-    exposed_dp = 0.0
-    for st in stages:
-        last_bucket = max((c.time_s for c in comms if c.stage == st.index and c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD), default=0.0)
-        others = st.dp_time_s - sum(c.time_s * c.count_per_iteration for c in comms if c.stage == st.index and c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD)
-        exposed_dp = max(exposed_dp, max(st.dp_time_s - others - st.time_bwd_s - st.index * t_b_max, last_bucket if st.dp_time_s else 0.0, 0.0) + others)
-
+    exposed_dp = _exposed_dp_s(stages, comms)
     layers_info = tuple(
         LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
         for l in layered.layers
@@ -356,6 +346,26 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)))
+
+
+def _exposed_dp_s(stages: list[StageInfo], comms: list[CommNode]) -> float:
+    """Once-per-iteration data-parallel time left after the backward pass (first estimate).
+
+    Gradient buckets of stage s are reduced while its last backward runs and while the
+    stages before it drain the pipeline, about s x t_b,max in 1F1B (stage 0 finishes last),
+    so the exposure is max(T_grad - t_b,s - s t_b,max, T_last bucket - s t_b,max, 0).  Work that
+    must follow the optimizer step (the ZeRO-1/2 parameter all-gather) is fully exposed.
+    """
+    t_b_max = max(st.time_bwd_s for st in stages)
+    exposed = 0.0
+    for st in stages:
+        grads = [c for c in comms if c.stage == st.index and c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD]
+        grad_s = sum(c.time_s * c.count_per_iteration for c in grads)
+        last_bucket = max((c.time_s for c in grads), default=0.0)
+        after_step = st.dp_time_s - grad_s
+        head_start = st.time_bwd_s + st.index * t_b_max
+        exposed = max(exposed, max(grad_s - head_start, last_bucket - st.index * t_b_max, 0.0) + after_step)
+    return exposed
 
 
 def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import Op, OpGraph, Tensor
 from dml2comm.network.kinds import CollectiveKind, Phase
 
-__all__ = ["Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads", "padded_vocab"]
+__all__ = ["Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads", "padded_vocab", "requires_grad"]
 
 R = "R"
 P = "P"
@@ -203,7 +203,7 @@ def _propagate(
             f"vocabulary of {vocab_rows} padded to {padded_vocab(vocab_rows, t)} for t={t} "
             "(Megatron-LM --make-vocab-size-divisible-by 128)"
         )
-    grad = requires_grad if requires_grad is not None else _requires_grad(graph)
+    grad = requires_grad if requires_grad is not None else requires_grad(graph)
 
     def local(name: str) -> Tensor | None:
         tensor = graph.tensor(name)
@@ -395,7 +395,7 @@ def _slice_replicated(graph: OpGraph, op: Op, views: tuple, axis: int, t: int, v
     return tuple(out)
 
 
-def _requires_grad(graph: OpGraph) -> frozenset[str]:
+def requires_grad(graph: OpGraph) -> frozenset[str]:
     """Activations that depend on a weight (their gradient is computed in backward)."""
     needs: set[str] = {w.name for w in graph.weights}
     for op in graph.ops:
