@@ -139,7 +139,7 @@ def shard_tensor_parallel(
     tp_size: int,
     sequence_parallel: bool = False,
     dtype_bytes: int = 2,
-    requires_grad: frozenset[str] | None = None,
+    needs_grad: frozenset[str] | None = None,
 ) -> TensorParallelPlan:
     """Propagate tensor-parallel sharding through ``graph`` (see module docstring).
 
@@ -162,7 +162,7 @@ def shard_tensor_parallel(
     replicated: set[int] = set()
     while True:
         try:
-            return _propagate(graph, tp_size, sequence_parallel, dtype_bytes, replicated, heads, kv_heads, requires_grad)
+            return _propagate(graph, tp_size, sequence_parallel, dtype_bytes, replicated, heads, kv_heads, needs_grad)
         except _Conflict as conflict:
             if conflict.origin in replicated:  # pragma: no cover - defensive: cannot loop
                 raise ConfigError("tensor-parallel sharding did not converge; report this model") from None
@@ -187,7 +187,7 @@ def _propagate(
     replicated: set[int],
     heads: int | None,
     kv_heads: int | None,
-    requires_grad: frozenset[str] | None,
+    needs_grad: frozenset[str] | None,
 ) -> TensorParallelPlan:
     states: dict[str, _State] = {}
     weight_split: dict[str, int] = {}  # weight -> split axis (of the weight's own shape)
@@ -203,7 +203,7 @@ def _propagate(
             f"vocabulary of {vocab_rows} padded to {padded_vocab(vocab_rows, t)} for t={t} "
             "(Megatron-LM --make-vocab-size-divisible-by 128)"
         )
-    grad = requires_grad if requires_grad is not None else requires_grad(graph)
+    grad = needs_grad if needs_grad is not None else requires_grad(graph)
 
     def local(name: str) -> Tensor | None:
         tensor = graph.tensor(name)
