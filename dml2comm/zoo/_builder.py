@@ -132,6 +132,7 @@ _ATEN: dict[str, tuple[str, str]] = {
     "Sigmoid": ("sigmoid", "aten.sigmoid.default"),
     "Sin": ("sin", "aten.sin.default"),
     "Softmax": ("softmax", "aten._softmax.default"),
+    "Dropout": ("dropout", "aten.dropout.default"),
     "Split": ("split", "aten.split.Tensor"),
     "Sqrt": ("sqrt", "aten.sqrt.default"),
     "Sub": ("sub", "aten.sub.Tensor"),
@@ -352,6 +353,17 @@ class GraphBuilder:
             tensor = onnx.numpy_helper.from_array(arr)
             self._const_cache[key] = tensor
         return self.op("Constant", value=tensor)
+
+    def dropout(self, x: str, ratio: float) -> str:
+        """Training-mode ``Dropout`` with its mask output (what a training step keeps for the
+        backward pass); ``ratio`` 0 returns ``x`` unchanged."""
+        if ratio <= 0:
+            return x
+        out, _mask = self.node(
+            # the ratio is float32: opset 18 Dropout takes no bfloat16 ratio (T1)
+            "Dropout", [x, self.const(ratio, TensorProto.FLOAT), self.const(True, TensorProto.BOOL)], n_out=2
+        )
+        return out
 
     def const_i64(self, values: object) -> str:
         """``Constant`` of int64 values (shapes, axes, indices)."""

@@ -105,7 +105,9 @@ KINDS: Mapping[str, Kind] = MappingProxyType({
         _L, _H, _A, _V, _S, _F_OPT,
         Param("tied_embeddings", bool, True, "LM head reuses the token embedding (Transpose)"),
         Param("final_norm", bool, True, "final LayerNorm ln_f (adds 2h parameters to eq. 2)"),
-        _POS, _dtype(), _name("gpt"),
+        _POS,
+        Param("dropout", float, 0.1, "training Dropout probability (0: no Dropout nodes)"),
+        _dtype(), _name("gpt"),
     )),
     "llama": Kind("llama", build_llama, "Llama decoder: RMSNorm, RoPE, GQA, SwiGLU, no biases", (
         _L, _H, _A, _KV, _F_REQ, _V, _S,

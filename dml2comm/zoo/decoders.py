@@ -171,6 +171,7 @@ def build_gpt(
     tied_embeddings: bool = True,
     final_norm: bool = True,
     max_positions: int | None = None,
+    dropout: float = 0.1,
     dtype: str = "fp32",
     name: str = "gpt",
 ) -> onnx.ModelProto:
@@ -189,6 +190,11 @@ def build_gpt(
     max_positions:
         Rows of the position table ``transformer.wpe.weight``; default ``seq_len`` (eq. 2's
         ``s``).  GPT-2 checkpoints have 1024.
+    dropout:
+        Probability of the training-mode ``Dropout`` nodes a training step runs (embeddings,
+        attention probabilities, both residual branches; GPT-2 and Megatron-LM default 0.1).
+        Exports are inference graphs without them; their masks are part of the activation
+        memory (Korthikanti et al. 2022, Sec. 4.1).  0 leaves them out.
     dtype:
         ``fp32``, ``fp16`` or ``bf16`` for weights and activations.
     name:
@@ -219,6 +225,8 @@ def build_gpt(
     )
     check_divides("heads", heads, "hidden", hidden)
     check_flag(tied_embeddings=tied_embeddings, final_norm=final_norm)
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"dropout={dropout} must be in [0, 1); use 0.1 (GPT-2 default) or 0 for none")
     if positions < seq_len:
         raise ConfigError(
             f"max_positions={positions} is smaller than seq_len={seq_len}; "
@@ -229,7 +237,7 @@ def build_gpt(
     config = dict(
         layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len,
         ffn_hidden=ffn, tied_embeddings=tied_embeddings, final_norm=final_norm,
-        max_positions=positions, dtype=dtype,
+        max_positions=positions, dropout=dropout, dtype=dtype,
     )
     head_dim = hidden // heads
     b = GraphBuilder(name, f"{_GPT2}.GPT2LMHeadModel", dt)
@@ -244,7 +252,7 @@ def build_gpt(
         )
         with b.scope("wpe", _EMBEDDING):
             pos = b.op("Gather", b.weight("weight", (positions, hidden)), pos_ids, axis=0)
-        x = b.op("Add", tok, pos)
+        x = b.dropout(b.op("Add", tok, pos), dropout)
 
         for i in range(layers):
             with b.scope(f"h.{i}", f"{_GPT2}.GPT2Block"):
@@ -262,10 +270,11 @@ def build_gpt(
                     scores = b.op("Div", scores, b.const(math.sqrt(head_dim)))
                     mask = b.causal_mask(seq_len)
                     scores = b.op("Where", mask, scores, b.const(b.finfo_min))
-                    probs = b.op("Softmax", scores, axis=-1)
+                    probs = b.dropout(b.op("Softmax", scores, axis=-1), dropout)
                     ctx = merge_heads(b, b.op("MatMul", probs, v), hidden)
                     with b.scope("c_proj", _CONV1D):
                         attn = b.linear(ctx, hidden, hidden, bias=True)
+                    attn = b.dropout(attn, dropout)
                 x = b.op("Add", attn, x)
                 with b.scope("ln_2", _LAYER_NORM):
                     y = b.layer_norm(x, hidden, GPT2_LN_EPS)
@@ -276,6 +285,7 @@ def build_gpt(
                         y = _gelu_tanh(b, y)
                     with b.scope("c_proj", _CONV1D):
                         y = b.linear(y, ffn, hidden, bias=True)
+                    y = b.dropout(y, dropout)
                 x = b.op("Add", x, y)
 
         if final_norm:
