@@ -30,6 +30,8 @@ __all__ = ["Layer", "LayeredGraph", "group_layers"]
 
 #: An inner numbered container replaces an outer one when it covers this share of its ops.
 NESTED_COVERAGE = 0.9
+#: A numbered container with a single instance is the block container if it covers this share.
+SINGLE_BLOCK_COVERAGE = 0.3
 #: A repeated unit must cover this share of the ops to define the blocks.
 STRUCTURE_MIN_COVERAGE = 0.5
 #: Live tensors smaller than this share of the largest live tensor are side inputs, not state.
@@ -106,7 +108,8 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
         for pattern, key in conts:
             coverage[pattern] += 1
             instances.setdefault(pattern, set()).add(key)
-    candidates = [p for p in coverage if len(instances[p]) >= 2]
+    # A numbered container repeats; a model with one block still has one that covers most ops.
+    candidates = [p for p in coverage if len(instances[p]) >= 2 or coverage[p] >= SINGLE_BLOCK_COVERAGE * len(graph.ops)]
     if not candidates:
         return None
     # The outermost numbered container that covers the most ops.

@@ -1,0 +1,376 @@
+"""Per-GPU memory: model states, activations from the op graph, buffers, and the fit check.
+
+Model states (Rajbhandari et al., "ZeRO", SC'20, arXiv:1910.02054, Sec. 3.1 and Table 1):
+mixed-precision training keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K bytes
+of optimizer state per parameter (Adam: fp32 master weights, momentum, variance, K = 12;
+SGD with momentum: master weights and momentum, K = 8).  ZeRO stage 1 shards the optimizer
+states over the N_d data-parallel ranks, stage 2 also the gradients, stage 3 also the weights:
+16 Psi, 4 Psi + 12 Psi / N_d, 2 Psi + 14 Psi / N_d, 16 Psi / N_d.  In fp32 training there is
+no separate master copy (K - 4) and weights and gradients take 4 bytes.
+
+Activations are read off the op graph, not a closed formula: every op keeps what its backward
+needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shard:
+
+- MatMul / Gemm / Conv / Einsum keep each activation operand whose partner needs a gradient
+  (the input of a weight layer; both Q and K of Q.K^T).
+- LayerNorm / RMSNorm / BatchNorm / GroupNorm keep their input; Softmax keeps its output;
+  Dropout keeps its 1-byte mask; MaxPool its input and int64 indices; embedding Gather its ids.
+- Point-wise ops are taken as fused kernels (Megatron-LM's fused bias-GeLU, bias-dropout-add
+  and scale-mask-softmax; torch.compile): a connected region of point-wise ops keeps only the
+  region inputs that its members' backward needs, and recomputes the rest.  A tanh-GeLU
+  written as eight primitives therefore keeps one tensor, its input, as the fused kernel does.
+- A tensor kept by several ops is stored once, and views (Reshape, Transpose, Split, ...) share
+  their base's storage.
+- A tensor is sized as its producer holds it: with sequence parallelism the input of a
+  column-parallel layer is kept as the sequence shard and gathered again in backward
+  (Korthikanti et al. 2022, Sec. 4.2.3).
+
+For a GPT layer this reproduces Korthikanti et al. 2022 (arXiv:2205.05198), Table 2:
+s b h (34 + 5 a s / h) bytes without parallelism, (10 + 24/t + 5 a s/(h t)) with tensor
+parallelism, (34/t + 5 a s/(h t)) with sequence parallelism; selective recomputation drops the
+attention core (the 5 a s / h terms); full recomputation keeps the layer input, 2 s b h.
+
+In-flight micro-batches per stage s of p (Narayanan et al. 2021, Sec. 2.2; Korthikanti et al.
+2022, Sec. 4.3): GPipe m; 1F1B min(p - s, m); interleaved 1F1B multiplies the 1F1B count by
+1 + (p - 1) / (p m).  The first stage under 1F1B therefore holds L layers' worth whatever p.
+
+Other memory: pipeline receive buffers (one activation and one gradient per boundary), one
+data-parallel gradient bucket for NCCL, the largest transient of one op (its outputs while
+it runs; under full recomputation also one layer's activations rebuilt for its backward), and
+a framework constant of 1 GB for the CUDA context, cuBLAS/cuDNN workspaces and launch buffers
+(NAIRR GPU-estimation guide: "300 MB to 1 GB per process", modelled as a 1 GB constant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+
+__all__ = [
+    "FRAMEWORK_OVERHEAD_BYTES",
+    "ModelStates",
+    "model_state_bytes",
+    "in_flight_micro_batches",
+    "ActivationModel",
+    "POINTWISE_OPS",
+    "VIEW_OPS",
+]
+
+#: CUDA context, cuBLAS/cuDNN workspaces, launch buffers (NAIRR GPU-estimation guide, 1 GB).
+FRAMEWORK_OVERHEAD_BYTES = 1.0e9
+
+VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Split", "Expand", "Slice"})
+
+POINTWISE_OPS = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Exp", "Log", "Abs", "Tanh",
+        "Sigmoid", "Relu", "LeakyRelu", "Gelu", "Erf", "Sin", "Cos", "Max", "Min", "Clip", "Where",
+        "Cast", "CastLike", "Dropout", "Elu", "Selu", "Celu", "Softplus", "Softsign", "HardSigmoid",
+        "HardSwish", "Mish", "Sign", "Floor", "Ceil", "Round", "Equal", "Less", "Greater",
+        "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "Mod", "PRelu",
+        "ThresholdedRelu", "BitShift",
+    }
+)
+
+# What each point-wise op's backward reads, by operand: "in<i>" input i (only when the other
+# operand needs a gradient for Mul/Div), "out" its output, "self" its inputs that need gradients.
+_POINTWISE_NEEDS = {
+    "Mul": "partner", "Div": "div", "Pow": "all", "Sqrt": "out", "Reciprocal": "out", "Exp": "out",
+    "Tanh": "out", "Sigmoid": "out", "Relu": "out", "Log": "in0", "Abs": "in0", "Erf": "in0",
+    "Gelu": "in0", "Sin": "in0", "Cos": "in0", "LeakyRelu": "in0", "Elu": "out", "Selu": "out",
+    "Celu": "out", "Softplus": "in0", "Softsign": "in0", "HardSigmoid": "in0", "HardSwish": "in0",
+    "Mish": "in0", "Max": "all", "Min": "all", "Clip": "in0", "PRelu": "all", "ThresholdedRelu": "in0",
+}
+
+_NORMS = frozenset(
+    {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "BatchNormalization",
+     "InstanceNormalization", "GroupNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+)
+_KEEP_OUTPUT = frozenset({"Softmax", "LogSoftmax"})
+_LINEAR = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def model_state_bytes(params: float, dp_size: int, zero_stage: int, optimizer: str = "adam", dtype_bytes: int = 2) -> ModelStates:
+    """Weights, gradients and optimizer states of ``params`` parameters on one GPU (see module
+    docstring).  ``params`` is what the GPU holds after tensor and pipeline parallelism."""
+    k = 12 if optimizer in ("adam", "adamw") else 8
+    if dtype_bytes >= 4:
+        k -= 4  # the fp32 weights are the master copy
+    d = dp_size
+    return ModelStates(
+        weights_bytes=params * dtype_bytes / (d if zero_stage >= 3 else 1),
+        grads_bytes=params * dtype_bytes / (d if zero_stage >= 2 else 1),
+        optimizer_bytes=params * k / (d if zero_stage >= 1 else 1),
+    )
+
+
+def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int, stage: int, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak (module docstring)."""
+    p, m = pp_size, num_micro_batches
+    if schedule == "gpipe":
+        return float(m)
+    count = float(min(p - stage, m))
+    if schedule == "interleaved" and virtual_stages > 1:
+        count *= 1 + (p - 1) / (p * m)
+    return count
+
+
+class ActivationModel:
+    """Saved-for-backward bytes per micro-batch, per op set, on one tensor rank.
+
+    Built once per analysis (linear in ops); :meth:`saved_bytes` answers for any set of ops.
+    """
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        local_inputs: Sequence[tuple[Tensor | None, ...]],
+        local_outputs: Sequence[tuple[Tensor | None, ...]],
+        needs_grad: frozenset[str],
+        train_dtype: DType,
+    ) -> None:
+        self.graph = graph
+        self.needs_grad = needs_grad
+        self.train_dtype = train_dtype
+        # local (sharded) size of every tensor, in the training dtype for floats
+        size: dict[str, float] = {}
+        for op, ins, outs in zip(graph.ops, local_inputs, local_outputs):
+            for name, t in list(zip(op.inputs, ins)) + list(zip(op.outputs, outs)):
+                if name and t is not None and name not in size:
+                    size[name] = float(t.numel * (train_dtype.itemsize if t.dtype.is_float else t.dtype.itemsize))
+        self.size = size
+        self.base = self._view_bases()
+        self.region = self._pointwise_regions()
+        self.saved_by_op = [self._saved(op) for op in graph.ops]
+
+    # -- structure ---------------------------------------------------------------------
+
+    def _view_bases(self) -> dict[str, str]:
+        base: dict[str, str] = {}
+        for op in self.graph.ops:
+            if op.op_type in VIEW_OPS and op.inputs and op.inputs[0]:
+                src = base.get(op.inputs[0], op.inputs[0])
+                for out in op.outputs:
+                    if out:
+                        base[out] = src
+        return base
+
+    def _pointwise_regions(self) -> dict[int, int]:
+        """op index -> region id (union-find over point-wise ops joined by a tensor)."""
+        parent: dict[int, int] = {}
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        g = self.graph
+        for op in g.ops:
+            if op.op_type in POINTWISE_OPS:
+                parent[op.index] = op.index
+        for op in g.ops:
+            if op.index not in parent:
+                continue
+            for name in op.inputs:
+                prod = g.producer(name) if name else None
+                if prod is not None and prod in parent:
+                    a, b = find(op.index), find(prod)
+                    if a != b:
+                        parent[a] = b
+        return {i: find(i) for i in parent}
+
+    def _is_activation(self, name: str) -> bool:
+        """Produced by an op or fed as a graph input (not a weight, not a constant)."""
+        t = self.graph.tensors.get(name) if name else None
+        if t is None or t.is_weight:
+            return False
+        return t.is_input or self.graph.producer(name) is not None
+
+    # -- per-op needs --------------------------------------------------------------------
+
+    def _saved(self, op: Op) -> tuple[tuple[str, float], ...]:
+        """(storage key, bytes) this op keeps for backward, before de-duplication."""
+        grad = self.needs_grad
+        kind = op.op_type
+        keep: list[str] = []
+        extra: list[tuple[str, float]] = []
+        ins = [n for n in op.inputs if n]
+        if kind in _LINEAR:
+            acts = [n for n in op.inputs[:2] if n and self._is_activation(n)]
+            others = [n for n in op.inputs[:2] if n]
+            for n in acts:
+                partners = [o for o in others if o != n]
+                if any(o in grad for o in partners):
+                    keep.append(n)
+        elif kind in _NORMS:
+            if ins and self._is_activation(ins[0]):
+                keep.append(ins[0])
+        elif kind in _KEEP_OUTPUT:
+            keep.extend(o for o in op.outputs[:1] if o)
+        elif kind == "Dropout":  # a 1-byte mask per element, whether the graph names it or not
+            extra.append((f"mask:{op.index}", self._local_numel(op.outputs[0])))
+        elif kind == "MaxPool":
+            if ins and self._is_activation(ins[0]):
+                keep.append(ins[0])
+            extra.append((f"indices:{op.index}", self._local_numel(op.outputs[0]) * 8))
+        elif kind in ("Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "TopK"):
+            idx = op.inputs[1] if len(op.inputs) > 1 else ""
+            if kind == "TopK":
+                idx = op.outputs[1] if len(op.outputs) > 1 else ""
+            if idx and idx in self.size:
+                keep.append(idx)
+        elif kind in ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin"):
+            keep.extend(n for n in ins[:1] if self._is_activation(n))
+        elif kind in _POINTWISE_NEEDS:
+            keep.extend(self._pointwise_needs(op))
+        # a kept view retains its base's whole storage (a view of Q keeps the fused QKV alive)
+        kept = (self.base.get(n, n) for n in keep if n in self.size)
+        return tuple((b, self.size.get(b, 0.0)) for b in kept) + tuple(extra)
+
+    def _local_numel(self, name: str) -> float:
+        t = self.graph.tensor(name)
+        if t is None:
+            return 0.0
+        full = self.size.get(name)
+        return full / (self.train_dtype.itemsize if t.dtype.is_float else t.dtype.itemsize) if full else float(t.numel)
+
+    def _pointwise_needs(self, op: Op) -> list[str]:
+        rule = _POINTWISE_NEEDS[op.op_type]
+        grad = self.needs_grad
+        ins = [n for n in op.inputs if n]
+        if not any(n in grad for n in ins):
+            return []
+        acts = [n for n in ins if self._is_activation(n)]
+        if rule == "out":
+            return [o for o in op.outputs[:1] if o]
+        if rule == "in0":
+            return [n for n in ins[:1] if n in acts]
+        if rule == "partner":  # d(a*b)/da = b: keep b when a needs a gradient
+            return [n for n in acts if any(o in grad for o in ins if o != n)]
+        if rule == "div":  # d(a/b)/da = 1/b; d(a/b)/db = -a/b^2: keep b, and a if b needs one
+            keep = [n for n in ins[1:2] if n in acts]
+            if len(ins) > 1 and ins[1] in grad:
+                keep.extend(n for n in ins[:1] if n in acts)
+            return keep
+        return acts
+
+    # -- queries -------------------------------------------------------------------------
+
+    def saved_bytes(self, op_indices: Iterable[int], recompute: str = "none", attention_core: frozenset[int] = frozenset()) -> float:
+        """Bytes kept for backward by ``op_indices`` for one micro-batch.
+
+        ``recompute``: ``none``; ``selective`` drops what the ops in ``attention_core`` keep
+        (their inputs from outside the core stay); ``full`` keeps only the inputs of the set.
+        """
+        ops = list(op_indices)
+        members = set(ops)
+        if recompute == "full":
+            return self.boundary_bytes(members)
+        stored: dict[str, float] = {}
+        regions_seen: set[int] = set()
+        g = self.graph
+        core = attention_core if recompute == "selective" else frozenset()
+        for i in ops:
+            region = self.region.get(i)
+            if region is not None:
+                if region in regions_seen:
+                    continue
+                regions_seen.add(region)
+                for key, nbytes in self._region_saved(region, members, core):
+                    stored[key] = nbytes
+                continue
+            for key, nbytes in self.saved_by_op[i]:
+                # selective recomputation rebuilds what the attention core produces (its masks
+                # included) from the core's inputs, which stay
+                if i in core and (key.startswith("mask:") or self._produced_in(key, core)):
+                    continue
+                stored[key] = max(stored.get(key, 0.0), nbytes)
+        return sum(stored.values())
+
+    def _produced_in(self, key: str, ops: frozenset[int]) -> bool:
+        prod = self.graph.producer(key)
+        return prod is not None and prod in ops
+
+    def _region_saved(self, region: int, members: set[int], core: frozenset[int]) -> list[tuple[str, float]]:
+        """A fused point-wise region keeps its masks and the region inputs its ops need."""
+        ops = [i for i, r in self.region.items() if r == region and i in members]
+        inside = {o for i in ops for o in self.graph.ops[i].outputs if o}
+        out: dict[str, float] = {}
+        for i in ops:
+            for key, nbytes in self.saved_by_op[i]:
+                if key.startswith(("mask:", "indices:")):
+                    if i not in core:
+                        out[key] = nbytes
+                    continue
+                if i in core and self._produced_in(key, core):
+                    continue
+                for src in self._region_inputs(key, inside):
+                    out[src] = self.size.get(src, 0.0)
+        return list(out.items())
+
+    def _region_inputs(self, name: str, inside: set[str]) -> set[str]:
+        """Activation inputs of the region that ``name`` is computed from (itself if external)."""
+        if name not in inside:
+            return {self.base.get(name, name)} if self._is_activation(name) else set()
+        seen, stack, found = set(), [name], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            prod = self.graph.producer(n)
+            if n in inside and prod is not None:
+                stack.extend(x for x in self.graph.ops[prod].inputs if x)
+            elif self._is_activation(n):
+                found.add(self.base.get(n, n))
+        return found
+
+    def boundary_bytes(self, members: set[int]) -> float:
+        """Activations entering ``members`` from outside that need gradients (a checkpoint)."""
+        stored: dict[str, float] = {}
+        for i in members:
+            for name in self.graph.ops[i].inputs:
+                if not name or name not in self.needs_grad or not self._is_activation(name):
+                    continue
+                prod = self.graph.producer(name)
+                if prod is not None and prod not in members:
+                    stored[self.base.get(name, name)] = self.size.get(name, 0.0)
+        return sum(stored.values())
+
+    def transient_bytes(self, op_indices: Iterable[int]) -> float:
+        """The largest set of outputs one op materialises (its working set while it runs)."""
+        best = 0.0
+        for i in op_indices:
+            op = self.graph.ops[i]
+            if op.op_type in VIEW_OPS:
+                continue
+            best = max(best, sum(self.size.get(o, 0.0) for o in op.outputs if o))
+        return best
+
+
+def stage_memory_dict(states: ModelStates, activations: float, buffers: float, transient: float) -> Mapping[str, float]:
+    total = states.total_bytes + activations + buffers + transient + FRAMEWORK_OVERHEAD_BYTES
+    return {
+        "weights_bytes": states.weights_bytes,
+        "grads_bytes": states.grads_bytes,
+        "optimizer_bytes": states.optimizer_bytes,
+        "activations_bytes": activations,
+        "buffers_bytes": buffers,
+        "transient_bytes": transient,
+        "framework_bytes": FRAMEWORK_OVERHEAD_BYTES,
+        "total_bytes": total,
+    }
