@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from dml2comm.cost.compute import op_times_s, optimizer_step_s
-from dml2comm.errors import ConfigError
+from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model_state_bytes, stage_memory_dict
+from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph, group_layers
@@ -134,6 +135,7 @@ class Analysis:
     summary: Mapping[str, Any]
     model_info: Mapping[str, Any]
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    memory: Mapping[str, Any] = field(default_factory=dict)
 
 
 def analyze(
@@ -149,7 +151,9 @@ def analyze(
     return analyze_graph(imported, config, cluster, str(model_path), lenient=lenient)
 
 
-def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Cluster, model_path: str = "", lenient: bool = False) -> Analysis:
+def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Cluster, model_path: str = "", lenient: bool = False,
+                  advise: bool = True) -> Analysis:
+    """Analyse an imported model; ``advise`` adds memory suggestions when it does not fit."""
     graph = imported.graph
     warnings: list[str] = list(imported.warnings)
     if imported.model_batch is not None and imported.model_batch != config.micro_batch_size:
@@ -276,6 +280,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, "gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "parameters",
                      rank_map.dp_group(s, 0), dc.message_bytes, count, dc.per_micro_batch, dc.reason)
 
+    # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
+    activations = ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad, train)
+    boundary_bytes = [sum(local_out[n].numel * (dtype_bytes if local_out[n].dtype.is_float else local_out[n].dtype.itemsize)
+                          if n in local_out else graph.tensors[n].nbytes for n in bd.tensors) for bd in boundaries]
+
     # ---- stage times per micro-batch
     pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
     input_bytes = sum(graph.tensors[n].nbytes for n in graph.inputs)
@@ -321,7 +330,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 compute_bwd_s=compute_b + recompute,
                 dp_time_s=dp_once,
                 optimizer_time_s=opt_t,
-                memory=_model_state_memory(params_local, config, dtype_bytes),
+                memory=_stage_memory(activations, layered, graph, config, s, a, b, params_local, dtype_bytes, seq_len, boundary_bytes),
                 ranks=rank_map.tp_group(0, s),
             )
         )
@@ -341,11 +350,64 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         "compute times are rooflines at the GPU's peak dense throughput (no GEMM efficiency model yet), "
         "so they are lower bounds; network times use the alpha-beta ring model"
     )
-    warnings.append("activation memory is not modelled yet: stages[].memory.activations_bytes, peak_memory_bytes and fits_in_memory are null")
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
+    memory = _memory_report(stages, cluster, config)
+    if advise and not memory["fits"]:
+        memory["suggestions"] = _memory_suggestions(imported, config, cluster, lenient)
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
-                    summary, model_info, tuple(dict.fromkeys(warnings)))
+                    summary, model_info, tuple(dict.fromkeys(warnings)), memory)
+
+
+_MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes", "framework_bytes")
+
+
+def _memory_report(stages: list[StageInfo], cluster: Cluster, config: ParallelConfig) -> dict[str, Any]:
+    """Peak per GPU against the GPU's capacity, and what dominates it."""
+    worst = max(stages, key=lambda st: st.memory["total_bytes"])
+    capacity = float(cluster.gpu.hbm_bytes)
+    peak = worst.memory["total_bytes"]
+    part = max(_MEMORY_PARTS, key=lambda k: worst.memory[k])
+    return {
+        "capacity_bytes": capacity,
+        "peak_bytes": peak,
+        "peak_stage": worst.index,
+        "headroom_bytes": capacity - peak,
+        "fits": peak <= capacity,
+        "largest_contributor": part.removesuffix("_bytes"),
+        "over_capacity_stages": [st.index for st in stages if st.memory["total_bytes"] > capacity],
+        "suggestions": [],
+    }
+
+
+def _memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster: Cluster, lenient: bool) -> list[dict[str, Any]]:
+    """The smallest single changes that make the run fit, each re-analysed (not guessed):
+    a higher ZeRO stage, selective or full recomputation, twice the tensor or pipeline size
+    at half the data-parallel size (same GPUs)."""
+    from dataclasses import replace
+
+    candidates: list[tuple[str, ParallelConfig]] = []
+    for z in range(config.zero_stage + 1, 4):
+        if config.dp_size > 1:
+            candidates.append((f"--zero {z}", replace(config, zero_stage=z)))
+    order = ("none", "selective", "full")
+    for mode in order[order.index(config.recompute) + 1:]:
+        candidates.append((f"--recompute {mode}", replace(config, recompute=mode)))
+    if config.dp_size % 2 == 0:
+        half = config.dp_size // 2
+        if config.global_batch_size % (config.micro_batch_size * half) == 0:
+            candidates.append((f"--t {config.tp_size * 2} --d {half}", replace(config, tp_size=config.tp_size * 2, dp_size=half)))
+            candidates.append((f"--p {config.pp_size * 2} --d {half}", replace(config, pp_size=config.pp_size * 2, dp_size=half)))
+    out = []
+    for change, cfg in candidates:
+        try:
+            alt = analyze_graph(imported, cfg, cluster, lenient=lenient, advise=False)
+        except Dml2CommError as exc:  # e.g. t no longer divides the heads
+            out.append({"change": change, "peak_bytes": None, "fits": False, "note": str(exc)})
+            continue
+        out.append({"change": change, "peak_bytes": alt.memory["peak_bytes"], "fits": alt.memory["fits"],
+                    "iteration_time_s": alt.summary["iteration_time_s"]})
+    return out
 
 
 def _exposed_dp_s(stages: list[StageInfo], comms: list[CommNode]) -> float:
@@ -396,19 +458,30 @@ def _is_attention_core(graph: OpGraph, index: int, seq_len: int | None) -> bool:
     return False
 
 
-def _model_state_memory(params_local: float, config: ParallelConfig, dtype_bytes: int) -> dict[str, float | None]:
-    """Weights, gradients and optimizer states per GPU (Rajbhandari et al. 2020, Sec. 3.1 and
-    Table 1: 2 + 2 + K bytes per parameter in mixed precision, K = 12 for Adam; sharded over
-    the data-parallel group by ZeRO stage).  Activations come with the memory-model issue."""
-    d = config.dp_size
-    z = config.zero_stage
-    k = 12 if config.optimizer in ("adam", "adamw") else 8
-    if dtype_bytes >= 4:
-        k -= 4  # no separate fp32 master copy when training in fp32
-    weights = params_local * dtype_bytes / (d if z >= 3 else 1)
-    grads = params_local * dtype_bytes / (d if z >= 2 else 1)
-    optim = params_local * k / (d if z >= 1 else 1)
-    return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim, "activations_bytes": None, "total_bytes": None}
+def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: OpGraph, config: ParallelConfig, stage: int,
+                  first: int, last: int, params_local: float, dtype_bytes: int, seq_len: int | None,
+                  boundary_bytes: list[float]) -> dict[str, float]:
+    """Peak memory of one GPU of ``stage`` (see dml2comm.cost.memory for every term)."""
+    states = model_state_bytes(params_local, config.dp_size, config.zero_stage, config.optimizer, dtype_bytes)
+    op_idx = [i for li in range(first, last) for i in layered.layers[li].op_indices]
+    core = frozenset(i for i in op_idx if _is_attention_core(graph, i, seq_len)) if config.recompute == "selective" else frozenset()
+    if config.recompute == "full":
+        # Megatron-LM checkpoints each transformer layer's input; other layers keep everything
+        per_mb = sum(
+            activations.saved_bytes(layered.layers[li].op_indices, "full" if layered.layers[li].kind == "block" else "none")
+            for li in range(first, last)
+        )
+        rebuilt = max((activations.saved_bytes(layered.layers[li].op_indices) for li in range(first, last)
+                       if layered.layers[li].kind == "block"), default=0.0)
+    else:
+        per_mb = activations.saved_bytes(op_idx, config.recompute, core)
+        rebuilt = 0.0
+    in_flight = in_flight_micro_batches(config.schedule, config.pp_size, config.num_micro_batches, stage, config.virtual_stages)
+    pipeline_buffers = (boundary_bytes[stage - 1] if stage > 0 else 0.0) + (boundary_bytes[stage] if stage < len(boundary_bytes) else 0.0)
+    dp_bucket = float(config.bucket_bytes) if config.dp_size > 1 else 0.0
+    transient = activations.transient_bytes(op_idx) + rebuilt
+    return dict(stage_memory_dict(states, per_mb * in_flight, pipeline_buffers + dp_bucket, transient),
+                activations_per_micro_batch_bytes=per_mb, in_flight_micro_batches=in_flight)
 
 
 def _summarize(graph, layered, config, cluster, stages, comms, exposed_dp, full_flops, peak, seq_len, model_path):
@@ -453,8 +526,8 @@ def _summarize(graph, layered, config, cluster, stages, comms, exposed_dp, full_
         "mfu": mfu,
         "tokens_per_s": tokens / iteration if tokens and iteration else None,
         "samples_per_s": config.global_batch_size / iteration if iteration else None,
-        "peak_memory_bytes": None,
-        "fits_in_memory": None,
+        "peak_memory_bytes": max(st.memory["total_bytes"] for st in stages),
+        "fits_in_memory": max(st.memory["total_bytes"] for st in stages) <= cluster.gpu.hbm_bytes,
         "bottleneck": bottleneck,
     }
     model_info = {

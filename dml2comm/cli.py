@@ -215,7 +215,8 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: bool) -> None
 
     from dml2comm.analysis import comm_by_dim
 
-    console = Console(highlight=False)
+    # wide enough for the stage table even when stdout is a pipe (rich would assume 80)
+    console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 110))
     cfg = analysis.config
     s = analysis.summary
     mi = analysis.model_info
@@ -232,21 +233,34 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: bool) -> None
     t.add_row("exposed communication", _fmt_s(s["exposed_comm_time_s"]))
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.3f}")
     t.add_row("MFU", f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a")
+    t.add_row("peak memory per GPU", _fmt_bytes(s["peak_memory_bytes"]))
     t.add_row("tokens/s", f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a")
     t.add_row("bottleneck", escape(s["bottleneck"] or "n/a"))
     console.print(t)
     st = Table(title="stages (per micro-batch, one GPU)")
-    for col in ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter", "weights+grads+optim"):
+    for col in ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter", "model states", "activations", "memory"):
         st.add_column(col, justify="right")
+    capacity = analysis.cluster.gpu.hbm_bytes
     for stage in analysis.stages:
         layers = stage.layers
         mem = stage.memory
+        total = _fmt_bytes(mem["total_bytes"])
         st.add_row(
             str(stage.index), f"{layers[0]}-{layers[-1]}", f"{stage.params_per_gpu / 1e6:.1f} M", _fmt_s(stage.time_fwd_s),
             _fmt_s(stage.time_bwd_s), _fmt_s(stage.dp_time_s),
-            _fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]),
+            _fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]), _fmt_bytes(mem["activations_bytes"]),
+            f"[red]{total}[/red]" if mem["total_bytes"] > capacity else total,
         )
     console.print(st)
+    memory = analysis.memory
+    verdict = "fits" if memory["fits"] else "[red]does not fit[/red]"
+    console.print(
+        f"memory: peak {_fmt_bytes(memory['peak_bytes'])} on stage {memory['peak_stage']} of {_fmt_bytes(memory['capacity_bytes'])} "
+        f"per GPU: {verdict} (largest part: {memory['largest_contributor']})"
+    )
+    for sug in memory.get("suggestions", []):
+        if sug["peak_bytes"] is not None:
+            console.print(f"  {escape(sug['change'])}: peak {_fmt_bytes(sug['peak_bytes'])}, {'fits' if sug['fits'] else 'still too large'}")
     ct = Table(title="communication per iteration (busiest GPU per dimension)")
     for col in ("dim", "count", "message bytes", "sent per GPU", "time"):
         ct.add_column(col, justify="right")

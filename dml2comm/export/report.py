@@ -104,6 +104,7 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
         "collectives": collectives_table(analysis),
         "stages": stages,
         "layers": layers,
+        "memory": dict(analysis.memory),
         "warnings": list(analysis.warnings),
     }
     return _clean(data)

@@ -1,0 +1,137 @@
+"""Memory model: ZeRO Table 1, Korthikanti et al. per-layer activations, in-flight micro-batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dml2comm import zoo
+from dml2comm.analysis import _is_attention_core, analyze_graph
+from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model_state_bytes
+from dml2comm.hardware.cluster import make_cluster
+from dml2comm.ir.graph import DType
+from dml2comm.ir.layers import group_layers
+from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.parallel.config import ParallelConfig
+from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
+from tests.test_cli import ROOT, assert_bad, run
+
+ZERO_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "zero2020_table1.json"
+
+
+def _zero_rows():
+    if not ZERO_TABLE.exists():
+        pytest.skip(f"{ZERO_TABLE} not present (shared/ must sit beside the repository)")
+    return json.loads(ZERO_TABLE.read_text())["rows"]
+
+
+def _printed_precision(value: float) -> float:
+    """One unit in the last printed digit: Table 1 sometimes truncates (2218.75 is printed
+    2218, 4187.5 as 4187) and sometimes rounds (1.875 as 1.88)."""
+    text = repr(value)
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return 10.0 ** -decimals
+
+
+def test_zero_table1_all_54_cells():
+    """Rajbhandari et al. 2020, Table 1: GB (1e9) per device for Psi parameters, N_d ranks, K = 12."""
+    rows = _zero_rows()
+    cells = 0
+    for dp, psi_billion, p_os, p_os_g, p_os_g_p in rows:
+        psi = psi_billion * 1e9
+        for stage, printed in ((0, None), (1, p_os), (2, p_os_g), (3, p_os_g_p)):
+            got = model_state_bytes(psi, dp, stage, "adam", 2).total_bytes / 1e9
+            if stage == 0:
+                assert got == pytest.approx(16 * psi_billion)  # the baseline column, 16 Psi
+                cells += 1
+                continue
+            assert abs(got - printed) <= _printed_precision(printed) + 1e-9, (dp, psi_billion, stage, got, printed)
+            cells += 1
+    assert cells == 18 * 3 + 18  # 54 printed cells of the three ZeRO columns, plus the baseline
+
+
+SHAPES = [(6144, 64), (12288, 96)]  # 22B and 175B (Korthikanti et al. 2022, Table 3)
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=["22B", "175B"])
+def layer_graph(request):
+    h, a = request.param
+    graph = load_model_proto(zoo.build_gpt(layers=1, hidden=h, heads=a, vocab=1024, seq_len=2048), ImportOptions(batch_size=1)).graph
+    return h, a, graph
+
+
+CONFIGS = [
+    # (t, sequence parallel, recompute, Korthikanti et al. 2022 Table 2 bytes per layer / (s b h))
+    (1, False, "none", lambda a, s, h, t: 34 + 5 * a * s / h),
+    (8, False, "none", lambda a, s, h, t: 10 + 24 / t + 5 * a * s / (h * t)),
+    (8, True, "none", lambda a, s, h, t: 34 / t + 5 * a * s / (h * t)),
+    (8, False, "selective", lambda a, s, h, t: 10 + 24 / t),
+    (8, True, "selective", lambda a, s, h, t: 34 / t),
+    (8, False, "full", lambda a, s, h, t: 2),
+]
+
+
+@pytest.mark.parametrize("b", [1, 4])
+@pytest.mark.parametrize("t,sp,recompute,formula", CONFIGS, ids=["none", "tp", "tp+sp", "tp+sel", "tp+sp+sel", "full"])
+def test_korthikanti_activations_per_layer_from_the_op_graph(layer_graph, b, t, sp, recompute, formula):
+    h, a, graph = layer_graph
+    s = 2048
+    if b != 1:
+        graph = load_model_proto(zoo.build_gpt(layers=1, hidden=h, heads=a, vocab=1024, seq_len=s), ImportOptions(batch_size=b)).graph
+    block = next(l for l in group_layers(graph).layers if l.kind == "block")
+    plan = shard_tensor_parallel(graph, t, sp)
+    model = ActivationModel(graph, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(graph), DType.BFLOAT16)
+    core = frozenset(i for i in block.op_indices if _is_attention_core(graph, i, s))
+    got = model.saved_bytes(block.op_indices, recompute, core)
+    expected = s * b * h * formula(a, s, h, t)
+    assert got == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 8])
+def test_1f1b_first_stage_holds_L_layers_whatever_p(p):
+    """Korthikanti et al. 2022 Sec. 4.3: p in-flight micro-batches x L/p layers = L layers."""
+    L = 8
+    model = zoo.build_gpt(layers=L, hidden=256, heads=8, vocab=256, seq_len=128)
+    imported = load_model_proto(model, ImportOptions(batch_size=2))
+    config = ParallelConfig(pp_size=p, micro_batch_size=2, global_batch_size=32, seq_len=128)
+    a = analyze_graph(imported, config, make_cluster("a100", p, min(p, 8)))
+    acts = ActivationModel(a.graph, [x.inputs for x in a.tp.shards], [x.outputs for x in a.tp.shards], requires_grad(a.graph), DType.BFLOAT16)
+    layers = a.layered.layers
+    per_block = acts.saved_bytes(next(l for l in layers if l.kind == "block").op_indices)
+    first = a.stages[0]
+    assert first.memory["in_flight_micro_batches"] == p
+    blocks = [li for li in first.layers if layers[li].kind == "block"]
+    assert len(blocks) == L // p  # the balanced partition gives stage 0 its L/p blocks
+    non_blocks = sum(acts.saved_bytes(layers[li].op_indices) for li in first.layers if layers[li].kind != "block")
+    # blocks' share of stage 0's peak: (L/p blocks) x p in flight = L blocks' worth, whatever p
+    assert first.memory["activations_bytes"] - non_blocks * p == pytest.approx(L * per_block, rel=1e-9)
+
+
+def test_in_flight_per_schedule():
+    assert in_flight_micro_batches("gpipe", 4, 16, 0) == 16
+    assert [in_flight_micro_batches("1f1b", 4, 16, s) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight_micro_batches("1f1b", 4, 2, 0) == 2
+    # interleaved: 1 + (p-1)/(p m) = 1 + 3/64
+    assert in_flight_micro_batches("interleaved", 4, 16, 0, 2) == pytest.approx(4 * (1 + 3 / 64))
+
+
+def test_fit_check_and_suggestions_are_reanalysed():
+    model = zoo.build_gpt(layers=4, hidden=1024, heads=16, vocab=1024, seq_len=2048)
+    imported = load_model_proto(model, ImportOptions(batch_size=32))
+    config = ParallelConfig(dp_size=2, micro_batch_size=32, global_batch_size=128, seq_len=2048, dtype="fp16")
+    cluster = make_cluster("v100", 2, 2)  # 32 GB
+    a = analyze_graph(imported, config, cluster)
+    assert not a.memory["fits"] and a.summary["fits_in_memory"] is False
+    assert a.memory["largest_contributor"] == "activations"
+    changes = {s["change"]: s for s in a.memory["suggestions"]}
+    assert changes["--recompute full"]["fits"]
+    assert changes["--recompute full"]["peak_bytes"] < a.memory["peak_bytes"]
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--optimizer", "adagrad", "invalid choice"), ("--zero", "4", "invalid choice"),
+                                               ("--recompute", "some", "invalid choice")])
+def test_bad_memory_options(tmp_path, flag, value, needle):
+    out = tmp_path / "out"
+    assert_bad(run(str(ROOT / "examples" / "gpt2-small.onnx"), flag, value, "--out", str(out), cwd=tmp_path), out, needle)
