@@ -154,6 +154,9 @@ class ActivationModel:
         self.size = size
         self.base = self._view_bases()
         self.region = self._pointwise_regions()
+        self.region_members: dict[int, list[int]] = {}
+        for i, r in sorted(self.region.items()):
+            self.region_members.setdefault(r, []).append(i)
         self.saved_by_op = [self._saved(op) for op in graph.ops]
 
     # -- structure ---------------------------------------------------------------------
@@ -307,7 +310,7 @@ class ActivationModel:
 
     def _region_saved(self, region: int, members: set[int], core: frozenset[int]) -> list[tuple[str, float]]:
         """A fused point-wise region keeps its masks and the region inputs its ops need."""
-        ops = [i for i, r in self.region.items() if r == region and i in members]
+        ops = [i for i in self.region_members[region] if i in members]
         inside = {o for i in ops for o in self.graph.ops[i].outputs if o}
         out: dict[str, float] = {}
         for i in ops:
