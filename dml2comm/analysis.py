@@ -281,7 +281,16 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                      rank_map.dp_group(s, 0), dc.message_bytes, count, dc.per_micro_batch, dc.reason)
 
     # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
-    activations = ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad, train)
+    has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
+    activations = ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad, train,
+                                  assumed_dropout=config.dropout > 0)
+    if has_dropout:
+        warnings.append("dropout: the model's own Dropout nodes (their masks count as activations)")
+    elif config.dropout > 0:
+        warnings.append(f"dropout: assumed p={config.dropout} on attention probabilities and residual branches (--dropout); "
+                        "the export has no Dropout nodes")
+    else:
+        warnings.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
     boundary_bytes = [sum(local_out[n].numel * (dtype_bytes if local_out[n].dtype.is_float else local_out[n].dtype.itemsize)
                           if n in local_out else graph.tensors[n].nbytes for n in bd.tensors) for bd in boundaries]
 

@@ -78,6 +78,8 @@ def analysis_parser() -> argparse.ArgumentParser:
     g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (default 0)")
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     g.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    g.add_argument("--dropout", type=float, default=0.0,
+                   help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0)")
     g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
     b = p.add_argument_group("batch and precision")
     b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=_positive,
@@ -157,7 +159,7 @@ def run_analysis(argv: Sequence[str]) -> int:
         dp_size=args.d, tp_size=args.t, pp_size=args.p, micro_batch_size=micro, global_batch_size=global_batch,
         seq_len=seq, dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages,
         zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-        optimizer=args.optimizer, rank_order=args.rank_order,
+        optimizer=args.optimizer, rank_order=args.rank_order, dropout=args.dropout,
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus)

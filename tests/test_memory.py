@@ -135,3 +135,34 @@ def test_fit_check_and_suggestions_are_reanalysed():
 def test_bad_memory_options(tmp_path, flag, value, needle):
     out = tmp_path / "out"
     assert_bad(run(str(ROOT / "examples" / "gpt2-small.onnx"), flag, value, "--out", str(out), cwd=tmp_path), out, needle)
+
+
+def test_assumed_dropout_on_an_export_matches_the_zoo_graph_with_dropout():
+    """A graph without Dropout nodes plus --dropout keeps the same masks as the graph with them."""
+    s, h, a = 256, 256, 8
+    with_nodes = load_model_proto(zoo.build_gpt(layers=1, hidden=h, heads=a, vocab=256, seq_len=s), ImportOptions(batch_size=2)).graph
+    without = load_model_proto(zoo.build_gpt(layers=1, hidden=h, heads=a, vocab=256, seq_len=s, dropout=0.0), ImportOptions(batch_size=2)).graph
+
+    def block_bytes(graph, assumed):
+        block = next(l for l in group_layers(graph).layers if l.kind == "block")
+        plan = shard_tensor_parallel(graph, 2)
+        m = ActivationModel(graph, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(graph),
+                            DType.BFLOAT16, assumed_dropout=assumed)
+        return m.saved_bytes(block.op_indices)
+
+    assert block_bytes(without, True) == pytest.approx(block_bytes(with_nodes, False))
+    assert block_bytes(without, False) < block_bytes(with_nodes, False)
+
+
+@pytest.mark.parametrize("name", ["gpt2_legacy.onnx", "gpt2_dynamo.onnx"])
+def test_real_gpt2_exports_with_assumed_dropout_match_korthikanti(name):
+    """Real exports (no Dropout nodes) + --dropout: one GPT-2 block keeps s b h (34 + 5 a s / h)."""
+    from dml2comm.ir.onnx_import import load_model
+
+    s, b, h, a = 1024, 1, 768, 12
+    graph = load_model(Path(__file__).parent / "fixtures" / name, ImportOptions(batch_size=b, seq_len=s)).graph
+    block = [l for l in group_layers(graph).layers if l.kind == "block"][3]
+    plan = shard_tensor_parallel(graph, 1)
+    m = ActivationModel(graph, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(graph),
+                        DType.BFLOAT16, assumed_dropout=True)
+    assert m.saved_bytes(block.op_indices) == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=0.02)

@@ -141,6 +141,7 @@ class ActivationModel:
         local_outputs: Sequence[tuple[Tensor | None, ...]],
         needs_grad: frozenset[str],
         train_dtype: DType,
+        assumed_dropout: bool = False,
     ) -> None:
         self.graph = graph
         self.needs_grad = needs_grad
@@ -158,6 +159,8 @@ class ActivationModel:
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
         self.saved_by_op = [self._saved(op) for op in graph.ops]
+        if assumed_dropout and not any(op.op_type == "Dropout" for op in graph.ops):
+            self._add_assumed_dropout()
 
     # -- structure ---------------------------------------------------------------------
 
@@ -270,6 +273,52 @@ class ActivationModel:
                 keep.extend(n for n in ins[:1] if n in acts)
             return keep
         return acts
+
+    def _add_assumed_dropout(self) -> None:
+        """Exports are inference graphs: add the masks of the Dropout a training step runs
+        where GPT-2 / Megatron-LM place it (Korthikanti et al. 2022, Sec. 4.1): on the attention
+        probabilities (a 1-byte mask and the dropped-out copy the next MatMul keeps) and on each
+        residual branch (a 1-byte mask), i.e. the branch input of an Add of two equal-shaped
+        gradient-carrying activations (the later-produced one)."""
+        g = self.graph
+        for op in g.ops:
+            extra: list[tuple[str, float]] = []
+            if op.op_type == "Softmax":
+                t = g.tensor(op.outputs[0])
+                if t is not None and t.rank >= 2 and t.shape[-1] == t.shape[-2]:
+                    extra.append((f"mask:{op.index}", self._local_numel(op.outputs[0])))
+                    # the MatMul with V keeps the dropped-out copy; when it reads the softmax
+                    # output itself (no Cast between) that copy is a tensor of its own
+                    if any(g.ops[c].op_type in _LINEAR for c in g.consumers(op.outputs[0])):
+                        extra.append((f"mask:{op.index}:dropped", self.size.get(op.outputs[0], 0.0)))
+            elif op.op_type == "Add" and len(op.inputs) == 2:
+                a, b = op.inputs
+                ta, tb = g.tensor(a), g.tensor(b)
+                if (ta is not None and tb is not None and ta.shape == tb.shape and a in self.needs_grad and b in self.needs_grad
+                        and self._is_activation(a) and self._is_activation(b)):
+                    branch = max((a, b), key=lambda n: g.producer(n) if g.producer(n) is not None else -1)
+                    if self._from_linear(branch):
+                        extra.append((f"mask:{op.index}", self._local_numel(branch)))
+            if extra:
+                self.saved_by_op[op.index] = self.saved_by_op[op.index] + tuple(extra)
+
+    def _from_linear(self, name: str) -> bool:
+        """Output of a weight layer, possibly through its bias Add (a residual branch's end)."""
+        g = self.graph
+        prod = g.producer(name)
+        while prod is not None and g.ops[prod].op_type in VIEW_OPS:  # Gemm on [b*s, h], then Reshape
+            prod = g.producer(g.ops[prod].inputs[0])
+        if prod is None:
+            return False
+        op = g.ops[prod]
+        if op.op_type in _LINEAR:
+            return True
+        if op.op_type == "Add":
+            others = [n for n in op.inputs if n]
+            weights = [n for n in others if (t := g.tensor(n)) is not None and t.is_weight]
+            acts = [n for n in others if n not in weights]
+            return len(weights) == 1 and len(acts) == 1 and (p := g.producer(acts[0])) is not None and g.ops[p].op_type in _LINEAR
+        return False
 
     # -- queries -------------------------------------------------------------------------
 

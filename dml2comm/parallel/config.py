@@ -42,6 +42,7 @@ class ParallelConfig:
     optimizer: str = "adam"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     rank_order: str = "tdp"
+    dropout: float = 0.0  # assumed training dropout for exports that carry no Dropout nodes
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages"):
@@ -64,6 +65,8 @@ class ParallelConfig:
                 f"global batch {self.global_batch_size} is not divisible by micro-batch {self.micro_batch_size} x d {self.dp_size} "
                 f"= {per_step}; choose a global batch that is a multiple of {per_step}"
             )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
             raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
 
@@ -98,4 +101,5 @@ class ParallelConfig:
             "optimizer": self.optimizer,
             "bucket_bytes": self.bucket_bytes,
             "rank_order": self.rank_order,
+            "dropout": self.dropout,
         }
