@@ -204,10 +204,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 t = graph.tensors.get(name) if name else None
                 if t is not None and t.is_weight and name not in weight_layer:
                     weight_layer[name] = layer.index
-    # weights reached through a view (tied LM head via Transpose) belong to their first user
+    # weights reached through a view (tied LM head via Transpose) belong to their first user;
+    # a stored copy of a tied weight (--tie-embeddings) is no parameter of its own
+    own = {w: li for w, li in weight_layer.items() if graph.tensors[w].tied_to is None}
     for layer in layered.layers:
-        params = sum(graph.tensors[w].numel for w, li in weight_layer.items() if li == layer.index)
-        local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) for w, li in weight_layer.items() if li == layer.index)
+        params = sum(graph.tensors[w].numel for w, li in own.items() if li == layer.index)
+        local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) for w, li in own.items() if li == layer.index)
         layer_params.append(params)
         layer_params_local.append(local)
     layer_fwd = [sum(times[i][0] for i in layer.op_indices) for layer in layered.layers]
@@ -221,6 +223,15 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for li in range(a, b):
             stage_of_layer[li] = s
     stage_of_op = [stage_of_layer[layered.layer_of_op[i]] for i in range(len(graph.ops))]
+    # A tied copy on another stage than its table is real memory there (Megatron-LM keeps the
+    # LM head's copy of the embedding on the last stage and all-reduces their gradients).
+    tied_extra = [0.0] * config.pp_size
+    tied_extra_local = [0.0] * config.pp_size
+    for w, li in weight_layer.items():
+        table = graph.tensors[w].tied_to
+        if table is not None and table in weight_layer and stage_of_layer[weight_layer[table]] != stage_of_layer[li]:
+            tied_extra[stage_of_layer[li]] += graph.tensors[w].numel
+            tied_extra_local[stage_of_layer[li]] += graph.tensors[w].numel / tp.weight_factor.get(w, 1)
 
     rank_map = RankMap(config.dp_size, config.tp_size, config.pp_size, config.rank_order)
     comms: list[CommNode] = []
@@ -274,7 +285,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     # data parallel, per stage
     for s, (a, b) in enumerate(ranges):
-        local_params = sum(layer_params_local[a:b])
+        local_params = sum(layer_params_local[a:b]) + tied_extra_local[s]
         for dc in data_parallel_comms(local_params * dtype_bytes, config.dp_size, config.zero_stage, config.bucket_bytes):
             count = dc.count * (m if dc.per_micro_batch else 1)
             add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, "gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "parameters",
@@ -322,8 +333,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
         t_f = compute_f + per_mb[Phase.FORWARD] + reads
         t_b = compute_b + recompute + per_mb[Phase.BACKWARD]
-        params = sum(layer_params[a:b])
-        params_local = sum(layer_params_local[a:b])
+        params = sum(layer_params[a:b]) + int(tied_extra[s])
+        params_local = sum(layer_params_local[a:b]) + tied_extra_local[s]
         opt_params = params_local / (config.dp_size if config.zero_stage >= 1 else 1)
         opt_t = optimizer_step_s(opt_params, config.optimizer, dtype_bytes, hbm)
         stages.append(

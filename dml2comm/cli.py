@@ -96,7 +96,10 @@ def analysis_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--out", default=".", help="output folder (default: current folder)")
     o.add_argument("--no-site", action="store_true", help="stop after data.json")
+    o.add_argument("--serve", action="store_true", help="after building, serve the site on 127.0.0.1 (a free port) until Ctrl-C")
     o.add_argument("--json", action="store_true", help="also print the summary as JSON on stdout")
+    o.add_argument("--tie-embeddings", action="store_true",
+                   help="count a legacy export's transposed copy of the embedding (tied LM head, e.g. GPT-2) once")
     o.add_argument("--lenient", action="store_true", help="cost unknown ops as memory-bound and control flow as one op, with warnings")
     o.add_argument("--config", help="YAML file of options (keys as the long flags, e.g. micro_batch_size: 4); flags win")
     return p
@@ -142,9 +145,12 @@ def run_analysis(argv: Sequence[str]) -> int:
     num_gpus = args.d * args.t * args.p
     if args.gpus is not None and args.gpus != num_gpus:
         raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p = {args.d}*{args.t}*{args.p} = {num_gpus}; change --d/--t/--p or --gpus")
+    if args.serve and args.no_site:
+        raise ConfigError("--serve needs the site; drop --no-site")
     if args.sequence_parallel and args.t == 1:
         raise ConfigError("--sequence-parallel needs tensor parallelism; add --t 2 or more")
-    options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient)
+    options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient,
+                            tie_embeddings=args.tie_embeddings)
     imported = load_model(args.model, options)
     micro = args.micro_batch_size or imported.model_batch or 1
     seq = args.seq_len
@@ -169,12 +175,35 @@ def run_analysis(argv: Sequence[str]) -> int:
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient)
     from dml2comm.export.report import report_dict, report_json
 
-    _publish(Path(args.out), {"data.json": report_json(analysis)})
+    files = {"data.json": report_json(analysis)}
+    site = None
+    if args.no_site:
+        _publish(Path(args.out), files)
+    else:  # SVGs and site are built beside --out and published together with data.json
+        from dml2comm.site.build import build_and_publish
+
+        site = build_and_publish(analysis, Path(args.out), files)
     elapsed = time.perf_counter() - start
     if args.json:
         print(json.dumps(report_dict(analysis)["summary"], sort_keys=True))
     else:
-        _print_summary(analysis, Path(args.out), elapsed, site=not args.no_site)
+        _print_summary(analysis, Path(args.out), elapsed, site=site)
+    if args.serve:
+        return _serve(Path(args.out) / "site")
+    return 0
+
+
+def _serve(site_dir: Path) -> int:
+    from dml2comm.site.serve import make_server
+
+    server, url = make_server(site_dir)
+    print(f"serving {site_dir} at {url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        server.server_close()
     return 0
 
 
@@ -210,7 +239,7 @@ def _fmt_bytes(x: float | None) -> str:
     return f"{x:.0f} B"
 
 
-def _print_summary(analysis: Any, out: Path, elapsed: float, site: bool) -> None:
+def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -273,8 +302,11 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: bool) -> None
     for w in analysis.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     console.print(f"wrote {escape(str(out / 'data.json'))} in {elapsed:.2f} s")
-    if site:
-        console.print("site: the drill-down site is not built yet (see the README's roadmap); use --no-site to silence this")
+    if site is not None:
+        console.print(
+            f"site: open {escape(str((out / 'site' / 'index.html').resolve()))} ({site.pages} pages; {site.drawings} drawings "
+            f"in {escape(str(out / 'svg_file'))} from {site.layouts_run} Graphviz layouts)"
+        )
 
 
 # ----------------------------------------------------------------------------- subcommands

@@ -126,3 +126,14 @@ def test_external_weights_that_are_absent_are_fine(tmp_path):
     (tmp_path / "w.bin").unlink()
     g = load_model(tmp_path / "m.onnx", ImportOptions(batch_size=2)).graph
     assert g.num_params == 32 + 1088 + 1040
+
+
+def test_tied_copy_in_legacy_gpt2_is_named_and_counted_once_on_request():
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "gpt2_legacy.onnx"
+    plain = load_model(path, ImportOptions(seq_len=16))
+    assert plain.graph.num_params == 163_037_184  # wte stored twice by the legacy exporter
+    assert any("--tie-embeddings" in w for w in plain.warnings)
+    tied = load_model(path, ImportOptions(seq_len=16, tie_embeddings=True))
+    assert tied.graph.num_params == 124_439_808  # GPT2LMHeadModel's parameter count in torch

@@ -66,6 +66,7 @@ class Tensor:
     dtype: DType
     is_weight: bool = False
     is_input: bool = False
+    tied_to: str | None = None  # a stored copy of another weight (tied embeddings): not a parameter
 
     @property
     def numel(self) -> int:
@@ -80,10 +81,10 @@ class Tensor:
         return len(self.shape)
 
     def with_shape(self, shape: tuple[int, ...]) -> "Tensor":
-        return Tensor(self.name, tuple(shape), self.dtype, self.is_weight, self.is_input)
+        return Tensor(self.name, tuple(shape), self.dtype, self.is_weight, self.is_input, self.tied_to)
 
     def with_dtype(self, dtype: DType) -> "Tensor":
-        return Tensor(self.name, self.shape, dtype, self.is_weight, self.is_input)
+        return Tensor(self.name, self.shape, dtype, self.is_weight, self.is_input, self.tied_to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,8 @@ class OpGraph:
 
     @property
     def num_params(self) -> int:
-        return sum(t.numel for t in self.tensors.values() if t.is_weight)
+        """Trainable parameters; a stored copy of a tied weight counts once."""
+        return sum(t.numel for t in self.tensors.values() if t.is_weight and t.tied_to is None)
 
     def __len__(self) -> int:
         return len(self.ops)

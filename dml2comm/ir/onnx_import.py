@@ -106,6 +106,7 @@ class ImportOptions:
     seq_len: int | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     lenient: bool = False
+    tie_embeddings: bool = False
 
 
 @dataclass(frozen=True)
@@ -464,6 +465,39 @@ def _is_parameter(name: str, dtype: DType, shape: tuple[int, ...], consumers: li
     return any(c.op_type in _PARAMETRIC_CONSUMERS for c in consumers)
 
 
+_GENERATED_NAME = re.compile(r"^(onnx::|val_|_val_|\d+$)")
+
+
+def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool) -> list[str]:
+    """The legacy exporter stores a tied LM head as a second, transposed initializer with a
+    generated name (GPT-2: ``onnx::MatMul_2808`` = wte^T).  Values are never read, and an untied
+    head (Llama) looks the same, so the user says which: with ``tie`` the copy stays a weight
+    (sharded, costed) but is not a parameter of its own; without it, a warning names it."""
+    tables: dict[tuple[int, ...], str] = {}
+    for op in ops:
+        if op.op_type == "Gather" and op.inputs and (t := tensors.get(op.inputs[0])) is not None and t.is_weight and t.rank == 2:
+            tables.setdefault(t.shape[::-1], t.name)
+    notes = []
+    for op in ops:
+        if op.op_type not in ("MatMul", "Gemm") or len(op.inputs) < 2:
+            continue
+        w = tensors.get(op.inputs[1])
+        if w is None or not w.is_weight or w.rank != 2 or w.tied_to or not _GENERATED_NAME.match(w.name):
+            continue
+        table = tables.get(w.shape)
+        if table is None or table == w.name:
+            continue
+        if tie:
+            tensors[w.name] = Tensor(w.name, w.shape, w.dtype, True, False, table)
+            notes.append(f"weight {w.name!r} counted as the tied (transposed) copy of {table!r} (--tie-embeddings)")
+        else:
+            notes.append(
+                f"weight {w.name!r} has the shape of {table!r} transposed: if the model ties its LM head to the "
+                "embedding (GPT-2 does), the legacy exporter stored a copy; pass --tie-embeddings to count it once"
+            )
+    return notes
+
+
 def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple[OpGraph, list[str]]:
     graph = model.graph
     warnings: list[str] = []
@@ -546,6 +580,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
             )
         )
 
+    warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings))
     if control_flow:
         where = ", ".join(control_flow[:3])
         if not options.lenient:
