@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from dml2comm.cost.compute import op_times_s, optimizer_step_s
@@ -41,6 +41,8 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import partition_layers, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
+from dml2comm.sim.engine import DeviceWork, SimResult, simulate
+from dml2comm.sim.schedules import build_schedule
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -136,6 +138,7 @@ class Analysis:
     model_info: Mapping[str, Any]
     warnings: tuple[str, ...] = field(default_factory=tuple)
     memory: Mapping[str, Any] = field(default_factory=dict)
+    timeline: SimResult | None = None  # the simulated iteration (events per GPU and stream)
 
 
 def analyze(
@@ -310,6 +313,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     input_bytes = sum(graph.tensors[n].nbytes for n in graph.inputs)
     seq_len = config.seq_len or _infer_seq_len(graph)
     stages: list[StageInfo] = []
+    works: list[DeviceWork] = []
     for s, (a, b) in enumerate(ranges):
         op_idx = [i for li in range(a, b) for i in layered.layers[li].op_indices]
         compute_f = sum(times[i][0] for i in op_idx)
@@ -319,20 +323,16 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             recompute = compute_f
         elif config.recompute == "selective":
             recompute = sum(times[i][0] for i in op_idx if _is_attention_core(graph, i, seq_len))
-        per_mb = defaultdict(float)
-        dp_once = 0.0
-        for c in comms:
-            if c.stage != s:
-                continue
-            if c.per_micro_batch:
-                per_mb[c.phase] += c.time_s * (c.count_per_iteration / m)
-            elif c.dim is ParallelDim.DP:
-                dp_once += c.time_s * c.count_per_iteration
+        mine = [c for c in comms if c.stage == s]
+        dp_once = sum(c.time_s * c.count_per_iteration for c in mine if c.dim is ParallelDim.DP and not c.per_micro_batch)
+        tp_f = _per_mb(mine, m, ParallelDim.TP, Phase.FORWARD)
+        tp_b = _per_mb(mine, m, ParallelDim.TP, Phase.BACKWARD)
         if config.recompute == "full":  # the recomputed forward repeats its TP collectives
-            per_mb[Phase.BACKWARD] += sum(c.time_s * c.count_per_iteration / m for c in comms if c.stage == s and c.dim is ParallelDim.TP and c.phase is Phase.FORWARD)
+            tp_b += tp_f
         reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
-        t_f = compute_f + per_mb[Phase.FORWARD] + reads
-        t_b = compute_b + recompute + per_mb[Phase.BACKWARD]
+        t_f = compute_f + tp_f + reads
+        t_b = compute_b + recompute + tp_b
+        works.append(_device_work(mine, m, t_f, t_b, tp_f, tp_b))
         params = sum(layer_params[a:b]) + int(tied_extra[s])
         params_local = sum(layer_params_local[a:b]) + tied_extra_local[s]
         opt_params = params_local / (config.dp_size if config.zero_stage >= 1 else 1)
@@ -354,7 +354,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 ranks=rank_map.tp_group(0, s),
             )
         )
-    exposed_dp = _exposed_dp_s(stages, comms)
+    works = [replace(w, optimizer_s=st.optimizer_time_s) for w, st in zip(works, stages)]
+    sim, sim_free = _simulate(config, works)
     layers_info = tuple(
         LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
         for l in layered.layers
@@ -365,7 +366,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                _shape(tp.shards[op.index].outputs))
         for op in graph.ops
     )
-    summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, exposed_dp, full_flops, peak, seq_len, model_path)
+    summary, model_info = _summarize(graph, layered, config, stages, comms, sim, sim_free, full_flops, peak, seq_len, model_path)
     warnings.append(
         "compute times are rooflines at the GPU's peak dense throughput (no GEMM efficiency model yet), "
         "so they are lower bounds; network times use the alpha-beta ring model"
@@ -373,10 +374,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
     memory = _memory_report(stages, cluster, config)
+    summary["fits_in_memory"] = memory["fits"]
     if advise and not memory["fits"]:
         memory["suggestions"] = _memory_suggestions(imported, config, cluster, lenient)
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
-                    summary, model_info, tuple(dict.fromkeys(warnings)), memory)
+                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim)
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes", "framework_bytes")
@@ -430,24 +432,53 @@ def _memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster:
     return out
 
 
-def _exposed_dp_s(stages: list[StageInfo], comms: list[CommNode]) -> float:
-    """Once-per-iteration data-parallel time left after the backward pass (first estimate).
+def _per_mb(comms: list[CommNode], m: int, dim: ParallelDim, phase: Phase, kind: CollectiveKind | None = None) -> float:
+    """Seconds per micro-batch of the per-micro-batch collectives of one dimension and phase."""
+    return sum(c.time_s * c.count_per_iteration / m for c in comms
+               if c.per_micro_batch and c.dim is dim and c.phase is phase and (kind is None or c.kind is kind))
 
-    Gradient buckets of stage s are reduced while its last backward runs and while the
-    stages before it drain the pipeline, about s x t_b,max in 1F1B (stage 0 finishes last),
-    so the exposure is max(T_grad - t_b,s - s t_b,max, T_last bucket - s t_b,max, 0).  Work that
-    must follow the optimizer step (the ZeRO-1/2 parameter all-gather) is fully exposed.
-    """
-    t_b_max = max(st.time_bwd_s for st in stages)
-    exposed = 0.0
-    for st in stages:
-        grads = [c for c in comms if c.stage == st.index and c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD]
-        grad_s = sum(c.time_s * c.count_per_iteration for c in grads)
-        last_bucket = max((c.time_s for c in grads), default=0.0)
-        after_step = st.dp_time_s - grad_s
-        head_start = st.time_bwd_s + st.index * t_b_max
-        exposed = max(exposed, max(grad_s - head_start, last_bucket - st.index * t_b_max, 0.0) + after_step)
-    return exposed
+
+def _device_work(comms: list[CommNode], m: int, t_f: float, t_b: float, tp_f: float, tp_b: float) -> DeviceWork:
+    """What the simulator needs of one stage (its own comms only; sends are the sender's)."""
+    buckets: list[float] = []
+    for c in comms:
+        if c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD:
+            buckets.extend([c.time_s] * c.count_per_iteration)
+    return DeviceWork(
+        fwd_s=t_f,
+        bwd_s=t_b,
+        tp_fwd_s=tp_f,
+        tp_bwd_s=tp_b,
+        send_fwd_s=_per_mb(comms, m, ParallelDim.PP, Phase.FORWARD),
+        send_bwd_s=_per_mb(comms, m, ParallelDim.PP, Phase.BACKWARD),
+        zero_fwd_s=_per_mb(comms, m, ParallelDim.DP, Phase.FORWARD),
+        zero_bwd_pre_s=_per_mb(comms, m, ParallelDim.DP, Phase.BACKWARD, CollectiveKind.ALL_GATHER),
+        zero_bwd_post_s=_per_mb(comms, m, ParallelDim.DP, Phase.BACKWARD, CollectiveKind.REDUCE_SCATTER),
+        dp_buckets_s=tuple(buckets),
+        after_step_s=sum(c.time_s * c.count_per_iteration for c in comms
+                         if c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.OPTIMIZER),
+    )
+
+
+def _simulate(config: ParallelConfig, works: list[DeviceWork]) -> tuple[SimResult, SimResult]:
+    """The iteration, and the same iteration with every collective free (for the breakdown).
+
+    Interleaved: each device's work is split evenly over its v model chunks, and every chunk
+    boundary sends the stage's activation (the wrap-around from the last device to the first
+    uses the largest send of the other stages)."""
+    v = config.virtual_stages if config.schedule == "interleaved" else 1
+    p = config.pp_size
+    if v > 1:
+        wrap = max((w.send_fwd_s for w in works[:-1]), default=0.0)
+        wrap_b = max((w.send_bwd_s for w in works[1:]), default=0.0)
+        works = [replace(w, fwd_s=w.fwd_s / v, bwd_s=w.bwd_s / v, tp_fwd_s=w.tp_fwd_s / v, tp_bwd_s=w.tp_bwd_s / v,
+                         send_fwd_s=w.send_fwd_s or wrap, send_bwd_s=w.send_bwd_s or wrap_b,
+                         zero_fwd_s=w.zero_fwd_s / v, zero_bwd_pre_s=w.zero_bwd_pre_s / v, zero_bwd_post_s=w.zero_bwd_post_s / v)
+                 for w in works]
+    schedule = build_schedule(config.schedule, p, config.num_micro_batches, v)
+    sim = simulate(schedule, works, v)
+    free = [DeviceWork(w.fwd_s - w.tp_fwd_s, w.bwd_s - w.tp_bwd_s, optimizer_s=w.optimizer_s) for w in works]
+    return sim, simulate(schedule, free, v, keep_events=False)
 
 
 def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
@@ -504,51 +535,56 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
                 activations_per_micro_batch_bytes=per_mb, in_flight_micro_batches=in_flight)
 
 
-def _summarize(graph, layered, config, cluster, stages, comms, exposed_dp, full_flops, peak, seq_len, model_path):
+def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: SimResult, full_flops, peak, seq_len, model_path):
+    """Headline numbers from the simulated iteration.
+
+    The iteration splits into compute (pure op time of the busiest GPU), pipeline bubble (its
+    idle time within the pipeline's span in the same schedule with every collective free), exposed communication (what
+    the collectives add to the iteration: simulated time minus the collective-free time) and
+    the optimizer step.  ``bubble_fraction`` = bubble / busy time, Narayanan et al.'s
+    (p - 1) / (v m) for uniform stages.
+    """
     m = config.num_micro_batches
-    p = config.pp_size
-    v = config.virtual_stages if config.schedule == "interleaved" else 1
-    slowest = max(stages, key=lambda st: st.time_fwd_s + st.time_bwd_s)
-    per_mb = slowest.time_fwd_s + slowest.time_bwd_s
-    optimizer = max(st.optimizer_time_s for st in stages)
-    pipeline_s = (m + (p - 1) / v) * per_mb
-    iteration = pipeline_s + exposed_dp + optimizer
-    compute = m * (slowest.compute_fwd_s + slowest.compute_bwd_s)
-
-    def dim_stage_time(dim: ParallelDim, stage: int) -> float:
-        return sum(c.time_s * c.count_per_iteration for c in comms if c.dim is dim and c.stage == stage)
-
-    comm_total = sum(dim_stage_time(dim, slowest.index) for dim in ParallelDim)
-    exposed_tp_pp = m * (per_mb - slowest.compute_fwd_s - slowest.compute_bwd_s)
-    exposed = exposed_tp_pp + exposed_dp
+    iteration = sim.iteration_time_s
+    crit = max(range(len(stages)), key=lambda d: (sim_free.compute_busy_s[d], -d))
+    st = stages[crit]
+    compute = m * (st.compute_fwd_s + st.compute_bwd_s)
+    busy_free = sim_free.compute_busy_s[crit]
+    bubble_time = max(max(sim_free.compute_end_s) - busy_free, 0.0)  # idle within the pipeline's span
+    exposed = max(iteration - sim_free.iteration_time_s, 0.0)
+    comm_by_stage_dim = {dim: sum(c.time_s * c.count_per_iteration for c in comms if c.dim is dim and c.stage == crit) for dim in ParallelDim}
+    comm_total = sum(comm_by_stage_dim.values())
     batch = config.micro_batch_size
     flops_fwd_per_sample = sum(full_flops) / batch
     model_flops = 3 * flops_fwd_per_sample * config.global_batch_size  # forward + 2x backward, no recomputation
     mfu = model_flops / (iteration * config.num_gpus * peak) if iteration > 0 else None
     tokens = config.global_batch_size * seq_len if seq_len else None
-    bubble = (p - 1) / (v * m)
     parts = {
         "compute": compute,
-        "tensor-parallel communication": m * sum(c.time_s * c.count_per_iteration / m for c in comms if c.dim is ParallelDim.TP and c.stage == slowest.index),
-        "pipeline communication": m * sum(c.time_s * c.count_per_iteration / m for c in comms if c.dim is ParallelDim.PP and c.stage == slowest.index),
-        "pipeline bubble": (p - 1) / v * per_mb,
-        "exposed data-parallel communication": exposed_dp,
-        "optimizer step": optimizer,
+        "pipeline bubble": bubble_time,
+        "exposed communication": exposed,
+        "optimizer step": st.optimizer_time_s,
     }
     name, share = max(parts.items(), key=lambda kv: kv[1])
-    bottleneck = f"{name}: {share / iteration:.0%} of the iteration (stage {slowest.index} is the slowest)" if iteration else None
+    if name == "exposed communication":
+        dim = max(comm_by_stage_dim, key=comm_by_stage_dim.get)
+        name = f"exposed communication (mostly {dim.value})"
+    bottleneck = f"{name}: {share / iteration:.0%} of the iteration (stage {crit} is the busiest)" if iteration else None
     summary = {
         "iteration_time_s": iteration,
         "compute_time_s": compute,
         "comm_time_s": comm_total,
         "exposed_comm_time_s": exposed,
-        "bubble_fraction": bubble,
+        "bubble_time_s": bubble_time,
+        "bubble_fraction": bubble_time / busy_free if busy_free else 0.0,
+        "optimizer_time_s": st.optimizer_time_s,
         "mfu": mfu,
         "tokens_per_s": tokens / iteration if tokens and iteration else None,
         "samples_per_s": config.global_batch_size / iteration if iteration else None,
-        "peak_memory_bytes": max(st.memory["total_bytes"] for st in stages),
-        "fits_in_memory": max(st.memory["total_bytes"] for st in stages) <= cluster.gpu.hbm_bytes,
+        "peak_memory_bytes": max(x.memory["total_bytes"] for x in stages),
+        "fits_in_memory": None,  # set by the memory report
         "bottleneck": bottleneck,
+        "critical_stage": crit,
     }
     model_info = {
         "path": model_path,

@@ -1,0 +1,80 @@
+"""The simulated iteration as a Chrome Trace Event file (``trace.json``; opens in Perfetto).
+
+Format: the Trace Event Format (Google, "Trace Event Format" document): complete events
+(``"ph": "X"``, microseconds), one process per pipeline stage's representative GPU, one thread
+per stream (compute, pp, dp, optimizer), flow arrows (``"s"``/``"f"``) from each pipeline send
+to the step that receives it, and a memory counter (``"C"``) per GPU: model states plus the
+activations of the micro-batches in flight.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dml2comm.analysis import Analysis
+from dml2comm.sim.engine import SimResult
+
+__all__ = ["trace_dict", "trace_json", "STREAMS"]
+
+STREAMS = ("compute", "pp", "dp", "optimizer")
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def trace_dict(analysis: Analysis, sim: SimResult) -> dict[str, Any]:
+    events: list[dict[str, Any]] = []
+    v = analysis.config.virtual_stages if analysis.config.schedule == "interleaved" else 1
+    for stage in analysis.stages:
+        ranks = ", ".join(str(r) for r in stage.ranks)
+        events.append({"ph": "M", "name": "process_name", "pid": stage.index, "tid": 0,
+                       "args": {"name": f"stage {stage.index} (replica 0, GPUs {ranks})"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": stage.index, "tid": 0, "args": {"sort_index": stage.index}})
+        for tid, stream in enumerate(STREAMS):
+            events.append({"ph": "M", "name": "thread_name", "pid": stage.index, "tid": tid, "args": {"name": stream}})
+    starts: dict[tuple[int, str], float] = {}
+    for ev in sim.events:
+        tid = STREAMS.index(ev.stream)
+        args: dict[str, Any] = {}
+        if ev.micro_batch >= 0:
+            args["micro_batch"] = ev.micro_batch
+        if v > 1:
+            args["chunk"] = ev.chunk
+        events.append({"ph": "X", "name": ev.name, "cat": ev.stream, "pid": ev.device, "tid": tid,
+                       "ts": _us(ev.start_s), "dur": _us(ev.dur_s), "args": args})
+        if ev.stream == "compute":
+            starts[(ev.device, ev.name)] = ev.start_s
+    flow = 0
+    for ev in sim.events:
+        if ev.flow_to is None or ev.flow_to not in starts:
+            continue
+        flow += 1
+        dest, _ = ev.flow_to
+        events.append({"ph": "s", "name": "send", "cat": "pp", "id": flow, "pid": ev.device, "tid": STREAMS.index("pp"),
+                       "ts": _us(ev.start_s + ev.dur_s * 0.5)})
+        events.append({"ph": "f", "bp": "e", "name": "send", "cat": "pp", "id": flow, "pid": dest, "tid": 0,
+                       "ts": _us(starts[ev.flow_to])})
+    # memory: model states + activations of the micro-batches in flight
+    for stage in analysis.stages:
+        mem = stage.memory
+        base = mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"] + mem["framework_bytes"]
+        per = mem["activations_per_micro_batch_bytes"] / v
+        level = 0.0
+        events.append({"ph": "C", "name": "memory", "pid": stage.index, "ts": 0.0, "args": {"bytes": base}})
+        for ev in sim.events:
+            if ev.device != stage.index or ev.stream != "compute":
+                continue
+            if ev.name.startswith("F"):
+                level += per
+                events.append({"ph": "C", "name": "memory", "pid": stage.index, "ts": _us(ev.start_s), "args": {"bytes": base + level}})
+            else:
+                level -= per
+                events.append({"ph": "C", "name": "memory", "pid": stage.index, "ts": _us(ev.start_s + ev.dur_s), "args": {"bytes": base + level}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"tool": "dml2comm", "iteration_time_s": sim.iteration_time_s, "schedule": analysis.config.schedule}}
+
+
+def trace_json(analysis: Analysis, sim: SimResult) -> str:
+    return json.dumps(trace_dict(analysis, sim), sort_keys=True, separators=(",", ":")) + "\n"

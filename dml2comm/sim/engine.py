@@ -1,0 +1,194 @@
+"""Event-driven simulation of one training iteration, one representative GPU per pipeline rank.
+
+Replicas and tensor ranks are symmetric, so each pipeline rank (device) is simulated once.
+Every device has four streams:
+
+- ``compute``: its schedule's forward and backward steps in order; a step's time includes its
+  tensor-parallel collectives, which sit on the critical path in Megatron-LM (Narayanan et al.
+  2021, Sec. 3.2), and recomputation (in backward);
+- ``pp``: sends to the neighbouring stage, issued when the producing step ends, serialised on
+  the device; the consumer step waits for the send to finish;
+- ``dp``: data-parallel traffic: gradient buckets reduced while the device's last backward
+  runs (PyTorch DDP / Megatron overlap: bucket k of K is ready after (k+1)/K of that step),
+  serialised on the stream; per-micro-batch ZeRO-3 parameter all-gathers (prefetched when the
+  previous step starts) and ZeRO-2/3 gradient reduce-scatters (after each backward);
+- ``optimizer``: after the device's compute and its gradient reduction, then any collective
+  that must follow the step (ZeRO-1/2 parameter all-gather).
+
+A step starts when the device's previous step has ended and its input has arrived (the
+previous virtual stage's activation for a forward, the next one's gradient for a backward).
+The iteration ends when every device has finished its optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from dml2comm.errors import ConfigError
+from dml2comm.sim.schedules import Step, StepKind
+
+__all__ = ["DeviceWork", "Event", "SimResult", "simulate"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWork:
+    """One device's costs, per micro-batch and per model chunk (interleaved: a chunk is 1/v)."""
+
+    fwd_s: float
+    bwd_s: float
+    tp_fwd_s: float = 0.0  # the part of fwd_s spent in tensor-parallel collectives
+    tp_bwd_s: float = 0.0
+    send_fwd_s: float = 0.0  # activation to the next virtual stage
+    send_bwd_s: float = 0.0  # gradient to the previous virtual stage
+    zero_fwd_s: float = 0.0  # ZeRO-3 parameter all-gather before each forward
+    zero_bwd_pre_s: float = 0.0  # ZeRO-3 parameter all-gather before each backward
+    zero_bwd_post_s: float = 0.0  # ZeRO-2/3 gradient reduce-scatter after each backward
+    dp_buckets_s: tuple[float, ...] = ()  # once-per-iteration gradient collectives, in order
+    optimizer_s: float = 0.0
+    after_step_s: float = 0.0  # collectives that follow the optimizer step
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    device: int
+    stream: str  # compute, pp, dp, optimizer
+    name: str
+    start_s: float
+    dur_s: float
+    micro_batch: int = -1
+    chunk: int = 0
+    flow_to: tuple[int, str] | None = None  # (device, step name) a send feeds
+
+
+@dataclass(frozen=True)
+class SimResult:
+    iteration_time_s: float
+    device_end_s: tuple[float, ...]
+    compute_end_s: tuple[float, ...]
+    compute_busy_s: tuple[float, ...]  # sum of step durations per device
+    tp_s: tuple[float, ...]
+    dp_exposed_s: tuple[float, ...]  # time from compute end to the end of gradient reduction
+    events: tuple[Event, ...] = field(repr=False, default=())
+
+
+def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], virtual_stages: int = 1,
+             keep_events: bool = True) -> SimResult:
+    """Simulate one iteration of ``schedule`` (per-device step lists) with per-device ``work``.
+
+    Raises
+    ------
+    ConfigError
+        The schedule deadlocks (a step waits for one that can never run).
+    """
+    p = len(schedule)
+    v = virtual_stages
+    last_vs = p * v - 1
+    pos = [0] * p
+    free = [0.0] * p  # compute stream
+    pp_free = [0.0] * p
+    dp_free = [0.0] * p
+    busy = [0.0] * p
+    tp = [0.0] * p
+    prev_start = [0.0] * p
+    last_bwd: list[tuple[float, float]] = [(0.0, 0.0)] * p
+    avail: dict[tuple[StepKind, int, int], float] = {}
+    events: list[Event] = []
+    remaining = sum(len(s) for s in schedule)
+    while remaining:
+        progressed = False
+        for d in range(p):
+            steps = schedule[d]
+            w = work[d]
+            while pos[d] < len(steps):
+                step = steps[pos[d]]
+                vs = step.chunk * p + d
+                if step.kind is StepKind.FORWARD:
+                    need = (StepKind.FORWARD, step.micro_batch, vs - 1) if vs > 0 else None
+                else:
+                    need = (StepKind.BACKWARD, step.micro_batch, vs + 1) if vs < last_vs else None
+                if need is not None and need not in avail:
+                    break
+                start = max(free[d], avail[need] if need is not None else 0.0)
+                fwd = step.kind is StepKind.FORWARD
+                pre = w.zero_fwd_s if fwd else w.zero_bwd_pre_s
+                if pre > 0:  # ZeRO-3 all-gather, prefetched when the previous step started
+                    ag_start = max(dp_free[d], prev_start[d])
+                    dp_free[d] = ag_start + pre
+                    start = max(start, dp_free[d])
+                    if keep_events:
+                        events.append(Event(d, "dp", "ZeRO-3 all-gather", ag_start, pre, step.micro_batch, step.chunk))
+                dur = w.fwd_s if fwd else w.bwd_s
+                end = start + dur
+                name = f"{step.kind.value}{step.micro_batch}" + (f".{step.chunk}" if v > 1 else "")
+                if keep_events:
+                    events.append(Event(d, "compute", name, start, dur, step.micro_batch, step.chunk))
+                prev_start[d] = start
+                free[d] = end
+                busy[d] += dur
+                tp[d] += w.tp_fwd_s if fwd else w.tp_bwd_s
+                if not fwd:
+                    last_bwd[d] = (start, dur)
+                    if w.zero_bwd_post_s > 0:
+                        rs_start = max(dp_free[d], end)
+                        dp_free[d] = rs_start + w.zero_bwd_post_s
+                        if keep_events:
+                            events.append(Event(d, "dp", "ZeRO reduce-scatter", rs_start, w.zero_bwd_post_s, step.micro_batch, step.chunk))
+                # hand the result to the neighbouring virtual stage
+                if fwd and vs < last_vs:
+                    target = vs + 1
+                    send = w.send_fwd_s
+                elif not fwd and vs > 0:
+                    target = vs - 1
+                    send = w.send_bwd_s
+                else:
+                    target = -1
+                    send = 0.0
+                if target >= 0:
+                    s_start = max(end, pp_free[d])
+                    pp_free[d] = s_start + send
+                    avail[(step.kind, step.micro_batch, vs)] = pp_free[d]
+                    if keep_events and send > 0:
+                        dest = target % p
+                        dest_name = f"{step.kind.value}{step.micro_batch}" + (f".{target // p}" if v > 1 else "")
+                        events.append(Event(d, "pp", f"send {name}", s_start, send, step.micro_batch, step.chunk, (dest, dest_name)))
+                else:
+                    avail[(step.kind, step.micro_batch, vs)] = end
+                pos[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ConfigError("the pipeline schedule deadlocks: a step waits for data that is never produced")
+
+    device_end = []
+    dp_exposed = []
+    for d in range(p):
+        w = work[d]
+        start, dur = last_bwd[d]
+        t = dp_free[d]
+        k = len(w.dp_buckets_s)
+        for i, bucket in enumerate(w.dp_buckets_s):
+            ready = start + dur * (i + 1) / k
+            b_start = max(t, ready)
+            t = b_start + bucket
+            if keep_events:
+                events.append(Event(d, "dp", f"gradient bucket {i}", b_start, bucket))
+        reduced = max(t, free[d])
+        dp_exposed.append(reduced - free[d])
+        end = reduced + w.optimizer_s
+        if keep_events and w.optimizer_s > 0:
+            events.append(Event(d, "optimizer", "optimizer step", reduced, w.optimizer_s))
+        if w.after_step_s > 0:
+            if keep_events:
+                events.append(Event(d, "dp", "parameter all-gather", end, w.after_step_s))
+            end += w.after_step_s
+        device_end.append(end)
+    return SimResult(
+        iteration_time_s=max(device_end) if device_end else 0.0,
+        device_end_s=tuple(device_end),
+        compute_end_s=tuple(free),
+        compute_busy_s=tuple(busy),
+        tp_s=tuple(tp),
+        dp_exposed_s=tuple(dp_exposed),
+        events=tuple(events),
+    )

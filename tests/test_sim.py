@@ -1,0 +1,107 @@
+"""The iteration simulator: schedules, bubbles, bounds, monotonicity, and the trace it exports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dml2comm import zoo
+from dml2comm.analysis import analyze_graph
+from dml2comm.errors import ConfigError
+from dml2comm.export.chrome_trace import trace_dict
+from dml2comm.hardware.cluster import make_cluster
+from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.parallel.config import ParallelConfig
+from dml2comm.sim.engine import DeviceWork, simulate
+from dml2comm.sim.schedules import StepKind, build_schedule
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 32)])
+def test_uniform_stages_without_communication_have_the_textbook_bubble(schedule, v, p, m):
+    """Narayanan et al. 2021 Sec. 2.2: (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved."""
+    tf, tb = 1.0, 2.0
+    result = simulate(build_schedule(schedule, p, m, v), [DeviceWork(tf / v, tb / v)] * p, v)
+    busy = m * (tf + tb)
+    assert result.iteration_time_s == pytest.approx(busy + (p - 1) / v * (tf + tb))
+    assert (result.iteration_time_s - busy) / busy == pytest.approx((p - 1) / (v * m))
+
+
+def test_every_step_runs_once():
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 3)):
+        for steps in build_schedule(name, 3, 6, v):
+            fwd = sorted((s.micro_batch, s.chunk) for s in steps if s.kind is StepKind.FORWARD)
+            bwd = sorted((s.micro_batch, s.chunk) for s in steps if s.kind is StepKind.BACKWARD)
+            assert fwd == bwd == sorted((mb, c) for mb in range(6) for c in range(v))
+
+
+def test_interleaved_needs_m_multiple_of_p():
+    with pytest.raises(ConfigError, match="multiple of --p"):
+        build_schedule("interleaved", 4, 6, 2)
+
+
+def test_serial_iteration_is_the_sum_of_its_parts():
+    w = DeviceWork(1.0, 2.0, dp_buckets_s=(0.5, 0.25), optimizer_s=0.1, after_step_s=0.05)
+    r = simulate(build_schedule("1f1b", 1, 3), [w])
+    # the last bucket is ready only when the last backward ends: 3*(1+2), then 0.25 exposed of it
+    # (bucket 0 overlaps the second half of the last backward), then the optimizer and the gather
+    assert r.iteration_time_s == pytest.approx(9.0 + 0.25 + 0.1 + 0.05)
+
+
+works = st.lists(
+    st.tuples(st.floats(0.1, 5), st.floats(0.1, 5), st.floats(0, 1), st.floats(0, 1), st.floats(0, 2)), min_size=1, max_size=6
+)
+
+
+@given(works, st.integers(1, 12), st.sampled_from(["gpipe", "1f1b"]))
+@settings(max_examples=60, deadline=None)
+def test_never_shorter_than_its_bounds_and_more_bandwidth_never_slower(spec, m, schedule):
+    p = len(spec)
+    ws = [DeviceWork(f, b, send_fwd_s=sf, send_bwd_s=sb, dp_buckets_s=(dp,)) for f, b, sf, sb, dp in spec]
+    sched = build_schedule(schedule, p, m)
+    r = simulate(sched, ws, keep_events=False)
+    busiest = max(m * (w.fwd_s + w.bwd_s) for w in ws)
+    total = sum(m * (w.fwd_s + w.bwd_s) for w in ws)
+    chain = sum(w.fwd_s + w.bwd_s for w in ws)  # one micro-batch through every stage and back
+    assert r.iteration_time_s >= busiest - 1e-9
+    assert r.iteration_time_s >= total / p - 1e-9
+    assert r.iteration_time_s >= chain - 1e-9
+    faster = [DeviceWork(w.fwd_s, w.bwd_s, send_fwd_s=w.send_fwd_s / 2, send_bwd_s=w.send_bwd_s / 2,
+                         dp_buckets_s=tuple(x / 2 for x in w.dp_buckets_s)) for w in ws]
+    assert simulate(sched, faster, keep_events=False).iteration_time_s <= r.iteration_time_s + 1e-9
+
+
+@pytest.fixture(scope="module")
+def small_analysis():
+    model = zoo.build_gpt(layers=4, hidden=256, heads=8, vocab=512, seq_len=128)
+    config = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=2, global_batch_size=16, seq_len=128)
+    return analyze_graph(load_model_proto(model, ImportOptions(batch_size=2)), config, make_cluster("a100", 8, 8))
+
+
+def test_analysis_breakdown_adds_up(small_analysis):
+    s = small_analysis.summary
+    assert s["iteration_time_s"] >= s["compute_time_s"]
+    assert s["compute_time_s"] + s["bubble_time_s"] + s["exposed_comm_time_s"] + s["optimizer_time_s"] == pytest.approx(
+        s["iteration_time_s"], rel=0.05)
+
+
+def test_trace_validates(small_analysis):
+    trace = trace_dict(small_analysis, small_analysis.timeline)
+    json.dumps(trace)
+    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for ev in trace["traceEvents"]:
+        if ev["ph"] == "X":
+            assert ev["dur"] >= 0
+            by_thread.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
+    for spans in by_thread.values():  # events on one thread nest: here, they never overlap
+        spans.sort()
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 2e-3 or b1 <= a1  # ts and dur are rounded to the nanosecond separately
+    starts = {ev["id"] for ev in trace["traceEvents"] if ev["ph"] == "s"}
+    ends = {ev["id"] for ev in trace["traceEvents"] if ev["ph"] == "f"}
+    assert starts and starts == ends  # every flow has both ends
+    names = {ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    assert names == {"compute", "pp", "dp", "optimizer"}
