@@ -25,7 +25,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dml2comm.cost.compute import op_times_s, optimizer_step_s
 from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model_state_bytes, stage_memory_dict
@@ -139,6 +139,7 @@ class Analysis:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     memory: Mapping[str, Any] = field(default_factory=dict)
     timeline: SimResult | None = None  # the simulated iteration (events per GPU and stream)
+    recommendations: tuple[Mapping[str, Any], ...] = ()
 
 
 def analyze(
@@ -155,8 +156,12 @@ def analyze(
 
 
 def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Cluster, model_path: str = "", lenient: bool = False,
-                  advise: bool = True) -> Analysis:
-    """Analyse an imported model; ``advise`` adds memory suggestions when it does not fit."""
+                  advise: bool = True, reimport: Callable[[int], ImportResult] | None = None) -> Analysis:
+    """Analyse an imported model.
+
+    ``advise`` adds memory suggestions when it does not fit and speed recommendations, each
+    re-analysed; ``reimport(b)`` (the model bound to micro-batch ``b``) lets them try smaller
+    micro-batches."""
     graph = imported.graph
     warnings: list[str] = list(imported.warnings)
     if imported.model_batch is not None and imported.model_batch != config.micro_batch_size:
@@ -377,8 +382,46 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     summary["fits_in_memory"] = memory["fits"]
     if advise and not memory["fits"]:
         memory["suggestions"] = _memory_suggestions(imported, config, cluster, lenient)
+    recommendations = _recommendations(imported, config, cluster, lenient, summary, reimport) if advise else ()
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
-                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim)
+                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations))
+
+
+def _recommendations(imported: ImportResult, config: ParallelConfig, cluster: Cluster, lenient: bool,
+                     summary: Mapping[str, Any], reimport: Callable[[int], ImportResult] | None) -> list[dict[str, Any]]:
+    """Changes a reviewer asks about next, each re-analysed on the same GPUs and global batch:
+    more micro-batches (half the micro-batch size), interleaving (2 chunks per GPU), the tensor
+    group inside one node, sequence parallelism, ZeRO-1.  Sorted by gain; only those that help."""
+    base = summary["iteration_time_s"]
+    tries: list[tuple[str, ParallelConfig, ImportResult]] = []
+    if reimport is not None and config.micro_batch_size % 2 == 0:
+        b = config.micro_batch_size // 2
+        tries.append((f"--micro-batch-size {b} ({2 * config.num_micro_batches} micro-batches)",
+                      replace(config, micro_batch_size=b), reimport(b)))
+    if config.pp_size > 1 and config.schedule != "interleaved" and config.num_micro_batches % config.pp_size == 0:
+        tries.append(("--schedule interleaved --virtual-stages 2", replace(config, schedule="interleaved", virtual_stages=2), imported))
+    gpn = cluster.gpus_per_node
+    if config.tp_size > gpn and config.tp_size % gpn == 0:
+        k = config.tp_size // gpn
+        tries.append((f"--t {gpn} --d {config.dp_size * k} (tensor group inside a node)",
+                      replace(config, tp_size=gpn, dp_size=config.dp_size * k), imported))
+    if config.tp_size > 1 and not config.sequence_parallel:
+        tries.append(("--sequence-parallel", replace(config, sequence_parallel=True), imported))
+    if config.dp_size > 1 and config.zero_stage == 0:
+        tries.append(("--zero 1", replace(config, zero_stage=1), imported))
+    out = []
+    for change, cfg, imp in tries:
+        try:
+            if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp_size):
+                continue
+            alt = analyze_graph(imp, cfg, cluster, lenient=lenient, advise=False)
+        except Dml2CommError:
+            continue
+        t = alt.summary["iteration_time_s"]
+        if t < base * (1 - 1e-3):
+            out.append({"change": change, "iteration_time_s": t, "speedup": base / t, "fits_in_memory": alt.memory["fits"],
+                        "peak_memory_bytes": alt.memory["peak_bytes"]})
+    return sorted(out, key=lambda r: r["iteration_time_s"])
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes", "framework_bytes")

@@ -105,3 +105,14 @@ def test_trace_validates(small_analysis):
     assert starts and starts == ends  # every flow has both ends
     names = {ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "thread_name"}
     assert names == {"compute", "pp", "dp", "optimizer"}
+
+
+def test_recommendations_are_reanalysed_and_faster():
+    model = zoo.build_gpt(layers=8, hidden=256, heads=8, vocab=512, seq_len=128)
+    config = ParallelConfig(pp_size=4, micro_batch_size=2, global_batch_size=16, seq_len=128)
+    a = analyze_graph(load_model_proto(model, ImportOptions(batch_size=2)), config, make_cluster("a100", 4, 4),
+                      reimport=lambda b: load_model_proto(model, ImportOptions(batch_size=b)))
+    changes = {r["change"].split(" (")[0]: r for r in a.recommendations}
+    assert "--schedule interleaved --virtual-stages 2" in changes
+    base = a.summary["iteration_time_s"]
+    assert all(r["iteration_time_s"] < base and r["speedup"] == pytest.approx(base / r["iteration_time_s"]) for r in a.recommendations)

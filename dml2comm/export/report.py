@@ -105,6 +105,7 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
         "stages": stages,
         "layers": layers,
         "memory": dict(analysis.memory),
+        "recommendations": [dict(r) for r in analysis.recommendations],
         "warnings": list(analysis.warnings),
     }
     return _clean(data)
