@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import os
 import shutil
 import sys
@@ -98,6 +99,8 @@ def analysis_parser() -> argparse.ArgumentParser:
     o.add_argument("--no-site", action="store_true", help="stop after data.json")
     o.add_argument("--serve", action="store_true", help="after building, serve the site on 127.0.0.1 (a free port) until Ctrl-C")
     o.add_argument("--json", action="store_true", help="also print the summary as JSON on stdout")
+    o.add_argument("--no-advice", action="store_true",
+                   help="skip the re-analysed speed recommendations and memory suggestions (faster)")
     o.add_argument("--tie-embeddings", action="store_true",
                    help="count a legacy export's transposed copy of the embedding (tied LM head, e.g. GPT-2) once")
     o.add_argument("--lenient", action="store_true", help="cost unknown ops as memory-bound and control flow as one op, with warnings")
@@ -172,10 +175,15 @@ def run_analysis(argv: Sequence[str]) -> int:
     else:
         cluster = make_cluster(args.gpu, num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
                                topology=args.topology)
-    analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient)
+    def reimport(batch: int):  # the same model bound to another micro-batch size (recommendations)
+        return load_model(args.model, replace(options, batch_size=batch))
+
+    analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
+                             reimport=reimport if imported.model_batch is None else None)
+    from dml2comm.export.chrome_trace import trace_json
     from dml2comm.export.report import report_dict, report_json
 
-    files = {"data.json": report_json(analysis)}
+    files = {"data.json": report_json(analysis), "trace.json": trace_json(analysis, analysis.timeline)}
     site = None
     if args.no_site:
         _publish(Path(args.out), files)
@@ -257,12 +265,12 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         f"{analysis.config.num_gpus} x {escape(analysis.cluster.gpu.name)} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
         f"m={cfg.num_micro_batches} s={cfg.seq_len} {cfg.dtype}"
     )
-    t = Table(title="iteration (first estimate: 1F1B critical path)", show_header=False)
+    t = Table(title=f"iteration (simulated, {escape(cfg.schedule)} schedule)", show_header=False)
     t.add_row("iteration time", _fmt_s(s["iteration_time_s"]))
-    t.add_row("compute (slowest stage)", _fmt_s(s["compute_time_s"]))
-    t.add_row("communication (slowest stage)", _fmt_s(s["comm_time_s"]))
-    t.add_row("exposed communication", _fmt_s(s["exposed_comm_time_s"]))
-    t.add_row("bubble fraction", f"{s['bubble_fraction']:.3f}")
+    t.add_row("compute (busiest stage)", _fmt_s(s["compute_time_s"]))
+    t.add_row("pipeline bubble", f"{_fmt_s(s['bubble_time_s'])} (fraction {s['bubble_fraction']:.3f})")
+    t.add_row("communication (busiest stage)", f"{_fmt_s(s['comm_time_s'])}, exposed {_fmt_s(s['exposed_comm_time_s'])}")
+    t.add_row("optimizer step", _fmt_s(s["optimizer_time_s"]))
     t.add_row("MFU", f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a")
     t.add_row("peak memory per GPU", _fmt_bytes(s["peak_memory_bytes"]))
     t.add_row("tokens/s", f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a")
@@ -299,6 +307,9 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         if e["count"]:
             ct.add_row(dim, str(e["count"]), _fmt_bytes(e["message_bytes"]), _fmt_bytes(e["bytes_sent_per_gpu"]), _fmt_s(e["time_s"]))
     console.print(ct)
+    for rec in analysis.recommendations[:3]:
+        console.print(f"faster: {escape(rec['change'])}: {_fmt_s(rec['iteration_time_s'])} ({rec['speedup']:.2f}x)"
+                      + ("" if rec["fits_in_memory"] else " [red]but does not fit[/red]"))
     for w in analysis.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     console.print(f"wrote {escape(str(out / 'data.json'))} in {elapsed:.2f} s")

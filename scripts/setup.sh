@@ -12,6 +12,15 @@ if ! command -v dot >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq graphviz >/dev/null
 fi
 
+if [ ! -x /usr/bin/chromium ]; then
+  # the site's browser tests drive Debian's chromium (playwright never downloads one)
+  echo "setup: installing chromium with apt-get" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2

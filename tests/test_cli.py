@@ -105,4 +105,4 @@ def test_runs_and_writes_data_json(workdir):
     assert data["schema_version"] == 1
     for key in ("model", "config", "cluster", "summary", "comm_by_dim", "collectives", "stages", "layers", "warnings"):
         assert key in data
-    assert [p.name for p in out.iterdir()] == ["data.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["data.json", "trace.json"]

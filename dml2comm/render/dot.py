@@ -1,0 +1,759 @@
+"""Pure DOT builders: an :class:`~dml2comm.render.facts.Facts` in, :class:`Drawing` out.
+
+Nothing here runs Graphviz or writes files (that is :mod:`dml2comm.render.svg`), so the DOT
+text can be tested without the binary.
+
+A :class:`Drawing` has two parts:
+
+- ``dot``: everything that decides the layout -- node ids, HTML-like labels (op type and output
+  shape, stage and layer summaries), colours, shapes, edges.  Graphviz output is cached by a hash
+  of this text, and it is written so that alike drawings are byte-identical: node ids are local
+  and synthetic (``n0``, ``n1``, ...; ``e0`` for edges), ONNX names never appear in ids, and
+  labels of ops show the op type and shape, not the name.  Twelve transformer blocks therefore
+  share one layout.
+- ``annotations``: per element id, the tooltip (names, FLOPs, bytes, times, sharding rule) and
+  the page it links to.  They do not change the layout and are applied to the SVG after layout,
+  escaped for XML by the SVG writer; they never pass through DOT.
+
+Escaping: every string that reaches DOT goes through :func:`html_text` (for HTML-like labels)
+or :func:`dot_quote` (for quoted attribute values).  Graphviz expands ``\\N``, ``\\G`` and
+friends even inside HTML-like labels, so backslashes are doubled as well as ``& < > " '``
+turned into entities; control characters become U+FFFD (XML forbids them).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from dml2comm.analysis import CommNode
+from dml2comm.network.kinds import ParallelDim, Phase
+from dml2comm.render.facts import Boundary, Facts, kind_label
+from dml2comm.render.fmt import (
+    fmt_bytes,
+    fmt_count,
+    fmt_flops,
+    fmt_s,
+    fmt_shape,
+    fmt_share,
+    heat_bin,
+    link_colour,
+    link_short,
+    rank_ranges,
+)
+
+__all__ = [
+    "Annotation",
+    "Drawing",
+    "html_text",
+    "dot_quote",
+    "svg_name",
+    "OVERVIEW_REPLICA_COLUMNS",
+    "RING_MEMBERS_SHOWN",
+    "overview_drawing",
+    "replica_drawing",
+    "stage_drawing",
+    "layer_drawing",
+    "pp_comm_drawing",
+    "tp_comm_drawing",
+    "dp_comm_drawing",
+]
+
+#: The overview draws every replica up to this many; beyond, replica 0, replica 1 and one
+#: column standing for the rest (replicas are identical up to GPU ids).
+OVERVIEW_REPLICA_COLUMNS = 4
+#: A ring drawing shows at most this many GPUs; beyond, the first ones, an ellipsis, the last.
+RING_MEMBERS_SHOWN = 8
+
+FONT = "Helvetica"
+COMM_SHAPE = "hexagon"
+_TRUNCATE = 48
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
+
+
+def html_text(text: object, newline: str = "<BR/>") -> str:
+    """Escape ``text`` for a Graphviz HTML-like label.
+
+    ``\\`` -> ``\\\\`` (Graphviz expands ``\\N`` even in HTML labels), ``& < > " '`` -> XML
+    entities, control characters -> U+FFFD, newlines -> ``newline``.
+    """
+    s = _CONTROL.sub("\ufffd", str(text)).replace("\r\n", "\n").replace("\r", "\n")
+    s = s.replace("\\", "\\\\")
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;").replace("'", "&#39;")
+    return s.replace("\n", newline)
+
+
+def dot_quote(text: object) -> str:
+    """A DOT double-quoted string: backslashes, quotes and newlines escaped."""
+    s = _CONTROL.sub("\ufffd", str(text)).replace("\r\n", "\n").replace("\r", "\n")
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _brief(ranks: Sequence[int], parts: int = 3, noun: str = "GPUs") -> str:
+    """``GPUs 0–7, 128–135, … (64 GPUs)``: the first ranges of a long rank list and the count."""
+    ranges = rank_ranges(ranks).split(", ")
+    if len(ranges) <= parts:
+        return f"{noun} {', '.join(ranges)}"
+    return f"{noun} {', '.join(ranges[:parts - 1])}, … ({len(set(ranks))} {noun})"
+
+
+def _short(text: str, limit: int = _TRUNCATE) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else "…" + text[-(limit - 1):]
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """Tooltip (plain text, may hold newlines) and link target (a page key) of one element."""
+
+    tooltip: str
+    href: str | None = None
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """One SVG to produce: ``name`` is the file stem in ``svg_file/``, ``page`` the site page."""
+
+    name: str
+    page: str
+    title: str
+    dot: str
+    annotations: Mapping[str, Annotation] = field(default_factory=dict)
+
+
+def svg_name(page: str) -> str:
+    """The SVG file stem of a page key (DESIGN.md section 6 names)."""
+    if page == "index":
+        return "overview"
+    if page.startswith(("data_", "stage_", "layer_")):
+        return f"{page}_detail"
+    return page
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny DOT writer
+# ---------------------------------------------------------------------------------------------
+
+
+class _Dot:
+    def __init__(self, rankdir: str = "TB", nodesep: float = 0.25, ranksep: float = 0.35) -> None:
+        self.lines: list[str] = [
+            "digraph G {",
+            f'  graph [rankdir={rankdir}, fontname="{FONT}", fontsize=11, nodesep={nodesep}, ranksep={ranksep}, '
+            'bgcolor="transparent", pad="0.15", newrank=true];',
+            f'  node [fontname="{FONT}", fontsize=11, shape=box, style="rounded,filled", fillcolor="#ffffff", '
+            'color="#5f6368", penwidth=1, margin="0.12,0.05"];',
+            f'  edge [fontname="{FONT}", fontsize=9, color="#5f6368", arrowsize=0.7, penwidth=1.1];',
+        ]
+        self.annotations: dict[str, Annotation] = {}
+        self._n = 0
+        self._e = 0
+        self._c = 0
+
+    def node(self, label: str, tooltip: str | None = None, href: str | None = None, **attrs: object) -> str:
+        nid = f"n{self._n}"
+        self._n += 1
+        self.lines.append(f"  {nid} [id={nid}, label=<{label}>{_attrs(attrs)}];")
+        if tooltip is not None or href is not None:
+            self.annotations[nid] = Annotation(tooltip or "", href)
+        return nid
+
+    def edge(self, a: str, b: str, tooltip: str | None = None, label: str | None = None, **attrs: object) -> str:
+        eid = f"e{self._e}"
+        self._e += 1
+        lab = f", label=<{label}>" if label else ""
+        self.lines.append(f"  {a} -> {b} [id={eid}{lab}{_attrs(attrs)}];")
+        if tooltip:
+            self.annotations[eid] = Annotation(tooltip)
+        return eid
+
+    def same_rank(self, ids: Iterable[str]) -> None:
+        ids = list(ids)
+        if len(ids) > 1:
+            self.lines.append("  { rank=same; " + "; ".join(ids) + "; }")
+
+    def open_cluster(self, label: str, **attrs: object) -> None:
+        cid = f"cluster_{self._c}"
+        self._c += 1
+        self.lines.append(f"  subgraph {cid} {{")
+        self.lines.append(f"    id={cid}; label=<{label}>; labeljust=l; fontsize=10; fontcolor=\"#3c4043\";")
+        for k, v in attrs.items():
+            self.lines.append(f"    {k}={dot_quote(v)};")
+
+    def close_cluster(self) -> None:
+        self.lines.append("  }")
+
+    def text(self) -> str:
+        return "\n".join(self.lines + ["}"]) + "\n"
+
+
+def _attrs(attrs: Mapping[str, object]) -> str:
+    return "".join(f", {k}={dot_quote(v)}" for k, v in attrs.items() if v is not None)
+
+
+def _label(title: str, *lines: str, small: int = 9) -> str:
+    """HTML label: a bold first line, then smaller lines; every piece escaped here."""
+    out = f"<B>{html_text(title)}</B>"
+    for line in lines:
+        if line:
+            out += f'<BR/><FONT POINT-SIZE="{small}">{html_text(line)}</FONT>'
+    return out
+
+
+def _heat(share: float, comm: bool = False) -> dict[str, str]:
+    b = heat_bin(share, comm)
+    return {"fillcolor": b.fill, "fontcolor": b.font}
+
+
+def _comm_attrs(share: float, backward: bool = False) -> dict[str, object]:
+    attrs: dict[str, object] = {"shape": COMM_SHAPE, "style": "filled,dashed" if backward else "filled", "color": "#08306b",
+                                "margin": "0.02,0.02"}
+    attrs.update(_heat(share, comm=True))
+    return attrs
+
+
+def _comm_tooltip(facts: Facts, c: CommNode, extra: str = "") -> str:
+    per_iter = c.time_s * c.count_per_iteration
+    lines = [
+        f"{kind_label(c.kind)} ({c.dim.value.upper()}, {c.phase.value})",
+        c.reason,
+        f"tensor: {c.tensor}",
+        f"message: {fmt_bytes(c.message_bytes)}; sent per GPU: {fmt_bytes(c.bytes_sent_per_gpu)}",
+        f"algorithm: {c.algorithm} over {c.group_size} GPUs ({rank_ranges(c.group)} in replica 0)",
+        f"link: {c.link}",
+        f"time: {fmt_s(c.time_s)} per call x {c.count_per_iteration} per iteration = {fmt_s(per_iter)}",
+        f"{fmt_share(facts.comm_share(c))} of the iteration",
+    ]
+    if extra:
+        lines.append(extra)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Overview: replicas x stages
+# ---------------------------------------------------------------------------------------------
+
+
+def replica_columns(dp: int) -> list[tuple[int, ...]]:
+    """Replicas drawn as columns: all up to :data:`OVERVIEW_REPLICA_COLUMNS`, else 0, 1, rest."""
+    if dp <= OVERVIEW_REPLICA_COLUMNS:
+        return [(d,) for d in range(dp)]
+    return [(0,), (1,), tuple(range(2, dp))]
+
+
+def replica_page(dp: int, d: int, replica_pages_max: int) -> str:
+    """Page key that shows replica ``d``."""
+    if d == 0 or dp <= replica_pages_max + 1:
+        return f"data_{d}"
+    return "replicas"
+
+
+def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
+    a = facts.analysis
+    g = _Dot(rankdir="TB", nodesep=0.35, ranksep=0.45)
+    columns = replica_columns(facts.dp)
+    headers: list[str] = []
+    boxes: list[list[str]] = []  # [column][stage]
+    for col in columns:
+        first = col[0]
+        ranks = [r for d in col for r in facts.replica_ranks(d)]
+        if len(col) == 1:
+            title = f"replica {first}"
+            page = replica_page(facts.dp, first, replica_pages_max)
+        else:
+            title = f"replicas {col[0]}–{col[-1]}"
+            page = replica_page(facts.dp, col[0], replica_pages_max)
+        subs = [f"{len(col)} alike replicas", _brief(ranks)] if len(col) > 1 else [_brief(ranks)]
+        tip = f"{title}: {len(ranks)} GPUs ({rank_ranges(ranks)}), nodes {rank_ranges(facts.nodes_of(ranks))}"
+        if len(col) > 1:
+            tip += "\nreplicas are identical up to GPU ids; replica 0 is drawn in detail"
+        headers.append(g.node(_label(title, *subs), tip, page, shape="box", style="filled", fillcolor="#e8eaed", color="#e8eaed"))
+        column_boxes = []
+        for p, st in enumerate(a.stages):
+            lo, hi = facts.layer_range(p)
+            ranks_p = [r for d in col for r in facts.ranks(d, p)]
+            layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
+            share = facts.stage_share[p]
+            tip = (
+                f"stage {p} of {title}: {layers} ({len(st.layers)} layers)\n"
+                f"GPUs {rank_ranges(ranks_p)} on node(s) {rank_ranges(facts.nodes_of(ranks_p))}\n"
+                f"per micro-batch: forward {fmt_s(st.time_fwd_s)}, backward {fmt_s(st.time_bwd_s)}\n"
+                f"parameters {fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU)\n"
+                f"{fmt_share(share)} of the iteration busy per GPU"
+            )
+            target = f"stage_{p}_data_0" if first == 0 else page
+            column_boxes.append(
+                g.node(_label(f"stage {p}", layers, _brief(ranks_p), f"{fmt_share(share)} busy"),
+                       tip, target, **_heat(share))
+            )
+        boxes.append(column_boxes)
+        g.edge(headers[-1], column_boxes[0], style="invis")
+        for p in range(len(a.stages) - 1):
+            b = facts.boundaries[p]
+            g.edge(column_boxes[p], column_boxes[p + 1],
+                   f"pipeline Send/Recv stage {p} -> {p + 1}: {fmt_bytes(b.bytes_fwd)} forward, "
+                   f"{fmt_bytes(b.bytes_bwd)} backward per micro-batch over {b.link}",
+                   color="#08519c")
+    g.same_rank(headers)
+    if len(columns) > 1:
+        for p in range(len(a.stages)):
+            dps = facts.dp_by_stage.get(p, ())
+            row = [boxes[0][p]]
+            if dps:
+                total = sum(c.message_bytes * c.count_per_iteration for c in dps)
+                t = sum(c.time_s * c.count_per_iteration for c in dps)
+                kinds = "/".join(dict.fromkeys(kind_label(c.kind) for c in dps))
+                share = facts.comms_share(dps)
+                tip = (
+                    f"data-parallel {kinds} of stage {p}'s gradients across the {facts.dp} replicas\n"
+                    + "\n".join(f"{c.count_per_iteration} x {fmt_bytes(c.message_bytes)} {kind_label(c.kind)} ({c.phase.value}): "
+                                f"{fmt_s(c.time_s)} each, {c.algorithm} over {c.link}" for c in dps)
+                    + f"\nper iteration: {fmt_bytes(total)}, {fmt_s(t)} ({fmt_share(share)} of the iteration)"
+                )
+                dp_node = g.node(_label(f"DP {kinds}", f"{fmt_bytes(total)} / iteration", fmt_s(t)), tip, f"gpu_comm_dp_{p}",
+                                 **_comm_attrs(share))
+                # flat edges inside a rank order it left to right: replica 0, DP node, replica 1
+                g.edge(boxes[0][p], dp_node, dir="none", style="dashed", color="#08519c")
+                g.edge(dp_node, boxes[1][p], dir="none", style="dashed", color="#08519c")
+                row.append(dp_node)
+            for ci in range(1, len(columns)):
+                row.append(boxes[ci][p])
+                if ci >= 2 or not dps:
+                    g.edge(boxes[ci - 1][p], boxes[ci][p], dir="none", style="dashed", color="#08519c")
+            g.same_rank(row)
+    return Drawing("overview", "index", "Overview: replicas and stages", g.text(), g.annotations)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replica: its stages and the Send/Recv between them
+# ---------------------------------------------------------------------------------------------
+
+
+def _boundary_node(g: _Dot, facts: Facts, b: Boundary, d: int) -> str:
+    src, dst = facts.ranks(d, b.stage), facts.ranks(d, b.stage + 1)
+    share = facts.comms_share(b.forward + b.backward)
+    n = len(b.forward)
+    tensors = f"{n} tensors" if n != 1 else "1 tensor"
+    tip = (
+        f"pipeline boundary stage {b.stage} -> {b.stage + 1} (replica {d}), per micro-batch:\n"
+        f"activation forward: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} ({tensors})\n"
+        f"gradient backward: {fmt_bytes(b.bytes_bwd)} in {fmt_s(b.time_bwd_s)}\n"
+        f"GPUs {rank_ranges(src)} -> {rank_ranges(dst)}, each tensor rank to its peer, over {b.link}\n"
+        + "".join(f"tensor: {c.tensor}\n" for c in b.forward[:6])
+        + (f"... and {n - 6} more\n" if n > 6 else "")
+        + f"{fmt_share(share)} of the iteration"
+    )
+    return g.node(
+        _label("Send/Recv", f"↓ {fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)}", f"↑ {fmt_bytes(b.bytes_bwd)} · {fmt_s(b.time_bwd_s)}",
+               f"per micro-batch · {link_short(b.link)}"),
+        tip, f"gpu_comm_pp_{b.stage}", **_comm_attrs(share),
+    )
+
+
+def replica_drawing(facts: Facts, d: int) -> Drawing:
+    a = facts.analysis
+    g = _Dot(rankdir="TB", ranksep=0.3)
+    prev = None
+    for p, st in enumerate(a.stages):
+        lo, hi = facts.layer_range(p)
+        ranks = facts.ranks(d, p)
+        nodes = facts.nodes_of(ranks)
+        share = facts.stage_share[p]
+        first, last = a.layers[lo].name, a.layers[hi].name
+        tip = (
+            f"stage {p} of replica {d}: layers {lo}–{hi} ({first} … {last})\n"
+            f"GPUs {rank_ranges(ranks)} on node(s) {rank_ranges(nodes)}\n"
+            f"per micro-batch: forward {fmt_s(st.time_fwd_s)} (compute {fmt_s(st.compute_fwd_s)}), "
+            f"backward {fmt_s(st.time_bwd_s)} (compute {fmt_s(st.compute_bwd_s)})\n"
+            f"data-parallel {fmt_s(st.dp_time_s)} and optimizer {fmt_s(st.optimizer_time_s)} per iteration\n"
+            f"{fmt_share(share)} of the iteration busy per GPU"
+            + ("" if d == 0 else "\nthe stage's layers are drawn for replica 0 (identical up to GPU ids)")
+        )
+        layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
+        node = g.node(
+            _label(f"stage {p}", f"{layers} · {fmt_count(st.params_per_gpu)} params/GPU",
+                   f"{_brief(ranks, 2)} · {_brief(nodes, 2, 'nodes' if len(nodes) > 1 else 'node')}",
+                   f"fwd {fmt_s(st.time_fwd_s)} · bwd {fmt_s(st.time_bwd_s)} / µbatch", f"{fmt_share(share)} busy"),
+            tip, f"stage_{p}_data_0", **_heat(share),
+        )
+        if prev is not None:
+            bnode = _boundary_node(g, facts, facts.boundaries[p - 1], d)
+            g.edge(prev, bnode, color="#08519c")
+            g.edge(bnode, node, color="#08519c")
+        prev = node
+    return Drawing(f"data_{d}_detail", f"data_{d}", f"Replica {d}: pipeline stages", g.text(), g.annotations)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage: its layers, GPUs and groups
+# ---------------------------------------------------------------------------------------------
+
+
+def _group_summary(comms: Sequence[CommNode], per_micro_batch: bool, m: int) -> str:
+    counts: dict[str, int] = {}
+    for c in comms:
+        key = kind_label(c.kind)
+        counts[key] = counts.get(key, 0) + (c.count_per_iteration // m if per_micro_batch and c.per_micro_batch else c.count_per_iteration)
+    return ", ".join(f"{n}× {k}" for k, n in counts.items())
+
+
+def stage_drawing(facts: Facts, p: int) -> Drawing:
+    a = facts.analysis
+    st = a.stages[p]
+    g = _Dot(rankdir="TB", ranksep=0.28)
+    ranks = facts.ranks(0, p)
+    gpu_lines = [f"GPU {r} · node {facts.node_of(r)} · t={t}" for t, r in enumerate(ranks[:8])]
+    if len(ranks) > 8:
+        gpu_lines.append(f"… {len(ranks) - 8} more (GPUs {rank_ranges(ranks)})")
+    gpus = g.node(_label(f"GPUs of stage {p}", *gpu_lines), f"replica 0, stage {p}: GPUs {rank_ranges(ranks)}; each holds 1/{facts.tp} "
+                  f"of the stage's tensor-parallel weights ({fmt_count(st.params_per_gpu)} parameters)",
+                  None, shape="box", style="filled", fillcolor="#e8eaed", color="#bdc1c6")
+    top = [gpus]
+    tps = facts.tp_by_stage.get(p, ())
+    if tps:
+        share = facts.comms_share(tps)
+        link = tps[0].link
+        tp = g.node(_label("TP group", f"{_group_summary(tps, True, facts.m)} / µbatch", f"GPUs {rank_ranges(ranks)} · {link_short(link)}"),
+                    f"tensor-parallel collectives of stage {p}: {len(tps)} per micro-batch kinds listed on the page\n"
+                    f"group: GPUs {rank_ranges(ranks)} over {link}\n{fmt_share(share)} of the iteration",
+                    f"gpu_comm_tp_{p}", **_comm_attrs(share))
+        top.append(tp)
+    dps = facts.dp_by_stage.get(p, ())
+    if dps:
+        share = facts.comms_share(dps)
+        group = a.rank_map.dp_group(p, 0)
+        total = sum(c.message_bytes * c.count_per_iteration for c in dps)
+        dp = g.node(_label("DP groups", f"{_group_summary(dps, False, facts.m)} / iteration", f"{fmt_bytes(total)} · {link_short(dps[0].link)}"),
+                    f"data-parallel collectives of stage {p}: {facts.tp} groups of {facts.dp} GPUs (e.g. {rank_ranges(group)})\n"
+                    f"{fmt_bytes(total)} per iteration over {dps[0].link}\n{fmt_share(share)} of the iteration",
+                    f"gpu_comm_dp_{p}", **_comm_attrs(share))
+        top.append(dp)
+    g.same_rank(top)
+    prev = None
+    if p > 0:
+        b = facts.boundaries[p - 1]
+        prev = g.node(_label(f"Recv ← stage {p - 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch"),
+                      f"activations from stage {p - 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {fmt_s(b.time_fwd_s)}); "
+                      f"gradients go back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
+                      f"gpu_comm_pp_{p - 1}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+    anchor = top[len(top) // 2]  # the chain of layers hangs centred under the row of groups
+    if prev is not None:
+        g.edge(anchor, prev, style="invis")
+    for li in st.layers:
+        layer = a.layers[li]
+        tps_l = facts.tp_by_layer.get(li, ())
+        share = facts.layer_share[li]
+        tip = (
+            f"layer {li}: {layer.name} ({layer.kind})\n{layer.num_ops} ops, {fmt_count(layer.params)} parameters, "
+            f"{fmt_flops(layer.flops_fwd)} forward per micro-batch (unsharded)\n"
+            f"compute per micro-batch on one GPU: forward {fmt_s(layer.time_fwd_s)}, backward {fmt_s(layer.time_bwd_s)}\n"
+            + (f"tensor-parallel: {_group_summary(tps_l, True, facts.m)} per micro-batch\n" if tps_l else "")
+            + f"{fmt_share(share)} of the iteration"
+        )
+        node = g.node(
+            _label(f"layer {li} · {layer.kind}", _short(layer.name, 36), f"{layer.num_ops} ops · {fmt_count(layer.params)} params",
+                   f"fwd {fmt_s(layer.time_fwd_s)} · bwd {fmt_s(layer.time_bwd_s)}",
+                   f"TP: {_group_summary(tps_l, True, facts.m)} / µbatch" if tps_l else ""),
+            tip, f"layer_{li}_data_0", **_heat(share),
+        )
+        g.edge(prev, node) if prev is not None else g.edge(anchor, node, style="invis")
+        prev = node
+    if p < facts.pp - 1:
+        b = facts.boundaries[p]
+        send = g.node(_label(f"Send → stage {p + 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch"),
+                      f"activations to stage {p + 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {fmt_s(b.time_fwd_s)}); "
+                      f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
+                      f"gpu_comm_pp_{p}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+        g.edge(prev, send)  # type: ignore[arg-type]
+    return Drawing(f"stage_{p}_data_0_detail", f"stage_{p}_data_0", f"Stage {p} (replica 0): layers", g.text(), g.annotations)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer: operators and the collectives inserted between them
+# ---------------------------------------------------------------------------------------------
+
+
+def _op_tooltip(facts: Facts, index: int) -> str:
+    a = facts.analysis
+    op = a.graph.ops[index]
+    info = a.ops[index]
+    c = info.cost
+    weights = [a.graph.tensors[n] for n in op.inputs if n and n in a.graph.tensors and a.graph.tensors[n].is_weight]
+    out = a.graph.tensors.get(op.outputs[0]) if op.outputs and op.outputs[0] else None
+    lines = [
+        op.name or f"(unnamed {op.op_type})",
+        f"{op.op_type}{' (domain ' + op.domain + ')' if op.domain not in ('', 'ai.onnx') else ''}: output "
+        f"{fmt_shape(info.output_shape)} on one GPU" + (f" ({out.dtype.label} in the model)" if out is not None else ""),
+        f"FLOPs: forward {fmt_flops(c.flops_fwd)}, backward {fmt_flops(c.flops_bwd)}",
+        f"HBM bytes: forward {fmt_bytes(c.bytes_fwd)}, backward {fmt_bytes(c.bytes_bwd)}",
+        f"time per micro-batch: forward {fmt_s(info.time_fwd_s)}, backward {fmt_s(info.time_bwd_s)}",
+        f"sharded by: {info.shard_rule}" + (f" (work split {info.shard_factor} ways)" if info.shard_factor > 1 else ""),
+        f"cost rule: {c.rule}" + (" (unknown op, memory-bound guess)" if c.fallback else ""),
+        f"{fmt_share(facts.op_share(index))} of the iteration",
+    ]
+    for w in weights[:4]:
+        lines.append(f"weight {w.name}: {fmt_shape(w.shape)}")
+    return "\n".join(lines)
+
+
+def _tensor_tip(facts: Facts, name: str) -> str:
+    a = facts.analysis
+    t = facts.local_shape.get(name) or a.graph.tensors.get(name)
+    if t is None:
+        return name
+    return f"tensor {name}\n{fmt_shape(t.shape)} {t.dtype.label} on one GPU ({fmt_bytes(t.nbytes)})"
+
+
+def layer_drawing(facts: Facts, li: int) -> Drawing:
+    a = facts.analysis
+    graph = a.graph
+    layer = a.layered.layers[li]
+    stage = a.layers[li].stage
+    in_layer = set(layer.op_indices)
+    g = _Dot(rankdir="TB", nodesep=0.22, ranksep=0.26)
+    node_of_op: dict[int, str] = {}
+    source: dict[str, str] = {}  # tensor -> node that currently provides it
+    externals: dict[str, str] = {}
+    layer_of_op = a.layered.layer_of_op
+    pp_fwd = {c.tensor: c for b in facts.boundaries for c in b.forward}
+
+    def external(name: str) -> str:
+        if name in externals:
+            return externals[name]
+        t = facts.local_shape.get(name) or graph.tensors.get(name)
+        shape = fmt_shape(t.shape) if t is not None else ""
+        prod = graph.producer(name)
+        if prod is None:
+            nid = g.node(_label("model input", shape), _tensor_tip(facts, name), None, shape="box", style="rounded,filled",
+                         fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
+        else:
+            src_layer = layer_of_op[prod]
+            src_stage = a.layers[src_layer].stage
+            if src_stage != stage:
+                b = facts.boundaries[stage - 1]
+                nid = g.node(_label(f"Recv ← stage {stage - 1}", shape),
+                             f"{_tensor_tip(facts, name)}\nreceived from stage {stage - 1} every micro-batch; "
+                             f"its gradient goes back\nboundary: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} over {b.link}",
+                             f"gpu_comm_pp_{stage - 1}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+            else:
+                # relative wording keeps alike blocks byte-identical (one layout for all of them)
+                where = "previous layer" if src_layer == li - 1 else f"layer {src_layer}"
+                nid = g.node(_label(f"from {where}", shape), f"{_tensor_tip(facts, name)}\nfrom layer {src_layer}", f"layer_{src_layer}_data_0",
+                             shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
+        externals[name] = nid
+        return nid
+
+    for i in layer.op_indices:
+        info = a.ops[i]
+        op = graph.ops[i]
+        share = facts.op_share(i)
+        node_of_op[i] = g.node(_label(op.op_type, fmt_shape(info.output_shape)), _op_tooltip(facts, i), None, **_heat(share))
+    # collectives sit on the tensor they act on: producer -> collective -> consumers
+    comm_after: dict[str, list[CommNode]] = {}
+    for c in facts.tp_by_layer.get(li, ()):
+        comm_after.setdefault(c.tensor, []).append(c)
+    for i in layer.op_indices:
+        op = graph.ops[i]
+        for name in op.outputs:
+            if name:
+                source[name] = node_of_op[i]
+    comm_nodes: dict[str, str] = {}
+    for name, comms in comm_after.items():
+        for c in comms:
+            src = source.get(name) or external(name)
+            backward = c.phase is Phase.BACKWARD
+            phase = "bwd" if backward else "fwd"
+            nid = g.node(_label(kind_label(c.kind), f"{phase} · {fmt_bytes(c.message_bytes)} · {fmt_s(c.time_s)}"),
+                         _comm_tooltip(facts, c, "forward: identity; backward: AllReduce of the input gradient" if backward else ""),
+                         f"gpu_comm_tp_{stage}", **_comm_attrs(facts.comm_share(c), backward))
+            g.edge(src, nid, _tensor_tip(facts, name), color="#08519c")
+            source[name] = nid
+            comm_nodes[name] = nid
+    edges_done: set[tuple[str, str]] = set()
+    for i in layer.op_indices:
+        op = graph.ops[i]
+        for name in op.inputs:
+            if not name:
+                continue
+            t = graph.tensors.get(name)
+            if t is not None and t.is_weight:
+                continue
+            prod = graph.producer(name)
+            if prod is None and name not in graph.inputs:
+                continue  # constants and initializers that are not weights
+            src = source.get(name) if prod in in_layer or name in comm_nodes else None
+            if src is None:
+                src = external(name)
+            key = (src, node_of_op[i])
+            if key in edges_done:
+                continue
+            edges_done.add(key)
+            g.edge(src, node_of_op[i], _tensor_tip(facts, name), color="#08519c" if name in comm_nodes else None)
+    # outputs leaving the layer
+    for i in layer.op_indices:
+        op = graph.ops[i]
+        for name in op.outputs:
+            if not name:
+                continue
+            outside = sorted({layer_of_op[k] for k in graph.consumers(name) if k not in in_layer})
+            is_output = name in graph.outputs
+            if not outside and not is_output:
+                continue
+            t = facts.local_shape.get(name) or graph.tensors.get(name)
+            shape = fmt_shape(t.shape) if t is not None else ""
+            src = source[name]
+            if name in pp_fwd and pp_fwd[name].stage == stage:
+                b = facts.boundaries[stage]
+                nid = g.node(_label(f"Send → stage {stage + 1}", shape),
+                             f"{_tensor_tip(facts, name)}\nsent to stage {stage + 1} every micro-batch; its gradient comes back\n"
+                             f"boundary: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} over {b.link}",
+                             f"gpu_comm_pp_{stage}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+            elif outside:
+                first = outside[0]
+                more = f" (+{len(outside) - 1})" if len(outside) > 1 else ""
+                where = "next layer" if first == li + 1 else f"layer {first}"
+                nid = g.node(_label(f"to {where}{more}", shape), f"{_tensor_tip(facts, name)}\nread by layer(s) {', '.join(map(str, outside))}",
+                             f"layer_{first}_data_0",
+                             shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
+            else:
+                nid = g.node(_label("model output", shape), _tensor_tip(facts, name), None, shape="box", style="rounded,filled",
+                             fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
+            g.edge(src, nid, _tensor_tip(facts, name))
+    return Drawing(f"layer_{li}_data_0_detail", f"layer_{li}_data_0", f"Layer {li} (replica 0): operators", g.text(), g.annotations)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU communication: who talks to whom, over which link
+# ---------------------------------------------------------------------------------------------
+
+
+def _gpu_node(g: _Dot, facts: Facts, rank: int, note: str = "") -> str:
+    d, p, t = facts.analysis.rank_map.coords(rank)
+    node = facts.node_of(rank)
+    return g.node(_label(f"GPU {rank}", f"node {node} · d={d} p={p} t={t}", note),
+                  f"GPU {rank}: replica {d}, stage {p}, tensor rank {t}; node {node}\n{facts.analysis.cluster.gpu.name}",
+                  None, shape="box", style="rounded,filled", fillcolor="#ffffff", color="#3c4043", penwidth=1.4)
+
+
+def pp_comm_drawing(facts: Facts, s: int) -> Drawing:
+    b = facts.boundaries[s]
+    g = _Dot(rankdir="TB", nodesep=0.4, ranksep=0.9)
+    src, dst = facts.ranks(0, s), facts.ranks(0, s + 1)
+    shown = min(len(src), RING_MEMBERS_SHOWN)
+    top: list[str] = []
+    bottom: list[str] = []
+    for label, ranks, out, loc in ((f"stage {s} (replica 0)", src, top, "t"), (f"stage {s + 1} (replica 0)", dst, bottom, "b")):
+        g.open_cluster(html_text(f"{label} · node {rank_ranges(facts.nodes_of(ranks))}"), style="rounded", color="#bdc1c6", labelloc=loc)
+        for r in ranks[:shown]:
+            out.append(_gpu_node(g, facts, r))
+        g.close_cluster()
+    for t in range(shown):
+        link = facts.link_between(src[t], dst[t])
+        g.edge(top[t], bottom[t],
+               f"GPU {src[t]} -> GPU {dst[t]}: activation {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} per micro-batch\n"
+               f"GPU {dst[t]} -> GPU {src[t]}: gradient {fmt_bytes(b.bytes_bwd)} in {fmt_s(b.time_bwd_s)} per micro-batch\n"
+               f"link: {link}",
+               label=html_text(f"↓ {fmt_bytes(b.bytes_fwd)} {fmt_s(b.time_fwd_s)}") + "<BR/>" + html_text(f"↑ {fmt_bytes(b.bytes_bwd)} {fmt_s(b.time_bwd_s)}"),
+               dir="both", color=link_colour(link), fontcolor=link_colour(link), penwidth=2)
+    if len(src) > shown:
+        g.node(_label(f"… {len(src) - shown} more pairs", "listed in the table below"), None, None, shape="plaintext", style="")
+    return Drawing(f"gpu_comm_pp_{s}", f"gpu_comm_pp_{s}", f"Send/Recv stage {s} -> {s + 1}: GPU pairs", g.text(), g.annotations)
+
+
+#: GPUs per row of a ring drawing; longer rings snake back on a second row.
+RING_ROW = 4
+
+
+def _ring(g: _Dot, facts: Facts, ranks: Sequence[int], step_tip: str) -> None:
+    """GPUs of one group as a ring, clustered by node: the first row left to right, the second
+    right to left under it, the closing edge back up (so eight GPUs stay legible)."""
+    n = len(ranks)
+    shown: list[int | None] = list(ranks) if n <= RING_MEMBERS_SHOWN else list(ranks[: RING_MEMBERS_SHOWN - 2]) + [None, ranks[-1]]
+    hidden = n - (len(shown) - 1)
+    by_node: dict[int, list[int | None]] = {}
+    for r in shown:
+        by_node.setdefault(facts.node_of(r) if r is not None else -1, []).append(r)
+    placed: dict[int | None, str] = {}
+    for key, members in by_node.items():
+        if key >= 0:
+            g.open_cluster(html_text(f"node {key}"), style="rounded", color="#bdc1c6")
+        for r in members:
+            if r is None:
+                placed[None] = g.node(_label(f"… {hidden} more GPUs", "listed below"), None, None, shape="box", style="dashed", color="#9aa0a6")
+            else:
+                placed[r] = _gpu_node(g, facts, r)
+        if key >= 0:
+            g.close_cluster()
+    ids = [placed[r] for r in shown]
+    rows = [list(range(k, min(k + RING_ROW, len(shown)))) for k in range(0, len(shown), RING_ROW)]
+    for row in rows:
+        g.same_rank(ids[k] for k in row)
+
+    def describe(a: int | None, b: int | None) -> tuple[str, str]:
+        link = facts.link_between(a, b) if a is not None and b is not None else ""
+        name = lambda r: f"GPU {r}" if r is not None else "…"  # noqa: E731
+        return link, f"ring step {name(a)} -> {name(b)}" + (f" over {link}" if link else "") + f"\n{step_tip}"
+
+    if len(shown) == 2:  # a ring of two is one link used both ways
+        link, tip = describe(shown[0], shown[1])
+        g.edge(ids[0], ids[1], tip, label=html_text(link_short(link)), dir="both", color=link_colour(link), fontcolor=link_colour(link), penwidth=2)
+        return
+    for k in range(len(shown)):
+        j = (k + 1) % len(shown)
+        link, tip = describe(shown[k], shown[j])
+        colour = link_colour(link) if link else "#9aa0a6"
+        style = "dashed" if shown[k] is None or shown[j] is None else None
+        label = html_text(link_short(link)) if link else None
+        row_k, row_j = k // RING_ROW, j // RING_ROW
+        common = dict(label=label, color=colour, fontcolor=colour, penwidth=2, style=style)
+        if row_k == row_j and row_k % 2 == 1:
+            # odd rows run right to left: a reversed edge keeps dot's left-to-right order
+            g.edge(ids[j], ids[k], tip, dir="back", **common)
+        elif j == 0:  # the closing edge goes back to the first GPU
+            g.edge(ids[0], ids[k], tip, dir="back", constraint="true" if len(rows) > 1 else "false", **common)
+        else:
+            g.edge(ids[k], ids[j], tip, **common)
+
+
+def tp_comm_drawing(facts: Facts, s: int) -> Drawing:
+    tps = facts.tp_by_stage.get(s, ())
+    n = facts.tp
+    g = _Dot(rankdir="TB", nodesep=0.5, ranksep=0.7)
+    tip = (f"tensor-parallel ring of stage {s}: each of {len(tps)} collectives per micro-batch sends "
+           f"(n-1)/n of its message per phase in {n - 1} steps of 1/{n} (ring AllReduce: two phases)")
+    _ring(g, facts, facts.ranks(0, s), tip)
+    return Drawing(f"gpu_comm_tp_{s}", f"gpu_comm_tp_{s}", f"Tensor-parallel group of stage {s}", g.text(), g.annotations)
+
+
+def dp_comm_drawing(facts: Facts, s: int) -> Drawing:
+    dps = facts.dp_by_stage.get(s, ())
+    g = _Dot(rankdir="TB", nodesep=0.5, ranksep=0.7)
+    total = sum(c.message_bytes * c.count_per_iteration for c in dps)
+    tip = (f"data-parallel ring of stage {s}, tensor rank 0: {fmt_bytes(total)} of gradients reduced per iteration; "
+           f"each ring step moves 1/{facts.dp} of a bucket")
+    _ring(g, facts, facts.analysis.rank_map.dp_group(s, 0), tip)
+    return Drawing(f"gpu_comm_dp_{s}", f"gpu_comm_dp_{s}", f"Data-parallel groups of stage {s}", g.text(), g.annotations)
+
+
+def all_drawings(facts: Facts, replica_pages_max: int) -> list[Drawing]:
+    """Every drawing of the site for ``facts``: replica 0 in detail, replicas > 0 as one page each
+    while ``d - 1 <= replica_pages_max``, GPU-communication drawings per stage and boundary."""
+    out = [overview_drawing(facts, replica_pages_max)]
+    for d in range(facts.dp):
+        if d == 0 or facts.dp - 1 <= replica_pages_max:
+            out.append(replica_drawing(facts, d))
+    for p in range(facts.pp):
+        out.append(stage_drawing(facts, p))
+    for li in range(len(facts.analysis.layers)):
+        out.append(layer_drawing(facts, li))
+    for s in range(facts.pp - 1):
+        if facts.boundaries[s].forward:
+            out.append(pp_comm_drawing(facts, s))
+    for p in range(facts.pp):
+        if facts.tp > 1 and facts.tp_by_stage.get(p):
+            out.append(tp_comm_drawing(facts, p))
+        if facts.dp > 1 and facts.dp_by_stage.get(p):
+            out.append(dp_comm_drawing(facts, p))
+    return out

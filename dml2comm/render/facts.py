@@ -1,0 +1,203 @@
+"""What the drawings and pages read from an :class:`~dml2comm.analysis.Analysis`, derived once.
+
+Nothing here re-costs anything: it groups the analysis's communication nodes by where they
+sit (layer, stage, pipeline boundary), and turns times into shares of the iteration so that
+every drawing colours by the same scale.
+
+Share of the iteration (the heat scale): the time a node keeps one GPU busy per iteration,
+divided by the iteration time.  For an op: ``m (t_fwd + t_bwd) / T``; for a collective:
+``count_per_iteration x time_s / T``; for a layer: its ops plus its tensor-parallel
+collectives; for a stage: ``m (t_f + t_b) / T`` (its per-micro-batch times already include
+its TP collectives and pipeline sends).  Stages run in parallel, so shares of different
+stages do not add up to 100%.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from dml2comm.analysis import Analysis, CommNode
+from dml2comm.ir.graph import Tensor
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
+
+__all__ = ["Facts", "Boundary", "KIND_LABEL", "kind_label"]
+
+KIND_LABEL: Mapping[CollectiveKind, str] = {
+    CollectiveKind.ALL_REDUCE: "AllReduce",
+    CollectiveKind.ALL_GATHER: "AllGather",
+    CollectiveKind.REDUCE_SCATTER: "ReduceScatter",
+    CollectiveKind.BROADCAST: "Broadcast",
+    CollectiveKind.REDUCE: "Reduce",
+    CollectiveKind.ALL_TO_ALL: "AllToAll",
+    CollectiveKind.SEND_RECV: "Send/Recv",
+}
+
+
+def kind_label(kind: CollectiveKind) -> str:
+    return KIND_LABEL.get(kind, kind.value)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Pipeline boundary ``stage`` -> ``stage + 1``: activations forward, gradients backward."""
+
+    stage: int
+    forward: tuple[CommNode, ...]
+    backward: tuple[CommNode, ...]
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return tuple(c.tensor for c in self.forward)
+
+    @property
+    def bytes_fwd(self) -> float:
+        return sum(c.message_bytes for c in self.forward)
+
+    @property
+    def bytes_bwd(self) -> float:
+        return sum(c.message_bytes for c in self.backward)
+
+    @property
+    def time_fwd_s(self) -> float:
+        return sum(c.time_s for c in self.forward)
+
+    @property
+    def time_bwd_s(self) -> float:
+        return sum(c.time_s for c in self.backward)
+
+    @property
+    def link(self) -> str:
+        return self.forward[0].link if self.forward else ""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Groupings of one analysis for drawing; build with :meth:`of`."""
+
+    analysis: Analysis
+    m: int
+    iteration_s: float
+    tp_by_layer: Mapping[int, tuple[CommNode, ...]]
+    tp_by_stage: Mapping[int, tuple[CommNode, ...]]
+    dp_by_stage: Mapping[int, tuple[CommNode, ...]]
+    boundaries: tuple[Boundary, ...]
+    layer_share: tuple[float, ...]
+    stage_share: tuple[float, ...]
+    local_shape: Mapping[str, Tensor] = field(repr=False)
+
+    @classmethod
+    def of(cls, analysis: Analysis) -> "Facts":
+        m = analysis.config.num_micro_batches
+        iteration = float(analysis.summary.get("iteration_time_s") or 0.0)
+        tp_layer: dict[int, list[CommNode]] = defaultdict(list)
+        tp_stage: dict[int, list[CommNode]] = defaultdict(list)
+        dp_stage: dict[int, list[CommNode]] = defaultdict(list)
+        fwd: dict[int, list[CommNode]] = defaultdict(list)
+        bwd: dict[int, list[CommNode]] = defaultdict(list)
+        for c in analysis.comms:
+            if c.dim is ParallelDim.PP:
+                if c.phase is Phase.FORWARD:
+                    fwd[c.stage].append(c)
+                else:
+                    bwd[c.stage - 1].append(c)
+            elif c.dim is ParallelDim.DP:
+                dp_stage[c.stage].append(c)
+            else:
+                tp_stage[c.stage].append(c)
+                if c.layer is not None:
+                    tp_layer[c.layer].append(c)
+        p = analysis.config.pp_size
+        boundaries = tuple(Boundary(s, tuple(fwd.get(s, ())), tuple(bwd.get(s, ()))) for s in range(p - 1))
+
+        def share(seconds: float) -> float:
+            return seconds / iteration if iteration > 0 else 0.0
+
+        layer_share = tuple(
+            share(m * (l.time_fwd_s + l.time_bwd_s) + sum(c.time_s * c.count_per_iteration for c in tp_layer.get(l.index, ())))
+            for l in analysis.layers
+        )
+        stage_share = tuple(share(m * (st.time_fwd_s + st.time_bwd_s)) for st in analysis.stages)
+        local: dict[str, Tensor] = {}
+        for op, shard in zip(analysis.graph.ops, analysis.tp.shards):
+            for name, t in zip(op.outputs, shard.outputs):
+                if name and t is not None:
+                    local[name] = t
+        return cls(
+            analysis=analysis,
+            m=m,
+            iteration_s=iteration,
+            tp_by_layer={k: tuple(v) for k, v in tp_layer.items()},
+            tp_by_stage={k: tuple(v) for k, v in tp_stage.items()},
+            dp_by_stage={k: tuple(v) for k, v in dp_stage.items()},
+            boundaries=boundaries,
+            layer_share=layer_share,
+            stage_share=stage_share,
+            local_shape=local,
+        )
+
+    # ------------------------------------------------------------------ shares
+
+    def share(self, seconds: float) -> float:
+        """``seconds`` per iteration as a fraction of the iteration time."""
+        return seconds / self.iteration_s if self.iteration_s > 0 else 0.0
+
+    def op_share(self, index: int) -> float:
+        op = self.analysis.ops[index]
+        return self.share(self.m * (op.time_fwd_s + op.time_bwd_s))
+
+    def comm_share(self, c: CommNode) -> float:
+        return self.share(c.time_s * c.count_per_iteration)
+
+    def comms_share(self, comms: Sequence[CommNode]) -> float:
+        return self.share(sum(c.time_s * c.count_per_iteration for c in comms))
+
+    # ------------------------------------------------------------------ GPUs
+
+    @property
+    def dp(self) -> int:
+        return self.analysis.config.dp_size
+
+    @property
+    def tp(self) -> int:
+        return self.analysis.config.tp_size
+
+    @property
+    def pp(self) -> int:
+        return self.analysis.config.pp_size
+
+    def ranks(self, d: int, p: int) -> tuple[int, ...]:
+        """GPUs of stage ``p`` in replica ``d`` (its tensor group, ordered by t)."""
+        return self.analysis.rank_map.tp_group(d, p)
+
+    def replica_ranks(self, d: int) -> tuple[int, ...]:
+        return tuple(r for p in range(self.pp) for r in self.ranks(d, p))
+
+    def node_of(self, rank: int) -> int:
+        return self.analysis.cluster.node_of(rank)
+
+    def nodes_of(self, ranks: Sequence[int]) -> tuple[int, ...]:
+        return tuple(sorted({self.node_of(r) for r in ranks}))
+
+    def link_between(self, a: int, b: int) -> str:
+        return self.analysis.cluster.link_for_group((a, b)).name
+
+    def layer_range(self, p: int) -> tuple[int, int]:
+        layers = self.analysis.stages[p].layers
+        return layers[0], layers[-1]
+
+    def stage_of_layer(self, layer: int) -> int:
+        return self.analysis.layers[layer].stage
+
+    def memory_per_gpu(self, p: int) -> float:
+        """Peak bytes on one GPU of stage ``p``: the analysis's total, or the sum of the parts it has."""
+        mem = self.analysis.stages[p].memory
+        total = mem.get("total_bytes")
+        if total is not None:
+            return float(total)
+        return float(sum(v for k, v in mem.items() if k != "total_bytes" and isinstance(v, (int, float))))
+
+    @property
+    def activations_modelled(self) -> bool:
+        return all(st.memory.get("activations_bytes") is not None for st in self.analysis.stages)

@@ -1,0 +1,267 @@
+"""Build the drill-down site: page models -> Jinja2 -> Markdown -> ``mkdocs build`` -> publish.
+
+:func:`build` writes ``svg_file/`` and ``site/`` into a fresh folder; :func:`build_and_publish`
+does it in a temporary folder beside the output and moves ``data.json``, ``svg_file/`` and
+``site/`` into place only when everything succeeded, so a failed build leaves the previous
+outputs intact.
+
+- Templates live in ``templates/`` at the repository top (one Jinja2 environment: autoescape on,
+  StrictUndefined, the ``md`` filter for model text inside Markdown paragraphs).
+- Each page is Markdown with its drawing inlined as SVG.  Links inside SVGs are written as
+  relative ``PAGE.html`` (``use_directory_urls: false``), so the site works both served and
+  opened from ``file://``; the SVGs in ``svg_file/`` link to each other as ``NAME.svg``.
+- MkDocs runs through its Python API from this interpreter (never a global ``mkdocs``), with a
+  per-run copy of the repository's ``mkdocs.yml``; its warnings fail the build.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
+from markupsafe import Markup, escape
+
+from dml2comm.analysis import Analysis
+from dml2comm.errors import Dml2CommError
+from dml2comm.render.dot import Drawing, all_drawings
+from dml2comm.render.facts import Facts
+from dml2comm.render.svg import LayoutCache, render, resolve_links
+from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models
+from dml2comm.site.references import preset_tables, reference_sections
+
+__all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "TEMPLATES", "MKDOCS_YML"]
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES = REPO / "templates"
+MKDOCS_YML = REPO / "mkdocs.yml"
+
+
+class SiteError(Dml2CommError, OSError):
+    """The site could not be built or published."""
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    pages: int
+    drawings: int
+    layouts_run: int
+    svg_seconds: float
+    mkdocs_seconds: float
+    total_seconds: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Jinja2
+# ---------------------------------------------------------------------------------------------
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!])")
+
+
+def md_text(value: object) -> Markup:
+    """Model text for a Markdown paragraph: whitespace collapsed, Markdown punctuation
+    backslash-escaped (so ``*`` or ``_`` in a name stays literal), then HTML-escaped."""
+    text = " ".join(str(value).split())
+    return Markup(escape(_MD_SPECIAL.sub(r"\\\1", text)))
+
+
+def environment(templates: Path = TEMPLATES) -> Environment:
+    """The one Jinja2 environment of the site."""
+    env = Environment(
+        loader=FileSystemLoader(str(templates)),
+        autoescape=True,
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["md"] = md_text
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# SVG for pages
+# ---------------------------------------------------------------------------------------------
+
+_SVG_OPEN = re.compile(r'<svg width="([0-9.]+)pt" height="([0-9.]+)pt"')
+
+
+def inline_svg(svg: str, pages: set[str]) -> Markup:
+    """An annotated SVG made ready to sit inside a page: links to ``PAGE.html``, no fixed size
+    (it scales down to the column, never up beyond its natural size), no blank lines."""
+    text = resolve_links(svg, lambda key: f"{key}.html" if key in pages else None)
+
+    def size(m: re.Match[str]) -> str:
+        width_px = float(m.group(1)) * 4 / 3
+        return f'<svg class="d2c-svg" style="max-width:{width_px:.0f}px" data-width="{width_px:.0f}"'
+
+    text = _SVG_OPEN.sub(size, text, count=1)
+    return Markup("\n".join(line for line in text.splitlines() if line.strip()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Build
+# ---------------------------------------------------------------------------------------------
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _mkdocs_build(config_path: Path) -> None:
+    from mkdocs.commands.build import build as mkdocs_build
+    from mkdocs.config import load_config
+    from mkdocs.exceptions import MkDocsException
+
+    logger = logging.getLogger("mkdocs")
+    handler = _Collect()
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        cfg = load_config(config_file=str(config_path))
+        mkdocs_build(cfg)
+    except (MkDocsException, OSError, ValueError) as exc:
+        raise SiteError(f"mkdocs could not build the site: {exc}") from exc
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    if handler.messages:
+        raise SiteError(f"mkdocs warned while building the site: {handler.messages[0]}")
+
+
+def _site_name(analysis: Analysis) -> str:
+    # MkDocs puts site_name into HTML without escaping: keep only plain characters of the model name
+    name = re.sub(r"[^A-Za-z0-9 ._-]+", "", str(analysis.model_info.get("name") or ""))[:60].strip()
+    return f"dml2comm: {name}" if name else "dml2comm"
+
+
+def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, str], analysis: Analysis, docs: Path) -> None:
+    keys = {p.key for p in pages}
+    extra: dict[str, Any] = {}
+    for page in pages:
+        ctx = dict(page.context)
+        if page.key == "references":
+            if not extra:
+                extra = {"sections": reference_sections(), "presets": preset_tables(analysis)}
+            ctx.update(extra)
+        ctx["page"] = page
+        ctx["svg"] = inline_svg(svgs[page.drawing], keys) if page.drawing else Markup("")
+        try:
+            text = env.get_template(page.template).render(**ctx)
+        except TemplateError as exc:
+            raise SiteError(f"template {page.template} failed for page {page.key}: {exc}") from exc
+        (docs / f"{page.key}.md").write_text(text, encoding="utf-8")
+
+
+def build(
+    analysis: Analysis,
+    dest: Path,
+    *,
+    jobs: int | None = None,
+    replica_pages_max: int = REPLICA_PAGES_MAX,
+    cache: LayoutCache | None = None,
+    templates: Path = TEMPLATES,
+    mkdocs_yml: Path = MKDOCS_YML,
+) -> BuildStats:
+    """Write ``dest/svg_file/`` and ``dest/site/`` (plus the work folder ``dest/.docs``, removed
+    at the end).  ``dest`` should be new or empty."""
+    start = time.perf_counter()
+    facts = Facts.of(analysis)
+    drawings: list[Drawing] = all_drawings(facts, replica_pages_max)
+    svgs, stats = render(drawings, jobs=jobs, cache=cache)
+    svg_done = time.perf_counter()
+    svg_dir = dest / "svg_file"
+    svg_dir.mkdir(parents=True, exist_ok=True)
+    page_svg = {d.page: d.name for d in drawings}
+    for d in drawings:
+        text = resolve_links(svgs[d.name], lambda key: f"{page_svg[key]}.svg" if key in page_svg else None)
+        (svg_dir / f"{d.name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + text, encoding="utf-8")
+
+    pages = page_models(facts, drawings, replica_pages_max)
+    docs = dest / ".docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(templates / "assets", docs / "assets")
+    _render_pages(environment(templates), pages, svgs, analysis, docs)
+    try:
+        base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SiteError(f"cannot read the site configuration {mkdocs_yml}: {exc}") from exc
+    base.update({"docs_dir": str(docs), "site_dir": str(dest / "site"), "site_name": _site_name(analysis), "nav": nav_of(pages)})
+    config_path = dest / ".mkdocs.yml"
+    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    mk_start = time.perf_counter()
+    _mkdocs_build(config_path)
+    end = time.perf_counter()
+    shutil.rmtree(docs, ignore_errors=True)
+    config_path.unlink(missing_ok=True)
+    return BuildStats(
+        pages=len(pages),
+        drawings=len(drawings),
+        layouts_run=stats.layouts_run,
+        svg_seconds=svg_done - start,
+        mkdocs_seconds=end - mk_start,
+        total_seconds=end - start,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic publish
+# ---------------------------------------------------------------------------------------------
+
+
+def publish(staging: Path, out: Path, names: Sequence[str]) -> None:
+    """Move ``staging/NAME`` to ``out/NAME`` for every name, replacing what is there.
+
+    What is already in ``out`` is first moved aside inside ``staging`` (a rename on the same
+    file system), then the new file or folder is renamed into place.  If a step fails, the new
+    ones are removed and the old ones put back, so ``out`` holds either the old or the new
+    outputs, never a mix.
+    """
+    aside: list[tuple[Path, Path]] = []
+    placed: list[Path] = []
+    try:
+        for name in names:
+            src, dst = staging / name, out / name
+            if dst.exists() or dst.is_symlink():
+                old = staging / f".old-{name}"
+                os.replace(dst, old)
+                aside.append((old, dst))
+            os.replace(src, dst)
+            placed.append(dst)
+    except OSError as exc:
+        for dst in placed:
+            if dst.is_dir() and not dst.is_symlink():
+                shutil.rmtree(dst, ignore_errors=True)
+            else:
+                dst.unlink(missing_ok=True)
+        for old, dst in aside:
+            if not dst.exists():
+                os.replace(old, dst)
+        raise SiteError(f"could not publish into {out}: {exc}") from exc
+
+
+def build_and_publish(analysis: Analysis, out: Path, files: Mapping[str, str], **kwargs: Any) -> BuildStats:
+    """Build the site beside ``out``, then publish ``files`` (e.g. data.json), ``svg_file/`` and
+    ``site/`` into ``out`` together.  Nothing in ``out`` changes when anything fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
+    try:
+        stats = build(analysis, staging, **kwargs)
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        publish(staging, out, [*files, "svg_file", "site"])
+        return stats
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

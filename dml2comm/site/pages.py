@@ -1,0 +1,406 @@
+"""Page models: what each page of the site shows, collected before any template runs.
+
+A :class:`Page` carries a synthetic key (its file name without ``.md``), a synthetic title
+(never model text: MkDocs puts titles into the navigation without escaping), its breadcrumbs,
+the template that renders it and a context of plain values.  Model strings stay raw here; the
+templates escape them (Jinja2 autoescape, plus the ``md`` filter in Markdown text).
+
+Which pages exist (replicas are identical up to GPU ids, DESIGN.md section 3):
+
+- ``index`` (overview), ``references``;
+- ``data_0`` and every stage and layer page of replica 0 (``stage_{p}_data_0``,
+  ``layer_{l}_data_0``);
+- ``data_{d}`` for each replica d > 0 while d - 1 <= ``replica_pages_max``; beyond that one
+  ``replicas`` page lists every replica's GPUs instead (for d = 16 no per-replica pages);
+- ``gpu_comm_pp_{s}`` (boundary s -> s+1), ``gpu_comm_tp_{p}``, ``gpu_comm_dp_{p}`` per stage,
+  drawn for replica 0 / tensor rank 0, with a table of every group of every replica.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from dml2comm.analysis import CommNode, comm_by_dim
+from dml2comm.render.dot import Drawing, replica_page
+from dml2comm.render.facts import Facts, kind_label
+from dml2comm.render.fmt import (
+    COMM_BINS,
+    HEAT_BINS,
+    LINK_COLOURS,
+    fmt_bytes,
+    fmt_count,
+    fmt_flops,
+    fmt_rate,
+    fmt_s,
+    fmt_shape,
+    fmt_share,
+    link_short,
+    rank_ranges,
+)
+
+__all__ = ["Page", "Crumb", "REPLICA_PAGES_MAX", "page_models", "nav_of"]
+
+#: Replicas d > 0 get a page each while there are at most this many of them; beyond, one
+#: ``replicas`` page lists them all.
+REPLICA_PAGES_MAX = 8
+
+#: Rows of the "slowest operators" table of a layer page.
+TOP_OPS = 12
+
+
+@dataclass(frozen=True)
+class Crumb:
+    title: str
+    key: str | None  # None: the current page
+
+    @property
+    def href(self) -> str | None:
+        return f"{self.key}.html" if self.key else None
+
+
+@dataclass
+class Page:
+    key: str
+    title: str
+    section: str
+    template: str
+    crumbs: list[Crumb]
+    context: dict[str, Any] = field(default_factory=dict)
+    drawing: str | None = None  # svg name
+    hide_toc: bool = True
+
+
+def _row(**kw: Any) -> dict[str, Any]:
+    return kw
+
+
+def _word(text: str) -> str:
+    """Synthetic words only in titles (MkDocs does not escape the navigation)."""
+    return re.sub(r"[^a-z0-9 _-]", "", str(text).lower())
+
+
+def _legend() -> dict[str, Any]:
+    return {
+        "heat": [{"fill": b.fill, "font": b.font, "label": b.label} for b in HEAT_BINS],
+        "comm": [{"fill": b.fill, "font": b.font, "label": b.label} for b in COMM_BINS],
+        "links": [{"colour": c, "label": k} for k, c in LINK_COLOURS.items() if k != "local"],
+    }
+
+
+def _comm_rows(facts: Facts, comms: Sequence[CommNode], per_micro_batch: bool = False) -> list[dict[str, Any]]:
+    """Collectives alike but for their tensor (the same AllReduce in every block) share a row."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for c in comms:
+        count = c.count_per_iteration // facts.m if per_micro_batch and c.per_micro_batch else c.count_per_iteration
+        key = (c.kind, c.dim, c.phase, c.reason, c.message_bytes, c.algorithm, c.link, c.time_s, c.group)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = _row(
+                kind=kind_label(c.kind), dim=c.dim.value.upper(), phase=c.phase.value, tensor=c.tensor, more=0, reason=c.reason,
+                message=fmt_bytes(c.message_bytes), sent=fmt_bytes(c.bytes_sent_per_gpu), algorithm=c.algorithm, link=c.link,
+                group=rank_ranges(c.group), time=fmt_s(c.time_s), count=0, seconds=0.0,
+            )
+        elif c.tensor != row["tensor"]:
+            row["more"] += 1
+        row["count"] += count
+        row["seconds"] += c.time_s * c.count_per_iteration
+    out = list(rows.values())
+    for row in out:
+        row["share"] = fmt_share(facts.share(row.pop("seconds")))
+    return out
+
+
+def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: int = REPLICA_PAGES_MAX) -> list[Page]:
+    a = facts.analysis
+    drawn = {d.page: d.name for d in drawings}
+    cfg = a.config
+    pages: list[Page] = []
+    legend = _legend()
+    home = Crumb("Overview", "index")
+    r0 = Crumb("Replica 0", "data_0")
+
+    def stage_crumb(p: int) -> Crumb:
+        return Crumb(f"Stage {p}", f"stage_{p}_data_0")
+
+    # ------------------------------------------------------------------ overview
+    s = a.summary
+    mem = [facts.memory_per_gpu(p) for p in range(facts.pp)]
+    iteration = facts.iteration_s
+    compute = float(s.get("compute_time_s") or 0.0)
+    exposed = float(s.get("exposed_comm_time_s") or 0.0)
+    bubble = s.get("bubble_time_s")
+    optimizer = s.get("optimizer_time_s")
+    parts = [("compute", compute, "compute"), ("exposed communication", exposed, "comm")]
+    if isinstance(bubble, (int, float)) and isinstance(optimizer, (int, float)):
+        parts += [("pipeline bubble", float(bubble), "bubble"), ("optimizer step", float(optimizer), "optim")]
+        rest = iteration - compute - exposed - bubble - optimizer
+        if rest > 1e-3 * iteration:
+            parts.append(("other", rest, "other"))
+    else:
+        parts.append(("other: pipeline bubble, optimizer step", max(iteration - compute - exposed, 0.0), "other"))
+    bar = [{"label": label, "seconds": fmt_s(sec), "pct": 100 * max(sec, 0.0) / iteration if iteration else 0, "cls": cls}
+           for label, sec, cls in parts]
+    report = getattr(a, "memory", None) or {}
+    capacity = float(a.cluster.gpu.hbm_bytes)
+    worst = max(range(facts.pp), key=lambda p: mem[p])
+    fits = max(mem) <= capacity
+    if facts.activations_modelled:
+        memory_note = (f"peak on stage {worst} of {fmt_bytes(capacity)}: {'fits' if fits else 'does NOT fit'}"
+                       + (f"; largest part: {report['largest_contributor']}" if report.get("largest_contributor") else ""))
+        memory_text = ("Memory per GPU is the peak of weights, gradients, optimizer states, the activations of the micro-batches "
+                       "in flight, communication buffers and transient workspace (see each stage's totals).")
+    else:
+        memory_note = f"weights + gradients + optimizer, stage {worst}, of {fmt_bytes(capacity)}; activations not modelled"
+        memory_text = "Memory per GPU counts weights, gradients and optimizer states; activation memory is not modelled."
+    suggestions = [
+        _row(change=str(s_.get("change", "")), peak=fmt_bytes(s_.get("peak_bytes")), fits="fits" if s_.get("fits") else "does not fit")
+        for s_ in report.get("suggestions", ()) if isinstance(s_, dict)
+    ]
+    headline = [
+        ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples"),
+        ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else ""),
+        ("Communication (busiest stage)", fmt_s(s.get("comm_time_s")), f"exposed: {fmt_s(exposed)}"),
+        ("Pipeline bubble", fmt_share(s.get("bubble_fraction")), f"{cfg.schedule}, p = {cfg.pp_size}, m = {cfg.num_micro_batches} micro-batches"),
+        ("MFU", fmt_share(s.get("mfu")), "model FLOPs / (iteration x GPUs x peak)"),
+        ("Throughput", f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else "n/a",
+         f"{s['samples_per_s']:,.1f} samples/s" if s.get("samples_per_s") else ""),
+        ("Memory per GPU", fmt_bytes(max(mem)), memory_note),
+        ("Bottleneck", s.get("bottleneck") or "n/a", ""),
+    ]
+    stages_rows = []
+    for p, st in enumerate(a.stages):
+        lo, hi = facts.layer_range(p)
+        stages_rows.append(
+            _row(index=p, key=f"stage_{p}_data_0", layers=f"{lo}–{hi}" if lo != hi else str(lo), gpus=rank_ranges(facts.ranks(0, p)),
+                 params=fmt_count(st.params_per_gpu), fwd=fmt_s(st.time_fwd_s), bwd=fmt_s(st.time_bwd_s), dp=fmt_s(st.dp_time_s),
+                 optimizer=fmt_s(st.optimizer_time_s), memory=fmt_bytes(mem[p]), share=fmt_share(facts.stage_share[p]))
+        )
+    dims = [
+        _row(dim=k, count=v["count"], message=fmt_bytes(v["message_bytes"]), sent=fmt_bytes(v["bytes_sent_per_gpu"]), time=fmt_s(v["time_s"]))
+        for k, v in comm_by_dim(a).items() if v["count"]
+    ]
+    replicas = []
+    for d in range(facts.dp):
+        ranks = facts.replica_ranks(d)
+        replicas.append(_row(index=d, key=replica_page(facts.dp, d, replica_pages_max), gpus=rank_ranges(ranks),
+                             nodes=rank_ranges(facts.nodes_of(ranks))))
+    links = [
+        _row(role="inside a node", name=a.cluster.intra_node.name, bw=fmt_rate(a.cluster.intra_node.bandwidth_bytes_per_s),
+             eff=f"{a.cluster.intra_node.efficiency:.0%}", lat=fmt_s(a.cluster.intra_node.latency_s)),
+        _row(role="between nodes (per GPU)", name=a.cluster.inter_node.name, bw=fmt_rate(a.cluster.inter_node.bandwidth_bytes_per_s),
+             eff=f"{a.cluster.inter_node.efficiency:.0%}", lat=fmt_s(a.cluster.inter_node.latency_s)),
+    ]
+    mi = a.model_info
+    pages.append(
+        Page(
+            key="index", title="Overview", section="", template="index.md.j2", crumbs=[Crumb("Overview", None)], drawing=drawn.get("index"),
+            context=dict(
+                model=_row(name=mi.get("name"), path=mi.get("path"), ops=mi.get("num_ops"), layers=mi.get("num_layers"),
+                           blocks=mi.get("num_blocks"), params=fmt_count(mi.get("params")), flops=fmt_flops(mi.get("flops_fwd_per_sample")),
+                           source=mi.get("layer_source")),
+                config=[("d (data)", cfg.dp_size), ("t (tensor)", cfg.tp_size), ("p (pipeline)", cfg.pp_size),
+                        ("micro-batch b", cfg.micro_batch_size), ("global batch B", cfg.global_batch_size),
+                        ("micro-batches m", cfg.num_micro_batches), ("sequence length", cfg.seq_len or "n/a"),
+                        ("dtype", cfg.dtype), ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule == "interleaved" else "")),
+                        ("ZeRO stage", cfg.zero_stage), ("sequence parallel", "yes" if cfg.sequence_parallel else "no"),
+                        ("recomputation", cfg.recompute), ("optimizer", cfg.optimizer), ("rank order", cfg.rank_order)],
+                cluster=_row(name=a.cluster.name, gpu=a.cluster.gpu.name, gpus=a.cluster.num_gpus, per_node=a.cluster.gpus_per_node,
+                             nodes=a.cluster.num_nodes, topology=a.cluster.topology,
+                             peak=fmt_flops(a.cluster.gpu.peak_flops(cfg.dtype)) + "/s", hbm=f"{a.cluster.gpu.hbm_bytes / 1e9:g} GB",
+                             hbm_bw=fmt_rate(a.cluster.gpu.hbm_bytes_per_s)),
+                links=links, headline=headline, bar=bar, stages=stages_rows, dims=dims, replicas=replicas,
+                dtype=cfg.dtype, zero=cfg.zero_stage, memory_text=memory_text, suggestions=suggestions, fits=fits,
+                collapsed=facts.dp - 1 > replica_pages_max, warnings=list(a.warnings), legend=legend,
+            ),
+        )
+    )
+
+    # ------------------------------------------------------------------ replicas
+    boundaries = []
+    for b in facts.boundaries:
+        boundaries.append(_row(stage=b.stage, key=f"gpu_comm_pp_{b.stage}", fwd=fmt_bytes(b.bytes_fwd), fwd_t=fmt_s(b.time_fwd_s),
+                               bwd=fmt_bytes(b.bytes_bwd), bwd_t=fmt_s(b.time_bwd_s), link=b.link, tensors=list(b.tensors)))
+    for d in range(facts.dp):
+        if d > 0 and facts.dp - 1 > replica_pages_max:
+            continue
+        rows = []
+        for p, st in enumerate(a.stages):
+            lo, hi = facts.layer_range(p)
+            rows.append(_row(index=p, key=f"stage_{p}_data_0", layers=f"{lo}–{hi}" if lo != hi else str(lo),
+                             gpus=rank_ranges(facts.ranks(d, p)), nodes=rank_ranges(facts.nodes_of(facts.ranks(d, p))),
+                             fwd=fmt_s(st.time_fwd_s), bwd=fmt_s(st.time_bwd_s), share=fmt_share(facts.stage_share[p])))
+        pages.append(
+            Page(key=f"data_{d}", title=f"Replica {d}", section="Replicas", template="replica.md.j2",
+                 crumbs=[home, Crumb(f"Replica {d}", None)], drawing=drawn.get(f"data_{d}"),
+                 context=dict(d=d, stages=rows, boundaries=boundaries, gpus=rank_ranges(facts.replica_ranks(d)),
+                              legend=legend, m=facts.m))
+        )
+    if facts.dp - 1 > replica_pages_max:
+        rows = []
+        for d in range(facts.dp):
+            rows.append(_row(index=d, key="data_0" if d == 0 else None, per_stage=[rank_ranges(facts.ranks(d, p)) for p in range(facts.pp)],
+                             nodes=rank_ranges(facts.nodes_of(facts.replica_ranks(d)))))
+        pages.append(Page(key="replicas", title="All replicas", section="Replicas", template="replicas.md.j2",
+                          crumbs=[home, Crumb("All replicas", None)], context=dict(rows=rows, pp=facts.pp, dp=facts.dp), hide_toc=True))
+
+    # ------------------------------------------------------------------ stages
+    for p, st in enumerate(a.stages):
+        ranks = facts.ranks(0, p)
+        mem_p = st.memory
+        tps = facts.tp_by_stage.get(p, ())
+        dps = facts.dp_by_stage.get(p, ())
+        pps = [c for b in facts.boundaries if b.stage in (p - 1, p) for c in (b.forward if b.stage == p else b.backward)]
+        totals = [
+            ("layers", f"{len(st.layers)} ({facts.layer_range(p)[0]}–{facts.layer_range(p)[1]})"),
+            ("parameters", f"{fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU after tensor parallelism)"),
+            ("forward FLOPs per micro-batch", fmt_flops(st.flops_fwd) + " (all tensor ranks)"),
+            ("forward per micro-batch", f"{fmt_s(st.time_fwd_s)} (compute {fmt_s(st.compute_fwd_s)}, communication and input "
+                                        f"{fmt_s(st.time_fwd_s - st.compute_fwd_s)})"),
+            ("backward per micro-batch", f"{fmt_s(st.time_bwd_s)} (compute {fmt_s(st.compute_bwd_s)}, communication "
+                                         f"{fmt_s(st.time_bwd_s - st.compute_bwd_s)})"),
+            ("per iteration (m = %d)" % facts.m, f"{fmt_s(facts.m * (st.time_fwd_s + st.time_bwd_s))} busy, "
+                                                 f"{fmt_share(facts.stage_share[p])} of the iteration"),
+            ("data-parallel collectives per iteration", fmt_s(st.dp_time_s)),
+            ("optimizer step", fmt_s(st.optimizer_time_s)),
+            ("memory per GPU", f"{fmt_bytes(facts.memory_per_gpu(p))}: " + ", ".join(
+                f"{k.removesuffix('_bytes')} {fmt_bytes(v) if isinstance(v, (int, float)) else 'not modelled'}"
+                for k, v in mem_p.items() if k != "total_bytes" and not k.startswith("peak"))),
+        ]
+        gpus = [_row(rank=r, node=facts.node_of(r), t=t, coords=f"d=0 p={p} t={t}") for t, r in enumerate(ranks)]
+        layers = []
+        for li in st.layers:
+            l = a.layers[li]
+            layers.append(_row(index=li, key=f"layer_{li}_data_0", name=l.name, kind=l.kind, ops=l.num_ops, params=fmt_count(l.params),
+                               fwd=fmt_s(l.time_fwd_s), bwd=fmt_s(l.time_bwd_s), tp=len(facts.tp_by_layer.get(li, ())),
+                               share=fmt_share(facts.layer_share[li])))
+        groups = []
+        if tps:
+            groups.append(_row(kind="tensor-parallel", key=f"gpu_comm_tp_{p}", ranks=rank_ranges(ranks), link=tps[0].link))
+        if dps:
+            groups.append(_row(kind=f"data-parallel ({facts.tp} groups)", key=f"gpu_comm_dp_{p}",
+                               ranks=rank_ranges(a.rank_map.dp_group(p, 0)) + (" …" if facts.tp > 1 else ""), link=dps[0].link))
+        for b in facts.boundaries:
+            if b.stage == p - 1:
+                groups.append(_row(kind=f"pipeline: receives from stage {p - 1}", key=f"gpu_comm_pp_{p - 1}",
+                                   ranks=f"{rank_ranges(facts.ranks(0, p - 1))} → {rank_ranges(ranks)}", link=b.link))
+            if b.stage == p:
+                groups.append(_row(kind=f"pipeline: sends to stage {p + 1}", key=f"gpu_comm_pp_{p}",
+                                   ranks=f"{rank_ranges(ranks)} → {rank_ranges(facts.ranks(0, p + 1))}", link=b.link))
+        pages.append(
+            Page(key=f"stage_{p}_data_0", title=f"Stage {p}", section="Stages (replica 0)", template="stage.md.j2",
+                 crumbs=[home, r0, Crumb(f"Stage {p}", None)], drawing=drawn.get(f"stage_{p}_data_0"),
+                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, groups=groups, legend=legend,
+                              comms=_comm_rows(facts, list(tps) + list(dps) + pps, per_micro_batch=False),
+                              prev_key=f"stage_{p - 1}_data_0" if p > 0 else None,
+                              next_key=f"stage_{p + 1}_data_0" if p < facts.pp - 1 else None,
+                              dp=facts.dp))
+        )
+
+    # ------------------------------------------------------------------ layers
+    for l in a.layers:
+        li = l.index
+        p = l.stage
+        ops = [a.ops[i] for i in a.layered.layers[li].op_indices]
+        slow = sorted(ops, key=lambda o: -(o.time_fwd_s + o.time_bwd_s))[:TOP_OPS]
+        top = [_row(name=o.name or f"(unnamed {o.op_type})", op_type=o.op_type, shape=fmt_shape(o.output_shape),
+                    flops=fmt_flops(o.cost.flops_fwd), bytes=fmt_bytes(o.cost.bytes_fwd), fwd=fmt_s(o.time_fwd_s),
+                    bwd=fmt_s(o.time_bwd_s), rule=o.shard_rule, share=fmt_share(facts.op_share(o.index))) for o in slow]
+        tps = facts.tp_by_layer.get(li, ())
+        summary = [
+            ("name", l.name), ("kind", l.kind), ("stage", f"{p} (GPUs {rank_ranges(facts.ranks(0, p))} in replica 0)"),
+            ("operators", str(l.num_ops)), ("parameters", fmt_count(l.params)),
+            ("forward FLOPs per micro-batch", fmt_flops(l.flops_fwd) + " (all tensor ranks)"),
+            ("compute per micro-batch (one GPU)", f"forward {fmt_s(l.time_fwd_s)}, backward {fmt_s(l.time_bwd_s)}"),
+            ("tensor-parallel collectives per micro-batch", f"{len(tps)}, {fmt_s(sum(c.time_s for c in tps))}"),
+            ("share of the iteration", fmt_share(facts.layer_share[li])),
+        ]
+        pages.append(
+            Page(key=f"layer_{li}_data_0", title=f"Layer {li}" + (f" · {_word(l.kind)}" if l.kind != "block" else ""), section="Layers (replica 0)", template="layer.md.j2",
+                 crumbs=[home, r0, stage_crumb(p), Crumb(f"Layer {li}", None)], drawing=drawn.get(f"layer_{li}_data_0"),
+                 context=dict(li=li, p=p, summary=summary, top=top, comms=_comm_rows(facts, tps, per_micro_batch=True), legend=legend,
+                              prev_key=f"layer_{li - 1}_data_0" if li > 0 else None,
+                              next_key=f"layer_{li + 1}_data_0" if li < len(a.layers) - 1 else None,
+                              total_ops=l.num_ops, shown_ops=len(top)))
+        )
+
+    # ------------------------------------------------------------------ GPU communication
+    for b in facts.boundaries:
+        s_ = b.stage
+        if not b.forward:
+            continue
+        pairs = []
+        for d in range(facts.dp):
+            for t, (src, dst) in enumerate(zip(facts.ranks(d, s_), facts.ranks(d, s_ + 1))):
+                pairs.append(_row(d=d, t=t, src=src, dst=dst, src_node=facts.node_of(src), dst_node=facts.node_of(dst),
+                                  link=facts.link_between(src, dst)))
+        pages.append(
+            Page(key=f"gpu_comm_pp_{s_}", title=f"Send/Recv {s_}→{s_ + 1}", section="GPU communication", template="gpu_comm.md.j2",
+                 crumbs=[home, r0, stage_crumb(s_), Crumb(f"Send/Recv {s_}→{s_ + 1}", None)], drawing=drawn.get(f"gpu_comm_pp_{s_}"),
+                 context=dict(kind="pp", heading=f"Pipeline Send/Recv: stage {s_} → stage {s_ + 1}",
+                              intro=(f"Every micro-batch, each GPU of stage {s_} sends its activations to the GPU with the same tensor rank "
+                                     f"in stage {s_ + 1}, which sends the gradients back in the backward pass. "
+                                     f"{fmt_bytes(b.bytes_fwd)} forward and {fmt_bytes(b.bytes_bwd)} backward per micro-batch and pair, "
+                                     f"{facts.m} micro-batches per iteration."),
+                              comms=_comm_rows(facts, b.forward + b.backward, per_micro_batch=True), per_micro_batch=True,
+                              groups_title="Every sender/receiver pair", pairs=pairs, groups=[], legend=legend,
+                              back=Crumb(f"Stage {s_}", f"stage_{s_}_data_0")))
+        )
+    for p in range(facts.pp):
+        tps = facts.tp_by_stage.get(p, ())
+        if facts.tp > 1 and tps:
+            groups = []
+            for d in range(facts.dp):
+                ranks = facts.ranks(d, p)
+                groups.append(_row(label=f"replica {d}", ranks=rank_ranges(ranks), nodes=rank_ranges(facts.nodes_of(ranks)),
+                                   link=a.cluster.link_for_group(ranks).name))
+            pages.append(
+                Page(key=f"gpu_comm_tp_{p}", title=f"TP group, stage {p}", section="GPU communication", template="gpu_comm.md.j2",
+                     crumbs=[home, r0, stage_crumb(p), Crumb("TP group", None)], drawing=drawn.get(f"gpu_comm_tp_{p}"),
+                     context=dict(kind="tp", heading=f"Tensor-parallel group of stage {p}",
+                                  intro=(f"The {facts.tp} GPUs of stage {p} in each replica reduce with each other: every collective below "
+                                         f"runs as a ring over these GPUs, per micro-batch (counts are per micro-batch; times per call)."),
+                                  comms=_comm_rows(facts, tps, per_micro_batch=True), per_micro_batch=True,
+                                  groups_title="Tensor-parallel groups of this stage (one per replica)", pairs=[], groups=groups, legend=legend,
+                                  back=Crumb(f"Stage {p}", f"stage_{p}_data_0")))
+            )
+        dps = facts.dp_by_stage.get(p, ())
+        if facts.dp > 1 and dps:
+            groups = []
+            for t in range(facts.tp):
+                ranks = a.rank_map.dp_group(p, t)
+                groups.append(_row(label=f"tensor rank {t}", ranks=rank_ranges(ranks), nodes=rank_ranges(facts.nodes_of(ranks)),
+                                   link=a.cluster.link_for_group(ranks).name))
+            pages.append(
+                Page(key=f"gpu_comm_dp_{p}", title=f"DP groups, stage {p}", section="GPU communication", template="gpu_comm.md.j2",
+                     crumbs=[home, r0, stage_crumb(p), Crumb("DP groups", None)], drawing=drawn.get(f"gpu_comm_dp_{p}"),
+                     context=dict(kind="dp", heading=f"Data-parallel groups of stage {p}",
+                                  intro=(f"Once per iteration the GPUs holding the same shard of stage {p} in the {facts.dp} replicas reduce "
+                                         f"their gradients: {facts.tp} groups of {facts.dp} GPUs, one per tensor rank. The drawing shows the "
+                                         f"group of tensor rank 0; the table lists all of them."),
+                                  comms=_comm_rows(facts, dps), per_micro_batch=False,
+                                  groups_title="Data-parallel groups of this stage (one per tensor rank)", pairs=[], groups=groups,
+                                  legend=legend, back=Crumb(f"Stage {p}", f"stage_{p}_data_0")))
+            )
+    pages.append(Page(key="references", title="References", section="", template="references.md.j2",
+                      crumbs=[home, Crumb("References", None)], context={}, hide_toc=False))
+    return pages
+
+
+def nav_of(pages: Sequence[Page]) -> list[Any]:
+    """The MkDocs ``nav``: overview, then one section per level, then references."""
+    sections: dict[str, list[Mapping[str, str]]] = {}
+    top: list[Any] = []
+    for page in pages:
+        entry = {page.title: f"{page.key}.md"}
+        if not page.section:
+            if page.key != "references":
+                top.append(entry)
+            continue
+        if page.section not in sections:
+            sections[page.section] = []
+            top.append({page.section: sections[page.section]})
+        sections[page.section].append(entry)
+    top.extend({p.title: f"{p.key}.md"} for p in pages if p.key == "references")
+    return top
