@@ -1,9 +1,12 @@
-"""Baseline ring AllReduce model versus measured NCCL all-reduce times (prints; asserts nothing).
+"""Single-link ring AllReduce versus measured NCCL all-reduce times (prints; asserts nothing).
 
 Reads shared/data/nccl_allreduce_measured.csv (vTrain's A100 and V100 single-node lookup
-tables), costs each row with :func:`dml2comm.network.collectives.collective_cost` on the
-matching cluster preset (A100 -> dgx-a100, V100 -> dgx-v100) and prints measured and predicted
-time and bus bandwidth with the relative error ``(predicted - measured) / measured``.
+tables), costs each row with the textbook ring of :func:`dml2comm.network.collectives.collective_cost`
+on the matching preset's :meth:`~dml2comm.hardware.Cluster.link_for_group` link (A100 ->
+dgx-a100, V100 -> dgx-v100: no NCCL base latency, protocols, overhead or NVLink matrix) and
+prints measured and predicted time and bus bandwidth with the relative error
+``(predicted - measured) / measured``.  The calibrated model the analysis uses, and the
+previous baseline's errors, are in benchmarks/bench_collectives.py.
 
 Usage::
 
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = compare(args.csv)
     header = f"{'gpu':5} {'preset':9} {'n':>2} {'size':>9} {'meas us':>9} {'pred us':>9} {'error':>7} {'meas busbw':>11} {'pred busbw':>11}"
-    print("Ring AllReduce, alpha-beta baseline vs measured NCCL (vTrain LUTs); busbw in GB/s")
+    print("Ring AllReduce on one link (textbook formula, no NCCL latencies) vs measured NCCL (vTrain LUTs); busbw in GB/s")
     print(header)
     print("-" * len(header))
     for r in rows:

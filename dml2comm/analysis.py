@@ -34,7 +34,7 @@ from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph, group_layers
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model
-from dml2comm.network.collectives import collective_cost
+from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import ParallelConfig
@@ -89,6 +89,10 @@ class CommNode:
     count_per_iteration: int
     per_micro_batch: bool
     reason: str
+    limiting_link: str = ""
+    steps: int = 0
+    protocol: str = ""
+    formula: str = ""  # the cost formula with its symbols filled in
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,11 +251,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     def add_comm(kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason):
         n = len(group)
-        link = cluster.link_for_group(group)
-        cc = collective_cost(kind, n, message_bytes, link)
+        cc = collective_cost_for_group(cluster, kind, group, message_bytes)
         comms.append(
             CommNode(kind, dim, phase, stage, layer, after_op, tensor, n, tuple(group), float(message_bytes),
-                     cc.bytes_sent_per_gpu, cc.time_s, cc.algorithm, link.name, count, per_mb, reason)
+                     cc.bytes_sent_per_gpu, cc.time_s, str(cc.algorithm), cc.link, count, per_mb, reason,
+                     cc.limiting_link, cc.steps, str(cc.protocol), cc.formula)
         )
 
     # tensor parallel, per micro-batch (forward and backward)
@@ -374,7 +378,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     summary, model_info = _summarize(graph, layered, config, stages, comms, sim, sim_free, full_flops, peak, seq_len, model_path)
     warnings.append(
         "compute times are rooflines at the GPU's peak dense throughput (no GEMM efficiency model yet), "
-        "so they are lower bounds; network times use the alpha-beta ring model"
+        "so they are lower bounds"
     )
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")

@@ -30,10 +30,11 @@ EXAMPLES = """examples:
   python main.py model.onnx --d 2 --t 4 --sequence-parallel --zero 1 --json --no-site
   python main.py model.onnx --dim batch=4 --dim sequence=512 --cluster dgx-h100
   python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx
+  python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
   python main.py presets
 """
 
-SUBCOMMANDS = ("zoo", "presets")
+SUBCOMMANDS = ("zoo", "presets", "collective")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,6 +94,9 @@ def analysis_parser() -> argparse.ArgumentParser:
     h.add_argument("--gpu", default="a100", help="GPU preset (default a100; see: python main.py presets)")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...); overrides --gpu")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
+    h.add_argument("--collective-overhead-us", type=float, default=0.0,
+                   help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
+                        "the presets' fitted value for standalone calls is 51.5)")
     h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=".", help="output folder (default: current folder)")
@@ -178,6 +182,9 @@ def run_analysis(argv: Sequence[str]) -> int:
     def reimport(batch: int):  # the same model bound to another micro-batch size (recommendations)
         return load_model(args.model, replace(options, batch_size=batch))
 
+    # The presets' fitted per-call overhead is host time of a standalone, timed call; training
+    # launches collectives asynchronously, so the analysis uses kernel time unless told otherwise.
+    cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6)
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     from dml2comm.export.chrome_trace import trace_json
@@ -330,13 +337,17 @@ def run_presets(argv: Sequence[str]) -> int:
     from dml2comm.hardware.cluster import cluster_names, get_cluster
     from dml2comm.hardware.gpus import GPUS, get_gpu
 
+    from dml2comm.network.command import network_presets
+
     gpus = {name: get_gpu(name).to_dict() for name in sorted(GPUS)}
     clusters = {name: get_cluster(name).to_dict() for name in cluster_names()}
+    net = network_presets()
     if args.json:
-        print(json.dumps({"gpus": gpus, "clusters": clusters}, sort_keys=True, indent=1, default=str))
+        print(json.dumps({"gpus": gpus, "clusters": clusters, "network": net}, sort_keys=True, indent=1, default=str))
         return 0
     print("GPUs:", ", ".join(sorted(GPUS)))
     print("clusters:", ", ".join(cluster_names()))
+    print("topologies:", ", ".join(net["topologies"]))
     print("(--json prints every number with its source)")
     return 0
 
@@ -405,6 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_zoo(argv[1:])
         if argv and argv[0] == "presets":
             return run_presets(argv[1:])
+        if argv and argv[0] == "collective":
+            from dml2comm.network.command import run_collective
+
+            return run_collective(argv[1:])
         if not argv:
             analysis_parser().print_help()
             return 2

@@ -32,7 +32,8 @@ N, S = 4, 1e6
 # Link with line rate 2 GB/s at efficiency 0.5 -> beta = 1 / (2e9 * 0.5) = 1e-9 s/B.
 LINK = Link("test link", 2e9, ALPHA, 0.5, {"bandwidth_bytes_per_s": "test"})
 
-ALL_RULES = [(k, a) for k in K for a in registered_algorithms(k)]
+# Every rule a single plain link can run (in-network reduction needs a switch that reduces).
+ALL_RULES = [(k, a) for k in K for a in registered_algorithms(k) if a is not Algorithm.IN_NETWORK]
 
 
 # ----------------------------------------------------------------------------- exact formulas
@@ -187,7 +188,15 @@ def test_never_below_the_bandwidth_bound(rule: tuple[K, Algorithm], n: int, size
     assert cost.busbw_bytes_per_s <= link.effective_bytes_per_s * (1 + 1e-9)
 
 
-@given(rule=st.sampled_from([r for r in ALL_RULES if r[1] is not Algorithm.BINOMIAL_TREE]), n=st.integers(2, 1024))
+BANDWIDTH_OPTIMAL = [
+    r
+    for r in ALL_RULES
+    if r[1] in (Algorithm.RING, Algorithm.PAIRWISE, Algorithm.DIRECT, Algorithm.HIERARCHICAL)
+    and r != (K.ALL_TO_ALL, Algorithm.HIERARCHICAL)
+]
+
+
+@given(rule=st.sampled_from(BANDWIDTH_OPTIMAL), n=st.integers(2, 1024))
 def test_bandwidth_algorithms_reach_the_link_for_huge_messages(rule: tuple[K, Algorithm], n: int) -> None:
     kind, algorithm = rule
     cost = collective_cost(kind, n, 1e15, LINK, algorithm=algorithm)
@@ -205,8 +214,9 @@ def _measured_a100_rows() -> list[dict[str, str]]:
 
 
 def test_ring_allreduce_on_dgx_a100_is_within_35_percent_for_large_messages() -> None:
-    # Loose on purpose: the baseline ignores NCCL's protocol/channel effects; see
-    # benchmarks/bench_nccl_baseline.py for the per-row errors (worst here: n=2, 64 MiB, -26 %).
+    # Loose on purpose: one link, no NCCL base latency, protocols or overhead; see
+    # benchmarks/bench_nccl_baseline.py for the per-row errors (worst here: n=2, 64 MiB, -14 %) and
+    # tests/test_network_model.py for the calibrated model the analysis uses (within 7 %).
     rows = [r for r in _measured_a100_rows() if int(r["size_bytes"]) >= 64 * 2**20]
     assert len(rows) >= 9
     cluster = get_cluster("dgx-a100")

@@ -150,13 +150,81 @@ def test_every_link_number_has_a_source() -> None:
 
 
 def test_link_efficiencies_are_the_maintainers_figures() -> None:
+    # NVLink runs at line rate; the kernel term delta brings the 8-GPU ring busbw to the expected figure.
     a100 = get_cluster("dgx-a100")
-    assert a100.intra_node.effective_bytes_per_s == pytest.approx(230e9)  # of 300 GB/s line
-    assert get_cluster("dgx-h100").intra_node.effective_bytes_per_s == pytest.approx(370e9)  # of 450
-    assert get_cluster("dgx-h100").inter_node.effective_bytes_per_s == pytest.approx(47e9)  # 46-48 of 50
+    assert a100.intra_node.effective_bytes_per_s == pytest.approx(300e9)
+    assert a100.intra_node.expected_allreduce_busbw(8) == pytest.approx(230e9)  # sjeaugey, nccl-tests#149
+    h100 = get_cluster("dgx-h100")
+    assert h100.intra_node.expected_allreduce_busbw(8) == pytest.approx(370e9)  # nccl-tests#212
+    # NVLS: t = S (beta_nvls + delta) per byte -> busbw 1.75 x algbw = 480 GB/s
+    nvls_s_per_byte = 1 / (450e9 * h100.intra_node.in_network_efficiency) + h100.intra_node.kernel_s_per_byte
+    assert 1.75 / nvls_s_per_byte == pytest.approx(480e9)
+    assert h100.inter_node.effective_bytes_per_s == pytest.approx(47e9)  # 46-48 of 50
     assert a100.inter_node.effective_bytes_per_s == pytest.approx(24e9)  # 24 of 25 per HDR NIC
-    assert a100.intra_node.beta_s_per_byte == pytest.approx(1 / 230e9)
+    assert a100.intra_node.beta_s_per_byte == pytest.approx(1 / 300e9)
+    assert a100.intra_node.kernel_s_per_byte == pytest.approx(1.75 * (1 / 230e9 - 1 / 300e9))
     assert a100.intra_node.latency_s == 3.4e-6 and a100.inter_node.latency_s == 14.0e-6
+    # The same delta predicts the measured 1 GiB busbw at n = 2 and 4 (197.28 and 221.86 GB/s) within 3 %.
+    assert a100.intra_node.expected_allreduce_busbw(2) == pytest.approx(197.28e9, rel=0.03)
+    assert a100.intra_node.expected_allreduce_busbw(4) == pytest.approx(221.86e9, rel=0.03)
+
+
+def test_v100_cube_mesh_matrix() -> None:
+    v100 = get_cluster("dgx-v100")
+    m = v100.nvlink_matrix
+    assert v100.intra_topology == "hybrid-cube-mesh" and m == cluster_mod.DGX1_V100_NVLINK_MATRIX
+    assert all(sum(row) == 6 for row in m)  # six NVLink2 links per V100
+    assert all(m[i][j] == m[j][i] for i in range(8) for j in range(8))
+    assert m[0][1] == 1 and m[0][3] == 2 and m[0][5] == 0  # NV1, NV2, SYS in nvidia-smi topo -m
+    assert v100.intra_node.per_link_bytes_per_s == 25e9 and v100.intra_node.efficiency == 0.90
+    assert dict(v100.sources)["nvlink_matrix"]
+    # A smaller node keeps the top-left corner of the matrix.
+    assert CLUSTERS["dgx-v100"].build(4, 4).nvlink_matrix == tuple(row[:4] for row in m[:4])
+    with pytest.raises(ConfigError, match="too many"):
+        CLUSTERS["dgx-v100"].build(16, 16)
+
+
+def test_cluster_network_fields() -> None:
+    a100 = get_cluster("dgx-a100", 16)
+    assert a100.collective_library == "nccl" and a100.nics_per_node == 8
+    assert a100.collective_overhead_s == cluster_mod.NCCL_CALL_OVERHEAD_S
+    assert dict(a100.sources)["collective_overhead_s"]
+    for preset in CLUSTERS.values():
+        built = preset.build()
+        assert built.collective_library == "nccl" and dict(built.sources).get("collective_overhead_s")
+    block = a100.to_dict()["network"]
+    assert block["collective_library"] == "nccl" and block["intra_topology"] == "switch"  # type: ignore[index]
+    assert any("51.5 us per call" in a for a in a100.assumptions)  # copied into data.json warnings
+    custom = make_cluster("a100", 8, collective_library="textbook", collective_overhead_s=0.0)
+    assert custom.collective_library == "textbook" and custom.collective_overhead_s == 0.0
+    assert not any("per call" in a for a in custom.assumptions)
+    assert make_cluster("v100", 16).intra_topology == "hybrid-cube-mesh"
+    link = Link("x", 1e9, 1e-6)
+    assert make_cluster("v100", 8, intra_node=link).intra_topology == "switch"  # a custom link has no matrix
+    with pytest.raises(ConfigError, match="collective_library"):
+        make_cluster("a100", 8, collective_library="mpi")
+    with pytest.raises(ConfigError, match="nvlink_matrix"):
+        Cluster(get_gpu("v100"), 2, 2, link, link, "t", "n", intra_topology="hybrid-cube-mesh", nvlink_matrix=((0, 1), (2, 0)))
+    with pytest.raises(ConfigError, match="intra_topology"):
+        Cluster(get_gpu("v100"), 2, 2, link, link, "t", "n", intra_topology="torus")
+    with pytest.raises(ConfigError, match="overhead"):
+        Cluster(get_gpu("v100"), 2, 2, link, link, "t", "n", collective_overhead_s=-1.0)
+
+
+def test_new_link_fields_are_validated_and_sourced() -> None:
+    with pytest.raises(ConfigError, match="kernel_s_per_byte"):
+        Link("x", 1e9, 1e-6, kernel_s_per_byte=-1.0)
+    with pytest.raises(ConfigError, match="hw"):
+        Link("x", 1e9, 1e-6, hw="infiniband")
+    with pytest.raises(ConfigError, match="links_per_gpu"):
+        Link("x", 1e9, 1e-6, links_per_gpu=0)
+    with pytest.raises(ConfigError, match="in_network_efficiency"):
+        Link("x", 1e9, 1e-6, in_network_efficiency=1.5)
+    sourced = {"bandwidth_bytes_per_s": "a", "latency_s": "b", "efficiency": "c"}
+    assert Link("x", 1e9, 1e-6, 1.0, sourced, kernel_s_per_byte=1e-12).unsourced_fields() == ("kernel_s_per_byte",)
+    link = get_cluster("dgx-h100").intra_node
+    assert pickle.loads(pickle.dumps(link)) == link and hash(copy.deepcopy(link)) == hash(link)
+    assert link.to_dict()["links_per_gpu"] == 18 and link.per_link_bytes_per_s == 25e9
 
 
 def test_link_validation() -> None:

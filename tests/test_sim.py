@@ -110,7 +110,7 @@ def test_trace_validates(small_analysis):
 def test_recommendations_are_reanalysed_and_faster():
     model = zoo.build_gpt(layers=8, hidden=256, heads=8, vocab=512, seq_len=128)
     config = ParallelConfig(pp_size=4, micro_batch_size=2, global_batch_size=16, seq_len=128)
-    a = analyze_graph(load_model_proto(model, ImportOptions(batch_size=2)), config, make_cluster("a100", 4, 4),
+    a = analyze_graph(load_model_proto(model, ImportOptions(batch_size=2)), config, make_cluster("a100", 4, 4, collective_overhead_s=0.0),
                       reimport=lambda b: load_model_proto(model, ImportOptions(batch_size=b)))
     changes = {r["change"].split(" (")[0]: r for r in a.recommendations}
     assert "--schedule interleaved --virtual-stages 2" in changes

@@ -45,6 +45,10 @@ def collectives_table(analysis: Analysis) -> list[dict[str, Any]]:
                 "algorithm": c.algorithm,
                 "link": c.link,
                 "time_s": c.time_s,
+                "limiting_link": c.limiting_link,
+                "protocol": c.protocol,
+                "steps": c.steps,
+                "formula": c.formula,
                 "count_per_iteration": 0,
                 "reasons": [],
             }

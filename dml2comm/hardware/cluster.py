@@ -2,36 +2,42 @@
 
 A :class:`Cluster` is ``num_gpus`` GPUs of one :class:`~dml2comm.hardware.gpus.GPU` model packed
 ``gpus_per_node`` to a node.  Two :class:`Link` classes connect them: ``intra_node`` (NVLink /
-NVSwitch, or PCIe) between GPUs of one node, and ``inter_node`` (the InfiniBand NICs) between
-nodes.  :meth:`Cluster.link_for_group` answers which one a communication group uses: the
-intra-node link when every rank of the group is on one node, otherwise the NIC link -- the
-slowest link class the group crosses.  (The inter-node network is taken as non-blocking, a fat
-tree as in Narayanan et al. 2021, Sec. 5.)
+NVSwitch, a DGX-1 NVLink cube-mesh, or PCIe) between GPUs of one node, and ``inter_node`` (the
+InfiniBand NICs) between nodes; the inter-node network is taken as non-blocking, a fat tree as in
+Narayanan et al. 2021, Sec. 5.  :func:`dml2comm.network.model.collective_cost_for_group` costs a
+group on the links it really uses (GPUs per node, nodes, which NVLinks, how many NIC shares);
+:meth:`Cluster.link_for_group` is the older one-link answer (the slowest link class a group
+crosses), kept for the single-link :func:`~dml2comm.network.collectives.collective_cost`.
 
 Link conventions
 ----------------
 - ``bandwidth_bytes_per_s`` is the *line rate per direction available to one GPU*: the sum over
-  the GPU's NVLinks for the intra-node link; for the NIC link, the node's NIC line rate divided
-  among its GPUs (DGX A100: 8 x 200 Gb/s NICs for 8 GPUs -> 25 GB/s per GPU; DGX-1: 4 x 100 Gb/s
-  for 8 GPUs -> 6.25 GB/s per GPU).  That share is what each GPU gets when all GPUs of a node talk
-  across nodes at once, as data-parallel groups do.
-- ``efficiency`` = achieved / line rate, from NCCL maintainers' expected bus bandwidths (A100
-  NVSwitch 230 of 300 GB/s, H100 370 of 450, 200 Gb/s NIC 24 of 25, 400 Gb/s NIC 46-48 of 50) or
-  from NCCL's own topology model where no statement exists.  Time models use
+  the GPU's ``links_per_gpu`` NVLinks for the intra-node link; for the NIC link, the node's NIC
+  line rate divided among its GPUs (DGX A100: 8 x 200 Gb/s NICs for 8 GPUs -> 25 GB/s per GPU;
+  DGX-1: 4 x 100 Gb/s for 8 GPUs -> 6.25 GB/s per GPU).  That share is what each GPU gets when all
+  GPUs of a node talk across nodes at once, as data-parallel groups do; a group with k GPUs on a
+  node uses k shares (NCCL runs one ring per NIC).
+- ``efficiency`` = achieved / line rate of the transfer: NIC 24 of 25 (HDR), 46-48 of 50 (NDR)
+  from NCCL maintainers; PCIe Gen4 24 of 32 from NCCL's model; NVLink see below.  Time models use
   ``bandwidth_bytes_per_s * efficiency`` (:attr:`Link.effective_bytes_per_s`).
-- ``latency_s`` is the per-message (per ring step) latency alpha of the alpha-beta model: NCCL
-  2.20.3 ``src/graph/tuning.cc`` ``hwLat[hw][Ring][Simple]`` -- 3.4 us over NVLink, 5.7 us over
-  PCIe, 14.0 us over the network.  Simple is the protocol NCCL uses for the bandwidth-bound
-  messages the efficiencies above describe.  NCCL's constant ``baseLat`` (8.4 us for Ring/Simple)
-  is *not* included: the textbook formulas have no constant term (see benchmarks/bench_nccl_baseline.py
-  for what that costs on small messages).
+- ``latency_s`` is the per-message (per ring step) latency alpha of the alpha-beta model with the
+  Simple protocol: NCCL ``src/graph/tuning.cc`` ``hwLat[hw][Ring][Simple]`` -- 3.4 us over NVLink,
+  5.7 us over PCIe, 14.0 us over the network.  ``hw`` names the class so that the NCCL model
+  (:mod:`dml2comm.network.nccl`) can look up its LL/LL128 latencies and its base latency.
 
-Known limitation of the baseline (for the hierarchical model to come): a group with several GPUs
-per node that crosses nodes is costed at one NIC's per-GPU share, although NCCL then runs one ring
-per NIC and reaches about (GPUs of the group per node) x that bandwidth.  The estimate is exact for
-groups with one GPU per node (Megatron data-parallel groups when t = GPUs per node) and for nodes
-with one NIC, pessimistic otherwise.  Likewise a hybrid cube-mesh (DGX-1) gives small groups fewer
-NVLinks than the full-node ring the V100 preset describes.
+Calibration (NVLink)
+--------------------
+Measured A100 all-reduce bus bandwidth grows with the group: 197, 222 and 229 GB/s at n = 2, 4 and
+8 for 1 GiB (shared/data/nccl_allreduce_measured.csv).  One efficiency cannot give that; a
+per-byte kernel term can: ``t/S = 2((n-1)/n) beta + delta`` (the kernel reading the input and
+writing the output, not overlapped with the transfer).  A free fit to the three rows gives the
+line rate (efficiency 0.996) and delta = 1.63 ps/B; the presets keep the line rate and take delta
+from the maintainers' 8-GPU figure alone (A100: 230 of 300 GB/s -> 1.775 ps/B; H100: 370 of 450 ->
+0.841 ps/B), which predicts the n = 2 and n = 4 rows within 2 %.  V100 (DGX-1): every pair of GPUs
+has 0, 1 or 2 NVLinks (:data:`DGX1_V100_NVLINK_MATRIX`); efficiency 0.90 fits both measured V100
+rows, the pair with one link (22.6 GB/s) and the ring over six (134.5 GB/s).  NVLink SHARP (H100):
+``in_network_efficiency`` gives the maintainers' 480 GB/s.  :data:`NCCL_CALL_OVERHEAD_S` is the one
+number fitted to a single measured row.  Per-row errors: dml2comm/network/nccl.py.
 
 Rank mapping
 ------------
@@ -45,7 +51,8 @@ Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
 Megatron-LM", SC'21 (arXiv:2104.04473), Sec. 5 (8 x A100 per node, NVSwitch, 8 x 200 Gb/s HDR).
 NVIDIA nccl-tests issues #119, #149, #212, #267, #290 (expected bus bandwidths, maintainers).
 NVIDIA NCCL 2.20.3 src/graph/tuning.cc (hwLat) and src/graph/topo.h / topo.cc (SM70_NVLINK_BW,
-kvDictPciGen).  NVIDIA DGX-1 with Tesla V100 system-architecture whitepaper.
+kvDictPciGen).  NVIDIA DGX-1 with Tesla V100 system-architecture whitepaper.  vTrain (MICRO 2024)
+measured NCCL lookup tables (shared/data/nccl_allreduce_measured.csv).
 """
 
 from __future__ import annotations
@@ -59,6 +66,11 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import GPU, get_gpu
 
 __all__ = [
+    "COLLECTIVE_LIBRARIES",
+    "DGX1_V100_NVLINK_MATRIX",
+    "INTRA_TOPOLOGIES",
+    "LINK_HW_CLASSES",
+    "NCCL_CALL_OVERHEAD_S",
     "Link",
     "Cluster",
     "ClusterPreset",
@@ -97,18 +109,32 @@ class Link:
     name
         Human-readable name, shown in outputs (e.g. ``"NVLink3 x12 + NVSwitch (A100)"``).
     bandwidth_bytes_per_s
-        Line rate per direction available to one GPU (bytes/s).
+        Line rate per direction available to one GPU (bytes/s), summed over ``links_per_gpu``.
     latency_s
         Per-message latency alpha (seconds), see the module docstring.
     efficiency
         Achieved / line rate, in (0, 1]; time models use ``bandwidth_bytes_per_s * efficiency``.
     sources
-        ``"bandwidth_bytes_per_s"``, ``"latency_s"``, ``"efficiency"`` -> where the number comes from.
+        Field name -> where the number comes from (``"bandwidth_bytes_per_s"``, ``"latency_s"``,
+        ``"efficiency"``, and any non-default field below).
+    kernel_s_per_byte
+        delta: seconds per byte of the collective's buffer that the GPU kernel spends outside the
+        link transfer (reading the input, writing the output), added once per byte of the buffer
+        whatever the group size; 0 by default.  See "Calibration" in the module docstring.
+    hw
+        Hardware class for NCCL's latency tables: ``"nvlink"``, ``"pcie"``, ``"net"``, or ``""``
+        (a generic link: the textbook model with ``latency_s`` only).
+    links_per_gpu
+        How many physical links ``bandwidth_bytes_per_s`` sums (12 NVLink3 links on A100; 1 NIC).
+    in_network_efficiency
+        Achieved / line rate of in-network reduction through the switch this link reaches (NVLink
+        SHARP); ``None`` when the switch cannot reduce.
 
     Raises
     ------
     ConfigError
-        Non-positive bandwidth, negative latency, or efficiency outside (0, 1].
+        Non-positive bandwidth, negative latency or delta, efficiency outside (0, 1], an unknown
+        ``hw`` class or a non-positive link count.
     """
 
     name: str
@@ -116,6 +142,10 @@ class Link:
     latency_s: float
     efficiency: float = 1.0
     sources: Mapping[str, str] = field(default_factory=dict)
+    kernel_s_per_byte: float = 0.0
+    hw: str = ""
+    links_per_gpu: int = 1
+    in_network_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
@@ -124,14 +154,49 @@ class Link:
             raise ConfigError(f"link {self.name!r}: latency_s must be >= 0, got {self.latency_s!r}")
         if not (math.isfinite(self.efficiency) and 0 < self.efficiency <= 1):
             raise ConfigError(f"link {self.name!r}: efficiency must be in (0, 1], got {self.efficiency!r}")
+        if not (math.isfinite(self.kernel_s_per_byte) and self.kernel_s_per_byte >= 0):
+            raise ConfigError(f"link {self.name!r}: kernel_s_per_byte must be >= 0, got {self.kernel_s_per_byte!r}")
+        if self.hw not in LINK_HW_CLASSES:
+            raise ConfigError(f"link {self.name!r}: hw must be one of {', '.join(repr(h) for h in LINK_HW_CLASSES)}, got {self.hw!r}")
+        if not _is_int(self.links_per_gpu) or self.links_per_gpu < 1:
+            raise ConfigError(f"link {self.name!r}: links_per_gpu must be a positive integer, got {self.links_per_gpu!r}")
+        eff = self.in_network_efficiency
+        if eff is not None and not (math.isfinite(eff) and 0 < eff <= 1):
+            raise ConfigError(f"link {self.name!r}: in_network_efficiency must be in (0, 1] or None, got {eff!r}")
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.name,
+            self.bandwidth_bytes_per_s,
+            self.latency_s,
+            self.efficiency,
+            tuple(sorted(self.sources.items())),
+            self.kernel_s_per_byte,
+            self.hw,
+            self.links_per_gpu,
+            self.in_network_efficiency,
+        )
+
     def __hash__(self) -> int:
-        return hash((self.name, self.bandwidth_bytes_per_s, self.latency_s, self.efficiency, tuple(sorted(self.sources.items()))))
+        return hash(self._key())
 
     def __reduce__(self) -> tuple[object, ...]:
         # mappingproxy does not pickle; rebuild from a plain dict (copy, deepcopy, multiprocessing).
-        return (type(self), (self.name, self.bandwidth_bytes_per_s, self.latency_s, self.efficiency, dict(self.sources)))
+        return (
+            type(self),
+            (
+                self.name,
+                self.bandwidth_bytes_per_s,
+                self.latency_s,
+                self.efficiency,
+                dict(self.sources),
+                self.kernel_s_per_byte,
+                self.hw,
+                self.links_per_gpu,
+                self.in_network_efficiency,
+            ),
+        )
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -143,9 +208,46 @@ class Link:
         """Seconds per byte of the alpha-beta model: 1 / (line rate x efficiency)."""
         return 1.0 / self.effective_bytes_per_s
 
+    @property
+    def per_link_bytes_per_s(self) -> float:
+        """Line rate of one physical link: ``bandwidth_bytes_per_s / links_per_gpu``."""
+        return self.bandwidth_bytes_per_s / self.links_per_gpu
+
+    def expected_allreduce_busbw(self, n: int) -> float:
+        """Large-message ring AllReduce bus bandwidth over ``n`` ranks on this link (bytes/s).
+
+        ``busbw = f / (f beta + delta)`` with ``f = 2(n-1)/n`` (nccl-tests factor): the line rate x
+        efficiency when delta is 0, less when the kernel term matters.  Latency is ignored.
+        """
+        if n < 2:
+            return 0.0
+        f = 2 * (n - 1) / n
+        return f / (f * self.beta_s_per_byte + self.kernel_s_per_byte)
+
+    def scaled(self, factor: float, name: str | None = None) -> "Link":
+        """The same link class with ``factor`` x the bandwidth (e.g. k parallel NIC shares)."""
+        return Link(
+            name=self.name if name is None else name,
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * factor,
+            latency_s=self.latency_s,
+            efficiency=self.efficiency,
+            sources=self.sources,
+            kernel_s_per_byte=self.kernel_s_per_byte,
+            hw=self.hw,
+            links_per_gpu=self.links_per_gpu,
+            in_network_efficiency=self.in_network_efficiency,
+        )
+
     def unsourced_fields(self) -> tuple[str, ...]:
-        """Numbers without a non-empty entry in :attr:`sources` (empty for every preset link)."""
-        wanted = ("bandwidth_bytes_per_s", "latency_s", "efficiency")
+        """Numbers without a non-empty entry in :attr:`sources` (empty for every preset link).
+
+        ``kernel_s_per_byte`` and ``in_network_efficiency`` need a source only when set.
+        """
+        wanted = ["bandwidth_bytes_per_s", "latency_s", "efficiency"]
+        if self.kernel_s_per_byte:
+            wanted.append("kernel_s_per_byte")
+        if self.in_network_efficiency is not None:
+            wanted.append("in_network_efficiency")
         return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
 
     def to_dict(self) -> dict[str, object]:
@@ -156,8 +258,26 @@ class Link:
             "efficiency": self.efficiency,
             "effective_bytes_per_s": self.effective_bytes_per_s,
             "latency_s": self.latency_s,
+            "kernel_s_per_byte": self.kernel_s_per_byte,
+            "hw": self.hw,
+            "links_per_gpu": self.links_per_gpu,
+            "in_network_efficiency": self.in_network_efficiency,
             "sources": dict(self.sources),
         }
+
+
+#: Hardware classes of :attr:`Link.hw` ("" = generic, textbook alpha-beta only).
+LINK_HW_CLASSES: tuple[str, ...] = ("", "nvlink", "pcie", "net")
+#: Values of :attr:`Cluster.intra_topology`.
+INTRA_TOPOLOGIES: tuple[str, ...] = ("switch", "hybrid-cube-mesh")
+#: Values of :attr:`Cluster.collective_library`.
+COLLECTIVE_LIBRARIES: tuple[str, ...] = ("textbook", "nccl")
+
+
+def _kernel_delta(busbw_bytes_per_s: float, line_bytes_per_s: float, n: int = 8) -> float:
+    """delta such that an n-rank ring AllReduce at line rate reaches ``busbw``: f (1/busbw - 1/line)."""
+    f = 2 * (n - 1) / n
+    return f * (1.0 / busbw_bytes_per_s - 1.0 / line_bytes_per_s)
 
 
 _LAT_NVLINK = (
@@ -170,50 +290,88 @@ _LAT_NET = (
     "(9.6 us in NCCL 2.7; baseLat 8.4 us not included)"
 )
 
+_DELTA_A100 = _kernel_delta(230e9, 300e9)  # 1.775 ps/B
+_DELTA_H100 = _kernel_delta(370e9, 450e9)  # 0.841 ps/B
+# NVLS: 8-GPU busbw 480 GB/s -> algbw 480/1.75; t/S = beta_nvls + delta_H100 -> beta_nvls.
+_NVLS_H100_BYTES_PER_S = 1.0 / (1.75 / 480e9 - _DELTA_H100)  # 356.5 GB/s
+
+_CSV = "shared/data/nccl_allreduce_measured.csv"
+
 #: A100 SXM4: 12 NVLink3 links through NVSwitch (DGX/HGX A100).
 NVLINK3_NVSWITCH_A100 = Link(
     name="NVLink3 x12 + NVSwitch (A100)",
     bandwidth_bytes_per_s=300e9,
     latency_s=3.4e-6,
-    efficiency=230.0 / 300.0,
+    efficiency=1.0,
+    kernel_s_per_byte=_DELTA_A100,
+    hw="nvlink",
+    links_per_gpu=12,
     sources={
         "bandwidth_bytes_per_s": "12 NVLink3 links x 25 GB/s per direction = 300 GB/s (sjeaugey, NVIDIA/nccl-tests#149)",
         "latency_s": _LAT_NVLINK,
-        "efficiency": "expected 8-GPU all-reduce busbw about 230 GB/s of 300 GB/s line rate (sjeaugey, NVIDIA/nccl-tests#149)",
+        "efficiency": (
+            "1.0: the transfer runs at the line rate and the gap to the achieved busbw is the kernel term delta. "
+            f"A least-squares fit of t/S = f/(e x 300 GB/s) + delta to the three 1 GiB A100 rows of {_CSV} "
+            "(n = 2, 4, 8; f = 2(n-1)/n) gives e = 0.996 and delta = 1.63 ps/B"
+        ),
+        "kernel_s_per_byte": (
+            "1.775 ps/B = 1.75 x (1/230 - 1/300) ns/kB: makes the 8-GPU ring all-reduce busbw the maintainers' "
+            "expected 230 GB/s (sjeaugey, NVIDIA/nccl-tests#149) at line rate; the same delta predicts the measured "
+            f"1 GiB busbw at n = 2 (196 vs 197 GB/s) and n = 4 (221 vs 222) of {_CSV}. NCCL's own model caps "
+            "Ampere busBw at 235 GB/s (tuning.cc, NCCL 2.8: 'if (compCap80) busBw = std::min(busBw, 235.0f)')"
+        ),
     },
 )
 
-#: H100/H200 SXM: 18 NVLink4 links through NVSwitch (DGX/HGX H100, HGX H200).
+#: H100/H200 SXM: 18 NVLink4 links through NVSwitch (DGX/HGX H100, HGX H200), NVLink SHARP.
 NVLINK4_NVSWITCH_H100 = Link(
     name="NVLink4 x18 + NVSwitch (H100/H200)",
     bandwidth_bytes_per_s=450e9,
     latency_s=3.4e-6,
-    efficiency=370.0 / 450.0,
+    efficiency=1.0,
+    kernel_s_per_byte=_DELTA_H100,
+    hw="nvlink",
+    links_per_gpu=18,
+    in_network_efficiency=_NVLS_H100_BYTES_PER_S / 450e9,
     sources={
         "bandwidth_bytes_per_s": "'450GB/s is the line rate' per direction (sjeaugey, NVIDIA/nccl-tests#212); 900 GB/s bidirectional",
         "latency_s": _LAT_NVLINK,
         "efficiency": (
-            "'With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s' (ring; "
-            "sjeaugey, NVIDIA/nccl-tests#212); also 18 links x SM90_NVLINK_BW 20.6 = 370.8 in NCCL src/graph/topo.h. "
-            "NVLink SHARP all-reduce (~480 GB/s busbw) is not a ring and is not modelled here"
+            "1.0 by analogy with the A100 fit (the transfer at line rate, the gap in delta); no measured H100 rows"
+        ),
+        "kernel_s_per_byte": (
+            "0.841 ps/B = 1.75 x (1/370 - 1/450) ns/kB: makes the 8-GPU ring busbw the expected 370 GB/s ('With the "
+            "protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s', sjeaugey, "
+            "NVIDIA/nccl-tests#212; also 18 x SM90_NVLINK_BW 20.6 in NCCL src/graph/topo.h)"
+        ),
+        "in_network_efficiency": (
+            "0.792 = 356.5/450: makes the 8-GPU NVLink SHARP (NVLS) all-reduce busbw 480 GB/s (NCCL maintainers, "
+            "shared/REFERENCES.md) with t = 2 alpha + S/(0.792 x 450 GB/s) + delta S"
         ),
     },
 )
 
-#: V100 SXM2 in a DGX-1 hybrid cube-mesh: an 8-GPU ring uses all six NVLink2 links of a GPU.
+#: V100 SXM2 in a DGX-1 hybrid cube-mesh: six NVLink2 links per GPU, 1 or 2 to each of four peers.
 NVLINK2_CUBE_MESH_V100 = Link(
-    name="NVLink2 x6 hybrid cube-mesh (V100, 8-GPU ring)",
+    name="NVLink2 x6 hybrid cube-mesh (V100)",
     bandwidth_bytes_per_s=150e9,
     latency_s=3.4e-6,
-    efficiency=20.0 / 25.0,
+    efficiency=0.90,
+    hw="nvlink",
+    links_per_gpu=6,
     sources={
         "bandwidth_bytes_per_s": (
             "six NVLinks x 25 GB/s per direction; the hybrid cube-mesh is 'three interwoven rings of single NVLink "
             "connections', so an 8-GPU ring in both directions uses all six (NVIDIA DGX-1 with V100 whitepaper). "
-            "Subsets of the GPUs see fewer links (one link = 25 GB/s between some pairs)"
+            "Subsets of the GPUs see fewer links: Cluster.nvlink_matrix gives the links between each pair"
         ),
         "latency_s": _LAT_NVLINK,
-        "efficiency": "NCCL's model of a Volta NVLink: SM70_NVLINK_BW 20.0 GB/s of 25 GB/s line (NCCL src/graph/topo.h)",
+        "efficiency": (
+            f"0.90, fitted to the two 1 GiB V100 rows of {_CSV}: n = 2 over the single NVLink between GPU 0 and 1 "
+            "reaches 22.55 of 25 GB/s (0.902), n = 8 over six links 134.5 of 150 GB/s (0.897); a fit with a kernel "
+            "term gives delta = 0.1 ps/B, so delta = 0. (NCCL's own Volta model is 20 of 25 GB/s, SM70_NVLINK_BW, "
+            "src/graph/topo.h)"
+        ),
     },
 )
 
@@ -223,6 +381,7 @@ PCIE_GEN4_X16 = Link(
     bandwidth_bytes_per_s=32e9,
     latency_s=5.7e-6,
     efficiency=24.0 / 32.0,
+    hw="pcie",
     sources={
         "bandwidth_bytes_per_s": "16 GT/s x 16 lanes / 8 = 32 GB/s per direction (PCIe 4.0 x16 line rate, before 128b/130b)",
         "latency_s": _LAT_PCI,
@@ -240,6 +399,7 @@ IB_EDR_100G = Link(
     bandwidth_bytes_per_s=12.5e9,
     latency_s=14.0e-6,
     efficiency=12.0 / 12.5,
+    hw="net",
     sources={
         "bandwidth_bytes_per_s": "100 Gb/s / 8 = 12.5 GB/s per direction",
         "latency_s": _LAT_NET,
@@ -253,6 +413,7 @@ IB_HDR_200G = Link(
     bandwidth_bytes_per_s=25e9,
     latency_s=14.0e-6,
     efficiency=24.0 / 25.0,
+    hw="net",
     sources={
         "bandwidth_bytes_per_s": "200 Gb/s / 8 = 25 GB/s per direction",
         "latency_s": _LAT_NET,
@@ -266,6 +427,7 @@ IB_NDR_400G = Link(
     bandwidth_bytes_per_s=50e9,
     latency_s=14.0e-6,
     efficiency=47.0 / 50.0,
+    hw="net",
     sources={
         "bandwidth_bytes_per_s": "400 Gb/s / 8 = 50 GB/s per direction",
         "latency_s": _LAT_NET,
@@ -293,6 +455,10 @@ def _per_gpu_nic_share(nic: Link, nics_per_node: int, gpus_per_node: int) -> Lin
         latency_s=nic.latency_s,
         efficiency=nic.efficiency,
         sources=sources,
+        kernel_s_per_byte=nic.kernel_s_per_byte,
+        hw=nic.hw,
+        links_per_gpu=nic.links_per_gpu,
+        in_network_efficiency=nic.in_network_efficiency,
     )
 
 
@@ -322,11 +488,28 @@ class Cluster:
     assumptions
         What the preset assumed rather than sourced, in words; the analysis copies these into
         data.json ``warnings``.
+    intra_topology
+        How GPUs of a node are joined: ``"switch"`` (NVSwitch or a PCIe switch: every pair one
+        hop at the full per-GPU bandwidth) or ``"hybrid-cube-mesh"`` (DGX-1: point-to-point
+        NVLinks given by :attr:`nvlink_matrix`).
+    nvlink_matrix
+        For ``"hybrid-cube-mesh"``: links between local GPUs i and j (symmetric, 0 on the
+        diagonal), ``gpus_per_node`` square; one link = ``intra_node.per_link_bytes_per_s``.
+    nics_per_node
+        NICs of a node (informational; ``inter_node`` already holds the per-GPU share).
+    collective_library
+        ``"nccl"``: cost collectives as NCCL runs them (protocols LL/LL128/Simple, its base
+        latencies and algorithms, see :mod:`dml2comm.network.nccl`); ``"textbook"``: the plain
+        alpha-beta formulas with ``latency_s`` as alpha.
+    collective_overhead_s
+        Fixed time added to every collective call (launch and measurement overhead), seconds.
+    sources
+        ``(field, source)`` pairs for the numbers above that are not links.
 
     Raises
     ------
     ConfigError
-        Non-positive sizes.
+        Non-positive sizes, an unknown intra-node topology or library, or a bad link matrix.
     """
 
     gpu: GPU
@@ -337,12 +520,46 @@ class Cluster:
     topology: str
     name: str
     assumptions: tuple[str, ...] = ()
+    intra_topology: str = "switch"
+    nvlink_matrix: tuple[tuple[int, ...], ...] | None = None
+    nics_per_node: int | None = None
+    collective_library: str = "textbook"
+    collective_overhead_s: float = 0.0
+    sources: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for label, value in (("num_gpus", self.num_gpus), ("gpus_per_node", self.gpus_per_node)):
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"cluster {self.name!r}: {label} must be a positive integer, got {value!r}")
         object.__setattr__(self, "assumptions", tuple(self.assumptions))
+        object.__setattr__(self, "sources", tuple((str(k), str(v)) for k, v in self.sources))
+        if self.intra_topology not in INTRA_TOPOLOGIES:
+            raise ConfigError(
+                f"cluster {self.name!r}: intra_topology must be one of {', '.join(INTRA_TOPOLOGIES)}, got {self.intra_topology!r}"
+            )
+        if self.collective_library not in COLLECTIVE_LIBRARIES:
+            raise ConfigError(
+                f"cluster {self.name!r}: collective_library must be one of {', '.join(COLLECTIVE_LIBRARIES)}, "
+                f"got {self.collective_library!r}"
+            )
+        if not (math.isfinite(self.collective_overhead_s) and self.collective_overhead_s >= 0):
+            raise ConfigError(f"cluster {self.name!r}: collective_overhead_s must be >= 0, got {self.collective_overhead_s!r}")
+        if self.nics_per_node is not None and (not _is_int(self.nics_per_node) or self.nics_per_node < 1):
+            raise ConfigError(f"cluster {self.name!r}: nics_per_node must be a positive integer, got {self.nics_per_node!r}")
+        if self.intra_topology == "hybrid-cube-mesh":
+            matrix = self.nvlink_matrix
+            k = self.gpus_per_node
+            if matrix is None:
+                raise ConfigError(f"cluster {self.name!r}: a hybrid-cube-mesh needs nvlink_matrix ({k} x {k} link counts)")
+            rows = tuple(tuple(int(x) for x in row) for row in matrix)
+            ok = len(rows) == k and all(len(r) == k for r in rows)
+            ok = ok and all(rows[i][j] == rows[j][i] >= 0 for i in range(k) for j in range(k)) and all(rows[i][i] == 0 for i in range(k))
+            if not ok:
+                raise ConfigError(
+                    f"cluster {self.name!r}: nvlink_matrix must be a symmetric {k} x {k} matrix of link counts >= 0 "
+                    "with zeros on the diagonal"
+                )
+            object.__setattr__(self, "nvlink_matrix", rows)
 
     @property
     def num_nodes(self) -> int:
@@ -362,7 +579,11 @@ class Cluster:
         return rank // self.gpus_per_node
 
     def link_for_group(self, ranks: Sequence[int]) -> Link:
-        """The slowest link class a communication group crosses.
+        """The slowest link class a communication group crosses (the one-link view).
+
+        For costs use :func:`dml2comm.network.model.collective_cost_for_group`, which also sees
+        how many GPUs per node the group has (and so how many NIC shares), which NVLinks a
+        cube-mesh subgroup has, and NCCL's protocols.
 
         Parameters
         ----------
@@ -401,6 +622,14 @@ class Cluster:
             "topology": self.topology,
             "links": {"intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict()},
             "assumptions": list(self.assumptions),
+            "network": {
+                "intra_topology": self.intra_topology,
+                "nvlink_matrix": [list(r) for r in self.nvlink_matrix] if self.nvlink_matrix is not None else None,
+                "nics_per_node": self.nics_per_node,
+                "collective_library": self.collective_library,
+                "collective_overhead_s": self.collective_overhead_s,
+                "sources": dict(self.sources),
+            },
         }
 
 
@@ -421,6 +650,11 @@ class ClusterPreset:
     topology: str
     description: str
     assumptions: tuple[str, ...] = ()
+    intra_topology: str = "switch"
+    nvlink_matrix: tuple[tuple[int, ...], ...] | None = None
+    collective_library: str = "nccl"
+    collective_overhead_s: float = 0.0
+    sources: tuple[tuple[str, str], ...] = ()
 
     def build(self, num_gpus: int | None = None, gpus_per_node: int | None = None, gpu: GPU | None = None) -> Cluster:
         """A cluster of ``num_gpus`` GPUs (default: one full node) from this recipe.
@@ -439,6 +673,14 @@ class ClusterPreset:
             raise ConfigError(f"gpus_per_node must be a positive integer, got {per_node!r}")
         total = per_node if num_gpus is None else num_gpus
         chosen = gpu if gpu is not None else get_gpu(self.gpu_name)
+        matrix = self.nvlink_matrix
+        if matrix is not None:
+            if per_node > len(matrix):
+                raise ConfigError(
+                    f"{self.name}: its NVLink hybrid cube-mesh joins {len(matrix)} GPUs; gpus_per_node={per_node} "
+                    f"is too many (use {len(matrix)} or fewer)"
+                )
+            matrix = tuple(tuple(row[:per_node]) for row in matrix[:per_node])
         return Cluster(
             gpu=chosen,
             num_gpus=total,
@@ -448,10 +690,56 @@ class ClusterPreset:
             topology=self.topology,
             name=f"{self.name} x{total}" if total != per_node else self.name,
             assumptions=self.assumptions,
+            intra_topology=self.intra_topology,
+            nvlink_matrix=matrix,
+            nics_per_node=self.nics_per_node,
+            collective_library=self.collective_library,
+            collective_overhead_s=self.collective_overhead_s,
+            sources=self.sources,
         )
 
 
+#: Links between the eight V100s of a DGX-1 (hybrid cube-mesh): ``nvidia-smi topo -m`` shows NV1 or
+#: NV2 (one or two bonded NVLinks) between linked pairs, SYS (no NVLink) otherwise.
+DGX1_V100_NVLINK_MATRIX: tuple[tuple[int, ...], ...] = (
+    (0, 1, 1, 2, 2, 0, 0, 0),
+    (1, 0, 2, 1, 0, 2, 0, 0),
+    (1, 2, 0, 2, 0, 0, 1, 0),
+    (2, 1, 2, 0, 0, 0, 0, 1),
+    (2, 0, 0, 0, 0, 1, 1, 2),
+    (0, 2, 0, 0, 1, 0, 2, 1),
+    (0, 0, 1, 0, 1, 2, 0, 2),
+    (0, 0, 0, 1, 2, 1, 2, 0),
+)
+_DGX1_MATRIX_SOURCE = (
+    "nvidia-smi topo -m of an 8x V100-SXM2 server (NV1/NV2/SYS), as printed in OneFlow's DLPerf benchmark reports; "
+    "6 links per GPU, a cube with doubled edges and two face diagonals ('a cube with GPUs at its corners and with all "
+    "twelve edges connected through NVLink (some edges have two NVLink connections), and with two of the six faces "
+    "having their diagonals connected as well', NVIDIA DGX-1 with V100 whitepaper)"
+)
+
+#: Fixed time per collective call in the NCCL presets (kernel launch and measurement overhead beyond
+#: NCCL's own base latency), fitted to the one small-message measurement: 8 x A100, 1 MiB all-reduce,
+#: 92.79 us measured where the NCCL model (LL protocol, base latency 6.6 us + 14 x 0.6 us, 75 GB/s bus
+#: bandwidth, kernel term) gives 41.3 us.  See dml2comm/network/nccl.py, "Calibration".
+NCCL_CALL_OVERHEAD_S = 51.5e-6
+_OVERHEAD_SOURCE = (
+    f"fitted: the 8 x A100 1 MiB all-reduce of {_CSV} (vTrain LUT) takes 92.79 us, the NCCL model without it 41.3 us; "
+    "other GPUs assume the A100 figure (no small-message measurements)"
+)
+
+_OVERHEAD_NOTE = (
+    "collective times include a fixed 51.5 us per call, fitted to NCCL all-reduces measured through PyTorch "
+    "(vTrain, 8 x A100); a CPU that runs ahead of the GPU can hide part of it in training"
+)
+_ASSUMED_OVERHEAD = (
+    "the per-call collective overhead (51.5 us) is the one fitted to A100 measurements; no small-message "
+    "measurements exist for this GPU"
+)
+
 _PCIE_BOX_ASSUMPTIONS = (
+    _OVERHEAD_NOTE,
+    _ASSUMED_OVERHEAD,
     "PCIe box: no vendor reference node exists; one 200 Gb/s HDR InfiniBand NIC per 8-GPU node is assumed "
     "(pass inter_node= to make_cluster to change it)",
     "PCIe intra-node bandwidth is NCCL's 24 GB/s model of a Gen4 x16 slot, an upper bound: 8-GPU PCIe "
@@ -471,6 +759,9 @@ _PRESETS: tuple[ClusterPreset, ...] = (
             "8x A100 80GB, NVSwitch, 8x 200 Gb/s HDR InfiniBand per node, fat tree (the Selene nodes of "
             "Narayanan et al. 2021 Sec. 5 / Table 1)"
         ),
+        collective_overhead_s=NCCL_CALL_OVERHEAD_S,
+        sources=(("collective_overhead_s", _OVERHEAD_SOURCE),),
+        assumptions=(_OVERHEAD_NOTE,),
     ),
     ClusterPreset(
         name="dgx-h100",
@@ -484,6 +775,9 @@ _PRESETS: tuple[ClusterPreset, ...] = (
             "8x H100 SXM5, NVLink4 + NVSwitch, 8x 400 Gb/s NDR (ConnectX-7) per node, one per GPU "
             "(400 Gb/s NDR per GPU: AddyLaddy, NVIDIA/nccl-tests#290)"
         ),
+        collective_overhead_s=NCCL_CALL_OVERHEAD_S,
+        sources=(("collective_overhead_s", _OVERHEAD_SOURCE),),
+        assumptions=(_OVERHEAD_NOTE, _ASSUMED_OVERHEAD),
     ),
     ClusterPreset(
         name="hgx-h200",
@@ -497,7 +791,11 @@ _PRESETS: tuple[ClusterPreset, ...] = (
         assumptions=(
             "hgx-h200: the MLCommons H200x8 host lists 10x 400 Gb/s InfiniBand; 8 of them (one per GPU, as on DGX H100) "
             "are assumed to carry GPU traffic",
+            _OVERHEAD_NOTE,
+            _ASSUMED_OVERHEAD,
         ),
+        collective_overhead_s=NCCL_CALL_OVERHEAD_S,
+        sources=(("collective_overhead_s", _OVERHEAD_SOURCE),),
     ),
     ClusterPreset(
         name="dgx-v100",
@@ -511,10 +809,11 @@ _PRESETS: tuple[ClusterPreset, ...] = (
             "DGX-1: 8x V100 SXM2 in an NVLink2 hybrid cube-mesh, 'four 100 Gb InfiniBand network interface "
             "cards' (NVIDIA DGX-1 with V100 whitepaper)"
         ),
-        assumptions=(
-            "dgx-v100: the intra-node link is the 8-GPU ring over all six NVLinks; groups of 2-4 GPUs on a hybrid "
-            "cube-mesh may see as little as one NVLink (25 GB/s), which this baseline does not model",
-        ),
+        assumptions=(_OVERHEAD_NOTE, _ASSUMED_OVERHEAD),
+        intra_topology="hybrid-cube-mesh",
+        nvlink_matrix=DGX1_V100_NVLINK_MATRIX,
+        collective_overhead_s=NCCL_CALL_OVERHEAD_S,
+        sources=(("collective_overhead_s", _OVERHEAD_SOURCE), ("nvlink_matrix", _DGX1_MATRIX_SOURCE)),
     ),
     ClusterPreset(
         name="pcie-a6000",
@@ -527,6 +826,8 @@ _PRESETS: tuple[ClusterPreset, ...] = (
         description="8x RTX A6000 on PCIe Gen4 x16, no NVSwitch; 2-GPU NVLink bridges are not modelled",
         assumptions=_PCIE_BOX_ASSUMPTIONS
         + ("pcie-a6000: 2-GPU NVLink bridges (56.25 GB/s per direction) are ignored; all intra-node groups use PCIe",),
+        collective_overhead_s=NCCL_CALL_OVERHEAD_S,
+        sources=(("collective_overhead_s", _OVERHEAD_SOURCE),),
     ),
     ClusterPreset(
         name="pcie-l40s",
@@ -538,6 +839,8 @@ _PRESETS: tuple[ClusterPreset, ...] = (
         topology="pcie/fat-tree",
         description="8x L40S on PCIe Gen4 x16 (no NVLink)",
         assumptions=_PCIE_BOX_ASSUMPTIONS,
+        collective_overhead_s=NCCL_CALL_OVERHEAD_S,
+        sources=(("collective_overhead_s", _OVERHEAD_SOURCE),),
     ),
 )
 
@@ -589,6 +892,8 @@ def make_cluster(
     inter_node: Link | None = None,
     topology: str | None = None,
     name: str | None = None,
+    collective_library: str | None = None,
+    collective_overhead_s: float | None = None,
 ) -> Cluster:
     """A cluster of ``num_gpus`` GPUs of model ``gpu_name`` with sensible default links.
 
@@ -608,6 +913,9 @@ def make_cluster(
         Override the links (``inter_node`` is taken as the per-GPU link as given).
     topology, name
         Override the identifiers.
+    collective_library, collective_overhead_s
+        Override how collectives are costed (default: the GPU's usual node, ``"nccl"``; a GPU
+        without one gets ``"textbook"`` and no overhead).
 
     Raises
     ------
@@ -618,11 +926,26 @@ def make_cluster(
     preset_name = _DEFAULT_PRESET_FOR_GPU.get(gpu.name)
     assumptions: tuple[str, ...] = ()
     default_topology = "custom"
+    extra: dict[str, object] = {}
     if preset_name is not None:
         base = CLUSTERS[preset_name].build(num_gpus, gpus_per_node, gpu=gpu)
         assumptions, default_topology = base.assumptions, base.topology
+        extra = {
+            "nics_per_node": base.nics_per_node,
+            "collective_library": base.collective_library,
+            "collective_overhead_s": base.collective_overhead_s,
+            "sources": base.sources,
+        }
+        if intra_node is None:
+            extra["intra_topology"] = base.intra_topology
+            extra["nvlink_matrix"] = base.nvlink_matrix
         intra_node = intra_node if intra_node is not None else base.intra_node
         inter_node = inter_node if inter_node is not None else base.inter_node
+    if collective_library is not None:
+        extra["collective_library"] = collective_library
+    if collective_overhead_s is not None:
+        extra["collective_overhead_s"] = collective_overhead_s
+        assumptions = tuple(a for a in assumptions if a not in (_OVERHEAD_NOTE, _ASSUMED_OVERHEAD))
     if intra_node is None or inter_node is None:
         raise ConfigError(
             f"no sourced default node for {gpu.name}; pass intra_node= and inter_node= Links "
@@ -637,6 +960,7 @@ def make_cluster(
         topology=topology if topology is not None else default_topology,
         name=name if name is not None else f"{gpu.name} x{num_gpus} ({gpus_per_node} per node)",
         assumptions=assumptions,
+        **extra,  # type: ignore[arg-type]
     )
 
 

@@ -1,0 +1,457 @@
+"""The ``collective`` subcommand: one collective's cost, or an nccl-tests-style table.
+
+    python main.py collective --op all_reduce --topology ring --n 8 --size 1GiB --bandwidth 100GB/s --latency 5us
+    python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
+    python main.py collective --op all_gather --cluster dgx-h100 --n 8 --table --csv
+
+:func:`run_collective` parses ``argv``, prints, and returns 0; bad input raises
+:class:`~dml2comm.errors.ConfigError` with a one-line message, which ``dml2comm.cli`` prints as
+``error: ...`` with exit code 2.  (This module prints because it *is* a command front end,
+called only from ``cli.py``; everything it calls is pure.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import json
+import math
+from typing import Any, Sequence
+
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Cluster, Link, cluster_names
+from dml2comm.network.collectives import CollectiveCost, busbw_factor, registered_algorithms
+from dml2comm.network.kinds import Algorithm, CollectiveKind
+from dml2comm.network.model import LIBRARIES, available_algorithms, collective_cost_for_group, cost_on_topology
+from dml2comm.network.topology import TOPOLOGY_NAMES, Topology, cluster_topology, make_topology
+from dml2comm.network.units import format_bytes, format_rate, format_seconds, parse_latency, parse_rate, parse_size
+
+__all__ = ["OPS", "network_presets", "parse_algorithm", "parse_op", "run_collective"]
+
+#: ``--op`` spellings (lower case, ``_``/``-`` ignored) -> kind.
+OPS: dict[str, CollectiveKind] = {
+    "allreduce": CollectiveKind.ALL_REDUCE,
+    "allgather": CollectiveKind.ALL_GATHER,
+    "reducescatter": CollectiveKind.REDUCE_SCATTER,
+    "broadcast": CollectiveKind.BROADCAST,
+    "reduce": CollectiveKind.REDUCE,
+    "alltoall": CollectiveKind.ALL_TO_ALL,
+    "sendrecv": CollectiveKind.SEND_RECV,
+}
+
+_ALGORITHM_ALIASES = {
+    "tree": Algorithm.DOUBLE_BINARY_TREE,
+    "dbt": Algorithm.DOUBLE_BINARY_TREE,
+    "halving_doubling": Algorithm.RABENSEIFNER,
+    "nvls": Algorithm.IN_NETWORK,
+    "sharp": Algorithm.IN_NETWORK,
+    "switch": Algorithm.IN_NETWORK,
+    "two_level": Algorithm.HIERARCHICAL,
+}
+
+EXAMPLES = """examples:
+  python main.py collective --op all_reduce --topology ring --n 8 --size 1GiB --bandwidth 100GB/s --latency 5us
+  python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
+  python main.py collective --op all_to_all --topology torus2d --dims 4x4 --n 16 --size 64MiB --bandwidth 50GB/s
+  python main.py collective --op all_reduce --topology fat-tree --radix 4 --oversubscription 2 --n 64 --size 1GiB --bandwidth 25GB/s
+  python main.py collective --op all_reduce --cluster dgx-h100 --n 8 --table --csv
+
+sizes: 4096, 1e9, 64MB (10^6), 64MiB or 64M (2^20); rates: 100GB/s, 200Gb/s (bits), 25e9; latencies: 5us, 1.5ms, 2e-6.
+busbw follows nccl-tests: AllReduce 2(n-1)/n x algbw; AllGather, ReduceScatter, AllToAll (n-1)/n; others 1.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage, so every error is one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"collective: {message} (see python main.py collective --help)")
+
+
+def _positive_int(label: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {text!r}")
+        return value
+
+    return parse
+
+
+def _float_at_least(label: str, low: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number >= {low:g}, got {text!r}") from None
+        if not (math.isfinite(value) and value >= low):
+            raise argparse.ArgumentTypeError(f"must be a number >= {low:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    parts = text.lower().replace("*", "x").replace(",", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"--dims must look like 4x4 or 4x2x2, got {text!r}") from None
+    if any(d < 1 for d in dims):
+        raise ConfigError(f"--dims must be positive integers, got {text!r}")
+    return dims
+
+
+def parse_op(text: str) -> CollectiveKind:
+    """``all_reduce`` / ``ALL_REDUCE`` / ``allreduce`` -> kind; a ConfigError lists the valid ones."""
+    key = text.strip().lower().replace("_", "").replace("-", "")
+    kind = OPS.get(key)
+    if kind is None:
+        valid = ", ".join(k.value.lower() for k in CollectiveKind)
+        raise ConfigError(f"unknown --op {text!r}; valid: {valid}")
+    return kind
+
+
+def parse_algorithm(text: str, kind: CollectiveKind) -> Algorithm:
+    """An algorithm name (or alias: tree, nvls, ...) valid for ``kind``; a ConfigError lists the valid ones."""
+    key = text.strip().lower().replace("-", "_")
+    valid = registered_algorithms(kind)
+    names = ", ".join(a.value for a in valid)
+    try:
+        alg = _ALGORITHM_ALIASES.get(key) or Algorithm(key)
+    except ValueError:
+        raise ConfigError(f"unknown --algorithm {text!r} for {kind.value}; valid: {names}") from None
+    if alg not in valid:
+        raise ConfigError(f"--algorithm {alg.value} is not an algorithm for {kind.value}; valid: {names}")
+    return alg
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python main.py collective",
+        description="Cost one collective (alpha-beta models over a topology, or a cluster preset calibrated to NCCL).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--op", required=True, help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, send_recv")
+    p.add_argument("--n", required=True, type=_positive_int("--n"), help="ranks in the group (>= 1)")
+    p.add_argument("--size", help="message size S (nccl-tests convention: AllGather output, ReduceScatter input, ...)")
+    p.add_argument("--algorithm", help="force an algorithm (default: the fastest, as NCCL's tuner picks)")
+    t = p.add_argument_group("topology (without --cluster)")
+    t.add_argument("--topology", help="one of " + ", ".join(TOPOLOGY_NAMES) + " (default switch; hierarchical with --cluster)")
+    t.add_argument("--bandwidth", help="per link and direction, e.g. 100GB/s (default: one A100's NVLink, 300 GB/s)")
+    t.add_argument("--latency", help="per message / per hop, e.g. 5us (default 3.4 us, NCCL's NVLink step latency)")
+    t.add_argument("--links-per-gpu", type=_positive_int("--links-per-gpu"), default=1, help="parallel links per connection (default 1)")
+    t.add_argument("--dims", type=_dims, help="mesh2d/torus2d/torus3d dimensions, e.g. 4x4 (default: as square as possible)")
+    t.add_argument("--radix", type=_positive_int("--radix"), help="tree/fat-tree: GPUs per leaf switch and children per switch")
+    t.add_argument("--levels", type=_positive_int("--levels"), help="fat-tree tiers (default: as few as the radix allows)")
+    t.add_argument("--oversubscription", type=_float_at_least("--oversubscription", 1.0), default=1.0,
+                   help="fat-tree: per tier above the leaves (default 1: full bisection)")
+    t.add_argument("--in-network", action="store_true", help="switches reduce (SHARP / NVLink SHARP)")
+    h = p.add_argument_group("cluster (two levels: nodes of GPUs, NICs between nodes)")
+    h.add_argument("--cluster", help="preset: " + ", ".join(cluster_names()) + " (calibrated to NCCL)")
+    h.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), help="GPUs per node (hierarchical / overrides the preset)")
+    h.add_argument("--nics-per-node", type=_positive_int("--nics-per-node"), help="NICs per node (default: one per GPU, or the preset's)")
+    h.add_argument("--inter-bandwidth", help="per NIC, e.g. 200Gb/s (hierarchical / overrides the preset)")
+    h.add_argument("--inter-latency", help="per inter-node step (default 14 us, NCCL's network step latency)")
+    m = p.add_argument_group("model")
+    m.add_argument("--library", choices=LIBRARIES, help="textbook formulas, or NCCL's protocols and algorithms (default: nccl with --cluster)")
+    m.add_argument("--overhead", help="fixed time per call, e.g. 50us (default: the preset's fitted overhead, 0 without --cluster)")
+    m.add_argument("--gamma", type=_float_at_least("--gamma", 0.0), default=0.0, help="reduction seconds per byte (default 0)")
+    o = p.add_argument_group("output")
+    o.add_argument("--verbose", action="store_true", help="the formula with its symbols filled in, every candidate, the levels")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--table", action="store_true", help="an nccl-tests-style table: sizes x algorithms")
+    o.add_argument("--csv", action="store_true", help="with --table: CSV (one row per size and algorithm)")
+    o.add_argument("--min-bytes", "-b", default="1KiB", help="--table: smallest size (default 1KiB)")
+    o.add_argument("--max-bytes", "-e", default="1GiB", help="--table: largest size (default 1GiB)")
+    o.add_argument("--step-factor", "-f", type=_float_at_least("--step-factor", 1.0 + 1e-9), default=4.0,
+                   help="--table: size multiplier (default 4)")
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    kind: CollectiveKind
+    n: int
+    topology: Topology
+    cluster: Cluster | None
+    library: str
+    overhead_s: float
+    gamma: float
+    description: str
+
+
+def _nic_share(nic: Link, nics: int, k: int) -> Link:
+    used = min(nics, k)
+    return dataclasses.replace(nic, bandwidth_bytes_per_s=nic.bandwidth_bytes_per_s * used / k,
+                               name=f"{nic.name} ({nics} per node, {k} GPUs)")
+
+
+def _setup(args: argparse.Namespace) -> _Setup:
+    kind = parse_op(args.op)
+    n = args.n
+    overhead = parse_latency(args.overhead) if args.overhead is not None else None
+    if args.cluster:
+        key = args.cluster.strip().lower().replace("_", "-")
+        preset = CLUSTERS.get(key)
+        if preset is None:
+            raise ConfigError(f"unknown cluster {args.cluster!r}; valid names: {', '.join(cluster_names())}")
+        if args.topology and args.topology.strip().lower() not in ("hierarchical", "cluster"):
+            raise ConfigError(f"--cluster implies its own two-level topology; drop --topology {args.topology}")
+        for flag, value in (("--dims", args.dims), ("--radix", args.radix), ("--levels", args.levels)):
+            if value is not None:
+                raise ConfigError(f"{flag} does not apply to --cluster (a cluster is nodes of GPUs joined by NICs)")
+        k = args.gpus_per_node or preset.gpus_per_node
+        if preset.nvlink_matrix is not None and k > len(preset.nvlink_matrix):
+            raise ConfigError(f"{preset.name} has {len(preset.nvlink_matrix)} GPUs per node; --gpus-per-node {k} is too many")
+        cluster = preset.build(n, k)
+        intra = cluster.intra_node
+        if args.bandwidth is not None:
+            intra = dataclasses.replace(intra, bandwidth_bytes_per_s=parse_rate(args.bandwidth) * args.links_per_gpu,
+                                        name=f"{intra.name} at {args.bandwidth}")
+        if args.latency is not None:
+            intra = dataclasses.replace(intra, latency_s=parse_latency(args.latency))
+        nic = preset.nic
+        if args.inter_bandwidth is not None:
+            nic = dataclasses.replace(nic, bandwidth_bytes_per_s=parse_rate(args.inter_bandwidth), name=f"NIC at {args.inter_bandwidth}")
+        if args.inter_latency is not None:
+            nic = dataclasses.replace(nic, latency_s=parse_latency(args.inter_latency))
+        if args.in_network:
+            intra = dataclasses.replace(intra, in_network_efficiency=intra.in_network_efficiency or intra.efficiency)
+        nics = args.nics_per_node or preset.nics_per_node
+        cluster = dataclasses.replace(
+            cluster,
+            intra_node=intra,
+            inter_node=_nic_share(nic, nics, k),
+            nics_per_node=nics,
+            collective_library=args.library or cluster.collective_library,
+            collective_overhead_s=overhead if overhead is not None else cluster.collective_overhead_s,
+        )
+        topo = cluster_topology(cluster)
+        desc = f"{preset.name}: {cluster.num_nodes} node(s) of {k} GPUs, {intra.name} inside, {cluster.inter_node.name} per GPU"
+        return _Setup(kind, n, topo, cluster, cluster.collective_library, cluster.collective_overhead_s, args.gamma, desc)
+    for flag, value in (("--nics-per-node", args.nics_per_node),):
+        if value is not None and (args.topology or "").strip().lower() != "hierarchical":
+            raise ConfigError(f"{flag} applies to --topology hierarchical or --cluster")
+    name = args.topology or "switch"
+    if args.bandwidth is None:
+        per_link = NVLINK3_NVSWITCH_A100.bandwidth_bytes_per_s
+        source = "default: one A100's 12 NVLink3 links (300 GB/s per direction)"
+    else:
+        per_link = parse_rate(args.bandwidth)
+        source = f"--bandwidth {args.bandwidth}"
+    latency = parse_latency(args.latency) if args.latency is not None else NVLINK3_NVSWITCH_A100.latency_s
+    bw = per_link * args.links_per_gpu
+    label = f"{format_rate(bw)}" + (f" ({args.links_per_gpu} x {format_rate(per_link)})" if args.links_per_gpu > 1 else "")
+    link = Link(
+        name=f"link {label}, {format_seconds(latency)}",
+        bandwidth_bytes_per_s=bw,
+        latency_s=latency,
+        efficiency=1.0,
+        sources={"bandwidth_bytes_per_s": source, "latency_s": "--latency" if args.latency else "NCCL hwLat NVLink Ring Simple 3.4 us"},
+        links_per_gpu=args.links_per_gpu,
+        in_network_efficiency=1.0 if args.in_network else None,
+    )
+    inter = None
+    if name.strip().lower() == "hierarchical":
+        if args.gpus_per_node is None or args.inter_bandwidth is None:
+            raise ConfigError("--topology hierarchical needs --gpus-per-node and --inter-bandwidth (per NIC), or use --cluster NAME")
+        nic_bw = parse_rate(args.inter_bandwidth)
+        nic_lat = parse_latency(args.inter_latency) if args.inter_latency is not None else 14e-6
+        nic = Link(f"NIC {format_rate(nic_bw)}, {format_seconds(nic_lat)}", nic_bw, nic_lat, 1.0,
+                   {"bandwidth_bytes_per_s": "--inter-bandwidth", "latency_s": "--inter-latency or NCCL hwLat NET Ring Simple 14 us"})
+        inter = _nic_share(nic, args.nics_per_node or args.gpus_per_node, args.gpus_per_node)
+    elif args.gpus_per_node is not None or args.inter_bandwidth is not None:
+        raise ConfigError("--gpus-per-node and --inter-bandwidth apply to --topology hierarchical or --cluster")
+    topo = make_topology(name, n, link, dims=args.dims, radix=args.radix, levels=args.levels,
+                         oversubscription=args.oversubscription, in_network=args.in_network,
+                         gpus_per_node=args.gpus_per_node, inter_link=inter)
+    return _Setup(kind, n, topo, None, args.library or "textbook", overhead or 0.0, args.gamma, topo.description)
+
+
+def _cost(setup: _Setup, size: float, algorithm: Algorithm | None) -> CollectiveCost:
+    if setup.cluster is not None:
+        return collective_cost_for_group(setup.cluster, setup.kind, range(setup.n), size, algorithm=algorithm,
+                                         gamma_s_per_byte=setup.gamma)
+    return cost_on_topology(setup.topology, setup.kind, size, algorithm=algorithm, library=setup.library,
+                            overhead_s=setup.overhead_s, gamma_s_per_byte=setup.gamma)
+
+
+def _record(setup: _Setup, cost: CollectiveCost) -> dict[str, Any]:
+    return {
+        "kind": cost.kind.value,
+        "n": cost.n,
+        "message_bytes": cost.message_bytes,
+        "time_s": cost.time_s,
+        "bytes_sent_per_gpu": cost.bytes_sent_per_gpu,
+        "steps": cost.steps,
+        "algbw_bytes_per_s": cost.algbw_bytes_per_s,
+        "busbw_bytes_per_s": cost.busbw_bytes_per_s,
+        "busbw_factor": float(busbw_factor(cost.kind, cost.n)) if cost.n > 1 else 0.0,
+        "algorithm": cost.algorithm,
+        "protocol": cost.protocol,
+        "limiting_link": cost.limiting_link,
+        "links": cost.link,
+        "formula": cost.formula,
+        "alternatives": {a: t for a, t in cost.alternatives},
+        "topology": setup.topology.to_dict(),
+        "library": setup.library,
+        "overhead_s": setup.overhead_s,
+    }
+
+
+def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool) -> None:
+    print(f"{cost.kind.value}, {format_bytes(cost.message_bytes)} over {cost.n} rank(s): {setup.description}")
+    how = "as requested" if forced else f"fastest of {len(cost.alternatives)}" if cost.alternatives else "one rank: nothing to send"
+    print(f"  algorithm      {cost.algorithm} ({how}; protocol {cost.protocol}, {setup.library} model)")
+    print(f"  time           {format_seconds(cost.time_s)}")
+    print(f"  algbw / busbw  {format_rate(cost.algbw_bytes_per_s)} / {format_rate(cost.busbw_bytes_per_s)} (nccl-tests conventions)")
+    print(f"  sent per GPU   {format_bytes(cost.bytes_sent_per_gpu)} in {cost.steps} step(s)")
+    print(f"  limiting link  {cost.limiting_link or '-'}")
+    if verbose:
+        print(f"  links          {cost.link or '-'}")
+        print(f"  formula        {cost.formula}")
+        alts = ", ".join(f"{a} {format_seconds(t)}" for a, t in cost.alternatives)
+        print(f"  candidates     {alts or '-'}")
+        for lv in setup.topology.levels:
+            print(f"  level          {lv.kind.value} x{lv.size}: {lv.name} ({format_rate(lv.link.effective_bytes_per_s)}, "
+                  f"{format_seconds(lv.link.latency_s)}, oversubscription {lv.oversubscription:g})")
+
+
+def _sizes(args: argparse.Namespace) -> list[float]:
+    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+    if hi < lo:
+        raise ConfigError(f"--max-bytes ({args.max_bytes}) is smaller than --min-bytes ({args.min_bytes})")
+    out, s = [], lo
+    while s <= hi * (1 + 1e-12) and len(out) < 200:
+        out.append(float(round(s)) if s >= 1 else s)
+        s *= args.step_factor
+    return out
+
+
+def _table(setup: _Setup, args: argparse.Namespace) -> None:
+    algs = list(available_algorithms(setup.topology, setup.kind, ranks=list(range(setup.n)), library=setup.library))
+    if args.algorithm:
+        algs = [parse_algorithm(args.algorithm, setup.kind)]
+    rows = []
+    for size in _sizes(args):
+        best = _cost(setup, size, None)
+        per = {}
+        for alg in algs:
+            try:
+                per[alg.value] = _cost(setup, size, alg)
+            except ConfigError:
+                continue
+        rows.append((size, best, per))
+    names = [a.value for a in algs]
+    if args.csv:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["size_bytes", "algorithm", "protocol", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "steps", "selected"])
+        for size, best, per in rows:
+            for name in names:
+                c = per.get(name)
+                if c is not None:
+                    w.writerow([f"{size:.0f}", name, c.protocol, repr(c.time_s), repr(c.algbw_bytes_per_s), repr(c.busbw_bytes_per_s),
+                                c.steps, int(name == best.algorithm)])
+        print(buf.getvalue(), end="")
+        return
+    print(f"# {setup.kind.value} over {setup.n} rank(s): {setup.description}; {setup.library} model")
+    print("# time in us, busbw in GB/s (nccl-tests conventions); * = the default choice (the fastest of the model's candidates)")
+    head = f"# {'size (B)':>12}" + "".join(f"  {name[:18]:>18} {'':>7}" for name in names) + f"  {'default':>18}"
+    sub = f"# {'':>12}" + "".join(f"  {'time(us)':>18} {'busbw':>7}" for _ in names)
+    print(head)
+    print(sub)
+    for size, best, per in rows:
+        cells = []
+        for name in names:
+            c = per.get(name)
+            if c is None:
+                cells.append(f"  {'n/a':>18} {'':>7}")
+            else:
+                mark = "*" if name == best.algorithm else " "
+                cells.append(f"  {c.time_s * 1e6:>17.2f}{mark} {c.busbw_bytes_per_s / 1e9:>7.2f}")
+        print(f"  {size:>12.0f}" + "".join(cells) + f"  {best.algorithm[:18]:>18}")
+
+
+_VALUE_FLAGS = {
+    "--n", "--size", "--bandwidth", "--latency", "--inter-bandwidth", "--inter-latency", "--overhead", "--gamma",
+    "--min-bytes", "--max-bytes", "--step-factor", "-b", "-e", "-f", "--links-per-gpu", "--radix", "--levels",
+    "--oversubscription", "--gpus-per-node", "--nics-per-node",
+}
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--size -1GiB`` -> ``--size=-1GiB``, so a negative value gets its own error, not argparse's."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in _VALUE_FLAGS and i + 1 < len(argv) and len(argv[i + 1]) > 1 and argv[i + 1][0] == "-" and (
+            argv[i + 1][1].isdigit() or argv[i + 1][1] == "."
+        ):
+            out.append(f"{tok}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
+def run_collective(argv: Sequence[str]) -> int:
+    """``python main.py collective ...``: parse, cost, print; returns 0.
+
+    Raises
+    ------
+    ConfigError
+        Bad input, one line: n < 1; a size that is zero, negative or unreadable; an unknown op,
+        topology, cluster or algorithm (the message lists the valid ones); mesh or torus
+        dimensions that do not multiply to n; an algorithm unavailable on the topology.
+    """
+    args = _parser().parse_args(_attach_negative_values(list(argv)))
+    setup = _setup(args)
+    if args.table:
+        if args.json:
+            raise ConfigError("--table prints a table (or --csv); drop --json")
+        _table(setup, args)
+        return 0
+    if args.csv:
+        raise ConfigError("--csv goes with --table")
+    if args.size is None:
+        raise ConfigError("give --size (e.g. 1GiB), or --table for a range of sizes")
+    size = parse_size(args.size)
+    algorithm = parse_algorithm(args.algorithm, setup.kind) if args.algorithm else None
+    cost = _cost(setup, size, algorithm)
+    if args.json:
+        print(json.dumps(_record(setup, cost), sort_keys=True))
+    else:
+        _print_one(setup, cost, args.verbose, algorithm is not None)
+    return 0
+
+
+def network_presets() -> dict[str, object]:
+    """Topologies, algorithms per collective and each cluster preset's network, for ``presets``."""
+    clusters = {}
+    for name in cluster_names():
+        c = CLUSTERS[name].build()
+        clusters[name] = {
+            "intra_topology": c.intra_topology,
+            "intra_node": c.intra_node.name,
+            "inter_node_per_gpu": c.inter_node.name,
+            "nics_per_node": c.nics_per_node,
+            "collective_library": c.collective_library,
+            "collective_overhead_s": c.collective_overhead_s,
+            "allreduce_busbw_8_gpus_bytes_per_s": collective_cost_for_group(c, CollectiveKind.ALL_REDUCE, range(c.gpus_per_node), 2.0**30).busbw_bytes_per_s,
+        }
+    return {
+        "topologies": list(TOPOLOGY_NAMES),
+        "algorithms": {k.value: [a.value for a in registered_algorithms(k)] for k in CollectiveKind},
+        "libraries": list(LIBRARIES),
+        "cluster_networks": clusters,
+    }

@@ -1,0 +1,570 @@
+"""Cost a collective on the links a group really uses, and pick the fastest algorithm.
+
+:func:`collective_cost_for_group` is what the analysis calls for every collective and Send/Recv
+of a plan: it finds how the group spreads over the cluster (GPUs per node, nodes, which NVLinks
+on a cube-mesh, the NIC shares), builds every candidate algorithm as one or more *phases* and
+returns the fastest, as NCCL's tuner does.  :func:`cost_on_topology` does the same on any
+:class:`~dml2comm.network.topology.Topology` (the ``collective`` command).
+
+A phase is one registered formula over one level (or, for a ring that crosses levels, over the
+whole group with the bottleneck link).  Its time is the one delay formula of the library::
+
+    t_phase = formula(m, S_phase, alpha x hops, beta x share / f_protocol, gamma) + delta K_phase
+
+(K: :func:`~dml2comm.network.collectives.kernel_bytes`, the buffer the kernel streams)
+
+and a collective's time is ``overhead + base latency + sum of its phases``
+(:func:`_phase_time`; the symbols are those of :mod:`.collectives`, :mod:`.topology` and
+:mod:`.nccl`).
+
+Phases of an algorithm over several levels (fastest level first, ``m_l`` ranks on level l):
+
+- ``ring``: one flat ring over all ranks (NCCL's ring across nodes; one ring per GPU of a node,
+  each leaving through its own NIC share; :func:`~dml2comm.network.topology.ring_path`).
+- ``direct``: every peer at once over every level, each level's link carrying the traffic to
+  the peers it reaches (:func:`~dml2comm.network.topology.direct_path`).
+- ``in_network``: one reduction up a tree of reducing switches and the result back down
+  (:func:`~dml2comm.network.topology.in_network_path`).
+- ``hierarchical``: AllReduce = ReduceScatter up the levels, AllReduce on the top level,
+  AllGather down; ReduceScatter and AllGather level by level (the big pieces on the fast links);
+  Broadcast, Reduce and AllToAll level by level on the whole buffer.  Each phase uses the fastest
+  algorithm available on its level.
+- any other algorithm: the same decomposition with that algorithm on every level (its
+  reduce-scatter and all-gather halves for Rabenseifner); for a butterfly with ranks numbered
+  level by level this *is* the flat algorithm.
+
+A group spread unevenly (3 GPUs on one node, 1 on another) is costed as if every node held as
+many as the fullest: an upper bound.
+
+References
+----------
+NVIDIA NCCL src/graph/tuning.cc and enqueue.cc (topoGetAlgoInfo: the (algorithm, protocol) with
+the least predicted time wins); Thakur, Rabenseifner, Gropp 2005; shared/REFERENCES.md
+"Hierarchical all-reduce".
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import Cluster, Link
+from dml2comm.network import nccl
+from dml2comm.network.collectives import (
+    AlgorithmRule,
+    CollectiveCost,
+    busbw_factor,
+    check_message_bytes,
+    fill_formula,
+    get_rule,
+    kernel_bytes,
+    registered_algorithms,
+)
+from dml2comm.network.kinds import Algorithm, CollectiveKind, Protocol
+from dml2comm.network.topology import LevelUse, Topology, cluster_topology, direct_path, in_network_path, path, ring_path
+
+__all__ = [
+    "LIBRARIES",
+    "available_algorithms",
+    "collective_cost_for_group",
+    "cost_on_topology",
+]
+
+#: How collectives are costed: the plain formulas, or NCCL's protocols, latencies and algorithms.
+LIBRARIES: tuple[str, ...] = ("textbook", "nccl")
+
+K = CollectiveKind
+A = Algorithm
+
+# AllReduce algorithms that split into a reduce-scatter half and an all-gather half.
+_HALVES: dict[Algorithm, tuple[Algorithm, Algorithm]] = {
+    A.RABENSEIFNER: (A.RECURSIVE_HALVING, A.RECURSIVE_DOUBLING),
+    A.RING: (A.RING, A.RING),
+}
+
+
+class _Unavailable(Exception):
+    """This (algorithm, protocol) cannot run here; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    library: str
+    protocol: Protocol
+    multi_node: bool
+    ranks_per_node: int
+    gamma: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Phase:
+    kind: CollectiveKind
+    rule: AlgorithmRule
+    m: float
+    size: float
+    alpha: float
+    beta: float
+    delta: float
+    where: str
+    links: tuple[str, ...]
+
+
+def _phase_time(ph: _Phase, gamma: float) -> float:
+    """The delay formula: the rule's formula on this phase's alpha and beta, plus the kernel term."""
+    t = float(ph.rule.time_s(ph.m, ph.size, ph.alpha, ph.beta, gamma))
+    return t + ph.delta * float(kernel_bytes(ph.kind, ph.m, ph.size)) if ph.m > 1 else t
+
+
+def _phase_bandwidth_time(ph: _Phase, gamma: float) -> float:
+    """The size-dependent part of :func:`_phase_time` (which link limits)."""
+    t = float(ph.rule.time_s(ph.m, ph.size, 0.0, ph.beta, gamma))
+    return t + ph.delta * float(kernel_bytes(ph.kind, ph.m, ph.size)) if ph.m > 1 else t
+
+
+# --------------------------------------------------------------------------------------------
+# Phases
+# --------------------------------------------------------------------------------------------
+
+
+def _alpha(link: Link, family: str, ctx: _Ctx) -> float:
+    if ctx.library == "textbook":
+        if ctx.protocol is not Protocol.SIMPLE:
+            raise _Unavailable("the textbook model has one protocol")
+        return link.latency_s
+    if ctx.protocol is not Protocol.SIMPLE and family not in ("ring", "tree"):
+        raise _Unavailable(f"NCCL runs {family} algorithms with the Simple protocol only")
+    lat = nccl.hop_latency_s(link.hw, family, ctx.protocol, link.latency_s)
+    if lat is None:
+        raise _Unavailable(f"no {ctx.protocol.value} protocol on {link.name}")
+    return lat
+
+
+def _factor(family: str, kind: CollectiveKind, ctx: _Ctx) -> float:
+    if ctx.library == "textbook":
+        return 1.0
+    return nccl.protocol_bandwidth_factor(family, ctx.protocol, kind, ctx.multi_node, ctx.ranks_per_node)
+
+
+def _level_phase(kind: CollectiveKind, algorithm: Algorithm, use: LevelUse, size: float, ctx: _Ctx) -> _Phase:
+    try:
+        rule = get_rule(kind, algorithm)
+    except ConfigError as exc:
+        raise _Unavailable(str(exc)) from None
+    if rule.pattern is None:
+        raise _Unavailable(f"{algorithm.value} is composed from levels, not a level's algorithm")
+    try:
+        p = path(use, rule.pattern)
+    except ConfigError as exc:
+        raise _Unavailable(str(exc)) from None
+    link = use.level.link
+    alpha = _alpha(link, rule.family, ctx) * p.alpha_hops
+    beta = link.beta_s_per_byte * p.beta_share / _factor(rule.family, kind, ctx)
+    return _Phase(kind, rule, float(use.extent), size, alpha, beta, link.kernel_s_per_byte, use.level.name, (link.name,))
+
+
+def _ring_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, ctx: _Ctx) -> _Phase:
+    rule = get_rule(kind, A.RING)
+
+    def alpha_of(link: Link) -> float:
+        return _alpha(link, "ring", ctx)
+
+    alpha, beta, delta, limiting = ring_path(active, alpha_of)
+    n = math.prod(u.extent for u in active)
+    links = tuple(dict.fromkeys(u.level.link.name for u in active))
+    return _Phase(kind, rule, float(n), size, alpha, beta / _factor("ring", kind, ctx), delta, limiting.level.name, links)
+
+
+def _direct_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, ctx: _Ctx) -> _Phase:
+    rule = get_rule(kind, A.DIRECT)
+
+    def alpha_of(link: Link) -> float:
+        return _alpha(link, rule.family, ctx)
+
+    alpha, beta, delta, limiting = direct_path(active, alpha_of)
+    n = math.prod(u.extent for u in active)
+    links = tuple(dict.fromkeys(u.level.link.name for u in active))
+    return _Phase(kind, rule, float(n), size, alpha, beta, delta, limiting.level.name, links)
+
+
+def _in_network_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, ctx: _Ctx) -> _Phase:
+    rule = get_rule(kind, A.IN_NETWORK)
+
+    def alpha_of(link: Link) -> float:
+        return _alpha(link, rule.family, ctx)
+
+    try:
+        alpha, beta, delta, limiting = in_network_path(active, alpha_of)
+    except ConfigError as exc:
+        raise _Unavailable(str(exc)) from None
+    n = math.prod(u.extent for u in active)
+    links = tuple(dict.fromkeys(u.level.link.name for u in active))
+    return _Phase(kind, rule, float(n), size, alpha, beta, delta, limiting.level.name, links)
+
+
+Chooser = Callable[[CollectiveKind, LevelUse, float, bool], _Phase]
+
+
+def _compose(kind: CollectiveKind, active: Sequence[LevelUse], size: float, choose: Chooser) -> list[_Phase]:
+    """Phases of a level-by-level algorithm (module docstring); ``choose(kind, use, size, top)``."""
+    sizes = []
+    below = 1
+    for u in active:
+        sizes.append(size / below)
+        below *= u.extent
+    top = len(active) - 1
+    if kind is K.ALL_REDUCE:
+        phases = [choose(K.REDUCE_SCATTER, u, sizes[i], False) for i, u in enumerate(active[:-1])]
+        phases.append(choose(K.ALL_REDUCE, active[-1], sizes[top], True))
+        phases += [choose(K.ALL_GATHER, u, sizes[i], False) for i, u in reversed(list(enumerate(active[:-1])))]
+        return phases
+    if kind is K.REDUCE_SCATTER:
+        return [choose(kind, u, sizes[i], i == top) for i, u in enumerate(active)]
+    if kind is K.ALL_GATHER:
+        return [choose(kind, u, sizes[i], i == top) for i, u in reversed(list(enumerate(active)))]
+    if kind is K.SEND_RECV:
+        return [choose(kind, active[-1], size, True)]
+    return [choose(kind, u, size, i == top) for i, u in enumerate(active)]
+
+
+def _fixed_chooser(algorithm: Algorithm, ctx: _Ctx) -> Chooser:
+    def choose(kind: CollectiveKind, use: LevelUse, size: float, top: bool) -> _Phase:
+        alg = algorithm
+        if kind is not K.ALL_REDUCE and algorithm in _HALVES:
+            rs, ag = _HALVES[algorithm]
+            alg = rs if kind is K.REDUCE_SCATTER else ag if kind is K.ALL_GATHER else algorithm
+        return _level_phase(kind, alg, use, size, ctx)
+
+    return choose
+
+
+def _inner_candidates(kind: CollectiveKind, use: LevelUse, top: bool, level_index: int, ctx: _Ctx) -> tuple[Algorithm, ...]:
+    if ctx.library == "nccl":
+        algs = list(nccl.default_algorithms(kind, levels=1, spans_nodes=level_index > 0, in_network=use.level.in_network))
+        return tuple(a for a in algs if a is not A.HIERARCHICAL)
+    return tuple(a for a in registered_algorithms(kind) if get_rule(kind, a).pattern is not None)
+
+
+def _best_chooser(ctx: _Ctx, uses: Sequence[LevelUse]) -> Chooser:
+    index = {id(u): i for i, u in enumerate(uses)}  # level number in the topology (0: inside a node)
+
+    def choose(kind: CollectiveKind, use: LevelUse, size: float, top: bool) -> _Phase:
+        best: _Phase | None = None
+        best_t = math.inf
+        for alg in _inner_candidates(kind, use, top, index.get(id(use), 0), ctx):
+            try:
+                ph = _level_phase(kind, alg, use, size, ctx)
+            except _Unavailable:
+                continue
+            t = _phase_time(ph, ctx.gamma)
+            if t < best_t:
+                best, best_t = ph, t
+        if best is None:
+            raise _Unavailable(f"no {kind.value} algorithm on {use.level.name}")
+        return best
+
+    return choose
+
+
+def _phases(kind: CollectiveKind, algorithm: Algorithm, uses: Sequence[LevelUse], size: float, ctx: _Ctx) -> list[_Phase]:
+    active = [u for u in uses if u.extent > 1]
+    if algorithm is A.HIERARCHICAL:
+        return _compose(kind, active, size, _best_chooser(ctx, uses))
+    if len(active) == 1:
+        return [_level_phase(kind, algorithm, active[0], size, ctx)]
+    if algorithm is A.RING:
+        return [_ring_phase(kind, active, size, ctx)]
+    if algorithm is A.DIRECT and kind is not K.SEND_RECV:
+        return [_direct_phase(kind, active, size, ctx)]
+    if algorithm is A.IN_NETWORK:
+        return [_in_network_phase(kind, active, size, ctx)]
+    if kind is K.ALL_REDUCE and algorithm not in _HALVES:
+        # no reduce-scatter half: the all-reduce on every level, on the whole buffer
+        return [_level_phase(kind, algorithm, u, size, ctx) for u in active]
+    return _compose(kind, active, size, _fixed_chooser(algorithm, ctx))
+
+
+# --------------------------------------------------------------------------------------------
+# Selection
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    algorithm: Algorithm
+    protocol: Protocol
+    phases: tuple[_Phase, ...]
+    base_s: float
+    time_s: float
+
+
+def _candidates(kind: CollectiveKind, uses: Sequence[LevelUse], library: str) -> tuple[Algorithm, ...]:
+    active = [u for u in uses if u.extent > 1]
+    in_network = all(u.level.in_network for u in active)
+    if library == "nccl":
+        spans_nodes = any(u.extent > 1 for u in uses[1:])
+        return nccl.default_algorithms(kind, levels=len(active), spans_nodes=spans_nodes, in_network=in_network)
+    algs = [a for a in registered_algorithms(kind) if get_rule(kind, a).pattern is not None]
+    if len(active) > 1 and A.HIERARCHICAL in registered_algorithms(kind):
+        algs.append(A.HIERARCHICAL)
+    return tuple(algs)
+
+
+def _evaluate(kind: CollectiveKind, algorithm: Algorithm, uses: tuple[LevelUse, ...], size: float, library: str,
+              overhead_s: float, gamma: float) -> _Result:
+    active = [u for u in uses if u.extent > 1]
+    multi_node = any(u.extent > 1 for u in uses[1:])
+    ranks_per_node = uses[0].extent if uses else 1
+    if library == "nccl":
+        protocols = nccl.available_protocols(u.level.link.hw for u in active)
+    else:
+        protocols = (Protocol.SIMPLE,)
+    best: _Result | None = None
+    reasons: list[str] = []
+    for protocol in protocols:
+        ctx = _Ctx(library, protocol, multi_node, ranks_per_node, gamma)
+        try:
+            phases = _phases(kind, algorithm, uses, size, ctx)
+        except _Unavailable as exc:
+            reasons.append(str(exc))
+            continue
+        base = 0.0
+        if library == "nccl":
+            base = max(nccl.base_latency_s(ph.rule.family, protocol) for ph in phases)
+        total = overhead_s + base + sum(_phase_time(ph, gamma) for ph in phases)
+        if best is None or total < best.time_s:
+            best = _Result(algorithm, protocol, tuple(phases), base, total)
+    if best is None:
+        raise _Unavailable(reasons[-1] if reasons else f"{algorithm.value} is not available")
+    return best
+
+
+def _fmt_s(t: float) -> str:
+    if t >= 1:
+        return f"{t:.4g} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.4g} ms"
+    return f"{t * 1e6:.4g} us"
+
+
+def _describe(result: _Result, overhead_s: float, gamma: float, library: str) -> str:
+    parts = []
+    if overhead_s:
+        parts.append(f"overhead {_fmt_s(overhead_s)}")
+    if library == "nccl":
+        parts.append(f"base latency {_fmt_s(result.base_s)} ({result.protocol.value})")
+    for ph in result.phases:
+        text = fill_formula(ph.rule, ph.m, ph.size, ph.alpha, ph.beta, gamma)
+        if ph.delta and ph.m > 1:
+            text += f", + K d (K={float(kernel_bytes(ph.kind, ph.m, ph.size)):.6g} B, d={ph.delta * 1e12:.4g} ps/B)"
+        parts.append(f"[{ph.kind.value} {ph.rule.algorithm.value} on {ph.where}: {text} = {_fmt_s(_phase_time(ph, gamma))}]")
+    return " + ".join(parts) + f" = {_fmt_s(result.time_s)}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _cost_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size: float, algorithm: Algorithm | None,
+                 library: str, overhead_s: float, gamma: float) -> CollectiveCost:
+    active = [u for u in uses if u.extent > 1]
+    if n <= 1 or not active:
+        chosen = algorithm or (nccl.default_algorithms(kind, levels=1, spans_nodes=False, in_network=False)[0])
+        return CollectiveCost(kind, chosen.value, n, size, 0.0, 0.0, 0.0, 0.0, "", 0, "", "n = 1: nothing to send")
+    if algorithm is not None:
+        try:
+            results = [_evaluate(kind, algorithm, uses, size, library, overhead_s, gamma)]
+        except _Unavailable as exc:
+            valid = _valid(kind, uses, size, library, overhead_s, gamma)
+            raise ConfigError(
+                f"{algorithm.value} is not available for {kind.value} here ({exc}); valid: {', '.join(a.value for a in valid) or 'none'}"
+            ) from None
+        alternatives = [(algorithm.value, results[0].time_s)]
+    else:
+        results = []
+        for alg in _candidates(kind, uses, library):
+            try:
+                results.append(_evaluate(kind, alg, uses, size, library, overhead_s, gamma))
+            except _Unavailable:
+                continue
+        if not results:
+            raise ConfigError(f"no algorithm can run {kind.value} on this network")
+        results.sort(key=lambda r: r.time_s)
+        alternatives = [(r.algorithm.value, r.time_s) for r in results]
+    best = results[0]
+    sent = sum(float(ph.rule.bytes_sent_per_gpu(ph.m, ph.size)) for ph in best.phases)
+    steps = sum(int(round(float(ph.rule.steps(ph.m)))) for ph in best.phases)
+    limiting = max(best.phases, key=lambda ph: _phase_bandwidth_time(ph, gamma)).where
+    links = " + ".join(dict.fromkeys(name for ph in best.phases for name in ph.links))
+    moving = size > 0 and best.time_s > 0
+    algbw = size / best.time_s if moving else 0.0
+    return CollectiveCost(
+        kind=kind,
+        algorithm=best.algorithm.value,
+        n=n,
+        message_bytes=size,
+        bytes_sent_per_gpu=sent,
+        time_s=best.time_s,
+        algbw_bytes_per_s=algbw,
+        busbw_bytes_per_s=algbw * busbw_factor(kind, n),
+        link=links,
+        steps=steps,
+        limiting_link=limiting,
+        formula=_describe(best, overhead_s, gamma, library),
+        protocol=best.protocol.value,
+        alternatives=tuple(alternatives),
+    )
+
+
+def _valid(kind: CollectiveKind, uses: tuple[LevelUse, ...], size: float, library: str, overhead_s: float, gamma: float) -> list[Algorithm]:
+    out = []
+    levels = sum(1 for u in uses if u.extent > 1)
+    for alg in registered_algorithms(kind):
+        if alg is A.HIERARCHICAL and levels < 2:
+            continue  # on one level it is that level's best algorithm, not a choice of its own
+        try:
+            _evaluate(kind, alg, uses, size, library, overhead_s, gamma)
+        except _Unavailable:
+            continue
+        out.append(alg)
+    return out
+
+
+def available_algorithms(topology: Topology, kind: CollectiveKind, *, ranks: Sequence[int] | None = None,
+                         library: str = "textbook") -> tuple[Algorithm, ...]:
+    """Every algorithm that can run ``kind`` on ``topology`` (what ``--algorithm`` accepts there)."""
+    uses = topology.uses(ranks)
+    if not any(u.extent > 1 for u in uses):
+        return registered_algorithms(kind)
+    return tuple(_valid(kind, uses, 1.0, library, 0.0, 0.0))
+
+
+def _check_common(kind: CollectiveKind, message_bytes: float, algorithm: Algorithm | None, library: str, overhead_s: float,
+                  gamma_s_per_byte: float) -> float:
+    if not isinstance(kind, CollectiveKind):
+        raise ConfigError(f"kind must be a CollectiveKind, got {kind!r}")
+    size = check_message_bytes(kind, message_bytes)
+    if algorithm is not None and not isinstance(algorithm, Algorithm):
+        raise ConfigError(f"algorithm must be an Algorithm or None, got {algorithm!r}")
+    if algorithm is not None and algorithm not in registered_algorithms(kind):
+        valid = ", ".join(a.value for a in registered_algorithms(kind))
+        raise ConfigError(f"{algorithm.value} is not an algorithm for {kind.value}; valid: {valid}")
+    if library not in LIBRARIES:
+        raise ConfigError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    if not (math.isfinite(overhead_s) and overhead_s >= 0):
+        raise ConfigError(f"overhead_s must be a finite number >= 0, got {overhead_s!r}")
+    if not (math.isfinite(gamma_s_per_byte) and gamma_s_per_byte >= 0):
+        raise ConfigError(f"gamma_s_per_byte must be a finite number >= 0, got {gamma_s_per_byte!r}")
+    return size
+
+
+def cost_on_topology(
+    topology: Topology,
+    kind: CollectiveKind,
+    message_bytes: float,
+    *,
+    ranks: Sequence[int] | None = None,
+    algorithm: Algorithm | None = None,
+    library: str = "textbook",
+    overhead_s: float = 0.0,
+    gamma_s_per_byte: float = 0.0,
+) -> CollectiveCost:
+    """Cost of ``kind`` over ``ranks`` (default: every rank) of ``topology``.
+
+    Parameters
+    ----------
+    topology
+        Where the ranks sit (:mod:`.topology`).
+    kind, message_bytes
+        The collective and S (nccl-tests convention, :mod:`.collectives`).
+    ranks
+        The group; default all ``topology.num_ranks`` ranks.
+    algorithm
+        ``None``: the fastest candidate (``library`` decides which are candidates).
+    library
+        ``"textbook"`` (plain formulas; every algorithm the topology supports is a candidate) or
+        ``"nccl"`` (:mod:`.nccl`: protocols, base latencies, NCCL's algorithms).
+    overhead_s, gamma_s_per_byte
+        Per-call overhead (s) and reduction cost (s/B).
+
+    Raises
+    ------
+    ConfigError
+        Bad size, an unknown or unavailable algorithm (the message lists the valid ones), a rank
+        outside the topology.
+    """
+    size = _check_common(kind, message_bytes, algorithm, library, overhead_s, gamma_s_per_byte)
+    uses = topology.uses(ranks)
+    n = topology.num_ranks if ranks is None else len(set(ranks))
+    if ranks is not None and len(set(ranks)) != len(ranks):
+        raise ConfigError("a communication group lists a rank twice")
+    return _cost_cached(kind, uses, n, size, algorithm, library, float(overhead_s), float(gamma_s_per_byte))
+
+
+@functools.lru_cache(maxsize=256)
+def _topology_of(cluster: Cluster) -> Topology:
+    return cluster_topology(cluster)
+
+
+@functools.lru_cache(maxsize=4096)
+def _uses_of(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[LevelUse, ...]:
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cluster.num_gpus:
+            raise ConfigError(f"rank {r!r} is outside the cluster's {cluster.num_gpus} GPUs (0..{cluster.num_gpus - 1})")
+    if len(set(ranks)) != len(ranks):
+        raise ConfigError("a communication group lists a rank twice")
+    return _topology_of(cluster).uses(ranks)
+
+
+def collective_cost_for_group(
+    cluster: Cluster,
+    kind: CollectiveKind,
+    ranks: Sequence[int],
+    message_bytes: float,
+    *,
+    algorithm: Algorithm | None = None,
+    gamma_s_per_byte: float = 0.0,
+) -> CollectiveCost:
+    """Cost of ``kind`` over the global ``ranks`` of ``cluster``, on the links the group really uses.
+
+    The group is placed on the cluster's two levels (GPUs of a node; nodes): a tensor group inside
+    a node runs on NVLink (on a DGX-1 cube-mesh, only the NVLinks between its GPUs), a data group
+    with one GPU per node on that GPU's NIC share, a group with k GPUs on each of N nodes on k NIC
+    shares per node (NCCL runs one ring per NIC; the baseline's one-share limitation is gone) or
+    hierarchically.  With ``algorithm=None`` the fastest of the library's algorithms wins
+    (``cluster.collective_library``: ``"nccl"`` for the presets).
+
+    Parameters
+    ----------
+    cluster
+        The hardware.
+    kind
+        The collective.
+    ranks
+        Global ranks of the group (any order, no repeats).
+    message_bytes
+        S, nccl-tests convention (:mod:`.collectives`).
+    algorithm
+        Force an algorithm (``Algorithm.HIERARCHICAL``, ``Algorithm.RING``, ...).
+    gamma_s_per_byte
+        Reduction cost (s/B), default 0.
+
+    Returns
+    -------
+    CollectiveCost
+        With ``steps``, ``limiting_link``, ``formula`` (symbols filled in), ``protocol`` and the
+        costed ``alternatives``.  Results are cached: the analysis calls this a few hundred times.
+
+    Raises
+    ------
+    ConfigError
+        Empty group, a rank outside the cluster or repeated, a bad size, an unknown or
+        unavailable algorithm.
+    """
+    size = _check_common(kind, message_bytes, algorithm, cluster.collective_library, cluster.collective_overhead_s,
+                         gamma_s_per_byte)
+    group = tuple(ranks)
+    if not group:
+        raise ConfigError("a communication group needs at least one rank")
+    uses = _uses_of(cluster, group)
+    return _cost_cached(kind, uses, len(group), size, algorithm, cluster.collective_library,
+                        float(cluster.collective_overhead_s), float(gamma_s_per_byte))
