@@ -80,6 +80,10 @@ def analysis_parser() -> argparse.ArgumentParser:
     g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (default 0)")
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     g.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    g.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
+    g.add_argument("--grad-reduce-dtype", choices=["bf16", "fp16", "fp32"],
+                   help="dtype of the gradient all-reduce (default: the training dtype; fp32 = Megatron --accumulate-allreduce-grads-in-fp32)")
     g.add_argument("--dropout", type=float, default=0.0,
                    help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0)")
     g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
@@ -173,6 +177,7 @@ def run_analysis(argv: Sequence[str]) -> int:
         seq_len=seq, dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages,
         zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
         optimizer=args.optimizer, rank_order=args.rank_order, dropout=args.dropout,
+        overlap_grad_reduce=not args.no_overlap_grad_reduce, grad_reduce_dtype=args.grad_reduce_dtype,
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus)

@@ -49,6 +49,7 @@ from typing import Iterable, Mapping, Sequence
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 
 __all__ = [
+    "fusible_regions",
     "FRAMEWORK_OVERHEAD_BYTES",
     "ModelStates",
     "model_state_bytes",
@@ -128,6 +129,32 @@ def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int,
     return count
 
 
+def fusible_regions(graph: OpGraph, kinds: frozenset[str]) -> dict[int, int]:
+    """op index -> region id: connected groups of ops of ``kinds`` joined by a tensor
+    (union-find), i.e. what a fusing compiler or Megatron-LM's fused kernels run as one kernel."""
+    parent: dict[int, int] = {}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for op in graph.ops:
+        if op.op_type in kinds:
+            parent[op.index] = op.index
+    for op in graph.ops:
+        if op.index not in parent:
+            continue
+        for name in op.inputs:
+            prod = graph.producer(name) if name else None
+            if prod is not None and prod in parent:
+                a, b = find(op.index), find(prod)
+                if a != b:
+                    parent[a] = b
+    return {i: find(i) for i in parent}
+
+
 class ActivationModel:
     """Saved-for-backward bytes per micro-batch, per op set, on one tensor rank.
 
@@ -175,29 +202,7 @@ class ActivationModel:
         return base
 
     def _pointwise_regions(self) -> dict[int, int]:
-        """op index -> region id (union-find over point-wise ops joined by a tensor)."""
-        parent: dict[int, int] = {}
-
-        def find(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        g = self.graph
-        for op in g.ops:
-            if op.op_type in POINTWISE_OPS:
-                parent[op.index] = op.index
-        for op in g.ops:
-            if op.index not in parent:
-                continue
-            for name in op.inputs:
-                prod = g.producer(name) if name else None
-                if prod is not None and prod in parent:
-                    a, b = find(op.index), find(prod)
-                    if a != b:
-                        parent[a] = b
-        return {i: find(i) for i in parent}
+        return fusible_regions(self.graph, POINTWISE_OPS)
 
     def _is_activation(self, name: str) -> bool:
         """Produced by an op or fed as a graph input (not a weight, not a constant)."""

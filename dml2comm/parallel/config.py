@@ -43,6 +43,9 @@ class ParallelConfig:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     rank_order: str = "tdp"
     dropout: float = 0.0  # assumed training dropout for exports that carry no Dropout nodes
+    overlap_grad_reduce: bool = True  # DDP / Megatron --overlap-grad-reduce: buckets during backward
+    grad_reduce_dtype: str | None = None  # None: the training dtype; "fp32": Megatron-LM's
+    # --accumulate-allreduce-grads-in-fp32 (fp32 main grads, reduced in fp32)
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages"):
@@ -65,6 +68,8 @@ class ParallelConfig:
                 f"global batch {self.global_batch_size} is not divisible by micro-batch {self.micro_batch_size} x d {self.dp_size} "
                 f"= {per_step}; choose a global batch that is a multiple of {per_step}"
             )
+        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in DTYPES:
+            raise ConfigError(f"unknown gradient-reduction dtype {self.grad_reduce_dtype!r}; choose one of {', '.join(DTYPES)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
@@ -102,4 +107,6 @@ class ParallelConfig:
             "bucket_bytes": self.bucket_bytes,
             "rank_order": self.rank_order,
             "dropout": self.dropout,
+            "overlap_grad_reduce": self.overlap_grad_reduce,
+            "grad_reduce_dtype": self.grad_reduce_dtype or self.dtype,
         }

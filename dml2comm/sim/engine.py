@@ -9,7 +9,8 @@ Every device has four streams:
 - ``pp``: sends to the neighbouring stage, issued when the producing step ends, serialised on
   the device; the consumer step waits for the send to finish;
 - ``dp``: data-parallel traffic: gradient buckets reduced while the device's last backward
-  runs (PyTorch DDP / Megatron overlap: bucket k of K is ready after (k+1)/K of that step),
+  runs (PyTorch DDP / Megatron ``--overlap-grad-reduce``: bucket k of K is ready after (k+1)/K
+  of that step) or, without overlap (Megatron-LM before 2023), after it,
   serialised on the stream; per-micro-batch ZeRO-3 parameter all-gathers (prefetched when the
   previous step starts) and ZeRO-2/3 gradient reduce-scatters (after each backward);
 - ``optimizer``: after the device's compute and its gradient reduction, then any collective
@@ -47,6 +48,7 @@ class DeviceWork:
     dp_buckets_s: tuple[float, ...] = ()  # once-per-iteration gradient collectives, in order
     optimizer_s: float = 0.0
     after_step_s: float = 0.0  # collectives that follow the optimizer step
+    overlap_dp: bool = True  # False: gradient buckets start after the last backward (no overlap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], vir
         t = dp_free[d]
         k = len(w.dp_buckets_s)
         for i, bucket in enumerate(w.dp_buckets_s):
-            ready = start + dur * (i + 1) / k
+            ready = start + dur * (i + 1) / k if w.overlap_dp else free[d]
             b_start = max(t, ready)
             t = b_start + bucket
             if keep_events:
