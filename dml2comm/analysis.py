@@ -341,8 +341,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             recompute = sum(times[i][0] for i in op_idx if _is_attention_core(graph, i, seq_len))
         mine = [c for c in comms if c.stage == s]
         dp_once = sum(c.time_s * c.count_per_iteration for c in mine if c.dim is ParallelDim.DP and not c.per_micro_batch)
-        tp_f = _per_mb(mine, m, ParallelDim.TP, Phase.FORWARD)
-        tp_b = _per_mb(mine, m, ParallelDim.TP, Phase.BACKWARD)
+        if config.tp_comm_overlap:
+            tp_f = _tp_overlapped_per_mb(mine, m, Phase.FORWARD, times, config.tp_size)
+            tp_b = _tp_overlapped_per_mb(mine, m, Phase.BACKWARD, times, config.tp_size)
+        else:
+            tp_f = _per_mb(mine, m, ParallelDim.TP, Phase.FORWARD)
+            tp_b = _per_mb(mine, m, ParallelDim.TP, Phase.BACKWARD)
         if config.recompute == "full":  # the recomputed forward repeats its TP collectives
             tp_b += tp_f
         reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
@@ -525,6 +529,28 @@ def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[O
         for i in ops:
             out[i] = (t_f * times[i][0] / sum_f, t_b * times[i][1] / sum_b)
     return out
+
+
+def _tp_overlapped_per_mb(comms: list[CommNode], m: int, phase: Phase, times: list[tuple[float, float]], t: int) -> float:
+    """Exposed tensor-parallel time per micro-batch with ``--tp-comm-overlap``.
+
+    The all-gather before a column-parallel GEMM and the reduce-scatter after a row-parallel
+    one are split into t chunks pipelined with the GEMM (Wang et al., "Overlap Communication
+    with Dependent Computation via Decomposition in Large Deep Learning Models", ASPLOS'23;
+    Megatron-LM ``--tp-comm-overlap`` with Transformer Engine userbuffers): what the GEMM cannot
+    hide stays exposed, and at least one chunk (t_comm / t) always is.  The adjacent GEMM is the
+    op the collective is attached to (its backward for backward collectives: half of it, the
+    input-gradient GEMM).  Collectives not next to a GEMM stay exposed.
+    """
+    exposed = 0.0
+    for c in comms:
+        if not (c.per_micro_batch and c.dim is ParallelDim.TP and c.phase is phase):
+            continue
+        gemm = 0.0
+        if c.after_op is not None:
+            gemm = times[c.after_op][0] if phase is Phase.FORWARD else times[c.after_op][1] / 2
+        exposed += max(c.time_s - gemm, c.time_s / t) * c.count_per_iteration / m
+    return exposed
 
 
 def _per_mb(comms: list[CommNode], m: int, dim: ParallelDim, phase: Phase, kind: CollectiveKind | None = None) -> float:

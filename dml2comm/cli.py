@@ -80,6 +80,8 @@ def analysis_parser() -> argparse.ArgumentParser:
     g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (default 0)")
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     g.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap the sequence-parallel all-gather/reduce-scatter with their GEMMs (Megatron --tp-comm-overlap)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
     g.add_argument("--grad-reduce-dtype", choices=["bf16", "fp16", "fp32"],
@@ -178,6 +180,7 @@ def run_analysis(argv: Sequence[str]) -> int:
         zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
         optimizer=args.optimizer, rank_order=args.rank_order, dropout=args.dropout,
         overlap_grad_reduce=not args.no_overlap_grad_reduce, grad_reduce_dtype=args.grad_reduce_dtype,
+        tp_comm_overlap=args.tp_comm_overlap,
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus)

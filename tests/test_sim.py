@@ -116,3 +116,20 @@ def test_recommendations_are_reanalysed_and_faster():
     assert "--schedule interleaved --virtual-stages 2" in changes
     base = a.summary["iteration_time_s"]
     assert all(r["iteration_time_s"] < base and r["speedup"] == pytest.approx(base / r["iteration_time_s"]) for r in a.recommendations)
+
+
+def test_tp_comm_overlap_hides_part_of_the_tensor_parallel_time_never_all():
+    model = zoo.build_gpt(layers=2, hidden=1024, heads=16, vocab=512, seq_len=512)
+    imported = load_model_proto(model, ImportOptions(batch_size=4))
+    cluster = make_cluster("a100", 8, 8, collective_overhead_s=0.0)
+    base = ParallelConfig(tp_size=8, sequence_parallel=True, micro_batch_size=4, global_batch_size=8, seq_len=512)
+    plain = analyze_graph(imported, base, cluster, advise=False)
+    from dataclasses import replace
+
+    over = analyze_graph(imported, replace(base, tp_comm_overlap=True), cluster, advise=False)
+    assert over.summary["iteration_time_s"] < plain.summary["iteration_time_s"]
+    # at least one chunk of every collective (t_comm / t) stays exposed
+    tp = sum(c.time_s * c.count_per_iteration for c in plain.comms if c.dim.value == "tp")
+    assert over.summary["iteration_time_s"] >= plain.summary["iteration_time_s"] - tp * (1 - 1 / 8) - 1e-12
+    with pytest.raises(ConfigError, match="needs --sequence-parallel"):
+        ParallelConfig(tp_size=8, tp_comm_overlap=True)

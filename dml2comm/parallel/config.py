@@ -43,6 +43,7 @@ class ParallelConfig:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     rank_order: str = "tdp"
     dropout: float = 0.0  # assumed training dropout for exports that carry no Dropout nodes
+    tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (needs sequence parallelism)
     overlap_grad_reduce: bool = True  # DDP / Megatron --overlap-grad-reduce: buckets during backward
     grad_reduce_dtype: str | None = None  # None: the training dtype; "fp32": Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32 (fp32 main grads, reduced in fp32)
@@ -70,6 +71,8 @@ class ParallelConfig:
             )
         if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in DTYPES:
             raise ConfigError(f"unknown gradient-reduction dtype {self.grad_reduce_dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError("--tp-comm-overlap needs --sequence-parallel (it overlaps the all-gather and reduce-scatter that SP issues)")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
@@ -107,6 +110,7 @@ class ParallelConfig:
             "bucket_bytes": self.bucket_bytes,
             "rank_order": self.rank_order,
             "dropout": self.dropout,
+            "tp_comm_overlap": self.tp_comm_overlap,
             "overlap_grad_reduce": self.overlap_grad_reduce,
             "grad_reduce_dtype": self.grad_reduce_dtype or self.dtype,
         }
