@@ -1,8 +1,9 @@
 """Speed of the whole command with the site: analysis + SVGs + mkdocs build, as a user runs it.
 
 Prints wall time (including Python start), peak RSS of the Python process and of the largest
-Graphviz child, pages produced, drawings and Graphviz layouts actually run (alike drawings
-share one layout), and the split between Graphviz and MkDocs measured in-process.
+Graphviz child, pages produced, drawings (Graphviz drawings plus the generated memory chart and
+timeline) and Graphviz layouts actually run (alike drawings share one layout), and the split
+between the generated charts, Graphviz and MkDocs measured in-process.
 
 Targets (issue 3), on 2 cores: GPT-2 small export at d=2 p=4 t=2 under 15 s; zoo Llama-70B
 shape at d=16 t=8 p=8 under 60 s and 2 GB peak RSS.
@@ -50,20 +51,28 @@ def run(args: list[str], repeat: int) -> dict[str, float | str]:
     return {"wall": statistics.median(times), "rss": max(rss), "dot_rss": max(child), "pages": pages, "drawings": drawings, "layouts": layouts}
 
 
-def split(model: str, **cfg: int) -> tuple[float, float, float]:
-    """(analysis s, Graphviz s, MkDocs s) of one in-process build."""
+def split(model: str, **cfg: int) -> tuple[float, float, float, float, int]:
+    """(analysis s, charts s, Graphviz s, MkDocs s, timeline boxes) of one in-process build.
+
+    Charts: the memory chart and the timeline generated in Python (also inside the build)."""
     from dml2comm.analysis import analyze
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.parallel.config import ParallelConfig
+    from dml2comm.render.facts import Facts
     from dml2comm.site.build import build
+    from dml2comm.site.pages import site_charts
 
     start = time.perf_counter()
     config = ParallelConfig(**cfg)
     analysis = analyze(model, config, make_cluster("a100", config.num_gpus, min(8, config.num_gpus)))
     done = time.perf_counter() - start
+    start = time.perf_counter()
+    charts = site_charts(Facts.of(analysis))
+    charts_s = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
         stats = build(analysis, Path(tmp))
-    return done, stats.svg_seconds, stats.mkdocs_seconds
+    timeline = charts.get("timeline")
+    return done, charts_s, stats.svg_seconds, stats.mkdocs_seconds, timeline.boxes if timeline else 0
 
 
 def main() -> None:
@@ -86,10 +95,10 @@ def main() -> None:
         for label, argv, target, _, _ in cases:
             r = run(argv + ["--out", str(out / "o")], args.repeat)
             print(f"{label:42s} {r['wall']:7.2f} {r['rss']:8.0f} {r['dot_rss']:8.0f} {r['pages']:>6s} {r['drawings']:>9s} {r['layouts']:>8s}  {target}")
-        print("\nin-process split (seconds): analysis / Graphviz (parallel) / MkDocs")
+        print("\nin-process split (seconds): analysis / charts (memory + timeline) / Graphviz (parallel) / MkDocs; timeline boxes")
         for label, _, _, cfg, model in cases:
-            a, g, m = split(model, **cfg)
-            print(f"{label:42s} {a:6.2f} / {g:6.2f} / {m:6.2f}")
+            a, c, g, m, boxes = split(model, **cfg)
+            print(f"{label:42s} {a:6.2f} / {c:6.2f} / {g:6.2f} / {m:6.2f}; {boxes:,} boxes")
 
 
 if __name__ == "__main__":

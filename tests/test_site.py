@@ -30,6 +30,7 @@ from dml2comm.cli import main
 from dml2comm.site import build as site_build
 from dml2comm.site.build import SiteError, build_and_publish, md_text, publish
 from tests.test_cli import ROOT, assert_bad, run
+from tests.test_charts import over_capacity_analysis
 from tests.test_render import EVIL, _analysis, hostile_model
 
 pytestmark = pytest.mark.dot
@@ -52,6 +53,16 @@ def site(tmp_path_factory, gpt_onnx) -> Path:
     """``python main.py gpt.onnx --d 2 --p 2 --t 2 --out OUT``: returns OUT."""
     out = tmp_path_factory.mktemp("site")
     assert main([str(gpt_onnx), "--d", "2", "--p", "2", "--t", "2", "--out", str(out), "--json"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def over_site(tmp_path_factory) -> Path:
+    """A site whose stage 0 needs more memory than its GPU (zoo GPT, fp16, V100, b = 64, t = 2)."""
+    out = tmp_path_factory.mktemp("over")
+    a = over_capacity_analysis(dp=2, tp=2, pp=4, micro_batch=64)
+    assert a.memory["over_capacity_stages"] == [0]
+    build_and_publish(a, out, {"data.json": "{}\n"})
     return out
 
 
@@ -122,10 +133,13 @@ def test_every_link_works_and_nothing_loads_off_the_host(site):
             seen.add(name)
             todo.extend(graph.get(name, ()))
     assert seen >= set(graph) - {"404.html"}
+    assert {"memory.html", "timeline.html"} <= seen
+    assert (site_dir / "trace.json").is_file()  # the timeline page's link (checked above) has its file
     # links inside the SVGs of svg_file/ point at each other
     svgs = sorted((site / "svg_file").glob("*.svg"))
     assert {p.name for p in svgs} >= {"overview.svg", "data_0_detail.svg", "data_1_detail.svg", "stage_1_data_0_detail.svg",
-                                      "layer_2_data_0_detail.svg", "gpu_comm_pp_0.svg", "gpu_comm_tp_1.svg", "gpu_comm_dp_0.svg"}
+                                      "layer_2_data_0_detail.svg", "gpu_comm_pp_0.svg", "gpu_comm_tp_1.svg", "gpu_comm_dp_0.svg",
+                                      "memory.svg", "timeline.svg"}
     hrefs = 0
     for path in svgs:
         for el in ET.parse(path).getroot().iter():
@@ -146,17 +160,105 @@ def test_pages_levels_and_nav(site):
     for word in ("Iteration time", "Memory per GPU", "Bottleneck", "replica 1", "data_0.html", "references.html", "d2c-legend"):
         assert word in index
     for name in ("data_0", "data_1", "stage_0_data_0", "stage_1_data_0", "layer_0_data_0", "layer_2_data_0", "layer_4_data_0",
-                 "gpu_comm_pp_0", "gpu_comm_tp_0", "gpu_comm_dp_1", "references"):
+                 "gpu_comm_pp_0", "gpu_comm_tp_0", "gpu_comm_dp_1", "references", "memory", "timeline"):
         html = (site_dir / f"{name}.html").read_text(encoding="utf-8")
         assert 'class="d2c-crumbs"' in html and 'href="index.html"' in html, name  # breadcrumbs back to the overview
         if name != "references":
             assert "d2c-back" in html, name
         assert "Stages (replica 0)" in html and "Layers (replica 0)" in html and "GPU communication" in html  # nav levels
+        nav = re.findall(r'<a href="([a-z_0-9]+\.html)" class="md-nav__link', html)
+        assert nav[:3] == ["index.html", "memory.html", "timeline.html"], (name, nav[:4])  # after the overview
     refs = (site_dir / "references.html").read_text(encoding="utf-8")
     for word in ("allreduce_ring", "roofline", "Thakur", "nccl-tests", "PCIE4_X16_BYTES_PER_S", "GPU in use", "DEFAULT_BUCKET_BYTES"):
         assert word in refs, word
     data = json.loads((site / "data.json").read_text(encoding="utf-8"))
     assert data["config"]["dp_size"] == 2 if "dp_size" in data["config"] else data["config"]["d"] == 2
+
+
+def _svg_of(html: str, chart: str) -> ET.Element:
+    m = re.search(r'<svg class="d2c-svg"[^>]*data-chart="%s".*?</svg>' % chart, html, re.S)
+    assert m, f"no {chart} chart in the page"
+    return ET.fromstring(m.group(0))
+
+
+def test_memory_and_timeline_pages(site):
+    site_dir = site / "site"
+    index = (site_dir / "index.html").read_text(encoding="utf-8")
+    # the overview's memory card leads to the memory page, the iteration card to the timeline
+    assert re.search(r'<a class="d2c-card d2c-card-link" href="memory.html"[^>]*><div class="d2c-card-title">Memory per GPU', index)
+    assert re.search(r'href="timeline.html"[^>]*><div class="d2c-card-title">Iteration time', index)
+    memory = (site_dir / "memory.html").read_text(encoding="utf-8")
+    root = _svg_of(memory, "memory")
+    assert {el.get("data-stage") for el in root.iter() if el.get("class") == "d2c-seg"} == {"0", "1"}
+    for word in ("Peak and headroom", "largest contributor", "Every stage fits", "micro-batches in flight", "headroom"):
+        assert word in memory, word
+    assert "Changes that would make it fit" not in memory  # it fits
+    timeline = (site_dir / "timeline.html").read_text(encoding="utf-8")
+    root = _svg_of(timeline, "timeline")
+    boxes = [el for el in root.iter() if el.get("class") == "d2c-box"]
+    trace = json.loads((site_dir / "trace.json").read_text(encoding="utf-8"))
+    assert (site_dir / "trace.json").read_text(encoding="utf-8") == (site / "trace.json").read_text(encoding="utf-8")
+    steps = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "compute"]
+    assert len([b for b in boxes if b.get("data-kind") in ("forward", "backward")]) == len(steps) == 2 * 2 * 2  # p (F + B) m
+    for word in ("Where the time goes", "pipeline bubble", "exposed communication", "optimizer step", "bottleneck",
+                 'href="trace.json"', "ui.perfetto.dev", "chrome://tracing", "What would make it faster"):
+        assert word in timeline, word
+    assert "d2c-slot" not in timeline and "d2c-slot" not in memory  # the charts took their places
+    # the charts of svg_file/ are the same drawings, standalone
+    for name in ("memory", "timeline"):
+        ET.parse(site / "svg_file" / f"{name}.svg")
+
+
+def test_stages_over_capacity_are_red_on_every_drawing(over_site):
+    svg_dir, site_dir = over_site / "svg_file", over_site / "site"
+
+    def red_titles(path: Path) -> list[str]:
+        root = ET.parse(path).getroot()
+        out = []
+        for g in root.iter("{http://www.w3.org/2000/svg}g"):
+            if g.get("class") in ("node", "cluster") and any(el.get("stroke") == "#d50000" for el in g.iter()):
+                title = g.find("{http://www.w3.org/2000/svg}title")
+                out.append(title.text if title is not None else "".join(g.itertext()))
+        return out
+
+    overview = red_titles(svg_dir / "overview.svg")
+    assert len(overview) == 2 and all(t.startswith("stage 0 of replica") and "over memory: " in t for t in overview)
+    for d in (0, 1):
+        red = red_titles(svg_dir / f"data_{d}_detail.svg")
+        assert len(red) == 1 and red[0].startswith(f"stage 0 of replica {d}") and "over memory" in red[0]
+    assert len(red_titles(svg_dir / "stage_0_data_0_detail.svg")) == 1
+    assert not red_titles(svg_dir / "stage_1_data_0_detail.svg")
+    pp = red_titles(svg_dir / "gpu_comm_pp_0.svg")  # stage 0's frame and its two GPUs, not stage 1's
+    assert any("stage 0 (replica 0)" in t for t in pp) and not any("stage 1" in t for t in pp) and len(pp) == 3
+    assert len(red_titles(svg_dir / "gpu_comm_tp_0.svg")) == 2 and not red_titles(svg_dir / "gpu_comm_tp_1.svg")
+    assert not red_titles(svg_dir / "layer_2_data_0_detail.svg")  # layers are not marked: alike blocks stay alike
+    # pages: the stage's header, the overview's card and table, the memory page's suggestions
+    stage0 = (site_dir / "stage_0_data_0.html").read_text(encoding="utf-8")
+    assert 'class="d2c-over-badge"' in stage0 and "over memory: " in stage0
+    assert "d2c-over-badge" not in (site_dir / "stage_1_data_0.html").read_text(encoding="utf-8")
+    index = (site_dir / "index.html").read_text(encoding="utf-8")
+    assert "d2c-card-alarm" in index and "d2c-over-cell" in index and "double red outline" in index
+    memory = (site_dir / "memory.html").read_text(encoding="utf-8")
+    assert "Changes that would make it fit" in memory and "--recompute" in memory and "predicted peak" in memory
+    root = _svg_of(memory, "memory")
+    assert [el.get("data-stage") for el in root.iter() if el.get("class") == "d2c-over"] == ["0"]
+    timeline = _svg_of((site_dir / "timeline.html").read_text(encoding="utf-8"), "timeline")
+    assert ["d2c-over-label" in el.get("class") for el in timeline.iter() if "d2c-row-label" in (el.get("class") or "")] == \
+        [True, False, False, False]
+    _crawl(site_dir)
+
+
+def test_over_capacity_keeps_alike_layers_laid_out_once():
+    from dml2comm.render.dot import all_drawings, overview_drawing
+    from dml2comm.render.facts import Facts
+
+    facts = Facts.of(over_capacity_analysis(pp=2, micro_batch=32))
+    assert facts.over_stages == (0,)
+    drawings = all_drawings(facts, 8)
+    blocks = [d.dot for d in drawings if d.name.startswith("layer_")]
+    assert len(set(blocks)) < len(blocks)  # blocks of the same stage share their DOT (and layout)
+    dot = overview_drawing(facts, 8).dot
+    assert dot.count('peripheries="2"') == 1 and dot.count('color="#d50000"') == 1
 
 
 def test_many_replicas_collapse_into_one_page(tmp_path, gpt_onnx):
@@ -238,6 +340,33 @@ def test_click_down_from_overview_to_gpu_graph(browser, site):
     before = page.get_attribute(".d2c-viewport svg", "viewBox")
     page.click("button[data-zoom='in']")
     assert page.get_attribute(".d2c-viewport svg", "viewBox") != before
+    assert not errors
+    assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
+    page.close()
+
+
+def test_timeline_and_memory_tooltips_in_the_browser(browser, over_site):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((over_site / "site" / "index.html").as_uri())
+    page.click("a.d2c-card-link[href='memory.html']")
+    page.wait_for_url("**/memory.html")
+    page.hover("svg text.d2c-over-label")
+    assert "over memory: " in page.inner_text(".d2c-tip")
+    page.hover("svg rect.d2c-seg[data-part='activations'] >> nth=0")
+    assert "micro-batches in flight" in page.inner_text(".d2c-tip")
+    page.click("nav.md-nav a.md-nav__link[href='timeline.html']")
+    page.wait_for_url("**/timeline.html")
+    page.hover("svg rect.d2c-box[data-kind='backward'] >> nth=0")
+    tip = page.inner_text(".d2c-tip")
+    assert "backward of micro-batch" in tip and "stage " in tip
+    before = page.get_attribute(".d2c-viewport svg", "viewBox")
+    page.click("button[data-zoom='in']")
+    assert page.get_attribute(".d2c-viewport svg", "viewBox") != before
+    assert page.locator("a[href='trace.json']").count() == 1
     assert not errors
     assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
     page.close()

@@ -207,6 +207,24 @@ def _heat(share: float, comm: bool = False) -> dict[str, str]:
     return {"fillcolor": b.fill, "fontcolor": b.font}
 
 
+#: Outline of a stage that does not fit in one GPU's memory (double, red), applied like the
+#: heat colours: as node attributes in the DOT, so alike stages stay alike.
+OVER_COLOUR = "#d50000"
+
+
+def _over(facts: Facts, p: int) -> dict[str, object]:
+    """Node attributes that mark stage ``p`` as over the GPU's memory (none when it fits)."""
+    if not facts.over_capacity(p):
+        return {}
+    return {"color": OVER_COLOUR, "penwidth": 2, "peripheries": 2}
+
+
+def _over_tip(facts: Facts, p: int) -> str:
+    """A tooltip's last line for stage ``p``: ``\nover memory: X of Y`` ("" when it fits)."""
+    text = facts.over_memory_text(p)
+    return f"\n{text} (see the Memory page)" if text else ""
+
+
 def _comm_attrs(share: float, backward: bool = False) -> dict[str, object]:
     attrs: dict[str, object] = {"shape": COMM_SHAPE, "style": "filled,dashed" if backward else "filled", "color": "#08306b",
                                 "margin": "0.02,0.02"}
@@ -282,11 +300,13 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
                 f"per micro-batch: forward {fmt_s(st.time_fwd_s)}, backward {fmt_s(st.time_bwd_s)}\n"
                 f"parameters {fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU)\n"
                 f"{fmt_share(share)} of the iteration busy per GPU"
+                + _over_tip(facts, p)
             )
             target = f"stage_{p}_data_0" if first == 0 else page
             column_boxes.append(
-                g.node(_label(f"stage {p}", layers, _brief(ranks_p), f"{fmt_share(share)} busy"),
-                       tip, target, **_heat(share))
+                g.node(_label(f"stage {p}", layers, _brief(ranks_p), f"{fmt_share(share)} busy",
+                              "over memory" if facts.over_capacity(p) else ""),
+                       tip, target, **_heat(share), **_over(facts, p))
             )
         boxes.append(column_boxes)
         g.edge(headers[-1], column_boxes[0], style="invis")
@@ -370,13 +390,15 @@ def replica_drawing(facts: Facts, d: int) -> Drawing:
             f"data-parallel {fmt_s(st.dp_time_s)} and optimizer {fmt_s(st.optimizer_time_s)} per iteration\n"
             f"{fmt_share(share)} of the iteration busy per GPU"
             + ("" if d == 0 else "\nthe stage's layers are drawn for replica 0 (identical up to GPU ids)")
+            + _over_tip(facts, p)
         )
         layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
         node = g.node(
             _label(f"stage {p}", f"{layers} · {fmt_count(st.params_per_gpu)} params/GPU",
                    f"{_brief(ranks, 2)} · {_brief(nodes, 2, 'nodes' if len(nodes) > 1 else 'node')}",
-                   f"fwd {fmt_s(st.time_fwd_s)} · bwd {fmt_s(st.time_bwd_s)} / µbatch", f"{fmt_share(share)} busy"),
-            tip, f"stage_{p}_data_0", **_heat(share),
+                   f"fwd {fmt_s(st.time_fwd_s)} · bwd {fmt_s(st.time_bwd_s)} / µbatch", f"{fmt_share(share)} busy",
+                   facts.over_memory_text(p)),
+            tip, f"stage_{p}_data_0", **_heat(share), **_over(facts, p),
         )
         if prev is not None:
             bnode = _boundary_node(g, facts, facts.boundaries[p - 1], d)
@@ -407,9 +429,11 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
     gpu_lines = [f"GPU {r} · node {facts.node_of(r)} · t={t}" for t, r in enumerate(ranks[:8])]
     if len(ranks) > 8:
         gpu_lines.append(f"… {len(ranks) - 8} more (GPUs {rank_ranges(ranks)})")
-    gpus = g.node(_label(f"GPUs of stage {p}", *gpu_lines), f"replica 0, stage {p}: GPUs {rank_ranges(ranks)}; each holds 1/{facts.tp} "
-                  f"of the stage's tensor-parallel weights ({fmt_count(st.params_per_gpu)} parameters)",
-                  None, shape="box", style="filled", fillcolor="#e8eaed", color="#bdc1c6")
+    over = facts.over_memory_text(p)
+    gpus = g.node(_label(f"GPUs of stage {p}", *gpu_lines, over), f"replica 0, stage {p}: GPUs {rank_ranges(ranks)}; each holds 1/{facts.tp} "
+                  f"of the stage's tensor-parallel weights ({fmt_count(st.params_per_gpu)} parameters)\n"
+                  f"memory per GPU: {fmt_bytes(facts.memory_per_gpu(p))} of {fmt_bytes(facts.capacity_bytes)}" + _over_tip(facts, p),
+                  None, shape="box", style="filled", fillcolor="#e8eaed", **({"color": "#bdc1c6"} | _over(facts, p)))
     top = [gpus]
     tps = facts.tp_by_stage.get(p, ())
     if tps:
@@ -632,9 +656,11 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
 def _gpu_node(g: _Dot, facts: Facts, rank: int, note: str = "") -> str:
     d, p, t = facts.analysis.rank_map.coords(rank)
     node = facts.node_of(rank)
+    attrs: dict[str, object] = {"color": "#3c4043", "penwidth": 1.4}
+    attrs.update(_over(facts, p))
     return g.node(_label(f"GPU {rank}", f"node {node} · d={d} p={p} t={t}", note),
-                  f"GPU {rank}: replica {d}, stage {p}, tensor rank {t}; node {node}\n{facts.analysis.cluster.gpu.name}",
-                  None, shape="box", style="rounded,filled", fillcolor="#ffffff", color="#3c4043", penwidth=1.4)
+                  f"GPU {rank}: replica {d}, stage {p}, tensor rank {t}; node {node}\n{facts.analysis.cluster.gpu.name}" + _over_tip(facts, p),
+                  None, shape="box", style="rounded,filled", fillcolor="#ffffff", **attrs)
 
 
 def pp_comm_drawing(facts: Facts, s: int) -> Drawing:
@@ -644,8 +670,13 @@ def pp_comm_drawing(facts: Facts, s: int) -> Drawing:
     shown = min(len(src), RING_MEMBERS_SHOWN)
     top: list[str] = []
     bottom: list[str] = []
-    for label, ranks, out, loc in ((f"stage {s} (replica 0)", src, top, "t"), (f"stage {s + 1} (replica 0)", dst, bottom, "b")):
-        g.open_cluster(html_text(f"{label} · node {rank_ranges(facts.nodes_of(ranks))}"), style="rounded", color="#bdc1c6", labelloc=loc)
+    for stage, label, ranks, out, loc in ((s, f"stage {s} (replica 0)", src, top, "t"), (s + 1, f"stage {s + 1} (replica 0)", dst, bottom, "b")):
+        text = html_text(f"{label} · node {rank_ranges(facts.nodes_of(ranks))}")
+        if facts.over_capacity(stage):  # the stage label in red, its frame red
+            text = f'<FONT COLOR="{OVER_COLOUR}"><B>{text} · {html_text(facts.over_memory_text(stage))}</B></FONT>'
+            g.open_cluster(text, style="rounded", color=OVER_COLOUR, penwidth="2", labelloc=loc)
+        else:
+            g.open_cluster(text, style="rounded", color="#bdc1c6", labelloc=loc)
         for r in ranks[:shown]:
             out.append(_gpu_node(g, facts, r))
         g.close_cluster()

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 from dml2comm.analysis import Analysis, CommNode
 from dml2comm.ir.graph import Tensor
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
+from dml2comm.render.fmt import fmt_bytes
 
 __all__ = ["Facts", "Boundary", "KIND_LABEL", "kind_label"]
 
@@ -197,6 +198,26 @@ class Facts:
         if total is not None:
             return float(total)
         return float(sum(v for k, v in mem.items() if k != "total_bytes" and isinstance(v, (int, float))))
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Memory of one GPU: the analysis's memory report, else the GPU preset's HBM."""
+        cap = self.analysis.memory.get("capacity_bytes") if self.analysis.memory else None
+        return float(cap) if cap else float(self.analysis.cluster.gpu.hbm_bytes)
+
+    def over_capacity(self, p: int) -> bool:
+        """True when one GPU of stage ``p`` needs more memory than the GPU has."""
+        return self.memory_per_gpu(p) > self.capacity_bytes
+
+    @property
+    def over_stages(self) -> tuple[int, ...]:
+        return tuple(p for p in range(self.pp) if self.over_capacity(p))
+
+    def over_memory_text(self, p: int) -> str:
+        """``over memory: 31.53 GiB of 29.80 GiB`` for stage ``p`` ("" when it fits)."""
+        if not self.over_capacity(p):
+            return ""
+        return f"over memory: {fmt_bytes(self.memory_per_gpu(p))} of {fmt_bytes(self.capacity_bytes)}"
 
     @property
     def activations_modelled(self) -> bool:

@@ -19,6 +19,7 @@ __all__ = [
     "fmt_count",
     "fmt_share",
     "fmt_shape",
+    "fmt_num",
     "rank_ranges",
     "HeatBin",
     "HEAT_BINS",
@@ -97,6 +98,16 @@ def fmt_share(x: float | None) -> str:
     if x < 0.01:
         return f"{x:.2%}"
     return f"{x:.1%}"
+
+
+def fmt_num(x: float | None) -> str:
+    """A small count that may be fractional (micro-batches in flight under interleaving):
+    ``4``, ``16.47``."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.2f}".rstrip("0").rstrip(".")
 
 
 def fmt_shape(shape: Sequence[int]) -> str:

@@ -12,6 +12,12 @@ outputs intact.
   opened from ``file://``; the SVGs in ``svg_file/`` link to each other as ``NAME.svg``.
 - MkDocs runs through its Python API from this interpreter (never a global ``mkdocs``), with a
   per-run copy of the repository's ``mkdocs.yml``; its warnings fail the build.
+- The generated charts (memory, timeline; :mod:`dml2comm.render.charts`) are written to
+  ``svg_file/`` like the drawings and reach their pages after MkDocs has run: the Markdown
+  holds a placeholder that :func:`_fill_slots` replaces in the built HTML (a timeline of
+  thousands of boxes would otherwise cost seconds of Markdown and search indexing).
+- ``trace.json`` (the Chrome trace of the simulated iteration) is copied into the site, so the
+  timeline page's link works served and from ``file://``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from dml2comm.errors import Dml2CommError
 from dml2comm.render.dot import Drawing, all_drawings
 from dml2comm.render.facts import Facts
 from dml2comm.render.svg import LayoutCache, render, resolve_links
-from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models
+from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, site_charts
 from dml2comm.site.references import preset_tables, reference_sections
 
 __all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "TEMPLATES", "MKDOCS_YML"]
@@ -147,9 +153,30 @@ def _site_name(analysis: Analysis) -> str:
     return f"dml2comm: {name}" if name else "dml2comm"
 
 
-def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, str], analysis: Analysis, docs: Path) -> None:
+def _slot(name: str) -> str:
+    """Placeholder of a generated chart in a page's Markdown (page keys are synthetic)."""
+    return f'<div class="d2c-slot" data-slot="{name}"></div>'
+
+
+def _fill_slots(site_dir: Path, slots: Mapping[str, tuple[str, Markup]]) -> None:
+    """Put each generated chart into its built page in place of its :func:`_slot`.
+
+    The charts skip MkDocs: thousands of tooltip-carrying boxes (the timeline) would cost
+    seconds of Markdown and search indexing for no search result anyone wants."""
+    for key, (name, svg) in slots.items():
+        path = site_dir / f"{key}.html"
+        html = path.read_text(encoding="utf-8")
+        if html.count(_slot(name)) != 1:
+            raise SiteError(f"the built page {key}.html lost the place of its chart {name}")
+        path.write_text(html.replace(_slot(name), str(svg)), encoding="utf-8")
+
+
+def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, str], analysis: Analysis, docs: Path,
+                  generated: frozenset[str] = frozenset()) -> dict[str, tuple[str, Markup]]:
+    """Write every page's Markdown; returns the generated charts left as slots, by page key."""
     keys = {p.key for p in pages}
     extra: dict[str, Any] = {}
+    slots: dict[str, tuple[str, Markup]] = {}
     for page in pages:
         ctx = dict(page.context)
         if page.key == "references":
@@ -158,11 +185,15 @@ def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, st
             ctx.update(extra)
         ctx["page"] = page
         ctx["svg"] = inline_svg(svgs[page.drawing], keys) if page.drawing else Markup("")
+        if page.drawing in generated:
+            slots[page.key] = (page.drawing, ctx["svg"])
+            ctx["svg"] = Markup(_slot(page.drawing))
         try:
             text = env.get_template(page.template).render(**ctx)
         except TemplateError as exc:
             raise SiteError(f"template {page.template} failed for page {page.key}: {exc}") from exc
         (docs / f"{page.key}.md").write_text(text, encoding="utf-8")
+    return slots
 
 
 def build(
@@ -174,9 +205,11 @@ def build(
     cache: LayoutCache | None = None,
     templates: Path = TEMPLATES,
     mkdocs_yml: Path = MKDOCS_YML,
+    trace: str | None = None,
 ) -> BuildStats:
     """Write ``dest/svg_file/`` and ``dest/site/`` (plus the work folder ``dest/.docs``, removed
-    at the end).  ``dest`` should be new or empty."""
+    at the end).  ``dest`` should be new or empty.  ``trace`` is the text of ``trace.json``
+    (copied into the site for the timeline page; made from the analysis when not given)."""
     start = time.perf_counter()
     facts = Facts.of(analysis)
     drawings: list[Drawing] = all_drawings(facts, replica_pages_max)
@@ -189,11 +222,25 @@ def build(
         text = resolve_links(svgs[d.name], lambda key: f"{page_svg[key]}.svg" if key in page_svg else None)
         (svg_dir / f"{d.name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + text, encoding="utf-8")
 
-    pages = page_models(facts, drawings, replica_pages_max)
+    # the memory chart and the timeline are generated SVG (no Graphviz layout)
+    charts = site_charts(facts)
+    for chart in charts.values():
+        svgs[chart.name] = chart.svg
+        (svg_dir / f"{chart.name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + chart.svg,
+                                                   encoding="utf-8")
+
+    pages = page_models(facts, drawings, replica_pages_max, charts)
     docs = dest / ".docs"
     docs.mkdir(parents=True, exist_ok=True)
     shutil.copytree(templates / "assets", docs / "assets")
-    _render_pages(environment(templates), pages, svgs, analysis, docs)
+    # the timeline page links to the Chrome trace: it travels inside the site (works from file://)
+    if trace is None and analysis.timeline is not None:
+        from dml2comm.export.chrome_trace import trace_json
+
+        trace = trace_json(analysis, analysis.timeline)
+    if trace is not None:
+        (docs / "trace.json").write_text(trace, encoding="utf-8")
+    slots = _render_pages(environment(templates), pages, svgs, analysis, docs, frozenset(c.name for c in charts.values()))
     try:
         base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -203,12 +250,13 @@ def build(
     config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
     mk_start = time.perf_counter()
     _mkdocs_build(config_path)
+    _fill_slots(dest / "site", slots)
     end = time.perf_counter()
     shutil.rmtree(docs, ignore_errors=True)
     config_path.unlink(missing_ok=True)
     return BuildStats(
         pages=len(pages),
-        drawings=len(drawings),
+        drawings=len(drawings) + len(charts),
         layouts_run=stats.layouts_run,
         svg_seconds=svg_done - start,
         mkdocs_seconds=end - mk_start,
@@ -258,6 +306,7 @@ def build_and_publish(analysis: Analysis, out: Path, files: Mapping[str, str], *
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
     try:
+        kwargs.setdefault("trace", files.get("trace.json"))
         stats = build(analysis, staging, **kwargs)
         for name, text in files.items():
             (staging / name).write_text(text, encoding="utf-8")

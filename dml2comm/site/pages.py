@@ -7,7 +7,10 @@ templates escape them (Jinja2 autoescape, plus the ``md`` filter in Markdown tex
 
 Which pages exist (replicas are identical up to GPU ids, DESIGN.md section 3):
 
-- ``index`` (overview), ``references``;
+- ``index`` (overview), ``memory`` (a stacked bar per stage against the GPU's capacity, the
+  per-stage table, and when it does not fit the re-analysed suggestions), ``timeline`` (the
+  simulated iteration as a Gantt chart, its breakdown, the recommendations, ``trace.json``),
+  ``references``; the memory and timeline drawings are :mod:`dml2comm.render.charts` SVGs;
 - ``data_0`` and every stage and layer page of replica 0 (``stage_{p}_data_0``,
   ``layer_{l}_data_0``);
 - ``data_{d}`` for each replica d > 0 while d - 1 <= ``replica_pages_max``; beyond that one
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dml2comm.analysis import CommNode, comm_by_dim
+from dml2comm.render.charts import MEMORY_PARTS, Chart, memory_chart_of, timeline_chart_of
 from dml2comm.render.dot import Drawing, replica_page
 from dml2comm.render.facts import Facts, kind_label
 from dml2comm.render.fmt import (
@@ -32,6 +36,7 @@ from dml2comm.render.fmt import (
     fmt_bytes,
     fmt_count,
     fmt_flops,
+    fmt_num,
     fmt_rate,
     fmt_s,
     fmt_shape,
@@ -40,7 +45,7 @@ from dml2comm.render.fmt import (
     rank_ranges,
 )
 
-__all__ = ["Page", "Crumb", "REPLICA_PAGES_MAX", "page_models", "nav_of"]
+__all__ = ["Page", "Crumb", "REPLICA_PAGES_MAX", "page_models", "site_charts", "nav_of"]
 
 #: Replicas d > 0 get a page each while there are at most this many of them; beyond, one
 #: ``replicas`` page lists them all.
@@ -81,11 +86,15 @@ def _word(text: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", str(text).lower())
 
 
-def _legend() -> dict[str, Any]:
+def _legend(facts: Facts) -> dict[str, Any]:
+    over = facts.over_stages
     return {
         "heat": [{"fill": b.fill, "font": b.font, "label": b.label} for b in HEAT_BINS],
         "comm": [{"fill": b.fill, "font": b.font, "label": b.label} for b in COMM_BINS],
         "links": [{"colour": c, "label": k} for k, c in LINK_COLOURS.items() if k != "local"],
+        # stages that do not fit in one GPU's memory: drawn with a double red outline
+        "over": (f"stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} need{'' if len(over) > 1 else 's'} more "
+                 f"memory per GPU than the {fmt_bytes(facts.capacity_bytes)} a GPU has") if over else "",
     }
 
 
@@ -112,21 +121,10 @@ def _comm_rows(facts: Facts, comms: Sequence[CommNode], per_micro_batch: bool = 
     return out
 
 
-def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: int = REPLICA_PAGES_MAX) -> list[Page]:
-    a = facts.analysis
-    drawn = {d.page: d.name for d in drawings}
-    cfg = a.config
-    pages: list[Page] = []
-    legend = _legend()
-    home = Crumb("Overview", "index")
-    r0 = Crumb("Replica 0", "data_0")
-
-    def stage_crumb(p: int) -> Crumb:
-        return Crumb(f"Stage {p}", f"stage_{p}_data_0")
-
-    # ------------------------------------------------------------------ overview
-    s = a.summary
-    mem = [facts.memory_per_gpu(p) for p in range(facts.pp)]
+def _breakdown(facts: Facts) -> list[dict[str, Any]]:
+    """The iteration split into compute, exposed communication, pipeline bubble, optimizer step
+    (and what is left), as the summary gives them: label, seconds, percent, CSS class."""
+    s = facts.analysis.summary
     iteration = facts.iteration_s
     compute = float(s.get("compute_time_s") or 0.0)
     exposed = float(s.get("exposed_comm_time_s") or 0.0)
@@ -140,10 +138,43 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             parts.append(("other", rest, "other"))
     else:
         parts.append(("other: pipeline bubble, optimizer step", max(iteration - compute - exposed, 0.0), "other"))
-    bar = [{"label": label, "seconds": fmt_s(sec), "pct": 100 * max(sec, 0.0) / iteration if iteration else 0, "cls": cls}
-           for label, sec, cls in parts]
+    return [{"label": label, "seconds": fmt_s(sec), "pct": 100 * max(sec, 0.0) / iteration if iteration else 0, "cls": cls}
+            for label, sec, cls in parts]
+
+
+def site_charts(facts: Facts) -> dict[str, Chart]:
+    """The generated (non-Graphviz) SVGs of the site, by page key: ``memory`` and, when the
+    analysis has a simulated iteration, ``timeline``."""
+    out = {"memory": memory_chart_of(facts)}
+    timeline = timeline_chart_of(facts)
+    if timeline is not None:
+        out["timeline"] = timeline
+    return out
+
+
+def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: int = REPLICA_PAGES_MAX,
+                charts: Mapping[str, Chart] | None = None) -> list[Page]:
+    """Every page of the site.  ``charts`` are :func:`site_charts` (built here when not given)."""
+    a = facts.analysis
+    drawn = {d.page: d.name for d in drawings}
+    cfg = a.config
+    pages: list[Page] = []
+    legend = _legend(facts)
+    home = Crumb("Overview", "index")
+    r0 = Crumb("Replica 0", "data_0")
+
+    def stage_crumb(p: int) -> Crumb:
+        return Crumb(f"Stage {p}", f"stage_{p}_data_0")
+
+    # ------------------------------------------------------------------ overview
+    s = a.summary
+    mem = [facts.memory_per_gpu(p) for p in range(facts.pp)]
+    iteration = facts.iteration_s
+    compute = float(s.get("compute_time_s") or 0.0)
+    exposed = float(s.get("exposed_comm_time_s") or 0.0)
+    bar = _breakdown(facts)
     report = getattr(a, "memory", None) or {}
-    capacity = float(a.cluster.gpu.hbm_bytes)
+    capacity = facts.capacity_bytes
     worst = max(range(facts.pp), key=lambda p: mem[p])
     fits = max(mem) <= capacity
     if facts.activations_modelled:
@@ -158,16 +189,18 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         _row(change=str(s_.get("change", "")), peak=fmt_bytes(s_.get("peak_bytes")), fits="fits" if s_.get("fits") else "does not fit")
         for s_ in report.get("suggestions", ()) if isinstance(s_, dict)
     ]
+    # (title, value, note, page the card links to or None, alarm: drawn in red)
     headline = [
-        ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples"),
-        ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else ""),
-        ("Communication (busiest stage)", fmt_s(s.get("comm_time_s")), f"exposed: {fmt_s(exposed)}"),
-        ("Pipeline bubble", fmt_share(s.get("bubble_fraction")), f"{cfg.schedule}, p = {cfg.pp_size}, m = {cfg.num_micro_batches} micro-batches"),
-        ("MFU", fmt_share(s.get("mfu")), "model FLOPs / (iteration x GPUs x peak)"),
+        ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples", "timeline", False),
+        ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else "", None, False),
+        ("Communication (busiest stage)", fmt_s(s.get("comm_time_s")), f"exposed: {fmt_s(exposed)}", None, False),
+        ("Pipeline bubble", fmt_share(s.get("bubble_fraction")), f"{cfg.schedule}, p = {cfg.pp_size}, m = {cfg.num_micro_batches} micro-batches",
+         "timeline", False),
+        ("MFU", fmt_share(s.get("mfu")), "model FLOPs / (iteration x GPUs x peak)", None, False),
         ("Throughput", f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else "n/a",
-         f"{s['samples_per_s']:,.1f} samples/s" if s.get("samples_per_s") else ""),
-        ("Memory per GPU", fmt_bytes(max(mem)), memory_note),
-        ("Bottleneck", s.get("bottleneck") or "n/a", ""),
+         f"{s['samples_per_s']:,.1f} samples/s" if s.get("samples_per_s") else "", None, False),
+        ("Memory per GPU", fmt_bytes(max(mem)), memory_note, "memory", not fits),
+        ("Bottleneck", s.get("bottleneck") or "n/a", "", "timeline", False),
     ]
     stages_rows = []
     for p, st in enumerate(a.stages):
@@ -175,7 +208,8 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         stages_rows.append(
             _row(index=p, key=f"stage_{p}_data_0", layers=f"{lo}–{hi}" if lo != hi else str(lo), gpus=rank_ranges(facts.ranks(0, p)),
                  params=fmt_count(st.params_per_gpu), fwd=fmt_s(st.time_fwd_s), bwd=fmt_s(st.time_bwd_s), dp=fmt_s(st.dp_time_s),
-                 optimizer=fmt_s(st.optimizer_time_s), memory=fmt_bytes(mem[p]), share=fmt_share(facts.stage_share[p]))
+                 optimizer=fmt_s(st.optimizer_time_s), memory=fmt_bytes(mem[p]), share=fmt_share(facts.stage_share[p]),
+                 over=facts.over_memory_text(p))
         )
     dims = [
         _row(dim=k, count=v["count"], message=fmt_bytes(v["message_bytes"]), sent=fmt_bytes(v["bytes_sent_per_gpu"]), time=fmt_s(v["time_s"]))
@@ -216,6 +250,9 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             ),
         )
     )
+    charts = charts if charts is not None else site_charts(facts)
+    pages.append(_memory_page(facts, home, charts.get("memory")))
+    pages.append(_timeline_page(facts, home, charts.get("timeline")))
 
     # ------------------------------------------------------------------ replicas
     boundaries = []
@@ -230,7 +267,8 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             lo, hi = facts.layer_range(p)
             rows.append(_row(index=p, key=f"stage_{p}_data_0", layers=f"{lo}–{hi}" if lo != hi else str(lo),
                              gpus=rank_ranges(facts.ranks(d, p)), nodes=rank_ranges(facts.nodes_of(facts.ranks(d, p))),
-                             fwd=fmt_s(st.time_fwd_s), bwd=fmt_s(st.time_bwd_s), share=fmt_share(facts.stage_share[p])))
+                             fwd=fmt_s(st.time_fwd_s), bwd=fmt_s(st.time_bwd_s), share=fmt_share(facts.stage_share[p]),
+                             over=facts.over_memory_text(p)))
         pages.append(
             Page(key=f"data_{d}", title=f"Replica {d}", section="Replicas", template="replica.md.j2",
                  crumbs=[home, Crumb(f"Replica {d}", None)], drawing=drawn.get(f"data_{d}"),
@@ -264,9 +302,8 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                                                  f"{fmt_share(facts.stage_share[p])} of the iteration"),
             ("data-parallel collectives per iteration", fmt_s(st.dp_time_s)),
             ("optimizer step", fmt_s(st.optimizer_time_s)),
-            ("memory per GPU", f"{fmt_bytes(facts.memory_per_gpu(p))}: " + ", ".join(
-                f"{k.removesuffix('_bytes')} {fmt_bytes(v) if isinstance(v, (int, float)) else 'not modelled'}"
-                for k, v in mem_p.items() if k != "total_bytes" and not k.startswith("peak"))),
+            ("memory per GPU", f"{fmt_bytes(facts.memory_per_gpu(p))} of {fmt_bytes(facts.capacity_bytes)}"
+                               + (" (does NOT fit)" if facts.over_capacity(p) else "") + ": " + _memory_parts_text(mem_p)),
         ]
         gpus = [_row(rank=r, node=facts.node_of(r), t=t, coords=f"d=0 p={p} t={t}") for t, r in enumerate(ranks)]
         layers = []
@@ -291,7 +328,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         pages.append(
             Page(key=f"stage_{p}_data_0", title=f"Stage {p}", section="Stages (replica 0)", template="stage.md.j2",
                  crumbs=[home, r0, Crumb(f"Stage {p}", None)], drawing=drawn.get(f"stage_{p}_data_0"),
-                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, groups=groups, legend=legend,
+                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, groups=groups, legend=legend, over=facts.over_memory_text(p),
                               comms=_comm_rows(facts, list(tps) + list(dps) + pps, per_micro_batch=False),
                               prev_key=f"stage_{p - 1}_data_0" if p > 0 else None,
                               next_key=f"stage_{p + 1}_data_0" if p < facts.pp - 1 else None,
@@ -386,6 +423,130 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
     pages.append(Page(key="references", title="References", section="", template="references.md.j2",
                       crumbs=[home, Crumb("References", None)], context={}, hide_toc=False))
     return pages
+
+
+def _memory_parts_text(mem: Mapping[str, Any]) -> str:
+    """``weights 1.2 GiB, gradients ..., activations 561 MiB (140 MiB per micro-batch × 4 in flight), ...``"""
+    out = []
+    for key, label, _ in MEMORY_PARTS:
+        v = mem.get(key)
+        name = label.split(" (")[0].split(" ×")[0]
+        text = f"{name} {fmt_bytes(v) if isinstance(v, (int, float)) else 'not modelled'}"
+        per, n = mem.get("activations_per_micro_batch_bytes"), mem.get("in_flight_micro_batches")
+        if key == "activations_bytes" and isinstance(per, (int, float)) and isinstance(n, (int, float)):
+            text += f" ({fmt_bytes(per)} per micro-batch × {fmt_num(n)} in flight)"
+        out.append(text)
+    return ", ".join(out)
+
+
+_IN_FLIGHT = {
+    "gpipe": "GPipe keeps the activations of all m micro-batches until the backward pass starts",
+    "1f1b": "1F1B keeps min(p − s, m) micro-batches in flight on stage s (p − s warm-up forwards before its first backward)",
+    "interleaved": "interleaved 1F1B keeps 1F1B's micro-batches in flight times (1 + (p − 1)/(p m)) of a full stage's activations",
+}
+
+
+def _memory_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
+    a = facts.analysis
+    cfg = a.config
+    report = a.memory or {}
+    cap = facts.capacity_bytes
+    gpu = a.cluster.gpu
+
+    def b(mem: Mapping[str, Any], key: str) -> str:
+        v = mem.get(key)
+        return fmt_bytes(v) if isinstance(v, (int, float)) else "not modelled"
+
+    rows = []
+    for p, st in enumerate(a.stages):
+        mem = st.memory
+        total = facts.memory_per_gpu(p)
+        per, n = mem.get("activations_per_micro_batch_bytes"), mem.get("in_flight_micro_batches")
+        rows.append(_row(
+            index=p, key=f"stage_{p}_data_0", gpus=rank_ranges(facts.ranks(0, p)),
+            weights=b(mem, "weights_bytes"), grads=b(mem, "grads_bytes"), optimizer=b(mem, "optimizer_bytes"),
+            activations=b(mem, "activations_bytes"),
+            act_detail=f"{fmt_bytes(per)} × {fmt_num(n)}" if isinstance(per, (int, float)) and isinstance(n, (int, float)) else "",
+            buffers=b(mem, "buffers_bytes"), transient=b(mem, "transient_bytes"), framework=b(mem, "framework_bytes"),
+            total=fmt_bytes(total), used=fmt_share(total / cap) if cap else "n/a",
+            headroom=fmt_bytes(cap - total) if total <= cap else f"−{fmt_bytes(total - cap)}",
+            over=facts.over_memory_text(p),
+        ))
+    mem_all = [facts.memory_per_gpu(p) for p in range(facts.pp)]
+    peak_stage = int(report.get("peak_stage", max(range(facts.pp), key=lambda p: mem_all[p])))
+    peak = float(report.get("peak_bytes", max(mem_all)))
+    over = facts.over_stages
+    fits = not over
+    largest = report.get("largest_contributor")
+    summary = [
+        ("capacity of one GPU", f"{fmt_bytes(cap)} ({gpu.name}, {gpu.hbm_bytes / 1e9:g} GB)"),
+        ("peak", f"{fmt_bytes(peak)} on stage {peak_stage} ({fmt_share(peak / cap) if cap else 'n/a'} of the GPU)"),
+        ("headroom" if fits else "over by", fmt_bytes(abs(cap - peak))),
+        ("fits", "yes, on every stage" if fits else
+         f"no: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} over capacity"),
+    ]
+    if largest:
+        summary.append(("largest contributor (peak stage)", str(largest)))
+    summary.append(("what shapes it", f"{cfg.dtype} training, {cfg.optimizer}, ZeRO stage {cfg.zero_stage}, recomputation "
+                                      f"{cfg.recompute}, sequence parallel {'on' if cfg.sequence_parallel else 'off'}, t = {cfg.tp_size}, "
+                                      f"{cfg.schedule} with m = {cfg.num_micro_batches} micro-batches of {cfg.micro_batch_size}"))
+    suggestions = []
+    for s_ in report.get("suggestions", ()) or ():
+        if not isinstance(s_, Mapping):
+            continue
+        it = s_.get("iteration_time_s")
+        suggestions.append(_row(change=str(s_.get("change", "")), peak=fmt_bytes(s_.get("peak_bytes")) if s_.get("peak_bytes") is not None else "n/a",
+                                fits="fits" if s_.get("fits") else "does not fit", ok=bool(s_.get("fits")),
+                                time=fmt_s(it) if isinstance(it, (int, float)) else "", note=str(s_.get("note", ""))))
+    return Page(
+        key="memory", title="Memory", section="", template="memory.md.j2", crumbs=[home, Crumb("Memory", None)],
+        drawing=chart.name if chart is not None else None,
+        context=dict(rows=rows, summary=summary, fits=fits, over=over, suggestions=suggestions, peak_text=summary[1][1],
+                     in_flight=_IN_FLIGHT.get(cfg.schedule, ""), modelled=facts.activations_modelled, capacity=fmt_bytes(cap),
+                     stages_over=[_row(index=p, key=f"stage_{p}_data_0", text=facts.over_memory_text(p)) for p in over]),
+    )
+
+
+def _timeline_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
+    a = facts.analysis
+    cfg = a.config
+    s = a.summary
+    sim = a.timeline
+    iteration = facts.iteration_s
+    crit = s.get("critical_stage")
+    per_stage = []
+    if sim is not None:
+        for p in range(facts.pp):
+            busy = sim.compute_busy_s[p] if p < len(sim.compute_busy_s) else None
+            per_stage.append(_row(
+                index=p, key=f"stage_{p}_data_0", busy=fmt_s(busy), busy_share=fmt_share(busy / iteration) if busy is not None and iteration else "n/a",
+                compute_end=fmt_s(sim.compute_end_s[p]) if p < len(sim.compute_end_s) else "n/a",
+                dp_exposed=fmt_s(sim.dp_exposed_s[p]) if p < len(sim.dp_exposed_s) else "n/a",
+                optimizer=fmt_s(a.stages[p].optimizer_time_s),
+                end=fmt_s(sim.device_end_s[p]) if p < len(sim.device_end_s) else "n/a",
+                critical=crit == p, over=facts.over_memory_text(p),
+            ))
+    recs = []
+    for r in a.recommendations or ():
+        t = r.get("iteration_time_s")
+        speedup = r.get("speedup")
+        recs.append(_row(change=str(r.get("change", "")), time=fmt_s(t) if isinstance(t, (int, float)) else "n/a",
+                         speedup=f"{speedup:.2f}×" if isinstance(speedup, (int, float)) else "n/a",
+                         fits="fits" if r.get("fits_in_memory") else "does not fit", ok=bool(r.get("fits_in_memory")),
+                         peak=fmt_bytes(r.get("peak_memory_bytes")) if r.get("peak_memory_bytes") is not None else "n/a"))
+    v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+    return Page(
+        key="timeline", title="Timeline", section="", template="timeline.md.j2", crumbs=[home, Crumb("Timeline", None)],
+        drawing=chart.name if chart is not None else None,
+        context=dict(
+            has_chart=chart is not None, note=chart.note if chart is not None else "",
+            events=len(sim.events) if sim is not None else 0, iteration=fmt_s(iteration), bar=_breakdown(facts),
+            bottleneck=s.get("bottleneck") or "n/a", critical=crit, critical_key=f"stage_{crit}_data_0" if isinstance(crit, int) else None,
+            recs=recs, per_stage=per_stage, schedule=cfg.schedule + (f" with v = {v} model chunks per GPU" if v > 1 else ""),
+            m=facts.m, pp=facts.pp, recompute=cfg.recompute,
+            bubble_fraction=fmt_share(s.get("bubble_fraction")), mfu=fmt_share(s.get("mfu")),
+        ),
+    )
 
 
 def nav_of(pages: Sequence[Page]) -> list[Any]:

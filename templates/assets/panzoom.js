@@ -2,7 +2,8 @@
  * Written for this project (no third-party code, nothing loaded from the network).
  * - Buttons +, -, fit; Ctrl/Cmd + wheel zooms around the cursor; dragging pans when zoomed.
  * - Tooltips: each node's <title> (written by dml2comm, plain text) becomes data-tip and is
- *   shown in a styled box; textContent only, never HTML.
+ *   shown in a styled box; textContent only, never HTML.  Graphviz groups (g.node, g.edge,
+ *   g.cluster) and the generated charts' groups (g.d2c-item) work the same way.
  */
 (function () {
   "use strict";
@@ -30,7 +31,7 @@
   }
 
   function initTips(svg) {
-    var groups = svg.querySelectorAll("g.node, g.edge");
+    var groups = svg.querySelectorAll("g.node, g.edge, g.cluster, g.d2c-item");
     groups.forEach(function (g) {
       var title = null;
       for (var i = 0; i < g.children.length; i++) {
