@@ -106,3 +106,12 @@ def test_runs_and_writes_data_json(workdir):
     for key in ("model", "config", "cluster", "summary", "comm_by_dim", "collectives", "stages", "layers", "warnings"):
         assert key in data
     assert sorted(p.name for p in out.iterdir()) == ["data.json", "trace.json"]
+
+
+@pytest.mark.dot
+def test_relative_out_folder_builds_the_site(tmp_path):
+    """The README's command uses --out out, relative to the working folder."""
+    result = run(str(ROOT / "examples" / "gpt2-small.onnx"), "--d", "2", "--p", "2", "--out", "out", "--no-advice", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "site" / "index.html").is_file()
+    assert (tmp_path / "out" / "svg_file" / "overview.svg").is_file()

@@ -245,8 +245,10 @@ def build(
         base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise SiteError(f"cannot read the site configuration {mkdocs_yml}: {exc}") from exc
-    base.update({"docs_dir": str(docs), "site_dir": str(dest / "site"), "site_name": _site_name(analysis), "nav": nav_of(pages)})
-    config_path = dest / ".mkdocs.yml"
+    # absolute paths: MkDocs resolves relative ones against the config file's folder (--out out)
+    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()), "site_name": _site_name(analysis),
+                 "nav": nav_of(pages)})
+    config_path = (dest / ".mkdocs.yml").resolve()
     config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
     mk_start = time.perf_counter()
     _mkdocs_build(config_path)
