@@ -433,7 +433,7 @@ def _recommendations(imported: ImportResult, config: ParallelConfig, cluster: Cl
         except Dml2CommError:
             continue
         t = alt.summary["iteration_time_s"]
-        if t < base * (1 - 1e-3):
+        if t < base * 0.99:  # a gain under 1% is noise, not advice
             out.append({"change": change, "iteration_time_s": t, "speedup": base / t, "fits_in_memory": alt.memory["fits"],
                         "peak_memory_bytes": alt.memory["peak_bytes"]})
     return sorted(out, key=lambda r: r["iteration_time_s"])
