@@ -31,10 +31,12 @@ EXAMPLES = """examples:
   python main.py model.onnx --dim batch=4 --dim sequence=512 --cluster dgx-h100
   python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx
   python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
+  python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --workers 8
+  python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
   python main.py presets
 """
 
-SUBCOMMANDS = ("zoo", "presets", "collective")
+SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -428,6 +430,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dml2comm.network.command import run_collective
 
             return run_collective(argv[1:])
+        if argv and argv[0] == "sweep":
+            from dml2comm.search.command import run_sweep_command
+
+            return run_sweep_command(argv[1:])
+        if argv and argv[0] == "compare":
+            from dml2comm.search.command import run_compare_command
+
+            return run_compare_command(argv[1:])
         if not argv:
             analysis_parser().print_help()
             return 2

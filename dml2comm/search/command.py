@@ -1,0 +1,364 @@
+"""The ``sweep`` and ``compare`` subcommands.
+
+    python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --workers 8
+    python main.py compare model.onnx --global-batch-size 512 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
+
+:func:`run_sweep_command` and :func:`run_compare_command` parse ``argv``, print, write into
+``--out`` and return an exit code; bad input raises :class:`~dml2comm.errors.ConfigError` with a
+one-line message, which ``dml2comm.cli`` prints as ``error: ...`` with exit code 2.  (This module
+prints because it *is* a command front end, called only from ``cli.py``.)
+
+Outputs of ``sweep`` (``--out DIR``): ``sweep.csv`` (every configuration, failed ones with their
+reason), ``data.json`` (schema_version 1, a ``sweep`` object).  While the sweep runs, rows are
+appended to ``DIR/sweep.partial.csv`` as they finish; at the end (or on Ctrl-C, with what
+finished) ``sweep.csv`` and ``data.json`` are published atomically and the partial file removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from dml2comm.errors import ConfigError
+from dml2comm.export.files import publish_files
+from dml2comm.hardware.cluster import Cluster, get_cluster, make_cluster
+from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
+from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
+from dml2comm.search.sweep import (CsvStream, Evaluator, SweepResult, SweepSpace, csv_text, model_shape,
+                                   run_sweep)
+
+__all__ = ["run_sweep_command", "run_compare_command", "parse_config_spec", "sweep_dict"]
+
+SWEEP_EXAMPLES = """examples:
+  python main.py sweep model.onnx --gpus 64 --global-batch-size 512
+  python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --zero 0,1,2 --workers 8
+  python main.py sweep model.onnx --gpus 16 --cluster dgx-h100 --recompute none,full --no-sp --out sweep_out
+"""
+
+COMPARE_EXAMPLES = """examples:
+  python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2"
+  python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2"
+"""
+
+#: Rows of the Pareto front printed (data.json holds all of them).
+PARETO_SHOWN = 20
+
+#: Keys of a ``--configs`` entry.
+SPEC_KEYS = {"d": "dp_size", "t": "tp_size", "p": "pp_size", "b": "micro_batch_size", "zero": "zero_stage",
+             "recompute": "recompute", "sp": "sequence_parallel", "v": "virtual_stages"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage, so every error is one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message} (see --help)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _hardware_args(p: argparse.ArgumentParser) -> None:
+    h = p.add_argument_group("hardware")
+    h.add_argument("--gpu", default="a100", help="GPU preset (default a100)")
+    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...); overrides --gpu")
+    h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
+    b = p.add_argument_group("batch")
+    b.add_argument("--global-batch-size", type=_positive, help="global batch B (sweep default: --gpus; compare: required)")
+    b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
+    b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    b.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    p.add_argument("--out", default=".", help="output folder (default: current folder)")
+    p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
+
+
+def cluster_builder(gpu: str, cluster: str | None, gpus_per_node: int) -> Callable[[int], Cluster]:
+    """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead."""
+
+    def build(num_gpus: int) -> Cluster:
+        if cluster:
+            built = get_cluster(cluster, num_gpus)
+        else:
+            built = make_cluster(gpu, num_gpus, min(gpus_per_node, num_gpus))
+        return dataclasses.replace(built, collective_overhead_s=0.0)
+
+    return build
+
+
+def _entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"index": row["index"], "config": row["config"], "iteration_time_s": row["iteration_time_s"],
+            "tflops_per_gpu": row["tflops_per_gpu"], "mfu": row["mfu"], "peak_memory_bytes": row["peak_memory_bytes"],
+            "fits": row["fits"], "bubble_fraction": row["bubble_fraction"],
+            "exposed_comm_time_s": row["exposed_comm_time_s"], "error": row["error"]}
+
+
+def sweep_dict(result: SweepResult, top: int = 10) -> dict[str, Any]:
+    """The ``sweep`` object of data.json."""
+    evaluated = result.evaluated
+    best = result.best
+    return {
+        "num_configs": result.num_configs,
+        "num_evaluated": len(evaluated),
+        "num_failed": len(result.failed),
+        "num_fit": sum(1 for r in evaluated if r["fits"]),
+        "failure_reasons": result.failure_reasons(),
+        "interrupted": result.interrupted,
+        "seconds": result.seconds,
+        "configs_per_s": len(result.rows) / result.seconds if result.seconds else None,
+        "best": _entry(best) if best else None,
+        "top": [_entry(r) for r in result.top(top)],
+        "pareto": [_entry(r) for r in result.pareto()],
+    }
+
+
+def _short(config: Mapping[str, Any]) -> str:
+    parts = [f"d={config['d']}", f"t={config['t']}", f"p={config['p']}", f"b={config['micro_batch_size']}"]
+    if config["virtual_stages"] > 1:
+        parts.append(f"v={config['virtual_stages']}")
+    parts.append(f"zero={config['zero_stage']}")
+    parts.append(f"recompute={config['recompute']}")
+    if config["sequence_parallel"]:
+        parts.append("sp=1")
+    return ",".join(parts)
+
+
+def _table(title: str, rows: Sequence[Mapping[str, Any]]):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("#", "config", "iteration", "TFLOP/s/GPU", "MFU", "peak memory", "fits", "bubble", "exposed comm"):
+        table.add_column(name, justify="left" if name == "config" else "right", no_wrap=True)
+    for i, r in enumerate(rows, 1):
+        if r["error"]:
+            table.add_row(str(i), _short(r["config"]), "failed", "", "", "", "", "", r["error"][:60])
+            continue
+        table.add_row(str(i), _short(r["config"]), f"{r['iteration_time_s'] * 1e3:.2f} ms", f"{r['tflops_per_gpu']:.1f}",
+                      f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['peak_memory_bytes'] / 2**30:.2f} GiB",
+                      "yes" if r["fits"] else "NO", f"{r['bubble_fraction']:.1%}", f"{r['exposed_comm_time_s'] * 1e3:.2f} ms")
+    return table
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python main.py sweep", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EXAMPLES,
+                description="Evaluate every valid configuration for a GPU count; rank the fitting ones by iteration time.")
+    p.add_argument("model", help="the ONNX model")
+    p.add_argument("--gpus", type=_positive, required=True, help="GPU count (d*t*p)")
+    c = p.add_argument_group("constraints (comma-separated lists)")
+    for flag in ("--d", "--t", "--p"):
+        c.add_argument(flag, help=f"allowed {flag[2:]} sizes, e.g. {flag} 1,2,4 (default: every divisor of --gpus)")
+    for flag in ("--max-d", "--max-t", "--max-p"):
+        c.add_argument(flag, type=_positive, help="upper bound")
+    c.add_argument("--micro-batch-sizes", default="1,2,4,8", help="micro-batch sizes to try (default 1,2,4,8)")
+    c.add_argument("--virtual-stages", default="1,2,4", help="interleaved-schedule chunks to try (default 1,2,4)")
+    c.add_argument("--zero", default="0,1", help="ZeRO stages to try (default 0,1)")
+    c.add_argument("--recompute", default=",".join(RECOMPUTE_MODES), help="recomputation modes (default none,selective,full)")
+    c.add_argument("--no-sp", action="store_true", help="never use sequence parallelism")
+    c.add_argument("--sp-only", action="store_true", help="always use sequence parallelism when t > 1")
+    c.add_argument("--allow-cross-node-tp", action="store_true", help="allow t larger than the GPUs per node")
+    r = p.add_argument_group("run")
+    r.add_argument("--workers", type=_positive, default=1, help="worker processes (default 1)")
+    r.add_argument("--top", type=_positive, default=10, help="how many ranked configurations to print and keep (default 10)")
+    r.add_argument("--limit", type=_positive, help="evaluate only the first N configurations of the enumeration")
+    _hardware_args(p)
+    return p
+
+
+def _constraints(args: argparse.Namespace) -> Constraints:
+    if args.no_sp and args.sp_only:
+        raise ConfigError("--no-sp and --sp-only contradict each other; drop one")
+    return Constraints(
+        d=parse_int_list(args.d, "--d") if args.d else None,
+        t=parse_int_list(args.t, "--t") if args.t else None,
+        p=parse_int_list(args.p, "--p") if args.p else None,
+        max_d=args.max_d, max_t=args.max_t, max_p=args.max_p,
+        micro_batch_sizes=parse_int_list(args.micro_batch_sizes, "--micro-batch-sizes"),
+        virtual_stages=parse_int_list(args.virtual_stages, "--virtual-stages"),
+        zero_stages=_zero_list(args.zero),
+        recompute=parse_name_list(args.recompute, "--recompute", RECOMPUTE_MODES),
+        sequence_parallel=(False,) if args.no_sp else (True,) if args.sp_only else (False, True),
+        allow_cross_node_tp=args.allow_cross_node_tp, gpus_per_node=args.gpus_per_node,
+        dtype=args.dtype, optimizer=args.optimizer,
+    )
+
+
+def _zero_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        values = ()
+    if not values or any(v not in (0, 1, 2, 3) for v in values):
+        raise ConfigError(f"--zero expects stages from 0,1,2,3, got {text!r}; e.g. --zero 0,1")
+    return values
+
+
+def run_sweep_command(argv: Sequence[str]) -> int:
+    args = sweep_parser().parse_args(argv)
+    constraints = _constraints(args)
+    space = SweepSpace(global_batch_size=args.global_batch_size or args.gpus, seq_len=args.seq_len, constraints=constraints)
+    constraints.check(args.gpus)  # bad constraints fail before the model is read
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node)
+    builder(args.gpus)  # an unknown --gpu / --cluster fails here, before anything is written
+    partial = out / "sweep.partial.csv"
+    stream: CsvStream | None = None
+    progress = None
+    task = None
+    if sys.stderr.isatty() and not args.json:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+
+    def on_result(row: dict[str, Any], done: int, total: int) -> None:
+        nonlocal stream, task
+        if stream is None:
+            stream = CsvStream(partial)
+        stream.write(row)
+        if progress is not None:
+            if task is None:  # started at the first result: after the workers are forked, so no thread is forked
+                progress.start()
+                task = progress.add_task("sweep", total=total)
+            progress.update(task, completed=done)
+
+    try:
+        result = run_sweep(args.model, args.gpus, builder, space, workers=args.workers, on_result=on_result, limit=args.limit)
+    finally:
+        if progress is not None:
+            progress.stop()
+        if stream is not None:
+            stream.close()
+    data = {"schema_version": 1, "model": result.model, "cluster": _cluster_dict(builder(args.gpus)),
+            "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top)}
+    publish_files(out, {"sweep.csv": csv_text(result.rows), "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"})
+    partial.unlink(missing_ok=True)
+    if args.json:
+        print(json.dumps(data["sweep"], sort_keys=True))
+    else:
+        _print_sweep(result, data["sweep"], out, args.top)
+    return 130 if result.interrupted else 0
+
+
+def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
+    return {"name": cluster.name, "gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node}
+
+
+def _space_dict(space: SweepSpace, num_gpus: int) -> dict[str, Any]:
+    c = space.constraints
+    return {"num_gpus": num_gpus, "global_batch_size": space.global_batch_size, "seq_len": space.seq_len,
+            "d": c.d, "t": c.t, "p": c.p, "max_d": c.max_d, "max_t": c.max_t, "max_p": c.max_p,
+            "micro_batch_sizes": c.micro_batch_sizes, "virtual_stages": c.virtual_stages, "zero_stages": c.zero_stages,
+            "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "allow_cross_node_tp": c.allow_cross_node_tp}
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)  # files and pipes get the whole table
+
+
+def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int) -> None:
+    console = _console()
+    console.print(_table(f"top {top} (fitting configurations, fastest first)", result.top(top)))
+    front = result.pareto()
+    console.print(_table("Pareto front (iteration time vs peak memory, fastest first)", front[:PARETO_SHOWN]))
+    if len(front) > PARETO_SHOWN:
+        console.print(f"({len(front) - PARETO_SHOWN} more on the front in data.json)", highlight=False)
+    rate = sweep["configs_per_s"]
+    line = (f"{sweep['num_configs']} configurations, {sweep['num_evaluated']} evaluated, {sweep['num_failed']} failed, "
+            f"{sweep['num_fit']} fit, in {sweep['seconds']:.1f} s ({rate:.1f}/s)") if rate else "no configuration evaluated"
+    console.print(line, highlight=False)
+    for reason, count in sweep["failure_reasons"].items():
+        console.print(f"  failed ({count}): {reason}", highlight=False)
+    if result.interrupted:
+        console.print("interrupted: the outputs hold the configurations that finished", highlight=False)
+    console.print(f"wrote {out / 'sweep.csv'} and {out / 'data.json'}", highlight=False)
+
+
+# ---- compare
+def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: str = "bf16",
+                      optimizer: str = "adam") -> ParallelConfig:
+    """``"d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2"`` -> :class:`ParallelConfig` (unset keys: defaults)."""
+    kwargs: dict[str, Any] = {}
+    for part in [x.strip() for x in text.split(",") if x.strip()]:
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SPEC_KEYS:
+            raise ConfigError(f"--configs {text!r}: cannot read {part!r}; use KEY=VALUE with keys {','.join(SPEC_KEYS)}")
+        name = SPEC_KEYS[key]
+        value = value.strip()
+        if name == "recompute":
+            if value not in RECOMPUTE_MODES:
+                raise ConfigError(f"--configs {text!r}: recompute={value!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
+            kwargs[name] = value
+        elif name == "sequence_parallel":
+            if value.lower() not in ("0", "1", "true", "false", "on", "off"):
+                raise ConfigError(f"--configs {text!r}: sp={value!r}; use sp=1 or sp=0")
+            kwargs[name] = value.lower() in ("1", "true", "on")
+        else:
+            try:
+                kwargs[name] = int(value)
+            except ValueError:
+                raise ConfigError(f"--configs {text!r}: {key}={value!r} is not an integer") from None
+    if kwargs.get("virtual_stages", 1) > 1:
+        kwargs["schedule"] = "interleaved"
+    if kwargs.get("sequence_parallel") and kwargs.get("tp_size", 1) == 1:
+        raise ConfigError(f"--configs {text!r}: sp=1 needs t of 2 or more")
+    try:
+        return ParallelConfig(global_batch_size=global_batch, seq_len=seq_len, dtype=dtype, optimizer=optimizer, **kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"--configs {text!r}: {exc}") from None
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python main.py compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMPARE_EXAMPLES,
+                description="Analyse a few configurations of one model side by side.")
+    p.add_argument("model", help="the ONNX model")
+    p.add_argument("--configs", nargs="+", required=True, metavar="SPEC",
+                   help="configurations as KEY=VALUE lists: d, t, p, b (micro-batch), zero, recompute, sp, v (virtual stages)")
+    _hardware_args(p)
+    return p
+
+
+def run_compare_command(argv: Sequence[str]) -> int:
+    args = compare_parser().parse_args(argv)
+    if args.global_batch_size is None:
+        raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node)
+    evaluator = Evaluator(args.model, builder, seq_len=args.seq_len)
+    seq_len = args.seq_len or model_shape(evaluator.imported(1))["seq_len"]
+    configs = [parse_config_spec(s, args.global_batch_size, seq_len, args.dtype, args.optimizer) for s in args.configs]
+    rows = []
+    for i, (spec, config) in enumerate(zip(args.configs, configs)):
+        try:
+            row = evaluator.evaluate(config)
+        except ConfigError as exc:  # pragma: no cover - evaluate records errors; cluster errors land here
+            raise ConfigError(f"--configs {spec!r}: {exc}") from None
+        if row["error"]:
+            raise ConfigError(f"--configs {spec!r}: {row['error']}")
+        row["index"] = i
+        row["spec"] = spec
+        rows.append(row)
+    entries = [dict(_entry(r), spec=r["spec"]) for r in rows]
+    data = {"schema_version": 1, "model": {"path": str(args.model)}, "compare": entries}
+    publish_files(Path(args.out), {"compare.csv": csv_text(rows), "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"})
+    if args.json:
+        print(json.dumps(entries, sort_keys=True))
+        return 0
+    console = _console()
+    console.print(_table("configurations side by side", rows))
+    console.print(f"wrote {Path(args.out) / 'compare.csv'} and {Path(args.out) / 'data.json'}", highlight=False)
+    return 0

@@ -1,0 +1,342 @@
+"""Evaluate many configurations of one model: ``run_sweep`` and its ranking.
+
+Every configuration is analysed with :func:`dml2comm.analysis.analyze_graph` (``advise=False``),
+exactly as the single-configuration command does, so a sweep's number for a configuration is
+the number ``python main.py MODEL --d .. --t .. --p ..`` reports.  The model is imported once
+per micro-batch size (the batch axis is bound at import) in each process.
+
+Workers (``workers > 1``) are forked processes (``concurrent.futures.ProcessPoolExecutor`` with
+the ``fork`` start method): each receives configuration dicts and returns plain result dicts
+(``Analysis`` objects hold an ``OpGraph`` and are not sent back).  Results are handed to
+``on_result`` as they arrive, so a caller can stream them to disk; Ctrl-C (or a callback that
+raises ``KeyboardInterrupt``) stops the sweep and returns what finished, marked ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import csv
+import io
+import multiprocessing
+import signal
+import time
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+from dml2comm.errors import Dml2CommError
+from dml2comm.hardware.cluster import Cluster
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model
+from dml2comm.parallel.config import ParallelConfig
+from dml2comm.search.space import Constraints, enumerate_configs
+
+__all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape", "pareto_front", "CSV_COLUMNS",
+           "csv_row", "CsvStream"]
+
+#: Metrics recorded per configuration (besides its config dict).
+METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fits", "bubble_fraction",
+           "exposed_comm_time_s")
+#: Configuration fields shown in tables and the CSV.
+CONFIG_COLUMNS = ("d", "t", "p", "micro_batch_size", "num_micro_batches", "schedule", "virtual_stages", "zero_stage",
+                  "recompute", "sequence_parallel")
+CSV_COLUMNS = ("index",) + CONFIG_COLUMNS + METRICS + ("error",)
+
+
+@dataclass(frozen=True)
+class SweepSpace:
+    """What to sweep: the batch, the sequence length and the constraints on the configuration.
+
+    ``seq_len`` ``None``: the model's own (axis 1 of its integer input, as the main command reads it).
+    """
+
+    global_batch_size: int
+    seq_len: int | None = None
+    constraints: Constraints = field(default_factory=Constraints)
+    dims: tuple[tuple[str, int], ...] = ()
+
+
+def model_shape(imported: ImportResult) -> dict[str, Any]:
+    """Layer count, attention heads and sequence length of an imported model (what the space needs)."""
+    from dml2comm.ir.layers import group_layers
+    from dml2comm.parallel.tensor import attention_heads
+
+    graph = imported.graph
+    heads, kv_heads = attention_heads(graph)
+    seq = None
+    for name in graph.inputs:
+        tensor = graph.tensors[name]
+        if not tensor.dtype.is_float and tensor.rank == 2:
+            seq = tensor.shape[1]
+            break
+    return {"layers": len(group_layers(graph).layers), "heads": heads, "kv_heads": kv_heads, "seq_len": seq}
+
+
+def config_from_dict(data: Mapping[str, Any]) -> ParallelConfig:
+    """Rebuild a :class:`ParallelConfig` from :meth:`ParallelConfig.to_dict` output."""
+    names = {f.name for f in fields(ParallelConfig)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    kwargs.update(dp_size=data["d"], tp_size=data["t"], pp_size=data["p"])
+    if data.get("grad_reduce_dtype") == data.get("dtype"):
+        kwargs["grad_reduce_dtype"] = None
+    return ParallelConfig(**kwargs)
+
+
+class Evaluator:
+    """Analyses configurations of one model; caches one import per micro-batch and one cluster per size."""
+
+    def __init__(self, model_path: str, cluster_builder: Callable[[int], Cluster], dims: Sequence[tuple[str, int]] = (),
+                 seq_len: int | None = None) -> None:
+        self.model_path = str(model_path)
+        self.cluster_builder = cluster_builder
+        self.dims = dict(dims)
+        self.seq_len = seq_len
+        self._imports: dict[int, ImportResult] = {}
+        self._clusters: dict[int, Cluster] = {}
+
+    def imported(self, micro_batch: int) -> ImportResult:
+        if micro_batch not in self._imports:
+            options = ImportOptions(batch_size=micro_batch, seq_len=self.seq_len, dims=dict(self.dims))
+            self._imports[micro_batch] = load_model(self.model_path, options)
+        return self._imports[micro_batch]
+
+    def cluster(self, num_gpus: int) -> Cluster:
+        if num_gpus not in self._clusters:
+            self._clusters[num_gpus] = self.cluster_builder(num_gpus)
+        return self._clusters[num_gpus]
+
+    def analyze(self, config: ParallelConfig):
+        """The full :class:`~dml2comm.analysis.Analysis` (no advice); raises on an invalid config."""
+        from dml2comm.analysis import analyze_graph
+
+        return analyze_graph(self.imported(config.micro_batch_size), config, self.cluster(config.num_gpus),
+                             self.model_path, advise=False)
+
+    def evaluate(self, config: ParallelConfig) -> dict[str, Any]:
+        """One result row: ``config`` (its dict), the metrics, and ``error`` (None, or why it failed)."""
+        row: dict[str, Any] = {"config": config.to_dict(), "error": None, **{k: None for k in METRICS}}
+        try:
+            analysis = self.analyze(config)
+        except Dml2CommError as exc:
+            row["error"] = " ".join(str(exc).split())
+            row["fits"] = False
+            return row
+        s = analysis.summary
+        time_s = s["iteration_time_s"]
+        model_flops = 3 * analysis.model_info["flops_fwd_per_sample"] * config.global_batch_size
+        row.update(
+            iteration_time_s=time_s,
+            tflops_per_gpu=model_flops / (time_s * config.num_gpus) / 1e12 if time_s else None,
+            mfu=s["mfu"],
+            peak_memory_bytes=s["peak_memory_bytes"],
+            fits=bool(s["fits_in_memory"]),
+            bubble_fraction=s["bubble_fraction"],
+            exposed_comm_time_s=s["exposed_comm_time_s"],
+        )
+        return row
+
+
+@dataclass
+class SweepResult:
+    """Rows in enumeration order (``row["index"]``); failed rows carry ``error``."""
+
+    rows: list[dict[str, Any]]
+    num_configs: int
+    seconds: float
+    interrupted: bool = False
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def evaluated(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["error"] is None]
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["error"] is not None]
+
+    def ranked(self) -> list[dict[str, Any]]:
+        """Fitting configurations, fastest first (ties: enumeration order)."""
+        return sorted((r for r in self.evaluated if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    def top(self, n: int = 10) -> list[dict[str, Any]]:
+        return self.ranked()[:n]
+
+    def pareto(self) -> list[dict[str, Any]]:
+        return pareto_front(self.evaluated)
+
+    def failure_reasons(self) -> dict[str, int]:
+        """How many configurations failed, by reason."""
+        out: dict[str, int] = {}
+        for r in self.failed:
+            out[r["error"]] = out.get(r["error"], 0) + 1
+        return dict(sorted(out.items()))
+
+
+def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows not dominated in (iteration time, peak memory), fastest first.
+
+    A row is dominated when another is no slower and uses no more memory, and is better in one
+    of them; of identical points the first in enumeration order is kept."""
+    front: list[dict[str, Any]] = []
+    best_memory = float("inf")
+    for r in sorted(rows, key=lambda r: (r["iteration_time_s"], r["peak_memory_bytes"], r["index"])):
+        if r["peak_memory_bytes"] < best_memory:
+            front.append(dict(r))
+            best_memory = r["peak_memory_bytes"]
+    return front
+
+
+# ---- worker processes (state set by the initializer, inherited through fork)
+_WORKER: Evaluator | None = None
+
+
+def _init_worker(evaluator: Evaluator) -> None:
+    global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cancels what is pending
+    _WORKER = evaluator
+
+
+def _work(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
+    index, config = item
+    if _WORKER is None:  # pragma: no cover - _init_worker always runs first
+        raise RuntimeError("sweep worker used before its initializer ran")
+    row = _WORKER.evaluate(config_from_dict(config))
+    row["index"] = index
+    return row
+
+
+def run_sweep(
+    model_path: str,
+    num_gpus: int,
+    cluster_builder: Callable[[int], Cluster],
+    space: SweepSpace,
+    workers: int = 1,
+    on_result: Callable[[dict[str, Any], int, int], None] | None = None,
+    limit: int | None = None,
+) -> SweepResult:
+    """Evaluate every configuration of ``space`` on ``num_gpus`` GPUs.
+
+    Parameters
+    ----------
+    cluster_builder
+        ``num_gpus -> Cluster`` (the command passes one with ``collective_overhead_s=0``, as the
+        main command does).
+    workers
+        Processes; 1 evaluates in this process.
+    on_result
+        ``on_result(row, done, total)`` after each configuration, in arrival order (with workers
+        not the enumeration order); raising ``KeyboardInterrupt`` stops the sweep.
+    limit
+        Evaluate only the first ``limit`` configurations of the enumeration (benchmarks).
+
+    Returns
+    -------
+    SweepResult
+        Rows sorted by enumeration index; ``interrupted`` when stopped early.
+
+    Raises
+    ------
+    ConfigError
+        Bad constraints, or no valid configuration (from :func:`enumerate_configs`);
+        the model cannot be imported (InputFileError / ModelError).
+    """
+    start = time.perf_counter()
+    evaluator = Evaluator(model_path, cluster_builder, space.dims, space.seq_len)
+    first = evaluator.imported(min(space.constraints.micro_batch_sizes or (1,)))
+    shape = model_shape(first)
+    seq_len = space.seq_len or shape["seq_len"]
+    constraints = space.constraints
+    if first.model_batch is not None:  # the model fixes its batch: that is the only micro-batch size
+        constraints = replace(constraints, micro_batch_sizes=(first.model_batch,))
+    cluster = evaluator.cluster(num_gpus)
+    if constraints.gpus_per_node != cluster.gpus_per_node:
+        constraints = replace(constraints, gpus_per_node=cluster.gpus_per_node)
+    configs = list(enumerate_configs(num_gpus, space.global_batch_size, shape["layers"], shape["heads"],
+                                     shape["kv_heads"], seq_len, constraints))
+    num_configs = len(configs)
+    if limit is not None:
+        configs = configs[:limit]
+    total = len(configs)
+    rows: list[dict[str, Any]] = []
+    interrupted = False
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_result is not None:
+            on_result(row, len(rows), total)
+
+    if workers <= 1:
+        try:
+            for index, config in enumerate(configs):
+                row = evaluator.evaluate(config)
+                row["index"] = index
+                record(row)
+        except KeyboardInterrupt:
+            interrupted = True
+    else:
+        context = multiprocessing.get_context("fork")
+        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                                      initargs=(evaluator,))
+        try:
+            futures = [pool.submit(_work, (i, c.to_dict())) for i, c in enumerate(configs)]
+            for future in cf.as_completed(futures):
+                record(future.result())
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    rows.sort(key=lambda r: r["index"])
+    model = {"path": str(model_path), "name": first.graph.name, "num_layers": shape["layers"], "heads": shape["heads"],
+             "kv_heads": shape["kv_heads"], "seq_len": seq_len, "params": first.graph.num_params}
+    return SweepResult(rows, num_configs, time.perf_counter() - start, interrupted, model)
+
+
+# ---- CSV (streamed row by row)
+def csv_row(row: Mapping[str, Any]) -> list[Any]:
+    config = row["config"]
+    values: list[Any] = [row.get("index", "")]
+    values += [config.get(k) for k in CONFIG_COLUMNS]
+    values += [("" if row[k] is None else repr(row[k]) if isinstance(row[k], float) else row[k]) for k in METRICS]
+    values.append(row["error"] or "")
+    return values
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The whole CSV (header + rows) as text; floats in ``repr`` (round-trip exact)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in rows:
+        writer.writerow(csv_row(r))
+    return buf.getvalue()
+
+
+class CsvStream:
+    """Appends one CSV row per result and flushes, so an interrupted sweep keeps what finished."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO = self.path.open("w", encoding="utf-8", newline="")
+        self._writer = csv.writer(self._file, lineterminator="\n")
+        self._writer.writerow(CSV_COLUMNS)
+        self._file.flush()
+        self.rows = 0
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        self._writer.writerow(csv_row(row))
+        self._file.flush()
+        self.rows += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "CsvStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,275 @@
+"""The configuration space, the sweep, and the sweep / compare commands."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dml2comm import zoo
+from dml2comm.analysis import analyze_graph
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
+from dml2comm.search.command import parse_config_spec, run_compare_command, run_sweep_command
+from dml2comm.search.space import Constraints, enumerate_configs, parse_int_list
+from dml2comm.search.sweep import CsvStream, SweepSpace, pareto_front, run_sweep
+
+
+def _builder(num_gpus):
+    return dataclasses.replace(get_cluster("dgx-a100", num_gpus), collective_overhead_s=0.0)
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("search") / "gpt.onnx"
+    zoo.save(zoo.build_gpt(layers=4, hidden=256, heads=8, vocab=512, seq_len=128), path)
+    return str(path)
+
+
+# A narrow space keeps the sweeps fast: 8 GPUs, b in {1, 2}, ZeRO 0, recompute none/full.
+SMALL = Constraints(micro_batch_sizes=(1, 2), zero_stages=(0,), recompute=("none", "full"))
+
+
+@pytest.fixture(scope="module")
+def sweep_w1(gpt):
+    return run_sweep(gpt, 8, _builder, SweepSpace(global_batch_size=16, constraints=SMALL))
+
+
+# ---- the space
+def _brute_force(n, batch, layers, heads, c: Constraints):
+    """Every combination of every choice, filtered by the rules written out once more."""
+    out = set()
+    for d, t, p, b, v, zero, rec, sp in itertools.product(range(1, n + 1), range(1, n + 1), range(1, n + 1),
+                                                          c.micro_batch_sizes, c.virtual_stages, c.zero_stages,
+                                                          RECOMPUTE_MODES, (False, True)):
+        if d * t * p != n or (heads and heads % t) or t > c.gpus_per_node or p > layers or batch % (b * d):
+            continue
+        if (c.d and d not in c.d) or (c.t and t not in c.t) or (c.p and p not in c.p):
+            continue
+        if (c.max_d and d > c.max_d) or (c.max_t and t > c.max_t) or (c.max_p and p > c.max_p):
+            continue
+        m = batch // (b * d)
+        if v > 1 and (p == 1 or m % p or p * v > layers):
+            continue
+        if rec not in c.recompute or sp not in c.sequence_parallel or (sp and t == 1):
+            continue
+        out.add((d, t, p, b, v, zero, rec, sp))
+    return out
+
+
+def _key(cfg: ParallelConfig):
+    return (cfg.dp_size, cfg.tp_size, cfg.pp_size, cfg.micro_batch_size, cfg.virtual_stages, cfg.zero_stage,
+            cfg.recompute, cfg.sequence_parallel)
+
+
+def test_enumeration_is_complete_against_brute_force():
+    c = Constraints(zero_stages=(0, 1))
+    got = [_key(x) for x in enumerate_configs(16, 32, 10, 8, 8, 128, c)]
+    assert len(got) == len(set(got))  # no duplicates
+    assert set(got) == _brute_force(16, 32, 10, 8, c)
+    # hand count for one slice: d=1, t=2, p=8, b=1 -> m=32: v=1 only (p*v=16 > 10), 2 zero x 3 rec x 2 sp = 12
+    assert sum(1 for k in got if k[:4] == (1, 2, 8, 1)) == 12
+
+
+def test_enumeration_with_constraints_matches_brute_force():
+    c = Constraints(t=(1, 2), max_p=4, micro_batch_sizes=(1, 4), zero_stages=(0, 3), recompute=("none",),
+                    sequence_parallel=(False,))
+    got = {_key(x) for x in enumerate_configs(16, 64, 12, 16, 4, 256, c)}
+    assert got == _brute_force(16, 64, 12, 16, c)
+    assert all(k[1] in (1, 2) and k[2] <= 4 and k[3] in (1, 4) and not k[7] for k in got)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 32]), batch=st.integers(1, 64), layers=st.integers(1, 20),
+       heads=st.sampled_from([None, 1, 4, 6, 8, 12, 32]))
+def test_every_yielded_config_is_valid(n, batch, layers, heads):
+    try:
+        configs = list(enumerate_configs(n, batch, layers, heads, heads, 128))
+    except ConfigError as exc:  # nothing valid: a one-line message, and brute force agrees
+        assert "\n" not in str(exc) and "no valid configuration" in str(exc)
+        assert not _brute_force(n, batch, layers, heads, Constraints())
+        return
+    for cfg in configs:
+        ParallelConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ParallelConfig)})  # re-validates
+        assert cfg.num_gpus == n
+        assert batch % (cfg.micro_batch_size * cfg.dp_size) == 0
+        assert heads is None or heads % cfg.tp_size == 0
+        assert cfg.pp_size <= layers and cfg.tp_size <= 8
+        if cfg.virtual_stages > 1:
+            assert cfg.schedule == "interleaved" and cfg.num_micro_batches % cfg.pp_size == 0
+        assert not cfg.sequence_parallel or cfg.tp_size > 1
+    assert {_key(c) for c in configs} == _brute_force(n, batch, layers, heads, Constraints())
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"t": (3,)}, ["--t 3", "does not divide --gpus 8", "[1, 2, 4, 8]"]),
+    ({"p": (16,)}, ["--p 16", "does not divide"]),
+    ({"zero_stages": (4,)}, ["--zero", "0,1,2,3"]),
+    ({"recompute": ("some",)}, ["--recompute"]),
+    ({"micro_batch_sizes": ()}, ["--micro-batch-sizes"]),
+    ({"max_p": 0}, ["--max-p"]),
+    ({"t": (8,), "max_t": 4}, ["no valid configuration", "loosen"]),
+])
+def test_bad_constraints_give_one_line(kwargs, words):
+    with pytest.raises(ConfigError) as info:
+        list(enumerate_configs(8, 16, 6, 8, 8, 128, Constraints(**kwargs)))
+    message = str(info.value)
+    assert "\n" not in message
+    for w in words:
+        assert w in message
+
+
+def test_parse_int_list():
+    assert parse_int_list("4,1,2,2", "--t") == (1, 2, 4)
+    for bad in ("1,x", "0", "", "-2"):
+        with pytest.raises(ConfigError, match="--t expects comma-separated positive integers"):
+            parse_int_list(bad, "--t")
+
+
+# ---- the sweep
+def test_sweep_ranks_fitting_configs_by_time(sweep_w1):
+    r = sweep_w1
+    assert r.num_configs == len(r.rows) > 20 and not r.interrupted
+    fitting = [x for x in r.evaluated if x["fits"]]
+    assert r.best == min(fitting, key=lambda x: (x["iteration_time_s"], x["index"]))
+    times = [x["iteration_time_s"] for x in r.top(10)]
+    assert times == sorted(times) and len(times) == 10
+
+
+def test_pareto_front_is_non_dominated_and_complete(sweep_w1):
+    rows = sweep_w1.evaluated
+    front = sweep_w1.pareto()
+    key = {(x["iteration_time_s"], x["peak_memory_bytes"]) for x in front}
+
+    def dominates(a, b):
+        return (a["iteration_time_s"] <= b["iteration_time_s"] and a["peak_memory_bytes"] <= b["peak_memory_bytes"]
+                and (a["iteration_time_s"] < b["iteration_time_s"] or a["peak_memory_bytes"] < b["peak_memory_bytes"]))
+
+    for f in front:
+        assert not any(dominates(x, f) for x in rows)
+    for x in rows:  # everything off the front is dominated (or duplicates a point on it)
+        if (x["iteration_time_s"], x["peak_memory_bytes"]) not in key:
+            assert any(dominates(f, x) for f in front)
+
+
+def test_pareto_front_by_hand():
+    rows = [{"index": i, "iteration_time_s": t, "peak_memory_bytes": m}
+            for i, (t, m) in enumerate([(1.0, 9.0), (2.0, 5.0), (2.0, 6.0), (3.0, 5.0), (4.0, 1.0), (1.0, 9.0)])]
+    assert [r["index"] for r in pareto_front(rows)] == [0, 1, 4]
+
+
+def test_sweep_number_equals_direct_analysis(gpt, sweep_w1):
+    row = next(x for x in sweep_w1.rows if x["config"]["d"] == 2 and x["config"]["t"] == 2 and x["config"]["micro_batch_size"] == 2
+               and x["config"]["recompute"] == "full" and x["config"]["sequence_parallel"])
+    config = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=2, global_batch_size=16, seq_len=128,
+                            recompute="full", sequence_parallel=True)
+    assert row["config"] == config.to_dict()
+    analysis = analyze_graph(load_model(gpt, ImportOptions(batch_size=2, seq_len=128)), config, _builder(8), gpt, advise=False)
+    assert row["iteration_time_s"] == analysis.summary["iteration_time_s"]
+    assert row["peak_memory_bytes"] == analysis.summary["peak_memory_bytes"]
+    assert row["mfu"] == analysis.summary["mfu"]
+    flops = 3 * analysis.model_info["flops_fwd_per_sample"] * 16
+    assert row["tflops_per_gpu"] == flops / (analysis.summary["iteration_time_s"] * 8) / 1e12
+
+
+def test_two_workers_give_the_same_results(gpt, sweep_w1):
+    r2 = run_sweep(gpt, 8, _builder, SweepSpace(global_batch_size=16, constraints=SMALL), workers=2)
+    assert r2.rows == sweep_w1.rows
+
+
+def test_failed_configs_are_counted_with_their_reason(gpt, monkeypatch):
+    from dml2comm.search import sweep as sweep_module
+
+    real = sweep_module.Evaluator.analyze
+
+    def analyze(self, config):  # pretend the analysis rejects t=4 (as it does t not dividing an FFN size)
+        if config.tp_size == 4:
+            raise ConfigError("--t 4 does not divide the output size 1000; choose t dividing 1000")
+        return real(self, config)
+
+    monkeypatch.setattr(sweep_module.Evaluator, "analyze", analyze)
+    r = run_sweep(gpt, 8, _builder, SweepSpace(global_batch_size=16, constraints=dataclasses.replace(SMALL, t=(2, 4))))
+    failed = [x for x in r.rows if x["error"]]
+    assert failed and all(x["config"]["t"] == 4 and x["fits"] is False for x in failed)
+    assert r.failure_reasons() == {"--t 4 does not divide the output size 1000; choose t dividing 1000": len(failed)}
+    assert all(x["config"]["t"] == 2 for x in r.ranked() + r.pareto())
+
+
+def test_interrupted_sweep_keeps_finished_rows(gpt, tmp_path):
+    stream = CsvStream(tmp_path / "partial.csv")
+    n = 5
+
+    def on_result(row, done, total):
+        stream.write(row)
+        if done == n:
+            raise KeyboardInterrupt
+
+    r = run_sweep(gpt, 8, _builder, SweepSpace(global_batch_size=16, constraints=SMALL), on_result=on_result)
+    stream.close()
+    assert r.interrupted and len(r.rows) == n
+    with open(tmp_path / "partial.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == n
+
+
+# ---- the commands
+def test_sweep_command_writes_csv_and_data_json(gpt, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = run_sweep_command([gpt, "--gpus", "8", "--global-batch-size", "16", "--micro-batch-sizes", "1,2", "--zero", "0",
+                            "--recompute", "none,full", "--t", "2,4", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "data.json").read_text())
+    s = data["sweep"]
+    with open(out / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == s["num_configs"] == s["num_evaluated"] + s["num_failed"]
+    assert {r["t"] for r in rows} <= {"2", "4"}
+    assert s["best"] == s["top"][0] and len(s["top"]) == 10
+    assert set(s["best"]) >= {"config", "iteration_time_s", "tflops_per_gpu", "peak_memory_bytes", "fits"}
+    assert s["best"]["iteration_time_s"] == min(float(r["iteration_time_s"]) for r in rows if r["fits"] == "True")
+    assert not (out / "sweep.partial.csv").exists()
+    assert "Pareto front" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--t", "1,x"], "--t expects comma-separated positive integers"),
+    (["--t", "3"], "--t 3 does not divide --gpus 8"),
+    (["--zero", "5"], "--zero expects stages from 0,1,2,3"),
+    (["--recompute", "sometimes"], "--recompute got 'sometimes'"),
+    (["--t", "8", "--max-t", "4"], "no valid configuration"),
+])
+def test_sweep_command_bad_constraints(gpt, tmp_path, argv, words):
+    with pytest.raises(ConfigError, match=words.replace("-", "\\-")) as info:
+        run_sweep_command([gpt, "--gpus", "8", "--out", str(tmp_path / "o"), *argv])
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "o" / "data.json").exists()
+
+
+def test_parse_config_spec():
+    cfg = parse_config_spec("d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2", 64, 128)
+    assert (cfg.dp_size, cfg.tp_size, cfg.pp_size, cfg.micro_batch_size, cfg.zero_stage, cfg.recompute,
+            cfg.sequence_parallel, cfg.virtual_stages, cfg.schedule) == (2, 2, 4, 1, 1, "full", True, 2, "interleaved")
+    for bad, words in (("d=2,x=1", "cannot read 'x=1'"), ("d=two", "not an integer"), ("t=1,sp=1", "sp=1 needs t"),
+                       ("d=3", "not divisible")):
+        with pytest.raises(ConfigError, match=words):
+            parse_config_spec(bad, 64, 128)
+
+
+def test_compare_command(gpt, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    rc = run_compare_command([gpt, "--global-batch-size", "16", "--out", str(out), "--configs", "d=2,t=2,p=2",
+                              "d=1,t=4,p=2,b=2,zero=1,recompute=full,sp=1"])
+    assert rc == 0
+    data = json.loads((out / "data.json").read_text())
+    assert [e["spec"] for e in data["compare"]] == ["d=2,t=2,p=2", "d=1,t=4,p=2,b=2,zero=1,recompute=full,sp=1"]
+    assert data["compare"][1]["config"]["zero_stage"] == 1
+    assert (out / "compare.csv").read_text().count("\n") == 3
+    assert "side by side" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="d=1,t=8,p=7.*larger than the model's 6 layers"):
+        run_compare_command([gpt, "--global-batch-size", "16", "--out", str(out), "--configs", "d=1,t=8,p=7"])
