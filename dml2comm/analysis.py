@@ -162,12 +162,12 @@ def analyze(
 
 
 def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Cluster, model_path: str = "", lenient: bool = False,
-                  advise: bool = True, reimport: Callable[[int], ImportResult] | None = None) -> Analysis:
+                  advise: bool = True, reimport: Callable[[int], ImportResult] | None = None, timeline: bool = True) -> Analysis:
     """Analyse an imported model.
 
     ``advise`` adds memory suggestions when it does not fit and speed recommendations, each
     re-analysed; ``reimport(b)`` (the model bound to micro-batch ``b``) lets them try smaller
-    micro-batches."""
+    micro-batches.  ``timeline=False`` skips the per-event timeline (sweeps need only the numbers)."""
     graph = imported.graph
     warnings: list[str] = list(imported.warnings)
     if imported.model_batch is not None and imported.model_batch != config.micro_batch_size:
@@ -177,11 +177,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         )
     if cluster.num_gpus != config.num_gpus:
         raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
-    layered = group_layers(graph)
+    layered = _memo(graph, ("layers",), lambda: group_layers(graph))
     warnings.extend(layered.warnings)
     train = config.train_dtype
     dtype_bytes = train.itemsize
-    tp = shard_tensor_parallel(graph, config.tp_size, config.sequence_parallel, dtype_bytes)
+    tp = _memo(graph, ("tp", config.tp_size, config.sequence_parallel, dtype_bytes),
+               lambda: shard_tensor_parallel(graph, config.tp_size, config.sequence_parallel, dtype_bytes))
     warnings.extend(tp.warnings)
 
     gpu = cluster.gpu
@@ -191,24 +192,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     def train_view(t: Tensor | None) -> Tensor | None:
         return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
 
-    # ---- per-op costs on the tensor-parallel shard (each op once)
-    costs: list[OpCost] = []
-    times: list[tuple[float, float]] = []
-    fallback_types: set[str] = set()
-    full_flops: list[float] = []
-    sms = SM_COUNT.get(gpu.name)
-    for op, shard in zip(graph.ops, tp.shards):
-        ins = tuple(train_view(t) for t in shard.inputs)
-        outs = tuple(train_view(t) for t in shard.outputs)
-        c = op_cost(op, ins, outs, lenient=lenient)
-        if c.fallback:
-            fallback_types.add(op.op_type)
-        costs.append(c)
-        dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
-        eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
-        times.append(op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
-        full_flops.append(c.flops_fwd * shard.factor)
-    times = _fuse_pointwise(graph, tp, train, costs, times, peak * GEMM_E_MAX, hbm * HBM_EFFICIENCY)
+    # ---- per-op costs on the tensor-parallel shard (each op once; memoised per graph)
+    costs, times, full_flops, fallback_types = _memo(
+        graph, ("costs", config.tp_size, config.sequence_parallel, config.dtype, gpu.name, peak, hbm, lenient),
+        lambda: _op_costs(graph, tp, train, gpu, peak, hbm, lenient))
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
@@ -312,8 +299,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
-    activations = ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad, train,
-                                  assumed_dropout=config.dropout > 0)
+    activations = _memo(graph, ("activations", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0),
+                        lambda: ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad,
+                                                train, assumed_dropout=config.dropout > 0))
     if has_dropout:
         warnings.append("dropout: the model's own Dropout nodes (their masks count as activations)")
     elif config.dropout > 0:
@@ -375,7 +363,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             )
         )
     works = [replace(w, optimizer_s=st.optimizer_time_s) for w, st in zip(works, stages)]
-    sim, sim_free = _simulate(config, works)
+    sim, sim_free = _simulate(config, works, keep_events=timeline)
     layers_info = tuple(
         LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
         for l in layered.layers
@@ -429,7 +417,7 @@ def _recommendations(imported: ImportResult, config: ParallelConfig, cluster: Cl
         try:
             if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp_size):
                 continue
-            alt = analyze_graph(imp, cfg, cluster, lenient=lenient, advise=False)
+            alt = analyze_graph(imp, cfg, cluster, lenient=lenient, advise=False, timeline=False)
         except Dml2CommError:
             continue
         t = alt.summary["iteration_time_s"]
@@ -481,13 +469,47 @@ def _memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster:
     out = []
     for change, cfg in candidates:
         try:
-            alt = analyze_graph(imported, cfg, cluster, lenient=lenient, advise=False)
+            alt = analyze_graph(imported, cfg, cluster, lenient=lenient, advise=False, timeline=False)
         except Dml2CommError as exc:  # e.g. t no longer divides the heads
             out.append({"change": change, "peak_bytes": None, "fits": False, "note": str(exc)})
             continue
         out.append({"change": change, "peak_bytes": alt.memory["peak_bytes"], "fits": alt.memory["fits"],
                     "iteration_time_s": alt.summary["iteration_time_s"]})
     return out
+
+
+def _memo(graph: OpGraph, key: tuple, build: Callable[[], Any]) -> Any:
+    """``build()`` once per (graph, key): the graph is immutable, so what is derived from it and
+    the key alone (layers, shards, op costs) is shared by every configuration analysed."""
+    if key not in graph.derived:
+        graph.derived[key] = build()
+    return graph.derived[key]
+
+
+def _op_costs(graph: OpGraph, tp: TensorParallelPlan, train, gpu, peak: float, hbm: float, lenient: bool):
+    """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs."""
+
+    def train_view(t: Tensor | None) -> Tensor | None:
+        return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
+
+    costs: list[OpCost] = []
+    times: list[tuple[float, float]] = []
+    fallback_types: set[str] = set()
+    full_flops: list[float] = []
+    sms = SM_COUNT.get(gpu.name)
+    for op, shard in zip(graph.ops, tp.shards):
+        ins = tuple(train_view(t) for t in shard.inputs)
+        outs = tuple(train_view(t) for t in shard.outputs)
+        c = op_cost(op, ins, outs, lenient=lenient)
+        if c.fallback:
+            fallback_types.add(op.op_type)
+        costs.append(c)
+        dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
+        eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
+        times.append(op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
+        full_flops.append(c.flops_fwd * shard.factor)
+    times = _fuse_pointwise(graph, tp, train, costs, times, peak * GEMM_E_MAX, hbm * HBM_EFFICIENCY)
+    return costs, times, full_flops, fallback_types
 
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
@@ -581,7 +603,7 @@ def _device_work(comms: list[CommNode], m: int, t_f: float, t_b: float, tp_f: fl
     )
 
 
-def _simulate(config: ParallelConfig, works: list[DeviceWork]) -> tuple[SimResult, SimResult]:
+def _simulate(config: ParallelConfig, works: list[DeviceWork], keep_events: bool = True) -> tuple[SimResult, SimResult]:
     """The iteration, and the same iteration with every collective free (for the breakdown).
 
     Interleaved: each device's work is split evenly over its v model chunks, and every chunk
@@ -597,7 +619,7 @@ def _simulate(config: ParallelConfig, works: list[DeviceWork]) -> tuple[SimResul
                          zero_fwd_s=w.zero_fwd_s / v, zero_bwd_pre_s=w.zero_bwd_pre_s / v, zero_bwd_post_s=w.zero_bwd_post_s / v)
                  for w in works]
     schedule = build_schedule(config.schedule, p, config.num_micro_batches, v)
-    sim = simulate(schedule, works, v)
+    sim = simulate(schedule, works, v, keep_events=keep_events)
     free = [DeviceWork(w.fwd_s - w.tp_fwd_s, w.bwd_s - w.tp_bwd_s, optimizer_s=w.optimizer_s) for w in works]
     return sim, simulate(schedule, free, v, keep_events=False)
 

@@ -115,7 +115,7 @@ class OpGraph:
     Immutable after construction (mappings are read-only views).
     """
 
-    __slots__ = ("name", "ops", "tensors", "inputs", "outputs", "_producer", "_consumers", "metadata")
+    __slots__ = ("name", "ops", "tensors", "inputs", "outputs", "_producer", "_consumers", "metadata", "derived")
 
     def __init__(
         self,
@@ -141,6 +141,9 @@ class OpGraph:
             for name_ in op.inputs:
                 if name_:
                     consumers.setdefault(name_, []).append(op.index)
+        # Results derived from this (immutable) graph, memoised by the analysis: layer grouping,
+        # tensor-parallel shards and per-op costs do not change with d, p, ZeRO or the schedule.
+        self.derived: dict[object, object] = {}
         self._producer = MappingProxyType(producer)
         self._consumers = MappingProxyType({k: tuple(v) for k, v in consumers.items()})
 

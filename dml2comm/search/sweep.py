@@ -109,7 +109,7 @@ class Evaluator:
         from dml2comm.analysis import analyze_graph
 
         return analyze_graph(self.imported(config.micro_batch_size), config, self.cluster(config.num_gpus),
-                             self.model_path, advise=False)
+                             self.model_path, advise=False, timeline=False)
 
     def evaluate(self, config: ParallelConfig) -> dict[str, Any]:
         """One result row: ``config`` (its dict), the metrics, and ``error`` (None, or why it failed)."""

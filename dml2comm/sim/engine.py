@@ -94,37 +94,43 @@ def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], vir
     tp = [0.0] * p
     prev_start = [0.0] * p
     last_bwd: list[tuple[float, float]] = [(0.0, 0.0)] * p
-    avail: dict[tuple[StepKind, int, int], float] = {}
+    avail: dict[tuple[bool, int, int], float] = {}  # (forward?, micro-batch, virtual stage) -> ready
     events: list[Event] = []
-    remaining = sum(len(s) for s in schedule)
+    # plain tuples in the hot loop: enum hashing dominated the time of long schedules
+    plans = [[(st.kind is StepKind.FORWARD, st.micro_batch, st.chunk, st) for st in steps] for steps in schedule]
+    remaining = sum(len(s) for s in plans)
     while remaining:
         progressed = False
         for d in range(p):
-            steps = schedule[d]
+            steps = plans[d]
             w = work[d]
-            while pos[d] < len(steps):
-                step = steps[pos[d]]
-                vs = step.chunk * p + d
-                if step.kind is StepKind.FORWARD:
-                    need = (StepKind.FORWARD, step.micro_batch, vs - 1) if vs > 0 else None
+            n_steps = len(steps)
+            while pos[d] < n_steps:
+                fwd, mb, chunk, step = steps[pos[d]]
+                vs = chunk * p + d
+                if fwd:
+                    need = (True, mb, vs - 1) if vs > 0 else None
                 else:
-                    need = (StepKind.BACKWARD, step.micro_batch, vs + 1) if vs < last_vs else None
-                if need is not None and need not in avail:
-                    break
-                start = max(free[d], avail[need] if need is not None else 0.0)
-                fwd = step.kind is StepKind.FORWARD
+                    need = (False, mb, vs + 1) if vs < last_vs else None
+                if need is not None:
+                    ready = avail.get(need)
+                    if ready is None:
+                        break
+                    start = free[d] if free[d] > ready else ready
+                else:
+                    start = free[d]
                 pre = w.zero_fwd_s if fwd else w.zero_bwd_pre_s
                 if pre > 0:  # ZeRO-3 all-gather, prefetched when the previous step started
                     ag_start = max(dp_free[d], prev_start[d])
                     dp_free[d] = ag_start + pre
                     start = max(start, dp_free[d])
                     if keep_events:
-                        events.append(Event(d, "dp", "ZeRO-3 all-gather", ag_start, pre, step.micro_batch, step.chunk))
+                        events.append(Event(d, "dp", "ZeRO-3 all-gather", ag_start, pre, mb, chunk))
                 dur = w.fwd_s if fwd else w.bwd_s
                 end = start + dur
-                name = f"{step.kind.value}{step.micro_batch}" + (f".{step.chunk}" if v > 1 else "")
                 if keep_events:
-                    events.append(Event(d, "compute", name, start, dur, step.micro_batch, step.chunk))
+                    name = f"{step.kind.value}{mb}" + (f".{chunk}" if v > 1 else "")
+                    events.append(Event(d, "compute", name, start, dur, mb, chunk))
                 prev_start[d] = start
                 free[d] = end
                 busy[d] += dur
@@ -135,27 +141,24 @@ def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], vir
                         rs_start = max(dp_free[d], end)
                         dp_free[d] = rs_start + w.zero_bwd_post_s
                         if keep_events:
-                            events.append(Event(d, "dp", "ZeRO reduce-scatter", rs_start, w.zero_bwd_post_s, step.micro_batch, step.chunk))
+                            events.append(Event(d, "dp", "ZeRO reduce-scatter", rs_start, w.zero_bwd_post_s, mb, chunk))
                 # hand the result to the neighbouring virtual stage
                 if fwd and vs < last_vs:
-                    target = vs + 1
-                    send = w.send_fwd_s
+                    target, send = vs + 1, w.send_fwd_s
                 elif not fwd and vs > 0:
-                    target = vs - 1
-                    send = w.send_bwd_s
+                    target, send = vs - 1, w.send_bwd_s
                 else:
-                    target = -1
-                    send = 0.0
+                    target, send = -1, 0.0
                 if target >= 0:
-                    s_start = max(end, pp_free[d])
+                    s_start = end if end > pp_free[d] else pp_free[d]
                     pp_free[d] = s_start + send
-                    avail[(step.kind, step.micro_batch, vs)] = pp_free[d]
+                    avail[(fwd, mb, vs)] = pp_free[d]
                     if keep_events and send > 0:
-                        dest = target % p
-                        dest_name = f"{step.kind.value}{step.micro_batch}" + (f".{target // p}" if v > 1 else "")
-                        events.append(Event(d, "pp", f"send {name}", s_start, send, step.micro_batch, step.chunk, (dest, dest_name)))
+                        dest_name = f"{step.kind.value}{mb}" + (f".{target // p}" if v > 1 else "")
+                        events.append(Event(d, "pp", f"send {step.kind.value}{mb}" + (f".{chunk}" if v > 1 else ""),
+                                            s_start, send, mb, chunk, (target % p, dest_name)))
                 else:
-                    avail[(step.kind, step.micro_batch, vs)] = end
+                    avail[(fwd, mb, vs)] = end
                 pos[d] += 1
                 remaining -= 1
                 progressed = True
