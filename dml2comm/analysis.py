@@ -189,9 +189,6 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     peak = gpu.peak_flops(config.dtype)
     hbm = gpu.hbm_bytes_per_s
 
-    def train_view(t: Tensor | None) -> Tensor | None:
-        return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
-
     # ---- per-op costs on the tensor-parallel shard (each op once; memoised per graph)
     costs, times, full_flops, fallback_types = _memo(
         graph, ("costs", config.tp_size, config.sequence_parallel, config.dtype, gpu.name, peak, hbm, lenient),
@@ -281,7 +278,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
         for name in boundary.tensors:
             t = local_out.get(name) or graph.tensors[name]
-            size = t.numel * (dtype_bytes if t.dtype.is_float else t.dtype.itemsize)
+            size = t.nbytes_in(train)
             prod = graph.producer(name)
             add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, size, m, True,
                      f"activation from stage {s} to stage {s + 1}")
@@ -309,8 +306,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                         "the export has no Dropout nodes")
     else:
         warnings.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
-    boundary_bytes = [sum(local_out[n].numel * (dtype_bytes if local_out[n].dtype.is_float else local_out[n].dtype.itemsize)
-                          if n in local_out else graph.tensors[n].nbytes for n in bd.tensors) for bd in boundaries]
+    # activation bytes crossing each boundary per micro-batch: the forward sends already costed
+    boundary_bytes = [sum(c.message_bytes for c in comms if c.dim is ParallelDim.PP and c.phase is Phase.FORWARD and c.stage == k)
+                      for k in range(len(boundaries))]
 
     # ---- stage times per micro-batch
     pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
@@ -530,7 +528,7 @@ def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[O
     for op, shard in zip(graph.ops, tp.shards):
         for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
             if name and t is not None and name not in size:
-                size[name] = float(t.numel * (train.itemsize if t.dtype.is_float else t.dtype.itemsize))
+                size[name] = float(t.nbytes_in(train))
     out = list(times)
     outputs = set(graph.outputs)
     for ops in members.values():

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
-import os
 import shutil
 import sys
-import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.export.files import publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
 
 __all__ = ["main"]
@@ -39,21 +39,8 @@ EXAMPLES = """examples:
 SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage, so every error is one line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{message} (see --help)")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_Parser = OneLineParser
+_positive = positive_int
 
 
 def _dim(text: str) -> tuple[str, int]:
@@ -203,7 +190,7 @@ def run_analysis(argv: Sequence[str]) -> int:
     files = {"data.json": report_json(analysis), "trace.json": trace_json(analysis, analysis.timeline)}
     site = None
     if args.no_site:
-        _publish(Path(args.out), files)
+        publish_files(Path(args.out), files)
     else:  # SVGs and site are built beside --out and published together with data.json
         from dml2comm.site.build import build_and_publish
 
@@ -230,19 +217,6 @@ def _serve(site_dir: Path) -> int:
     finally:
         server.server_close()
     return 0
-
-
-def _publish(out: Path, files: dict[str, str]) -> None:
-    """Write every file into a temporary folder beside ``out``, then move them into place."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        for name in files:
-            os.replace(tmp / name, out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fmt_s(x: float | None) -> str:

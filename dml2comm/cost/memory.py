@@ -178,7 +178,7 @@ class ActivationModel:
         for op, ins, outs in zip(graph.ops, local_inputs, local_outputs):
             for name, t in list(zip(op.inputs, ins)) + list(zip(op.outputs, outs)):
                 if name and t is not None and name not in size:
-                    size[name] = float(t.numel * (train_dtype.itemsize if t.dtype.is_float else t.dtype.itemsize))
+                    size[name] = float(t.nbytes_in(train_dtype))
         self.size = size
         self.base = self._view_bases()
         self.region = self._pointwise_regions()
@@ -339,7 +339,6 @@ class ActivationModel:
             return self.boundary_bytes(members)
         stored: dict[str, float] = {}
         regions_seen: set[int] = set()
-        g = self.graph
         core = attention_core if recompute == "selective" else frozenset()
         for i in ops:
             region = self.region.get(i)

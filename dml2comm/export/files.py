@@ -1,4 +1,4 @@
-"""Atomic publication of output files (the same logic as ``cli._publish``, importable below ``cli``)."""
+"""Atomic publication of output files (data.json, trace.json, sweep and compare outputs)."""
 
 from __future__ import annotations
 

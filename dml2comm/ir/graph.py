@@ -76,6 +76,11 @@ class Tensor:
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
+    def nbytes_in(self, float_dtype: DType) -> int:
+        """Bytes when floating-point values are held in ``float_dtype`` (the training dtype);
+        integer and boolean tensors keep their own element size."""
+        return self.numel * (float_dtype.itemsize if self.dtype.is_float else self.dtype.itemsize)
+
     @property
     def rank(self) -> int:
         return len(self.shape)

@@ -641,7 +641,6 @@ def _movement(op, graph, t, state, to_replicated, heads, kv_heads):
     kind = op.op_type
     if kind == "Concat":
         split = [state(n) for n in op.inputs if n]
-        axis = int(op.attr("axis", 0)) % y.rank if y is not None else 0
         if all(st.kind == "S" for st in split) and len({st.axis for st in split}) == 1:
             return _State("S", split[0].axis, split[0].origin), "split (concat)", t
         for n in op.inputs:

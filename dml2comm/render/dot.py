@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from dml2comm.analysis import CommNode
-from dml2comm.network.kinds import ParallelDim, Phase
+from dml2comm.network.kinds import Phase
 from dml2comm.render.facts import Boundary, Facts, kind_label
 from dml2comm.render.fmt import (
     fmt_bytes,

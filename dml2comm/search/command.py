@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
 from dml2comm.export.files import publish_files
 from dml2comm.hardware.cluster import Cluster, get_cluster, make_cluster
@@ -52,21 +53,8 @@ SPEC_KEYS = {"d": "dp_size", "t": "tp_size", "p": "pp_size", "b": "micro_batch_s
              "recompute": "recompute", "sp": "sequence_parallel", "v": "virtual_stages"}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage, so every error is one line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{message} (see --help)")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_Parser = OneLineParser
+_positive = positive_int
 
 
 def _hardware_args(p: argparse.ArgumentParser) -> None:

@@ -41,7 +41,6 @@ from dml2comm.render.fmt import (
     fmt_s,
     fmt_shape,
     fmt_share,
-    link_short,
     rank_ranges,
 )
 
