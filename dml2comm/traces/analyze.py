@@ -1,0 +1,138 @@
+"""Analyse a set of per-rank traces: one worker process per rank, results gathered here.
+
+:func:`analyze_file` loads, classifies and measures one file and never raises on bad input: a
+file that cannot be read comes back as :class:`RankFailure` with the one-line reason, so the
+good ranks of a set are still analysed.  :func:`analyze_traces` runs it over a set (in
+``processes`` worker processes) and adds the set-level problems: duplicate ranks, ranks missing
+from ``world_size``.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from dml2comm.errors import Dml2CommError
+from dml2comm.traces.classify import Activity, classify
+from dml2comm.traces.load import load_trace
+from dml2comm.traces.metrics import segment_metrics, step_metrics
+from dml2comm.traces.overlap import hta_gpu_events, hta_kernel_type_breakdown, hta_overlap_pct, hta_temporal_breakdown
+from dml2comm.traces.patterns import PG_DIMS
+
+__all__ = ["RankResult", "RankFailure", "TraceSet", "analyze_file", "analyze_traces"]
+
+
+@dataclass
+class RankResult:
+    path: str
+    rank: int
+    world_size: int | None
+    device: str
+    backend: str
+    schema_version: Any
+    activity: Activity
+    steps: list[dict[str, Any]]
+    segments: list[dict[str, Any]]  # of the first complete step (the middle one when there are 3+)
+    segment_step: int | None
+    hta: dict[str, Any]
+    pipeline_groups: list[tuple[int, ...]]
+    problems: list[str]
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "file": self.path, "world_size": self.world_size, "device": self.device,
+                "backend": self.backend, "schema_version": self.schema_version, "activity": self.activity.device,
+                "steps": self.steps, "micro_batches": {"step": self.segment_step, "segments": self.segments},
+                "hta": self.hta, "problems": self.problems}
+
+
+@dataclass
+class RankFailure:
+    path: str
+    reason: str
+
+
+@dataclass
+class TraceSet:
+    ranks: list[RankResult]
+    failures: list[RankFailure]
+    problems: list[str] = field(default_factory=list)
+    pipeline_groups: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def _pipeline_groups(trace: Any) -> list[tuple[int, ...]]:
+    pp = next(p for p, d in PG_DIMS if d == "pp")
+    groups = {r.ranks for r in trace.comms if r.ranks and (pp.search(r.pg_desc) if r.pg_desc else False)}
+    for pg in trace.pg_config:
+        desc = str(pg.get("pg_desc", ""))
+        if pp.search(desc) and isinstance(pg.get("ranks"), list):
+            groups.add(tuple(int(x) for x in pg["ranks"] if isinstance(x, int)))
+    return sorted(groups)
+
+
+def analyze_file(path: str) -> RankResult | RankFailure:
+    """Load, classify and measure one rank's trace; bad input becomes a :class:`RankFailure`."""
+    import time
+
+    start = time.perf_counter()
+    try:
+        trace = load_trace(path)
+        act = classify(trace)
+    except Dml2CommError as exc:
+        return RankFailure(str(path), " ".join(str(exc).split()))
+    except (MemoryError, RecursionError) as exc:
+        return RankFailure(str(path), f"{Path(path).name!r} could not be analysed: {type(exc).__name__}")
+    steps = step_metrics(act)
+    seg_step = None
+    segments: list[dict[str, Any]] = []
+    with_events = [k for k in range(len(act.steps)) if (act.step == k).any()]
+    if with_events:
+        seg_step = with_events[len(with_events) // 2]
+        segments = segment_metrics(act, seg_step)
+    ev = hta_gpu_events(trace)
+    hta = {"comm_comp_overlap_pct": hta_overlap_pct(ev), "temporal_breakdown_us": hta_temporal_breakdown(ev),
+           "kernel_types_us": hta_kernel_type_breakdown([ev])}
+    problems = list(act.problems)
+    if not steps:
+        problems.append("no step has device activity")
+    return RankResult(
+        path=str(path), rank=trace.rank, world_size=trace.world_size, device=trace.device, backend=trace.backend,
+        schema_version=trace.schema_version, activity=act, steps=steps, segments=segments,
+        segment_step=act.steps[seg_step][0] if seg_step is not None else None, hta=hta,
+        pipeline_groups=_pipeline_groups(trace), problems=problems, seconds=time.perf_counter() - start,
+    )
+
+
+def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1) -> TraceSet:
+    """Analyse every file (ranks in parallel when ``processes`` > 1), sorted by rank."""
+    files = [str(p) for p in paths]
+    if processes > 1 and len(files) > 1:
+        with ProcessPoolExecutor(max_workers=min(processes, len(files))) as pool:
+            results = list(pool.map(analyze_file, files))
+    else:
+        results = [analyze_file(f) for f in files]
+    ranks = sorted((r for r in results if isinstance(r, RankResult)), key=lambda r: (r.rank, r.path))
+    failures = [r for r in results if isinstance(r, RankFailure)]
+    problems = [f"{Path(f.path).name}: {f.reason}" for f in failures]
+    seen: dict[int, str] = {}
+    unique = []
+    for r in ranks:
+        if r.rank in seen:
+            problems.append(f"rank {r.rank} appears twice ({Path(seen[r.rank]).name} and {Path(r.path).name}); the second is ignored")
+            continue
+        seen[r.rank] = r.path
+        unique.append(r)
+    worlds = {r.world_size for r in unique if r.world_size}
+    if len(worlds) > 1:
+        problems.append(f"the traces disagree on world_size ({sorted(worlds)}): they may come from different runs")
+    if worlds:
+        world = max(worlds)
+        missing = sorted(set(range(world)) - set(seen))
+        if missing:
+            shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+            problems.append(f"{len(missing)} of {world} ranks have no trace (ranks {shown}): cross-rank views cover the others only")
+    groups = sorted({g for r in unique for g in r.pipeline_groups})
+    return TraceSet(ranks=unique, failures=failures, problems=problems, pipeline_groups=groups)

@@ -1,0 +1,364 @@
+"""The ``trace`` subcommand: what really happened in a profiled run, beside what was predicted.
+
+    python main.py trace torch_profile/ --processes 8 --out trace_out
+    python main.py trace rank-0.json.gz rank-1.json.gz --model gpt.onnx --d 2 --t 1 --p 1 --global-batch-size 16
+
+Outputs (``--out DIR``, published together): ``trace_analysis.json`` (schema_version 1: per rank
+``rank``, ``steps`` with ``compute_s``, ``comm_s`` by tp/dp/pp/ep/other, ``overlap_s``,
+``exposed_comm_s``, ``idle_s``, and the ``problems`` found; the set's problems; the
+HolisticTraceAnalysis-compatible figures; the comparison when a model is given),
+``events.parquet`` (every classified event), ``steps.parquet`` (per-step metrics),
+``comparison.csv`` (with ``--model``), ``svg_file/`` and ``site/`` (unless ``--no-site``).
+
+Bad files do not stop the others: each is listed with its reason in ``problems`` and on stdout;
+the exit code is 0 when at least one rank was analysed and 2 when none was.  (This module prints
+because it *is* a command front end, called only from ``cli.py``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.render.fmt import fmt_s
+from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
+from dml2comm.traces.classify import Category
+from dml2comm.traces.load import TraceError, find_trace_files
+
+__all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet"]
+
+EXAMPLES = """examples:
+  python main.py trace torch_profile/ --processes 8 --out trace_out
+  python main.py trace rank-0.json.gz rank-1.json.gz --json --no-site
+  python main.py trace torch_profile/ --model gpt.onnx --d 2 --t 2 --p 2 --global-batch-size 32 --seq-len 1024 --gpu h100
+"""
+
+#: Gantt charts drawn at most (pipeline groups), rows per chart at most.
+MAX_GANTTS = 8
+MAX_ROWS = 32
+
+
+def trace_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python main.py trace", description="Analyse per-rank PyTorch-profiler (Kineto) traces.",
+                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="trace files (.json, .json.gz) or folders holding them (e.g. Megatron's torch_profile/)")
+    p.add_argument("--processes", type=positive_int, default=1, help="ranks analysed in parallel (default 1)")
+    p.add_argument("--out", default=".", help="output folder (default: current folder; its site/ and svg_file/ are replaced)")
+    p.add_argument("--no-site", action="store_true", help="write trace_analysis.json and the Parquet tables only")
+    p.add_argument("--json", action="store_true", help="print trace_analysis.json's per-rank summary as JSON")
+    m = p.add_argument_group("prediction (optional): the model and configuration of the run")
+    m.add_argument("--model", help="the ONNX model the run trained")
+    m.add_argument("--d", type=positive_int, default=1)
+    m.add_argument("--t", type=positive_int, default=1)
+    m.add_argument("--p", type=positive_int, default=1)
+    m.add_argument("--micro-batch-size", type=positive_int)
+    m.add_argument("--global-batch-size", type=positive_int)
+    m.add_argument("--seq-len", type=positive_int)
+    m.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
+    m.add_argument("--virtual-stages", type=positive_int, default=1)
+    m.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    m.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    m.add_argument("--sequence-parallel", action="store_true")
+    m.add_argument("--gpu", default="a100")
+    m.add_argument("--cluster")
+    m.add_argument("--gpus-per-node", type=positive_int, default=8)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0
+
+
+def rank_summary(r: RankResult) -> dict[str, Any]:
+    """Mean over the rank's steps of each figure."""
+    s = r.steps
+    out = {k: _mean([x[k] for x in s]) for k in ("wall_s", "compute_s", "comm_total_s", "overlap_s", "exposed_comm_s", "idle_s",
+                                                 "forward_s", "backward_s", "recompute_s", "optimizer_s", "memcpy_s")}
+    out["comm_s"] = {d: _mean([x["comm_s"][d] for x in s]) for d in ("tp", "dp", "pp", "ep", "other")}
+    out["steps"] = len(s)
+    return out
+
+
+def trace_analysis_dict(ts: TraceSet, comparison: dict[str, Any] | None = None) -> dict[str, Any]:
+    from dml2comm.traces.overlap import percentages
+
+    breakdown = _kernel_types(ts)
+    ranks = []
+    for r in ts.ranks:
+        d = r.to_dict()
+        d["summary"] = rank_summary(r)
+        ranks.append(d)
+    return {
+        "schema_version": 1,
+        "ranks": ranks,
+        "failed_files": [{"file": f.path, "reason": f.reason} for f in ts.failures],
+        "problems": ts.problems,
+        "pipeline_groups": [list(g) for g in ts.pipeline_groups],
+        "hta": {"kernel_type_breakdown_us": breakdown, "kernel_type_percentage": percentages(breakdown),
+                "reference": "holistictraceanalysis 0.5.0 definitions (get_comm_comp_overlap, get_gpu_kernel_breakdown, "
+                             "get_temporal_breakdown)"},
+        "comparison": comparison,
+    }
+
+
+def _kernel_types(ts: TraceSet) -> dict[str, int]:
+    """HTA's kernel-type table over the set: the per-rank tables (computed in the workers) summed."""
+    total: dict[str, int] = {}
+    for r in ts.ranks:
+        for k, v in r.hta["kernel_types_us"].items():
+            total[k] = total.get(k, 0) + v
+    return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _parquet(table: Any) -> bytes:
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def events_parquet(ts: TraceSet) -> bytes:
+    """Every classified event: rank, step (ProfilerStep number, -1 none), segment label, start
+    and duration (us, global clock), category, name, stream, collective, device."""
+    import pyarrow as pa
+
+    cat_names = [c.label for c in Category]
+    parts = []
+    for r in ts.ranks:
+        a = r.activity
+        n = a.start.size
+        step_numbers = np.array([s[0] for s in a.steps] + [-1], dtype=np.int64)
+        names = pa.DictionaryArray.from_arrays(pa.array(a.name, pa.int32()), pa.array(a.names, pa.string()))
+        colls = pa.DictionaryArray.from_arrays(pa.array(np.where(a.collective >= 0, a.collective, 0), pa.int32(),
+                                                        mask=a.collective < 0), pa.array(a.collectives or [""], pa.string()))
+        parts.append(pa.table({
+            "rank": pa.array(np.full(n, r.rank, dtype=np.int32)),
+            "step": pa.array(step_numbers[np.where(a.step >= 0, a.step, len(a.steps))]),
+            "segment": pa.array(a.segment),
+            "start_us": pa.array(a.start),
+            "dur_us": pa.array(a.end - a.start),
+            "category": pa.DictionaryArray.from_arrays(pa.array(a.category.astype(np.int32)), pa.array(cat_names)),
+            "name": names,
+            "stream": pa.array(a.stream),
+            "collective": colls,
+            "device": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([a.device])),
+        }))
+    if not parts:
+        return _parquet(pa.table({"rank": pa.array([], pa.int32())}))
+    return _parquet(pa.concat_tables(parts, promote_options="permissive"))
+
+
+def steps_parquet(ts: TraceSet) -> bytes:
+    """Per rank and step: every figure of :func:`dml2comm.traces.metrics.step_metrics`, with
+    ``comm_s`` spread into ``comm_tp_s`` ... ``comm_other_s``."""
+    import pyarrow as pa
+
+    rows = []
+    for r in ts.ranks:
+        for s in r.steps:
+            row = {"rank": r.rank, **{k: v for k, v in s.items() if k != "comm_s"}}
+            row.update({f"comm_{d}_s": v for d, v in s["comm_s"].items()})
+            rows.append(row)
+    return _parquet(pa.Table.from_pylist(rows) if rows else pa.table({"rank": pa.array([], pa.int32())}))
+
+
+# ---------------------------------------------------------------------------------------------
+# prediction
+# ---------------------------------------------------------------------------------------------
+
+
+def _prediction(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None:
+    if not args.model:
+        return None
+    from dataclasses import replace
+
+    from dml2comm.analysis import analyze, comm_by_dim
+    from dml2comm.hardware.cluster import get_cluster, make_cluster
+    from dml2comm.parallel.config import ParallelConfig
+    from dml2comm.traces.compare import comparison_rows, measured_per_category, predicted_per_category
+
+    num = args.d * args.t * args.p
+    micro = args.micro_batch_size or 1
+    config = ParallelConfig(dp_size=args.d, tp_size=args.t, pp_size=args.p, micro_batch_size=micro,
+                            global_batch_size=args.global_batch_size or micro * args.d * args.p, seq_len=args.seq_len,
+                            dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages, zero_stage=args.zero,
+                            sequence_parallel=args.sequence_parallel, recompute=args.recompute)
+    cluster = get_cluster(args.cluster, num) if args.cluster else make_cluster(args.gpu, num, min(args.gpus_per_node, num))
+    cluster = replace(cluster, collective_overhead_s=0.0)
+    analysis = analyze(args.model, config, cluster)
+    predicted = predicted_per_category(analysis.summary, comm_by_dim(analysis))
+    measured = measured_per_category([{"steps": r.steps} for r in ts.ranks])
+    what = (f"{Path(args.model).name}, d={args.d} t={args.t} p={args.p}, b={config.micro_batch_size} "
+            f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
+    return {"model": str(args.model), "what": what, "rows": comparison_rows(predicted, measured)}
+
+
+def _comparison_csv(comparison: dict[str, Any]) -> str:
+    lines = ["category,predicted_s,measured_s,error"]
+    for r in comparison["rows"]:
+        lines.append(",".join([r["category"]] + ["" if r[k] is None else f"{r[k]:.9g}" for k in ("predicted_s", "measured_s", "error")]))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# drawings and page data
+# ---------------------------------------------------------------------------------------------
+
+
+def _drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
+    from dml2comm.traces.charts import GanttInput, pipeline_gantt, stacked_bars
+
+    svgs: dict[str, str] = {}
+    by_rank = {r.rank: r for r in ts.ranks}
+    groups = [g for g in ts.pipeline_groups if any(x in by_rank for x in g)] or [tuple(sorted(by_rank))]
+    gantts = []
+    for gi, group in enumerate(groups[:MAX_GANTTS]):
+        rows = []
+        for rank in [x for x in group if x in by_rank][:MAX_ROWS]:
+            r = by_rank[rank]
+            k = next((i for i, s in enumerate(r.activity.steps) if s[0] == r.segment_step), None)
+            if k is not None:
+                rows.append(GanttInput(f"rank {rank}", r.activity, k))
+        if not rows:
+            continue
+        step = by_rank[[x for x in group if x in by_rank][0]].segment_step
+        title = (f"Pipeline group {gi}: ranks {', '.join(map(str, group))}" if ts.pipeline_groups else "All ranks") + f", step {step}"
+        name = f"trace_gantt_{gi}"
+        svgs[name] = pipeline_gantt(rows, title)
+        gantts.append({"name": name, "title": title})
+    bars = [(f"rank {r.rank}", _parts(rank_summary(r))) for r in ts.ranks]
+    has_bars = bool(bars)
+    if has_bars:
+        svgs["rank_bars"] = stacked_bars(bars, "Mean step per rank")
+    micro = []
+    for r in ts.ranks[:MAX_GANTTS]:
+        if r.segments:
+            name = f"trace_microbatches_rank_{r.rank}"
+            svgs[name] = stacked_bars([(s["segment"], _parts(s, idle=False)) for s in r.segments],
+                                      f"Micro-batches of rank {r.rank}, step {r.segment_step}")
+            micro.append({"name": name, "title": f"Rank {r.rank}, step {r.segment_step}"})
+    return svgs, {"gantts": gantts, "microbatches": micro, "has_bars": has_bars}
+
+
+def _parts(s: dict[str, Any], idle: bool = True) -> dict[str, float]:
+    out = {"compute": s["compute_s"], "overlapped communication": s["overlap_s"], "exposed communication": s["exposed_comm_s"]}
+    if idle:
+        out["idle"] = s["idle_s"]
+        out["memcpy"] = s.get("memcpy_s", 0.0)
+    return out
+
+
+def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[str, Any]) -> dict[str, Any]:
+    ranks = []
+    for r in data["ranks"]:
+        s = r["summary"]
+        ranks.append({"rank": r["rank"], "steps": s["steps"], "wall": fmt_s(s["wall_s"]), "compute": fmt_s(s["compute_s"]),
+                      **{d: fmt_s(s["comm_s"][d]) for d in ("tp", "dp", "pp", "ep", "other")},
+                      "overlap": fmt_s(s["overlap_s"]), "exposed": fmt_s(s["exposed_comm_s"]), "idle": fmt_s(s["idle_s"]),
+                      "hta_overlap": f"{r['hta']['comm_comp_overlap_pct']:.2f}%", "file": Path(r["file"]).name})
+    bd = data["hta"]["kernel_type_breakdown_us"]
+    pct = data["hta"]["kernel_type_percentage"]
+    kernel_types = [{"label": k, "time": fmt_s(v * 1e-6), "share": f"{pct.get(k, 0):.1f}%"} for k, v in bd.items()]
+    problems = list(data["problems"]) + [f"rank {r['rank']}: {p}" for r in data["ranks"] for p in r["problems"]]
+    comparison = None
+    if data["comparison"]:
+        comparison = {"what": data["comparison"]["what"], "rows": [
+            {"label": c["label"], "predicted": fmt_s(c["predicted_s"]), "measured": fmt_s(c["measured_s"]),
+             "error": f"{c['error']:+.1%}" if c["error"] is not None else "n/a"} for c in data["comparison"]["rows"]]}
+    return {"ranks": ranks, "files": files, "failures": len(ts.failures), "problems": problems, "kernel_types": kernel_types,
+            "comparison": comparison, **extra}
+
+
+# ---------------------------------------------------------------------------------------------
+# command
+# ---------------------------------------------------------------------------------------------
+
+
+def run_trace_command(argv: Sequence[str]) -> int:
+    args = trace_parser().parse_args(argv)
+    start = time.perf_counter()
+    files = find_trace_files(list(args.paths))
+    ts = analyze_traces(files, processes=args.processes)
+    if not ts.ranks:
+        reasons = "; ".join(ts.problems) or "no trace could be read"
+        raise TraceError(f"no rank could be analysed: {reasons}")
+    comparison = _prediction(args, ts)
+    data = trace_analysis_dict(ts, comparison)
+    out_files: dict[str, str | bytes] = {
+        "trace_analysis.json": json.dumps(data, sort_keys=True, indent=1, default=_json_default) + "\n",
+        "events.parquet": events_parquet(ts),
+        "steps.parquet": steps_parquet(ts),
+    }
+    if comparison is not None:
+        out_files["comparison.csv"] = _comparison_csv(comparison)
+    svgs, extra = _drawings(ts)
+    context = None if args.no_site else _page_context(ts, data, len(files), extra)
+    from dml2comm.traces.site import publish_trace_outputs
+
+    out = Path(args.out)
+    publish_trace_outputs(out, out_files, context, svgs)
+    if args.json:
+        print(json.dumps({"ranks": [{"rank": r["rank"], "summary": r["summary"], "problems": r["problems"]} for r in data["ranks"]],
+                          "problems": data["problems"]}, sort_keys=True, default=_json_default))
+    else:
+        _print(ts, data, out, time.perf_counter() - start, site=not args.no_site)
+    return 0
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    t = Table(title="per rank, mean per step (GPU time)")
+    for col in ("rank", "steps", "step", "compute", "tp", "dp", "pp", "ep", "other", "overlap", "exposed comm", "idle", "HTA overlap"):
+        t.add_column(col, justify="right")
+    for r in data["ranks"]:
+        s = r["summary"]
+        t.add_row(str(r["rank"]), str(s["steps"]), fmt_s(s["wall_s"]), fmt_s(s["compute_s"]),
+                  *[fmt_s(s["comm_s"][d]) for d in ("tp", "dp", "pp", "ep", "other")], fmt_s(s["overlap_s"]),
+                  fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), f"{r['hta']['comm_comp_overlap_pct']:.2f}%")
+    console.print(t)
+    if data["comparison"]:
+        c = Table(title=f"predicted vs measured ({escape(data['comparison']['what'])})")
+        for col in ("category", "predicted", "measured", "error"):
+            c.add_column(col, justify="right")
+        for row in data["comparison"]["rows"]:
+            c.add_row(row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"]),
+                      f"{row['error']:+.1%}" if row["error"] is not None else "n/a")
+        console.print(c)
+    for p in data["problems"]:
+        console.print(f"[yellow]problem:[/yellow] {escape(p)}")
+    for r in data["ranks"]:
+        for p in r["problems"]:
+            console.print(f"[yellow]problem:[/yellow] rank {r['rank']}: {escape(p)}")
+    wrote = ["trace_analysis.json", "events.parquet", "steps.parquet"] + (["comparison.csv"] if data["comparison"] else [])
+    console.print(f"wrote {escape(', '.join(str(out / w) for w in wrote))} in {elapsed:.2f} s "
+                  f"({len(ts.ranks)} rank{'s' if len(ts.ranks) != 1 else ''}, {len(ts.failures)} failed)")
+    if site:
+        console.print(f"site: open {escape(str((out / 'site' / 'index.html').resolve()))}")

@@ -1,0 +1,78 @@
+"""Predicted (dml2comm's analysis) versus measured (the traces) time per category.
+
+Measured figures are per training step: each rank's mean over its steps, then the largest over
+ranks (the analysis reports the busiest stage, and a step ends when its slowest rank does).
+Predicted figures come from :func:`dml2comm.analysis.analyze` on the same model and
+configuration: ``summary`` (``compute_time_s``, ``optimizer_time_s``, ``exposed_comm_time_s``,
+``bubble_time_s``, ``iteration_time_s``) and :func:`dml2comm.analysis.comm_by_dim`.
+
+The error of a category is ``(predicted - measured) / measured``; ``None`` where nothing was
+measured (a category absent from the traces cannot have a relative error).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+__all__ = ["CATEGORIES", "measured_per_category", "predicted_per_category", "comparison_rows"]
+
+#: (key, label) of each compared category
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("compute", "compute (forward + backward + recomputation)"),
+    ("optimizer", "optimizer step"),
+    ("comm_tp", "tensor-parallel communication"),
+    ("comm_dp", "data-parallel communication"),
+    ("comm_pp", "pipeline communication"),
+    ("comm_ep", "expert-parallel communication"),
+    ("exposed_comm", "exposed communication"),
+    ("idle", "idle / pipeline bubble"),
+    ("iteration", "iteration (step)"),
+)
+
+
+def _step_value(step: Mapping[str, Any], key: str) -> float:
+    if key == "compute":
+        return step["forward_s"] + step["backward_s"] + step["recompute_s"]
+    if key == "optimizer":
+        return step["optimizer_s"]
+    if key.startswith("comm_"):
+        return step["comm_s"][key[5:]]
+    if key == "exposed_comm":
+        return step["exposed_comm_s"]
+    if key == "idle":
+        return step["idle_s"]
+    return step["wall_s"]
+
+
+def measured_per_category(ranks: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Per category: the largest over ranks of the rank's mean over its steps (seconds)."""
+    out: dict[str, float | None] = {}
+    for key, _ in CATEGORIES:
+        means = [math.fsum(_step_value(s, key) for s in r["steps"]) / len(r["steps"]) for r in ranks if r["steps"]]
+        out[key] = max(means) if means else None
+    return out
+
+
+def predicted_per_category(summary: Mapping[str, Any], comm: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """Per category from an analysis summary and its ``comm_by_dim``."""
+    def dim(d: str) -> float | None:
+        entry = comm.get(d)
+        return float(entry["time_s"]) if entry is not None else None
+
+    return {
+        "compute": summary.get("compute_time_s"), "optimizer": summary.get("optimizer_time_s"),
+        "comm_tp": dim("tp"), "comm_dp": dim("dp"), "comm_pp": dim("pp"), "comm_ep": dim("ep"),
+        "exposed_comm": summary.get("exposed_comm_time_s"), "idle": summary.get("bubble_time_s"),
+        "iteration": summary.get("iteration_time_s"),
+    }
+
+
+def comparison_rows(predicted: Mapping[str, float | None], measured: Mapping[str, float | None]) -> list[dict[str, Any]]:
+    """One row per category: ``category``, ``label``, ``predicted_s``, ``measured_s``, ``error``."""
+    rows = []
+    for key, label in CATEGORIES:
+        p, m = predicted.get(key), measured.get(key)
+        err = (p - m) / m if p is not None and m else None
+        rows.append({"category": key, "label": label, "predicted_s": p, "measured_s": m, "error": err})
+    return rows

@@ -1,0 +1,82 @@
+"""The trace pages of the site: page data -> the site's Jinja2 environment -> MkDocs.
+
+Reuses the drill-down site's machinery (:mod:`dml2comm.site.build`: one Jinja2 environment with
+autoescape and StrictUndefined, the MkDocs build through its Python API, the atomic publish) and
+its assets; the pages are ``templates/trace.md.j2`` (overview, predicted vs measured) and
+``templates/trace_timeline.md.j2`` (pipeline Gantt charts, micro-batch bars).  The drawings are
+inlined SVG; every string from a trace is escaped (autoescape in the templates,
+:func:`~dml2comm.render.charts.xml_text` in the SVG).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from markupsafe import Markup
+
+__all__ = ["build_trace_site", "publish_trace_outputs"]
+
+PAGES = (("index", "Trace analysis", "trace.md.j2"), ("timeline", "Pipeline timeline", "trace_timeline.md.j2"))
+
+
+def build_trace_site(dest: Path, context: Mapping[str, Any], svgs: Mapping[str, str]) -> None:
+    """Write ``dest/site`` (work files in ``dest/.docs``, removed at the end)."""
+    from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, _mkdocs_build, environment, inline_svg
+
+    docs = dest / ".docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(TEMPLATES / "assets", docs / "assets")
+    env = environment(TEMPLATES)
+    ctx = dict(context)
+    ctx["svg"] = {name: inline_svg(text, set()) for name, text in svgs.items()}
+    ctx["empty"] = Markup("")
+    for key, title, template in PAGES:
+        try:
+            text = env.get_template(template).render(page_title=title, **ctx)
+        except Exception as exc:  # jinja2.TemplateError and StrictUndefined's UndefinedError
+            raise SiteError(f"template {template} failed: {exc}") from exc
+        (docs / f"{key}.md").write_text(text, encoding="utf-8")
+    try:
+        base = yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SiteError(f"cannot read the site configuration {MKDOCS_YML}: {exc}") from exc
+    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()), "site_name": "dml2comm: traces",
+                 "nav": [{title: f"{key}.md"} for key, title, _ in PAGES]})
+    config_path = (dest / ".mkdocs.yml").resolve()
+    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    _mkdocs_build(config_path)
+    shutil.rmtree(docs, ignore_errors=True)
+    config_path.unlink(missing_ok=True)
+
+
+def publish_trace_outputs(out: Path, files: Mapping[str, str | bytes], context: Mapping[str, Any] | None,
+                          svgs: Mapping[str, str]) -> None:
+    """Write ``files``, ``svg_file/`` and (``context`` not None) ``site/`` beside ``out``, then move
+    them into place together; nothing in ``out`` changes when a step fails."""
+    from dml2comm.site.build import publish
+
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
+    try:
+        names = list(files)
+        for name, data in files.items():
+            path = staging / name
+            if isinstance(data, bytes):
+                path.write_bytes(data)
+            else:
+                path.write_text(data, encoding="utf-8")
+        svg_dir = staging / "svg_file"
+        svg_dir.mkdir()
+        for name, text in svgs.items():
+            (svg_dir / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + text, encoding="utf-8")
+        names.append("svg_file")
+        if context is not None:
+            build_trace_site(staging, context, svgs)
+            names.append("site")
+        publish(staging, out, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
