@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 from dml2comm.cost.compute import (GEMM_E_MAX, HBM_EFFICIENCY, SM_COUNT, gemm_dims, gemm_efficiency, op_times_s,
                                    optimizer_step_s, roofline_s)
-from dml2comm.cost.memory import (POINTWISE_OPS, ActivationModel, fusible_regions, in_flight_micro_batches, model_state_bytes,
+from dml2comm.cost.memory import (POINTWISE_OPS, ActivationModel, ModelStates, in_flight_micro_batches, model_state_bytes,
                                   stage_memory_dict)
 from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
@@ -40,7 +40,9 @@ from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES, ParallelConfig
+from dml2comm.parallel.context import check_context_parallel, context_parallel_comms, find_attention
 from dml2comm.parallel.data import data_parallel_comms
+from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms, find_moe
 from dml2comm.parallel.pipeline import partition_layers, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
@@ -176,7 +178,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             f"{config.micro_batch_size}; use --micro-batch-size {imported.model_batch} or export with a dynamic batch axis"
         )
     if cluster.num_gpus != config.num_gpus:
-        raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
+        raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p*c = {config.num_gpus}; make them equal")
     layered = _memo(graph, ("layers",), lambda: group_layers(graph))
     warnings.extend(layered.warnings)
     train = config.train_dtype
@@ -196,6 +198,28 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
+    # ---- context and expert parallelism (dml2comm.parallel.context / .expert)
+    cp, ep = config.cp_size, config.ep_size
+    seq_len = config.seq_len or _infer_seq_len(graph)
+    attn_sites = _memo(graph, ("attention", seq_len), lambda: find_attention(graph, layered.layer_of_op, seq_len)) if cp > 1 else ()
+    check_context_parallel(attn_sites, cp, config.tp_size, config.cp_scheme, seq_len)
+    moe = _memo(graph, ("moe",), lambda: find_moe(graph, layered.layer_of_op)) if ep > 1 or config.capacity_factor != 1.0 else None
+    check_expert_parallel(moe, ep)
+    expert_weights = moe.expert_weights if moe is not None and ep > 1 else frozenset()
+    if cp > 1 or (moe is not None and config.capacity_factor != 1.0):
+        # every op is token-wise or (attention, causal load balancing) splits its s^2 work evenly:
+        # 1/c of each op per GPU; experts compute on capacity-padded buffers
+        expert_ops = moe.expert_ops if moe is not None else frozenset()
+        cf = config.capacity_factor
+        times = [(f * (cf if i in expert_ops else 1.0) / cp, b * (cf if i in expert_ops else 1.0) / cp)
+                 for i, (f, b) in enumerate(times)]
+    if cp > 1:
+        warnings.append(f"context parallelism: c={cp} ({config.cp_scheme}); per-GPU op times, activations and tensor/pipeline "
+                        "messages are 1/c of the unsplit ones (causal load balancing; GEMM efficiency of the full sequence)")
+    if moe is not None and ep > 1:
+        warnings.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
+                        f"capacity factor {config.capacity_factor}; balanced routing assumed (every expert gets its even share)")
+
     # ---- layers and their costs
     layer_params: list[int] = []
     layer_params_local: list[float] = []
@@ -209,11 +233,16 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # weights reached through a view (tied LM head via Transpose) belong to their first user;
     # a stored copy of a tied weight (--tie-embeddings) is no parameter of its own
     own = {w: li for w, li in weight_layer.items() if graph.tensors[w].tied_to is None}
+    layer_expert_local: list[float] = []  # expert parameters per GPU (after t and e), when e > 1
     for layer in layered.layers:
         params = sum(graph.tensors[w].numel for w, li in own.items() if li == layer.index)
-        local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) for w, li in own.items() if li == layer.index)
+        local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / (ep if w in expert_weights else 1)
+                    for w, li in own.items() if li == layer.index)
+        expert_local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / ep
+                           for w, li in own.items() if li == layer.index and w in expert_weights) if expert_weights else 0.0
         layer_params.append(params)
         layer_params_local.append(local)
+        layer_expert_local.append(expert_local)
     layer_fwd = [sum(times[i][0] for i in layer.op_indices) for layer in layered.layers]
     layer_bwd = [sum(times[i][1] for i in layer.op_indices) for layer in layered.layers]
     layer_flops = [sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers]
@@ -235,7 +264,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             tied_extra[stage_of_layer[li]] += graph.tensors[w].numel
             tied_extra_local[stage_of_layer[li]] += graph.tensors[w].numel / tp.weight_factor.get(w, 1)
 
-    rank_map = RankMap(config.dp_size, config.tp_size, config.pp_size, config.rank_order)
+    rank_map = RankMap(config.dp_size, config.tp_size, config.pp_size, config.rank_order, cp=cp, ep=ep)
     comms: list[CommNode] = []
     m = config.num_micro_batches
 
@@ -253,7 +282,25 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for c in tp.comms:
             s = stage_of_op[c.op_index]
             add_comm(c.kind, ParallelDim.TP, c.phase, s, layered.layer_of_op[c.op_index], c.op_index, c.tensor,
-                     rank_map.tp_group(0, s), c.message_bytes, m, True, c.reason)
+                     rank_map.tp_group(0, s), c.message_bytes / cp, m, True, c.reason)
+
+    # context parallel, per micro-batch: Ulysses AllToAlls or ring-attention K/V Send/Recv
+    for cc in context_parallel_comms(attn_sites, cp, config.tp_size, config.cp_scheme, dtype_bytes):
+        s = stage_of_layer[cc.layer]
+        group = rank_map.cp_group(0, s, 0)
+        if cc.kind is CollectiveKind.SEND_RECV:  # a ring step lasts as long as its slowest hop
+            group = max(((group[0], group[1]), (group[-1], group[0])),
+                        key=lambda pair: collective_cost_for_group(cluster, cc.kind, pair, cc.message_bytes).time_s)
+        add_comm(cc.kind, ParallelDim.CP, cc.phase, s, cc.layer, cc.after_op, cc.tensor, group, cc.message_bytes,
+                 cc.count * m, True, cc.reason)
+
+    # expert parallel, per micro-batch: MoE dispatch and combine AllToAlls
+    if moe is not None and ep > 1:
+        tokens = config.micro_batch_size * (seq_len or 1) / cp
+        for ec in expert_parallel_comms(moe, tokens, ep, dtype_bytes, config.capacity_factor):
+            s = stage_of_layer[ec.layer]
+            add_comm(ec.kind, ParallelDim.EP, ec.phase, s, ec.layer, ec.after_op, ec.tensor, rank_map.ep_group(s, 0, 0),
+                     ec.message_bytes, ec.count * m, True, ec.reason)
 
     # pipeline parallel: boundary activations forward, their gradients backward
     producer_stage: dict[str, int] = {}
@@ -278,21 +325,29 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
         for name in boundary.tensors:
             t = local_out.get(name) or graph.tensors[name]
-            size = t.nbytes_in(train)
+            size = t.nbytes_in(train) / cp
             prod = graph.producer(name)
             add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, size, m, True,
                      f"activation from stage {s} to stage {s + 1}")
             add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], size, m, True,
                      f"gradient from stage {s + 1} to stage {s}")
 
-    # data parallel, per stage
+    # data parallel, per stage: non-expert gradients over the d x c ranks (CP ranks reduce with
+    # DP), expert gradients over the d x c / e expert-data-parallel ranks
     for s, (a, b) in enumerate(ranges):
-        local_params = sum(layer_params_local[a:b]) + tied_extra_local[s]
+        expert_local = sum(layer_expert_local[a:b])
+        local_params = sum(layer_params_local[a:b]) + tied_extra_local[s] - expert_local
         grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
-        for dc in data_parallel_comms(local_params * grad_bytes, config.dp_size, config.zero_stage, config.bucket_bytes):
+        for dc in data_parallel_comms(local_params * grad_bytes, config.dp_size * cp, config.zero_stage, config.bucket_bytes):
             count = dc.count * (m if dc.per_micro_batch else 1)
             add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, "gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "parameters",
-                     rank_map.dp_group(s, 0), dc.message_bytes, count, dc.per_micro_batch, dc.reason)
+                     rank_map.dp_cp_group(s, 0), dc.message_bytes, count, dc.per_micro_batch, dc.reason)
+        for dc in data_parallel_comms(expert_local * grad_bytes, config.expert_dp_size, config.zero_stage, config.bucket_bytes):
+            count = dc.count * (m if dc.per_micro_batch else 1)
+            add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None,
+                     "expert gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "expert parameters",
+                     rank_map.expert_dp_group(s, 0, 0), dc.message_bytes, count, dc.per_micro_batch,
+                     f"{dc.reason} of the experts (expert-data-parallel group)")
 
     # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
@@ -312,8 +367,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     # ---- stage times per micro-batch
     pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
-    input_bytes = sum(graph.tensors[n].nbytes for n in graph.inputs)
-    seq_len = config.seq_len or _infer_seq_len(graph)
+    input_bytes = sum(graph.tensors[n].nbytes for n in graph.inputs) / cp
+    attn_core = {site.layer: (sum(times[i][0] for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer),
+                              sum(times[i][1] for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer))
+                 for site in attn_sites}
     stages: list[StageInfo] = []
     works: list[DeviceWork] = []
     for s, (a, b) in enumerate(ranges):
@@ -333,6 +390,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         else:
             tp_f = _per_mb(mine, m, ParallelDim.TP, Phase.FORWARD)
             tp_b = _per_mb(mine, m, ParallelDim.TP, Phase.BACKWARD)
+        # CP and EP collectives sit on the critical path like TP's (ring attention hides what
+        # the attention of the block in hand covers)
+        tp_f += _cp_ep_exposed_per_mb(mine, m, Phase.FORWARD, attn_core, cp)
+        tp_b += _cp_ep_exposed_per_mb(mine, m, Phase.BACKWARD, attn_core, cp)
         if config.recompute == "full":  # the recomputed forward repeats its TP collectives
             tp_b += tp_f
         reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
@@ -341,7 +402,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         works.append(replace(_device_work(mine, m, t_f, t_b, tp_f, tp_b), overlap_dp=config.overlap_grad_reduce))
         params = sum(layer_params[a:b]) + int(tied_extra[s])
         params_local = sum(layer_params_local[a:b]) + tied_extra_local[s]
-        opt_params = params_local / (config.dp_size if config.zero_stage >= 1 else 1)
+        expert_local = sum(layer_expert_local[a:b])
+        opt_params = ((params_local - expert_local) / (config.dp_size * cp if config.zero_stage >= 1 else 1)
+                      + expert_local / (config.expert_dp_size if config.zero_stage >= 1 else 1))
         opt_t = optimizer_step_s(opt_params, config.optimizer, dtype_bytes, hbm)
         stages.append(
             StageInfo(
@@ -356,7 +419,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 compute_bwd_s=compute_b + recompute,
                 dp_time_s=dp_once,
                 optimizer_time_s=opt_t,
-                memory=_stage_memory(activations, layered, graph, config, s, a, b, params_local, dtype_bytes, seq_len, boundary_bytes),
+                memory=_stage_memory(activations, layered, graph, config, s, a, b, params_local, dtype_bytes, seq_len, boundary_bytes,
+                                     expert_local),
                 ranks=rank_map.tp_group(0, s),
             )
         )
@@ -374,8 +438,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     )
     summary, model_info = _summarize(graph, layered, config, stages, comms, sim, sim_free, full_flops, peak, seq_len, model_path)
     warnings.append(
-        f"compute: roofline with GEMM efficiency {GEMM_E_MAX:.2f} x wave quantisation and {HBM_EFFICIENCY:.2f} of HBM "
-        "bandwidth, point-wise chains fused (calibrated on Narayanan et al. 2021 Table 1 within 11%)"
+        f"compute: roofline with GEMM efficiency {GEMM_E_MAX:.2f} x tile and wave quantisation and {HBM_EFFICIENCY:.2f} of "
+        "HBM bandwidth, point-wise chains fused as Megatron-LM (calibrated on Narayanan et al. 2021 Table 1 within 5%)"
     )
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
@@ -513,6 +577,37 @@ def _op_costs(graph: OpGraph, tp: TensorParallelPlan, train, gpu, peak: float, h
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
 #: fused bias-GeLU, bias-dropout-add and scale-mask-softmax kernels).
 FUSED_KINDS = POINTWISE_OPS | frozenset({"Softmax", "LogSoftmax"})
+#: Reductions that end a fused kernel: they absorb the point-wise ops feeding them (scale and
+#: mask) but not the ones reading their output.  Megatron-LM's ``FusedScaleMaskSoftmax`` fuses
+#: scale, mask and softmax only; the attention dropout after it is its own kernel
+#: (``ParallelAttention.forward``: ``attention_probs = self.attention_dropout(attention_probs)``
+#: after ``self.scale_mask_softmax(...)``, Megatron-LM v2.x, as Narayanan et al. 2021 ran it,
+#: Sec. 4.2: "two custom kernels to enable the fusion of scale, mask, and softmax").
+REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
+
+
+def fused_kernels(graph: OpGraph) -> dict[int, int]:
+    """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
+    (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
+    kernel."""
+    parent: dict[int, int] = {op.index: op.index for op in graph.ops if op.op_type in FUSED_KINDS}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for op in graph.ops:
+        if op.index not in parent:
+            continue
+        for name in op.inputs:
+            prod = graph.producer(name) if name else None
+            if prod is not None and prod in parent and graph.ops[prod].op_type not in REGION_ENDS:
+                a, b = find(op.index), find(prod)
+                if a != b:
+                    parent[a] = b
+    return {i: find(i) for i in parent}
 
 
 def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[OpCost], times: list[tuple[float, float]],
@@ -520,7 +615,7 @@ def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[O
     """Time each fused region as one kernel: it reads the tensors entering it and writes the
     tensors leaving it once (not every intermediate); the region's time is spread over its ops
     in proportion to their unfused times, so per-op figures still add up."""
-    regions = fusible_regions(graph, FUSED_KINDS)
+    regions = fused_kernels(graph)
     members: dict[int, list[int]] = defaultdict(list)
     for i, r in regions.items():
         members[r].append(i)
@@ -570,6 +665,26 @@ def _tp_overlapped_per_mb(comms: list[CommNode], m: int, phase: Phase, times: li
         if c.after_op is not None:
             gemm = times[c.after_op][0] if phase is Phase.FORWARD else times[c.after_op][1] / 2
         exposed += max(c.time_s - gemm, c.time_s / t) * c.count_per_iteration / m
+    return exposed
+
+
+def _cp_ep_exposed_per_mb(comms: list[CommNode], m: int, phase: Phase, attn_core: Mapping[int, tuple[float, float]], cp: int) -> float:
+    """Seconds per micro-batch that context- and expert-parallel collectives add to a stage.
+
+    AllToAlls (Ulysses, MoE dispatch/combine) block the next op: fully exposed.  A ring-attention
+    step overlaps the attention of the K/V block in hand (1/c of the layer's attention core,
+    Liu et al. 2023, Sec. 3): each of the c - 1 steps exposes max(0, t_send - t_core / c).
+    """
+    exposed = 0.0
+    for c in comms:
+        if not (c.per_micro_batch and c.phase is phase and c.dim in (ParallelDim.CP, ParallelDim.EP)):
+            continue
+        per_mb = c.count_per_iteration / m
+        if c.kind is CollectiveKind.SEND_RECV and c.layer is not None:
+            core = attn_core.get(c.layer, (0.0, 0.0))[0 if phase is Phase.FORWARD else 1]
+            exposed += max(c.time_s - core / cp, 0.0) * per_mb
+        else:
+            exposed += c.time_s * per_mb
     return exposed
 
 
@@ -652,9 +767,18 @@ def _is_attention_core(graph: OpGraph, index: int, seq_len: int | None) -> bool:
 
 def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: OpGraph, config: ParallelConfig, stage: int,
                   first: int, last: int, params_local: float, dtype_bytes: int, seq_len: int | None,
-                  boundary_bytes: list[float]) -> dict[str, float]:
-    """Peak memory of one GPU of ``stage`` (see dml2comm.cost.memory for every term)."""
-    states = model_state_bytes(params_local, config.dp_size, config.zero_stage, config.optimizer, dtype_bytes)
+                  boundary_bytes: list[float], expert_local: float = 0.0) -> dict[str, float]:
+    """Peak memory of one GPU of ``stage`` (see dml2comm.cost.memory for every term).
+
+    ``expert_local`` of ``params_local`` are expert parameters (already 1/e): their states are
+    ZeRO-sharded over the d*c/e expert-data-parallel ranks, the rest over d*c.  With context
+    parallelism each GPU holds 1/c of every activation."""
+    cp = config.cp_size
+    states = model_state_bytes(params_local - expert_local, config.dp_size * cp, config.zero_stage, config.optimizer, dtype_bytes)
+    if expert_local:
+        ex = model_state_bytes(expert_local, config.expert_dp_size, config.zero_stage, config.optimizer, dtype_bytes)
+        states = ModelStates(states.weights_bytes + ex.weights_bytes, states.grads_bytes + ex.grads_bytes,
+                             states.optimizer_bytes + ex.optimizer_bytes)
     op_idx = [i for li in range(first, last) for i in layered.layers[li].op_indices]
     core = frozenset(i for i in op_idx if _is_attention_core(graph, i, seq_len)) if config.recompute == "selective" else frozenset()
     if config.recompute == "full":
@@ -670,8 +794,9 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
         rebuilt = 0.0
     in_flight = in_flight_micro_batches(config.schedule, config.pp_size, config.num_micro_batches, stage, config.virtual_stages)
     pipeline_buffers = (boundary_bytes[stage - 1] if stage > 0 else 0.0) + (boundary_bytes[stage] if stage < len(boundary_bytes) else 0.0)
-    dp_bucket = float(config.bucket_bytes) if config.dp_size > 1 else 0.0
-    transient = activations.transient_bytes(op_idx) + rebuilt
+    dp_bucket = float(config.bucket_bytes) if config.dp_size * cp > 1 else 0.0
+    per_mb /= cp
+    transient = (activations.transient_bytes(op_idx) + rebuilt) / cp
     return dict(stage_memory_dict(states, per_mb * in_flight, pipeline_buffers + dp_bucket, transient),
                 activations_per_micro_batch_bytes=per_mb, in_flight_micro_batches=in_flight)
 

@@ -33,10 +33,11 @@ EXAMPLES = """examples:
   python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
   python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --workers 8
   python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
+  python main.py trace torch_profile/ --processes 8 --out trace_out
   python main.py presets
 """
 
-SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare")
+SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace")
 
 
 _Parser = OneLineParser
@@ -62,7 +63,14 @@ def analysis_parser() -> argparse.ArgumentParser:
     g.add_argument("--d", type=_positive, default=1, help="data-parallel size (default 1)")
     g.add_argument("--t", type=_positive, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--p", type=_positive, default=1, help="pipeline-parallel size (default 1)")
-    g.add_argument("--gpus", type=_positive, help="total GPUs, cross-checked against d*t*p")
+    g.add_argument("--cp", type=_positive, default=1, help="context-parallel size c: the sequence split c-way (default 1)")
+    g.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"],
+                   help="context parallelism: ulysses (AllToAll of Q/K/V/output) or ring (K/V Send/Recv ring attention)")
+    g.add_argument("--ep", type=_positive, default=1,
+                   help="expert-parallel size e for MoE models: experts placed e-way, carved out of d x c (default 1)")
+    g.add_argument("--capacity-factor", type=float, default=1.0,
+                   help="MoE expert capacity factor: padded expert buffers and AllToAlls (default 1.0, DeepSpeed MoE)")
+    g.add_argument("--gpus", type=_positive, help="total GPUs, cross-checked against d*t*p*c")
     g.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
     g.add_argument("--virtual-stages", type=_positive, default=1, help="model chunks per GPU (interleaved)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --t)")
@@ -144,9 +152,12 @@ def run_analysis(argv: Sequence[str]) -> int:
     from dml2comm.parallel.config import ParallelConfig
 
     start = time.perf_counter()
-    num_gpus = args.d * args.t * args.p
+    num_gpus = args.d * args.t * args.p * args.cp
     if args.gpus is not None and args.gpus != num_gpus:
-        raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p = {args.d}*{args.t}*{args.p} = {num_gpus}; change --d/--t/--p or --gpus")
+        if args.cp == 1:
+            raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p = {args.d}*{args.t}*{args.p} = {num_gpus}; change --d/--t/--p or --gpus")
+        raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p*c = {args.d}*{args.t}*{args.p}*{args.cp} = {num_gpus}; "
+                          "change --d/--t/--p/--cp or --gpus")
     if args.serve and args.no_site:
         raise ConfigError("--serve needs the site; drop --no-site")
     if args.sequence_parallel and args.t == 1:
@@ -169,7 +180,8 @@ def run_analysis(argv: Sequence[str]) -> int:
         zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
         optimizer=args.optimizer, rank_order=args.rank_order, dropout=args.dropout,
         overlap_grad_reduce=not args.no_overlap_grad_reduce, grad_reduce_dtype=args.grad_reduce_dtype,
-        tp_comm_overlap=args.tp_comm_overlap,
+        tp_comm_overlap=args.tp_comm_overlap, cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep,
+        capacity_factor=args.capacity_factor,
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus)
@@ -252,7 +264,8 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     mi = analysis.model_info
     console.print(
         f"[bold]{escape(mi['name'])}[/bold]: {mi['num_ops']} ops, {mi['num_layers']} layers ({mi['num_blocks']} blocks), "
-        f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size} on "
+        f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size}"
+        + (f" c={cfg.cp_size} ({cfg.cp_scheme})" if cfg.cp_size > 1 else "") + (f" e={cfg.ep_size}" if cfg.ep_size > 1 else "") + " on "
         f"{analysis.config.num_gpus} x {escape(analysis.cluster.gpu.name)} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
         f"m={cfg.num_micro_batches} s={cfg.seq_len} {cfg.dtype}"
     )
@@ -408,6 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dml2comm.search.command import run_sweep_command
 
             return run_sweep_command(argv[1:])
+        if argv and argv[0] == "trace":
+            from dml2comm.traces.command import run_trace_command
+
+            return run_trace_command(argv[1:])
         if argv and argv[0] == "compare":
             from dml2comm.search.command import run_compare_command
 

@@ -33,19 +33,50 @@ def test_zoo_gpt_params_and_forward_flops_match_narayanan(L, h, a, V, s):
 NARAYANAN = Path(__file__).resolve().parents[2] / "shared" / "data" / "narayanan2021_table1.json"
 
 
-@pytest.mark.parametrize("model_id", ["narayanan21_t1_1.7B", "narayanan21_t1_39.1B", "narayanan21_t1_145.6B"])
-def test_narayanan_table1_tflops_per_gpu(model_id):
-    """Narayanan et al. 2021 Table 1 (A100): predicted TFLOP/s per GPU, eq. (3) FLOPs.  The
-    calibration currently holds every row within 11.3% (benchmarks/bench_narayanan.py); this
-    guards three rows (small, pipelined, large) at 12%."""
+TABLE1_IDS = ["narayanan21_t1_1.7B", "narayanan21_t1_3.6B", "narayanan21_t1_7.5B", "narayanan21_t1_18.4B",
+              "narayanan21_t1_39.1B", "narayanan21_t1_76.1B", "narayanan21_t1_145.6B", "narayanan21_t1_310.1B",
+              "narayanan21_t1_529.6B", "narayanan21_t1_1008.0B"]
+
+
+def _bench(name: str):
+    import importlib
     import sys
 
+    path = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("model_id", TABLE1_IDS)
+def test_narayanan_table1_tflops_per_gpu(model_id):
+    """Narayanan et al. 2021 Table 1 (A100): predicted TFLOP/s per GPU, eq. (3) FLOPs, within 5%
+    on every row (the issue's calibration requirement).  Setup and micro-batch sizes as
+    benchmarks/bench_narayanan.py (its recorded sweep, MICRO_BATCH); errors there: +4.5, +0.8,
+    -1.4, -0.9, -0.2, +3.4, -4.1, -2.4, -2.8, -3.7%."""
     if not NARAYANAN.exists():
         pytest.skip(f"{NARAYANAN} not present (shared/ must sit beside the repository)")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bench_narayanan
-
-    row = next(r for r in bench_narayanan.rows() if r[0] == model_id)
+    bench = _bench("bench_narayanan")
+    assert [r[0] for r in bench.rows()] == TABLE1_IDS
+    row = next(r for r in bench.rows() if r[0] == model_id)
     _, model, parallelism, measured = row
-    predicted, _ = bench_narayanan.predict(model, parallelism)
-    assert predicted == pytest.approx(measured, rel=0.12)
+    predicted, _ = bench.predict(model, parallelism, bench.MICRO_BATCH[model_id])
+    assert predicted == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("run_id", ["narayanan21_t2_ptdp_174.6B_384gpus", "narayanan21_t2_ptdp_174.6B_768gpus",
+                                    "narayanan21_t2_ptdp_174.6B_1536gpus", "narayanan21_t2_ptdp_529.6B_2240gpus"])
+def test_heldout_published_tflops_per_gpu(run_id):
+    """Held-out runs (benchmarks/data/heldout_runs.json; never used to fit): Narayanan et al.
+    2021 Table 2's PTD-P rows, micro-batch 1 as published.  benchmarks/bench_heldout.py prints
+    all six: GPT-3 175B on 384/768/1536 GPUs 153/149/141 published vs 146.3/143.5/138.2
+    predicted (-4.4, -3.7, -2.0%); 529.6B on 560/1120/2240 GPUs 171/167/159 vs 164.8/162.7/158.5
+    (-3.6, -2.6, -0.3%).  The test checks the four quicker runs at 7.5%: the 5% the calibration
+    holds plus 2.5%, the paper's own spread between two near-identical runs of the 529.6B model
+    (Table 2, 2240 GPUs, batch 2240: 159; Table 1, 2520 GPUs, batch 2520: 163), and the t/p split
+    and schedule that Table 2 does not publish."""
+    bench = _bench("bench_heldout")
+    run = next(r for r in bench.runs() if r[0] == run_id)
+    _, model, parallelism, published = run
+    predicted, _ = bench.predict(model, parallelism, parallelism["micro_batch"])
+    assert predicted == pytest.approx(published, rel=0.075)

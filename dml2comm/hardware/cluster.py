@@ -971,23 +971,35 @@ def make_cluster(
 
 @dataclass(frozen=True, slots=True)
 class RankMap:
-    """Global rank <-> (d, p, t) coordinates for ``dp x tp x pp`` GPUs.
+    """Global rank <-> (d, p, t, c) coordinates for ``dp x tp x pp x cp`` GPUs.
 
     ``order`` lists the dimensions from fastest- to slowest-varying; the default ``"tdp"`` is
     Megatron-LM's (tensor, then data, then pipeline): ``rank = t + tp * (d + dp * p)``.  Every
     method is O(1) per rank; the ``*_groups`` generators are the only way to walk all groups.
+
+    Context parallelism adds a dimension ``c`` (``cp`` ranks per sequence).  An order without
+    ``"c"`` gets it right after ``"t"``: Megatron-Core's default ``"tp-cp-ep-dp-pp"`` (tensor
+    fastest, then context, then data, then pipeline), so ``rank = t + tp * (c + cp * (d + dp * p))``
+    and a CP group stays inside a node when t x c <= GPUs per node.  Expert parallelism (``ep``)
+    adds no GPUs: as in Megatron-Core's MoE "parallel folding" (expert rank generator
+    ``tp-ep-dp-pp`` over the same world), the ``dp x cp`` ranks of one (stage, tensor rank),
+    taken in rank order, split into consecutive EP groups of ``ep`` ranks; ranks ``ep`` apart
+    form an expert-data-parallel group of ``dp * cp / ep`` ranks.
 
     Parameters
     ----------
     dp, tp, pp
         Data-, tensor- and pipeline-parallel sizes (>= 1).
     order
-        A permutation of ``"t"``, ``"d"``, ``"p"`` (case-insensitive), first letter fastest.
+        A permutation of ``"t"``, ``"d"``, ``"p"`` (case-insensitive), first letter fastest,
+        optionally with ``"c"`` (placed after ``"t"`` when absent).
+    cp, ep
+        Context- and expert-parallel sizes (>= 1; ``ep`` divides ``dp * cp``).
 
     Raises
     ------
     ConfigError
-        Non-positive size or an order that is not a permutation of ``"tdp"``.
+        Non-positive size or an order that is not a permutation of ``"tdp"`` (or ``"tcdp"``).
 
     References
     ----------
@@ -999,82 +1011,135 @@ class RankMap:
     tp: int
     pp: int
     order: str = "tdp"
+    cp: int = 1
+    ep: int = 1
     _stride: tuple[int, int, int] = field(init=False, repr=False, compare=False)
+    _cstride: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for label, value in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)):
+        for label, value in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep)):
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"{label} must be a positive integer, got {value!r}")
         order = self.order.strip().lower() if isinstance(self.order, str) else self.order
-        if not isinstance(order, str) or sorted(order) != ["d", "p", "t"]:
+        if not isinstance(order, str) or sorted(order.replace("c", "", 1)) != ["d", "p", "t"]:
             raise ConfigError(
                 f"rank order {self.order!r} must be a permutation of 't', 'd', 'p' (first letter fastest), "
                 "e.g. 'tdp' (Megatron-LM default)"
             )
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"ep={self.ep} must divide dp x cp = {self.dp * self.cp}")
         object.__setattr__(self, "order", order)
-        sizes = {"d": self.dp, "p": self.pp, "t": self.tp}
+        full = order if "c" in order else order.replace("t", "tc", 1)
+        sizes = {"d": self.dp, "p": self.pp, "t": self.tp, "c": self.cp}
         stride: dict[str, int] = {}
         step = 1
-        for letter in order:
+        for letter in full:
             stride[letter] = step
             step *= sizes[letter]
         object.__setattr__(self, "_stride", (stride["d"], stride["p"], stride["t"]))
+        object.__setattr__(self, "_cstride", stride["c"])
 
     @property
     def world_size(self) -> int:
-        """dp x tp x pp."""
-        return self.dp * self.tp * self.pp
+        """dp x tp x pp x cp."""
+        return self.dp * self.tp * self.pp * self.cp
 
     def _check(self, label: str, value: int, size: int) -> None:
         if not _is_int(value) or not 0 <= value < size:
             raise ConfigError(f"{label}={value!r} is outside 0..{size - 1}")
 
-    def rank(self, d: int, p: int, t: int) -> int:
-        """Global rank of coordinates (d, p, t)."""
+    def rank(self, d: int, p: int, t: int, c: int = 0) -> int:
+        """Global rank of coordinates (d, p, t) and context rank c."""
         self._check("d", d, self.dp)
         self._check("p", p, self.pp)
         self._check("t", t, self.tp)
+        self._check("c", c, self.cp)
         sd, sp, st = self._stride
-        return d * sd + p * sp + t * st
+        return d * sd + p * sp + t * st + c * self._cstride
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(d, p, t) of global ``rank``."""
+        """(d, p, t) of global ``rank`` (its context rank: :meth:`cp_rank`)."""
         self._check("rank", rank, self.world_size)
         sd, sp, st = self._stride
         return (rank // sd) % self.dp, (rank // sp) % self.pp, (rank // st) % self.tp
 
-    def tp_group(self, d: int, p: int) -> tuple[int, ...]:
-        """Ranks of the tensor-parallel group at (d, p), ordered by t."""
-        base = self.rank(d, p, 0)
+    def cp_rank(self, rank: int) -> int:
+        """Context-parallel rank c of global ``rank``."""
+        self._check("rank", rank, self.world_size)
+        return (rank // self._cstride) % self.cp
+
+    def tp_group(self, d: int, p: int, c: int = 0) -> tuple[int, ...]:
+        """Ranks of the tensor-parallel group at (d, p, c), ordered by t."""
+        base = self.rank(d, p, 0, c)
         st = self._stride[2]
         return tuple(base + t * st for t in range(self.tp))
 
-    def dp_group(self, p: int, t: int) -> tuple[int, ...]:
-        """Ranks of the data-parallel group at (p, t), ordered by d."""
-        base = self.rank(0, p, t)
+    def dp_group(self, p: int, t: int, c: int = 0) -> tuple[int, ...]:
+        """Ranks of the data-parallel group at (p, t, c), ordered by d."""
+        base = self.rank(0, p, t, c)
         sd = self._stride[0]
         return tuple(base + d * sd for d in range(self.dp))
 
-    def pp_group(self, d: int, t: int) -> tuple[int, ...]:
-        """Ranks of the pipeline of replica d, tensor rank t, ordered by stage p."""
-        base = self.rank(d, 0, t)
+    def pp_group(self, d: int, t: int, c: int = 0) -> tuple[int, ...]:
+        """Ranks of the pipeline of replica d, tensor rank t, context rank c, ordered by stage p."""
+        base = self.rank(d, 0, t, c)
         sp = self._stride[1]
         return tuple(base + p * sp for p in range(self.pp))
 
+    def cp_group(self, d: int, p: int, t: int) -> tuple[int, ...]:
+        """Ranks sharing one sequence (context-parallel group) at (d, p, t), ordered by c."""
+        base = self.rank(d, p, t, 0)
+        return tuple(base + c * self._cstride for c in range(self.cp))
+
+    def dp_cp_group(self, p: int, t: int) -> tuple[int, ...]:
+        """The ``dp x cp`` ranks of (p, t) in rank order: they reduce the non-expert gradients
+        together (Megatron-Core's data-parallel group "with context parallel")."""
+        sd, _, _ = self._stride
+        base = self.rank(0, p, t, 0)
+        return tuple(sorted(base + d * sd + c * self._cstride for d in range(self.dp) for c in range(self.cp)))
+
+    def ep_group(self, p: int, t: int, k: int = 0) -> tuple[int, ...]:
+        """The k-th expert-parallel group of (p, t): ``ep`` consecutive ranks of :meth:`dp_cp_group`."""
+        self._check("k", k, self.dp * self.cp // self.ep)
+        return self.dp_cp_group(p, t)[k * self.ep:(k + 1) * self.ep]
+
+    def expert_dp_group(self, p: int, t: int, j: int = 0) -> tuple[int, ...]:
+        """Ranks holding the same experts (expert rank j) at (p, t): every ``ep``-th rank of
+        :meth:`dp_cp_group`, ``dp * cp / ep`` of them; they reduce the expert gradients."""
+        self._check("j", j, self.ep)
+        return self.dp_cp_group(p, t)[j::self.ep]
+
     def tp_groups(self) -> Iterator[tuple[int, ...]]:
-        """Every tensor-parallel group (dp x pp of them), generated lazily."""
-        for p in range(self.pp):
-            for d in range(self.dp):
-                yield self.tp_group(d, p)
+        """Every tensor-parallel group (dp x pp x cp of them), generated lazily."""
+        for c in range(self.cp):
+            for p in range(self.pp):
+                for d in range(self.dp):
+                    yield self.tp_group(d, p, c)
 
     def dp_groups(self) -> Iterator[tuple[int, ...]]:
-        """Every data-parallel group (pp x tp of them), generated lazily."""
-        for p in range(self.pp):
-            for t in range(self.tp):
-                yield self.dp_group(p, t)
+        """Every data-parallel group (pp x tp x cp of them), generated lazily."""
+        for c in range(self.cp):
+            for p in range(self.pp):
+                for t in range(self.tp):
+                    yield self.dp_group(p, t, c)
 
     def pp_groups(self) -> Iterator[tuple[int, ...]]:
-        """Every pipeline (dp x tp of them), generated lazily."""
-        for d in range(self.dp):
+        """Every pipeline (dp x tp x cp of them), generated lazily."""
+        for c in range(self.cp):
+            for d in range(self.dp):
+                for t in range(self.tp):
+                    yield self.pp_group(d, t, c)
+
+    def cp_groups(self) -> Iterator[tuple[int, ...]]:
+        """Every context-parallel group (dp x pp x tp of them), generated lazily."""
+        for p in range(self.pp):
+            for d in range(self.dp):
+                for t in range(self.tp):
+                    yield self.cp_group(d, p, t)
+
+    def ep_groups(self) -> Iterator[tuple[int, ...]]:
+        """Every expert-parallel group (pp x tp x dp*cp/ep of them), generated lazily."""
+        for p in range(self.pp):
             for t in range(self.tp):
-                yield self.pp_group(d, t)
+                for k in range(self.dp * self.cp // self.ep):
+                    yield self.ep_group(p, t, k)

@@ -7,12 +7,16 @@ from dataclasses import asdict, dataclass
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "SCHEDULES", "RECOMPUTE_MODES", "OPTIMIZERS"]
+__all__ = ["ParallelConfig", "DTYPES", "SCHEDULES", "RECOMPUTE_MODES", "OPTIMIZERS", "CP_SCHEMES"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+#: Context-parallel schemes: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509: AllToAll
+#: of Q, K, V and the output, heads split c-way) and ring attention (Liu et al. 2023,
+#: arXiv:2310.01889; Megatron-Core ``--cp-comm-type p2p``: K/V blocks passed around the group).
+CP_SCHEMES = ("ulysses", "ring")
 
 #: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``,
 #: torch.nn.parallel.DistributedDataParallel documentation).
@@ -47,9 +51,20 @@ class ParallelConfig:
     overlap_grad_reduce: bool = True  # DDP / Megatron --overlap-grad-reduce: buckets during backward
     grad_reduce_dtype: str | None = None  # None: the training dtype; "fp32": Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32 (fp32 main grads, reduced in fp32)
+    # Context parallelism (c): the sequence split into c chunks; num_gpus = d*t*p*c.
+    cp_size: int = 1
+    cp_scheme: str = "ulysses"
+    # Expert parallelism (e): carved out of the d*c data-and-context ranks as in Megatron-Core
+    # (megatron/core/parallel_state.py, MoE "parallel folding": expert_data_parallel_size =
+    # world / (expert_tensor_parallel_size * ep * pp), i.e. d*c/e here with ETP = t); adds no GPUs.
+    ep_size: int = 1
+    # Expert capacity factor: each expert's buffer holds capacity_factor x its even share of the
+    # routed tokens (Fedus et al., Switch Transformers, JMLR 2022, Sec. 2.1); 1.0 is DeepSpeed
+    # MoE's default (deepspeed.moe.layer.MoE(capacity_factor=1.0)).
+    capacity_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages"):
+        for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages", "cp_size", "ep_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -77,6 +92,15 @@ class ParallelConfig:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
             raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
+        if self.cp_scheme not in CP_SCHEMES:
+            raise ConfigError(f"unknown --cp-scheme {self.cp_scheme!r}; choose one of {', '.join(CP_SCHEMES)}")
+        if not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
+            raise ConfigError(f"--capacity-factor must be positive, got {self.capacity_factor!r}")
+        if (self.dp_size * self.cp_size) % self.ep_size:
+            raise ConfigError(
+                f"--ep {self.ep_size} must divide d x c = {self.dp_size} x {self.cp_size} = {self.dp_size * self.cp_size} "
+                "(expert parallelism is carved out of the data- and context-parallel ranks); change --ep or --d"
+            )
 
     @property
     def num_micro_batches(self) -> int:
@@ -84,7 +108,12 @@ class ParallelConfig:
 
     @property
     def num_gpus(self) -> int:
-        return self.dp_size * self.tp_size * self.pp_size
+        return self.dp_size * self.tp_size * self.pp_size * self.cp_size
+
+    @property
+    def expert_dp_size(self) -> int:
+        """Ranks that hold the same experts and reduce their gradients: d*c/e (Megatron-Core)."""
+        return self.dp_size * self.cp_size // self.ep_size
 
     @property
     def train_dtype(self) -> DType:
@@ -113,4 +142,8 @@ class ParallelConfig:
             "tp_comm_overlap": self.tp_comm_overlap,
             "overlap_grad_reduce": self.overlap_grad_reduce,
             "grad_reduce_dtype": self.grad_reduce_dtype or self.dtype,
+            "c": self.cp_size,
+            "cp_scheme": self.cp_scheme,
+            "e": self.ep_size,
+            "capacity_factor": self.capacity_factor,
         }

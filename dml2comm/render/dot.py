@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from dml2comm.analysis import CommNode
-from dml2comm.network.kinds import Phase
+from dml2comm.network.kinds import ParallelDim, Phase
 from dml2comm.render.facts import Boundary, Facts, kind_label
 from dml2comm.render.fmt import (
     fmt_bytes,
@@ -435,7 +435,17 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
                   f"memory per GPU: {fmt_bytes(facts.memory_per_gpu(p))} of {fmt_bytes(facts.capacity_bytes)}" + _over_tip(facts, p),
                   None, shape="box", style="filled", fillcolor="#e8eaed", **({"color": "#bdc1c6"} | _over(facts, p)))
     top = [gpus]
-    tps = facts.tp_by_stage.get(p, ())
+    tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim is ParallelDim.TP)
+    for key, title, comms, group in (("cp", "CP group", facts.cp_by_stage.get(p, ()), a.rank_map.cp_group(0, p, 0)),
+                                     ("ep", "EP group", facts.ep_by_stage.get(p, ()), a.rank_map.ep_group(p, 0, 0))):
+        if comms:
+            share = facts.comms_share(comms)
+            link = comms[0].link
+            top.append(g.node(_label(title, f"{_group_summary(comms, True, facts.m)} / µbatch", f"GPUs {rank_ranges(group)} · {link_short(link)}"),
+                              f"{'context' if key == 'cp' else 'expert'}-parallel collectives of stage {p}: "
+                              f"{len(comms)} per micro-batch kinds listed on the page\n"
+                              f"group of tensor rank 0: GPUs {rank_ranges(group)} over {link}\n{fmt_share(share)} of the iteration",
+                              f"gpu_comm_{key}_{p}", **_comm_attrs(share)))
     if tps:
         share = facts.comms_share(tps)
         link = tps[0].link
@@ -479,7 +489,8 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
         node = g.node(
             _label(f"layer {li} · {layer.kind}", _short(layer.name, 36), f"{layer.num_ops} ops · {fmt_count(layer.params)} params",
                    f"fwd {fmt_s(layer.time_fwd_s)} · bwd {fmt_s(layer.time_bwd_s)}",
-                   f"TP: {_group_summary(tps_l, True, facts.m)} / µbatch" if tps_l else ""),
+                   f"{'/'.join(sorted({c.dim.value.upper() for c in tps_l}, key=('TP', 'CP', 'EP').index))}: "
+                   f"{_group_summary(tps_l, True, facts.m)} / µbatch" if tps_l else ""),
             tip, f"layer_{li}_data_0", **_heat(share),
         )
         g.edge(prev, node) if prev is not None else g.edge(anchor, node, style="invis")
@@ -658,8 +669,9 @@ def _gpu_node(g: _Dot, facts: Facts, rank: int, note: str = "") -> str:
     node = facts.node_of(rank)
     attrs: dict[str, object] = {"color": "#3c4043", "penwidth": 1.4}
     attrs.update(_over(facts, p))
-    return g.node(_label(f"GPU {rank}", f"node {node} · d={d} p={p} t={t}", note),
-                  f"GPU {rank}: replica {d}, stage {p}, tensor rank {t}; node {node}\n{facts.analysis.cluster.gpu.name}" + _over_tip(facts, p),
+    c = facts.analysis.rank_map.cp_rank(rank) if facts.analysis.config.cp_size > 1 else None
+    return g.node(_label(f"GPU {rank}", f"node {node} · d={d} p={p} t={t}" + (f" c={c}" if c is not None else ""), note),
+                  f"GPU {rank}: replica {d}, stage {p}, tensor rank {t}" + (f", context rank {c}" if c is not None else "") + f"; node {node}\n{facts.analysis.cluster.gpu.name}" + _over_tip(facts, p),
                   None, shape="box", style="rounded,filled", fillcolor="#ffffff", **attrs)
 
 
@@ -748,8 +760,33 @@ def _ring(g: _Dot, facts: Facts, ranks: Sequence[int], step_tip: str) -> None:
             g.edge(ids[k], ids[j], tip, **common)
 
 
+def cp_comm_drawing(facts: Facts, s: int) -> Drawing:
+    """The context-parallel group of replica 0, tensor rank 0 in stage ``s``."""
+    cps = facts.cp_by_stage.get(s, ())
+    c = facts.analysis.config.cp_size
+    g = _Dot(rankdir="TB", nodesep=0.5, ranksep=0.7)
+    scheme = facts.analysis.config.cp_scheme
+    tip = (f"context-parallel group of stage {s} ({scheme}): the sequence is split {c}-way; "
+           + ("each AllToAll sends (c-1)/c of Q, K, V or the output to the others" if scheme == "ulysses"
+              else f"each GPU passes its K/V block to the next, {c - 1} steps per layer")
+           + f"; {len(cps)} collectives per micro-batch")
+    _ring(g, facts, facts.analysis.rank_map.cp_group(0, s, 0), tip)
+    return Drawing(f"gpu_comm_cp_{s}", f"gpu_comm_cp_{s}", f"Context-parallel group of stage {s}", g.text(), g.annotations)
+
+
+def ep_comm_drawing(facts: Facts, s: int) -> Drawing:
+    """The first expert-parallel group (tensor rank 0) of stage ``s``."""
+    eps = facts.ep_by_stage.get(s, ())
+    e = facts.analysis.config.ep_size
+    g = _Dot(rankdir="TB", nodesep=0.5, ranksep=0.7)
+    tip = (f"expert-parallel group of stage {s}: each GPU holds 1/{e} of every MoE layer's experts; dispatch and combine "
+           f"AllToAlls send (e-1)/e of the routed tokens to the others; {len(eps)} collectives per micro-batch")
+    _ring(g, facts, facts.analysis.rank_map.ep_group(s, 0, 0), tip)
+    return Drawing(f"gpu_comm_ep_{s}", f"gpu_comm_ep_{s}", f"Expert-parallel group of stage {s}", g.text(), g.annotations)
+
+
 def tp_comm_drawing(facts: Facts, s: int) -> Drawing:
-    tps = facts.tp_by_stage.get(s, ())
+    tps = tuple(c for c in facts.tp_by_stage.get(s, ()) if c.dim is ParallelDim.TP)
     n = facts.tp
     g = _Dot(rankdir="TB", nodesep=0.5, ranksep=0.7)
     tip = (f"tensor-parallel ring of stage {s}: each of {len(tps)} collectives per micro-batch sends "
@@ -783,8 +820,12 @@ def all_drawings(facts: Facts, replica_pages_max: int) -> list[Drawing]:
         if facts.boundaries[s].forward:
             out.append(pp_comm_drawing(facts, s))
     for p in range(facts.pp):
-        if facts.tp > 1 and facts.tp_by_stage.get(p):
+        if facts.tp > 1 and any(c.dim is ParallelDim.TP for c in facts.tp_by_stage.get(p, ())):
             out.append(tp_comm_drawing(facts, p))
+        if facts.cp_by_stage.get(p):
+            out.append(cp_comm_drawing(facts, p))
+        if facts.ep_by_stage.get(p):
+            out.append(ep_comm_drawing(facts, p))
         if facts.dp > 1 and facts.dp_by_stage.get(p):
             out.append(dp_comm_drawing(facts, p))
     return out

@@ -87,6 +87,10 @@ class Facts:
     layer_share: tuple[float, ...]
     stage_share: tuple[float, ...]
     local_shape: Mapping[str, Tensor] = field(repr=False)
+    # context- and expert-parallel collectives per stage (also in tp_by_stage/tp_by_layer: like
+    # TP's they sit on the critical path and are drawn at layer level)
+    cp_by_stage: Mapping[int, tuple[CommNode, ...]] = field(default_factory=dict)
+    ep_by_stage: Mapping[int, tuple[CommNode, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, analysis: Analysis) -> "Facts":
@@ -97,7 +101,10 @@ class Facts:
         dp_stage: dict[int, list[CommNode]] = defaultdict(list)
         fwd: dict[int, list[CommNode]] = defaultdict(list)
         bwd: dict[int, list[CommNode]] = defaultdict(list)
+        other: dict[ParallelDim, dict[int, list[CommNode]]] = {ParallelDim.CP: defaultdict(list), ParallelDim.EP: defaultdict(list)}
         for c in analysis.comms:
+            if c.dim in other:
+                other[c.dim][c.stage].append(c)
             if c.dim is ParallelDim.PP:
                 if c.phase is Phase.FORWARD:
                     fwd[c.stage].append(c)
@@ -136,6 +143,8 @@ class Facts:
             layer_share=layer_share,
             stage_share=stage_share,
             local_shape=local,
+            cp_by_stage={k: tuple(v) for k, v in other[ParallelDim.CP].items()},
+            ep_by_stage={k: tuple(v) for k, v in other[ParallelDim.EP].items()},
         )
 
     # ------------------------------------------------------------------ shares

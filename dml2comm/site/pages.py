@@ -384,7 +384,39 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                               back=Crumb(f"Stage {s_}", f"stage_{s_}_data_0")))
         )
     for p in range(facts.pp):
-        tps = facts.tp_by_stage.get(p, ())
+        tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim.value == "tp")
+        cfg = a.config
+        for key, comms in (("cp", facts.cp_by_stage.get(p, ())), ("ep", facts.ep_by_stage.get(p, ()))):
+            if not comms:
+                continue
+            if key == "cp":
+                all_groups = [(f"replica {d}, tensor rank {t}", a.rank_map.cp_group(d, p, t)) for d in range(facts.dp) for t in range(facts.tp)]
+                title, heading = f"CP group, stage {p}", f"Context-parallel groups of stage {p} ({cfg.cp_scheme})"
+                intro = (f"The sequence of each sample is split into {cfg.cp_size} chunks over these GPUs. "
+                         + ("Ulysses: before attention an AllToAll turns Q, K and V from sequence-sharded into head-sharded, "
+                            "after it one more turns the output back; the backward pass mirrors the four. "
+                            if cfg.cp_scheme == "ulysses" else
+                            f"Ring attention: each GPU passes its K/V block to the next GPU of the ring, {cfg.cp_size - 1} steps per layer, "
+                            "overlapped with the attention of the block in hand; backward passes K/V with dK/dV. ")
+                         + "Their gradients are reduced with the data-parallel group (d × c GPUs). Counts are per micro-batch; times per call.")
+            else:
+                all_groups = [(f"tensor rank {t}, group {k}", a.rank_map.ep_group(p, t, k))
+                              for t in range(facts.tp) for k in range(cfg.dp_size * cfg.cp_size // cfg.ep_size)]
+                title, heading = f"EP group, stage {p}", f"Expert-parallel groups of stage {p}"
+                intro = (f"Each GPU of a group holds 1/{cfg.ep_size} of every MoE layer's experts. Per MoE layer and micro-batch a dispatch "
+                         "AllToAll sends the routed tokens to their experts' GPUs and a combine AllToAll brings the outputs back; the "
+                         f"backward pass mirrors both. Expert gradients are reduced over the {cfg.expert_dp_size} GPUs holding the same "
+                         "experts (expert-data-parallel group). Counts are per micro-batch; times per call.")
+            groups = [_row(label=label, ranks=rank_ranges(r), nodes=rank_ranges(facts.nodes_of(r)), link=a.cluster.link_for_group(r).name)
+                      for label, r in all_groups[:64]]
+            pages.append(
+                Page(key=f"gpu_comm_{key}_{p}", title=title, section="GPU communication", template="gpu_comm.md.j2",
+                     crumbs=[home, r0, stage_crumb(p), Crumb(title.split(",")[0], None)], drawing=drawn.get(f"gpu_comm_{key}_{p}"),
+                     context=dict(kind=key, heading=heading, intro=intro, comms=_comm_rows(facts, comms, per_micro_batch=True),
+                                  per_micro_batch=True, groups_title=f"{title.split(',')[0]}s of this stage"
+                                  + (f" (first 64 of {len(all_groups)})" if len(all_groups) > 64 else ""),
+                                  pairs=[], groups=groups, legend=legend, back=Crumb(f"Stage {p}", f"stage_{p}_data_0")))
+            )
         if facts.tp > 1 and tps:
             groups = []
             for d in range(facts.dp):
