@@ -8,10 +8,17 @@
 one-line message, which ``dml2comm.cli`` prints as ``error: ...`` with exit code 2.  (This module
 prints because it *is* a command front end, called only from ``cli.py``.)
 
-Outputs of ``sweep`` (``--out DIR``): ``sweep.csv`` (every configuration, failed ones with their
-reason), ``data.json`` (schema_version 1, a ``sweep`` object).  While the sweep runs, rows are
-appended to ``DIR/sweep.partial.csv`` as they finish; at the end (or on Ctrl-C, with what
-finished) ``sweep.csv`` and ``data.json`` are published atomically and the partial file removed.
+Outputs of ``sweep`` (``--out DIR``): ``sweep.csv`` and ``sweep.parquet`` (every configuration,
+failed ones with their reason; the same columns, typed in Parquet), ``data.json`` (schema_version
+1, a ``sweep`` object) and, unless ``--no-site``, ``site/`` (the comparison page,
+:mod:`dml2comm.site.compare`).  While the sweep runs, rows are appended to
+``DIR/sweep.partial.csv`` as they finish; at the end (or on Ctrl-C, with what finished) the
+outputs are published atomically and the partial file removed.
+
+``sweep --scaling 8,16,32`` runs one sweep per GPU count (:mod:`dml2comm.search.scaling`) and
+writes ``scaling.csv``, ``sweep.csv``/``sweep.parquet`` (every configuration of every count),
+``data.json`` (a ``scaling`` object) and ``site/``.  ``compare`` writes ``compare.csv``,
+``compare.parquet``, ``data.json`` (``compare``) and ``site/``.
 """
 
 from __future__ import annotations
@@ -25,17 +32,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
-from dml2comm.export.files import publish_files
 from dml2comm.hardware.cluster import Cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
-from dml2comm.search.sweep import (CsvStream, Evaluator, SweepResult, SweepSpace, csv_text, model_shape,
-                                   run_sweep)
+from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
+                                   model_shape, run_sweep)
 
 __all__ = ["run_sweep_command", "run_compare_command", "parse_config_spec", "sweep_dict"]
 
 SWEEP_EXAMPLES = """examples:
   python main.py sweep model.onnx --gpus 64 --global-batch-size 512
+  python main.py sweep model.onnx --scaling 8,16,32,64 --global-batch-size 512          (strong scaling)
+  python main.py sweep model.onnx --scaling 8,16,...,1024 --per-gpu-batch 4 --weak      (weak scaling)
   python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --zero 0,1,2 --workers 8
   python main.py sweep model.onnx --gpus 16 --cluster dgx-h100 --recompute none,full --no-sp --out sweep_out
 """
@@ -68,6 +76,7 @@ def _hardware_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     b.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
     p.add_argument("--out", default=".", help="output folder (default: current folder)")
+    p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
 
 
@@ -88,7 +97,44 @@ def _entry(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"index": row["index"], "config": row["config"], "iteration_time_s": row["iteration_time_s"],
             "tflops_per_gpu": row["tflops_per_gpu"], "mfu": row["mfu"], "peak_memory_bytes": row["peak_memory_bytes"],
             "fits": row["fits"], "bubble_fraction": row["bubble_fraction"],
-            "exposed_comm_time_s": row["exposed_comm_time_s"], "error": row["error"]}
+            "compute_time_s": row.get("compute_time_s"), "bubble_time_s": row.get("bubble_time_s"),
+            "exposed_comm_time_s": row["exposed_comm_time_s"], "optimizer_time_s": row.get("optimizer_time_s"),
+            "error": row["error"]}
+
+
+_INT_COLUMNS = {"index", "d", "t", "p", "micro_batch_size", "num_micro_batches", "virtual_stages", "zero_stage"}
+_BOOL_COLUMNS = {"sequence_parallel", "fits"}
+_TEXT_COLUMNS = {"schedule", "recompute", "error"}
+
+
+def parquet_bytes(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """The rows as Parquet: the columns of the CSV (:data:`CSV_COLUMNS`), typed (int64 sizes,
+    bool flags, float64 metrics, strings; missing values null)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns: dict[str, Any] = {}
+    for name in CSV_COLUMNS:
+        if name in CONFIG_COLUMNS:
+            values = [r["config"].get(name) for r in rows]
+        else:
+            values = [r.get(name) for r in rows]
+        if name in _INT_COLUMNS:
+            kind = pa.int64()
+        elif name in _BOOL_COLUMNS:
+            kind = pa.bool_()
+        elif name in _TEXT_COLUMNS:
+            kind = pa.string()
+            values = [None if v is None else str(v) for v in values]
+        else:
+            kind = pa.float64()
+        try:
+            columns[name] = pa.array(values, type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column this writer does not know the type of
+            columns[name] = pa.array([None if v is None else str(v) for v in values], type=pa.string())
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), sink)
+    return sink.getvalue().to_pybytes()
 
 
 def sweep_dict(result: SweepResult, top: int = 10) -> dict[str, Any]:
@@ -141,7 +187,15 @@ def sweep_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python main.py sweep", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EXAMPLES,
                 description="Evaluate every valid configuration for a GPU count; rank the fitting ones by iteration time.")
     p.add_argument("model", help="the ONNX model")
-    p.add_argument("--gpus", type=_positive, required=True, help="GPU count (d*t*p)")
+    p.add_argument("--gpus", type=_positive, help="GPU count (d*t*p); or --scaling")
+    s = p.add_argument_group("scaling study (instead of --gpus)")
+    s.add_argument("--scaling", metavar="N1,N2,...", help="GPU counts, e.g. 8,16,32,64 or 8,16,...,1024: one sweep each, "
+                                                         "the best of each compared (strong scaling: fixed --global-batch-size)")
+    s.add_argument("--weak", action="store_true", help="weak scaling: fixed batch per GPU (global batch = per-GPU batch x GPUs)")
+    s.add_argument("--per-gpu-batch", type=_positive, help="weak scaling: samples per GPU per iteration (default: "
+                                                          "--global-batch-size / the first count, else 1)")
+    s.add_argument("--efficiency-threshold", type=float, default=0.8,
+                   help="parallel efficiency below which scaling breaks down (default 0.8)")
     c = p.add_argument_group("constraints (comma-separated lists)")
     for flag in ("--d", "--t", "--p"):
         c.add_argument(flag, help=f"allowed {flag[2:]} sizes, e.g. {flag} 1,2,4 (default: every divisor of --gpus)")
@@ -193,6 +247,14 @@ def _zero_list(text: str) -> tuple[int, ...]:
 def run_sweep_command(argv: Sequence[str]) -> int:
     args = sweep_parser().parse_args(argv)
     constraints = _constraints(args)
+    if args.scaling is not None:
+        if args.gpus is not None:
+            raise ConfigError("give --gpus N (one sweep) or --scaling N1,N2,... (a scaling study), not both")
+        return _run_scaling_command(args, constraints)
+    if args.weak or args.per_gpu_batch is not None:
+        raise ConfigError("--weak and --per-gpu-batch belong to a scaling study; add --scaling N1,N2,...")
+    if args.gpus is None:
+        raise ConfigError("sweep needs --gpus N (or --scaling N1,N2,... for a scaling study)")
     space = SweepSpace(global_batch_size=args.global_batch_size or args.gpus, seq_len=args.seq_len, constraints=constraints)
     constraints.check(args.gpus)  # bad constraints fail before the model is read
     out = Path(args.out)
@@ -229,15 +291,90 @@ def run_sweep_command(argv: Sequence[str]) -> int:
             progress.stop()
         if stream is not None:
             stream.close()
-    data = {"schema_version": 1, "model": result.model, "cluster": _cluster_dict(builder(args.gpus)),
+    cluster = builder(args.gpus)
+    data = {"schema_version": 1, "model": result.model, "cluster": _cluster_dict(cluster),
             "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top)}
-    publish_files(out, {"sweep.csv": csv_text(result.rows), "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"})
+    files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
+                                     "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
+    site = _publish(out, files, None if args.no_site else dict(
+        kind="sweep", rows=result.rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster),
+        model=result.model, cluster=data["cluster"], space=_space_view(data["space"]), sweep=data["sweep"], top=args.top))
     partial.unlink(missing_ok=True)
     if args.json:
         print(json.dumps(data["sweep"], sort_keys=True))
     else:
-        _print_sweep(result, data["sweep"], out, args.top)
+        _print_sweep(result, data["sweep"], out, args.top, site)
     return 130 if result.interrupted else 0
+
+
+def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> int:
+    """``sweep --scaling``: one sweep per GPU count, then the scaling table, files and page."""
+    from dml2comm.search.scaling import parse_gpu_counts, plan_scaling, run_scaling, scaling_csv
+
+    counts = parse_gpu_counts(args.scaling)
+    plan = plan_scaling(counts, args.weak, args.global_batch_size, args.per_gpu_batch, args.efficiency_threshold)
+    dataclasses.replace(constraints, d=None, t=None, p=None).check(counts[0])  # bad constraints fail before the model is read
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node)
+    for n in counts:
+        builder(n)  # an unknown --gpu / --cluster, or a count the cluster cannot hold, fails here
+    space = SweepSpace(global_batch_size=plan.batch_for(counts[0]), seq_len=args.seq_len, constraints=constraints)
+    console = None if args.json else _console()
+
+    def on_count(n: int, result: SweepResult | None) -> None:
+        if console is not None:
+            what = f"{result.num_configs} configurations in {result.seconds:.1f} s" if result else "no valid configuration"
+            console.print(f"  {n} GPUs (global batch {plan.batch_for(n)}): {what}", highlight=False)
+
+    study = run_scaling(args.model, plan, builder, space, workers=args.workers, limit=args.limit, on_count=on_count)
+    points = study.summary["points"]
+    for p in points:
+        if p.get("best"):
+            p["best"] = _entry(p["best"])
+    first = next(iter(study.sweeps.values()))
+    scaling = dict(plan.to_dict(), **study.summary, interrupted=study.interrupted)
+    base = builder(counts[0])
+    data = {"schema_version": 1, "model": first.model, "cluster": _cluster_dict(base),
+            "space": dict(_space_dict(space, counts[0]), num_gpus=list(counts), global_batch_size=plan.to_dict()["global_batch_sizes"]),
+            "scaling": scaling}
+    rows = [r for n in counts if n in study.sweeps for r in study.sweeps[n].rows]
+    files: dict[str, str | bytes] = {"scaling.csv": scaling_csv(points), "sweep.csv": csv_text(rows), "sweep.parquet": parquet_bytes(rows),
+                                     "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
+    cluster_view = dict(_cluster_dict(builder(counts[-1])), num_gpus=f"{counts[0]}–{counts[-1]}")
+    site = _publish(out, files, None if args.no_site else dict(
+        kind="scaling", rows=rows, capacity_bytes=float(base.gpu.hbm_bytes), capacity_label=_gpu_label(base), model=first.model,
+        cluster=cluster_view, space=_space_view(data["space"]), scaling=scaling))
+    if args.json:
+        print(json.dumps(scaling, sort_keys=True))
+    else:
+        _print_scaling(scaling, out, site)
+    return 130 if study.interrupted else 0
+
+
+def _print_scaling(scaling: Mapping[str, Any], out: Path, site: Path | None) -> None:
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"{scaling['mode']} scaling (efficiency against {scaling['baseline_gpus']} GPUs)")
+    for name in ("GPUs", "global batch", "best configuration", "iteration", "samples/s", "tokens/s", "speed-up", "efficiency"):
+        table.add_column(name, justify="left" if name == "best configuration" else "right", no_wrap=True)
+    for p in scaling["points"]:
+        best = p.get("best")
+        if not best:
+            table.add_row(str(p["gpus"]), str(p["global_batch_size"]), p["status"].replace("_", " "), "", "", "", "", "")
+            continue
+        table.add_row(str(p["gpus"]), str(p["global_batch_size"]), _short(best["config"]), f"{best['iteration_time_s'] * 1e3:.2f} ms",
+                      f"{p['samples_per_s']:,.1f}", f"{p['tokens_per_s']:,.0f}" if p["tokens_per_s"] else "-",
+                      f"{p['speedup']:.2f}x of {p['ideal_speedup']:.2f}x", f"{p['efficiency']:.0%}")
+    console.print(table)
+    console.print(scaling["verdict"], highlight=False)
+    if scaling.get("interrupted"):
+        console.print("interrupted: the outputs hold the GPU counts that finished", highlight=False)
+    console.print(f"wrote {out / 'scaling.csv'}, {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}", highlight=False)
+    if site is not None:
+        console.print(f"comparison page: {site}", highlight=False)
 
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
@@ -252,13 +389,36 @@ def _space_dict(space: SweepSpace, num_gpus: int) -> dict[str, Any]:
             "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "allow_cross_node_tp": c.allow_cross_node_tp}
 
 
+def _gpu_label(cluster: Cluster) -> str:
+    return f"{cluster.gpu.name}, {cluster.gpu.hbm_bytes / 1e9:g} GB"
+
+
+def _space_view(space: Mapping[str, Any]) -> dict[str, Any]:
+    """The constraints worth showing on the page (the defaults of d/t/p left out)."""
+    return {k: v for k, v in space.items() if v is not None and k not in ("seq_len",)}
+
+
+def _publish(out: Path, files: Mapping[str, str | bytes], page: Mapping[str, Any] | None) -> Path | None:
+    """Write ``files`` and (``page``: the keyword arguments of
+    :func:`dml2comm.site.compare.comparison_page`) the comparison site into ``out`` atomically."""
+    from dml2comm.site.compare import build_and_publish_comparison, comparison_page
+
+    if page is None:
+        build_and_publish_comparison(out, files)
+        return None
+    kwargs = dict(page)
+    ctx, charts = comparison_page(kwargs.pop("kind"), kwargs.pop("rows"), downloads=list(files), **kwargs)
+    build_and_publish_comparison(out, files, ctx, charts)
+    return out / "site" / "index.html"
+
+
 def _console():
     from rich.console import Console
 
     return Console(width=None if sys.stdout.isatty() else 160)  # files and pipes get the whole table
 
 
-def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int) -> None:
+def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int, site: Path | None = None) -> None:
     console = _console()
     console.print(_table(f"top {top} (fitting configurations, fastest first)", result.top(top)))
     front = result.pareto()
@@ -273,7 +433,9 @@ def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: 
         console.print(f"  failed ({count}): {reason}", highlight=False)
     if result.interrupted:
         console.print("interrupted: the outputs hold the configurations that finished", highlight=False)
-    console.print(f"wrote {out / 'sweep.csv'} and {out / 'data.json'}", highlight=False)
+    console.print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}", highlight=False)
+    if site is not None:
+        console.print(f"comparison page: {site}", highlight=False)
 
 
 # ---- compare
@@ -341,12 +503,22 @@ def run_compare_command(argv: Sequence[str]) -> int:
         row["spec"] = spec
         rows.append(row)
     entries = [dict(_entry(r), spec=r["spec"]) for r in rows]
+    cluster = builder(max(c.num_gpus for c in configs))
     data = {"schema_version": 1, "model": {"path": str(args.model)}, "compare": entries}
-    publish_files(Path(args.out), {"compare.csv": csv_text(rows), "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"})
+    out = Path(args.out)
+    files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
+                                     "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
+    model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
+    site = _publish(out, files, None if args.no_site else dict(
+        kind="compare", rows=rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
+        cluster={"name": cluster.name, "gpu": cluster.gpu.name, "gpus_per_node": cluster.gpus_per_node,
+                 "num_gpus": "/".join(str(n) for n in sorted({c.num_gpus for c in configs}))}))
     if args.json:
         print(json.dumps(entries, sort_keys=True))
         return 0
     console = _console()
     console.print(_table("configurations side by side", rows))
-    console.print(f"wrote {Path(args.out) / 'compare.csv'} and {Path(args.out) / 'data.json'}", highlight=False)
+    console.print(f"wrote {out / 'compare.csv'}, {out / 'compare.parquet'} and {out / 'data.json'}", highlight=False)
+    if site is not None:
+        console.print(f"comparison page: {site}", highlight=False)
     return 0

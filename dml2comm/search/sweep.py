@@ -1,9 +1,12 @@
 """Evaluate many configurations of one model: ``run_sweep`` and its ranking.
 
-Every configuration is analysed with :func:`dml2comm.analysis.analyze_graph` (``advise=False``),
-exactly as the single-configuration command does, so a sweep's number for a configuration is
-the number ``python main.py MODEL --d .. --t .. --p ..`` reports.  The model is imported once
-per micro-batch size (the batch axis is bound at import) in each process.
+Configurations are evaluated by the fast path (:mod:`dml2comm.search.fast`: the analysis's
+numbers from per-layer parts shared across configurations, simulated in batches) where it
+applies, else by :func:`dml2comm.analysis.analyze_graph` (``advise=False``) as the
+single-configuration command does; either way a sweep's number for a configuration is the number
+``python main.py MODEL --d .. --t .. --p ..`` reports (the tests hold the two paths together).
+The model is imported once per micro-batch size (the batch axis is bound at import) in each
+process.  Work goes out in chunks of configurations that share a schedule.
 
 Workers (``workers > 1``) are forked processes (``concurrent.futures.ProcessPoolExecutor`` with
 the ``fork`` start method): each receives configuration dicts and returns plain result dicts
@@ -35,7 +38,7 @@ __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape",
 
 #: Metrics recorded per configuration (besides its config dict).
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fits", "bubble_fraction",
-           "exposed_comm_time_s")
+           "exposed_comm_time_s", "compute_time_s", "bubble_time_s", "optimizer_time_s")
 #: Configuration fields shown in tables and the CSV.
 CONFIG_COLUMNS = ("d", "t", "p", "micro_batch_size", "num_micro_batches", "schedule", "virtual_stages", "zero_stage",
                   "recompute", "sequence_parallel")
@@ -92,6 +95,7 @@ class Evaluator:
         self.seq_len = seq_len
         self._imports: dict[int, ImportResult] = {}
         self._clusters: dict[int, Cluster] = {}
+        self._fast: dict[int, Any] = {}
 
     def imported(self, micro_batch: int) -> ImportResult:
         if micro_batch not in self._imports:
@@ -110,6 +114,46 @@ class Evaluator:
 
         return analyze_graph(self.imported(config.micro_batch_size), config, self.cluster(config.num_gpus),
                              self.model_path, advise=False, timeline=False)
+
+    def evaluate_many(self, configs: Sequence[ParallelConfig], fast: bool = True) -> list[dict[str, Any]]:
+        """Result rows for ``configs`` (one micro-batch size or several): the fast path
+        (:mod:`dml2comm.search.fast`) for what it covers, the full analysis for the rest."""
+        from dml2comm.search.fast import FastEvaluator, supports
+
+        rows: list[dict[str, Any] | None] = [None] * len(configs)
+        by_batch: dict[int, list[int]] = {}
+        for i, config in enumerate(configs):
+            if fast and supports(config):
+                by_batch.setdefault(config.micro_batch_size, []).append(i)
+            else:
+                rows[i] = self.evaluate(config)
+        for b, indices in by_batch.items():
+            try:
+                fe = self._fast.get(b) or self._fast.setdefault(b, FastEvaluator(self.imported(b), self.cluster(configs[indices[0]].num_gpus)))
+            except Dml2CommError as exc:  # the model cannot be bound to this micro-batch
+                for i in indices:
+                    rows[i] = self._failed(configs[i], exc)
+                continue
+            for i, summary in zip(indices, fe.evaluate([configs[i] for i in indices])):
+                rows[i] = self._row(configs[i], summary)
+        return rows  # type: ignore[return-value]
+
+    @staticmethod
+    def _failed(config: ParallelConfig, exc: Exception) -> dict[str, Any]:
+        row: dict[str, Any] = {"config": config.to_dict(), **{k: None for k in METRICS}}
+        row["error"] = " ".join(str(exc).split())
+        row["fits"] = False
+        return row
+
+    @staticmethod
+    def _row(config: ParallelConfig, summary: Mapping[str, Any]) -> dict[str, Any]:
+        row: dict[str, Any] = {"config": config.to_dict(), "error": summary.get("error"), **{k: None for k in METRICS}}
+        if row["error"] is not None:
+            row["fits"] = False
+            return row
+        row.update({k: summary[k] for k in METRICS})
+        row["fits"] = bool(row["fits"])
+        return row
 
     def evaluate(self, config: ParallelConfig) -> dict[str, Any]:
         """One result row: ``config`` (its dict), the metrics, and ``error`` (None, or why it failed)."""
@@ -131,6 +175,9 @@ class Evaluator:
             fits=bool(s["fits_in_memory"]),
             bubble_fraction=s["bubble_fraction"],
             exposed_comm_time_s=s["exposed_comm_time_s"],
+            compute_time_s=s["compute_time_s"],
+            bubble_time_s=s["bubble_time_s"],
+            optimizer_time_s=s["optimizer_time_s"],
         )
         return row
 
@@ -200,13 +247,27 @@ def _init_worker(evaluator: Evaluator) -> None:
     _WORKER = evaluator
 
 
-def _work(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
-    index, config = item
+def _work(item: tuple[list[int], list[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    indices, configs, fast = item
     if _WORKER is None:  # pragma: no cover - _init_worker always runs first
         raise RuntimeError("sweep worker used before its initializer ran")
-    row = _WORKER.evaluate(config_from_dict(config))
-    row["index"] = index
-    return row
+    rows = _WORKER.evaluate_many([config_from_dict(c) for c in configs], fast)
+    for index, row in zip(indices, rows):
+        row["index"] = index
+    return rows
+
+
+#: Configurations per unit of work: large enough that those sharing a schedule are simulated
+#: together, small enough that results stream and Ctrl-C loses little.
+CHUNK = 64
+
+
+def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:
+    """Indices in chunks of configurations that share micro-batch size and schedule shape."""
+    order = sorted(range(len(configs)), key=lambda i: (configs[i].micro_batch_size, configs[i].pp_size,
+                                                       configs[i].num_micro_batches, configs[i].schedule,
+                                                       configs[i].virtual_stages, configs[i].tp_size, i))
+    return [order[k:k + CHUNK] for k in range(0, len(order), CHUNK)]
 
 
 def run_sweep(
@@ -217,6 +278,7 @@ def run_sweep(
     workers: int = 1,
     on_result: Callable[[dict[str, Any], int, int], None] | None = None,
     limit: int | None = None,
+    fast: bool = True,
 ) -> SweepResult:
     """Evaluate every configuration of ``space`` on ``num_gpus`` GPUs.
 
@@ -232,6 +294,9 @@ def run_sweep(
         not the enumeration order); raising ``KeyboardInterrupt`` stops the sweep.
     limit
         Evaluate only the first ``limit`` configurations of the enumeration (benchmarks).
+    fast
+        Use the fast path (:mod:`dml2comm.search.fast`, same numbers) where it applies;
+        ``False`` runs the full analysis for every configuration.
 
     Returns
     -------
@@ -269,12 +334,13 @@ def run_sweep(
         if on_result is not None:
             on_result(row, len(rows), total)
 
+    chunks = _chunks(configs)
     if workers <= 1:
         try:
-            for index, config in enumerate(configs):
-                row = evaluator.evaluate(config)
-                row["index"] = index
-                record(row)
+            for chunk in chunks:
+                for index, row in zip(chunk, evaluator.evaluate_many([configs[i] for i in chunk], fast)):
+                    row["index"] = index
+                    record(row)
         except KeyboardInterrupt:
             interrupted = True
     else:
@@ -282,9 +348,10 @@ def run_sweep(
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                                       initargs=(evaluator,))
         try:
-            futures = [pool.submit(_work, (i, c.to_dict())) for i, c in enumerate(configs)]
+            futures = [pool.submit(_work, (chunk, [configs[i].to_dict() for i in chunk], fast)) for chunk in chunks]
             for future in cf.as_completed(futures):
-                record(future.result())
+                for row in future.result():
+                    record(row)
         except KeyboardInterrupt:
             interrupted = True
         finally:

@@ -1,0 +1,260 @@
+"""The comparison site of ``sweep``, ``sweep --scaling`` and ``compare``: one MkDocs page.
+
+    DIR/site/index.html     the comparison page (tables, "why the best wins", SVG charts)
+    DIR/site/charts/*.svg   the charts as files
+    DIR/site/*.csv, *.json  the downloads (copies of what DIR holds)
+
+:func:`comparison_page` turns result rows (the dicts of :mod:`dml2comm.search.sweep`) into a
+plain context; ``templates/compare.md.j2`` renders it (autoescape on: configuration and model
+text is escaped); :func:`build_comparison` runs MkDocs (the site's ``mkdocs.yml``, offline, no
+network) into ``dest/site``; :func:`build_and_publish_comparison` builds beside ``out`` and
+moves the files and ``site/`` into place together (nothing in ``out`` changes on failure).
+The charts skip MkDocs (a slot in the Markdown is replaced in the built HTML), as in
+:mod:`dml2comm.site.build`.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from jinja2 import TemplateError
+from markupsafe import Markup
+
+from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.render.sweep_charts import (BreakdownBar, EfficiencyPoint, MemoryItem, ParetoPoint, breakdown_chart,
+                                          efficiency_chart, memory_bars_chart, pareto_chart)
+from dml2comm.search.explain import BREAKDOWN, breakdown, config_text, why_best
+from dml2comm.search.sweep import pareto_front
+from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, _mkdocs_build, _slot, environment, inline_svg, publish
+
+__all__ = ["comparison_page", "build_comparison", "build_and_publish_comparison", "BARS_MAX"]
+
+#: Configurations drawn in the breakdown and memory charts of a sweep.
+BARS_MAX = 15
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _num(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _table_row(rank: Any, r: Mapping[str, Any], capacity: float | None) -> dict[str, Any]:
+    c = r["config"]
+    parts = breakdown(r) if r.get("error") is None else {}
+    return {
+        "rank": rank, "config": config_text(c), "m": c.get("num_micro_batches"), "schedule": c.get("schedule"),
+        "error": r.get("error") or "",
+        "time": fmt_s(r.get("iteration_time_s")),
+        **{k: fmt_s(parts.get(k)) if parts else "-" for k, _ in BREAKDOWN},
+        "tflops": _num(r.get("tflops_per_gpu")), "mfu": _pct(r.get("mfu")),
+        "memory": fmt_bytes(r.get("peak_memory_bytes")), "fits": bool(r.get("fits")),
+        "headroom": fmt_bytes(capacity - r["peak_memory_bytes"]) if capacity and r.get("peak_memory_bytes") is not None else "-",
+        "bubble": _pct(r.get("bubble_fraction")), "spec": r.get("spec") or "",
+    }
+
+
+def _bars(labelled: Sequence[tuple[str, Mapping[str, Any], bool]]) -> tuple[list[BreakdownBar], list[MemoryItem]]:
+    bars, mems = [], []
+    for label, r, best in labelled:
+        tip = f"{label}\n{config_text(r['config'])}, {r['config'].get('num_micro_batches')} micro-batches"
+        bars.append(BreakdownBar(label, breakdown(r), r["iteration_time_s"], best=best, over=not r.get("fits"), tip=tip))
+        mems.append(MemoryItem(label, r["peak_memory_bytes"], best=best, tip=tip))
+    return bars, mems
+
+
+def _pareto_points(rows: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | None) -> list[ParetoPoint]:
+    evaluated = [r for r in rows if r.get("error") is None and r.get("iteration_time_s")]
+    front = {r["index"] for r in pareto_front(evaluated)}
+    best_index = best["index"] if best else None
+    return [ParetoPoint(r["peak_memory_bytes"], r["iteration_time_s"], bool(r["fits"]), r["index"] in front, r["index"] == best_index,
+                        f"{config_text(r['config'])}\n{fmt_s(r['iteration_time_s'])}, {fmt_bytes(r['peak_memory_bytes'])} per GPU"
+                        + ("" if r["fits"] else " (does not fit)") + (" · on the Pareto front" if r["index"] in front else ""))
+            for r in evaluated]
+
+
+def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_bytes: float | None, capacity_label: str = "",
+                    model: Mapping[str, Any] | None = None, cluster: Mapping[str, Any] | None = None,
+                    space: Mapping[str, Any] | None = None, sweep: Mapping[str, Any] | None = None,
+                    scaling: Mapping[str, Any] | None = None, downloads: Sequence[str] = (), top: int = 10) -> tuple[dict[str, Any], dict[str, str]]:
+    """(template context, charts {name: svg}) of the page.  ``kind``: ``sweep``, ``compare`` or ``scaling``."""
+    model = {"name": None, "path": None, "num_layers": None, "params": None, "seq_len": None, **(model or {})}
+    cluster = {"name": None, "gpu": None, "num_gpus": None, "gpus_per_node": None, **(cluster or {})}
+    ctx: dict[str, Any] = {"kind": kind, "model": model, "cluster": cluster, "downloads": list(downloads),
+                           "capacity": fmt_bytes(capacity_bytes) if capacity_bytes else "-", "labels": [l for _, l in BREAKDOWN]}
+    charts: dict[str, str] = {}
+    evaluated = [r for r in rows if r.get("error") is None and r.get("iteration_time_s")]
+    ranked = sorted((r for r in evaluated if r.get("fits")), key=lambda r: (r["iteration_time_s"], r["index"]))
+    best = ranked[0] if ranked else None
+    ctx["why"] = why_best(rows, capacity_bytes)
+    ctx["space"] = [(k, ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
+                    for k, v in (space or {}).items() if v is not None]
+    if kind == "scaling":
+        assert scaling is not None
+        points = scaling["points"]
+        ctx["verdict"] = scaling["verdict"]
+        ctx["mode"] = scaling["mode"]
+        ctx["threshold"] = f"{scaling['threshold']:.0%}"
+        ctx["baseline"] = scaling["baseline_gpus"]
+        broken = (scaling.get("breakdown") or {}).get("gpus")
+        ctx["points"] = [{
+            "gpus": p["gpus"], "batch": p["global_batch_size"], "status": p["status"],
+            "config": config_text(p["best"]["config"]) if p.get("best") else "-",
+            "m": p["best"]["config"].get("num_micro_batches") if p.get("best") else "-",
+            "time": fmt_s(p["best"]["iteration_time_s"]) if p.get("best") else "-",
+            "samples": _num(p.get("samples_per_s"), "{:,.1f}"), "tokens": _num(p.get("tokens_per_s"), "{:,.0f}"),
+            "speedup": _num(p.get("speedup"), "{:.2f}×"), "ideal": _num(p.get("ideal_speedup"), "{:.2f}×"),
+            "efficiency": _pct(p.get("efficiency")), "below": p.get("efficiency") is not None and p["efficiency"] < scaling["threshold"],
+            "memory": fmt_bytes(p["best"]["peak_memory_bytes"]) if p.get("best") else "-",
+            "broken": p["gpus"] == broken, "note": p.get("reason") or p.get("limit") or "",
+        } for p in points]
+        eff = [EfficiencyPoint(p["gpus"], p.get("efficiency"), p.get("speedup"), p["gpus"] == broken,
+                               f"{p['gpus']} GPUs, global batch {p['global_batch_size']}\n"
+                               + (f"best {config_text(p['best']['config'])}: {fmt_s(p['best']['iteration_time_s'])}\n"
+                                  f"efficiency {p['efficiency']:.1%}, speed-up {p['speedup']:.2f}× of {p['ideal_speedup']:.2f}×"
+                                  if p.get("best") and p.get("efficiency") is not None else (p.get("reason") or "")))
+               for p in points]
+        charts["efficiency"] = efficiency_chart(eff, scaling["threshold"], mode=scaling["mode"])
+        labelled = [(f"{p['gpus']} GPU{'' if p['gpus'] == 1 else 's'}: {config_text(p['best']['config'])}", p["best"], False) for p in points if p.get("best")]
+        bars, mems = _bars(labelled)
+        if bars:
+            charts["breakdown"] = breakdown_chart(bars, "Iteration time by part, best configuration per GPU count")
+            charts["memory"] = memory_bars_chart(mems, capacity_bytes or max(m.peak_bytes for m in mems), capacity_label,
+                                                 "Peak memory per GPU, best configuration per GPU count")
+        return ctx, charts
+    # sweep / compare
+    if kind == "sweep":
+        shown: list[tuple[str, Mapping[str, Any], bool]] = [(f"#{i} {config_text(r['config'])}", r, i == 1)
+                                                            for i, r in enumerate(ranked[:BARS_MAX], 1)]
+        if len(ranked) > BARS_MAX:
+            med = ranked[(len(ranked) - 1) // 2]
+            shown.append((f"median #{(len(ranked) - 1) // 2 + 1} {config_text(med['config'])}", med, False))
+        faster = [r for r in evaluated if not r.get("fits") and best and r["iteration_time_s"] < best["iteration_time_s"]]
+        if faster:
+            f = min(faster, key=lambda r: r["iteration_time_s"])
+            shown.append((f"fastest overall {config_text(f['config'])}", f, False))
+        ctx["top"] = [_table_row(i, r, capacity_bytes) for i, r in enumerate(ranked[:top], 1)]
+        ctx["pareto"] = [_table_row(i, r, capacity_bytes) for i, r in enumerate(pareto_front(evaluated), 1)]
+        s = sweep or {}
+        ctx["counts"] = [("configurations", s.get("num_configs")), ("evaluated", s.get("num_evaluated")),
+                         ("failed", s.get("num_failed")), ("fit in memory", s.get("num_fit")),
+                         ("seconds", f"{s['seconds']:.1f}" if s.get("seconds") is not None else "-"),
+                         ("interrupted", "yes" if s.get("interrupted") else "no")]
+        ctx["failures"] = list((s.get("failure_reasons") or {}).items())
+    else:
+        shown = [(f"{r.get('spec') or config_text(r['config'])}", r, best is not None and r["index"] == best["index"]) for r in evaluated]
+        ctx["all"] = [_table_row(i + 1, r, capacity_bytes) for i, r in enumerate(rows)]
+        ctx["side"] = _side_by_side(rows, best, capacity_bytes)
+    ctx["best"] = _table_row(1, best, capacity_bytes) if best else None
+    if best:
+        ctx["cards"] = [("best configuration", config_text(best["config"]), f"{best['config'].get('num_micro_batches')} micro-batches, "
+                         f"{best['config'].get('schedule')}"),
+                        ("iteration time", fmt_s(best["iteration_time_s"]), "of the best that fits"),
+                        ("TFLOP/s per GPU", _num(best.get("tflops_per_gpu")), f"MFU {_pct(best.get('mfu'))}"),
+                        ("peak memory per GPU", fmt_bytes(best["peak_memory_bytes"]), f"of {ctx['capacity']}")]
+    else:
+        ctx["cards"] = []
+    bars, mems = _bars(shown)
+    if bars:
+        charts["breakdown"] = breakdown_chart(bars)
+        charts["memory"] = memory_bars_chart(mems, capacity_bytes or max(m.peak_bytes for m in mems), capacity_label)
+    if evaluated:
+        charts["pareto"] = pareto_chart(_pareto_points(rows, best), capacity_bytes)
+    return ctx, charts
+
+
+def _side_by_side(rows: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | None, capacity: float | None) -> dict[str, Any]:
+    """The config comparison: one column per configuration, one row per quantity."""
+    heads = [r.get("spec") or config_text(r["config"]) for r in rows]
+    cells = [_table_row(i + 1, r, capacity) for i, r in enumerate(rows)]
+    keys = [("d (data parallel)", lambda r, c: r["config"]["d"]), ("t (tensor parallel)", lambda r, c: r["config"]["t"]),
+            ("p (pipeline stages)", lambda r, c: r["config"]["p"]), ("micro-batch b", lambda r, c: r["config"]["micro_batch_size"]),
+            ("micro-batches m", lambda r, c: r["config"]["num_micro_batches"]), ("schedule", lambda r, c: r["config"]["schedule"]),
+            ("virtual stages v", lambda r, c: r["config"]["virtual_stages"]), ("ZeRO stage", lambda r, c: r["config"]["zero_stage"]),
+            ("recomputation", lambda r, c: r["config"]["recompute"]),
+            ("sequence parallel", lambda r, c: "on" if r["config"]["sequence_parallel"] else "off"),
+            ("iteration time", lambda r, c: c["time"])]
+    keys += [(label, (lambda k: lambda r, c: c[k])(k)) for k, label in BREAKDOWN]
+    keys += [("bubble fraction", lambda r, c: c["bubble"]), ("TFLOP/s per GPU", lambda r, c: c["tflops"]),
+             ("MFU", lambda r, c: c["mfu"]), ("peak memory per GPU", lambda r, c: c["memory"]),
+             ("headroom", lambda r, c: c["headroom"]), ("fits", lambda r, c: "yes" if c["fits"] else "NO")]
+    best_col = next((i for i, r in enumerate(rows) if best is not None and r["index"] == best["index"]), None)
+    return {"heads": heads, "best": best_col, "fits": [c["fits"] for c in cells],
+            "rows": [(label, [str(fn(r, c)) for r, c in zip(rows, cells)]) for label, fn in keys]}
+
+
+def _site_name(model: Mapping[str, Any], kind: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9 ._-]+", "", str(model.get("name") or ""))[:60].strip()
+    return f"dml2comm {kind}: {name}" if name else f"dml2comm {kind}"
+
+
+_TITLES = {"sweep": "Sweep", "compare": "Compare", "scaling": "Scaling study"}
+
+
+def build_comparison(dest: Path, ctx: Mapping[str, Any], charts: Mapping[str, str], downloads: Mapping[str, str | bytes] = {},
+                     templates: Path = TEMPLATES, mkdocs_yml: Path = MKDOCS_YML) -> None:
+    """Write ``dest/site`` (and the work folder ``dest/.docs``, removed at the end)."""
+    docs = dest / ".docs"
+    (docs / "charts").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(templates / "assets", docs / "assets")
+    for name, svg in charts.items():
+        (docs / "charts" / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + svg, encoding="utf-8")
+    for name, content in downloads.items():
+        target = docs / name
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content, encoding="utf-8")
+    context = dict(ctx, title=_TITLES[ctx["kind"]], charts={name: Markup(_slot(name)) for name in charts})
+    try:
+        text = environment(templates).get_template("compare.md.j2").render(**context)
+    except TemplateError as exc:
+        raise SiteError(f"template compare.md.j2 failed: {exc}") from exc
+    (docs / "index.md").write_text(text, encoding="utf-8")
+    try:
+        base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SiteError(f"cannot read the site configuration {mkdocs_yml}: {exc}") from exc
+    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()),
+                 "site_name": _site_name(ctx.get("model") or {}, ctx["kind"]), "nav": [{_TITLES[ctx["kind"]]: "index.md"}]})
+    config_path = (dest / ".mkdocs.yml").resolve()
+    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    _mkdocs_build(config_path)
+    page = dest / "site" / "index.html"
+    html = page.read_text(encoding="utf-8")
+    for name, svg in charts.items():
+        if html.count(_slot(name)) != 1:
+            raise SiteError(f"the built comparison page lost the place of its chart {name}")
+        html = html.replace(_slot(name), str(inline_svg(svg, set())))
+    page.write_text(html, encoding="utf-8")
+    shutil.rmtree(docs, ignore_errors=True)
+    config_path.unlink(missing_ok=True)
+
+
+def build_and_publish_comparison(out: Path, files: Mapping[str, str | bytes], ctx: Mapping[str, Any] | None = None,
+                                 charts: Mapping[str, str] = {}) -> None:
+    """Write ``files`` (and, with ``ctx``, the site built from it, carrying copies of the files
+    as downloads) into ``out`` atomically: staged in a temporary folder inside ``out``, then
+    moved into place; nothing in ``out`` changes when the build fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
+    try:
+        names = list(files)
+        if ctx is not None:
+            build_comparison(staging, ctx, charts, files)
+            names.append("site")
+        for name, content in files.items():
+            if isinstance(content, bytes):
+                (staging / name).write_bytes(content)
+            else:
+                (staging / name).write_text(content, encoding="utf-8")
+        publish(staging, out, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
