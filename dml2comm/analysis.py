@@ -223,13 +223,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # ---- layers and their costs
     layer_params: list[int] = []
     layer_params_local: list[float] = []
-    weight_layer: dict[str, int] = {}
-    for layer in layered.layers:
-        for i in layer.op_indices:
-            for name in graph.ops[i].inputs:
-                t = graph.tensors.get(name) if name else None
-                if t is not None and t.is_weight and name not in weight_layer:
-                    weight_layer[name] = layer.index
+    weight_layer = weight_layers(graph, layered)
     # weights reached through a view (tied LM head via Transpose) belong to their first user;
     # a stored copy of a tied weight (--tie-embeddings) is no parameter of its own
     own = {w: li for w, li in weight_layer.items() if graph.tensors[w].tied_to is None}
@@ -742,6 +736,18 @@ def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
         if t is not None:
             return t.shape
     return ()
+
+
+def weight_layers(graph: OpGraph, layered: LayeredGraph) -> dict[str, int]:
+    """Weight name -> index of the first layer that reads it."""
+    out: dict[str, int] = {}
+    for layer in layered.layers:
+        for i in layer.op_indices:
+            for name in graph.ops[i].inputs:
+                t = graph.tensors.get(name) if name else None
+                if t is not None and t.is_weight and name not in out:
+                    out[name] = layer.index
+    return out
 
 
 def _infer_seq_len(graph: OpGraph) -> int | None:

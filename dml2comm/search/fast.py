@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml2comm.analysis import (PCIE4_X16_BYTES_PER_S, _is_attention_core, _memo, _op_costs)
+from dml2comm.analysis import (PCIE4_X16_BYTES_PER_S, _infer_seq_len, _is_attention_core, _memo, _op_costs,
+                                weight_layers)
 from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model_state_bytes, stage_memory_dict
 from dml2comm.errors import ConfigError
@@ -146,18 +147,12 @@ class FastEvaluator:
             graph, ("costs", config.tp_size, config.sequence_parallel, config.dtype, gpu.name, peak, hbm, False),
             lambda: _op_costs(graph, tp, config.train_dtype, gpu, peak, hbm, False))
         n = len(layered.layers)
-        seq_len = config.seq_len or _seq_len(graph)
+        seq_len = config.seq_len or _infer_seq_len(graph)
         fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
         bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
         core = self._core(seq_len)
         selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
-        weight_layer: dict[str, int] = {}
-        for layer in layered.layers:
-            for i in layer.op_indices:
-                for name in graph.ops[i].inputs:
-                    t = graph.tensors.get(name) if name else None
-                    if t is not None and t.is_weight and name not in weight_layer:
-                        weight_layer[name] = layer.index
+        weight_layer = weight_layers(graph, layered)
         own = {w: li for w, li in weight_layer.items() if graph.tensors[w].tied_to is None}
         params = np.zeros(n)
         params_local = np.zeros(n)
@@ -272,7 +267,7 @@ class FastEvaluator:
         key = ("fast-act", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, shape)
 
         def build() -> float:
-            seq_len = config.seq_len or _seq_len(self.graph)
+            seq_len = config.seq_len or _infer_seq_len(self.graph)
             core_flags = self._core(seq_len)
             op_idx = [i for li in range(first, last) for i in self.layered.layers[li].op_indices]
             core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute == "selective" else frozenset()
@@ -458,11 +453,3 @@ def _simulate_group(schedule: str, p: int, m: int, v: int, preps: list[_Prepared
             "fits": pr.peak_memory <= float(cluster.gpu.hbm_bytes),
         })
     return out
-
-
-def _seq_len(graph: OpGraph) -> int | None:
-    for name in graph.inputs:
-        t = graph.tensors[name]
-        if not t.dtype.is_float and t.rank == 2:
-            return t.shape[1]
-    return None
