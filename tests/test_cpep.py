@@ -212,15 +212,54 @@ def test_expert_weights_and_states_sharded_by_e(moe):
     assert z1.stages[0].memory["optimizer_bytes"] == pytest.approx(12 * (dense / 8 + expert / 2 / 4))
 
 
-def test_ep_on_the_real_mixtral_export():
-    path = FIXTURES / "mixtral_tiny_legacy.onnx"
+# Tiny Mixtral fixtures: 2 layers, each with gate_up_proj [4, 256, 64] and down_proj [4, 64, 128]
+MIXTRAL_PARAMS = 350_016  # torch's parameter count (tests/fixtures/fixtures_expected.json)
+MIXTRAL_EXPERT_PARAMS = 2 * (4 * 256 * 64 + 4 * 64 * 128)  # 196,608
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_ep_on_the_real_mixtral_export(exporter):
+    path = FIXTURES / f"mixtral_tiny_{exporter}.onnx"
     imported = load_model(path, ImportOptions(batch_size=2, seq_len=16))
+    assert imported.graph.num_params == MIXTRAL_PARAMS
     cfg = ParallelConfig(dp_size=4, ep_size=4, micro_batch_size=2, global_batch_size=8, seq_len=16)
     a = analyze_graph(imported, cfg, make_cluster("a100", 4, 4), advise=False)
     ep = [x for x in a.comms if x.dim is ParallelDim.EP]
     # 2 MoE layers x (dispatch + combine) x (forward + backward); 32 tokens x top-2 x 64 hidden x 2 bytes
     assert len(ep) == 8 and {x.message_bytes for x in ep} == {32 * 2 * 64 * 2}
     assert comm_by_dim(a)["ep"]["count"] == 8 * a.config.num_micro_batches
+    # every expert weight is found and sharded 4 ways: 350,016 - 196,608 x 3/4 = 202,560 per GPU
+    assert a.stages[0].params_per_gpu == MIXTRAL_PARAMS - MIXTRAL_EXPERT_PARAMS * 3 / 4
+    # expert gradients reduce over d/e = 1 rank (nothing to send), the other 153,408 over d = 4
+    dp = [x for x in a.comms if x.dim is ParallelDim.DP]
+    assert dp and {x.group_size for x in dp} == {4}
+    assert sum(x.message_bytes for x in dp) == (MIXTRAL_PARAMS - MIXTRAL_EXPERT_PARAMS) * 2
+
+
+def test_find_moe_follows_views_to_the_expert_weights():
+    """An expert MatMul reading a slice of a stacked [E, h, f] weight taken outside the experts
+    scope still owns that weight; E and top-k come from the router's TopK, h from its weight."""
+    from onnx import TensorProto, helper
+
+    from dml2comm.parallel.expert import find_moe
+    from tests.helpers import model, weight
+
+    i64 = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 32])
+    nodes = [
+        helper.make_node("MatMul", ["x", "gate.w"], ["logits"], name="/model/layers.0/mlp/gate/MatMul"),
+        helper.make_node("TopK", ["logits", "k"], ["top_v", "top_i"], name="/model/layers.0/mlp/TopK"),
+        helper.make_node("Slice", ["stacked", "s0", "s1", "ax"], ["w_s"], name="/model/layers.0/mlp/Slice"),
+        helper.make_node("Squeeze", ["w_s", "ax"], ["w"], name="/model/layers.0/mlp/Squeeze"),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="/model/layers.0/mlp/experts/MatMul"),
+    ]
+    inits = [weight("gate.w", [16, 4]), weight("stacked", [4, 16, 32]), i64("k", [2]), i64("s0", [0]), i64("s1", [1]), i64("ax", [0])]
+    g = load_model_proto(model(nodes, [x], [y], inits)).graph
+    assert g.num_params == 16 * 4 + 4 * 16 * 32
+    moe = find_moe(g, [0] * len(g.ops))
+    assert moe is not None and (moe.experts, moe.top_k, moe.hidden) == (4, 2, 16)
+    assert moe.expert_weights == {"stacked"}
 
 
 def test_ep_checks(moe, gpt):
@@ -301,6 +340,18 @@ def test_cli_cp_ep_data_json(models):
     assert data["config"]["c"] == 2 and data["config"]["e"] == 4 and data["config"]["cp_scheme"] == "ring"
     assert data["comm_by_dim"]["cp"]["count"] > 0 and data["comm_by_dim"]["ep"]["count"] > 0
     assert {c["dim"] for c in data["collectives"]} >= {"cp", "ep", "dp"}
+
+
+def test_cli_ep_on_the_dynamo_mixtral_export(tmp_path):
+    out = tmp_path / "out"
+    result = _run(str(FIXTURES / "mixtral_tiny_dynamo.onnx"), "--d", "2", "--ep", "2", "--seq-len", "16", "--no-site", "--no-advice",
+                  "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "data.json").read_text())
+    assert data["config"]["e"] == 2 and data["model"]["params"] == MIXTRAL_PARAMS
+    assert data["comm_by_dim"]["ep"]["count"] == 8 and data["comm_by_dim"]["ep"]["message_bytes"] > 0
+    # b = 1: 16 tokens x top-2 x 64 hidden x 2 bytes per AllToAll
+    assert {c["message_bytes"] for c in data["collectives"] if c["dim"] == "ep"} == {16 * 2 * 64 * 2}
 
 
 def test_site_draws_cp_and_ep_groups_and_layer_level_collectives(moe):

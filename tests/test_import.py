@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -9,6 +12,8 @@ from onnx import TensorProto, helper
 from dml2comm.errors import InputFileError, ModelError, UnboundDimError
 from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
 from tests.helpers import mlp, model, weight
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_binds_symbolic_batch_and_infers_every_shape():
@@ -137,3 +142,82 @@ def test_tied_copy_in_legacy_gpt2_is_named_and_counted_once_on_request():
     assert any("--tie-embeddings" in w for w in plain.warnings)
     tied = load_model(path, ImportOptions(seq_len=16, tie_embeddings=True))
     assert tied.graph.num_params == 124_439_808  # GPT2LMHeadModel's parameter count in torch
+
+
+# ---- which tensors are parameters
+
+
+def _dynamic(nodes, x, y, inits=()):
+    """``nodes`` plus a ``Range`` over x's last dim, which ONNX data propagation cannot size:
+    the importer then folds the graph's shape computations (as for torch dynamo exports)."""
+    extra = [
+        helper.make_node("Shape", ["x"], ["x_last"], start=-1),
+        helper.make_node("Squeeze", ["x_last"], ["n"]),
+        helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["pre_y", "rf"], [y.name]),
+    ]
+    ints = [helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1])]
+    return model(list(nodes) + extra, [x], [y], list(inits) + ints)
+
+
+def test_weights_reached_through_views_are_parameters():
+    """A stacked [E, in, out] expert weight used by GatherND (the dynamo Mixtral export) or
+    through Slice -> Squeeze, and a bias reshaped before its Add, are parameters; folding the
+    reshape of the bias into a constant must not lose it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32])
+    i64 = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
+    nodes = [
+        helper.make_node("GatherND", ["stacked", "pick"], ["w0"]),  # [4, 16, 32] -> [16, 32]
+        helper.make_node("MatMul", ["x", "w0"], ["h0"]),
+        helper.make_node("Slice", ["sliced", "s0", "s1", "s_axes"], ["w1s"]),  # [4, 16, 32] -> [1, 16, 32]
+        helper.make_node("Squeeze", ["w1s", "s_axes"], ["w1"]),
+        helper.make_node("MatMul", ["x", "w1"], ["h1"]),
+        helper.make_node("Reshape", ["bias", "b_shape"], ["b"]),  # [32] -> [1, 1, 32]
+        helper.make_node("Add", ["h0", "h1"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["pre_y"]),
+    ]
+    inits = [weight("stacked", [4, 16, 32]), i64("pick", [2]), weight("sliced", [4, 16, 32]), i64("s0", [0]), i64("s1", [1]),
+             i64("s_axes", [0]), weight("bias", [32]), i64("b_shape", [1, 1, 32])]
+    r = load_model_proto(_dynamic(nodes, x, y, inits), ImportOptions(batch_size=2))
+    assert any("folded" in w for w in r.warnings)
+    g = r.graph
+    assert {w.name for w in g.weights} == {"stacked", "sliced", "bias"}
+    assert g.num_params == 2 * 4 * 16 * 32 + 32  # two stacked weights of 2048 and the bias; no view counted
+    assert not g.tensors["w1"].is_weight
+
+
+def test_folded_constants_are_never_parameters():
+    """A float mask computed from shapes (Shape -> ConstantOfShape, 1 x 64 x 64 = 4096 elements)
+    is folded into a Constant as large as a Paddle-style weight; it is a computed value."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 64])
+    zero = helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0])
+    nodes = [helper.make_node("Shape", ["x"], ["sx"]), helper.make_node("ConstantOfShape", ["sx"], ["mask"], value=zero),
+             helper.make_node("Add", ["x", "mask"], ["pre_y"])]
+    r = load_model_proto(_dynamic(nodes, x, y), ImportOptions(batch_size=1))
+    assert any("folded" in w for w in r.warnings)
+    assert r.graph.tensors["mask"].shape == (1, 64, 64) and not r.graph.tensors["mask"].is_weight
+    assert r.graph.num_params == 0
+
+
+def _torch_record(file: str) -> dict:
+    expected = json.loads((FIXTURES / "fixtures_expected.json").read_text())
+    model_name = next(f["model"] for f in expected["files"] if f["file"] == file)
+    return expected["models"][model_name]["torch"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.onnx")))
+def test_real_exports_have_the_torch_parameter_count(name):
+    """``sum(p.numel() for p in model.parameters())`` as recorded by tests/fixtures/export_models.py.
+
+    Two documented differences: a tied LM head is counted once only with --tie-embeddings (the
+    legacy GPT-2 export stores a transposed copy), and both exporters fold eval-mode BatchNorm
+    into the preceding Conv, so the C-element BN scale and shift become one C-element Conv bias:
+    the graph has sum(C) fewer parameters (ResNet-18: 4,800).
+    """
+    torch = _torch_record(name)
+    bn_channels = sum(b["shape"][0] for b in torch["buffers"] if b["name"].endswith("running_mean"))
+    g = load_model(FIXTURES / name, ImportOptions(seq_len=16, tie_embeddings=torch["weights_tied"])).graph
+    assert g.num_params == torch["parameter_count"] - bn_channels

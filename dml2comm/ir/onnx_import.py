@@ -12,8 +12,10 @@ What it does, in order:
    goes through :func:`onnx.shape_inference.infer_shapes_path`.
 5. Converts every node into a frozen :class:`Op` with its scope (module path) from the dynamo
    exporter's ``pkg.torch.onnx.name_scopes`` metadata or from legacy scoped node names
-   (``/transformer/h.5/attn/c_attn/Gemm``), and every value into a :class:`Tensor`.  Large
-   float ``Constant`` nodes (Paddle-style exports) become weights.
+   (``/transformer/h.5/attn/c_attn/Gemm``), and every value into a :class:`Tensor`.  A float
+   initializer is a weight when a parametric op reads it, directly or through views (the dynamo
+   exporter's ``GatherND`` of stacked expert weights, ``Reshape``/``Slice``/``Split`` chains);
+   large float ``Constant`` nodes (Paddle-style exports) too, but never those folding made.
 
 Every failure raises a :class:`~dml2comm.errors.Dml2CommError` with a one-line message.
 """
@@ -62,9 +64,24 @@ _PARAMETRIC_CONSUMERS = frozenset(
         "LayerNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
         "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
         "SkipSimplifiedLayerNormalization", "Add", "Mul", "Sub", "PRelu", "Cast",
-        "Attention", "MultiHeadAttention", "Embedding", "EmbedLayerNormalization",
+        "Attention", "MultiHeadAttention", "Embedding", "EmbedLayerNormalization", "GatherND",
     }
 )
+
+# Ops that pass a weight's values on unchanged (views and selections).  A float initializer that
+# reaches a parametric consumer only through these is still a parameter: the dynamo exporter
+# gathers stacked expert weights ([E, out, in]) with GatherND, and exporters reshape, slice,
+# split or concatenate weights before their MatMul.
+_WEIGHT_VIEWS = frozenset(
+    {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Split", "Expand", "Concat", "Tile"}
+)
+
+#: How many view ops a weight may pass through before its parametric consumer.
+_WEIGHT_VIEW_DEPTH = 8
+
+#: ``metadata_props`` key marking the ``Constant`` nodes that folding made: computed values,
+#: never parameters.
+_FOLDED_KEY = "dml2comm.folded"
 
 _DTYPE_BY_ONNX = {
     TensorProto.FLOAT: DType.FLOAT,
@@ -328,7 +345,9 @@ def _fold_shape_computations(model: onnx.ModelProto, path_for_large: Path | None
                 n = 1
                 for d in init.dims:
                     n *= d
-                if n <= FOLD_MAX_ELEMENTS:
+                # float tensors of more than one element may be weights: folding a view of one
+                # (bias -> Reshape) would leave the weight unused and uncounted
+                if n <= FOLD_MAX_ELEMENTS and not (n > 1 and _dtype(init.data_type).is_float):
                     known[init.name] = numpy_helper.to_array(init)
         replaced: dict[int, onnx.NodeProto] = {}
         for idx, node in enumerate(model.graph.node):
@@ -361,9 +380,12 @@ def _fold_shape_computations(model: onnx.ModelProto, path_for_large: Path | None
             for name, value in zip(outs, values):
                 known[name] = np.asarray(value)
             if len(outs) == 1:
-                replaced[idx] = onnx.helper.make_node(
+                const = onnx.helper.make_node(
                     "Constant", [], [outs[0]], name=node.name, value=numpy_helper.from_array(np.asarray(values[0]), outs[0])
                 )
+                mark = const.metadata_props.add()
+                mark.key, mark.value = _FOLDED_KEY, node.op_type
+                replaced[idx] = const
         if not replaced:
             break
         nodes = [replaced.get(i, n) for i, n in enumerate(model.graph.node)]
@@ -456,13 +478,31 @@ def _constant_tensor(node: onnx.NodeProto) -> tuple[tuple[int, ...], DType] | No
     return None
 
 
-def _is_parameter(name: str, dtype: DType, shape: tuple[int, ...], consumers: list[onnx.NodeProto]) -> bool:
+def _is_parameter(name: str, dtype: DType, shape: tuple[int, ...], consumers: Mapping[str, list[onnx.NodeProto]]) -> bool:
+    """Whether the float initializer or ``Constant`` output ``name`` is a trainable parameter.
+
+    It must have more than one element, not be named like a buffer (:data:`_BUFFER_NAME`) and
+    reach an op of :data:`_PARAMETRIC_CONSUMERS` directly or through at most
+    :data:`_WEIGHT_VIEW_DEPTH` view ops (:data:`_WEIGHT_VIEWS`).  Only the tensor itself is a
+    parameter; the views' outputs are activations of the graph.
+    """
     numel = 1
     for d in shape:
         numel *= d
     if not dtype.is_float or numel <= 1 or _BUFFER_NAME.search(name):
         return False
-    return any(c.op_type in _PARAMETRIC_CONSUMERS for c in consumers)
+    seen, frontier = {name}, [name]
+    for _ in range(_WEIGHT_VIEW_DEPTH + 1):
+        following: list[str] = []
+        for tensor in frontier:
+            for node in consumers.get(tensor, ()):
+                if node.op_type in _PARAMETRIC_CONSUMERS:
+                    return True
+                if node.op_type in _WEIGHT_VIEWS:
+                    following.extend(o for o in node.output if o and o not in seen)
+                    seen.update(node.output)
+        frontier = following
+    return False
 
 
 _GENERATED_NAME = re.compile(r"^(onnx::|val_|_val_|\d+$)")
@@ -517,7 +557,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
         initializer_names.add(init.name)
         shape = tuple(int(d) for d in init.dims)
         dtype = _dtype(init.data_type)
-        tensors[init.name] = Tensor(init.name, shape, dtype, is_weight=_is_parameter(init.name, dtype, shape, consumers.get(init.name, [])))
+        tensors[init.name] = Tensor(init.name, shape, dtype, is_weight=_is_parameter(init.name, dtype, shape, consumers))
 
     inputs: list[str] = []
     unknown: dict[str, list[str]] = {}
@@ -543,7 +583,8 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
                 numel = 1
                 for d in shape:
                     numel *= d
-                weight = numel >= CONSTANT_WEIGHT_MIN_ELEMENTS and _is_parameter(out, dtype, shape, consumers.get(out, []))
+                folded = any(p.key == _FOLDED_KEY for p in node.metadata_props)
+                weight = not folded and numel >= CONSTANT_WEIGHT_MIN_ELEMENTS and _is_parameter(out, dtype, shape, consumers)
                 tensors[out] = Tensor(out, shape, dtype, is_weight=weight)
             else:
                 inferred = shapes.get(out)

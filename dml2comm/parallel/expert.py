@@ -34,6 +34,11 @@ __all__ = ["MoELayer", "MoEInfo", "EPComm", "find_moe", "check_expert_parallel",
 
 _EXPERTS = re.compile(r"(^|\.)experts(\.|$)")
 
+# Ops through which an expert op may read its weight (a view of it): exports transpose, reshape,
+# slice or split stacked [E, ...] expert weights before the gather or MatMul that uses them.
+_WEIGHT_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "Transpose", "Slice", "Split",
+                           "Expand", "Concat", "Tile"})
+
 
 def is_expert_scope(scope: str) -> bool:
     """True for ops inside an expert module (``...mlp.experts``, ``...block_sparse_moe.experts.3``)."""
@@ -80,8 +85,7 @@ def find_moe(graph: OpGraph, layer_of_op: Sequence[int]) -> MoEInfo | None:
     if not expert_ops:
         return None
     expert_set = frozenset(expert_ops)
-    weights = frozenset(name for i in expert_ops for name in graph.ops[i].inputs
-                        if name and name in graph.tensors and graph.tensors[name].is_weight)
+    weights = frozenset(w for i in expert_ops for name in graph.ops[i].inputs if name for w in _weights_behind(graph, name))
     by_layer: dict[int, list[int]] = {}
     for i in expert_ops:
         by_layer.setdefault(layer_of_op[i], []).append(i)
@@ -115,6 +119,25 @@ def find_moe(graph: OpGraph, layer_of_op: Sequence[int]) -> MoEInfo | None:
         raise ConfigError("the model has expert modules but no router TopK and router weight to read experts, top-k and hidden "
                           "size from; export the router with the model")
     return MoEInfo(experts, top_k, hidden, tuple(layers), weights, expert_set)
+
+
+def _weights_behind(graph: OpGraph, name: str, depth: int = 8) -> set[str]:
+    """The weights ``name`` is, or is a view of through at most ``depth`` view ops."""
+    found: set[str] = set()
+    seen, frontier = {name}, [name]
+    for _ in range(depth + 1):
+        following: list[str] = []
+        for tensor_name in frontier:
+            t = graph.tensors.get(tensor_name)
+            if t is not None and t.is_weight:
+                found.add(tensor_name)
+                continue
+            producer = graph.producer(tensor_name)
+            if producer is not None and graph.ops[producer].op_type in _WEIGHT_VIEWS:
+                following.extend(n for n in graph.ops[producer].inputs if n and n not in seen)
+                seen.update(graph.ops[producer].inputs)
+        frontier = following
+    return found
 
 
 def check_expert_parallel(moe: MoEInfo | None, ep: int) -> None:
