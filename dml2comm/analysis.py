@@ -583,8 +583,14 @@ REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
 def fused_kernels(graph: OpGraph) -> dict[int, int]:
     """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
     (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
-    kernel."""
+    kernel, and so does an op reading a tensor that another kind of op also reads: that tensor
+    is written to memory anyway, and Megatron-LM's kernels end there (the residual stream
+    leaving a bias-dropout-add feeds the next LayerNorm and, separately, the next block's
+    bias-dropout-add kernel).  Kernels therefore never span blocks."""
     parent: dict[int, int] = {op.index: op.index for op in graph.ops if op.op_type in FUSED_KINDS}
+
+    def materialized(name: str) -> bool:
+        return any(c not in parent for c in graph.consumers(name)) or name in graph.outputs
 
     def find(i: int) -> int:
         while parent[i] != i:
@@ -597,7 +603,7 @@ def fused_kernels(graph: OpGraph) -> dict[int, int]:
             continue
         for name in op.inputs:
             prod = graph.producer(name) if name else None
-            if prod is not None and prod in parent and graph.ops[prod].op_type not in REGION_ENDS:
+            if prod is not None and prod in parent and graph.ops[prod].op_type not in REGION_ENDS and not materialized(name):
                 a, b = find(op.index), find(prod)
                 if a != b:
                     parent[a] = b

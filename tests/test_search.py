@@ -327,3 +327,98 @@ def test_fast_path_on_a_real_export_matches_main_py(tmp_path):
         s = analyze(model, config, cluster).summary
         assert row["iteration_time_s"] == pytest.approx(s["iteration_time_s"], rel=1e-9)
         assert row["peak_memory_bytes"] == s["peak_memory_bytes"]
+
+
+# ---- collapsed repeated blocks (dml2comm/ir/repeats.py) under the fast path
+@pytest.fixture(scope="module")
+def deep_gpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("deep") / "gpt10.onnx"
+    zoo.save(zoo.build_gpt(layers=10, hidden=256, heads=8, vocab=512, seq_len=128), path)
+    return str(path)
+
+
+def test_collapse_keeps_four_blocks_of_a_run_and_maps_every_layer(deep_gpt):
+    from dml2comm.ir.layers import group_layers
+    from dml2comm.ir.repeats import MIN_RUN, collapse_repeats
+
+    graph = load_model(deep_gpt, ImportOptions(batch_size=1)).graph
+    layered = group_layers(graph)
+    kinds = [l.kind for l in layered.layers]
+    assert kinds.count("block") == 10
+    c = collapse_repeats(graph, layered)
+    assert c is not None and len(c.runs) == 1
+    i, j, _ = c.runs[0]
+    assert j - i + 1 >= MIN_RUN
+    # kept: everything outside the run, blocks i..i+2 and j; interior blocks share i+2's layer
+    assert list(c.full_index) == [li for li in range(len(kinds)) if not i + 3 <= li < j]
+    assert [c.layer_map[li] for li in range(i + 2, j)] == [c.layer_map[i + 2]] * (j - i - 2)
+    assert len(c.graph.ops) < len(graph.ops)
+    # a model with fewer identical blocks than MIN_RUN is not collapsed
+    short = load_model(_short_gpt(deep_gpt), ImportOptions(batch_size=1)).graph
+    assert collapse_repeats(short, group_layers(short)) is None
+
+
+def _short_gpt(deep_path):
+    path = Path(deep_path).with_name("gpt4.onnx")
+    if not path.exists():
+        zoo.save(zoo.build_gpt(layers=4, hidden=256, heads=8, vocab=512, seq_len=128), path)
+    return str(path)
+
+
+def test_collapsed_fast_path_equals_the_whole_graph(deep_gpt):
+    """The fast path on the collapsed model gives the numbers of the fast path on the whole
+    graph (which equals the full analysis, above) for every recomputation, SP, ZeRO stage and
+    schedule, and pipeline splits that cut inside the run of identical blocks."""
+    from dml2comm.search.fast import FastEvaluator
+
+    imported = load_model(deep_gpt, ImportOptions(batch_size=2))
+    configs = [ParallelConfig(dp_size=16 // (t * p), tp_size=t, pp_size=p, micro_batch_size=2, global_batch_size=64,
+                              seq_len=None, recompute=r, sequence_parallel=sp and t > 1, zero_stage=z,
+                              schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+               for t, p in ((1, 1), (2, 2), (2, 4), (4, 4), (1, 8)) for r in RECOMPUTE_MODES for sp in (False, True)
+               for z in (0, 1) for v in (1, 2) if not (v > 1 and p == 1)]
+    cluster = _builder(16)
+    collapsed = FastEvaluator(imported, cluster)
+    assert collapsed.collapsed is not None
+    whole = FastEvaluator(imported, cluster, collapse=False)
+    for config, a, b in zip(configs, collapsed.evaluate(configs), whole.evaluate(configs)):
+        assert a["error"] == b["error"], config
+        if a["error"]:
+            continue
+        assert a["peak_memory_bytes"] == pytest.approx(b["peak_memory_bytes"], rel=1e-12), config
+        for key in ("iteration_time_s", "compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s"):
+            assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-15), (key, config)
+
+
+def test_other_micro_batches_import_only_the_collapsed_model(deep_gpt):
+    """After the first import, the sweep imports the collapsed ONNX model for other micro-batch
+    sizes; its numbers equal those of the whole model's import."""
+    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.search.sweep import Evaluator
+
+    evaluator = Evaluator(deep_gpt, _builder)
+    evaluator.prepare_fast(1)
+    fe = evaluator.fast_evaluator(4, 8)
+    assert fe.pre_collapsed and len(fe.graph.ops) < len(evaluator.imported(1).graph.ops)
+    assert 4 not in evaluator._imports  # the whole model was not imported again
+    configs = [ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=4, global_batch_size=32, seq_len=None,
+                              recompute=r, sequence_parallel=True) for r in RECOMPUTE_MODES]
+    whole = FastEvaluator(load_model(deep_gpt, ImportOptions(batch_size=4)), _builder(8), collapse=False)
+    for a, b in zip(fe.evaluate(configs), whole.evaluate(configs)):
+        assert a["peak_memory_bytes"] == pytest.approx(b["peak_memory_bytes"], rel=1e-12)
+        assert a["iteration_time_s"] == pytest.approx(b["iteration_time_s"], rel=1e-9)
+
+
+def test_fused_kernels_never_span_blocks():
+    """Megatron-LM's kernels end where a tensor is written for another kernel (the residual
+    stream read by the next LayerNorm): no fused region holds ops of two layers."""
+    from dml2comm.analysis import fused_kernels
+    from dml2comm.ir.layers import group_layers
+
+    graph = load_model(Path(__file__).resolve().parents[1] / "examples" / "gpt2-small.onnx", ImportOptions(batch_size=1)).graph
+    layer_of = group_layers(graph).layer_of_op
+    regions: dict[int, set[int]] = {}
+    for op, region in fused_kernels(graph).items():
+        regions.setdefault(region, set()).add(layer_of[op])
+    assert regions and all(len(layers) == 1 for layers in regions.values())
+    assert max(sum(1 for r in fused_kernels(graph).values() if r == k) for k in regions) >= 3  # bias-dropout-add, GeLU chains

@@ -133,3 +133,32 @@ def test_tp_comm_overlap_hides_part_of_the_tensor_parallel_time_never_all():
     assert over.summary["iteration_time_s"] >= plain.summary["iteration_time_s"] - tp * (1 - 1 / 8) - 1e-12
     with pytest.raises(ConfigError, match="needs --sequence-parallel"):
         ParallelConfig(tp_size=8, tp_comm_overlap=True)
+
+
+def test_batched_levels_equal_the_per_schedule_recurrence():
+    """sim.levels: one pass over every schedule's depth levels (the sweep's fast path) gives the
+    end times of each schedule simulated alone; the vectorised bucket tail equals the loop."""
+    import numpy as np
+
+    from dml2comm.sim.levels import (bucket_tail_end, bucket_tail_end_many, compile_schedule, pipeline_end_times,
+                                     pipeline_end_times_many)
+
+    rng = np.random.default_rng(7)
+    items = []
+    for name, p, m, v in (("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("gpipe", 3, 5, 1), ("1f1b", 1, 4, 1),
+                          ("interleaved", 2, 6, 3), ("1f1b", 6, 3, 1)):
+        cs = compile_schedule(name, p, m, v)
+        k = int(rng.integers(1, 4))
+        items.append((cs, *(rng.random((k, p)) for _ in range(4))))
+    for item, end in zip(items, pipeline_end_times_many(items)):
+        assert np.array_equal(end, pipeline_end_times(*item))
+    tau = rng.random((5, 3, 2))
+    count = rng.integers(0, 4, (5, 3, 2)).astype(float)
+    start, dur = rng.random((5, 3)), rng.random((5, 3))
+    for overlap in (True, False):
+        many = bucket_tail_end_many(start, dur, start + dur, tau, count, overlap)
+        for i in range(5):
+            for d in range(3):
+                runs = [(tau[i, d, r], int(count[i, d, r])) for r in range(2) if count[i, d, r] > 0]
+                assert many[i, d] == pytest.approx(bucket_tail_end(start[i, d], dur[i, d], start[i, d] + dur[i, d], runs, overlap),
+                                                   rel=1e-12, abs=0)

@@ -71,6 +71,8 @@ __all__ = [
     "available_algorithms",
     "collective_cost_for_group",
     "cost_on_topology",
+    "group_placement",
+    "collective_time_on_placement",
 ]
 
 #: How collectives are costed: the plain formulas, or NCCL's protocols, latencies and algorithms.
@@ -568,3 +570,21 @@ def collective_cost_for_group(
     uses = _uses_of(cluster, group)
     return _cost_cached(kind, uses, len(group), size, algorithm, cluster.collective_library,
                         float(cluster.collective_overhead_s), float(gamma_s_per_byte))
+
+
+def group_placement(cluster: Cluster, ranks: Sequence[int]) -> tuple[LevelUse, ...]:
+    """How the group ``ranks`` sits on the cluster's levels: what its cost depends on (groups
+    with equal placements cost the same; the sweep's fast path keys its cache on this)."""
+    group = tuple(ranks)
+    if not group:
+        raise ConfigError("a communication group needs at least one rank")
+    return _uses_of(cluster, group)
+
+
+def collective_time_on_placement(cluster: Cluster, kind: CollectiveKind, placement: tuple[LevelUse, ...], n: int,
+                                 message_bytes: float) -> float:
+    """Seconds of ``kind`` over ``n`` ranks placed as ``placement`` (:func:`group_placement`);
+    equals ``collective_cost_for_group(cluster, kind, ranks, message_bytes).time_s``."""
+    size = _check_common(kind, message_bytes, None, cluster.collective_library, cluster.collective_overhead_s, 0.0)
+    return _cost_cached(kind, placement, n, size, None, cluster.collective_library,
+                        float(cluster.collective_overhead_s), 0.0).time_s

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
@@ -120,11 +120,10 @@ class ParallelConfig:
         return DTYPES[self.dtype]
 
     def to_dict(self) -> dict[str, object]:
-        d = asdict(self)
         return {
-            "d": d["dp_size"],
-            "t": d["tp_size"],
-            "p": d["pp_size"],
+            "d": self.dp_size,
+            "t": self.tp_size,
+            "p": self.pp_size,
             "micro_batch_size": self.micro_batch_size,
             "global_batch_size": self.global_batch_size,
             "num_micro_batches": self.num_micro_batches,

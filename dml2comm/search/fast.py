@@ -25,6 +25,7 @@ parallelism — are evaluated by the full analysis (``Evaluator``).
 from __future__ import annotations
 
 from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,21 +34,22 @@ import numpy as np
 from dml2comm.analysis import (PCIE4_X16_BYTES_PER_S, _infer_seq_len, _is_attention_core, _memo, _op_costs,
                                 weight_layers)
 from dml2comm.cost.compute import optimizer_step_s
-from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model_state_bytes, stage_memory_dict
+from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ActivationModel, in_flight_micro_batches, model_state_bytes
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import group_layers
 from dml2comm.ir.onnx_import import ImportResult
+from dml2comm.ir.repeats import Collapsed, collapse_repeats
 from dml2comm.network.kinds import CollectiveKind, Phase
-from dml2comm.network.model import collective_cost_for_group
+from dml2comm.network.model import collective_time_on_placement, group_placement
 from dml2comm.parallel.config import DTYPES, ParallelConfig
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import partition_layers
 from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
-from dml2comm.sim.levels import bucket_tail_end, compile_schedule, pipeline_end_times
+from dml2comm.sim.levels import bucket_tail_end_many, compile_schedule, pipeline_end_times_many
 
-__all__ = ["FastEvaluator", "supports"]
+__all__ = ["FastEvaluator", "NotRepeating", "supports"]
 
 
 def supports(config: ParallelConfig) -> bool:
@@ -84,11 +86,38 @@ class _Prepared:
     send_b: np.ndarray
     compute_f: np.ndarray  # pure op time (no TP collectives, no input read)
     compute_b: np.ndarray
-    buckets: list[list[tuple[float, int]]]  # per device: (seconds, count) runs
+    runs_tau: np.ndarray  # [p, R]: gradient-bucket runs per device, seconds per bucket
+    runs_count: np.ndarray  # [p, R]: buckets in the run (0: no run)
     optimizer: np.ndarray
     after_step: np.ndarray
     peak_memory: float
     flops_fwd_per_sample: float
+
+
+#: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``).
+_MAX_RUNS = 2
+
+
+@dataclass
+class _StageTable:
+    """Per stage, for one (t, SP, p, d): compute and TP times, sends, parameters, buffers."""
+
+    config: ParallelConfig
+    ranges: list[tuple[int, int]]
+    compute_f: np.ndarray
+    compute_b: np.ndarray
+    selective: np.ndarray
+    tp_f: np.ndarray
+    tp_b: np.ndarray
+    reads: np.ndarray
+    params_local: np.ndarray
+    buffers: np.ndarray
+    send_f: np.ndarray
+    send_b: np.ndarray
+    rank_map: RankMap
+    by_zero: dict[int, tuple]
+    by_recompute: dict[str, tuple]
+    dp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its data-parallel group's placement
 
 
 def _prefix(values: Sequence[float]) -> np.ndarray:
@@ -97,37 +126,52 @@ def _prefix(values: Sequence[float]) -> np.ndarray:
     return out
 
 
+class NotRepeating(Exception):
+    """The collapsed graph's interior representatives disagree: use the whole graph."""
+
+
 class FastEvaluator:
     """Summary numbers of configurations of one imported model on one cluster (module docstring)."""
 
-    def __init__(self, imported: ImportResult, cluster: Cluster) -> None:
+    def __init__(self, imported: ImportResult, cluster: Cluster, collapse: bool = True, collapsed: Collapsed | None = None) -> None:
+        """``collapsed``: ``imported`` is already the collapsed model (another micro-batch size
+        of a model whose collapse was found on a full import); else the collapse is found here."""
         self.imported = imported
-        self.graph: OpGraph = imported.graph
         self.cluster = cluster
-        self.layered = _memo(self.graph, ("layers",), lambda: group_layers(self.graph))
         self._costs: dict[tuple, float] = {}
-        self._uses: dict[tuple[int, ...], Any] = {}
+        self._placements: dict[tuple[int, ...], tuple[int, int]] = {}  # group -> (placement id, ranks)
+        self._placement_list: list[tuple] = []
+        self._placement_ids: dict[tuple, int] = {}
+        self._in_flight: dict[tuple, np.ndarray] = {}
+        self.pre_collapsed = collapsed is not None
+        if collapsed is None:
+            full = imported.graph
+            self.full_layered = _memo(full, ("layers",), lambda: group_layers(full))
+            collapsed = _memo(full, ("collapsed",), lambda: collapse_repeats(full, self.full_layered)) if collapse else None
+        self._use(collapsed)
 
-    # ---- shared parts
+    def _use(self, collapsed: Collapsed | None) -> None:
+        """Work on ``collapsed`` (or the whole graph when None)."""
+        full = self.imported.graph
+        self.collapsed = collapsed
+        if collapsed is None:
+            self.graph, self.layered = full, self.full_layered
+            n = len(self.full_layered.layers)
+            self.layer_map = np.arange(n)
+            self.full_index = list(range(n))
+            self.interior: tuple[tuple[int, int], ...] = ()
+        else:
+            self.graph, self.layered = collapsed.graph, collapsed.layered
+            self.layer_map = np.array(collapsed.layer_map, dtype=np.int64)
+            self.full_index = list(collapsed.full_index)
+            self.interior = collapsed.interior
+        self.kinds = [self.layered.layers[r].kind for r in self.layer_map]
+
+    # ---- shared parts (computed on the collapsed graph, read per full layer through layer_map)
     def _core(self, seq_len: int | None) -> list[bool]:
         """Per op: on the attention scores (what selective recomputation rebuilds)."""
         graph = self.graph
         return _memo(graph, ("fast-core", seq_len), lambda: [_is_attention_core(graph, i, seq_len) for i in range(len(graph.ops))])
-
-    def _signature(self, li: int) -> tuple:
-        """A layer's structure (op types and output shapes): equal layers keep equal activations."""
-        graph, layered = self.graph, self.layered
-
-        def build() -> list[tuple]:
-            out = []
-            for layer in layered.layers:
-                out.append((layer.kind, tuple((graph.ops[i].op_type, tuple(tuple(graph.tensors[o].shape) if o in graph.tensors else ()
-                                                                          for o in graph.ops[i].outputs if o))
-                                              for i in layer.op_indices)))
-            return out
-
-        sigs = _memo(graph, ("fast-signatures",), build)
-        return sigs[li] if 0 <= li < len(sigs) else None
 
     def _tp(self, config: ParallelConfig):
         graph, train = self.graph, config.train_dtype
@@ -137,6 +181,14 @@ class FastEvaluator:
     def _layers(self, config: ParallelConfig) -> _Layers:
         key = ("fast-layers", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name)
         return _memo(self.graph, key, lambda: self._build_layers(config))
+
+    def _check_interior(self, *arrays: np.ndarray) -> None:
+        """Blocks i + 1 and i + 2 of a collapsed run must agree (the state entering a block has
+        settled); else the collapse is not valid for this model."""
+        for r1, r2 in self.interior:
+            for a in arrays:
+                if not np.isclose(a[r1], a[r2], rtol=1e-12, atol=0.0):
+                    raise NotRepeating
 
     def _build_layers(self, config: ParallelConfig) -> _Layers:
         graph, layered = self.graph, self.layered
@@ -150,6 +202,7 @@ class FastEvaluator:
         seq_len = config.seq_len or _infer_seq_len(graph)
         fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
         bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
+        flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
         core = self._core(seq_len)
         selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
         weight_layer = weight_layers(graph, layered)
@@ -167,18 +220,21 @@ class FastEvaluator:
             table = graph.tensors[w].tied_to
             if table is not None and table in weight_layer:
                 numel = graph.tensors[w].numel
-                tied.append((li, weight_layer[table], float(numel), numel / tp.weight_factor.get(w, 1)))
+                tied.append((self.full_index[li], self.full_index[weight_layer[table]], float(numel),
+                             numel / tp.weight_factor.get(w, 1)))
         inputs = set(graph.inputs)
         reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
                           for layer in layered.layers], dtype=bool)
         tp_counts: dict[tuple, np.ndarray] = {}
-        tp_gemm: dict[tuple, np.ndarray] = {}
         if config.tp_size > 1:
             for c in tp.comms:
                 key = (c.kind, c.phase, float(c.message_bytes))
                 li = layered.layer_of_op[c.op_index]
                 tp_counts.setdefault(key, np.zeros(n))[li] += 1
-        return _Layers(fwd, bwd, selective, params, params_local, reads, tp_counts, tp_gemm, tied, float(sum(full_flops)))
+        self._check_interior(fwd, bwd, selective, params, params_local, flops, *tp_counts.values())
+        m = self.layer_map
+        return _Layers(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
+                       {k: v[m] for k, v in tp_counts.items()}, {}, tied, float(flops[m].sum()))
 
     def _partition(self, config: ParallelConfig, layers: _Layers):
         key = ("fast-partition", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, config.pp_size)
@@ -190,18 +246,20 @@ class FastEvaluator:
         return _memo(self.graph, key, lambda: self._build_boundaries(config, ranges))
 
     def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[float]]:
-        table = _memo(self.graph, ("fast-tensor-table", config.tp_size, config.sequence_parallel, config.dtype),
-                      lambda: self._tensor_table(config))
-        stage_of_layer = np.zeros(len(self.layered.layers), dtype=np.int64)
-        for s, (a, b) in enumerate(ranges):
-            stage_of_layer[a:b] = s
-        names, prod, last, sizes = table
-        src, dst = stage_of_layer[prod], stage_of_layer[last]
-        crossing: list[list[tuple[str, float]]] = [[] for _ in range(max(len(ranges) - 1, 0))]
-        for i in np.nonzero(dst > src)[0]:
-            for k in range(src[i], dst[i]):
-                crossing[k].append((names[i], sizes[i]))
-        return [[size for _, size in sorted(c)] for c in crossing]
+        """A tensor crosses the boundary after full layer k when it is produced at or before
+        and read after it; on the collapsed graph, after ``layer_map[k]``."""
+        per_boundary = _memo(self.graph, ("fast-crossing", config.tp_size, config.sequence_parallel, config.dtype),
+                             lambda: self._crossing(config))
+        return [per_boundary[int(self.layer_map[b - 1])] for _, b in ranges[:-1]]
+
+    def _crossing(self, config: ParallelConfig) -> list[list[float]]:
+        """Per boundary after each (collapsed) layer: the crossing tensors' bytes, by name."""
+        names, prod, last, sizes = self._tensor_table(config)
+        out = []
+        for rb in range(len(self.layered.layers)):
+            sel = np.nonzero((prod <= rb) & (last > rb))[0]
+            out.append([size for _, size in sorted((names[i], sizes[i]) for i in sel)])
+        return out
 
     def _tensor_table(self, config: ParallelConfig):
         """Activations that need a gradient: name, producing layer, last consuming layer, bytes."""
@@ -238,33 +296,26 @@ class FastEvaluator:
                      lambda: ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards],
                                              needs_grad, config.train_dtype, assumed_dropout=config.dropout > 0))
 
-    def _per_layer(self, config: ParallelConfig) -> tuple[list[float], list[float], list[float]]:
-        """Per layer: saved bytes under full recomputation (the analysis's rule: blocks keep
-        their input, other layers everything), saved bytes without recomputation, transient bytes."""
+    def _per_layer(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per full layer: saved bytes under full recomputation (the analysis's rule: blocks
+        keep their input, other layers everything), saved bytes without recomputation, transient bytes."""
         key = ("fast-act-layers", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
 
         def build():
             act = self._activation_model(config)
             layers = self.layered.layers
-            full = [act.saved_bytes(l.op_indices, "full" if l.kind == "block" else "none") for l in layers]
-            plain = [act.saved_bytes(l.op_indices) for l in layers]
-            transient = [act.transient_bytes(l.op_indices) for l in layers]
-            return full, plain, transient
+            full = np.array([act.saved_bytes(l.op_indices, "full" if l.kind == "block" else "none") for l in layers])
+            plain = np.array([act.saved_bytes(l.op_indices) for l in layers])
+            transient = np.array([act.transient_bytes(l.op_indices) for l in layers])
+            self._check_interior(full, plain, transient)
+            m = self.layer_map
+            return full[m], plain[m], transient[m]
 
         return _memo(self.graph, key, build)
 
-    def _activations(self, config: ParallelConfig, first: int, last: int) -> tuple[float, float, float]:
-        """(saved bytes per micro-batch, rebuilt layer bytes, transient bytes) of a stage, as
-        the analysis's ``_stage_memory`` computes them."""
-        full, plain, transient_l = self._per_layer(config)
-        transient = max(transient_l[first:last], default=0.0)
-        if config.recompute == "full":
-            per_mb = sum(full[first:last])
-            rebuilt = max((plain[li] for li in range(first, last) if self.layered.layers[li].kind == "block"), default=0.0)
-            return per_mb, rebuilt, transient
-        # ranges of structurally equal layers (with equal neighbours) keep equal activations
-        shape = (tuple(self._signature(li) for li in range(first - 1, last + 1)), first == 0, last == len(self.layered.layers))
-        key = ("fast-act", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, shape)
+    def _saved(self, config: ParallelConfig, first: int, last: int) -> float:
+        """Saved bytes of the collapsed layers ``first..last - 1`` taken together."""
+        key = ("fast-saved", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, first, last)
 
         def build() -> float:
             seq_len = config.seq_len or _infer_seq_len(self.graph)
@@ -273,35 +324,74 @@ class FastEvaluator:
             core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute == "selective" else frozenset()
             return self._activation_model(config).saved_bytes(op_idx, config.recompute, core)
 
-        return _memo(self.graph, key, build), 0.0, transient
+        return _memo(self.graph, key, build)
 
-    def _cost(self, kind: CollectiveKind, group: tuple[int, ...], size: float) -> float:
-        gpn = self.cluster.gpus_per_node
-        if group[0] // gpn == group[-1] // gpn and len(group) <= gpn:
-            where: tuple = ("node", tuple(r % gpn for r in group))  # inside one node: the same links wherever
-        else:
-            where = group
-        key = (kind, where, size)
+    def _activations(self, config: ParallelConfig, first: int, last: int) -> tuple[float, float, float]:
+        """(saved bytes per micro-batch, rebuilt layer bytes, transient bytes) of a stage, as
+        the analysis's ``_stage_memory`` computes them."""
+        full, plain, transient_l = self._per_layer(config)
+        transient = float(transient_l[first:last].max(initial=0.0))
+        if config.recompute == "full":
+            per_mb = float(full[first:last].sum())
+            blocks = [li for li in range(first, last) if self.kinds[li] == "block"]
+            rebuilt = float(plain[blocks].max(initial=0.0)) if blocks else 0.0
+            return per_mb, rebuilt, transient
+        # the stage's layers map to a contiguous collapsed range; every interior block beyond
+        # the first adds what one more interior block adds (blocks keep disjoint tensors but
+        # for the one they pass on, which the next block's saved set already holds)
+        reps = self.layer_map[first:last]
+        lo, hi = int(reps[0]), int(reps[-1]) + 1
+        saved = self._saved(config, lo, hi)
+        for r1, r2 in self.interior:
+            extra = int(np.count_nonzero(reps == r2)) - 1
+            if extra > 0:
+                saved += extra * (self._saved(config, r1, r2 + 1) - self._saved(config, r1, r1 + 1))
+        return saved, 0.0, transient
+
+    def _where(self, group: tuple[int, ...]) -> tuple[int, int]:
+        """(placement id, ranks) of a group: groups placed alike on the cluster cost the same."""
+        where = self._placements.get(group)
+        if where is None:
+            placement = group_placement(self.cluster, group)
+            pid = self._placement_ids.setdefault(placement, len(self._placement_list))
+            if pid == len(self._placement_list):
+                self._placement_list.append(placement)
+            where = self._placements[group] = (pid, len(group))
+        return where
+
+    def _cost_at(self, kind: CollectiveKind, where: tuple[int, int], size: float) -> float:
+        key = (kind, where, size)  # small ints: cheap to hash
         cost = self._costs.get(key)
         if cost is None:
-            cost = collective_cost_for_group(self.cluster, kind, group, size).time_s
-            self._costs[key] = cost
+            cost = self._costs[key] = collective_time_on_placement(self.cluster, kind, self._placement_list[where[0]], where[1], size)
         return cost
+
+    def _cost(self, kind: CollectiveKind, group: tuple[int, ...], size: float) -> float:
+        """Seconds of one collective; each (placement, kind, size) is costed once."""
+        return self._cost_at(kind, self._where(group), size)
 
     # ---- one configuration
     def prepare(self, config: ParallelConfig) -> _Prepared:
         """Per-device costs of ``config`` (raises ConfigError as the analysis does)."""
-        if not supports(config):
-            raise ConfigError("the fast path does not cover this configuration")
-        if self.cluster.num_gpus != config.num_gpus:
-            raise ConfigError(f"the cluster has {self.cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
-        if self.imported.model_batch is not None and self.imported.model_batch != config.micro_batch_size:
-            raise ConfigError(f"the model fixes its batch dimension at {self.imported.model_batch}")
+        try:
+            return self._prepare(config)
+        except NotRepeating:
+            if self.pre_collapsed:
+                raise  # the caller imports the whole model
+            self._use(None)  # the collapse does not hold for this model: the whole graph from now on
+            return self._prepare(config)
+
+    def _stage_table(self, config: ParallelConfig) -> _StageTable:
+        """What every configuration with this model split (t, SP, p, hence d) shares."""
+        key = ("fast-stages", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, config.pp_size,
+               config.dp_size, config.rank_order, config.grad_reduce_dtype, config.bucket_bytes, config.optimizer)
+        return _memo(self.graph, key, lambda: self._build_stage_table(config))
+
+    def _build_stage_table(self, config: ParallelConfig) -> _StageTable:
         layers = self._layers(config)
         ranges = self._partition(config, layers)
-        p, m, d = config.pp_size, config.num_micro_batches, config.dp_size
+        p, d = config.pp_size, config.dp_size
         rank_map = RankMap(d, config.tp_size, p, config.rank_order)
-        dtype_bytes = config.train_dtype.itemsize
         gpu = self.cluster.gpu
         pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
         input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs)
@@ -310,73 +400,111 @@ class FastEvaluator:
         pairs = [(rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0)) for s in range(p - 1)]
         send = [sum(self._cost(CollectiveKind.SEND_RECV, pair, x) for x in sizes) for pair, sizes in zip(pairs, crossing)]
         send_back = [sum(self._cost(CollectiveKind.SEND_RECV, pair[::-1], x) for x in sizes) for pair, sizes in zip(pairs, crossing)]
-        tied_local = [0.0] * p
         stage_of_layer = np.zeros(len(layers.fwd), dtype=np.int64)
-        for s, (a, b) in enumerate(ranges):
-            stage_of_layer[a:b] = s
-        tied_extra = [0.0] * p
-        for copy, table, numel, local in layers.tied:
+        for st, (a, b) in enumerate(ranges):
+            stage_of_layer[a:b] = st
+        tied_local = [0.0] * p
+        for copy, table, _numel, local in layers.tied:
             if stage_of_layer[table] != stage_of_layer[copy]:
-                tied_extra[stage_of_layer[copy]] += numel
                 tied_local[stage_of_layer[copy]] += local
-        grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
-        fwd, bwd, tp_f, tp_b, comp_f, comp_b = (np.zeros(p) for _ in range(6))
-        opt, after = np.zeros(p), np.zeros(p)
-        buckets: list[list[tuple[float, int]]] = []
-        peak = 0.0
-        for s, (a, b) in enumerate(ranges):
-            compute_f = sum(layers.fwd[a:b].tolist())
-            compute_b = sum(layers.bwd[a:b].tolist())
-            if config.recompute == "full":
-                recompute = compute_f
-            elif config.recompute == "selective":
-                recompute = sum(layers.selective[a:b].tolist())
-            else:
-                recompute = 0.0
+        t = _StageTable(config, ranges, *(np.zeros(p) for _ in range(8)), np.array(send + [0.0]), np.array([0.0] + send_back),
+                        rank_map, {}, {})
+        for st, (a, b) in enumerate(ranges):
+            t.compute_f[st] = sum(layers.fwd[a:b].tolist())
+            t.compute_b[st] = sum(layers.bwd[a:b].tolist())
+            t.selective[st] = sum(layers.selective[a:b].tolist())
             tf = tb = 0.0
             if layers.tp:
-                group = rank_map.tp_group(0, s)
+                group = rank_map.tp_group(0, st)
                 for (kind, phase, size), counts in layers.tp.items():
                     count = float(counts[a:b].sum())
                     if count:
-                        t = self._cost(kind, group, size) * count
+                        cost = self._cost(kind, group, size) * count
                         if phase is Phase.FORWARD:
-                            tf += t
+                            tf += cost
                         elif phase is Phase.BACKWARD:
-                            tb += t
-            if config.recompute == "full":
-                tb += tf
-            reads = input_bytes / pcie if layers.reads_input[a:b].any() else 0.0
-            fwd[s] = compute_f + tf + reads
-            bwd[s] = compute_b + recompute + tb
-            tp_f[s], tp_b[s] = tf, tb
-            comp_f[s], comp_b[s] = compute_f, compute_b + recompute
-            local = sum(layers.params_local[a:b].tolist()) + tied_local[s]
-            runs: list[tuple[float, int]] = []
-            after_s = 0.0
-            group = rank_map.dp_group(s, 0)
-            for dc in data_parallel_comms(local * grad_bytes, d, config.zero_stage, config.bucket_bytes):
-                t = self._cost(dc.kind, group, dc.message_bytes)
-                if dc.phase is Phase.BACKWARD:
-                    runs.append((t, dc.count))
-                elif dc.phase is Phase.OPTIMIZER:
-                    after_s += t * dc.count
-            buckets.append(runs)
-            after[s] = after_s
-            opt_params = local / (d if config.zero_stage >= 1 else 1)
-            opt[s] = optimizer_step_s(opt_params, config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s)
-            # memory, as the analysis's _stage_memory
-            states = model_state_bytes(local, d, config.zero_stage, config.optimizer, dtype_bytes)
-            per_mb, rebuilt, transient = self._activations(config, a, b)
-            in_flight = in_flight_micro_batches(config.schedule, p, m, s, config.virtual_stages)
-            buffers = (boundary[s - 1] if s > 0 else 0.0) + (boundary[s] if s < len(boundary) else 0.0)
-            dp_bucket = float(config.bucket_bytes) if d > 1 else 0.0
-            total = stage_memory_dict(states, per_mb * in_flight, buffers + dp_bucket, transient + rebuilt)["total_bytes"]
-            peak = max(peak, total)
-        send_f = np.array(send + [0.0])
-        send_b = np.array([0.0] + send_back)
-        return _Prepared(config, fwd, bwd, tp_f, tp_b, send_f, send_b, comp_f, comp_b, buckets, opt, after, peak,
-                         layers.flops_fwd / config.micro_batch_size)
+                            tb += cost
+            t.tp_f[st], t.tp_b[st] = tf, tb
+            t.reads[st] = input_bytes / pcie if layers.reads_input[a:b].any() else 0.0
+            t.params_local[st] = sum(layers.params_local[a:b].tolist()) + tied_local[st]
+            t.buffers[st] = (boundary[st - 1] if st > 0 else 0.0) + (boundary[st] if st < len(boundary) else 0.0)
+        t.buffers += float(config.bucket_bytes) if d > 1 else 0.0  # the DP bucket being reduced
+        t.dp_where = [self._where(rank_map.dp_group(st, 0)) for st in range(p)] if d > 1 else [(-1, 1)] * p
+        return t
+
+    def _zero_part(self, table: _StageTable, config: ParallelConfig):
+        """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
+        the optimizer step and the model states (weights + gradients + optimizer)."""
+        z = config.zero_stage
+        if z not in table.by_zero:
+            p, d = config.pp_size, config.dp_size
+            gpu = self.cluster.gpu
+            dtype_bytes = config.train_dtype.itemsize
+            grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+            runs_tau = np.zeros((p, _MAX_RUNS))
+            runs_count = np.zeros((p, _MAX_RUNS))
+            after, opt, states = np.zeros(p), np.zeros(p), np.zeros(p)
+            for st in range(p):
+                local = table.params_local[st]
+                where = table.dp_where[st]
+                r = 0
+                for dc in data_parallel_comms(local * grad_bytes, d, z, config.bucket_bytes):
+                    cost = self._cost_at(dc.kind, where, dc.message_bytes)
+                    if dc.phase is Phase.BACKWARD:
+                        if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes
+                            raise ConfigError("more gradient-bucket sizes than the fast path handles")
+                        runs_tau[st, r], runs_count[st, r] = cost, dc.count
+                        r += 1
+                    elif dc.phase is Phase.OPTIMIZER:
+                        after[st] += cost * dc.count
+                opt[st] = optimizer_step_s(local / (d if z >= 1 else 1), config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s)
+                states[st] = model_state_bytes(local, d, z, config.optimizer, dtype_bytes).total_bytes
+            table.by_zero[z] = (runs_tau, runs_count, after, opt, states)
+        return table.by_zero[z]
+
+    def _activation_part(self, table: _StageTable, config: ParallelConfig):
+        """Per stage for one recomputation mode: saved bytes per micro-batch and the
+        transient (+ rebuilt layer) bytes."""
+        mode = config.recompute
+        if mode not in table.by_recompute:
+            per_mb, extra = np.zeros(config.pp_size), np.zeros(config.pp_size)
+            for st, (a, b) in enumerate(table.ranges):
+                saved, rebuilt, transient = self._activations(config, a, b)
+                per_mb[st], extra[st] = saved, transient + rebuilt
+            table.by_recompute[mode] = (per_mb, extra)
+        return table.by_recompute[mode]
+
+    def _prepare(self, config: ParallelConfig) -> _Prepared:
+        if not supports(config):
+            raise ConfigError("the fast path does not cover this configuration")
+        if self.cluster.num_gpus != config.num_gpus:
+            raise ConfigError(f"the cluster has {self.cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
+        if self.imported.model_batch is not None and self.imported.model_batch != config.micro_batch_size:
+            raise ConfigError(f"the model fixes its batch dimension at {self.imported.model_batch}")
+        table = self._stage_table(config)
+        p, m = config.pp_size, config.num_micro_batches
+        if config.recompute == "full":
+            recompute = table.compute_f
+            tp_b = table.tp_b + table.tp_f
+        elif config.recompute == "selective":
+            recompute, tp_b = table.selective, table.tp_b
+        else:
+            recompute, tp_b = 0.0, table.tp_b
+        fwd = table.compute_f + table.tp_f + table.reads
+        comp_b = table.compute_b + recompute
+        bwd = comp_b + tp_b
+        runs_tau, runs_count, after, opt, states = self._zero_part(table, config)
+        per_mb, extra = self._activation_part(table, config)
+        v = config.virtual_stages if config.schedule == "interleaved" else 1
+        key = (config.schedule, p, m, v)
+        in_flight = self._in_flight.get(key)
+        if in_flight is None:
+            in_flight = self._in_flight[key] = np.array([in_flight_micro_batches(config.schedule, p, m, st, config.virtual_stages)
+                                                         for st in range(p)])
+        total = states + per_mb * in_flight + table.buffers + extra + FRAMEWORK_OVERHEAD_BYTES
+        return _Prepared(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
+                         runs_tau, runs_count, opt, after, float(total.max()),
+                         self._layers(config).flops_fwd / config.micro_batch_size)
 
     # ---- many configurations
     def evaluate(self, configs: Sequence[ParallelConfig]) -> list[dict[str, Any]]:
@@ -392,64 +520,88 @@ class FastEvaluator:
                 continue
             v = config.virtual_stages if config.schedule == "interleaved" else 1
             groups[(config.schedule, config.pp_size, config.num_micro_batches, v)].append((i, prep))
-        for (schedule, p, m, v), members in groups.items():
-            for i, summary in zip((i for i, _ in members), _simulate_group(schedule, p, m, v, [pr for _, pr in members],
-                                                                          self.cluster)):
+        staged = [(members, _GroupSim(schedule, p, m, v, [pr for _, pr in members]))
+                  for (schedule, p, m, v), members in groups.items()]
+        ends = pipeline_end_times_many([sim.item for _, sim in staged])  # every schedule in one pass
+        for (members, sim), end in zip(staged, ends):
+            for (i, _), summary in zip(members, sim.finish(end, self.cluster)):
                 out[i] = summary
         return out  # type: ignore[return-value]
 
 
-def _simulate_group(schedule: str, p: int, m: int, v: int, preps: list[_Prepared], cluster: Cluster) -> list[dict[str, Any]]:
-    """Iteration time and breakdown of configurations sharing a schedule (analysis._simulate and
-    _summarize, vectorised)."""
-    cs = compile_schedule(schedule, p, m, v)
-    k = len(preps)
-    f = np.stack([pr.fwd for pr in preps])
-    b = np.stack([pr.bwd for pr in preps])
-    tf = np.stack([pr.tp_f for pr in preps])
-    tb = np.stack([pr.tp_b for pr in preps])
-    sf = np.stack([pr.send_f for pr in preps])
-    sb = np.stack([pr.send_b for pr in preps])
-    if v > 1:  # each chunk is 1/v of the device's work; the wrap-around uses the largest send
-        wrap = sf[:, :-1].max(axis=1, initial=0.0)
-        wrap_b = sb[:, 1:].max(axis=1, initial=0.0)
-        sf = np.where(sf > 0, sf, wrap[:, None])
-        sb = np.where(sb > 0, sb, wrap_b[:, None])
-        f, b, tf, tb = f / v, b / v, tf / v, tb / v
-    free_f, free_b = f - tf, b - tb
-    zeros = np.zeros_like(f)
-    end = pipeline_end_times(cs, np.vstack([f, free_f]), np.vstack([b, free_b]), np.vstack([sf, zeros]),
-                             np.vstack([sb, zeros]))
-    ce = end[:, cs.last_step]  # [2K, p] compute end per device
-    ce_full, ce_free = ce[:k], ce[k:]
-    out = []
-    for i, pr in enumerate(preps):
-        config = pr.config
-        ends = []
-        for dev in range(p):
-            c_end = ce_full[i, dev]
-            dur = b[i, dev]
-            t = bucket_tail_end(c_end - dur, dur, c_end, pr.buckets[dev], config.overlap_grad_reduce)
-            ends.append(max(t, c_end) + pr.optimizer[dev] + pr.after_step[dev])
-        iteration = float(max(ends))
-        free_iteration = float(np.max(ce_free[i] + pr.optimizer))
-        busy = m * v * (free_f[i] + free_b[i])
-        crit = max(range(p), key=lambda dev: (busy[dev], -dev))
-        compute = float(m * (pr.compute_f[crit] + pr.compute_b[crit]))
-        bubble = max(float(ce_free[i].max()) - float(busy[crit]), 0.0)
-        model_flops = 3 * pr.flops_fwd_per_sample * config.global_batch_size
-        peak = cluster.gpu.peak_flops(config.dtype)
-        out.append({
-            "error": None,
-            "iteration_time_s": iteration,
-            "compute_time_s": compute,
-            "exposed_comm_time_s": max(iteration - free_iteration, 0.0),
-            "bubble_time_s": bubble,
-            "bubble_fraction": float(bubble / busy[crit]) if busy[crit] else 0.0,
-            "optimizer_time_s": float(pr.optimizer[crit]),
-            "mfu": model_flops / (iteration * config.num_gpus * peak) if iteration > 0 else None,
-            "tflops_per_gpu": model_flops / (iteration * config.num_gpus) / 1e12 if iteration > 0 else None,
-            "peak_memory_bytes": float(pr.peak_memory),
-            "fits": pr.peak_memory <= float(cluster.gpu.hbm_bytes),
-        })
-    return out
+class _GroupSim:
+    """Configurations sharing a schedule: the inputs of the batched pipeline simulation, then
+    iteration time and breakdown from its end times (analysis._simulate and _summarize,
+    vectorised)."""
+
+    def __init__(self, schedule: str, p: int, m: int, v: int, preps: list[_Prepared]) -> None:
+        self.cs = cs = compile_schedule(schedule, p, m, v)
+        self.preps, self.m, self.v = preps, m, v
+        f = np.stack([pr.fwd for pr in preps])
+        b = np.stack([pr.bwd for pr in preps])
+        tf = np.stack([pr.tp_f for pr in preps])
+        tb = np.stack([pr.tp_b for pr in preps])
+        sf = np.stack([pr.send_f for pr in preps])
+        sb = np.stack([pr.send_b for pr in preps])
+        if v > 1:  # each chunk is 1/v of the device's work; the wrap-around uses the largest send
+            wrap = sf[:, :-1].max(axis=1, initial=0.0)
+            wrap_b = sb[:, 1:].max(axis=1, initial=0.0)
+            sf = np.where(sf > 0, sf, wrap[:, None])
+            sb = np.where(sb > 0, sb, wrap_b[:, None])
+            f, b, tf, tb = f / v, b / v, tf / v, tb / v
+        self.b = b
+        self.free_f, self.free_b = f - tf, b - tb
+        zeros = np.zeros_like(f)
+        # the pipeline with communication and without (for the exposed communication); rows that
+        # are equal (ZeRO-0 and ZeRO-1 differ only after the last backward) are simulated once
+        rows = np.hstack([np.vstack([f, self.free_f]), np.vstack([b, self.free_b]), np.vstack([sf, zeros]),
+                          np.vstack([sb, zeros])])
+        first: dict[bytes, int] = {}
+        kept: list[int] = []
+        self.inverse = np.empty(len(rows), dtype=np.int64)
+        for r, row in enumerate(rows):
+            j = first.setdefault(row.tobytes(), len(kept))
+            if j == len(kept):
+                kept.append(r)
+            self.inverse[r] = j
+        unique = rows[kept]
+        self.item = (cs, *np.split(unique, 4, axis=1))
+
+    def finish(self, end: np.ndarray, cluster: Cluster) -> list[dict[str, Any]]:
+        cs, preps, m, v, b = self.cs, self.preps, self.m, self.v, self.b
+        k = len(preps)
+        ce = end[:, cs.last_step][self.inverse.reshape(-1)]  # [2K, p] compute end per device
+        ce_full, ce_free = ce[:k], ce[k:]
+        overlap = np.array([pr.config.overlap_grad_reduce for pr in preps])[:, None]
+        tail = bucket_tail_end_many(ce_full - b, b, ce_full, np.stack([pr.runs_tau for pr in preps]),
+                                    np.stack([pr.runs_count for pr in preps]), overlap)
+        opt = np.stack([pr.optimizer for pr in preps])
+        after = np.stack([pr.after_step for pr in preps])
+        iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)
+        free_iterations = (ce_free + opt).max(axis=1)
+        busy_all = m * v * (self.free_f + self.free_b)
+        out = []
+        for i, pr in enumerate(preps):
+            config = pr.config
+            iteration = float(iterations[i])
+            free_iteration = float(free_iterations[i])
+            busy = busy_all[i]
+            crit = int(np.argmax(busy))  # the first device with the most work
+            compute = float(m * (pr.compute_f[crit] + pr.compute_b[crit]))
+            bubble = max(float(ce_free[i].max()) - float(busy[crit]), 0.0)
+            model_flops = 3 * pr.flops_fwd_per_sample * config.global_batch_size
+            peak = cluster.gpu.peak_flops(config.dtype)
+            out.append({
+                "error": None,
+                "iteration_time_s": iteration,
+                "compute_time_s": compute,
+                "exposed_comm_time_s": max(iteration - free_iteration, 0.0),
+                "bubble_time_s": bubble,
+                "bubble_fraction": float(bubble / busy[crit]) if busy[crit] else 0.0,
+                "optimizer_time_s": float(pr.optimizer[crit]),
+                "mfu": model_flops / (iteration * config.num_gpus * peak) if iteration > 0 else None,
+                "tflops_per_gpu": model_flops / (iteration * config.num_gpus) / 1e12 if iteration > 0 else None,
+                "peak_memory_bytes": float(pr.peak_memory),
+                "fits": pr.peak_memory <= float(cluster.gpu.hbm_bytes),
+            })
+        return out

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
+import onnx
+
 from dml2comm.errors import Dml2CommError
 from dml2comm.hardware.cluster import Cluster
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
 
@@ -96,12 +98,60 @@ class Evaluator:
         self._imports: dict[int, ImportResult] = {}
         self._clusters: dict[int, Cluster] = {}
         self._fast: dict[int, Any] = {}
+        self._reduced: tuple[Any, Any] | None = None  # (collapsed ONNX model, Collapsed) from prepare_fast
 
     def imported(self, micro_batch: int) -> ImportResult:
         if micro_batch not in self._imports:
             options = ImportOptions(batch_size=micro_batch, seq_len=self.seq_len, dims=dict(self.dims))
             self._imports[micro_batch] = load_model(self.model_path, options)
         return self._imports[micro_batch]
+
+    def prepare_fast(self, micro_batch: int) -> None:
+        """Find the collapsed model (:mod:`dml2comm.ir.repeats`) on the import of ``micro_batch``
+        so that other micro-batch sizes import only the collapsed model (called before the
+        workers fork: they inherit it)."""
+        from dml2comm.analysis import _memo
+        from dml2comm.ir.layers import group_layers
+        from dml2comm.ir.repeats import collapse_repeats, reduced_model
+
+        full = self.imported(micro_batch).graph
+        layered = _memo(full, ("layers",), lambda: group_layers(full))
+        collapsed = _memo(full, ("collapsed",), lambda: collapse_repeats(full, layered))
+        if collapsed is None:
+            return
+        try:
+            proto = onnx.load(self.model_path, load_external_data=False)
+        except Exception:  # noqa: BLE001 - the full import read it; a second read failing only costs speed
+            return
+        reduced = reduced_model(proto, full, collapsed)
+        if reduced is not None:
+            self._reduced = (reduced, collapsed)
+
+    def fast_evaluator(self, micro_batch: int, num_gpus: int):
+        """The fast path's evaluator for ``micro_batch``: on the collapsed model when
+        :meth:`prepare_fast` found one and its import groups into the same layers."""
+        from dml2comm.ir.layers import group_layers
+        from dml2comm.ir.repeats import matches, rebind
+        from dml2comm.search.fast import FastEvaluator
+
+        fe = self._fast.get(micro_batch)
+        if fe is not None:
+            return fe
+        cluster = self.cluster(num_gpus)
+        if self._reduced is not None and micro_batch not in self._imports:
+            proto, collapsed = self._reduced
+            options = ImportOptions(batch_size=micro_batch, seq_len=self.seq_len, dims=dict(self.dims))
+            try:
+                imported = load_model_proto(proto, options, name=Path(self.model_path).stem)
+                layered = group_layers(imported.graph)
+            except Dml2CommError:
+                imported = None
+            if imported is not None and matches(collapsed, layered):
+                fe = FastEvaluator(imported, cluster, collapsed=rebind(collapsed, imported.graph, layered))
+        if fe is None:
+            fe = FastEvaluator(self.imported(micro_batch), cluster)
+        self._fast[micro_batch] = fe
+        return fe
 
     def cluster(self, num_gpus: int) -> Cluster:
         if num_gpus not in self._clusters:
@@ -118,7 +168,7 @@ class Evaluator:
     def evaluate_many(self, configs: Sequence[ParallelConfig], fast: bool = True) -> list[dict[str, Any]]:
         """Result rows for ``configs`` (one micro-batch size or several): the fast path
         (:mod:`dml2comm.search.fast`) for what it covers, the full analysis for the rest."""
-        from dml2comm.search.fast import FastEvaluator, supports
+        from dml2comm.search.fast import FastEvaluator, NotRepeating, supports
 
         rows: list[dict[str, Any] | None] = [None] * len(configs)
         by_batch: dict[int, list[int]] = {}
@@ -128,13 +178,19 @@ class Evaluator:
             else:
                 rows[i] = self.evaluate(config)
         for b, indices in by_batch.items():
+            batch = [configs[i] for i in indices]
             try:
-                fe = self._fast.get(b) or self._fast.setdefault(b, FastEvaluator(self.imported(b), self.cluster(configs[indices[0]].num_gpus)))
+                fe = self.fast_evaluator(b, batch[0].num_gpus)
+                try:
+                    summaries = fe.evaluate(batch)
+                except NotRepeating:  # the collapsed model does not hold: the whole model
+                    fe = self._fast[b] = FastEvaluator(self.imported(b), self.cluster(batch[0].num_gpus), collapse=False)
+                    summaries = fe.evaluate(batch)
             except Dml2CommError as exc:  # the model cannot be bound to this micro-batch
                 for i in indices:
                     rows[i] = self._failed(configs[i], exc)
                 continue
-            for i, summary in zip(indices, fe.evaluate([configs[i] for i in indices])):
+            for i, summary in zip(indices, summaries):
                 rows[i] = self._row(configs[i], summary)
         return rows  # type: ignore[return-value]
 
@@ -259,7 +315,7 @@ def _work(item: tuple[list[int], list[dict[str, Any]], bool]) -> list[dict[str, 
 
 #: Configurations per unit of work: large enough that those sharing a schedule are simulated
 #: together, small enough that results stream and Ctrl-C loses little.
-CHUNK = 64
+CHUNK = 256
 
 
 def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:
@@ -311,7 +367,8 @@ def run_sweep(
     """
     start = time.perf_counter()
     evaluator = Evaluator(model_path, cluster_builder, space.dims, space.seq_len)
-    first = evaluator.imported(min(space.constraints.micro_batch_sizes or (1,)))
+    first_batch = min(space.constraints.micro_batch_sizes or (1,))
+    first = evaluator.imported(first_batch)
     shape = model_shape(first)
     seq_len = space.seq_len or shape["seq_len"]
     constraints = space.constraints
@@ -335,6 +392,8 @@ def run_sweep(
             on_result(row, len(rows), total)
 
     chunks = _chunks(configs)
+    if fast:
+        evaluator.prepare_fast(first.model_batch or first_batch)
     if workers <= 1:
         try:
             for chunk in chunks:

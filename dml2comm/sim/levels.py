@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dml2comm.sim.schedules import StepKind, build_schedule
+from dml2comm.sim.schedules import check_schedule
 
-__all__ = ["CompiledSchedule", "compile_schedule", "pipeline_end_times", "bucket_tail_end"]
+__all__ = ["CompiledSchedule", "compile_schedule", "pipeline_end_times", "bucket_tail_end", "bucket_tail_end_many", "pipeline_end_times_many"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class CompiledSchedule:
     prev: np.ndarray  # [S] previous step on the device, or S (a zero column)
     need: np.ndarray  # [S] step whose output this one needs, or S
     depths: tuple[np.ndarray, ...]  # step indices per depth
+    depth: np.ndarray  # [S] depth of each step
     last_step: np.ndarray  # [p] index of each device's last step
     last_backward: np.ndarray  # [p] index of each device's last backward step
 
@@ -61,7 +62,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     (``k < T - W``) or ``T + k``.  The k-th op's micro-batch and chunk follow
     ``schedules._interleaved`` (GPipe runs its backwards last micro-batch first).
     """
-    build_schedule(name, p, m, v)  # the same validation (and errors) as the engine's
+    check_schedule(name, p, m, v)  # the same validation (and errors) as the engine's
     if name == "interleaved" and v < 2:
         name = "1f1b"
     if name != "interleaved":
@@ -150,7 +151,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     groups = tuple(by_depth[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1))
     last_step = s * two + two - 1
     last_backward = last_step.copy()  # every order ends with a backward
-    return CompiledSchedule(p, v, n, device, forward, prev, need, groups, last_step, last_backward)
+    return CompiledSchedule(p, v, n, device, forward, prev, need, groups, depth, last_step, last_backward)
 
 
 def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
@@ -170,6 +171,64 @@ def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarra
         start = np.maximum(end[:, prev[idx]], end[:, need[idx]] + send[:, idx])
         end[:, idx] = start + dur[:, idx]
     return end[:, :-1]
+
+
+def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """:func:`pipeline_end_times` for several schedules at once: ``items`` are
+    ``(schedule, fwd, bwd, send_fwd, send_bwd)``; returns each item's ``[K, S]`` end times.
+
+    Every item's steps go into one flat array laid out depth by depth (a counting sort: level
+    ``L`` of every item, then level ``L + 1``), so one pass over the deepest schedule's levels
+    updates all of them; the per-level cost of numpy calls is paid once, not once per schedule.
+    """
+    if not items:
+        return []
+    levels = max(int(cs.depth.max()) + 1 for cs, *_ in items)
+    counts = [np.bincount(cs.depth, minlength=levels) * f.shape[0] for cs, f, *_ in items]
+    per_level = np.sum(counts, axis=0)
+    level_start = np.zeros(levels + 1, dtype=np.int64)
+    np.cumsum(per_level, out=level_start[1:])
+    total = int(level_start[-1])
+    slots = sum(f.shape[0] * (cs.num_steps + 1) for cs, f, *_ in items)
+    order_idx = np.empty(total, dtype=np.int64)
+    order_prev = np.empty(total, dtype=np.int64)
+    order_need = np.empty(total, dtype=np.int64)
+    order_dur = np.empty(total)
+    order_send = np.empty(total)
+    prior = np.zeros(levels, dtype=np.int64)  # elements of earlier items already placed per level
+    bases = []
+    base = 0
+    for (cs, f, b, sf, sb), count in zip(items, counts):
+        k, n = f.shape[0], cs.num_steps
+        dev = cs.device
+        dur = np.where(cs.forward, f[:, dev], b[:, dev])
+        need_dev = dev[np.minimum(cs.need, n - 1)]
+        send = np.where(cs.forward, sf[:, need_dev], sb[:, need_dev])
+        send[:, cs.need == n] = 0.0
+        row = base + np.arange(k, dtype=np.int64)[:, None] * (n + 1)  # each configuration's block; slot n stays 0
+        order = np.argsort(cs.depth, kind="stable")
+        lev = cs.depth[order]
+        own = np.bincount(cs.depth, minlength=levels)
+        own_start = np.zeros(levels, dtype=np.int64)
+        np.cumsum(own[:-1], out=own_start[1:])
+        # destination of (configuration r, j-th step in depth order): its level's region, this
+        # item's share of it, configuration-major inside the share
+        dest = ((level_start[lev] + prior[lev] - own_start[lev] + np.arange(n))[None, :]
+                + np.arange(k, dtype=np.int64)[:, None] * own[lev][None, :]).ravel()
+        order_idx[dest] = (row + order).ravel()
+        order_prev[dest] = (row + cs.prev[order]).ravel()
+        order_need[dest] = (row + cs.need[order]).ravel()
+        order_dur[dest] = dur[:, order].ravel()
+        order_send[dest] = send[:, order].ravel()
+        prior += count
+        bases.append((base, k, n))
+        base += k * (n + 1)
+    end = np.zeros(slots)
+    for level in range(levels):
+        a, b_ = level_start[level], level_start[level + 1]
+        start = np.maximum(end[order_prev[a:b_]], end[order_need[a:b_]] + order_send[a:b_])
+        end[order_idx[a:b_]] = start + order_dur[a:b_]
+    return [end[b0:b0 + k * (n + 1)].reshape(k, n + 1)[:, :n] for b0, k, n in bases]
 
 
 def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
@@ -194,3 +253,23 @@ def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: 
         suffix -= tau * count
         i += count
     return best
+
+
+def bucket_tail_end_many(start: np.ndarray, duration: np.ndarray, compute_end: np.ndarray, tau: np.ndarray,
+                         count: np.ndarray, overlap: np.ndarray) -> np.ndarray:
+    """:func:`bucket_tail_end` (stream free at 0) for arrays of devices: ``start``,
+    ``duration``, ``compute_end`` ``[..., p]``; runs ``tau``, ``count`` ``[..., p, R]`` (count 0:
+    no run); ``overlap`` broadcasts against ``[..., p]``."""
+    total = count.sum(axis=-1)
+    best = (tau * count).sum(axis=-1)
+    suffix = best.copy()
+    safe = np.where(total > 0, total, 1)
+    i = np.zeros_like(total)
+    for r in range(tau.shape[-1]):
+        t, c = tau[..., r], count[..., r]
+        for pos, rest in ((i, suffix), (i + c - 1, suffix - t * (c - 1))):
+            ready = np.where(overlap, start + duration * (pos + 1) / safe, compute_end)
+            best = np.where(c > 0, np.maximum(best, ready + rest), best)
+        suffix = suffix - t * c
+        i = i + c
+    return np.where(total > 0, best, 0.0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["StepKind", "Step", "build_schedule"]
+__all__ = ["StepKind", "Step", "build_schedule", "check_schedule"]
 
 
 class StepKind(enum.Enum):
@@ -37,22 +37,25 @@ class Step:
     chunk: int = 0
 
 
+def check_schedule(name: str, p: int, m: int, v: int = 1) -> None:
+    """Raise :class:`ConfigError` when schedule ``name`` cannot run ``m`` micro-batches on ``p`` stages."""
+    if name not in ("gpipe", "1f1b", "interleaved"):
+        raise ConfigError(f"unknown schedule {name!r}; choose gpipe, 1f1b or interleaved")
+    if name == "interleaved" and v >= 2 and m % p:
+        raise ConfigError(
+            f"the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of --p {p} "
+            "(Megatron-LM requires it); change --global-batch-size"
+        )
+
+
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Step]]:
     """Per-device step lists for schedule ``name`` (``gpipe``, ``1f1b``, ``interleaved``)."""
+    check_schedule(name, p, m, v)
     if name == "gpipe":
         return [_gpipe(m) for _ in range(p)]
-    if name == "1f1b":
+    if name == "1f1b" or v < 2:
         return [_one_f_one_b(p, m, s) for s in range(p)]
-    if name == "interleaved":
-        if v < 2:
-            return [_one_f_one_b(p, m, s) for s in range(p)]
-        if m % p:
-            raise ConfigError(
-                f"the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of --p {p} "
-                "(Megatron-LM requires it); change --global-batch-size"
-            )
-        return [_interleaved(p, m, v, s) for s in range(p)]
-    raise ConfigError(f"unknown schedule {name!r}; choose gpipe, 1f1b or interleaved")
+    return [_interleaved(p, m, v, s) for s in range(p)]
 
 
 def _gpipe(m: int) -> list[Step]:
