@@ -422,3 +422,51 @@ def test_fused_kernels_never_span_blocks():
         regions.setdefault(region, set()).add(layer_of[op])
     assert regions and all(len(layers) == 1 for layers in regions.values())
     assert max(sum(1 for r in fused_kernels(graph).values() if r == k) for k in regions) >= 3  # bias-dropout-add, GeLU chains
+
+
+# ---- context and expert parallelism in sweeps (issue 9)
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe") / "moe.onnx"
+    zoo.save(zoo.build_moe(layers=2, hidden=128, heads=8, kv_heads=4, ffn_hidden=256, experts=4, top_k=2, vocab=256,
+                           seq_len=64), path)
+    return str(path)
+
+
+def test_enumeration_with_cp_and_ep_is_complete_and_valid():
+    """Every (d, t, p, c, e) with d*t*p*c = N, c dividing the sequence and (Ulysses) the heads
+    over t*c, e dividing the experts and d*c; each configuration constructs."""
+    constraints = Constraints(micro_batch_sizes=(1,), virtual_stages=(1,), zero_stages=(0,), recompute=("none",),
+                              sequence_parallel=(False,), cp=(1, 2, 4), ep=(1, 2, 4))
+    configs = list(enumerate_configs(16, 32, 4, 8, 4, 64, constraints, experts=4))
+    seen = {(c.dp_size, c.tp_size, c.pp_size, c.cp_size, c.ep_size) for c in configs}
+    expected = {(d, t, p, c, e) for d in (1, 2, 4, 8, 16) for t in (1, 2, 4, 8) for c in (1, 2, 4) for e in (1, 2, 4)
+                for p in [16 // (d * t * c)] if d * t * c * p == 16 and p <= 4 and 8 % (t * c) == 0 and 64 % c == 0
+                and 4 % e == 0 and (d * c) % e == 0 and 32 % d == 0}
+    assert seen == expected and any(c > 1 for _, _, _, c, _ in seen) and any(e > 1 for *_, e in seen)
+    with pytest.raises(ConfigError, match="no experts"):
+        list(enumerate_configs(16, 32, 4, 8, 4, 64, constraints, experts=None))
+
+
+def test_sweep_over_cp_and_ep_evaluates_them(moe, tmp_path, capsys):
+    """--cp and --ep lists reach the rows (through the full analysis), the CSV has c and e,
+    --ep on a model without experts is a one-line error, and compare specs take c= and e=."""
+    out = tmp_path / "out"
+    code = run_sweep_command([moe, "--gpus", "8", "--global-batch-size", "16", "--cp", "1,2", "--ep", "1,2",
+                              "--micro-batch-sizes", "1", "--virtual-stages", "1", "--zero", "0", "--recompute", "none",
+                              "--no-sp", "--out", str(out), "--no-site", "--json"])
+    assert code == 0
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    combos = {(r["c"], r["e"]) for r in rows if not r["error"]}
+    assert {("1", "1"), ("2", "1"), ("1", "2"), ("2", "2")} <= combos
+    with pytest.raises(ConfigError, match="no experts") as info:  # main.py prints it as one line, exit 2
+        run_sweep_command([_plain_gpt(tmp_path), "--gpus", "8", "--ep", "1,2", "--out", str(tmp_path / "x"), "--no-site"])
+    assert "\n" not in str(info.value) and not (tmp_path / "x" / "sweep.csv").exists()
+    cfg = parse_config_spec("d=2,t=1,p=1,c=2,e=2", 16, 64)
+    assert (cfg.cp_size, cfg.ep_size, cfg.num_gpus) == (2, 2, 4)
+
+
+def _plain_gpt(tmp_path):
+    path = tmp_path / "plain.onnx"
+    zoo.save(zoo.build_gpt(layers=2, hidden=128, heads=8, vocab=256, seq_len=64), path)
+    return str(path)

@@ -58,7 +58,7 @@ PARETO_SHOWN = 20
 
 #: Keys of a ``--configs`` entry.
 SPEC_KEYS = {"d": "dp_size", "t": "tp_size", "p": "pp_size", "b": "micro_batch_size", "zero": "zero_stage",
-             "recompute": "recompute", "sp": "sequence_parallel", "v": "virtual_stages"}
+             "recompute": "recompute", "sp": "sequence_parallel", "v": "virtual_stages", "c": "cp_size", "e": "ep_size"}
 
 
 _Parser = OneLineParser
@@ -102,7 +102,7 @@ def _entry(row: Mapping[str, Any]) -> dict[str, Any]:
             "error": row["error"]}
 
 
-_INT_COLUMNS = {"index", "d", "t", "p", "micro_batch_size", "num_micro_batches", "virtual_stages", "zero_stage"}
+_INT_COLUMNS = {"index", "d", "t", "p", "c", "e", "micro_batch_size", "num_micro_batches", "virtual_stages", "zero_stage"}
 _BOOL_COLUMNS = {"sequence_parallel", "fits"}
 _TEXT_COLUMNS = {"schedule", "recompute", "error"}
 
@@ -208,6 +208,9 @@ def sweep_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-sp", action="store_true", help="never use sequence parallelism")
     c.add_argument("--sp-only", action="store_true", help="always use sequence parallelism when t > 1")
     c.add_argument("--allow-cross-node-tp", action="store_true", help="allow t larger than the GPUs per node")
+    c.add_argument("--cp", default="1", help="context-parallel sizes to try, e.g. --cp 1,2,4 (default 1)")
+    c.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"], help="context-parallel scheme (default ulysses)")
+    c.add_argument("--ep", default="1", help="expert-parallel sizes to try on a MoE model, e.g. --ep 1,8 (default 1)")
     r = p.add_argument_group("run")
     r.add_argument("--workers", type=_positive, default=1, help="worker processes (default 1)")
     r.add_argument("--top", type=_positive, default=10, help="how many ranked configurations to print and keep (default 10)")
@@ -231,6 +234,7 @@ def _constraints(args: argparse.Namespace) -> Constraints:
         sequence_parallel=(False,) if args.no_sp else (True,) if args.sp_only else (False, True),
         allow_cross_node_tp=args.allow_cross_node_tp, gpus_per_node=args.gpus_per_node,
         dtype=args.dtype, optimizer=args.optimizer,
+        cp=parse_int_list(args.cp, "--cp"), ep=parse_int_list(args.ep, "--ep"), cp_scheme=args.cp_scheme,
     )
 
 
@@ -441,7 +445,7 @@ def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: 
 # ---- compare
 def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: str = "bf16",
                       optimizer: str = "adam") -> ParallelConfig:
-    """``"d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2"`` -> :class:`ParallelConfig` (unset keys: defaults)."""
+    """``"d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2,c=2,e=2"`` -> :class:`ParallelConfig` (unset keys: defaults)."""
     kwargs: dict[str, Any] = {}
     for part in [x.strip() for x in text.split(",") if x.strip()]:
         key, sep, value = part.partition("=")

@@ -81,6 +81,10 @@ class Constraints:
     gpus_per_node: int = 8
     dtype: str = "bf16"
     optimizer: str = "adam"
+    #: context-parallel sizes (``--cp``) and expert-parallel sizes (``--ep``) to try; 1 by default
+    cp: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] = (1,)
+    cp_scheme: str = "ulysses"
 
     def check(self, num_gpus: int) -> None:
         """Raise :class:`ConfigError` for values no configuration of ``num_gpus`` GPUs can take."""
@@ -106,6 +110,14 @@ class Constraints:
             raise ConfigError(f"--recompute expects a subset of {','.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if not self.sequence_parallel:
             raise ConfigError("sequence parallelism must allow on, off or both")
+        for flag, values in (("--cp", self.cp), ("--ep", self.ep)):
+            if not values or any(not isinstance(v, int) or v < 1 for v in values):
+                raise ConfigError(f"{flag} expects positive integers, got {values!r}; e.g. {flag} 1,2")
+            bad = [v for v in values if num_gpus % v]
+            if bad:
+                raise ConfigError(f"{flag} {bad[0]} does not divide --gpus {num_gpus}; choose from {divisors(num_gpus)}")
+        if self.cp_scheme not in ("ulysses", "ring"):
+            raise ConfigError(f"--cp-scheme must be ulysses or ring, got {self.cp_scheme!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
 
@@ -123,6 +135,7 @@ def enumerate_configs(
     kv_heads: int | None,
     seq_len: int | None,
     constraints: Constraints = Constraints(),
+    experts: int | None = None,
 ) -> Iterator[ParallelConfig]:
     """Yield every valid configuration (see the module docstring for the rules), in a fixed order.
 
@@ -139,7 +152,9 @@ def enumerate_configs(
         limited by the GPU count).  KV heads that t does not divide are replicated by the
         tensor-parallel pass (grouped-query attention), so they do not restrict t.
     seq_len
-        Recorded on each configuration.
+        Recorded on each configuration; context parallelism c must divide it.
+    experts
+        Experts per MoE layer (``None``: no experts, so only e = 1); e must divide them and d * c.
 
     Raises
     ------
@@ -153,6 +168,8 @@ def enumerate_configs(
     if layers < 1:
         raise ConfigError(f"the model has {layers} layers; nothing to place on a pipeline")
     c = constraints
+    if experts is None and any(e > 1 for e in c.ep):
+        raise ConfigError(f"--ep {max(c.ep)}: the model has no experts (no mixture-of-experts layers); drop --ep")
     count = 0
     for d in _sizes(num_gpus, c.d, c.max_d):
         for t in _sizes(num_gpus // d, c.t, c.max_t):
@@ -160,33 +177,50 @@ def enumerate_configs(
                 continue
             if t > c.gpus_per_node and not c.allow_cross_node_tp:
                 continue
-            p = num_gpus // (d * t)
-            if c.p is not None and p not in c.p:
-                continue
-            if (c.max_p is not None and p > c.max_p) or p > layers:
-                continue
-            for b in sorted(set(c.micro_batch_sizes)):
-                if global_batch % (b * d):
+            for cp in sorted(set(c.cp)):
+                if (num_gpus // (d * t)) % cp:
                     continue
-                m = global_batch // (b * d)
-                for v in sorted(set(c.virtual_stages)):
-                    if v > 1 and (p == 1 or m % p or p * v > layers):
+                if cp > 1 and ((seq_len is not None and seq_len % cp)
+                               or (c.cp_scheme == "ulysses" and heads is not None and heads % (t * cp))):
+                    continue
+                p = num_gpus // (d * t * cp)
+                if c.p is not None and p not in c.p:
+                    continue
+                if (c.max_p is not None and p > c.max_p) or p > layers:
+                    continue
+                for ep in sorted(set(c.ep)):
+                    if (d * cp) % ep or (ep > 1 and experts is not None and experts % ep):
                         continue
-                    schedule = "interleaved" if v > 1 else "1f1b"
-                    for zero in sorted(set(c.zero_stages)):
-                        for rec in [r for r in RECOMPUTE_MODES if r in c.recompute]:
-                            for sp in [s for s in (False, True) if s in c.sequence_parallel]:
-                                if sp and t == 1:
-                                    continue
-                                count += 1
-                                yield ParallelConfig(
-                                    dp_size=d, tp_size=t, pp_size=p, micro_batch_size=b, global_batch_size=global_batch,
-                                    seq_len=seq_len, dtype=c.dtype, schedule=schedule, virtual_stages=v,
-                                    zero_stage=zero, sequence_parallel=sp, recompute=rec, optimizer=c.optimizer,
-                                )
+                    for config in _inner(c, num_gpus, global_batch, layers, seq_len, d, t, p, cp, ep):
+                        count += 1
+                        yield config
     if count == 0:
         raise ConfigError(
             f"no valid configuration of {num_gpus} GPUs for global batch {global_batch}, {layers} layers and "
             f"{heads if heads is not None else 'no'} attention heads under these constraints; loosen --d/--t/--p, "
             "--max-*, --micro-batch-sizes or change --global-batch-size"
         )
+
+
+def _inner(c: Constraints, num_gpus: int, global_batch: int, layers: int, seq_len: int | None, d: int, t: int, p: int,
+           cp: int, ep: int) -> Iterator[ParallelConfig]:
+    """Micro-batch, virtual stages, ZeRO, recomputation and SP for one (d, t, p, c, e)."""
+    for b in sorted(set(c.micro_batch_sizes)):
+        if global_batch % (b * d):
+            continue
+        m = global_batch // (b * d)
+        for v in sorted(set(c.virtual_stages)):
+            if v > 1 and (p == 1 or m % p or p * v > layers):
+                continue
+            schedule = "interleaved" if v > 1 else "1f1b"
+            for zero in sorted(set(c.zero_stages)):
+                for rec in [r for r in RECOMPUTE_MODES if r in c.recompute]:
+                    for sp in [s for s in (False, True) if s in c.sequence_parallel]:
+                        if sp and t == 1:
+                            continue
+                        yield ParallelConfig(
+                            dp_size=d, tp_size=t, pp_size=p, micro_batch_size=b, global_batch_size=global_batch,
+                            seq_len=seq_len, dtype=c.dtype, schedule=schedule, virtual_stages=v,
+                            zero_stage=zero, sequence_parallel=sp, recompute=rec, optimizer=c.optimizer,
+                            cp_size=cp, cp_scheme=c.cp_scheme, ep_size=ep,
+                        )

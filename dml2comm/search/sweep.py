@@ -42,8 +42,8 @@ __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape",
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fits", "bubble_fraction",
            "exposed_comm_time_s", "compute_time_s", "bubble_time_s", "optimizer_time_s")
 #: Configuration fields shown in tables and the CSV.
-CONFIG_COLUMNS = ("d", "t", "p", "micro_batch_size", "num_micro_batches", "schedule", "virtual_stages", "zero_stage",
-                  "recompute", "sequence_parallel")
+CONFIG_COLUMNS = ("d", "t", "p", "c", "e", "micro_batch_size", "num_micro_batches", "schedule", "virtual_stages",
+                  "zero_stage", "recompute", "sequence_parallel")
 CSV_COLUMNS = ("index",) + CONFIG_COLUMNS + METRICS + ("error",)
 
 
@@ -61,8 +61,10 @@ class SweepSpace:
 
 
 def model_shape(imported: ImportResult) -> dict[str, Any]:
-    """Layer count, attention heads and sequence length of an imported model (what the space needs)."""
+    """Layer count, attention heads, sequence length and experts per MoE layer (None: no
+    experts) of an imported model (what the space needs)."""
     from dml2comm.ir.layers import group_layers
+    from dml2comm.parallel.expert import find_moe
     from dml2comm.parallel.tensor import attention_heads
 
     graph = imported.graph
@@ -73,14 +75,17 @@ def model_shape(imported: ImportResult) -> dict[str, Any]:
         if not tensor.dtype.is_float and tensor.rank == 2:
             seq = tensor.shape[1]
             break
-    return {"layers": len(group_layers(graph).layers), "heads": heads, "kv_heads": kv_heads, "seq_len": seq}
+    layered = group_layers(graph)
+    moe = find_moe(graph, layered.layer_of_op)
+    return {"layers": len(layered.layers), "heads": heads, "kv_heads": kv_heads, "seq_len": seq,
+            "experts": moe.experts if moe is not None else None}
 
 
 def config_from_dict(data: Mapping[str, Any]) -> ParallelConfig:
     """Rebuild a :class:`ParallelConfig` from :meth:`ParallelConfig.to_dict` output."""
     names = {f.name for f in fields(ParallelConfig)}
     kwargs = {k: v for k, v in data.items() if k in names}
-    kwargs.update(dp_size=data["d"], tp_size=data["t"], pp_size=data["p"])
+    kwargs.update(dp_size=data["d"], tp_size=data["t"], pp_size=data["p"], cp_size=data.get("c", 1), ep_size=data.get("e", 1))
     if data.get("grad_reduce_dtype") == data.get("dtype"):
         kwargs["grad_reduce_dtype"] = None
     return ParallelConfig(**kwargs)
@@ -378,7 +383,7 @@ def run_sweep(
     if constraints.gpus_per_node != cluster.gpus_per_node:
         constraints = replace(constraints, gpus_per_node=cluster.gpus_per_node)
     configs = list(enumerate_configs(num_gpus, space.global_batch_size, shape["layers"], shape["heads"],
-                                     shape["kv_heads"], seq_len, constraints))
+                                     shape["kv_heads"], seq_len, constraints, shape["experts"]))
     num_configs = len(configs)
     if limit is not None:
         configs = configs[:limit]
