@@ -7,7 +7,9 @@ nanosecond digits, ProfilerStep annotations, ``cpu_op`` nests on a main and an a
 ``cudaLaunchKernel`` runtime events, ``ac2g`` flow pairs, compute kernels with long templated
 names, NCCL kernels launched inside ``record_param_comms`` with Megatron group descriptions,
 memcpy/memset, and the optimizer step.  Each figure is measured in a fresh child process (peak
-RSS = that process's ``ru_maxrss``).  It prints figures; it asserts nothing.
+RSS = that process's ``ru_maxrss``; CPU = its process time, less sensitive than the wall clock to
+other jobs on the machine), and the load + classify runs are summarised by min/median/max.  It
+prints figures; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,15 +110,15 @@ def synthesise(path: Path, target_mb: float, rank: int = 0, world: int = 8, seed
 
 CHILD = """
 import resource, sys, time
-t0 = time.perf_counter()
 from dml2comm.traces.load import load_trace
 from dml2comm.traces.classify import classify
 from dml2comm.traces.metrics import step_metrics
-t1 = time.perf_counter()
-tr = load_trace(sys.argv[1]); t2 = time.perf_counter()
-act = classify(tr); t3 = time.perf_counter()
-steps = step_metrics(act); t4 = time.perf_counter()
-print(f"{t2 - t1:.3f} {t3 - t2:.3f} {t4 - t3:.3f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} {tr.num_events} {act.start.size} {len(steps)}")
+w0, c0 = time.perf_counter(), time.process_time()
+tr = load_trace(sys.argv[1]); w1, c1 = time.perf_counter(), time.process_time()
+act = classify(tr); w2, c2 = time.perf_counter(), time.process_time()
+steps = step_metrics(act); w3 = time.perf_counter()
+print(f"{w1 - w0:.3f} {w2 - w1:.3f} {w3 - w2:.3f} {c2 - c0:.3f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} "
+      f"{tr.num_events} {act.start.size} {len(steps)}")
 """
 
 
@@ -124,7 +127,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=100.0, help="size of the synthetic trace in MB (default 100)")
     ap.add_argument("--ranks", type=int, default=4, help="ranks for the set run (default 4)")
     ap.add_argument("--processes", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="fresh-process runs of load + classify (default 5)")
+    ap.add_argument("--no-set", action="store_true", help="skip the rank-set run through the command")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,11 +136,20 @@ def main() -> None:
         t = time.perf_counter()
         n = synthesise(path, args.mb)
         print(f"synthesised {path.stat().st_size / 1e6:.1f} MB, {n:,} events in {time.perf_counter() - t:.1f} s")
+        if hasattr(os, "getloadavg"):
+            print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        totals, cpus = [], []
         for i in range(args.repeat):
             res = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env, check=True)
-            load_s, cls_s, met_s, rss, ev, act, steps = res.stdout.split()
-            print(f"run {i + 1}: load {load_s} s + classify {cls_s} s = {float(load_s) + float(cls_s):.2f} s "
-                  f"(+ step metrics {met_s} s); peak RSS {rss} MiB; {int(ev):,} events kept, {int(act):,} GPU events, {steps} steps")
+            load_s, cls_s, met_s, cpu_s, rss, ev, act, steps = res.stdout.split()
+            totals.append(float(load_s) + float(cls_s))
+            cpus.append(float(cpu_s))
+            print(f"run {i + 1}: load {load_s} s + classify {cls_s} s = {totals[-1]:.2f} s wall ({cpu_s} s CPU; "
+                  f"+ step metrics {met_s} s); peak RSS {rss} MiB; {int(ev):,} events kept, {int(act):,} GPU events, {steps} steps")
+        print(f"load + classify, {args.repeat} runs: wall min {min(totals):.2f} s, median {statistics.median(totals):.2f} s, "
+              f"max {max(totals):.2f} s; CPU median {statistics.median(cpus):.2f} s")
+        if args.no_set:
+            return
         # a rank set through the command, serial and in processes
         folder = Path(tmp) / "torch_profile"
         folder.mkdir()

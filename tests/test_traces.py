@@ -113,7 +113,7 @@ def test_classification_and_step_metrics(tmp_path):
     us = 1e-6
     assert s["wall_s"] == pytest.approx(150 * us)
     assert s["compute_s"] == pytest.approx(80 * us)
-    assert s["comm_s"] == pytest.approx({"tp": 20 * us, "dp": 40 * us, "pp": 10 * us, "ep": 0.0, "other": 0.0})
+    assert s["comm_s"] == pytest.approx({"tp": 20 * us, "dp": 40 * us, "pp": 10 * us, "cp": 0.0, "ep": 0.0, "other": 0.0})
     assert s["overlap_s"] == pytest.approx(30 * us)
     assert s["exposed_comm_s"] == pytest.approx(40 * us)
     assert s["idle_s"] == pytest.approx(30 * us)
@@ -205,7 +205,7 @@ def test_set_with_bad_and_missing_ranks(tmp_path, capsys):
     assert any("ranks 1, 3" in p for p in data["problems"])
     step = data["ranks"][0]["steps"][0]
     assert set(step) >= {"compute_s", "comm_s", "overlap_s", "exposed_comm_s", "idle_s"}
-    assert set(step["comm_s"]) == {"tp", "dp", "pp", "ep", "other"}
+    assert set(step["comm_s"]) == {"tp", "dp", "pp", "cp", "ep", "other"}
     assert data["pipeline_groups"] == [[0, 2]]
     stdout = capsys.readouterr().out
     assert "truncated" in stdout and "problem" in stdout
@@ -244,7 +244,7 @@ def test_site_escapes_trace_strings(tmp_path):
 
 def test_comparison_rows():
     steps = [{"forward_s": 1.0, "backward_s": 2.0, "recompute_s": 0.0, "optimizer_s": 0.5, "exposed_comm_s": 0.2, "idle_s": 0.1,
-              "wall_s": 4.0, "comm_s": {"tp": 0.3, "dp": 0.4, "pp": 0.0, "ep": 0.0, "other": 0.0}}]
+              "wall_s": 4.0, "comm_s": {"tp": 0.3, "dp": 0.4, "pp": 0.0, "cp": 0.0, "ep": 0.0, "other": 0.0}}]
     measured = measured_per_category([{"steps": steps}, {"steps": [dict(steps[0], forward_s=2.0)]}])
     assert measured["compute"] == 4.0  # the larger rank: 2 + 2
     rows = {r["category"]: r for r in comparison_rows({"compute": 5.0, "comm_pp": 0.1}, measured)}
@@ -272,3 +272,238 @@ def test_analyze_traces_in_processes(tmp_path):
     two = analyze_traces(paths, processes=2)
     assert [r.steps for r in one.ranks] == [r.steps for r in two.ranks]
     assert one.problems == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthetic fixtures of tests/fixtures/traces (figures worked out in make_traces.py)
+# ---------------------------------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
+US = 1e-6
+
+
+def _make_traces():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_traces", FIXTURES / "make_traces.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _us(d: dict) -> dict:
+    return {k: round(v / US, 6) for k, v in d.items()}
+
+
+def test_fixtures_match_their_generator():
+    """The committed files are what make_traces.py writes (edit the script, not the files)."""
+    for rel, text in _make_traces().fixtures().items():
+        assert (FIXTURES / rel).read_text(encoding="utf-8") == text, rel
+        assert len(text) < 200_000
+
+
+@pytest.fixture(scope="module")
+def megatron():
+    from dml2comm.traces.load import find_trace_files
+
+    return analyze_traces(find_trace_files([str(FIXTURES / "megatron_tp2_pp2_dp2")]))
+
+
+def test_megatron_fixture_figures(megatron):
+    """t=2 p=2 d=2; stage 0 in the newer schema, stage 1 in an older one (make_traces.py)."""
+    ts = megatron
+    assert [r.rank for r in ts.ranks] == list(range(8)) and ts.problems == [] and ts.failures == []
+    expected = {  # rank: (window, compute, tp, dp, pp, comm union, overlap, exposed, idle)
+        0: (1070, 620, 80, 100, 40, 220, 60, 160, 290),
+        2: (1110, 620, 80, 140, 40, 260, 60, 200, 290),
+        4: (740, 620, 40, 50, 40, 130, 10, 120, 0),
+        6: (780, 620, 40, 90, 40, 170, 10, 160, 0),
+    }
+    for r in ts.ranks:
+        assert r.problems == []  # unpaired flows, negative tids, partly overlapping slices: no trouble
+        assert [s["step"] for s in r.steps] == [10, 11]
+        want = expected[r.rank - r.rank % 2]  # tensor ranks 0 and 1 run the same
+        for s in r.steps:
+            got = _us({k: s[k] for k in ("wall_s", "compute_s", "comm_total_s", "overlap_s", "exposed_comm_s", "idle_s")})
+            comm = _us(s["comm_s"])
+            assert (got["wall_s"], got["compute_s"], comm["tp"], comm["dp"], comm["pp"], got["comm_total_s"], got["overlap_s"],
+                    got["exposed_comm_s"], got["idle_s"]) == want, r.rank
+            assert comm["cp"] == comm["ep"] == comm["other"] == 0
+            assert _us({k: s[k] for k in ("forward_s", "backward_s", "optimizer_s")}) == {"forward_s": 200, "backward_s": 400,
+                                                                                       "optimizer_s": 20}
+    new, old = ts.ranks[0], ts.ranks[4]
+    assert (new.schema_version, old.schema_version) == (1, None)
+    # the global clock: the newer schema's base time + relative ts equals the older absolute ts
+    assert new.activity.start.min() == pytest.approx(1e9 + 110) and old.activity.start.min() == pytest.approx(1e9 + 230)
+
+
+def test_megatron_fixture_micro_batches(megatron):
+    """Stage 0: Megatron's forward_step/backward_step markers (the nested user forward_step is not
+    a micro-batch of its own); stage 1 has none: the kernel-run heuristic."""
+    by = {r.rank: r for r in megatron.ranks}
+    r0, r4, r6 = by[0], by[4], by[6]
+    assert r0.segment_method == "markers" and r4.segment_method == "heuristic"
+    assert r0.activity.markers == ["megatron/core/pipeline_parallel/schedules.py(266): forward_step",
+                                   "megatron/core/pipeline_parallel/schedules.py(380): backward_step"]
+
+    def seg(r):
+        return [(s["segment"], round(s["compute_s"] / US, 6), _us(s["comm_s"]), round(s["overlap_s"] / US, 6)) for s in r.segments]
+
+    z = {"cp": 0, "ep": 0, "other": 0}
+    assert seg(r0) == [("F1", 100, {"tp": 20, "dp": 0, "pp": 10, **z}, 0), ("F2", 100, {"tp": 20, "dp": 0, "pp": 10, **z}, 0),
+                       ("B1", 200, {"tp": 20, "dp": 0, "pp": 10, **z}, 0), ("B2", 200, {"tp": 20, "dp": 100, "pp": 10, **z}, 60)]
+    assert seg(r4) == [("F1", 100, {"tp": 20, "dp": 0, "pp": 10, **z}, 0), ("B1", 200, {"tp": 0, "dp": 0, "pp": 20, **z}, 10),
+                       ("F2", 100, {"tp": 20, "dp": 0, "pp": 0, **z}, 0), ("B2", 200, {"tp": 0, "dp": 50, "pp": 10, **z}, 0)]
+    assert seg(r6)[-1] == ("B2", 200, {"tp": 0, "dp": 90, "pp": 10, **z}, 0)
+    d = r0.to_dict()["micro_batches"]
+    assert d["method"] == "markers" and d["step"] == 11 and len(d["markers"]) == 2
+
+
+def test_megatron_fixture_layout(megatron):
+    """Replicas are the ranks with the same data-parallel index: stage 0 knows its groups from
+    pg_config, stage 1 from the process-group ranks of its collectives."""
+    lay = megatron.layout
+    assert lay.method == "process groups"
+    assert lay.replicas == ((0, 1, 4, 5), (2, 3, 6, 7)) and lay.replica_ids == (0, 1)
+    assert [(p.dp, p.pp, p.tp, p.cp) for _, p in sorted(lay.places.items())] == [
+        (0, 0, 0, None), (0, 0, 1, None), (1, 0, 0, None), (1, 0, 1, None),
+        (0, 1, 0, None), (0, 1, 1, None), (1, 1, 0, None), (1, 1, 1, None)]
+    assert megatron.pipeline_groups == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert lay.places[5].label() == "rank 5 · pp 1 · tp 1"
+
+
+def test_megatron_fixture_through_the_command(tmp_path):
+    """trace_analysis.json (layout with each replica's step and slowest rank, micro-batch method),
+    the Parquet tables with the cp column and category, the drawings and both site pages."""
+    out = tmp_path / "out"
+    assert main(["trace", str(FIXTURES / "megatron_tp2_pp2_dp2"), "--out", str(out)]) == 0
+    data = json.loads((out / "trace_analysis.json").read_text())
+    lay = data["layout"]
+    assert lay["method"] == "process groups"
+    assert [(r["replica"], r["ranks"], round(r["step_s"] / US, 6), r["slowest_rank"]) for r in lay["replicas"]] == [
+        (0, [0, 1, 4, 5], 1070, 0), (1, [2, 3, 6, 7], 1110, 2)]
+    assert set(data["ranks"][0]["steps"][0]["comm_s"]) == {"tp", "dp", "pp", "cp", "ep", "other"}
+    assert data["ranks"][4]["micro_batches"]["method"] == "heuristic"
+    assert data["ranks"][0]["groups"] == {"dp": [0, 2], "pp": [0, 4], "tp": [0, 1]}
+    import pyarrow.parquet as pq
+
+    assert "comm_cp_s" in pq.read_table(out / "steps.parquet").column_names
+    svgs = sorted(p.name for p in (out / "svg_file").iterdir())
+    assert svgs[:2] == ["rank_bars.svg", "trace_gantt_0.svg"] and "trace_replica_1.svg" in svgs
+    index = (out / "site" / "index.html").read_text()
+    timeline = (out / "site" / "timeline.html").read_text()
+    assert 'data-chart="trace-replicas"' in index and "Replica 1: step 1.11 ms, slowest rank 2" in index
+    assert "Model replica 0: ranks 0, 1, 4, 5" in timeline and "Pipeline group 3: ranks 3, 7" in timeline
+    assert ">B2</text>" in timeline  # micro-batch labels on the Gantt rows
+    assert "explicit markers" in timeline and "kernel-run heuristic" in timeline
+
+
+def test_cp_ep_fixture():
+    """Context- and expert-parallel groups on the same ranks, told apart by descriptions (rank 0),
+    by pg_config names (rank 1), by Transformer Engine's CP attention spans and the all-to-all
+    name (ranks 2 and 3): every rank measures the same."""
+    from dml2comm.traces.load import find_trace_files, load_trace
+
+    ts = analyze_traces(find_trace_files([str(FIXTURES / "cp_ep")]))
+    assert ts.problems == []
+    for r in ts.ranks:
+        s = r.steps[0]
+        assert _us(s["comm_s"]) == {"tp": 0, "dp": 60, "pp": 0, "cp": 70, "ep": 60, "other": 0}, r.rank
+        assert _us({k: s[k] for k in ("wall_s", "compute_s", "comm_total_s", "overlap_s", "exposed_comm_s", "idle_s")}) == {
+            "wall_s": 500, "compute_s": 320, "comm_total_s": 190, "overlap_s": 70, "exposed_comm_s": 120, "idle_s": 60}
+        assert r.segment_method == "heuristic"
+        assert [(x["segment"], round(x["compute_s"] / US, 6), round(x["comm_total_s"] / US, 6), round(x["overlap_s"] / US, 6))
+                for x in r.segments] == [("F1", 100, 70, 30), ("B1", 200, 120, 40)]
+    rec = [c for c in load_trace(FIXTURES / "cp_ep" / "rank-1.json").comms if c.pg_name == "4"][0]
+    assert (rec.pg_desc, rec.ranks) == ("CONTEXT_PARALLEL_GROUP", (0, 1))  # resolved through pg_config
+    lay = ts.layout
+    assert lay.replicas == ((0, 1), (2, 3)) and lay.replica_ids == (0, 1)
+    assert [(p.dp, p.cp) for _, p in sorted(lay.places.items())] == [(0, 0), (0, 1), (None, 0), (None, 1)]
+
+
+def test_gloo_fixture():
+    from dml2comm.traces.load import find_trace_files
+
+    ts = analyze_traces(find_trace_files([str(FIXTURES / "gloo_cpu")]))
+    for r in ts.ranks:
+        assert r.activity.device == "cpu" and len(r.steps) == 2
+        for s in r.steps:
+            assert _us({k: s[k] for k in ("wall_s", "compute_s", "comm_total_s", "overlap_s", "exposed_comm_s", "idle_s")}) == {
+                "wall_s": 99, "compute_s": 73, "comm_total_s": 35, "overlap_s": 10, "exposed_comm_s": 25, "idle_s": 1}
+            assert _us(s["comm_s"])["dp"] == 35
+    assert ts.layout.replicas == ((0,), (1,)) and ts.layout.method == "process groups"
+
+
+def test_process_group_dimensions():
+    from dml2comm.traces.classify import pg_dim
+    from dml2comm.traces.load import CommRecord
+
+    cases = {
+        "CONTEXT_PARALLEL_GROUP": "cp", "mesh_cp": "cp", "HIERARCHICAL_CONTEXT_PARALLEL_GROUPS": "cp",
+        "DATA_PARALLEL_GROUP_WITH_CP": "dp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp", "mesh_dp_shard_cp": "dp",
+        "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "other", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "other",
+        "MODEL_PARALLEL_GROUP": "other", "EXPERT_DATA_PARALLEL_GROUP": "dp", "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+        "EXPERT_TENSOR_PARALLEL_GROUP": "tp", "TENSOR_MODEL_PARALLEL_GROUP": "tp", "mesh_tp": "tp",
+        "PIPELINE_MODEL_PARALLEL_GROUP": "pp", "EMBEDDING_GROUP": "pp", "default_pg": None, "cpu_group": None, "5": None,
+    }
+    assert {k: pg_dim(k) for k in cases} == cases
+    rec = CommRecord(0, "send", "", "", (2, 3), 2)
+    assert dim_of(rec, "send", Category.FORWARD, 4, "ncclDevKernel_SendRecv") == "pp"
+    assert dim_of(rec, "send", Category.FORWARD, 4, "ncclDevKernel_SendRecv", in_cp=True) == "cp"
+    assert dim_of(rec, "allreduce", Category.BACKWARD, 4, "nccl", group_dim="tp") == "tp"  # the group's described dimension
+
+
+def test_micro_batch_marker_patterns():
+    from dml2comm.traces.patterns import BACKWARD_MICROBATCH, FORWARD_MICROBATCH, MICROBATCH
+
+    forward = ["forward_step", "megatron/core/pipeline_parallel/schedules.py(266): forward_step", "Forward 3", "PP:0F3",
+               "## forward ##"]
+    backward = ["backward_step", "schedules.py(380): backward_step", "Backward 0", "PP:1B2", "PP:0I2", "PP:0W2", "## backward ##"]
+    neither = ["## forward:sparse_arch ##", "DistributedDataParallel.forward", "PP:0SEND_F3", "forward", "aten::mm"]
+    assert all(FORWARD_MICROBATCH.search(n) for n in forward) and not any(FORWARD_MICROBATCH.search(n) for n in backward + neither)
+    assert all(BACKWARD_MICROBATCH.search(n) for n in backward) and not any(BACKWARD_MICROBATCH.search(n) for n in forward + neither)
+    assert [bool(MICROBATCH.search(n)) for n in ("microbatch 3", "micro_batch_3", "mb7", "MicroBatch#2", "mbox")] == [
+        True, True, True, True, False]
+
+
+def test_whole_micro_batch_markers(tmp_path):
+    """User ranges "microbatch N" around forward and backward: one segment each, labelled M."""
+    doc = rank_trace()
+    for k in range(2):
+        t = 1000 * k
+        doc["traceEvents"] += [x("user_annotation", "microbatch 0", t + 0.2, 50), x("user_annotation", "microbatch 1", t + 53, 40)]
+    r = analyze_traces([write(tmp_path / "rank-0.json", doc)]).ranks[0]
+    assert r.segment_method == "markers" and [s["segment"] for s in r.segments] == ["M1", "M2"]
+    # M1: the forward GEMM and the TP all-reduce; M2: backward GEMM, DP all-reduce, pipeline send
+    assert [round(s["compute_s"] / US, 6) for s in r.segments] == [30, 40]
+    assert [round(s["comm_total_s"] / US, 6) for s in r.segments] == [20, 50]
+
+
+def test_layout_fallbacks():
+    from dml2comm.traces.layout import ParallelSizes, rank_layout
+
+    # no groups, sizes given: Megatron's order (t fastest, then c, d, p) for t=2 c=2 d=2 p=1
+    lay = rank_layout({r: {} for r in range(8)}, 8, ParallelSizes(dp=2, tp=2, pp=1, cp=2))
+    assert lay.method == "configuration"
+    assert lay.replicas == ((0, 1, 2, 3), (4, 5, 6, 7))  # rank = t + 2 c + 4 d; within a replica by (pp, cp, tp)
+    assert (lay.places[6].dp, lay.places[6].cp, lay.places[6].tp) == (1, 1, 0)
+    # sizes that do not match the world: assumed, each rank its own replica
+    lay = rank_layout({r: {} for r in range(4)}, 4, ParallelSizes(dp=2))
+    assert lay.method == "assumed" and lay.replicas == ((0,), (1,), (2,), (3,))
+    # tensor groups only (no data-parallel index): joined ranks form replicas numbered by smallest
+    # rank; rank 3 knows no group but rank 2's group names it; rank 5 is alone
+    lay = rank_layout({0: {"tp": (0, 1)}, 1: {"tp": (0, 1)}, 2: {"tp": (2, 3)}, 3: {}, 5: {}}, 8)
+    assert lay.method == "process groups" and lay.replicas == ((0, 1), (2, 3), (5,)) and lay.replica_ids == (0, 1, 2)
+    assert lay.detail.endswith("; 1 rank without group information (5) forms a replica of its own")
+
+
+def test_predicted_cp_row():
+    from dml2comm.traces.compare import predicted_per_category
+
+    predicted = predicted_per_category({"compute_time_s": 1.0}, {"cp": {"time_s": 0.25}, "tp": {"time_s": 0.5}})
+    assert predicted["comm_cp"] == 0.25 and predicted["comm_ep"] is None
+    steps = [{"forward_s": 1.0, "backward_s": 0.0, "recompute_s": 0.0, "optimizer_s": 0.0, "exposed_comm_s": 0.0, "idle_s": 0.0,
+              "wall_s": 1.0, "comm_s": {"tp": 0.0, "dp": 0.0, "pp": 0.0, "cp": 0.2, "ep": 0.0, "other": 0.0}}]
+    rows = {r["category"]: r for r in comparison_rows(predicted, measured_per_category([{"steps": steps}]))}
+    assert rows["comm_cp"]["label"] == "context-parallel communication"
+    assert rows["comm_cp"]["error"] == pytest.approx(0.25)  # (0.25 - 0.2) / 0.2

@@ -3,8 +3,8 @@
 :func:`analyze_file` loads, classifies and measures one file and never raises on bad input: a
 file that cannot be read comes back as :class:`RankFailure` with the one-line reason, so the
 good ranks of a set are still analysed.  :func:`analyze_traces` runs it over a set (in
-``processes`` worker processes) and adds the set-level problems: duplicate ranks, ranks missing
-from ``world_size``.
+``processes`` worker processes), adds the set-level problems (duplicate ranks, ranks missing
+from ``world_size``) and places the ranks in model replicas (:mod:`dml2comm.traces.layout`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.errors import Dml2CommError
-from dml2comm.traces.classify import Activity, classify
-from dml2comm.traces.load import load_trace
+from dml2comm.traces.classify import SEGMENT_METHODS, Activity, classify
+from dml2comm.traces.layout import Layout, ParallelSizes, coordinate_groups, rank_layout
+from dml2comm.traces.load import RankTrace, load_trace
 from dml2comm.traces.metrics import segment_metrics, step_metrics
 from dml2comm.traces.overlap import hta_gpu_events, hta_kernel_type_breakdown, hta_overlap_pct, hta_temporal_breakdown
-from dml2comm.traces.patterns import PG_DIMS
 
 __all__ = ["RankResult", "RankFailure", "TraceSet", "analyze_file", "analyze_traces"]
 
@@ -41,12 +41,19 @@ class RankResult:
     pipeline_groups: list[tuple[int, ...]]
     problems: list[str]
     seconds: float = 0.0
+    #: this rank's coordinate groups (dimension -> sorted member ranks), see :mod:`dml2comm.traces.layout`
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    segment_method: str = "none"  # how the micro-batches of segment_step were found (SEGMENT_METHODS)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "file": self.path, "world_size": self.world_size, "device": self.device,
                 "backend": self.backend, "schema_version": self.schema_version, "activity": self.activity.device,
-                "steps": self.steps, "micro_batches": {"step": self.segment_step, "segments": self.segments},
-                "hta": self.hta, "problems": self.problems}
+                "steps": self.steps,
+                "micro_batches": {"step": self.segment_step, "method": self.segment_method,
+                                  "method_detail": SEGMENT_METHODS[self.segment_method],
+                                  "markers": self.activity.markers if self.segment_method == "markers" else [],
+                                  "segments": self.segments},
+                "hta": self.hta, "groups": {d: list(g) for d, g in sorted(self.groups.items())}, "problems": self.problems}
 
 
 @dataclass
@@ -61,16 +68,23 @@ class TraceSet:
     failures: list[RankFailure]
     problems: list[str] = field(default_factory=list)
     pipeline_groups: list[tuple[int, ...]] = field(default_factory=list)
+    layout: Layout | None = None
 
 
-def _pipeline_groups(trace: Any) -> list[tuple[int, ...]]:
-    pp = next(p for p, d in PG_DIMS if d == "pp")
-    groups = {r.ranks for r in trace.comms if r.ranks and (pp.search(r.pg_desc) if r.pg_desc else False)}
+def _coordinate_groups(trace: RankTrace, act: Activity) -> dict[str, tuple[int, ...]]:
+    """The rank's own tensor/context/pipeline/data-parallel groups (pg_config, described
+    collectives, then groups known by their ranks only)."""
+    described: list[tuple[str, tuple[int, ...]]] = []
     for pg in trace.pg_config:
-        desc = str(pg.get("pg_desc", ""))
-        if pp.search(desc) and isinstance(pg.get("ranks"), list):
-            groups.add(tuple(int(x) for x in pg["ranks"] if isinstance(x, int)))
-    return sorted(groups)
+        ranks = pg.get("ranks")
+        if isinstance(ranks, list) and pg.get("pg_desc"):
+            described.append((str(pg["pg_desc"]), tuple(int(x) for x in ranks if isinstance(x, int) and not isinstance(x, bool))))
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    for r in trace.comms:
+        if r.ranks and r.pg_desc and (r.pg_desc, r.ranks) not in seen:
+            seen.add((r.pg_desc, r.ranks))
+            described.append((r.pg_desc, r.ranks))
+    return coordinate_groups(trace.rank, described, act.group_dims)
 
 
 def analyze_file(path: str) -> RankResult | RankFailure:
@@ -92,6 +106,7 @@ def analyze_file(path: str) -> RankResult | RankFailure:
     if with_events:
         seg_step = with_events[len(with_events) // 2]
         segments = segment_metrics(act, seg_step)
+    groups = _coordinate_groups(trace, act)
     ev = hta_gpu_events(trace)
     hta = {"comm_comp_overlap_pct": hta_overlap_pct(ev), "temporal_breakdown_us": hta_temporal_breakdown(ev),
            "kernel_types_us": hta_kernel_type_breakdown([ev])}
@@ -102,12 +117,14 @@ def analyze_file(path: str) -> RankResult | RankFailure:
         path=str(path), rank=trace.rank, world_size=trace.world_size, device=trace.device, backend=trace.backend,
         schema_version=trace.schema_version, activity=act, steps=steps, segments=segments,
         segment_step=act.steps[seg_step][0] if seg_step is not None else None, hta=hta,
-        pipeline_groups=_pipeline_groups(trace), problems=problems, seconds=time.perf_counter() - start,
+        pipeline_groups=[groups["pp"]] if "pp" in groups else [], problems=problems, seconds=time.perf_counter() - start,
+        groups=groups, segment_method=act.segment_methods[seg_step] if seg_step is not None else "none",
     )
 
 
-def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1) -> TraceSet:
-    """Analyse every file (ranks in parallel when ``processes`` > 1), sorted by rank."""
+def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1, sizes: ParallelSizes | None = None) -> TraceSet:
+    """Analyse every file (ranks in parallel when ``processes`` > 1), sorted by rank; ``sizes``
+    (the run's --d/--t/--p/--cp) place the ranks in replicas when the traces name no group."""
     files = [str(p) for p in paths]
     if processes > 1 and len(files) > 1:
         with ProcessPoolExecutor(max_workers=min(processes, len(files))) as pool:
@@ -135,4 +152,5 @@ def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1) 
             shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
             problems.append(f"{len(missing)} of {world} ranks have no trace (ranks {shown}): cross-rank views cover the others only")
     groups = sorted({g for r in unique for g in r.pipeline_groups})
-    return TraceSet(ranks=unique, failures=failures, problems=problems, pipeline_groups=groups)
+    layout = rank_layout({r.rank: r.groups for r in unique}, max(worlds) if worlds else None, sizes)
+    return TraceSet(ranks=unique, failures=failures, problems=problems, pipeline_groups=groups, layout=layout)

@@ -4,9 +4,11 @@
     python main.py trace rank-0.json.gz rank-1.json.gz --model gpt.onnx --d 2 --t 1 --p 1 --global-batch-size 16
 
 Outputs (``--out DIR``, published together): ``trace_analysis.json`` (schema_version 1: per rank
-``rank``, ``steps`` with ``compute_s``, ``comm_s`` by tp/dp/pp/ep/other, ``overlap_s``,
-``exposed_comm_s``, ``idle_s``, and the ``problems`` found; the set's problems; the
-HolisticTraceAnalysis-compatible figures; the comparison when a model is given),
+``rank``, ``steps`` with ``compute_s``, ``comm_s`` by tp/dp/pp/cp/ep/other, ``overlap_s``,
+``exposed_comm_s``, ``idle_s``, its ``micro_batches`` with the detection ``method``, and the
+``problems`` found; the set's problems; the ``layout`` (coordinates and model replicas, with how
+they were found); the HolisticTraceAnalysis-compatible figures; the comparison when a model is
+given),
 ``events.parquet`` (every classified event), ``steps.parquet`` (per-step metrics),
 ``comparison.csv`` (with ``--model``), ``svg_file/`` and ``site/`` (unless ``--no-site``).
 
@@ -31,7 +33,8 @@ import numpy as np
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.render.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
-from dml2comm.traces.classify import Category
+from dml2comm.traces.classify import DIMS, Category
+from dml2comm.traces.layout import ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
 
 __all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet"]
@@ -42,9 +45,11 @@ EXAMPLES = """examples:
   python main.py trace torch_profile/ --model gpt.onnx --d 2 --t 2 --p 2 --global-batch-size 32 --seq-len 1024 --gpu h100
 """
 
-#: Gantt charts drawn at most (pipeline groups), rows per chart at most.
+#: Gantt charts drawn at most (pipeline groups; model replicas), rows per chart at most, ranks in
+#: the replica bar chart at most.
 MAX_GANTTS = 8
 MAX_ROWS = 32
+MAX_BAR_RANKS = 256
 
 
 def trace_parser() -> argparse.ArgumentParser:
@@ -55,11 +60,17 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="output folder (default: current folder; its site/ and svg_file/ are replaced)")
     p.add_argument("--no-site", action="store_true", help="write trace_analysis.json and the Parquet tables only")
     p.add_argument("--json", action="store_true", help="print trace_analysis.json's per-rank summary as JSON")
-    m = p.add_argument_group("prediction (optional): the model and configuration of the run")
+    m = p.add_argument_group("prediction (optional): the model and configuration of the run",
+                             "--d/--t/--p/--cp/--rank-order also place the ranks in model replicas when the traces name no "
+                             "process group")
     m.add_argument("--model", help="the ONNX model the run trained")
-    m.add_argument("--d", type=positive_int, default=1)
-    m.add_argument("--t", type=positive_int, default=1)
-    m.add_argument("--p", type=positive_int, default=1)
+    m.add_argument("--d", type=positive_int, default=1, help="data-parallel size")
+    m.add_argument("--t", type=positive_int, default=1, help="tensor-parallel size")
+    m.add_argument("--p", type=positive_int, default=1, help="pipeline-parallel size")
+    m.add_argument("--cp", type=positive_int, default=1, help="context-parallel size")
+    m.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"])
+    m.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size (carved out of d x cp)")
+    m.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
     m.add_argument("--micro-batch-size", type=positive_int)
     m.add_argument("--global-batch-size", type=positive_int)
     m.add_argument("--seq-len", type=positive_int)
@@ -89,7 +100,7 @@ def rank_summary(r: RankResult) -> dict[str, Any]:
     s = r.steps
     out = {k: _mean([x[k] for x in s]) for k in ("wall_s", "compute_s", "comm_total_s", "overlap_s", "exposed_comm_s", "idle_s",
                                                  "forward_s", "backward_s", "recompute_s", "optimizer_s", "memcpy_s")}
-    out["comm_s"] = {d: _mean([x["comm_s"][d] for x in s]) for d in ("tp", "dp", "pp", "ep", "other")}
+    out["comm_s"] = {d: _mean([x["comm_s"][d] for x in s]) for d in DIMS}
     out["steps"] = len(s)
     return out
 
@@ -109,11 +120,23 @@ def trace_analysis_dict(ts: TraceSet, comparison: dict[str, Any] | None = None) 
         "failed_files": [{"file": f.path, "reason": f.reason} for f in ts.failures],
         "problems": ts.problems,
         "pipeline_groups": [list(g) for g in ts.pipeline_groups],
+        "layout": _layout_dict(ts, {r["rank"]: r["summary"] for r in ranks}),
         "hta": {"kernel_type_breakdown_us": breakdown, "kernel_type_percentage": percentages(breakdown),
                 "reference": "holistictraceanalysis 0.5.0 definitions (get_comm_comp_overlap, get_gpu_kernel_breakdown, "
                              "get_temporal_breakdown)"},
         "comparison": comparison,
     }
+
+
+def _layout_dict(ts: TraceSet, summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The layout with, per replica, its step (the slowest of its ranks' mean steps) and that rank."""
+    if ts.layout is None:
+        return None
+    out = ts.layout.to_dict()
+    for rep in out["replicas"]:
+        walls = [(summaries[r]["wall_s"], r) for r in rep["ranks"] if r in summaries and summaries[r]["steps"]]
+        rep["step_s"], rep["slowest_rank"] = max(walls, key=lambda w: (w[0], -w[1])) if walls else (None, None)
+    return out
 
 
 def _kernel_types(ts: TraceSet) -> dict[str, int]:
@@ -193,18 +216,21 @@ def _prediction(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None
     from dml2comm.parallel.config import ParallelConfig
     from dml2comm.traces.compare import comparison_rows, measured_per_category, predicted_per_category
 
-    num = args.d * args.t * args.p
+    num = args.d * args.t * args.p * args.cp
     micro = args.micro_batch_size or 1
     config = ParallelConfig(dp_size=args.d, tp_size=args.t, pp_size=args.p, micro_batch_size=micro,
                             global_batch_size=args.global_batch_size or micro * args.d * args.p, seq_len=args.seq_len,
                             dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages, zero_stage=args.zero,
-                            sequence_parallel=args.sequence_parallel, recompute=args.recompute)
+                            sequence_parallel=args.sequence_parallel, recompute=args.recompute, rank_order=args.rank_order,
+                            cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep)
     cluster = get_cluster(args.cluster, num) if args.cluster else make_cluster(args.gpu, num, min(args.gpus_per_node, num))
     cluster = replace(cluster, collective_overhead_s=0.0)
     analysis = analyze(args.model, config, cluster)
     predicted = predicted_per_category(analysis.summary, comm_by_dim(analysis))
     measured = measured_per_category([{"steps": r.steps} for r in ts.ranks])
-    what = (f"{Path(args.model).name}, d={args.d} t={args.t} p={args.p}, b={config.micro_batch_size} "
+    sizes = f"d={args.d} t={args.t} p={args.p}" + (f" cp={args.cp} ({args.cp_scheme})" if args.cp > 1 else "") + \
+        (f" ep={args.ep}" if args.ep > 1 else "")
+    what = (f"{Path(args.model).name}, {sizes}, b={config.micro_batch_size} "
             f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
     return {"model": str(args.model), "what": what, "rows": comparison_rows(predicted, measured)}
 
@@ -222,45 +248,99 @@ def _comparison_csv(comparison: dict[str, Any]) -> str:
 
 
 def _drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
-    from dml2comm.traces.charts import GanttInput, pipeline_gantt, stacked_bars
+    """The SVGs of the site: a Gantt chart per pipeline group, then one per model replica not
+    already drawn (both on the global clock, step ``segment_step`` of each rank), the ranks'
+    mean steps grouped by replica, and the micro-batch bars."""
+    from dml2comm.traces.charts import GanttInput, ReplicaRow, pipeline_gantt, replica_bars, stacked_bars
 
     svgs: dict[str, str] = {}
     by_rank = {r.rank: r for r in ts.ranks}
-    groups = [g for g in ts.pipeline_groups if any(x in by_rank for x in g)] or [tuple(sorted(by_rank))]
-    gantts = []
-    for gi, group in enumerate(groups[:MAX_GANTTS]):
+    places = ts.layout.places if ts.layout is not None else {}
+
+    def label(rank: int) -> str:
+        return places[rank].label() if rank in places else f"rank {rank}"
+
+    def gantt(ranks: Sequence[int]) -> list[GanttInput]:
         rows = []
-        for rank in [x for x in group if x in by_rank][:MAX_ROWS]:
+        for rank in [x for x in ranks if x in by_rank][:MAX_ROWS]:
             r = by_rank[rank]
             k = next((i for i, s in enumerate(r.activity.steps) if s[0] == r.segment_step), None)
             if k is not None:
-                rows.append(GanttInput(f"rank {rank}", r.activity, k))
+                rows.append(GanttInput(label(rank), r.activity, k))
+        return rows
+
+    candidates: list[tuple[str, tuple[int, ...]]] = []
+    groups = [g for g in ts.pipeline_groups if any(x in by_rank for x in g)]
+    for gi, group in enumerate(groups):
+        candidates.append((f"Pipeline group {gi}: ranks {', '.join(map(str, group))}", group))
+    if not groups:
+        candidates.append(("All ranks", tuple(sorted(by_rank))))
+    drawn = [frozenset(x for x in g if x in by_rank) for _, g in candidates]
+    if ts.layout is not None and ts.layout.method != "assumed":
+        for rid, members in zip(ts.layout.replica_ids, ts.layout.replicas):
+            if len(members) > 1 and frozenset(members) not in drawn:
+                candidates.append((f"Model replica {rid}: ranks {', '.join(map(str, members))}", members))
+                drawn.append(frozenset(members))
+    gantts = []
+    n_pipe = n_rep = 0
+    for title, ranks in candidates:
+        replica = title.startswith("Model replica")
+        if (n_rep if replica else n_pipe) >= MAX_GANTTS:
+            continue
+        rows = gantt(ranks)
         if not rows:
             continue
-        step = by_rank[[x for x in group if x in by_rank][0]].segment_step
-        title = (f"Pipeline group {gi}: ranks {', '.join(map(str, group))}" if ts.pipeline_groups else "All ranks") + f", step {step}"
-        name = f"trace_gantt_{gi}"
-        svgs[name] = pipeline_gantt(rows, title)
-        gantts.append({"name": name, "title": title})
-    bars = [(f"rank {r.rank}", _parts(rank_summary(r))) for r in ts.ranks]
-    has_bars = bool(bars)
+        step = by_rank[[x for x in ranks if x in by_rank][0]].segment_step
+        name = f"trace_replica_{n_rep}" if replica else f"trace_gantt_{n_pipe}"
+        if replica:
+            n_rep += 1
+        else:
+            n_pipe += 1
+        svgs[name] = pipeline_gantt(rows, f"{title}, step {step}")
+        gantts.append({"name": name, "title": f"{title}, step {step}"})
+    has_bars = bool(ts.ranks)
     if has_bars:
-        svgs["rank_bars"] = stacked_bars(bars, "Mean step per rank")
+        if ts.layout is not None:
+            ids, members = ts.layout.replica_ids, ts.layout.replicas
+        else:
+            ids, members = tuple(range(len(ts.ranks))), tuple((r.rank,) for r in ts.ranks)
+        blocks, shown = [], 0
+        for rid, ranks in zip(ids, members):
+            if shown >= MAX_BAR_RANKS:
+                break
+            rows = []
+            for rank in ranks[:MAX_BAR_RANKS - shown]:
+                summ = rank_summary(by_rank[rank])
+                rows.append(ReplicaRow(label(rank), _parts(summ), dict(summ["comm_s"])))
+            shown += len(rows)
+            walls = [(rank_summary(by_rank[x])["wall_s"], x) for x in ranks]
+            wall, slowest = max(walls, key=lambda w: (w[0], -w[1]))
+            head = f"Replica {rid}: step {fmt_s(wall)}" + (f", slowest rank {slowest}" if len(ranks) > 1 else "")
+            blocks.append((head, rows))
+        method = ts.layout.method if ts.layout is not None else "assumed"
+        note = f"replicas from {method}" + (f"; the first {shown} of {len(ts.ranks)} ranks shown" if shown < len(ts.ranks) else "")
+        svgs["rank_bars"] = replica_bars(blocks, "Mean step per rank, by model replica", note)
     micro = []
     for r in ts.ranks[:MAX_GANTTS]:
         if r.segments:
             name = f"trace_microbatches_rank_{r.rank}"
+            how = "explicit markers" if r.segment_method == "markers" else "kernel-run heuristic (no markers)"
             svgs[name] = stacked_bars([(s["segment"], _parts(s, idle=False)) for s in r.segments],
-                                      f"Micro-batches of rank {r.rank}, step {r.segment_step}")
-            micro.append({"name": name, "title": f"Rank {r.rank}, step {r.segment_step}"})
+                                      f"Micro-batches of rank {r.rank}, step {r.segment_step} ({how})")
+            micro.append({"name": name, "title": f"Rank {r.rank}, step {r.segment_step}: segments from {how}"})
     return svgs, {"gantts": gantts, "microbatches": micro, "has_bars": has_bars}
 
 
 def _parts(s: dict[str, Any], idle: bool = True) -> dict[str, float]:
-    out = {"compute": s["compute_s"], "overlapped communication": s["overlap_s"], "exposed communication": s["exposed_comm_s"]}
+    """The bar parts of a step or segment (:data:`~dml2comm.traces.charts.PART_COLOURS`), which add
+    up to its window: compute alone = compute - overlap; compute + communication = overlap;
+    exposed communication; copies only = window - idle - |compute ∪ communication| (with
+    |compute ∪ communication| = compute + exposed); idle."""
+    out = {"compute": max(s["compute_s"] - s["overlap_s"], 0.0), "compute + communication": s["overlap_s"],
+           "exposed communication": s["exposed_comm_s"]}
     if idle:
+        out["copies only"] = max(s["wall_s"] - s["idle_s"] - s["compute_s"] - s["exposed_comm_s"], 0.0)
         out["idle"] = s["idle_s"]
-        out["memcpy"] = s.get("memcpy_s", 0.0)
     return out
 
 
@@ -269,7 +349,7 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
     for r in data["ranks"]:
         s = r["summary"]
         ranks.append({"rank": r["rank"], "steps": s["steps"], "wall": fmt_s(s["wall_s"]), "compute": fmt_s(s["compute_s"]),
-                      **{d: fmt_s(s["comm_s"][d]) for d in ("tp", "dp", "pp", "ep", "other")},
+                      **{d: fmt_s(s["comm_s"][d]) for d in DIMS}, "comm": {d: fmt_s(s["comm_s"][d]) for d in DIMS},
                       "overlap": fmt_s(s["overlap_s"]), "exposed": fmt_s(s["exposed_comm_s"]), "idle": fmt_s(s["idle_s"]),
                       "hta_overlap": f"{r['hta']['comm_comp_overlap_pct']:.2f}%", "file": Path(r["file"]).name})
     bd = data["hta"]["kernel_type_breakdown_us"]
@@ -281,8 +361,11 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
         comparison = {"what": data["comparison"]["what"], "rows": [
             {"label": c["label"], "predicted": fmt_s(c["predicted_s"]), "measured": fmt_s(c["measured_s"]),
              "error": f"{c['error']:+.1%}" if c["error"] is not None else "n/a"} for c in data["comparison"]["rows"]]}
+    layout = data["layout"]
     return {"ranks": ranks, "files": files, "failures": len(ts.failures), "problems": problems, "kernel_types": kernel_types,
-            "comparison": comparison, **extra}
+            "comparison": comparison, "dims": list(DIMS),
+            "layout": {"method": layout["method"], "detail": layout["detail"], "replicas": len(layout["replicas"])} if layout else None,
+            **extra}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,8 +376,11 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
 def run_trace_command(argv: Sequence[str]) -> int:
     args = trace_parser().parse_args(argv)
     start = time.perf_counter()
+    from dml2comm.hardware.cluster import RankMap
+
+    RankMap(args.d, args.t, args.p, args.rank_order, cp=args.cp)  # a bad --rank-order is an error before any work
     files = find_trace_files(list(args.paths))
-    ts = analyze_traces(files, processes=args.processes)
+    ts = analyze_traces(files, processes=args.processes, sizes=ParallelSizes(args.d, args.t, args.p, args.cp, args.rank_order))
     if not ts.ranks:
         reasons = "; ".join(ts.problems) or "no trace could be read"
         raise TraceError(f"no rank could be analysed: {reasons}")
@@ -336,12 +422,12 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     t = Table(title="per rank, mean per step (GPU time)")
-    for col in ("rank", "steps", "step", "compute", "tp", "dp", "pp", "ep", "other", "overlap", "exposed comm", "idle", "HTA overlap"):
+    for col in ("rank", "steps", "step", "compute", *DIMS, "overlap", "exposed comm", "idle", "HTA overlap"):
         t.add_column(col, justify="right")
     for r in data["ranks"]:
         s = r["summary"]
         t.add_row(str(r["rank"]), str(s["steps"]), fmt_s(s["wall_s"]), fmt_s(s["compute_s"]),
-                  *[fmt_s(s["comm_s"][d]) for d in ("tp", "dp", "pp", "ep", "other")], fmt_s(s["overlap_s"]),
+                  *[fmt_s(s["comm_s"][d]) for d in DIMS], fmt_s(s["overlap_s"]),
                   fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), f"{r['hta']['comm_comp_overlap_pct']:.2f}%")
     console.print(t)
     if data["comparison"]:
@@ -352,6 +438,9 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
             c.add_row(row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"]),
                       f"{row['error']:+.1%}" if row["error"] is not None else "n/a")
         console.print(c)
+    if data["layout"]:
+        lay = data["layout"]
+        console.print(f"model replicas: {len(lay['replicas'])} (from {escape(lay['method'])}: {escape(lay['detail'])})")
     for p in data["problems"]:
         console.print(f"[yellow]problem:[/yellow] {escape(p)}")
     for r in data["ranks"]:

@@ -4,7 +4,8 @@ Measured figures are per training step: each rank's mean over its steps, then th
 ranks (the analysis reports the busiest stage, and a step ends when its slowest rank does).
 Predicted figures come from :func:`dml2comm.analysis.analyze` on the same model and
 configuration: ``summary`` (``compute_time_s``, ``optimizer_time_s``, ``exposed_comm_time_s``,
-``bubble_time_s``, ``iteration_time_s``) and :func:`dml2comm.analysis.comm_by_dim`.
+``bubble_time_s``, ``iteration_time_s``) and :func:`dml2comm.analysis.comm_by_dim` (tp, dp, pp, cp,
+ep; a dimension the prediction does not report stays ``None``).
 
 The error of a category is ``(predicted - measured) / measured``; ``None`` where nothing was
 measured (a category absent from the traces cannot have a relative error).
@@ -24,6 +25,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("comm_tp", "tensor-parallel communication"),
     ("comm_dp", "data-parallel communication"),
     ("comm_pp", "pipeline communication"),
+    ("comm_cp", "context-parallel communication"),
     ("comm_ep", "expert-parallel communication"),
     ("exposed_comm", "exposed communication"),
     ("idle", "idle / pipeline bubble"),
@@ -37,7 +39,7 @@ def _step_value(step: Mapping[str, Any], key: str) -> float:
     if key == "optimizer":
         return step["optimizer_s"]
     if key.startswith("comm_"):
-        return step["comm_s"][key[5:]]
+        return step["comm_s"].get(key[5:], 0.0)
     if key == "exposed_comm":
         return step["exposed_comm_s"]
     if key == "idle":
@@ -62,7 +64,7 @@ def predicted_per_category(summary: Mapping[str, Any], comm: Mapping[str, Mappin
 
     return {
         "compute": summary.get("compute_time_s"), "optimizer": summary.get("optimizer_time_s"),
-        "comm_tp": dim("tp"), "comm_dp": dim("dp"), "comm_pp": dim("pp"), "comm_ep": dim("ep"),
+        "comm_tp": dim("tp"), "comm_dp": dim("dp"), "comm_pp": dim("pp"), "comm_cp": dim("cp"), "comm_ep": dim("ep"),
         "exposed_comm": summary.get("exposed_comm_time_s"), "idle": summary.get("bubble_time_s"),
         "iteration": summary.get("iteration_time_s"),
     }

@@ -4,13 +4,21 @@ Change these tables (not the code in :mod:`dml2comm.traces.classify`) when a fra
 NCCL release renames something.  Matching order, first hit wins:
 
 1. **process group** of the collective that launched a kernel (``record_param_comms`` args
-   ``Process Group Description`` / ``Process Group Name``, Megatron-LM's group names such as
-   ``TENSOR_MODEL_PARALLEL_GROUP``): :data:`PG_DIMS`;
-2. **collective name** (``Collective name`` of ``record_param_comms``, the ``c10d::*`` operator,
+   ``Process Group Description`` / ``Process Group Name``, or the description ``pg_config`` gives
+   that name; Megatron-LM's group names such as ``TENSOR_MODEL_PARALLEL_GROUP``,
+   ``CONTEXT_PARALLEL_GROUP``): :data:`PG_DIMS`;
+2. **context-parallel attention** around the launch (Transformer Engine's ring/all-gather/
+   all-to-all CP attention, PyTorch's ring attention, DeepSpeed-Ulysses): :data:`CP_MARKERS` -> cp;
+3. the dimension a description gave the **same group** (same member ranks) elsewhere in the trace;
+4. **collective name** (``Collective name`` of ``record_param_comms``, the ``c10d::*`` operator,
    or the ``nccl:*`` / ``gloo:*`` annotation around the launch): :data:`COLLECTIVE_DIMS`;
-3. **kernel name** (only when the launch has no CPU context): :data:`KERNEL_DIMS`.  One NCCL
-   kernel serves several collectives (``ncclKernel_SendRecv`` runs pipeline sends *and*
-   all-to-all), so this is the last resort.
+5. **kernel name** (only when the launch has no CPU context): :data:`KERNEL_DIMS`.  One NCCL
+   kernel serves several collectives (``ncclKernel_SendRecv`` runs pipeline sends, ring
+   attention *and* all-to-all), so this is the last resort.
+
+Micro-batch markers (:data:`FORWARD_MICROBATCH`, :data:`BACKWARD_MICROBATCH`,
+:data:`MICROBATCH`) and the pure groups that give a rank's coordinates (:data:`COORD_GROUPS`)
+are here too.
 
 Kernel types for the HolisticTraceAnalysis-compatible figures use HTA's own regular expressions
 (``hta/utils/utils.py`` of holistictraceanalysis 0.5.0): :data:`HTA_COMM_KERNEL`,
@@ -34,6 +42,11 @@ __all__ = [
     "COMM_CPU_OPS",
     "GLOO_THREAD",
     "PG_DIMS",
+    "COORD_GROUPS",
+    "CP_MARKERS",
+    "FORWARD_MICROBATCH",
+    "BACKWARD_MICROBATCH",
+    "MICROBATCH",
     "COLLECTIVE_DIMS",
     "KERNEL_DIMS",
     "COMM_KERNEL",
@@ -55,6 +68,18 @@ RECOMPUTE_MARKERS = re.compile(r"CheckpointFunctionBackward|^## recompute|recomp
 #: The optimizer step (``Optimizer.step#FusedAdam.step``, DDP tutorials' ``## optimizer ##``,
 #: Megatron's ``optimizer`` range).
 OPTIMIZER_MARKERS = re.compile(r"^Optimizer\.step|^Optimizer\.zero_grad|## optimizer ##|^optimizer(\.step)?$|multi_tensor_apply")
+#: Explicit micro-batch markers (CPU spans; see :mod:`dml2comm.traces.classify`), outermost wins:
+#: Megatron-LM's ``forward_step`` / ``backward_step`` (``megatron/core/pipeline_parallel/
+#: schedules.py``; a ``record_function`` or, with ``with_stack``, the Python function
+#: ``.../schedules.py(NNN): forward_step``), ``torch.distributed.pipelining``'s ``Forward 3`` /
+#: ``Backward 3`` (single-stage schedules) and ``PP:0F3`` / ``PP:0B3`` / ``PP:0I3`` / ``PP:0W3``
+#: (multi-stage schedules: stage, action, micro-batch), the DDP tutorials' ``## forward ##`` /
+#: ``## backward ##``.
+FORWARD_MICROBATCH = re.compile(r"^forward_step$|\): forward_step$|^Forward \d+$|^PP:\d+F\d+$|^## forward ##$")
+BACKWARD_MICROBATCH = re.compile(r"^backward_step$|\): backward_step$|^Backward \d+$|^PP:\d+[BIW]\d+$|^## backward ##$")
+#: A whole micro-batch (forward and backward) in user annotations: ``microbatch 3``,
+#: ``micro_batch_3``, ``mb3``, ``microbatch#3``.
+MICROBATCH = re.compile(r"^(micro[-_ ]?batch|mb)[-_ #:]?\d+$", re.I)
 #: Autograd engine worker threads run the backward pass (thread names from Kineto metadata).
 BACKWARD_THREAD = re.compile(r"pt_autograd|autograd")
 
@@ -63,16 +88,52 @@ COMM_CPU_OPS = re.compile(r"^record_param_comms$|^c10d::|^nccl:|^gloo:|^ProcessG
 #: Threads of the gloo backend (its collectives run there in CPU-only traces).
 GLOO_THREAD = re.compile(r"gloo", re.IGNORECASE)
 
-#: Process-group description or name -> parallel dimension (Megatron-LM group names first; an
-#: expert *data*-parallel group is data parallelism; context parallelism is reported as other).
+def _token(words: str) -> str:
+    """``words`` (alternatives) as a whole name part: delimited by anything but a letter or a digit,
+    so ``mesh_dp_shard_cp`` holds the tokens ``dp`` and ``cp`` while ``cpu`` holds neither."""
+    return rf"(?<![A-Za-z0-9])(?:{words})(?![A-Za-z0-9])"
+
+
+#: Process-group description or name -> parallel dimension, first match wins.  Megatron-LM's
+#: descriptions (``megatron/core/parallel_state.py``: ``TENSOR_MODEL_PARALLEL_GROUP``,
+#: ``CONTEXT_PARALLEL_GROUP``, ``DATA_PARALLEL_GROUP_WITH_CP``, ...) and torchtitan's DeviceMesh
+#: groups (``mesh_tp``, ``mesh_cp``, ``mesh_dp_shard_cp``, ...).  Order matters: an expert
+#: *data*-parallel group is data parallelism; the groups that combine dimensions
+#: (``TENSOR_AND_DATA_PARALLEL_GROUP``, ``TENSOR_AND_CONTEXT_PARALLEL_GROUP``,
+#: ``MODEL_PARALLEL_GROUP`` = tensor x pipeline) are "other"; the data-parallel group *with*
+#: context parallelism (gradient reduction over d x c ranks) is data parallelism, so the
+#: data-parallel rule comes before the context-parallel one.
 PG_DIMS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"EXPERT_DATA|EXPERT_DP|expt_dp", re.I), "dp"),
-    (re.compile(r"EXPERT|TENSOR_AND_EXPERT|\bep\b|moe", re.I), "ep"),
-    (re.compile(r"TENSOR_AND_DATA|TENSOR_AND_CONTEXT|CONTEXT_PARALLEL|\bcp\b|^MODEL_PARALLEL_GROUP", re.I), "other"),
-    (re.compile(r"TENSOR_MODEL_PARALLEL|TENSOR_PARALLEL|\btp\b", re.I), "tp"),
-    (re.compile(r"PIPELINE|EMBEDDING|\bpp\b", re.I), "pp"),
-    (re.compile(r"DATA_PARALLEL|DISTRIBUTED_OPTIMIZER|\bdp\b|fsdp|ddp", re.I), "dp"),
+    (re.compile(r"EXPERT_DATA|EXPERT_DP|expt_dp|" + _token("edp"), re.I), "dp"),
+    (re.compile(r"^EXPERT_TENSOR_PARALLEL|" + _token("etp"), re.I), "tp"),
+    (re.compile(r"EXPERT|" + _token("ep|moe"), re.I), "ep"),
+    (re.compile(r"TENSOR_AND_DATA|TENSOR_AND_CONTEXT|^MODEL_PARALLEL_GROUP", re.I), "other"),
+    (re.compile(r"DATA_PARALLEL|DISTRIBUTED_OPTIMIZER|" + _token("dp|fsdp|ddp|hsdp"), re.I), "dp"),
+    (re.compile(r"CONTEXT|" + _token("cp|hcp"), re.I), "cp"),
+    (re.compile(r"TENSOR_MODEL_PARALLEL|TENSOR_PARALLEL|" + _token("tp"), re.I), "tp"),
+    (re.compile(r"PIPELINE|EMBEDDING|" + _token("pp"), re.I), "pp"),
 )
+
+#: The *pure* group of one dimension, which gives a rank's coordinate in that dimension (its
+#: index in the sorted member list: PyTorch's group rank) for the model-replica layout
+#: (:mod:`dml2comm.traces.layout`).  Combined groups (``DATA_PARALLEL_GROUP_WITH_CP``, ...) are
+#: not coordinates.
+COORD_GROUPS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^(TENSOR_MODEL_PARALLEL_GROUP|(mesh_)?tp)$", re.I), "tp"),
+    (re.compile(r"^(CONTEXT_PARALLEL_GROUP|(mesh_)?cp)$", re.I), "cp"),
+    (re.compile(r"^(PIPELINE_MODEL_PARALLEL_GROUP|(mesh_)?pp)$", re.I), "pp"),
+    (re.compile(r"^(DATA_PARALLEL_GROUP(_GLOO)?|(mesh_)?dp)$", re.I), "dp"),
+)
+
+#: CPU spans of context-parallel attention: a collective launched inside one is context-parallel
+#: when its process group has no recognisable description.  Transformer Engine's autograd
+#: functions ``AttnFuncWithCPAndKVP2P`` / ``AttnFuncWithCPAndKVAllGather`` /
+#: ``AttnFuncWithCPAndQKVOA2A`` (their forward is recorded under the class name, their backward
+#: as ``...Backward``) and ``attn_forward_func_with_cp``; PyTorch's experimental ring attention
+#: (``torch.distributed.tensor.experimental.context_parallel``, ``_templated_ring_attention``);
+#: DeepSpeed-Ulysses (``_SeqAllToAll``, ``DistributedAttention``).
+CP_MARKERS = re.compile(r"AttnFuncWithCP|attn_forward_func_with_cp|context_parallel|_templated_ring_attention|"
+                        r"ring_attention|_SeqAllToAll|DistributedAttention|ulysses", re.I)
 
 #: Collective name (record_param_comms ``Collective name``, ``c10d::NAME_``, ``nccl:NAME``)
 #: -> dimension, for groups without a recognisable description.  ``None`` = decide by phase:

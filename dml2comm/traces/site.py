@@ -3,7 +3,8 @@
 Reuses the drill-down site's machinery (:mod:`dml2comm.site.build`: one Jinja2 environment with
 autoescape and StrictUndefined, the MkDocs build through its Python API, the atomic publish) and
 its assets; the pages are ``templates/trace.md.j2`` (overview, predicted vs measured) and
-``templates/trace_timeline.md.j2`` (pipeline Gantt charts, micro-batch bars).  The drawings are
+``templates/trace_timeline.md.j2`` (Gantt charts per pipeline group and per model replica,
+micro-batch bars).  The drawings are
 inlined SVG; every string from a trace is escaped (autoescape in the templates,
 :func:`~dml2comm.render.charts.xml_text` in the SVG).
 """
