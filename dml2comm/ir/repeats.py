@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import Layer, LayeredGraph
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["Collapsed", "collapse_repeats", "matches", "rebind", "reduced_model", "MIN_RUN"]
 

@@ -4,17 +4,19 @@
 event of one configuration; a sweep needs only the summary numbers.  :class:`FastEvaluator`
 computes the same numbers from parts that configurations share:
 
+- the model with long runs of identical blocks collapsed to four (:mod:`dml2comm.ir.repeats`):
+  everything below is computed on it and read per full layer through a layer map;
 - per (micro-batch, t, SP, dtype): op costs and times on the tensor-parallel shard (the
-  analysis's own memoised ``_op_costs``), summed per layer with prefix sums, the layers'
-  parameters, recomputation time and tensor-parallel collectives;
-- per (.., p): the pipeline partition (the analysis's min-max ``partition_layers``) and the
-  boundary tensors;
-- per (.., p, recomputation, first, last layer): the stage's activation memory (the
-  analysis's ``ActivationModel``);
+  analysis's own memoised ``_op_costs``) summed per layer, the layers' parameters,
+  recomputation time and tensor-parallel collectives, activation bytes per layer;
+- per (.., p): the pipeline partition (the analysis's min-max ``partition_layers``), the
+  boundary tensors and a stage table (compute, TP and send times, parameters, buffers), with
+  per-ZeRO-stage and per-recomputation parts filled on first use;
 - per (collective, bytes, how the group sits on the cluster): the collective's time.
 
-Configurations that share a schedule ``(schedule, p, m, v)`` are simulated together by
-:mod:`dml2comm.sim.levels` (the engine's recurrence, vectorised over configurations).
+Configurations that share a schedule ``(schedule, p, m, v)`` are simulated together, and all
+schedules of a call in one pass, by :mod:`dml2comm.sim.levels` (the engine's recurrence,
+vectorised over configurations).
 
 What it returns equals ``analyze_graph``'s summary on iteration time, memory and the breakdown
 (``tests/test_search.py`` checks it against full runs).  Configurations it does not cover —
@@ -37,7 +39,6 @@ from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ActivationModel, in_flight_micro_batches, model_state_bytes
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
-from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import group_layers
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
@@ -59,7 +60,7 @@ def supports(config: ParallelConfig) -> bool:
 
 @dataclass
 class _Layers:
-    """Per-layer sums for one (micro-batch, t, SP, dtype), with prefix sums over layers."""
+    """Per-layer sums for one (micro-batch, t, SP, dtype), per full layer."""
 
     fwd: np.ndarray  # compute seconds per micro-batch
     bwd: np.ndarray
@@ -68,7 +69,6 @@ class _Layers:
     params_local: np.ndarray
     reads_input: np.ndarray  # bool: the layer has an op that reads a graph input
     tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective
-    tp_overlap: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer adjacent GEMM seconds (sum)
     tied: list[tuple[int, int, float, float]]  # (copy layer, table layer, numel, numel local)
     flops_fwd: float  # unsharded forward FLOPs of the model per micro-batch
 
@@ -118,12 +118,6 @@ class _StageTable:
     by_zero: dict[int, tuple]
     by_recompute: dict[str, tuple]
     dp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its data-parallel group's placement
-
-
-def _prefix(values: Sequence[float]) -> np.ndarray:
-    out = np.zeros(len(values) + 1)
-    np.cumsum(values, out=out[1:])
-    return out
 
 
 class NotRepeating(Exception):
@@ -234,7 +228,7 @@ class FastEvaluator:
         self._check_interior(fwd, bwd, selective, params, params_local, flops, *tp_counts.values())
         m = self.layer_map
         return _Layers(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
-                       {k: v[m] for k, v in tp_counts.items()}, {}, tied, float(flops[m].sum()))
+                       {k: v[m] for k, v in tp_counts.items()}, tied, float(flops[m].sum()))
 
     def _partition(self, config: ParallelConfig, layers: _Layers):
         key = ("fast-partition", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, config.pp_size)

@@ -172,16 +172,8 @@ def replica_bars(replicas: Sequence[tuple[str, Sequence[ReplicaRow]]], title: st
     step = nice_step(biggest * 1e3, 8)
     px = plot_w / (biggest * 1e3)
     g = _Svg()
-    lx = left
-    for part, fill in PART_COLOURS.items():
-        g.add(g.rect(lx, 10, 14, 11, fill, ' stroke="#5f6368" stroke-width="0.5"'))
-        g.text(lx + 19, 20, part, size=10)
-        lx += 19 + 5.6 * len(part) + 16
-    lx = left
-    for dim, fill in DIM_COLOURS.items():
-        g.add(g.rect(lx, 29, 14, 7, fill, ' stroke="#5f6368" stroke-width="0.5"'))
-        g.text(lx + 19, 36, f"{dim} comm", size=10)
-        lx += 19 + 5.6 * len(f"{dim} comm") + 16
+    _legend(g, left, 10, 11, {part: fill for part, fill in PART_COLOURS.items()})
+    _legend(g, left, 29, 7, {f"{dim} comm": fill for dim, fill in DIM_COLOURS.items()})
     if note:
         g.text(left, 50, note, size=9.5, fill=AXIS_COLOUR)
     y = top
@@ -205,13 +197,27 @@ def replica_bars(replicas: Sequence[tuple[str, Sequence[ReplicaRow]]], title: st
             y += bar_h + thin_h + 1 + gap
         y += 4
     bottom = y
+    _ms_axis(g, left, top, bottom, biggest, step, px)
+    g.parts.extend(bodies)
+    return g.document(left + plot_w + 30, bottom + 26, title, {"chart": "trace-replicas", "replicas": len(replicas), "bars": len(labels)})
+
+
+def _legend(g: "_Svg", left: float, y: float, h: float, entries: dict[str, str]) -> None:
+    """One legend row: a swatch of height ``h`` and the label for each ``{label: colour}``."""
+    lx = left
+    for label, fill in entries.items():
+        g.add(g.rect(lx, y, 14, h, fill, ' stroke="#5f6368" stroke-width="0.5"'))
+        g.text(lx + 19, y + 10 if h > 8 else y + 7, label, size=10)
+        lx += 19 + 5.6 * len(label) + 16
+
+
+def _ms_axis(g: "_Svg", left: float, top: float, bottom: float, biggest: float, step: float, px: float) -> None:
+    """Vertical grid lines every ``step`` ms and their labels under the bars."""
     for k in range(int(math.floor(biggest * 1e3 / step + 1e-9)) + 1):
         x = left + k * step * px
         g.add(f'<line x1="{x:.2f}" y1="{top - 4}" x2="{x:.2f}" y2="{bottom:.2f}" stroke="{GRID_COLOUR}" stroke-width="0.8"/>')
         g.text(x, bottom + 14, f"{k * step:g}", size=10, anchor="middle", fill=AXIS_COLOUR)
     g.text(left - 16, bottom + 14, "ms", size=10, anchor="end", fill=AXIS_COLOUR)
-    g.parts.extend(bodies)
-    return g.document(left + plot_w + 30, bottom + 26, title, {"chart": "trace-replicas", "replicas": len(replicas), "bars": len(labels)})
 
 
 def stacked_bars(items: Sequence[tuple[str, dict[str, float]]], title: str, plot_w: float = 720.0) -> str:
@@ -221,11 +227,7 @@ def stacked_bars(items: Sequence[tuple[str, dict[str, float]]], title: str, plot
     step = nice_step(biggest * 1e3, 8)
     px = plot_w / (biggest * 1e3)
     g = _Svg()
-    lx = left
-    for part, fill in PART_COLOURS.items():
-        g.add(g.rect(lx, 10, 14, 11, fill, ' stroke="#5f6368" stroke-width="0.5"'))
-        g.text(lx + 19, 20, part, size=10)
-        lx += 19 + 5.6 * len(part) + 16
+    _legend(g, left, 10, 11, dict(PART_COLOURS))
     y = top
     for label, parts in items:
         g.text(left - 8, y + 12, label, size=10.5, anchor="end", fill=TEXT_COLOUR)
@@ -239,9 +241,5 @@ def stacked_bars(items: Sequence[tuple[str, dict[str, float]]], title: str, plot
             x += w
         y += bar_h + gap
     bottom = y
-    for k in range(int(math.floor(biggest * 1e3 / step + 1e-9)) + 1):
-        x = left + k * step * px
-        g.add(f'<line x1="{x:.2f}" y1="{top - 4}" x2="{x:.2f}" y2="{bottom:.2f}" stroke="{GRID_COLOUR}" stroke-width="0.8"/>')
-        g.text(x, bottom + 14, f"{k * step:g}", size=10, anchor="middle", fill=AXIS_COLOUR)
-    g.text(left - 16, bottom + 14, "ms", size=10, anchor="end", fill=AXIS_COLOUR)
+    _ms_axis(g, left, top, bottom, biggest, step, px)
     return g.document(left + plot_w + 30, bottom + 26, title, {"chart": "trace-bars", "bars": len(items)})
