@@ -287,3 +287,19 @@ def test_cluster_results_are_finite_for_any_group(n: int, preset: str, kind: K, 
     assert math.isfinite(cost.busbw_bytes_per_s) and math.isfinite(cost.bytes_sent_per_gpu)
     if len(ranks) > 1 and size > 0:
         assert cost.busbw_bytes_per_s == pytest.approx(cost.algbw_bytes_per_s * busbw_factor(kind, len(ranks)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(preset=st.sampled_from(["dgx-a100", "dgx-v100", "dgx-h100", "pcie-l40s"]), base=st.integers(0, 63), stride=st.integers(1, 9),
+       n=st.integers(1, 6), shift=st.integers(1, 3))
+def test_a_group_shifted_by_the_placement_period_is_placed_alike(preset, base, stride, n, shift) -> None:
+    """The sweep's fast path keys placements on (base mod period, stride, size)."""
+    from dml2comm.network.model import group_placement, placement_period
+
+    c = get_cluster(preset, 256)
+    period = placement_period(c)
+    group = [base + i * stride for i in range(n)]
+    moved = [r + shift * period for r in group]
+    if max(moved) >= c.num_gpus:
+        return
+    assert group_placement(c, moved) == group_placement(c, group)

@@ -148,10 +148,13 @@ def test_batched_levels_equal_the_per_schedule_recurrence():
     for name, p, m, v in (("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("gpipe", 3, 5, 1), ("1f1b", 1, 4, 1),
                           ("interleaved", 2, 6, 3), ("1f1b", 6, 3, 1)):
         cs = compile_schedule(name, p, m, v)
-        k = int(rng.integers(1, 4))
+        k = int(rng.integers(1, 4)) if len(items) % 2 else int(rng.integers(5, 30))  # rows of several widths, padded
         items.append((cs, *(rng.random((k, p)) for _ in range(4))))
     for item, end in zip(items, pipeline_end_times_many(items)):
         assert np.array_equal(end, pipeline_end_times(*item))
+    columns = [cs.last_step for cs, *_ in items]
+    for item, cols, end in zip(items, columns, pipeline_end_times_many(items, columns)):
+        assert np.array_equal(end, pipeline_end_times(*item)[:, cols])
     tau = rng.random((5, 3, 2))
     count = rng.integers(0, 4, (5, 3, 2)).astype(float)
     start, dur = rng.random((5, 3)), rng.random((5, 3))
@@ -162,3 +165,25 @@ def test_batched_levels_equal_the_per_schedule_recurrence():
                 runs = [(tau[i, d, r], int(count[i, d, r])) for r in range(2) if count[i, d, r] > 0]
                 assert many[i, d] == pytest.approx(bucket_tail_end(start[i, d], dur[i, d], start[i, d] + dur[i, d], runs, overlap),
                                                    rel=1e-12, abs=0)
+
+
+def test_compiled_depths_are_the_longest_chains():
+    """sim.levels: the Gauss-Seidel depths equal the longest dependency chain, found here step
+    by step (a step is placed once both its predecessors are)."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule
+
+    for name, p, m, v in (("1f1b", 5, 12, 1), ("1f1b", 6, 3, 1), ("interleaved", 4, 8, 2), ("interleaved", 3, 9, 3),
+                          ("gpipe", 4, 6, 1)):
+        cs = compile_schedule(name, p, m, v)
+        n = cs.num_steps
+        depth = np.full(n + 1, -1)  # slot n: no predecessor
+        pending = set(range(n))
+        while pending:
+            for i in sorted(pending):
+                if {int(cs.prev[i]), int(cs.need[i])} & pending:
+                    continue
+                depth[i] = max(depth[cs.prev[i]], depth[cs.need[i]]) + 1
+                pending.discard(i)
+        assert np.array_equal(cs.depth, depth[:-1]), (name, p, m, v)

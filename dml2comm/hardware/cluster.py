@@ -1040,6 +1040,12 @@ class RankMap:
         object.__setattr__(self, "_cstride", stride["c"])
 
     @property
+    def strides(self) -> tuple[int, int, int, int]:
+        """Rank distance between neighbours along d, p, t and c: every group is an arithmetic
+        progression (``dp_group(p, t)`` is ``rank(0, p, t) + i * strides[0]``)."""
+        return (*self._stride, self._cstride)
+
+    @property
     def world_size(self) -> int:
         """dp x tp x pp x cp."""
         return self.dp * self.tp * self.pp * self.cp

@@ -64,7 +64,7 @@ from dml2comm.network.collectives import (
     registered_algorithms,
 )
 from dml2comm.network.kinds import Algorithm, CollectiveKind, Protocol
-from dml2comm.network.topology import LevelUse, Topology, cluster_topology, direct_path, in_network_path, path, ring_path
+from dml2comm.network.topology import LevelKind, LevelUse, Topology, cluster_topology, direct_path, in_network_path, path, ring_path
 
 __all__ = [
     "LIBRARIES",
@@ -579,6 +579,18 @@ def group_placement(cluster: Cluster, ranks: Sequence[int]) -> tuple[LevelUse, .
     if not group:
         raise ConfigError("a communication group needs at least one rank")
     return _uses_of(cluster, group)
+
+
+def placement_period(cluster: Cluster) -> int:
+    """A rank shift under which every group keeps its placement (:func:`group_placement`):
+    shifting a group by a multiple of the ranks below the top level moves only its top-level
+    coordinates, all by the same amount, so its extent on every level is unchanged.  When the
+    top level records which coordinates a group uses (a link matrix), no shift but the whole
+    cluster is safe."""
+    levels = _topology_of(cluster).levels
+    if levels[-1].kind is LevelKind.LINK_MATRIX:
+        return cluster.num_gpus
+    return math.prod(lv.size for lv in levels[:-1])
 
 
 def collective_time_on_placement(cluster: Cluster, kind: CollectiveKind, placement: tuple[LevelUse, ...], n: int,

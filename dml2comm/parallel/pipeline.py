@@ -3,7 +3,8 @@
 Stage assignment solves the linear-partition problem (split a sequence of layer costs into
 ``p`` contiguous non-empty parts minimising the largest part; Bokhari 1988, "Partitioning
 problems in parallel, pipelined and distributed computing") by bisection on the bottleneck
-value with a greedy feasibility check, then splits the largest parts until there are
+value with a greedy feasibility check (on prefix sums; each probe moves a bound to a value a
+range can take), then splits the largest parts until there are
 exactly ``p``.  This is what the pipeline-balancing tools of PipeDream (Narayanan et al.,
 SOSP'19, Sec. 3.1) and DeepSpeed's ``partition_method=parameters|type`` approximate.
 
@@ -15,7 +16,9 @@ rebuilt by each stage from the inputs, as Megatron-LM does, and are not sent.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+import itertools
 from typing import Sequence
 
 from dml2comm.errors import ConfigError
@@ -39,26 +42,36 @@ def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], .
     if hi <= 0:
         costs = [1.0] * n
         lo, hi = 1.0, float(n)
+    prefix = list(itertools.accumulate(costs, initial=0.0))
 
-    def greedy(limit: float) -> list[tuple[int, int]]:
-        parts, start, acc = [], 0, 0.0
-        for i, c in enumerate(costs):
-            if acc + c > limit and i > start:
-                parts.append((start, i))
-                start, acc = i, 0.0
-            acc += c
-        parts.append((start, n))
+    def greedy(limit: float, most: int) -> list[tuple[int, int]]:
+        """Longest ranges of sum <= limit from the left (at least one layer each); stops once
+        there are more than ``most``."""
+        parts, start = [], 0
+        while start < n and len(parts) <= most:
+            end = max(bisect.bisect_right(prefix, prefix[start] + limit, start + 1) - 1, start + 1)
+            parts.append((start, end))
+            start = end
         return parts
 
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if len(greedy(mid)) <= p:
-            hi = mid
-        else:
-            lo = mid
+    # bisection on the bottleneck, each probe moving a bound to a value the greedy can reach:
+    # a feasible probe lowers ``hi`` to its largest range; an infeasible one raises ``lo`` to
+    # the least limit at which one of its ranges would take one more layer
+    lo = max(lo, hi / p)
+    parts = [(0, n)]
+    for _ in range(200):
         if hi - lo <= 1e-12 * hi:
             break
-    parts = greedy(hi)
+        mid = (lo + hi) / 2
+        probe = greedy(mid, p)
+        if len(probe) <= p:
+            parts = probe
+            hi = min(mid, max(prefix[b] - prefix[a] for a, b in probe))
+        else:
+            lo = max(mid, min(prefix[b + 1] - prefix[a] for a, b in probe if b < n))
+    tight = greedy(hi, p)  # the greedy at the bottleneck itself: the fullest leading stages
+    if len(tight) <= p:
+        parts = tight
     while len(parts) < p:  # split the costliest multi-layer part; never raises the maximum
         k = max((i for i, (a, b) in enumerate(parts) if b - a > 1), key=lambda i: sum(costs[parts[i][0]:parts[i][1]]))
         a, b = parts[k]

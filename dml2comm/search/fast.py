@@ -43,7 +43,7 @@ from dml2comm.ir.layers import group_layers
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
 from dml2comm.network.kinds import CollectiveKind, Phase
-from dml2comm.network.model import collective_time_on_placement, group_placement
+from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTYPES, ParallelConfig
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import partition_layers
@@ -133,10 +133,12 @@ class FastEvaluator:
         self.imported = imported
         self.cluster = cluster
         self._costs: dict[tuple, float] = {}
-        self._placements: dict[tuple[int, ...], tuple[int, int]] = {}  # group -> (placement id, ranks)
+        self._placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
+        self._period = placement_period(cluster)
         self._placement_list: list[tuple] = []
         self._placement_ids: dict[tuple, int] = {}
         self._in_flight: dict[tuple, np.ndarray] = {}
+        self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (FastEvaluator._zero_part)
         self.pre_collapsed = collapsed is not None
         if collapsed is None:
             full = imported.graph
@@ -323,6 +325,17 @@ class FastEvaluator:
     def _activations(self, config: ParallelConfig, first: int, last: int) -> tuple[float, float, float]:
         """(saved bytes per micro-batch, rebuilt layer bytes, transient bytes) of a stage, as
         the analysis's ``_stage_memory`` computes them."""
+        # the stage's layers map to a contiguous collapsed range, each interior block r2
+        # repeated: the range and the repeats determine the answer
+        reps = self.layer_map[first:last]
+        lo, hi = int(reps[0]), int(reps[-1]) + 1
+        extras = tuple(int(np.count_nonzero(reps == r2)) - 1 for _, r2 in self.interior)
+        key = ("fast-stage-act", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute,
+               lo, hi, extras)
+        return _memo(self.graph, key, lambda: self._stage_activations(config, first, last, lo, hi, extras))
+
+    def _stage_activations(self, config: ParallelConfig, first: int, last: int, lo: int, hi: int,
+                           extras: tuple[int, ...]) -> tuple[float, float, float]:
         full, plain, transient_l = self._per_layer(config)
         transient = float(transient_l[first:last].max(initial=0.0))
         if config.recompute == "full":
@@ -330,27 +343,27 @@ class FastEvaluator:
             blocks = [li for li in range(first, last) if self.kinds[li] == "block"]
             rebuilt = float(plain[blocks].max(initial=0.0)) if blocks else 0.0
             return per_mb, rebuilt, transient
-        # the stage's layers map to a contiguous collapsed range; every interior block beyond
-        # the first adds what one more interior block adds (blocks keep disjoint tensors but
-        # for the one they pass on, which the next block's saved set already holds)
-        reps = self.layer_map[first:last]
-        lo, hi = int(reps[0]), int(reps[-1]) + 1
+        # every interior block beyond the first adds what one more interior block adds (blocks
+        # keep disjoint tensors but for the one they pass on, which the next block's saved set
+        # already holds)
         saved = self._saved(config, lo, hi)
-        for r1, r2 in self.interior:
-            extra = int(np.count_nonzero(reps == r2)) - 1
+        for (r1, r2), extra in zip(self.interior, extras):
             if extra > 0:
                 saved += extra * (self._saved(config, r1, r2 + 1) - self._saved(config, r1, r1 + 1))
         return saved, 0.0, transient
 
-    def _where(self, group: tuple[int, ...]) -> tuple[int, int]:
-        """(placement id, ranks) of a group: groups placed alike on the cluster cost the same."""
-        where = self._placements.get(group)
+    def _where(self, base: int, stride: int, n: int) -> tuple[int, int]:
+        """(placement id, ranks) of the group ``base + i * stride`` (``i < n``; every group of a
+        rank map is one): groups placed alike on the cluster cost the same, and a group shifted
+        by a multiple of :func:`placement_period` is placed alike."""
+        key = (base % self._period, stride, n)
+        where = self._placements.get(key)
         if where is None:
-            placement = group_placement(self.cluster, group)
+            placement = group_placement(self.cluster, range(base, base + stride * n, stride) if n > 1 else (base,))
             pid = self._placement_ids.setdefault(placement, len(self._placement_list))
             if pid == len(self._placement_list):
                 self._placement_list.append(placement)
-            where = self._placements[group] = (pid, len(group))
+            where = self._placements[key] = (pid, n)
         return where
 
     def _cost_at(self, kind: CollectiveKind, where: tuple[int, int], size: float) -> float:
@@ -359,10 +372,6 @@ class FastEvaluator:
         if cost is None:
             cost = self._costs[key] = collective_time_on_placement(self.cluster, kind, self._placement_list[where[0]], where[1], size)
         return cost
-
-    def _cost(self, kind: CollectiveKind, group: tuple[int, ...], size: float) -> float:
-        """Seconds of one collective; each (placement, kind, size) is costed once."""
-        return self._cost_at(kind, self._where(group), size)
 
     # ---- one configuration
     def prepare(self, config: ParallelConfig) -> _Prepared:
@@ -386,45 +395,46 @@ class FastEvaluator:
         ranges = self._partition(config, layers)
         p, d = config.pp_size, config.dp_size
         rank_map = RankMap(d, config.tp_size, p, config.rank_order)
+        sd, sp, stt, _ = rank_map.strides
         gpu = self.cluster.gpu
         pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
         input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs)
         crossing = self._boundary_bytes(config, ranges)
-        boundary = [sum(sizes) for sizes in crossing]
-        pairs = [(rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0)) for s in range(p - 1)]
-        send = [sum(self._cost(CollectiveKind.SEND_RECV, pair, x) for x in sizes) for pair, sizes in zip(pairs, crossing)]
-        send_back = [sum(self._cost(CollectiveKind.SEND_RECV, pair[::-1], x) for x in sizes) for pair, sizes in zip(pairs, crossing)]
-        stage_of_layer = np.zeros(len(layers.fwd), dtype=np.int64)
-        for st, (a, b) in enumerate(ranges):
-            stage_of_layer[a:b] = st
-        tied_local = [0.0] * p
+        boundary = np.array([sum(sizes) for sizes in crossing])
+        # stage s's first rank is s * sp; its send partner is sp further (or back)
+        send = [sum(self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp, sp, 2), x) for x in sizes)
+                for st, sizes in enumerate(crossing)]
+        send_back = [sum(self._cost_at(CollectiveKind.SEND_RECV, self._where((st + 1) * sp, -sp, 2), x) for x in sizes)
+                     for st, sizes in enumerate(crossing)]
+        starts = np.array([a for a, _ in ranges])
+        ends = np.array([b for _, b in ranges])
+
+        def per_stage(x: np.ndarray) -> np.ndarray:
+            cum = np.zeros(len(x) + 1)
+            np.cumsum(x, out=cum[1:])
+            return cum[ends] - cum[starts]
+
+        stage_of_layer = np.repeat(np.arange(p), ends - starts)
+        tied_local = np.zeros(p)
         for copy, table, _numel, local in layers.tied:
             if stage_of_layer[table] != stage_of_layer[copy]:
                 tied_local[stage_of_layer[copy]] += local
-        t = _StageTable(config, ranges, *(np.zeros(p) for _ in range(8)), np.array(send + [0.0]), np.array([0.0] + send_back),
-                        rank_map, {}, {})
-        for st, (a, b) in enumerate(ranges):
-            t.compute_f[st] = sum(layers.fwd[a:b].tolist())
-            t.compute_b[st] = sum(layers.bwd[a:b].tolist())
-            t.selective[st] = sum(layers.selective[a:b].tolist())
-            tf = tb = 0.0
-            if layers.tp:
-                group = rank_map.tp_group(0, st)
-                for (kind, phase, size), counts in layers.tp.items():
-                    count = float(counts[a:b].sum())
-                    if count:
-                        cost = self._cost(kind, group, size) * count
-                        if phase is Phase.FORWARD:
-                            tf += cost
-                        elif phase is Phase.BACKWARD:
-                            tb += cost
-            t.tp_f[st], t.tp_b[st] = tf, tb
-            t.reads[st] = input_bytes / pcie if layers.reads_input[a:b].any() else 0.0
-            t.params_local[st] = sum(layers.params_local[a:b].tolist()) + tied_local[st]
-            t.buffers[st] = (boundary[st - 1] if st > 0 else 0.0) + (boundary[st] if st < len(boundary) else 0.0)
-        t.buffers += float(config.bucket_bytes) if d > 1 else 0.0  # the DP bucket being reduced
-        t.dp_where = [self._where(rank_map.dp_group(st, 0)) for st in range(p)] if d > 1 else [(-1, 1)] * p
-        return t
+        tp_f, tp_b = np.zeros(p), np.zeros(p)
+        for (kind, phase, size), counts in layers.tp.items():
+            if phase not in (Phase.FORWARD, Phase.BACKWARD):
+                continue
+            cost = np.array([self._cost_at(kind, self._where(st * sp, stt, config.tp_size), size) for st in range(p)])
+            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+        reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
+        buffers = np.zeros(p)
+        buffers[1:] += boundary
+        buffers[:-1] += boundary
+        if d > 1:
+            buffers += float(config.bucket_bytes)  # the DP bucket being reduced
+        dp_where = [self._where(st * sp, sd, d) for st in range(p)] if d > 1 else [(-1, 1)] * p
+        return _StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd), per_stage(layers.selective),
+                           tp_f, tp_b, reads, per_stage(layers.params_local) + tied_local, buffers,
+                           np.array(send + [0.0]), np.array([0.0] + send_back), rank_map, {}, {}, dp_where)
 
     def _zero_part(self, table: _StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
@@ -439,20 +449,27 @@ class FastEvaluator:
             runs_count = np.zeros((p, _MAX_RUNS))
             after, opt, states = np.zeros(p), np.zeros(p), np.zeros(p)
             for st in range(p):
-                local = table.params_local[st]
+                local = float(table.params_local[st])
                 where = table.dp_where[st]
-                r = 0
-                for dc in data_parallel_comms(local * grad_bytes, d, z, config.bucket_bytes):
-                    cost = self._cost_at(dc.kind, where, dc.message_bytes)
-                    if dc.phase is Phase.BACKWARD:
-                        if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes
-                            raise ConfigError("more gradient-bucket sizes than the fast path handles")
-                        runs_tau[st, r], runs_count[st, r] = cost, dc.count
-                        r += 1
-                    elif dc.phase is Phase.OPTIMIZER:
-                        after[st] += cost * dc.count
-                opt[st] = optimizer_step_s(local / (d if z >= 1 else 1), config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s)
-                states[st] = model_state_bytes(local, d, z, config.optimizer, dtype_bytes).total_bytes
+                key = (local, where, d, z, grad_bytes, dtype_bytes, config.bucket_bytes, config.optimizer)
+                part = self._stage_states.get(key)  # stages with equal parameters on alike groups
+                if part is None:
+                    tau, count, aft = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS), 0.0
+                    r = 0
+                    for dc in data_parallel_comms(local * grad_bytes, d, z, config.bucket_bytes):
+                        cost = self._cost_at(dc.kind, where, dc.message_bytes)
+                        if dc.phase is Phase.BACKWARD:
+                            if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes
+                                raise ConfigError("more gradient-bucket sizes than the fast path handles")
+                            tau[r], count[r] = cost, dc.count
+                            r += 1
+                        elif dc.phase is Phase.OPTIMIZER:
+                            aft += cost * dc.count
+                    part = self._stage_states[key] = (
+                        tau, count, aft,
+                        optimizer_step_s(local / (d if z >= 1 else 1), config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s),
+                        model_state_bytes(local, d, z, config.optimizer, dtype_bytes).total_bytes)
+                runs_tau[st], runs_count[st], after[st], opt[st], states[st] = part
             table.by_zero[z] = (runs_tau, runs_count, after, opt, states)
         return table.by_zero[z]
 
@@ -516,7 +533,8 @@ class FastEvaluator:
             groups[(config.schedule, config.pp_size, config.num_micro_batches, v)].append((i, prep))
         staged = [(members, _GroupSim(schedule, p, m, v, [pr for _, pr in members]))
                   for (schedule, p, m, v), members in groups.items()]
-        ends = pipeline_end_times_many([sim.item for _, sim in staged])  # every schedule in one pass
+        # every schedule in one pass; only each device's last step is read
+        ends = pipeline_end_times_many([sim.item for _, sim in staged], [sim.cs.last_step for _, sim in staged])
         for (members, sim), end in zip(staged, ends):
             for (i, _), summary in zip(members, sim.finish(end, self.cluster)):
                 out[i] = summary
@@ -562,9 +580,9 @@ class _GroupSim:
         self.item = (cs, *np.split(unique, 4, axis=1))
 
     def finish(self, end: np.ndarray, cluster: Cluster) -> list[dict[str, Any]]:
-        cs, preps, m, v, b = self.cs, self.preps, self.m, self.v, self.b
+        preps, m, v, b = self.preps, self.m, self.v, self.b
         k = len(preps)
-        ce = end[:, cs.last_step][self.inverse.reshape(-1)]  # [2K, p] compute end per device
+        ce = end[self.inverse]  # [2K, p] compute end per device (the last steps' end times)
         ce_full, ce_free = ce[:k], ce[k:]
         overlap = np.array([pr.config.overlap_grad_reduce for pr in preps])[:, None]
         tail = bucket_tail_end_many(ce_full - b, b, ce_full, np.stack([pr.runs_tau for pr in preps]),

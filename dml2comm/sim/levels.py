@@ -45,10 +45,25 @@ class CompiledSchedule:
     forward: np.ndarray  # [S] bool
     prev: np.ndarray  # [S] previous step on the device, or S (a zero column)
     need: np.ndarray  # [S] step whose output this one needs, or S
-    depths: tuple[np.ndarray, ...]  # step indices per depth
     depth: np.ndarray  # [S] depth of each step
     last_step: np.ndarray  # [p] index of each device's last step
     last_backward: np.ndarray  # [p] index of each device's last backward step
+    # the steps in depth order (what pipeline_end_times_many lays out), ``_o``: per position in it
+    order: np.ndarray  # [S] step at each position
+    position: np.ndarray  # [S] position of each step
+    level_sizes: np.ndarray  # [D] steps per depth
+    level_starts: np.ndarray  # [D] first position of each depth
+    prev_o: np.ndarray  # [S] position of the previous step on the device, or S
+    need_o: np.ndarray  # [S] position of the needed step, or S
+    device_o: np.ndarray
+    forward_o: np.ndarray
+    need_device_o: np.ndarray  # device of the needed step (0 when none)
+    has_need_o: np.ndarray
+
+    @functools.cached_property
+    def depths(self) -> tuple[np.ndarray, ...]:
+        """Step indices per depth."""
+        return tuple(self.order[a:a + c] for a, c in zip(self.level_starts, self.level_sizes))
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,47 +126,77 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     forward = np.zeros(n, dtype=bool)
     need = np.full(n, n, dtype=np.int64)
     last_vs = p * v - 1
-    for d in range(p):
-        w = warm[d]
-        base = d * two
-        pf = base + fwd_pos(w, k)
-        pb = base + bwd_pos(w, k)
-        forward[pf] = True
-        vs = chunk_f * p + d
-        up = vs - 1  # forward needs the previous virtual stage's output
-        ok = vs > 0
-        dev = up % p
-        kk = fwd_k(mb_f, up // p)
-        need[pf[ok]] = (dev * two + fwd_pos(warm[dev], kk))[ok]
-        vs = chunk_b * p + d
-        down = vs + 1  # backward needs the next virtual stage's gradient
-        ok = vs < last_vs
-        dev = down % p
-        kk = bwd_k(mb_b, down // p)
-        need[pb[ok]] = (dev * two + bwd_pos(warm[dev], kk))[ok]
+    # [p, T]: device d's k-th forward and backward (all devices at once)
+    d = s[:, None]
+    w = warm[:, None]
+    pf = d * two + fwd_pos(w, k)
+    pb = d * two + bwd_pos(w, k)
+    forward[pf.ravel()] = True
+    vs = chunk_f * p + d
+    up = vs - 1  # forward needs the previous virtual stage's output
+    ok = vs > 0
+    dev = up % p
+    kk = fwd_k(mb_f, up // p)
+    need[pf[ok]] = (dev * two + fwd_pos(warm[dev], kk))[ok]
+    vs = chunk_b * p + d
+    down = vs + 1  # backward needs the next virtual stage's gradient
+    ok = vs < last_vs
+    dev = down % p
+    kk = bwd_k(mb_b, down // p)
+    need[pb[ok]] = (dev * two + bwd_pos(warm[dev], kk))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
-    # depth = longest dependency chain ending at the step.  Relax: across devices through
-    # ``need``, along each device with a running maximum of depth - position (the chain
-    # constraint depth[n] >= depth[n - 1] + 1); each round crosses one more device hop.
-    depth = pos.copy()
-    padded = np.empty(n + 1, dtype=np.int64)
-    padded[n] = -1
-    for _ in range(n + 1):
-        padded[:n] = depth
-        new = np.maximum(depth, padded[need] + 1)
-        new = (np.maximum.accumulate((new - pos).reshape(p, two), axis=1).reshape(n) + pos)
-        if np.array_equal(new, depth):
-            break
-        depth = new
-    else:  # pragma: no cover - build_schedule's orders never deadlock
-        raise ValueError("the pipeline schedule deadlocks")
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2))
-    groups = tuple(by_depth[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1))
+    depth = _depths(pos.reshape(p, two)[0], need, p)
+    order = np.argsort(depth, kind="stable")
+    sizes = np.bincount(depth)
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
     last_step = s * two + two - 1
     last_backward = last_step.copy()  # every order ends with a backward
-    return CompiledSchedule(p, v, n, device, forward, prev, need, groups, depth, last_step, last_backward)
+    position = np.empty(n + 1, dtype=np.int64)
+    position[order] = np.arange(n)
+    position[n] = n
+    need_o = need[order]
+    return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
+                            order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
+                            forward[order], device[np.minimum(need_o, n - 1)], need_o < n)
+
+
+def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
+    """Longest dependency chain ending at each step (``p`` devices of ``len(pos)`` steps).
+
+    Gauss-Seidel relaxation, a device at a time: a device's depths are raised to one more than
+    the steps they need, then along the device by a running maximum of depth - position (the
+    chain ``depth[i] >= depth[i - 1] + 1``).  Sweeping the devices first to last carries
+    forward chains across the whole pipeline in one sweep, last to first the backward ones;
+    alternating sweeps converge after a few (as many as the longest chain changes direction).
+    """
+    n = len(need)
+    two = len(pos)
+    depth = np.tile(pos, p)
+    rows = depth.reshape(p, two)
+    needs = []
+    for d in range(p):
+        nd = need[d * two:(d + 1) * two]
+        at = np.nonzero(nd < n)[0]
+        needs.append((at, nd[at]))
+    for _ in range(n + 1):
+        changed = False
+        for devices in (range(p), range(p - 1, -1, -1)):
+            for d in devices:
+                at, src = needs[d]
+                row = rows[d]
+                new = row.copy()
+                new[at] = np.maximum(row[at], depth[src] + 1)
+                new -= pos
+                np.maximum.accumulate(new, out=new)
+                new += pos
+                if not np.array_equal(new, row):
+                    row[:] = new
+                    changed = True
+        if not changed:
+            return depth
+    raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - build_schedule's orders never do
 
 
 def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
@@ -173,62 +218,88 @@ def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarra
     return end[:, :-1]
 
 
-def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+                            columns: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """:func:`pipeline_end_times` for several schedules at once: ``items`` are
-    ``(schedule, fwd, bwd, send_fwd, send_bwd)``; returns each item's ``[K, S]`` end times.
+    ``(schedule, fwd, bwd, send_fwd, send_bwd)``; returns each item's ``[K, S]`` end times, or
+    ``[K, len(columns[i])]``, the end times of the steps ``columns[i]`` only.
 
-    Every item's steps go into one flat array laid out depth by depth (a counting sort: level
-    ``L`` of every item, then level ``L + 1``), so one pass over the deepest schedule's levels
-    updates all of them; the per-level cost of numpy calls is paid once, not once per schedule.
+    Each item's configurations are cut into groups of ``w`` (zero-padded), and a group's steps
+    become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array laid out depth by
+    depth (a counting sort: depth ``L`` of every item, then depth ``L + 1``), so one pass over
+    the deepest schedule's depths updates every item, each depth with a few numpy calls on
+    contiguous rows; the setup moves whole rows, not single floats.
     """
     if not items:
         return []
-    levels = max(int(cs.depth.max()) + 1 for cs, *_ in items)
-    counts = [np.bincount(cs.depth, minlength=levels) * f.shape[0] for cs, f, *_ in items]
-    per_level = np.sum(counts, axis=0)
+    w = _row_width([f.shape[0] for _, f, *_ in items], [cs.num_steps for cs, *_ in items])
+    levels = max(len(cs.level_sizes) for cs, *_ in items)
+    groups = [-(-f.shape[0] // w) for _, f, *_ in items]
+    per_level = np.zeros(levels, dtype=np.int64)
+    for (cs, *_), g in zip(items, groups):
+        per_level[:len(cs.level_sizes)] += cs.level_sizes * g
     level_start = np.zeros(levels + 1, dtype=np.int64)
     np.cumsum(per_level, out=level_start[1:])
     total = int(level_start[-1])
-    slots = sum(f.shape[0] * (cs.num_steps + 1) for cs, f, *_ in items)
-    order_idx = np.empty(total, dtype=np.int64)
-    order_prev = np.empty(total, dtype=np.int64)
-    order_need = np.empty(total, dtype=np.int64)
-    order_dur = np.empty(total)
-    order_send = np.empty(total)
-    prior = np.zeros(levels, dtype=np.int64)  # elements of earlier items already placed per level
-    bases = []
-    base = 0
-    for (cs, f, b, sf, sb), count in zip(items, counts):
+    prior = np.zeros(levels, dtype=np.int64)  # rows of earlier items already placed per depth
+    prev_parts, need_parts, dur_parts, send_parts, rows_of = [], [], [], [], []
+    seg_dst, seg_src, seg_len = [], [], []
+    offset = 0
+    for (cs, f, b, sf, sb), g in zip(items, groups):
         k, n = f.shape[0], cs.num_steps
-        dev = cs.device
-        dur = np.where(cs.forward, f[:, dev], b[:, dev])
-        need_dev = dev[np.minimum(cs.need, n - 1)]
-        send = np.where(cs.forward, sf[:, need_dev], sb[:, need_dev])
-        send[:, cs.need == n] = 0.0
-        row = base + np.arange(k, dtype=np.int64)[:, None] * (n + 1)  # each configuration's block; slot n stays 0
-        order = np.argsort(cs.depth, kind="stable")
-        lev = cs.depth[order]
-        own = np.bincount(cs.depth, minlength=levels)
-        own_start = np.zeros(levels, dtype=np.int64)
-        np.cumsum(own[:-1], out=own_start[1:])
-        # destination of (configuration r, j-th step in depth order): its level's region, this
-        # item's share of it, configuration-major inside the share
-        dest = ((level_start[lev] + prior[lev] - own_start[lev] + np.arange(n))[None, :]
-                + np.arange(k, dtype=np.int64)[:, None] * own[lev][None, :]).ravel()
-        order_idx[dest] = (row + order).ravel()
-        order_prev[dest] = (row + cs.prev[order]).ravel()
-        order_need[dest] = (row + cs.need[order]).ravel()
-        order_dur[dest] = dur[:, order].ravel()
-        order_send[dest] = send[:, order].ravel()
-        prior += count
-        bases.append((base, k, n))
-        base += k * (n + 1)
-    end = np.zeros(slots)
+        depths = len(cs.level_sizes)
+        lev = cs.depth[cs.order]
+        # the row of (position j, group 0); group q is q rows further; a missing step reads the
+        # zero rows after the last one
+        row = level_start[lev] + prior[lev] + (np.arange(n) - cs.level_starts[lev]) * g
+        ext = np.append(row, total)
+        q = np.arange(g)
+        prev_parts.append((ext[cs.prev_o][:, None] + q).ravel())
+        need_parts.append((ext[cs.need_o][:, None] + q).ravel())
+        pad = g * w - k
+
+        def per_device(a: np.ndarray) -> np.ndarray:  # [K, p] -> [p, g w]
+            return np.pad(a.T, ((0, 0), (0, pad))) if pad else a.T
+
+        fo, bo, sfo, sbo = per_device(f), per_device(b), per_device(sf), per_device(sb)
+        dur_parts.append(np.where(cs.forward_o[:, None], fo[cs.device_o], bo[cs.device_o]).reshape(n * g, w))
+        send = np.where(cs.forward_o[:, None], sfo[cs.need_device_o], sbo[cs.need_device_o])
+        send[~cs.has_need_o] = 0.0
+        send_parts.append(send.reshape(n * g, w))
+        seg_dst.append(level_start[:depths] + prior[:depths])
+        seg_src.append(offset + cs.level_starts * g)
+        seg_len.append(cs.level_sizes * g)
+        prior[:depths] += cs.level_sizes * g
+        rows_of.append((row, g, k))
+        offset += n * g
+    # row r of the layout comes from row r - dst + src of its (depth, item) segment
+    dst = np.concatenate(seg_dst)
+    by_dst = np.argsort(dst, kind="stable")
+    src = np.repeat((np.concatenate(seg_src) - dst)[by_dst], np.concatenate(seg_len)[by_dst]) + np.arange(total)
+    prev = np.concatenate(prev_parts)[src]
+    need = np.concatenate(need_parts)[src]
+    dur = np.concatenate(dur_parts)[src]
+    send = np.concatenate(send_parts)[src]
+    end = np.zeros((total + max(groups), w))
     for level in range(levels):
         a, b_ = level_start[level], level_start[level + 1]
-        start = np.maximum(end[order_prev[a:b_]], end[order_need[a:b_]] + order_send[a:b_])
-        end[order_idx[a:b_]] = start + order_dur[a:b_]
-    return [end[b0:b0 + k * (n + 1)].reshape(k, n + 1)[:, :n] for b0, k, n in bases]
+        start = np.maximum(end[prev[a:b_]], end[need[a:b_]] + send[a:b_])
+        np.add(start, dur[a:b_], out=end[a:b_])
+    out = []
+    for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
+        pos = cs.position if columns is None else cs.position[columns[i]]
+        picked = end[row[pos][:, None] + np.arange(g)]  # [c, g, w]
+        out.append(np.ascontiguousarray(picked.reshape(len(pos), g * w)[:, :k].T))
+    return out
+
+
+def _row_width(ks: list[int], steps: list[int]) -> int:
+    """Configurations per row: the width with the least padded work (a row costs about as much
+    to move as four more floats)."""
+    def cost(w: int) -> int:
+        return sum(n * -(-k // w) * (w + 4) for k, n in zip(ks, steps))
+
+    return min(range(1, min(max(ks), 16) + 1), key=cost)
 
 
 def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
