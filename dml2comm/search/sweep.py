@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import csv
+import gc
 import io
 import multiprocessing
 import signal
@@ -409,6 +410,9 @@ def run_sweep(
             interrupted = True
     else:
         context = multiprocessing.get_context("fork")
+        # the workers inherit the imported model; keep the collector from walking (and so
+        # copying, page by page) those objects in every worker
+        gc.freeze()
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                                       initargs=(evaluator,))
         try:
@@ -420,6 +424,7 @@ def run_sweep(
             interrupted = True
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            gc.unfreeze()
     rows.sort(key=lambda r: r["index"])
     model = {"path": str(model_path), "name": first.graph.name, "num_layers": shape["layers"], "heads": shape["heads"],
              "kv_heads": shape["kv_heads"], "seq_len": seq_len, "params": first.graph.num_params}

@@ -228,7 +228,8 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array laid out depth by
     depth (a counting sort: depth ``L`` of every item, then depth ``L + 1``), so one pass over
     the deepest schedule's depths updates every item, each depth with a few numpy calls on
-    contiguous rows; the setup moves whole rows, not single floats.
+    contiguous rows.  Durations and sends are read from small per-(item, group, device) tables
+    through row indices: the setup builds four integers per row, no per-step floats.
     """
     if not items:
         return []
@@ -242,11 +243,14 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     np.cumsum(per_level, out=level_start[1:])
     total = int(level_start[-1])
     prior = np.zeros(levels, dtype=np.int64)  # rows of earlier items already placed per depth
+    # per-device costs of every (item, group) as small tables: row ``2 (device) + forward`` of
+    # the item's block, w configurations wide; the last row of the send table is zero (no send)
+    dur_table, send_table, table_base = [], [], []
     prev_parts, need_parts, dur_parts, send_parts, rows_of = [], [], [], [], []
     seg_dst, seg_src, seg_len = [], [], []
-    offset = 0
+    offset = base = 0
     for (cs, f, b, sf, sb), g in zip(items, groups):
-        k, n = f.shape[0], cs.num_steps
+        k, n, p = f.shape[0], cs.num_steps, cs.p
         depths = len(cs.level_sizes)
         lev = cs.depth[cs.order]
         # the row of (position j, group 0); group q is q rows further; a missing step reads the
@@ -258,33 +262,40 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
         need_parts.append((ext[cs.need_o][:, None] + q).ravel())
         pad = g * w - k
 
-        def per_device(a: np.ndarray) -> np.ndarray:  # [K, p] -> [p, g w]
-            return np.pad(a.T, ((0, 0), (0, pad))) if pad else a.T
+        def blocks(back: np.ndarray, fwd: np.ndarray) -> np.ndarray:  # [K, p] x 2 -> [g p 2, w]
+            both = np.stack([back, fwd], axis=-1)  # [K, p, 2]
+            if pad:
+                both = np.concatenate([both, np.zeros((pad, p, 2))])
+            return both.reshape(g, w, p * 2).transpose(0, 2, 1).reshape(g * p * 2, w)
 
-        fo, bo, sfo, sbo = per_device(f), per_device(b), per_device(sf), per_device(sb)
-        dur_parts.append(np.where(cs.forward_o[:, None], fo[cs.device_o], bo[cs.device_o]).reshape(n * g, w))
-        send = np.where(cs.forward_o[:, None], sfo[cs.need_device_o], sbo[cs.need_device_o])
-        send[~cs.has_need_o] = 0.0
-        send_parts.append(send.reshape(n * g, w))
+        dur_table.append(blocks(b, f))
+        send_table.append(blocks(sb, sf))
+        slot = 2 * cs.device_o + cs.forward_o  # [n]
+        dur_parts.append((base + slot[:, None] + 2 * p * q).ravel())
+        need_slot = np.where(cs.has_need_o, 2 * cs.need_device_o + cs.forward_o, -1)
+        send_parts.append(np.where(need_slot[:, None] >= 0, base + need_slot[:, None] + 2 * p * q, -1).ravel())
         seg_dst.append(level_start[:depths] + prior[:depths])
         seg_src.append(offset + cs.level_starts * g)
         seg_len.append(cs.level_sizes * g)
         prior[:depths] += cs.level_sizes * g
         rows_of.append((row, g, k))
         offset += n * g
+        base += g * p * 2
     # row r of the layout comes from row r - dst + src of its (depth, item) segment
     dst = np.concatenate(seg_dst)
     by_dst = np.argsort(dst, kind="stable")
     src = np.repeat((np.concatenate(seg_src) - dst)[by_dst], np.concatenate(seg_len)[by_dst]) + np.arange(total)
     prev = np.concatenate(prev_parts)[src]
     need = np.concatenate(need_parts)[src]
-    dur = np.concatenate(dur_parts)[src]
-    send = np.concatenate(send_parts)[src]
+    dur_at = np.concatenate(dur_parts)[src]
+    send_at = np.concatenate(send_parts)[src]  # -1: the zero row
+    durs = np.concatenate(dur_table)
+    sends = np.concatenate(send_table + [np.zeros((1, w))])
     end = np.zeros((total + max(groups), w))
     for level in range(levels):
         a, b_ = level_start[level], level_start[level + 1]
-        start = np.maximum(end[prev[a:b_]], end[need[a:b_]] + send[a:b_])
-        np.add(start, dur[a:b_], out=end[a:b_])
+        start = np.maximum(end[prev[a:b_]], end[need[a:b_]] + sends[send_at[a:b_]])
+        np.add(start, durs[dur_at[a:b_]], out=end[a:b_])
     out = []
     for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
         pos = cs.position if columns is None else cs.position[columns[i]]
