@@ -245,7 +245,7 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     prior = np.zeros(levels, dtype=np.int64)  # rows of earlier items already placed per depth
     # per-device costs of every (item, group) as small tables: row ``2 (device) + forward`` of
     # the item's block, w configurations wide; the last row of the send table is zero (no send)
-    dur_table, send_table, table_base = [], [], []
+    dur_table, send_table = [], []
     prev_parts, need_parts, dur_parts, send_parts, rows_of = [], [], [], [], []
     seg_dst, seg_src, seg_len = [], [], []
     offset = base = 0
