@@ -175,7 +175,7 @@ def test_compiled_depths_are_the_longest_chains():
     from dml2comm.sim.levels import compile_schedule
 
     for name, p, m, v in (("1f1b", 5, 12, 1), ("1f1b", 6, 3, 1), ("interleaved", 4, 8, 2), ("interleaved", 3, 9, 3),
-                          ("gpipe", 4, 6, 1)):
+                          ("interleaved", 1, 4, 3), ("gpipe", 4, 6, 1)):
         cs = compile_schedule(name, p, m, v)
         n = cs.num_steps
         depth = np.full(n + 1, -1)  # slot n: no predecessor

@@ -300,20 +300,22 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---- worker processes (state set by the initializer, inherited through fork)
-_WORKER: Evaluator | None = None
+_WORKER: tuple[Evaluator, Sequence[ParallelConfig]] | None = None
 
 
-def _init_worker(evaluator: Evaluator) -> None:
+def _init_worker(evaluator: Evaluator, configs: Sequence[ParallelConfig]) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cancels what is pending
-    _WORKER = evaluator
+    _WORKER = (evaluator, configs)
 
 
-def _work(item: tuple[list[int], list[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    indices, configs, fast = item
+def _work(item: tuple[list[int], bool]) -> list[dict[str, Any]]:
+    """Rows of the configurations ``indices`` (the worker has the list: inherited through fork)."""
+    indices, fast = item
     if _WORKER is None:  # pragma: no cover - _init_worker always runs first
         raise RuntimeError("sweep worker used before its initializer ran")
-    rows = _WORKER.evaluate_many([config_from_dict(c) for c in configs], fast)
+    evaluator, configs = _WORKER
+    rows = evaluator.evaluate_many([configs[i] for i in indices], fast)
     for index, row in zip(indices, rows):
         row["index"] = index
     return rows
@@ -321,7 +323,7 @@ def _work(item: tuple[list[int], list[dict[str, Any]], bool]) -> list[dict[str, 
 
 #: Configurations per unit of work: large enough that those sharing a schedule are simulated
 #: together, small enough that results stream and Ctrl-C loses little.
-CHUNK = 256
+CHUNK = 512
 
 
 def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:
@@ -414,9 +416,9 @@ def run_sweep(
         # copying, page by page) those objects in every worker
         gc.freeze()
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                                      initargs=(evaluator,))
+                                      initargs=(evaluator, configs))
         try:
-            futures = [pool.submit(_work, (chunk, [configs[i].to_dict() for i in chunk], fast)) for chunk in chunks]
+            futures = [pool.submit(_work, (chunk, fast)) for chunk in chunks]
             for future in cf.as_completed(futures):
                 for row in future.result():
                     record(row)

@@ -179,12 +179,19 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
     for d in range(p):
         nd = need[d * two:(d + 1) * two]
         at = np.nonzero(nd < n)[0]
-        needs.append((at, nd[at]))
+        needs.append((at, nd[at], set((nd[at] // two).tolist())))
+    stamp = [0] * p  # when each device's depths last changed
+    seen = [-1] * p  # the time each device was last relaxed
+    clock = 0
     for _ in range(n + 1):
         changed = False
         for devices in (range(p), range(p - 1, -1, -1)):
             for d in devices:
-                at, src = needs[d]
+                at, src, sources = needs[d]
+                clock += 1
+                if seen[d] >= 0 and all(stamp[e] < seen[d] for e in sources):
+                    continue  # nothing it reads changed since it was last relaxed
+                seen[d] = clock
                 row = rows[d]
                 new = row.copy()
                 new[at] = np.maximum(row[at], depth[src] + 1)
@@ -193,6 +200,7 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
                 new += pos
                 if not np.array_equal(new, row):
                     row[:] = new
+                    stamp[d] = clock
                     changed = True
         if not changed:
             return depth
