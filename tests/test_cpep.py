@@ -8,6 +8,8 @@ tokens x top-k x hidden elements each (GShard / Megatron-Core).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import subprocess
 import sys
@@ -22,11 +24,12 @@ from hypothesis import strategies as st
 from dml2comm import zoo
 from dml2comm.analysis import analyze_graph, comm_by_dim
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import RankMap, make_cluster
+from dml2comm.hardware.cluster import RankMap, get_cluster, make_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.expert import expert_flops_per_gpu
+from dml2comm.search.fast import FastEvaluator, supports
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -296,6 +299,134 @@ def test_cp_group_inside_a_node_uses_nvlink(gpt):
     cp_links = {x.link for x in a.comms if x.dim is ParallelDim.CP}
     dp_links = {x.link for x in a.comms if x.dim is ParallelDim.DP}
     assert cp_links and cp_links != dp_links  # CP (2 GPUs, adjacent ranks) stays in the node, DP (8) crosses nodes
+
+
+# ---- the sweep's fast path (dml2comm.search.fast) with context and expert parallelism
+#
+# The batched simulation the fast path uses (dml2comm.sim.levels) does not queue a device's
+# sends behind one another; the engine does.  On a cluster without per-collective overhead the
+# small models here are not send-bound, so the two agree to rounding.
+BREAKDOWN = ("compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "bubble_fraction", "mfu")
+
+
+def _dgx(num_gpus):
+    return dataclasses.replace(get_cluster("dgx-a100", num_gpus), collective_overhead_s=0.0)
+
+
+def _grid(d, t, p, combos, **kw):
+    """Every (c, scheme, e) of ``combos`` x recomputation x ZeRO 0/1 x 1F1B/interleaved (m = 4)."""
+    out = []
+    for (cp, scheme, ep), rec, zero, (schedule, v) in itertools.product(
+            combos, ("none", "selective", "full"), (0, 1), (("1f1b", 1), ("interleaved", 2))):
+        out.append(ParallelConfig(dp_size=d, tp_size=t, pp_size=p, cp_size=cp, cp_scheme=scheme, ep_size=ep, micro_batch_size=B,
+                                  seq_len=S, global_batch_size=B * d * 4, recompute=rec, zero_stage=zero, schedule=schedule,
+                                  virtual_stages=v, **kw))
+    return out
+
+
+def _fast_equals_full(imported, configs):
+    """FastEvaluator's numbers against analyze_graph's, configuration by configuration."""
+    assert configs
+    by_size: dict[int, list[ParallelConfig]] = {}
+    for config in configs:
+        assert supports(config), config
+        by_size.setdefault(config.num_gpus, []).append(config)
+    for n, group in by_size.items():
+        cluster = _dgx(n)
+        fast = FastEvaluator(imported, cluster)
+        for config, row in zip(group, fast.evaluate(group)):
+            full = analyze_graph(imported, config, cluster, advise=False, timeline=False).summary
+            assert row["error"] is None, (config, row["error"])
+            assert row["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9), config
+            assert row["peak_memory_bytes"] == full["peak_memory_bytes"], config
+            for key in BREAKDOWN:
+                assert row[key] == pytest.approx(full[key], rel=1e-9, abs=1e-15), (key, config)
+            assert row["fits"] == full["fits_in_memory"]
+
+
+def test_fast_path_covers_cp_ep_and_capacity_factor():
+    for kw in ({"cp_size": 2}, {"cp_size": 4, "cp_scheme": "ring"}, {"dp_size": 2, "ep_size": 2},
+               {"dp_size": 2, "cp_size": 2, "ep_size": 4, "zero_stage": 1}, {"capacity_factor": 1.25}):
+        assert supports(ParallelConfig(global_batch_size=4, **kw)), kw
+    assert not supports(ParallelConfig(dp_size=2, cp_size=2, zero_stage=2, global_batch_size=4))
+    assert not supports(ParallelConfig(tp_size=2, cp_size=2, sequence_parallel=True, tp_comm_overlap=True, global_batch_size=4))
+
+
+def test_fast_path_equals_the_analysis_with_context_parallelism(gpt):
+    """c = 1, 2, 4, Ulysses and ring, with t = 2 (TP messages 1/c) on up to 4 DGX nodes; c
+    without d (the d x c gradient reduction and its bucket); a ring whose wrap-around hop
+    crosses nodes (rank order "dtp": the CP group is 0, 4, 8, 12; the slower hop counts)."""
+    combos = [(1, "ulysses", 1)] + [(c, scheme, 1) for c in (2, 4) for scheme in ("ulysses", "ring")]
+    configs = _grid(2, 2, 2, combos) + _grid(1, 2, 2, [(2, "ulysses", 1), (4, "ring", 1)])[::2]
+    spread = [dataclasses.replace(c, rank_order="dtp") for c in _grid(2, 2, 2, [(4, "ring", 1)])]
+    assert RankMap(2, 2, 2, "dtp", cp=4).cp_group(0, 0, 0) == (0, 4, 8, 12)
+    _fast_equals_full(gpt, configs + spread)
+
+
+def test_fast_path_equals_the_analysis_with_expert_parallelism(moe):
+    """e = 1, 2, 4 (8 with c = 2) alone and with c = 2 (both schemes): expert weights 1/e, the
+    d x c and expert-data-parallel bucket streams, the MoE AllToAlls."""
+    combos = [(1, "ulysses", e) for e in (1, 2, 4)] + [(2, scheme, e) for scheme in ("ulysses", "ring") for e in (1, 2, 4, 8)]
+    _fast_equals_full(moe, _grid(4, 1, 2, combos))
+
+
+def test_fast_path_equals_the_analysis_on_rank_orders_and_capacity_factors(moe):
+    """Rank orders that put t between d and c make the d x c group no arithmetic progression
+    (placed by its ranks); a capacity factor scales expert ops with and without e."""
+    rm = RankMap(2, 2, 2, "dtp", cp=2, ep=2)
+    group = rm.dp_cp_group(0, 0)
+    assert len({b - a for a, b in zip(group, group[1:])}) > 1  # not a progression
+    configs = [dataclasses.replace(c, rank_order=order) for order in ("dtp", "pdt", "tdp", "cdtp")
+               for c in _grid(2, 2, 2, [(2, "ring", 2), (2, "ulysses", 4)])[::3]]
+    configs += _grid(2, 1, 2, [(1, "ulysses", 1), (1, "ulysses", 2), (2, "ring", 4)], capacity_factor=1.25)[::2]
+    _fast_equals_full(moe, configs)
+
+
+def test_fast_path_with_cp_and_ep_on_collapsed_blocks():
+    """Eight MoE blocks collapse to four: CP/EP counts, attention cores and expert parameters
+    are read per full layer through the layer map."""
+    model = zoo.build("moe", layers=8, hidden=H, heads=HEADS, kv_heads=2, ffn_hidden=128, experts=8, top_k=2, vocab=128, seq_len=S)
+    imported = load_model_proto(model, ImportOptions(batch_size=B, seq_len=S), name="moe-deep")
+    fast = FastEvaluator(imported, _dgx(8))
+    assert fast.collapsed is not None and len(fast.layered.layers) < len(fast.layer_map)
+    combos = [(1, "ulysses", 4), (2, "ring", 2), (2, "ulysses", 8)]
+    _fast_equals_full(imported, [c for c in _grid(4, 1, 4, combos) if c.recompute != "selective"])
+
+
+def test_sweep_with_cp_and_ep_fast_equals_full(tmp_path):
+    """Through run_sweep: the collapsed model re-imported for a second micro-batch size (the
+    sweep's reduced ONNX model) keeps its experts and attention; every row equals the full run's."""
+    from dml2comm.search.space import Constraints
+    from dml2comm.search.sweep import SweepSpace, run_sweep
+
+    path = tmp_path / "moe8.onnx"
+    zoo.save(zoo.build("moe", layers=8, hidden=H, heads=HEADS, kv_heads=2, ffn_hidden=128, experts=8, top_k=2, vocab=128,
+                       seq_len=S), path)
+    constraints = Constraints(micro_batch_sizes=(1, 2), virtual_stages=(1,), zero_stages=(0, 1), recompute=("full",),
+                              sequence_parallel=(False,), t=(1,), p=(2,), cp=(1, 2), ep=(1, 2, 4), cp_scheme="ring")
+    space = SweepSpace(global_batch_size=16, constraints=constraints)
+    full = run_sweep(str(path), 8, _dgx, space, fast=False)
+    quick = run_sweep(str(path), 8, _dgx, space, fast=True)
+    assert len(full.rows) == len(quick.rows) == 24
+    assert {(r["config"]["c"], r["config"]["e"]) for r in quick.rows} >= {(2, 4), (1, 4), (2, 1)}
+    for a, b in zip(full.rows, quick.rows):
+        assert a["config"] == b["config"] and a["error"] == b["error"] is None
+        assert b["iteration_time_s"] == pytest.approx(a["iteration_time_s"], rel=1e-9)
+        assert b["peak_memory_bytes"] == a["peak_memory_bytes"]
+        for key in BREAKDOWN:
+            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-15), key
+
+
+def test_fast_path_cp_ep_errors_are_the_analysis_errors(gpt, moe):
+    cases = [(gpt, {"cp_size": 3}), (gpt, {"tp_size": 2, "cp_size": 8}), (moe, {"dp_size": 3, "ep_size": 3}),
+             (gpt, {"dp_size": 2, "ep_size": 2})]
+    for imported, kw in cases:
+        config = ParallelConfig(micro_batch_size=B, seq_len=S, global_batch_size=B * kw.get("dp_size", 1) * 2, **kw)
+        cluster = _dgx(config.num_gpus)
+        row = FastEvaluator(imported, cluster).evaluate([config])[0]
+        with pytest.raises(ConfigError) as info:
+            analyze_graph(imported, config, cluster, advise=False)
+        assert row["error"] == " ".join(str(info.value).split())
 
 
 # ---- command line

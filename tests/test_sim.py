@@ -187,3 +187,9 @@ def test_compiled_depths_are_the_longest_chains():
                 depth[i] = max(depth[cs.prev[i]], depth[cs.need[i]]) + 1
                 pending.discard(i)
         assert np.array_equal(cs.depth, depth[:-1]), (name, p, m, v)
+    from dml2comm.sim.levels import _depths, _one_f_one_b_depths
+
+    for p in range(1, 9):  # the closed form for 1F1B equals the relaxation wherever it is used
+        for m in range(p, 3 * p + 2):
+            cs = compile_schedule("1f1b", p, m)
+            assert np.array_equal(_one_f_one_b_depths(p, m), _depths(np.arange(2 * m), cs.need, p)), (p, m)

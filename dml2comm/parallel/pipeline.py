@@ -72,8 +72,9 @@ def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], .
     tight = greedy(hi, p)  # the greedy at the bottleneck itself: the fullest leading stages
     if len(tight) <= p:
         parts = tight
+    sums = [sum(costs[a:b]) for a, b in parts]
     while len(parts) < p:  # split the costliest multi-layer part; never raises the maximum
-        k = max((i for i, (a, b) in enumerate(parts) if b - a > 1), key=lambda i: sum(costs[parts[i][0]:parts[i][1]]))
+        k = max((i for i, (a, b) in enumerate(parts) if b - a > 1), key=sums.__getitem__)
         a, b = parts[k]
         best, cut = None, a + 1
         for c in range(a + 1, b):
@@ -81,6 +82,7 @@ def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], .
             if best is None or worst < best:
                 best, cut = worst, c
         parts[k:k + 1] = [(a, cut), (cut, b)]
+        sums[k:k + 1] = [sum(costs[a:cut]), sum(costs[cut:b])]
     return tuple(parts)
 
 

@@ -18,10 +18,16 @@ Configurations that share a schedule ``(schedule, p, m, v)`` are simulated toget
 schedules of a call in one pass, by :mod:`dml2comm.sim.levels` (the engine's recurrence,
 vectorised over configurations).
 
+Context parallelism (Ulysses AllToAlls, ring-attention Send/Recv hidden behind 1/c of the
+layer's attention core) and expert parallelism (MoE dispatch/combine AllToAlls, expert weights
+sharded by e and reduced over the expert-data-parallel group) are covered as the analysis models
+them: per-layer counts of their collectives like the TP counts, op times scaled by 1/c (and the
+capacity factor on expert ops), TP/PP messages, input read and activations 1/c.
+
 What it returns equals ``analyze_graph``'s summary on iteration time, memory and the breakdown
-(``tests/test_search.py`` checks it against full runs).  Configurations it does not cover —
-ZeRO-2/3 (per-micro-batch collectives on the data-parallel stream), context or expert
-parallelism — are evaluated by the full analysis (``Evaluator``).
+(``tests/test_search.py`` and ``tests/test_cpep.py`` check it against full runs).  Configurations
+it does not cover — ZeRO-2/3 (per-micro-batch collectives on the data-parallel stream) and
+``--tp-comm-overlap`` — are evaluated by the full analysis (``Evaluator``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ from dml2comm.ir.repeats import Collapsed, collapse_repeats
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTYPES, ParallelConfig
+from dml2comm.parallel.context import check_context_parallel, context_parallel_comms, find_attention
 from dml2comm.parallel.data import data_parallel_comms
+from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms, find_moe
 from dml2comm.parallel.pipeline import partition_layers
 from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
 from dml2comm.sim.levels import bucket_tail_end_many, compile_schedule, pipeline_end_times_many
@@ -54,13 +62,15 @@ __all__ = ["FastEvaluator", "NotRepeating", "supports"]
 
 
 def supports(config: ParallelConfig) -> bool:
-    """Whether the fast path covers ``config`` (else the full analysis evaluates it)."""
-    return (config.zero_stage < 2 and not config.tp_comm_overlap and getattr(config, "cp_size", 1) == 1 and getattr(config, "ep_size", 1) == 1)
+    """Whether the fast path covers ``config`` (else the full analysis evaluates it): ZeRO 0/1
+    without ``--tp-comm-overlap``, with any context and expert parallelism and capacity factor."""
+    return config.zero_stage < 2 and not config.tp_comm_overlap
 
 
 @dataclass
 class _Layers:
-    """Per-layer sums for one (micro-batch, t, SP, dtype), per full layer."""
+    """Per-layer sums for one (micro-batch, t, SP, dtype, c, capacity factor), per full layer
+    (op times are per GPU: 1/c of the unsplit ones, expert ops times the capacity factor)."""
 
     fwd: np.ndarray  # compute seconds per micro-batch
     bwd: np.ndarray
@@ -71,6 +81,12 @@ class _Layers:
     tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective
     tied: list[tuple[int, int, float, float]]  # (copy layer, table layer, numel, numel local)
     flops_fwd: float  # unsharded forward FLOPs of the model per micro-batch
+    # context parallelism (c > 1): per-layer counts of each Ulysses AllToAll (kind, phase, bytes),
+    # of ring-attention sites per (phase, bytes), and each layer's attention core (ring overlap)
+    cp: dict[tuple[CollectiveKind, Phase, float], np.ndarray] = dataclasses.field(default_factory=dict)
+    ring: dict[tuple[Phase, float], np.ndarray] = dataclasses.field(default_factory=dict)
+    core_f: np.ndarray | None = None
+    core_b: np.ndarray | None = None
 
 
 @dataclass
@@ -94,13 +110,15 @@ class _Prepared:
     flops_fwd_per_sample: float
 
 
-#: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``).
-_MAX_RUNS = 2
+#: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
+#: of the non-expert gradients (over the d x c ranks) then of the expert ones (expert-data-parallel).
+_MAX_RUNS = 4
 
 
 @dataclass
 class _StageTable:
-    """Per stage, for one (t, SP, p, d): compute and TP times, sends, parameters, buffers."""
+    """Per stage, for one (t, SP, p, d, c, e): compute and TP times (with the exposed CP and EP
+    collectives), sends, parameters, buffers."""
 
     config: ParallelConfig
     ranges: list[tuple[int, int]]
@@ -117,7 +135,9 @@ class _StageTable:
     rank_map: RankMap
     by_zero: dict[int, tuple]
     by_recompute: dict[str, tuple]
-    dp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its data-parallel group's placement
+    dp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its d x c group's placement
+    expert_local: np.ndarray | None = None  # per stage: expert parameters per GPU (after t and e; part of params_local)
+    edp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its expert-data-parallel group
 
 
 class NotRepeating(Exception):
@@ -134,6 +154,7 @@ class FastEvaluator:
         self.cluster = cluster
         self._costs: dict[tuple, float] = {}
         self._placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
+        self._rank_placements: dict[tuple[int, ...], tuple[int, int]] = {}  # groups that are no progression, by their ranks
         self._period = placement_period(cluster)
         self._placement_list: list[tuple] = []
         self._placement_ids: dict[tuple, int] = {}
@@ -174,8 +195,27 @@ class FastEvaluator:
         return _memo(graph, ("tp", config.tp_size, config.sequence_parallel, train.itemsize),
                      lambda: shard_tensor_parallel(graph, config.tp_size, config.sequence_parallel, train.itemsize))
 
+    def _moe(self) -> MoEInfo | None:
+        graph, layered = self.graph, self.layered
+        return _memo(graph, ("moe",), lambda: find_moe(graph, layered.layer_of_op))
+
+    def _scale(self, config: ParallelConfig) -> tuple[int, float]:
+        """(c, the factor expert ops' times take): the analysis looks for experts only with e > 1
+        or a capacity factor other than 1, and scales expert ops only when it finds some."""
+        cf = 1.0
+        if config.ep_size > 1 or config.capacity_factor != 1.0:
+            if self._moe() is not None:
+                cf = config.capacity_factor
+        return config.cp_size, cf
+
+    def _layer_key(self, config: ParallelConfig) -> tuple:
+        """What the per-layer times depend on (the layers' and the partition's cache key)."""
+        cp, cf = self._scale(config)
+        return (config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, cp, cf,
+                config.cp_scheme if cp > 1 else None, config.seq_len)
+
     def _layers(self, config: ParallelConfig) -> _Layers:
-        key = ("fast-layers", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name)
+        key = ("fast-layers", *self._layer_key(config))
         return _memo(self.graph, key, lambda: self._build_layers(config))
 
     def _check_interior(self, *arrays: np.ndarray) -> None:
@@ -196,6 +236,12 @@ class FastEvaluator:
             lambda: _op_costs(graph, tp, config.train_dtype, gpu, peak, hbm, False))
         n = len(layered.layers)
         seq_len = config.seq_len or _infer_seq_len(graph)
+        cp, cf = self._scale(config)
+        if cp > 1 or cf != 1.0:  # the analysis's per-GPU op times: 1/c, expert ops on capacity-padded buffers
+            moe = self._moe() if cf != 1.0 else None
+            expert_ops = moe.expert_ops if moe is not None else frozenset()
+            times = [(f * (cf if i in expert_ops else 1.0) / cp, b * (cf if i in expert_ops else 1.0) / cp)
+                     for i, (f, b) in enumerate(times)]
         fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
         bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
         flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
@@ -227,13 +273,81 @@ class FastEvaluator:
                 key = (c.kind, c.phase, float(c.message_bytes))
                 li = layered.layer_of_op[c.op_index]
                 tp_counts.setdefault(key, np.zeros(n))[li] += 1
-        self._check_interior(fwd, bwd, selective, params, params_local, flops, *tp_counts.values())
+        cp_counts: dict[tuple, np.ndarray] = {}
+        ring: dict[tuple, np.ndarray] = {}
+        core_f, core_b = np.zeros(n), np.zeros(n)
+        if cp > 1:
+            sites = _memo(graph, ("attention", seq_len), lambda: find_attention(graph, layered.layer_of_op, seq_len))
+            check_context_parallel(sites, cp, config.tp_size, config.cp_scheme, seq_len)
+            for site in sites:  # the analysis's attn_core: a layer's last site wins
+                ops = [i for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer]
+                core_f[site.layer] = sum(times[i][0] for i in ops)
+                core_b[site.layer] = sum(times[i][1] for i in ops)
+            for cc in context_parallel_comms(sites, cp, config.tp_size, config.cp_scheme, config.train_dtype.itemsize):
+                if cc.kind is CollectiveKind.SEND_RECV:  # one entry per site and phase: cc.count = c - 1 steps
+                    ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
+                else:
+                    cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
+        self._check_interior(fwd, bwd, selective, params, params_local, flops, *tp_counts.values(), *cp_counts.values(),
+                             *ring.values(), core_f, core_b)
         m = self.layer_map
         return _Layers(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
-                       {k: v[m] for k, v in tp_counts.items()}, tied, float(flops[m].sum()))
+                       {k: v[m] for k, v in tp_counts.items()}, tied, float(flops[m].sum()),
+                       {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m])
+
+    def _expert_params(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per full layer with e > 1: parameters per GPU (expert weights 1/e) and the expert part
+        of them; None without expert parallelism (the layers' own ``params_local``)."""
+        if config.ep_size <= 1:
+            return None
+        moe = self._moe()
+        check_expert_parallel(moe, config.ep_size)
+        key = ("fast-expert-params", config.tp_size, config.sequence_parallel, config.train_dtype.itemsize, config.ep_size)
+
+        def build():
+            graph, ep = self.graph, config.ep_size
+            tp = self._tp(config)
+            experts = moe.expert_weights
+            own = {w: li for w, li in weight_layers(graph, self.layered).items() if graph.tensors[w].tied_to is None}
+            by_layer: dict[int, list[str]] = defaultdict(list)
+            for w, li in own.items():
+                by_layer[li].append(w)
+            n = len(self.layered.layers)
+            local, expert = np.zeros(n), np.zeros(n)
+            for li in range(n):  # the analysis's sums, weight by weight in the same order
+                local[li] = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / (ep if w in experts else 1)
+                                for w in by_layer[li])
+                expert[li] = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / ep for w in by_layer[li] if w in experts)
+            self._check_interior(local, expert)
+            m = self.layer_map
+            return local[m], expert[m]
+
+        return _memo(self.graph, key, build)
+
+    def _ep_counts(self, config: ParallelConfig) -> dict[tuple[Phase, float], np.ndarray]:
+        """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch."""
+        if config.ep_size <= 1:
+            return {}
+        moe = self._moe()
+        check_expert_parallel(moe, config.ep_size)
+        assert moe is not None
+        seq_len = config.seq_len or _infer_seq_len(self.graph)
+        tokens = config.micro_batch_size * (seq_len or 1) / config.cp_size
+        dtype_bytes = config.train_dtype.itemsize
+        key = ("fast-ep", config.ep_size, tokens, dtype_bytes, config.capacity_factor)
+
+        def build():
+            n = len(self.layered.layers)
+            counts: dict[tuple, np.ndarray] = {}
+            for ec in expert_parallel_comms(moe, tokens, config.ep_size, dtype_bytes, config.capacity_factor):
+                counts.setdefault((ec.phase, float(ec.message_bytes)), np.zeros(n))[ec.layer] += ec.count
+            self._check_interior(*counts.values())
+            return {k: v[self.layer_map] for k, v in counts.items()}
+
+        return _memo(self.graph, key, build)
 
     def _partition(self, config: ParallelConfig, layers: _Layers):
-        key = ("fast-partition", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, config.pp_size)
+        key = ("fast-partition", *self._layer_key(config), config.pp_size)
         return _memo(self.graph, key, lambda: partition_layers(list(layers.fwd + layers.bwd), config.pp_size))
 
     def _boundary_bytes(self, config: ParallelConfig, ranges) -> list[list[float]]:
@@ -366,6 +480,48 @@ class FastEvaluator:
             where = self._placements[key] = (pid, n)
         return where
 
+    def _where_ranks(self, ranks: Sequence[int]) -> tuple[int, int]:
+        """(placement id, ranks) of any group: a progression through :meth:`_where`, else keyed
+        by its ranks shifted by a multiple of :func:`placement_period` (placed alike)."""
+        ranks = tuple(ranks)
+        n = len(ranks)
+        step = ranks[1] - ranks[0] if n > 1 else 1
+        if all(ranks[i + 1] - ranks[i] == step for i in range(n - 1)):
+            return self._where(ranks[0], step, n)
+        low = min(ranks)
+        shift = low - low % self._period
+        key = tuple(r - shift for r in ranks)
+        where = self._rank_placements.get(key)
+        if where is None:
+            placement = group_placement(self.cluster, ranks)
+            pid = self._placement_ids.setdefault(placement, len(self._placement_list))
+            if pid == len(self._placement_list):
+                self._placement_list.append(placement)
+            where = self._rank_placements[key] = (pid, n)
+        return where
+
+    def _dp_wheres(self, rank_map: RankMap, stage: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """Placements of stage ``stage``'s (tensor rank 0) d x c group (``dp_cp_group``), its first
+        expert-parallel group (``ep_group``) and its first expert-data-parallel group
+        (``expert_dp_group``).  The d x c group is a progression unless the rank order puts
+        another dimension between d and c: then it is placed by its ranks."""
+        d, c, e = rank_map.dp, rank_map.cp, rank_map.ep
+        sd, sp, _, sc = rank_map.strides
+        base = stage * sp
+        if c == 1:
+            step = sd
+        elif d == 1:
+            step = sc
+        elif sd == sc * c:
+            step = sc
+        elif sc == sd * d:
+            step = sd
+        else:
+            ranks = rank_map.dp_cp_group(stage, 0)
+            return self._where_ranks(ranks), self._where_ranks(ranks[:e]), self._where_ranks(ranks[::e])
+        n = d * c
+        return self._where(base, step, n), self._where(base, step, e), self._where(base, step * e, n // e)
+
     def _cost_at(self, kind: CollectiveKind, where: tuple[int, int], size: float) -> float:
         key = (kind, where, size)  # small ints: cheap to hash
         cost = self._costs.get(key)
@@ -385,21 +541,27 @@ class FastEvaluator:
             return self._prepare(config)
 
     def _stage_table(self, config: ParallelConfig) -> _StageTable:
-        """What every configuration with this model split (t, SP, p, hence d) shares."""
-        key = ("fast-stages", config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, config.pp_size,
-               config.dp_size, config.rank_order, config.grad_reduce_dtype, config.bucket_bytes, config.optimizer)
+        """What every configuration with this model split (t, SP, p, c, e, hence d) shares."""
+        key = ("fast-stages", *self._layer_key(config), config.pp_size, config.dp_size, config.rank_order,
+               config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.ep_size, config.capacity_factor,
+               config.micro_batch_size)
         return _memo(self.graph, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> _StageTable:
         layers = self._layers(config)
         ranges = self._partition(config, layers)
         p, d = config.pp_size, config.dp_size
-        rank_map = RankMap(d, config.tp_size, p, config.rank_order)
-        sd, sp, stt, _ = rank_map.strides
+        cp, ep = config.cp_size, config.ep_size
+        expert_params = self._expert_params(config)  # raises the analysis's --ep errors
+        ep_counts = self._ep_counts(config)
+        rank_map = RankMap(d, config.tp_size, p, config.rank_order, cp=cp, ep=ep)
+        _, sp, stt, sc = rank_map.strides
         gpu = self.cluster.gpu
         pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
-        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs)
+        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
         crossing = self._boundary_bytes(config, ranges)
+        if cp > 1:  # each GPU sends 1/c of every boundary tensor
+            crossing = [[x / cp for x in sizes] for sizes in crossing]
         boundary = np.array([sum(sizes) for sizes in crossing])
         # stage s's first rank is s * sp; its send partner is sp further (or back)
         send = [sum(self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp, sp, 2), x) for x in sizes)
@@ -423,25 +585,57 @@ class FastEvaluator:
         for (kind, phase, size), counts in layers.tp.items():
             if phase not in (Phase.FORWARD, Phase.BACKWARD):
                 continue
-            cost = np.array([self._cost_at(kind, self._where(st * sp, stt, config.tp_size), size) for st in range(p)])
+            cost = np.array([self._cost_at(kind, self._where(st * sp, stt, config.tp_size), size / cp) for st in range(p)])
+            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+        # CP and EP collectives sit on the critical path like TP's (analysis._cp_ep_exposed_per_mb)
+        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
+            cost = np.array([self._cost_at(kind, self._where(st * sp, sc, cp), size) for st in range(p)])
+            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+        for (phase, size), counts in layers.ring.items():
+            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
+            # the layer's attention core does not hide
+            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
+            target = tp_f if phase is Phase.FORWARD else tp_b
+            by_cost: dict[float, np.ndarray] = {}
+            for st in range(p):
+                cost = max(self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp, sc, 2), size),
+                           self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                exposed = by_cost.get(cost)
+                if exposed is None:
+                    exposed = by_cost[cost] = per_stage(counts * (np.maximum(cost - core, 0.0) * (cp - 1)))
+                target[st] += exposed[st]
+        wheres = [self._dp_wheres(rank_map, st) for st in range(p)]
+        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
+            cost = np.array([self._cost_at(CollectiveKind.ALL_TO_ALL, wheres[st][1], size) for st in range(p)])
             (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
         reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
         buffers = np.zeros(p)
         buffers[1:] += boundary
         buffers[:-1] += boundary
-        if d > 1:
+        if d * cp > 1:
             buffers += float(config.bucket_bytes)  # the DP bucket being reduced
-        dp_where = [self._where(st * sp, sd, d) for st in range(p)] if d > 1 else [(-1, 1)] * p
+        none = (-1, 1)
+        dp_where = [w[0] for w in wheres] if d * cp > 1 else [none] * p
+        edp_where = [w[2] for w in wheres] if config.expert_dp_size > 1 else [none] * p
+        if expert_params is None:
+            params_local, expert_local = per_stage(layers.params_local) + tied_local, np.zeros(p)
+        else:
+            params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
         return _StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd), per_stage(layers.selective),
-                           tp_f, tp_b, reads, per_stage(layers.params_local) + tied_local, buffers,
-                           np.array(send + [0.0]), np.array([0.0] + send_back), rank_map, {}, {}, dp_where)
+                           tp_f, tp_b, reads, params_local, buffers,
+                           np.array(send + [0.0]), np.array([0.0] + send_back), rank_map, {}, {}, dp_where,
+                           expert_local, edp_where)
 
     def _zero_part(self, table: _StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
-        the optimizer step and the model states (weights + gradients + optimizer)."""
+        the optimizer step and the model states (weights + gradients + optimizer).
+
+        Non-expert gradients reduce over the d x c ranks, expert gradients over the d x c / e
+        expert-data-parallel ranks, one bucket stream after the other (``_device_work``)."""
         z = config.zero_stage
         if z not in table.by_zero:
-            p, d = config.pp_size, config.dp_size
+            p, d = config.pp_size, config.dp_size * config.cp_size
+            edp = config.expert_dp_size
             gpu = self.cluster.gpu
             dtype_bytes = config.train_dtype.itemsize
             grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
@@ -449,39 +643,51 @@ class FastEvaluator:
             runs_count = np.zeros((p, _MAX_RUNS))
             after, opt, states = np.zeros(p), np.zeros(p), np.zeros(p)
             for st in range(p):
-                local = float(table.params_local[st])
-                where = table.dp_where[st]
-                key = (local, where, d, z, grad_bytes, dtype_bytes, config.bucket_bytes, config.optimizer)
+                expert = float(table.expert_local[st]) if table.expert_local is not None else 0.0
+                dense = float(table.params_local[st]) - expert
+                where, ewhere = table.dp_where[st], table.edp_where[st]
+                key = (dense, expert, where, d, ewhere, edp, z, grad_bytes, dtype_bytes, config.bucket_bytes, config.optimizer)
                 part = self._stage_states.get(key)  # stages with equal parameters on alike groups
                 if part is None:
                     tau, count, aft = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS), 0.0
                     r = 0
-                    for dc in data_parallel_comms(local * grad_bytes, d, z, config.bucket_bytes):
-                        cost = self._cost_at(dc.kind, where, dc.message_bytes)
-                        if dc.phase is Phase.BACKWARD:
-                            if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes
-                                raise ConfigError("more gradient-bucket sizes than the fast path handles")
-                            tau[r], count[r] = cost, dc.count
-                            r += 1
-                        elif dc.phase is Phase.OPTIMIZER:
-                            aft += cost * dc.count
+                    streams = ((data_parallel_comms(dense * grad_bytes, d, z, config.bucket_bytes), where),
+                               (data_parallel_comms(expert * grad_bytes, edp, z, config.bucket_bytes), ewhere))
+                    for comms, group in streams:
+                        for dc in comms:
+                            cost = self._cost_at(dc.kind, group, dc.message_bytes)
+                            if dc.phase is Phase.BACKWARD:
+                                if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
+                                    raise ConfigError("more gradient-bucket sizes than the fast path handles")
+                                tau[r], count[r] = cost, dc.count
+                                r += 1
+                            elif dc.phase is Phase.OPTIMIZER:
+                                aft += cost * dc.count
+                    ms = model_state_bytes(dense, d, z, config.optimizer, dtype_bytes)
+                    if expert:  # analysis._stage_memory: expert states sharded over the expert-data-parallel ranks
+                        ex = model_state_bytes(expert, edp, z, config.optimizer, dtype_bytes)
+                        total_states = ((ms.weights_bytes + ex.weights_bytes) + (ms.grads_bytes + ex.grads_bytes)
+                                        + (ms.optimizer_bytes + ex.optimizer_bytes))
+                    else:
+                        total_states = ms.total_bytes
+                    opt_params = dense / (d if z >= 1 else 1) + expert / (edp if z >= 1 else 1)
                     part = self._stage_states[key] = (
-                        tau, count, aft,
-                        optimizer_step_s(local / (d if z >= 1 else 1), config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s),
-                        model_state_bytes(local, d, z, config.optimizer, dtype_bytes).total_bytes)
+                        tau, count, aft, optimizer_step_s(opt_params, config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s),
+                        total_states)
                 runs_tau[st], runs_count[st], after[st], opt[st], states[st] = part
             table.by_zero[z] = (runs_tau, runs_count, after, opt, states)
         return table.by_zero[z]
 
     def _activation_part(self, table: _StageTable, config: ParallelConfig):
         """Per stage for one recomputation mode: saved bytes per micro-batch and the
-        transient (+ rebuilt layer) bytes."""
+        transient (+ rebuilt layer) bytes, 1/c of them with context parallelism."""
         mode = config.recompute
         if mode not in table.by_recompute:
             per_mb, extra = np.zeros(config.pp_size), np.zeros(config.pp_size)
+            cp = config.cp_size
             for st, (a, b) in enumerate(table.ranges):
                 saved, rebuilt, transient = self._activations(config, a, b)
-                per_mb[st], extra[st] = saved, transient + rebuilt
+                per_mb[st], extra[st] = saved / cp, (transient + rebuilt) / cp
             table.by_recompute[mode] = (per_mb, extra)
         return table.by_recompute[mode]
 
@@ -585,8 +791,11 @@ class _GroupSim:
         ce = end[self.inverse]  # [2K, p] compute end per device (the last steps' end times)
         ce_full, ce_free = ce[:k], ce[k:]
         overlap = np.array([pr.config.overlap_grad_reduce for pr in preps])[:, None]
-        tail = bucket_tail_end_many(ce_full - b, b, ce_full, np.stack([pr.runs_tau for pr in preps]),
-                                    np.stack([pr.runs_count for pr in preps]), overlap)
+        runs_tau = np.stack([pr.runs_tau for pr in preps])
+        runs_count = np.stack([pr.runs_count for pr in preps])
+        used = np.flatnonzero(runs_count.any(axis=(0, 1)))  # runs no configuration of the group has are dropped
+        r = int(used[-1]) + 1 if used.size else 0
+        tail = bucket_tail_end_many(ce_full - b, b, ce_full, runs_tau[..., :r], runs_count[..., :r], overlap)
         opt = np.stack([pr.optimizer for pr in preps])
         after = np.stack([pr.after_step for pr in preps])
         iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)

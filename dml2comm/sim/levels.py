@@ -146,7 +146,9 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     need[pb[ok]] = (dev * two + bwd_pos(warm[dev], kk))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
-    depth = _depths(pos.reshape(p, two)[0], need, p)
+    depth = _one_f_one_b_depths(p, m) if name == "1f1b" and m >= p else None
+    if depth is None or not _is_layering(depth, prev, need):
+        depth = _depths(pos.reshape(p, two)[0], need, p)
     order = np.argsort(depth, kind="stable")
     sizes = np.bincount(depth)
     starts = np.zeros(len(sizes), dtype=np.int64)
@@ -160,6 +162,26 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
                             order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
                             forward[order], device[np.minimum(need_o, n - 1)], need_o < n)
+
+
+def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
+    """Depths of 1F1B with at least ``p`` micro-batches in closed form (unit-time 1F1B: device
+    ``s`` starts ``s`` levels late, waits for the pipeline to fill after its ``w`` warm-up
+    forwards, then drains one level later per cooldown step); equal to :func:`_depths` there
+    (``tests/test_sim.py``), and checked to be a valid layering before use."""
+    two = 2 * m
+    s = np.arange(p)[:, None]
+    pos = np.arange(two)[None, :]
+    w = np.minimum(p - s - 1, m)
+    off = np.where(pos <= w, s, np.where(pos < two - w, p - 1, p - 1 + pos - (two - w - 1)))
+    return (pos + off).ravel()
+
+
+def _is_layering(depth: np.ndarray, prev: np.ndarray, need: np.ndarray) -> bool:
+    """Every step deeper than the step before it on its device and the step it needs: what the
+    batched simulation requires of its levels."""
+    padded = np.append(depth, -1)
+    return bool(np.all(depth > padded[prev]) and np.all(depth > padded[need]))
 
 
 def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
