@@ -449,7 +449,7 @@ def test_enumeration_with_cp_and_ep_is_complete_and_valid():
 
 
 def test_sweep_over_cp_and_ep_evaluates_them(moe, tmp_path, capsys):
-    """--cp and --ep lists reach the rows (through the full analysis), the CSV has c and e,
+    """--cp and --ep lists reach the rows (through the fast path), the CSV has c and e,
     --ep on a model without experts is a one-line error, and compare specs take c= and e=."""
     out = tmp_path / "out"
     code = run_sweep_command([moe, "--gpus", "8", "--global-batch-size", "16", "--cp", "1,2", "--ep", "1,2",
