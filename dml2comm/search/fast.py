@@ -248,12 +248,9 @@ class FastEvaluator:
         core = self._core(seq_len)
         selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
         weight_layer = weight_layers(graph, layered)
-        own = {w: li for w, li in weight_layer.items() if graph.tensors[w].tied_to is None}
+        by_layer = self._own_weights()
         params = np.zeros(n)
         params_local = np.zeros(n)
-        by_layer: dict[int, list[str]] = defaultdict(list)
-        for w, li in own.items():
-            by_layer[li].append(w)
         for li in range(n):
             params[li] = sum(graph.tensors[w].numel for w in by_layer[li])
             params_local[li] = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) for w in by_layer[li])
@@ -295,6 +292,20 @@ class FastEvaluator:
                        {k: v[m] for k, v in tp_counts.items()}, tied, float(flops[m].sum()),
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m])
 
+    def _own_weights(self) -> dict[int, list[str]]:
+        """Per (collapsed) layer, its own weights in the analysis's order (a stored copy of a
+        tied weight is no parameter of its own)."""
+        graph, layered = self.graph, self.layered
+
+        def build() -> dict[int, list[str]]:
+            by_layer: dict[int, list[str]] = defaultdict(list)
+            for w, li in weight_layers(graph, layered).items():
+                if graph.tensors[w].tied_to is None:
+                    by_layer[li].append(w)
+            return by_layer
+
+        return _memo(graph, ("fast-own-weights",), build)
+
     def _expert_params(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray] | None:
         """Per full layer with e > 1: parameters per GPU (expert weights 1/e) and the expert part
         of them; None without expert parallelism (the layers' own ``params_local``)."""
@@ -308,10 +319,7 @@ class FastEvaluator:
             graph, ep = self.graph, config.ep_size
             tp = self._tp(config)
             experts = moe.expert_weights
-            own = {w: li for w, li in weight_layers(graph, self.layered).items() if graph.tensors[w].tied_to is None}
-            by_layer: dict[int, list[str]] = defaultdict(list)
-            for w, li in own.items():
-                by_layer[li].append(w)
+            by_layer = self._own_weights()
             n = len(self.layered.layers)
             local, expert = np.zeros(n), np.zeros(n)
             for li in range(n):  # the analysis's sums, weight by weight in the same order
@@ -474,10 +482,7 @@ class FastEvaluator:
         where = self._placements.get(key)
         if where is None:
             placement = group_placement(self.cluster, range(base, base + stride * n, stride) if n > 1 else (base,))
-            pid = self._placement_ids.setdefault(placement, len(self._placement_list))
-            if pid == len(self._placement_list):
-                self._placement_list.append(placement)
-            where = self._placements[key] = (pid, n)
+            where = self._placements[key] = (self._placement_id(placement), n)
         return where
 
     def _where_ranks(self, ranks: Sequence[int]) -> tuple[int, int]:
@@ -493,12 +498,15 @@ class FastEvaluator:
         key = tuple(r - shift for r in ranks)
         where = self._rank_placements.get(key)
         if where is None:
-            placement = group_placement(self.cluster, ranks)
-            pid = self._placement_ids.setdefault(placement, len(self._placement_list))
-            if pid == len(self._placement_list):
-                self._placement_list.append(placement)
-            where = self._rank_placements[key] = (pid, n)
+            where = self._rank_placements[key] = (self._placement_id(group_placement(self.cluster, ranks)), n)
         return where
+
+    def _placement_id(self, placement: tuple) -> int:
+        """A small int per distinct placement (cheap to hash in the cost cache's keys)."""
+        pid = self._placement_ids.setdefault(placement, len(self._placement_list))
+        if pid == len(self._placement_list):
+            self._placement_list.append(placement)
+        return pid
 
     def _dp_wheres(self, rank_map: RankMap, stage: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
         """Placements of stage ``stage``'s (tensor rank 0) d x c group (``dp_cp_group``), its first
@@ -582,15 +590,20 @@ class FastEvaluator:
             if stage_of_layer[table] != stage_of_layer[copy]:
                 tied_local[stage_of_layer[copy]] += local
         tp_f, tp_b = np.zeros(p), np.zeros(p)
+
+        def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
+            """Add each stage's count of one collective times its cost on that stage's group."""
+            cost = np.array([self._cost_at(kind, where, size) for where in wheres])
+            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+
+        tp_groups = [self._where(st * sp, stt, config.tp_size) for st in range(p)]
         for (kind, phase, size), counts in layers.tp.items():
-            if phase not in (Phase.FORWARD, Phase.BACKWARD):
-                continue
-            cost = np.array([self._cost_at(kind, self._where(st * sp, stt, config.tp_size), size / cp) for st in range(p)])
-            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+            if phase in (Phase.FORWARD, Phase.BACKWARD):
+                on_path(phase, counts, kind, tp_groups, size / cp)
         # CP and EP collectives sit on the critical path like TP's (analysis._cp_ep_exposed_per_mb)
+        cp_groups = [self._where(st * sp, sc, cp) for st in range(p)] if layers.cp else []
         for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
-            cost = np.array([self._cost_at(kind, self._where(st * sp, sc, cp), size) for st in range(p)])
-            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+            on_path(phase, counts, kind, cp_groups, size)
         for (phase, size), counts in layers.ring.items():
             # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
             # the layer's attention core does not hide
@@ -605,9 +618,9 @@ class FastEvaluator:
                     exposed = by_cost[cost] = per_stage(counts * (np.maximum(cost - core, 0.0) * (cp - 1)))
                 target[st] += exposed[st]
         wheres = [self._dp_wheres(rank_map, st) for st in range(p)]
+        ep_groups = [w[1] for w in wheres]
         for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
-            cost = np.array([self._cost_at(CollectiveKind.ALL_TO_ALL, wheres[st][1], size) for st in range(p)])
-            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
         reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
         buffers = np.zeros(p)
         buffers[1:] += boundary
