@@ -138,6 +138,7 @@ class _StageTable:
     dp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its d x c group's placement
     expert_local: np.ndarray | None = None  # per stage: expert parameters per GPU (after t and e; part of params_local)
     edp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its expert-data-parallel group
+    signatures: list[tuple[int, ...]] | None = None  # per stage: FastEvaluator._signatures
 
 
 class NotRepeating(Exception):
@@ -171,6 +172,7 @@ class FastEvaluator:
         """Work on ``collapsed`` (or the whole graph when None)."""
         full = self.imported.graph
         self.collapsed = collapsed
+        self._copies: dict[int, np.ndarray] = {}  # FastEvaluator._copies_before
         if collapsed is None:
             self.graph, self.layered = full, self.full_layered
             n = len(self.full_layered.layers)
@@ -444,17 +446,26 @@ class FastEvaluator:
 
         return _memo(self.graph, key, build)
 
-    def _activations(self, config: ParallelConfig, first: int, last: int) -> tuple[float, float, float]:
-        """(saved bytes per micro-batch, rebuilt layer bytes, transient bytes) of a stage, as
-        the analysis's ``_stage_memory`` computes them."""
-        # the stage's layers map to a contiguous collapsed range, each interior block r2
-        # repeated: the range and the repeats determine the answer
-        reps = self.layer_map[first:last]
-        lo, hi = int(reps[0]), int(reps[-1]) + 1
-        extras = tuple(int(np.count_nonzero(reps == r2)) - 1 for _, r2 in self.interior)
-        key = ("fast-stage-act", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute,
-               lo, hi, extras)
-        return _memo(self.graph, key, lambda: self._stage_activations(config, first, last, lo, hi, extras))
+    def _signatures(self, table: _StageTable) -> list[tuple[int, ...]]:
+        """Per stage, what its activations depend on: each stage's layers map to a contiguous
+        collapsed range ``lo..hi - 1`` with each interior block r2 repeated, so (lo, hi, how many
+        extra copies of each interior block) determines the answer (vectorised over stages)."""
+        if table.signatures is None:
+            starts = np.array([a for a, _ in table.ranges])
+            ends = np.array([b for _, b in table.ranges])
+            columns = [self.layer_map[starts], self.layer_map[ends - 1] + 1]
+            for _, r2 in self.interior:
+                cum = self._copies_before(r2)
+                columns.append(cum[ends] - cum[starts] - 1)
+            table.signatures = list(zip(*(c.tolist() for c in columns)))
+        return table.signatures
+
+    def _copies_before(self, r2: int) -> np.ndarray:
+        """``cum[k]``: full layers before layer k that map to collapsed layer ``r2``."""
+        cum = self._copies.get(r2)
+        if cum is None:
+            cum = self._copies[r2] = np.concatenate(([0], np.cumsum(self.layer_map == r2)))
+        return cum
 
     def _stage_activations(self, config: ParallelConfig, first: int, last: int, lo: int, hi: int,
                            extras: tuple[int, ...]) -> tuple[float, float, float]:
@@ -696,12 +707,17 @@ class FastEvaluator:
         transient (+ rebuilt layer) bytes, 1/c of them with context parallelism."""
         mode = config.recompute
         if mode not in table.by_recompute:
-            per_mb, extra = np.zeros(config.pp_size), np.zeros(config.pp_size)
+            known = _memo(self.graph, ("fast-stage-act", config.tp_size, config.sequence_parallel, config.dtype,
+                                       config.dropout > 0, mode), dict)
+            values = []
+            for sig, (first, last) in zip(self._signatures(table), table.ranges):
+                value = known.get(sig)
+                if value is None:
+                    value = known[sig] = self._stage_activations(config, first, last, sig[0], sig[1], sig[2:])
+                values.append(value)
+            saved, rebuilt, transient = np.array(values).T
             cp = config.cp_size
-            for st, (a, b) in enumerate(table.ranges):
-                saved, rebuilt, transient = self._activations(config, a, b)
-                per_mb[st], extra[st] = saved / cp, (transient + rebuilt) / cp
-            table.by_recompute[mode] = (per_mb, extra)
+            table.by_recompute[mode] = (saved / cp, (transient + rebuilt) / cp)
         return table.by_recompute[mode]
 
     def _prepare(self, config: ParallelConfig) -> _Prepared:
@@ -814,28 +830,36 @@ class _GroupSim:
         iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)
         free_iterations = (ce_free + opt).max(axis=1)
         busy_all = m * v * (self.free_f + self.free_b)
+        rows = np.arange(k)
+        crit = np.argmax(busy_all, axis=1)  # per configuration, the first device with the most work
+        busy = busy_all[rows, crit]
+        compute = m * (np.stack([pr.compute_f for pr in preps])[rows, crit] + np.stack([pr.compute_b for pr in preps])[rows, crit])
+        bubble = np.maximum(ce_free.max(axis=1) - busy, 0.0)
+        fraction = np.divide(bubble, busy, out=np.zeros(k), where=busy != 0)
+        exposed = np.maximum(iterations - free_iterations, 0.0)
+        hbm = float(cluster.gpu.hbm_bytes)
+        peaks: dict[str, float] = {}
         out = []
-        for i, pr in enumerate(preps):
+        for pr, iteration, compute_i, exposed_i, bubble_i, fraction_i, opt_i in zip(
+                preps, iterations.tolist(), compute.tolist(), exposed.tolist(), bubble.tolist(), fraction.tolist(),
+                opt[rows, crit].tolist()):
             config = pr.config
-            iteration = float(iterations[i])
-            free_iteration = float(free_iterations[i])
-            busy = busy_all[i]
-            crit = int(np.argmax(busy))  # the first device with the most work
-            compute = float(m * (pr.compute_f[crit] + pr.compute_b[crit]))
-            bubble = max(float(ce_free[i].max()) - float(busy[crit]), 0.0)
+            gpus = config.num_gpus
+            peak = peaks.get(config.dtype)
+            if peak is None:
+                peak = peaks[config.dtype] = cluster.gpu.peak_flops(config.dtype)
             model_flops = 3 * pr.flops_fwd_per_sample * config.global_batch_size
-            peak = cluster.gpu.peak_flops(config.dtype)
             out.append({
                 "error": None,
                 "iteration_time_s": iteration,
-                "compute_time_s": compute,
-                "exposed_comm_time_s": max(iteration - free_iteration, 0.0),
-                "bubble_time_s": bubble,
-                "bubble_fraction": float(bubble / busy[crit]) if busy[crit] else 0.0,
-                "optimizer_time_s": float(pr.optimizer[crit]),
-                "mfu": model_flops / (iteration * config.num_gpus * peak) if iteration > 0 else None,
-                "tflops_per_gpu": model_flops / (iteration * config.num_gpus) / 1e12 if iteration > 0 else None,
-                "peak_memory_bytes": float(pr.peak_memory),
-                "fits": pr.peak_memory <= float(cluster.gpu.hbm_bytes),
+                "compute_time_s": compute_i,
+                "exposed_comm_time_s": exposed_i,
+                "bubble_time_s": bubble_i,
+                "bubble_fraction": fraction_i,
+                "optimizer_time_s": opt_i,
+                "mfu": model_flops / (iteration * gpus * peak) if iteration > 0 else None,
+                "tflops_per_gpu": model_flops / (iteration * gpus) / 1e12 if iteration > 0 else None,
+                "peak_memory_bytes": pr.peak_memory,
+                "fits": pr.peak_memory <= hbm,
             })
         return out
