@@ -470,3 +470,31 @@ def _plain_gpt(tmp_path):
     path = tmp_path / "plain.onnx"
     zoo.save(zoo.build_gpt(layers=2, hidden=128, heads=8, vocab=256, seq_len=64), path)
     return str(path)
+
+
+def test_chunks_cover_every_config_once_and_keep_blocks_whole(monkeypatch):
+    """Work units: every configuration exactly once, none over CHUNK, a (micro-batch, t, c, e)
+    block no larger than CHUNK never split (a split block's tables are built by two workers),
+    one micro-batch size per chunk, and the largest estimated work handed out first."""
+    from dml2comm.search import sweep
+
+    monkeypatch.setattr(sweep, "CHUNK", 100)
+    constraints = Constraints(micro_batch_sizes=(1, 2, 4), gpus_per_node=8)
+    configs = list(enumerate_configs(64, 128, 24, 16, 16, 1024, constraints))
+    chunks = sweep._chunks(configs)
+    flat = [i for c in chunks for i in c]
+    assert sorted(flat) == list(range(len(configs)))
+    assert all(len(c) <= 100 for c in chunks)
+    blocks: dict[tuple, set[int]] = {}
+    for k, c in enumerate(chunks):
+        assert len({configs[i].micro_batch_size for i in c}) == 1
+        for i in c:
+            blocks.setdefault(sweep._block(configs[i]), set()).add(k)
+    sizes: dict[tuple, int] = {}
+    for config in configs:
+        sizes[sweep._block(config)] = sizes.get(sweep._block(config), 0) + 1
+    for block, where in blocks.items():
+        assert len(where) == (1 if sizes[block] <= 100 else -(-sizes[block] // 100))
+    work = [sum(sweep._STEP_WEIGHT + sweep._steps(configs[i]) for i in c) for c in chunks]
+    assert work == sorted(work, reverse=True)
+    assert any(len(where) > 1 for where in blocks.values())  # the case exercises splitting

@@ -583,10 +583,12 @@ class FastEvaluator:
             crossing = [[x / cp for x in sizes] for sizes in crossing]
         boundary = np.array([sum(sizes) for sizes in crossing])
         # stage s's first rank is s * sp; its send partner is sp further (or back)
-        send = [sum(self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp, sp, 2), x) for x in sizes)
-                for st, sizes in enumerate(crossing)]
-        send_back = [sum(self._cost_at(CollectiveKind.SEND_RECV, self._where((st + 1) * sp, -sp, 2), x) for x in sizes)
-                     for st, sizes in enumerate(crossing)]
+        cost_at, where, sr = self._cost_at, self._where, CollectiveKind.SEND_RECV
+        send, send_back = [], []
+        for st, sizes in enumerate(crossing):
+            ahead, back = where(st * sp, sp, 2), where((st + 1) * sp, -sp, 2)
+            send.append(sum(cost_at(sr, ahead, x) for x in sizes))
+            send_back.append(sum(cost_at(sr, back, x) for x in sizes))
         starts = np.array([a for a, _ in ranges])
         ends = np.array([b for _, b in ranges])
 
@@ -658,49 +660,54 @@ class FastEvaluator:
         expert-data-parallel ranks, one bucket stream after the other (``_device_work``)."""
         z = config.zero_stage
         if z not in table.by_zero:
-            p, d = config.pp_size, config.dp_size * config.cp_size
-            edp = config.expert_dp_size
-            gpu = self.cluster.gpu
             dtype_bytes = config.train_dtype.itemsize
             grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
-            runs_tau = np.zeros((p, _MAX_RUNS))
-            runs_count = np.zeros((p, _MAX_RUNS))
-            after, opt, states = np.zeros(p), np.zeros(p), np.zeros(p)
-            for st in range(p):
-                expert = float(table.expert_local[st]) if table.expert_local is not None else 0.0
-                dense = float(table.params_local[st]) - expert
-                where, ewhere = table.dp_where[st], table.edp_where[st]
-                key = (dense, expert, where, d, ewhere, edp, z, grad_bytes, dtype_bytes, config.bucket_bytes, config.optimizer)
-                part = self._stage_states.get(key)  # stages with equal parameters on alike groups
-                if part is None:
-                    tau, count, aft = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS), 0.0
-                    r = 0
-                    streams = ((data_parallel_comms(dense * grad_bytes, d, z, config.bucket_bytes), where),
-                               (data_parallel_comms(expert * grad_bytes, edp, z, config.bucket_bytes), ewhere))
-                    for comms, group in streams:
-                        for dc in comms:
-                            cost = self._cost_at(dc.kind, group, dc.message_bytes)
-                            if dc.phase is Phase.BACKWARD:
-                                if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
-                                    raise ConfigError("more gradient-bucket sizes than the fast path handles")
-                                tau[r], count[r] = cost, dc.count
-                                r += 1
-                            elif dc.phase is Phase.OPTIMIZER:
-                                aft += cost * dc.count
-                    ms = model_state_bytes(dense, d, z, config.optimizer, dtype_bytes)
-                    if expert:  # analysis._stage_memory: expert states sharded over the expert-data-parallel ranks
-                        ex = model_state_bytes(expert, edp, z, config.optimizer, dtype_bytes)
-                        total_states = ((ms.weights_bytes + ex.weights_bytes) + (ms.grads_bytes + ex.grads_bytes)
-                                        + (ms.optimizer_bytes + ex.optimizer_bytes))
-                    else:
-                        total_states = ms.total_bytes
-                    opt_params = dense / (d if z >= 1 else 1) + expert / (edp if z >= 1 else 1)
-                    part = self._stage_states[key] = (
-                        tau, count, aft, optimizer_step_s(opt_params, config.optimizer, dtype_bytes, gpu.hbm_bytes_per_s),
-                        total_states)
-                runs_tau[st], runs_count[st], after[st], opt[st], states[st] = part
-            table.by_zero[z] = (runs_tau, runs_count, after, opt, states)
+            common = (config.dp_size * config.cp_size, config.expert_dp_size, z, grad_bytes, dtype_bytes,
+                      config.bucket_bytes, config.optimizer)
+            expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
+            dense = table.params_local - expert
+            # stages with equal parameters on alike groups share their part
+            stages = list(zip(dense.tolist(), expert.tolist(), table.dp_where, table.edp_where))
+            parts: dict[tuple, tuple] = {}
+            for stage in stages:
+                if stage not in parts:
+                    key = stage + common
+                    part = self._stage_states.get(key)
+                    if part is None:
+                        part = self._stage_states[key] = self._one_stage_states(*key)
+                    parts[stage] = part
+            rows = [parts[stage] for stage in stages]
+            table.by_zero[z] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+                                np.array([r[2] for r in rows]), np.array([r[3] for r in rows]), np.array([r[4] for r in rows]))
         return table.by_zero[z]
+
+    def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
+                          edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str) -> tuple:
+        """One stage's ZeRO part: (bucket seconds per run, buckets per run, seconds of the
+        collective after the step, optimizer step seconds, model-state bytes)."""
+        tau, count, after = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS), 0.0
+        r = 0
+        streams = ((data_parallel_comms(dense * grad_bytes, d, z, bucket_bytes), where),
+                   (data_parallel_comms(expert * grad_bytes, edp, z, bucket_bytes), ewhere))
+        for comms, group in streams:
+            for dc in comms:
+                cost = self._cost_at(dc.kind, group, dc.message_bytes)
+                if dc.phase is Phase.BACKWARD:
+                    if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
+                        raise ConfigError("more gradient-bucket sizes than the fast path handles")
+                    tau[r], count[r] = cost, dc.count
+                    r += 1
+                elif dc.phase is Phase.OPTIMIZER:
+                    after += cost * dc.count
+        ms = model_state_bytes(dense, d, z, optimizer, dtype_bytes)
+        if expert:  # analysis._stage_memory: expert states sharded over the expert-data-parallel ranks
+            ex = model_state_bytes(expert, edp, z, optimizer, dtype_bytes)
+            states = ((ms.weights_bytes + ex.weights_bytes) + (ms.grads_bytes + ex.grads_bytes)
+                      + (ms.optimizer_bytes + ex.optimizer_bytes))
+        else:
+            states = ms.total_bytes
+        opt_params = dense / (d if z >= 1 else 1) + expert / (edp if z >= 1 else 1)
+        return tau, count, after, optimizer_step_s(opt_params, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s), states
 
     def _activation_part(self, table: _StageTable, config: ParallelConfig):
         """Per stage for one recomputation mode: saved bytes per micro-batch and the

@@ -326,12 +326,48 @@ def _work(item: tuple[list[int], bool]) -> list[dict[str, Any]]:
 CHUNK = 512
 
 
+def _block(config: ParallelConfig) -> tuple:
+    """What the fast path builds once and configurations then share (:mod:`dml2comm.search.fast`):
+    per micro-batch size an import, per (t, c, e) the layer tables (both SP settings: they
+    share the schedules)."""
+    return (config.micro_batch_size, config.tp_size, config.cp_size, config.cp_scheme, config.ep_size)
+
+
+def _steps(config: ParallelConfig) -> int:
+    return config.pp_size * config.num_micro_batches * (config.virtual_stages if config.schedule == "interleaved" else 1)
+
+
 def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:
-    """Indices in chunks of configurations that share micro-batch size and schedule shape."""
-    order = sorted(range(len(configs)), key=lambda i: (configs[i].micro_batch_size, configs[i].pp_size,
-                                                       configs[i].num_micro_batches, configs[i].schedule,
-                                                       configs[i].virtual_stages, configs[i].tp_size, i))
-    return [order[k:k + CHUNK] for k in range(0, len(order), CHUNK)]
+    """Indices in chunks that keep each :func:`_block` whole where they can (a worker that
+    gets a block builds its tables; a block split between workers is built in both), ordered
+    by the schedule shape inside (so that configurations sharing a schedule are simulated
+    together) and handed out largest first (so that the workers finish together).
+
+    A chunk is one block, or consecutive blocks up to :data:`CHUNK` configurations; a larger
+    block is cut into nearly equal pieces of at most :data:`CHUNK`.  Size is estimated as
+    configurations plus pipeline steps (the simulation's work) per configuration."""
+    blocks: dict[tuple, list[int]] = {}
+    for i in sorted(range(len(configs)), key=lambda i: (_block(configs[i]), configs[i].pp_size, configs[i].num_micro_batches,
+                                                       configs[i].schedule, configs[i].virtual_stages, i)):
+        blocks.setdefault(_block(configs[i]), []).append(i)
+    pieces: list[list[int]] = []
+    for members in blocks.values():
+        n = -(-len(members) // CHUNK)
+        size = -(-len(members) // n)
+        pieces.extend(members[k:k + size] for k in range(0, len(members), size))
+    chunks: list[list[int]] = []
+    for piece in pieces:
+        if chunks and len(chunks[-1]) + len(piece) <= CHUNK and _block(configs[chunks[-1][0]])[0] == _block(configs[piece[0]])[0]:
+            chunks[-1].extend(piece)
+        else:
+            chunks.append(list(piece))
+    work = {id(c): sum(_STEP_WEIGHT + _steps(configs[i]) for i in c) for c in chunks}
+    return sorted(chunks, key=lambda c: -work[id(c)])
+
+
+#: Pipeline steps that cost about as much as one configuration's own work (preparing its
+#: per-device costs and summary): the chunk-size estimate's weight of a configuration.
+_STEP_WEIGHT = 600
 
 
 def run_sweep(
