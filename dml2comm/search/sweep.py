@@ -6,23 +6,22 @@ applies, else by :func:`dml2comm.analysis.analyze_graph` (``advise=False``) as t
 single-configuration command does; either way a sweep's number for a configuration is the number
 ``python main.py MODEL --d .. --t .. --p ..`` reports (the tests hold the two paths together).
 The model is imported once per micro-batch size (the batch axis is bound at import) in each
-process.  Work goes out in chunks of configurations that share a schedule.
+process.  Work goes out in chunks that keep the configurations sharing tables together.
 
-Workers (``workers > 1``) are forked processes (``concurrent.futures.ProcessPoolExecutor`` with
-the ``fork`` start method): each receives configuration dicts and returns plain result dicts
-(``Analysis`` objects hold an ``OpGraph`` and are not sent back).  Results are handed to
+Workers (``workers > 1``) are forked processes (:mod:`dml2comm.search.workers`): they inherit
+the imported model and the configurations, each starts on its own chunks (grouped so that
+shared tables are built once) and takes over others' at the end, and only plain result dicts
+come back (``Analysis`` objects hold an ``OpGraph`` and are not sent back).  Results are handed to
 ``on_result`` as they arrive, so a caller can stream them to disk; Ctrl-C (or a callback that
 raises ``KeyboardInterrupt``) stops the sweep and returns what finished, marked ``interrupted``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import csv
+from fractions import Fraction
 import gc
 import io
-import multiprocessing
-import signal
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
+from dml2comm.search.workers import run_workers
 
 __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape", "pareto_front", "CSV_COLUMNS",
            "csv_row", "CsvStream"]
@@ -64,6 +64,7 @@ class SweepSpace:
 def model_shape(imported: ImportResult) -> dict[str, Any]:
     """Layer count, attention heads, sequence length and experts per MoE layer (None: no
     experts) of an imported model (what the space needs)."""
+    from dml2comm.analysis import _memo
     from dml2comm.ir.layers import group_layers
     from dml2comm.parallel.expert import find_moe
     from dml2comm.parallel.tensor import attention_heads
@@ -76,7 +77,7 @@ def model_shape(imported: ImportResult) -> dict[str, Any]:
         if not tensor.dtype.is_float and tensor.rank == 2:
             seq = tensor.shape[1]
             break
-    layered = group_layers(graph)
+    layered = _memo(graph, ("layers",), lambda: group_layers(graph))  # the fast path's collapse reuses it
     moe = find_moe(graph, layered.layer_of_op)
     return {"layers": len(layered.layers), "heads": heads, "kv_heads": kv_heads, "seq_len": seq,
             "experts": moe.experts if moe is not None else None}
@@ -299,21 +300,37 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return front
 
 
-# ---- worker processes (state set by the initializer, inherited through fork)
+# ---- worker processes (dml2comm.search.workers; state inherited through fork)
 _WORKER: tuple[Evaluator, Sequence[ParallelConfig]] | None = None
 
 
-def _init_worker(evaluator: Evaluator, configs: Sequence[ParallelConfig]) -> None:
+def _run_parallel(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunks: list[list[int]], fast: bool, workers: int,
+                  record: Callable[[dict[str, Any]], None]) -> bool:
+    """Chunks in ``workers`` forked processes; True when interrupted."""
     global _WORKER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cancels what is pending
     _WORKER = (evaluator, configs)
+    # the workers inherit the imported model; keep the collector from walking (and so
+    # copying, page by page) those objects in every worker
+    gc.freeze()
+    try:
+        work = [sum(_STEP_WEIGHT + _steps(configs[i]) for i in chunk) for chunk in chunks]
+        affinity = [_affinity(configs[chunk[0]]) for chunk in chunks]
+
+        def on_rows(rows: list[dict[str, Any]]) -> None:
+            for row in rows:
+                record(row)
+
+        return run_workers(work, affinity, workers, lambda k: _work((chunks[k], fast)), on_rows)
+    finally:
+        _WORKER = None
+        gc.unfreeze()
 
 
 def _work(item: tuple[list[int], bool]) -> list[dict[str, Any]]:
     """Rows of the configurations ``indices`` (the worker has the list: inherited through fork)."""
     indices, fast = item
-    if _WORKER is None:  # pragma: no cover - _init_worker always runs first
-        raise RuntimeError("sweep worker used before its initializer ran")
+    if _WORKER is None:  # pragma: no cover - run_sweep sets it before forking
+        raise RuntimeError("sweep worker used before run_sweep set its state")
     evaluator, configs = _WORKER
     rows = evaluator.evaluate_many([configs[i] for i in indices], fast)
     for index, row in zip(indices, rows):
@@ -331,6 +348,13 @@ def _block(config: ParallelConfig) -> tuple:
     per micro-batch size an import, per (t, c, e) the layer tables (both SP settings: they
     share the schedules)."""
     return (config.micro_batch_size, config.tp_size, config.cp_size, config.cp_scheme, config.ep_size)
+
+
+def _affinity(config: ParallelConfig) -> Fraction:
+    """Chunks with equal t x c / b share compiled schedules (m = B t c p / (N b)) and the
+    pipeline's and tensor-parallel messages (b s h / t per GPU, 1/c with context
+    parallelism): a worker given them together builds those once (:mod:`dml2comm.search.workers`)."""
+    return Fraction(config.tp_size * config.cp_size, config.micro_batch_size)
 
 
 def _steps(config: ParallelConfig) -> int:
@@ -447,22 +471,7 @@ def run_sweep(
         except KeyboardInterrupt:
             interrupted = True
     else:
-        context = multiprocessing.get_context("fork")
-        # the workers inherit the imported model; keep the collector from walking (and so
-        # copying, page by page) those objects in every worker
-        gc.freeze()
-        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                                      initargs=(evaluator, configs))
-        try:
-            futures = [pool.submit(_work, (chunk, fast)) for chunk in chunks]
-            for future in cf.as_completed(futures):
-                for row in future.result():
-                    record(row)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            gc.unfreeze()
+        interrupted = _run_parallel(evaluator, configs, chunks, fast, workers, record)
     rows.sort(key=lambda r: r["index"])
     model = {"path": str(model_path), "name": first.graph.name, "num_layers": shape["layers"], "heads": shape["heads"],
              "kv_heads": shape["kv_heads"], "seq_len": seq_len, "params": first.graph.num_params}
