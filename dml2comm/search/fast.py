@@ -777,16 +777,19 @@ class FastEvaluator:
                   for (schedule, p, m, v), members in groups.items()]
         # every schedule in one pass; only each device's last step is read
         ends = pipeline_end_times_many([sim.item for _, sim in staged], [sim.cs.last_step for _, sim in staged])
+        by_p: dict[int, list[tuple[list, _GroupSim, np.ndarray]]] = defaultdict(list)
         for (members, sim), end in zip(staged, ends):
-            for (i, _), summary in zip(members, sim.finish(end, self.cluster)):
+            by_p[sim.cs.p].append((members, sim, end))
+        for batch in by_p.values():  # groups with as many devices: their summaries in one go
+            summaries = _finish([(sim, end) for _, sim, end in batch], self.cluster)
+            for (i, _), summary in zip((m for members, _, _ in batch for m in members), summaries):
                 out[i] = summary
         return out  # type: ignore[return-value]
 
 
 class _GroupSim:
-    """Configurations sharing a schedule: the inputs of the batched pipeline simulation, then
-    iteration time and breakdown from its end times (analysis._simulate and _summarize,
-    vectorised)."""
+    """Configurations sharing a schedule: the inputs of the batched pipeline simulation
+    (:func:`_finish` turns its end times into iteration time and breakdown)."""
 
     def __init__(self, schedule: str, p: int, m: int, v: int, preps: list[_Prepared]) -> None:
         self.cs = cs = compile_schedule(schedule, p, m, v)
@@ -821,52 +824,61 @@ class _GroupSim:
         unique = rows[kept]
         self.item = (cs, *np.split(unique, 4, axis=1))
 
-    def finish(self, end: np.ndarray, cluster: Cluster) -> list[dict[str, Any]]:
-        preps, m, v, b = self.preps, self.m, self.v, self.b
-        k = len(preps)
-        ce = end[self.inverse]  # [2K, p] compute end per device (the last steps' end times)
-        ce_full, ce_free = ce[:k], ce[k:]
-        overlap = np.array([pr.config.overlap_grad_reduce for pr in preps])[:, None]
-        runs_tau = np.stack([pr.runs_tau for pr in preps])
-        runs_count = np.stack([pr.runs_count for pr in preps])
-        used = np.flatnonzero(runs_count.any(axis=(0, 1)))  # runs no configuration of the group has are dropped
-        r = int(used[-1]) + 1 if used.size else 0
-        tail = bucket_tail_end_many(ce_full - b, b, ce_full, runs_tau[..., :r], runs_count[..., :r], overlap)
-        opt = np.stack([pr.optimizer for pr in preps])
-        after = np.stack([pr.after_step for pr in preps])
-        iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)
-        free_iterations = (ce_free + opt).max(axis=1)
-        busy_all = m * v * (self.free_f + self.free_b)
-        rows = np.arange(k)
-        crit = np.argmax(busy_all, axis=1)  # per configuration, the first device with the most work
-        busy = busy_all[rows, crit]
-        compute = m * (np.stack([pr.compute_f for pr in preps])[rows, crit] + np.stack([pr.compute_b for pr in preps])[rows, crit])
-        bubble = np.maximum(ce_free.max(axis=1) - busy, 0.0)
-        fraction = np.divide(bubble, busy, out=np.zeros(k), where=busy != 0)
-        exposed = np.maximum(iterations - free_iterations, 0.0)
-        hbm = float(cluster.gpu.hbm_bytes)
-        peaks: dict[str, float] = {}
-        out = []
-        for pr, iteration, compute_i, exposed_i, bubble_i, fraction_i, opt_i in zip(
-                preps, iterations.tolist(), compute.tolist(), exposed.tolist(), bubble.tolist(), fraction.tolist(),
-                opt[rows, crit].tolist()):
-            config = pr.config
-            gpus = config.num_gpus
-            peak = peaks.get(config.dtype)
-            if peak is None:
-                peak = peaks[config.dtype] = cluster.gpu.peak_flops(config.dtype)
-            model_flops = 3 * pr.flops_fwd_per_sample * config.global_batch_size
-            out.append({
-                "error": None,
-                "iteration_time_s": iteration,
-                "compute_time_s": compute_i,
-                "exposed_comm_time_s": exposed_i,
-                "bubble_time_s": bubble_i,
-                "bubble_fraction": fraction_i,
-                "optimizer_time_s": opt_i,
-                "mfu": model_flops / (iteration * gpus * peak) if iteration > 0 else None,
-                "tflops_per_gpu": model_flops / (iteration * gpus) / 1e12 if iteration > 0 else None,
-                "peak_memory_bytes": pr.peak_memory,
-                "fits": pr.peak_memory <= hbm,
-            })
-        return out
+
+def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[dict[str, Any]]:
+    """Iteration time and breakdown (analysis._simulate and _summarize, vectorised) of groups
+    with the same number of devices, from their simulations' end times (``[2K, p]`` each: the
+    pipeline with communication, then without), in the groups' order."""
+    preps = [pr for sim, _ in sims for pr in sim.preps]
+    k = len(preps)
+    ends = [end[sim.inverse] for sim, end in sims]  # [2K, p] compute end per device (the last steps' end times)
+    ce_full = np.concatenate([e[:len(sim.preps)] for (sim, _), e in zip(sims, ends)])
+    ce_free = np.concatenate([e[len(sim.preps):] for (sim, _), e in zip(sims, ends)])
+    b = np.concatenate([sim.b for sim, _ in sims])
+    free = np.concatenate([sim.free_f + sim.free_b for sim, _ in sims])
+    m = np.concatenate([np.full(len(sim.preps), sim.m) for sim, _ in sims])
+    mv = np.concatenate([np.full(len(sim.preps), sim.m * sim.v) for sim, _ in sims])
+    overlap = np.array([pr.config.overlap_grad_reduce for pr in preps])[:, None]
+    runs_tau = np.stack([pr.runs_tau for pr in preps])
+    runs_count = np.stack([pr.runs_count for pr in preps])
+    used = np.flatnonzero(runs_count.any(axis=(0, 1)))  # runs no configuration has are dropped (a run of no buckets adds nothing)
+    r = int(used[-1]) + 1 if used.size else 0
+    tail = bucket_tail_end_many(ce_full - b, b, ce_full, runs_tau[..., :r], runs_count[..., :r], overlap)
+    opt = np.stack([pr.optimizer for pr in preps])
+    after = np.stack([pr.after_step for pr in preps])
+    iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)
+    free_iterations = (ce_free + opt).max(axis=1)
+    busy_all = mv[:, None] * free
+    rows = np.arange(k)
+    crit = np.argmax(busy_all, axis=1)  # per configuration, the first device with the most work
+    busy = busy_all[rows, crit]
+    compute = m * (np.stack([pr.compute_f for pr in preps])[rows, crit] + np.stack([pr.compute_b for pr in preps])[rows, crit])
+    bubble = np.maximum(ce_free.max(axis=1) - busy, 0.0)
+    fraction = np.divide(bubble, busy, out=np.zeros(k), where=busy != 0)
+    exposed = np.maximum(iterations - free_iterations, 0.0)
+    hbm = float(cluster.gpu.hbm_bytes)
+    peaks: dict[str, float] = {}
+    out = []
+    for pr, iteration, compute_i, exposed_i, bubble_i, fraction_i, opt_i in zip(
+            preps, iterations.tolist(), compute.tolist(), exposed.tolist(), bubble.tolist(), fraction.tolist(),
+            opt[rows, crit].tolist()):
+        config = pr.config
+        gpus = config.num_gpus
+        peak = peaks.get(config.dtype)
+        if peak is None:
+            peak = peaks[config.dtype] = cluster.gpu.peak_flops(config.dtype)
+        model_flops = 3 * pr.flops_fwd_per_sample * config.global_batch_size
+        out.append({
+            "error": None,
+            "iteration_time_s": iteration,
+            "compute_time_s": compute_i,
+            "exposed_comm_time_s": exposed_i,
+            "bubble_time_s": bubble_i,
+            "bubble_fraction": fraction_i,
+            "optimizer_time_s": opt_i,
+            "mfu": model_flops / (iteration * gpus * peak) if iteration > 0 else None,
+            "tflops_per_gpu": model_flops / (iteration * gpus) / 1e12 if iteration > 0 else None,
+            "peak_memory_bytes": pr.peak_memory,
+            "fits": pr.peak_memory <= hbm,
+        })
+    return out
