@@ -610,29 +610,38 @@ def fused_kernels(graph: OpGraph) -> dict[int, int]:
     return {i: find(i) for i in parent}
 
 
-def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[OpCost], times: list[tuple[float, float]],
-                    peak: float, hbm: float) -> list[tuple[float, float]]:
-    """Time each fused region as one kernel: it reads the tensors entering it and writes the
-    tensors leaving it once (not every intermediate); the region's time is spread over its ops
-    in proportion to their unfused times, so per-op figures still add up."""
+def _fused_groups(graph: OpGraph) -> list[tuple[list[int], tuple[str, ...]]]:
+    """Each fused kernel of two or more ops (:func:`fused_kernels`) with the tensors it reads
+    from outside and writes for outside (a property of the graph: shared by every configuration)."""
     regions = fused_kernels(graph)
     members: dict[int, list[int]] = defaultdict(list)
     for i, r in regions.items():
         members[r].append(i)
-    size: dict[str, float] = {}
-    for op, shard in zip(graph.ops, tp.shards):
-        for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
-            if name and t is not None and name not in size:
-                size[name] = float(t.nbytes_in(train))
-    out = list(times)
     outputs = set(graph.outputs)
+    groups = []
     for ops in members.values():
         if len(ops) < 2:
             continue
         inside = {o for i in ops for o in graph.ops[i].outputs if o}
         read = {n for i in ops for n in graph.ops[i].inputs if n and n not in inside}
         written = {o for o in inside if o in outputs or any(regions.get(c) != regions[ops[0]] for c in graph.consumers(o))}
-        fwd_bytes = sum(size.get(n, 0.0) for n in read | written)
+        groups.append((ops, tuple(read | written)))
+    return groups
+
+
+def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[OpCost], times: list[tuple[float, float]],
+                    peak: float, hbm: float) -> list[tuple[float, float]]:
+    """Time each fused region as one kernel: it reads the tensors entering it and writes the
+    tensors leaving it once (not every intermediate); the region's time is spread over its ops
+    in proportion to their unfused times, so per-op figures still add up."""
+    size: dict[str, float] = {}
+    for op, shard in zip(graph.ops, tp.shards):
+        for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
+            if name and t is not None and name not in size:
+                size[name] = float(t.nbytes_in(train))
+    out = list(times)
+    for ops, crossing in _memo(graph, ("fused-groups",), lambda: _fused_groups(graph)):
+        fwd_bytes = sum(size.get(n, 0.0) for n in crossing)
         unfused_fwd = sum(costs[i].bytes_fwd for i in ops)
         ratio = fwd_bytes / unfused_fwd if unfused_fwd else 1.0
         flops_f = sum(costs[i].flops_fwd for i in ops)
