@@ -582,13 +582,43 @@ class FastEvaluator:
         if cp > 1:  # each GPU sends 1/c of every boundary tensor
             crossing = [[x / cp for x in sizes] for sizes in crossing]
         boundary = np.array([sum(sizes) for sizes in crossing])
-        # stage s's first rank is s * sp; its send partner is sp further (or back)
+        # stage s's first rank is s * sp; its send partner is sp further (or back).  Groups placed
+        # alike cost alike, and a stage's groups are placed as those of the first stage whose
+        # first rank has the same residue mod placement_period: find each placement once
+        period = self._period
+        residue = [(st * sp) % period for st in range(p)]
+        first: dict[int, int] = {}
+        for st, r in enumerate(residue):
+            first.setdefault(r, st)
+        uniq = list(first)
+        at = np.array([uniq.index(r) for r in residue])  # per stage: its residue's position in uniq
+
+        def per_residue(values: list) -> list:
+            return [values[i] for i in at.tolist()]
+
         cost_at, where, sr = self._cost_at, self._where, CollectiveKind.SEND_RECV
+        base = {r: first[r] * sp for r in uniq}  # a stage of each residue (its actual first rank)
+        ahead_of: dict[int, tuple[int, int]] = {}
+        back_of: dict[int, tuple[int, int]] = {}
+        sent: dict[tuple, float] = {}
         send, send_back = [], []
-        for st, sizes in enumerate(crossing):
-            ahead, back = where(st * sp, sp, 2), where((st + 1) * sp, -sp, 2)
-            send.append(sum(cost_at(sr, ahead, x) for x in sizes))
-            send_back.append(sum(cost_at(sr, back, x) for x in sizes))
+        for st, sizes in enumerate(crossing):  # boundary st: stages st and st + 1
+            key = tuple(sizes)
+            ahead = ahead_of.get(residue[st])
+            if ahead is None:
+                ahead = ahead_of[residue[st]] = where(st * sp, sp, 2)
+            r_back = residue[st + 1]
+            back = back_of.get(r_back)
+            if back is None:
+                back = back_of[r_back] = where((st + 1) * sp, -sp, 2)
+            fwd = sent.get((ahead, key))
+            if fwd is None:
+                fwd = sent[(ahead, key)] = sum(cost_at(sr, ahead, x) for x in sizes)
+            bwd = sent.get((back, key))
+            if bwd is None:
+                bwd = sent[(back, key)] = sum(cost_at(sr, back, x) for x in sizes)
+            send.append(fwd)
+            send_back.append(bwd)
         starts = np.array([a for a, _ in ranges])
         ends = np.array([b for _, b in ranges])
 
@@ -605,16 +635,17 @@ class FastEvaluator:
         tp_f, tp_b = np.zeros(p), np.zeros(p)
 
         def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
-            """Add each stage's count of one collective times its cost on that stage's group."""
-            cost = np.array([self._cost_at(kind, where, size) for where in wheres])
+            """Add each stage's count of one collective times its cost on that stage's group
+            (``wheres``: per residue in ``uniq``)."""
+            cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at]
             (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
 
-        tp_groups = [self._where(st * sp, stt, config.tp_size) for st in range(p)]
+        tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
         for (kind, phase, size), counts in layers.tp.items():
             if phase in (Phase.FORWARD, Phase.BACKWARD):
                 on_path(phase, counts, kind, tp_groups, size / cp)
         # CP and EP collectives sit on the critical path like TP's (analysis._cp_ep_exposed_per_mb)
-        cp_groups = [self._where(st * sp, sc, cp) for st in range(p)] if layers.cp else []
+        cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
         for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
             on_path(phase, counts, kind, cp_groups, size)
         for (phase, size), counts in layers.ring.items():
@@ -623,15 +654,18 @@ class FastEvaluator:
             core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
             target = tp_f if phase is Phase.FORWARD else tp_b
             by_cost: dict[float, np.ndarray] = {}
+            ring_cost = [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
+                             self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                         for r in uniq]
             for st in range(p):
-                cost = max(self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp, sc, 2), size),
-                           self._cost_at(CollectiveKind.SEND_RECV, self._where(st * sp + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                cost = ring_cost[at[st]]
                 exposed = by_cost.get(cost)
                 if exposed is None:
                     exposed = by_cost[cost] = per_stage(counts * (np.maximum(cost - core, 0.0) * (cp - 1)))
                 target[st] += exposed[st]
-        wheres = [self._dp_wheres(rank_map, st) for st in range(p)]
-        ep_groups = [w[1] for w in wheres]
+        wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
+        wheres = per_residue(wheres_u)
+        ep_groups = [w[1] for w in wheres_u]
         for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
             on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
         reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
