@@ -186,6 +186,8 @@ class ActivationModel:
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
         self.saved_by_op = [self._saved(op) for op in graph.ops]
+        self._inside: dict[tuple[int, ...], frozenset[str]] = {}  # _region_saved: outputs of a region's ops
+        self._inputs: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}  # _region_inputs answers
         if assumed_dropout and not any(op.op_type == "Dropout" for op in graph.ops):
             self._add_assumed_dropout()
 
@@ -363,8 +365,10 @@ class ActivationModel:
 
     def _region_saved(self, region: int, members: set[int], core: frozenset[int]) -> list[tuple[str, float]]:
         """A fused point-wise region keeps its masks and the region inputs its ops need."""
-        ops = [i for i in self.region_members[region] if i in members]
-        inside = {o for i in ops for o in self.graph.ops[i].outputs if o}
+        ops = tuple(i for i in self.region_members[region] if i in members)
+        inside = self._inside.get(ops)
+        if inside is None:
+            inside = self._inside[ops] = frozenset(o for i in ops for o in self.graph.ops[i].outputs if o)
         out: dict[str, float] = {}
         for i in ops:
             for key, nbytes in self.saved_by_op[i]:
@@ -374,11 +378,14 @@ class ActivationModel:
                     continue
                 if i in core and self._produced_in(key, core):
                     continue
-                for src in self._region_inputs(key, inside):
+                found = self._inputs.get((key, inside))
+                if found is None:  # the same (part of a) region is asked about for many op sets
+                    found = self._inputs[(key, inside)] = tuple(self._region_inputs(key, inside))
+                for src in found:
                     out[src] = self.size.get(src, 0.0)
         return list(out.items())
 
-    def _region_inputs(self, name: str, inside: set[str]) -> set[str]:
+    def _region_inputs(self, name: str, inside: frozenset[str]) -> set[str]:
         """Activation inputs of the region that ``name`` is computed from (itself if external)."""
         if name not in inside:
             return {self.base.get(name, name)} if self._is_activation(name) else set()
