@@ -495,6 +495,6 @@ def test_chunks_cover_every_config_once_and_keep_blocks_whole(monkeypatch):
         sizes[sweep._block(config)] = sizes.get(sweep._block(config), 0) + 1
     for block, where in blocks.items():
         assert len(where) == (1 if sizes[block] <= 100 else -(-sizes[block] // 100))
-    work = [sum(sweep._STEP_WEIGHT + sweep._steps(configs[i]) for i in c) for c in chunks]
+    work = [sweep._work_of(configs, c) for c in chunks]
     assert work == sorted(work, reverse=True)
     assert any(len(where) > 1 for where in blocks.values())  # the case exercises splitting

@@ -313,7 +313,7 @@ def _run_parallel(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunk
     # copying, page by page) those objects in every worker
     gc.freeze()
     try:
-        work = [sum(_STEP_WEIGHT + _steps(configs[i]) for i in chunk) for chunk in chunks]
+        work = [_work_of(configs, chunk) for chunk in chunks]
         affinity = [_affinity(configs[chunk[0]]) for chunk in chunks]
 
         def on_rows(rows: list[dict[str, Any]]) -> None:
@@ -368,8 +368,8 @@ def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:
     together) and handed out largest first (so that the workers finish together).
 
     A chunk is one block, or consecutive blocks up to :data:`CHUNK` configurations; a larger
-    block is cut into nearly equal pieces of at most :data:`CHUNK`.  Size is estimated as
-    configurations plus pipeline steps (the simulation's work) per configuration."""
+    block is cut into nearly equal pieces of at most :data:`CHUNK`.  Work is estimated by
+    :func:`_work_of`."""
     blocks: dict[tuple, list[int]] = {}
     for i in sorted(range(len(configs)), key=lambda i: (_block(configs[i]), configs[i].pp_size, configs[i].num_micro_batches,
                                                        configs[i].schedule, configs[i].virtual_stages, i)):
@@ -385,13 +385,22 @@ def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:
             chunks[-1].extend(piece)
         else:
             chunks.append(list(piece))
-    work = {id(c): sum(_STEP_WEIGHT + _steps(configs[i]) for i in c) for c in chunks}
+    work = {id(c): _work_of(configs, c) for c in chunks}
     return sorted(chunks, key=lambda c: -work[id(c)])
 
 
-#: Pipeline steps that cost about as much as one configuration's own work (preparing its
-#: per-device costs and summary): the chunk-size estimate's weight of a configuration.
+#: The estimate of a chunk's work, in pipeline steps simulated (about 0.1 us each on the
+#: 530B sweep): each configuration's own work (preparing its per-device costs and summary)
+#: costs about as much as 600 steps, and building a block's tables (layer costs, sharding,
+#: partitions, collective costs: tens of milliseconds) as 500,000.
 _STEP_WEIGHT = 600
+_BLOCK_WEIGHT = 500_000
+
+
+def _work_of(configs: Sequence[ParallelConfig], chunk: list[int]) -> int:
+    """Estimated work of a chunk (:data:`_STEP_WEIGHT`)."""
+    blocks = {_block(configs[i]) for i in chunk}
+    return _BLOCK_WEIGHT * len(blocks) + sum(_STEP_WEIGHT + _steps(configs[i]) for i in chunk)
 
 
 def run_sweep(
