@@ -220,7 +220,7 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
                 new -= pos
                 np.maximum.accumulate(new, out=new)
                 new += pos
-                if not np.array_equal(new, row):
+                if (new != row).any():  # it only rises: any difference is a change
                     row[:] = new
                     stamp[d] = clock
                     changed = True
