@@ -308,10 +308,7 @@ def _run_parallel(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunk
                   record: Callable[[dict[str, Any]], None]) -> bool:
     """Chunks in ``workers`` forked processes; True when interrupted."""
     global _WORKER
-    _WORKER = (evaluator, configs)
-    # the workers inherit the imported model; keep the collector from walking (and so
-    # copying, page by page) those objects in every worker
-    gc.freeze()
+    _WORKER = (evaluator, configs)  # the workers inherit it
     try:
         work = [_work_of(configs, chunk) for chunk in chunks]
         affinity = [_affinity(configs[chunk[0]]) for chunk in chunks]
@@ -323,7 +320,6 @@ def _run_parallel(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunk
         return run_workers(work, affinity, workers, lambda k: _work((chunks[k], fast)), on_rows)
     finally:
         _WORKER = None
-        gc.unfreeze()
 
 
 def _work(item: tuple[list[int], bool]) -> list[dict[str, Any]]:
@@ -443,22 +439,31 @@ def run_sweep(
         the model cannot be imported (InputFileError / ModelError).
     """
     start = time.perf_counter()
-    evaluator = Evaluator(model_path, cluster_builder, space.dims, space.seq_len)
-    first_batch = min(space.constraints.micro_batch_sizes or (1,))
-    first = evaluator.imported(first_batch)
-    shape = model_shape(first)
-    seq_len = space.seq_len or shape["seq_len"]
-    constraints = space.constraints
-    if first.model_batch is not None:  # the model fixes its batch: that is the only micro-batch size
-        constraints = replace(constraints, micro_batch_sizes=(first.model_batch,))
-    cluster = evaluator.cluster(num_gpus)
-    if constraints.gpus_per_node != cluster.gpus_per_node:
-        constraints = replace(constraints, gpus_per_node=cluster.gpus_per_node)
-    configs = list(enumerate_configs(num_gpus, space.global_batch_size, shape["layers"], shape["heads"],
-                                     shape["kv_heads"], seq_len, constraints, shape["experts"]))
-    num_configs = len(configs)
-    if limit is not None:
-        configs = configs[:limit]
+    collecting = gc.isenabled()
+    gc.disable()  # the import builds many objects and keeps them all: no collector passes over them
+    try:
+        evaluator = Evaluator(model_path, cluster_builder, space.dims, space.seq_len)
+        first_batch = min(space.constraints.micro_batch_sizes or (1,))
+        first = evaluator.imported(first_batch)
+        shape = model_shape(first)
+        seq_len = space.seq_len or shape["seq_len"]
+        constraints = space.constraints
+        if first.model_batch is not None:  # the model fixes its batch: that is the only micro-batch size
+            constraints = replace(constraints, micro_batch_sizes=(first.model_batch,))
+        cluster = evaluator.cluster(num_gpus)
+        if constraints.gpus_per_node != cluster.gpus_per_node:
+            constraints = replace(constraints, gpus_per_node=cluster.gpus_per_node)
+        configs = list(enumerate_configs(num_gpus, space.global_batch_size, shape["layers"], shape["heads"],
+                                         shape["kv_heads"], seq_len, constraints, shape["experts"]))
+        num_configs = len(configs)
+        if limit is not None:
+            configs = configs[:limit]
+        chunks = _chunks(configs)
+        if fast:
+            evaluator.prepare_fast(first.model_batch or first_batch)
+    finally:
+        if collecting:
+            gc.enable()
     total = len(configs)
     rows: list[dict[str, Any]] = []
     interrupted = False
@@ -468,19 +473,22 @@ def run_sweep(
         if on_result is not None:
             on_result(row, len(rows), total)
 
-    chunks = _chunks(configs)
-    if fast:
-        evaluator.prepare_fast(first.model_batch or first_batch)
-    if workers <= 1:
-        try:
-            for chunk in chunks:
-                for index, row in zip(chunk, evaluator.evaluate_many([configs[i] for i in chunk], fast)):
-                    row["index"] = index
-                    record(row)
-        except KeyboardInterrupt:
-            interrupted = True
-    else:
-        interrupted = _run_parallel(evaluator, configs, chunks, fast, workers, record)
+    # the imported model lives as long as the sweep: keep the collector from walking it (and,
+    # in forked workers, from copying its pages by touching them)
+    gc.freeze()
+    try:
+        if workers <= 1:
+            try:
+                for chunk in chunks:
+                    for index, row in zip(chunk, evaluator.evaluate_many([configs[i] for i in chunk], fast)):
+                        row["index"] = index
+                        record(row)
+            except KeyboardInterrupt:
+                interrupted = True
+        else:
+            interrupted = _run_parallel(evaluator, configs, chunks, fast, workers, record)
+    finally:
+        gc.unfreeze()
     rows.sort(key=lambda r: r["index"])
     model = {"path": str(model_path), "name": first.graph.name, "num_layers": shape["layers"], "heads": shape["heads"],
              "kv_heads": shape["kv_heads"], "seq_len": seq_len, "params": first.graph.num_params}
