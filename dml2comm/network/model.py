@@ -598,5 +598,22 @@ def collective_time_on_placement(cluster: Cluster, kind: CollectiveKind, placeme
     """Seconds of ``kind`` over ``n`` ranks placed as ``placement`` (:func:`group_placement`);
     equals ``collective_cost_for_group(cluster, kind, ranks, message_bytes).time_s``."""
     size = _check_common(kind, message_bytes, None, cluster.collective_library, cluster.collective_overhead_s, 0.0)
-    return _cost_cached(kind, placement, n, size, None, cluster.collective_library,
-                        float(cluster.collective_overhead_s), 0.0).time_s
+    return _time_cached(kind, placement, n, size, cluster.collective_library, float(cluster.collective_overhead_s), 0.0)
+
+
+@functools.lru_cache(maxsize=65536)
+def _time_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size: float, library: str, overhead_s: float,
+                 gamma: float) -> float:
+    """``_cost_cached(...).time_s`` with the library's choice of algorithm, without building
+    the description (a sweep asks for times only, at many sizes)."""
+    if n <= 1 or not any(u.extent > 1 for u in uses):
+        return 0.0
+    best = math.inf
+    for alg in _candidates(kind, uses, library):
+        try:
+            best = min(best, _evaluate(kind, alg, uses, size, library, overhead_s, gamma).time_s)
+        except _Unavailable:
+            continue
+    if best == math.inf:
+        raise ConfigError(f"no algorithm can run {kind.value} on this network")
+    return best
