@@ -588,8 +588,10 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
 
     ops: list[Op] = []
     control_flow: list[str] = []
+    no_attrs: Mapping[str, Any] = MappingProxyType({})
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        op_type, domain = node.op_type, node.domain
+        if op_type == "Constant" and domain in ("", "ai.onnx"):
             const = _constant_tensor(node)
             out = node.output[0]
             if const is not None:
@@ -607,33 +609,23 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
                 else:
                     tensors[out] = Tensor(out, (), DType.FLOAT)
             continue
-        if node.op_type in CONTROL_FLOW_OPS:
-            control_flow.append(f"{node.op_type} at node {node.name or '(unnamed)'!r}")
-        for out in node.output:
+        if op_type in CONTROL_FLOW_OPS:
+            control_flow.append(f"{op_type} at node {node.name or '(unnamed)'!r}")
+        outputs = tuple(node.output)
+        for out in outputs:
             if not out:
                 continue
             shape, dtype = shapes.get(out, (None, DType.UNDEFINED))
             if shape is None:
-                no_shape.setdefault(node.op_type, (node.domain, node.name or "(unnamed)"))
+                no_shape.setdefault(op_type, (domain, node.name or "(unnamed)"))
                 continue
-            missing = [str(d) for d in shape if not isinstance(d, int)]
-            if missing:
-                unknown.setdefault(out, []).extend(missing)
+            if not all(type(d) is int for d in shape):
+                unknown.setdefault(out, []).extend(str(d) for d in shape if not isinstance(d, int))
                 continue
             tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
-        attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute})
-        ops.append(
-            Op(
-                index=len(ops),
-                name=node.name or f"{node.op_type}_{len(ops)}",
-                op_type=node.op_type,
-                domain=node.domain,
-                inputs=tuple(node.input),
-                outputs=tuple(node.output),
-                attrs=attrs,
-                scope=_scope(node),
-            )
-        )
+        attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
+        index = len(ops)
+        ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node)))
 
     warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings))
     if control_flow:
