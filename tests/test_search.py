@@ -498,3 +498,22 @@ def test_chunks_cover_every_config_once_and_keep_blocks_whole(monkeypatch):
     work = [sweep._work_of(configs, c) for c in chunks]
     assert work == sorted(work, reverse=True)
     assert any(len(where) > 1 for where in blocks.values())  # the case exercises splitting
+
+
+def test_csv_stream_flushes_on_time_and_on_close(tmp_path):
+    from dml2comm.search.sweep import METRICS
+
+    row = {"index": 0, "config": {"d": 1, "t": 1, "p": 1}, "error": None, **{k: 1.0 for k in METRICS}}
+
+    def lines(path) -> int:
+        return len((tmp_path / path).read_text().splitlines())
+
+    eager = CsvStream(tmp_path / "eager.csv", flush_s=0.0)
+    eager.write(row)
+    assert lines("eager.csv") == 2  # header + the row, before close
+    lazy = CsvStream(tmp_path / "lazy.csv", flush_s=3600.0)
+    lazy.write(row)
+    assert lines("lazy.csv") == 1  # buffered: only the header so far
+    lazy.close()
+    eager.close()
+    assert lines("lazy.csv") == 2

@@ -516,21 +516,29 @@ def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 class CsvStream:
-    """Appends one CSV row per result and flushes, so an interrupted sweep keeps what finished."""
+    """Appends one CSV row per result, so an interrupted sweep keeps what finished: rows reach
+    the file at least every ``flush_s`` seconds (a flush per row costs a system call per
+    configuration, a tenth of a second over a 5,000-configuration sweep) and on close, which
+    the sweep command reaches on Ctrl-C and on errors."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, flush_s: float = 0.5) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO = self.path.open("w", encoding="utf-8", newline="")
         self._writer = csv.writer(self._file, lineterminator="\n")
         self._writer.writerow(CSV_COLUMNS)
         self._file.flush()
+        self._flush_s = flush_s
+        self._flushed = time.monotonic()
         self.rows = 0
 
     def write(self, row: Mapping[str, Any]) -> None:
         self._writer.writerow(csv_row(row))
-        self._file.flush()
         self.rows += 1
+        now = time.monotonic()
+        if now - self._flushed >= self._flush_s:
+            self._file.flush()
+            self._flushed = now
 
     def close(self) -> None:
         self._file.close()
