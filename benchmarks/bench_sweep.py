@@ -7,8 +7,9 @@ virtual stages 1/2/4, ZeRO 0/1, recomputation none/selective/full, SP on/off (4,
 configurations), through :func:`dml2comm.search.sweep.run_sweep` with the fast path
 (:mod:`dml2comm.search.fast`; the model's 105 identical blocks collapsed to four by
 :mod:`dml2comm.ir.repeats`), with 1 and ``--workers`` processes.  The rate counts the whole
-call: the first import of the model (about 1 s of it), the collapsed imports of the other
-micro-batch sizes, forking the workers, evaluation and ranking.
+call: the first import of the model, the collapsed imports of the other micro-batch sizes,
+forking the workers, evaluation and ranking.  Each run is a fresh process with the modules
+imported and no caches warmed (:mod:`fresh`), as a command-line sweep starts.
 
 Target (issue 7): 2,000 configurations/s on 2 cores.  Prints the best configuration found
 beside the paper's choice at its best micro-batch and recomputation.
@@ -26,8 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dml2comm import zoo  # noqa: E402
+from fresh import in_fresh_process  # noqa: E402
 import dml2comm.analysis  # noqa: E402,F401 - imported before timing: a sweep run from the command line has them loaded
 import dml2comm.search.fast  # noqa: E402,F401
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
@@ -60,9 +63,12 @@ def main() -> None:
         space = SweepSpace(global_batch_size=GLOBAL_BATCH, constraints=Constraints())
         result = None
         for workers in sorted({1, args.workers}):
-            start = time.perf_counter()
-            result = run_sweep(str(path), GPUS, _builder, space, workers=workers, limit=args.limit)
-            wall = time.perf_counter() - start
+            def measure(workers=workers):
+                start = time.perf_counter()
+                sweep = run_sweep(str(path), GPUS, _builder, space, workers=workers, limit=args.limit)
+                return time.perf_counter() - start, sweep
+
+            wall, result = in_fresh_process(measure)  # no caches warmed by the run before
             print(f"530B sweep: {len(result.rows)} of {result.num_configs} configurations, {workers} worker(s): "
                   f"{wall:.2f} s, {len(result.rows) / wall:.0f} configurations/s "
                   f"({sum(r['fits'] for r in result.rows)} fit in 80 GB)")

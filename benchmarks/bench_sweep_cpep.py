@@ -5,7 +5,8 @@ KV heads, FFN 14336, 8 experts, top-2, vocab 32000, s = 4096), global batch 256 
 A100s (``dgx-a100``).  The space: every valid d, t, p, micro-batch, virtual stages, ZeRO 0/1,
 recomputation and SP, times c in {1, 2, 4} (``--scheme`` ulysses or ring) and e in {1, 2, 4, 8}
 (10,896 configurations on 32 GPUs), through :func:`dml2comm.search.sweep.run_sweep` with the fast
-path.  The rate counts the whole call (import included).
+path.  The rate counts the whole call (import included), each run in a fresh process with no
+caches warmed (:mod:`fresh`).
 
 Target (issue 9): adding c and e keeps the sweep at the search issue's rate (2,000/s).
 
@@ -22,8 +23,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dml2comm import zoo  # noqa: E402
+from fresh import in_fresh_process  # noqa: E402
 import dml2comm.analysis  # noqa: E402,F401 - imported before timing, as a command-line run has it
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
 from dml2comm.search.fast import supports  # noqa: E402
@@ -50,9 +53,12 @@ def main() -> None:
         space = SweepSpace(global_batch_size=args.batch,
                            constraints=Constraints(cp=(1, 2, 4), ep=(1, 2, 4, 8), cp_scheme=args.scheme))
         for workers in sorted({1, args.workers}):
-            start = time.perf_counter()
-            result = run_sweep(str(path), args.gpus, _builder, space, workers=workers, limit=args.limit)
-            wall = time.perf_counter() - start
+            def measure(workers=workers):
+                start = time.perf_counter()
+                sweep = run_sweep(str(path), args.gpus, _builder, space, workers=workers, limit=args.limit)
+                return time.perf_counter() - start, sweep
+
+            wall, result = in_fresh_process(measure)  # no caches warmed by the run before
             rows = result.rows
             cpep = sum(1 for r in rows if r["config"]["c"] > 1 or r["config"]["e"] > 1)
             fast = sum(1 for r in rows if supports(config_from_dict(r["config"])))
