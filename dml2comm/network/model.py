@@ -605,15 +605,158 @@ def collective_time_on_placement(cluster: Cluster, kind: CollectiveKind, placeme
 def _time_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size: float, library: str, overhead_s: float,
                  gamma: float) -> float:
     """``_cost_cached(...).time_s`` with the library's choice of algorithm, without building
-    the description (a sweep asks for times only, at many sizes)."""
+    the description (a sweep asks for times only, at many sizes): the same phases from
+    :func:`_plan`'s size-independent parameters, timed and chosen as :func:`_evaluate` does."""
     if n <= 1 or not any(u.extent > 1 for u in uses):
         return 0.0
     best = math.inf
-    for alg in _candidates(kind, uses, library):
-        try:
-            best = min(best, _evaluate(kind, alg, uses, size, library, overhead_s, gamma).time_s)
-        except _Unavailable:
-            continue
+    for by_protocol in _plan(kind, uses, library, gamma):
+        total = _plan_time(by_protocol, size, library, overhead_s, gamma)
+        if total is not None:
+            best = min(best, total)
     if best == math.inf:
         raise ConfigError(f"no algorithm can run {kind.value} on this network")
+    return best
+
+
+#: A phase as :func:`_phase_time` uses it: (kind, rule, ranks, alpha, beta, delta).
+_Params = tuple
+
+#: A slot of a plan: the divisor of the message size the phase moves (None: the whole size,
+#: as given), the candidate phases in the order the chooser tries them, and whether one is
+#: chosen by time (:func:`_best_chooser`) or the one is taken as it is.
+_Slot = tuple
+
+#: (kind, id of the placement, library, gamma) -> (placement, plan): the placement is held so
+#: that its id stays its own.
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: str, gamma: float) -> list[list[tuple[Protocol, list[_Slot]]]]:
+    """Per candidate algorithm (:func:`_candidates`), per available protocol (in
+    :func:`_evaluate`'s order), the slots of :func:`_phases`: everything but the size."""
+    key = (kind, id(uses), library, gamma)
+    held = _PLANS.get(key)
+    if held is not None and held[0] is uses:
+        return held[1]
+    active = [u for u in uses if u.extent > 1]
+    multi_node = any(u.extent > 1 for u in uses[1:])
+    ranks_per_node = uses[0].extent if uses else 1
+    protocols = nccl.available_protocols(u.level.link.hw for u in active) if library == "nccl" else (Protocol.SIMPLE,)
+    plan = []
+    for algorithm in _candidates(kind, uses, library):
+        by_protocol = []
+        for protocol in protocols:
+            ctx = _Ctx(library, protocol, multi_node, ranks_per_node, gamma)
+            try:
+                by_protocol.append((protocol, _slots(kind, algorithm, uses, ctx)))
+            except _Unavailable:
+                continue
+        plan.append(by_protocol)
+    _PLANS[key] = (uses, plan)
+    return plan
+
+
+def _params(ph: _Phase) -> _Params:
+    return ph.kind, ph.rule, ph.m, ph.alpha, ph.beta, ph.delta
+
+
+def _slots(kind: CollectiveKind, algorithm: Algorithm, uses: Sequence[LevelUse], ctx: _Ctx) -> list[_Slot]:
+    """:func:`_phases` without a size: a phase's parameters do not depend on it (only which of
+    a level's algorithms is fastest does, so a slot keeps the chooser's candidates).  Raises
+    _Unavailable where :func:`_phases` would at any size."""
+    active = [u for u in uses if u.extent > 1]
+
+    def one(ph: _Phase) -> _Slot:
+        return None, (_params(ph),), False
+
+    if algorithm is A.HIERARCHICAL:
+        index = {id(u): i for i, u in enumerate(uses)}
+
+        def best(k: CollectiveKind, use: LevelUse, top: bool) -> tuple[_Params, ...]:
+            found = []
+            for alg in _inner_candidates(k, use, top, index.get(id(use), 0), ctx):
+                try:
+                    found.append(_params(_level_phase(k, alg, use, 0.0, ctx)))
+                except _Unavailable:
+                    continue
+            if not found:
+                raise _Unavailable(f"no {k.value} algorithm on {use.level.name}")
+            return tuple(found)
+
+        return _compose_slots(kind, active, best, True)
+    if len(active) == 1:
+        return [one(_level_phase(kind, algorithm, active[0], 0.0, ctx))]
+    if algorithm is A.RING:
+        return [one(_ring_phase(kind, active, 0.0, ctx))]
+    if algorithm is A.DIRECT and kind is not K.SEND_RECV:
+        return [one(_direct_phase(kind, active, 0.0, ctx))]
+    if algorithm is A.IN_NETWORK:
+        return [one(_in_network_phase(kind, active, 0.0, ctx))]
+    if kind is K.ALL_REDUCE and algorithm not in _HALVES:
+        return [one(_level_phase(kind, algorithm, u, 0.0, ctx)) for u in active]
+
+    def fixed(k: CollectiveKind, use: LevelUse, top: bool) -> tuple[_Params, ...]:
+        alg = algorithm
+        if k is not K.ALL_REDUCE and algorithm in _HALVES:
+            rs, ag = _HALVES[algorithm]
+            alg = rs if k is K.REDUCE_SCATTER else ag if k is K.ALL_GATHER else algorithm
+        return (_params(_level_phase(k, alg, use, 0.0, ctx)),)
+
+    return _compose_slots(kind, active, fixed, False)
+
+
+def _compose_slots(kind: CollectiveKind, active: Sequence[LevelUse],
+                   candidates: Callable[[CollectiveKind, LevelUse, bool], tuple[_Params, ...]], by_time: bool) -> list[_Slot]:
+    """:func:`_compose`'s phases as slots: level i moves the size divided by the ranks below it."""
+    below, divisors = 1, []
+    for u in active:
+        divisors.append(below)
+        below *= u.extent
+    top = len(active) - 1
+    if kind is K.ALL_REDUCE:
+        slots = [(divisors[i], candidates(K.REDUCE_SCATTER, u, False), by_time) for i, u in enumerate(active[:-1])]
+        slots.append((divisors[top], candidates(K.ALL_REDUCE, active[-1], True), by_time))
+        slots += [(divisors[i], candidates(K.ALL_GATHER, u, False), by_time) for i, u in reversed(list(enumerate(active[:-1])))]
+        return slots
+    if kind is K.REDUCE_SCATTER:
+        return [(divisors[i], candidates(kind, u, i == top), by_time) for i, u in enumerate(active)]
+    if kind is K.ALL_GATHER:
+        return [(divisors[i], candidates(kind, u, i == top), by_time) for i, u in reversed(list(enumerate(active)))]
+    if kind is K.SEND_RECV:
+        return [(None, candidates(kind, active[-1], True), by_time)]
+    return [(None, candidates(kind, u, i == top), by_time) for i, u in enumerate(active)]
+
+
+def _params_time(params: _Params, size: float, gamma: float) -> float:
+    """:func:`_phase_time` of a phase with these parameters moving ``size`` bytes."""
+    kind, rule, m, alpha, beta, delta = params
+    t = float(rule.time_s(m, size, alpha, beta, gamma))
+    return t + delta * float(kernel_bytes(kind, m, size)) if m > 1 else t
+
+
+def _plan_time(by_protocol: list[tuple[Protocol, list[_Slot]]], size: float, library: str, overhead_s: float,
+               gamma: float) -> float | None:
+    """:func:`_evaluate`'s time of one algorithm (None: no protocol can run it)."""
+    best: float | None = None
+    for protocol, slots in by_protocol:
+        chosen: list[tuple[_Params, float]] = []
+        for divisor, candidates, by_time in slots:
+            moved = size if divisor is None else size / divisor
+            if not by_time:
+                chosen.append((candidates[0], _params_time(candidates[0], moved, gamma)))
+                continue
+            pick, pick_t = None, math.inf
+            for params in candidates:  # the chooser's rule: the first of the fastest
+                t = _params_time(params, moved, gamma)
+                if t < pick_t:
+                    pick, pick_t = params, t
+            if pick is None:  # no finite time: _best_chooser finds no algorithm
+                break
+            chosen.append((pick, pick_t))
+        else:
+            base = max(nccl.base_latency_s(params[1].family, protocol) for params, _ in chosen) if library == "nccl" else 0.0
+            total = overhead_s + base + sum(t for _, t in chosen)
+            if best is None or total < best:
+                best = total
     return best
