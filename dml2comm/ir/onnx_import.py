@@ -420,8 +420,9 @@ def _shape_of(vtype: onnx.TypeProto) -> tuple[tuple[int | str, ...] | None, DTyp
         return None, dtype
     dims: list[int | str] = []
     for d in ttype.shape.dim:
-        if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(int(d.dim_value))
+        v = d.dim_value  # 0 when unset: a set dim_value of 0 is a real (empty) axis
+        if v > 0 or (v == 0 and d.HasField("dim_value")):
+            dims.append(v)
         else:
             dims.append(d.dim_param or "?")
     return tuple(dims), dtype
