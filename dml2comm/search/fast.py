@@ -139,6 +139,8 @@ class _StageTable:
     expert_local: np.ndarray | None = None  # per stage: expert parameters per GPU (after t and e; part of params_local)
     edp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its expert-data-parallel group
     signatures: list[tuple[int, ...]] | None = None  # per stage: FastEvaluator._signatures
+    by_mode: dict[str, tuple] = dataclasses.field(default_factory=dict)  # per recomputation mode: FastEvaluator._prepare
+    flops_fwd: float = 0.0  # unsharded forward FLOPs of the model per micro-batch (_Layers.flops_fwd)
 
 
 class NotRepeating(Exception):
@@ -684,7 +686,7 @@ class FastEvaluator:
         return _StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd), per_stage(layers.selective),
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), rank_map, {}, {}, dp_where,
-                           expert_local, edp_where)
+                           expert_local, edp_where, flops_fwd=layers.flops_fwd)
 
     def _zero_part(self, table: _StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
@@ -770,16 +772,18 @@ class FastEvaluator:
             raise ConfigError(f"the model fixes its batch dimension at {self.imported.model_batch}")
         table = self._stage_table(config)
         p, m = config.pp_size, config.num_micro_batches
-        if config.recompute == "full":
-            recompute = table.compute_f
-            tp_b = table.tp_b + table.tp_f
-        elif config.recompute == "selective":
-            recompute, tp_b = table.selective, table.tp_b
-        else:
-            recompute, tp_b = 0.0, table.tp_b
-        fwd = table.compute_f + table.tp_f + table.reads
-        comp_b = table.compute_b + recompute
-        bwd = comp_b + tp_b
+        times = table.by_mode.get(config.recompute)
+        if times is None:  # per recomputation mode: forward, backward compute, backward, backward TP
+            if config.recompute == "full":
+                recompute = table.compute_f
+                tp_b = table.tp_b + table.tp_f
+            elif config.recompute == "selective":
+                recompute, tp_b = table.selective, table.tp_b
+            else:
+                recompute, tp_b = 0.0, table.tp_b
+            comp_b = table.compute_b + recompute
+            times = table.by_mode[config.recompute] = (table.compute_f + table.tp_f + table.reads, comp_b, comp_b + tp_b, tp_b)
+        fwd, comp_b, bwd, tp_b = times
         runs_tau, runs_count, after, opt, states = self._zero_part(table, config)
         per_mb, extra = self._activation_part(table, config)
         v = config.virtual_stages if config.schedule == "interleaved" else 1
@@ -790,8 +794,7 @@ class FastEvaluator:
                                                          for st in range(p)])
         total = states + per_mb * in_flight + table.buffers + extra + FRAMEWORK_OVERHEAD_BYTES
         return _Prepared(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
-                         runs_tau, runs_count, opt, after, float(total.max()),
-                         self._layers(config).flops_fwd / config.micro_batch_size)
+                         runs_tau, runs_count, opt, after, float(total.max()), table.flops_fwd / config.micro_batch_size)
 
     # ---- many configurations
     def evaluate(self, configs: Sequence[ParallelConfig]) -> list[dict[str, Any]]:
@@ -828,12 +831,12 @@ class _GroupSim:
     def __init__(self, schedule: str, p: int, m: int, v: int, preps: list[_Prepared]) -> None:
         self.cs = cs = compile_schedule(schedule, p, m, v)
         self.preps, self.m, self.v = preps, m, v
-        f = np.stack([pr.fwd for pr in preps])
-        b = np.stack([pr.bwd for pr in preps])
-        tf = np.stack([pr.tp_f for pr in preps])
-        tb = np.stack([pr.tp_b for pr in preps])
-        sf = np.stack([pr.send_f for pr in preps])
-        sb = np.stack([pr.send_b for pr in preps])
+        f = np.array([pr.fwd for pr in preps])
+        b = np.array([pr.bwd for pr in preps])
+        tf = np.array([pr.tp_f for pr in preps])
+        tb = np.array([pr.tp_b for pr in preps])
+        sf = np.array([pr.send_f for pr in preps])
+        sb = np.array([pr.send_b for pr in preps])
         if v > 1:  # each chunk is 1/v of the device's work; the wrap-around uses the largest send
             wrap = sf[:, :-1].max(axis=1, initial=0.0)
             wrap_b = sb[:, 1:].max(axis=1, initial=0.0)
@@ -873,20 +876,20 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[
     m = np.concatenate([np.full(len(sim.preps), sim.m) for sim, _ in sims])
     mv = np.concatenate([np.full(len(sim.preps), sim.m * sim.v) for sim, _ in sims])
     overlap = np.array([pr.config.overlap_grad_reduce for pr in preps])[:, None]
-    runs_tau = np.stack([pr.runs_tau for pr in preps])
-    runs_count = np.stack([pr.runs_count for pr in preps])
+    runs_tau = np.array([pr.runs_tau for pr in preps])
+    runs_count = np.array([pr.runs_count for pr in preps])
     used = np.flatnonzero(runs_count.any(axis=(0, 1)))  # runs no configuration has are dropped (a run of no buckets adds nothing)
     r = int(used[-1]) + 1 if used.size else 0
     tail = bucket_tail_end_many(ce_full - b, b, ce_full, runs_tau[..., :r], runs_count[..., :r], overlap)
-    opt = np.stack([pr.optimizer for pr in preps])
-    after = np.stack([pr.after_step for pr in preps])
+    opt = np.array([pr.optimizer for pr in preps])
+    after = np.array([pr.after_step for pr in preps])
     iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)
     free_iterations = (ce_free + opt).max(axis=1)
     busy_all = mv[:, None] * free
     rows = np.arange(k)
     crit = np.argmax(busy_all, axis=1)  # per configuration, the first device with the most work
     busy = busy_all[rows, crit]
-    compute = m * (np.stack([pr.compute_f for pr in preps])[rows, crit] + np.stack([pr.compute_b for pr in preps])[rows, crit])
+    compute = m * (np.array([pr.compute_f for pr in preps])[rows, crit] + np.array([pr.compute_b for pr in preps])[rows, crit])
     bubble = np.maximum(ce_free.max(axis=1) - busy, 0.0)
     fraction = np.divide(bubble, busy, out=np.zeros(k), where=busy != 0)
     exposed = np.maximum(iterations - free_iterations, 0.0)
