@@ -288,6 +288,8 @@ def run_sweep_command(argv: Sequence[str]) -> int:
                 task = progress.add_task("sweep", total=total)
             progress.update(task, completed=done)
 
+    import dml2comm.search.fast  # noqa: F401 - loaded before the sweep's clock starts: the rate it reports is evaluation's
+
     try:
         result = run_sweep(args.model, args.gpus, builder, space, workers=args.workers, on_result=on_result, limit=args.limit)
     finally:
