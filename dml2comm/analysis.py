@@ -25,7 +25,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.cost.compute import (GEMM_E_MAX, HBM_EFFICIENCY, SM_COUNT, gemm_dims, gemm_efficiency, op_times_s,
                                    optimizer_step_s, roofline_s)
@@ -553,19 +553,40 @@ def _op_costs(graph: OpGraph, tp: TensorParallelPlan, train, gpu, peak: float, h
     fallback_types: set[str] = set()
     full_flops: list[float] = []
     sms = SM_COUNT.get(gpu.name)
+    # an op's cost and times depend on its type, attributes and operands' shapes and kinds only
+    # (the cost rules read no names): repeated blocks, and the same op under another sharding
+    # that leaves its operands alike, are costed once per graph
+    signature = _memo(graph, ("op-signatures",), lambda: _op_signatures(graph))
+    known: dict[tuple, tuple[OpCost, tuple[float, float]]] = _memo(
+        graph, ("op-cost-cache", train, gpu.name, peak, hbm, lenient), dict)
     for op, shard in zip(graph.ops, tp.shards):
         ins = tuple(train_view(t) for t in shard.inputs)
         outs = tuple(train_view(t) for t in shard.outputs)
-        c = op_cost(op, ins, outs, lenient=lenient)
+        key = (signature[op.index], _operands(ins), _operands(outs))
+        hit = known.get(key)
+        if hit is None:
+            c = op_cost(op, ins, outs, lenient=lenient)
+            dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
+            eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
+            hit = known[key] = (c, op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
+        c, t = hit
         if c.fallback:
             fallback_types.add(op.op_type)
         costs.append(c)
-        dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
-        eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
-        times.append(op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
+        times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
     times = _fuse_pointwise(graph, tp, train, costs, times, peak * GEMM_E_MAX, hbm * HBM_EFFICIENCY)
     return costs, times, full_flops, fallback_types
+
+
+def _op_signatures(graph: OpGraph) -> list[str]:
+    """Per op: its type, domain and attributes as text (equal for the ops of repeated blocks)."""
+    return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}" for op in graph.ops]
+
+
+def _operands(tensors: Sequence[Tensor | None]) -> tuple:
+    """What a cost rule reads of an op's operands: shapes, element types and kinds."""
+    return tuple(None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input) for t in tensors)
 
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
