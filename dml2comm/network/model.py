@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from dml2comm.errors import ConfigError
@@ -116,8 +116,14 @@ class _Phase:
 
 def _phase_time(ph: _Phase, gamma: float) -> float:
     """The delay formula: the rule's formula on this phase's alpha and beta, plus the kernel term."""
-    t = float(ph.rule.time_s(ph.m, ph.size, ph.alpha, ph.beta, gamma))
-    return t + ph.delta * float(kernel_bytes(ph.kind, ph.m, ph.size)) if ph.m > 1 else t
+    return _time_at(ph, ph.size, gamma)
+
+
+def _time_at(ph: _Phase, size: float, gamma: float) -> float:
+    """:func:`_phase_time` of ``ph`` moving ``size`` bytes (a phase's other parameters do not
+    depend on its size)."""
+    t = float(ph.rule.time_s(ph.m, size, ph.alpha, ph.beta, gamma))
+    return t + ph.delta * float(kernel_bytes(ph.kind, ph.m, size)) if ph.m > 1 else t
 
 
 def _phase_bandwidth_time(ph: _Phase, gamma: float) -> float:
@@ -206,40 +212,15 @@ def _in_network_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: fl
     return _Phase(kind, rule, float(n), size, alpha, beta, delta, limiting.level.name, links)
 
 
-Chooser = Callable[[CollectiveKind, LevelUse, float, bool], _Phase]
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """One phase of an algorithm, all but its size: a sweep costs one group at many sizes."""
 
-
-def _compose(kind: CollectiveKind, active: Sequence[LevelUse], size: float, choose: Chooser) -> list[_Phase]:
-    """Phases of a level-by-level algorithm (module docstring); ``choose(kind, use, size, top)``."""
-    sizes = []
-    below = 1
-    for u in active:
-        sizes.append(size / below)
-        below *= u.extent
-    top = len(active) - 1
-    if kind is K.ALL_REDUCE:
-        phases = [choose(K.REDUCE_SCATTER, u, sizes[i], False) for i, u in enumerate(active[:-1])]
-        phases.append(choose(K.ALL_REDUCE, active[-1], sizes[top], True))
-        phases += [choose(K.ALL_GATHER, u, sizes[i], False) for i, u in reversed(list(enumerate(active[:-1])))]
-        return phases
-    if kind is K.REDUCE_SCATTER:
-        return [choose(kind, u, sizes[i], i == top) for i, u in enumerate(active)]
-    if kind is K.ALL_GATHER:
-        return [choose(kind, u, sizes[i], i == top) for i, u in reversed(list(enumerate(active)))]
-    if kind is K.SEND_RECV:
-        return [choose(kind, active[-1], size, True)]
-    return [choose(kind, u, size, i == top) for i, u in enumerate(active)]
-
-
-def _fixed_chooser(algorithm: Algorithm, ctx: _Ctx) -> Chooser:
-    def choose(kind: CollectiveKind, use: LevelUse, size: float, top: bool) -> _Phase:
-        alg = algorithm
-        if kind is not K.ALL_REDUCE and algorithm in _HALVES:
-            rs, ag = _HALVES[algorithm]
-            alg = rs if kind is K.REDUCE_SCATTER else ag if kind is K.ALL_GATHER else algorithm
-        return _level_phase(kind, alg, use, size, ctx)
-
-    return choose
+    divisor: int | None  # the phase moves the size / divisor (None: the size as given)
+    candidates: tuple[_Phase, ...]  # built at size 0, in the order a chooser tries them
+    by_time: bool  # the fastest at the size is chosen (a level of ``hierarchical``), else the one is taken
+    kind: CollectiveKind
+    level: str
 
 
 def _inner_candidates(kind: CollectiveKind, use: LevelUse, top: bool, level_index: int, ctx: _Ctx) -> tuple[Algorithm, ...]:
@@ -249,43 +230,103 @@ def _inner_candidates(kind: CollectiveKind, use: LevelUse, top: bool, level_inde
     return tuple(a for a in registered_algorithms(kind) if get_rule(kind, a).pattern is not None)
 
 
-def _best_chooser(ctx: _Ctx, uses: Sequence[LevelUse]) -> Chooser:
-    index = {id(u): i for i, u in enumerate(uses)}  # level number in the topology (0: inside a node)
+def _slots(kind: CollectiveKind, algorithm: Algorithm, uses: Sequence[LevelUse], ctx: _Ctx) -> list[_Slot]:
+    """The phases of ``algorithm`` on the group, as slots (raises _Unavailable where it cannot
+    run, at any size)."""
+    active = [u for u in uses if u.extent > 1]
 
-    def choose(kind: CollectiveKind, use: LevelUse, size: float, top: bool) -> _Phase:
-        best: _Phase | None = None
-        best_t = math.inf
-        for alg in _inner_candidates(kind, use, top, index.get(id(use), 0), ctx):
-            try:
-                ph = _level_phase(kind, alg, use, size, ctx)
-            except _Unavailable:
-                continue
-            t = _phase_time(ph, ctx.gamma)
-            if t < best_t:
-                best, best_t = ph, t
-        if best is None:
-            raise _Unavailable(f"no {kind.value} algorithm on {use.level.name}")
-        return best
+    def one(ph: _Phase) -> _Slot:
+        return _Slot(None, (ph,), False, ph.kind, ph.where)
 
-    return choose
+    if algorithm is A.HIERARCHICAL:
+        index = {id(u): i for i, u in enumerate(uses)}  # level number in the topology (0: inside a node)
+
+        def best(k: CollectiveKind, use: LevelUse, top: bool) -> tuple[_Phase, ...]:
+            found = []
+            for alg in _inner_candidates(k, use, top, index.get(id(use), 0), ctx):
+                try:
+                    found.append(_level_phase(k, alg, use, 0.0, ctx))
+                except _Unavailable:
+                    continue
+            if not found:
+                raise _Unavailable(f"no {k.value} algorithm on {use.level.name}")
+            return tuple(found)
+
+        return _compose(kind, active, best, True)
+    if len(active) == 1:
+        return [one(_level_phase(kind, algorithm, active[0], 0.0, ctx))]
+    if algorithm is A.RING:
+        return [one(_ring_phase(kind, active, 0.0, ctx))]
+    if algorithm is A.DIRECT and kind is not K.SEND_RECV:
+        return [one(_direct_phase(kind, active, 0.0, ctx))]
+    if algorithm is A.IN_NETWORK:
+        return [one(_in_network_phase(kind, active, 0.0, ctx))]
+    if kind is K.ALL_REDUCE and algorithm not in _HALVES:
+        # no reduce-scatter half: the all-reduce on every level, on the whole buffer
+        return [one(_level_phase(kind, algorithm, u, 0.0, ctx)) for u in active]
+
+    def fixed(k: CollectiveKind, use: LevelUse, top: bool) -> tuple[_Phase, ...]:
+        alg = algorithm
+        if k is not K.ALL_REDUCE and algorithm in _HALVES:
+            rs, ag = _HALVES[algorithm]
+            alg = rs if k is K.REDUCE_SCATTER else ag if k is K.ALL_GATHER else algorithm
+        return (_level_phase(k, alg, use, 0.0, ctx),)
+
+    return _compose(kind, active, fixed, False)
+
+
+def _compose(kind: CollectiveKind, active: Sequence[LevelUse],
+             candidates: Callable[[CollectiveKind, LevelUse, bool], tuple[_Phase, ...]], by_time: bool) -> list[_Slot]:
+    """Slots of a level-by-level algorithm (module docstring): level i moves the size divided
+    by the ranks below it; ``candidates(kind, use, top)``."""
+    below, divisors = 1, []
+    for u in active:
+        divisors.append(below)
+        below *= u.extent
+    top = len(active) - 1
+
+    def slot(k: CollectiveKind, u: LevelUse, divisor: int | None, is_top: bool) -> _Slot:
+        return _Slot(divisor, candidates(k, u, is_top), by_time, k, u.level.name)
+
+    if kind is K.ALL_REDUCE:
+        slots = [slot(K.REDUCE_SCATTER, u, divisors[i], False) for i, u in enumerate(active[:-1])]
+        slots.append(slot(K.ALL_REDUCE, active[-1], divisors[top], True))
+        slots += [slot(K.ALL_GATHER, u, divisors[i], False) for i, u in reversed(list(enumerate(active[:-1])))]
+        return slots
+    if kind is K.REDUCE_SCATTER:
+        return [slot(kind, u, divisors[i], i == top) for i, u in enumerate(active)]
+    if kind is K.ALL_GATHER:
+        return [slot(kind, u, divisors[i], i == top) for i, u in reversed(list(enumerate(active)))]
+    if kind is K.SEND_RECV:
+        return [slot(kind, active[-1], None, True)]
+    return [slot(kind, u, None, i == top) for i, u in enumerate(active)]
+
+
+def _pick(slot: _Slot, size: float, gamma: float) -> tuple[_Phase, float, float] | None:
+    """(phase, bytes it moves, seconds) of ``slot`` for a message of ``size``: the first of the
+    fastest candidates where chosen by time; None when none has a finite time."""
+    moved = size if slot.divisor is None else size / slot.divisor
+    if not slot.by_time:
+        ph = slot.candidates[0]
+        return ph, moved, _time_at(ph, moved, gamma)
+    best: _Phase | None = None
+    best_t = math.inf
+    for ph in slot.candidates:
+        t = _time_at(ph, moved, gamma)
+        if t < best_t:
+            best, best_t = ph, t
+    return None if best is None else (best, moved, best_t)
 
 
 def _phases(kind: CollectiveKind, algorithm: Algorithm, uses: Sequence[LevelUse], size: float, ctx: _Ctx) -> list[_Phase]:
-    active = [u for u in uses if u.extent > 1]
-    if algorithm is A.HIERARCHICAL:
-        return _compose(kind, active, size, _best_chooser(ctx, uses))
-    if len(active) == 1:
-        return [_level_phase(kind, algorithm, active[0], size, ctx)]
-    if algorithm is A.RING:
-        return [_ring_phase(kind, active, size, ctx)]
-    if algorithm is A.DIRECT and kind is not K.SEND_RECV:
-        return [_direct_phase(kind, active, size, ctx)]
-    if algorithm is A.IN_NETWORK:
-        return [_in_network_phase(kind, active, size, ctx)]
-    if kind is K.ALL_REDUCE and algorithm not in _HALVES:
-        # no reduce-scatter half: the all-reduce on every level, on the whole buffer
-        return [_level_phase(kind, algorithm, u, size, ctx) for u in active]
-    return _compose(kind, active, size, _fixed_chooser(algorithm, ctx))
+    phases = []
+    for slot in _slots(kind, algorithm, uses, ctx):
+        picked = _pick(slot, size, ctx.gamma)
+        if picked is None:
+            raise _Unavailable(f"no {slot.kind.value} algorithm on {slot.level}")
+        ph, moved, _ = picked
+        phases.append(replace(ph, size=moved))
+    return phases
 
 
 # --------------------------------------------------------------------------------------------
@@ -619,22 +660,14 @@ def _time_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size:
     return best
 
 
-#: A phase as :func:`_phase_time` uses it: (kind, rule, ranks, alpha, beta, delta).
-_Params = tuple
-
-#: A slot of a plan: the divisor of the message size the phase moves (None: the whole size,
-#: as given), the candidate phases in the order the chooser tries them, and whether one is
-#: chosen by time (:func:`_best_chooser`) or the one is taken as it is.
-_Slot = tuple
-
 #: (kind, id of the placement, library, gamma) -> (placement, plan): the placement is held so
 #: that its id stays its own.
 _PLANS: dict[tuple, tuple] = {}
 
 
 def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: str, gamma: float) -> list[list[tuple[Protocol, list[_Slot]]]]:
-    """Per candidate algorithm (:func:`_candidates`), per available protocol (in
-    :func:`_evaluate`'s order), the slots of :func:`_phases`: everything but the size."""
+    """Per candidate algorithm (:func:`_candidates`), per protocol that can run it (in
+    :func:`_evaluate`'s order), its slots (:func:`_slots`)."""
     key = (kind, id(uses), library, gamma)
     held = _PLANS.get(key)
     if held is not None and held[0] is uses:
@@ -657,106 +690,16 @@ def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: str, gamma:
     return plan
 
 
-def _params(ph: _Phase) -> _Params:
-    return ph.kind, ph.rule, ph.m, ph.alpha, ph.beta, ph.delta
-
-
-def _slots(kind: CollectiveKind, algorithm: Algorithm, uses: Sequence[LevelUse], ctx: _Ctx) -> list[_Slot]:
-    """:func:`_phases` without a size: a phase's parameters do not depend on it (only which of
-    a level's algorithms is fastest does, so a slot keeps the chooser's candidates).  Raises
-    _Unavailable where :func:`_phases` would at any size."""
-    active = [u for u in uses if u.extent > 1]
-
-    def one(ph: _Phase) -> _Slot:
-        return None, (_params(ph),), False
-
-    if algorithm is A.HIERARCHICAL:
-        index = {id(u): i for i, u in enumerate(uses)}
-
-        def best(k: CollectiveKind, use: LevelUse, top: bool) -> tuple[_Params, ...]:
-            found = []
-            for alg in _inner_candidates(k, use, top, index.get(id(use), 0), ctx):
-                try:
-                    found.append(_params(_level_phase(k, alg, use, 0.0, ctx)))
-                except _Unavailable:
-                    continue
-            if not found:
-                raise _Unavailable(f"no {k.value} algorithm on {use.level.name}")
-            return tuple(found)
-
-        return _compose_slots(kind, active, best, True)
-    if len(active) == 1:
-        return [one(_level_phase(kind, algorithm, active[0], 0.0, ctx))]
-    if algorithm is A.RING:
-        return [one(_ring_phase(kind, active, 0.0, ctx))]
-    if algorithm is A.DIRECT and kind is not K.SEND_RECV:
-        return [one(_direct_phase(kind, active, 0.0, ctx))]
-    if algorithm is A.IN_NETWORK:
-        return [one(_in_network_phase(kind, active, 0.0, ctx))]
-    if kind is K.ALL_REDUCE and algorithm not in _HALVES:
-        return [one(_level_phase(kind, algorithm, u, 0.0, ctx)) for u in active]
-
-    def fixed(k: CollectiveKind, use: LevelUse, top: bool) -> tuple[_Params, ...]:
-        alg = algorithm
-        if k is not K.ALL_REDUCE and algorithm in _HALVES:
-            rs, ag = _HALVES[algorithm]
-            alg = rs if k is K.REDUCE_SCATTER else ag if k is K.ALL_GATHER else algorithm
-        return (_params(_level_phase(k, alg, use, 0.0, ctx)),)
-
-    return _compose_slots(kind, active, fixed, False)
-
-
-def _compose_slots(kind: CollectiveKind, active: Sequence[LevelUse],
-                   candidates: Callable[[CollectiveKind, LevelUse, bool], tuple[_Params, ...]], by_time: bool) -> list[_Slot]:
-    """:func:`_compose`'s phases as slots: level i moves the size divided by the ranks below it."""
-    below, divisors = 1, []
-    for u in active:
-        divisors.append(below)
-        below *= u.extent
-    top = len(active) - 1
-    if kind is K.ALL_REDUCE:
-        slots = [(divisors[i], candidates(K.REDUCE_SCATTER, u, False), by_time) for i, u in enumerate(active[:-1])]
-        slots.append((divisors[top], candidates(K.ALL_REDUCE, active[-1], True), by_time))
-        slots += [(divisors[i], candidates(K.ALL_GATHER, u, False), by_time) for i, u in reversed(list(enumerate(active[:-1])))]
-        return slots
-    if kind is K.REDUCE_SCATTER:
-        return [(divisors[i], candidates(kind, u, i == top), by_time) for i, u in enumerate(active)]
-    if kind is K.ALL_GATHER:
-        return [(divisors[i], candidates(kind, u, i == top), by_time) for i, u in reversed(list(enumerate(active)))]
-    if kind is K.SEND_RECV:
-        return [(None, candidates(kind, active[-1], True), by_time)]
-    return [(None, candidates(kind, u, i == top), by_time) for i, u in enumerate(active)]
-
-
-def _params_time(params: _Params, size: float, gamma: float) -> float:
-    """:func:`_phase_time` of a phase with these parameters moving ``size`` bytes."""
-    kind, rule, m, alpha, beta, delta = params
-    t = float(rule.time_s(m, size, alpha, beta, gamma))
-    return t + delta * float(kernel_bytes(kind, m, size)) if m > 1 else t
-
-
 def _plan_time(by_protocol: list[tuple[Protocol, list[_Slot]]], size: float, library: str, overhead_s: float,
                gamma: float) -> float | None:
     """:func:`_evaluate`'s time of one algorithm (None: no protocol can run it)."""
     best: float | None = None
     for protocol, slots in by_protocol:
-        chosen: list[tuple[_Params, float]] = []
-        for divisor, candidates, by_time in slots:
-            moved = size if divisor is None else size / divisor
-            if not by_time:
-                chosen.append((candidates[0], _params_time(candidates[0], moved, gamma)))
-                continue
-            pick, pick_t = None, math.inf
-            for params in candidates:  # the chooser's rule: the first of the fastest
-                t = _params_time(params, moved, gamma)
-                if t < pick_t:
-                    pick, pick_t = params, t
-            if pick is None:  # no finite time: _best_chooser finds no algorithm
-                break
-            chosen.append((pick, pick_t))
-        else:
-            base = max(nccl.base_latency_s(params[1].family, protocol) for params, _ in chosen) if library == "nccl" else 0.0
-            total = overhead_s + base + sum(t for _, t in chosen)
-            if best is None or total < best:
-                best = total
+        chosen = [_pick(slot, size, gamma) for slot in slots]
+        if any(c is None for c in chosen):  # _phases finds no algorithm for a level
+            continue
+        base = max(nccl.base_latency_s(ph.rule.family, protocol) for ph, _, _ in chosen) if library == "nccl" else 0.0
+        total = overhead_s + base + sum(t for _, _, t in chosen)
+        if best is None or total < best:
+            best = total
     return best
