@@ -300,38 +300,26 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return front
 
 
-# ---- worker processes (dml2comm.search.workers; state inherited through fork)
-_WORKER: tuple[Evaluator, Sequence[ParallelConfig]] | None = None
+# ---- worker processes (dml2comm.search.workers; the evaluator and configurations inherited through fork)
+def _chunk_rows(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunk: list[int], fast: bool) -> list[dict[str, Any]]:
+    """Rows of the configurations ``chunk`` (indices into ``configs``), each with its ``index``."""
+    rows = evaluator.evaluate_many([configs[i] for i in chunk], fast)
+    for index, row in zip(chunk, rows):
+        row["index"] = index
+    return rows
 
 
 def _run_parallel(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunks: list[list[int]], fast: bool, workers: int,
                   record: Callable[[dict[str, Any]], None]) -> bool:
     """Chunks in ``workers`` forked processes; True when interrupted."""
-    global _WORKER
-    _WORKER = (evaluator, configs)  # the workers inherit it
-    try:
-        work = [_work_of(configs, chunk) for chunk in chunks]
-        affinity = [_affinity(configs[chunk[0]]) for chunk in chunks]
+    work = [_work_of(configs, chunk) for chunk in chunks]
+    affinity = [_affinity(configs[chunk[0]]) for chunk in chunks]
 
-        def on_rows(rows: list[dict[str, Any]]) -> None:
-            for row in rows:
-                record(row)
+    def on_rows(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            record(row)
 
-        return run_workers(work, affinity, workers, lambda k: _work((chunks[k], fast)), on_rows)
-    finally:
-        _WORKER = None
-
-
-def _work(item: tuple[list[int], bool]) -> list[dict[str, Any]]:
-    """Rows of the configurations ``indices`` (the worker has the list: inherited through fork)."""
-    indices, fast = item
-    if _WORKER is None:  # pragma: no cover - run_sweep sets it before forking
-        raise RuntimeError("sweep worker used before run_sweep set its state")
-    evaluator, configs = _WORKER
-    rows = evaluator.evaluate_many([configs[i] for i in indices], fast)
-    for index, row in zip(indices, rows):
-        row["index"] = index
-    return rows
+    return run_workers(work, affinity, workers, lambda k: _chunk_rows(evaluator, configs, chunks[k], fast), on_rows)
 
 
 #: Configurations per unit of work: large enough that those sharing a schedule are simulated
@@ -480,8 +468,7 @@ def run_sweep(
         if workers <= 1:
             try:
                 for chunk in chunks:
-                    for index, row in zip(chunk, evaluator.evaluate_many([configs[i] for i in chunk], fast)):
-                        row["index"] = index
+                    for row in _chunk_rows(evaluator, configs, chunk, fast):
                         record(row)
             except KeyboardInterrupt:
                 interrupted = True
