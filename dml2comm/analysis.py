@@ -29,8 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.cost.compute import (GEMM_E_MAX, HBM_EFFICIENCY, SM_COUNT, gemm_dims, gemm_efficiency, op_times_s,
                                    optimizer_step_s, roofline_s)
-from dml2comm.cost.memory import (POINTWISE_OPS, ActivationModel, ModelStates, in_flight_micro_batches, model_state_bytes,
-                                  stage_memory_dict)
+from dml2comm.cost.memory import (POINTWISE_OPS, ActivationModel, ModelStates, fusible_regions, in_flight_micro_batches,
+                                  model_state_bytes, stage_memory_dict)
 from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
@@ -608,27 +608,12 @@ def fused_kernels(graph: OpGraph) -> dict[int, int]:
     is written to memory anyway, and Megatron-LM's kernels end there (the residual stream
     leaving a bias-dropout-add feeds the next LayerNorm and, separately, the next block's
     bias-dropout-add kernel).  Kernels therefore never span blocks."""
-    parent: dict[int, int] = {op.index: op.index for op in graph.ops if op.op_type in FUSED_KINDS}
 
-    def materialized(name: str) -> bool:
-        return any(c not in parent for c in graph.consumers(name)) or name in graph.outputs
+    def joins(name: str, producer: int) -> bool:
+        materialized = any(graph.ops[c].op_type not in FUSED_KINDS for c in graph.consumers(name)) or name in graph.outputs
+        return graph.ops[producer].op_type not in REGION_ENDS and not materialized
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for op in graph.ops:
-        if op.index not in parent:
-            continue
-        for name in op.inputs:
-            prod = graph.producer(name) if name else None
-            if prod is not None and prod in parent and graph.ops[prod].op_type not in REGION_ENDS and not materialized(name):
-                a, b = find(op.index), find(prod)
-                if a != b:
-                    parent[a] = b
-    return {i: find(i) for i in parent}
+    return fusible_regions(graph, FUSED_KINDS, joins)
 
 
 def _fused_groups(graph: OpGraph) -> list[tuple[list[int], tuple[str, ...]]]:

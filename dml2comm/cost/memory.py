@@ -44,7 +44,7 @@ a framework constant of 1 GB for the CUDA context, cuBLAS/cuDNN workspaces and l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 
@@ -129,9 +129,11 @@ def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int,
     return count
 
 
-def fusible_regions(graph: OpGraph, kinds: frozenset[str]) -> dict[int, int]:
+def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str, int], bool] | None = None) -> dict[int, int]:
     """op index -> region id: connected groups of ops of ``kinds`` joined by a tensor
-    (union-find), i.e. what a fusing compiler or Megatron-LM's fused kernels run as one kernel."""
+    (union-find), i.e. what a fusing compiler or Megatron-LM's fused kernels run as one kernel.
+    ``joins(tensor, producer)``, when given, says whether that tensor joins its producer's group
+    to its reader's."""
     parent: dict[int, int] = {}
 
     def find(i: int) -> int:
@@ -148,7 +150,7 @@ def fusible_regions(graph: OpGraph, kinds: frozenset[str]) -> dict[int, int]:
             continue
         for name in op.inputs:
             prod = graph.producer(name) if name else None
-            if prod is not None and prod in parent:
+            if prod is not None and prod in parent and (joins is None or joins(name, prod)):
                 a, b = find(op.index), find(prod)
                 if a != b:
                     parent[a] = b
