@@ -257,9 +257,14 @@ def test_predicted_vs_measured_command(tmp_path):
     model = Path(__file__).resolve().parents[1] / "examples" / "gpt2-small.onnx"
     path = write(tmp_path / "rank-0.json", rank_trace())
     out = tmp_path / "out"
-    assert main(["trace", str(path), "--out", str(out), "--model", str(model), "--d", "2", "--t", "2", "--seq-len", "128",
+    # the trace shows t=2 (TENSOR_MODEL_PARALLEL_GROUP [0, 1]) and p=2 (pipeline group [0, 2]) in a
+    # world of 4: --p is taken from it and d = 4 / (2 x 2) = 1 (--d 2 would make 8 ranks: refused)
+    assert main(["trace", str(path), "--out", str(out), "--model", str(model), "--t", "2", "--seq-len", "128",
                  "--global-batch-size", "4", "--no-site"]) == 0
     data = json.loads((out / "trace_analysis.json").read_text())
+    assert "d=1 t=2 p=2 (from the flags and the traces' process groups; --d 1 = world size 4 / the others)" in \
+        data["comparison"]["what"]
+    assert data["comparison"]["comparable"] and data["comparison"]["caveat"] is None
     rows = {r["category"]: r for r in data["comparison"]["rows"]}
     assert rows["compute"]["measured_s"] == pytest.approx(70e-6)  # forward 30 + backward 40
     assert rows["compute"]["predicted_s"] > 0 and rows["compute"]["error"] is not None

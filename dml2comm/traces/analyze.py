@@ -9,6 +9,7 @@ from ``world_size``) and places the ranks in model replicas (:mod:`dml2comm.trac
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.errors import Dml2CommError
-from dml2comm.traces.classify import SEGMENT_METHODS, Activity, classify
-from dml2comm.traces.layout import Layout, ParallelSizes, coordinate_groups, rank_layout
+from dml2comm.traces.classify import SEGMENT_METHODS, Activity, classify, peer_counts, pg_dim
+from dml2comm.traces.layout import Layout, ParallelSizes, RankLinks, coordinate_groups, rank_layout
 from dml2comm.traces.load import RankTrace, load_trace
 from dml2comm.traces.metrics import segment_metrics, step_metrics
 from dml2comm.traces.overlap import hta_gpu_events, hta_kernel_type_breakdown, hta_overlap_pct, hta_temporal_breakdown
@@ -44,6 +45,7 @@ class RankResult:
     #: this rank's coordinate groups (dimension -> sorted member ranks), see :mod:`dml2comm.traces.layout`
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     segment_method: str = "none"  # how the micro-batches of segment_step were found (SEGMENT_METHODS)
+    links: RankLinks = field(default_factory=lambda: RankLinks({}))  # send/recv peers, groups naming no dimension
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "file": self.path, "world_size": self.world_size, "device": self.device,
@@ -87,6 +89,21 @@ def _coordinate_groups(trace: RankTrace, act: Activity) -> dict[str, tuple[int, 
     return coordinate_groups(trace.rank, described, act.group_dims)
 
 
+def _links(trace: RankTrace) -> RankLinks:
+    """The rank's send/recv peers and the member ranks of its groups that name no dimension
+    (pg_config's ``default_pg``/``undefined`` groups, collectives over groups known by ranks)."""
+    peers, local = peer_counts(trace)
+    groups: set[tuple[int, ...]] = set()
+    for pg in trace.pg_config:
+        ranks = pg.get("ranks")
+        if isinstance(ranks, list) and pg_dim(str(pg.get("pg_desc") or "")) is None:
+            groups.add(tuple(sorted({x for x in ranks if isinstance(x, int) and not isinstance(x, bool)})))
+    for r in trace.comms:
+        if r.ranks and not (r.pg_desc and pg_dim(r.pg_desc)):
+            groups.add(r.ranks)
+    return RankLinks(peers, tuple(sorted(g for g in groups if trace.rank in g)), local)
+
+
 def analyze_file(path: str) -> RankResult | RankFailure:
     """Load, classify and measure one rank's trace; bad input becomes a :class:`RankFailure`."""
     import time
@@ -107,9 +124,20 @@ def analyze_file(path: str) -> RankResult | RankFailure:
         seg_step = with_events[len(with_events) // 2]
         segments = segment_metrics(act, seg_step)
     groups = _coordinate_groups(trace, act)
+    links = _links(trace)
     ev = hta_gpu_events(trace)
-    hta = {"comm_comp_overlap_pct": hta_overlap_pct(ev), "temporal_breakdown_us": hta_temporal_breakdown(ev),
-           "kernel_types_us": hta_kernel_type_breakdown([ev])}
+    hta: dict[str, Any] = {"comm_comp_overlap_pct": hta_overlap_pct(ev), "temporal_breakdown_us": hta_temporal_breakdown(ev),
+                           "kernel_types_us": hta_kernel_type_breakdown([ev])}
+    if act.device == "cpu":
+        # HTA counts GPU kernels only: on a CPU-only trace its overlap would read 0.00 % for want of
+        # kernels, not of overlap.  The same ratio (|comm ∩ compute| / |comm|, HTA's
+        # get_comm_comp_overlap) on the classified CPU operators, summed over the steps, instead.
+        comm = math.fsum(s["comm_total_s"] for s in steps)
+        hta["comm_comp_overlap_pct"] = None
+        hta["cpu_comm_comp_overlap_pct"] = round(100 * math.fsum(s["overlap_s"] for s in steps) / comm, 2) if comm > 0 else None
+        hta["not_applicable"] = ("CPU-only trace (no GPU kernels): HolisticTraceAnalysis's figures count GPU kernels; "
+                                 "cpu_comm_comp_overlap_pct is the same ratio on the CPU operators (compute operators "
+                                 "against c10d operators and gloo threads)")
     problems = list(act.problems)
     if not steps:
         problems.append("no step has device activity")
@@ -118,7 +146,7 @@ def analyze_file(path: str) -> RankResult | RankFailure:
         schema_version=trace.schema_version, activity=act, steps=steps, segments=segments,
         segment_step=act.steps[seg_step][0] if seg_step is not None else None, hta=hta,
         pipeline_groups=[groups["pp"]] if "pp" in groups else [], problems=problems, seconds=time.perf_counter() - start,
-        groups=groups, segment_method=act.segment_methods[seg_step] if seg_step is not None else "none",
+        groups=groups, segment_method=act.segment_methods[seg_step] if seg_step is not None else "none", links=links,
     )
 
 
@@ -152,5 +180,8 @@ def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1, 
             shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
             problems.append(f"{len(missing)} of {world} ranks have no trace (ranks {shown}): cross-rank views cover the others only")
     groups = sorted({g for r in unique for g in r.pipeline_groups})
-    layout = rank_layout({r.rank: r.groups for r in unique}, max(worlds) if worlds else None, sizes)
+    layout = rank_layout({r.rank: r.groups for r in unique}, max(worlds) if worlds else None, sizes,
+                         {r.rank: r.links for r in unique})
+    if not groups and layout.method == "send/recv peers":  # each replica is one pipeline, in stage order
+        groups = [members for members in layout.replicas if len(members) > 1]
     return TraceSet(ranks=unique, failures=failures, problems=problems, pipeline_groups=groups, layout=layout)

@@ -25,7 +25,8 @@ How a GPU event gets its category:
 4. **Step**: the ``ProfilerStep#N`` annotation whose span holds the launch.
 5. **Micro-batch segments** (:func:`segments`): explicit markers when the step has them
    (Megatron-LM's ``forward_step``/``backward_step``, ``torch.distributed.pipelining``'s
-   ``Forward i``/``Backward i``/``PP:sFi``, ``## forward ##``, user ``microbatch N`` ranges), else
+   ``Forward i``/``Backward i``/``PP:sFi``, ``## forward ##``, ``forward_mbN``/``backward_mbN``,
+   user ``microbatch N`` ranges), else
    runs of forward and backward kernels in launch order; :attr:`Activity.segment_methods` says
    which, per step.
 
@@ -46,12 +47,13 @@ from functools import lru_cache
 
 import numpy as np
 
+from dml2comm.traces.layout import PeerCounts
 from dml2comm.traces.load import CommRecord, Kind, RankTrace, step_names
 from dml2comm.traces.patterns import (BACKWARD_MARKERS, BACKWARD_MICROBATCH, BACKWARD_THREAD, COLLECTIVE_DIMS, COMM_KERNEL,
                                       CP_MARKERS, FORWARD_MICROBATCH, GLOO_THREAD, KERNEL_DIMS, MICROBATCH, OPTIMIZER_MARKERS,
-                                      PG_DIMS, RECOMPUTE_MARKERS, STEP_ANNOTATION)
+                                      P2P_OP, PG_DIMS, RECOMPUTE_MARKERS, STEP_ANNOTATION)
 
-__all__ = ["Category", "DIMS", "COMPUTE", "COMM", "Activity", "classify", "dim_of", "pg_dim", "SEGMENT_METHODS"]
+__all__ = ["Category", "DIMS", "COMPUTE", "COMM", "Activity", "classify", "dim_of", "pg_dim", "peer_counts", "SEGMENT_METHODS"]
 
 
 class Category(IntEnum):
@@ -83,7 +85,8 @@ COMM = tuple(DIMS.values())
 #: How the micro-batch segments of a step were found (:attr:`Activity.segment_methods`).
 SEGMENT_METHODS: dict[str, str] = {
     "markers": "explicit micro-batch markers: forward_step/backward_step (Megatron-LM), Forward i/Backward i or PP:sFi "
-               "(torch.distributed.pipelining), ## forward ##/## backward ##, microbatch N",
+               "(torch.distributed.pipelining), ## forward ##/## backward ##, forward_mbN/backward_mbN (hand-written "
+               "pipeline loops), microbatch N",
     "heuristic": "no micro-batch markers in the step: each run of forward or backward kernels in launch order is one segment",
     "none": "no compute in the step",
 }
@@ -377,6 +380,44 @@ def _segments(step: np.ndarray, category: np.ndarray, order_key: np.ndarray, bou
         seg[cat == Category.OPTIMIZER] = -1
         segment[sel] = seg
     return segment, labels, methods
+
+
+def peer_counts(trace: RankTrace) -> tuple[dict[int, PeerCounts], bool]:
+    """The rank's send/recv peers (:class:`~dml2comm.traces.layout.PeerCounts` per peer) and
+    whether they are ranks in an unnamed group (c10d operators) rather than global ranks.
+
+    Records with a global peer (``record_param_comms``) win over the c10d operators around them.
+    Point-to-point traffic of context parallelism (inside a CP attention span, or over a group
+    described as another dimension than pipelining) is left out.  Direction: per step, the first
+    operation with a peer (by start time) is a receive when the peer is upstream (see
+    :mod:`dml2comm.traces.layout`)."""
+    recs = [r for r in trace.comms if r.peer >= 0]
+    if any(r.peer_global for r in recs):
+        recs = [r for r in recs if r.peer_global]
+    if not recs:
+        return {}, False
+    rows = np.array([r.index for r in recs], dtype=np.int64)
+    cpu, end = _cpu_mask(trace), trace.ts + trace.dur
+    in_cp = _marker_spans(trace, CP_MARKERS, cpu, end).covers(trace.thread[rows], trace.ts[rows]).tolist()
+    steps, s_start, s_end = _steps(trace, [])
+    step = _step_of(trace.ts[rows], s_start, s_end).tolist()
+    ops: dict[int, int] = {}
+    first: dict[tuple[int, int], tuple[float, int]] = {}  # (step, peer) -> (start, +1 recv / -1 send)
+    for rec, cp, k in zip(recs, in_cp, step):
+        if cp or (rec.pg_desc and pg_dim(rec.pg_desc) not in (None, "pp")):
+            continue
+        m = P2P_OP.search(rec.collective)
+        if m is None:
+            continue
+        ops[rec.peer] = ops.get(rec.peer, 0) + 1
+        t = float(trace.ts[rec.index])
+        vote = -1 if m.group(1).lower() == "send" else 1
+        if (k, rec.peer) not in first or t < first[(k, rec.peer)][0]:
+            first[(k, rec.peer)] = (t, vote)
+    upstream: dict[int, int] = {}
+    for (_, peer), (_, vote) in first.items():
+        upstream[peer] = upstream.get(peer, 0) + vote
+    return {p: PeerCounts(n, upstream.get(p, 0)) for p, n in sorted(ops.items())}, not recs[0].peer_global
 
 
 def classify(trace: RankTrace) -> Activity:

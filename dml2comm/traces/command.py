@@ -34,10 +34,12 @@ from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.render.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
 from dml2comm.traces.classify import DIMS, Category
-from dml2comm.traces.layout import ParallelSizes
+from dml2comm.errors import ConfigError
+from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
 
-__all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet"]
+__all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet", "refuse_unused_flags",
+           "run_sizes", "PREDICTION_DEFAULTS"]
 
 EXAMPLES = """examples:
   python main.py trace torch_profile/ --processes 8 --out trace_out
@@ -60,29 +62,31 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="output folder (default: current folder; its site/ and svg_file/ are replaced)")
     p.add_argument("--no-site", action="store_true", help="write trace_analysis.json and the Parquet tables only")
     p.add_argument("--json", action="store_true", help="print trace_analysis.json's per-rank summary as JSON")
-    m = p.add_argument_group("prediction (optional): the model and configuration of the run",
-                             "--d/--t/--p/--cp/--rank-order also place the ranks in model replicas when the traces name no "
-                             "process group")
-    m.add_argument("--model", help="the ONNX model the run trained")
-    m.add_argument("--d", type=positive_int, default=1, help="data-parallel size")
-    m.add_argument("--t", type=positive_int, default=1, help="tensor-parallel size")
-    m.add_argument("--p", type=positive_int, default=1, help="pipeline-parallel size")
-    m.add_argument("--cp", type=positive_int, default=1, help="context-parallel size")
-    m.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"])
-    m.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size (carved out of d x cp)")
-    m.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
-    m.add_argument("--micro-batch-size", type=positive_int)
-    m.add_argument("--global-batch-size", type=positive_int)
-    m.add_argument("--seq-len", type=positive_int)
-    m.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
-    m.add_argument("--virtual-stages", type=positive_int, default=1)
-    m.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
-    m.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
-    m.add_argument("--sequence-parallel", action="store_true")
-    m.add_argument("--gpu", default="a100")
-    m.add_argument("--cluster")
-    m.add_argument("--gpus-per-node", type=positive_int, default=8)
+    m = p.add_argument_group("the run's sizes (optional)",
+                             "--d/--t/--p/--cp must agree with what the traces show (refused otherwise); they place the ranks "
+                             "in model replicas when the traces name no process group and no send/recv peer "
+                             "(--rank-order: in which order), and are the prediction's sizes (unset: taken from the traces)")
+    m.add_argument("--d", type=positive_int, help="data-parallel size")
+    m.add_argument("--t", type=positive_int, help="tensor-parallel size")
+    m.add_argument("--p", type=positive_int, help="pipeline-parallel size")
+    m.add_argument("--cp", type=positive_int, help="context-parallel size")
+    m.add_argument("--rank-order", help="rank order, fastest first (default tdp: Megatron)")
+    f = p.add_argument_group("prediction (optional): the model and configuration of the run; these flags need --model")
+    f.add_argument("--model", help="the ONNX model the run trained")
+    f.add_argument("--cp-scheme", choices=["ulysses", "ring"], help="default ulysses")
+    f.add_argument("--ep", type=positive_int, help="expert-parallel size (carved out of d x cp; default 1)")
+    f.add_argument("--micro-batch-size", type=positive_int)
+    f.add_argument("--global-batch-size", type=positive_int)
+    f.add_argument("--seq-len", type=positive_int)
+    f.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
+    f.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], help="default 1f1b")
+    f.add_argument("--virtual-stages", type=positive_int, help="default 1")
+    f.add_argument("--recompute", choices=["none", "selective", "full"], help="default none")
+    f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="default 0")
+    f.add_argument("--sequence-parallel", action="store_true", default=None)
+    f.add_argument("--gpu", help="default a100")
+    f.add_argument("--cluster")
+    f.add_argument("--gpus-per-node", type=positive_int, help="default 8")
     return p
 
 
@@ -202,11 +206,89 @@ def steps_parquet(ts: TraceSet) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------
+# flags against the traces
+# ---------------------------------------------------------------------------------------------
+
+#: Flags only the prediction reads, with their defaults: refused without ``--model`` (the
+#: command could not honour them).
+PREDICTION_DEFAULTS: dict[str, Any] = {
+    "cp_scheme": "ulysses", "ep": 1, "micro_batch_size": None, "global_batch_size": None, "seq_len": None, "dtype": "bf16",
+    "schedule": "1f1b", "virtual_stages": 1, "recompute": "none", "zero": 0, "sequence_parallel": False, "gpu": "a100",
+    "cluster": None, "gpus_per_node": 8,
+}
+#: (layout dimension, flag attribute) of the sizes
+_SIZE_FLAGS = (("dp", "d"), ("tp", "t"), ("pp", "p"), ("cp", "cp"))
+#: Layout methods whose sizes come from the traces themselves (flags are checked against them).
+_FROM_TRACES = ("process groups", "send/recv peers")
+
+
+def _flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def refuse_unused_flags(args: argparse.Namespace) -> None:
+    """A prediction flag without ``--model`` would be silently ignored: refuse it."""
+    if args.model:
+        return
+    unused = [_flag(k) for k in PREDICTION_DEFAULTS if getattr(args, k) is not None]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} used only by the prediction: "
+                          f"add --model MODEL.onnx or drop {'it' if len(unused) == 1 else 'them'}")
+
+
+def run_sizes(args: argparse.Namespace, ts: TraceSet) -> tuple[dict[str, int], str]:
+    """The run's sizes (dp, tp, pp, cp) for the prediction, and where they come from.
+
+    A flag that contradicts a size the traces show (:attr:`~dml2comm.traces.layout.Layout.sizes`
+    of a layout from process groups or send/recv peers), or sizes whose product is not the
+    traces' world size, raise :class:`ConfigError`.  An unset size is the traces' (a layout from
+    groups or peers), else the one left by the world size and the others (data parallelism when
+    several are unknown; ``--d`` = world size when nothing is known: each rank its own replica),
+    else 1."""
+    lay = ts.layout
+    worlds = [r.world_size for r in ts.ranks if r.world_size]
+    world = max(worlds) if worlds else None
+    given = {dim: getattr(args, attr) for dim, attr in _SIZE_FLAGS if getattr(args, attr) is not None}
+    shown = dict(lay.sizes) if lay is not None and lay.method in _FROM_TRACES else {}
+    for dim, attr in _SIZE_FLAGS:
+        n = shown.get(dim)
+        if dim in given and n is not None and n != given[dim]:
+            raise ConfigError(f"--{attr} {given[dim]} contradicts the traces: they show {lay.shown()} "  # type: ignore[union-attr]
+                              f"(from {lay.method}: {n} {DIM_WORDS[dim][0]}{'s' if n != 1 else ''}); "  # type: ignore[union-attr]
+                              f"pass --{attr} {n} or leave --{attr} out")
+    sizes: dict[str, int | None] = {d: given.get(d, shown.get(d)) for d in COORD_DIMS}
+    unknown = [d for d in COORD_DIMS if sizes[d] is None]
+    used_shown = any(d not in given and shown.get(d) is not None for d in COORD_DIMS)
+    origin = [x for x in ("the flags" if given else "", f"the traces' {lay.method}" if used_shown else "") if x]  # type: ignore[union-attr]
+    source = "from " + " and ".join(origin) if origin else "no size given or shown by the traces"
+    if unknown:
+        rest = "dp" if "dp" in unknown else unknown[0]
+        for d in unknown:
+            if d != rest:
+                sizes[d] = 1
+        known = math.prod(v or 1 for d, v in sizes.items() if d != rest)
+        if world is not None and world % known == 0:
+            sizes[rest] = world // known
+            source += f"; {DIM_WORDS[rest][1]} {world // known} = world size {world} / the others"
+        else:
+            sizes[rest] = 1
+    total = math.prod(v or 1 for v in sizes.values())
+    if world is not None and total != world and given:
+        flags = " ".join(f"--{attr} {sizes[dim]}" for dim, attr in _SIZE_FLAGS)
+        raise ConfigError(f"{flags} make {total} ranks, but the traces come from a world of {world} ranks"
+                          + (f" ({lay.shown()})" if shown else "") + f"; give sizes whose product is {world}")
+    if args.rank_order is not None and not args.model and (lay is None or lay.method != "configuration"):
+        why = f"the ranks are placed from {lay.method}" if lay is not None else "no layout is drawn"
+        raise ConfigError(f"--rank-order is not used: {why}, and there is no --model to predict; drop --rank-order")
+    return {d: int(v or 1) for d, v in sizes.items()}, source
+
+
+# ---------------------------------------------------------------------------------------------
 # prediction
 # ---------------------------------------------------------------------------------------------
 
 
-def _prediction(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None:
+def _prediction(args: argparse.Namespace, ts: TraceSet, run: dict[str, int], source: str) -> dict[str, Any] | None:
     if not args.model:
         return None
     from dataclasses import replace
@@ -214,25 +296,29 @@ def _prediction(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None
     from dml2comm.analysis import analyze, comm_by_dim
     from dml2comm.hardware.cluster import get_cluster, make_cluster
     from dml2comm.parallel.config import ParallelConfig
-    from dml2comm.traces.compare import comparison_rows, measured_per_category, predicted_per_category
+    from dml2comm.traces.compare import comparison_caveat, comparison_rows, measured_per_category, predicted_per_category
 
-    num = args.d * args.t * args.p * args.cp
+    args = argparse.Namespace(**{**vars(args), **{k: v for k, v in PREDICTION_DEFAULTS.items() if getattr(args, k) is None}})
+    d, t, p, cp = run["dp"], run["tp"], run["pp"], run["cp"]
+    num = d * t * p * cp
     micro = args.micro_batch_size or 1
-    config = ParallelConfig(dp_size=args.d, tp_size=args.t, pp_size=args.p, micro_batch_size=micro,
-                            global_batch_size=args.global_batch_size or micro * args.d * args.p, seq_len=args.seq_len,
+    config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro,
+                            global_batch_size=args.global_batch_size or micro * d * p, seq_len=args.seq_len,
                             dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages, zero_stage=args.zero,
-                            sequence_parallel=args.sequence_parallel, recompute=args.recompute, rank_order=args.rank_order,
-                            cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep)
+                            sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+                            rank_order=args.rank_order or "tdp", cp_size=cp, cp_scheme=args.cp_scheme, ep_size=args.ep)
     cluster = get_cluster(args.cluster, num) if args.cluster else make_cluster(args.gpu, num, min(args.gpus_per_node, num))
     cluster = replace(cluster, collective_overhead_s=0.0)
     analysis = analyze(args.model, config, cluster)
     predicted = predicted_per_category(analysis.summary, comm_by_dim(analysis))
     measured = measured_per_category([{"steps": r.steps} for r in ts.ranks])
-    sizes = f"d={args.d} t={args.t} p={args.p}" + (f" cp={args.cp} ({args.cp_scheme})" if args.cp > 1 else "") + \
+    sizes = f"d={d} t={t} p={p}" + (f" cp={cp} ({args.cp_scheme})" if cp > 1 else "") + \
         (f" ep={args.ep}" if args.ep > 1 else "")
-    what = (f"{Path(args.model).name}, {sizes}, b={config.micro_batch_size} "
+    what = (f"{Path(args.model).name}, {sizes} ({source}), b={config.micro_batch_size} "
             f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
-    return {"model": str(args.model), "what": what, "rows": comparison_rows(predicted, measured)}
+    caveat = comparison_caveat([r.activity.device for r in ts.ranks], {r.backend for r in ts.ranks}, cluster.gpu.name)
+    rows = comparison_rows(predicted, measured, comparable=caveat is None)
+    return {"model": str(args.model), "what": what, "rows": rows, "comparable": caveat is None, "caveat": caveat}
 
 
 def _comparison_csv(comparison: dict[str, Any]) -> str:
@@ -351,14 +437,14 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
         ranks.append({"rank": r["rank"], "steps": s["steps"], "wall": fmt_s(s["wall_s"]), "compute": fmt_s(s["compute_s"]),
                       **{d: fmt_s(s["comm_s"][d]) for d in DIMS}, "comm": {d: fmt_s(s["comm_s"][d]) for d in DIMS},
                       "overlap": fmt_s(s["overlap_s"]), "exposed": fmt_s(s["exposed_comm_s"]), "idle": fmt_s(s["idle_s"]),
-                      "hta_overlap": f"{r['hta']['comm_comp_overlap_pct']:.2f}%", "file": Path(r["file"]).name})
+                      "hta_overlap": _hta_overlap(r["hta"]), "file": Path(r["file"]).name})
     bd = data["hta"]["kernel_type_breakdown_us"]
     pct = data["hta"]["kernel_type_percentage"]
     kernel_types = [{"label": k, "time": fmt_s(v * 1e-6), "share": f"{pct.get(k, 0):.1f}%"} for k, v in bd.items()]
     problems = list(data["problems"]) + [f"rank {r['rank']}: {p}" for r in data["ranks"] for p in r["problems"]]
     comparison = None
     if data["comparison"]:
-        comparison = {"what": data["comparison"]["what"], "rows": [
+        comparison = {"what": data["comparison"]["what"], "caveat": data["comparison"].get("caveat"), "rows": [
             {"label": c["label"], "predicted": fmt_s(c["predicted_s"]), "measured": fmt_s(c["measured_s"]),
              "error": f"{c['error']:+.1%}" if c["error"] is not None else "n/a"} for c in data["comparison"]["rows"]]}
     layout = data["layout"]
@@ -378,13 +464,16 @@ def run_trace_command(argv: Sequence[str]) -> int:
     start = time.perf_counter()
     from dml2comm.hardware.cluster import RankMap
 
-    RankMap(args.d, args.t, args.p, args.rank_order, cp=args.cp)  # a bad --rank-order is an error before any work
+    refuse_unused_flags(args)
+    flags = ParallelSizes(args.d or 1, args.t or 1, args.p or 1, args.cp or 1, args.rank_order or "tdp")
+    RankMap(flags.dp, flags.tp, flags.pp, flags.order, cp=flags.cp)  # a bad --rank-order is an error before any work
     files = find_trace_files(list(args.paths))
-    ts = analyze_traces(files, processes=args.processes, sizes=ParallelSizes(args.d, args.t, args.p, args.cp, args.rank_order))
+    ts = analyze_traces(files, processes=args.processes, sizes=flags)
     if not ts.ranks:
         reasons = "; ".join(ts.problems) or "no trace could be read"
         raise TraceError(f"no rank could be analysed: {reasons}")
-    comparison = _prediction(args, ts)
+    run, source = run_sizes(args, ts)  # flags that contradict the traces: an error before anything is written
+    comparison = _prediction(args, ts, run, source)
     data = trace_analysis_dict(ts, comparison)
     out_files: dict[str, str | bytes] = {
         "trace_analysis.json": json.dumps(data, sort_keys=True, indent=1, default=_json_default) + "\n",
@@ -407,6 +496,14 @@ def run_trace_command(argv: Sequence[str]) -> int:
     return 0
 
 
+def _hta_overlap(hta: dict[str, Any]) -> str:
+    """HTA's overlap in percent, or ``n/a (CPU x%)`` for a CPU-only rank (no GPU kernels)."""
+    if hta.get("comm_comp_overlap_pct") is not None:
+        return f"{hta['comm_comp_overlap_pct']:.2f}%"
+    cpu = hta.get("cpu_comm_comp_overlap_pct")
+    return "n/a" + (f" (CPU {cpu:.2f}%)" if cpu is not None else "")
+
+
 def _json_default(x: Any) -> Any:
     if isinstance(x, (np.integer,)):
         return int(x)
@@ -421,23 +518,33 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
     from rich.table import Table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    t = Table(title="per rank, mean per step (GPU time)")
+    clock = "CPU" if all(r.activity.device == "cpu" for r in ts.ranks) else "GPU"
+    t = Table(title=f"per rank, mean per step ({clock} time)")
     for col in ("rank", "steps", "step", "compute", *DIMS, "overlap", "exposed comm", "idle", "HTA overlap"):
         t.add_column(col, justify="right")
     for r in data["ranks"]:
         s = r["summary"]
         t.add_row(str(r["rank"]), str(s["steps"]), fmt_s(s["wall_s"]), fmt_s(s["compute_s"]),
                   *[fmt_s(s["comm_s"][d]) for d in DIMS], fmt_s(s["overlap_s"]),
-                  fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), f"{r['hta']['comm_comp_overlap_pct']:.2f}%")
+                  fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), _hta_overlap(r["hta"]))
     console.print(t)
+    na = next((r["hta"]["not_applicable"] for r in data["ranks"] if r["hta"].get("not_applicable")), None)
+    if na:
+        console.print(f"HTA overlap n/a: {escape(na)}")
     if data["comparison"]:
-        c = Table(title=f"predicted vs measured ({escape(data['comparison']['what'])})")
-        for col in ("category", "predicted", "measured", "error"):
+        cmp = data["comparison"]
+        c = Table(title=f"predicted vs measured ({escape(cmp['what'])})")
+        cols = ("category", "predicted", "measured") + (("error",) if cmp.get("comparable", True) else ())
+        for col in cols:
             c.add_column(col, justify="right")
-        for row in data["comparison"]["rows"]:
-            c.add_row(row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"]),
-                      f"{row['error']:+.1%}" if row["error"] is not None else "n/a")
+        for row in cmp["rows"]:
+            cells = [row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"])]
+            if cmp.get("comparable", True):
+                cells.append(f"{row['error']:+.1%}" if row["error"] is not None else "n/a")
+            c.add_row(*cells)
         console.print(c)
+        if cmp.get("caveat"):
+            console.print(f"[yellow]not comparable:[/yellow] {escape(cmp['caveat'])}")
     if data["layout"]:
         lay = data["layout"]
         console.print(f"model replicas: {len(lay['replicas'])} (from {escape(lay['method'])}: {escape(lay['detail'])})")

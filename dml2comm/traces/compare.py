@@ -8,15 +8,18 @@ configuration: ``summary`` (``compute_time_s``, ``optimizer_time_s``, ``exposed_
 ep; a dimension the prediction does not report stays ``None``).
 
 The error of a category is ``(predicted - measured) / measured``; ``None`` where nothing was
-measured (a category absent from the traces cannot have a relative error).
+measured (a category absent from the traces cannot have a relative error), and for every
+category when the two are not comparable (:func:`comparison_caveat`: CPU-only traces against a
+GPU prediction).  Sizes that do not match the traces are refused before (the ``trace``
+command's ``run_sizes``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["CATEGORIES", "measured_per_category", "predicted_per_category", "comparison_rows"]
+__all__ = ["CATEGORIES", "measured_per_category", "predicted_per_category", "comparison_rows", "comparison_caveat"]
 
 #: (key, label) of each compared category
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -70,11 +73,29 @@ def predicted_per_category(summary: Mapping[str, Any], comm: Mapping[str, Mappin
     }
 
 
-def comparison_rows(predicted: Mapping[str, float | None], measured: Mapping[str, float | None]) -> list[dict[str, Any]]:
-    """One row per category: ``category``, ``label``, ``predicted_s``, ``measured_s``, ``error``."""
+def comparison_caveat(devices: Sequence[str], backends: Iterable[str], gpu: str) -> str | None:
+    """Why the measured and predicted times cannot be compared, or None.
+
+    The prediction is always a GPU iteration (roofline of ``gpu``, NCCL-like collectives); a
+    rank traced without GPU kernels (``device == "cpu"``: gloo on CPUs) measured CPU operators, so
+    a relative error would measure the hardware, not the model (a 4-rank gloo run against an
+    A100 prediction reads about -99 %)."""
+    cpu = sum(1 for d in devices if d == "cpu")
+    if not cpu:
+        return None
+    backend = ", ".join(sorted(b for b in backends if b)) or "no GPU"
+    which = "the traces are" if cpu == len(devices) else f"{cpu} of {len(devices)} traces are"
+    return (f"{which} CPU-only ({backend} backend, no GPU kernels): their times are CPU operator times while the prediction "
+            f"is for {gpu} GPUs, so no error is computed; compare the shares of the categories, not the times")
+
+
+def comparison_rows(predicted: Mapping[str, float | None], measured: Mapping[str, float | None],
+                    comparable: bool = True) -> list[dict[str, Any]]:
+    """One row per category: ``category``, ``label``, ``predicted_s``, ``measured_s``, ``error``
+    (None for every row when not ``comparable``)."""
     rows = []
     for key, label in CATEGORIES:
         p, m = predicted.get(key), measured.get(key)
-        err = (p - m) / m if p is not None and m else None
+        err = (p - m) / m if p is not None and m and comparable else None
         rows.append({"category": key, "label": label, "predicted_s": p, "measured_s": m, "error": err})
     return rows

@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 
 from dml2comm.errors import InputFileError
-from dml2comm.traces.patterns import COMM_CPU_OPS, STEP_ANNOTATION
+from dml2comm.traces.patterns import COMM_CPU_OPS, P2P_OP, STEP_ANNOTATION
 
 __all__ = ["TraceError", "Kind", "CommRecord", "RankTrace", "load_trace", "find_trace_files", "rank_from_name"]
 
@@ -92,6 +92,14 @@ class _Args(msgspec.Struct, gc=False):
     name: Any = None  # metadata events: thread_name / process_name
     labels: Any = None  # metadata: process_labels ("CPU", "GPU 0")
     nbytes: Any = msgspec.field(name="bytes", default=None)
+    # point-to-point peers: record_param_comms' "Dst Rank" of a send and "Src Rank" of a recv
+    # (global ranks: torch/csrc/profiler/util.cpp saveNcclMeta writes groupRanks[rank]); the
+    # c10d::send / c10d::recv_ operators' "Concrete Inputs" (record_shapes=True) hold the peer's
+    # rank in the operator's group at index 2.  Kept undecoded (a view into the file's bytes, so
+    # the map is closed only after packing): every operator has them, only p2p ones are read.
+    src_rank: Any = msgspec.field(name="Src Rank", default=None)
+    dst_rank: Any = msgspec.field(name="Dst Rank", default=None)
+    concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw())
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -169,6 +177,10 @@ class CommRecord(NamedTuple):
     in_nelems: int = 0
     out_nelems: int = 0
     dtype: str = ""
+    #: a send's destination or a recv's source, -1 when the trace does not say; ``peer_global``:
+    #: a global rank (record_param_comms) rather than a rank in an unnamed group (c10d operators)
+    peer: int = -1
+    peer_global: bool = False
 
 
 @dataclass
@@ -279,6 +291,35 @@ def _ranks(value: Any) -> tuple[int, ...]:
     return ()
 
 
+def _peer(collective: str, a: _Args) -> tuple[int, bool]:
+    """(peer rank, whether it is global) of a point-to-point record, (-1, False) otherwise.
+
+    ``record_param_comms`` of a ``send``/``recv``: ``Dst Rank``/``Src Rank``, global ranks
+    (PyTorch ``torch/csrc/profiler/util.cpp``, ``saveNcclMeta``: ``groupRanks[rank]``).  The
+    ``c10d::send(Tensor[] tensors, ProcessGroup process_group, int dstRank, int tag)`` and
+    ``c10d::recv_(..., int srcRank, int tag)`` operators (``torch/csrc/distributed/c10d/Ops.cpp``):
+    their third ``Concrete Inputs`` entry (only with ``record_shapes=True``), the peer's rank in the
+    operator's process group, which the trace does not name."""
+    kind = P2P_OP.search(collective)
+    if kind is None:
+        return -1, False
+    send = kind.group(1).lower() == "send"
+    value = _int(a.dst_rank if send else a.src_rank, -1)
+    if value >= 0:
+        return value, True
+    concrete = a.concrete
+    if isinstance(concrete, msgspec.Raw):
+        if not concrete:
+            return -1, False
+        try:
+            concrete = msgspec.json.decode(concrete)
+        except msgspec.DecodeError:
+            return -1, False
+    if isinstance(concrete, list) and len(concrete) > 2:
+        return _int(concrete[2], -1), False
+    return -1, False
+
+
 def load_trace(path: str | Path) -> RankTrace:
     """Load one rank's trace.
 
@@ -315,10 +356,6 @@ def load_trace(path: str | Path) -> RankTrace:
         except msgspec.DecodeError as exc:
             reason = "is empty" if not bytes(raw).strip() else f"is not valid JSON ({exc})"
             raise TraceError(f"{path.name!r} {reason}; a PyTorch-profiler trace is a JSON object with traceEvents") from exc
-        finally:
-            if isinstance(raw, mmap.mmap):
-                raw.close()  # the decoded values are copies: the map is not needed any more
-        del raw
         if isinstance(doc, list):
             events, meta = doc, _Trace()
         else:
@@ -330,8 +367,15 @@ def load_trace(path: str | Path) -> RankTrace:
             if typed:
                 meta = _Trace(None, doc.schemaVersion, doc.distributedInfo, doc.deviceProperties, doc.baseTimeNanoseconds)
         del doc
-        return _pack(path, events, meta, typed)
+        trace = _pack(path, events, meta, typed)
+        del events, meta  # the last references to the decoded values (``Concrete Inputs`` are views into raw)
+        return trace
     finally:
+        if isinstance(raw, mmap.mmap):
+            try:
+                raw.close()  # the map is not needed any more
+            except BufferError:  # an error left a view alive (its traceback holds it): closed when collected
+                pass
         if enabled:
             gc.enable()
 
@@ -344,7 +388,8 @@ def _sanitise(events: list[Any]) -> tuple[list[Any], int]:
     bad = 0
     rename = {"External id": "external_id", "Collective name": "collective", "Process Group Name": "pg_name",
               "Process Group Description": "pg_desc", "Process Group Ranks": "pg_ranks", "Group size": "group_size",
-              "In msg nelems": "in_nelems", "Out msg nelems": "out_nelems", "bytes": "nbytes"}
+              "In msg nelems": "in_nelems", "Out msg nelems": "out_nelems", "bytes": "nbytes", "Src Rank": "src_rank",
+              "Dst Rank": "dst_rank", "Concrete Inputs": "concrete"}
     keep = set(_Args.__struct_fields__)
     for e in events:
         if isinstance(e, dict):
@@ -471,9 +516,10 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool) -> RankTrace
         if pg_name and pg_name in by_pg_name and not (pg_desc and ranks):
             desc, pg_ranks = by_pg_name[pg_name]
             pg_desc, ranks = pg_desc or desc, ranks or pg_ranks
+        peer, peer_global = _peer(coll or nm, a)
         comms.append(CommRecord(
             idx, coll or nm, pg_name, pg_desc, ranks, max(_int(a.group_size, 0), 0),
-            max(_int(a.in_nelems, 0), 0), max(_int(a.out_nelems, 0), 0), str(a.dtype or "")))
+            max(_int(a.in_nelems, 0), 0), max(_int(a.out_nelems, 0), 0), str(a.dtype or ""), peer, peer_global))
     del args
     rank = _int(info.get("rank"), -1)
     if rank < 0:

@@ -41,6 +41,7 @@ __all__ = [
     "BACKWARD_THREAD",
     "COMM_CPU_OPS",
     "GLOO_THREAD",
+    "P2P_OP",
     "PG_DIMS",
     "COORD_GROUPS",
     "CP_MARKERS",
@@ -62,7 +63,7 @@ STEP_ANNOTATION = re.compile(r"^ProfilerStep#(\d+)")
 #: CPU operators/annotations whose span marks the backward pass (on the thread that runs them).
 BACKWARD_MARKERS = re.compile(
     r"^autograd::engine::evaluate_function: (?!CheckpointFunctionBackward)|^## backward ##|"
-    r"Backward\d*$|^backward_step|\.backward$")
+    r"Backward\d*$|^backward_step|\.backward$|^(backward|bwd)[-_ ]?(mb|micro[-_ ]?batch)[-_ #:]?\d+$")
 #: Activation recomputation: forward work launched inside a checkpointed block's backward.
 RECOMPUTE_MARKERS = re.compile(r"CheckpointFunctionBackward|^## recompute|recompute_forward|^checkpoint")
 #: The optimizer step (``Optimizer.step#FusedAdam.step``, DDP tutorials' ``## optimizer ##``,
@@ -74,9 +75,12 @@ OPTIMIZER_MARKERS = re.compile(r"^Optimizer\.step|^Optimizer\.zero_grad|## optim
 #: ``.../schedules.py(NNN): forward_step``), ``torch.distributed.pipelining``'s ``Forward 3`` /
 #: ``Backward 3`` (single-stage schedules) and ``PP:0F3`` / ``PP:0B3`` / ``PP:0I3`` / ``PP:0W3``
 #: (multi-stage schedules: stage, action, micro-batch), the DDP tutorials' ``## forward ##`` /
-#: ``## backward ##``.
-FORWARD_MICROBATCH = re.compile(r"^forward_step$|\): forward_step$|^Forward \d+$|^PP:\d+F\d+$|^## forward ##$")
-BACKWARD_MICROBATCH = re.compile(r"^backward_step$|\): backward_step$|^Backward \d+$|^PP:\d+[BIW]\d+$|^## backward ##$")
+#: ``## backward ##``, and the ``forward_mbN`` / ``backward_mbN`` ``record_function`` ranges of
+#: hand-written pipeline loops (also ``forward_microbatch_N``, ``fwd_mb_N``, ``bwd_mbN``).
+FORWARD_MICROBATCH = re.compile(r"^forward_step$|\): forward_step$|^Forward \d+$|^PP:\d+F\d+$|^## forward ##$|"
+                                r"^(forward|fwd)[-_ ]?(mb|micro[-_ ]?batch)[-_ #:]?\d+$", re.I)
+BACKWARD_MICROBATCH = re.compile(r"^backward_step$|\): backward_step$|^Backward \d+$|^PP:\d+[BIW]\d+$|^## backward ##$|"
+                                 r"^(backward|bwd)[-_ ]?(mb|micro[-_ ]?batch)[-_ #:]?\d+$", re.I)
 #: A whole micro-batch (forward and backward) in user annotations: ``microbatch 3``,
 #: ``micro_batch_3``, ``mb3``, ``microbatch#3``.
 MICROBATCH = re.compile(r"^(micro[-_ ]?batch|mb)[-_ #:]?\d+$", re.I)
@@ -85,6 +89,10 @@ BACKWARD_THREAD = re.compile(r"pt_autograd|autograd")
 
 #: CPU events that carry or wrap a collective (c10d operators, NCCL/gloo annotations).
 COMM_CPU_OPS = re.compile(r"^record_param_comms$|^c10d::|^nccl:|^gloo:|^ProcessGroupNCCL|^ProcessGroupGloo")
+#: A point-to-point operation whose record names its peer (:func:`dml2comm.traces.load.load_trace`):
+#: ``record_param_comms`` with ``Collective name`` ``send``/``recv``, the ``c10d::send`` /
+#: ``c10d::recv_`` operators (``recv_any_source_`` names no peer).  Group 1: send or recv.
+P2P_OP = re.compile(r"^(?:c10d::)?(send|recv)_?$", re.I)
 #: Threads of the gloo backend (its collectives run there in CPU-only traces).
 GLOO_THREAD = re.compile(r"gloo", re.IGNORECASE)
 
