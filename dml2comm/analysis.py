@@ -43,7 +43,8 @@ from dml2comm.parallel.config import DTYPES, ParallelConfig
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms, find_attention
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms, find_moe
-from dml2comm.parallel.pipeline import partition_layers, stage_boundaries
+from dml2comm.parallel.pipeline import (held_copies, parameter_layers, parameter_shard_factors, partition_layers, sent_activations,
+                                        stage_boundaries)
 from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.schedules import build_schedule
@@ -223,16 +224,18 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # ---- layers and their costs
     layer_params: list[int] = []
     layer_params_local: list[float] = []
-    weight_layer = weight_layers(graph, layered)
-    # weights reached through a view (tied LM head via Transpose) belong to their first user;
-    # a stored copy of a tied weight (--tie-embeddings) is no parameter of its own
-    own = {w: li for w, li in weight_layer.items() if graph.tensors[w].tied_to is None}
+    # a parameter belongs to the first layer reading it (directly, through a stored tied copy or
+    # a tensor derived from it) and is sharded as the weights computed from it; later stages
+    # that read it hold a copy (held_copies below)
+    readers = _memo(graph, ("parameter-layers",), lambda: parameter_layers(graph, layered.layer_of_op))
+    own = {w: layers[0] for w, layers in readers.items()}
+    factor = parameter_shard_factors(graph, tp.weight_factor)
     layer_expert_local: list[float] = []  # expert parameters per GPU (after t and e), when e > 1
     for layer in layered.layers:
         params = sum(graph.tensors[w].numel for w, li in own.items() if li == layer.index)
-        local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / (ep if w in expert_weights else 1)
+        local = sum(graph.tensors[w].numel / factor.get(w, 1) / (ep if w in expert_weights else 1)
                     for w, li in own.items() if li == layer.index)
-        expert_local = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / ep
+        expert_local = sum(graph.tensors[w].numel / factor.get(w, 1) / ep
                            for w, li in own.items() if li == layer.index and w in expert_weights) if expert_weights else 0.0
         layer_params.append(params)
         layer_params_local.append(local)
@@ -248,15 +251,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for li in range(a, b):
             stage_of_layer[li] = s
     stage_of_op = [stage_of_layer[layered.layer_of_op[i]] for i in range(len(graph.ops))]
-    # A tied copy on another stage than its table is real memory there (Megatron-LM keeps the
-    # LM head's copy of the embedding on the last stage and all-reduces their gradients).
-    tied_extra = [0.0] * config.pp_size
-    tied_extra_local = [0.0] * config.pp_size
-    for w, li in weight_layer.items():
-        table = graph.tensors[w].tied_to
-        if table is not None and table in weight_layer and stage_of_layer[weight_layer[table]] != stage_of_layer[li]:
-            tied_extra[stage_of_layer[li]] += graph.tensors[w].numel
-            tied_extra_local[stage_of_layer[li]] += graph.tensors[w].numel / tp.weight_factor.get(w, 1)
+    # A parameter read on several stages (a tied embedding: the LM head on the last stage) is
+    # held by each of them, and their gradients are all-reduced (Megatron-LM's embedding group)
+    copies = held_copies(shared_parameters(graph, readers, factor), stage_of_layer, config.pp_size)
+    tied_extra, tied_extra_local = copies.extra, copies.extra_local
 
     rank_map = RankMap(config.dp_size, config.tp_size, config.pp_size, config.rank_order, cp=cp, ep=ep)
     comms: list[CommNode] = []
@@ -308,7 +306,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             if name:
                 consumer_stages[name].add(s)
     needs_grad = requires_grad(graph)
-    boundaries = stage_boundaries(producer_stage, consumer_stages, needs_grad, config.pp_size)
+    boundaries = stage_boundaries(producer_stage, consumer_stages, sent_activations(graph, needs_grad), config.pp_size)
     local_out: dict[str, Tensor] = {}
     for op, shard in zip(graph.ops, tp.shards):
         for name, t in zip(op.outputs, shard.outputs):
@@ -325,6 +323,20 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                      f"activation from stage {s} to stage {s + 1}")
             add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], size, m, True,
                      f"gradient from stage {s + 1} to stage {s}")
+
+    # tied weights: after the backward pass, the gradient of each parameter held by several
+    # stages is all-reduced between them (one GPU per stage, same data and tensor rank), before
+    # the optimizer step (Megatron-LM finalize_model_grads -> _allreduce_word_embedding_grads)
+    tied_grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+    for held_by, local_numel in copies.groups:
+        group = tuple(rank_map.rank(0, s, 0) for s in held_by)
+        names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
+                          and tuple(sorted({stage_of_layer[li] for li in layers})) == held_by)
+        for s in held_by:
+            add_comm(CollectiveKind.ALL_REDUCE, ParallelDim.PP, Phase.OPTIMIZER, s, None, None, names, group,
+                     local_numel * tied_grad_bytes, 1, False,
+                     f"tied-weight gradient all-reduce between stages {', '.join(map(str, held_by))} "
+                     "(Megatron-LM embedding group, after the backward pass, before the optimizer step)")
 
     # data parallel, per stage: non-expert gradients over the d x c ranks (CP ranks reduce with
     # DP), expert gradients over the d x c / e expert-data-parallel ranks
@@ -580,8 +592,9 @@ def _op_costs(graph: OpGraph, tp: TensorParallelPlan, train, gpu, peak: float, h
 
 
 def _op_signatures(graph: OpGraph) -> list[str]:
-    """Per op: its type, domain and attributes as text (equal for the ops of repeated blocks)."""
-    return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}" for op in graph.ops]
+    """Per op: its type, domain, attributes and repeat count (Loop/Scan trip count) as text
+    (equal for the ops of repeated blocks)."""
+    return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}:x{op.repeat}" for op in graph.ops]
 
 
 def _operands(tensors: Sequence[Tensor | None]) -> tuple:
@@ -647,7 +660,9 @@ def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[O
                 size[name] = float(t.nbytes_in(train))
     out = list(times)
     for ops, crossing in _memo(graph, ("fused-groups",), lambda: _fused_groups(graph)):
-        fwd_bytes = sum(size.get(n, 0.0) for n in crossing)
+        # a region's ops share one repeat count (Loop/Scan bodies: fusible_regions never joins
+        # ops of different counts); the kernel runs that many times
+        fwd_bytes = sum(size.get(n, 0.0) for n in crossing) * graph.ops[ops[0]].repeat
         unfused_fwd = sum(costs[i].bytes_fwd for i in ops)
         ratio = fwd_bytes / unfused_fwd if unfused_fwd else 1.0
         flops_f = sum(costs[i].flops_fwd for i in ops)
@@ -728,6 +743,7 @@ def _device_work(comms: list[CommNode], m: int, t_f: float, t_b: float, tp_f: fl
         dp_buckets_s=tuple(buckets),
         after_step_s=sum(c.time_s * c.count_per_iteration for c in comms
                          if c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.OPTIMIZER),
+        tied_s=sum(c.time_s * c.count_per_iteration for c in comms if c.dim is ParallelDim.PP and not c.per_micro_batch),
     )
 
 
@@ -757,6 +773,14 @@ def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
         if t is not None:
             return t.shape
     return ()
+
+
+def shared_parameters(graph: OpGraph, readers: Mapping[str, tuple[int, ...]],
+                      factor: Mapping[str, int]) -> list[tuple[tuple[int, ...], float, float]]:
+    """The parameters read by more than one layer, as :func:`dml2comm.parallel.pipeline.held_copies`
+    takes them: (reader layers, elements, elements per GPU after tensor parallelism)."""
+    return [(layers, float(graph.tensors[w].numel), graph.tensors[w].numel / factor.get(w, 1))
+            for w, layers in readers.items() if len(layers) > 1]
 
 
 def weight_layers(graph: OpGraph, layered: LayeredGraph) -> dict[str, int]:

@@ -90,8 +90,12 @@ def analysis_parser() -> argparse.ArgumentParser:
     b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=_positive,
                    help="micro-batch size b; binds the model's symbolic batch axis (default: the model's own batch, else 1)")
     b.add_argument("--global-batch-size", type=_positive, help="global batch B (default: b x d x p, enough micro-batches to fill the pipeline)")
-    b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
-    b.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=VALUE", help="bind a symbolic input dim by name")
+    b.add_argument("--seq-len", type=_positive,
+                   help="sequence length; binds the symbolic sequence axis (refused on a fixed-length export unless equal, "
+                        "and above the model's position table)")
+    b.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=VALUE",
+                   help="bind a symbolic input dim by name (--dim seq=512), or a dim without a name by input and axis "
+                        "(--dim image:2=32); a name the model lacks is refused with the list of its dims")
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training dtype (default bf16)")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", default="a100", help="GPU preset (default a100; see: python main.py presets)")
@@ -110,7 +114,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="skip the re-analysed speed recommendations and memory suggestions (faster)")
     o.add_argument("--tie-embeddings", action="store_true",
                    help="count a legacy export's transposed copy of the embedding (tied LM head, e.g. GPT-2) once")
-    o.add_argument("--lenient", action="store_true", help="cost unknown ops as memory-bound and control flow as one op, with warnings")
+    o.add_argument("--lenient", action="store_true", help="cost ops that have no cost rule as memory-bound, with a warning (If/Loop/Scan need no flag)")
     o.add_argument("--config", help="YAML file of options (keys as the long flags, e.g. micro_batch_size: 4); flags win")
     return p
 
@@ -132,14 +136,48 @@ def _load_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) 
         raise ConfigError(f"--config {path.name!r} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path.name!r} must hold a mapping of option names to values")
-    valid = {a.dest for a in parser._actions}
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
     defaults = {}
     for key, value in data.items():
         dest = str(key).replace("-", "_").lstrip("_")
-        if dest not in valid:
-            raise ConfigError(f"--config {path.name!r}: unknown option {key!r}")
-        defaults[dest] = value
+        if dest not in actions:
+            raise ConfigError(f"--config {path.name!r}: unknown option {key!r}; use the long flag names without dashes, e.g. d: 2")
+        defaults[dest] = _config_value(actions[dest], key, value, path.name)
     parser.set_defaults(**defaults)
+
+
+def _config_value(action: argparse.Action, key: Any, value: Any, file_name: str) -> Any:
+    """Check one ``--config`` value as the command line would (type and choices): argparse
+    converts only string defaults, so a YAML ``d: 0`` or ``t: 1.5`` would otherwise reach the
+    configuration unchecked and be reported by its internal field name (``dp_size``)."""
+    flag = next((o for o in action.option_strings if o.startswith("--")), str(key))
+    where = f"--config {file_name!r}: {key}"
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false (the flag {flag}), got {value!r}")
+        return value
+    if isinstance(action, argparse._AppendAction):  # --dim: a list of NAME=VALUE or a mapping
+        items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        return [_config_item(action, flag, where, item) for item in items]
+    if value is None:
+        return None
+    return _config_item(action, flag, where, value)
+
+
+def _config_item(action: argparse.Action, flag: str, where: str, value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        raise ConfigError(f"{where} must be a single value, as in {flag} VALUE; got {value!r}")
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    converted: Any = text
+    if action.type is not None:
+        try:
+            converted = action.type(text)  # type: ignore[operator]
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc} (as {flag} on the command line)") from None
+    if action.choices is not None and converted not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise ConfigError(f"{where}: {value!r} is not one of {choices} (as {flag} on the command line)")
+    return converted
 
 
 def run_analysis(argv: Sequence[str]) -> int:
@@ -148,7 +186,7 @@ def run_analysis(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import get_cluster, make_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
     from dml2comm.parallel.config import ParallelConfig
 
     start = time.perf_counter()
@@ -165,6 +203,7 @@ def run_analysis(argv: Sequence[str]) -> int:
     options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient,
                             tie_embeddings=args.tie_embeddings)
     imported = load_model(args.model, options)
+    check_seq_len(imported, args.seq_len)
     micro = args.micro_batch_size or imported.model_batch or 1
     seq = args.seq_len
     if seq is None:

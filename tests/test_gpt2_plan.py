@@ -34,7 +34,8 @@ def _sources():
     for name in ("gpt2_legacy.onnx", "gpt2_dynamo.onnx"):
         path = FIXTURES / name
         if path.exists():
-            yield name, (lambda p=path: load_model(p, ImportOptions(batch_size=B, seq_len=S)))
+            # GPT-2 ties its LM head to the embedding: the legacy export's stored copy needs the flag
+            yield name, (lambda p=path: load_model(p, ImportOptions(batch_size=B, seq_len=S, tie_embeddings=True)))
 
 
 SOURCES = dict(_sources())
@@ -69,7 +70,7 @@ def test_each_block_has_two_forward_and_two_backward_tp_allreduces_of_bsh(analys
 
 
 def test_three_boundaries_one_send_each_way_per_micro_batch(analysis):
-    pp = [c for c in analysis.comms if c.dim is ParallelDim.PP]
+    pp = [c for c in analysis.comms if c.dim is ParallelDim.PP and c.kind is CollectiveKind.SEND_RECV]
     fwd = [c for c in pp if c.phase is Phase.FORWARD]
     bwd = [c for c in pp if c.phase is Phase.BACKWARD]
     assert sorted(c.stage for c in fwd) == [0, 1, 2]  # sender of the activation
@@ -80,26 +81,49 @@ def test_three_boundaries_one_send_each_way_per_micro_batch(analysis):
         assert c.count_per_iteration == analysis.config.num_micro_batches
 
 
+def test_tied_embedding_gradient_all_reduced_between_first_and_last_stage(analysis):
+    """Megatron-LM's embedding group: the word embedding's gradient, vocab x h / t elements in
+    bf16, all-reduced once per iteration between stage 0 and stage 3 of each (data, tensor) rank,
+    after the backward pass; the last stage holds the copy (memory and parameters)."""
+    tied = [c for c in analysis.comms if c.dim is ParallelDim.PP and c.kind is not CollectiveKind.SEND_RECV]
+    assert sorted(c.stage for c in tied) == [0, 3]
+    vocab_h_over_t = 50257 * H / 2
+    for c in tied:
+        assert c.kind is CollectiveKind.ALL_REDUCE and c.phase is Phase.OPTIMIZER and c.count_per_iteration == 1
+        assert c.group == (analysis.rank_map.rank(0, 0, 0), analysis.rank_map.rank(0, 3, 0))
+        assert c.message_bytes == vocab_h_over_t * 2  # 38,597,376 bytes
+    assert analysis.stages[3].params_per_gpu >= vocab_h_over_t  # the head's copy of the table is on the last stage
+    assert sum(st.params for st in analysis.stages) == analysis.graph.num_params + 50257 * H  # counted on both
+    # the timeline: on both stages, after the last backward and before the optimizer step
+    events = [e for e in analysis.timeline.events if e.name == "tied-weight gradient all-reduce"]
+    assert sorted(e.device for e in events) == [0, 3]
+    for e in events:
+        last_bwd = max(x.start_s + x.dur_s for x in analysis.timeline.events if x.device == e.device and x.stream == "compute")
+        step = next(x for x in analysis.timeline.events if x.device == e.device and x.stream == "optimizer")
+        assert last_bwd <= e.start_s and e.start_s + e.dur_s == pytest.approx(step.start_s, rel=1e-12)
+
+
 def test_dp_allreduce_adds_up_to_stage_params_over_t(analysis):
     for stage in analysis.stages:
         dp = [c for c in analysis.comms if c.dim is ParallelDim.DP and c.stage == stage.index]
         assert all(c.kind is CollectiveKind.ALL_REDUCE and c.group_size == 2 for c in dp)
         total = sum(c.message_bytes * c.count_per_iteration for c in dp)
-        # tensor-split weights count 1/t, replicated ones (LayerNorms, row-parallel biases) in full
+        # tensor-split weights count 1/t, replicated ones (LayerNorms, row-parallel biases) in full;
+        # the tied embedding on both stages that read it (the last one through the LM head's copy)
         expected = sum(
-            analysis.graph.tensors[w].numel / analysis.tp.weight_factor[w] * 2
+            analysis.graph.tensors[w].numel / max(analysis.tp.weight_factor[x] for x in analysis.tp.weight_factor
+                                                  if w in analysis.graph.parameter_sources(x)) * 2
             for w in analysis.tp.weight_factor
-            if analysis.stages[stage.index] is stage and _weight_stage(analysis, w) == stage.index
+            if analysis.graph.tensors[w].is_parameter and stage.index in _weight_stages(analysis, w)
         )
         assert total == pytest.approx(expected, rel=1e-12)
         assert total == pytest.approx(stage.params_per_gpu * 2, rel=1e-12)
 
 
-def _weight_stage(analysis, weight):
-    for op in analysis.graph.ops:
-        if weight in op.inputs:
-            return analysis.ops[op.index].stage
-    return None
+def _weight_stages(analysis, weight):
+    """The stages reading ``weight`` directly or through a weight carrying its values."""
+    g = analysis.graph
+    return {analysis.ops[op.index].stage for op in g.ops if any(weight in g.parameter_sources(n) for n in op.inputs if n)}
 
 
 @given(st.sampled_from([1, 2, 3, 4, 6, 12]))

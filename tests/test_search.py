@@ -517,3 +517,28 @@ def test_csv_stream_flushes_on_time_and_on_close(tmp_path):
     lazy.close()
     eager.close()
     assert lines("lazy.csv") == 2
+
+
+@pytest.mark.parametrize("name", ["gpt2_dynamo.onnx", "gpt2_legacy.onnx"])
+def test_fast_path_equals_the_analysis_with_a_tied_embedding_at_p_over_1(name):
+    """GPT-2's word embedding is read on the first stage (Gather) and the last (LM head: a
+    Transpose of it in the dynamo export, a stored copy with --tie-embeddings in the legacy
+    one): both stages hold it and all-reduce its gradient before the optimizer step.  The fast
+    path reads the same held copies and simulates the same all-reduce."""
+    from dml2comm.search.fast import FastEvaluator
+
+    path = Path(__file__).parent / "fixtures" / name
+    imported = load_model(path, ImportOptions(batch_size=1, seq_len=64, tie_embeddings=True))
+    cluster = _builder(16)
+    configs = [ParallelConfig(dp_size=16 // (t * p), tp_size=t, pp_size=p, micro_batch_size=1, global_batch_size=32,
+                              seq_len=None, zero_stage=z, schedule=sch, virtual_stages=v)
+               for t, p in ((1, 2), (2, 4), (1, 8), (2, 8)) for z in (0, 1)
+               for sch, v in (("1f1b", 1), ("interleaved", 2))]
+    fast = FastEvaluator(imported, cluster).evaluate(configs)
+    for config, row in zip(configs, fast):
+        a = analyze_graph(imported, config, cluster, advise=False, timeline=False)
+        assert any(c.dim.value == "pp" and c.kind.value == "ALL_REDUCE" for c in a.comms)
+        assert row["error"] is None, row
+        assert row["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9), config
+        assert row["exposed_comm_time_s"] == pytest.approx(a.summary["exposed_comm_time_s"], rel=1e-9, abs=1e-15), config
+        assert row["peak_memory_bytes"] == a.summary["peak_memory_bytes"]

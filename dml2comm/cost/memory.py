@@ -14,7 +14,9 @@ needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shar
 - MatMul / Gemm / Conv / Einsum keep each activation operand whose partner needs a gradient
   (the input of a weight layer; both Q and K of Q.K^T).
 - LayerNorm / RMSNorm / BatchNorm / GroupNorm keep their input; Softmax keeps its output;
-  Dropout keeps its 1-byte mask; MaxPool its input and int64 indices; embedding Gather its ids.
+  Dropout keeps its 1-byte mask; MaxPool its input and int64 indices; embedding Gather its ids;
+  LSTM / GRU / RNN keep X, Y and cuDNN's reserve space (every step's gate activations).
+- An op inlined from a Loop/Scan body (``Op.repeat`` > 1) keeps its tensors once per iteration.
 - Point-wise ops are taken as fused kernels (Megatron-LM's fused bias-GeLU, bias-dropout-add
   and scale-mask-softmax; torch.compile): a connected region of point-wise ops keeps only the
   region inputs that its members' backward needs, and recomputes the rest.  A tanh-GeLU
@@ -91,6 +93,8 @@ _NORMS = frozenset(
 )
 _KEEP_OUTPUT = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+#: Recurrent layers: keep X, Y and the reserve space of gate activations (ActivationModel).
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,10 @@ def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str,
             continue
         for name in op.inputs:
             prod = graph.producer(name) if name else None
-            if prod is not None and prod in parent and (joins is None or joins(name, prod)):
+            # ops that run a different number of times (a Loop body's and the ops around it,
+            # Op.repeat) are separate kernels
+            if (prod is not None and prod in parent and graph.ops[prod].repeat == op.repeat
+                    and (joins is None or joins(name, prod))):
                 a, b = find(op.index), find(prod)
                 if a != b:
                     parent[a] = b
@@ -250,11 +257,39 @@ class ActivationModel:
                 keep.append(idx)
         elif kind in ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin"):
             keep.extend(n for n in ins[:1] if self._is_activation(n))
+        elif kind in _RECURRENT:
+            keep.extend(n for n in ins[:1] if self._is_activation(n))  # X, for dW
+            keep.extend(o for o in op.outputs[:1] if o)  # Y, the hidden states, for dR
+            extra.append((f"reserve:{op.index}", self._recurrent_reserve(op)))
         elif kind in _POINTWISE_NEEDS:
             keep.extend(self._pointwise_needs(op))
-        # a kept view retains its base's whole storage (a view of Q keeps the fused QKV alive)
+        # a kept view retains its base's whole storage (a view of Q keeps the fused QKV alive);
+        # an op of an inlined Loop/Scan body (Op.repeat) keeps its tensors once per iteration:
+        # those made in the body, and the loop-carried ones (bound to their initial value at
+        # import, a new value each iteration)
         kept = (self.base.get(n, n) for n in keep if n in self.size)
-        return tuple((b, self.size.get(b, 0.0)) for b in kept) + tuple(extra)
+        return (tuple((b, self.size.get(b, 0.0) * self._copies(b, op.repeat)) for b in kept)
+                + tuple((k, v * op.repeat) for k, v in extra))
+
+    def _copies(self, name: str, repeat: int) -> int:
+        """Copies of ``name`` kept by an op that runs ``repeat`` times per forward pass: one per
+        run of the op or of the producer, whichever runs more; none for an op that never runs
+        (the branch of an ``If`` not taken, kept for its parameters)."""
+        producer = self.graph.producer(name)
+        return 0 if repeat == 0 else max(repeat, 1 if producer is None else self.graph.ops[producer].repeat)
+
+    def _recurrent_reserve(self, op: Op) -> float:
+        """What cuDNN's training reserve space holds for an LSTM/GRU/RNN's backward: the gate
+        activations of every step and direction, ``T D B G H`` elements, plus the LSTM's cell
+        states ``T D B H``, plus the hidden states when ``Y`` is not an output (cuDNN
+        ``cudnnRNNForward``: "reserveSpace ... used to pass intermediate results from
+        cudnnRNNForward() to the backward calls"; sizes as in :mod:`dml2comm.ops.recurrent`)."""
+        from dml2comm.ops.recurrent import recurrent_shape
+
+        s = recurrent_shape(op, self.graph.op_inputs(op))
+        per_state = s.steps * s.directions * s.batch * s.hidden
+        elements = s.gates * per_state + (s.states - 1) * per_state + (0 if op.outputs and op.outputs[0] else per_state)
+        return float(elements * self.train_dtype.itemsize)
 
     def _local_numel(self, name: str) -> float:
         t = self.graph.tensor(name)
@@ -372,6 +407,7 @@ class ActivationModel:
         if inside is None:
             inside = self._inside[ops] = frozenset(o for i in ops for o in self.graph.ops[i].outputs if o)
         out: dict[str, float] = {}
+        repeat = self.graph.ops[ops[0]].repeat if ops else 1  # a region never joins ops of different repeats
         for i in ops:
             for key, nbytes in self.saved_by_op[i]:
                 if key.startswith(("mask:", "indices:")):
@@ -384,7 +420,7 @@ class ActivationModel:
                 if found is None:  # the same (part of a) region is asked about for many op sets
                     found = self._inputs[(key, inside)] = tuple(self._region_inputs(key, inside))
                 for src in found:
-                    out[src] = self.size.get(src, 0.0)
+                    out[src] = self.size.get(src, 0.0) * self._copies(src, repeat)
         return list(out.items())
 
     def _region_inputs(self, name: str, inside: frozenset[str]) -> set[str]:

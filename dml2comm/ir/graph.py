@@ -56,9 +56,14 @@ class DType(enum.Enum):
 class Tensor:
     """A value in the graph: a static shape and an element type.
 
-    ``shape`` is a tuple of ints (``()`` for scalars).  ``is_weight`` marks trainable
-    parameters (initializers or large Constant nodes); ``is_input`` marks graph inputs that
-    carry the micro-batch (read from the host each step).
+    ``shape`` is a tuple of ints (``()`` for scalars).  ``is_weight`` marks weights: trainable
+    parameters (initializers or large Constant nodes) and tensors computed from parameters
+    alone; ``is_input`` marks graph inputs that carry the micro-batch (read from the host each
+    step).  ``tied_to`` names the parameter a weight's values come from when the weight is not
+    a parameter of its own: a stored copy of a tied weight (the legacy exporter's transposed LM
+    head, ``--tie-embeddings``) or a parameter-derived tensor (a ``Transpose``/``Cast``/
+    ``Reshape``... of a parameter, :func:`dml2comm.ir.onnx_import._parameter_derived`).  Such a
+    weight is never sent between pipeline stages: a stage reading it holds its source.
     """
 
     name: str
@@ -66,11 +71,16 @@ class Tensor:
     dtype: DType
     is_weight: bool = False
     is_input: bool = False
-    tied_to: str | None = None  # a stored copy of another weight (tied embeddings): not a parameter
+    tied_to: str | None = None  # the parameter this weight copies or is derived from: not a parameter itself
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def is_parameter(self) -> bool:
+        """A trainable parameter of its own (a weight that copies or derives from none)."""
+        return self.is_weight and self.tied_to is None
 
     @property
     def nbytes(self) -> int:
@@ -99,6 +109,9 @@ class Op:
     ``inputs``/``outputs`` are tensor names; an omitted optional input is ``""``.
     ``scope`` is the module path the exporter recorded (``transformer.h.5.attn``), or ``""``.
     ``attrs`` holds plain Python values (ints, floats, strings, lists of those).
+    ``repeat`` is how many times the op runs per forward pass: 1, or the trip count of the
+    ``Loop``/``Scan`` body the importer inlined it from (its cost and the activations it keeps
+    are that many times one run's; see :mod:`dml2comm.ir.onnx_import`).
     """
 
     index: int
@@ -109,6 +122,7 @@ class Op:
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     scope: str = ""
+    repeat: int = 1
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -120,7 +134,7 @@ class OpGraph:
     Immutable after construction (mappings are read-only views).
     """
 
-    __slots__ = ("name", "ops", "tensors", "inputs", "outputs", "_producer", "_consumers", "metadata", "derived")
+    __slots__ = ("name", "ops", "tensors", "inputs", "outputs", "_producer", "_consumers", "metadata", "derived", "_sources")
 
     def __init__(
         self,
@@ -151,6 +165,7 @@ class OpGraph:
         self.derived: dict[object, object] = {}
         self._producer = MappingProxyType(producer)
         self._consumers = MappingProxyType({k: tuple(v) for k, v in consumers.items()})
+        self._sources: dict[str, tuple[str, ...]] = {}
 
     def producer(self, tensor: str) -> int | None:
         """Index of the op producing ``tensor``, or None for inputs and weights."""
@@ -172,6 +187,29 @@ class OpGraph:
     @property
     def weights(self) -> tuple[Tensor, ...]:
         return tuple(t for t in self.tensors.values() if t.is_weight)
+
+    def parameter_sources(self, name: str) -> tuple[str, ...]:
+        """The parameters whose values the weight ``name`` carries: itself for a parameter, the
+        copied parameter for a stored tied copy, the parameters its producing ops read for a
+        parameter-derived tensor (``Concat`` of Q, K and V weights: three); ``()`` for a tensor
+        that is not a weight.  A pipeline stage that reads ``name`` holds these."""
+        known = self._sources.get(name)
+        if known is not None:
+            return known
+        t = self.tensors.get(name)
+        if t is None or not t.is_weight:
+            out: tuple[str, ...] = ()
+        elif t.tied_to is None:
+            out = (name,)
+        else:
+            prod = self._producer.get(name)
+            if prod is None:
+                out = (t.tied_to,)
+            else:
+                found = [s for n in self.ops[prod].inputs if n and n != name for s in self.parameter_sources(n)]
+                out = tuple(dict.fromkeys(found)) or (t.tied_to,)
+        self._sources[name] = out
+        return out
 
     @property
     def num_params(self) -> int:

@@ -4,7 +4,8 @@ What it does, in order:
 
 1. Loads the model *without* external data (weights are never read: shapes and dtypes are
    enough), so exports whose weight files are absent work, and so do models over 2 GB.
-2. Inlines model-local functions (``onnx.inliner``).
+2. Inlines model-local functions (``onnx.inliner``), each inlined node keeping the module scope
+   of its call (:func:`_inline_functions`).
 3. Binds symbolic input dims: ``dims`` by name first, then the batch axis (axis 0 of every
    input) from ``batch_size`` and the sequence axis (axis 1 of token inputs) from ``seq_len``.
 4. Runs ONNX shape inference with data propagation (so ``Shape -> Gather -> Concat -> Reshape``
@@ -16,6 +17,10 @@ What it does, in order:
    initializer is a weight when a parametric op reads it, directly or through views (the dynamo
    exporter's ``GatherND`` of stacked expert weights, ``Reshape``/``Slice``/``Split`` chains);
    large float ``Constant`` nodes (Paddle-style exports) too, but never those folding made.
+   What is computed from parameters alone is a weight too (:func:`_parameter_derived`): the
+   legacy exporter's de-duplicated ``Identity`` copies become the parameters torch has, and
+   views, casts and transposes of parameters are weights derived from them (``tied_to``),
+   placed in their consumer's layer.
 
 Every failure raises a :class:`~dml2comm.errors.Dml2CommError` with a one-line message.
 """
@@ -26,19 +31,19 @@ import ast
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import onnx
-from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
-from dml2comm.errors import InputFileError, ModelError, UnboundDimError
+from dml2comm.errors import ConfigError, InputFileError, ModelError, UnboundDimError
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 
-__all__ = ["ImportOptions", "load_model", "load_model_proto", "CONTROL_FLOW_OPS"]
+__all__ = ["ImportOptions", "ImportResult", "SequenceInfo", "load_model", "load_model_proto", "check_seq_len", "CONTROL_FLOW_OPS"]
 
 #: Protobuf refuses messages over 2 GiB; such models are inferred from their path instead.
 PROTO_LIMIT_BYTES = 2**31
@@ -65,8 +70,14 @@ _PARAMETRIC_CONSUMERS = frozenset(
         "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
         "SkipSimplifiedLayerNormalization", "Add", "Mul", "Sub", "PRelu", "Cast",
         "Attention", "MultiHeadAttention", "Embedding", "EmbedLayerNormalization", "GatherND",
+        "LSTM", "GRU", "RNN",
     }
 )
+
+#: Inputs of the recurrent ops that are parameters (ONNX LSTM/GRU/RNN: W, R, B and the LSTM's
+#: peepholes P); their other float inputs are states (initial_h, initial_c: zeros when an
+#: exporter folds them into an initializer), never parameters.
+_RECURRENT_PARAMETER_INPUTS = {"LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3)}
 
 # Ops that pass a weight's values on unchanged (views and selections).  A float initializer that
 # reaches a parametric consumer only through these is still a parameter: the dynamo exporter
@@ -115,8 +126,12 @@ class ImportOptions:
     """How to bind symbolic dims and what to tolerate.
 
     ``batch_size`` binds axis 0 of every graph input (the micro-batch size); ``seq_len`` binds
-    axis 1 of integer token inputs and of rank-3 float inputs; ``dims`` binds by dim name and
-    wins over both.  ``lenient`` turns control flow into a warning.
+    axis 1 of integer token inputs, of rank-3 inputs and of symbolic rank-2 float inputs (audio
+    samples); ``dims`` binds by dim name
+    (``{"sequence": 128}``) or, for a dim without a name, by input and axis (``{"image:2": 32}``,
+    the command line's ``--dim image:2=32``) and wins over both; a ``dims`` key the model's
+    inputs do not have is refused.  ``lenient`` is read by the analysis (ops without a cost rule are costed as
+    memory-bound, with a warning); control flow needs no flag (:func:`_expand_control_flow`).
     """
 
     batch_size: int | None = None
@@ -127,11 +142,28 @@ class ImportOptions:
 
 
 @dataclass(frozen=True)
+class SequenceInfo:
+    """What the import learnt about the sequence axis, to check ``--seq-len`` (:func:`check_seq_len`).
+
+    ``bound``: the value a symbolic sequence axis was bound to (by ``seq_len`` or ``dims``), or
+    ``None`` when there is none.  ``fixed``: (input, length)
+    of a static sequence axis (axis 1 of a rank-2 integer or of a rank-3 input).  ``positions``:
+    (table, rows) of the learned position-embedding table, a ``Gather`` on a 2-D float table
+    whose indices come from a ``Range`` (``torch.arange``) or a position-ids input or buffer.
+    """
+
+    bound: int | None = None
+    fixed: tuple[str, int] | None = None
+    positions: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
 class ImportResult:
     graph: OpGraph
     bound_dims: Mapping[str, int]
     model_batch: int | None  # the batch size the model fixes itself, if its axis 0 is static
     warnings: tuple[str, ...]
+    sequence: SequenceInfo = SequenceInfo()
 
 
 # ----------------------------------------------------------------------------- loading
@@ -164,13 +196,14 @@ def load_model(path: str | os.PathLike[str], options: ImportOptions | None = Non
         model = onnx.load(str(p), load_external_data=False)
     except Dml2CommErrorTypes:
         raise
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise ModelError(
-            f"{p.name!r} is not a readable ONNX model ({_first_line(exc)}); "
-            "check that the file is a complete .onnx export"
-        ) from exc
     except OSError as exc:
         raise InputFileError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - DecodeError, and the json/text_format ParseError that
+        # onnx.load raises for a .json/.txt path (it picks the parser by extension), are no ValueError
+        raise ModelError(
+            f"{p.name!r} is not a readable ONNX model ({_first_line(exc)}); "
+            "pass a complete .onnx export"
+        ) from exc
     if not model.graph.node:
         raise ModelError(
             f"{p.name!r} has no graph nodes: it is empty, truncated or not an ONNX model; re-export it"
@@ -194,16 +227,17 @@ def load_model_proto(
     warnings: list[str] = []
     model = _copy_without_weight_data(model)
     if model.functions:
-        try:
-            from onnx import inliner
-
-            model = inliner.inline_local_functions(model)
-        except Exception as exc:  # noqa: BLE001 - onnx raises plain exceptions here
-            raise ModelError(f"cannot inline the model's local functions: {_first_line(exc)}") from exc
-        warnings.append(f"inlined {len(model.functions)} model-local function(s)")
+        model, num_functions, num_calls = _inline_functions(model)
+        warnings.append(
+            f"inlined {num_functions} model-local function(s) ({num_calls} call(s)); "
+            "each inlined op keeps its call's module scope"
+        )
     graph = model.graph
     initializer_names = {init.name for init in graph.initializer}
-    bound, model_batch = _bind_input_dims(graph, initializer_names, options)
+    binding = _bind_input_dims(graph, initializer_names, options)
+    if binding.unbound:
+        raise _unbound_inputs_error(binding.unbound)
+    sequence = SequenceInfo(binding.seq_bound, binding.fixed_seq, _position_table(graph))
     _forget_inferred_shapes(graph)
     inferred = _infer(model, path_for_large)
     shapes = _shapes(inferred.graph)
@@ -212,9 +246,12 @@ def load_model_proto(
         if folded:
             warnings.append(f"folded {folded} shape-computation node(s) into constants after binding the input dims")
         shapes = _shapes(inferred.graph)
+    if any(n.op_type in CONTROL_FLOW_OPS and n.domain in _ONNX_DOMAINS for n in inferred.graph.node):
+        inferred = _expand_control_flow(inferred, path_for_large, warnings)
+        shapes = _shapes(inferred.graph)
     op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options, shapes)
     warnings.extend(more_warnings)
-    return ImportResult(op_graph, MappingProxyType(bound), model_batch, tuple(warnings))
+    return ImportResult(op_graph, MappingProxyType(binding.bound), binding.model_batch, tuple(warnings), sequence)
 
 
 def _copy_without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -239,45 +276,336 @@ def _mark_external(tensor: TensorProto) -> None:
     entry.key, entry.value = "location", "dml2comm-not-loaded.bin"
 
 
+# ----------------------------------------------------------------------------- functions
+
+#: ``metadata_props`` key carrying the module scope of a model-local function call onto the
+#: nodes inlined from its body (``onnx.inliner`` keeps node metadata, names nodes ``Conv_22__1``).
+_CALL_SCOPE_KEY = "dml2comm.scope"
+
+#: Nesting depth beyond which function calls are refused (ONNX forbids recursion).
+_MAX_CALL_DEPTH = 64
+
+#: The TorchScript exporter numbers the variants of one module class: ``BasicBlock.1``.
+_VARIANT_SUFFIX = re.compile(r"\.\d+$")
+#: A legacy scope component naming an instance of a numbered container (``layer1.0``, ``h.3``, ``0``).
+_NUMBERED_COMPONENT = re.compile(r"(^|\.)\d+$")
+
+
+def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int]:
+    """Inline the model-local functions with ``onnx.inliner``, keeping each call's module scope.
+
+    A function body is shared by all its calls, so every call first gets its own copy of the
+    function whose nodes carry the call's scope (:data:`_CALL_SCOPE_KEY`); nested calls extend
+    it.  The scope of a call (:func:`_call_scope`) comes from the call node: the dynamo
+    exporter's ``name_scopes`` metadata, else its legacy scoped name, else the caller's scope
+    plus the function's name (numbered among same-named sibling calls, as ``torch.nn.Sequential``
+    numbers its children), so ``export_modules_as_functions`` ResNets keep their residual blocks.
+
+    Rewrites the call nodes of ``model`` (a private copy).  Returns the inlined model, the
+    number of functions and the number of calls inlined.
+    """
+    functions = {(f.domain, f.name, getattr(f, "overload", "")): f for f in model.functions}
+    num_functions = len(functions)
+    copies: list[onnx.FunctionProto] = []
+
+    def specialise(nodes: Any, prefix: str, depth: int) -> None:
+        calls = [n for n in nodes if (n.domain, n.op_type, getattr(n, "overload", "")) in functions]
+        same_name = Counter(_function_base(n.op_type) for n in calls)
+        seen: Counter[str] = Counter()
+        for node in nodes:
+            for attr in node.attribute:  # calls inside control-flow bodies keep the caller's scope
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                    specialise(sub.node, prefix, depth)
+        for node in calls:
+            if depth >= _MAX_CALL_DEPTH:
+                raise ModelError(
+                    f"model-local function {node.op_type!r} nests deeper than {_MAX_CALL_DEPTH} calls (recursive?); "
+                    "re-export without export_modules_as_functions"
+                )
+            base = _function_base(node.op_type)
+            segment = f"{base}.{seen[base]}" if same_name[base] > 1 else base
+            seen[base] += 1
+            scope = _call_scope(node, prefix, segment)
+            copy = onnx.FunctionProto()
+            copy.CopyFrom(functions[(node.domain, node.op_type, getattr(node, "overload", ""))])
+            copy.name = f"{copy.name}__dml2comm{len(copies)}"
+            copies.append(copy)
+            for body_node in copy.node:
+                prop = body_node.metadata_props.add()
+                prop.key, prop.value = _CALL_SCOPE_KEY, scope
+            specialise(copy.node, scope, depth + 1)
+            node.op_type = copy.name
+
+    specialise(model.graph.node, "", 0)
+    model.functions.extend(copies)
+    try:
+        from onnx import inliner
+
+        inlined = inliner.inline_local_functions(model)
+    except Exception as exc:  # noqa: BLE001 - onnx raises plain exceptions here
+        raise ModelError(
+            f"cannot inline the model's local functions: {_first_line(exc)}; re-export without export_modules_as_functions"
+        ) from exc
+    return inlined, num_functions, len(copies)
+
+
+def _function_base(name: str) -> str:
+    """``BasicBlock.1`` -> ``BasicBlock``: one scope name for the variants of one module class."""
+    return _VARIANT_SUFFIX.sub("", name).replace(".", "_") or "function"
+
+
+def _call_scope(node: onnx.NodeProto, prefix: str, segment: str) -> str:
+    """Module scope of a function call node.
+
+    1. The dynamo exporter's ``name_scopes`` metadata of the call, when present.
+    2. A legacy scoped name (``/layer1/layer1.0/relu/BasicBlock``): the TorchScript exporter
+       names a call after the scope of the *last* op it ran, so a last component that is not a
+       numbered instance (``relu``: the block's last child module) is dropped, giving
+       ``layer1.layer1.0``; ``/h.0/Blk`` (a block ending in its own op) keeps ``h.0``.
+       Observed with torch 2.13 ``torch.onnx.export(..., dynamo=False,
+       export_modules_as_functions=...)``; the root module's call (``/fc/ResNet``) gives ``''``.
+    3. Otherwise (nested calls, named ``Sequential_20``): ``prefix.segment``.
+    """
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scope = _innermost_module(_parse_list(prop.value))
+            if scope:
+                return scope
+    name = node.name
+    if not prefix and name.startswith("/") and name.count("/") >= 2:
+        parts = [p for p in name.split("/") if p][:-1]
+        if parts and not _NUMBERED_COMPONENT.search(parts[-1]):
+            parts = parts[:-1]
+        return ".".join(parts)
+    return f"{prefix}.{segment}" if prefix else segment
+
+
 # ----------------------------------------------------------------------------- dims
 
 
-def _bind_input_dims(
-    graph: onnx.GraphProto, initializer_names: set[str], options: ImportOptions
-) -> tuple[dict[str, int], int | None]:
-    """Replace symbolic dims of graph inputs with values.  Returns the bindings made."""
-    bound: dict[str, int] = {}
+@dataclass
+class _Binding:
+    bound: dict[str, int] = field(default_factory=dict)  # dim name (or INPUT:AXIS) -> value
     model_batch: int | None = None
-    for value in graph.input:
-        if value.name in initializer_names or not value.type.HasField("tensor_type"):
-            continue
+    seq_bound: int | None = None  # the value bound to the first symbolic sequence axis
+    fixed_seq: tuple[str, int] | None = None
+    unbound: list[tuple[str, int, str, bool]] = field(default_factory=list)  # input, axis, name, sequence axis?
+
+
+def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], options: ImportOptions) -> _Binding:
+    """Replace symbolic dims of graph inputs with values (see :class:`ImportOptions`).
+
+    Returns the bindings made and the input dims left unbound.  Raises :class:`ConfigError` for
+    a ``dims`` key that names no input dim, or that binds a static axis to another value.
+    """
+    out = _Binding()
+    inputs = [v for v in graph.input if v.name not in initializer_names and v.type.HasField("tensor_type")]
+    out.unbound.extend((v.name, -1, "", False) for v in inputs if not v.type.tensor_type.HasField("shape"))
+    inputs = [v for v in inputs if v.type.tensor_type.HasField("shape")]
+    _check_dim_keys(inputs, options.dims)
+    for value in inputs:
         ttype = value.type.tensor_type
-        if not ttype.HasField("shape"):
-            continue
         is_int = _dtype(ttype.elem_type) in (DType.INT64, DType.INT32)
         rank = len(ttype.shape.dim)
         for axis, dim in enumerate(ttype.shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
-                if axis == 0 and model_batch is None:
-                    model_batch = dim.dim_value
+            static = dim.HasField("dim_value") and dim.dim_value > 0
+            # the sequence axis: axis 1 of token ids [b, s] and of hidden states [b, s, h]; also
+            # of a symbolic rank-2 float input (audio samples [b, samples]), never a static one
+            # (features [b, f])
+            is_seq = axis == 1 and ((is_int and rank == 2) or rank == 3 or (rank == 2 and not static))
+            by_axis = f"{value.name}:{axis}"
+            if static:
+                if axis == 0 and out.model_batch is None:
+                    out.model_batch = dim.dim_value
+                if is_seq and out.fixed_seq is None:
+                    out.fixed_seq = (value.name, dim.dim_value)
                 continue
             label = dim.dim_param
             value_ = None
-            if label and label in options.dims:
+            if by_axis in options.dims:
+                value_ = options.dims[by_axis]
+            elif label and label in options.dims:
                 value_ = options.dims[label]
-            elif label and label in bound:
-                value_ = bound[label]
+            elif label and label in out.bound:
+                value_ = out.bound[label]
             elif axis == 0 and options.batch_size is not None:
                 value_ = options.batch_size
-            elif axis == 1 and options.seq_len is not None and ((is_int and rank == 2) or rank == 3):
+            elif is_seq and options.seq_len is not None:
                 value_ = options.seq_len
             elif axis == 0:
                 value_ = 1  # documented default: micro-batch size 1 for a symbolic batch axis
-            if value_ is not None:
-                dim.Clear()
-                dim.dim_value = int(value_)
-                bound[label or f"{value.name}[{axis}]"] = int(value_)
-    return bound, model_batch
+            if value_ is None:
+                out.unbound.append((value.name, axis, label, is_seq))
+                continue
+            dim.Clear()
+            dim.dim_value = int(value_)
+            out.bound[label or by_axis] = int(value_)
+            if is_seq and out.seq_bound is None:
+                out.seq_bound = int(value_)
+    return out
+
+
+def _check_dim_keys(inputs: list[onnx.ValueInfoProto], dims: Mapping[str, int]) -> None:
+    """Every ``dims`` key must name a symbolic input dim or an ``INPUT:AXIS`` of the model."""
+    if not dims:
+        return
+    names: dict[str, None] = {}  # symbolic dim names in input order
+    axes: dict[str, int | None] = {}  # INPUT:AXIS -> static value (None when symbolic/unnamed)
+    for value in inputs:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            static = dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
+            axes[f"{value.name}:{axis}"] = static
+            if static is None and dim.dim_param:
+                names[dim.dim_param] = None
+    for key, val in dims.items():
+        if key in names:
+            continue
+        if key in axes:
+            static = axes[key]
+            if static is not None and static != val:
+                raise ConfigError(f"--dim {key}={val}: that axis is fixed at {static} in the model; drop the flag "
+                                  "or re-export with a dynamic axis")
+            continue
+        listed = ", ".join(list(names)[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        inp, colon, _ = key.rpartition(":")
+        if colon and inp in {v.name for v in inputs}:
+            rank = len(next(v for v in inputs if v.name == inp).type.tensor_type.shape.dim)
+            raise ConfigError(f"--dim {key}={val}: input {inp!r} has {rank} axes (0-{rank - 1}); name an axis it has")
+        raise ConfigError(
+            f"--dim {key}={val}: the model has no input dim named {key!r}; "
+            + (f"its symbolic input dims are: {listed}" if names else "its inputs have no named symbolic dims")
+            + " (an unnamed dim is bound as --dim INPUT:AXIS=VALUE)"
+        )
+
+
+#: At most this many dims are named in an error message (one short line).
+_MAX_DIMS_NAMED = 4
+
+
+def _unbound_inputs_error(unbound: list[tuple[str, int, str, bool]]) -> UnboundDimError:
+    """Input dims left unbound: name them (input, axis, dim name) and the flag binding each.
+
+    Raised before shape inference, whose failure on a downstream ``Reshape`` would point at the
+    wrong thing."""
+    no_shape = [inp for inp, axis, _, _ in unbound if axis < 0]
+    if no_shape:
+        return UnboundDimError(f"input {no_shape[0]!r} declares no shape; re-export the model with input shapes "
+                               "(symbolic dims are fine)")
+    shown = [f"{inp!r} axis {axis} ({repr(label) if label else 'unnamed'})" for inp, axis, label, _ in unbound[:_MAX_DIMS_NAMED]]
+    if len(unbound) > _MAX_DIMS_NAMED:
+        shown[-1] += f" and {len(unbound) - _MAX_DIMS_NAMED} more"
+    fixes: dict[str, None] = {}
+    for inp, axis, label, is_seq in unbound:
+        fix = "--seq-len N" if is_seq else f"--dim {label}=N" if label else f"--dim {inp}:{axis}=N"
+        fixes.setdefault(fix, None)
+    fix_text = ", ".join(list(fixes)[:3]) + (" ..." if len(fixes) > 3 else "")
+    return UnboundDimError(f"input dims not bound: {', '.join(shown)}; bind them with {fix_text}")
+
+
+#: Ops a position-ids tensor passes through between ``Range`` and the embedding ``Gather``.
+_POSITION_INDEX_PATH = frozenset({"Unsqueeze", "Squeeze", "Expand", "Reshape", "Cast", "Slice", "Identity", "Add", "Flatten"})
+_POSITION_NAME = re.compile(r"position", re.IGNORECASE)
+
+
+def _position_table(graph: onnx.GraphProto) -> tuple[str, int] | None:
+    """The learned position-embedding table (name, rows), or ``None``.
+
+    GPT-2 and BERT look positions up as ``wpe(arange(seq))``: a ``Gather`` on axis 0 of a 2-D
+    float table (an initializer, possibly through ``Identity``/``Cast``) whose indices come,
+    through :data:`_POSITION_INDEX_PATH` ops, from a ``Range``, a ``position_ids`` input or an
+    integer ``position_ids`` buffer: named so, or holding ``0, 1, ..., n-1`` (the legacy
+    exporter turns BERT's ``position_ids`` buffer into a ``Constant``; ``transformers``
+    ``GPT2Model.forward``/``BertEmbeddings``).  Its row count is the longest sequence the model
+    can take.
+    """
+    producers = {o: n for n in graph.node for o in n.output if o}
+    tables = {i.name: (i.name, int(i.dims[0])) for i in graph.initializer if len(i.dims) == 2 and _dtype(i.data_type).is_float}
+    int_inits = {i.name: i for i in graph.initializer if not _dtype(i.data_type).is_float}
+    inputs = {v.name for v in graph.input}
+
+    def is_arange(tensor: TensorProto | None) -> bool:
+        if tensor is None or _dtype(tensor.data_type).is_float or tensor.data_location == TensorProto.EXTERNAL:
+            return False
+        import numpy as np
+        from onnx import numpy_helper
+
+        try:
+            values = numpy_helper.to_array(tensor).reshape(-1)
+        except Exception:  # noqa: BLE001 - odd encodings are simply not position ids
+            return False
+        return values.size > 1 and bool(np.array_equal(values, np.arange(values.size)))
+
+    def table_of(name: str) -> tuple[str, int] | None:
+        for _ in range(4):
+            if name in tables:
+                return tables[name]
+            node = producers.get(name)
+            if node is None or node.op_type not in ("Identity", "Cast") or not node.input:
+                return None
+            name = node.input[0]
+        return None
+
+    def from_positions(name: str) -> bool:
+        frontier, seen = [name], {name}
+        for _ in range(8):
+            following = []
+            for tensor in frontier:
+                if (tensor in inputs or tensor in int_inits) and _POSITION_NAME.search(tensor) or is_arange(int_inits.get(tensor)):
+                    return True
+                node = producers.get(tensor)
+                if node is None:
+                    continue
+                if node.op_type == "Range" or node.op_type == "Constant" and is_arange(next(
+                        (a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)):
+                    return True
+                if node.op_type in _POSITION_INDEX_PATH:
+                    nxt = node.input if node.op_type == "Add" else node.input[:1]
+                    following.extend(i for i in nxt if i and i not in seen)
+                    seen.update(nxt)
+            frontier = following
+        return False
+
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or any(a.name == "axis" and a.i != 0 for a in node.attribute):
+            continue
+        table = table_of(node.input[0])
+        if table is not None and from_positions(node.input[1]):
+            return table
+    return None
+
+
+def check_seq_len(imported: ImportResult, seq_len: int | None) -> None:
+    """Refuse a ``--seq-len`` the model cannot take (the command line calls this after import).
+
+    Raises :class:`ConfigError` when ``seq_len`` bound no axis and differs from the model's
+    fixed sequence length (it would only scale tokens/s), when the model has no sequence axis
+    at all, when it contradicts a ``--dim`` on the sequence axis, or when the sequence length
+    (``seq_len`` or the ``--dim`` one) exceeds the rows of the position-embedding table
+    (GPT-2: 1,024).
+    """
+    info = imported.sequence
+    if seq_len is not None and info.bound is not None and info.bound != seq_len:
+        raise ConfigError(f"--seq-len {seq_len} conflicts with --dim binding the sequence axis to {info.bound}; drop one of them")
+    if seq_len is not None and info.bound is None:
+        if info.fixed is None:
+            raise ConfigError(
+                f"--seq-len {seq_len}: the model has no sequence axis to bind (no rank-2 integer or rank-3 input); "
+                "drop --seq-len"
+            )
+        name, length = info.fixed
+        if length != seq_len:
+            raise ConfigError(
+                f"--seq-len {seq_len}: the model's sequence length is fixed at {length} (input {name!r}); "
+                f"drop --seq-len or re-export with a dynamic sequence axis"
+            )
+    length = seq_len if seq_len is not None else info.bound
+    if length is not None and info.positions is not None and length > info.positions[1]:
+        table, rows = info.positions
+        flag = f"--seq-len {seq_len}" if seq_len is not None else f"the sequence length {length} (--dim)"
+        raise ConfigError(
+            f"{flag} exceeds the model's {rows:,} positions (position table {table!r}); "
+            f"use a sequence length of {rows} or less"
+        )
 
 
 def _forget_inferred_shapes(graph: onnx.GraphProto) -> None:
@@ -408,6 +736,506 @@ def _fold_shape_computations(model: onnx.ModelProto, path_for_large: Path | None
     return model, total
 
 
+# ----------------------------------------------------------------------------- control flow
+
+#: ``metadata_props`` key on a node inlined from a ``Loop``/``Scan`` body: how many times it runs
+#: per forward pass (the trip count; products for nested loops).  Read into ``Op.repeat``.
+_REPEAT_KEY = "dml2comm.repeat"
+
+#: Control flow nested deeper than this is refused (each round inlines one level).
+_MAX_CONTROL_FLOW_DEPTH = 16
+
+#: A ``Loop`` trip count ``M`` at or above this is a "no limit" sentinel (the TorchScript
+#: exporter writes ``INT64_MAX`` for ``while`` loops), not a count.
+_TRIP_COUNT_SENTINEL = 2**31 - 1
+
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def _expand_control_flow(model: onnx.ModelProto, path_for_large: Path | None, warnings: list[str]) -> onnx.ModelProto:
+    """Replace every ``If``, ``Loop`` and ``Scan`` by the nodes of its subgraph, so that the
+    rest of dml2comm sees ordinary ops.
+
+    Why inline rather than keep one op with a precomputed cost: the subgraph's ops then get
+    layers, tensor-parallel sharding, saved activations, per-op times in the training dtype and
+    drawings like every other op, from the same rules, and the parameters they read (an LSTM's
+    ``W``, ``R``, ``B`` in a branch) are counted and placed on their pipeline stage.  A single
+    opaque op would carry a cost computed before sharding and the dtype were known.
+
+    - ``If``: the branch taken when the condition is a constant, else the **heavier** branch (the
+      larger forward FLOPs, then bytes, of its ops under the same cost rules as the analysis;
+      :func:`_subgraph_cost`).  The If's outputs take that branch's shapes: ONNX shape inference
+      leaves them unknown when the branches return different ranks.  A warning names the choice.
+    - ``Loop``: the body is inlined once and each of its ops runs ``M`` times (``Op.repeat``),
+      ``M`` being the trip-count input when it is a constant (an initializer, a ``Constant`` or a
+      value folded from the bound input dims).  Otherwise the trip count is unknown: costed as
+      ONE iteration, with a warning.  Loop-carried values enter the body as their initial
+      values; scan outputs are the per-iteration value expanded to ``[M, ...]``.
+    - ``Scan``: likewise with the sequence length (the scan axis of its first scan input) as the
+      trip count; each scan input enters the body as its slice at index 0 of the scan axis.
+
+    Subgraph values are renamed ``<first output of the control-flow node>.<subgraph>/<name>``
+    (outer-scope references keep their names, also inside nested subgraphs); nested control
+    flow becomes top-level and is expanded in the next round.  Shapes are inferred again (and
+    shape computations folded) after each round.
+
+    Raises
+    ------
+    ModelError
+        ``SequenceMap`` (sequence values have no tensor shape), or nesting deeper than
+        :data:`_MAX_CONTROL_FLOW_DEPTH`.
+    """
+    notes: dict[str, list[str]] = {}
+    for _ in range(_MAX_CONTROL_FLOW_DEPTH):
+        graph = model.graph
+        flow = [n for n in graph.node if n.domain in _ONNX_DOMAINS and n.op_type in CONTROL_FLOW_OPS]
+        if not flow:
+            break
+        opset = next((o.version for o in model.opset_import if o.domain in _ONNX_DOMAINS), 1)
+        shapes = _shapes(graph)
+        for init in graph.initializer:
+            shapes.setdefault(init.name, (tuple(int(d) for d in init.dims), _dtype(init.data_type)))
+        constants = _constant_values(graph)
+        replaced: set[str] = set()
+        nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            if node.domain not in _ONNX_DOMAINS or node.op_type not in CONTROL_FLOW_OPS:
+                nodes.append(node)
+                continue
+            replaced.update(o for o in node.output if o)
+            expand = {"If": _expand_if, "Loop": _expand_loop, "Scan": _expand_scan}.get(node.op_type)
+            if expand is None:
+                raise ModelError(
+                    f"{node.op_type} at node {node.name or '(unnamed)'!r} is not supported: it maps over ONNX sequences, "
+                    "which have no tensor shape; re-export the model without sequence ops"
+                )
+            nodes.extend(expand(node, graph, shapes, constants, opset, notes))
+        del graph.node[:]
+        graph.node.extend(nodes)
+        # the control-flow outputs' declared shapes may be another branch's: infer them afresh
+        keep = [vi for vi in graph.value_info if vi.name not in replaced]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
+        for out in graph.output:
+            if out.name in replaced and out.type.HasField("tensor_type"):
+                out.type.tensor_type.ClearField("shape")
+        _forget_inferred_shapes(graph)
+        model = _infer(model, path_for_large)
+        if _has_unknown_dims(model):
+            model, _ = _fold_shape_computations(model, path_for_large)
+        model = _drop_idle_unknown(model, path_for_large, notes)
+    else:
+        raise ModelError(
+            f"control flow nests deeper than {_MAX_CONTROL_FLOW_DEPTH} levels; re-export the model with its loops unrolled"
+        )
+    for text in notes.values():
+        warnings.extend(text)
+    return model
+
+
+def _drop_idle_unknown(model: onnx.ModelProto, path_for_large: Path | None, notes: dict[str, list[str]]) -> onnx.ModelProto:
+    """Remove the ops of branches not taken (repeat 0) whose shapes inference cannot give, and
+    the idle ops reading them: they cost nothing, and an unknown shape there must not fail the
+    import of a model whose taken path is fine.  Their parameters are then not counted (noted)."""
+    shapes = _shapes(model.graph)
+    known = {n for n, (shape, _) in shapes.items() if shape is not None and all(type(d) is int for d in shape)}
+    known |= {i.name for i in model.graph.initializer}
+    drop: set[int] = set()
+    dead: set[str] = set()
+    for idx, node in enumerate(model.graph.node):
+        if _node_repeat(node) != 0 or node.op_type == "Constant":
+            continue
+        if any(i in dead for i in node.input) or any(o and o not in known for o in node.output):
+            drop.add(idx)
+            dead.update(o for o in node.output if o)
+    if not drop:
+        return model
+    names = sorted({n.name or n.op_type for i, n in enumerate(model.graph.node) if i in drop})
+    _note(notes, "idle-dropped", (
+        f"{len(drop)} op(s) of If branches not taken have shapes ONNX inference cannot give and were left out "
+        f"(e.g. {', '.join(map(repr, names[:3]))}); parameters only they read are not counted"
+    ))
+    nodes = [n for i, n in enumerate(model.graph.node) if i not in drop]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    _forget_inferred_shapes(model.graph)
+    return _infer(model, path_for_large)
+
+
+def _note(notes: dict[str, list[str]], kind: str, text: str) -> None:
+    notes.setdefault(kind, []).append(text)
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict[str, Any]:
+    """Values of the small constants of ``graph`` (initializers whose data is loaded, and
+    ``Constant`` nodes, folded ones included), by name."""
+    from onnx import numpy_helper
+
+    values: dict[str, Any] = {}
+    for init in graph.initializer:
+        if init.data_location != TensorProto.EXTERNAL:
+            try:
+                values[init.name] = numpy_helper.to_array(init)
+            except Exception:  # noqa: BLE001 - odd encodings are simply not known
+                pass
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in _ONNX_DOMAINS and node.attribute:
+            attr = node.attribute[0]
+            try:
+                value = numpy_helper.to_array(attr.t) if attr.type == onnx.AttributeProto.TENSOR else onnx.helper.get_attribute_value(attr)
+            except Exception:  # noqa: BLE001
+                continue
+            values[node.output[0]] = value
+    return values
+
+
+def _scalar(constants: Mapping[str, Any], name: str) -> int | None:
+    """The integer value of the one-element constant ``name``, or None when not a constant."""
+    import numpy as np
+
+    if not name or name not in constants:
+        return None
+    value = np.asarray(constants[name])
+    return int(value.reshape(-1)[0]) if value.size == 1 and value.dtype.kind in "biuf" else None
+
+
+def _node_repeat(node: onnx.NodeProto) -> int:
+    for prop in node.metadata_props:
+        if prop.key == _REPEAT_KEY:
+            return int(prop.value)
+    return 1
+
+
+def _set_repeat(node: onnx.NodeProto, repeat: int) -> None:
+    props = [p for p in node.metadata_props if p.key != _REPEAT_KEY]
+    del node.metadata_props[:]
+    node.metadata_props.extend(props)
+    if repeat != 1:
+        prop = node.metadata_props.add()
+        prop.key, prop.value = _REPEAT_KEY, str(repeat)
+
+
+def _prefix(node: onnx.NodeProto, what: str) -> str:
+    base = next((o for o in node.output if o), "") or node.name or node.op_type
+    return f"{base}.{what}/"
+
+
+def _subgraph(node: onnx.NodeProto, name: str) -> onnx.GraphProto:
+    for attr in node.attribute:
+        if attr.name == name and attr.type == onnx.AttributeProto.GRAPH:
+            return attr.g
+    raise ModelError(f"{node.op_type} at node {node.name or '(unnamed)'!r} has no {name!r} subgraph; the model is malformed, re-export it")
+
+
+def _helper_node(op_type: str, inputs: list[str], outputs: list[str], parent: onnx.NodeProto, repeat: int, **attrs: Any) -> onnx.NodeProto:
+    """A node dml2comm adds while inlining ``parent``: named after it, in its scope."""
+    node = onnx.helper.make_node(op_type, inputs, outputs, name=f"{parent.name or parent.op_type}/{op_type}_{outputs[0].rsplit('/', 1)[-1]}", **attrs)
+    _copy_scope(parent, node)
+    _set_repeat(node, repeat)
+    return node
+
+
+def _copy_scope(parent: onnx.NodeProto, node: onnx.NodeProto, subgraph: str = "") -> None:
+    """Give ``node`` the module scope of ``parent`` (extended by ``<parent>.<subgraph>`` for a
+    node of one of its subgraphs) when it has none of its own: the nodes of a branch or loop
+    body then group into one module, as layer grouping expects."""
+    if _scope(node):
+        return
+    scope = _scope(parent)
+    if subgraph:
+        label = re.sub(r"[^A-Za-z0-9_]", "_", (parent.name or parent.op_type).rstrip("/").rsplit("/", 1)[-1]) or parent.op_type
+        scope = f"{scope}.{label}.{subgraph}" if scope else f"{label}.{subgraph}"
+    if scope:
+        prop = node.metadata_props.add()
+        prop.key, prop.value = _CALL_SCOPE_KEY, scope
+
+
+def _int64_const(name: str, values: list[int] | int, parent: onnx.NodeProto, repeat: int) -> onnx.NodeProto:
+    dims = [] if isinstance(values, int) else [len(values)]
+    vals = [values] if isinstance(values, int) else values
+    return _helper_node("Constant", [], [name], parent, repeat, value=onnx.helper.make_tensor(name, TensorProto.INT64, dims, vals))
+
+
+def _inline_body(body: onnx.GraphProto, parent: onnx.NodeProto, graph: onnx.GraphProto, prefix: str,
+                 bound: Mapping[str, str], repeat: int) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    """Copies of ``body``'s nodes for the outer graph: local values renamed with ``prefix``, body
+    inputs replaced by the outer values in ``bound``, initializers moved to ``graph`` (their
+    data dropped, as for the main graph's), each node's repeat multiplied by ``repeat`` and its
+    scope defaulting to ``parent``'s.  Returns the nodes and the renaming."""
+    local = {i.name for i in body.initializer} | {o for n in body.node for o in n.output if o}
+    rename = {n: prefix + n for n in local}
+    rename.update(bound)
+    for init in body.initializer:
+        copy = graph.initializer.add()
+        copy.CopyFrom(init)
+        copy.name = rename[init.name]
+        numel = 1
+        for d in copy.dims:
+            numel *= d
+        if numel > 1024 and copy.data_location != TensorProto.EXTERNAL:
+            _mark_external(copy)
+    nodes = []
+    for node in body.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[:] = [rename.get(i, i) if i else i for i in node.input]
+        copy.output[:] = [rename.get(o, o) if o else o for o in node.output]
+        if not copy.name:
+            copy.name = f"{prefix}{node.op_type}_{len(nodes)}"
+        for attr in copy.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                _rename_outer_refs(sub, rename)
+        _set_repeat(copy, _node_repeat(node) * repeat)
+        _copy_scope(parent, copy, prefix.rstrip("/").rsplit(".", 1)[-1])
+        nodes.append(copy)
+    return nodes, rename
+
+
+def _rename_outer_refs(graph: onnx.GraphProto, rename: Mapping[str, str]) -> None:
+    """Rename the references of a nested subgraph to outer values, honouring shadowing."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+    outer = {k: v for k, v in rename.items() if k not in defined}
+    if not outer:
+        return
+    for node in graph.node:
+        node.input[:] = [outer.get(i, i) for i in node.input]
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                _rename_outer_refs(sub, outer)
+    for out in graph.output:
+        out.name = outer.get(out.name, out.name)
+
+
+def _outputs_of(sources: Any, rename: Mapping[str, str], parent: onnx.NodeProto, targets: Any, repeat: int) -> list[onnx.NodeProto]:
+    """``Identity`` nodes giving the outer names ``targets`` to the body outputs ``sources``."""
+    return [
+        _helper_node("Identity", [rename.get(src.name, src.name)], [dst], parent, repeat)
+        for src, dst in zip(sources, targets) if dst
+    ]
+
+
+def _stacked(value: str, axis: int, trips: int, out: str, parent: onnx.NodeProto, opset: int, repeat: int) -> list[onnx.NodeProto]:
+    """Nodes making ``out`` = the per-iteration ``value`` stacked ``trips`` times on ``axis``
+    (a Loop's or Scan's scan output): ``Expand(Reshape(value, head + [1] + tail), head + [trips]
+    + tail)``, ``head``/``tail`` being ``Shape(value)`` before/after ``axis``.  The Expand writes
+    the whole stacked output once, as the control-flow op does."""
+    p = out + "/stack/"
+    shape, head, tail, one, n, unit_shape, full_shape, unit = (p + s for s in ("shape", "head", "tail", "one", "n", "unit_shape", "full_shape", "unit"))
+    nodes = [_helper_node("Shape", [value], [shape], parent, repeat)]
+    if opset >= 10:
+        nodes += [
+            _int64_const(p + "zero", [0], parent, repeat), _int64_const(p + "axis", [axis], parent, repeat),
+            _int64_const(p + "end", [2**62], parent, repeat),
+            _helper_node("Slice", [shape, p + "zero", p + "axis"], [head], parent, repeat),
+            _helper_node("Slice", [shape, p + "axis", p + "end"], [tail], parent, repeat),
+        ]
+    else:
+        nodes += [
+            _helper_node("Slice", [shape], [head], parent, repeat, starts=[0], ends=[axis]),
+            _helper_node("Slice", [shape], [tail], parent, repeat, starts=[axis], ends=[2**62]),
+        ]
+    nodes += [
+        _int64_const(one, [1], parent, repeat), _int64_const(n, [trips], parent, repeat),
+        _helper_node("Concat", [head, one, tail], [unit_shape], parent, repeat, axis=0),
+        _helper_node("Concat", [head, n, tail], [full_shape], parent, repeat, axis=0),
+        _helper_node("Reshape", [value, unit_shape], [unit], parent, repeat),
+        _helper_node("Expand", [unit, full_shape], [out], parent, repeat),
+    ]
+    return nodes
+
+
+def _expand_if(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, constants: Mapping[str, Any], opset: int,
+               notes: dict[str, list[str]]) -> list[onnx.NodeProto]:
+    """The nodes of the ``If``'s chosen branch (:func:`_expand_control_flow`)."""
+    repeat = _node_repeat(node)
+    where = node.name or "(unnamed)"
+    branches = {name: _subgraph(node, name) for name in ("then_branch", "else_branch")}
+    cond = _scalar(constants, node.input[0] if node.input else "")
+    if cond is not None:
+        chosen = "then_branch" if cond else "else_branch"
+        _note(notes, "if-constant", f"If at node {where!r}: its condition is the constant {bool(cond)}; {chosen} inlined, the other "
+              "branch kept run 0 times for its parameters")
+    else:
+        costs = {name: _subgraph_cost(g, shapes, constants) for name, g in branches.items()}
+        chosen = max(branches, key=lambda b: (costs[b], len(branches[b].node), b == "then_branch"))
+        other = "else_branch" if chosen == "then_branch" else "then_branch"
+        ranks = {name: ", ".join("?" if (shape := _shape_of(o.type)[0]) is None else str(len(shape)) for o in g.output)
+                 for name, g in branches.items()}
+        shape_note = ""
+        if ranks["then_branch"] != ranks["else_branch"]:
+            shape_note = (f"; the branches return different ranks (then_branch {ranks['then_branch']}, else_branch "
+                          f"{ranks['else_branch']}), so the If's outputs take {chosen}'s shapes")
+        _note(notes, "if", (
+            f"If at node {where!r}: its condition is known only at run time; costed as its heavier branch, {chosen} "
+            f"({costs[chosen][0]:.3g} forward FLOPs vs {costs[other][0]:.3g} for {other}, kept run 0 times for its "
+            f"parameters){shape_note}"
+        ))
+    body = branches[chosen]
+    nodes, rename = _inline_body(body, node, graph, _prefix(node, chosen), {}, repeat)
+    # the branch not taken runs 0 times (no cost, no activations) but its parameters exist and
+    # train (torch counts both branches' modules): its ops stay, so its weights are counted,
+    # sharded and placed on a stage like any other
+    other = "else_branch" if chosen == "then_branch" else "then_branch"
+    idle, _ = _inline_body(branches[other], node, graph, _prefix(node, other), {}, 0)
+    return nodes + _outputs_of(body.output, rename, node, node.output, repeat) + idle
+
+
+def _expand_loop(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, constants: Mapping[str, Any], opset: int,
+                 notes: dict[str, list[str]]) -> list[onnx.NodeProto]:
+    """The ``Loop``'s body, inlined once, its nodes repeated ``M`` times (:func:`_expand_control_flow`)."""
+    repeat = _node_repeat(node)
+    where = node.name or "(unnamed)"
+    body = _subgraph(node, "body")
+    m_name = node.input[0] if node.input else ""
+    cond_name = node.input[1] if len(node.input) > 1 else ""
+    carried = list(node.input[2:])
+    trips = _scalar(constants, m_name)
+    if trips is None or trips >= _TRIP_COUNT_SENTINEL or trips < 0:
+        why = "it has no trip count (a while loop)" if not m_name or trips is not None else "its trip count is computed at run time"
+        _note(notes, "loop-unknown", (
+            f"Loop at node {where!r}: {why}, so it is costed as ONE iteration (its cost and activations are too low); "
+            "re-export it with a constant trip count or unrolled (torch.onnx.export traces Python loops) to cost every iteration"
+        ))
+        trips = 1
+    else:
+        _note(notes, "loop", f"Loop at node {where!r}: body costed {trips} times (its constant trip count)")
+    prefix = _prefix(node, "body")
+    pre: list[onnx.NodeProto] = []
+    bound: dict[str, str] = {}
+    names = [i.name for i in body.input]
+    if names:
+        pre.append(_int64_const(prefix + "iteration", 0, node, repeat))
+        bound[names[0]] = prefix + "iteration"
+    if len(names) > 1:
+        if cond_name:
+            bound[names[1]] = cond_name
+        else:
+            pre.append(_helper_node("Constant", [], [prefix + "cond"], node, repeat,
+                                    value=onnx.helper.make_tensor(prefix + "cond", TensorProto.BOOL, [], [True])))
+            bound[names[1]] = prefix + "cond"
+    bound.update({b: c for b, c in zip(names[2:], carried) if c})
+    nodes, rename = _inline_body(body, node, graph, prefix, bound, repeat * trips)
+    n_carried = len(carried)
+    outs = list(node.output)
+    post = _outputs_of(body.output[1:1 + n_carried], rename, node, outs[:n_carried], repeat)
+    for src, dst in zip(body.output[1 + n_carried:], outs[n_carried:]):
+        if dst:
+            post += _stacked(rename.get(src.name, src.name), 0, trips, dst, node, opset, repeat)
+    return pre + nodes + post
+
+
+def _expand_scan(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, constants: Mapping[str, Any], opset: int,
+                 notes: dict[str, list[str]]) -> list[onnx.NodeProto]:
+    """The ``Scan``'s body, inlined once, its nodes repeated once per element of the scanned
+    axis (:func:`_expand_control_flow`)."""
+    repeat = _node_repeat(node)
+    where = node.name or "(unnamed)"
+    if opset < 9:
+        raise ModelError(f"Scan at node {where!r} is the opset-8 form (batched, with sequence_lens); re-export with opset 9 or later")
+    body = _subgraph(node, "body")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.GRAPH}
+    num_scan = int(attrs.get("num_scan_inputs", 0))
+    n_state = len(node.input) - num_scan
+    scan_inputs = list(node.input[n_state:])
+    in_axes = list(attrs.get("scan_input_axes") or [0] * num_scan)
+    out_axes = list(attrs.get("scan_output_axes") or [0] * (len(body.output) - n_state))
+    trips = None
+    if scan_inputs:
+        shape = (shapes.get(scan_inputs[0]) or (None, None))[0]
+        if shape is not None:
+            axis = in_axes[0] + len(shape) if in_axes[0] < 0 else in_axes[0]
+            trips = shape[axis] if 0 <= axis < len(shape) and isinstance(shape[axis], int) else None
+    if trips is None:
+        _note(notes, "loop-unknown", (
+            f"Scan at node {where!r}: the length of its scanned axis is unknown, so it is costed as ONE iteration; "
+            "re-export it with a static sequence length to cost every iteration"
+        ))
+        trips = 1
+    else:
+        _note(notes, "loop", f"Scan at node {where!r}: body costed {trips} times (the length of its scanned axis)")
+    prefix = _prefix(node, "body")
+    names = [i.name for i in body.input]
+    bound = {b: s for b, s in zip(names[:n_state], node.input[:n_state]) if s}
+    pre: list[onnx.NodeProto] = []
+    if scan_inputs:
+        pre.append(_int64_const(prefix + "index", 0, node, repeat * trips))
+    for j, (b, x) in enumerate(zip(names[n_state:], scan_inputs)):
+        rank = len((shapes.get(x) or (None, None))[0] or ())
+        axis = in_axes[j] + rank if in_axes[j] < 0 else in_axes[j]
+        pre.append(_helper_node("Gather", [x, prefix + "index"], [prefix + b], node, repeat * trips, axis=axis))
+        bound[b] = prefix + b
+    nodes, rename = _inline_body(body, node, graph, prefix, bound, repeat * trips)
+    outs = list(node.output)
+    post = _outputs_of(body.output[:n_state], rename, node, outs[:n_state], repeat)
+    for k, (src, dst) in enumerate(zip(body.output[n_state:], outs[n_state:])):
+        if not dst:
+            continue
+        axis = out_axes[k] if k < len(out_axes) else 0
+        if axis < 0:  # relative to the stacked output's rank, one more than the element's
+            elem = _shape_of(src.type)[0]
+            if elem is None:
+                raise ModelError(f"Scan at node {where!r}: a negative scan_output_axes needs the body output's rank; re-export with shapes")
+            axis += len(elem) + 1
+        post += _stacked(rename.get(src.name, src.name), axis, trips, dst, node, opset, repeat)
+    return pre + nodes + post
+
+
+def _subgraph_cost(graph: onnx.GraphProto, outer: Mapping[str, tuple[Any, DType]], constants: Mapping[str, Any]) -> tuple[float, float]:
+    """Forward ``(FLOPs, bytes)`` of a subgraph's ops, for choosing an ``If``'s heavier branch.
+
+    Each node is costed by the same registered cost rule as in the analysis
+    (:func:`dml2comm.ops.registry.op_cost`, lenient: an op without a rule counts its bytes),
+    on the shapes ONNX inference wrote into the subgraph; an op whose shapes are unknown counts
+    zero.  A nested ``If`` counts its heavier branch, a nested ``Loop``/``Scan`` its body once
+    per known trip (else once).  The ops package sits above ``ir`` in the layering; it is
+    imported here, lazily, so that the choice uses the one cost model rather than a second one.
+    """
+    from dml2comm.errors import Dml2CommError
+    from dml2comm.ops.registry import op_cost
+
+    shapes = dict(outer)
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        shapes[vi.name] = _shape_of(vi.type)
+    inits = {init.name for init in graph.initializer}
+    for init in graph.initializer:
+        shapes[init.name] = (tuple(int(d) for d in init.dims), _dtype(init.data_type))
+
+    def tensor(name: str) -> Tensor | None:
+        shape, dtype = shapes.get(name, (None, DType.UNDEFINED)) if name else (None, DType.UNDEFINED)
+        if shape is None or not all(type(d) is int for d in shape):
+            return None
+        numel = 1
+        for d in shape:
+            numel *= d
+        return Tensor(name, shape, dtype, is_weight=dtype.is_float and numel > 1 and name in inits)
+
+    flops = bytes_ = 0.0
+    for node in graph.node:
+        if node.op_type == "Constant":
+            continue
+        if node.op_type == "If" and node.domain in _ONNX_DOMAINS:
+            costs = [_subgraph_cost(a.g, shapes, constants) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+            f, b = max(costs, default=(0.0, 0.0))
+        elif node.op_type in ("Loop", "Scan") and node.domain in _ONNX_DOMAINS:
+            f, b = _subgraph_cost(_subgraph(node, "body"), shapes, constants)
+            trips = _scalar(constants, node.input[0] if node.input else "") if node.op_type == "Loop" else None
+            scale = trips if trips is not None and 0 <= trips < _TRIP_COUNT_SENTINEL else 1
+            f, b = f * scale, b * scale
+        else:
+            op = Op(0, node.name, node.op_type, node.domain, tuple(node.input), tuple(node.output),
+                    MappingProxyType({a.name: _attr_value(a) for a in node.attribute}))
+            ins = [tensor(n) for n in node.input]
+            outs = [tensor(n) for n in node.output]
+            try:
+                c = op_cost(op, ins, outs, lenient=True)
+            except (Dml2CommError, TypeError, AttributeError, IndexError, KeyError, ZeroDivisionError):
+                continue  # a rule that needs a shape inference could not give: counts zero
+            f, b = c.flops_fwd, c.bytes_fwd
+        flops += f
+        bytes_ += b
+    return flops, bytes_
+
+
 # ----------------------------------------------------------------------------- conversion
 
 
@@ -429,10 +1257,16 @@ def _shape_of(vtype: onnx.TypeProto) -> tuple[tuple[int | str, ...] | None, DTyp
 
 
 def _scope(node: onnx.NodeProto) -> str:
-    """Module path of a node: dynamo metadata first, legacy scoped node name second."""
+    """Module path of a node: dynamo metadata first, then the scope of the model-local function
+    call it was inlined from (:func:`_inline_functions`), then its legacy scoped node name."""
+    call_scope = None
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
             return _innermost_module(_parse_list(prop.value))
+        if prop.key == _CALL_SCOPE_KEY:
+            call_scope = prop.value
+    if call_scope is not None:
+        return call_scope
     name = node.name
     if name.startswith("/") and name.count("/") >= 2:
         parts = [p for p in name.split("/") if p]
@@ -499,22 +1333,50 @@ def _constant_tensor(node: onnx.NodeProto) -> tuple[tuple[int, ...], DType] | No
 def _is_parameter(name: str, dtype: DType, shape: tuple[int, ...], consumers: Mapping[str, list[onnx.NodeProto]]) -> bool:
     """Whether the float initializer or ``Constant`` output ``name`` is a trainable parameter.
 
-    It must have more than one element, not be named like a buffer (:data:`_BUFFER_NAME`) and
-    reach an op of :data:`_PARAMETRIC_CONSUMERS` directly or through at most
-    :data:`_WEIGHT_VIEW_DEPTH` view ops (:data:`_WEIGHT_VIEWS`).  Only the tensor itself is a
-    parameter; the views' outputs are activations of the graph.
+    It must not be named like a buffer (:data:`_BUFFER_NAME`), have more than one element or be
+    named like a module parameter (:data:`_PARAMETER_PATH`: a ``Linear(64, 1)``'s ``head.bias``;
+    a generated scalar such as ``onnx::Mul_12`` is a constant), and reach an op of
+    :data:`_PARAMETRIC_CONSUMERS` directly or through at most :data:`_WEIGHT_VIEW_DEPTH` view
+    ops (:data:`_WEIGHT_VIEWS`).  Only the tensor itself is a parameter; what is computed from it
+    alone is a parameter-derived weight (:func:`_parameter_derived`).
     """
     numel = 1
     for d in shape:
         numel *= d
-    if not dtype.is_float or numel <= 1 or _BUFFER_NAME.search(name):
+    if not dtype.is_float or _BUFFER_NAME.search(name) or (numel <= 1 and not _PARAMETER_PATH.match(name)):
         return False
     seen, frontier = {name}, [name]
     for _ in range(_WEIGHT_VIEW_DEPTH + 1):
         following: list[str] = []
         for tensor in frontier:
             for node in consumers.get(tensor, ()):
-                if node.op_type in _PARAMETRIC_CONSUMERS:
+                if node.op_type in _PARAMETRIC_CONSUMERS and _parameter_slot(node, tensor):
+                    return True
+                if node.op_type in _WEIGHT_VIEWS:
+                    following.extend(o for o in node.output if o and o not in seen)
+                    seen.update(node.output)
+        frontier = following
+    return False
+
+
+def _parameter_slot(node: onnx.NodeProto, tensor: str) -> bool:
+    """Whether ``node`` reads ``tensor`` at an input that holds parameters (every input, except
+    for the recurrent ops: :data:`_RECURRENT_PARAMETER_INPUTS`)."""
+    slots = _RECURRENT_PARAMETER_INPUTS.get(node.op_type)
+    return slots is None or any(i in slots for i, name in enumerate(node.input) if name == tensor)
+
+
+def _feeds_recurrent_weights(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> bool:
+    """Whether ``name`` reaches the W, R, B or P input of an LSTM/GRU/RNN directly or through
+    view ops.  Such a ``Constant`` is a parameter whatever its size: the TorchScript exporter
+    writes a recurrent layer's weights as ``Constant`` nodes, gate-reordered by Slice/Concat
+    (a GRU(32, 32)'s bias is 192 elements), below :data:`CONSTANT_WEIGHT_MIN_ELEMENTS`."""
+    seen, frontier = {name}, [name]
+    for _ in range(_WEIGHT_VIEW_DEPTH + 1):
+        following: list[str] = []
+        for tensor in frontier:
+            for node in consumers.get(tensor, ()):
+                if node.op_type in _RECURRENT_PARAMETER_INPUTS and _parameter_slot(node, tensor):
                     return True
                 if node.op_type in _WEIGHT_VIEWS:
                     following.extend(o for o in node.output if o and o not in seen)
@@ -556,6 +1418,132 @@ def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool) -> list[s
     return notes
 
 
+# ----------------------------------------------------------------------------- parameter-derived tensors
+
+#: Ops that compute a weight for its consumer from parameters (and constants) alone: views,
+#: layout changes, casts and point-wise arithmetic with constants (Gemma's ``1 + w``).  Their
+#: outputs are *parameter-derived*: weights of the graph, never activations.  Lookups
+#: (``Gather`` of a position table with constant ids) and contractions are not listed: their
+#: outputs are activations of the layer that computes them.
+_DERIVING_OPS = frozenset(
+    {
+        "Identity", "Cast", "CastLike", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+        "Slice", "Split", "Concat", "Expand", "Tile", "Add", "Sub", "Mul", "Div", "Neg", "Sqrt",
+        "Reciprocal", "Exp", "Abs", "Pow",
+    }
+)
+
+#: A PyTorch parameter path: dotted module names ending in the parameter's name
+#: (``encoder.layer.3.output.LayerNorm.bias``), or a top-level ``weight``/``bias``.
+_PARAMETER_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.\w+)+$|^(?:weight|bias)$")
+
+
+def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Mapping[str, list[onnx.NodeProto]],
+                       warnings: list[str]) -> list[Op]:
+    """Mark what is computed only from parameters (and constants), in place in ``tensors``;
+    return the ops, with the exporters' de-duplication ``Identity`` nodes removed and every
+    weight-preparing op moved next to (and into the module scope of) its first consumer.
+
+    Two kinds of tensor are computed from a parameter alone:
+
+    * **A de-duplicated parameter.**  The TorchScript exporter stores equal-valued parameters
+      once: ``torch.onnx.export`` runs ``DeduplicateInitializersByValue``
+      (``torch/csrc/jit/passes/onnx/deduplicate_initializers.cpp``), and the graph reads each
+      dropped parameter through an ``Identity`` of the kept one, the ``Identity`` output
+      carrying the dropped parameter's own name (library-initialised BERT: all LayerNorm
+      weights are ones and all biases zeros, so ``encoder.layer.11.output.LayerNorm.bias =
+      Identity(embeddings.LayerNorm.bias)``).  ``torch.nn.Module.parameters()`` lists each of
+      them (torch's parameter count includes every copy), each has its own gradient and
+      optimizer state, and each lives with the module that uses it.  So an ``Identity`` of an
+      initializer parameter whose output is named like a parameter path (:data:`_PARAMETER_PATH`:
+      dotted, not a generated ``onnx::``/``val_`` name or a ``/scope/op_output_0`` value) is a
+      parameter of its own: the node is dropped and its output becomes a weight.
+      A *tied* parameter (GPT-2's ``lm_head.weight is transformer.wte.weight``) is one Python
+      object, exported once and never de-duplicated, so this never double-counts a tie.
+    * **A view of a parameter** (:data:`_DERIVING_OPS` on parameters and constants only,
+      chains included: ``Transpose`` of a tied embedding table for the LM head, ``Cast`` to
+      the compute type, ``Reshape`` of a Paddle ``Constant``).  It is not a parameter (counted
+      once, as its source), it is a weight of the graph (``is_weight``; ``tied_to`` names the
+      source parameter; sharded as the source) and every pipeline stage that reads it derives
+      it locally from its own copy of the source: it is never sent between stages
+      (Megatron-LM keeps the word embedding on the first and last stages and the LM head
+      reads it there).  Its op is moved right before its first consumer and takes that
+      consumer's module scope, so layer grouping puts it in the consumer's layer.
+
+    An ``Identity`` copy with a generated name is taken as a view: the legacy exporter names
+    de-duplicated parameters after the parameter, so a generated name means the exporter made
+    the value, not torch.  (A de-duplicated *folded* weight, e.g. two all-zero linear weights
+    transposed by constant folding, would be undercounted; see the README's limitations.)
+    """
+    produced = {o for op in ops for o in op.outputs if o}
+    restored: list[str] = []
+    kept: list[Op] = []
+    for op in ops:
+        if (op.op_type == "Identity" and len(op.inputs) == 1 and len(op.outputs) == 1 and op.outputs[0]
+                and op.inputs[0] not in produced):
+            src, out = tensors.get(op.inputs[0]), op.outputs[0]
+            t = tensors.get(out)
+            if (src is not None and src.is_weight and src.tied_to is None and t is not None and _PARAMETER_PATH.match(out)
+                    and _is_parameter(out, t.dtype, t.shape, consumers)):
+                tensors[out] = Tensor(out, t.shape, t.dtype, is_weight=True)
+                produced.discard(out)
+                restored.append(out)
+                continue
+        kept.append(op)
+    if restored:
+        warnings.append(
+            f"{len(restored)} parameter(s) the exporter de-duplicated into Identity nodes (equal values) restored as "
+            f"parameters of their own, as torch counts them (e.g. {restored[0]!r})"
+        )
+    # views: in topological order, an op of _DERIVING_OPS reading only weights and constants
+    deriving: set[int] = set()
+    for i, op in enumerate(kept):
+        if op.op_type not in _DERIVING_OPS or op.domain not in ("", "ai.onnx"):
+            continue
+        ins = [tensors.get(n) for n in op.inputs if n]
+        if not ins or any(t is None or not (t.is_weight or (t.name not in produced and not t.is_input)) for t in ins):
+            continue
+        sources = [t for t in ins if t is not None and t.is_weight]
+        if not sources:
+            continue
+        root = sources[0].tied_to or sources[0].name
+        deriving.add(i)
+        for out in op.outputs:
+            t = tensors.get(out) if out else None
+            if t is not None and t.dtype.is_float:
+                tensors[out] = Tensor(out, t.shape, t.dtype, True, False, root)
+    if not deriving:
+        return [replace(op, index=i) for i, op in enumerate(kept)] if restored else ops
+    # move each weight-preparing op right before its first consumer, into the consumer's scope
+    producer = {o: i for i, op in enumerate(kept) for o in op.outputs if o}
+    readers: dict[int, int] = {}
+    for i, op in enumerate(kept):
+        for n in op.inputs:
+            j = producer.get(n) if n else None
+            if j is not None and j in deriving and j not in readers:
+                readers[j] = i
+    order: list[tuple[int, str | None]] = []
+    placed: set[int] = set()
+
+    def place(i: int, scope: str | None) -> None:
+        for n in kept[i].inputs:
+            j = producer.get(n) if n else None
+            if j is not None and j in deriving and j not in placed:
+                place(j, scope if scope is not None else kept[i].scope)
+        placed.add(i)
+        order.append((i, scope))
+
+    for i, op in enumerate(kept):
+        if i in placed or (i in deriving and i in readers):
+            continue  # placed by its first consumer
+        place(i, None)
+    out: list[Op] = []
+    for index, (i, scope) in enumerate(order):
+        op = kept[i]
+        out.append(replace(op, index=index, scope=scope if scope is not None and i in deriving else op.scope))
+    return out
+
+
 def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
              shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]]) -> tuple[OpGraph, list[str]]:
     graph = model.graph
@@ -588,7 +1576,6 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         inputs.append(vi.name)
 
     ops: list[Op] = []
-    control_flow: list[str] = []
     no_attrs: Mapping[str, Any] = MappingProxyType({})
     for node in graph.node:
         op_type, domain = node.op_type, node.domain
@@ -601,7 +1588,8 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
                 for d in shape:
                     numel *= d
                 folded = any(p.key == _FOLDED_KEY for p in node.metadata_props)
-                weight = not folded and numel >= CONSTANT_WEIGHT_MIN_ELEMENTS and _is_parameter(out, dtype, shape, consumers)
+                weight = (not folded and (numel >= CONSTANT_WEIGHT_MIN_ELEMENTS or _feeds_recurrent_weights(out, consumers))
+                          and _is_parameter(out, dtype, shape, consumers))
                 tensors[out] = Tensor(out, shape, dtype, is_weight=weight)
             else:
                 inferred = shapes.get(out)
@@ -610,8 +1598,6 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
                 else:
                     tensors[out] = Tensor(out, (), DType.FLOAT)
             continue
-        if op_type in CONTROL_FLOW_OPS:
-            control_flow.append(f"{op_type} at node {node.name or '(unnamed)'!r}")
         outputs = tuple(node.output)
         for out in outputs:
             if not out:
@@ -626,18 +1612,11 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
             tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
-        ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node)))
+        ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node),
+                      _node_repeat(node)))
 
+    ops = _parameter_derived(ops, tensors, consumers, warnings)
     warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings))
-    if control_flow:
-        where = ", ".join(control_flow[:3])
-        if not options.lenient:
-            raise ModelError(
-                f"control flow is not supported ({where}); re-export with loops unrolled "
-                "(torch.onnx.export traces Python loops), or pass --lenient to cost each as one memory-bound op"
-            )
-        warnings.append(f"control flow costed as memory-bound ops without their subgraphs: {where}")
-
     if no_shape:
         op_type, (domain, node_name) = next(iter(no_shape.items()))
         where = f" (domain {domain!r})" if domain not in ("", "ai.onnx") else ""
@@ -646,11 +1625,14 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
             "declare its output shapes in the model's value_info, or replace the op with standard ONNX ops"
         )
     if unknown:
-        dims = sorted({d for ds in unknown.values() for d in ds})
-        first = sorted(unknown)[:3]
+        # Every input dim is bound by now (load_model_proto refuses unbound ones first), so these
+        # are computed inside the model; name a few, exporter-named ones before ``unk__N``.
+        dims = sorted({d for ds in unknown.values() for d in ds}, key=lambda d: (d.startswith("unk__") or d == "?", d))
+        named = ", ".join(dims[:3]) + (f" and {len(dims) - 3} more" if len(dims) > 3 else "")
+        first = next(iter(unknown))
         raise UnboundDimError(
-            f"unknown dimensions {', '.join(dims)} remain (e.g. tensors {', '.join(map(repr, first))}); "
-            "bind them with --batch-size N, --seq-len N or --dim NAME=VALUE"
+            f"{len(dims)} internal dimension(s) stay unknown although every input dim is bound ({named}; first tensor {first!r}): "
+            "the model computes them from data; re-export it with static shapes"
         )
     outputs = tuple(o.name for o in graph.output if o.name in tensors)
     metadata = {p.key: p.value for p in model.metadata_props}

@@ -10,8 +10,9 @@ Families (one module each, every formula documented and sourced in its module do
 - :mod:`~dml2comm.ops.reduce`: Reduce*, ArgMax/ArgMin, CumSum, TopK
 - :mod:`~dml2comm.ops.movement`: views, copies, gathers, scatters, Resize, generators
 - :mod:`~dml2comm.ops.loss`: SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss
+- :mod:`~dml2comm.ops.recurrent`: LSTM, GRU, RNN
 """
 
-from dml2comm.ops import conv, elementwise, linalg, loss, movement, norm, reduce
+from dml2comm.ops import conv, elementwise, linalg, loss, movement, norm, recurrent, reduce
 
-__all__ = ["conv", "elementwise", "linalg", "loss", "movement", "norm", "reduce"]
+__all__ = ["conv", "elementwise", "linalg", "loss", "movement", "norm", "recurrent", "reduce"]

@@ -101,8 +101,17 @@ def memory_bound_cost(inputs: Sequence[Tensor | None], outputs: Sequence[Tensor 
     return OpCost(0.0, fwd, 0.0, bwd, rule, fallback)
 
 
+def _repeated(cost: OpCost, repeat: int) -> OpCost:
+    """``cost`` of one run times ``repeat``: an op inlined from a ``Loop``/``Scan`` body runs
+    once per iteration (:attr:`~dml2comm.ir.graph.Op.repeat`), each run costing the same."""
+    if repeat == 1:
+        return cost
+    return OpCost(cost.flops_fwd * repeat, cost.bytes_fwd * repeat, cost.flops_bwd * repeat, cost.bytes_bwd * repeat,
+                  f"{cost.rule} x {repeat} iterations", cost.fallback)
+
+
 def op_cost(op: Op, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor | None], lenient: bool = False) -> OpCost:
-    """Cost of ``op`` on the given (possibly sharded) tensors.
+    """Cost of ``op`` on the given (possibly sharded) tensors, times ``op.repeat``.
 
     Raises
     ------
@@ -111,11 +120,12 @@ def op_cost(op: Op, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor | 
     """
     rule = lookup(op.op_type)
     if rule is not None:
-        return rule(op, inputs, outputs)
+        return _repeated(rule(op, inputs, outputs), op.repeat)
     if lenient:
-        return memory_bound_cost(inputs, outputs, "unknown op: memory-bound guess", fallback=True)
+        return _repeated(memory_bound_cost(inputs, outputs, "unknown op: memory-bound guess", fallback=True), op.repeat)
     domain = f" (domain {op.domain!r})" if op.domain not in ("", "ai.onnx") else ""
     raise UnsupportedOpError(
         f"no cost rule for op type {op.op_type!r}{domain} at node {op.name!r}; add one with "
-        f"@cost_rule({op.op_type!r}) in a module of dml2comm/ops/, or pass --lenient to cost it as memory-bound"
+        f"@cost_rule({op.op_type!r}) in a module of dml2comm/ops/, or analyse the model with "
+        "`python main.py MODEL.onnx --lenient` to cost it as memory-bound (sweep and compare have no --lenient)"
     )

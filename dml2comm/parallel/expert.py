@@ -129,7 +129,7 @@ def _weights_behind(graph: OpGraph, name: str, depth: int = 8) -> set[str]:
         following: list[str] = []
         for tensor_name in frontier:
             t = graph.tensors.get(tensor_name)
-            if t is not None and t.is_weight:
+            if t is not None and t.is_parameter:  # a parameter-derived view is followed to its parameter
                 found.add(tensor_name)
                 continue
             producer = graph.producer(tensor_name)

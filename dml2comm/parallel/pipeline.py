@@ -11,7 +11,10 @@ SOSP'19, Sec. 3.1) and DeepSpeed's ``partition_method=parameters|type`` approxim
 Boundary traffic (Narayanan et al. 2021, Sec. 2.2): per micro-batch, each activation that is
 produced before a boundary and read after it is sent forward, and its gradient backward.
 Tensors that need no gradient (masks, position tables: they depend only on inputs) are
-rebuilt by each stage from the inputs, as Megatron-LM does, and are not sent.
+rebuilt by each stage from the inputs, as Megatron-LM does, and are not sent; neither are
+weights (parameters and tensors computed from them alone): a stage reading one holds it
+(:func:`sent_activations`), and a parameter held by several stages has its gradient
+all-reduced among them (:func:`held_copies`: tied embeddings).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 import itertools
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from dml2comm.errors import ConfigError
+from dml2comm.ir.graph import OpGraph
 
-__all__ = ["partition_layers", "Boundary", "stage_boundaries"]
+__all__ = ["partition_layers", "Boundary", "stage_boundaries", "sent_activations", "parameter_layers",
+           "parameter_shard_factors", "HeldCopies", "held_copies"]
 
 
 def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], ...]:
@@ -106,3 +111,80 @@ def stage_boundaries(
         for k in range(src, last):
             crossing[k].append(name)
     return tuple(Boundary(k, tuple(sorted(c))) for k, c in enumerate(crossing))
+
+
+def sent_activations(graph: OpGraph, needs_grad: frozenset[str]) -> frozenset[str]:
+    """The tensors a pipeline boundary may carry: those that need a gradient, less every weight.
+
+    A parameter, a stored copy of one and a parameter-derived tensor (a ``Transpose``, ``Cast``
+    or ``Reshape`` of a parameter; :attr:`dml2comm.ir.graph.Tensor.tied_to`) are never sent:
+    every stage that reads one holds the source parameter and derives the tensor locally, as
+    Megatron-LM's last stage holds its own copy of the word embedding for the LM head
+    (``LanguageModule.setup_embeddings_and_output_layer``) instead of receiving it.
+    """
+    return frozenset(n for n in needs_grad if not ((t := graph.tensors.get(n)) is not None and t.is_weight))
+
+
+def parameter_layers(graph: OpGraph, layer_of_op: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """Per parameter, the layers that read it directly or through a weight carrying its values
+    (a tied copy, a parameter-derived tensor: :meth:`OpGraph.parameter_sources`), ascending.
+
+    The first is the parameter's owner: it counts there.  Every other stage that reads it holds
+    a copy (memory, optimizer state) whose gradient is all-reduced with the owner's
+    (:func:`held_copies`).  Parameters no op reads are left out."""
+    readers: dict[str, set[int]] = {}
+    for op in graph.ops:
+        li = layer_of_op[op.index]
+        for name in op.inputs:
+            if name:
+                for src in graph.parameter_sources(name):
+                    readers.setdefault(src, set()).add(li)
+    return {w: tuple(sorted(layers)) for w, layers in readers.items()}
+
+
+def parameter_shard_factors(graph: OpGraph, weight_factor: Mapping[str, int]) -> dict[str, int]:
+    """Per parameter, the tensor-parallel factor it is held with: its own, or that of a weight
+    derived from it (a Transpose of the embedding split over the vocabulary for the LM head):
+    a parameter is sharded as the weights computed from it."""
+    out: dict[str, int] = {}
+    for name, factor in weight_factor.items():
+        for src in graph.parameter_sources(name):
+            out[src] = max(out.get(src, 1), factor)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopies:
+    """Parameters held by more than one pipeline stage (tied embeddings)."""
+
+    extra: tuple[float, ...]  # per stage: elements held that another (earlier) stage owns
+    extra_local: tuple[float, ...]  # the same per GPU, after tensor parallelism
+    groups: tuple[tuple[tuple[int, ...], float], ...]  # (stages holding them, elements per GPU to all-reduce)
+
+
+def held_copies(shared: Sequence[tuple[Sequence[int], float, float]], stage_of_layer: Sequence[int], p: int) -> HeldCopies:
+    """Which stages hold a copy of a parameter another stage owns, and the gradient all-reduce
+    that keeps the copies equal.
+
+    ``shared``: per parameter read by more than one layer, (its reader layers ascending, its
+    elements, its elements per GPU after tensor parallelism).  A parameter read on stages
+    s_0 < s_1 < ... is owned by s_0 and copied on the others; after the backward pass their
+    gradients are summed by an all-reduce over one GPU of each of those stages (same data and
+    tensor rank): Megatron-LM's *embedding group* of the first and last stage
+    (``parallel_state.get_embedding_group``; ``finalize_model_grads`` calls
+    ``_allreduce_word_embedding_grads`` after the data-parallel gradient sync and before the
+    optimizer step, an all-reduce of the word embedding's gradient, vocab x hidden / t
+    elements).  Parameters shared by the same stages are all-reduced together.
+    """
+    extra = [0.0] * p
+    extra_local = [0.0] * p
+    groups: dict[tuple[int, ...], float] = {}
+    for layers, numel, local in shared:
+        stages = tuple(sorted({stage_of_layer[li] for li in layers}))
+        if len(stages) < 2:
+            continue
+        for s in stages[1:]:
+            extra[s] += numel
+            extra_local[s] += local
+        groups[stages] = groups.get(stages, 0.0) + local
+    return HeldCopies(tuple(extra), tuple(extra_local), tuple(sorted(groups.items())))

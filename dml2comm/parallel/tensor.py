@@ -29,9 +29,16 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
   and a vocabulary-split graph output adds Megatron's parallel cross-entropy: three
   AllReduces of ``b*s`` fp32 values (max logit, target logit, sum of exponentials;
   Megatron-LM ``tensor_parallel/cross_entropy.py``).
+- Head counts come from the attention cores (``Q.K^T -> Softmax -> .V``, :func:`find_attention`):
+  each operand is followed back to its head-splitting Reshape ``[.., n*d] -> [.., n, d]`` and its
+  projection, so they do not depend on the batch size or on how the exporter lays out batch and
+  heads.  A split survives a Reshape that merges it into a more significant axis (batch*heads,
+  ``[b, n, s, d] -> [b*n, s, d]``) and returns to the head axis when unmerged.
 - Grouped-query attention: when ``t`` does not divide the KV heads, the K/V projections are
-  replicated (detected as a split that a head Reshape cannot keep); ``t`` must divide the
-  query heads.
+  replicated (detected as a split that the head Reshape cannot keep, or that would cut
+  ``head_dim``); ``t`` must divide the query heads.  A split that
+  some other Reshape cannot keep replicates the op that made it, with a warning naming that
+  Reshape (never a grouped-query warning on a model without attention).
 - Anything else that reads a split tensor on its split axis (a norm over the hidden axis, a
   softmax over a split axis) gets an AllGather first, with a warning.
 """
@@ -44,7 +51,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import Op, OpGraph, Tensor
 from dml2comm.network.kinds import CollectiveKind, Phase
 
-__all__ = ["Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads", "padded_vocab", "requires_grad"]
+__all__ = ["AttentionCore", "Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads",
+           "find_attention", "padded_vocab", "requires_grad"]
 
 R = "R"
 P = "P"
@@ -106,32 +114,257 @@ class TensorParallelPlan:
 
 @dataclass
 class _State:
+    """``R``, ``P`` or ``S(axis)``.
+
+    A split axis is read as ``[outer, t, rest]`` (row-major): every rank holds one of the ``t``
+    slices for each of the ``outer`` leading coordinates.  ``outer`` is 1 for a plain
+    contiguous split; it is larger after a Reshape merges a split axis into a more significant
+    one, e.g. heads split ``[b, n/t, s, d]`` merged into ``[b*n, s, d]`` (``outer = b``), so the
+    split survives the merge and the later ``[b*n, s, s] -> [b, n, s, s]`` puts it back on
+    ``n``, whatever ``b`` is.
+    """
+
     kind: str  # R, P or "S"
     axis: int = -1
     origin: int | None = None  # op index that introduced the split
+    outer: int = 1
+
+    def moved(self, axis: int) -> "_State":
+        """The same split, now on ``axis`` (a view that keeps the split axis whole)."""
+        return _State("S", axis, self.origin, self.outer)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCore:
+    """One scaled-dot-product attention ``softmax(Q.K^T [+ mask]) . V`` found in the graph.
+
+    ``q_heads``/``kv_heads`` are read off the head-splitting Reshape ``[.., n*d] -> [.., n, d]``
+    on each operand's path back to its projection (or the projection's width over ``d`` when no
+    Reshape splits heads off, as in multi-query attention), so they do not depend on how the
+    export lays out batch and heads later (``[b, n, s, d]`` or merged ``[b*n, s, d]``).
+    """
+
+    scores_op: int  # op index of Q.K^T
+    context_op: int  # op index of P.V
+    head_dim: int
+    q_heads: int | None
+    kv_heads: int | None
+    q_projections: frozenset[int]  # weight ops (MatMul/Gemm) that produce Q
+    kv_projections: frozenset[int]  # weight ops that produce K or V
+    head_reshapes: frozenset[int] = frozenset()  # the Reshapes ``[.., n*d] -> [.., n, d]`` of Q, K, V
+
+
+#: Ops between Q.K^T and Softmax (scale, mask, soft-capping, dtype casts, a merged/unmerged view).
+_SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Identity", "Tanh", "Reshape", "Dropout", "Min", "Max"})
+#: Ops between Softmax and P.V (dropout, head mask, dtype casts, a view).
+_PROB_OPS = frozenset({"Cast", "Identity", "Dropout", "Where", "Mul", "Reshape"})
+#: Ops on the path from a projection to a Q/K/V operand that keep its head structure.
+_HEAD_PATH_OPS = _VIEWS_PASS | _ELEMENTWISE | frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Tile", "Split", "Slice", "Concat", "Flatten"}
+)
+
+
+def _parameter_derived(graph: OpGraph) -> frozenset[str]:
+    """Weights and tensors computed from weights and constants only (a transposed or cast
+    weight): the weight operands of projections, never attention activations."""
+    derived = {w.name for w in graph.weights}
+    constant: set[str] = set()  # Constant nodes and what is computed from them alone
+    inputs = set(graph.inputs)
+    for op in graph.ops:
+        names = [n for n in op.inputs if n]
+        if all(n in derived or n in constant or (graph.producer(n) is None and n not in inputs) for n in names):
+            (derived if any(n in derived for n in names) else constant).update(o for o in op.outputs if o)
+    return frozenset(derived)
+
+
+def _is_weight_op(op: Op, derived: frozenset[str]) -> bool:
+    return op.op_type in ("MatMul", "Gemm") and any(n in derived for n in op.inputs[:2] if n)
+
+
+def _activation_inputs(graph: OpGraph, op: Op, derived: frozenset[str]) -> list[Tensor]:
+    out = []
+    for name in op.inputs:
+        tensor = graph.tensor(name) if name else None
+        if tensor is not None and name not in derived and tensor.dtype.is_float and graph.producer(name) is not None:
+            out.append(tensor)
+    return out
+
+
+def _score_matmul(graph: OpGraph, name: str, derived: frozenset[str], depth: int = 8) -> int | None:
+    """The activation x activation MatMul that ``name`` (a Softmax input) is computed from."""
+    at = graph.producer(name)
+    if at is None or depth == 0:
+        return None
+    op = graph.ops[at]
+    if op.op_type == "MatMul":
+        return at if len(_activation_inputs(graph, op, derived)) == 2 else None
+    if op.op_type not in _SCORE_OPS:
+        return None
+    for tensor in sorted(_activation_inputs(graph, op, derived), key=lambda x: -x.numel):
+        found = _score_matmul(graph, tensor.name, derived, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _context_matmul(graph: OpGraph, name: str, derived: frozenset[str], depth: int = 6) -> int | None:
+    """The MatMul that reads the attention probabilities ``name`` as its left operand."""
+    if depth == 0:
+        return None
+    for at in graph.consumers(name):
+        op = graph.ops[at]
+        if op.op_type == "MatMul" and op.inputs[0] == name and len(_activation_inputs(graph, op, derived)) == 2:
+            return at
+        if op.op_type in _PROB_OPS and op.outputs and op.outputs[0]:
+            found = _context_matmul(graph, op.outputs[0], derived, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[str]) -> tuple[int | None, int | None, int | None]:
+    """(heads, projection op index, head-splitting Reshape op index) of an attention operand,
+    walking back from ``name`` to its projection.
+
+    The heads are read off the first head-splitting Reshape met: its output ends in
+    ``[.., n, head_dim]`` and its input's last axis holds ``n * head_dim`` (or a multiple: a
+    fused ``[.., 3, n, d]`` QKV view); one head (multi-query attention) only where the Reshape
+    adds the size-1 head axis to an otherwise unchanged ``[.., d]``.  Reshapes that keep
+    ``head_dim`` last without splitting it off (batch*heads merges and unmerges,
+    ``repeat_kv``) are views of the same heads and are walked through, so the count does not
+    depend on the batch size or on how the exporter lays batch and heads out.  With no such
+    Reshape the projection's width over ``head_dim`` is the head count.
+    """
+    heads: int | None = None
+    split_at: int | None = None
+    for _ in range(64):
+        at = graph.producer(name)
+        if at is None:
+            return heads, None, split_at
+        op = graph.ops[at]
+        if _is_weight_op(op, derived):
+            out = graph.tensor(op.outputs[0])
+            if heads is None and out is not None and out.rank >= 1 and out.shape[-1] % head_dim == 0:
+                heads = out.shape[-1] // head_dim
+            return heads, at, split_at
+        if op.op_type not in _HEAD_PATH_OPS:
+            return heads, None, split_at
+        if op.op_type == "Reshape" and heads is None:
+            src, dst = graph.tensor(op.inputs[0]), graph.tensor(op.outputs[0])
+            if src is not None and dst is not None and src.rank >= 1 and dst.rank >= 2 and dst.shape[-1] == head_dim:
+                n = dst.shape[-2]
+                if src.shape[-1] % (n * head_dim) == 0 and (
+                    src.shape[-1] != head_dim or (n == 1 and dst.shape[:-2] == src.shape[:-1])
+                ):
+                    heads, split_at = n, at
+        ins = _activation_inputs(graph, op, derived)
+        if not ins:
+            return heads, None, split_at
+        name = max(ins, key=lambda x: x.numel).name  # the data path, not a scale, mask or rotary table
+    return heads, None, split_at
+
+
+def find_attention(graph: OpGraph) -> tuple[AttentionCore, ...]:
+    """Every ``Q.K^T -> Softmax -> .V`` attention core of ``graph`` (see :class:`AttentionCore`)."""
+    cores = []
+    derived = _parameter_derived(graph)
+    for op in graph.ops:
+        if op.op_type != "Softmax" or not op.outputs or not op.outputs[0]:
+            continue
+        x = graph.tensor(op.inputs[0])
+        if x is None or x.rank < 2 or int(op.attr("axis", -1)) % x.rank != x.rank - 1:
+            continue
+        scores = _score_matmul(graph, op.inputs[0], derived)
+        context = _context_matmul(graph, op.outputs[0], derived)
+        if scores is None or context is None:
+            continue
+        mm = graph.ops[scores]
+        q = graph.tensor(mm.inputs[0])
+        v = graph.tensor(graph.ops[context].inputs[1])
+        if q is None or v is None or q.rank < 2 or v.rank < 2:
+            continue
+        d = q.shape[-1]
+        q_heads, q_proj, q_split = _trace_heads(graph, mm.inputs[0], d, derived)
+        k_heads, k_proj, k_split = _trace_heads(graph, mm.inputs[1], d, derived)
+        v_heads, v_proj, v_split = _trace_heads(graph, v.name, v.shape[-1], derived)
+        kv = [n for n in (k_heads, v_heads) if n is not None]
+        cores.append(AttentionCore(
+            scores, context, d, q_heads, min(kv) if kv else None,
+            frozenset(p for p in (q_proj,) if p is not None),
+            frozenset(p for p in (k_proj, v_proj) if p is not None),
+            frozenset(p for p in (q_split, k_split, v_split) if p is not None),
+        ))
+    return tuple(cores)
 
 
 def attention_heads(graph: OpGraph) -> tuple[int | None, int | None]:
-    """(query heads, KV heads) read off head-splitting Reshapes ``[.., n*d] -> [.., n, d]``."""
-    counts: set[int] = set()
-    for op in graph.ops:
-        if op.op_type != "Reshape":
-            continue
-        src = graph.tensor(op.inputs[0])
-        dst = graph.tensor(op.outputs[0])
-        if src is None or dst is None or dst.rank < 4 or src.rank != dst.rank - 1:
-            continue
-        n, d = dst.shape[-2], dst.shape[-1]
-        if n > 1 and 8 <= d <= 512 and n * d == src.shape[-1] and src.shape[:-1] == dst.shape[:-2]:
-            counts.add(n)
-    if not counts:
+    """(query heads, KV heads) of the attention cores of ``graph``; (None, None) without attention.
+
+    The most query heads and the fewest KV heads over all cores (they agree in every layer of
+    the models we know).
+    """
+    return _heads_of(find_attention(graph))
+
+
+def _heads_of(cores: tuple[AttentionCore, ...]) -> tuple[int | None, int | None]:
+    q = [c.q_heads for c in cores if c.q_heads is not None]
+    kv = [c.kv_heads for c in cores if c.kv_heads is not None]
+    if not q:
         return None, None
-    return max(counts), min(counts)
+    return max(q), (min(kv) if kv else max(q))
 
 
 class _Conflict(Exception):
-    def __init__(self, origin: int) -> None:
+    """A split introduced by op ``origin`` cannot pass the Reshape ``at``."""
+
+    def __init__(self, origin: int, at: int) -> None:
         self.origin = origin
+        self.at = at
+
+
+def _token_outer(graph: OpGraph, name: str, t: int) -> int:
+    """The ``outer`` of a sequence-parallel reduce-scatter of ``name``.
+
+    A reduce-scatter may hand each rank any fixed part of the tokens.  On a merged token axis
+    ``[b*s, h]`` (exports that flatten batch and sequence around a Gemm) the part that matches
+    the residual stream's ``[b, s/t, h]`` split is ``[b, s/t]`` of ``b*s``, i.e. ``outer = b``
+    (read off the Reshape that unflattens it), whatever the batch size; else 1.
+    """
+    tensor = graph.tensor(name)
+    if tensor is None or tensor.rank != 2:
+        return 1
+    for at in graph.consumers(name):
+        op = graph.ops[at]
+        dst = graph.tensor(op.outputs[0]) if op.op_type == "Reshape" and op.outputs and op.outputs[0] else None
+        if (dst is not None and dst.rank >= 3 and dst.shape[-1] == tensor.shape[-1] and dst.shape[-2] % t == 0
+                and dst.numel == tensor.numel):
+            outer = 1
+            for dim in dst.shape[:-2]:
+                outer *= dim
+            return outer
+    return 1
+
+
+def _replication_warning(graph: OpGraph, conflict: _Conflict, t: int, cores: tuple[AttentionCore, ...]) -> str:
+    """Why op ``conflict.origin`` is kept whole: grouped-query KV heads only where they are.
+
+    A K/V projection of an attention core whose KV heads are fewer than the query heads and
+    not divisible by t is replicated (Megatron-LM itself requires t to divide
+    ``num_query_groups``, ``megatron/core/transformer/attention.py``; vLLM's
+    ``QKVParallelLinear`` replicates KV heads when t exceeds them); any other split that a
+    Reshape cannot keep is named with that Reshape.
+    """
+    op = graph.ops[conflict.origin]
+    for core in cores:
+        if (conflict.origin in core.kv_projections and core.kv_heads is not None and core.q_heads is not None
+                and core.kv_heads < core.q_heads and core.kv_heads % t):
+            return (f"{op.op_type} {op.name!r} replicated: t={t} does not divide its grouped-query KV heads "
+                    f"({core.kv_heads} KV, {core.q_heads} query heads)")
+    at = graph.ops[conflict.at]
+    src, dst = graph.tensor(at.inputs[0]), graph.tensor(at.outputs[0])
+    shapes = f" ({list(src.shape)} -> {list(dst.shape)})" if src is not None and dst is not None else ""
+    return (f"{op.op_type} {op.name!r} replicated: its output split over t={t} cannot pass "
+            f"{at.op_type} {at.name!r}{shapes}")
 
 
 def shard_tensor_parallel(
@@ -148,7 +381,8 @@ def shard_tensor_parallel(
     ConfigError
         ``tp_size`` does not divide the attention heads or a column-parallel output size.
     """
-    heads, kv_heads = attention_heads(graph)
+    cores = find_attention(graph)
+    heads, kv_heads = _heads_of(cores)
     if tp_size == 1:
         shards = tuple(
             Shard(graph.op_inputs(op), graph.op_outputs(op), 1, "replicated (t=1)") for op in graph.ops
@@ -159,14 +393,15 @@ def shard_tensor_parallel(
         raise ConfigError(
             f"--t {tp_size} does not divide the {heads} attention heads; choose t from {divisors}"
         )
-    replicated: set[int] = set()
+    replicated: dict[int, str] = {}  # op index -> why it is kept whole
     while True:
         try:
-            return _propagate(graph, tp_size, sequence_parallel, dtype_bytes, replicated, heads, kv_heads, needs_grad)
+            return _propagate(graph, tp_size, sequence_parallel, dtype_bytes, replicated, heads, kv_heads, needs_grad,
+                              frozenset().union(*(c.head_reshapes for c in cores)))
         except _Conflict as conflict:
             if conflict.origin in replicated:  # pragma: no cover - defensive: cannot loop
                 raise ConfigError("tensor-parallel sharding did not converge; report this model") from None
-            replicated.add(conflict.origin)
+            replicated[conflict.origin] = _replication_warning(graph, conflict, tp_size, cores)
 
 
 def _vocab_table(graph: OpGraph) -> str | None:
@@ -184,10 +419,11 @@ def _propagate(
     t: int,
     sp: bool,
     dtype_bytes: int,
-    replicated: set[int],
+    replicated: dict[int, str],
     heads: int | None,
     kv_heads: int | None,
     needs_grad: frozenset[str] | None,
+    head_reshapes: frozenset[int] = frozenset(),
 ) -> TensorParallelPlan:
     states: dict[str, _State] = {}
     weight_split: dict[str, int] = {}  # weight -> split axis (of the weight's own shape)
@@ -261,7 +497,7 @@ def _propagate(
                 comms.append(
                     TPComm(CollectiveKind.ALL_GATHER, Phase.BACKWARD, at, name, nbytes(name), "gradient of a sequence-parallel reduce-scatter")
                 )
-            states[name] = _State("S", seq_axis)
+            states[name] = _State("S", seq_axis, None, _token_outer(graph, name, t))
         else:
             comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, at, name, nbytes(name), "row-parallel output (Megatron g)"))
             states[name] = _State(R)
@@ -275,10 +511,12 @@ def _propagate(
         )
 
     def weight_of(name: str) -> tuple[str, tuple[int, ...]] | None:
+        if name in weight_alias:  # a view of a weight (itself a parameter-derived weight): split as its source
+            return weight_alias[name]
         tensor = graph.tensor(name)
         if tensor is not None and tensor.is_weight:
             return name, ()
-        return weight_alias.get(name)
+        return None
 
     def split_weight(name: str, axis_in_tensor: int, op: Op) -> None:
         base, perm = weight_of(name) or (name, ())
@@ -331,7 +569,7 @@ def _propagate(
         elif op.op_type in _VIEWS_PASS or op.op_type in _ELEMENTWISE:
             out_state, rule, factor = _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t)
         elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather", "Tile", "Pad"):
-            out_state, rule, factor = _movement(op, graph, t, state, to_replicated, heads, kv_heads)
+            out_state, rule, factor = _movement(op, graph, t, state, to_replicated, head_reshapes)
         elif op.op_type in ("Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
                             "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
                             "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK", "InstanceNormalization", "GroupNormalization"):
@@ -344,7 +582,7 @@ def _propagate(
 
         for o in outs:
             if out_state.kind == "S":
-                states[o] = _State("S", out_state.axis, out_state.origin)
+                states[o] = out_state.moved(out_state.axis)
             elif out_state.kind == P:
                 states[o] = _State(P)
         in_views = tuple(local(n) if n else None for n in ins)
@@ -475,12 +713,13 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
     if xs.kind == "S":
         to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op")
     if op.index in replicated:
-        warnings.append(f"{op.op_type} {op.name!r} replicated: its heads are not divisible by t={t} (grouped-query KV heads)")
-        return _State(R), "replicated (KV heads not divisible by t)", 1
+        warnings.append(replicated[op.index])
+        gqa = "grouped-query" in replicated[op.index]
+        return _State(R), "replicated (KV heads not divisible by t)" if gqa else "replicated (split cannot pass a Reshape)", 1
     if n_out % t and not (vocab_rows and n_out == vocab_rows):
         raise ConfigError(
             f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
-            f"(hidden or FFN size); choose t dividing {n_out}"
+            f"(weight {w_name!r} of shape {list(w.shape)}); choose t dividing {n_out}"
         )
     split_weight(w_name, out_axis_w, op)
     if op.op_type == "Gemm" and len(op.inputs) > 2 and op.inputs[2] and weight_of(op.inputs[2]) is not None:
@@ -504,23 +743,22 @@ def _batched_matmul(op, graph, t, state, to_replicated):
 
     a_batch = sa.kind == "S" and sa.axis < a.rank - 2
     b_batch = sb.kind == "S" and sb.axis < b.rank - 2
-    origin = sa.origin if sa.kind == "S" else sb.origin
     if a_batch or b_batch:
-        axes = {out_axis(a, sa.axis)} if a_batch else set()
+        axes = {(out_axis(a, sa.axis), sa.outer)} if a_batch else set()
         if b_batch:
-            axes.add(out_axis(b, sb.axis))
+            axes.add((out_axis(b, sb.axis), sb.outer))
         if len(axes) == 1:
-            ax = axes.pop()
+            ax, _ = next(iter(axes))
             for name, s, tensor in ((a_name, sa, a), (b_name, sb, b)):
                 if s.kind == "S" and out_axis(tensor, s.axis) != ax:
                     to_replicated(op, name, "operand split on another axis")
-            return _State("S", ax, origin), "head-parallel", t
+            return (sa if a_batch else sb).moved(ax), "head-parallel", t
     if sa.kind == "S" and sa.axis == a.rank - 1 and sb.kind == "S" and sb.axis == b.rank - 2:
         return _State(P), "row-parallel (activations)", t
     if sa.kind == "S" and sa.axis == a.rank - 2 and sb.kind == R:
-        return _State("S", r - 2, origin), "row-split", t
+        return sa.moved(r - 2), "row-split", t
     if sb.kind == "S" and sb.axis == b.rank - 1 and sa.kind == R:
-        return _State("S", r - 1, origin), "column-split", t
+        return sb.moved(r - 1), "column-split", t
     for name in (a_name, b_name):
         if state(name).kind == "S":
             to_replicated(op, name, "MatMul operands split incompatibly")
@@ -532,12 +770,12 @@ def _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_
     if y is None:
         return _State(R), "replicated", 1
     r = y.rank
-    axes: dict[int, int | None] = {}
+    axes: dict[tuple[int, int], _State] = {}  # (output axis, outer) -> split
     for name in act_ins:
         s = state(name)
         tensor = graph.tensor(name)
         if s.kind == "S" and tensor is not None:
-            axes.setdefault(s.axis + (r - tensor.rank), s.origin)
+            axes.setdefault((s.axis + (r - tensor.rank), s.outer), s)
     if not axes:
         return _State(R), "replicated", 1
     if len(axes) > 1:
@@ -545,10 +783,10 @@ def _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_
         for name in act_ins:
             s = state(name)
             tensor = graph.tensor(name)
-            if s.kind == "S" and s.axis + (r - tensor.rank) != keep:
+            if s.kind == "S" and (s.axis + (r - tensor.rank), s.outer) != keep:
                 to_replicated(op, name, "operands split on different axes")
         axes = {keep: axes[keep]}
-    ax, origin = next(iter(axes.items()))
+    (ax, _), split = next(iter(axes.items()))
     # Weights (bias, norm scale) aligned with the split axis are split with it.
     for name in op.inputs:
         if name and weight_of(name) is not None:
@@ -556,7 +794,7 @@ def _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_
             w_axis = ax - (r - w.rank)
             if 0 <= w_axis < w.rank and w.shape[w_axis] == y.shape[ax]:
                 split_weight(name, w_axis, op)
-    return _State("S", ax, origin), "split (elementwise)", t
+    return split.moved(ax), "split (elementwise)", t
 
 
 def _norm_axes(op: Op, rank: int) -> set[int] | None:
@@ -584,7 +822,13 @@ def _reduction(op, graph, t, state, to_replicated):
         return _State(R), "replicated", 1
     axes = _norm_axes(op, x.rank)
     if op.op_type.startswith("Reduce") and len(op.inputs) > 1 and op.inputs[1]:
-        axes = None  # axes given as an input tensor (opset 18): be conservative
+        # axes given as an input tensor (opset 18, as the dynamo exporter writes them): with
+        # keepdims the reduced axes are those that shrank to 1 (an axis already of size 1 is
+        # the same either way); otherwise be conservative.
+        y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
+        keep = int(op.attr("keepdims", 1))
+        axes = ({i for i in range(x.rank) if y.shape[i] != x.shape[i]}
+                if keep and y is not None and y.rank == x.rank else None)
     if axes is None or s.axis in axes:
         to_replicated(op, x_name, f"{op.op_type} over the split axis")
         return _State(R), "replicated", 1
@@ -592,15 +836,20 @@ def _reduction(op, graph, t, state, to_replicated):
     axis = s.axis
     if op.op_type.startswith("Reduce") and not keepdims:
         axis -= sum(1 for a in axes if a < s.axis)
-    return _State("S", axis, s.origin), "split (reduction on other axes)", t
+    return s.moved(axis), "split (reduction on other axes)", t
 
 
-def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int) -> int | None:
-    """Where a split of ``src[axis]`` lands after reshaping to ``dst``, or None if it cannot stay.
+def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int, outer: int = 1) -> tuple[int, int] | None:
+    """Where a split ``[outer, t, rest]`` of ``src[axis]`` lands after a reshape to ``dst``:
+    ``(dst axis, its outer)``, or None if no dst axis holds it.
 
-    Row-major reshapes group dims into blocks of equal product; a split of the *first* (most
-    significant) dim of a block is a split of the first dim of the matching output block, if
-    that dim is divisible by ``t``.
+    Row-major reshapes group dims into blocks of equal product.  Inside its block the split
+    factor ``t`` sits below ``o = prod(src[block start:axis]) * outer`` more significant
+    coordinates; it lands on the dst dim ``k`` of the block with ``q = prod(dst[block
+    start:k])`` dividing ``o`` and ``(o / q) * t`` dividing ``dst[k]`` (then every rank's
+    elements are exactly ``[o/q, 1 of t, rest]`` of ``dst[k]``; at most one ``k`` qualifies).
+    So heads split ``[b, n, s, d]`` stay split when merged into ``[b*n, s, d]`` (outer ``b``)
+    for any batch ``b``, and return to ``n`` when unmerged.
     """
     i = j = 0
     while i < len(src) and j < len(dst):
@@ -620,20 +869,21 @@ def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int)
                 pj *= dst[j]
                 j += 1
         if i0 <= axis < i:
-            # skip leading size-1 dims on both sides
-            lead_src = i0
-            while lead_src < i and src[lead_src] == 1:
-                lead_src += 1
-            lead_dst = j0
-            while lead_dst < j and dst[lead_dst] == 1:
-                lead_dst += 1
-            if axis != lead_src or lead_dst >= j or dst[lead_dst] % t:
-                return None
-            return lead_dst
+            o = outer
+            for dim in src[i0:axis]:
+                o *= dim
+            q = 1
+            for k in range(j0, j):
+                if o % q == 0 and dst[k] % ((o // q) * t) == 0:
+                    return k, o // q
+                q *= dst[k]
+                if q > o:
+                    return None
+            return None
     return None
 
 
-def _movement(op, graph, t, state, to_replicated, heads, kv_heads):
+def _movement(op, graph, t, state, to_replicated, head_reshapes=frozenset()):
     x_name = op.inputs[0]
     x = graph.tensor(x_name)
     y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
@@ -641,8 +891,8 @@ def _movement(op, graph, t, state, to_replicated, heads, kv_heads):
     kind = op.op_type
     if kind == "Concat":
         split = [state(n) for n in op.inputs if n]
-        if all(st.kind == "S" for st in split) and len({st.axis for st in split}) == 1:
-            return _State("S", split[0].axis, split[0].origin), "split (concat)", t
+        if all(st.kind == "S" for st in split) and len({(st.axis, st.outer) for st in split}) == 1:
+            return split[0].moved(split[0].axis), "split (concat)", t
         for n in op.inputs:
             if n and state(n).kind == "S":
                 to_replicated(op, n, "Concat of mixed splits")
@@ -650,43 +900,44 @@ def _movement(op, graph, t, state, to_replicated, heads, kv_heads):
     if x is None or y is None or s.kind != "S":
         return _State(R), "replicated", 1
     ax = s.axis
-    if kind == "Reshape":
-        new = _reshape_axis(x.shape, y.shape, ax, t)
+    if kind in ("Reshape", "Flatten"):
+        if op.index in head_reshapes and ax == x.rank - 1:
+            # [.., n*d] -> [.., n, d] (or a fused [.., 3, n, d]): whole heads per rank.  The
+            # projection's column order is a layout choice (Megatron-LM orders fused QKV columns
+            # by head group so each rank holds its own q, k and v heads), so the split lands on
+            # the head axis when t divides it; a head is indivisible, so otherwise (grouped-query
+            # or multi-query KV heads fewer than t) the projection is replicated.
+            new = (y.rank - 2, 1) if y.shape[-2] % t == 0 else None
+        else:
+            new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
         if new is None:
-            if s.origin is not None:
-                raise _Conflict(s.origin)
-            to_replicated(op, x_name, "Reshape cannot keep the split")
+            if kind == "Reshape" and s.origin is not None:
+                raise _Conflict(s.origin, op.index)
+            to_replicated(op, x_name, f"{kind} cannot keep the split")
             return _State(R), "replicated", 1
-        return _State("S", new, s.origin), "split (view)", t
-    if kind == "Flatten":
-        fa = int(op.attr("axis", 1)) % max(x.rank, 1)
-        new = 0 if ax < fa else 1
-        if (new == 0 and ax != 0) or (new == 1 and ax != fa):
-            to_replicated(op, x_name, "Flatten cannot keep the split")
-            return _State(R), "replicated", 1
-        return _State("S", new, s.origin), "split (view)", t
+        return _State("S", new[0], s.origin, new[1]), "split (view)", t
     if kind in ("Squeeze", "Unsqueeze"):
         axes = op.attr("axes")
         if axes is None and len(op.inputs) > 1:
             # axes given as input (opset 13+): infer from shapes
-            return _State("S", _match_axis(x.shape, y.shape, ax), s.origin), "split (view)", t
+            return s.moved(_match_axis(x.shape, y.shape, ax)), "split (view)", t
         axes = sorted(int(a) % (y.rank if kind == "Unsqueeze" else x.rank) for a in (axes or ()))
         if kind == "Squeeze":
-            return _State("S", ax - sum(1 for a in axes if a < ax), s.origin), "split (view)", t
+            return s.moved(ax - sum(1 for a in axes if a < ax)), "split (view)", t
         new = ax
         for a in axes:
             if a <= new:
                 new += 1
-        return _State("S", new, s.origin), "split (view)", t
+        return s.moved(new), "split (view)", t
     if kind == "Transpose":
         perm = list(op.attr("perm") or reversed(range(x.rank)))
-        return _State("S", perm.index(ax), s.origin), "split (transpose)", t
+        return s.moved(perm.index(ax)), "split (transpose)", t
     if kind in ("Expand", "Tile", "Pad"):
-        return _State("S", ax + (y.rank - x.rank), s.origin), "split (broadcast)", t
+        return s.moved(ax + (y.rank - x.rank)), "split (broadcast)", t
     if kind in ("Split", "Slice"):
         # Megatron lays fused QKV out so each rank's columns hold its own q, k and v heads:
         # splitting or slicing along the split axis keeps each output split.
-        return _State("S", ax, s.origin), "split (slice)", t
+        return s.moved(ax), "split (slice)", t
     if kind == "Gather":
         gaxis = int(op.attr("axis", 0)) % x.rank
         if gaxis == ax:
@@ -695,7 +946,7 @@ def _movement(op, graph, t, state, to_replicated, heads, kv_heads):
         idx = graph.tensor(op.inputs[1])
         idx_rank = idx.rank if idx is not None else 0
         new = ax if ax < gaxis else ax + idx_rank - 1
-        return _State("S", new, s.origin), "split (gather)", t
+        return s.moved(new), "split (gather)", t
     to_replicated(op, x_name, f"{kind} on a split tensor")
     return _State(R), "replicated", 1
 

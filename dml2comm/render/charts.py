@@ -638,6 +638,10 @@ def timeline_chart_of(facts: Facts, max_boxes: int = MAX_BOXES) -> Chart | None:
             boxes.append(GanttBox(row, ev.start_s + r, ev.dur_s - r, what, mb,
                                   f"{where}: {what} of micro-batch {mb}{chunk} ({ev.name})\n{when}"
                                   + (", including its tensor-parallel collectives" if facts.tp > 1 else "")))
+        elif ev.stream == "pp" and not ev.name.startswith("send"):  # the tied-weight gradient all-reduce
+            boxes.append(GanttBox(row, ev.start_s, ev.dur_s, "pp", "",
+                                  f"{where}: {ev.name} with the other stages holding the tied weight "
+                                  f"(Megatron-LM embedding group), before the optimizer step\n{when}"))
         elif ev.stream == "pp":
             dest = f" to stage {ev.flow_to[0]}" if ev.flow_to else ""
             what = "activation" if ev.name.startswith("send F") else "gradient"

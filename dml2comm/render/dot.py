@@ -249,6 +249,20 @@ def _comm_tooltip(facts: Facts, c: CommNode, extra: str = "") -> str:
     return "\n".join(lines)
 
 
+def _tied_tip(facts: Facts, stages: tuple[int, ...], comms: Sequence[CommNode]) -> str:
+    """Tooltip of a tied-weight gradient all-reduce between ``stages`` (Megatron's embedding group)."""
+    c = comms[0]
+    return (f"tied-weight gradient all-reduce between stages {', '.join(map(str, stages))} "
+            f"(Megatron-LM embedding group), once per iteration after the backward pass, before the optimizer step\n"
+            f"weights: {_short(c.tensor)}\n"
+            f"message: {fmt_bytes(c.message_bytes)} per GPU pair, {c.algorithm} over {c.link}: {fmt_s(c.time_s)}\n"
+            f"{fmt_share(facts.comm_share(c))} of the iteration")
+
+
+def _tied_label(comms: Sequence[CommNode]) -> str:
+    return html_text(f"embedding-grad all-reduce · {fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Overview: replicas x stages
 # ---------------------------------------------------------------------------------------------
@@ -316,6 +330,11 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
                    f"pipeline Send/Recv stage {p} -> {p + 1}: {fmt_bytes(b.bytes_fwd)} forward, "
                    f"{fmt_bytes(b.bytes_bwd)} backward per micro-batch over {b.link}",
                    color="#08519c")
+        for stages, comms in sorted(facts.tied_groups.items()):
+            if len(stages) > 1 and all(0 <= s < len(column_boxes) for s in stages):
+                g.edge(column_boxes[stages[0]], column_boxes[stages[-1]], _tied_tip(facts, stages, comms),
+                       label=_tied_label(comms), dir="both", style="dashed", color="#6a3d9a", fontcolor="#6a3d9a",
+                       fontsize=8, constraint="false")
     g.same_rank(headers)
     if len(columns) > 1:
         for p in range(len(a.stages)):
@@ -376,6 +395,7 @@ def replica_drawing(facts: Facts, d: int) -> Drawing:
     a = facts.analysis
     g = _Dot(rankdir="TB", ranksep=0.3)
     prev = None
+    stage_nodes: list[str] = []
     for p, st in enumerate(a.stages):
         lo, hi = facts.layer_range(p)
         ranks = facts.ranks(d, p)
@@ -405,6 +425,14 @@ def replica_drawing(facts: Facts, d: int) -> Drawing:
             g.edge(prev, bnode, color="#08519c")
             g.edge(bnode, node, color="#08519c")
         prev = node
+        stage_nodes.append(node)
+    for stages, comms in sorted(facts.tied_groups.items()):
+        if len(stages) > 1 and all(0 <= s < len(stage_nodes) for s in stages):
+            share = facts.comms_share(comms[:1])
+            tied = g.node(_label("AllReduce", "tied embedding gradient", f"{fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}",
+                                 "once per iteration"), _tied_tip(facts, stages, comms), None, **_comm_attrs(share))
+            for s in stages:
+                g.edge(stage_nodes[s], tied, dir="both", style="dashed", color="#6a3d9a", constraint="false")
     return Drawing(f"data_{d}_detail", f"data_{d}", f"Replica {d}: pipeline stages", g.text(), g.annotations)
 
 

@@ -91,6 +91,9 @@ class Facts:
     # TP's they sit on the critical path and are drawn at layer level)
     cp_by_stage: Mapping[int, tuple[CommNode, ...]] = field(default_factory=dict)
     ep_by_stage: Mapping[int, tuple[CommNode, ...]] = field(default_factory=dict)
+    # tied-weight gradient all-reduces (the embedding group of the first and last stage): one
+    # CommNode per stage of each group, keyed by the group's stages
+    tied_groups: Mapping[tuple[int, ...], tuple[CommNode, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, analysis: Analysis) -> "Facts":
@@ -102,10 +105,14 @@ class Facts:
         fwd: dict[int, list[CommNode]] = defaultdict(list)
         bwd: dict[int, list[CommNode]] = defaultdict(list)
         other: dict[ParallelDim, dict[int, list[CommNode]]] = {ParallelDim.CP: defaultdict(list), ParallelDim.EP: defaultdict(list)}
+        tied: dict[tuple[int, ...], list[CommNode]] = defaultdict(list)
+        stage_of_rank = {r: st.index for st in analysis.stages for r in st.ranks}
         for c in analysis.comms:
             if c.dim in other:
                 other[c.dim][c.stage].append(c)
-            if c.dim is ParallelDim.PP:
+            if c.dim is ParallelDim.PP and c.kind is not CollectiveKind.SEND_RECV:
+                tied[tuple(stage_of_rank.get(r, -1) for r in c.group)].append(c)
+            elif c.dim is ParallelDim.PP:
                 if c.phase is Phase.FORWARD:
                     fwd[c.stage].append(c)
                 else:
@@ -145,6 +152,7 @@ class Facts:
             local_shape=local,
             cp_by_stage={k: tuple(v) for k, v in other[ParallelDim.CP].items()},
             ep_by_stage={k: tuple(v) for k, v in other[ParallelDim.EP].items()},
+            tied_groups={k: tuple(v) for k, v in tied.items()},
         )
 
     # ------------------------------------------------------------------ shares

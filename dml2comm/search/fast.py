@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dml2comm.analysis import (PCIE4_X16_BYTES_PER_S, _infer_seq_len, _is_attention_core, _memo, _op_costs,
-                                weight_layers)
+                                shared_parameters)
 from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ActivationModel, in_flight_micro_batches, model_state_bytes
 from dml2comm.errors import ConfigError
@@ -54,7 +54,8 @@ from dml2comm.parallel.config import DTYPES, ParallelConfig
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms, find_attention
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms, find_moe
-from dml2comm.parallel.pipeline import partition_layers
+from dml2comm.parallel.pipeline import (held_copies, parameter_layers, parameter_shard_factors, partition_layers,
+                                        sent_activations)
 from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
 from dml2comm.sim.levels import bucket_tail_end_many, compile_schedule, pipeline_end_times_many
 
@@ -79,7 +80,7 @@ class _Layers:
     params_local: np.ndarray
     reads_input: np.ndarray  # bool: the layer has an op that reads a graph input
     tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective
-    tied: list[tuple[int, int, float, float]]  # (copy layer, table layer, numel, numel local)
+    shared: list[tuple[tuple[int, ...], float, float]]  # parameters read by several full layers (analysis.shared_parameters)
     flops_fwd: float  # unsharded forward FLOPs of the model per micro-batch
     # context parallelism (c > 1): per-layer counts of each Ulysses AllToAll (kind, phase, bytes),
     # of ring-attention sites per (phase, bytes), and each layer's attention core (ring overlap)
@@ -106,6 +107,7 @@ class _Prepared:
     runs_count: np.ndarray  # [p, R]: buckets in the run (0: no run)
     optimizer: np.ndarray
     after_step: np.ndarray
+    tied: np.ndarray  # per device: its tied-weight gradient all-reduce (0: holds no shared copy)
     peak_memory: float
     flops_fwd_per_sample: float
 
@@ -132,6 +134,7 @@ class _StageTable:
     buffers: np.ndarray
     send_f: np.ndarray
     send_b: np.ndarray
+    tied: np.ndarray  # per stage: seconds of its tied-weight gradient all-reduces
     rank_map: RankMap
     by_zero: dict[int, tuple]
     by_recompute: dict[str, tuple]
@@ -251,20 +254,20 @@ class FastEvaluator:
         flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
         core = self._core(seq_len)
         selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
-        weight_layer = weight_layers(graph, layered)
         by_layer = self._own_weights()
+        factor = parameter_shard_factors(graph, tp.weight_factor)
         params = np.zeros(n)
         params_local = np.zeros(n)
         for li in range(n):
             params[li] = sum(graph.tensors[w].numel for w in by_layer[li])
-            params_local[li] = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) for w in by_layer[li])
-        tied = []
-        for w, li in weight_layer.items():
-            table = graph.tensors[w].tied_to
-            if table is not None and table in weight_layer:
-                numel = graph.tensors[w].numel
-                tied.append((self.full_index[li], self.full_index[weight_layer[table]], float(numel),
-                             numel / tp.weight_factor.get(w, 1)))
+            params_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li])
+        shared = []
+        if self.collapsed is not None:
+            copies = np.bincount(self.layer_map, minlength=n)
+        for layers_read, numel, local in shared_parameters(graph, self._readers(), factor):
+            if self.collapsed is not None and any(copies[li] != 1 for li in layers_read):
+                raise NotRepeating  # shared across collapsed blocks (ALBERT-style): the whole graph counts them
+            shared.append((tuple(self.full_index[li] for li in layers_read), numel, local))
         inputs = set(graph.inputs)
         reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
                           for layer in layered.layers], dtype=bool)
@@ -293,19 +296,23 @@ class FastEvaluator:
                              *ring.values(), core_f, core_b)
         m = self.layer_map
         return _Layers(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
-                       {k: v[m] for k, v in tp_counts.items()}, tied, float(flops[m].sum()),
+                       {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()),
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m])
 
-    def _own_weights(self) -> dict[int, list[str]]:
-        """Per (collapsed) layer, its own weights in the analysis's order (a stored copy of a
-        tied weight is no parameter of its own)."""
+    def _readers(self) -> dict[str, tuple[int, ...]]:
+        """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""
         graph, layered = self.graph, self.layered
+        return _memo(graph, ("parameter-layers",), lambda: parameter_layers(graph, layered.layer_of_op))
+
+    def _own_weights(self) -> dict[int, list[str]]:
+        """Per (collapsed) layer, the parameters it owns (the first layer reading each) in the
+        analysis's order."""
+        graph = self.graph
 
         def build() -> dict[int, list[str]]:
             by_layer: dict[int, list[str]] = defaultdict(list)
-            for w, li in weight_layers(graph, layered).items():
-                if graph.tensors[w].tied_to is None:
-                    by_layer[li].append(w)
+            for w, layers in self._readers().items():
+                by_layer[layers[0]].append(w)
             return by_layer
 
         return _memo(graph, ("fast-own-weights",), build)
@@ -324,12 +331,13 @@ class FastEvaluator:
             tp = self._tp(config)
             experts = moe.expert_weights
             by_layer = self._own_weights()
+            factor = parameter_shard_factors(graph, tp.weight_factor)
             n = len(self.layered.layers)
             local, expert = np.zeros(n), np.zeros(n)
             for li in range(n):  # the analysis's sums, weight by weight in the same order
-                local[li] = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / (ep if w in experts else 1)
+                local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) / (ep if w in experts else 1)
                                 for w in by_layer[li])
-                expert[li] = sum(graph.tensors[w].numel / tp.weight_factor.get(w, 1) / ep for w in by_layer[li] if w in experts)
+                expert[li] = sum(graph.tensors[w].numel / factor.get(w, 1) / ep for w in by_layer[li] if w in experts)
             self._check_interior(local, expert)
             m = self.layer_map
             return local[m], expert[m]
@@ -404,7 +412,8 @@ class FastEvaluator:
             for name in op.inputs:
                 if name:
                     last_consumer[name] = max(last_consumer.get(name, li), li)
-        names = [n for n in producer if n in needs_grad]
+        sent = sent_activations(graph, needs_grad)
+        names = [n for n in producer if n in sent]
         prod = np.array([producer[n] for n in names], dtype=np.int64)
         last = np.array([max(last_consumer.get(n, producer[n]), producer[n]) for n in names], dtype=np.int64)
         sizes = [float((local_out.get(n) or graph.tensors[n]).nbytes_in(train)) for n in names]
@@ -630,10 +639,16 @@ class FastEvaluator:
             return cum[ends] - cum[starts]
 
         stage_of_layer = np.repeat(np.arange(p), ends - starts)
-        tied_local = np.zeros(p)
-        for copy, table, _numel, local in layers.tied:
-            if stage_of_layer[table] != stage_of_layer[copy]:
-                tied_local[stage_of_layer[copy]] += local
+        copies = held_copies(layers.shared, stage_of_layer.tolist(), p)
+        tied_local = np.array(copies.extra_local)
+        tied = np.zeros(p)
+        if copies.groups:  # analysis: one all-reduce per group of stages, on each of its stages
+            dtype_bytes = config.train_dtype.itemsize
+            grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+            for held_by, local_numel in copies.groups:
+                cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
+                                     local_numel * grad_bytes)
+                tied[list(held_by)] += cost
         tp_f, tp_b = np.zeros(p), np.zeros(p)
 
         def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
@@ -685,7 +700,7 @@ class FastEvaluator:
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
         return _StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd), per_stage(layers.selective),
                            tp_f, tp_b, reads, params_local, buffers,
-                           np.array(send + [0.0]), np.array([0.0] + send_back), rank_map, {}, {}, dp_where,
+                           np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd)
 
     def _zero_part(self, table: _StageTable, config: ParallelConfig):
@@ -794,7 +809,7 @@ class FastEvaluator:
                                                          for st in range(p)])
         total = states + per_mb * in_flight + table.buffers + extra + FRAMEWORK_OVERHEAD_BYTES
         return _Prepared(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
-                         runs_tau, runs_count, opt, after, float(total.max()), table.flops_fwd / config.micro_batch_size)
+                         runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size)
 
     # ---- many configurations
     def evaluate(self, configs: Sequence[ParallelConfig]) -> list[dict[str, Any]]:
@@ -883,7 +898,13 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[
     tail = bucket_tail_end_many(ce_full - b, b, ce_full, runs_tau[..., :r], runs_count[..., :r], overlap)
     opt = np.array([pr.optimizer for pr in preps])
     after = np.array([pr.after_step for pr in preps])
-    iterations = (np.maximum(tail, ce_full) + opt + after).max(axis=1)
+    reduced = np.maximum(tail, ce_full)
+    tied = np.array([pr.tied for pr in preps])
+    holders = tied > 0
+    if holders.any():  # engine.simulate: the tied-weight all-reduce starts when all its devices are ready
+        start = np.where(holders, reduced, -np.inf).max(axis=1, keepdims=True)
+        reduced = np.where(holders, start + tied, reduced)
+    iterations = (reduced + opt + after).max(axis=1)
     free_iterations = (ce_free + opt).max(axis=1)
     busy_all = mv[:, None] * free
     rows = np.arange(k)

@@ -13,6 +13,10 @@ Every device has four streams:
   of that step) or, without overlap (Megatron-LM before 2023), after it,
   serialised on the stream; per-micro-batch ZeRO-3 parameter all-gathers (prefetched when the
   previous step starts) and ZeRO-2/3 gradient reduce-scatters (after each backward);
+- ``pp`` also carries the tied-weight gradient all-reduce of the devices that hold a copy of a
+  parameter another stage owns (tied embeddings: the first and last stage): it starts once
+  every such device has reduced its gradients, and precedes their optimizer steps
+  (Megatron-LM ``finalize_model_grads``: data-parallel sync, then ``_allreduce_embedding_grads``);
 - ``optimizer``: after the device's compute and its gradient reduction, then any collective
   that must follow the step (ZeRO-1/2 parameter all-gather).
 
@@ -49,6 +53,7 @@ class DeviceWork:
     optimizer_s: float = 0.0
     after_step_s: float = 0.0  # collectives that follow the optimizer step
     overlap_dp: bool = True  # False: gradient buckets start after the last backward (no overlap)
+    tied_s: float = 0.0  # tied-weight gradient all-reduce with the other devices that have one, before the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,7 @@ def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], vir
 
     device_end = []
     dp_exposed = []
+    reduced_at = []
     for d in range(p):
         w = work[d]
         start, dur = last_bwd[d]
@@ -178,8 +184,17 @@ def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], vir
             t = b_start + bucket
             if keep_events:
                 events.append(Event(d, "dp", f"gradient bucket {i}", b_start, bucket))
-        reduced = max(t, free[d])
+        reduced_at.append(max(t, free[d]))
+    tied = [d for d in range(p) if work[d].tied_s > 0]
+    tied_start = max((reduced_at[d] for d in tied), default=0.0)  # a collective: it starts when all are ready
+    for d in range(p):
+        w = work[d]
+        reduced = reduced_at[d]
         dp_exposed.append(reduced - free[d])
+        if w.tied_s > 0:
+            if keep_events:
+                events.append(Event(d, "pp", "tied-weight gradient all-reduce", tied_start, w.tied_s))
+            reduced = tied_start + w.tied_s
         end = reduced + w.optimizer_s
         if keep_events and w.optimizer_s > 0:
             events.append(Event(d, "optimizer", "optimizer step", reduced, w.optimizer_s))

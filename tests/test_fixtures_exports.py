@@ -1,0 +1,181 @@
+"""The issue-16 real-export fixtures (made by tests/fixtures/export_models.py, see its README).
+
+Each file holds one construct that real torch exports contain: model-local functions, weights
+de-duplicated through ``Identity``, attention that merges batch and heads in a Reshape, a fixed
+input shape, ``If`` + ``LSTM``, ``Loop`` + ``GRU``/``RNN``, a plain CNN. The first tests check that
+the file really contains its construct (so a regenerated fixture cannot silently lose it); the
+last one imports every file with dml2comm and compares its parameter count with torch's
+``sum(p.numel() for p in model.parameters())`` recorded in ``fixtures_expected.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+
+from dml2comm.ir.onnx_import import ImportOptions, load_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EXPECTED = json.loads((FIXTURES / "fixtures_expected.json").read_text())
+
+#: file -> the ImportOptions a user's command line gives it (``--seq-len 16``, ``--dim``, ...).
+ISSUE16_FIXTURES: dict[str, dict] = {
+    "resnet18_functions_legacy.onnx": {},
+    "bert_shared_legacy.onnx": {"seq_len": 16},
+    "minilm_legacy.onnx": {"seq_len": 16},
+    "minilm_dynamo.onnx": {"seq_len": 16},
+    "minilm_dynamo_b2.onnx": {"seq_len": 16},
+    "gpt2_fixed_legacy.onnx": {"tie_embeddings": True},  # fixed [2, 32]: nothing to bind
+    "vad_lstm_if.onnx": {"dims": {"samples": 512}},
+    "rnn_loop.onnx": {"seq_len": 16},
+    "cnn_classifier_legacy.onnx": {},
+    "cnn_classifier_dynamo.onnx": {},
+}
+
+#: Elements that folding eval-mode BatchNorm into the preceding Conv removes (both exporters do
+#: it: y = gamma * (conv(x) - mean) / sqrt(var + eps) + beta becomes one Conv with weight
+#: W * gamma / sqrt(var + eps) and a C-element bias). A bias-free Conv gains that C-element bias,
+#: so the graph has C fewer elements than torch's gamma + beta (2C); a Conv that has a bias
+#: absorbs beta into it, so the graph has 2C fewer.
+BN_FOLDED = {
+    # ResNet-18, bias-free convs: C summed over its 20 BatchNorms = 4,800
+    "resnet18_functions_legacy.onnx": 4_800,
+    # CnnClassifier, convs with bias: 2 x (32 + 64 + 128 + 256) = 960
+    "cnn_classifier_legacy.onnx": 960,
+    "cnn_classifier_dynamo.onnx": 960,
+}
+
+
+def _record(name: str) -> dict:
+    return next(r for r in EXPECTED["files"] if r["file"] == name)
+
+
+def _torch(name: str) -> dict:
+    return EXPECTED["models"][_record(name)["model"]]["torch"]
+
+
+def _load(name: str) -> onnx.ModelProto:
+    return onnx.load(FIXTURES / name, load_external_data=False)
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
+
+
+def test_every_issue16_fixture_is_recorded_and_the_list_is_complete():
+    recorded = {r["file"] for r in EXPECTED["files"] if "constructs" in r}
+    assert recorded == set(ISSUE16_FIXTURES)
+    assert all((FIXTURES / name).is_file() for name in ISSUE16_FIXTURES)
+
+
+def test_resnet_blocks_are_model_local_functions():
+    m = _load("resnet18_functions_legacy.onnx")
+    calls = Counter(n.op_type for n in m.graph.node if n.domain == "__main__")
+    # 8 BasicBlocks: layer1.0, layer1.1, layer2.1, layer3.1, layer4.1 without a downsample,
+    # layer2.0, layer3.0, layer4.0 with a 1x1 downsample Conv (a second function)
+    assert calls == {"BasicBlock": 5, "BasicBlock.1": 3}
+    convs = {f.name: sum(n.op_type == "Conv" for n in f.node) for f in m.functions}
+    assert convs == {"BasicBlock": 2, "BasicBlock.1": 3}
+    assert sum(n.op_type == "Conv" for n in m.graph.node) == 1  # only the stem conv is outside
+
+
+def test_bert_shared_routes_equal_parameters_through_identity():
+    m = _load("bert_shared_legacy.onnx")
+    inits = {t.name: _numel(t) for t in m.graph.initializer}
+    idents = [n for n in m.graph.node if n.op_type == "Identity" and n.input[0] in inits]
+    # library init: zero [768] = 5 Linear biases + 2 LayerNorm biases per layer x 4 + the
+    # embedding LayerNorm bias = 29; ones [768] = 2 LayerNorm weights x 4 + 1 = 9; zero [3072] =
+    # the 4 intermediate biases. One of each is kept: 28 + 8 = 36 Identities of 768, 3 of 3072
+    assert Counter(inits[n.input[0]] for n in idents) == {768: 36, 3072: 3}
+    float_elements = sum(_numel(t) for t in m.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
+    # 52,151,808 in initializers + 36 x 768 + 3 x 3072 = 36,864 behind Identity = torch's count
+    assert float_elements + sum(inits[n.input[0]] for n in idents) == _torch("bert_shared_legacy.onnx")["parameter_count"]
+
+
+@pytest.mark.parametrize("name", ["minilm_dynamo.onnx", "minilm_dynamo_b2.onnx"])
+def test_minilm_dynamo_merges_batch_and_heads_in_a_reshape(name):
+    m = _load(name)
+    batch = [d.dim_value or d.dim_param for d in m.graph.input[0].type.tensor_type.shape.dim][0]
+    assert batch == (2 if name.endswith("_b2.onnx") else "batch")
+    for vi in m.graph.input:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_value = {"batch": 2, "seq": 16}[d.dim_param]
+    inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    dims = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in inferred.graph.value_info}
+    merges = [(dims[n.input[0]], dims[n.output[0]]) for n in m.graph.node if n.op_type == "Reshape"
+              and len(dims.get(n.input[0], ())) == 4 and len(dims.get(n.output[0], ())) == 3
+              and dims[n.output[0]][0] == dims[n.input[0]][0] * dims[n.input[0]][1]]
+    # K of each of the 4 layers: [batch 2, heads 12, seq 16, head_dim 32] -> [2 * 12, 16, 32]
+    assert merges == [([2, 12, 16, 32], [24, 16, 32])] * 4
+
+
+def test_gpt2_fixed_has_no_symbolic_dim_and_1024_positions():
+    m = _load("gpt2_fixed_legacy.onnx")
+    shapes = {vi.name: [d.dim_value or d.dim_param for d in vi.type.tensor_type.shape.dim]
+              for vi in list(m.graph.input) + list(m.graph.output)}
+    assert shapes == {"input_ids": [2, 32], "logits": [2, 32, 50257]}
+    assert [list(t.dims) for t in m.graph.initializer if t.name == "transformer.wpe.weight"] == [[1024, 768]]
+
+
+def test_vad_has_an_if_with_an_lstm_in_each_branch_and_different_output_ranks():
+    m = _load("vad_lstm_if.onnx")
+    (node,) = [n for n in m.graph.node if n.op_type == "If"]
+    branches = {a.name: a.g for a in node.attribute}
+    assert {k: sum(n.op_type == "LSTM" for n in g.node) for k, g in branches.items()} == {"then_branch": 1, "else_branch": 1}
+    # 16 kHz: out[:, -1] -> [b, 64]; 8 kHz: out[:, -1:] -> [b, 1, 64]
+    assert {k: len(g.output[0].type.tensor_type.shape.dim) for k, g in branches.items()} == {"then_branch": 2, "else_branch": 3}
+    sr = [i for i in m.graph.input if i.name == "sr"]
+    assert len(sr) == 1 and sr[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
+
+
+def test_rnn_loop_has_a_data_dependent_loop_around_a_gru():
+    m = _load("rnn_loop.onnx")
+    (loop,) = [n for n in m.graph.node if n.op_type == "Loop"]
+    assert loop.input[0] == "steps"  # the trip count is a graph input: known only at run time
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    assert [n.op_type for n in body.node if n.op_type in ("GRU", "LSTM", "RNN")] == ["GRU"]
+    assert [n.op_type for n in m.graph.node if n.op_type in ("GRU", "LSTM", "RNN")] == ["RNN"]
+    # the RNN's weights are Constant nodes (scripted export), stripped like the initializers
+    rnn = next(n for n in m.graph.node if n.op_type == "RNN")
+    consts = {n.output[0]: n.attribute[0].t for n in m.graph.node if n.op_type == "Constant"}
+    assert [(list(consts[x].dims), consts[x].data_location) for x in rnn.input[1:4]] == [
+        ([1, 32, 16], onnx.TensorProto.EXTERNAL), ([1, 32, 32], onnx.TensorProto.EXTERNAL), ([1, 64], onnx.TensorProto.EXTERNAL)]
+
+
+def test_cnn_classifier_has_no_attention():
+    for name in ("cnn_classifier_legacy.onnx", "cnn_classifier_dynamo.onnx"):
+        ops = Counter(n.op_type for n in _load(name).graph.node)
+        assert ops["Conv"] == 4 and ops["Gemm"] == 1 and not ops["Softmax"] and not ops["MatMul"]
+
+
+def test_fixtures_are_graph_only():
+    """No float initializer with more than one element keeps its values (the weights file the
+    stripped tensors point to is never written)."""
+    for name in ISSUE16_FIXTURES:
+        kept = [t.name for t in _load(name).graph.initializer if t.data_type == onnx.TensorProto.FLOAT
+                and _numel(t) > 1 and t.data_location != onnx.TensorProto.EXTERNAL]
+        assert kept == [], name
+        assert not (FIXTURES / name.replace(".onnx", ".weights.bin")).exists()
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE16_FIXTURES))
+def test_issue16_fixture_has_the_torch_parameter_count(name):
+    """dml2comm's count equals torch's ``sum(p.numel())`` (minus what BatchNorm folding removes).
+
+    Before issue 16 (HEAD at the time the fixtures were added) three of these failed:
+    bert_shared_legacy counted 52,151,808 (36,864 short: the 39 parameters behind Identity
+    nodes were activations), and vad_lstm_if / rnn_loop raised ModelError ("control flow is not
+    supported ... pass --lenient"; with lenient=True "ONNX shape inference cannot infer the
+    output of op 'If'/'Loop'").
+    """
+    torch = _torch(name)
+    g = load_model(FIXTURES / name, ImportOptions(batch_size=2, **ISSUE16_FIXTURES[name])).graph
+    assert g.num_params == torch["parameter_count"] - BN_FOLDED.get(name, 0)

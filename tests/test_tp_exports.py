@@ -1,0 +1,309 @@
+"""Tensor-parallel sharding of real exports does not depend on the batch size or the exporter.
+
+Issue 16, part 3: exports that merge batch and heads (``[b, n, s, d] -> [b*n, s, d]``) kept
+the Q/K/V projections whole with a false grouped-query warning, and the same warning appeared on
+models without attention.  Head counts now come from the attention cores (Q.K^T -> Softmax ->
+.V) and a split survives a batch*heads merge for any batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from onnx import TensorProto, helper
+
+from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.parallel.tensor import attention_heads, find_attention, shard_tensor_parallel
+from tests.helpers import model, weight
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _per_gpu(graph, plan) -> float:
+    """Parameters one tensor rank holds (a stored copy of a tied weight counts once, as in the analysis)."""
+    return sum(w.numel / plan.weight_factor.get(w.name, 1) for w in graph.weights if w.tied_to is None)
+
+
+def _gqa_warnings(plan) -> list[str]:
+    return [w for w in plan.warnings if "grouped-query" in w]
+
+
+# ----------------------------------------------------------------------------- hand-built attention
+
+
+def _i64(name: str, values: list[int]) -> TensorProto:
+    return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+
+
+def attention(s: int = 8, n: int = 4, kv: int = 4, d: int = 16, merge: bool = True, sdpa: bool = False):
+    """x[b, s, n*d] -> q/k/v projections -> [b, s, heads, d] -> [b, heads, s, d] (K and V
+    repeated to n heads when kv < n, as HF ``repeat_kv``) -> with ``merge`` the ``[b*n, s, d]``
+    views of torch's matmul decomposition -> Q.K^T -> Softmax -> .V -> back to [b, s, n*d] ->
+    output projection.  ``sdpa``: only K is merged, as the dynamo exporter decomposes
+    scaled_dot_product_attention: ``[b, n, s, d] -> [b*n, s, d] -> Transpose -> [b*n, d, s] ->
+    [b, n, d, s]``.  The batch is symbolic."""
+    h = n * d
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", s, h])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", s, h])
+    inits = [weight("wq", [h, h]), weight("wk", [h, kv * d]), weight("wv", [h, kv * d]), weight("wo", [h, h]),
+             _i64("s_q", [0, 0, n, d]), _i64("s_kv", [0, 0, kv, d]), _i64("s_m", [-1, s, d]), _i64("s_mt", [-1, d, s]),
+             _i64("s_u", [-1, n, s, d]), _i64("s_o", [0, 0, h]), _i64("ax", [2]), _i64("e", [1, 1, n // kv, 1, 1]),
+             _i64("s_rep", [0, n, s, d]), _i64("s_kt", [-1, n, d, s])]
+    nodes = []
+    for nm, shape, w in (("q", "s_q", "wq"), ("k", "s_kv", "wk"), ("v", "s_kv", "wv")):
+        nodes.append(helper.make_node("MatMul", ["x", w], [nm + "0"], name=f"/attn/{nm}_proj/MatMul"))
+        nodes.append(helper.make_node("Reshape", [nm + "0", shape], [nm + "1"], name=f"/attn/{nm}_heads"))
+        nodes.append(helper.make_node("Transpose", [nm + "1"], [nm + "2"], name=f"/attn/{nm}_t", perm=[0, 2, 1, 3]))
+        last = nm + "2"
+        if nm != "q" and kv != n:
+            nodes.append(helper.make_node("Unsqueeze", [last, "ax"], [nm + "3"], name=f"/attn/{nm}_unsqueeze"))
+            nodes.append(helper.make_node("Expand", [nm + "3", "e"], [nm + "4"], name=f"/attn/{nm}_expand"))
+            nodes.append(helper.make_node("Reshape", [nm + "4", "s_rep"], [nm + "5"], name=f"/attn/{nm}_repeat"))
+            last = nm + "5"
+        if nm == "k" and sdpa:
+            nodes.append(helper.make_node("Reshape", [last, "s_m"], ["km"], name="/attn/k_merge"))
+            nodes.append(helper.make_node("Transpose", ["km"], ["kmT"], name="/attn/k_T", perm=[0, 2, 1]))
+            nodes.append(helper.make_node("Reshape", ["kmT", "s_kt"], ["kT"], name="/attn/k_unmerge"))
+            last = "kT"
+        elif nm == "k":
+            nodes.append(helper.make_node("Transpose", [last], ["kT"], name="/attn/k_T", perm=[0, 1, 3, 2]))
+            last = "kT"
+        if merge and not sdpa:
+            nodes.append(helper.make_node("Reshape", [last, "s_mt" if nm == "k" else "s_m"], [nm + "m"], name=f"/attn/{nm}_merge"))
+            last = nm + "m"
+        nodes.append(helper.make_node("Identity", [last], [nm + "_in"], name=f"/attn/{nm}_in"))
+    nodes += [
+        helper.make_node("MatMul", ["q_in", "k_in"], ["scores"], name="/attn/qk/MatMul"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="/attn/Softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "v_in"], ["ctx"], name="/attn/pv/MatMul"),
+    ]
+    last = "ctx"
+    if merge and not sdpa:
+        nodes.append(helper.make_node("Reshape", ["ctx", "s_u"], ["ctx4"], name="/attn/unmerge"))
+        last = "ctx4"
+    nodes += [
+        helper.make_node("Transpose", [last], ["ctx_t"], name="/attn/ctx_t", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "s_o"], ["ctx3"], name="/attn/ctx_view"),
+        helper.make_node("MatMul", ["ctx3", "wo"], ["y"], name="/attn/o_proj/MatMul"),
+    ]
+    return model(nodes, [x], [y], inits)
+
+
+def _rules(graph, plan) -> dict[str, str]:
+    return {op.name: shard.rule for op, shard in zip(graph.ops, plan.shards)}
+
+
+@pytest.mark.parametrize("b", [1, 2, 3])
+def test_merged_batch_heads_attention_is_head_parallel_for_any_batch(b):
+    g = load_model_proto(attention(merge=True), ImportOptions(batch_size=b)).graph
+    plan = shard_tensor_parallel(g, 4)
+    assert (plan.heads, plan.kv_heads) == (4, 4)
+    # every projection split: q/k/v column-parallel, o row-parallel; nothing replicated, no warning
+    assert plan.weight_factor == {"wq": 4, "wk": 4, "wv": 4, "wo": 4}
+    assert plan.warnings == ()
+    rules = _rules(g, plan)
+    assert rules["/attn/qk/MatMul"] == rules["/attn/pv/MatMul"] == "head-parallel"
+    assert rules["/attn/o_proj/MatMul"] == "row-parallel"
+    shard = plan.shards[next(op.index for op in g.ops if op.name == "/attn/qk/MatMul")]
+    # merged scores [b*4, 8, 8]: one head of four per rank -> [b, 8, 8]
+    assert shard.outputs[0].shape == (b, 8, 8)
+    # the only collective: the row-parallel output all-reduced, [b, 8, 64] in 2-byte elements
+    assert [(c.kind.value, c.message_bytes) for c in plan.comms] == [("ALL_REDUCE", b * 8 * 64 * 2)]
+    # the same plan as the unmerged [b, n, s, d] layout
+    flat = load_model_proto(attention(merge=False), ImportOptions(batch_size=b)).graph
+    flat_plan = shard_tensor_parallel(flat, 4)
+    assert flat_plan.weight_factor == plan.weight_factor
+    assert [c.message_bytes for c in flat_plan.comms] == [c.message_bytes for c in plan.comms]
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_sdpa_decomposition_with_k_through_a_merged_view(b):
+    g = load_model_proto(attention(sdpa=True), ImportOptions(batch_size=b)).graph
+    plan = shard_tensor_parallel(g, 4)
+    assert (plan.heads, plan.kv_heads) == (4, 4)
+    assert plan.weight_factor == {"wq": 4, "wk": 4, "wv": 4, "wo": 4} and plan.warnings == ()
+    # K^T back at rank 4, [b, 4, 16, 8]: one head per rank -> [b, 1, 16, 8]
+    shard = plan.shards[next(op.index for op in g.ops if op.name == "/attn/qk/MatMul")]
+    assert shard.inputs[1].shape == (b, 1, 16, 8)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("b", [1, 2])
+def test_gqa_warning_exactly_when_t_does_not_divide_the_kv_heads(merge, b):
+    g = load_model_proto(attention(kv=2, merge=merge), ImportOptions(batch_size=b)).graph
+    assert attention_heads(g) == (4, 2)
+    # t = 2 divides the 2 KV heads: K and V split, no warning
+    two = shard_tensor_parallel(g, 2)
+    assert two.weight_factor == {"wq": 2, "wk": 2, "wv": 2, "wo": 2}
+    assert two.warnings == ()
+    # t = 4 does not: K and V projections replicated (Megatron-LM), each named once
+    four = shard_tensor_parallel(g, 4)
+    assert four.weight_factor == {"wq": 4, "wk": 1, "wv": 1, "wo": 4}
+    warned = _gqa_warnings(four)
+    assert len(warned) == 2 and "'/attn/k_proj/MatMul'" in warned[0] and "'/attn/v_proj/MatMul'" in warned[1]
+    assert "(2 KV, 4 query heads" in warned[0]
+
+
+def test_multi_query_attention_keeps_heads_whole():
+    """One KV head: splitting it would split head_dim; it is replicated with the warning."""
+    g = load_model_proto(attention(kv=1), ImportOptions(batch_size=2)).graph
+    assert attention_heads(g) == (4, 1)
+    plan = shard_tensor_parallel(g, 2)
+    assert plan.weight_factor == {"wq": 2, "wk": 1, "wv": 1, "wo": 2}
+    assert len(_gqa_warnings(plan)) == 2
+    # no all-gather of a head_dim-split K before Q.K^T
+    assert all(c.kind.value != "ALL_GATHER" for c in plan.comms)
+
+
+def fused_qkv(s: int = 8, n: int = 4, d: int = 16):
+    """timm-ViT / SVTR-style fused attention: x[b, s, n*d] -> one qkv projection [b, s, 3*n*d]
+    -> Reshape [b, s, 3, n, d] -> Transpose [3, b, n, s, d] -> Split + Squeeze into q, k, v
+    -> Q.K^T -> Softmax -> .V -> [b, s, n*d] -> output projection."""
+    h = n * d
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", s, h])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", s, h])
+    nodes = [
+        helper.make_node("MatMul", ["x", "wqkv"], ["qkv0"], name="/attn/qkv/MatMul"),
+        helper.make_node("Add", ["qkv0", "bqkv"], ["qkv1"], name="/attn/qkv/Add"),
+        helper.make_node("Reshape", ["qkv1", "s5"], ["qkv2"], name="/attn/Reshape"),
+        helper.make_node("Transpose", ["qkv2"], ["qkv3"], name="/attn/Transpose", perm=[2, 0, 3, 1, 4]),
+        helper.make_node("Split", ["qkv3"], ["q1", "k1", "v1"], name="/attn/Split", axis=0, num_outputs=3),
+        helper.make_node("Squeeze", ["q1", "a0"], ["q"], name="/attn/q"),
+        helper.make_node("Squeeze", ["k1", "a0"], ["k"], name="/attn/k"),
+        helper.make_node("Squeeze", ["v1", "a0"], ["v"], name="/attn/v"),
+        helper.make_node("Transpose", ["k"], ["kT"], name="/attn/kT", perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kT"], ["scores"], name="/attn/qk/MatMul"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="/attn/Softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "v"], ["ctx"], name="/attn/pv/MatMul"),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], name="/attn/ctx_t", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "s3"], ["ctx3"], name="/attn/ctx_view"),
+        helper.make_node("MatMul", ["ctx3", "wo"], ["y"], name="/attn/proj/MatMul"),
+    ]
+    inits = [weight("wqkv", [h, 3 * h]), weight("bqkv", [3 * h]), weight("wo", [h, h]),
+             _i64("s5", [0, 0, 3, n, d]), _i64("s3", [0, 0, h]), _i64("a0", [0])]
+    return model(nodes, [x], [y], inits)
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_fused_qkv_viewed_as_3_heads_dim_is_split_by_heads(b):
+    """The [.., 3, n, d] view used to hide the heads (none found) and keep qkv whole with a
+    grouped-query warning; each rank now holds its own q, k and v heads."""
+    g = load_model_proto(fused_qkv(), ImportOptions(batch_size=b)).graph
+    assert attention_heads(g) == (4, 4)
+    plan = shard_tensor_parallel(g, 4)
+    assert plan.weight_factor == {"wqkv": 4, "bqkv": 4, "wo": 4} and plan.warnings == ()
+    shard = plan.shards[next(op.index for op in g.ops if op.name == "/attn/qk/MatMul")]
+    # q [b, 4, 8, 16] and k^T [b, 4, 16, 8]: one head per rank
+    assert [v.shape for v in shard.inputs] == [(b, 1, 8, 16), (b, 1, 16, 8)]
+    assert [c.reason for c in plan.comms] == ["partial graph output"]
+
+
+def test_a_split_that_no_reshape_keeps_is_not_called_grouped_query():
+    """No attention: x[b, 8, 64] -> MatMul [64, 48] -> Reshape [b, 8, 3, 16] -> Relu.
+
+    At t=4 each rank would hold 12 of the 48 columns, which straddle the 3 x 16 view: the
+    MatMul is replicated, and the warning names the Reshape, not grouped-query heads."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 3, 16])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="/proj/MatMul"),
+        helper.make_node("Reshape", ["h", "shape"], ["v"], name="/view/Reshape"),
+        helper.make_node("Relu", ["v"], ["y"], name="/act/Relu"),
+    ]
+    g = load_model_proto(model(nodes, [x], [y], [weight("w", [64, 48]), _i64("shape", [0, 0, 3, 16])]),
+                         ImportOptions(batch_size=2)).graph
+    assert attention_heads(g) == (None, None) and find_attention(g) == ()
+    plan = shard_tensor_parallel(g, 4)
+    assert plan.weight_factor == {"w": 1}
+    assert plan.warnings == ("MatMul '/proj/MatMul' replicated: its output split over t=4 cannot pass "
+                             "Reshape '/view/Reshape' ([2, 8, 48] -> [2, 8, 3, 16])",)
+
+
+# ----------------------------------------------------------------------------- real exports
+
+# (fixture stem, import options beyond batch/seq, t, per-GPU parameters expected)
+#
+# GPT-2 small at t=4: wte 50257*768 = 38,597,376 vocab-parallel -> 9,649,344; wpe 786,432
+# replicated; per block ln_1 1,536 + c_attn (768*2304 + 2304)/4 = 442,944 + c_proj 589,824/4 +
+# bias 768 = 148,224 + ln_2 1,536 + c_fc (768*3072 + 3072)/4 = 590,592 + c_proj 2,359,296/4 +
+# 768 = 590,592 -> 1,775,424 x 12 = 21,305,088; ln_f 1,536.  Total 31,742,400.  The legacy
+# export stores the tied LM head as a second, transposed initializer that no graph structure
+# ties to wte; --tie-embeddings declares it (without it the copy counts as 38.6 M parameters
+# more: a weights question, not a sharding one).
+# BERT-base at t=4: word embeddings 30522*768/4 = 5,860,224; position 393,216, token type
+# 1,536 and LayerNorm 1,536 replicated; per layer the same 1,775,424 as GPT-2 -> 21,305,088.
+# Total 27,561,600.
+# Llama GQA (hidden 256, 8 q / 2 kv heads of 32, ffn 688, 4 layers, vocab 1000, untied) at
+# t=4: embed and lm_head 256,000/4 each; per layer q 65,536/4 + o 65,536/4 + k, v 16,384 each
+# replicated (2 KV heads, t=4) + MLP 528,384/4 = 132,096 + norms 512 -> 198,144 x 4 =
+# 792,576; final norm 256.  Total 920,832.  At t=2 the KV heads split too: per layer
+# 32,768 + 8,192 + 8,192 + 32,768 + 264,192 + 512 = 346,624 x 4 = 1,386,496 + 2 x 128,000 + 256
+# = 1,642,752.
+# MiniLM (hidden 384, 12 heads, ffn 1536, 4 layers) at t=4: word embeddings 30522*384/4 =
+# 2,930,112; position 196,608 + token type 768 + LayerNorm 768 replicated; per layer
+# qkv (3*384*384 + 3*384)/4 = 110,880 + o 147,456/4 + 384 = 37,248 + LN 768 + ffn1
+# (384*1536 + 1536)/4 = 147,840 + ffn2 589,824/4 + 384 = 147,840 + LN 768 -> 445,344 x 4 =
+# 1,781,376.  Total 4,909,632.
+CASES = [
+    ("gpt2", {"tie_embeddings": True}, 4, 31_742_400),
+    ("bert", {}, 4, 27_561_600),
+    ("llama_gqa", {}, 4, 920_832),
+    ("llama_gqa", {}, 2, 1_642_752),
+    ("minilm", {}, 4, 4_909_632),
+]
+SEQ = 32
+
+
+def _exports(stem: str) -> list[Path]:
+    paths = sorted(FIXTURES.glob(f"{stem}_*.onnx"))
+    return [p for p in paths if p.stem.removeprefix(stem + "_").split("_")[0] in ("legacy", "dynamo")]
+
+
+def _load(path: Path, batch: int | None, seq: int | None = SEQ, **options):
+    return load_model(path, ImportOptions(batch_size=batch, seq_len=seq, **options))
+
+
+@pytest.mark.parametrize("stem, options, t, expected", CASES, ids=[f"{c[0]}-t{c[2]}" for c in CASES])
+def test_params_per_gpu_do_not_depend_on_batch_or_exporter(stem, options, t, expected):
+    paths = _exports(stem)
+    if len(paths) < 2:
+        pytest.skip(f"the {stem} fixtures are not built (tests/fixtures/export_models.py)")
+    collectives = {}
+    for path in paths:  # minilm_dynamo_b2 fixes its batch at 2: it keeps it whatever is asked
+        for batch in (1, 4):
+            graph = _load(path, batch, **options).graph
+            plan = shard_tensor_parallel(graph, t)
+            assert _per_gpu(graph, plan) == expected, (path.name, batch)
+            heads, kv = attention_heads(graph)
+            # one warning per K and per V projection exactly where t does not divide the KV heads
+            assert len(_gqa_warnings(plan)) == (2 * len(find_attention(graph)) if kv and kv % t else 0), path.name
+            # the same tensor-parallel collectives (kind, phase, count), with and without
+            # sequence parallelism: a [b*s, h] view no longer costs a batch-dependent gather
+            collectives[path.name, batch] = [
+                Counter((c.kind.value, c.phase.value) for c in shard_tensor_parallel(graph, t, sp).comms)
+                for sp in (False, True)
+            ]
+    first = next(iter(collectives.values()))
+    assert all(v == first for v in collectives.values()), collectives
+
+
+# cnn_classifier has 10 classes: t=4 does not divide its classifier (an error, tested elsewhere)
+@pytest.mark.parametrize("stem, ts", [("resnet18", (2, 4)), ("cnn_classifier", (2,))])
+def test_cnn_has_no_attention_and_the_same_shards_from_both_exporters(stem, ts):
+    paths = _exports(stem)
+    if len(paths) < 2:
+        pytest.skip(f"the {stem} fixtures are not built (tests/fixtures/export_models.py)")
+    for t in ts:
+        seen = set()
+        for path in paths:
+            for batch in (1, 3):
+                graph = _load(path, batch, seq=None).graph
+                assert attention_heads(graph) == (None, None)
+                plan = shard_tensor_parallel(graph, t)
+                assert not _gqa_warnings(plan), plan.warnings
+                seen.add(_per_gpu(graph, plan))
+        # the dynamo export's ReduceMean (axes as an input) and the legacy GlobalAveragePool
+        # both keep the channel split: one per-GPU count for both exporters and batches
+        assert len(seen) == 1, seen
