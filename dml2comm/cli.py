@@ -306,7 +306,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size}"
         + (f" c={cfg.cp_size} ({cfg.cp_scheme})" if cfg.cp_size > 1 else "") + (f" e={cfg.ep_size}" if cfg.ep_size > 1 else "") + " on "
         f"{analysis.config.num_gpus} x {escape(analysis.cluster.gpu.name)} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
-        f"m={cfg.num_micro_batches} s={cfg.seq_len} {cfg.dtype}"
+        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype}"
     )
     t = Table(title=f"iteration (simulated, {escape(cfg.schedule)} schedule)", show_header=False)
     t.add_row("iteration time", _fmt_s(s["iteration_time_s"]))

@@ -200,3 +200,41 @@ def test_data_dependent_internal_dims_name_a_few_and_no_useless_flag(tmp_path, c
     m = model([helper.make_node("NonZero", ["x"], ["y"], name="/nz")], [x], [y])
     line = assert_refused(cli(tmp_path, capsys, m), "internal dimension(s) stay unknown", "unk__0", "re-export it with static shapes")
     assert "--dim" not in line and "--seq-len" not in line  # binding flags cannot fix a data-dependent shape
+
+
+def paddle_placeholder_dims() -> onnx.ModelProto:
+    """Paddle2ONNX's classifier input ``x[?, 3, ?, ?]``: ``?`` is written for *every* unknown
+    dim (rapidocr's ``ch_ppocr_mobile_v2.0_cls_infer.onnx``), so it is a placeholder, not a
+    name: binding ``?`` by name would give height and width one value."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["?", 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["?", 8, "?", "?"])
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["y"], name="/conv/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    return model(nodes, [x], [y], [weight("conv.weight", [8, 3, 3, 3])])
+
+
+def test_placeholder_dim_names_are_bound_by_input_and_axis(tmp_path, capsys):
+    line = assert_refused(cli(tmp_path, capsys, paddle_placeholder_dims()),
+                          "'x' axis 2 (unnamed)", "'x' axis 3 (unnamed)", "--dim x:2=N", "--dim x:3=N")
+    assert "--dim ?=" not in line
+    code, err, out = cli(tmp_path, capsys, paddle_placeholder_dims(), "--dim", "x:2=48", "--dim", "x:3=192")
+    assert code == 0, err
+    data = json.loads((out / "data.json").read_text())
+    # 2 * 27 * 8 * 48 * 192 FLOPs per sample (the two axes keep their own values)
+    assert data["model"]["flops_fwd_per_sample"] == pytest.approx(2 * 27 * 8 * 48 * 192)
+    assert data["config"]["micro_batch_size"] == 1  # the '?' batch axis defaults to 1
+
+
+def test_a_static_leading_axis_of_a_state_input_is_not_the_batch():
+    """Silero VAD: ``input[batch, sequence]`` and an LSTM state ``state[2, batch, 128]``; the
+    static 2 in front of the state is the layers x directions axis, not a fixed batch."""
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "sequence"])
+    state = helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    nodes = [helper.make_node("ReduceSum", ["state"], ["s"], keepdims=0),
+             helper.make_node("ReduceSum", ["input"], ["i"], keepdims=0),
+             helper.make_node("Add", ["s", "i"], ["y"])]
+    r = load_model_proto(model(nodes, [x, state], [y], []), ImportOptions(seq_len=64))
+    assert r.model_batch is None
+    assert dict(r.bound_dims) == {"batch": 1, "sequence": 64}

@@ -100,11 +100,11 @@ def test_block_calls_keep_their_module_scope_and_become_layers():
     ops = r.graph.ops
     assert len(ops) == 1 + 8 * 5 + 3
     # '/layer2/layer2.1/relu/BasicBlock.1': the last component ('relu', the block's last child) is dropped
-    assert {op.scope for op in ops[1 + 3 * 5:1 + 4 * 5]} == {"layer2.layer2.1"}
+    assert {op.scope for op in ops[1 + 3 * 5:1 + 4 * 5]} == {"layer2.1"}
     layered = group_layers(r.graph)
     assert layered.source == "scopes"
     names = [layer.name for layer in layered.layers]
-    assert names == ["embedding"] + [f"layer{s}.layer{s}.{j}" for s in range(1, 5) for j in (0, 1)] + ["head"]
+    assert names == ["embedding"] + [f"layer{s}.{j}" for s in range(1, 5) for j in (0, 1)] + ["head"]
     assert all(len(layer.op_indices) == 5 for layer in layered.layers if layer.kind == "block")
 
 
@@ -146,7 +146,7 @@ def test_pipeline_splits_the_blocks_and_is_faster_per_sample():
         rates[p] = a.summary["samples_per_s"]
         if p == 4:  # 10 layers (embedding, 8 blocks, head) over 4 stages: every stage holds a block
             assert [layer.name for layer in a.layers if layer.kind == "block"] == [
-                f"layer{s}.layer{s}.{j}" for s in range(1, 5) for j in (0, 1)]
+                f"layer{s}.{j}" for s in range(1, 5) for j in (0, 1)]
             assert all(any(a.layers[i].kind == "block" for i in st.layers) for st in a.stages)
     assert rates[4] > rates[1]
 

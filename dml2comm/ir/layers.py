@@ -229,7 +229,13 @@ def _weight_signature(graph: OpGraph, op) -> tuple:
 
 
 def _has_weight(graph: OpGraph, op) -> bool:
-    return any(name and (t := graph.tensors.get(name)) is not None and t.is_weight for name in op.inputs)
+    """Whether ``op`` applies a weight to activations.  Ops that only prepare weights (every
+    output a weight: the scripted exporter's ``Slice``/``Concat`` re-ordering of LSTM gates, a
+    ``Transpose`` of a tied table) are bookkeeping of their consumer's layer, not a layer."""
+    tensors = graph.tensors
+    if op.outputs and all(not name or ((t := tensors.get(name)) is not None and t.is_weight) for name in op.outputs):
+        return False
+    return any(name and (t := tensors.get(name)) is not None and t.is_weight for name in op.inputs)
 
 
 # ----------------------------------------------------------------------------- assembly

@@ -361,7 +361,7 @@ def _call_scope(node: onnx.NodeProto, prefix: str, segment: str) -> str:
     2. A legacy scoped name (``/layer1/layer1.0/relu/BasicBlock``): the TorchScript exporter
        names a call after the scope of the *last* op it ran, so a last component that is not a
        numbered instance (``relu``: the block's last child module) is dropped, giving
-       ``layer1.layer1.0``; ``/h.0/Blk`` (a block ending in its own op) keeps ``h.0``.
+       ``layer1.0``; ``/h.0/Blk`` (a block ending in its own op) keeps ``h.0``.
        Observed with torch 2.13 ``torch.onnx.export(..., dynamo=False,
        export_modules_as_functions=...)``; the root module's call (``/fc/ResNet``) gives ``''``.
     3. Otherwise (nested calls, named ``Sequential_20``): ``prefix.segment``.
@@ -376,7 +376,7 @@ def _call_scope(node: onnx.NodeProto, prefix: str, segment: str) -> str:
         parts = [p for p in name.split("/") if p][:-1]
         if parts and not _NUMBERED_COMPONENT.search(parts[-1]):
             parts = parts[:-1]
-        return ".".join(parts)
+        return _legacy_path(parts)
     return f"{prefix}.{segment}" if prefix else segment
 
 
@@ -403,6 +403,10 @@ def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], option
     out.unbound.extend((v.name, -1, "", False) for v in inputs if not v.type.tensor_type.HasField("shape"))
     inputs = [v for v in inputs if v.type.tensor_type.HasField("shape")]
     _check_dim_keys(inputs, options.dims)
+    symbolic_batch = any(
+        v.type.tensor_type.shape.dim and not (v.type.tensor_type.shape.dim[0].HasField("dim_value")
+                                              and v.type.tensor_type.shape.dim[0].dim_value > 0)
+        for v in inputs)
     for value in inputs:
         ttype = value.type.tensor_type
         is_int = _dtype(ttype.elem_type) in (DType.INT64, DType.INT32)
@@ -415,12 +419,14 @@ def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], option
             is_seq = axis == 1 and ((is_int and rank == 2) or rank == 3 or (rank == 2 and not static))
             by_axis = f"{value.name}:{axis}"
             if static:
-                if axis == 0 and out.model_batch is None:
+                # a static axis 0 is the model's own batch only when no input's axis 0 is
+                # symbolic: Silero VAD's LSTM state [2, batch, 128] has a static 2 in front
+                if axis == 0 and out.model_batch is None and not symbolic_batch:
                     out.model_batch = dim.dim_value
                 if is_seq and out.fixed_seq is None:
                     out.fixed_seq = (value.name, dim.dim_value)
                 continue
-            label = dim.dim_param
+            label = _dim_label(dim)
             value_ = None
             if by_axis in options.dims:
                 value_ = options.dims[by_axis]
@@ -445,6 +451,18 @@ def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], option
     return out
 
 
+#: ``dim_param`` values that are placeholders, not names: Paddle2ONNX writes ``?`` for every
+#: unknown dim, so binding by that "name" would give unrelated axes (height, width) one value.
+_PLACEHOLDER_DIM_NAMES = frozenset({"?", "-1", "None", "unk"})
+
+
+def _dim_label(dim: onnx.TensorShapeProto.Dimension) -> str:
+    """The symbolic name of an input dim, ``""`` for none or a placeholder (bound by
+    ``INPUT:AXIS`` instead)."""
+    label = dim.dim_param
+    return "" if label in _PLACEHOLDER_DIM_NAMES else label
+
+
 def _check_dim_keys(inputs: list[onnx.ValueInfoProto], dims: Mapping[str, int]) -> None:
     """Every ``dims`` key must name a symbolic input dim or an ``INPUT:AXIS`` of the model."""
     if not dims:
@@ -455,8 +473,8 @@ def _check_dim_keys(inputs: list[onnx.ValueInfoProto], dims: Mapping[str, int]) 
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
             static = dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
             axes[f"{value.name}:{axis}"] = static
-            if static is None and dim.dim_param:
-                names[dim.dim_param] = None
+            if static is None and _dim_label(dim):
+                names[_dim_label(dim)] = None
     for key, val in dims.items():
         if key in names:
             continue
@@ -1270,8 +1288,27 @@ def _scope(node: onnx.NodeProto) -> str:
     name = node.name
     if name.startswith("/") and name.count("/") >= 2:
         parts = [p for p in name.split("/") if p]
-        return ".".join(parts[:-1])
+        return _legacy_path(parts[:-1])
     return ""
+
+
+def _legacy_path(parts: list[str]) -> str:
+    """Module path from the components of a TorchScript-exporter scoped name.
+
+    Each component names a called module by its path relative to the nearest called ancestor,
+    so a child of a called ``Sequential``/``ModuleList`` container repeats the container's name
+    (``/features/features.0/Conv``, ``/layer1/layer1.0/conv1/Conv``: torch.onnx's
+    ``_jit_pass_onnx_scope`` naming, observed with torch 2.13): a component that extends the one
+    before it replaces it, giving ``features.0`` and ``layer1.0.conv1``, the paths
+    ``named_modules()`` and the dynamo exporter give.
+    """
+    out: list[str] = []
+    for part in parts:
+        if out and part.startswith(out[-1] + "."):
+            out[-1] = part
+        else:
+            out.append(part)
+    return ".".join(out)
 
 
 def _innermost_module(scopes: list[Any]) -> str:
