@@ -35,7 +35,7 @@ from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph, group_layers
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost, op_cost
@@ -161,6 +161,7 @@ def analyze(
     """Import ``model_path`` and analyse it under ``config`` on ``cluster``."""
     options = import_options or ImportOptions(batch_size=config.micro_batch_size, seq_len=config.seq_len, lenient=lenient)
     imported = load_model(model_path, options)
+    check_seq_len(imported, options.seq_len)
     return analyze_graph(imported, config, cluster, str(model_path), lenient=lenient)
 
 

@@ -238,3 +238,19 @@ def test_a_static_leading_axis_of_a_state_input_is_not_the_batch():
     r = load_model_proto(model(nodes, [x, state], [y], []), ImportOptions(seq_len=64))
     assert r.model_batch is None
     assert dict(r.bound_dims) == {"batch": 1, "sequence": 64}
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--gpus", "4", "--global-batch-size", "8", "--workers", "1"],
+    ["compare", "--global-batch-size", "8", "--configs", "d=2,t=2"],
+])
+def test_sweep_and_compare_refuse_a_seq_len_the_model_cannot_take(tmp_path, capsys, command):
+    """A fixed-length export's --seq-len would be ignored by every configuration: refused as by
+    the single analysis (one line, exit 2, nothing written)."""
+    out = tmp_path / "out"
+    code = main([command[0], str(FIXTURES / "gpt2_fixed_legacy.onnx"), *command[1:], "--seq-len", "4096",
+                 "--out", str(out), "--no-site"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: ") and "--seq-len 4096: the model's sequence length is fixed at 32" in err[0], err
+    assert not out.exists() or not list(out.iterdir())

@@ -259,7 +259,8 @@ def test_every_drawing_and_page_of_real_exports(name, d, t, p):
     from dml2comm.analysis import analyze
     from dml2comm.site.pages import page_models
 
-    config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=1, global_batch_size=d * p, seq_len=64)
+    seq_len = None if "resnet" in name else 64  # an image model has no sequence axis to bind
+    config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=1, global_batch_size=d * p, seq_len=seq_len)
     a = analyze(FIXTURES / name, config, make_cluster("a100", config.num_gpus, min(8, config.num_gpus)))
     facts = Facts.of(a)
     drawings = all_drawings(facts, 8)

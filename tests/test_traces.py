@@ -259,7 +259,7 @@ def test_predicted_vs_measured_command(tmp_path):
     out = tmp_path / "out"
     # the trace shows t=2 (TENSOR_MODEL_PARALLEL_GROUP [0, 1]) and p=2 (pipeline group [0, 2]) in a
     # world of 4: --p is taken from it and d = 4 / (2 x 2) = 1 (--d 2 would make 8 ranks: refused)
-    assert main(["trace", str(path), "--out", str(out), "--model", str(model), "--t", "2", "--seq-len", "128",
+    assert main(["trace", str(path), "--out", str(out), "--model", str(model), "--t", "2",
                  "--global-batch-size", "4", "--no-site"]) == 0
     data = json.loads((out / "trace_analysis.json").read_text())
     assert "d=1 t=2 p=2 (from the flags and the traces' process groups; --d 1 = world size 4 / the others)" in \

@@ -99,7 +99,7 @@ def test_cpu_traces_against_a_gpu_prediction(tmp_path, capsys):
     """The sizes come from the traces (d=2 p=2, not the default d=1); the CPU-only traces are not
     compared with the GPU prediction: a caveat instead of the error column."""
     out = tmp_path / "out"
-    code, stdout, _ = _run([FIXTURE, "--no-site", "--out", out, "--model", MODEL, "--seq-len", "128"], capsys)
+    code, stdout, _ = _run([FIXTURE, "--no-site", "--out", out, "--model", MODEL], capsys)
     assert code == 0
     cmp = json.loads((out / "trace_analysis.json").read_text())["comparison"]
     assert "d=2 t=1 p=2 (from the traces' send/recv peers)" in cmp["what"]
@@ -239,3 +239,12 @@ def test_hand_written_pipeline_marker_patterns():
     assert [bool(BACKWARD_MICROBATCH.search(n)) for n in ("backward_mb0", "bwd_mb_3", "backward_mb", "forward_mb0")] == [
         True, True, False, False]
     assert BACKWARD_MARKERS.search("backward_mb3") and not BACKWARD_MARKERS.search("forward_mb3")
+
+
+def test_prediction_refuses_a_seq_len_the_model_cannot_take(tmp_path, capsys):
+    """The bundled GPT-2 is a fixed-length (1,024) export: --seq-len 128 would only scale the
+    prediction's tokens/s, so the trace command refuses it as the analysis does."""
+    out = tmp_path / "out"
+    code, _, err = _run([FIXTURE, "--no-site", "--out", out, "--model", MODEL, "--seq-len", "128"], capsys)
+    assert code == 2
+    assert "sequence length is fixed at 1024" in err and not out.exists()

@@ -121,8 +121,15 @@ def sent_activations(graph: OpGraph, needs_grad: frozenset[str]) -> frozenset[st
     every stage that reads one holds the source parameter and derives the tensor locally, as
     Megatron-LM's last stage holds its own copy of the word embedding for the LM head
     (``LanguageModule.setup_embeddings_and_output_layer``) instead of receiving it.
+
+    Ops that run 0 times (the branch of an ``If`` that is not costed, kept for its parameters:
+    :attr:`dml2comm.ir.graph.Op.repeat`) neither send nor receive: their outputs and the
+    tensors only they read never cross a boundary.
     """
-    return frozenset(n for n in needs_grad if not ((t := graph.tensors.get(n)) is not None and t.is_weight))
+    live_reads = {n for op in graph.ops if op.repeat for n in op.inputs if n}
+    never_made = {n for op in graph.ops if not op.repeat for n in op.outputs if n}
+    return frozenset(n for n in needs_grad if n in live_reads and n not in never_made
+                     and not ((t := graph.tensors.get(n)) is not None and t.is_weight))
 
 
 def parameter_layers(graph: OpGraph, layer_of_op: Sequence[int]) -> dict[str, tuple[int, ...]]:

@@ -31,7 +31,7 @@ import onnx
 
 from dml2comm.errors import Dml2CommError
 from dml2comm.hardware.cluster import Cluster
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
 from dml2comm.search.workers import run_workers
@@ -110,7 +110,9 @@ class Evaluator:
     def imported(self, micro_batch: int) -> ImportResult:
         if micro_batch not in self._imports:
             options = ImportOptions(batch_size=micro_batch, seq_len=self.seq_len, dims=dict(self.dims))
-            self._imports[micro_batch] = load_model(self.model_path, options)
+            imported = load_model(self.model_path, options)
+            check_seq_len(imported, self.seq_len)  # as the single analysis: never ignored silently
+            self._imports[micro_batch] = imported
         return self._imports[micro_batch]
 
     def prepare_fast(self, micro_batch: int) -> None:
