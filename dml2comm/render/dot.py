@@ -160,10 +160,13 @@ class _Dot:
             self.annotations[nid] = Annotation(tooltip or "", href)
         return nid
 
-    def edge(self, a: str, b: str, tooltip: str | None = None, label: str | None = None, **attrs: object) -> str:
+    def edge(self, a: str, b: str, tooltip: str | None = None, label: str | None = None, xlabel: str | None = None,
+             **attrs: object) -> str:
+        """An edge; ``label``/``xlabel`` are HTML labels (escaped by the caller), ``xlabel`` placed
+        after layout."""
         eid = f"e{self._e}"
         self._e += 1
-        lab = f", label=<{label}>" if label else ""
+        lab = (f", label=<{label}>" if label else "") + (f", xlabel=<{xlabel}>" if xlabel else "")
         self.lines.append(f"  {a} -> {b} [id={eid}{lab}{_attrs(attrs)}];")
         if tooltip:
             self.annotations[eid] = Annotation(tooltip)
@@ -259,8 +262,8 @@ def _tied_tip(facts: Facts, stages: tuple[int, ...], comms: Sequence[CommNode]) 
             f"{fmt_share(facts.comm_share(c))} of the iteration")
 
 
-def _tied_label(comms: Sequence[CommNode]) -> str:
-    return html_text(f"embedding-grad all-reduce · {fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}")
+def _tied_label(comms: Sequence[CommNode], where: str = "") -> str:
+    return html_text(f"embedding-grad all-reduce{where} · {fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,11 +333,16 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
                    f"pipeline Send/Recv stage {p} -> {p + 1}: {fmt_bytes(b.bytes_fwd)} forward, "
                    f"{fmt_bytes(b.bytes_bwd)} backward per micro-batch over {b.link}",
                    color="#08519c")
-        for stages, comms in sorted(facts.tied_groups.items()):
-            if len(stages) > 1 and all(0 <= s < len(column_boxes) for s in stages):
-                g.edge(column_boxes[stages[0]], column_boxes[stages[-1]], _tied_tip(facts, stages, comms),
-                       label=_tied_label(comms), dir="both", style="dashed", color="#6a3d9a", fontcolor="#6a3d9a",
-                       fontsize=8, constraint="false")
+        if col is columns[-1]:
+            # every replica has the same embedding group: drawn once, on the last column, where
+            # the edge runs down the drawing's free right side (Graphviz routes it across the
+            # other columns from any inner one), its label outside the columns
+            each = " (each replica)" if len(columns) > 1 or len(col) > 1 else ""
+            for stages, comms in sorted(facts.tied_groups.items()):
+                if len(stages) > 1 and all(0 <= s < len(column_boxes) for s in stages):
+                    g.edge(column_boxes[stages[-1]], column_boxes[stages[0]], _tied_tip(facts, stages, comms),
+                           label=_tied_label(comms, each), dir="both", style="dashed", color="#6a3d9a",
+                           fontcolor="#6a3d9a", fontsize=8, constraint="false", tailport="e", headport="e")
     g.same_rank(headers)
     if len(columns) > 1:
         for p in range(len(a.stages)):
