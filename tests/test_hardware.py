@@ -41,7 +41,9 @@ def test_every_gpu_number_has_a_source(gpu: GPU) -> None:
         "hbm_bytes_per_s",
         "nvlink_bytes_per_s",
         "pcie_bytes_per_s",
+        "sm_count",
     }
+    assert gpu.sm_count > 0  # every preset knows its SMs/CUs (the GEMM model's wave quantisation)
     assert all(len(s) > 20 for s in gpu.sources.values())
 
 

@@ -97,6 +97,9 @@ class GPU:
         Host-interface line rate per direction.
     sources
         Field name (``"peak_flops_per_s.<key>"`` for peaks) -> where the number comes from.
+    sm_count
+        Streaming multiprocessors (AMD: compute units) that run GEMM tiles; 0 when unknown.
+        Read by the GEMM model (:mod:`dml2comm.cost.gemm`) for wave quantisation.
 
     Raises
     ------
@@ -111,6 +114,7 @@ class GPU:
     nvlink_bytes_per_s: float
     pcie_bytes_per_s: float
     sources: Mapping[str, str]
+    sm_count: int = 0
 
     def __post_init__(self) -> None:
         for key, value in self.peak_flops_per_s.items():
@@ -124,6 +128,8 @@ class GPU:
             value = getattr(self, field_name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"GPU {self.name!r}: {field_name} must be a non-negative number, got {value!r}")
+        if not (isinstance(self.sm_count, int) and self.sm_count >= 0):
+            raise ConfigError(f"GPU {self.name!r}: sm_count must be a non-negative integer, got {self.sm_count!r}")
         if self.hbm_bytes <= 0 or self.hbm_bytes_per_s <= 0:
             raise ConfigError(f"GPU {self.name!r}: hbm_bytes and hbm_bytes_per_s must be positive")
         object.__setattr__(self, "peak_flops_per_s", _frozen(self.peak_flops_per_s))
@@ -139,6 +145,7 @@ class GPU:
                 self.nvlink_bytes_per_s,
                 self.pcie_bytes_per_s,
                 tuple(sorted(self.sources.items())),
+                self.sm_count,
             )
         )
 
@@ -154,6 +161,7 @@ class GPU:
                 self.nvlink_bytes_per_s,
                 self.pcie_bytes_per_s,
                 dict(self.sources),
+                self.sm_count,
             ),
         )
 
@@ -202,6 +210,7 @@ class GPU:
     def unsourced_fields(self) -> tuple[str, ...]:
         """Names of numbers without a non-empty entry in :attr:`sources` (empty for every preset)."""
         wanted = [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s] + list(_NUMERIC_FIELDS)
+        wanted += ["sm_count"] if self.sm_count else []
         return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
 
     def to_dict(self) -> dict[str, object]:
@@ -213,6 +222,7 @@ class GPU:
             "hbm_bytes_per_s": self.hbm_bytes_per_s,
             "nvlink_bytes_per_s": self.nvlink_bytes_per_s,
             "pcie_bytes_per_s": self.pcie_bytes_per_s,
+            "sm_count": self.sm_count,
             "sources": dict(self.sources),
         }
 
@@ -250,7 +260,9 @@ _A100_80 = GPU(
     hbm_bytes_per_s=2039e9,
     nvlink_bytes_per_s=300e9,
     pcie_bytes_per_s=32e9,
+    sm_count=108,
     sources={
+        "sm_count": "108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: the A100 product enables 108 of the GA100 die's 128 SMs)",
         "peak_flops_per_s.fp32": _A100_FLOPS,
         "peak_flops_per_s.tf32": _A100_FLOPS,
         "peak_flops_per_s.bf16": _A100_FLOPS,
@@ -269,6 +281,7 @@ _A100_40 = GPU(
     hbm_bytes_per_s=1555e9,
     nvlink_bytes_per_s=300e9,
     pcie_bytes_per_s=32e9,
+    sm_count=_A100_80.sm_count,
     sources={
         **dict(_A100_80.sources),
         "hbm_bytes": "40 GB HBM2 (glennklockwood.com/garden/processors/A100: 'A100 40G SXM4 ... 40 GB HBM2')",
@@ -283,7 +296,9 @@ _H100 = GPU(
     hbm_bytes_per_s=3350e9,
     nvlink_bytes_per_s=450e9,
     pcie_bytes_per_s=64e9,
+    sm_count=132,
     sources={
+        "sm_count": "132 SMs for H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022: 132 SMs on SXM5, 114 on PCIe)",
         "peak_flops_per_s.fp32": _H100_FLOPS,
         "peak_flops_per_s.tf32": _H100_FLOPS,
         "peak_flops_per_s.bf16": _H100_FLOPS,
@@ -303,7 +318,9 @@ _H200 = GPU(
     hbm_bytes_per_s=4800e9,
     nvlink_bytes_per_s=450e9,
     pcie_bytes_per_s=64e9,
+    sm_count=132,
     sources={
+        "sm_count": "132 SMs: the same GH100 configuration as H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022; H200 = H100 with HBM3e, glennklockwood.com/garden/processors/h100)",
         **{
             f"peak_flops_per_s.{k}": (
                 "same GH100 compute as H100 SXM5 ('H200 GPUs are the same as H100 GPUs ... just with more and "
@@ -325,7 +342,9 @@ _V100 = GPU(
     hbm_bytes_per_s=900e9,
     nvlink_bytes_per_s=150e9,
     pcie_bytes_per_s=16e9,
+    sm_count=80,
     sources={
+        "sm_count": "80 SMs (NVIDIA Tesla V100 GPU Architecture whitepaper, 2017)",
         "peak_flops_per_s.fp32": "NVIDIA Tesla V100 datasheet, SXM2: single precision 15.7 TFLOP/s (double 7.8)",
         "peak_flops_per_s.fp16": (
             "NVIDIA Tesla V100 datasheet, SXM2: 'Tensor Performance 125 TFLOPS'; NVIDIA developer blog "
@@ -351,7 +370,9 @@ _A6000 = GPU(
     hbm_bytes_per_s=768e9,
     nvlink_bytes_per_s=56.25e9,
     pcie_bytes_per_s=32e9,
+    sm_count=84,
     sources={
+        "sm_count": "84 SMs (NVIDIA Ampere GA102 GPU Architecture whitepaper, 2021: RTX A6000 is the full GA102 with 84 SMs)",
         "peak_flops_per_s.fp32": "NVIDIA RTX A6000 datasheet: single-precision 38.7 TFLOP/s (also 38.71 in TechPowerUp-derived tables)",
         "peak_flops_per_s.bf16": (
             "Microway 'In-Depth Comparison of NVIDIA Ampere GPU Accelerators': RTX A6000 FP16/BF16 tensor 154.8 "
@@ -377,7 +398,9 @@ _L40S = GPU(
     hbm_bytes_per_s=864e9,
     nvlink_bytes_per_s=0.0,
     pcie_bytes_per_s=32e9,
+    sm_count=142,
     sources={
+        "sm_count": "142 SMs (NVIDIA ADA GPU Architecture whitepaper, 2023: L40S/L40 enable 142 of AD102's 144 SMs)",
         **{
             f"peak_flops_per_s.{k}": (
                 "NVIDIA L40S datasheet table (reproduced by mullet.se): FP32 91.6; TF32 183 (366*); BF16/FP16 "
@@ -404,7 +427,9 @@ _MI300X = GPU(
     hbm_bytes_per_s=5300e9,
     nvlink_bytes_per_s=448e9,
     pcie_bytes_per_s=64e9,
+    sm_count=304,
     sources={
+        "sm_count": "304 compute units (AMD CDNA 3 Architecture white paper, 2023; AMD ROCm 'MI300 series microarchitecture' table)",
         **{f"peak_flops_per_s.{k}": _MI300X_FLOPS for k in ("fp32", "tf32", "bf16", "fp16", "fp8")},
         "hbm_bytes": "192 GB HBM3 (MLCommons system name 'MI300X-NPS1-SPX-192GB-750W'; spec pages, SECONDARY)",
         "hbm_bytes_per_s": "'theoretical aggregated peak memory bandwidth of the GPU is 5.3 TB per second' (AMD ROCm MI300 microarchitecture docs)",

@@ -1,0 +1,613 @@
+"""Time of one GEMM on one GPU as a function of its shape (batch, M, N, K), data type and GPU.
+
+A GEMM here is ``b`` independent products ``[M, K] @ [K, N] -> [M, N]``: ``2 b M N K`` FLOPs.
+Two sources, used in this order by :func:`gemm_time_s`:
+
+1. **Measured table** (where the GPU and data type have one: H100 bf16/fp16/tf32, B200
+   bf16/fp16/tf32/fp8): kernel times measured by the OpenXLA project on a grid
+   ``b in {1, 2, 4}``, ``M, N, K in {256, ..., 4096}`` (``data/xla_matmul_measured.csv``,
+   provenance in ``data/XLA_MATMUL_PROVENANCE.md``).  Inside the grid the time is the
+   multilinear interpolation of ``log(time)`` over ``(log b, log M, log N, log K)``, which
+   returns the table's value at every grid point.  Before interpolation the table is made
+   monotone by its *lower envelope* ``T(x) <- min over grid points y >= x of T(y)`` (a GEMM can
+   always be padded to a bigger one, so it never needs longer than the bigger one took); this
+   changes the few small, latency-bound points where the library picked a slow kernel (H100 bf16:
+   12 of 375, see :func:`measured_table`), and keeps the others exactly.
+2. **Analytical model** (outside the grid, other GPUs, other data types), one shape law with
+   few fitted numbers (:data:`SHAPE_LAW`) and one sustained factor per GPU
+   (:data:`SUSTAINED_FACTOR`).  For every candidate kernel -- an output tile ``(tm, tn)`` from
+   :data:`TILE_SHAPES` and a split-K factor ``s`` from :data:`SPLIT_K_FACTORS` -- ::
+
+       tiles   = b ceil(M / tm) ceil(N / tn) s                 output tiles (x K splits) to run
+       waves   = ceil(tiles / SMs)                              one tile per SM at a time
+       k_tile  = ceil(K / s / kb) kb + K0                       K steps per tile (kb = 128 B of K)
+       t_tile  = 2 tm tn k_tile / (peak / SMs x f_gpu x eta(tm, tn))
+       t_split = 2 s b M N 4 B / (HBM x e_hbm)   if s > 1       fp32 partial sums written, read
+       t_cand  = waves t_tile + t_split
+
+   and the GEMM takes ``max(min over candidates t_cand, bytes / (HBM x e_hbm)) + t_lat`` with
+   ``bytes = b (M K + K N) in_bytes + b M N out_bytes``.  The pieces: dimension quantisation in
+   tiles and waves (NVIDIA, "Matrix Multiplication Background User's Guide", Sec. 3.1-3.2: tile
+   sizes 256x128, 128x256, 128x128, 256x64, 64x256, 128x64, 64x128, 64x64, the larger being the
+   more efficient); the kernel choice as the fastest candidate (what cuBLAS's heuristics aim
+   for); split-K for small ``M N`` with long ``K`` (CUTLASS "split-K" / "parallel reduction"
+   GEMMs; the partial sums' traffic is the cost); the roofline's memory floor (Williams et al.,
+   CACM 2009); ``K0``, a per-tile fixed cost in K steps (pipeline fill and epilogue: why a
+   4096x4096 GEMM reaches 0.79 of peak at K=4096 but 0.40 at K=256 on H100); ``eta``, the
+   lower main-loop rate of smaller tiles (``(1 + c (1/256 + 1/128)) / (1 + c (1/tm + 1/tn))``,
+   1 for the 256x128 tile: operand bytes per FLOP grow as ``1/tm + 1/tn``); ``t_lat``, a fixed
+   time per kernel; ``f_gpu``, the sustained share of the spec peak a large, well-tiled GEMM
+   reaches on that GPU (clocks under load below the boost clock the peak assumes).
+
+   Every candidate's time is non-decreasing in b, M, N and K, so their minimum is too, and so
+   is the combination with the table (below): more work of the same shape never takes less
+   time (tested on and off the grid, on every preset GPU).
+
+Combining the two outside the grid (for a GPU with a table): ``T = min(max(A, L), U)``, with
+``A`` the analytical time, ``L`` the table's time at ``min(x, grid max)`` (a lower bound, used
+when no coordinate is below the grid) and ``U`` its time at ``max(x, grid min)`` (an upper bound,
+used when no coordinate is above it).  ``A``, ``L`` and ``U`` are each non-decreasing, so ``T``
+is; inside the grid ``L = U`` = the table.
+
+Fit (``benchmarks/fit_gemm.py`` reprints it): least squares of ``log(model / measured)`` over the
+H100 and B200 bf16 tables (750 shapes, the lower envelope), Nelder-Mead over ``K0``, ``c``,
+``t_lat``, ``e_hbm`` and one ``f`` per GPU (:func:`fit_shape_law`).  Residuals of the analytical
+part alone, median / mean absolute error: H100 bf16 3.3% / 4.2% (the 310 shapes of at least
+1 GFLOP: median 3.2%), B200 bf16 2.8% / 4.3% (2.8%).  Held out (fit on B200 and the H100 shapes
+with even ``log2(b M N K)``, checked on the odd ones of at least 1 GFLOP): median 3.4%, mean 4.2%.
+Not fitted: B200 fp8 median 6.3%; tf32 (the ``f32`` tables) median 9.2% on B200 but 21.5% on
+H100 -- inside the grid the table answers; outside it the bf16 law is a rough guide for tf32.
+
+References
+----------
+NVIDIA, "Matrix Multiplication Background User's Guide" (Deep Learning Performance
+documentation), Sec. 2.3 and 3.  NVIDIA CUTLASS documentation, "Efficient GEMM in CUDA" (tiling,
+split-K, k-block of 64 16-bit elements).  Williams, Waterman, Patterson, "Roofline", CACM 2009.
+OpenXLA, ``xla/service/gpu/model/default_matmul_perf_table.txtpb`` (the measured table).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from dml2comm.errors import ConfigError, ModelError
+from dml2comm.hardware.gpus import GPU
+
+__all__ = [
+    "B200",
+    "DEFAULT_SUSTAINED_FACTOR",
+    "FitResult",
+    "GemmDevice",
+    "GemmShape",
+    "MeasuredTable",
+    "SHAPE_LAW",
+    "SPLIT_K_FACTORS",
+    "SUSTAINED_FACTOR",
+    "TABLE_FILE",
+    "ShapeLaw",
+    "TILE_SHAPES",
+    "TrainingGemms",
+    "analytical_time_s",
+    "analytical_times_s",
+    "fit_shape_law",
+    "gemm_device",
+    "gemm_efficiency",
+    "gemm_time_s",
+    "measured_table",
+    "table_samples",
+    "training_gemms",
+]
+
+# ------------------------------------------------------------------------------------ constants
+
+#: Output tiles (rows x columns) a GEMM library chooses among: the cuBLAS tile sizes listed in
+#: NVIDIA's "Matrix Multiplication Background User's Guide", Sec. 3.1 (256x128 and 128x256 the
+#: most efficient, 64x64 the least).
+TILE_SHAPES: tuple[tuple[int, int], ...] = (
+    (256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+#: Split-K factors considered (CUTLASS's split-K GEMMs divide K among 2..16 thread blocks that
+#: each write fp32 partial sums, then reduce them).
+SPLIT_K_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 16)
+#: Bytes of K one main-loop step loads per operand row: 64 16-bit elements (CUTLASS's
+#: ``128x256x64`` / ``128x128x64`` tensor-core tiles), so 32 tf32 or 128 fp8 elements.
+K_BLOCK_BYTES = 128
+#: Bytes of an fp32 partial sum written and read per split-K slice.
+_PARTIAL_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeLaw:
+    """The fitted numbers of the analytical model, shared by every GPU (module docstring).
+
+    Parameters
+    ----------
+    k_overhead
+        ``K0``: fixed cost of one output tile, in K steps (elements of K), added to the tile's own K.
+    tile_edge
+        ``c`` (elements): how fast the main-loop rate falls for smaller tiles.
+    latency_s
+        ``t_lat``: fixed time per kernel (seconds).
+    hbm_efficiency
+        ``e_hbm``: share of the HBM bandwidth the memory floor and the split-K traffic reach.
+    """
+
+    k_overhead: float
+    tile_edge: float
+    latency_s: float
+    hbm_efficiency: float
+
+
+#: Fitted by ``benchmarks/fit_gemm.py`` (least squares in log time on the H100 and B200 bf16
+#: tables, 750 shapes, Nelder-Mead; sum of squared log errors 3.044; residuals in the module
+#: docstring: median 3.3% on H100, 2.8% on B200).
+SHAPE_LAW = ShapeLaw(k_overhead=204.2, tile_edge=54.70, latency_s=5.167e-6, hbm_efficiency=0.970)
+
+#: Sustained share of the dense spec peak a large, well-tiled GEMM reaches (``f_gpu``), per GPU.
+#: H100 and B200: fitted with :data:`SHAPE_LAW` on their tables (``benchmarks/fit_gemm.py``).
+#: H200: the H100 value (same GH100 silicon and clocks, only the HBM differs).  Every other GPU
+#: (A100, V100, L40S, RTX A6000, MI300X) has no table: it gets :data:`DEFAULT_SUSTAINED_FACTOR`,
+#: the mean of the two fitted values, until a fit on measured runs replaces it here.  A100 in
+#: particular is meant to be refitted on the bundled A100 end-to-end runs.
+_F_H100, _F_B200 = 0.926, 0.770
+DEFAULT_SUSTAINED_FACTOR = round((_F_H100 + _F_B200) / 2, 3)
+SUSTAINED_FACTOR: Mapping[str, float] = MappingProxyType({
+    "H100-SXM5-80GB": _F_H100,
+    "H200-SXM-141GB": _F_H100,
+    "B200": _F_B200,
+    "A100-SXM4-80GB": DEFAULT_SUSTAINED_FACTOR,  # default from the shape law; to be fitted on A100 runs
+    "A100-SXM4-40GB": DEFAULT_SUSTAINED_FACTOR,  # default from the shape law; to be fitted on A100 runs
+})
+
+# Data-type labels accepted (as GPU.peak_flops) -> (peak key, operand bytes, output bytes).
+_DTYPES: Mapping[str, tuple[str, int, int]] = MappingProxyType({
+    "fp32": ("fp32", 4, 4), "float32": ("fp32", 4, 4), "float": ("fp32", 4, 4),
+    "tf32": ("tf32", 4, 4),
+    "bf16": ("bf16", 2, 2), "bfloat16": ("bf16", 2, 2),
+    "fp16": ("fp16", 2, 2), "float16": ("fp16", 2, 2), "half": ("fp16", 2, 2),
+    # fp8 operands, 16-bit output (as in the measured table and Transformer Engine's fp8 GEMMs)
+    "fp8": ("fp8", 1, 2), "float8": ("fp8", 1, 2),
+})
+
+
+# ----------------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True, slots=True)
+class GemmDevice:
+    """What the GEMM model needs of a GPU: dense peaks per data-type key, SMs, HBM bandwidth.
+
+    Built from a preset by :func:`gemm_device`, or directly for a device that has a measured
+    table but no preset (:data:`B200`).  ``name`` keys :data:`SUSTAINED_FACTOR` and the tables.
+    """
+
+    name: str
+    peak_flops_per_s: Mapping[str, float]
+    sm_count: int
+    hbm_bytes_per_s: float
+
+    def __hash__(self) -> int:  # cheap (it keys the per-shape cache); equality still compares the peaks
+        return hash((self.name, self.sm_count, self.hbm_bytes_per_s))
+
+    def peak(self, key: str) -> float:
+        """Dense peak FLOP/s for a data-type key (``bf16``, ``tf32``...)."""
+        value = self.peak_flops_per_s.get(key)
+        if not value:
+            raise ConfigError(f"GPU {self.name!r} has no sourced {key} peak; use one of "
+                              f"{', '.join(sorted(self.peak_flops_per_s))} (dtype)")
+        return value
+
+
+#: NVIDIA B200 (HGX, 1,000 W), the device of the sm_100 table; not a preset of
+#: :mod:`dml2comm.hardware.gpus` (no cluster uses it yet).  Dense peaks TF32 1,100, BF16/FP16
+#: 2,250, FP8 4,500 TFLOP/s, 8 TB/s HBM3e (glennklockwood.com/garden/processors/B200, "HGX
+#: variant of B200 ... at 1,000 W", matrix column); 148 SMs ("B200 enables 74 SMs per die,
+#: giving 148 SMs across the GPU", Chips and Cheese, "Nvidia's B200: Keeping the CUDA
+#: Juggernaut Rolling", 2025).
+B200 = GemmDevice(name="B200", peak_flops_per_s=MappingProxyType(
+    {"tf32": 1100e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12}), sm_count=148, hbm_bytes_per_s=8000e9)
+
+
+def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
+    """The :class:`GemmDevice` of a GPU preset (or the device itself).
+
+    Raises
+    ------
+    ConfigError
+        The GPU has no SM count (``GPU(..., sm_count=N)`` with its source fixes it).
+    """
+    if isinstance(gpu, GemmDevice):
+        return gpu
+    if not gpu.sm_count:
+        raise ConfigError(f"GPU {gpu.name!r} has no sm_count; the GEMM model needs it "
+                          "(build the GPU with sm_count=N and its source)")
+    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s)
+
+
+def _dtype(dtype: str, allow_tf32: bool) -> tuple[str, int, int]:
+    entry = _DTYPES.get(dtype.strip().lower())
+    if entry is None:
+        raise ConfigError(f"unknown dtype {dtype!r} for a GEMM; use one of fp32, tf32, bf16, fp16, fp8")
+    if entry[0] == "fp32" and allow_tf32:
+        return ("tf32", 4, 4)
+    return entry
+
+
+# ------------------------------------------------------------------------- analytical model
+
+_TN = np.array([t[1] for t in TILE_SHAPES for _ in SPLIT_K_FACTORS], dtype=float)
+_SPLIT = np.array([s for _ in TILE_SHAPES for s in SPLIT_K_FACTORS], dtype=float)
+_TM = np.array([t[0] for t in TILE_SHAPES for _ in SPLIT_K_FACTORS], dtype=float)
+
+
+def analytical_times_s(b, m, n, k, *, peak_flops_per_s: float, sm_count: int, hbm_bytes_per_s: float,
+                       in_bytes: int, out_bytes: int, sustained: float, law: ShapeLaw = SHAPE_LAW) -> np.ndarray:
+    """Analytical GEMM times (seconds) for arrays of shapes (module docstring, item 2).
+
+    Parameters
+    ----------
+    b, m, n, k
+        Array-likes of equal length: batch count and the ``[M, K] @ [K, N]`` dimensions.
+    peak_flops_per_s, sm_count, hbm_bytes_per_s
+        Dense peak of the data type (FLOP/s), SMs, HBM bandwidth (bytes/s).
+    in_bytes, out_bytes
+        Bytes per operand element and per output element.
+    sustained
+        ``f_gpu`` (:data:`SUSTAINED_FACTOR`).
+    law
+        The shape law's fitted numbers.
+
+    Returns
+    -------
+    numpy.ndarray
+        Seconds per shape.
+    """
+    b, m, n, k = (np.asarray(x, dtype=float)[:, None] for x in (b, m, n, k))
+    hbm = hbm_bytes_per_s * law.hbm_efficiency
+    kb = max(1, K_BLOCK_BYTES // in_bytes)
+    c = law.tile_edge
+    eta = (1 + c * (1 / 256 + 1 / 128)) / (1 + c * (1 / _TM + 1 / _TN))
+    per_sm = peak_flops_per_s / sm_count * sustained
+    tiles = b * np.ceil(m / _TM) * np.ceil(n / _TN) * _SPLIT
+    k_tile = np.ceil(k / (_SPLIT * kb)) * kb + law.k_overhead
+    t_cand = np.ceil(tiles / sm_count) * (2 * _TM * _TN * k_tile / (per_sm * eta))
+    t_cand = t_cand + np.where(_SPLIT > 1, 2 * _SPLIT * b * m * n * _PARTIAL_BYTES / hbm, 0.0)
+    t_mem = (b * (m * k + k * n) * in_bytes + b * m * n * out_bytes)[:, 0] / hbm
+    return np.maximum(t_cand.min(axis=1), t_mem) + law.latency_s
+
+
+def analytical_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: int, *,
+                      allow_tf32: bool = False, sustained: float | None = None) -> float:
+    """The analytical model alone for one GEMM (seconds); ``sustained`` overrides ``f_gpu``."""
+    dev = gemm_device(gpu)
+    key, in_bytes, out_bytes = _dtype(dtype, allow_tf32)
+    f = SUSTAINED_FACTOR.get(dev.name, DEFAULT_SUSTAINED_FACTOR) if sustained is None else sustained
+    return float(analytical_times_s([b], [m], [n], [k], peak_flops_per_s=dev.peak(key), sm_count=dev.sm_count,
+                                    hbm_bytes_per_s=dev.hbm_bytes_per_s, in_bytes=in_bytes, out_bytes=out_bytes,
+                                    sustained=f)[0])
+
+
+# --------------------------------------------------------------------------- measured tables
+
+#: The bundled measured table (a subset of OpenXLA's; data/XLA_MATMUL_PROVENANCE.md).
+TABLE_FILE = Path(__file__).with_name("data") / "xla_matmul_measured.csv"
+# (device name, peak key) -> (gpu_name, dtype) rows of the table.  fp16 runs on the same tensor
+# cores at the same rate and with the same bytes as bf16, so it reads the bf16 table; XLA's f32
+# dots run on TF32 tensor cores (data/XLA_MATMUL_PROVENANCE.md).  H100 fp8 is left out (suspect).
+_TABLES: Mapping[tuple[str, str], tuple[str, str]] = MappingProxyType({
+    ("H100-SXM5-80GB", "bf16"): ("H100", "bf16"), ("H100-SXM5-80GB", "fp16"): ("H100", "bf16"),
+    ("H100-SXM5-80GB", "tf32"): ("H100", "f32"),
+    ("B200", "bf16"): ("B200", "bf16"), ("B200", "fp16"): ("B200", "bf16"), ("B200", "tf32"): ("B200", "f32"),
+    ("B200", "fp8"): ("B200", "f8e4m3fn"),
+})
+
+
+class MeasuredTable:
+    """One device's measured times on its grid, made monotone, interpolated in log space.
+
+    Parameters
+    ----------
+    times
+        ``{(b, M, N, K): seconds}`` on a full grid (every combination of the axes' values).
+
+    Attributes
+    ----------
+    axes
+        The sorted grid values of b, M, N and K.
+    measured
+        The times as given; :attr:`nodes` the monotone lower envelope used for interpolation.
+    adjusted
+        Grid points whose node differs from the measurement.
+    """
+
+    def __init__(self, times: Mapping[tuple[int, int, int, int], float]) -> None:
+        self.axes = tuple(tuple(sorted({key[d] for key in times})) for d in range(4))
+        shape = tuple(len(a) for a in self.axes)
+        if math.prod(shape) != len(times):
+            raise ModelError(f"measured GEMM table is not a full grid ({len(times)} points for axes of sizes {shape})")
+        arr = np.empty(shape)
+        for key, t in times.items():
+            arr[tuple(a.index(v) for a, v in zip(self.axes, key))] = t
+        env = arr.copy()
+        for d in range(4):  # suffix minimum along every axis = min over all grid points >= x
+            env = np.flip(np.minimum.accumulate(np.flip(env, d), axis=d), d)
+        self.measured = MappingProxyType(dict(times))
+        self._log = np.log(env)
+        self._loga = tuple(tuple(math.log(v) for v in a) for a in self.axes)
+        self.nodes = MappingProxyType({key: float(env[tuple(a.index(v) for a, v in zip(self.axes, key))])
+                                       for key in times})
+        self.adjusted = tuple(sorted(key for key in times if self.nodes[key] != times[key]))
+        self.lo = tuple(a[0] for a in self.axes)
+        self.hi = tuple(a[-1] for a in self.axes)
+
+    def inside(self, x: Sequence[float]) -> bool:
+        return all(lo <= v <= hi for lo, v, hi in zip(self.lo, x, self.hi))
+
+    def time_s(self, x: Sequence[float]) -> float:
+        """Interpolated seconds at ``x = (b, M, N, K)`` inside the grid (ModelError outside)."""
+        if not self.inside(x):
+            raise ModelError(f"GEMM shape {tuple(x)} is outside the measured grid {self.lo}..{self.hi}")
+        idx, wts = [], []
+        for la, v in zip(self._loga, x):
+            lv = math.log(v)
+            i = min(bisect.bisect_right(la, lv) - 1, len(la) - 2) if len(la) > 1 else 0
+            w = (lv - la[i]) / (la[i + 1] - la[i]) if len(la) > 1 else 0.0
+            idx.append(i)
+            wts.append(w)
+        total = 0.0
+        for corner in range(16):
+            weight, pos = 1.0, []
+            for d in range(4):
+                up = (corner >> d) & 1
+                weight *= wts[d] if up else 1.0 - wts[d]
+                pos.append(idx[d] + up if len(self._loga[d]) > 1 else idx[d])
+            if weight:
+                total += weight * self._log[tuple(pos)]
+        return math.exp(total)
+
+
+@functools.lru_cache(maxsize=None)
+def _table_rows() -> dict[tuple[str, str], dict[tuple[int, int, int, int], float]]:
+    out: dict[tuple[str, str], dict[tuple[int, int, int, int], float]] = {}
+    with open(TABLE_FILE, newline="") as f:
+        for r in csv.DictReader(f):
+            b, tm, tn, k = int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"])
+            # the table's dot is [b,n,k] @ [b,k,m] -> [b,n,m]: its n is our M, its m our N
+            out.setdefault((r["gpu_name"], r["dtype"]), {})[(b, tn, tm, k)] = 2.0 * b * tm * tn * k / float(r["flops_per_s"])
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def measured_table(device_name: str, dtype: str, allow_tf32: bool = False) -> MeasuredTable | None:
+    """The measured table of a device (name of a preset or ``"B200"``) and data type, or None."""
+    rows = _TABLES.get((device_name, _dtype(dtype, allow_tf32)[0]))
+    return MeasuredTable(_table_rows()[rows]) if rows else None
+
+
+# ------------------------------------------------------------------------------- public API
+
+
+def gemm_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: int, *, allow_tf32: bool = False) -> float:
+    """Seconds one GEMM (``b`` products ``[M, K] @ [K, N]``) takes on one GPU.
+
+    The measured table inside its grid, the analytical model elsewhere, combined so that the
+    time never decreases when a dimension grows (module docstring).  Cached by shape.
+
+    Parameters
+    ----------
+    gpu
+        A preset (:func:`dml2comm.hardware.gpus.get_gpu`) or a :class:`GemmDevice`.
+    dtype
+        ``bf16``, ``fp16``, ``fp32`` (CUDA cores unless ``allow_tf32``), ``tf32``, ``fp8``.
+    b, m, n, k
+        Positive integers.
+
+    Raises
+    ------
+    ConfigError
+        Unknown dtype, no peak for it on this GPU, a dimension below 1, or no SM count.
+    """
+    if min(b, m, n, k) < 1:
+        raise ConfigError(f"GEMM dimensions must be positive, got b={b} M={m} N={n} K={k}")
+    return _gemm_time_s(gemm_device(gpu), dtype, int(b), int(m), int(n), int(k), allow_tf32)
+
+
+@functools.lru_cache(maxsize=65536)
+def _gemm_time_s(dev: GemmDevice, dtype: str, b: int, m: int, n: int, k: int, allow_tf32: bool) -> float:
+    table = measured_table(dev.name, dtype, allow_tf32)
+    x = (b, m, n, k)
+    if table is not None and table.inside(x):
+        return table.time_s(x)
+    a = analytical_time_s(dev, dtype, b, m, n, k, allow_tf32=allow_tf32)
+    if table is None:
+        return a
+    if all(v >= lo for v, lo in zip(x, table.lo)):
+        a = max(a, table.time_s(tuple(min(v, hi) for v, hi in zip(x, table.hi))))
+    if all(v <= hi for v, hi in zip(x, table.hi)):
+        a = min(a, table.time_s(tuple(max(v, lo) for v, lo in zip(x, table.lo))))
+    return a
+
+
+def gemm_efficiency(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: int, *, allow_tf32: bool = False) -> float:
+    """Achieved share of the dense peak: ``2 b M N K / (time x peak)``."""
+    dev = gemm_device(gpu)
+    peak = dev.peak(_dtype(dtype, allow_tf32)[0])
+    return 2.0 * b * m * n * k / (gemm_time_s(dev, dtype, b, m, n, k, allow_tf32=allow_tf32) * peak)
+
+
+# -------------------------------------------------------------------- training GEMM shapes
+
+
+class GemmShape(NamedTuple):
+    """``b`` products ``[m, k] @ [k, n]``."""
+
+    b: int
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.b * self.m * self.n * self.k
+
+
+class TrainingGemms(NamedTuple):
+    """The three GEMMs of a MatMul/Gemm in training.
+
+    ``forward``: ``Y = A @ B``; ``data_grad``: ``dA = dY @ B^T``; ``weight_grad``: ``dB = A^T @ dY``
+    (the gradient of the second operand, the weight of a linear layer).  Each does the forward's
+    FLOPs; which of the two backward ones a framework runs depends on which operands need gradients.
+    """
+
+    forward: GemmShape
+    data_grad: GemmShape
+    weight_grad: GemmShape
+
+
+def training_gemms(op_type: str, a_shape: Sequence[int], b_shape: Sequence[int],
+                   attrs: Mapping[str, object] | None = None) -> TrainingGemms:
+    """Forward, data-gradient and weight-gradient GEMM shapes of a MatMul or Gemm.
+
+    Shapes follow ``numpy.matmul`` (ONNX MatMul) and ONNX Gemm (``transA``/``transB``).  When
+    only the first operand has leading (batch) dimensions -- a linear layer, ``[.., T, K] @
+    [K, N]`` -- frameworks flatten them into rows (one GEMM of ``M = prod(..) T``), and the
+    weight gradient contracts over all the tokens: ``dW = X^T @ dY`` is ``[K, M] @ [M, N]``,
+    so its ``K`` is the token count.  When both operands carry the batch (attention's
+    ``Q K^T``, ``P V``), the three are batched GEMMs of ``b`` products.  When only the second
+    operand is batched, ``dA`` sums over the batch: one GEMM with ``K = b N``.
+
+    Returns
+    -------
+    TrainingGemms
+        ``forward = (b, M, N, K)``, ``data_grad = (b, M, K, N)``, ``weight_grad = (b, K, N, M)``
+        (with the flattening above).
+
+    Raises
+    ------
+    ModelError
+        Not a MatMul/Gemm, an operand of rank 0, a non-positive dimension or mismatched K.
+    """
+    attrs = attrs or {}
+    a, w = tuple(int(v) for v in a_shape), tuple(int(v) for v in b_shape)
+    if not a or not w or min(a + w) < 1:
+        raise ModelError(f"{op_type}: operand shapes {a} and {w} must have rank >= 1 and positive dimensions")
+    if op_type == "Gemm":
+        if len(a) != 2 or len(w) != 2:
+            raise ModelError(f"Gemm: operands must be 2-D, got {a} and {w} (use MatMul for batched products)")
+        m, k = (a[1], a[0]) if attrs.get("transA", 0) else a
+        k2, n = (w[1], w[0]) if attrs.get("transB", 0) else w
+        ba, bb = 1, 1
+    elif op_type == "MatMul":
+        a2 = a if len(a) >= 2 else (1,) + a
+        w2 = w if len(w) >= 2 else w + (1,)
+        m, k, k2, n = a2[-2], a2[-1], w2[-2], w2[-1]
+        ba, bb = math.prod(a2[:-2]), math.prod(w2[:-2])
+    else:
+        raise ModelError(f"training_gemms handles MatMul and Gemm, not {op_type!r}")
+    if k != k2:
+        raise ModelError(f"{op_type}: contraction dimensions differ ({a} @ {w}); fix the shapes")
+    if bb == 1:  # linear layer: batch dims of A flatten into rows
+        rows = ba * m
+        return TrainingGemms(GemmShape(1, rows, n, k), GemmShape(1, rows, k, n), GemmShape(1, k, n, rows))
+    b = max(ba, bb)
+    if ba == 1:  # A shared by every product: dA sums over the batch
+        return TrainingGemms(GemmShape(b, m, n, k), GemmShape(1, m, k, b * n), GemmShape(b, k, n, m))
+    return TrainingGemms(GemmShape(b, m, n, k), GemmShape(b, m, k, n), GemmShape(b, k, n, m))
+
+
+# ------------------------------------------------------------------------------------- fit
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit_shape_law` found: the shape law, a sustained factor per device name, and
+    the sum of squared log errors."""
+
+    law: ShapeLaw
+    sustained: Mapping[str, float]
+    loss: float
+
+
+def _nelder_mead(fun: Callable[[np.ndarray], float], x0: Sequence[float], steps: Sequence[float],
+                 iters: int) -> tuple[np.ndarray, float]:
+    """Minimise ``fun`` (Nelder & Mead, Computer Journal 1965; standard coefficients 1, 2, 1/2, 1/2)."""
+    pts = [np.asarray(x0, float)] + [np.asarray(x0, float) + np.eye(len(x0))[i] * steps[i] for i in range(len(x0))]
+    vals = [fun(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if vals[-1] - vals[0] <= 1e-12 * (1.0 + abs(vals[0])):  # converged: the simplex is flat
+            break
+        centre = np.mean(pts[:-1], axis=0)
+        xr = centre + (centre - pts[-1])
+        fr = fun(xr)
+        if fr < vals[0]:
+            xe = centre + 2 * (centre - pts[-1])
+            fe = fun(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = centre + 0.5 * (pts[-1] - centre)
+            fc = fun(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0] + 0.5 * (p - pts[0]) for p in pts]
+                vals = [fun(p) for p in pts]
+    i = int(np.argmin(vals))
+    return pts[i], vals[i]
+
+
+def table_samples(device: GPU | GemmDevice, dtype: str, keys: Iterable[tuple[int, int, int, int]] | None = None):
+    """``(device, dtype, shapes array (n, 4), seconds array)`` of a device's table (its nodes)."""
+    device = gemm_device(device)
+    table = measured_table(device.name, dtype)
+    if table is None:
+        raise ConfigError(f"no measured GEMM table for {device.name} {dtype}")
+    chosen = sorted(table.nodes) if keys is None else list(keys)
+    return device, dtype, np.array(chosen, dtype=float), np.array([table.nodes[x] for x in chosen])
+
+
+def fit_shape_law(samples: Sequence[tuple], start: FitResult | None = None, iters: int = 400) -> FitResult:
+    """Least squares of ``log(analytical / measured)`` over samples from :func:`table_samples`.
+
+    Free: ``K0``, ``c``, ``t_lat`` (fitted in log), ``e_hbm`` and one sustained factor per
+    device.  Two Nelder-Mead passes (the second from the first's optimum with smaller steps).
+    """
+    names = sorted({s[0].name for s in samples})
+    base = start or FitResult(ShapeLaw(128.0, 16.0, 3e-6, 0.8), {name: 0.8 for name in names}, math.inf)
+    prepared = []
+    for dev, dtype, shapes, times in samples:
+        key, in_bytes, out_bytes = _dtype(dtype, False)
+        prepared.append((dev, dict(peak_flops_per_s=dev.peak(key), sm_count=dev.sm_count,
+                                   hbm_bytes_per_s=dev.hbm_bytes_per_s, in_bytes=in_bytes, out_bytes=out_bytes),
+                         shapes, np.log(times)))
+
+    def unpack(x: np.ndarray) -> tuple[ShapeLaw, dict[str, float]]:
+        law = ShapeLaw(math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), float(x[3]))
+        return law, {name: float(v) for name, v in zip(names, x[4:])}
+
+    def loss(x: np.ndarray) -> float:
+        law, f = unpack(x)
+        if not (0.2 < law.hbm_efficiency <= 1.0 and all(0.1 < v <= 1.2 for v in f.values())):
+            return 1e9
+        total = 0.0
+        for dev, kw, shapes, logt in prepared:
+            pred = analytical_times_s(*shapes.T, sustained=f[dev.name], law=law, **kw)
+            total += float(np.sum((np.log(pred) - logt) ** 2))
+        return total
+
+    x0 = [math.log(base.law.k_overhead), math.log(base.law.tile_edge), math.log(base.law.latency_s),
+          base.law.hbm_efficiency] + [base.sustained.get(name, 0.8) for name in names]
+    x, _ = _nelder_mead(loss, x0, [0.5, 0.5, 0.5, 0.1] + [0.05] * len(names), iters)
+    x, v = _nelder_mead(loss, x, [0.2, 0.2, 0.2, 0.05] + [0.02] * len(names), iters)
+    law, f = unpack(x)
+    return FitResult(law, MappingProxyType(f), v)
