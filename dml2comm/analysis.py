@@ -25,27 +25,28 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-from dml2comm.cost.compute import (GEMM_E_MAX, HBM_EFFICIENCY, SM_COUNT, gemm_dims, gemm_efficiency, op_times_s,
-                                   optimizer_step_s, roofline_s)
-from dml2comm.cost.memory import (POINTWISE_OPS, ActivationModel, ModelStates, fusible_regions, in_flight_micro_batches,
-                                  model_state_bytes, stage_memory_dict)
+from dml2comm.cost.cache import (activation_model_of, attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of,
+                                 tensor_parallel_of)
+from dml2comm.cost.compute import GEMM_E_MAX, HBM_EFFICIENCY, optimizer_step_s
+from dml2comm.cost.memory import ActivationModel, ModelStates, in_flight_micro_batches, model_state_bytes, stage_memory_dict
+from dml2comm.cost.ops import infer_seq_len, is_attention_core, shard_op_costs
 from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
-from dml2comm.ir.layers import LayeredGraph, group_layers
+from dml2comm.ir.layers import LayeredGraph
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
-from dml2comm.ops.registry import OpCost, op_cost
+from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import DTYPES, ParallelConfig
-from dml2comm.parallel.context import check_context_parallel, context_parallel_comms, find_attention
+from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.data import data_parallel_comms
-from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms, find_moe
-from dml2comm.parallel.pipeline import (held_copies, parameter_layers, parameter_shard_factors, partition_layers, sent_activations,
+from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
+from dml2comm.parallel.pipeline import (held_copies, parameter_shard_factors, partition_layers, sent_activations,
                                         stage_boundaries)
-from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
+from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.schedules import build_schedule
 
@@ -181,31 +182,29 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         )
     if cluster.num_gpus != config.num_gpus:
         raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p*c = {config.num_gpus}; make them equal")
-    layered = _memo(graph, ("layers",), lambda: group_layers(graph))
+    layered = layers_of(graph)
     warnings.extend(layered.warnings)
     train = config.train_dtype
     dtype_bytes = train.itemsize
-    tp = _memo(graph, ("tp", config.tp_size, config.sequence_parallel, dtype_bytes),
-               lambda: shard_tensor_parallel(graph, config.tp_size, config.sequence_parallel, dtype_bytes))
+    tp = tensor_parallel_of(graph, config.tp_size, config.sequence_parallel, dtype_bytes)
     warnings.extend(tp.warnings)
 
     gpu = cluster.gpu
     peak = gpu.peak_flops(config.dtype)
     hbm = gpu.hbm_bytes_per_s
 
-    # ---- per-op costs on the tensor-parallel shard (each op once; memoised per graph)
-    costs, times, full_flops, fallback_types = _memo(
-        graph, ("costs", config.tp_size, config.sequence_parallel, config.dtype, gpu.name, peak, hbm, lenient),
-        lambda: _op_costs(graph, tp, train, gpu, peak, hbm, lenient))
+    # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
+    costs, times, full_flops, fallback_types = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
+                                                              lenient)
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
     # ---- context and expert parallelism (dml2comm.parallel.context / .expert)
     cp, ep = config.cp_size, config.ep_size
-    seq_len = config.seq_len or _infer_seq_len(graph)
-    attn_sites = _memo(graph, ("attention", seq_len), lambda: find_attention(graph, layered.layer_of_op, seq_len)) if cp > 1 else ()
+    seq_len = config.seq_len or infer_seq_len(graph)
+    attn_sites = attention_sites_of(graph, layered, seq_len) if cp > 1 else ()
     check_context_parallel(attn_sites, cp, config.tp_size, config.cp_scheme, seq_len)
-    moe = _memo(graph, ("moe",), lambda: find_moe(graph, layered.layer_of_op)) if ep > 1 or config.capacity_factor != 1.0 else None
+    moe = moe_of(graph, layered) if ep > 1 or config.capacity_factor != 1.0 else None
     check_expert_parallel(moe, ep)
     expert_weights = moe.expert_weights if moe is not None and ep > 1 else frozenset()
     if cp > 1 or (moe is not None and config.capacity_factor != 1.0):
@@ -228,7 +227,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # a parameter belongs to the first layer reading it (directly, through a stored tied copy or
     # a tensor derived from it) and is sharded as the weights computed from it; later stages
     # that read it hold a copy (held_copies below)
-    readers = _memo(graph, ("parameter-layers",), lambda: parameter_layers(graph, layered.layer_of_op))
+    readers = parameter_readers_of(graph, layered)
     own = {w: layers[0] for w, layers in readers.items()}
     factor = parameter_shard_factors(graph, tp.weight_factor)
     layer_expert_local: list[float] = []  # expert parameters per GPU (after t and e), when e > 1
@@ -306,7 +305,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for name in op.inputs:
             if name:
                 consumer_stages[name].add(s)
-    needs_grad = requires_grad(graph)
+    needs_grad = needs_grad_of(graph)
     boundaries = stage_boundaries(producer_stage, consumer_stages, sent_activations(graph, needs_grad), config.pp_size)
     local_out: dict[str, Tensor] = {}
     for op, shard in zip(graph.ops, tp.shards):
@@ -358,9 +357,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
-    activations = _memo(graph, ("activations", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0),
-                        lambda: ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad,
-                                                train, assumed_dropout=config.dropout > 0))
+    activations = activation_model_of(graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
     if has_dropout:
         warnings.append("dropout: the model's own Dropout nodes (their masks count as activations)")
     elif config.dropout > 0:
@@ -388,7 +385,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         if config.recompute == "full":
             recompute = compute_f
         elif config.recompute == "selective":
-            recompute = sum(times[i][0] for i in op_idx if _is_attention_core(graph, i, seq_len))
+            recompute = sum(times[i][0] for i in op_idx if is_attention_core(graph, i, seq_len))
         mine = [c for c in comms if c.stage == s]
         dp_once = sum(c.time_s * c.count_per_iteration for c in mine if c.dim is ParallelDim.DP and not c.per_micro_batch)
         if config.tp_comm_overlap:
@@ -547,136 +544,6 @@ def _memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster:
     return out
 
 
-def _memo(graph: OpGraph, key: tuple, build: Callable[[], Any]) -> Any:
-    """``build()`` once per (graph, key): the graph is immutable, so what is derived from it and
-    the key alone (layers, shards, op costs) is shared by every configuration analysed."""
-    if key not in graph.derived:
-        graph.derived[key] = build()
-    return graph.derived[key]
-
-
-def _op_costs(graph: OpGraph, tp: TensorParallelPlan, train, gpu, peak: float, hbm: float, lenient: bool):
-    """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs."""
-
-    def train_view(t: Tensor | None) -> Tensor | None:
-        return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
-
-    costs: list[OpCost] = []
-    times: list[tuple[float, float]] = []
-    fallback_types: set[str] = set()
-    full_flops: list[float] = []
-    sms = SM_COUNT.get(gpu.name)
-    # an op's cost and times depend on its type, attributes and operands' shapes and kinds only
-    # (the cost rules read no names): repeated blocks, and the same op under another sharding
-    # that leaves its operands alike, are costed once per graph
-    signature = _memo(graph, ("op-signatures",), lambda: _op_signatures(graph))
-    known: dict[tuple, tuple[OpCost, tuple[float, float]]] = _memo(
-        graph, ("op-cost-cache", train, gpu.name, peak, hbm, lenient), dict)
-    for op, shard in zip(graph.ops, tp.shards):
-        ins = tuple(train_view(t) for t in shard.inputs)
-        outs = tuple(train_view(t) for t in shard.outputs)
-        key = (signature[op.index], _operands(ins), _operands(outs))
-        hit = known.get(key)
-        if hit is None:
-            c = op_cost(op, ins, outs, lenient=lenient)
-            dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
-            eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
-            hit = known[key] = (c, op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
-        c, t = hit
-        if c.fallback:
-            fallback_types.add(op.op_type)
-        costs.append(c)
-        times.append(t)
-        full_flops.append(c.flops_fwd * shard.factor)
-    times = _fuse_pointwise(graph, tp, train, costs, times, peak * GEMM_E_MAX, hbm * HBM_EFFICIENCY)
-    return costs, times, full_flops, fallback_types
-
-
-def _op_signatures(graph: OpGraph) -> list[str]:
-    """Per op: its type, domain, attributes and repeat count (Loop/Scan trip count) as text
-    (equal for the ops of repeated blocks)."""
-    return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}:x{op.repeat}" for op in graph.ops]
-
-
-def _operands(tensors: Sequence[Tensor | None]) -> tuple:
-    """What a cost rule reads of an op's operands: shapes, element types and kinds."""
-    return tuple(None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input) for t in tensors)
-
-
-#: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
-#: fused bias-GeLU, bias-dropout-add and scale-mask-softmax kernels).
-FUSED_KINDS = POINTWISE_OPS | frozenset({"Softmax", "LogSoftmax"})
-#: Reductions that end a fused kernel: they absorb the point-wise ops feeding them (scale and
-#: mask) but not the ones reading their output.  Megatron-LM's ``FusedScaleMaskSoftmax`` fuses
-#: scale, mask and softmax only; the attention dropout after it is its own kernel
-#: (``ParallelAttention.forward``: ``attention_probs = self.attention_dropout(attention_probs)``
-#: after ``self.scale_mask_softmax(...)``, Megatron-LM v2.x, as Narayanan et al. 2021 ran it,
-#: Sec. 4.2: "two custom kernels to enable the fusion of scale, mask, and softmax").
-REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
-
-
-def fused_kernels(graph: OpGraph) -> dict[int, int]:
-    """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
-    (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
-    kernel, and so does an op reading a tensor that another kind of op also reads: that tensor
-    is written to memory anyway, and Megatron-LM's kernels end there (the residual stream
-    leaving a bias-dropout-add feeds the next LayerNorm and, separately, the next block's
-    bias-dropout-add kernel).  Kernels therefore never span blocks."""
-
-    def joins(name: str, producer: int) -> bool:
-        materialized = any(graph.ops[c].op_type not in FUSED_KINDS for c in graph.consumers(name)) or name in graph.outputs
-        return graph.ops[producer].op_type not in REGION_ENDS and not materialized
-
-    return fusible_regions(graph, FUSED_KINDS, joins)
-
-
-def _fused_groups(graph: OpGraph) -> list[tuple[list[int], tuple[str, ...]]]:
-    """Each fused kernel of two or more ops (:func:`fused_kernels`) with the tensors it reads
-    from outside and writes for outside (a property of the graph: shared by every configuration)."""
-    regions = fused_kernels(graph)
-    members: dict[int, list[int]] = defaultdict(list)
-    for i, r in regions.items():
-        members[r].append(i)
-    outputs = set(graph.outputs)
-    groups = []
-    for ops in members.values():
-        if len(ops) < 2:
-            continue
-        inside = {o for i in ops for o in graph.ops[i].outputs if o}
-        read = {n for i in ops for n in graph.ops[i].inputs if n and n not in inside}
-        written = {o for o in inside if o in outputs or any(regions.get(c) != regions[ops[0]] for c in graph.consumers(o))}
-        groups.append((ops, tuple(read | written)))
-    return groups
-
-
-def _fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train, costs: list[OpCost], times: list[tuple[float, float]],
-                    peak: float, hbm: float) -> list[tuple[float, float]]:
-    """Time each fused region as one kernel: it reads the tensors entering it and writes the
-    tensors leaving it once (not every intermediate); the region's time is spread over its ops
-    in proportion to their unfused times, so per-op figures still add up."""
-    size: dict[str, float] = {}
-    for op, shard in zip(graph.ops, tp.shards):
-        for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
-            if name and t is not None and name not in size:
-                size[name] = float(t.nbytes_in(train))
-    out = list(times)
-    for ops, crossing in _memo(graph, ("fused-groups",), lambda: _fused_groups(graph)):
-        # a region's ops share one repeat count (Loop/Scan bodies: fusible_regions never joins
-        # ops of different counts); the kernel runs that many times
-        fwd_bytes = sum(size.get(n, 0.0) for n in crossing) * graph.ops[ops[0]].repeat
-        unfused_fwd = sum(costs[i].bytes_fwd for i in ops)
-        ratio = fwd_bytes / unfused_fwd if unfused_fwd else 1.0
-        flops_f = sum(costs[i].flops_fwd for i in ops)
-        flops_b = sum(costs[i].flops_bwd for i in ops)
-        t_f = roofline_s(flops_f, fwd_bytes, peak, hbm)
-        t_b = roofline_s(flops_b, ratio * sum(costs[i].bytes_bwd for i in ops), peak, hbm)
-        sum_f = sum(times[i][0] for i in ops) or 1.0
-        sum_b = sum(times[i][1] for i in ops) or 1.0
-        for i in ops:
-            out[i] = (t_f * times[i][0] / sum_f, t_b * times[i][1] / sum_b)
-    return out
-
-
 def _tp_overlapped_per_mb(comms: list[CommNode], m: int, phase: Phase, times: list[tuple[float, float]], t: int) -> float:
     """Exposed tensor-parallel time per micro-batch with ``--tp-comm-overlap``.
 
@@ -796,27 +663,6 @@ def weight_layers(graph: OpGraph, layered: LayeredGraph) -> dict[str, int]:
     return out
 
 
-def _infer_seq_len(graph: OpGraph) -> int | None:
-    for name in graph.inputs:
-        t = graph.tensors[name]
-        if not t.dtype.is_float and t.rank == 2:
-            return t.shape[1]
-    return None
-
-
-def _is_attention_core(graph: OpGraph, index: int, seq_len: int | None) -> bool:
-    """Selective recomputation recomputes the ops on the s x s attention scores
-    (Korthikanti et al. 2022, Sec. 5): QK^T, scale, mask, softmax, dropout, scores x V."""
-    if not seq_len:
-        return False
-    op = graph.ops[index]
-    for name in op.outputs + op.inputs:
-        t = graph.tensors.get(name) if name else None
-        if t is not None and t.rank >= 2 and t.shape[-1] == seq_len and t.shape[-2] == seq_len and not t.is_weight:
-            return True
-    return False
-
-
 def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: OpGraph, config: ParallelConfig, stage: int,
                   first: int, last: int, params_local: float, dtype_bytes: int, seq_len: int | None,
                   boundary_bytes: list[float], expert_local: float = 0.0) -> dict[str, float]:
@@ -832,7 +678,7 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
         states = ModelStates(states.weights_bytes + ex.weights_bytes, states.grads_bytes + ex.grads_bytes,
                              states.optimizer_bytes + ex.optimizer_bytes)
     op_idx = [i for li in range(first, last) for i in layered.layers[li].op_indices]
-    core = frozenset(i for i in op_idx if _is_attention_core(graph, i, seq_len)) if config.recompute == "selective" else frozenset()
+    core = frozenset(i for i in op_idx if is_attention_core(graph, i, seq_len)) if config.recompute == "selective" else frozenset()
     if config.recompute == "full":
         # Megatron-LM checkpoints each transformer layer's input; other layers keep everything
         per_mb = sum(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dml2comm import zoo
-from dml2comm.analysis import _is_attention_core, analyze_graph
+from dml2comm.analysis import analyze_graph
+from dml2comm.cost.ops import is_attention_core
 from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model_state_bytes
 from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.graph import DType
@@ -83,7 +84,7 @@ def test_korthikanti_activations_per_layer_from_the_op_graph(layer_graph, b, t, 
     block = next(l for l in group_layers(graph).layers if l.kind == "block")
     plan = shard_tensor_parallel(graph, t, sp)
     model = ActivationModel(graph, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(graph), DType.BFLOAT16)
-    core = frozenset(i for i in block.op_indices if _is_attention_core(graph, i, s))
+    core = frozenset(i for i in block.op_indices if is_attention_core(graph, i, s))
     got = model.saved_bytes(block.op_indices, recompute, core)
     expected = s * b * h * formula(a, s, h, t)
     assert got == pytest.approx(expected, rel=0.02)

@@ -412,7 +412,7 @@ def test_other_micro_batches_import_only_the_collapsed_model(deep_gpt):
 def test_fused_kernels_never_span_blocks():
     """Megatron-LM's kernels end where a tensor is written for another kernel (the residual
     stream read by the next LayerNorm): no fused region holds ops of two layers."""
-    from dml2comm.analysis import fused_kernels
+    from dml2comm.cost.ops import fused_kernels
     from dml2comm.ir.layers import group_layers
 
     graph = load_model(Path(__file__).resolve().parents[1] / "examples" / "gpt2-small.onnx", ImportOptions(batch_size=1)).graph
@@ -542,3 +542,43 @@ def test_fast_path_equals_the_analysis_with_a_tied_embedding_at_p_over_1(name):
         assert row["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9), config
         assert row["exposed_comm_time_s"] == pytest.approx(a.summary["exposed_comm_time_s"], rel=1e-9, abs=1e-15), config
         assert row["peak_memory_bytes"] == a.summary["peak_memory_bytes"]
+
+
+def test_fast_path_equals_the_full_analysis_on_send_bound_pipelines(tmp_path):
+    """Issue 17: one GPU per node, so every pipeline send crosses the network, and a GPT so small
+    (hidden 32, 128 tokens) that a send (its latency and per-collective overhead) outlasts the
+    steps after it: a device's sends queue on its pp stream.  The fast path's batched recurrence
+    queues them as the engine does: every configuration (1F1B and interleaved, p up to 8, TP
+    across nodes, ZeRO 0/1, recomputation none/full) equal to 1e-9."""
+    from dml2comm.hardware.cluster import make_cluster
+
+    path = tmp_path / "tiny.onnx"
+    zoo.save(zoo.build_gpt(layers=8, hidden=32, heads=4, vocab=256, seq_len=128), path)
+
+    def one_gpu_per_node(num_gpus):
+        return make_cluster("a100", num_gpus, 1)
+
+    # the regime is send-bound: in the analysis's own timeline some send waits for the one before it
+    config = ParallelConfig(pp_size=8, micro_batch_size=1, global_batch_size=16, seq_len=128)
+    timeline = analyze_graph(load_model(path, ImportOptions(batch_size=1)), config, one_gpu_per_node(8), advise=False).timeline
+    steps = {(ev.device, ev.name): ev.start_s + ev.dur_s for ev in timeline.events if ev.stream == "compute"}
+    sends = [ev for ev in timeline.events if ev.stream == "pp" and ev.name.startswith("send ")]
+    assert sends and any(ev.start_s > steps[(ev.device, ev.name[len("send "):])] + 1e-12 for ev in sends)
+
+    constraints = Constraints(micro_batch_sizes=(1, 4), zero_stages=(0, 1), recompute=("none", "full"), virtual_stages=(1, 2),
+                              allow_cross_node_tp=True, gpus_per_node=1)
+    space = SweepSpace(global_batch_size=16, constraints=constraints)
+    full = run_sweep(str(path), 8, one_gpu_per_node, space, fast=False)
+    quick = run_sweep(str(path), 8, one_gpu_per_node, space, fast=True)
+    assert len(full.rows) == len(quick.rows) > 100
+    seen = set()
+    for a, b in zip(full.rows, quick.rows):
+        assert a["config"] == b["config"] and a["error"] == b["error"]
+        if a["error"]:
+            continue
+        seen.add((a["config"]["schedule"], a["config"]["p"]))
+        assert b["iteration_time_s"] == pytest.approx(a["iteration_time_s"], rel=1e-9), a["config"]
+        assert b["peak_memory_bytes"] == a["peak_memory_bytes"]
+        for key in ("compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "bubble_fraction", "mfu"):
+            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (key, a["config"])
+    assert {("1f1b", 8), ("interleaved", 4)} <= seen

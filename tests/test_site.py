@@ -400,7 +400,7 @@ def test_failed_build_leaves_previous_outputs(tmp_path, gpt_onnx, monkeypatch):
     def fail(config_path):
         raise SiteError("mkdocs exploded")
 
-    monkeypatch.setattr(site_build, "_mkdocs_build", fail)
+    monkeypatch.setattr(site_build, "mkdocs_build", fail)
     model = onnx.load(str(gpt_onnx), load_external_data=False)
     with pytest.raises(SiteError):
         build_and_publish(_analysis(model, micro_batch_size=1, tp_size=2), out, {"data.json": "new data"})

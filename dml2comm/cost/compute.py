@@ -17,7 +17,7 @@ Patterson, "Roofline", CACM 2009), where
   reaches (STREAM-like copies on A100 reach about 1.7-1.8 of 2.04 TB/s).
 - Point-wise chains run as fused kernels (Megatron-LM's fused bias-GeLU, bias-dropout-add and
   scale-mask-softmax; the attention dropout after the softmax is its own kernel): see
-  ``fused_kernels`` and ``_fuse_pointwise`` in the analysis.
+  ``fused_kernels`` and ``fuse_pointwise`` in :mod:`dml2comm.cost.ops`.
 
 Calibration: Narayanan et al. 2021 Table 1 (A100, ten GPT runs from 1.7B to 1T parameters;
 ``benchmarks/bench_narayanan.py`` prints every row, all within 5%), checked on held-out runs

@@ -160,8 +160,9 @@ class OpGraph:
             for name_ in op.inputs:
                 if name_:
                     consumers.setdefault(name_, []).append(op.index)
-        # Results derived from this (immutable) graph, memoised by the analysis: layer grouping,
-        # tensor-parallel shards and per-op costs do not change with d, p, ZeRO or the schedule.
+        # Results derived from this (immutable) graph, cached by the analysis and the sweep under
+        # typed keys (dml2comm.cost.cache): layer grouping, tensor-parallel shards and per-op costs
+        # do not change with d, p, ZeRO or the schedule.
         self.derived: dict[object, object] = {}
         self._producer = MappingProxyType(producer)
         self._consumers = MappingProxyType({k: tuple(v) for k, v in consumers.items()})

@@ -50,6 +50,8 @@ __all__ = [
     "timeline_chart_of",
     "nice_step",
     "xml_text",
+    "svg_number",
+    "Svg",
 ]
 
 FONT = "Helvetica, Arial, 'Liberation Sans', sans-serif"
@@ -70,8 +72,9 @@ def xml_text(text: object) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;").replace("'", "&#39;")
 
 
-def _n(x: float) -> str:
-    """A coordinate: two decimals, trailing zeros dropped (stable text, small files)."""
+def svg_number(x: float) -> str:
+    """A coordinate or length as SVG text: two decimals, trailing zeros dropped (stable text,
+    small files); ``-0`` is written ``0``."""
     s = f"{x:.2f}".rstrip("0").rstrip(".")
     return "0" if s in ("-0", "") else s
 
@@ -99,8 +102,9 @@ class Chart:
     boxes: int = 0  # rectangles drawn (timeline)
 
 
-class _Svg:
-    """A few helpers to write SVG text; every string argument is escaped here."""
+class Svg:
+    """An SVG document written piece by piece (text, rectangles, items with a tooltip; the site's charts and the
+    sweep and trace charts); every string argument is escaped here (:func:`xml_text`)."""
 
     def __init__(self) -> None:
         self.parts: list[str] = []
@@ -112,11 +116,11 @@ class _Svg:
              weight: str | None = None, cls: str | None = None, extra: str = "") -> None:
         w = f' font-weight="{weight}"' if weight else ""
         c = f' class="{cls}"' if cls else ""
-        self.parts.append(f'<text x="{_n(x)}" y="{_n(y)}" font-size="{_n(size)}" text-anchor="{anchor}" fill="{fill}"{w}{c}{extra}>'
+        self.parts.append(f'<text x="{svg_number(x)}" y="{svg_number(y)}" font-size="{svg_number(size)}" text-anchor="{anchor}" fill="{fill}"{w}{c}{extra}>'
                           f"{xml_text(content)}</text>")
 
     def rect(self, x: float, y: float, w: float, h: float, fill: str, extra: str = "") -> str:
-        return f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(w)}" height="{_n(h)}" fill="{fill}"{extra}/>'
+        return f'<rect x="{svg_number(x)}" y="{svg_number(y)}" width="{svg_number(w)}" height="{svg_number(h)}" fill="{fill}"{extra}/>'
 
     def item(self, tip: str, body: str, extra: str = "") -> None:
         """A hoverable group: its ``<title>`` is the tooltip."""
@@ -125,7 +129,7 @@ class _Svg:
 
     def document(self, width: float, height: float, title: str, data: Mapping[str, object] = {}) -> str:
         attrs = "".join(f' data-{k}="{xml_text(v)}"' for k, v in data.items())
-        head = (f'<svg width="{_n(width * 0.75)}pt" height="{_n(height * 0.75)}pt" viewBox="0 0 {_n(width)} {_n(height)}" '
+        head = (f'<svg width="{svg_number(width * 0.75)}pt" height="{svg_number(height * 0.75)}pt" viewBox="0 0 {svg_number(width)} {svg_number(height)}" '
                 f'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" font-family="{xml_text(FONT)}"{attrs}>')
         return "\n".join([head, f"<title>{xml_text(title)}</title>", *self.parts, "</svg>"]) + "\n"
 
@@ -195,21 +199,21 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
     label_words = bar_w >= 40
     height = base + (54 if label_words else 62)
     used = [key for key, _, _ in MEMORY_PARTS if any((b.parts.get(key) or 0) > 0 for b in bars)]
-    g = _Svg()
+    g = Svg()
     # grid and axis
     for t in ticks:
         y = base - t * scale
-        g.add(f'<line x1="{_n(left)}" y1="{_n(y)}" x2="{_n(left + plot_w)}" y2="{_n(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(y)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(left - 8, y + 4, f"{t / 2**30:g}", size=10, anchor="end", fill=AXIS_COLOUR)
-    g.add(f'<line x1="{_n(left)}" y1="{_n(base)}" x2="{_n(left)}" y2="{_n(base - lin_h)}" stroke="{AXIS_COLOUR}" stroke-width="1"/>')
+    g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(base - lin_h)}" stroke="{AXIS_COLOUR}" stroke-width="1"/>')
     if broken:  # two short slashes on the axis mark the break
         yb = base - lin_h - 14
         for dy in (0, 6):
-            g.add(f'<line x1="{_n(left - 6)}" y1="{_n(yb + dy + 4)}" x2="{_n(left + 6)}" y2="{_n(yb + dy - 2)}" stroke="{AXIS_COLOUR}" '
+            g.add(f'<line x1="{svg_number(left - 6)}" y1="{svg_number(yb + dy + 4)}" x2="{svg_number(left + 6)}" y2="{svg_number(yb + dy - 2)}" stroke="{AXIS_COLOUR}" '
                   f'stroke-width="1.2"/>')
     g.text(18, top + plot_h / 2, "GiB per GPU", size=11, anchor="middle", fill=AXIS_COLOUR,
-           extra=f' transform="rotate(-90 18 {_n(top + plot_h / 2)})"')
-    g.add(f'<line class="d2c-base" x1="{_n(left)}" y1="{_n(base)}" x2="{_n(left + plot_w)}" y2="{_n(base)}" stroke="{AXIS_COLOUR}" '
+           extra=f' transform="rotate(-90 18 {svg_number(top + plot_h / 2)})"')
+    g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}" '
           f'stroke-width="1"/>')
     # bars
     for i, b in enumerate(bars):
@@ -230,7 +234,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
                                               f'data-bytes="{v:.17g}"')
             flight = f"×{fmt_num(b.in_flight)}" if key == "activations_bytes" and b.in_flight is not None else ""
             if flight and h >= 14 and bar_w >= 6 * len(flight) + 2:
-                body += (f'<text x="{_n(x + bar_w / 2)}" y="{_n(y + h / 2 + 4)}" font-size="10" text-anchor="middle" '
+                body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(y + h / 2 + 4)}" font-size="10" text-anchor="middle" '
                          f'fill="#1a1a1a" pointer-events="none">{xml_text(flight)}</text>')
             g.item(tip, body)
         bar_top = base - b.total_bytes * scale
@@ -246,10 +250,10 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
                    weight="bold" if over else None)
         label = b.label if label_words else b.label.split()[-1]
         bold = ' font-weight="bold"' if over else ""
-        body = (f'<text class="d2c-stage-label{" d2c-over-label" if over else ""}" x="{_n(x + bar_w / 2)}" y="{_n(base + 16)}" '
+        body = (f'<text class="d2c-stage-label{" d2c-over-label" if over else ""}" x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 16)}" '
                 f'font-size="11" text-anchor="middle" fill="{colour}"{bold}>{xml_text(label)}</text>')
         if over and label_words:
-            body += (f'<text x="{_n(x + bar_w / 2)}" y="{_n(base + 30)}" font-size="9" text-anchor="middle" fill="{OVER_COLOUR}">'
+            body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 30)}" font-size="9" text-anchor="middle" fill="{OVER_COLOUR}">'
                      f"over</text>")
         g.item(tip, body)
     if not label_words:
@@ -261,10 +265,10 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
         cap_text += f" — axis broken: {capacity_bytes / tallest:.0f}× the tallest bar"
     g.item(f"GPU capacity: {fmt_bytes(capacity_bytes)}" + (f" ({capacity_label})" if capacity_label else "")
            + ("\nthe axis is broken below this line: the bars are drawn to the scale on the left" if broken else ""),
-           f'<line class="d2c-capacity" x1="{_n(left)}" y1="{_n(y_cap)}" x2="{_n(left + plot_w)}" y2="{_n(y_cap)}" '
+           f'<line class="d2c-capacity" x1="{svg_number(left)}" y1="{svg_number(y_cap)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y_cap)}" '
            f'stroke="{CAPACITY_COLOUR}" stroke-width="2" stroke-dasharray="7 4" data-bytes="{capacity_bytes:.17g}"'
            f' data-broken="{"true" if broken else "false"}"/>'
-           f'<text x="{_n(left + plot_w)}" y="{_n(y_cap - 6)}" font-size="10.5" text-anchor="end" fill="{CAPACITY_COLOUR}" '
+           f'<text x="{svg_number(left + plot_w)}" y="{svg_number(y_cap - 6)}" font-size="10.5" text-anchor="end" fill="{CAPACITY_COLOUR}" '
            f'font-weight="bold">{xml_text(cap_text)}</text>')
     # legend
     ly = top + 4
@@ -277,7 +281,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
         g.text(legend_x + 20, ly, name, size=10)
         ly += 17
     ly += 4
-    g.add(f'<line x1="{_n(legend_x)}" y1="{_n(ly - 4)}" x2="{_n(legend_x + 14)}" y2="{_n(ly - 4)}" stroke="{CAPACITY_COLOUR}" '
+    g.add(f'<line x1="{svg_number(legend_x)}" y1="{svg_number(ly - 4)}" x2="{svg_number(legend_x + 14)}" y2="{svg_number(ly - 4)}" stroke="{CAPACITY_COLOUR}" '
           f'stroke-width="2" stroke-dasharray="4 2"/>')
     g.text(legend_x + 20, ly, "GPU capacity" + (f": {capacity_label}" if capacity_label else ""), size=10)
     ly += 17
@@ -502,7 +506,7 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
     def x_of(t: float) -> float:
         return left + t * px
 
-    g = _Svg()
+    g = Svg()
     # legend
     present = list(dict.fromkeys(b.kind for b in boxes))
     lx = left
@@ -520,7 +524,7 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
     decimals = next((d for d in range(7) if abs(round(step_ms, d) - step_ms) < step_ms * 1e-6), 6)
     for t in ticks:
         x = x_of(t / 1e3)
-        g.add(f'<line x1="{_n(x)}" y1="{_n(top - 4)}" x2="{_n(x)}" y2="{_n(bottom + 4)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(top - 4)}" x2="{svg_number(x)}" y2="{svg_number(bottom + 4)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(x, bottom + 18, f"{t:.{decimals}f}", size=10, anchor="middle", fill=AXIS_COLOUR, cls="d2c-tick")
     # row backgrounds and labels
     for i, r in enumerate(rows):
@@ -528,13 +532,13 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
         g.add(g.rect(left, ys[i], plot_w, h, "#f8f9fa" if not r.thin else "#fbfbfc"))
         colour = OVER_COLOUR if r.over else (AXIS_COLOUR if r.thin else TEXT_COLOUR)
         if r.thin:
-            body = (f'<text x="{_n(left - 8)}" y="{_n(ys[i] + h - 1)}" font-size="8.5" text-anchor="end" fill="{colour}">'
+            body = (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + h - 1)}" font-size="8.5" text-anchor="end" fill="{colour}">'
                     f"{xml_text(r.label)}</text>")
         else:
-            body = (f'<text class="d2c-row-label{" d2c-over-label" if r.over else ""}" x="{_n(left - 8)}" y="{_n(ys[i] + 11)}" '
+            body = (f'<text class="d2c-row-label{" d2c-over-label" if r.over else ""}" x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 11)}" '
                     f'font-size="11" text-anchor="end" fill="{colour}" font-weight="bold">{xml_text(r.label)}</text>')
             if r.sub:
-                body += (f'<text x="{_n(left - 8)}" y="{_n(ys[i] + 22)}" font-size="8.5" text-anchor="end" fill="{colour}">'
+                body += (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 22)}" font-size="8.5" text-anchor="end" fill="{colour}">'
                          f"{xml_text(r.sub)}</text>")
         g.item(r.tip, body)
     # boxes
@@ -550,14 +554,14 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
         # the micro-batch number, in a smaller font where the box is narrow: readable once zoomed in
         size = min(9.5, (w - 1.5) / (0.6 * len(b.text))) if b.text else 0.0
         if size >= 2.5 and not r.thin:
-            body += (f'<text x="{_n(x + w / 2)}" y="{_n(ys[b.row] + h / 2 + size * 0.36)}" font-size="{_n(size)}" '
+            body += (f'<text x="{svg_number(x + w / 2)}" y="{svg_number(ys[b.row] + h / 2 + size * 0.36)}" font-size="{svg_number(size)}" '
                      f'text-anchor="middle" fill="{font}" pointer-events="none">{xml_text(b.text)}</text>')
         g.item(b.tip, body)
     # axis and the end of the iteration
-    g.add(f'<line class="d2c-time-axis" x1="{_n(x_of(0))}" y1="{_n(bottom + 4)}" x2="{_n(x_of(span))}" y2="{_n(bottom + 4)}" '
+    g.add(f'<line class="d2c-time-axis" x1="{svg_number(x_of(0))}" y1="{svg_number(bottom + 4)}" x2="{svg_number(x_of(span))}" y2="{svg_number(bottom + 4)}" '
           f'stroke="{AXIS_COLOUR}" stroke-width="1" data-span-s="{span_s:.17g}"/>')
     end = x_of(span)
-    g.add(f'<line class="d2c-iteration-end" x1="{_n(end)}" y1="{_n(top - 8)}" x2="{_n(end)}" y2="{_n(bottom + 4)}" '
+    g.add(f'<line class="d2c-iteration-end" x1="{svg_number(end)}" y1="{svg_number(top - 8)}" x2="{svg_number(end)}" y2="{svg_number(bottom + 4)}" '
           f'stroke="#202124" stroke-width="1.2" stroke-dasharray="4 3"/>')
     g.text(left - 8, bottom + 18, "ms", size=10, anchor="end", fill=AXIS_COLOUR)
     g.text(end, bottom + 34, f"iteration: {fmt_s(span_s)}", size=10.5, anchor="end", fill="#202124", weight="bold")

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from dml2comm.render.charts import AXIS_COLOUR, CAPACITY_COLOUR, GRID_COLOUR, OVER_COLOUR, TEXT_COLOUR, _n, _Svg, nice_step, xml_text
+from dml2comm.render.charts import AXIS_COLOUR, CAPACITY_COLOUR, GRID_COLOUR, OVER_COLOUR, TEXT_COLOUR, Svg, nice_step, svg_number, xml_text
 from dml2comm.render.fmt import fmt_bytes, fmt_s
 
 __all__ = ["BREAKDOWN_COLOURS", "BreakdownBar", "breakdown_chart", "MemoryItem", "memory_bars_chart", "ParetoPoint", "pareto_chart",
@@ -60,7 +60,7 @@ def _fmt_tick(v: float, step: float) -> str:
     return f"{v:.{decimals}f}"
 
 
-def _legend_row(g: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
+def _legend_row(g: Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
     for name, fill in items:
         g.add(g.rect(x, y - 9, 14, 11, fill, ' class="d2c-legend-swatch"'))
         g.text(x + 19, y, name, size=10)
@@ -94,20 +94,20 @@ def breakdown_chart(bars: Sequence[BreakdownBar], title: str = "Iteration time b
     px = plot_w / end_u  # px per unit
     height = top + row_h * max(len(bars), 1) + 48
     width = left + plot_w + 110
-    g = _Svg()
+    g = Svg()
     used = [k for k in BREAKDOWN_COLOURS if any(b.parts.get(k, 0) > 0 for b in bars)]
     _legend_row(g, left, 18, [BREAKDOWN_COLOURS[k] for k in used])
     base = top + row_h * len(bars)
     for t in ticks:
         x = left + t * px
-        g.add(f'<line x1="{_n(x)}" y1="{_n(top - 6)}" x2="{_n(x)}" y2="{_n(base + 2)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(top - 6)}" x2="{svg_number(x)}" y2="{svg_number(base + 2)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(x, base + 16, _fmt_tick(t, step), size=10, anchor="middle", fill=AXIS_COLOUR)
     g.text(left + plot_w / 2, base + 34, f"iteration time ({unit})", size=11, anchor="middle", fill=AXIS_COLOUR)
     for i, b in enumerate(bars):
         y = top + i * row_h + (row_h - bar_h) / 2
         colour = OVER_COLOUR if b.over else (BEST_COLOUR if b.best else TEXT_COLOUR)
         label = b.label if len(b.label) <= 58 else b.label[:57] + "…"
-        g.item(b.tip or b.label, f'<text class="d2c-row-label" x="{_n(left - 8)}" y="{_n(y + bar_h - 4)}" font-size="10.5" '
+        g.item(b.tip or b.label, f'<text class="d2c-row-label" x="{svg_number(left - 8)}" y="{svg_number(y + bar_h - 4)}" font-size="10.5" '
                                  f'text-anchor="end" fill="{colour}"{_BOLD if b.best else ""}>{xml_text(label)}</text>')
         x = left
         for k in BREAKDOWN_COLOURS:
@@ -125,7 +125,7 @@ def breakdown_chart(bars: Sequence[BreakdownBar], title: str = "Iteration time b
             g.add(g.rect(left - 1, y - 1.5, x - left + 2, bar_h + 3, "none", f' class="d2c-over" stroke="{OVER_COLOUR}" stroke-width="2"'))
         g.text(x + 6, y + bar_h - 4, fmt_s(b.total_s) + ("  best" if b.best else "") + ("  over memory" if b.over else ""),
                size=10, fill=colour, weight="bold" if b.best or b.over else None)
-    g.add(f'<line class="d2c-time-axis" x1="{_n(left)}" y1="{_n(base + 2)}" x2="{_n(left + plot_w)}" y2="{_n(base + 2)}" '
+    g.add(f'<line class="d2c-time-axis" x1="{svg_number(left)}" y1="{svg_number(base + 2)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base + 2)}" '
           f'stroke="{AXIS_COLOUR}" stroke-width="1" data-span="{end_u / scale_u:.17g}"/>')
     return g.document(width, height, title, {"chart": "breakdown", "bars": len(bars)})
 
@@ -157,11 +157,11 @@ def memory_bars_chart(items: Sequence[MemoryItem], capacity_bytes: float, capaci
     base = top + row_h * len(items)
     width = left + plot_w + 110
     height = base + 48
-    g = _Svg()
+    g = Svg()
     _legend_row(g, left, 18, [("fits", "#59a14f"), ("does not fit", OVER_COLOUR)])
     for t in ticks:
         x = left + t * 2**30 * px
-        g.add(f'<line x1="{_n(x)}" y1="{_n(top - 6)}" x2="{_n(x)}" y2="{_n(base + 2)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(top - 6)}" x2="{svg_number(x)}" y2="{svg_number(base + 2)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(x, base + 16, _fmt_tick(t, step), size=10, anchor="middle", fill=AXIS_COLOUR)
     g.text(left + plot_w / 2, base + 34, "GiB per GPU (the busiest stage)", size=11, anchor="middle", fill=AXIS_COLOUR)
     for i, it in enumerate(items):
@@ -172,7 +172,7 @@ def memory_bars_chart(items: Sequence[MemoryItem], capacity_bytes: float, capaci
         status = (f"over by {fmt_bytes(it.peak_bytes - capacity_bytes)}" if over
                   else f"{fmt_bytes(capacity_bytes - it.peak_bytes)} free")
         tip = f"{it.label}\npeak {fmt_bytes(it.peak_bytes)} of {fmt_bytes(capacity_bytes)}: {status}" + (f"\n{it.tip}" if it.tip else "")
-        g.item(tip, f'<text class="d2c-row-label" x="{_n(left - 8)}" y="{_n(y + bar_h - 4)}" font-size="10.5" text-anchor="end" '
+        g.item(tip, f'<text class="d2c-row-label" x="{svg_number(left - 8)}" y="{svg_number(y + bar_h - 4)}" font-size="10.5" text-anchor="end" '
                     f'fill="{colour}"{_BOLD if it.best else ""}>{xml_text(label)}</text>')
         w = it.peak_bytes * px
         g.item(tip, g.rect(left, y, max(w, 0.5), bar_h, OVER_COLOUR if over else "#59a14f",
@@ -183,15 +183,15 @@ def memory_bars_chart(items: Sequence[MemoryItem], capacity_bytes: float, capaci
     xc = left + plot_w + 14 if broken else left + capacity_bytes * px
     cap = f"GPU capacity {fmt_bytes(capacity_bytes)}" + (f" ({capacity_label})" if capacity_label else "")
     shown = cap + (f", off scale: {capacity_bytes / tallest:.0f}× the largest peak" if broken else "")
-    g.item(shown, f'<line class="d2c-capacity" x1="{_n(xc)}" y1="{_n(top - 8)}" x2="{_n(xc)}" y2="{_n(base + 2)}" stroke="{CAPACITY_COLOUR}" '
+    g.item(shown, f'<line class="d2c-capacity" x1="{svg_number(xc)}" y1="{svg_number(top - 8)}" x2="{svg_number(xc)}" y2="{svg_number(base + 2)}" stroke="{CAPACITY_COLOUR}" '
                   f'stroke-width="2" stroke-dasharray="7 4" data-bytes="{capacity_bytes:.17g}" data-broken="{str(broken).lower()}"/>'
-                  f'<text x="{_n(xc + 4 if broken else xc - 4)}" y="{_n(top - 12)}" font-size="10" text-anchor="end" '
+                  f'<text x="{svg_number(xc + 4 if broken else xc - 4)}" y="{svg_number(top - 12)}" font-size="10" text-anchor="end" '
                   f'fill="{CAPACITY_COLOUR}" font-weight="bold">{xml_text(shown)}</text>')
     if broken:  # two short slashes on the axis mark the break
         for dx in (0, 6):
-            g.add(f'<line x1="{_n(left + plot_w + 2 + dx)}" y1="{_n(base + 8)}" x2="{_n(left + plot_w + 6 + dx)}" y2="{_n(base - 4)}" '
+            g.add(f'<line x1="{svg_number(left + plot_w + 2 + dx)}" y1="{svg_number(base + 8)}" x2="{svg_number(left + plot_w + 6 + dx)}" y2="{svg_number(base - 4)}" '
                   f'stroke="{AXIS_COLOUR}" stroke-width="1.2"/>')
-    g.add(f'<line class="d2c-base" x1="{_n(left)}" y1="{_n(base + 2)}" x2="{_n(left + plot_w)}" y2="{_n(base + 2)}" '
+    g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base + 2)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base + 2)}" '
           f'stroke="{AXIS_COLOUR}" stroke-width="1"/>')
     return g.document(width, height, title, {"chart": "memory-per-config", "bars": len(items)})
 
@@ -243,23 +243,23 @@ def pareto_chart(points: Sequence[ParetoPoint], capacity_bytes: float | None = N
     def pos(p: ParetoPoint) -> tuple[float, float]:
         return left + p.memory_bytes / 2**30 * xpx, base - p.time_s * scale_u * ypx
 
-    g = _Svg()
+    g = Svg()
     x = _legend_row(g, left, 18, [("fits", "#76b7b2"), ("does not fit", "#f4a6a6"), ("Pareto front", "#1a73e8")])
-    g.add(f'<circle cx="{_n(x + 6)}" cy="{_n(14)}" r="6" fill="none" stroke="{BEST_COLOUR}" stroke-width="2.5"/>')
+    g.add(f'<circle cx="{svg_number(x + 6)}" cy="{svg_number(14)}" r="6" fill="none" stroke="{BEST_COLOUR}" stroke-width="2.5"/>')
     g.text(x + 17, 18, "best (fastest that fits)", size=10)
     for t in xticks:
         xx = left + t * xpx
-        g.add(f'<line x1="{_n(xx)}" y1="{_n(top)}" x2="{_n(xx)}" y2="{_n(base)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(xx)}" y1="{svg_number(top)}" x2="{svg_number(xx)}" y2="{svg_number(base)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(xx, base + 16, _fmt_tick(t, xstep), size=10, anchor="middle", fill=AXIS_COLOUR)
     for t in yticks:
         yy = base - t * ypx
-        g.add(f'<line x1="{_n(left)}" y1="{_n(yy)}" x2="{_n(left + plot_w)}" y2="{_n(yy)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(yy)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(yy)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(left - 8, yy + 4, _fmt_tick(t, ystep), size=10, anchor="end", fill=AXIS_COLOUR)
-    g.add(f'<line class="d2c-base" x1="{_n(left)}" y1="{_n(base)}" x2="{_n(left + plot_w)}" y2="{_n(base)}" stroke="{AXIS_COLOUR}"/>')
-    g.add(f'<line x1="{_n(left)}" y1="{_n(base)}" x2="{_n(left)}" y2="{_n(top)}" stroke="{AXIS_COLOUR}"/>')
+    g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}"/>')
+    g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(top)}" stroke="{AXIS_COLOUR}"/>')
     g.text(left + plot_w / 2, base + 34, "peak memory per GPU (GiB)", size=11, anchor="middle", fill=AXIS_COLOUR)
     g.text(18, top + plot_h / 2, f"iteration time ({unit})", size=11, anchor="middle", fill=AXIS_COLOUR,
-           extra=f' transform="rotate(-90 18 {_n(top + plot_h / 2)})"')
+           extra=f' transform="rotate(-90 18 {svg_number(top + plot_h / 2)})"')
     if broken:
         g.text(left + plot_w - 4, top + 14, f"GPU capacity {fmt_bytes(capacity_bytes)} is off scale to the right: "
                f"{capacity_bytes / tallest:.0f}× the largest peak", size=10, anchor="end", fill=CAPACITY_COLOUR, weight="bold",
@@ -267,23 +267,23 @@ def pareto_chart(points: Sequence[ParetoPoint], capacity_bytes: float | None = N
     elif capacity_bytes:
         xc = left + capacity_bytes / 2**30 * xpx
         g.item(f"GPU capacity {fmt_bytes(capacity_bytes)}: configurations to the right do not fit",
-               f'<line class="d2c-capacity" x1="{_n(xc)}" y1="{_n(top)}" x2="{_n(xc)}" y2="{_n(base)}" stroke="{CAPACITY_COLOUR}" '
+               f'<line class="d2c-capacity" x1="{svg_number(xc)}" y1="{svg_number(top)}" x2="{svg_number(xc)}" y2="{svg_number(base)}" stroke="{CAPACITY_COLOUR}" '
                f'stroke-width="2" stroke-dasharray="7 4" data-bytes="{capacity_bytes:.17g}"/>'
-               f'<text x="{_n(xc - 4)}" y="{_n(top + 12)}" font-size="10" text-anchor="end" fill="{CAPACITY_COLOUR}" '
+               f'<text x="{svg_number(xc - 4)}" y="{svg_number(top + 12)}" font-size="10" text-anchor="end" fill="{CAPACITY_COLOUR}" '
                f'font-weight="bold">{xml_text(f"GPU capacity {fmt_bytes(capacity_bytes)}")}</text>')
     front = sorted((p for p in points if p.front), key=lambda p: p.memory_bytes)
     if len(front) > 1:
-        path = " ".join(f"{_n(a)},{_n(b)}" for a, b in map(pos, front))
+        path = " ".join(f"{svg_number(a)},{svg_number(b)}" for a, b in map(pos, front))
         g.add(f'<polyline class="d2c-front" points="{path}" fill="none" stroke="#1a73e8" stroke-width="1.5"/>')
     for p in shown:
         cx, cy = pos(p)
         fill = "#1a73e8" if p.front else ("#76b7b2" if p.fits else "#f4a6a6")
         r = 4.5 if p.front else 3.2
         tip = p.tip or f"{fmt_s(p.time_s)}, {fmt_bytes(p.memory_bytes)}"
-        body = (f'<circle class="d2c-pt" cx="{_n(cx)}" cy="{_n(cy)}" r="{r}" fill="{fill}" fill-opacity="{1 if p.front else 0.75}" '
+        body = (f'<circle class="d2c-pt" cx="{svg_number(cx)}" cy="{svg_number(cy)}" r="{r}" fill="{fill}" fill-opacity="{1 if p.front else 0.75}" '
                 f'data-front="{str(p.front).lower()}" data-fits="{str(p.fits).lower()}"/>')
         if p.best:
-            body += f'<circle class="d2c-best" cx="{_n(cx)}" cy="{_n(cy)}" r="8" fill="none" stroke="{BEST_COLOUR}" stroke-width="2.5"/>'
+            body += f'<circle class="d2c-best" cx="{svg_number(cx)}" cy="{svg_number(cy)}" r="8" fill="none" stroke="{BEST_COLOUR}" stroke-width="2.5"/>'
         g.item(tip, body)
     height = base + (62 if note else 46)
     if note:
@@ -323,47 +323,47 @@ def efficiency_chart(points: Sequence[EfficiencyPoint], threshold: float, title:
     def py(e: float) -> float:
         return base - e / yticks[-1] * plot_h
 
-    g = _Svg()
+    g = Svg()
     x = _legend_row(g, left, 18, [("parallel efficiency", "#1a73e8"), ("below the threshold", OVER_COLOUR)])
-    g.add(f'<line x1="{_n(x)}" y1="{_n(14)}" x2="{_n(x + 18)}" y2="{_n(14)}" stroke="{CAPACITY_COLOUR}" stroke-width="2" '
+    g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(14)}" x2="{svg_number(x + 18)}" y2="{svg_number(14)}" stroke="{CAPACITY_COLOUR}" stroke-width="2" '
           f'stroke-dasharray="5 3"/>')
     g.text(x + 24, 18, f"threshold {threshold:.0%}", size=10)
     for t in yticks:
         y = py(t)
-        g.add(f'<line x1="{_n(left)}" y1="{_n(y)}" x2="{_n(left + plot_w)}" y2="{_n(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(y)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(left - 8, y + 4, f"{t:.0%}", size=10, anchor="end", fill=AXIS_COLOUR)
     for n in counts:
-        g.add(f'<line x1="{_n(px(n))}" y1="{_n(top)}" x2="{_n(px(n))}" y2="{_n(base)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.add(f'<line x1="{svg_number(px(n))}" y1="{svg_number(top)}" x2="{svg_number(px(n))}" y2="{svg_number(base)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(px(n), base + 16, str(n), size=10, anchor="middle", fill=AXIS_COLOUR)
-    g.add(f'<line class="d2c-base" x1="{_n(left)}" y1="{_n(base)}" x2="{_n(left + plot_w)}" y2="{_n(base)}" stroke="{AXIS_COLOUR}"/>')
-    g.add(f'<line x1="{_n(left)}" y1="{_n(base)}" x2="{_n(left)}" y2="{_n(top)}" stroke="{AXIS_COLOUR}"/>')
+    g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}"/>')
+    g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(top)}" stroke="{AXIS_COLOUR}"/>')
     g.text(left + plot_w / 2, base + 34, "GPUs (log scale)", size=11, anchor="middle", fill=AXIS_COLOUR)
     what = "T1·N1 / (TN·N)" if mode == "strong" else "T1 / TN"
     g.text(18, top + plot_h / 2, f"efficiency {what}", size=11, anchor="middle", fill=AXIS_COLOUR,
-           extra=f' transform="rotate(-90 18 {_n(top + plot_h / 2)})"')
+           extra=f' transform="rotate(-90 18 {svg_number(top + plot_h / 2)})"')
     yt = py(threshold)
-    g.add(f'<line class="d2c-threshold" x1="{_n(left)}" y1="{_n(yt)}" x2="{_n(left + plot_w)}" y2="{_n(yt)}" stroke="{CAPACITY_COLOUR}" '
+    g.add(f'<line class="d2c-threshold" x1="{svg_number(left)}" y1="{svg_number(yt)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(yt)}" stroke="{CAPACITY_COLOUR}" '
           f'stroke-width="1.5" stroke-dasharray="7 4" data-threshold="{threshold:.17g}"/>')
     ok = [p for p in points if p.efficiency is not None]
     if len(ok) > 1:
-        g.add(f'<polyline points="{" ".join(f"{_n(px(p.gpus))},{_n(py(p.efficiency))}" for p in ok)}" fill="none" '
+        g.add(f'<polyline points="{" ".join(f"{svg_number(px(p.gpus))},{svg_number(py(p.efficiency))}" for p in ok)}" fill="none" '
               f'stroke="#1a73e8" stroke-width="2"/>')
     for p in points:
         tip = p.tip or f"{p.gpus} GPUs"
         if p.efficiency is None:
             cx, cy = px(p.gpus), base - 8
-            g.item(tip, f'<path class="d2c-eff-missing" d="M{_n(cx - 5)},{_n(cy - 5)} L{_n(cx + 5)},{_n(cy + 5)} M{_n(cx - 5)},'
-                        f'{_n(cy + 5)} L{_n(cx + 5)},{_n(cy - 5)}" stroke="{OVER_COLOUR}" stroke-width="2.5" data-gpus="{p.gpus}"/>')
+            g.item(tip, f'<path class="d2c-eff-missing" d="M{svg_number(cx - 5)},{svg_number(cy - 5)} L{svg_number(cx + 5)},{svg_number(cy + 5)} M{svg_number(cx - 5)},'
+                        f'{svg_number(cy + 5)} L{svg_number(cx + 5)},{svg_number(cy - 5)}" stroke="{OVER_COLOUR}" stroke-width="2.5" data-gpus="{p.gpus}"/>')
         else:
             below = p.efficiency < threshold
             cx, cy = px(p.gpus), py(p.efficiency)
             fill = OVER_COLOUR if below else "#1a73e8"
-            g.item(tip, f'<circle class="d2c-eff" cx="{_n(cx)}" cy="{_n(cy)}" r="5" fill="{fill}" data-gpus="{p.gpus}" '
+            g.item(tip, f'<circle class="d2c-eff" cx="{svg_number(cx)}" cy="{svg_number(cy)}" r="5" fill="{fill}" data-gpus="{p.gpus}" '
                         f'data-efficiency="{p.efficiency:.17g}"/>')
             g.text(cx, cy - 10, f"{p.efficiency:.0%}", size=10, anchor="middle", fill=fill, weight="bold" if below else None)
         if p.broken:
             g.text(px(p.gpus), top + 12, "breaks down here", size=10.5, anchor="middle", fill=OVER_COLOUR, weight="bold",
                    cls="d2c-breakdown-label")
-            g.add(f'<line x1="{_n(px(p.gpus))}" y1="{_n(top + 16)}" x2="{_n(px(p.gpus))}" y2="{_n(base)}" stroke="{OVER_COLOUR}" '
+            g.add(f'<line x1="{svg_number(px(p.gpus))}" y1="{svg_number(top + 16)}" x2="{svg_number(px(p.gpus))}" y2="{svg_number(base)}" stroke="{OVER_COLOUR}" '
                   f'stroke-width="1" stroke-dasharray="2 3"/>')
     return g.document(left + plot_w + 30, base + 46, title, {"chart": "efficiency", "points": len(points)})

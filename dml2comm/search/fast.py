@@ -7,12 +7,18 @@ computes the same numbers from parts that configurations share:
 - the model with long runs of identical blocks collapsed to four (:mod:`dml2comm.ir.repeats`):
   everything below is computed on it and read per full layer through a layer map;
 - per (micro-batch, t, SP, dtype): op costs and times on the tensor-parallel shard (the
-  analysis's own memoised ``_op_costs``) summed per layer, the layers' parameters,
-  recomputation time and tensor-parallel collectives, activation bytes per layer;
+  analysis's own cached :func:`dml2comm.cost.ops.shard_op_costs`) summed per layer, the layers'
+  parameters, recomputation time and tensor-parallel collectives, activation bytes per layer;
 - per (.., p): the pipeline partition (the analysis's min-max ``partition_layers``), the
   boundary tensors and a stage table (compute, TP and send times, parameters, buffers), with
   per-ZeRO-stage and per-recomputation parts filled on first use;
 - per (collective, bytes, how the group sits on the cluster): the collective's time.
+
+What depends on the graph, configuration values and at most the GPU is cached on the graph
+under typed keys (:mod:`dml2comm.cost.cache`, shared with the analysis); the stage tables, which hold the
+cluster's send and collective times and this evaluator's placement ids, are cached in the
+evaluator (one cluster each), so one imported model evaluated on two clusters gets each
+cluster's own numbers.
 
 Configurations that share a schedule ``(schedule, p, m, v)`` are simulated together, and all
 schedules of a call in one pass, by :mod:`dml2comm.sim.levels` (the engine's recurrence,
@@ -39,24 +45,23 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml2comm.analysis import (PCIE4_X16_BYTES_PER_S, _infer_seq_len, _is_attention_core, _memo, _op_costs,
-                                shared_parameters)
+from dml2comm.analysis import PCIE4_X16_BYTES_PER_S, shared_parameters
+from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, cached, collapsed_of, derived, layers_of, moe_of,
+                                 needs_grad_of, parameter_readers_of, tensor_parallel_of)
 from dml2comm.cost.compute import optimizer_step_s
+from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ActivationModel, in_flight_micro_batches, model_state_bytes
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
-from dml2comm.ir.layers import group_layers
 from dml2comm.ir.onnx_import import ImportResult
-from dml2comm.ir.repeats import Collapsed, collapse_repeats
+from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTYPES, ParallelConfig
-from dml2comm.parallel.context import check_context_parallel, context_parallel_comms, find_attention
+from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.data import data_parallel_comms
-from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms, find_moe
-from dml2comm.parallel.pipeline import (held_copies, parameter_layers, parameter_shard_factors, partition_layers,
-                                        sent_activations)
-from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
+from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
+from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, partition_layers, sent_activations
 from dml2comm.sim.levels import bucket_tail_end_many, compile_schedule, pipeline_end_times_many
 
 __all__ = ["FastEvaluator", "NotRepeating", "supports"]
@@ -117,6 +122,139 @@ class _Prepared:
 _MAX_RUNS = 4
 
 
+# ---- cache keys (dml2comm.cost.cache): one per cached quantity, holding what it depends on
+# besides the graph it is cached on (a collapsed graph fixes its layer map)
+@dataclass(frozen=True, slots=True)
+class _LayersKey(CacheKey):
+    """:class:`_Layers` (and, inside :class:`_PartitionKey`, what the per-layer times depend on):
+    the shard, the GPU (name, peak in ``dtype``, HBM bandwidth), c and the capacity factor the
+    op times are scaled by, the CP scheme (with c > 1) and ``--seq-len``."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    gpu_name: str
+    peak_flops: float
+    hbm_bytes_per_s: float
+    cp_size: int
+    capacity_factor: float
+    cp_scheme: str | None
+    seq_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _PartitionKey(CacheKey):
+    """The pipeline partition of the layers of ``layers`` into ``pp_size`` stages."""
+
+    layers: _LayersKey
+    pp_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTableKey(CacheKey):
+    """:class:`_StageTable`, cached per evaluator, hence per cluster and GPU (the evaluator's
+    network, GPU and placement ids are fixed; its graph too: :meth:`FastEvaluator._use` empties
+    the store): the shard (t, SP, dtype), c and its scheme, ``--seq-len``, the split (p, d, e,
+    rank order), the gradient dtype and bucket, the optimizer, the capacity factor (expert op
+    times, EP messages) and the micro-batch size (one flat key: it is built per configuration)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    cp_size: int
+    cp_scheme: str | None
+    seq_len: int | None
+    pp_size: int
+    dp_size: int
+    ep_size: int
+    rank_order: str
+    grad_reduce_dtype: str | None
+    bucket_bytes: int
+    optimizer: str
+    capacity_factor: float
+    micro_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnWeightsKey(CacheKey):
+    """Per layer, the parameters it owns (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ExpertParamsKey(CacheKey):
+    """Per full layer, parameters per GPU and their expert part with e > 1."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype_bytes: int
+    ep_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ExpertCommsKey(CacheKey):
+    """Per full layer, counts of the MoE AllToAlls per (phase, bytes)."""
+
+    ep_size: int
+    tokens: float
+    dtype_bytes: int
+    capacity_factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class _CrossingKey(CacheKey):
+    """Per boundary after each collapsed layer, the crossing tensors' bytes."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class _BoundariesKey(CacheKey):
+    """Per stage boundary of the partition ``ranges``, the crossing tensors' bytes."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerActivationsKey(CacheKey):
+    """Per full layer: saved bytes under full recomputation and without, transient bytes."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _SavedKey(CacheKey):
+    """The table of saved bytes of collapsed layer ranges ``(first, last)`` under ``recompute``
+    (``seq_len``: ``--seq-len``, which picks the attention core selective recomputation drops)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+    recompute: str
+    seq_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _StageActivationsKey(CacheKey):
+    """The table of stage activations already computed, by stage signature, per recomputation
+    mode (and ``--seq-len``, as :class:`_SavedKey`)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+    recompute: str
+    seq_len: int | None
+
+
 @dataclass
 class _StageTable:
     """Per stage, for one (t, SP, p, d, c, e): compute and TP times (with the exposed CP and EP
@@ -166,11 +304,14 @@ class FastEvaluator:
         self._placement_ids: dict[tuple, int] = {}
         self._in_flight: dict[tuple, np.ndarray] = {}
         self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (FastEvaluator._zero_part)
+        # values that depend on the cluster (stage tables: send, TP/CP/EP and tied-weight times,
+        # placement ids of this evaluator): kept here, never on the graph, which other clusters share
+        self._per_cluster: dict[object, object] = {}
         self.pre_collapsed = collapsed is not None
         if collapsed is None:
             full = imported.graph
-            self.full_layered = _memo(full, ("layers",), lambda: group_layers(full))
-            collapsed = _memo(full, ("collapsed",), lambda: collapse_repeats(full, self.full_layered)) if collapse else None
+            self.full_layered = layers_of(full)
+            collapsed = collapsed_of(full) if collapse else None
         self._use(collapsed)
 
     def _use(self, collapsed: Collapsed | None) -> None:
@@ -178,6 +319,7 @@ class FastEvaluator:
         full = self.imported.graph
         self.collapsed = collapsed
         self._copies: dict[int, np.ndarray] = {}  # FastEvaluator._copies_before
+        self._per_cluster.clear()  # stage tables of the graph worked on before
         if collapsed is None:
             self.graph, self.layered = full, self.full_layered
             n = len(self.full_layered.layers)
@@ -194,17 +336,13 @@ class FastEvaluator:
     # ---- shared parts (computed on the collapsed graph, read per full layer through layer_map)
     def _core(self, seq_len: int | None) -> list[bool]:
         """Per op: on the attention scores (what selective recomputation rebuilds)."""
-        graph = self.graph
-        return _memo(graph, ("fast-core", seq_len), lambda: [_is_attention_core(graph, i, seq_len) for i in range(len(graph.ops))])
+        return attention_core_flags(self.graph, seq_len)
 
     def _tp(self, config: ParallelConfig):
-        graph, train = self.graph, config.train_dtype
-        return _memo(graph, ("tp", config.tp_size, config.sequence_parallel, train.itemsize),
-                     lambda: shard_tensor_parallel(graph, config.tp_size, config.sequence_parallel, train.itemsize))
+        return tensor_parallel_of(self.graph, config.tp_size, config.sequence_parallel, config.train_dtype.itemsize)
 
     def _moe(self) -> MoEInfo | None:
-        graph, layered = self.graph, self.layered
-        return _memo(graph, ("moe",), lambda: find_moe(graph, layered.layer_of_op))
+        return moe_of(self.graph, self.layered)
 
     def _scale(self, config: ParallelConfig) -> tuple[int, float]:
         """(c, the factor expert ops' times take): the analysis looks for experts only with e > 1
@@ -215,15 +353,15 @@ class FastEvaluator:
                 cf = config.capacity_factor
         return config.cp_size, cf
 
-    def _layer_key(self, config: ParallelConfig) -> tuple:
+    def _layer_key(self, config: ParallelConfig) -> _LayersKey:
         """What the per-layer times depend on (the layers' and the partition's cache key)."""
         cp, cf = self._scale(config)
-        return (config.tp_size, config.sequence_parallel, config.dtype, self.cluster.gpu.name, cp, cf,
-                config.cp_scheme if cp > 1 else None, config.seq_len)
+        gpu = self.cluster.gpu
+        return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu.name, gpu.peak_flops(config.dtype),
+                          gpu.hbm_bytes_per_s, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len)
 
     def _layers(self, config: ParallelConfig) -> _Layers:
-        key = ("fast-layers", *self._layer_key(config))
-        return _memo(self.graph, key, lambda: self._build_layers(config))
+        return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
 
     def _check_interior(self, *arrays: np.ndarray) -> None:
         """Blocks i + 1 and i + 2 of a collapsed run must agree (the state entering a block has
@@ -238,11 +376,9 @@ class FastEvaluator:
         gpu = self.cluster.gpu
         peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
         tp = self._tp(config)
-        costs, times, full_flops, _ = _memo(
-            graph, ("costs", config.tp_size, config.sequence_parallel, config.dtype, gpu.name, peak, hbm, False),
-            lambda: _op_costs(graph, tp, config.train_dtype, gpu, peak, hbm, False))
+        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, False)
         n = len(layered.layers)
-        seq_len = config.seq_len or _infer_seq_len(graph)
+        seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)
         if cp > 1 or cf != 1.0:  # the analysis's per-GPU op times: 1/c, expert ops on capacity-padded buffers
             moe = self._moe() if cf != 1.0 else None
@@ -281,7 +417,7 @@ class FastEvaluator:
         ring: dict[tuple, np.ndarray] = {}
         core_f, core_b = np.zeros(n), np.zeros(n)
         if cp > 1:
-            sites = _memo(graph, ("attention", seq_len), lambda: find_attention(graph, layered.layer_of_op, seq_len))
+            sites = attention_sites_of(graph, layered, seq_len)
             check_context_parallel(sites, cp, config.tp_size, config.cp_scheme, seq_len)
             for site in sites:  # the analysis's attn_core: a layer's last site wins
                 ops = [i for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer]
@@ -301,13 +437,11 @@ class FastEvaluator:
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""
-        graph, layered = self.graph, self.layered
-        return _memo(graph, ("parameter-layers",), lambda: parameter_layers(graph, layered.layer_of_op))
+        return parameter_readers_of(self.graph, self.layered)
 
     def _own_weights(self) -> dict[int, list[str]]:
         """Per (collapsed) layer, the parameters it owns (the first layer reading each) in the
         analysis's order."""
-        graph = self.graph
 
         def build() -> dict[int, list[str]]:
             by_layer: dict[int, list[str]] = defaultdict(list)
@@ -315,7 +449,7 @@ class FastEvaluator:
                 by_layer[layers[0]].append(w)
             return by_layer
 
-        return _memo(graph, ("fast-own-weights",), build)
+        return derived(self.graph, _OwnWeightsKey(), build)
 
     def _expert_params(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray] | None:
         """Per full layer with e > 1: parameters per GPU (expert weights 1/e) and the expert part
@@ -324,7 +458,7 @@ class FastEvaluator:
             return None
         moe = self._moe()
         check_expert_parallel(moe, config.ep_size)
-        key = ("fast-expert-params", config.tp_size, config.sequence_parallel, config.train_dtype.itemsize, config.ep_size)
+        key = _ExpertParamsKey(config.tp_size, config.sequence_parallel, config.train_dtype.itemsize, config.ep_size)
 
         def build():
             graph, ep = self.graph, config.ep_size
@@ -342,7 +476,7 @@ class FastEvaluator:
             m = self.layer_map
             return local[m], expert[m]
 
-        return _memo(self.graph, key, build)
+        return derived(self.graph, key, build)
 
     def _ep_counts(self, config: ParallelConfig) -> dict[tuple[Phase, float], np.ndarray]:
         """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch."""
@@ -351,10 +485,10 @@ class FastEvaluator:
         moe = self._moe()
         check_expert_parallel(moe, config.ep_size)
         assert moe is not None
-        seq_len = config.seq_len or _infer_seq_len(self.graph)
+        seq_len = config.seq_len or infer_seq_len(self.graph)
         tokens = config.micro_batch_size * (seq_len or 1) / config.cp_size
         dtype_bytes = config.train_dtype.itemsize
-        key = ("fast-ep", config.ep_size, tokens, dtype_bytes, config.capacity_factor)
+        key = _ExpertCommsKey(config.ep_size, tokens, dtype_bytes, config.capacity_factor)
 
         def build():
             n = len(self.layered.layers)
@@ -364,22 +498,22 @@ class FastEvaluator:
             self._check_interior(*counts.values())
             return {k: v[self.layer_map] for k, v in counts.items()}
 
-        return _memo(self.graph, key, build)
+        return derived(self.graph, key, build)
 
     def _partition(self, config: ParallelConfig, layers: _Layers):
-        key = ("fast-partition", *self._layer_key(config), config.pp_size)
-        return _memo(self.graph, key, lambda: partition_layers(list(layers.fwd + layers.bwd), config.pp_size))
+        key = _PartitionKey(self._layer_key(config), config.pp_size)
+        return derived(self.graph, key, lambda: partition_layers(list(layers.fwd + layers.bwd), config.pp_size))
 
     def _boundary_bytes(self, config: ParallelConfig, ranges) -> list[list[float]]:
         """Per stage boundary, the bytes of each activation crossing it per micro-batch."""
-        key = ("fast-boundaries", config.tp_size, config.sequence_parallel, config.dtype, tuple(ranges))
-        return _memo(self.graph, key, lambda: self._build_boundaries(config, ranges))
+        key = _BoundariesKey(config.tp_size, config.sequence_parallel, config.dtype, tuple(ranges))
+        return derived(self.graph, key, lambda: self._build_boundaries(config, ranges))
 
     def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[float]]:
         """A tensor crosses the boundary after full layer k when it is produced at or before
         and read after it; on the collapsed graph, after ``layer_map[k]``."""
-        per_boundary = _memo(self.graph, ("fast-crossing", config.tp_size, config.sequence_parallel, config.dtype),
-                             lambda: self._crossing(config))
+        per_boundary = derived(self.graph, _CrossingKey(config.tp_size, config.sequence_parallel, config.dtype),
+                               lambda: self._crossing(config))
         return [per_boundary[int(self.layer_map[b - 1])] for _, b in ranges[:-1]]
 
     def _crossing(self, config: ParallelConfig) -> list[list[float]]:
@@ -396,7 +530,7 @@ class FastEvaluator:
         graph, layered = self.graph, self.layered
         tp = self._tp(config)
         train = config.train_dtype
-        needs_grad = _memo(graph, ("needs_grad",), lambda: requires_grad(graph))
+        needs_grad = needs_grad_of(graph)
         local_out = {}
         for op, shard in zip(graph.ops, tp.shards):
             for name, t in zip(op.outputs, shard.outputs):
@@ -420,17 +554,12 @@ class FastEvaluator:
         return names, prod, last, sizes
 
     def _activation_model(self, config: ParallelConfig) -> ActivationModel:
-        graph = self.graph
-        tp = self._tp(config)
-        needs_grad = _memo(graph, ("needs_grad",), lambda: requires_grad(graph))
-        return _memo(graph, ("activations", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0),
-                     lambda: ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards],
-                                             needs_grad, config.train_dtype, assumed_dropout=config.dropout > 0))
+        return activation_model_of(self.graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
 
     def _per_layer(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per full layer: saved bytes under full recomputation (the analysis's rule: blocks
         keep their input, other layers everything), saved bytes without recomputation, transient bytes."""
-        key = ("fast-act-layers", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
+        key = _LayerActivationsKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
 
         def build():
             act = self._activation_model(config)
@@ -442,20 +571,25 @@ class FastEvaluator:
             m = self.layer_map
             return full[m], plain[m], transient[m]
 
-        return _memo(self.graph, key, build)
+        return derived(self.graph, key, build)
 
-    def _saved(self, config: ParallelConfig, first: int, last: int) -> float:
-        """Saved bytes of the collapsed layers ``first..last - 1`` taken together."""
-        key = ("fast-saved", config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, first, last)
+    def _saved_table(self, config: ParallelConfig) -> dict[tuple[int, int], float]:
+        """The saved bytes of collapsed layer ranges already computed for ``config``'s shard and
+        recomputation mode, by ``(first, last)`` (:meth:`_saved` fills it)."""
+        key = _SavedKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, config.seq_len)
+        return derived(self.graph, key, dict)
 
-        def build() -> float:
-            seq_len = config.seq_len or _infer_seq_len(self.graph)
+    def _saved(self, config: ParallelConfig, table: dict[tuple[int, int], float], first: int, last: int) -> float:
+        """Saved bytes of the collapsed layers ``first..last - 1`` taken together (``table``:
+        :meth:`_saved_table` of ``config``)."""
+        value = table.get((first, last))
+        if value is None:
+            seq_len = config.seq_len or infer_seq_len(self.graph)
             core_flags = self._core(seq_len)
             op_idx = [i for li in range(first, last) for i in self.layered.layers[li].op_indices]
             core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute == "selective" else frozenset()
-            return self._activation_model(config).saved_bytes(op_idx, config.recompute, core)
-
-        return _memo(self.graph, key, build)
+            value = table[(first, last)] = self._activation_model(config).saved_bytes(op_idx, config.recompute, core)
+        return value
 
     def _signatures(self, table: _StageTable) -> list[tuple[int, ...]]:
         """Per stage, what its activations depend on: each stage's layers map to a contiguous
@@ -478,9 +612,13 @@ class FastEvaluator:
             cum = self._copies[r2] = np.concatenate(([0], np.cumsum(self.layer_map == r2)))
         return cum
 
-    def _stage_activations(self, config: ParallelConfig, first: int, last: int, lo: int, hi: int,
+    def _stage_activations(self, config: ParallelConfig, per_layer: tuple[np.ndarray, np.ndarray, np.ndarray],
+                           saved_table: dict[tuple[int, int], float], first: int, last: int, lo: int, hi: int,
                            extras: tuple[int, ...]) -> tuple[float, float, float]:
-        full, plain, transient_l = self._per_layer(config)
+        """(saved bytes per micro-batch, rebuilt layer bytes, transient bytes) of the stage of
+        full layers ``first..last - 1`` (collapsed ``lo..hi - 1`` with ``extras`` more copies of
+        each interior block); ``per_layer``: :meth:`_per_layer`, ``saved_table``: :meth:`_saved_table`."""
+        full, plain, transient_l = per_layer
         transient = float(transient_l[first:last].max(initial=0.0))
         if config.recompute == "full":
             per_mb = float(full[first:last].sum())
@@ -490,10 +628,10 @@ class FastEvaluator:
         # every interior block beyond the first adds what one more interior block adds (blocks
         # keep disjoint tensors but for the one they pass on, which the next block's saved set
         # already holds)
-        saved = self._saved(config, lo, hi)
+        saved = self._saved(config, saved_table, lo, hi)
         for (r1, r2), extra in zip(self.interior, extras):
             if extra > 0:
-                saved += extra * (self._saved(config, r1, r2 + 1) - self._saved(config, r1, r1 + 1))
+                saved += extra * (self._saved(config, saved_table, r1, r2 + 1) - self._saved(config, saved_table, r1, r1 + 1))
         return saved, 0.0, transient
 
     def _where(self, base: int, stride: int, n: int) -> tuple[int, int]:
@@ -572,10 +710,12 @@ class FastEvaluator:
 
     def _stage_table(self, config: ParallelConfig) -> _StageTable:
         """What every configuration with this model split (t, SP, p, c, e, hence d) shares."""
-        key = ("fast-stages", *self._layer_key(config), config.pp_size, config.dp_size, config.rank_order,
-               config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.ep_size, config.capacity_factor,
-               config.micro_batch_size)
-        return _memo(self.graph, key, lambda: self._build_stage_table(config))
+        cp = config.cp_size
+        key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
+                             config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
+                             config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
+                             config.micro_batch_size)
+        return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> _StageTable:
         layers = self._layers(config)
@@ -765,13 +905,15 @@ class FastEvaluator:
         transient (+ rebuilt layer) bytes, 1/c of them with context parallelism."""
         mode = config.recompute
         if mode not in table.by_recompute:
-            known = _memo(self.graph, ("fast-stage-act", config.tp_size, config.sequence_parallel, config.dtype,
-                                       config.dropout > 0, mode), dict)
+            known = derived(self.graph, _StageActivationsKey(config.tp_size, config.sequence_parallel, config.dtype,
+                                                             config.dropout > 0, mode, config.seq_len), dict)
+            per_layer, saved_table = self._per_layer(config), self._saved_table(config)
             values = []
             for sig, (first, last) in zip(self._signatures(table), table.ranges):
                 value = known.get(sig)
                 if value is None:
-                    value = known[sig] = self._stage_activations(config, first, last, sig[0], sig[1], sig[2:])
+                    value = known[sig] = self._stage_activations(config, per_layer, saved_table, first, last, sig[0], sig[1],
+                                                                 sig[2:])
                 values.append(value)
             saved, rebuilt, transient = np.array(values).T
             cp = config.cp_size

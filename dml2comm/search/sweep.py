@@ -64,8 +64,7 @@ class SweepSpace:
 def model_shape(imported: ImportResult) -> dict[str, Any]:
     """Layer count, attention heads, sequence length and experts per MoE layer (None: no
     experts) of an imported model (what the space needs)."""
-    from dml2comm.analysis import _memo
-    from dml2comm.ir.layers import group_layers
+    from dml2comm.cost.cache import layers_of
     from dml2comm.parallel.expert import find_moe
     from dml2comm.parallel.tensor import attention_heads
 
@@ -77,7 +76,7 @@ def model_shape(imported: ImportResult) -> dict[str, Any]:
         if not tensor.dtype.is_float and tensor.rank == 2:
             seq = tensor.shape[1]
             break
-    layered = _memo(graph, ("layers",), lambda: group_layers(graph))  # the fast path's collapse reuses it
+    layered = layers_of(graph)  # the fast path's collapse reuses it
     moe = find_moe(graph, layered.layer_of_op)
     return {"layers": len(layered.layers), "heads": heads, "kv_heads": kv_heads, "seq_len": seq,
             "experts": moe.experts if moe is not None else None}
@@ -119,13 +118,11 @@ class Evaluator:
         """Find the collapsed model (:mod:`dml2comm.ir.repeats`) on the import of ``micro_batch``
         so that other micro-batch sizes import only the collapsed model (called before the
         workers fork: they inherit it)."""
-        from dml2comm.analysis import _memo
-        from dml2comm.ir.layers import group_layers
-        from dml2comm.ir.repeats import collapse_repeats, reduced_model
+        from dml2comm.cost.cache import collapsed_of
+        from dml2comm.ir.repeats import reduced_model
 
         full = self.imported(micro_batch).graph
-        layered = _memo(full, ("layers",), lambda: group_layers(full))
-        collapsed = _memo(full, ("collapsed",), lambda: collapse_repeats(full, layered))
+        collapsed = collapsed_of(full)
         if collapsed is None:
             return
         try:

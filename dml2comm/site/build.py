@@ -44,7 +44,8 @@ from dml2comm.render.svg import LayoutCache, render, resolve_links
 from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, site_charts
 from dml2comm.site.references import preset_tables, reference_sections
 
-__all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "TEMPLATES", "MKDOCS_YML"]
+__all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "mkdocs_build", "chart_slot",
+           "TEMPLATES", "MKDOCS_YML"]
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -125,8 +126,15 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _mkdocs_build(config_path: Path) -> None:
-    from mkdocs.commands.build import build as mkdocs_build
+def mkdocs_build(config_path: Path) -> None:
+    """Run MkDocs on ``config_path`` (an ``mkdocs.yml``), treating any warning it logs as an error.
+
+    Raises
+    ------
+    SiteError
+        MkDocs failed, or logged a warning (the first one is quoted).
+    """
+    from mkdocs.commands.build import build as run_mkdocs
     from mkdocs.config import load_config
     from mkdocs.exceptions import MkDocsException
 
@@ -137,7 +145,7 @@ def _mkdocs_build(config_path: Path) -> None:
     logger.setLevel(logging.WARNING)
     try:
         cfg = load_config(config_file=str(config_path))
-        mkdocs_build(cfg)
+        run_mkdocs(cfg)
     except (MkDocsException, OSError, ValueError) as exc:
         raise SiteError(f"mkdocs could not build the site: {exc}") from exc
     finally:
@@ -153,22 +161,23 @@ def _site_name(analysis: Analysis) -> str:
     return f"dml2comm: {name}" if name else "dml2comm"
 
 
-def _slot(name: str) -> str:
-    """Placeholder of a generated chart in a page's Markdown (page keys are synthetic)."""
+def chart_slot(name: str) -> str:
+    """Placeholder of the generated chart ``name`` in a page's Markdown (page keys are
+    synthetic); replaced by the chart's SVG after MkDocs has built the page."""
     return f'<div class="d2c-slot" data-slot="{name}"></div>'
 
 
 def _fill_slots(site_dir: Path, slots: Mapping[str, tuple[str, Markup]]) -> None:
-    """Put each generated chart into its built page in place of its :func:`_slot`.
+    """Put each generated chart into its built page in place of its :func:`chart_slot`.
 
     The charts skip MkDocs: thousands of tooltip-carrying boxes (the timeline) would cost
     seconds of Markdown and search indexing for no search result anyone wants."""
     for key, (name, svg) in slots.items():
         path = site_dir / f"{key}.html"
         html = path.read_text(encoding="utf-8")
-        if html.count(_slot(name)) != 1:
+        if html.count(chart_slot(name)) != 1:
             raise SiteError(f"the built page {key}.html lost the place of its chart {name}")
-        path.write_text(html.replace(_slot(name), str(svg)), encoding="utf-8")
+        path.write_text(html.replace(chart_slot(name), str(svg)), encoding="utf-8")
 
 
 def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, str], analysis: Analysis, docs: Path,
@@ -187,7 +196,7 @@ def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, st
         ctx["svg"] = inline_svg(svgs[page.drawing], keys) if page.drawing else Markup("")
         if page.drawing in generated:
             slots[page.key] = (page.drawing, ctx["svg"])
-            ctx["svg"] = Markup(_slot(page.drawing))
+            ctx["svg"] = Markup(chart_slot(page.drawing))
         try:
             text = env.get_template(page.template).render(**ctx)
         except TemplateError as exc:
@@ -251,7 +260,7 @@ def build(
     config_path = (dest / ".mkdocs.yml").resolve()
     config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
     mk_start = time.perf_counter()
-    _mkdocs_build(config_path)
+    mkdocs_build(config_path)
     _fill_slots(dest / "site", slots)
     end = time.perf_counter()
     shutil.rmtree(docs, ignore_errors=True)

@@ -30,7 +30,7 @@ from dml2comm.render.sweep_charts import (BreakdownBar, EfficiencyPoint, MemoryI
                                           efficiency_chart, memory_bars_chart, pareto_chart)
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_text, why_best
 from dml2comm.search.sweep import pareto_front
-from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, _mkdocs_build, _slot, environment, inline_svg, publish
+from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, chart_slot, environment, inline_svg, mkdocs_build, publish
 
 __all__ = ["comparison_page", "build_comparison", "build_and_publish_comparison", "BARS_MAX"]
 
@@ -212,7 +212,7 @@ def build_comparison(dest: Path, ctx: Mapping[str, Any], charts: Mapping[str, st
             target.write_bytes(content)
         else:
             target.write_text(content, encoding="utf-8")
-    context = dict(ctx, title=_TITLES[ctx["kind"]], charts={name: Markup(_slot(name)) for name in charts})
+    context = dict(ctx, title=_TITLES[ctx["kind"]], charts={name: Markup(chart_slot(name)) for name in charts})
     try:
         text = environment(templates).get_template("compare.md.j2").render(**context)
     except TemplateError as exc:
@@ -226,13 +226,13 @@ def build_comparison(dest: Path, ctx: Mapping[str, Any], charts: Mapping[str, st
                  "site_name": _site_name(ctx.get("model") or {}, ctx["kind"]), "nav": [{_TITLES[ctx["kind"]]: "index.md"}]})
     config_path = (dest / ".mkdocs.yml").resolve()
     config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    _mkdocs_build(config_path)
+    mkdocs_build(config_path)
     page = dest / "site" / "index.html"
     html = page.read_text(encoding="utf-8")
     for name, svg in charts.items():
-        if html.count(_slot(name)) != 1:
+        if html.count(chart_slot(name)) != 1:
             raise SiteError(f"the built comparison page lost the place of its chart {name}")
-        html = html.replace(_slot(name), str(inline_svg(svg, set())))
+        html = html.replace(chart_slot(name), str(inline_svg(svg, set())))
     page.write_text(html, encoding="utf-8")
     shutil.rmtree(docs, ignore_errors=True)
     config_path.unlink(missing_ok=True)

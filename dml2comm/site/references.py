@@ -28,6 +28,7 @@ __all__ = ["DocEntry", "Section", "reference_sections", "preset_tables"]
 MODULES: tuple[tuple[str, str], ...] = (
     ("Analysis: how the pieces are chained", "dml2comm.analysis"),
     ("Compute time (roofline)", "dml2comm.cost.compute"),
+    ("Op costs and fused kernels", "dml2comm.cost.ops"),
     ("Memory per GPU", "dml2comm.cost.memory"),
     ("Pipeline schedules", "dml2comm.sim.schedules"),
     ("Iteration simulation", "dml2comm.sim.engine"),

@@ -11,7 +11,7 @@
   those parts (thick bar) and its communication by parallel dimension (thin bar under it).
 
 Every string from a trace passes through :func:`dml2comm.render.charts.xml_text`; the helpers
-(``_Svg``, ``nice_step``) are the site's own chart helpers.
+(``Svg``, ``nice_step``) are the site's own chart helpers.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dml2comm.render.charts import AXIS_COLOUR, GRID_COLOUR, TEXT_COLOUR, _Svg, nice_step, xml_text
+from dml2comm.render.charts import AXIS_COLOUR, GRID_COLOUR, TEXT_COLOUR, Svg, nice_step, xml_text
 from dml2comm.render.fmt import fmt_s
 from dml2comm.traces.classify import DIMS, Activity, Category
 
@@ -96,7 +96,7 @@ def pipeline_gantt(rows: Sequence[GanttInput], title: str, plot_w: float = 960.0
     left, top, main_h, thin_h, gap = max(110.0, _label_width([r.label for r in rows], 11)), 44.0, 20.0, 8.0, 8.0
     px = plot_w / span
     tol = span / plot_w * 0.75  # closer than ~1 px: one rectangle
-    g = _Svg()
+    g = Svg()
     present: set[int] = set()
     y = top
     bodies: list[str] = []
@@ -171,7 +171,7 @@ def replica_bars(replicas: Sequence[tuple[str, Sequence[ReplicaRow]]], title: st
     biggest = max((max(sum(r.parts.values()), sum(r.comm.values())) for _, rows in replicas for r in rows), default=0.0) or 1.0
     step = nice_step(biggest * 1e3, 8)
     px = plot_w / (biggest * 1e3)
-    g = _Svg()
+    g = Svg()
     _legend(g, left, 10, 11, {part: fill for part, fill in PART_COLOURS.items()})
     _legend(g, left, 29, 7, {f"{dim} comm": fill for dim, fill in DIM_COLOURS.items()})
     if note:
@@ -202,7 +202,7 @@ def replica_bars(replicas: Sequence[tuple[str, Sequence[ReplicaRow]]], title: st
     return g.document(left + plot_w + 30, bottom + 26, title, {"chart": "trace-replicas", "replicas": len(replicas), "bars": len(labels)})
 
 
-def _legend(g: "_Svg", left: float, y: float, h: float, entries: dict[str, str]) -> None:
+def _legend(g: "Svg", left: float, y: float, h: float, entries: dict[str, str]) -> None:
     """One legend row: a swatch of height ``h`` and the label for each ``{label: colour}``."""
     lx = left
     for label, fill in entries.items():
@@ -211,7 +211,7 @@ def _legend(g: "_Svg", left: float, y: float, h: float, entries: dict[str, str])
         lx += 19 + 5.6 * len(label) + 16
 
 
-def _ms_axis(g: "_Svg", left: float, top: float, bottom: float, biggest: float, step: float, px: float) -> None:
+def _ms_axis(g: "Svg", left: float, top: float, bottom: float, biggest: float, step: float, px: float) -> None:
     """Vertical grid lines every ``step`` ms and their labels under the bars."""
     for k in range(int(math.floor(biggest * 1e3 / step + 1e-9)) + 1):
         x = left + k * step * px
@@ -226,7 +226,7 @@ def stacked_bars(items: Sequence[tuple[str, dict[str, float]]], title: str, plot
     biggest = max((sum(p.values()) for _, p in items), default=0.0) or 1.0
     step = nice_step(biggest * 1e3, 8)
     px = plot_w / (biggest * 1e3)
-    g = _Svg()
+    g = Svg()
     _legend(g, left, 10, 11, dict(PART_COLOURS))
     y = top
     for label, parts in items:

@@ -26,7 +26,7 @@ PAGES = (("index", "Trace analysis", "trace.md.j2"), ("timeline", "Pipeline time
 
 def build_trace_site(dest: Path, context: Mapping[str, Any], svgs: Mapping[str, str]) -> None:
     """Write ``dest/site`` (work files in ``dest/.docs``, removed at the end)."""
-    from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, _mkdocs_build, environment, inline_svg
+    from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, environment, inline_svg, mkdocs_build
 
     docs = dest / ".docs"
     docs.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def build_trace_site(dest: Path, context: Mapping[str, Any], svgs: Mapping[str, 
                  "nav": [{title: f"{key}.md"} for key, title, _ in PAGES]})
     config_path = (dest / ".mkdocs.yml").resolve()
     config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    _mkdocs_build(config_path)
+    mkdocs_build(config_path)
     shutil.rmtree(docs, ignore_errors=True)
     config_path.unlink(missing_ok=True)
 

@@ -1,0 +1,192 @@
+"""What is derived from one imported graph, cached explicitly under typed keys.
+
+An :class:`~dml2comm.ir.graph.OpGraph` is immutable, so what is computed from it and a few
+configuration values (its layers, its tensor-parallel shards, every op's cost) is shared by all
+the configurations analysed or swept on it.  Each such value is stored in ``graph.derived``
+under a *key*: an instance of a frozen dataclass, one small class per cached quantity, whose
+fields are exactly the inputs the value depends on besides the graph.  Two keys are equal only
+when they are of the same class and every field is equal, so a value can never be read back
+for other inputs by a key that was typed differently at another call site (what hand-typed
+string tuples invited).
+
+Values that depend on the cluster (its network and topology, not only its GPU) are not stored
+on the graph: they live in the cache of the one object that holds the cluster
+(:class:`dml2comm.search.fast.FastEvaluator` keeps its stage tables in its own store), so one
+imported model evaluated on two clusters gets each cluster's own numbers.
+
+Usage::
+
+    layered = layers_of(graph)                          # one accessor per shared quantity
+    table = derived(graph, MyKey(t=2, sp=True), build)  # or any CacheKey with its builder
+
+The keys below are those read by more than one module (the analysis, the sweep and its fast
+path); a module's own cached quantities declare their key classes beside their builders
+(:mod:`dml2comm.cost.ops`, :mod:`dml2comm.search.fast`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, MutableMapping, TypeVar
+
+from dml2comm.cost.memory import ActivationModel
+from dml2comm.ir.graph import OpGraph
+from dml2comm.ir.layers import LayeredGraph, group_layers
+from dml2comm.ir.repeats import Collapsed, collapse_repeats
+from dml2comm.parallel.config import DTYPES
+from dml2comm.parallel.context import AttentionSite, find_attention
+from dml2comm.parallel.expert import MoEInfo, find_moe
+from dml2comm.parallel.pipeline import parameter_layers
+from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
+
+__all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
+           "ParameterReadersKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "layers_of", "collapsed_of",
+           "tensor_parallel_of", "needs_grad_of", "parameter_readers_of", "moe_of", "attention_sites_of",
+           "activation_model_of"]
+
+T = TypeVar("T")
+
+
+class CacheKey:
+    """Base of every cache key.  Subclasses are ``@dataclass(frozen=True, slots=True)`` with
+    one field per input of the cached value (besides the graph or store it is cached on)."""
+
+    __slots__ = ()
+
+
+def cached(store: MutableMapping[object, object], key: CacheKey, build: Callable[[], T]) -> T:
+    """``store[key]``, calling ``build()`` to fill it on the first request.
+
+    Parameters
+    ----------
+    store
+        Where the values live: ``graph.derived`` (values of one graph) or an object's own dict
+        (values that also depend on what the object holds, e.g. a cluster).
+    key
+        A :class:`CacheKey` instance holding every input of the value.
+    build
+        Computes the value from those inputs.
+
+    Raises
+    ------
+    TypeError
+        ``key`` is not a :class:`CacheKey` (a tuple or a string): the typed keys are the point.
+    """
+    if not isinstance(key, CacheKey):
+        raise TypeError(f"cache keys are CacheKey dataclasses, not {type(key).__name__}: declare a key class for this value")
+    try:
+        return store[key]  # type: ignore[return-value]
+    except KeyError:
+        value = store[key] = build()
+        return value
+
+
+def derived(graph: OpGraph, key: CacheKey, build: Callable[[], T]) -> T:
+    """``build()`` once per (graph, key): :func:`cached` on ``graph.derived``."""
+    return cached(graph.derived, key, build)
+
+
+# ----------------------------------------------------------------------------- shared keys
+@dataclass(frozen=True, slots=True)
+class LayersKey(CacheKey):
+    """The graph's layers (:func:`dml2comm.ir.layers.group_layers`): the graph alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class CollapsedKey(CacheKey):
+    """The graph with long runs of identical blocks collapsed (:func:`dml2comm.ir.repeats.collapse_repeats`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelKey(CacheKey):
+    """Tensor-parallel shards (:func:`dml2comm.parallel.tensor.shard_tensor_parallel`)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsGradKey(CacheKey):
+    """Tensors that need a gradient (:func:`dml2comm.parallel.tensor.requires_grad`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterReadersKey(CacheKey):
+    """Per parameter, the layers reading it (:func:`dml2comm.parallel.pipeline.parameter_layers`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoEKey(CacheKey):
+    """The model's mixture-of-experts layers (:func:`dml2comm.parallel.expert.find_moe`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSitesKey(CacheKey):
+    """Attention sites for context parallelism (:func:`dml2comm.parallel.context.find_attention`)."""
+
+    seq_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationsKey(CacheKey):
+    """Saved-for-backward bytes (:class:`dml2comm.cost.memory.ActivationModel`) on the
+    tensor-parallel shard of (t, SP) in ``dtype``, with or without assumed dropout masks."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+
+
+# ----------------------------------------------------------------------------- accessors
+# ``layered`` arguments: the grouping the caller works on, one per graph (group_layers(graph), or
+# for a collapsed graph its Collapsed.layered): the keys leave it out because the graph fixes it.
+def layers_of(graph: OpGraph) -> LayeredGraph:
+    """:func:`~dml2comm.ir.layers.group_layers` of ``graph``, once."""
+    return derived(graph, LayersKey(), lambda: group_layers(graph))
+
+
+def collapsed_of(graph: OpGraph) -> Collapsed | None:
+    """:func:`~dml2comm.ir.repeats.collapse_repeats` of ``graph`` (None: nothing to collapse), once."""
+    return derived(graph, CollapsedKey(), lambda: collapse_repeats(graph, layers_of(graph)))
+
+
+def tensor_parallel_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype_bytes: int) -> TensorParallelPlan:
+    """:func:`~dml2comm.parallel.tensor.shard_tensor_parallel` of ``graph``, once per (t, SP, bytes per element)."""
+    return derived(graph, TensorParallelKey(tp_size, sequence_parallel, dtype_bytes),
+                   lambda: shard_tensor_parallel(graph, tp_size, sequence_parallel, dtype_bytes))
+
+
+def needs_grad_of(graph: OpGraph) -> frozenset[str]:
+    """:func:`~dml2comm.parallel.tensor.requires_grad` of ``graph``, once."""
+    return derived(graph, NeedsGradKey(), lambda: requires_grad(graph))
+
+
+def parameter_readers_of(graph: OpGraph, layered: LayeredGraph) -> dict[str, tuple[int, ...]]:
+    """:func:`~dml2comm.parallel.pipeline.parameter_layers` of ``graph``, once."""
+    return derived(graph, ParameterReadersKey(), lambda: parameter_layers(graph, layered.layer_of_op))
+
+
+def moe_of(graph: OpGraph, layered: LayeredGraph) -> MoEInfo | None:
+    """:func:`~dml2comm.parallel.expert.find_moe` of ``graph`` (None: no experts), once."""
+    return derived(graph, MoEKey(), lambda: find_moe(graph, layered.layer_of_op))
+
+
+def attention_sites_of(graph: OpGraph, layered: LayeredGraph, seq_len: int | None) -> tuple[AttentionSite, ...]:
+    """:func:`~dml2comm.parallel.context.find_attention` of ``graph``, once per sequence length."""
+    return derived(graph, AttentionSitesKey(seq_len), lambda: find_attention(graph, layered.layer_of_op, seq_len))
+
+
+def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str,
+                        assumed_dropout: bool) -> ActivationModel:
+    """The :class:`~dml2comm.cost.memory.ActivationModel` of ``graph`` on the (t, SP) shard in
+    ``dtype`` (a :data:`~dml2comm.parallel.config.DTYPES` name), once per those inputs."""
+
+    def build() -> ActivationModel:
+        train = DTYPES[dtype]
+        tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
+        return ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad_of(graph),
+                               train, assumed_dropout=assumed_dropout)
+
+    return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout), build)

@@ -1,0 +1,276 @@
+"""Every op's cost and time on its tensor-parallel shard, with point-wise chains fused.
+
+One op's FLOPs and bytes come from its rule (:mod:`dml2comm.ops.registry`), its time from the
+roofline with the shape-dependent GEMM efficiency (:mod:`dml2comm.cost.compute`).  Point-wise
+chains then run as fused kernels (:func:`fused_kernels`, :func:`fuse_pointwise`): Megatron-LM's
+fused bias-GeLU, bias-dropout-add and scale-mask-softmax (Narayanan et al. 2021, Sec. 4.2).
+
+The analysis (:func:`dml2comm.analysis.analyze_graph`) and the sweep's fast path
+(:mod:`dml2comm.search.fast`) both read op times through :func:`shard_op_costs`, cached per graph
+under typed keys (:mod:`dml2comm.cost.cache`).  Also here: what selective recomputation
+recomputes (:func:`is_attention_core`, Korthikanti et al. 2022, Sec. 5) and the model's own
+sequence length (:func:`infer_seq_len`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+from dml2comm.cost.cache import CacheKey, derived, tensor_parallel_of
+from dml2comm.cost.compute import GEMM_E_MAX, HBM_EFFICIENCY, SM_COUNT, gemm_dims, gemm_efficiency, op_times_s, roofline_s
+from dml2comm.cost.memory import POINTWISE_OPS, fusible_regions
+from dml2comm.hardware.gpus import GPU
+from dml2comm.ir.graph import DType, OpGraph, Tensor
+from dml2comm.ops.registry import OpCost, op_cost
+from dml2comm.parallel.config import DTYPES
+from dml2comm.parallel.tensor import TensorParallelPlan
+
+__all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
+           "infer_seq_len", "is_attention_core", "attention_core_flags", "OpCostsKey", "OpSignaturesKey",
+           "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
+
+#: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
+#: fused bias-GeLU, bias-dropout-add and scale-mask-softmax kernels).
+FUSED_KINDS = POINTWISE_OPS | frozenset({"Softmax", "LogSoftmax"})
+#: Reductions that end a fused kernel: they absorb the point-wise ops feeding them (scale and
+#: mask) but not the ones reading their output.  Megatron-LM's ``FusedScaleMaskSoftmax`` fuses
+#: scale, mask and softmax only; the attention dropout after it is its own kernel
+#: (``ParallelAttention.forward``: ``attention_probs = self.attention_dropout(attention_probs)``
+#: after ``self.scale_mask_softmax(...)``, Megatron-LM v2.x, as Narayanan et al. 2021 ran it,
+#: Sec. 4.2: "two custom kernels to enable the fusion of scale, mask, and softmax").
+REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
+
+
+class OpCosts(NamedTuple):
+    """Per op of a graph (index order), on its tensor-parallel shard."""
+
+    costs: list[OpCost]  #: FLOPs and bytes of the shard, forward and backward
+    times: list[tuple[float, float]]  #: (forward, backward) seconds, point-wise chains fused
+    full_flops: list[float]  #: forward FLOPs of the unsharded op (shard FLOPs x shard factor)
+    fallback_types: set[str]  #: op types costed by the memory-bound fallback (``--lenient``)
+
+
+# ----------------------------------------------------------------------------- cache keys
+@dataclass(frozen=True, slots=True)
+class OpCostsKey(CacheKey):
+    """:func:`shard_op_costs`: the shard (t, SP, dtype), the GPU (its name picks the SM count
+    of the GEMM efficiency; peak FLOP/s in ``dtype`` and HBM bandwidth) and ``--lenient``."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    gpu_name: str
+    peak_flops: float
+    hbm_bytes_per_s: float
+    lenient: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OpSignaturesKey(CacheKey):
+    """Per op, its type, domain, attributes and repeat count as text (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpCostTableKey(CacheKey):
+    """The table of op costs already computed, by (signature, operands): one per training
+    dtype and GPU, shared by every sharding of the graph (:func:`op_costs`)."""
+
+    train: DType
+    gpu_name: str
+    peak_flops: float
+    hbm_bytes_per_s: float
+    lenient: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FusedGroupsKey(CacheKey):
+    """Fused kernels of two or more ops with their crossing tensors (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCoreKey(CacheKey):
+    """:func:`attention_core_flags` for one sequence length."""
+
+    seq_len: int | None
+
+
+# ----------------------------------------------------------------------------- op costs
+def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str, gpu: GPU, lenient: bool) -> OpCosts:
+    """:func:`op_costs` on the (t, SP) shard in ``dtype`` on ``gpu``, once per those inputs
+    (cached on the graph; the analysis and the sweep share it)."""
+    peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
+    train = DTYPES[dtype]
+
+    def build() -> OpCosts:
+        tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
+        return op_costs(graph, tp, train, gpu, peak, hbm, lenient)
+
+    return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient), build)
+
+
+def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool) -> OpCosts:
+    """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs.
+
+    Parameters
+    ----------
+    graph, tp
+        The graph and its tensor-parallel plan (one shard per op).
+    train
+        Training element type: float operands are costed in it.
+    gpu, peak, hbm
+        The GPU (its name gives the SM count of :func:`~dml2comm.cost.compute.gemm_efficiency`),
+        its dense peak in ``train`` (FLOP/s) and HBM bandwidth (bytes/s).
+    lenient
+        Cost ops without a rule as memory-bound (their types in ``fallback_types``) instead of
+        raising :class:`~dml2comm.errors.UnsupportedOpError`.
+
+    Returns
+    -------
+    OpCosts
+        Times are the roofline (Williams et al. 2009) with ``GEMM_E_MAX`` x tile and wave
+        quantisation and ``HBM_EFFICIENCY``, then point-wise chains fused (:func:`fuse_pointwise`).
+    """
+
+    def train_view(t: Tensor | None) -> Tensor | None:
+        return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
+
+    costs: list[OpCost] = []
+    times: list[tuple[float, float]] = []
+    fallback_types: set[str] = set()
+    full_flops: list[float] = []
+    sms = SM_COUNT.get(gpu.name)
+    # an op's cost and times depend on its type, attributes and operands' shapes and kinds only
+    # (the cost rules read no names): repeated blocks, and the same op under another sharding
+    # that leaves its operands alike, are costed once per graph
+    signature = derived(graph, OpSignaturesKey(), lambda: _op_signatures(graph))
+    known: dict[tuple, tuple[OpCost, tuple[float, float]]] = derived(
+        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient), dict)
+    for op, shard in zip(graph.ops, tp.shards):
+        ins = tuple(train_view(t) for t in shard.inputs)
+        outs = tuple(train_view(t) for t in shard.outputs)
+        key = (signature[op.index], _operands(ins), _operands(outs))
+        hit = known.get(key)
+        if hit is None:
+            c = op_cost(op, ins, outs, lenient=lenient)
+            dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
+            eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
+            hit = known[key] = (c, op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
+        c, t = hit
+        if c.fallback:
+            fallback_types.add(op.op_type)
+        costs.append(c)
+        times.append(t)
+        full_flops.append(c.flops_fwd * shard.factor)
+    times = fuse_pointwise(graph, tp, train, costs, times, peak * GEMM_E_MAX, hbm * HBM_EFFICIENCY)
+    return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def _op_signatures(graph: OpGraph) -> list[str]:
+    """Per op: its type, domain, attributes and repeat count (Loop/Scan trip count) as text
+    (equal for the ops of repeated blocks)."""
+    return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}:x{op.repeat}" for op in graph.ops]
+
+
+def _operands(tensors: Sequence[Tensor | None]) -> tuple:
+    """What a cost rule reads of an op's operands: shapes, element types and kinds."""
+    return tuple(None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input) for t in tensors)
+
+
+# ----------------------------------------------------------------------------- fused kernels
+def fused_kernels(graph: OpGraph) -> dict[int, int]:
+    """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
+    (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
+    kernel, and so does an op reading a tensor that another kind of op also reads: that tensor
+    is written to memory anyway, and Megatron-LM's kernels end there (the residual stream
+    leaving a bias-dropout-add feeds the next LayerNorm and, separately, the next block's
+    bias-dropout-add kernel).  Kernels therefore never span blocks."""
+
+    def joins(name: str, producer: int) -> bool:
+        materialized = any(graph.ops[c].op_type not in FUSED_KINDS for c in graph.consumers(name)) or name in graph.outputs
+        return graph.ops[producer].op_type not in REGION_ENDS and not materialized
+
+    return fusible_regions(graph, FUSED_KINDS, joins)
+
+
+def _fused_groups(graph: OpGraph) -> list[tuple[list[int], tuple[str, ...]]]:
+    """Each fused kernel of two or more ops (:func:`fused_kernels`) with the tensors it reads
+    from outside and writes for outside (a property of the graph: shared by every configuration)."""
+    regions = fused_kernels(graph)
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, r in regions.items():
+        members[r].append(i)
+    outputs = set(graph.outputs)
+    groups = []
+    for ops in members.values():
+        if len(ops) < 2:
+            continue
+        inside = {o for i in ops for o in graph.ops[i].outputs if o}
+        read = {n for i in ops for n in graph.ops[i].inputs if n and n not in inside}
+        written = {o for o in inside if o in outputs or any(regions.get(c) != regions[ops[0]] for c in graph.consumers(o))}
+        groups.append((ops, tuple(read | written)))
+    return groups
+
+
+def fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train: DType, costs: list[OpCost], times: list[tuple[float, float]],
+                   peak: float, hbm: float) -> list[tuple[float, float]]:
+    """Time each fused region as one kernel: it reads the tensors entering it and writes the
+    tensors leaving it once (not every intermediate); the region's time is spread over its ops
+    in proportion to their unfused times, so per-op figures still add up.
+
+    ``peak`` and ``hbm`` are the achieved rates (FLOP/s x ``GEMM_E_MAX``, bytes/s x
+    ``HBM_EFFICIENCY``); each region is timed with :func:`~dml2comm.cost.compute.roofline_s`."""
+    size: dict[str, float] = {}
+    for op, shard in zip(graph.ops, tp.shards):
+        for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
+            if name and t is not None and name not in size:
+                size[name] = float(t.nbytes_in(train))
+    out = list(times)
+    for ops, crossing in derived(graph, FusedGroupsKey(), lambda: _fused_groups(graph)):
+        # a region's ops share one repeat count (Loop/Scan bodies: fusible_regions never joins
+        # ops of different counts); the kernel runs that many times
+        fwd_bytes = sum(size.get(n, 0.0) for n in crossing) * graph.ops[ops[0]].repeat
+        unfused_fwd = sum(costs[i].bytes_fwd for i in ops)
+        ratio = fwd_bytes / unfused_fwd if unfused_fwd else 1.0
+        flops_f = sum(costs[i].flops_fwd for i in ops)
+        flops_b = sum(costs[i].flops_bwd for i in ops)
+        t_f = roofline_s(flops_f, fwd_bytes, peak, hbm)
+        t_b = roofline_s(flops_b, ratio * sum(costs[i].bytes_bwd for i in ops), peak, hbm)
+        sum_f = sum(times[i][0] for i in ops) or 1.0
+        sum_b = sum(times[i][1] for i in ops) or 1.0
+        for i in ops:
+            out[i] = (t_f * times[i][0] / sum_f, t_b * times[i][1] / sum_b)
+    return out
+
+
+# ----------------------------------------------------------------------------- sequence and attention core
+def infer_seq_len(graph: OpGraph) -> int | None:
+    """The model's sequence length: axis 1 of its first rank-2 integer input (token ids), or
+    None when it has none (an image or audio model)."""
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        if not t.dtype.is_float and t.rank == 2:
+            return t.shape[1]
+    return None
+
+
+def is_attention_core(graph: OpGraph, index: int, seq_len: int | None) -> bool:
+    """Whether op ``index`` works on the s x s attention scores: what selective recomputation
+    recomputes (Korthikanti et al. 2022, Sec. 5): QK^T, scale, mask, softmax, dropout, scores x V.
+
+    An op is in the core when one of its non-weight operands or outputs ends in ``(s, s)``;
+    always False without a sequence length."""
+    if not seq_len:
+        return False
+    op = graph.ops[index]
+    for name in op.outputs + op.inputs:
+        t = graph.tensors.get(name) if name else None
+        if t is not None and t.rank >= 2 and t.shape[-1] == seq_len and t.shape[-2] == seq_len and not t.is_weight:
+            return True
+    return False
+
+
+def attention_core_flags(graph: OpGraph, seq_len: int | None) -> list[bool]:
+    """:func:`is_attention_core` of every op, once per (graph, sequence length)."""
+    return derived(graph, AttentionCoreKey(seq_len), lambda: [is_attention_core(graph, i, seq_len) for i in range(len(graph.ops))])
