@@ -303,9 +303,9 @@ def test_cp_group_inside_a_node_uses_nvlink(gpt):
 
 # ---- the sweep's fast path (dml2comm.search.fast) with context and expert parallelism
 #
-# The batched simulation the fast path uses (dml2comm.sim.levels) does not queue a device's
-# sends behind one another; the engine does.  On a cluster without per-collective overhead the
-# small models here are not send-bound, so the two agree to rounding.
+# The batched simulation the fast path uses (dml2comm.sim.levels) queues a device's sends on its
+# pp stream as the engine does (tests/test_sim.py; a send-bound sweep in tests/test_search.py),
+# so the two agree to rounding on any cluster.
 BREAKDOWN = ("compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "bubble_fraction", "mfu")
 
 

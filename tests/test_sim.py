@@ -193,3 +193,86 @@ def test_compiled_depths_are_the_longest_chains():
         for m in range(p, 3 * p + 2):
             cs = compile_schedule("1f1b", p, m)
             assert np.array_equal(_one_f_one_b_depths(p, m), _depths(np.arange(2 * m), cs.need, p)), (p, m)
+
+
+# ---- the batched recurrence (sim.levels, the sweep's) against the engine on send-bound work:
+# a device's sends queue on its pp stream in both
+def _engine_step_ends(name, p, m, v, works):
+    """End of every step in sim.levels' order (device by device, each in schedule order), from
+    the engine's compute events (appended in each device's program order)."""
+    import numpy as np
+
+    result = simulate(build_schedule(name, p, m, v), works, v)
+    ends: list[list[float]] = [[] for _ in range(p)]
+    for ev in result.events:
+        if ev.stream == "compute":
+            ends[ev.device].append(ev.start_s + ev.dur_s)
+    return np.array([e for device in ends for e in device]), result
+
+
+def _levels_step_ends(name, p, m, v, fwd, bwd, send_fwd, send_bwd, others=3, seed=0):
+    """sim.levels' end times of one configuration's steps (per-device costs), alone and batched
+    among ``others`` random configurations and a second schedule."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule, pipeline_end_times, pipeline_end_times_many
+
+    cs = compile_schedule(name, p, m, v)
+    row = [np.array([x], dtype=float) for x in (fwd, bwd, send_fwd, send_bwd)]
+    alone = pipeline_end_times(cs, *row)[0]
+    rng = np.random.default_rng(seed)
+    batch = [np.vstack([rng.random((others, p)) * 3, r]) for r in row]  # the configuration last, padded rows around it
+    other = compile_schedule("gpipe", 3, 4)
+    many = pipeline_end_times_many([(other, *(rng.random((5, 3)) for _ in range(4))), (cs, *batch)])[1][-1]
+    return alone, many
+
+
+def test_levels_queue_sends_like_the_engine_by_hand():
+    """GPipe, p = 2, m = 2, forward 1, backward 2, every send 3 (one pp stream per device):
+    device 0: F0 [0, 1] sent [1, 4]; F1 [1, 2] sent [4, 7] (behind F0's send);
+    device 1: F0 [4, 5]; F1 [7, 8]; B1 [8, 10] sent [10, 13]; B0 [10, 12] sent [13, 16];
+    device 0: B1 [13, 15]; B0 [16, 18].  Without the queue F1 would arrive at 5 and device 0
+    would end at 15, device 1 at 10."""
+    import numpy as np
+
+    expected = np.array([1.0, 2.0, 15.0, 18.0, 5.0, 8.0, 10.0, 12.0])  # device 0: F0 F1 B1 B0, then device 1
+    engine, result = _engine_step_ends("gpipe", 2, 2, 1, [DeviceWork(1.0, 2.0, send_fwd_s=3.0, send_bwd_s=3.0)] * 2)
+    assert np.array_equal(engine, expected) and result.compute_end_s == (18.0, 12.0)
+    alone, many = _levels_step_ends("gpipe", 2, 2, 1, [1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [3.0, 3.0])
+    assert np.array_equal(alone, expected) and np.array_equal(many, expected)
+
+
+@pytest.mark.parametrize("name,v,ends", [
+    # the engine's compute ends per device; the unqueued recurrence gave 81, 51 and 116 on device 0
+    # (2.4%, 29% and 9.4% short)
+    ("1f1b", 1, (83.0, 78.0, 73.0, 68.0)),
+    ("gpipe", 1, (72.0, 67.0, 62.0, 50.0)),
+    ("interleaved", 2, (128.0, 123.0, 118.0, 113.0)),
+])
+def test_levels_equal_the_engine_on_send_bound_work(name, v, ends):
+    """Issue 17's case: p = 4, m = 8, forward 1, backward 2, send 3 (per model chunk when
+    interleaved), every step's end to 1e-9."""
+    p, m = 4, 8
+    engine, result = _engine_step_ends(name, p, m, v, [DeviceWork(1.0, 2.0, send_fwd_s=3.0, send_bwd_s=3.0)] * p)
+    assert result.compute_end_s == pytest.approx(ends, rel=1e-12)
+    alone, many = _levels_step_ends(name, p, m, v, [1.0] * p, [2.0] * p, [3.0] * p, [3.0] * p)
+    assert alone == pytest.approx(engine, rel=1e-9, abs=0)
+    assert many == pytest.approx(engine, rel=1e-9, abs=0)
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 2), st.floats(0.1, 3), st.floats(0, 4), st.floats(0, 4)), min_size=1, max_size=5),
+       st.integers(1, 4), st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)]),
+       st.integers(0, 4))
+@settings(max_examples=80, deadline=None)
+def test_levels_equal_the_engine_on_random_work(spec, blocks, schedule, others):
+    """Random per-device costs with sends up to twice the longest step, so that sends often
+    outlast the steps after them: every step's end equal to 1e-9 (interleaved: m a multiple of p)."""
+    name, v = schedule
+    p = len(spec)
+    m = blocks * p if name == "interleaved" else blocks + p - 1
+    fwd, bwd, send_fwd, send_bwd = (list(x) for x in zip(*spec))
+    works = [DeviceWork(f, b, send_fwd_s=sf, send_bwd_s=sb) for f, b, sf, sb in spec]
+    engine, _ = _engine_step_ends(name, p, m, v, works)
+    alone, many = _levels_step_ends(name, p, m, v, fwd, bwd, send_fwd, send_bwd, others=others, seed=blocks)
+    assert alone == pytest.approx(engine, rel=1e-9, abs=1e-12)
+    assert many == pytest.approx(engine, rel=1e-9, abs=1e-12)

@@ -7,16 +7,19 @@ dependency graph (a step's depth exceeds the depth of the step before it on its 
 of the step whose output it needs), and each depth is one vectorised update for all steps in
 it and all ``K`` configurations of a batch::
 
-    end[i] = max(end[previous step on the device], end[needed step] + send) + duration[i]
+    end[i] = max(end[previous step on the device], pp[needed step]) + duration[i]
+    pp[i]  = max(end[i], pp[previous step on the device]) + send[i]
 
-This is the engine's recurrence (a step starts when its device is free and its input has
-arrived; sends leave when the producing step ends) with two simplifications, which the
-sweep's fast path accepts and the tests bound:
-
-- a device's sends are not queued behind one another (the engine serialises them on a pp
-  stream; they only queue when a send outlasts the step after it);
-- only works without per-micro-batch data-parallel collectives (ZeRO-2/3) are supported:
-  the caller uses the engine for those.
+This is the engine's recurrence: a step starts when its device is free and its input has
+arrived; a step's output leaves on its device's pp stream when the step has ended and the
+device's previous send has gone (``pp[i]``: when the stream is free after step ``i``, which is
+when its output arrives), and ``send[i]`` is 0 for a step whose output stays on the device
+(the last virtual stage's forwards, the first one's backwards).  Such a step still sets
+``pp[i] = max(end[i], pp[prev])``: the stream is not busy in between, and every later send
+leaves after ``end[i]`` anyway (durations are not negative), so the next send starts when it
+would in the engine.  The two agree to rounding (``tests/test_sim.py``, send-bound schedules
+included).  Only works without per-micro-batch data-parallel collectives (ZeRO-2/3) are
+supported: the caller uses the engine for those.
 
 The data-parallel tail (gradient buckets after or overlapping the device's last backward,
 then the optimizer step and any collective after it) is evaluated in closed form: for
@@ -57,8 +60,8 @@ class CompiledSchedule:
     need_o: np.ndarray  # [S] position of the needed step, or S
     device_o: np.ndarray
     forward_o: np.ndarray
-    need_device_o: np.ndarray  # device of the needed step (0 when none)
-    has_need_o: np.ndarray
+    has_send: np.ndarray  # [S] bool: the step's output goes to another virtual stage (over its pp stream)
+    has_send_o: np.ndarray
 
     @functools.cached_property
     def depths(self) -> tuple[np.ndarray, ...]:
@@ -159,9 +162,12 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     position[order] = np.arange(n)
     position[n] = n
     need_o = need[order]
+    has_send = np.zeros(n + 1, dtype=bool)
+    has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
+    has_send = has_send[:n]
     return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
                             order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
-                            forward[order], device[np.minimum(need_o, n - 1)], need_o < n)
+                            forward[order], has_send, has_send[order])
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
@@ -232,19 +238,21 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
 def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
                        send_bwd_s: np.ndarray) -> np.ndarray:
     """End time of every step, ``[K, S]``, for ``K`` configurations' per-device costs ``[K, p]``
-    (per model chunk under interleaving)."""
+    (per model chunk under interleaving); ``send_fwd_s``/``send_bwd_s``: a device's send of an
+    activation to the next virtual stage / of a gradient to the previous one."""
     k = fwd_s.shape[0]
     dev = cs.device
     dur = np.where(cs.forward, fwd_s[:, dev], bwd_s[:, dev])
-    # the needed step's device sends: forward activations with its send_fwd, gradients with send_bwd
-    need_dev = dev[np.minimum(cs.need, cs.num_steps - 1)]
-    send = np.where(cs.forward, send_fwd_s[:, need_dev], send_bwd_s[:, need_dev])
-    send[:, cs.need == cs.num_steps] = 0.0
+    # a step's own send on its device's pp stream: activations with send_fwd, gradients with send_bwd
+    send = np.where(cs.has_send, np.where(cs.forward, send_fwd_s[:, dev], send_bwd_s[:, dev]), 0.0)
     end = np.zeros((k, cs.num_steps + 1))
+    pp = np.zeros((k, cs.num_steps + 1))  # when the device's pp stream is free after the step (its output arrived)
     prev, need = cs.prev, cs.need
     for idx in cs.depths:
-        start = np.maximum(end[:, prev[idx]], end[:, need[idx]] + send[:, idx])
+        before = prev[idx]
+        start = np.maximum(end[:, before], pp[:, need[idx]])
         end[:, idx] = start + dur[:, idx]
+        pp[:, idx] = np.maximum(end[:, idx], pp[:, before]) + send[:, idx]
     return end[:, :-1]
 
 
@@ -255,11 +263,12 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     ``[K, len(columns[i])]``, the end times of the steps ``columns[i]`` only.
 
     Each item's configurations are cut into groups of ``w`` (zero-padded), and a group's steps
-    become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array laid out depth by
-    depth (a counting sort: depth ``L`` of every item, then depth ``L + 1``), so one pass over
-    the deepest schedule's depths updates every item, each depth with a few numpy calls on
-    contiguous rows.  Durations and sends are read from small per-(item, group, device) tables
-    through row indices: the setup builds four integers per row, no per-step floats.
+    become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array of end times laid out
+    depth by depth (a counting sort: depth ``L`` of every item, then depth ``L + 1``), beside
+    one of pp-stream times, so one pass over the deepest schedule's depths updates every item,
+    each depth with a few numpy calls on contiguous rows.  Durations and sends are read from
+    small per-(item, group, device) tables through row indices: the setup builds three integers
+    per row, no per-step floats.
     """
     if not items:
         return []
@@ -273,10 +282,11 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     np.cumsum(per_level, out=level_start[1:])
     total = int(level_start[-1])
     prior = np.zeros(levels, dtype=np.int64)  # rows of earlier items already placed per depth
-    # per-device costs of every (item, group) as small tables: row ``2 (device) + forward`` of
-    # the item's block, w configurations wide; the last row of the send table is zero (no send)
+    # per-device costs of every (item, group) as small tables, w configurations wide: row
+    # ``4 (device) + 2 (sends?) + forward`` of the item's block holds the step's duration and
+    # its own send, the send 0 in the rows of steps whose output stays on the device
     dur_table, send_table = [], []
-    prev_parts, need_parts, dur_parts, send_parts, rows_of = [], [], [], [], []
+    prev_parts, need_parts, cost_parts, rows_of = [], [], [], []
     seg_dst, seg_src, seg_len = [], [], []
     offset = base = 0
     for (cs, f, b, sf, sb), g in zip(items, groups):
@@ -290,42 +300,54 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
         q = np.arange(g)
         prev_parts.append((ext[cs.prev_o][:, None] + q).ravel())
         need_parts.append((ext[cs.need_o][:, None] + q).ravel())
-        pad = g * w - k
+        zero = np.zeros_like(f)
 
-        def blocks(back: np.ndarray, fwd: np.ndarray) -> np.ndarray:  # [K, p] x 2 -> [g p 2, w]
-            both = np.stack([back, fwd], axis=-1)  # [K, p, 2]
-            if pad:
-                both = np.concatenate([both, np.zeros((pad, p, 2))])
-            return both.reshape(g, w, p * 2).transpose(0, 2, 1).reshape(g * p * 2, w)
+        def block(*per_slot: np.ndarray) -> np.ndarray:  # 4 x [K, p] -> [g p 4, w]
+            both = np.stack(per_slot, axis=-1)  # [K, p, 4]
+            if g * w > k:
+                both = np.concatenate([both, np.zeros((g * w - k, p, 4))])
+            return both.reshape(g, w, p * 4).transpose(0, 2, 1).reshape(g * p * 4, w)
 
-        dur_table.append(blocks(b, f))
-        send_table.append(blocks(sb, sf))
-        slot = 2 * cs.device_o + cs.forward_o  # [n]
-        dur_parts.append((base + slot[:, None] + 2 * p * q).ravel())
-        need_slot = np.where(cs.has_need_o, 2 * cs.need_device_o + cs.forward_o, -1)
-        send_parts.append(np.where(need_slot[:, None] >= 0, base + need_slot[:, None] + 2 * p * q, -1).ravel())
+        dur_table.append(block(b, f, b, f))
+        send_table.append(block(zero, zero, sb, sf))
+        slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
+        cost_parts.append((base + slot[:, None] + 4 * p * q).ravel())
         seg_dst.append(level_start[:depths] + prior[:depths])
         seg_src.append(offset + cs.level_starts * g)
         seg_len.append(cs.level_sizes * g)
         prior[:depths] += cs.level_sizes * g
         rows_of.append((row, g, k))
         offset += n * g
-        base += g * p * 2
+        base += g * p * 4
     # row r of the layout comes from row r - dst + src of its (depth, item) segment
     dst = np.concatenate(seg_dst)
     by_dst = np.argsort(dst, kind="stable")
     src = np.repeat((np.concatenate(seg_src) - dst)[by_dst], np.concatenate(seg_len)[by_dst]) + np.arange(total)
     prev = np.concatenate(prev_parts)[src]
     need = np.concatenate(need_parts)[src]
-    dur_at = np.concatenate(dur_parts)[src]
-    send_at = np.concatenate(send_parts)[src]  # -1: the zero row
-    durs = np.concatenate(dur_table)
-    sends = np.concatenate(send_table + [np.zeros((1, w))])
-    end = np.zeros((total + max(groups), w))
-    for level in range(levels):
-        a, b_ = level_start[level], level_start[level + 1]
-        start = np.maximum(end[prev[a:b_]], end[need[a:b_]] + sends[send_at[a:b_]])
-        np.add(start, durs[dur_at[a:b_]], out=end[a:b_])
+    cost_at = np.concatenate(cost_parts)[src]
+    # Rows are gathered as single elements of a w-float void type and the arithmetic runs on
+    # flat float views: numpy gathers 1-d items in about half the time it takes for rows of a
+    # 2-d array, and the element-wise calls see contiguous memory.
+    row_type = np.dtype((np.void, 8 * w))
+    # (np.concatenate keeps the inputs' memory order, which a transposed block can make Fortran's)
+    durs = np.ascontiguousarray(np.concatenate(dur_table), dtype=np.float64).view(row_type).ravel()
+    sends = np.ascontiguousarray(np.concatenate(send_table), dtype=np.float64).view(row_type).ravel()
+    rows = total + max(groups)  # the zero rows after the last one: what a missing step reads
+    end = np.zeros(rows * w)
+    pp = np.zeros(rows * w)  # when the step's device's pp stream is free after it (its output arrived)
+    end_rows, pp_rows = end.view(row_type), pp.view(row_type)
+    maximum, add, f8 = np.maximum, np.add, np.float64
+    for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
+        before, at = prev[a:b_], cost_at[a:b_]
+        start = end_rows[before].view(f8)  # the device free
+        maximum(start, pp_rows[need[a:b_]].view(f8), out=start)  # and the input arrived
+        ended = end[a * w:b_ * w]
+        add(start, durs[at].view(f8), out=ended)
+        queued = pp_rows[before].view(f8)  # the send leaves when the step has ended and the stream is free
+        maximum(ended, queued, out=queued)
+        add(queued, sends[at].view(f8), out=pp[a * w:b_ * w])
+    end = end.reshape(rows, w)
     out = []
     for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
         pos = cs.position if columns is None else cs.position[columns[i]]
