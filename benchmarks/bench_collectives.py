@@ -20,7 +20,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from dml2comm.hardware import Link, get_cluster  # noqa: E402
 from dml2comm.network import model  # noqa: E402
 from dml2comm.network.collectives import collective_cost, collective_time_vec, registered_algorithms  # noqa: E402
 from dml2comm.network.kinds import Algorithm, CollectiveKind  # noqa: E402
+from dml2comm.validate.collectives import nccl_rows, predict  # noqa: E402
 
 DEFAULT_CSV = REPO_ROOT.parent / "shared" / "data" / "nccl_allreduce_measured.csv"
 PRESET_FOR_GPU = {"A100": "dgx-a100", "V100": "dgx-v100"}
@@ -49,23 +49,18 @@ def _size(b: int) -> str:
 
 
 def calibration(csv_path: Path) -> list[dict[str, object]]:
+    """Every row costed as ``python main.py validate --source nccl`` costs it
+    (:mod:`dml2comm.validate.collectives`: the ``collective --cluster`` path), with the baseline."""
     rows = []
-    with csv_path.open(newline="") as handle:
-        for rec in csv.DictReader(handle):
-            preset = PRESET_FOR_GPU.get(rec["gpu"])
-            if preset is None or rec["scope"] != "single node":
-                continue
-            n, size = int(rec["ranks"]), int(rec["size_bytes"])
-            cluster = get_cluster(preset)
-            cost = model.collective_cost_for_group(cluster, CollectiveKind.ALL_REDUCE, list(range(n)), float(size))
-            baseline = collective_cost(CollectiveKind.ALL_REDUCE, n, float(size), BASELINE_LINK[rec["gpu"]])
-            measured = float(rec["time_us"]) * 1e-6
-            rows.append({
-                "gpu": rec["gpu"], "n": n, "size": size, "measured_s": measured, "predicted_s": cost.time_s,
-                "error": (cost.time_s - measured) / measured, "protocol": cost.protocol, "algorithm": cost.algorithm,
-                "measured_busbw": float(rec["busbw_GBps"]) * 1e9, "predicted_busbw": cost.busbw_bytes_per_s,
-                "baseline_error": (baseline.time_s - measured) / measured,
-            })
+    for r in nccl_rows(csv_path):
+        cost = predict(r)
+        baseline = collective_cost(CollectiveKind.ALL_REDUCE, r.ranks, float(r.size_bytes), BASELINE_LINK[r.gpu])
+        rows.append({
+            "gpu": r.gpu, "n": r.ranks, "size": r.size_bytes, "measured_s": r.time_s, "predicted_s": cost.time_s,
+            "error": (cost.time_s - r.time_s) / r.time_s, "protocol": cost.protocol, "algorithm": cost.algorithm,
+            "measured_busbw": r.busbw_bytes_per_s, "predicted_busbw": cost.busbw_bytes_per_s,
+            "baseline_error": (baseline.time_s - r.time_s) / r.time_s,
+        })
     return rows
 
 

@@ -5,28 +5,11 @@ paper does: F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) per iteration.
 This table is the compute model's only calibration target (``GEMM_E_MAX`` in
 dml2comm/cost/compute.py); ``bench_heldout.py`` checks other published runs without tuning.
 
-Megatron-LM as the paper ran it (its released GPT-3 175B script,
-examples/pretrain_gpt3_175B.sh of NVIDIA/Megatron-LM, 2021: ``--fp16``,
-``--checkpoint-activations``, ``--micro-batch-size 1``):
-
-- fp16 training; gradients accumulated and all-reduced in fp16 (``--accumulate-allreduce-
-  grads-in-fp32`` is off by default and only forced for bf16), after the backward pass (the
-  overlap with backward came in 2023); full recomputation;
-- Megatron-LM's fused kernels: bias-GeLU, bias-dropout-add, scale-mask-softmax, with the
-  attention dropout after the softmax as its own kernel (Sec. 4.2);
-- collectives at kernel time (``collective_overhead_s`` 0, as the CLI).
-
-Assumptions the table does not state, each chosen by a rule, not per row:
-
-- interleaved schedule (Sec. 5.1) with the fewest model chunks v >= 2 that split each stage's
-  layers evenly (v = 2, or 3 for 76.1B and 529.6B whose 15 and 3 layers per stage 2 does not
-  divide); plain 1F1B without pipelining;
-- micro-batch size: the paper tuned it per model ("the optimal value of the microbatch size is
-  problem-dependent", Sec. 1 and 5.5) and does not publish it.  Each row uses the micro-batch
-  size in {1, 2, 4, 8} that the tool predicts fastest among those that fit in 80 GB, as a user
-  sweeping it with the tool would pick.  The sweep is ``--sweep``; its outcome is recorded in
-  ``MICRO_BATCH`` (the test suite uses the record, the sweep takes ~4x as long) and the sweep
-  reports any row where the record is stale.
+The setup (Megatron-LM as the paper ran it: fp16, gradients all-reduced after the backward
+pass, full recomputation, the interleaving rule and the recorded micro-batch sizes) lives in
+:mod:`dml2comm.validate.narayanan`, which ``python main.py validate`` shares; see its docstring.
+``--sweep`` re-runs the micro-batch sweep (fastest size in {1, 2, 4, 8} that fits) instead of
+using the record ``MICRO_BATCH`` and reports any row where the record is stale (~4x as long).
 
     .venv/bin/python benchmarks/bench_narayanan.py [--sweep]
 """
@@ -34,73 +17,16 @@ Assumptions the table does not state, each chosen by a rule, not per row:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from dml2comm import zoo
-from dml2comm.analysis import analyze_graph
-from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
-from dml2comm.parallel.config import ParallelConfig
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
-TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "narayanan2021_table1.json"
-MICRO_BATCH_CANDIDATES = (1, 2, 4, 8)
-#: Outcome of ``--sweep`` (fastest micro-batch size that fits) per Table 1 row.
-MICRO_BATCH = {
-    "narayanan21_t1_1.7B": 8, "narayanan21_t1_3.6B": 8, "narayanan21_t1_7.5B": 8, "narayanan21_t1_18.4B": 8,
-    "narayanan21_t1_39.1B": 4, "narayanan21_t1_76.1B": 2, "narayanan21_t1_145.6B": 1, "narayanan21_t1_310.1B": 1,
-    "narayanan21_t1_529.6B": 1, "narayanan21_t1_1008.0B": 1,
-}
-
-
-def rows():
-    for r in json.loads(TABLE.read_text()):
-        m, p = r["model"], r["parallelism"]
-        yield r["id"], m, p, r["measured"]["tflops_per_gpu"]
-
-
-def model_chunks(layers: int, p: int, m: int) -> int:
-    """Model chunks per GPU of the interleaved schedule: the fewest (v >= 2) that split each
-    stage's layers evenly; 1 (plain 1F1B) without pipelining or where Megatron-LM cannot
-    interleave (m not a multiple of p, or a single layer per stage)."""
-    if p == 1 or m % p or layers % p:
-        return 1
-    per_stage = layers // p
-    return next((v for v in range(2, per_stage + 1) if per_stage % v == 0), 1)
-
-
-def predict(m, par, micro_batch=1, dtype="fp16", grad_reduce_dtype=None):
-    """(TFLOP/s per GPU by eq. (3), the Analysis) of one Table 1 row at ``micro_batch``."""
-    L, h, a, V, s = m["num_layers"], m["hidden_size"], m["num_attention_heads"], m["vocab_size"], m["seq_len"]
-    t, p, d, B = par["tensor"], par["pipeline"], par["data_derived"], par["global_batch"]
-    model = zoo.build_gpt(layers=L, hidden=h, heads=a, vocab=V, seq_len=s, ffn_hidden=m.get("ffn_hidden_size"))
-    imported = load_model_proto(model, ImportOptions(batch_size=micro_batch))
-    v = model_chunks(L, p, B // (micro_batch * d))
-    config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro_batch, global_batch_size=B, seq_len=s,
-                            recompute="full", schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
-                            overlap_grad_reduce=False, dtype=dtype, grad_reduce_dtype=grad_reduce_dtype)
-    cluster = replace(get_cluster("dgx-a100", t * p * d), collective_overhead_s=0.0)  # as the CLI: kernel time
-    analysis = analyze_graph(imported, config, cluster, advise=False, timeline=False)
-    flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-    return flops / analysis.summary["iteration_time_s"] / (t * p * d) / 1e12, analysis
-
-
-def best_micro_batch(m, par) -> tuple[int, float]:
-    """(micro-batch size, TFLOP/s per GPU): the fastest of MICRO_BATCH_CANDIDATES that fits."""
-    best = None
-    per_replica = par["global_batch"] // par["data_derived"]
-    for b in MICRO_BATCH_CANDIDATES:
-        if per_replica % b:
-            continue
-        pred, analysis = predict(m, par, b)
-        if analysis.summary["fits_in_memory"] and (best is None or pred > best[1]):
-            best = (b, pred)
-    if best is None:
-        raise SystemExit("no micro-batch size fits")
-    return best
+from dml2comm.validate.narayanan import (MICRO_BATCH, MICRO_BATCH_CANDIDATES, best_micro_batch, model_chunks,  # noqa: E402,F401
+                                         predict, rows)
 
 
 def main() -> None:

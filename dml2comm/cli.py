@@ -34,10 +34,11 @@ EXAMPLES = """examples:
   python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --workers 8
   python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
   python main.py trace torch_profile/ --processes 8 --out trace_out
+  python main.py validate --source vtrain --sample 100
   python main.py presets
 """
 
-SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace")
+SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace", "validate")
 
 
 _Parser = OneLineParser
@@ -468,6 +469,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dml2comm.search.command import run_compare_command
 
             return run_compare_command(argv[1:])
+        if argv and argv[0] == "validate":
+            from dml2comm.validate.command import run_validate_command
+
+            return run_validate_command(argv[1:])
         if not argv:
             analysis_parser().print_help()
             return 2

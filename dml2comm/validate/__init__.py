@@ -1,0 +1,23 @@
+"""Validation against bundled public measurements: ``python main.py validate``.
+
+Every source is a published measurement bundled in ``data/`` (provenance in
+``data/PROVENANCE.md``), read with :mod:`importlib.resources`, and a module that runs the tool on
+each of its cases exactly as a user would:
+
+- :mod:`~dml2comm.validate.narayanan`: Narayanan et al. 2021 Table 1 (TFLOP/s per GPU, 32-3,072 A100s);
+- :mod:`~dml2comm.validate.vtrain`: vTrain's 1,440 single-node Megatron-DeepSpeed runs (iteration
+  time), through the sweep's fast evaluator;
+- :mod:`~dml2comm.validate.korthikanti`: Korthikanti et al. 2022 Table 4 (one 22B layer's forward
+  and backward time);
+- :mod:`~dml2comm.validate.collectives`: measured NCCL all-reduces (A100, V100) and OpenXLA's
+  measured H100 collectives, costed as ``collective --cluster`` costs them;
+- :mod:`~dml2comm.validate.gemm`: OpenXLA's measured H100 bf16 matmuls, costed by the analysis's
+  op costing.
+
+:mod:`~dml2comm.validate.fit` refits the tool's fitted compute constant leave-one-source-out;
+:mod:`~dml2comm.validate.command` is the command front end.
+"""
+
+from dml2comm.validate.cases import SOURCES, Case, Source, scaled_cluster, summarize
+
+__all__ = ["SOURCES", "Case", "Source", "scaled_cluster", "summarize"]

@@ -1,0 +1,160 @@
+"""The ``validate`` subcommand: run the tool on every bundled public measurement.
+
+    python main.py validate                                  all sources, full sets, with LOSO
+    python main.py validate --source vtrain --sample 100     one source, a deterministic sample
+    python main.py validate --source nccl,xla_collectives --json --out val/
+
+Prints per source the number of cases, the mean / median absolute error, the signed mean and
+the worst error (and its case), then the leave-one-source-out refits
+(:mod:`dml2comm.validate.fit`); writes ``validation.csv`` (one row per case) and
+``validation.json`` (the summary) into ``--out``.  Bad input raises
+:class:`~dml2comm.errors.ConfigError` (one line; ``cli.py`` prints it, exit code 2, nothing
+written).  This module prints because it is a command front end, called only from ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.errors import ConfigError
+from dml2comm.export.files import publish_files
+from dml2comm.validate.cases import SOURCES, Case, Source, summarize
+from dml2comm.validate.fit import leave_one_source_out
+
+__all__ = ["run_validate_command", "validate", "validate_parser"]
+
+EXAMPLES = """examples:
+  python main.py validate
+  python main.py validate --source vtrain --sample 100
+  python main.py validate --source narayanan2021,korthikanti2022 --no-loso --out val/
+
+sources: """ + ", ".join(SOURCES) + """ (data and provenance: dml2comm/validate/data/PROVENANCE.md)
+error = predicted / measured - 1 of the quantity the source publishes (TFLOP/s per GPU for
+narayanan2021, a time for the others).
+"""
+
+
+class _Parser(OneLineParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"validate: {message} (see python main.py validate --help)")
+
+
+def validate_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python main.py validate", description="Run the tool on the bundled public measurements and report its errors.",
+                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", action="append", default=[], metavar="NAME[,NAME...]",
+                   help="sources to run (repeatable or comma-separated; default: all)")
+    p.add_argument("--sample", type=positive_int, metavar="N",
+                   help="at most N cases per source, a deterministic sample (default: every case)")
+    p.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits (faster)")
+    p.add_argument("--out", default=".", help="folder for validation.csv and validation.json (default: current folder)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    return p
+
+
+def _sources(names: Sequence[str]) -> list[Source]:
+    wanted = [n.strip() for text in names for n in text.split(",") if n.strip()]
+    if not wanted:
+        return list(SOURCES.values())
+    for name in wanted:
+        if name not in SOURCES:
+            raise ConfigError(f"unknown --source {name!r}; valid: {', '.join(SOURCES)}")
+    return [s for s in SOURCES.values() if s.name in wanted]
+
+
+def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = True) -> tuple[list[Case], dict[str, Any]]:
+    """(every case, the summary dict written as validation.json) for ``sources``."""
+    shipped = {src.name: src.cases(sample) for src in sources}
+
+    def evaluate(src: Source, scale: float) -> list[Case]:
+        return src.cases(sample, compute_scale=scale)
+
+    refits = leave_one_source_out(sources, evaluate, shipped) if loso else []
+    from dml2comm.cost import compute
+
+    constant = getattr(compute, "GEMM_E_MAX", None)
+    summary = {
+        "schema_version": 1,
+        "sample": sample,
+        "error_definition": "predicted / measured - 1",
+        "sources": {src.name: {"title": src.title, "target": src.target, "quantity": shipped[src.name][0].quantity if shipped[src.name] else None,
+                               "depends_on_fitted_constant": src.compute, "in_fit": src.fit,
+                               **summarize(shipped[src.name], src.subsets)} for src in sources},
+        "fitted_constant": {"name": "GEMM_E_MAX", "value": constant, "module": "dml2comm.cost.compute",
+                            "fitted_to": "narayanan2021 (Table 1)",
+                            "refit_as": "a factor s on the GPU's dense peak: GEMM_E_MAX x s"},
+        "loso": [r.to_dict() for r in refits],
+    }
+    return [c for src in sources for c in shipped[src.name]], summary
+
+
+def cases_csv(cases: Sequence[Case]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["source", "case", "quantity", "setup", "measured", "predicted", "error"])
+    for c in cases:
+        w.writerow([c.source, c.case_id, c.quantity, c.setup, repr(c.measured), repr(c.predicted), repr(c.error)])
+    return buf.getvalue()
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{x:+.1%}" if signed else f"{x:.1%}"
+
+
+def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int) -> None:
+    sample = summary["sample"]
+    print(f"validated {n} case(s) from {len(summary['sources'])} source(s) in {elapsed:.1f} s"
+          + (f" (at most {sample} per source, a deterministic sample)" if sample else " (full sets)"))
+    head = f"{'source':18} {'cases':>6} {'mean|err|':>9} {'median':>7} {'signed':>7} {'worst':>8}  worst case / target"
+    print(head)
+    print("-" * len(head))
+    for name, s in summary["sources"].items():
+        print(f"{name:18} {s['count']:>6} {_pct(s['mean_abs_error']):>9} {_pct(s['median_abs_error']):>7} "
+              f"{_pct(s['signed_mean_error'], True):>7} {_pct(s['worst_error'], True):>8}  {s['worst_case']}")
+        for sub in s["subsets"].values():
+            print(f"  {sub['label']:16} {sub['count']:>6} {_pct(sub['mean_abs_error']):>9} {_pct(sub['median_abs_error']):>7} "
+                  f"{_pct(sub['signed_mean_error'], True):>7} {_pct(sub['worst_error'], True):>8}  {sub['worst_case']}")
+        print(f"  {'target':16} {s['target']}")
+    if summary["loso"]:
+        const = summary["fitted_constant"]
+        value = const["value"]
+        print()
+        print(f"fitted constant {const['name']} = {value} (fitted to {const['fitted_to']}); refits as {const['refit_as']}:")
+        head = f"{'source':18} {'shipped':>8} {'in-sample':>10} {'s':>6} {'LOSO':>8} {'s':>6}  LOSO fitted on"
+        print(head)
+        print("-" * len(head))
+        for r in summary["loso"]:
+            s_in = "-" if r["in_sample_scale"] is None else f"{r['in_sample_scale']:.3f}"
+            s_lo = "-" if r["loso_scale"] is None else f"{r['loso_scale']:.3f}"
+            print(f"{r['source']:18} {_pct(r['shipped_mean_abs_error']):>8} {_pct(r['in_sample_mean_abs_error']):>10} {s_in:>6} "
+                  f"{_pct(r['loso_mean_abs_error']):>8} {s_lo:>6}  {', '.join(r['loso_fitted_on']) or '-'}")
+        if value is not None:
+            scales = sorted({r[k] for r in summary["loso"] for k in ("in_sample_scale", "loso_scale") if r[k] is not None})
+            print("  (" + ", ".join(f"s={s:.3f}: {const['name']} {value * s:.3f}" for s in scales) + ")")
+    print(f"wrote {out / 'validation.csv'} and {out / 'validation.json'}")
+
+
+def run_validate_command(argv: Sequence[str]) -> int:
+    args = validate_parser().parse_args(argv)
+    sources = _sources(args.source)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
+    start = time.perf_counter()
+    cases, summary = validate(sources, args.sample, loso=not args.no_loso)
+    elapsed = time.perf_counter() - start
+    publish_files(out, {"validation.csv": cases_csv(cases), "validation.json": json.dumps(summary, sort_keys=True, indent=1) + "\n"})
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        _print(summary, out, elapsed, len(cases))
+    return 0
