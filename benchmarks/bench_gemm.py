@@ -4,8 +4,7 @@
 
 Prints, per measured GPU and data type: the error of the analytical part alone against the
 table (all shapes and those of at least 1 GFLOP); the error of the interpolation when the K=1024
-layer of the grid is left out (interpolated from K=512 and K=2048); the error of today's model
-(``GEMM_E_MAX x tile x wave`` roofline of dml2comm/cost/compute.py) for comparison.  Then a few
+layer of the grid is left out (interpolated from K=512 and K=2048).  Then a few
 A100 efficiencies and the cost of a call (first call of a shape, then cached).
 """
 
@@ -16,7 +15,7 @@ import time
 
 import numpy as np
 
-from dml2comm.cost import compute, gemm
+from dml2comm.cost import gemm
 from dml2comm.hardware.gpus import get_gpu
 
 CASES = (("h100", "bf16"), ("h100", "tf32"), ("b200", "bf16"), ("b200", "tf32"), ("b200", "fp8"))
@@ -48,12 +47,6 @@ def main() -> None:
         mid = [i for i, x in enumerate(keys) if x[3] == 1024]
         interp = np.array([sub.time_s(keys[i]) for i in mid])
         print(f"  interpolation, K=1024 left out: {summary(interp / meas[mid] - 1, big[mid])}")
-        if dev.name in compute.SM_COUNT and dtype in ("bf16", "fp16"):
-            peak = dev.peak(dtype)
-            old = np.array([max(2 * math.prod(x) / (peak * compute.gemm_efficiency(*x, compute.SM_COUNT[dev.name])),
-                                2 * x[0] * (x[1] * x[3] + x[3] * x[2] + x[1] * x[2])
-                                / (dev.hbm_bytes_per_s * compute.HBM_EFFICIENCY)) for x in keys])
-            print(f"  today's model (E_MAX x tile x wave): {summary(old / meas - 1, big)}")
 
     print("A100 bf16 (no table: the shape law, sustained factor "
           f"{gemm.SUSTAINED_FACTOR['A100-SXM4-80GB']}):")
@@ -61,8 +54,7 @@ def main() -> None:
     for shape in ((1, 8192, 8192, 8192), (1, 4096, 4096, 4096), (1, 1024, 1024, 256), (1, 8192, 3 * 12288 // 8, 12288),
                   (1, 8192, 12288, 4 * 12288 // 8), (1, 12288, 4 * 12288 // 8, 8192), (96, 2048, 2048, 128)):
         g = gemm.gemm_efficiency(a100, "bf16", *shape)
-        print(f"  b={shape[0]:3d} M={shape[1]:6d} N={shape[2]:6d} K={shape[3]:6d}: {g:5.1%} of 312 TFLOP/s "
-              f"(today's model {compute.gemm_efficiency(*shape, 108):5.1%})")
+        print(f"  b={shape[0]:3d} M={shape[1]:6d} N={shape[2]:6d} K={shape[3]:6d}: {g:5.1%} of 312 TFLOP/s")
 
     rng = np.random.default_rng(0)
     shapes = [tuple(int(v) for v in row) for row in

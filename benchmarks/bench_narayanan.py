@@ -2,8 +2,8 @@
 s=2048, full recomputation, interleaved schedule).  TFLOP/s counts eq. (3)'s FLOPs, as the
 paper does: F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) per iteration.
 
-This table is the compute model's only calibration target (``GEMM_E_MAX`` in
-dml2comm/cost/compute.py); ``bench_heldout.py`` checks other published runs without tuning.
+This table is the compute model's only calibration target (the A100's sustained GEMM
+factor in dml2comm/cost/gemm.py, fitted by benchmarks/fit_a100.py); ``bench_heldout.py`` checks other published runs without tuning.
 
 The setup (Megatron-LM as the paper ran it: fp16, gradients all-reduced after the backward
 pass, full recomputation, the interleaving rule and the recorded micro-batch sizes) lives in

@@ -137,12 +137,13 @@ def test_module_constants_are_the_fit() -> None:
 
 
 def test_a100_numbers_are_sensible() -> None:
-    # No A100 table: the shape law with A100's 312 TFLOP/s, 108 SMs, 2.04 TB/s, f = 0.848.
+    # No A100 table: the shape law with A100's 312 TFLOP/s, 108 SMs, 2.04 TB/s, f = 0.732.
     big = gemm.gemm_efficiency(A100, "bf16", 1, 8192, 8192, 8192)
     small = gemm.gemm_efficiency(A100, "bf16", 1, 1024, 1024, 256)
     assert 0.70 <= big <= 0.85
     assert small < 0.3 < big
-    assert gemm.SUSTAINED_FACTOR["A100-SXM4-80GB"] == gemm.DEFAULT_SUSTAINED_FACTOR
+    # fitted on Narayanan et al. 2021 Table 1 (benchmarks/fit_a100.py), the same for both A100 presets
+    assert gemm.SUSTAINED_FACTOR["A100-SXM4-80GB"] == gemm.SUSTAINED_FACTOR["A100-SXM4-40GB"] == 0.732
 
 
 def test_split_k_for_small_outputs_with_long_k() -> None:
@@ -214,3 +215,72 @@ def test_backward_gemms_cost_their_own_shapes() -> None:
     g = gemm.training_gemms("MatMul", (1, 2048, 6144), (6144, 12288))
     times = [gemm.gemm_time_s(A100, "bf16", *s) for s in g]
     assert len(set(times)) == 3  # three shapes, three different times, same FLOPs
+
+
+# ------------------------------------------------------------------ wired into the op costing
+def _analyse(nodes, inputs, outputs, initializers=(), cluster_name="dgx-h100", batch=1):
+    from dataclasses import replace
+
+    import onnx
+    from onnx import helper
+
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.parallel.config import ParallelConfig
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(model)
+    cluster = replace(get_cluster(cluster_name, 1), collective_overhead_s=0.0)
+    config = ParallelConfig(dtype="bf16", micro_batch_size=batch, global_batch_size=batch)
+    analysis = analyze_graph(load_model_proto(model, ImportOptions(batch_size=batch)), config, cluster,
+                             advise=False, timeline=False)
+    return {op.name: op for op in analysis.ops}
+
+
+def test_op_costing_times_linear_and_attention_matmuls_with_the_gemm_model() -> None:
+    """The analysis times a MatMul by gemm_time_s: forward at its own shape, backward as the
+    data-gradient plus the weight-gradient GEMM, each at its own shape (training_gemms)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.zeros((4096, 1024), dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="linear"),
+             helper.make_node("MatMul", ["q", "k"], ["s"], name="scores")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1024, 4096]),
+              helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", 4, 512, 64]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, ["batch", 4, 64, 512])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1024, 1024]),
+               helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 4, 512, 512])]
+    ops = _analyse(nodes, inputs, outputs, [w], batch=2)
+    t = lambda *shape: gemm.gemm_time_s(H100, "bf16", *shape)  # noqa: E731
+    # linear: the 2 x 1024 tokens flatten into M = 2048 rows; dX = dY W^T (2048, 4096, K=1024);
+    # dW = X^T dY (4096, 1024, K=2048): all on the measured grid, so the table's values
+    assert ops["linear"].time_fwd_s == t(1, 2048, 1024, 4096)
+    assert ops["linear"].time_bwd_s == t(1, 2048, 4096, 1024) + t(1, 4096, 1024, 2048)
+    # attention scores: 2 x 4 products [512, 64] @ [64, 512]; K = 64 and b = 8 are outside the
+    # grid (analytical, bounded by the table); backward dQ (8, 512, 64, 512), dK (8, 64, 512, 512)
+    assert ops["scores"].time_fwd_s == t(8, 512, 512, 64)
+    assert ops["scores"].time_bwd_s == t(8, 512, 64, 512) + t(8, 64, 512, 512)
+    assert ops["linear"].time_bwd_s != 2 * ops["linear"].time_fwd_s
+
+
+def test_gemm_bias_flops_are_added_at_the_flop_efficiency() -> None:
+    """Gemm Y = A B + C on A100 (no table): the GEMM model's time plus the bias's M N FLOPs at
+    peak x FLOP_EFFICIENCY (forward) and 2 M N (backward, the rule's 2x)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dml2comm.cost.compute import FLOP_EFFICIENCY
+
+    inits = [numpy_helper.from_array(np.zeros((1024, 2048), dtype=np.float32), "w"),
+             numpy_helper.from_array(np.zeros((2048,), dtype=np.float32), "c")]
+    nodes = [helper.make_node("Gemm", ["a", "w", "c"], ["y"], name="fc")]
+    ops = _analyse(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 1024])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2048])], inits, "dgx-a100", batch=4096)
+    t = lambda *shape: gemm.gemm_time_s(A100, "bf16", *shape)  # noqa: E731
+    rate = 312e12 * FLOP_EFFICIENCY
+    assert ops["fc"].time_fwd_s == pytest.approx(t(1, 4096, 2048, 1024) + 4096 * 2048 / rate, rel=1e-12)
+    assert ops["fc"].time_bwd_s == pytest.approx(t(1, 4096, 1024, 2048) + t(1, 1024, 2048, 4096) + 2 * 4096 * 2048 / rate,
+                                                 rel=1e-12)

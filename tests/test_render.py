@@ -108,8 +108,8 @@ digraph G {
   node [fontname="Helvetica", fontsize=11, shape=box, style="rounded,filled", fillcolor="#ffffff", color="#5f6368", penwidth=1, margin="0.12,0.05"];
   edge [fontname="Helvetica", fontsize=9, color="#5f6368", arrowsize=0.7, penwidth=1.1];
   n0 [id=n0, label=<<B>Relu</B><BR/><FONT POINT-SIZE="9">2×8×32</FONT>>, fillcolor="#ffffcc", fontcolor="#1a1a1a"];
-  n1 [id=n1, label=<<B>MatMul</B><BR/><FONT POINT-SIZE="9">2×8×16</FONT>>, fillcolor="#feb24c", fontcolor="#1a1a1a"];
-  n2 [id=n2, label=<<B>AllReduce</B><BR/><FONT POINT-SIZE="9">fwd · 512 B · 6.8 µs</FONT>>, shape="hexagon", style="filled", color="#08306b", margin="0.02,0.02", fillcolor="#08519c", fontcolor="#ffffff"];
+  n1 [id=n1, label=<<B>MatMul</B><BR/><FONT POINT-SIZE="9">2×8×16</FONT>>, fillcolor="#fd8d3c", fontcolor="#1a1a1a"];
+  n2 [id=n2, label=<<B>AllReduce</B><BR/><FONT POINT-SIZE="9">fwd · 512 B · 6.8 µs</FONT>>, shape="hexagon", style="filled", color="#08306b", margin="0.02,0.02", fillcolor="#2171b5", fontcolor="#ffffff"];
   n1 -> n2 [id=e0, color="#08519c"];
   n3 [id=n3, label=<<B>from previous layer</B><BR/><FONT POINT-SIZE="9">2×8×32</FONT>>, shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043"];
   n3 -> n0 [id=e1];

@@ -73,17 +73,22 @@ def test_vtrain_vocab_padding_as_megatron():
     assert [vtrain.padded_vocab(50257, t) for t in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
 
 
-def test_compute_scale_is_gemm_e_max_times_s_on_a_compute_bound_matmul():
-    """Scaling the GPU's peak by s divides a compute-bound op's time by s exactly (the refit's
-    override); b=4, m=n=k=4096 on H100 bf16 is far above the roofline ridge (AI ~ 1,365 FLOP/B)."""
+def test_compute_scale_scales_the_a100_sustained_factor_on_a_compute_bound_matmul():
+    """Scaling the GPU's peak by s divides a compute-bound A100 GEMM's main-loop time by s
+    exactly: the A100 has no measured table, its analytical time is the main loop (FLOPs over
+    peak x f x shape terms, with f the sustained factor) plus the fixed kernel latency
+    SHAPE_LAW.latency_s, which does not scale.  b=4, m=n=k=4096 bf16 is far above the
+    roofline ridge (AI ~ 1,365 FLOP/B vs 312e12 / 2.04e12 ~ 153) and picks no split-K."""
+    from dml2comm.cost.gemm import SHAPE_LAW
+
     big = [(4, 4096, 4096, 4096)]
     imported = load_model_proto(gemm.matmul_model(big), ImportOptions(batch_size=1))
-    cluster = replace(get_cluster("dgx-h100", 1), collective_overhead_s=0.0)
+    cluster = replace(get_cluster("dgx-a100", 1), collective_overhead_s=0.0)
     times = []
     for s in (1.0, 1.25):
         analysis = analyze_graph(imported, ParallelConfig(dtype="bf16"), scaled_cluster(cluster, s), advise=False, timeline=False)
-        times.append(next(op.time_fwd_s for op in analysis.ops if op.op_type == "MatMul"))
-    assert times[1] == pytest.approx(times[0] / 1.25, rel=1e-12)
+        times.append(next(op.time_fwd_s for op in analysis.ops if op.op_type == "MatMul") - SHAPE_LAW.latency_s)
+    assert times[1] == pytest.approx(times[0] / 1.25, rel=1e-9)
     assert scaled_cluster(cluster, 1.0) is cluster
     assert cluster.gpu.peak_flops("bf16") * 1.25 == scaled_cluster(cluster, 1.25).gpu.peak_flops("bf16")
 
@@ -117,7 +122,8 @@ def test_narayanan_shares_the_benchmark_setup_and_reproduces_it():
 
 @pytest.mark.slow
 def test_narayanan_source_every_row_and_mean_alarm(tmp_path):
-    """Target: every row within 5%.  Alarm: mean |error| 2.5% today (+4.6% worst, 1.7B) -> 3.5%."""
+    """Target: every row within 5%.  Alarm: mean |error| 2.1% today (worst 4.2%: -4.2% 7.5B,
+    +4.2% 76.1B; the A100 sustained GEMM factor is fitted on these rows) -> 3.5%."""
     summary, rows = _run(tmp_path, "--source", "narayanan2021", "--no-loso")
     s = summary["sources"]["narayanan2021"]
     assert s["count"] == 10 == len(rows)
@@ -127,8 +133,9 @@ def test_narayanan_source_every_row_and_mean_alarm(tmp_path):
 
 def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     """--sample 40 (deterministic) of vTrain and the ten Korthikanti cases, with the
-    leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 34.3% -> 40%;
-    Korthikanti 9.7% -> 12%."""
+    leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 32.8% -> 40%;
+    Korthikanti 12.1% -> 14% (too slow: the A100 factor fitted end to end on Narayanan is below
+    what one layer's kernels sustain; in-sample Korthikanti alone wants s ~ 1.17)."""
     summary, rows = _run(tmp_path, "--source", "vtrain", "--source", "korthikanti2022", "--sample", "40")
     assert [r["source"] for r in rows] == ["vtrain"] * 40 + ["korthikanti2022"] * 10
     for r in rows:
@@ -136,7 +143,7 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     v, k = summary["sources"]["vtrain"], summary["sources"]["korthikanti2022"]
     assert (v["count"], k["count"], summary["sample"]) == (40, 10, 40)
     assert v["mean_abs_error"] <= 0.40
-    assert k["mean_abs_error"] <= 0.12
+    assert k["mean_abs_error"] <= 0.14
     loso = {r["source"]: r for r in summary["loso"]}
     assert loso["vtrain"]["loso_fitted_on"] == ["korthikanti2022"]
     assert loso["korthikanti2022"]["loso_fitted_on"] == ["vtrain"]
@@ -155,7 +162,8 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
 def test_collective_and_gemm_sources_sampled(tmp_path):
     """Alarms (today + margin, --sample 40): NCCL mean 1.9% -> 3% (A100 rows within 10%, the
     target); H100 collectives >= 16 MiB mean 16.3% -> 20%, all sizes median 52.7% -> 60%;
-    H100 bf16 GEMMs >= 1 GFLOP median 38.5% -> 45%."""
+    H100 bf16 GEMMs >= 1 GFLOP, the held-out half (the analytical model refitted without it),
+    median 3.3% -> 5%."""
     summary, rows = _run(tmp_path, "--source", "nccl,xla_collectives,gemm", "--sample", "40", "--no-loso")
     nccl, xla, mm = (summary["sources"][n] for n in ("nccl", "xla_collectives", "gemm"))
     assert (nccl["count"], xla["count"], mm["count"]) == (14, 40, 40)
@@ -164,7 +172,7 @@ def test_collective_and_gemm_sources_sampled(tmp_path):
     assert all(abs(float(r["error"])) <= 0.10 for r in rows if r["case"].startswith("A100/"))
     assert xla["subsets"][">=16MiB"]["mean_abs_error"] <= 0.20
     assert xla["median_abs_error"] <= 0.60
-    assert mm["subsets"][">=1GFLOP"]["median_abs_error"] <= 0.45
+    assert mm["subsets"][">=1GFLOP"]["median_abs_error"] <= 0.05
     # a GEMM case's measured time is 2 b m n k / the table's throughput (first row: 6.7216 TFLOP/s at 256^3)
     assert gemm.shapes()[0] == (1, 256, 256, 256, 6721641025641.0)
     throughput = {f"b{b}_m{m}_n{n}_k{k}": (2 * b * m * n * k, f) for b, m, n, k, f in gemm.shapes()}

@@ -1,25 +1,24 @@
 """Compute time of one op and of the optimizer step on one GPU: a roofline with efficiencies.
 
-time = max(FLOPs / (peak x e_gemm), bytes / (HBM bandwidth x e_hbm))  (Williams, Waterman,
-Patterson, "Roofline", CACM 2009), where
+time = max(FLOPs / (peak x e), bytes / (HBM bandwidth x e_hbm))  (Williams, Waterman, Patterson,
+"Roofline", CACM 2009), except for matrix multiplications, where
 
-- ``e_gemm`` applies to matrix multiplications (MatMul, Gemm, Conv as implicit GEMM) and
-  depends on their shape and on the GPU: ``E_MAX x tile(M, N) x wave(M, N, batch, SMs)``,
-  the two dimension-quantisation effects of NVIDIA's "Matrix Multiplication Background"
-  guide (Deep Learning Performance documentation, Sec. 3): the output is cut into 256 x 128
-  tiles; ``tile`` is the share of the launched tiles' area that is inside the output
-  (``M N / (ceil(M/256) 256 ceil(N/128) 128)``, Sec. 3.1), and ``wave`` the share of the last
-  wave of tiles that is used, one tile per SM at a time (``tiles / (ceil(tiles/SMs) SMs)``,
-  Sec. 3.2).  ``E_MAX``, the share of peak a large, well-shaped GEMM reaches in training
-  (``GEMM_E_MAX``), is the one fitted parameter.  A short-K penalty ``K / (K + K0)`` was tried
-  is left out (an earlier fit chose K0 = 0).
+- MatMul, Gemm and Conv (as implicit GEMM) are timed by the shape-aware GEMM model of
+  :mod:`dml2comm.cost.gemm` (:func:`~dml2comm.cost.gemm.gemm_time_s`: OpenXLA's measured H100/B200
+  tables inside their grid, an analytical tile/split-K/wave model with a per-GPU sustained factor
+  elsewhere), with the forward, data-gradient and weight-gradient GEMMs each at its own shape
+  (:func:`~dml2comm.cost.gemm.training_gemms`); :func:`gemm_dims` gives a Conv's implicit-GEMM
+  shape.  The wiring is in :func:`dml2comm.cost.ops.op_costs`.
+- ``e`` = :data:`FLOP_EFFICIENCY` applies to the FLOP-bound work outside the GEMM model: fused
+  point-wise kernels, Einsum and fused-attention ops, and GEMMs on a GPU without an SM count.
 - ``e_hbm`` applies to memory-bound ops: the share of the HBM bandwidth a streaming kernel
   reaches (STREAM-like copies on A100 reach about 1.7-1.8 of 2.04 TB/s).
 - Point-wise chains run as fused kernels (Megatron-LM's fused bias-GeLU, bias-dropout-add and
   scale-mask-softmax; the attention dropout after the softmax is its own kernel): see
   ``fused_kernels`` and ``fuse_pointwise`` in :mod:`dml2comm.cost.ops`.
 
-Calibration: Narayanan et al. 2021 Table 1 (A100, ten GPT runs from 1.7B to 1T parameters;
+Calibration: the A100's sustained GEMM factor (:data:`dml2comm.cost.gemm.SUSTAINED_FACTOR`) is
+fitted to Narayanan et al. 2021 Table 1 (A100, ten GPT runs from 1.7B to 1T parameters;
 ``benchmarks/bench_narayanan.py`` prints every row, all within 5%), checked on held-out runs
 by ``benchmarks/bench_heldout.py``.
 """
@@ -28,29 +27,19 @@ from __future__ import annotations
 
 from dml2comm.ops.registry import OpCost
 
-__all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "gemm_efficiency", "gemm_dims",
-           "SM_COUNT", "GEMM_E_MAX", "HBM_EFFICIENCY"]
+__all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "gemm_dims", "FLOP_EFFICIENCY",
+           "GEMM_E_MAX", "HBM_EFFICIENCY"]
 
-#: Streaming multiprocessors (compute units) per GPU, from the vendors' architecture
-#: whitepapers: A100 108 (NVIDIA A100 Tensor Core GPU Architecture, 2020), H100 SXM5 and H200 132
-#: (NVIDIA H100 Tensor Core GPU Architecture, 2022; H200 is the same GH100 configuration),
-#: V100 80 (NVIDIA Tesla V100 GPU Architecture, 2017), RTX A6000 84 (NVIDIA Ampere GA102 GPU
-#: Architecture, 2021), L40S 142 (NVIDIA ADA GPU Architecture, 2023), MI300X 304 CUs (AMD
-#: CDNA 3 Architecture white paper, 2023).
-SM_COUNT = {
-    "A100-SXM4-80GB": 108, "A100-SXM4-40GB": 108, "H100-SXM5-80GB": 132, "H200-SXM-141GB": 132,
-    "V100-SXM2-32GB": 80, "RTX-A6000": 84, "L40S": 142, "MI300X": 304,
-}
-#: Output tile of a large GEMM kernel (NVIDIA "Matrix Multiplication Background", Sec. 2.3 and
-#: 3: cuBLAS's most efficient A100 tensor-core tile, 256 x 128).
-TILE_M, TILE_N = 256, 128
-#: Share of the dense peak a large, well-shaped GEMM reaches inside a training step, the one
-#: fitted parameter: fitted to Narayanan et al. 2021 Table 1 and nothing else
-#: (benchmarks/bench_narayanan.py prints every row: all ten within 5%).  For scale: cuBLAS
-#: FP16/BF16 GEMMs of a few thousand per side reach about 230-260 of 312 TFLOP/s on A100 when
-#: timed alone (0.74-0.83); back-to-back in a training step, with sustained clocks often below
-#: the 1.41 GHz boost clock the peak assumes (400 W power limit), the share is a little lower.
-GEMM_E_MAX = 0.685  # refitted when fused kernels stopped spanning blocks (was 0.68)
+#: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
+#: kernels, Einsum and fused-attention ops, GEMMs on a GPU without an SM count).  This was the
+#: fitted ``GEMM_E_MAX`` of the earlier one-constant GEMM model (``E_MAX x tile x wave``, fitted
+#: to Narayanan et al. 2021 Table 1); it is kept at that value, not refitted, for these
+#: secondary kernels (on the bundled GPT runs they are memory-bound, so it rarely matters).
+#: For scale: cuBLAS FP16/BF16 GEMMs of a few thousand per side reach about 230-260 of
+#: 312 TFLOP/s on A100 when timed alone (0.74-0.83).
+FLOP_EFFICIENCY = 0.685
+#: The former name of :data:`FLOP_EFFICIENCY`, still read by ``analysis.py``'s assumptions text.
+GEMM_E_MAX = FLOP_EFFICIENCY
 #: Achieved share of HBM bandwidth for streaming kernels (STREAM-like copies on A100 reach
 #: about 1.7-1.8 TB/s of 2.04 TB/s; e.g. the "GPU-STREAM"/BabelStream A100 results).
 HBM_EFFICIENCY = 0.85
@@ -94,17 +83,6 @@ def gemm_dims(op_type: str, inputs, attrs, outputs=()) -> tuple[int, int, int, i
         y = outputs[0].shape if outputs and outputs[0] is not None else x
         return group, x[0] * math.prod(y[2:]), w[0] // group, w[1] * math.prod(w[2:])
     return None
-
-
-def gemm_efficiency(batch: int, m: int, n: int, k: int, sms: int, e_max: float = GEMM_E_MAX) -> float:
-    """Share of peak a GEMM of this shape reaches: ``e_max x tile x wave`` (module docstring);
-    ``k`` does not enter."""
-    rows, cols = -(-m // TILE_M), -(-n // TILE_N)
-    tile = (m * n) / (rows * TILE_M * cols * TILE_N) if rows and cols else 1.0
-    tiles = batch * rows * cols
-    waves = -(-tiles // sms)
-    wave = tiles / (waves * sms) if waves else 1.0
-    return e_max * tile * wave
 
 
 def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:

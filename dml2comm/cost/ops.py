@@ -1,7 +1,10 @@
 """Every op's cost and time on its tensor-parallel shard, with point-wise chains fused.
 
-One op's FLOPs and bytes come from its rule (:mod:`dml2comm.ops.registry`), its time from the
-roofline with the shape-dependent GEMM efficiency (:mod:`dml2comm.cost.compute`).  Point-wise
+One op's FLOPs and bytes come from its rule (:mod:`dml2comm.ops.registry`); a matrix product's
+time (MatMul, Gemm, Conv as implicit GEMM) from the shape-aware GEMM model
+(:func:`dml2comm.cost.gemm.gemm_time_s`), its forward, data-gradient and weight-gradient GEMMs
+each at its own shape (:func:`dml2comm.cost.gemm.training_gemms`); every other op's time from the
+roofline (:mod:`dml2comm.cost.compute`).  Point-wise
 chains then run as fused kernels (:func:`fused_kernels`, :func:`fuse_pointwise`): Megatron-LM's
 fused bias-GeLU, bias-dropout-add and scale-mask-softmax (Narayanan et al. 2021, Sec. 4.2).
 
@@ -19,16 +22,17 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from dml2comm.cost.cache import CacheKey, derived, tensor_parallel_of
-from dml2comm.cost.compute import GEMM_E_MAX, HBM_EFFICIENCY, SM_COUNT, gemm_dims, gemm_efficiency, op_times_s, roofline_s
+from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY, gemm_dims, op_times_s, roofline_s
+from dml2comm.cost.gemm import GemmShape, TrainingGemms, gemm_time_s, training_gemms
 from dml2comm.cost.memory import POINTWISE_OPS, fusible_regions
 from dml2comm.hardware.gpus import GPU
-from dml2comm.ir.graph import DType, OpGraph, Tensor
+from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES
 from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
-           "infer_seq_len", "is_attention_core", "attention_core_flags", "OpCostsKey", "OpSignaturesKey",
+           "infer_seq_len", "is_attention_core", "attention_core_flags", "op_gemms", "gemm_op_times_s", "OpCostsKey", "OpSignaturesKey",
            "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
@@ -55,8 +59,8 @@ class OpCosts(NamedTuple):
 # ----------------------------------------------------------------------------- cache keys
 @dataclass(frozen=True, slots=True)
 class OpCostsKey(CacheKey):
-    """:func:`shard_op_costs`: the shard (t, SP, dtype), the GPU (its name picks the SM count
-    of the GEMM efficiency; peak FLOP/s in ``dtype`` and HBM bandwidth) and ``--lenient``."""
+    """:func:`shard_op_costs`: the shard (t, SP, dtype), the GPU (its name picks the GEMM
+    model's table and sustained factor; peak FLOP/s in ``dtype`` and HBM bandwidth) and ``--lenient``."""
 
     tp_size: int
     sequence_parallel: bool
@@ -120,8 +124,9 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     train
         Training element type: float operands are costed in it.
     gpu, peak, hbm
-        The GPU (its name gives the SM count of :func:`~dml2comm.cost.compute.gemm_efficiency`),
-        its dense peak in ``train`` (FLOP/s) and HBM bandwidth (bytes/s).
+        The GPU (the GEMM model reads its SM count, peaks and name:
+        :func:`~dml2comm.cost.gemm.gemm_time_s`), its dense peak in ``train`` (FLOP/s) and HBM
+        bandwidth (bytes/s).
     lenient
         Cost ops without a rule as memory-bound (their types in ``fallback_types``) instead of
         raising :class:`~dml2comm.errors.UnsupportedOpError`.
@@ -129,8 +134,9 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     Returns
     -------
     OpCosts
-        Times are the roofline (Williams et al. 2009) with ``GEMM_E_MAX`` x tile and wave
-        quantisation and ``HBM_EFFICIENCY``, then point-wise chains fused (:func:`fuse_pointwise`).
+        Times: matrix products by the GEMM model (:func:`gemm_op_times_s`), every other op by
+        the roofline (Williams et al. 2009) with ``FLOP_EFFICIENCY`` and ``HBM_EFFICIENCY``; then
+        point-wise chains fused (:func:`fuse_pointwise`).
     """
 
     def train_view(t: Tensor | None) -> Tensor | None:
@@ -140,7 +146,6 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     times: list[tuple[float, float]] = []
     fallback_types: set[str] = set()
     full_flops: list[float] = []
-    sms = SM_COUNT.get(gpu.name)
     # an op's cost and times depend on its type, attributes and operands' shapes and kinds only
     # (the cost rules read no names): repeated blocks, and the same op under another sharding
     # that leaves its operands alike, are costed once per graph
@@ -154,17 +159,60 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         hit = known.get(key)
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
-            dims = gemm_dims(op.op_type, ins, op.attrs, outs) if sms else None
-            eff = gemm_efficiency(*dims, sms) if dims else GEMM_E_MAX
-            hit = known[key] = (c, op_times_s(c, peak, hbm, eff, HBM_EFFICIENCY))
+            gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak)
+            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, HBM_EFFICIENCY))
         c, t = hit
         if c.fallback:
             fallback_types.add(op.op_type)
         costs.append(c)
         times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
-    times = fuse_pointwise(graph, tp, train, costs, times, peak * GEMM_E_MAX, hbm * HBM_EFFICIENCY)
+    times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * HBM_EFFICIENCY)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def op_gemms(op_type: str, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None], attrs) -> TrainingGemms | None:
+    """The forward, data-gradient and weight-gradient GEMMs of a MatMul, Gemm or Conv on float
+    operands of known shape, or None (another op, an operand missing or not float).
+
+    MatMul and Gemm: :func:`~dml2comm.cost.gemm.training_gemms`.  Conv as implicit GEMM
+    (``Y[N P Q, Cout] = im2col(X)[N P Q, Cin R S] @ W[Cin R S, Cout]`` per group, NVIDIA "Convolutional
+    Layers User's Guide", Sec. "Convolution Algorithms" / implicit GEMM): the same three GEMMs as a
+    linear layer of that shape, dX by ``dY @ W^T`` and dW by ``im2col(X)^T @ dY``."""
+    if op_type not in ("MatMul", "Gemm", "Conv") or len(ins) < 2:
+        return None
+    a, b = ins[0], ins[1]
+    if a is None or b is None or not (a.dtype.is_float and b.dtype.is_float):
+        return None
+    if op_type == "Conv":
+        dims = gemm_dims(op_type, ins, attrs, outs)
+        if dims is None:
+            return None
+        g, m, n, k = dims
+        return TrainingGemms(GemmShape(g, m, n, k), GemmShape(g, m, k, n), GemmShape(g, k, n, m))
+    return training_gemms(op_type, a.shape, b.shape, attrs)
+
+
+def gemm_op_times_s(op: Op, cost: OpCost, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None], train: DType,
+                    gpu: GPU, peak: float) -> tuple[float, float] | None:
+    """(forward, backward) seconds of a matrix product by the GEMM model, or None where
+    :func:`op_gemms` has none (the caller uses the roofline).
+
+    forward = ``gemm_time_s(forward)``; backward = ``gemm_time_s(data_grad) +
+    gemm_time_s(weight_grad)`` (both gradients, as the 2x-forward FLOP rule counts; Narayanan et
+    al. 2021, eq. (3)); each includes the GEMM model's fixed kernel latency.  FLOPs of the op's
+    rule (``cost``) beyond the GEMMs (a Gemm's bias, ``alpha``, ``beta``; a Conv's bias) are added
+    at ``peak x FLOP_EFFICIENCY``.  Times ``op.repeat`` (Loop/Scan bodies run once per iteration)."""
+    gemms = op_gemms(op.op_type, ins, outs, op.attrs)
+    if gemms is None:
+        return None
+    label, n = train.label, op.repeat
+    fwd = gemm_time_s(gpu, label, *gemms.forward) * n
+    bwd = (gemm_time_s(gpu, label, *gemms.data_grad) + gemm_time_s(gpu, label, *gemms.weight_grad)) * n
+    rate = peak * FLOP_EFFICIENCY
+    extra_fwd = max(0.0, cost.flops_fwd - n * gemms.forward.flops)
+    extra_bwd = max(0.0, cost.flops_bwd - n * (gemms.data_grad.flops + gemms.weight_grad.flops))
+    return fwd + extra_fwd / rate, bwd + extra_bwd / rate
 
 
 def _op_signatures(graph: OpGraph) -> list[str]:
@@ -219,7 +267,7 @@ def fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train: DType, costs: 
     tensors leaving it once (not every intermediate); the region's time is spread over its ops
     in proportion to their unfused times, so per-op figures still add up.
 
-    ``peak`` and ``hbm`` are the achieved rates (FLOP/s x ``GEMM_E_MAX``, bytes/s x
+    ``peak`` and ``hbm`` are the achieved rates (FLOP/s x ``FLOP_EFFICIENCY``, bytes/s x
     ``HBM_EFFICIENCY``); each region is timed with :func:`~dml2comm.cost.compute.roofline_s`."""
     size: dict[str, float] = {}
     for op, shard in zip(graph.ops, tp.shards):

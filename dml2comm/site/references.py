@@ -16,7 +16,7 @@ import inspect
 import pkgutil
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from dml2comm.analysis import Analysis
 from dml2comm.render.fmt import fmt_bytes, fmt_flops, fmt_s
@@ -28,6 +28,7 @@ __all__ = ["DocEntry", "Section", "reference_sections", "preset_tables"]
 MODULES: tuple[tuple[str, str], ...] = (
     ("Analysis: how the pieces are chained", "dml2comm.analysis"),
     ("Compute time (roofline)", "dml2comm.cost.compute"),
+    ("GEMM time: measured tables and the shape law", "dml2comm.cost.gemm"),
     ("Op costs and fused kernels", "dml2comm.cost.ops"),
     ("Memory per GPU", "dml2comm.cost.memory"),
     ("Pipeline schedules", "dml2comm.sim.schedules"),
@@ -86,7 +87,12 @@ def _constants(module: Any) -> tuple[Constant, ...]:
         m = _CONST.match(line)
         if m and comment:
             value = getattr(module, m.group(1), m.group(2))
-            text = repr(value) if isinstance(value, (int, float, str)) else m.group(2).strip()
+            if isinstance(value, (int, float, str)):
+                text = repr(value)
+            elif isinstance(value, Mapping) and all(isinstance(v, (int, float, str)) for v in value.values()):
+                text = repr(dict(value))  # a table of numbers (e.g. a fitted factor per GPU)
+            else:
+                text = m.group(2).strip()
             if len(text) > 120:
                 text = text[:117] + "..."
             out.append(Constant(m.group(1), text, " ".join(comment)))

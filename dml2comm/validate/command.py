@@ -33,7 +33,7 @@ __all__ = ["run_validate_command", "validate", "validate_parser"]
 EXAMPLES = """examples:
   python main.py validate
   python main.py validate --source vtrain --sample 100
-  python main.py validate --source narayanan2021,korthikanti2022 --no-loso --out val/
+  python main.py validate --source narayanan2021,korthikanti2022 --no-loso --out out/validate-two
 
 sources: """ + ", ".join(SOURCES) + """ (data and provenance: dml2comm/validate/data/PROVENANCE.md)
 error = predicted / measured - 1 of the quantity the source publishes (TFLOP/s per GPU for
@@ -54,7 +54,7 @@ def validate_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=positive_int, metavar="N",
                    help="at most N cases per source, a deterministic sample (default: every case)")
     p.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits (faster)")
-    p.add_argument("--out", default=".", help="folder for validation.csv and validation.json (default: current folder)")
+    p.add_argument("--out", default="out/validate", help="folder for validation.csv and validation.json (default: out/validate)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     return p
 
@@ -77,9 +77,9 @@ def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = 
         return src.cases(sample, compute_scale=scale)
 
     refits = leave_one_source_out(sources, evaluate, shipped) if loso else []
-    from dml2comm.cost import compute
+    from dml2comm.cost import gemm
 
-    constant = getattr(compute, "GEMM_E_MAX", None)
+    constant = gemm.SUSTAINED_FACTOR.get("A100-SXM4-80GB")
     summary = {
         "schema_version": 1,
         "sample": sample,
@@ -87,9 +87,9 @@ def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = 
         "sources": {src.name: {"title": src.title, "target": src.target, "quantity": shipped[src.name][0].quantity if shipped[src.name] else None,
                                "depends_on_fitted_constant": src.compute, "in_fit": src.fit,
                                **summarize(shipped[src.name], src.subsets)} for src in sources},
-        "fitted_constant": {"name": "GEMM_E_MAX", "value": constant, "module": "dml2comm.cost.compute",
+        "fitted_constant": {"name": "SUSTAINED_FACTOR['A100-SXM4-80GB']", "value": constant, "module": "dml2comm.cost.gemm",
                             "fitted_to": "narayanan2021 (Table 1)",
-                            "refit_as": "a factor s on the GPU's dense peak: GEMM_E_MAX x s"},
+                            "refit_as": "a factor s on the GPU's dense peak: SUSTAINED_FACTOR x s up to fixed latencies"},
         "loso": [r.to_dict() for r in refits],
     }
     return [c for src in sources for c in shipped[src.name]], summary

@@ -2,21 +2,21 @@
 
 What is fitted to what
 ----------------------
-The tool has one fitted constant that the bundled sets bear on: ``GEMM_E_MAX`` (the share of a
-GPU's dense peak a large GEMM reaches in a training step, :mod:`dml2comm.cost.compute`), fitted
-to Narayanan et al. 2021 Table 1 alone.  It is refitted here as a factor ``s`` on the GPU's peak
-(:func:`~dml2comm.validate.cases.scaled_cluster`: exactly ``GEMM_E_MAX x s``) on the
+The tool has one fitted constant that the bundled sets bear on: the A100's sustained GEMM factor
+(``SUSTAINED_FACTOR["A100-SXM4-80GB"]`` in :mod:`dml2comm.cost.gemm`: the share of the dense peak
+a large, well-tiled GEMM sustains in a training step), fitted to Narayanan et al. 2021 Table 1
+alone (``benchmarks/fit_a100.py``).  It is refitted here as a factor ``s`` on the GPU's peak
+(:func:`~dml2comm.validate.cases.scaled_cluster`: ``f x s`` up to fixed latencies) on the
 training-step sources (``Source.fit``: Narayanan 2021, vTrain, Korthikanti 2022):
 
 - *in-sample*: ``s`` fitted on every selected training-step source, the source's error at it;
 - *leave-one-source-out* (LOSO): ``s`` fitted on the other selected training-step sources, the
   left-out source's error at it (the figure to expect on a run of a kind never fitted to).
-  Sources outside the fit (the GEMM table) get the in-sample fit, which excludes them.
+  Sources outside the fit get the in-sample fit, which excludes them.
 
 The objective is the mean over the fitted sources of each source's mean absolute error (each
 source weighs the same, whatever its number of cases).  The search is bounded to
-``s`` in [:data:`LOW`, :data:`HIGH`] (``GEMM_E_MAX x s`` from 0.34 to 0.99: a share of peak
-must stay below 1): every case is evaluated for real at the :data:`GRID` scales, its prediction
+``s`` in [:data:`LOW`, :data:`HIGH`] (``f x s`` from 0.37 to 1.06 for the A100's 0.732): every case is evaluated for real at the :data:`GRID` scales, its prediction
 interpolated linearly in ``1/s`` between them (a compute-bound time is proportional to ``1/s``),
 the interpolated objective scanned at steps of 0.001, and the errors reported at the chosen
 ``s`` come from real evaluations again, never from the interpolation.

@@ -2,8 +2,8 @@
 schedule): predicted vs measured TFLOP/s per GPU.  TFLOP/s counts eq. (3)'s FLOPs, as the
 paper does: F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) per iteration.
 
-This table is the compute model's only calibration target (``GEMM_E_MAX`` in
-dml2comm/cost/compute.py).  ``benchmarks/bench_narayanan.py`` prints these rows (it imports this
+This table is the compute model's only calibration target (the A100's sustained GEMM factor,
+``SUSTAINED_FACTOR`` in dml2comm/cost/gemm.py, fitted by ``benchmarks/fit_a100.py``).  ``benchmarks/bench_narayanan.py`` prints these rows (it imports this
 module) and ``python main.py validate --source narayanan2021`` reports them.
 
 Megatron-LM as the paper ran it (its released GPT-3 175B script,
@@ -53,7 +53,7 @@ MICRO_BATCH_CANDIDATES = (1, 2, 4, 8)
 #: Outcome of :func:`best_micro_batch` (fastest micro-batch size that fits) per Table 1 row.
 MICRO_BATCH = {
     "narayanan21_t1_1.7B": 8, "narayanan21_t1_3.6B": 8, "narayanan21_t1_7.5B": 8, "narayanan21_t1_18.4B": 8,
-    "narayanan21_t1_39.1B": 4, "narayanan21_t1_76.1B": 2, "narayanan21_t1_145.6B": 1, "narayanan21_t1_310.1B": 1,
+    "narayanan21_t1_39.1B": 4, "narayanan21_t1_76.1B": 2, "narayanan21_t1_145.6B": 2, "narayanan21_t1_310.1B": 1,
     "narayanan21_t1_529.6B": 1, "narayanan21_t1_1008.0B": 1,
 }
 
