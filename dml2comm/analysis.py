@@ -29,9 +29,11 @@ from typing import Any, Callable, Mapping
 
 from dml2comm.cost.cache import (activation_model_of, attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of,
                                  tensor_parallel_of)
-from dml2comm.cost.compute import GEMM_E_MAX, HBM_EFFICIENCY, optimizer_step_s
-from dml2comm.cost.memory import ActivationModel, ModelStates, in_flight_micro_batches, model_state_bytes, stage_memory_dict
+from dml2comm.cost.compute import GEMM_E_MAX, HBM_EFFICIENCY
+from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, is_attention_core, shard_op_costs
+from dml2comm.cost.stages import (DPGroup, dp_bucket_buffer_bytes, stage_dp_collectives, stage_dp_times, stage_model_states,
+                                  stage_optimizer_s)
 from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
@@ -42,7 +44,6 @@ from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import DTYPES, ParallelConfig
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
-from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import (held_copies, parameter_shard_factors, partition_layers, sent_activations,
                                         stage_boundaries)
@@ -340,20 +341,16 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     # data parallel, per stage: non-expert gradients over the d x c ranks (CP ranks reduce with
     # DP), expert gradients over the d x c / e expert-data-parallel ranks
+    # (the stage-level terms: dml2comm.cost.stages, shared with the sweep's fast path)
+    grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
     for s, (a, b) in enumerate(ranges):
         expert_local = sum(layer_expert_local[a:b])
         local_params = sum(layer_params_local[a:b]) + tied_extra_local[s] - expert_local
-        grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
-        for dc in data_parallel_comms(local_params * grad_bytes, config.dp_size * cp, config.zero_stage, config.bucket_bytes):
-            count = dc.count * (m if dc.per_micro_batch else 1)
-            add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, "gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "parameters",
-                     rank_map.dp_cp_group(s, 0), dc.message_bytes, count, dc.per_micro_batch, dc.reason)
-        for dc in data_parallel_comms(expert_local * grad_bytes, config.expert_dp_size, config.zero_stage, config.bucket_bytes):
-            count = dc.count * (m if dc.per_micro_batch else 1)
-            add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None,
-                     "expert gradients" if dc.kind is not CollectiveKind.ALL_GATHER else "expert parameters",
-                     rank_map.expert_dp_group(s, 0, 0), dc.message_bytes, count, dc.per_micro_batch,
-                     f"{dc.reason} of the experts (expert-data-parallel group)")
+        for dc in stage_dp_collectives(local_params, expert_local, grad_bytes, config.dp_size * cp, config.expert_dp_size,
+                                       config.zero_stage, config.bucket_bytes):
+            group = rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else rank_map.expert_dp_group(s, 0, 0)
+            add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, group, dc.message_bytes,
+                     dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason)
 
     # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
@@ -407,9 +404,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         params = sum(layer_params[a:b]) + int(tied_extra[s])
         params_local = sum(layer_params_local[a:b]) + tied_extra_local[s]
         expert_local = sum(layer_expert_local[a:b])
-        opt_params = ((params_local - expert_local) / (config.dp_size * cp if config.zero_stage >= 1 else 1)
-                      + expert_local / (config.expert_dp_size if config.zero_stage >= 1 else 1))
-        opt_t = optimizer_step_s(opt_params, config.optimizer, dtype_bytes, hbm)
+        opt_t = stage_optimizer_s(params_local - expert_local, expert_local, config.dp_size * cp, config.expert_dp_size,
+                                  config.zero_stage, config.optimizer, dtype_bytes, hbm)
         stages.append(
             StageInfo(
                 index=s,
@@ -594,10 +590,7 @@ def _per_mb(comms: list[CommNode], m: int, dim: ParallelDim, phase: Phase, kind:
 
 def _device_work(comms: list[CommNode], m: int, t_f: float, t_b: float, tp_f: float, tp_b: float) -> DeviceWork:
     """What the simulator needs of one stage (its own comms only; sends are the sender's)."""
-    buckets: list[float] = []
-    for c in comms:
-        if c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.BACKWARD:
-            buckets.extend([c.time_s] * c.count_per_iteration)
+    dp = stage_dp_times([c for c in comms if c.dim is ParallelDim.DP], m)
     return DeviceWork(
         fwd_s=t_f,
         bwd_s=t_b,
@@ -605,12 +598,11 @@ def _device_work(comms: list[CommNode], m: int, t_f: float, t_b: float, tp_f: fl
         tp_bwd_s=tp_b,
         send_fwd_s=_per_mb(comms, m, ParallelDim.PP, Phase.FORWARD),
         send_bwd_s=_per_mb(comms, m, ParallelDim.PP, Phase.BACKWARD),
-        zero_fwd_s=_per_mb(comms, m, ParallelDim.DP, Phase.FORWARD),
-        zero_bwd_pre_s=_per_mb(comms, m, ParallelDim.DP, Phase.BACKWARD, CollectiveKind.ALL_GATHER),
-        zero_bwd_post_s=_per_mb(comms, m, ParallelDim.DP, Phase.BACKWARD, CollectiveKind.REDUCE_SCATTER),
-        dp_buckets_s=tuple(buckets),
-        after_step_s=sum(c.time_s * c.count_per_iteration for c in comms
-                         if c.dim is ParallelDim.DP and not c.per_micro_batch and c.phase is Phase.OPTIMIZER),
+        zero_fwd_s=dp.zero_fwd_s,
+        zero_bwd_pre_s=dp.zero_bwd_pre_s,
+        zero_bwd_post_s=dp.zero_bwd_post_s,
+        dp_buckets_s=dp.buckets_s,
+        after_step_s=dp.after_step_s,
         tied_s=sum(c.time_s * c.count_per_iteration for c in comms if c.dim is ParallelDim.PP and not c.per_micro_batch),
     )
 
@@ -672,11 +664,8 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
     ZeRO-sharded over the d*c/e expert-data-parallel ranks, the rest over d*c.  With context
     parallelism each GPU holds 1/c of every activation."""
     cp = config.cp_size
-    states = model_state_bytes(params_local - expert_local, config.dp_size * cp, config.zero_stage, config.optimizer, dtype_bytes)
-    if expert_local:
-        ex = model_state_bytes(expert_local, config.expert_dp_size, config.zero_stage, config.optimizer, dtype_bytes)
-        states = ModelStates(states.weights_bytes + ex.weights_bytes, states.grads_bytes + ex.grads_bytes,
-                             states.optimizer_bytes + ex.optimizer_bytes)
+    states = stage_model_states(params_local - expert_local, expert_local, config.dp_size * cp, config.expert_dp_size,
+                                config.zero_stage, config.optimizer, dtype_bytes)
     op_idx = [i for li in range(first, last) for i in layered.layers[li].op_indices]
     core = frozenset(i for i in op_idx if is_attention_core(graph, i, seq_len)) if config.recompute == "selective" else frozenset()
     if config.recompute == "full":
@@ -692,7 +681,7 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
         rebuilt = 0.0
     in_flight = in_flight_micro_batches(config.schedule, config.pp_size, config.num_micro_batches, stage, config.virtual_stages)
     pipeline_buffers = (boundary_bytes[stage - 1] if stage > 0 else 0.0) + (boundary_bytes[stage] if stage < len(boundary_bytes) else 0.0)
-    dp_bucket = float(config.bucket_bytes) if config.dp_size * cp > 1 else 0.0
+    dp_bucket = dp_bucket_buffer_bytes(config.bucket_bytes, config.dp_size * cp)
     per_mb /= cp
     transient = (activations.transient_bytes(op_idx) + rebuilt) / cp
     return dict(stage_memory_dict(states, per_mb * in_flight, pipeline_buffers + dp_bucket, transient),

@@ -313,11 +313,11 @@ def _dgx(num_gpus):
     return dataclasses.replace(get_cluster("dgx-a100", num_gpus), collective_overhead_s=0.0)
 
 
-def _grid(d, t, p, combos, **kw):
-    """Every (c, scheme, e) of ``combos`` x recomputation x ZeRO 0/1 x 1F1B/interleaved (m = 4)."""
+def _grid(d, t, p, combos, zeros=(0, 1), **kw):
+    """Every (c, scheme, e) of ``combos`` x recomputation x ZeRO ``zeros`` x 1F1B/interleaved (m = 4)."""
     out = []
     for (cp, scheme, ep), rec, zero, (schedule, v) in itertools.product(
-            combos, ("none", "selective", "full"), (0, 1), (("1f1b", 1), ("interleaved", 2))):
+            combos, ("none", "selective", "full"), zeros, (("1f1b", 1), ("interleaved", 2))):
         out.append(ParallelConfig(dp_size=d, tp_size=t, pp_size=p, cp_size=cp, cp_scheme=scheme, ep_size=ep, micro_batch_size=B,
                                   seq_len=S, global_batch_size=B * d * 4, recompute=rec, zero_stage=zero, schedule=schedule,
                                   virtual_stages=v, **kw))
@@ -348,8 +348,20 @@ def test_fast_path_covers_cp_ep_and_capacity_factor():
     for kw in ({"cp_size": 2}, {"cp_size": 4, "cp_scheme": "ring"}, {"dp_size": 2, "ep_size": 2},
                {"dp_size": 2, "cp_size": 2, "ep_size": 4, "zero_stage": 1}, {"capacity_factor": 1.25}):
         assert supports(ParallelConfig(global_batch_size=4, **kw)), kw
-    assert not supports(ParallelConfig(dp_size=2, cp_size=2, zero_stage=2, global_batch_size=4))
-    assert not supports(ParallelConfig(tp_size=2, cp_size=2, sequence_parallel=True, tp_comm_overlap=True, global_batch_size=4))
+    # issue 17: ZeRO-2/3 and --tp-comm-overlap too
+    assert supports(ParallelConfig(dp_size=2, cp_size=2, zero_stage=2, global_batch_size=4))
+    assert supports(ParallelConfig(tp_size=2, cp_size=2, sequence_parallel=True, tp_comm_overlap=True, global_batch_size=4))
+
+
+def test_fast_path_equals_the_analysis_with_cp_ep_and_zero_2_3(gpt, moe):
+    """Issue 17: ZeRO-2/3 with context parallelism (the d x c group shards the states and
+    carries the per-micro-batch collectives), with expert parallelism (the expert stream's
+    reduce-scatters and all-gathers over d x c / e queue on the same dp stream after the dense
+    ones), and --tp-comm-overlap with c = 2."""
+    cp = _grid(2, 2, 2, [(2, "ulysses", 1), (2, "ring", 1)], zeros=(2, 3))
+    overlap = _grid(2, 2, 2, [(2, "ring", 1)], zeros=(0, 3), sequence_parallel=True, tp_comm_overlap=True)
+    _fast_equals_full(gpt, cp + overlap)
+    _fast_equals_full(moe, _grid(4, 1, 2, [(1, "ulysses", 2), (1, "ulysses", 4), (2, "ring", 4)], zeros=(2, 3)))
 
 
 def test_fast_path_equals_the_analysis_with_context_parallelism(gpt):

@@ -289,23 +289,59 @@ def _full_vs_fast(path, gpus, batch, constraints, limit=None):
 def test_fast_path_equals_the_full_analysis_on_every_config(gpt):
     """Issue 7: the fast path agrees with the full run within 1% on iteration time and exactly
     on memory.  It reproduces the simulation itself, so the agreement is to rounding; every
-    configuration of the space (1F1B and interleaved, ZeRO 0/1, every recomputation, SP) is checked."""
-    constraints = dataclasses.replace(SMALL, zero_stages=(0, 1), virtual_stages=(1, 2))
+    configuration of the space (1F1B and interleaved, ZeRO 0-3, every recomputation, SP) is
+    checked.  Issue 17: ZeRO-2/3 run on the fast path too (their per-micro-batch collectives on
+    the dp stream of the batched recurrence, sim.levels.pipeline_end_times_zero)."""
+    from dml2comm.search.fast import supports
+
+    constraints = dataclasses.replace(SMALL, zero_stages=(0, 1, 2, 3), virtual_stages=(1, 2))
     full, quick = _full_vs_fast(gpt, 8, 16, constraints)
     assert len(full.rows) == len(quick.rows) > 20
-    schedules = set()
+    schedules, zeros = set(), set()
     for a, b in zip(full.rows, quick.rows):
         assert a["config"] == b["config"] and a["error"] == b["error"]
         if a["error"]:
             continue
         schedules.add(a["config"]["schedule"])
+        zeros.add(a["config"]["zero_stage"])
         assert b["iteration_time_s"] == pytest.approx(a["iteration_time_s"], rel=1e-9)
         assert b["peak_memory_bytes"] == a["peak_memory_bytes"]
         assert b["fits"] == a["fits"]
         for key in ("compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "bubble_fraction", "mfu",
                     "tflops_per_gpu"):
             assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key
-    assert schedules == {"1f1b", "interleaved"}
+    assert schedules == {"1f1b", "interleaved"} and zeros == {0, 1, 2, 3}
+    assert supports(ParallelConfig(dp_size=2, zero_stage=3, global_batch_size=4))
+
+
+def test_fast_path_equals_the_analysis_with_zero_2_3_and_tp_comm_overlap(gpt):
+    """Issue 17: ZeRO 0-3 x --tp-comm-overlap (with SP) x every recomputation x 1F1B, GPipe and
+    interleaved, on splits with and without d and p, through FastEvaluator against
+    analyze_graph: time and breakdown to 1e-9, memory exactly.  ZeRO-3's all-gathers delay
+    the steps (prefetched when the previous step starts), ZeRO-2/3's reduce-scatters queue on
+    the dp stream and end the iteration when they outlast the compute."""
+    from dml2comm.search.fast import FastEvaluator
+
+    imported = load_model(gpt, ImportOptions(batch_size=1))
+    cluster = _builder(8)
+    configs = [ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=1, global_batch_size=16, seq_len=None,
+                              recompute=r, sequence_parallel=sp, tp_comm_overlap=ov, zero_stage=z, schedule=sch, virtual_stages=v)
+               for (d, t, p) in ((2, 2, 2), (1, 2, 4), (4, 1, 2), (8, 1, 1)) for z in range(4) for r in RECOMPUTE_MODES
+               for sp, ov in ((False, False), (True, False), (True, True)) if t > 1 or not sp
+               for sch, v in (("1f1b", 1), ("interleaved", 2), ("gpipe", 1)) if p > 1 or sch == "1f1b"]
+    rows = FastEvaluator(imported, cluster).evaluate(configs)
+    exposed_rs = 0
+    for config, row in zip(configs, rows):
+        full = analyze_graph(imported, config, cluster, advise=False, timeline=False)
+        a = full.summary
+        assert row["error"] is None, (config, row["error"])
+        assert row["iteration_time_s"] == pytest.approx(a["iteration_time_s"], rel=1e-9), config
+        assert row["peak_memory_bytes"] == a["peak_memory_bytes"], config
+        for key in ("compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "bubble_fraction", "mfu"):
+            assert row[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (key, config)
+        if config.zero_stage >= 2 and max(full.timeline.dp_exposed_s) > 0:
+            exposed_rs += 1
+    assert len(configs) > 150 and exposed_rs > 0  # the dp stream's end shows in some iterations
 
 
 def test_fast_path_on_a_real_export_matches_main_py(tmp_path):
@@ -549,7 +585,7 @@ def test_fast_path_equals_the_full_analysis_on_send_bound_pipelines(tmp_path):
     (hidden 32, 128 tokens) that a send (its latency and per-collective overhead) outlasts the
     steps after it: a device's sends queue on its pp stream.  The fast path's batched recurrence
     queues them as the engine does: every configuration (1F1B and interleaved, p up to 8, TP
-    across nodes, ZeRO 0/1, recomputation none/full) equal to 1e-9."""
+    across nodes, ZeRO 0-3, recomputation none/full) equal to 1e-9."""
     from dml2comm.hardware.cluster import make_cluster
 
     path = tmp_path / "tiny.onnx"
@@ -565,7 +601,7 @@ def test_fast_path_equals_the_full_analysis_on_send_bound_pipelines(tmp_path):
     sends = [ev for ev in timeline.events if ev.stream == "pp" and ev.name.startswith("send ")]
     assert sends and any(ev.start_s > steps[(ev.device, ev.name[len("send "):])] + 1e-12 for ev in sends)
 
-    constraints = Constraints(micro_batch_sizes=(1, 4), zero_stages=(0, 1), recompute=("none", "full"), virtual_stages=(1, 2),
+    constraints = Constraints(micro_batch_sizes=(1, 4), zero_stages=(0, 1, 2, 3), recompute=("none", "full"), virtual_stages=(1, 2),
                               allow_cross_node_tp=True, gpus_per_node=1)
     space = SweepSpace(global_batch_size=16, constraints=constraints)
     full = run_sweep(str(path), 8, one_gpu_per_node, space, fast=False)

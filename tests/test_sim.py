@@ -276,3 +276,44 @@ def test_levels_equal_the_engine_on_random_work(spec, blocks, schedule, others):
     alone, many = _levels_step_ends(name, p, m, v, fwd, bwd, send_fwd, send_bwd, others=others, seed=blocks)
     assert alone == pytest.approx(engine, rel=1e-9, abs=1e-12)
     assert many == pytest.approx(engine, rel=1e-9, abs=1e-12)
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 2), st.floats(0.1, 3), st.floats(0, 2), st.sampled_from([0.0, 0.5, 3.0]),
+                          st.sampled_from([0.0, 0.4, 2.5]), st.sampled_from([0.0, 0.3, 4.0])), min_size=1, max_size=5),
+       st.integers(1, 4), st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]))
+@settings(max_examples=80, deadline=None)
+def test_levels_zero_stream_equals_the_engine_on_random_work(spec, blocks, schedule):
+    """Issue 17: sim.levels.pipeline_end_times_zero (the sweep's ZeRO-2/3 recurrence) against
+    the engine on random per-device costs with per-micro-batch ZeRO terms (forward all-gather,
+    backward all-gather, backward reduce-scatter; 0 on some devices, longer than the steps on
+    others, so that prefetched all-gathers delay steps and reduce-scatters queue): every step's
+    end and each device's dp-stream end (its last ZeRO event) equal to 1e-9."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule, pipeline_end_times_many, pipeline_end_times_zero
+
+    name, v = schedule
+    p = len(spec)
+    m = blocks * p if name == "interleaved" else blocks + p - 1
+    works = [DeviceWork(f, b, send_fwd_s=s, send_bwd_s=s, zero_fwd_s=zf, zero_bwd_pre_s=zb, zero_bwd_post_s=rs)
+             for f, b, s, zf, zb, rs in spec]
+    engine, result = _engine_step_ends(name, p, m, v, works)
+    dp_end = [max((ev.start_s + ev.dur_s for ev in result.events if ev.stream == "dp" and ev.device == d), default=0.0)
+              for d in range(p)]
+    cs = compile_schedule(name, p, m, v)
+    f, b, s, zf, zb, rs = (np.array([list(x)]) for x in zip(*spec))
+    end, dp = pipeline_end_times_zero(cs, f, b, s, s, zf, zb, rs)
+    assert end[0] == pytest.approx(engine, rel=1e-9, abs=1e-12)
+    assert dp[0, cs.last_step] == pytest.approx(dp_end, rel=1e-9, abs=1e-12)
+    # batched as the sweep runs it: after random configurations (some without ZeRO terms) and
+    # beside a second schedule, in pipeline_end_times_many's one pass
+    rng = np.random.default_rng(blocks)
+    other = compile_schedule("gpipe", 3, 4)
+    batch = [np.vstack([rng.random((3, p)) * 3 * (rng.random((3, p)) > 0.3), x]) for x in (f, b, s, zf, zb, rs)]
+    item = (cs, batch[0], batch[1], batch[2], batch[2])
+    ends, dps = pipeline_end_times_many([(other, *(rng.random((5, 3)) for _ in range(4))), item],
+                                        zero_terms=[tuple(rng.random((5, 3)) for _ in range(3)), tuple(batch[3:])])
+    assert ends[1][-1] == pytest.approx(engine, rel=1e-9, abs=1e-12)
+    assert dps[1][-1, cs.last_step] == pytest.approx(dp_end, rel=1e-9, abs=1e-12)
+    alone, alone_dp = pipeline_end_times_zero(*item, *batch[3:])
+    assert np.allclose(ends[1], alone, rtol=1e-12, atol=0) and np.allclose(dps[1], alone_dp, rtol=1e-12, atol=0)

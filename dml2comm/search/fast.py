@@ -30,10 +30,16 @@ sharded by e and reduced over the expert-data-parallel group) are covered as the
 them: per-layer counts of their collectives like the TP counts, op times scaled by 1/c (and the
 capacity factor on expert ops), TP/PP messages, input read and activations 1/c.
 
+The stage-level data-parallel terms (gradient buckets, ZeRO collectives, the optimizer step,
+the model states) come from :mod:`dml2comm.cost.stages`, the functions the analysis calls.
+ZeRO-2/3's per-micro-batch collectives ride on each device's dp stream in the batched
+recurrence (``pipeline_end_times_many(..., zero_terms=...)``, the engine's loop per step);
+``--tp-comm-overlap`` exposes, per TP collective, what its adjacent GEMM does not hide (at least
+1/t), as ``analysis._tp_overlapped_per_mb``.
+
 What it returns equals ``analyze_graph``'s summary on iteration time, memory and the breakdown
-(``tests/test_search.py`` and ``tests/test_cpep.py`` check it against full runs).  Configurations
-it does not cover — ZeRO-2/3 (per-micro-batch collectives on the data-parallel stream) and
-``--tp-comm-overlap`` — are evaluated by the full analysis (``Evaluator``).
+(``tests/test_search.py`` and ``tests/test_cpep.py`` check it against full runs, ZeRO 0-3 and
+``--tp-comm-overlap`` included).
 """
 
 from __future__ import annotations
@@ -48,9 +54,10 @@ import numpy as np
 from dml2comm.analysis import PCIE4_X16_BYTES_PER_S, shared_parameters
 from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, cached, collapsed_of, derived, layers_of, moe_of,
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of)
-from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
-from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ActivationModel, in_flight_micro_batches, model_state_bytes
+from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ActivationModel, in_flight_micro_batches
+from dml2comm.cost.stages import (DPGroup, Timed, dp_bucket_buffer_bytes, stage_dp_collectives, stage_dp_times, stage_model_states,
+                                  stage_optimizer_s)
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.onnx_import import ImportResult
@@ -59,7 +66,6 @@ from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTYPES, ParallelConfig
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
-from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, partition_layers, sent_activations
 from dml2comm.sim.levels import bucket_tail_end_many, compile_schedule, pipeline_end_times_many
@@ -68,9 +74,10 @@ __all__ = ["FastEvaluator", "NotRepeating", "supports"]
 
 
 def supports(config: ParallelConfig) -> bool:
-    """Whether the fast path covers ``config`` (else the full analysis evaluates it): ZeRO 0/1
-    without ``--tp-comm-overlap``, with any context and expert parallelism and capacity factor."""
-    return config.zero_stage < 2 and not config.tp_comm_overlap
+    """Whether the fast path covers ``config`` (else the full analysis evaluates it): every
+    configuration since issue 17 (ZeRO 0-3, ``--tp-comm-overlap``, any context and expert
+    parallelism and capacity factor); kept as the sweep's routing point."""
+    return True
 
 
 @dataclass
@@ -93,6 +100,9 @@ class _Layers:
     ring: dict[tuple[Phase, float], np.ndarray] = dataclasses.field(default_factory=dict)
     core_f: np.ndarray | None = None
     core_b: np.ndarray | None = None
+    # --tp-comm-overlap: per-layer counts of each TP collective by (kind, phase, bytes, seconds
+    # of the GEMM it overlaps: analysis._tp_overlapped_per_mb)
+    tp_gemm: dict[tuple[CollectiveKind, Phase, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +125,7 @@ class _Prepared:
     tied: np.ndarray  # per device: its tied-weight gradient all-reduce (0: holds no shared copy)
     peak_memory: float
     flops_fwd_per_sample: float
+    zero_mb: np.ndarray | None = None  # [p, 3] ZeRO-2/3 per micro-batch: forward all-gather, backward all-gather, reduce-scatter
 
 
 #: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
@@ -173,6 +184,7 @@ class _StageTableKey(CacheKey):
     optimizer: str
     capacity_factor: float
     micro_batch_size: int
+    tp_comm_overlap: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,11 +420,15 @@ class FastEvaluator:
         reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
                           for layer in layered.layers], dtype=bool)
         tp_counts: dict[tuple, np.ndarray] = {}
+        tp_gemm: dict[tuple, np.ndarray] = {}
         if config.tp_size > 1:
             for c in tp.comms:
                 key = (c.kind, c.phase, float(c.message_bytes))
                 li = layered.layer_of_op[c.op_index]
                 tp_counts.setdefault(key, np.zeros(n))[li] += 1
+                # the adjacent GEMM (its input-gradient half in backward): analysis._tp_overlapped_per_mb
+                gemm = times[c.op_index][0] if c.phase is Phase.FORWARD else times[c.op_index][1] / 2
+                tp_gemm.setdefault(key + (gemm,), np.zeros(n))[li] += 1
         cp_counts: dict[tuple, np.ndarray] = {}
         ring: dict[tuple, np.ndarray] = {}
         core_f, core_b = np.zeros(n), np.zeros(n)
@@ -433,7 +449,8 @@ class FastEvaluator:
         m = self.layer_map
         return _Layers(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()),
-                       {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m])
+                       {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
+                       {k: v[m] for k, v in tp_gemm.items()})
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""
@@ -714,7 +731,7 @@ class FastEvaluator:
         key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
                              config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
                              config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
-                             config.micro_batch_size)
+                             config.micro_batch_size, config.tp_comm_overlap)
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> _StageTable:
@@ -798,9 +815,18 @@ class FastEvaluator:
             (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
 
         tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
-        for (kind, phase, size), counts in layers.tp.items():
-            if phase in (Phase.FORWARD, Phase.BACKWARD):
-                on_path(phase, counts, kind, tp_groups, size / cp)
+        if config.tp_comm_overlap:
+            # analysis._tp_overlapped_per_mb: what the adjacent GEMM does not hide, at least 1/t
+            t = config.tp_size
+            for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    exposed = np.maximum(cost - gemm, cost / t)[at]
+                    (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * exposed
+        else:
+            for (kind, phase, size), counts in layers.tp.items():
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    on_path(phase, counts, kind, tp_groups, size / cp)
         # CP and EP collectives sit on the critical path like TP's (analysis._cp_ep_exposed_per_mb)
         cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
         for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
@@ -829,8 +855,7 @@ class FastEvaluator:
         buffers = np.zeros(p)
         buffers[1:] += boundary
         buffers[:-1] += boundary
-        if d * cp > 1:
-            buffers += float(config.bucket_bytes)  # the DP bucket being reduced
+        buffers += dp_bucket_buffer_bytes(config.bucket_bytes, d * cp)  # the DP bucket being reduced
         none = (-1, 1)
         dp_where = [w[0] for w in wheres] if d * cp > 1 else [none] * p
         edp_where = [w[2] for w in wheres] if config.expert_dp_size > 1 else [none] * p
@@ -869,36 +894,28 @@ class FastEvaluator:
                     parts[stage] = part
             rows = [parts[stage] for stage in stages]
             table.by_zero[z] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
-                                np.array([r[2] for r in rows]), np.array([r[3] for r in rows]), np.array([r[4] for r in rows]))
+                                np.array([r[2] for r in rows]), np.array([r[3] for r in rows]), np.array([r[4] for r in rows]),
+                                np.array([r[5] for r in rows]).reshape(len(rows), 3))
         return table.by_zero[z]
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
                           edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str) -> tuple:
-        """One stage's ZeRO part: (bucket seconds per run, buckets per run, seconds of the
-        collective after the step, optimizer step seconds, model-state bytes)."""
-        tau, count, after = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS), 0.0
-        r = 0
-        streams = ((data_parallel_comms(dense * grad_bytes, d, z, bucket_bytes), where),
-                   (data_parallel_comms(expert * grad_bytes, edp, z, bucket_bytes), ewhere))
-        for comms, group in streams:
-            for dc in comms:
-                cost = self._cost_at(dc.kind, group, dc.message_bytes)
-                if dc.phase is Phase.BACKWARD:
-                    if r == _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
-                        raise ConfigError("more gradient-bucket sizes than the fast path handles")
-                    tau[r], count[r] = cost, dc.count
-                    r += 1
-                elif dc.phase is Phase.OPTIMIZER:
-                    after += cost * dc.count
-        ms = model_state_bytes(dense, d, z, optimizer, dtype_bytes)
-        if expert:  # analysis._stage_memory: expert states sharded over the expert-data-parallel ranks
-            ex = model_state_bytes(expert, edp, z, optimizer, dtype_bytes)
-            states = ((ms.weights_bytes + ex.weights_bytes) + (ms.grads_bytes + ex.grads_bytes)
-                      + (ms.optimizer_bytes + ex.optimizer_bytes))
-        else:
-            states = ms.total_bytes
-        opt_params = dense / (d if z >= 1 else 1) + expert / (edp if z >= 1 else 1)
-        return tau, count, after, optimizer_step_s(opt_params, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s), states
+        """One stage's ZeRO part (:mod:`dml2comm.cost.stages`, as the analysis): (bucket seconds
+        per run, buckets per run, seconds of the collective after the step, optimizer step
+        seconds, model-state bytes, ZeRO per-micro-batch seconds: forward all-gather, backward
+        all-gather, backward reduce-scatter)."""
+        timed = [Timed(dc.kind, dc.phase, dc.per_micro_batch, dc.count,
+                       self._cost_at(dc.kind, where if dc.group is DPGroup.DENSE else ewhere, dc.message_bytes))
+                 for dc in stage_dp_collectives(dense, expert, grad_bytes, d, edp, z, bucket_bytes)]
+        dp = stage_dp_times(timed, 1)  # per micro-batch terms: count x seconds
+        if len(dp.bucket_runs) > _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
+            raise ConfigError("more gradient-bucket sizes than the fast path handles")
+        tau, count = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS)
+        for r, (t, n) in enumerate(dp.bucket_runs):
+            tau[r], count[r] = t, n
+        states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes).total_bytes
+        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s)
+        return tau, count, dp.after_step_s, opt, states, (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s)
 
     def _activation_part(self, table: _StageTable, config: ParallelConfig):
         """Per stage for one recomputation mode: saved bytes per micro-batch and the
@@ -941,7 +958,7 @@ class FastEvaluator:
             comp_b = table.compute_b + recompute
             times = table.by_mode[config.recompute] = (table.compute_f + table.tp_f + table.reads, comp_b, comp_b + tp_b, tp_b)
         fwd, comp_b, bwd, tp_b = times
-        runs_tau, runs_count, after, opt, states = self._zero_part(table, config)
+        runs_tau, runs_count, after, opt, states, zero_mb = self._zero_part(table, config)
         per_mb, extra = self._activation_part(table, config)
         v = config.virtual_stages if config.schedule == "interleaved" else 1
         key = (config.schedule, p, m, v)
@@ -951,7 +968,8 @@ class FastEvaluator:
                                                          for st in range(p)])
         total = states + per_mb * in_flight + table.buffers + extra + FRAMEWORK_OVERHEAD_BYTES
         return _Prepared(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
-                         runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size)
+                         runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size,
+                         zero_mb if config.zero_stage >= 2 else None)
 
     # ---- many configurations
     def evaluate(self, configs: Sequence[ParallelConfig]) -> list[dict[str, Any]]:
@@ -966,14 +984,22 @@ class FastEvaluator:
                 out[i] = {"error": " ".join(str(exc).split())}
                 continue
             v = config.virtual_stages if config.schedule == "interleaved" else 1
-            groups[(config.schedule, config.pp_size, config.num_micro_batches, v)].append((i, prep))
+            groups[(config.schedule, config.pp_size, config.num_micro_batches, v, prep.zero_mb is not None)].append((i, prep))
         staged = [(members, _GroupSim(schedule, p, m, v, [pr for _, pr in members]))
-                  for (schedule, p, m, v), members in groups.items()]
-        # every schedule in one pass; only each device's last step is read
-        ends = pipeline_end_times_many([sim.item for _, sim in staged], [sim.cs.last_step for _, sim in staged])
+                  for (schedule, p, m, v, _), members in groups.items()]
+        plain = [(members, sim) for members, sim in staged if sim.zero is None]
+        # every schedule without ZeRO-2/3 in one pass; only each device's last step is read
+        ends = pipeline_end_times_many([sim.item for _, sim in plain], [sim.cs.last_step for _, sim in plain])
         by_p: dict[int, list[tuple[list, _GroupSim, np.ndarray]]] = defaultdict(list)
-        for (members, sim), end in zip(staged, ends):
+        for (members, sim), end in zip(plain, ends):
             by_p[sim.cs.p].append((members, sim, end))
+        zero = [(members, sim) for members, sim in staged if sim.zero is not None]
+        if zero:  # ZeRO-2/3: the recurrence with the dp stream per step, in one pass too
+            ends, dps = pipeline_end_times_many([sim.item for _, sim in zero], [sim.cs.last_step for _, sim in zero],
+                                                zero_terms=[sim.zero for _, sim in zero])
+            for (members, sim), end, dp in zip(zero, ends, dps):
+                sim.dp_end = dp
+                by_p[sim.cs.p].append((members, sim, end))
         for batch in by_p.values():  # groups with as many devices: their summaries in one go
             summaries = _finish([(sim, end) for _, sim, end in batch], self.cluster)
             for (i, _), summary in zip((m for members, _, _ in batch for m in members), summaries):
@@ -994,19 +1020,23 @@ class _GroupSim:
         tb = np.array([pr.tp_b for pr in preps])
         sf = np.array([pr.send_f for pr in preps])
         sb = np.array([pr.send_b for pr in preps])
+        # ZeRO-2/3 (a group has them all or none): per micro-batch forward all-gather, backward
+        # all-gather, backward reduce-scatter per device, [K, p] each
+        zero = [np.array([pr.zero_mb[:, j] for pr in preps]) for j in range(3)] if preps[0].zero_mb is not None else []
         if v > 1:  # each chunk is 1/v of the device's work; the wrap-around uses the largest send
             wrap = sf[:, :-1].max(axis=1, initial=0.0)
             wrap_b = sb[:, 1:].max(axis=1, initial=0.0)
             sf = np.where(sf > 0, sf, wrap[:, None])
             sb = np.where(sb > 0, sb, wrap_b[:, None])
             f, b, tf, tb = f / v, b / v, tf / v, tb / v
+            zero = [z / v for z in zero]
         self.b = b
         self.free_f, self.free_b = f - tf, b - tb
         zeros = np.zeros_like(f)
         # the pipeline with communication and without (for the exposed communication); rows that
         # are equal (ZeRO-0 and ZeRO-1 differ only after the last backward) are simulated once
-        rows = np.hstack([np.vstack([f, self.free_f]), np.vstack([b, self.free_b]), np.vstack([sf, zeros]),
-                          np.vstack([sb, zeros])])
+        parts = [f, b, sf, sb, *zero]
+        rows = np.hstack([np.vstack([x, free]) for x, free in zip(parts, [self.free_f, self.free_b] + [zeros] * (len(parts) - 2))])
         first: dict[bytes, int] = {}
         kept: list[int] = []
         self.inverse = np.empty(len(rows), dtype=np.int64)
@@ -1016,7 +1046,10 @@ class _GroupSim:
                 kept.append(r)
             self.inverse[r] = j
         unique = rows[kept]
-        self.item = (cs, *np.split(unique, 4, axis=1))
+        split = np.split(unique, len(parts), axis=1)
+        self.item = (cs, *split[:4])
+        self.zero = split[4:] or None  # the ZeRO-2/3 terms of the unique rows (pipeline_end_times_zero)
+        self.dp_end: np.ndarray | None = None  # per unique row and device: the dp stream's end (ZeRO-2/3)
 
 
 def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[dict[str, Any]]:
@@ -1038,6 +1071,9 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[
     used = np.flatnonzero(runs_count.any(axis=(0, 1)))  # runs no configuration has are dropped (a run of no buckets adds nothing)
     r = int(used[-1]) + 1 if used.size else 0
     tail = bucket_tail_end_many(ce_full - b, b, ce_full, runs_tau[..., :r], runs_count[..., :r], overlap)
+    if any(sim.dp_end is not None for sim, _ in sims):  # ZeRO-2/3 have no buckets: their stream ends with the last step's
+        tail = np.maximum(tail, np.concatenate([sim.dp_end[sim.inverse[:len(sim.preps)]] if sim.dp_end is not None
+                                                else np.zeros((len(sim.preps), sim.cs.p)) for sim, _ in sims]))
     opt = np.array([pr.optimizer for pr in preps])
     after = np.array([pr.after_step for pr in preps])
     reduced = np.maximum(tail, ce_full)

@@ -18,8 +18,9 @@ when its output arrives), and ``send[i]`` is 0 for a step whose output stays on 
 ``pp[i] = max(end[i], pp[prev])``: the stream is not busy in between, and every later send
 leaves after ``end[i]`` anyway (durations are not negative), so the next send starts when it
 would in the engine.  The two agree to rounding (``tests/test_sim.py``, send-bound schedules
-included).  Only works without per-micro-batch data-parallel collectives (ZeRO-2/3) are
-supported: the caller uses the engine for those.
+included).  Works with per-micro-batch data-parallel collectives (ZeRO-2/3) take the same
+recurrence with the engine's dp stream per step (:func:`pipeline_end_times_zero` for one
+schedule, ``pipeline_end_times_many(..., zero_terms=...)`` for many; ``tests/test_sim.py``).
 
 The data-parallel tail (gradient buckets after or overlapping the device's last backward,
 then the optimizer step and any collective after it) is evaluated in closed form: for
@@ -36,7 +37,7 @@ import numpy as np
 
 from dml2comm.sim.schedules import check_schedule
 
-__all__ = ["CompiledSchedule", "compile_schedule", "pipeline_end_times", "bucket_tail_end", "bucket_tail_end_many", "pipeline_end_times_many"]
+__all__ = ["CompiledSchedule", "compile_schedule", "pipeline_end_times", "pipeline_end_times_zero", "bucket_tail_end", "bucket_tail_end_many", "pipeline_end_times_many"]
 
 
 @dataclass(frozen=True)
@@ -256,11 +257,65 @@ def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarra
     return end[:, :-1]
 
 
+def pipeline_end_times_zero(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
+                            send_bwd_s: np.ndarray, zero_fwd_s: np.ndarray, zero_bwd_pre_s: np.ndarray,
+                            zero_bwd_post_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pipeline_end_times` with the engine's per-micro-batch ZeRO-2/3 collectives on each
+    device's dp stream (``[K, p]`` each, per model chunk): returns the end time of every step
+    and when the device's dp stream is free after it (``[K, S]`` each).
+
+    The engine's loop, per step ``i`` after step ``j`` on its device (``dp[j]``: the stream
+    free after ``j``, ``st[j]``: when ``j`` started; the zero column: 0)::
+
+        ready  = max(end[j], pp[needed step])
+        ag     = max(dp[j], st[j]) + pre_i          # ZeRO-3 all-gather, prefetched when j started
+        st[i]  = max(ready, ag)   if pre_i > 0 else ready
+        end[i] = st[i] + duration_i
+        dp[i]  = ag if pre_i > 0 else dp[j];  then, after a backward with a reduce-scatter,
+        dp[i]  = max(dp[i], end[i]) + post_i
+
+    ``pre_i`` is the forward or backward all-gather, ``post_i`` the reduce-scatter (backward
+    only); a term of 0 leaves the stream and the step as the engine does (it skips them)."""
+    k = fwd_s.shape[0]
+    dev, fw = cs.device, cs.forward
+    dur = np.where(fw, fwd_s[:, dev], bwd_s[:, dev])
+    send = np.where(cs.has_send, np.where(fw, send_fwd_s[:, dev], send_bwd_s[:, dev]), 0.0)
+    pre = np.where(fw, zero_fwd_s[:, dev], zero_bwd_pre_s[:, dev])
+    post = np.where(fw, 0.0, zero_bwd_post_s[:, dev])
+    has_pre, has_post = pre > 0, post > 0
+    shape = (k, cs.num_steps + 1)
+    end, pp, dp, st = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    prev, need = cs.prev, cs.need
+    for idx in cs.depths:
+        before = prev[idx]
+        ready = np.maximum(end[:, before], pp[:, need[idx]])
+        dp_before = dp[:, before]
+        gathered = np.maximum(dp_before, st[:, before]) + pre[:, idx]
+        hp = has_pre[:, idx]
+        start = np.where(hp, np.maximum(ready, gathered), ready)
+        ended = start + dur[:, idx]
+        stream = np.where(hp, gathered, dp_before)
+        dp[:, idx] = np.where(has_post[:, idx], np.maximum(stream, ended) + post[:, idx], stream)
+        st[:, idx] = start
+        end[:, idx] = ended
+        pp[:, idx] = np.maximum(ended, pp[:, before]) + send[:, idx]
+    return end[:, :-1], dp[:, :-1]
+
+
 def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-                            columns: list[np.ndarray] | None = None) -> list[np.ndarray]:
+                            columns: list[np.ndarray] | None = None,
+                            zero_terms: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None):
     """:func:`pipeline_end_times` for several schedules at once: ``items`` are
     ``(schedule, fwd, bwd, send_fwd, send_bwd)``; returns each item's ``[K, S]`` end times, or
     ``[K, len(columns[i])]``, the end times of the steps ``columns[i]`` only.
+
+    ``zero_terms``: per item, its ZeRO-2/3 terms ``(zero_fwd, zero_bwd_pre, zero_bwd_post)`` (``[K, p]``
+    each): the recurrence of :func:`pipeline_end_times_zero`, and the result is a pair, the end
+    times and the dp-stream times of the same steps.  A term of 0 must leave the step and the
+    stream alone (the engine skips it); it is carried by a mask of 0 or -inf added before a
+    maximum, so the update needs no branch: ``ag = max(dp[j], st[j]) + pre + mask_pre``
+    (-inf without an all-gather), ``st = max(ready, ag)``, ``dp = max(dp[j], ag)`` (an
+    all-gather ends after the stream was free), then ``dp = max(dp, end + mask_post) + post``.
 
     Each item's configurations are cut into groups of ``w`` (zero-padded), and a group's steps
     become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array of end times laid out
@@ -286,10 +341,11 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     # ``4 (device) + 2 (sends?) + forward`` of the item's block holds the step's duration and
     # its own send, the send 0 in the rows of steps whose output stays on the device
     dur_table, send_table = [], []
+    zero_tables: tuple[list, list, list, list] = ([], [], [], [])  # pre, its mask, post, its mask
     prev_parts, need_parts, cost_parts, rows_of = [], [], [], []
     seg_dst, seg_src, seg_len = [], [], []
     offset = base = 0
-    for (cs, f, b, sf, sb), g in zip(items, groups):
+    for item_index, ((cs, f, b, sf, sb), g) in enumerate(zip(items, groups)):
         k, n, p = f.shape[0], cs.num_steps, cs.p
         depths = len(cs.level_sizes)
         lev = cs.depth[cs.order]
@@ -310,6 +366,12 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
 
         dur_table.append(block(b, f, b, f))
         send_table.append(block(zero, zero, sb, sf))
+        if zero_terms is not None:
+            zf, zb, zr = zero_terms[item_index]
+            no_ag_b, no_ag_f, no_rs = (np.where(x > 0, 0.0, -np.inf) for x in (zb, zf, zr))
+            for table, values in zip(zero_tables, ((zb, zf, zb, zf), (no_ag_b, no_ag_f, no_ag_b, no_ag_f),
+                                                   (zr, zero, zr, zero), (no_rs, zero - np.inf, no_rs, zero - np.inf))):
+                table.append(block(*values))
         slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
         cost_parts.append((base + slot[:, None] + 4 * p * q).ravel())
         seg_dst.append(level_start[:depths] + prior[:depths])
@@ -338,6 +400,9 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     pp = np.zeros(rows * w)  # when the step's device's pp stream is free after it (its output arrived)
     end_rows, pp_rows = end.view(row_type), pp.view(row_type)
     maximum, add, f8 = np.maximum, np.add, np.float64
+    if zero_terms is not None:
+        return _many_zero(items, columns, rows_of, w, rows, row_type, durs, sends, prev, need, cost_at, level_start,
+                          [np.ascontiguousarray(np.concatenate(t), dtype=np.float64).view(row_type).ravel() for t in zero_tables])
     for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
         before, at = prev[a:b_], cost_at[a:b_]
         start = end_rows[before].view(f8)  # the device free
@@ -354,6 +419,42 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
         picked = end[row[pos][:, None] + np.arange(g)]  # [c, g, w]
         out.append(np.ascontiguousarray(picked.reshape(len(pos), g * w)[:, :k].T))
     return out
+
+
+def _many_zero(items, columns, rows_of, w, rows, row_type, durs, sends, prev, need, cost_at, level_start, tables):
+    """The level loop of :func:`pipeline_end_times_many` with the ZeRO dp stream (its docstring)."""
+    pre_t, pre_mask, post_t, post_mask = tables
+    end, pp, dp, st = (np.zeros(rows * w) for _ in range(4))
+    end_rows, pp_rows, dp_rows, st_rows = (x.view(row_type) for x in (end, pp, dp, st))
+    maximum, add, f8 = np.maximum, np.add, np.float64
+    for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
+        before, at = prev[a:b_], cost_at[a:b_]
+        ready = end_rows[before].view(f8)  # the device free
+        maximum(ready, pp_rows[need[a:b_]].view(f8), out=ready)  # and the input arrived
+        stream = dp_rows[before].view(f8)  # the dp stream after the previous step
+        gathered = st_rows[before].view(f8)  # the all-gather starts when the previous step started
+        maximum(gathered, stream, out=gathered)
+        add(gathered, pre_t[at].view(f8), out=gathered)
+        add(gathered, pre_mask[at].view(f8), out=gathered)  # -inf: no all-gather
+        started = st[a * w:b_ * w]
+        maximum(ready, gathered, out=started)
+        ended = end[a * w:b_ * w]
+        add(started, durs[at].view(f8), out=ended)
+        maximum(stream, gathered, out=stream)
+        after = add(ended, post_mask[at].view(f8))  # -inf: no reduce-scatter
+        maximum(stream, after, out=stream)
+        add(stream, post_t[at].view(f8), out=dp[a * w:b_ * w])
+        queued = pp_rows[before].view(f8)  # the send leaves when the step has ended and the stream is free
+        maximum(ended, queued, out=queued)
+        add(queued, sends[at].view(f8), out=pp[a * w:b_ * w])
+    end, dp = end.reshape(rows, w), dp.reshape(rows, w)
+    out_end, out_dp = [], []
+    for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
+        pos = cs.position if columns is None else cs.position[columns[i]]
+        at_rows = row[pos][:, None] + np.arange(g)
+        out_end.append(np.ascontiguousarray(end[at_rows].reshape(len(pos), g * w)[:, :k].T))
+        out_dp.append(np.ascontiguousarray(dp[at_rows].reshape(len(pos), g * w)[:, :k].T))
+    return out_end, out_dp
 
 
 def _row_width(ks: list[int], steps: list[int]) -> int:
