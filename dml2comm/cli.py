@@ -10,6 +10,7 @@ Bad input prints one line ``error: ...`` on stderr and exits with code 2; nothin
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import shutil
 import sys
@@ -24,16 +25,16 @@ from dml2comm.errors import ConfigError, Dml2CommError
 
 __all__ = ["main"]
 
-EXAMPLES = """examples:
-  python main.py examples/gpt_tiny.onnx --d 2 --p 4 --t 2
-  python main.py model.onnx --d 8 --t 8 --p 16 --micro-batch-size 1 --global-batch-size 1536 --seq-len 2048 --gpu a100
-  python main.py model.onnx --d 2 --t 4 --sequence-parallel --zero 1 --json --no-site
-  python main.py model.onnx --dim batch=4 --dim sequence=512 --cluster dgx-h100
+EXAMPLES = """examples (each runs as written from the repository root; outputs go to out/):
+  python main.py examples/gpt2-small.onnx --d 2 --p 4 --t 2
+  python main.py examples/gpt2-small.onnx --d 8 --t 4 --p 4 --micro-batch-size 1 --global-batch-size 1536 --seq-len 1024 --gpu a100
+  python main.py examples/gpt2-small.onnx --d 2 --t 4 --sequence-parallel --zero 1 --json --no-site
+  python main.py examples/gpt2-small.onnx --dim batch=4 --cluster dgx-h100
   python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx
   python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
-  python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --workers 8
-  python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
-  python main.py trace torch_profile/ --processes 8 --out trace_out
+  python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512 --t 1,2,4 --max-p 16 --workers 2
+  python main.py compare examples/gpt2-small.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
+  python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2
   python main.py validate --source vtrain --sample 100
   python main.py presets
 """
@@ -99,15 +100,16 @@ def analysis_parser() -> argparse.ArgumentParser:
                         "(--dim image:2=32); a name the model lacks is refused with the list of its dims")
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training dtype (default bf16)")
     h = p.add_argument_group("hardware")
-    h.add_argument("--gpu", default="a100", help="GPU preset (default a100; see: python main.py presets)")
-    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...); overrides --gpu")
+    h.add_argument("--gpu", help="GPU preset (default a100; see: python main.py presets); refused with a --cluster of another GPU")
+    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...): its own GPU, nodes and network")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     h.add_argument("--collective-overhead-us", type=float, default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                         "the presets' fitted value for standalone calls is 51.5)")
     h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", default=".", help="output folder (default: current folder)")
+    o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
+                   "out/compare, out/trace, out/validate, so none replaces another's files)")
     o.add_argument("--no-site", action="store_true", help="stop after data.json")
     o.add_argument("--serve", action="store_true", help="after building, serve the site on 127.0.0.1 (a free port) until Ctrl-C")
     o.add_argument("--json", action="store_true", help="also print the summary as JSON on stdout")
@@ -225,8 +227,9 @@ def run_analysis(argv: Sequence[str]) -> int:
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus)
+        _check_gpu_matches_cluster(args.gpu, args.cluster, cluster)
     else:
-        cluster = make_cluster(args.gpu, num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
+        cluster = make_cluster(args.gpu or "a100", num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
                                topology=args.topology)
     def reimport(batch: int):  # the same model bound to another micro-batch size (recommendations)
         return load_model(args.model, replace(options, batch_size=batch))
@@ -236,6 +239,9 @@ def run_analysis(argv: Sequence[str]) -> int:
     cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6)
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
+    slips = config_warnings(config, cluster)
+    if slips:  # before data.json, the site and the summary are written from it
+        analysis = replace(analysis, warnings=tuple(dict.fromkeys(analysis.warnings + slips)))
     from dml2comm.export.chrome_trace import trace_json
     from dml2comm.export.report import report_dict, report_json
 
@@ -255,6 +261,43 @@ def run_analysis(argv: Sequence[str]) -> int:
     if args.serve:
         return _serve(Path(args.out) / "site")
     return 0
+
+
+def _check_gpu_matches_cluster(gpu: str | None, cluster_name: str, cluster: Any) -> None:
+    """``--gpu v100 --cluster dgx-a100`` is a contradiction, not a preference: refuse it (the
+    cluster preset fixes its GPU with its nodes and network; silently using either would mislead)."""
+    if gpu is None:
+        return
+    from dml2comm.hardware.gpus import get_gpu
+
+    if get_gpu(gpu).name != cluster.gpu.name:
+        raise ConfigError(f"--gpu {gpu} conflicts with --cluster {cluster_name}, whose GPU is {cluster.gpu.name}; "
+                          f"drop --gpu, or drop --cluster to build nodes of {gpu} (--gpu {gpu} --gpus-per-node N)")
+
+
+def config_warnings(config: Any, cluster: Any) -> tuple[str, ...]:
+    """Valid configurations a reviewer should be told about (they go to ``warnings`` in data.json,
+    the site and the terminal).
+
+    - Tensor parallelism wider than a node: its all-reduces of every layer cross the NICs, which
+      Megatron-LM avoids (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a
+      multi-GPU server"; the takeaway of their Sec. 5.4 keeps t at or below the GPUs per node).
+    - ZeRO-2/3 with pipeline parallelism: DeepSpeed refuses it (``deepspeed/runtime/pipe/engine.py``,
+      ``PipelineEngine.__init__``: ``assert self.zero_optimization_stage() < 2, "ZeRO-2 and ZeRO-3
+      are incompatible with pipeline parallelism"``; DeepSpeed issue #1110). PyTorch FSDP with a
+      pipeline (torchtitan) does combine them, so this is a warning, not an error.
+    """
+    out = []
+    per_node = cluster.gpus_per_node
+    if config.tp_size > per_node and config.num_gpus > per_node:
+        out.append(f"tensor parallelism t={config.tp_size} is wider than a node of {per_node} GPUs: its per-layer all-reduces "
+                   f"cross the inter-node network (Megatron-LM keeps t <= GPUs per node); try --t {per_node} with more --p or --d")
+    if config.zero_stage >= 2 and config.pp_size > 1:
+        out.append(f"ZeRO-{config.zero_stage} with pipeline parallelism (p={config.pp_size}): DeepSpeed refuses this combination "
+                   "(its PipelineEngine asserts ZeRO stage < 2: gradient/parameter sharding conflicts with per-micro-batch "
+                   "gradient accumulation across stages); the figures assume an FSDP-style implementation (e.g. torchtitan); "
+                   "use --zero 1 for DeepSpeed or Megatron-LM")
+    return tuple(out)
 
 
 def _serve(site_dir: Path) -> int:
@@ -403,7 +446,8 @@ def run_zoo(argv: Sequence[str]) -> int:
         prog="python main.py zoo",
         description="Build a shape-only ONNX model (weights are external references to a file that is not written).",
         epilog="examples:\n  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx\n"
-        "  python main.py zoo llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn-hidden 28672 -o llama70b.onnx\n"
+        "  python main.py zoo llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn-hidden 28672 --vocab 32000 "
+        "--seq-len 4096 -o llama70b.onnx\n"
         "  python main.py zoo preset gpt2-small -o gpt2.onnx",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -476,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not argv:
             analysis_parser().print_help()
             return 2
+        _check_not_a_command_typo(argv[0])
         return run_analysis(argv)
     except Dml2CommError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
@@ -483,6 +528,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def _check_not_a_command_typo(first: str) -> None:
+    """``sweeep model.onnx`` -> ``unknown command 'sweeep'; did you mean 'sweep'?`` instead of
+    argparse's "unrecognized arguments: model.onnx". A first word that is an existing file, names an
+    ``.onnx`` file or is a flag is a model (or an option), never a command."""
+    if first.startswith("-") or first.lower().endswith(".onnx") or Path(first).exists():
+        return
+    close = difflib.get_close_matches(first.lower(), SUBCOMMANDS, n=1, cutoff=0.6)
+    if close:
+        raise ConfigError(f"unknown command {first!r}; did you mean {close[0]!r}? (commands: {', '.join(SUBCOMMANDS)}; "
+                          "or give a model file)")
 
 
 def _one_line(text: str) -> str:

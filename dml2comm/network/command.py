@@ -20,6 +20,7 @@ import json
 import math
 from typing import Any, Sequence
 
+from dml2comm.argtypes import suggest_options
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Cluster, Link, cluster_names
 from dml2comm.network.collectives import CollectiveCost, busbw_factor, registered_algorithms
@@ -51,15 +52,22 @@ _ALGORITHM_ALIASES = {
     "two_level": Algorithm.HIERARCHICAL,
 }
 
+#: Names users bring from the literature and comparable tools (ASTRA-sim's "Torus2D", "Mesh") -> ours.
+TOPOLOGY_ALIASES = {"torus": "torus2d", "2d-torus": "torus2d", "3d-torus": "torus3d", "mesh": "mesh2d", "2d-mesh": "mesh2d"}
+
 EXAMPLES = """examples:
   python main.py collective --op all_reduce --topology ring --n 8 --size 1GiB --bandwidth 100GB/s --latency 5us
   python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
   python main.py collective --op all_to_all --topology torus2d --dims 4x4 --n 16 --size 64MiB --bandwidth 50GB/s
   python main.py collective --op all_reduce --topology fat-tree --radix 4 --oversubscription 2 --n 64 --size 1GiB --bandwidth 25GB/s
   python main.py collective --op all_reduce --cluster dgx-h100 --n 8 --table --csv
+  python main.py collective --op all_reduce --topology ring --algorithm ring --one-direction --n 8 --size 1GiB --verbose
 
 sizes: 4096, 1e9, 64MB (10^6), 64MiB or 64M (2^20); rates: 100GB/s, 200Gb/s (bits), 25e9; latencies: 5us, 1.5ms, 2e-6.
 busbw follows nccl-tests: AllReduce 2(n-1)/n x algbw; AllGather, ReduceScatter, AllToAll (n-1)/n; others 1.
+topologies: torus and mesh read as torus2d and mesh2d. On ring and torus levels the ring algorithm runs two
+counter-rotating rings (both directions of every link, half the textbook bandwidth term); --one-direction
+costs the textbook single ring (one direction of each link).
 """
 
 
@@ -67,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage, so every error is one line."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"collective: {message} (see python main.py collective --help)")
+        raise ConfigError(f"collective: {message}{suggest_options(self, message)} (see python main.py collective --help)")
 
 
 def _positive_int(label: str):
@@ -143,7 +151,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", help="message size S (nccl-tests convention: AllGather output, ReduceScatter input, ...)")
     p.add_argument("--algorithm", help="force an algorithm (default: the fastest, as NCCL's tuner picks)")
     t = p.add_argument_group("topology (without --cluster)")
-    t.add_argument("--topology", help="one of " + ", ".join(TOPOLOGY_NAMES) + " (default switch; hierarchical with --cluster)")
+    t.add_argument("--topology", help="one of " + ", ".join(TOPOLOGY_NAMES) + " (torus, mesh: the 2-D forms; default switch; "
+                   "hierarchical with --cluster)")
+    t.add_argument("--one-direction", action="store_true",
+                   help="ring and torus topologies: the ring algorithm uses one direction of each link (the textbook "
+                        "single ring) instead of two counter-rotating rings over both")
     t.add_argument("--bandwidth", help="per link and direction, e.g. 100GB/s (default: one A100's NVLink, 300 GB/s)")
     t.add_argument("--latency", help="per message / per hop, e.g. 5us (default 3.4 us, NCCL's NVLink step latency)")
     t.add_argument("--links-per-gpu", type=_positive_int("--links-per-gpu"), default=1, help="parallel links per connection (default 1)")
@@ -240,6 +252,7 @@ def _setup(args: argparse.Namespace) -> _Setup:
         if value is not None and (args.topology or "").strip().lower() != "hierarchical":
             raise ConfigError(f"{flag} applies to --topology hierarchical or --cluster")
     name = args.topology or "switch"
+    name = TOPOLOGY_ALIASES.get(name.strip().lower().replace("_", "-"), name)
     if args.bandwidth is None:
         per_link = NVLINK3_NVSWITCH_A100.bandwidth_bytes_per_s
         source = "default: one A100's 12 NVLink3 links (300 GB/s per direction)"
@@ -249,6 +262,13 @@ def _setup(args: argparse.Namespace) -> _Setup:
     latency = parse_latency(args.latency) if args.latency is not None else NVLINK3_NVSWITCH_A100.latency_s
     bw = per_link * args.links_per_gpu
     label = f"{format_rate(bw)}" + (f" ({args.links_per_gpu} x {format_rate(per_link)})" if args.links_per_gpu > 1 else "")
+    if args.one_direction:
+        # Two counter-rotating rings share each link's two directions (topology.path: beta_share 1/2 on
+        # a ring level); one ring on one direction is the same formula over links of half the bandwidth:
+        # 2((n-1)/n) S / B per AllReduce, Patarasuk & Yuan 2009 / Thakur et al. 2005.
+        _check_one_direction(args, name)
+        bw /= 2
+        label += " (the ring uses one direction)"
     link = Link(
         name=f"link {label}, {format_seconds(latency)}",
         bandwidth_bytes_per_s=bw,
@@ -273,6 +293,24 @@ def _setup(args: argparse.Namespace) -> _Setup:
                          oversubscription=args.oversubscription, in_network=args.in_network,
                          gpus_per_node=args.gpus_per_node, inter_link=inter)
     return _Setup(kind, n, topo, None, args.library or "textbook", overhead or 0.0, args.gamma, topo.description)
+
+
+def _check_one_direction(args: argparse.Namespace, topology: str) -> None:
+    if topology.strip().lower() not in ("ring", "torus2d", "torus3d"):
+        raise ConfigError(f"--one-direction applies to --topology ring, torus2d or torus3d (links with two directions "
+                          f"that the ring algorithm can both use), not {topology}")
+    if (args.algorithm or "").strip().lower() != "ring":
+        raise ConfigError("--one-direction describes the ring algorithm; add --algorithm ring")
+
+
+def _ring_note(setup: _Setup, cost: CollectiveCost, one_direction: bool) -> str:
+    """How the ring algorithm uses a ring/torus level's links (the formula line alone does not say)."""
+    if cost.algorithm != Algorithm.RING.value or not any(lv.kind.value == "ring" for lv in setup.topology.levels):
+        return ""
+    if one_direction:
+        return " (one direction of each link: the textbook single ring; b = 1/link bandwidth)"
+    return (" (two counter-rotating rings: both directions of every link, so b = 1/(2 x link bandwidth), half the "
+            "textbook term; --one-direction for the single ring)")
 
 
 def _cost(setup: _Setup, size: float, algorithm: Algorithm | None) -> CollectiveCost:
@@ -306,9 +344,39 @@ def _record(setup: _Setup, cost: CollectiveCost) -> dict[str, Any]:
     }
 
 
-def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool) -> None:
+def _faster_elsewhere(setup: _Setup, cost: CollectiveCost) -> list[tuple[str, float]]:
+    """Algorithms that run here, are not among the library's candidates (NCCL implements only some)
+    and beat its pick: (name, time), fastest first."""
+    if cost.n <= 1:
+        return []
+    candidates = {a for a, _ in cost.alternatives}
+    out = []
+    for alg in available_algorithms(setup.topology, setup.kind, ranks=list(range(setup.n)), library=setup.library):
+        if alg.value in candidates:
+            continue
+        try:
+            other = _cost(setup, cost.message_bytes, alg)
+        except ConfigError:
+            continue
+        if other.time_s < cost.time_s:
+            out.append((alg.value, other.time_s))
+    return sorted(out, key=lambda x: x[1])
+
+
+def _how_chosen(setup: _Setup, cost: CollectiveCost, forced: bool) -> str:
+    if forced:
+        return "as requested"
+    if not cost.alternatives:
+        return "one rank: nothing to send"
+    k = len(cost.alternatives)
+    if setup.library == "nccl":
+        return (f"NCCL's only algorithm here" if k == 1 else f"fastest of the {k} algorithms NCCL implements here")
+    return f"fastest of {k} candidates"
+
+
+def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool, one_direction: bool = False) -> None:
     print(f"{cost.kind.value}, {format_bytes(cost.message_bytes)} over {cost.n} rank(s): {setup.description}")
-    how = "as requested" if forced else f"fastest of {len(cost.alternatives)}" if cost.alternatives else "one rank: nothing to send"
+    how = _how_chosen(setup, cost, forced)
     print(f"  algorithm      {cost.algorithm} ({how}; protocol {cost.protocol}, {setup.library} model)")
     print(f"  time           {format_seconds(cost.time_s)}")
     print(f"  algbw / busbw  {format_rate(cost.algbw_bytes_per_s)} / {format_rate(cost.busbw_bytes_per_s)} (nccl-tests conventions)")
@@ -316,9 +384,14 @@ def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool)
     print(f"  limiting link  {cost.limiting_link or '-'}")
     if verbose:
         print(f"  links          {cost.link or '-'}")
-        print(f"  formula        {cost.formula}")
+        print(f"  formula        {cost.formula}{_ring_note(setup, cost, one_direction)}")
         alts = ", ".join(f"{a} {format_seconds(t)}" for a, t in cost.alternatives)
         print(f"  candidates     {alts or '-'}")
+    faster = [] if forced else _faster_elsewhere(setup, cost)
+    if faster:
+        print(f"  faster         {', '.join(f'{a} {format_seconds(t)}' for a, t in faster)}: not among the {setup.library} "
+              "model's candidates, so not the default (--algorithm NAME forces one)")
+    if verbose:
         for lv in setup.topology.levels:
             print(f"  level          {lv.kind.value} x{lv.size}: {lv.name} ({format_rate(lv.link.effective_bytes_per_s)}, "
                   f"{format_seconds(lv.link.latency_s)}, oversubscription {lv.oversubscription:g})")
@@ -363,7 +436,14 @@ def _table(setup: _Setup, args: argparse.Namespace) -> None:
         print(buf.getvalue(), end="")
         return
     print(f"# {setup.kind.value} over {setup.n} rank(s): {setup.description}; {setup.library} model")
-    print("# time in us, busbw in GB/s (nccl-tests conventions); * = the default choice (the fastest of the model's candidates)")
+    cands = sorted({a for _, best, _ in rows for a, _t in best.alternatives})
+    if setup.library == "nccl":
+        pool = f"the fastest of the algorithms NCCL implements here ({', '.join(cands)})"
+    else:
+        pool = f"the fastest of the {setup.library} model's candidates ({', '.join(cands)})"
+    print(f"# time in us, busbw in GB/s (nccl-tests conventions); * = the default choice: {pool}")
+    if any(name not in cands for name in names):
+        print("# + = the fastest in its row where that is an algorithm outside the default's candidates (--algorithm NAME forces it)")
     head = f"# {'size (B)':>12}" + "".join(f"  {name[:18]:>18} {'':>7}" for name in names) + f"  {'default':>18}"
     sub = f"# {'':>12}" + "".join(f"  {'time(us)':>18} {'busbw':>7}" for _ in names)
     print(head)
@@ -375,7 +455,8 @@ def _table(setup: _Setup, args: argparse.Namespace) -> None:
             if c is None:
                 cells.append(f"  {'n/a':>18} {'':>7}")
             else:
-                mark = "*" if name == best.algorithm else " "
+                fastest = min(per, key=lambda a: per[a].time_s)
+                mark = "*" if name == best.algorithm else "+" if name == fastest and per[name].time_s < best.time_s else " "
                 cells.append(f"  {c.time_s * 1e6:>17.2f}{mark} {c.busbw_bytes_per_s / 1e9:>7.2f}")
         print(f"  {size:>12.0f}" + "".join(cells) + f"  {best.algorithm[:18]:>18}")
 
@@ -431,7 +512,7 @@ def run_collective(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(_record(setup, cost), sort_keys=True))
     else:
-        _print_one(setup, cost, args.verbose, algorithm is not None)
+        _print_one(setup, cost, args.verbose, algorithm is not None, args.one_direction)
     return 0
 
 

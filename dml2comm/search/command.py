@@ -40,17 +40,18 @@ from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evalu
 
 __all__ = ["run_sweep_command", "run_compare_command", "parse_config_spec", "sweep_dict"]
 
-SWEEP_EXAMPLES = """examples:
-  python main.py sweep model.onnx --gpus 64 --global-batch-size 512
-  python main.py sweep model.onnx --scaling 8,16,32,64 --global-batch-size 512          (strong scaling)
-  python main.py sweep model.onnx --scaling 8,16,...,1024 --per-gpu-batch 4 --weak      (weak scaling)
-  python main.py sweep model.onnx --gpus 64 --global-batch-size 512 --t 1,2,4,8 --max-p 16 --zero 0,1,2 --workers 8
-  python main.py sweep model.onnx --gpus 16 --cluster dgx-h100 --recompute none,full --no-sp --out sweep_out
+SWEEP_EXAMPLES = """examples (run as written from the repository root; default output folder out/sweep):
+  python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512
+  python main.py sweep examples/gpt2-small.onnx --scaling 8,16,32,64 --global-batch-size 512
+  python main.py sweep examples/gpt2-small.onnx --scaling 8,16,...,1024 --per-gpu-batch 4 --weak
+  python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512 --t 1,2,4 --max-p 16 --zero 0,1,2 --workers 2
+  python main.py sweep examples/gpt2-small.onnx --gpus 16 --cluster dgx-h100 --recompute none,full --no-sp --out out/sweep16
+(--scaling: strong scaling at a fixed global batch; with --weak and --per-gpu-batch: weak scaling; 8,16,...,1024 continues the ratio of 8 and 16 up to 1024)
 """
 
-COMPARE_EXAMPLES = """examples:
-  python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2"
-  python main.py compare model.onnx --global-batch-size 64 --configs "d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2"
+COMPARE_EXAMPLES = """examples (run as written from the repository root; default output folder out/compare):
+  python main.py compare examples/gpt2-small.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2"
+  python main.py compare examples/gpt2-small.onnx --global-batch-size 64 --configs "d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2"
 """
 
 #: Rows of the Pareto front printed (data.json holds all of them).
@@ -75,7 +76,7 @@ def _hardware_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     b.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
-    p.add_argument("--out", default=".", help="output folder (default: current folder)")
+    p.add_argument("--out", help="output folder (default: out/sweep or out/compare, beside the analysis's out/)")
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
 
@@ -261,7 +262,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
         raise ConfigError("sweep needs --gpus N (or --scaling N1,N2,... for a scaling study)")
     space = SweepSpace(global_batch_size=args.global_batch_size or args.gpus, seq_len=args.seq_len, constraints=constraints)
     constraints.check(args.gpus)  # bad constraints fail before the model is read
-    out = Path(args.out)
+    out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
     builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node)
@@ -320,7 +321,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     counts = parse_gpu_counts(args.scaling)
     plan = plan_scaling(counts, args.weak, args.global_batch_size, args.per_gpu_batch, args.efficiency_threshold)
     dataclasses.replace(constraints, d=None, t=None, p=None).check(counts[0])  # bad constraints fail before the model is read
-    out = Path(args.out)
+    out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
     builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node)
@@ -511,7 +512,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     entries = [dict(_entry(r), spec=r["spec"]) for r in rows]
     cluster = builder(max(c.num_gpus for c in configs))
     data = {"schema_version": 1, "model": {"path": str(args.model)}, "compare": entries}
-    out = Path(args.out)
+    out = Path(args.out or "out/compare")
     files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}

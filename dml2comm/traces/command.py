@@ -41,10 +41,10 @@ from dml2comm.traces.load import TraceError, find_trace_files
 __all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet", "refuse_unused_flags",
            "run_sizes", "PREDICTION_DEFAULTS"]
 
-EXAMPLES = """examples:
-  python main.py trace torch_profile/ --processes 8 --out trace_out
-  python main.py trace rank-0.json.gz rank-1.json.gz --json --no-site
-  python main.py trace torch_profile/ --model gpt.onnx --d 2 --t 2 --p 2 --global-batch-size 32 --seq-len 1024 --gpu h100
+EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a folder of rank-N.json[.gz]):
+  python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2 --out out/trace
+  python main.py trace tests/fixtures/traces/gloo_pp2_dp2/rank-0.json.gz tests/fixtures/traces/gloo_pp2_dp2/rank-1.json.gz --json --no-site
+  python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --model examples/gpt2-small.onnx --global-batch-size 8 --gpu h100
 """
 
 #: Gantt charts drawn at most (pipeline groups; model replicas), rows per chart at most, ranks in
@@ -59,7 +59,8 @@ def trace_parser() -> argparse.ArgumentParser:
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="trace files (.json, .json.gz) or folders holding them (e.g. Megatron's torch_profile/)")
     p.add_argument("--processes", type=positive_int, default=1, help="ranks analysed in parallel (default 1)")
-    p.add_argument("--out", default=".", help="output folder (default: current folder; its site/ and svg_file/ are replaced)")
+    p.add_argument("--out", default="out/trace", help="output folder (default: out/trace, beside the analysis's out/; its site/ and svg_file/ "
+                   "are replaced)")
     p.add_argument("--no-site", action="store_true", help="write trace_analysis.json and the Parquet tables only")
     p.add_argument("--json", action="store_true", help="print trace_analysis.json's per-rank summary as JSON")
     m = p.add_argument_group("the run's sizes (optional)",
