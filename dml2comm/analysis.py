@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping
 
 from dml2comm.cost.cache import (activation_model_of, attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of,
                                  tensor_parallel_of)
-from dml2comm.cost.compute import GEMM_E_MAX, HBM_EFFICIENCY
+from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
+from dml2comm.cost.gemm import sustained_factor
 from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, is_attention_core, shard_op_costs
 from dml2comm.cost.stages import (DPGroup, dp_bucket_buffer_bytes, stage_dp_collectives, stage_dp_times, stage_model_states,
@@ -438,8 +439,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     )
     summary, model_info = _summarize(graph, layered, config, stages, comms, sim, sim_free, full_flops, peak, seq_len, model_path)
     warnings.append(
-        f"compute: roofline with GEMM efficiency {GEMM_E_MAX:.2f} x tile and wave quantisation and {HBM_EFFICIENCY:.2f} of "
-        "HBM bandwidth, point-wise chains fused as Megatron-LM (calibrated on Narayanan et al. 2021 Table 1 within 5%)"
+        f"compute: GEMMs from measured tables or the fitted tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of "
+        f"peak sustained on {cluster.gpu.name}, other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, memory-bound ops at "
+        f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, point-wise chains fused as Megatron-LM (A100 factor fitted on Narayanan "
+        "et al. 2021 Table 1, every row within 5%)"
     )
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")

@@ -188,7 +188,7 @@ def run_analysis(argv: Sequence[str]) -> int:
     _load_config_defaults(parser, argv)
     args = parser.parse_args(argv)
     from dml2comm.analysis import analyze_graph
-    from dml2comm.hardware.cluster import get_cluster, make_cluster
+    from dml2comm.hardware.cluster import check_gpu_matches_cluster, get_cluster, make_cluster
     from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
     from dml2comm.parallel.config import ParallelConfig
 
@@ -227,7 +227,7 @@ def run_analysis(argv: Sequence[str]) -> int:
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus)
-        _check_gpu_matches_cluster(args.gpu, args.cluster, cluster)
+        check_gpu_matches_cluster(args.gpu, args.cluster, cluster)
     else:
         cluster = make_cluster(args.gpu or "a100", num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
                                topology=args.topology)
@@ -261,18 +261,6 @@ def run_analysis(argv: Sequence[str]) -> int:
     if args.serve:
         return _serve(Path(args.out) / "site")
     return 0
-
-
-def _check_gpu_matches_cluster(gpu: str | None, cluster_name: str, cluster: Any) -> None:
-    """``--gpu v100 --cluster dgx-a100`` is a contradiction, not a preference: refuse it (the
-    cluster preset fixes its GPU with its nodes and network; silently using either would mislead)."""
-    if gpu is None:
-        return
-    from dml2comm.hardware.gpus import get_gpu
-
-    if get_gpu(gpu).name != cluster.gpu.name:
-        raise ConfigError(f"--gpu {gpu} conflicts with --cluster {cluster_name}, whose GPU is {cluster.gpu.name}; "
-                          f"drop --gpu, or drop --cluster to build nodes of {gpu} (--gpu {gpu} --gpus-per-node N)")
 
 
 def config_warnings(config: Any, cluster: Any) -> tuple[str, ...]:

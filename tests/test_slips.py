@@ -184,3 +184,21 @@ def test_help_example_runs_as_written(line, tmp_path):
         line += " --no-advice"
     r = _run(line, tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--gpus", "8", "--global-batch-size", "8", "--workers", "1"],
+    ["compare", "--global-batch-size", "8", "--configs", "d=2,t=2"],
+])
+def test_sweep_and_compare_refuse_a_gpu_that_contradicts_the_cluster(tmp_path, capsys, command):
+    """As the main command: the dgx-a100 preset fixes its GPU, so --gpu v100 with it is refused
+    (one line, exit 2, nothing written) instead of silently running on A100s."""
+    from dml2comm.cli import main
+
+    out = tmp_path / "out"
+    code = main([command[0], "examples/gpt2-small.onnx", *command[1:], "--gpu", "v100", "--cluster", "dgx-a100",
+                 "--out", str(out), "--no-site"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "--gpu v100 conflicts with --cluster dgx-a100" in err[0]
+    assert not out.exists() or not list(out.iterdir())

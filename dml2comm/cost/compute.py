@@ -28,7 +28,7 @@ from __future__ import annotations
 from dml2comm.ops.registry import OpCost
 
 __all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "gemm_dims", "FLOP_EFFICIENCY",
-           "GEMM_E_MAX", "HBM_EFFICIENCY"]
+           "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
 #: kernels, Einsum and fused-attention ops, GEMMs on a GPU without an SM count).  This was the
@@ -38,8 +38,6 @@ __all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_s
 #: For scale: cuBLAS FP16/BF16 GEMMs of a few thousand per side reach about 230-260 of
 #: 312 TFLOP/s on A100 when timed alone (0.74-0.83).
 FLOP_EFFICIENCY = 0.685
-#: The former name of :data:`FLOP_EFFICIENCY`, still read by ``analysis.py``'s assumptions text.
-GEMM_E_MAX = FLOP_EFFICIENCY
 #: Achieved share of HBM bandwidth for streaming kernels (STREAM-like copies on A100 reach
 #: about 1.7-1.8 TB/s of 2.04 TB/s; e.g. the "GPU-STREAM"/BabelStream A100 results).
 HBM_EFFICIENCY = 0.85

@@ -85,6 +85,7 @@ from dml2comm.hardware.gpus import GPU
 __all__ = [
     "B200",
     "DEFAULT_SUSTAINED_FACTOR",
+    "sustained_factor",
     "FitResult",
     "GemmDevice",
     "GemmShape",
@@ -222,6 +223,12 @@ B200 = GemmDevice(name="B200", peak_flops_per_s=MappingProxyType(
     {"tf32": 1100e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12}), sm_count=148, hbm_bytes_per_s=8000e9)
 
 
+def sustained_factor(gpu: GPU | GemmDevice) -> float:
+    """The share of the dense peak a GPU sustains on large GEMMs: :data:`SUSTAINED_FACTOR`
+    (fitted per GPU, see there), else :data:`DEFAULT_SUSTAINED_FACTOR`."""
+    return SUSTAINED_FACTOR.get(gpu.name, DEFAULT_SUSTAINED_FACTOR)
+
+
 def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
     """The :class:`GemmDevice` of a GPU preset (or the device itself).
 
@@ -295,7 +302,7 @@ def analytical_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int,
     """The analytical model alone for one GEMM (seconds); ``sustained`` overrides ``f_gpu``."""
     dev = gemm_device(gpu)
     key, in_bytes, out_bytes = _dtype(dtype, allow_tf32)
-    f = SUSTAINED_FACTOR.get(dev.name, DEFAULT_SUSTAINED_FACTOR) if sustained is None else sustained
+    f = sustained_factor(dev) if sustained is None else sustained
     return float(analytical_times_s([b], [m], [n], [k], peak_flops_per_s=dev.peak(key), sm_count=dev.sm_count,
                                     hbm_bytes_per_s=dev.hbm_bytes_per_s, in_bytes=in_bytes, out_bytes=out_bytes,
                                     sustained=f)[0])

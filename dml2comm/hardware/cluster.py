@@ -66,6 +66,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import GPU, get_gpu
 
 __all__ = [
+    "check_gpu_matches_cluster",
     "COLLECTIVE_LIBRARIES",
     "DGX1_V100_NVLINK_MATRIX",
     "INTRA_TOPOLOGIES",
@@ -1149,3 +1150,19 @@ class RankMap:
             for t in range(self.tp):
                 for k in range(self.dp * self.cp // self.ep):
                     yield self.ep_group(p, t, k)
+
+
+def check_gpu_matches_cluster(gpu: str | None, cluster_name: str, cluster: "Cluster") -> None:
+    """``--gpu v100 --cluster dgx-a100`` is a contradiction, not a preference: refuse it (the
+    cluster preset fixes its GPU with its nodes and network; silently using either would mislead).
+
+    Raises
+    ------
+    ConfigError
+        ``gpu`` names another GPU than the preset's.
+    """
+    if gpu is None:
+        return
+    if get_gpu(gpu).name != cluster.gpu.name:
+        raise ConfigError(f"--gpu {gpu} conflicts with --cluster {cluster_name}, whose GPU is {cluster.gpu.name}; "
+                          f"drop --gpu, or drop --cluster to build nodes of {gpu} (--gpu {gpu} --gpus-per-node N)")

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import Cluster, get_cluster, make_cluster
+from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
 from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
@@ -68,7 +68,7 @@ _positive = positive_int
 
 def _hardware_args(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("hardware")
-    h.add_argument("--gpu", default="a100", help="GPU preset (default a100)")
+    h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...); overrides --gpu")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     b = p.add_argument_group("batch")
@@ -81,14 +81,16 @@ def _hardware_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
 
 
-def cluster_builder(gpu: str, cluster: str | None, gpus_per_node: int) -> Callable[[int], Cluster]:
-    """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead."""
+def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int) -> Callable[[int], Cluster]:
+    """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead; a
+    ``gpu`` that contradicts the ``cluster`` preset's GPU is refused, as by the main command."""
 
     def build(num_gpus: int) -> Cluster:
         if cluster:
             built = get_cluster(cluster, num_gpus)
+            check_gpu_matches_cluster(gpu, cluster, built)
         else:
-            built = make_cluster(gpu, num_gpus, min(gpus_per_node, num_gpus))
+            built = make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus))
         return dataclasses.replace(built, collective_overhead_s=0.0)
 
     return build
