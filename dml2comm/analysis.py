@@ -694,22 +694,33 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
 def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: SimResult, full_flops, peak, seq_len, model_path):
     """Headline numbers from the simulated iteration.
 
-    The iteration splits into compute (pure op time of the busiest GPU), pipeline bubble (its
+    The iteration splits into compute (the busiest GPU's compute stream with every collective
+    free: its ops, recomputation and input reads), pipeline bubble (its
     idle time within the pipeline's span in the same schedule with every collective free), exposed communication (what
     the collectives add to the iteration: simulated time minus the collective-free time) and
-    the optimizer step.  ``bubble_fraction`` = bubble / busy time, Narayanan et al.'s
-    (p - 1) / (v m) for uniform stages.
+    the optimizer step.  ``bubble_fraction`` = bubble / iteration, the bubble's share of the
+    iteration as the breakdown bar shows it (one definition everywhere); ``bubble_ratio`` =
+    bubble / the busiest GPU's busy time, Narayanan et al. 2021's (p - 1) / (v m) for uniform
+    stages (Sec. 2.2), under its own name.  ``comm_time_s`` is the collective time of every
+    stage of one replica (each stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s``:
+    removing all collectives shortens the critical path by at most the collective time on it;
+    ``comm_time_busiest_stage_s`` is the busiest stage's own share of it.
     """
-    m = config.num_micro_batches
     iteration = sim.iteration_time_s
     crit = max(range(len(stages)), key=lambda d: (sim_free.compute_busy_s[d], -d))
-    st = stages[crit]
-    compute = m * (st.compute_fwd_s + st.compute_bwd_s)
     busy_free = sim_free.compute_busy_s[crit]
+    # compute: the busiest GPU's compute stream with every collective free (its ops,
+    # recomputation and the micro-batches' input reads), so that the parts add up
+    compute = busy_free
     bubble_time = max(max(sim_free.compute_end_s) - busy_free, 0.0)  # idle within the pipeline's span
+    # the optimizer step as the iteration sees it: from the last backward to the end of the
+    # collective-free iteration (the device that ends last, whose step may be longer than the
+    # busiest stage's: the first stage's embedding), so the four parts add up to the iteration
+    optimizer_part = max(sim_free.iteration_time_s - max(sim_free.compute_end_s), 0.0)
     exposed = max(iteration - sim_free.iteration_time_s, 0.0)
     comm_by_stage_dim = {dim: sum(c.time_s * c.count_per_iteration for c in comms if c.dim is dim and c.stage == crit) for dim in ParallelDim}
-    comm_total = sum(comm_by_stage_dim.values())
+    comm_busiest = sum(comm_by_stage_dim.values())
+    comm_total = sum(c.time_s * c.count_per_iteration for c in comms)
     batch = config.micro_batch_size
     flops_fwd_per_sample = sum(full_flops) / batch
     model_flops = 3 * flops_fwd_per_sample * config.global_batch_size  # forward + 2x backward, no recomputation
@@ -719,7 +730,7 @@ def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: 
         "compute": compute,
         "pipeline bubble": bubble_time,
         "exposed communication": exposed,
-        "optimizer step": st.optimizer_time_s,
+        "optimizer step": optimizer_part,
     }
     name, share = max(parts.items(), key=lambda kv: kv[1])
     if name == "exposed communication":
@@ -730,10 +741,12 @@ def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: 
         "iteration_time_s": iteration,
         "compute_time_s": compute,
         "comm_time_s": comm_total,
+        "comm_time_busiest_stage_s": comm_busiest,
         "exposed_comm_time_s": exposed,
         "bubble_time_s": bubble_time,
-        "bubble_fraction": bubble_time / busy_free if busy_free else 0.0,
-        "optimizer_time_s": st.optimizer_time_s,
+        "bubble_fraction": bubble_time / iteration if iteration else 0.0,
+        "bubble_ratio": bubble_time / busy_free if busy_free else 0.0,
+        "optimizer_time_s": optimizer_part,
         "mfu": mfu,
         "tokens_per_s": tokens / iteration if tokens and iteration else None,
         "samples_per_s": config.global_batch_size / iteration if iteration else None,

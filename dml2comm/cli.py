@@ -343,8 +343,10 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     t = Table(title=f"iteration (simulated, {escape(cfg.schedule)} schedule)", show_header=False)
     t.add_row("iteration time", _fmt_s(s["iteration_time_s"]))
     t.add_row("compute (busiest stage)", _fmt_s(s["compute_time_s"]))
-    t.add_row("pipeline bubble", f"{_fmt_s(s['bubble_time_s'])} (fraction {s['bubble_fraction']:.3f})")
-    t.add_row("communication (busiest stage)", f"{_fmt_s(s['comm_time_s'])}, exposed {_fmt_s(s['exposed_comm_time_s'])}")
+    t.add_row("pipeline bubble", f"{_fmt_s(s['bubble_time_s'])} ({s['bubble_fraction']:.1%} of the iteration; "
+              f"{s['bubble_ratio']:.3f} of the busiest GPU's busy time)")
+    t.add_row("communication (all stages)", f"{_fmt_s(s['comm_time_s'])}, exposed {_fmt_s(s['exposed_comm_time_s'])} "
+              f"(busiest stage {_fmt_s(s['comm_time_busiest_stage_s'])})")
     t.add_row("optimizer step", _fmt_s(s["optimizer_time_s"]))
     t.add_row("MFU", f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a")
     t.add_row("peak memory per GPU", _fmt_bytes(s["peak_memory_bytes"]))

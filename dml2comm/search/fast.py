@@ -1088,16 +1088,22 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[
     rows = np.arange(k)
     crit = np.argmax(busy_all, axis=1)  # per configuration, the first device with the most work
     busy = busy_all[rows, crit]
-    compute = m * (np.array([pr.compute_f for pr in preps])[rows, crit] + np.array([pr.compute_b for pr in preps])[rows, crit])
+    compute = busy  # the busiest device's collective-free compute stream, as the analysis's compute_time_s
     bubble = np.maximum(ce_free.max(axis=1) - busy, 0.0)
-    fraction = np.divide(bubble, busy, out=np.zeros(k), where=busy != 0)
+    # the bubble's share of the iteration, and Narayanan's bubble / busy time (the analysis's
+    # bubble_fraction and bubble_ratio)
+    fraction = np.divide(bubble, iterations, out=np.zeros(k), where=iterations != 0)
+    ratio = np.divide(bubble, busy, out=np.zeros(k), where=busy != 0)
     exposed = np.maximum(iterations - free_iterations, 0.0)
+    # the optimizer step from the last backward to the end of the collective-free iteration
+    # (the analysis's optimizer_time_s): the four parts add up to the iteration
+    opt_part = np.maximum(free_iterations - ce_free.max(axis=1), 0.0)
     hbm = float(cluster.gpu.hbm_bytes)
     peaks: dict[str, float] = {}
     out = []
-    for pr, iteration, compute_i, exposed_i, bubble_i, fraction_i, opt_i in zip(
+    for pr, iteration, compute_i, exposed_i, bubble_i, fraction_i, ratio_i, opt_i in zip(
             preps, iterations.tolist(), compute.tolist(), exposed.tolist(), bubble.tolist(), fraction.tolist(),
-            opt[rows, crit].tolist()):
+            ratio.tolist(), opt_part.tolist()):
         config = pr.config
         gpus = config.num_gpus
         peak = peaks.get(config.dtype)
@@ -1111,6 +1117,7 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[
             "exposed_comm_time_s": exposed_i,
             "bubble_time_s": bubble_i,
             "bubble_fraction": fraction_i,
+            "bubble_ratio": ratio_i,
             "optimizer_time_s": opt_i,
             "mfu": model_flops / (iteration * gpus * peak) if iteration > 0 else None,
             "tflops_per_gpu": model_flops / (iteration * gpus) / 1e12 if iteration > 0 else None,

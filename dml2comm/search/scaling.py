@@ -325,7 +325,7 @@ def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: st
     cb, cq = b["config"], q["config"]
     loss = f"{min(excess[key] / lost, 1.0):.0%} of the time lost" if lost > 0 else "the largest change"
     if key == "bubble_time_s":
-        words = (f"pipeline bubble {fmt_s(pq[key])} ({q.get('bubble_fraction') or 0:.0%} of busy time, was "
+        words = (f"pipeline bubble {fmt_s(pq[key])} ({q.get('bubble_fraction') or 0:.0%} of the iteration, was "
                  f"{b.get('bubble_fraction') or 0:.0%} on {_gpus(n1)}; {loss}): p={cq['p']} stages with "
                  f"{_mb(cq.get('num_micro_batches'))} per pipeline (was p={cb['p']} with {cb.get('num_micro_batches')})")
         if mode == "strong" and (cq.get("num_micro_batches") or 0) < (cb.get("num_micro_batches") or 0):

@@ -192,7 +192,9 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
     headline = [
         ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples", "timeline", False),
         ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else "", None, False),
-        ("Communication (busiest stage)", fmt_s(s.get("comm_time_s")), f"exposed: {fmt_s(exposed)}", None, False),
+        ("Communication (all stages)", fmt_s(s.get("comm_time_s")),
+         f"exposed: {fmt_s(exposed)} ({fmt_share(exposed / iteration) if iteration else ''} of the iteration); "
+         f"busiest stage {fmt_s(s.get('comm_time_busiest_stage_s'))}", None, False),
         ("Pipeline bubble", fmt_share(s.get("bubble_fraction")), f"{cfg.schedule}, p = {cfg.pp_size}, m = {cfg.num_micro_batches} micro-batches",
          "timeline", False),
         ("MFU", fmt_share(s.get("mfu")), "model FLOPs / (iteration x GPUs x peak)", None, False),
@@ -575,7 +577,8 @@ def _timeline_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
             bottleneck=s.get("bottleneck") or "n/a", critical=crit, critical_key=f"stage_{crit}_data_0" if isinstance(crit, int) else None,
             recs=recs, per_stage=per_stage, schedule=cfg.schedule + (f" with v = {v} model chunks per GPU" if v > 1 else ""),
             m=facts.m, pp=facts.pp, recompute=cfg.recompute,
-            bubble_fraction=fmt_share(s.get("bubble_fraction")), mfu=fmt_share(s.get("mfu")),
+            bubble_fraction=fmt_share(s.get("bubble_fraction")), bubble_ratio=fmt_share(s.get("bubble_ratio")),
+            mfu=fmt_share(s.get("mfu")),
         ),
     )
 
