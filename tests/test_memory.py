@@ -19,12 +19,12 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
 from tests.test_cli import ROOT, assert_bad, run
 
-ZERO_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "zero2020_table1.json"
+ZERO_TABLE = Path(__file__).resolve().parent / "fixtures" / "published" / "zero2020_table1.json"
 
 
 def _zero_rows():
     if not ZERO_TABLE.exists():
-        pytest.skip(f"{ZERO_TABLE} not present (shared/ must sit beside the repository)")
+        pytest.skip(f"{ZERO_TABLE} not present (a bundled test fixture is missing: restore it from git)")
     return json.loads(ZERO_TABLE.read_text())["rows"]
 
 

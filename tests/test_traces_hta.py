@@ -33,7 +33,7 @@ from dml2comm.traces.load import load_trace
 from dml2comm.traces.overlap import (hta_gpu_events, hta_kernel_type_breakdown, hta_overlap_pct, hta_temporal_breakdown,
                                      percentages)
 
-HTA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+HTA = Path(__file__).resolve().parent / "fixtures" / "traces" / "hta"
 
 SETS = {
     "sampled pair": (
@@ -63,7 +63,7 @@ SETS = {
 
 def _need_shared() -> None:
     if not HTA.is_dir():
-        pytest.skip(f"{HTA} not present (shared/ must sit beside the repository)")
+        pytest.skip(f"{HTA} not present (a bundled test fixture is missing: restore it from git)")
 
 
 @pytest.mark.parametrize("name", list(SETS))
