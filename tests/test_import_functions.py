@@ -151,7 +151,6 @@ def test_pipeline_splits_the_blocks_and_is_faster_per_sample():
     assert rates[4] > rates[1]
 
 
-@pytest.mark.skipif(not (FIXTURES / "resnet18_functions_legacy.onnx").is_file(), reason="fixture not generated yet")
 def test_real_legacy_export_with_functions():
     from dml2comm.analysis import analyze
     from dml2comm.hardware.cluster import make_cluster

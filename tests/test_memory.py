@@ -23,8 +23,7 @@ ZERO_TABLE = Path(__file__).resolve().parent / "fixtures" / "published" / "zero2
 
 
 def _zero_rows():
-    if not ZERO_TABLE.exists():
-        pytest.skip(f"{ZERO_TABLE} not present (a bundled test fixture is missing: restore it from git)")
+    assert ZERO_TABLE.exists(), f"{ZERO_TABLE} is missing: it is a bundled test fixture (restore it from git)"
     return json.loads(ZERO_TABLE.read_text())["rows"]
 
 

@@ -62,8 +62,7 @@ SETS = {
 
 
 def _need_shared() -> None:
-    if not HTA.is_dir():
-        pytest.skip(f"{HTA} not present (a bundled test fixture is missing: restore it from git)")
+    assert HTA.is_dir(), f"{HTA} is missing: it is a bundled test fixture (restore it from git)"
 
 
 @pytest.mark.parametrize("name", list(SETS))

@@ -190,8 +190,6 @@ def test_bert_with_deduplicated_weights_counts_torchs_parameters():
     parameters reach their layers through Identity copies.  torch counts 23,837,184 for the
     embeddings (30522 x 768 + 512 x 768 + 2 x 768 + 2 x 768) and 7,087,872 per layer: 52,188,672."""
     path = FIXTURES / "bert_shared_legacy.onnx"
-    if not path.exists():
-        pytest.skip("fixture not generated")
     g = load_model(path, ImportOptions(batch_size=1, seq_len=16)).graph
     assert g.num_params == 23_837_184 + 4 * 7_087_872
     assert not any(op.op_type == "Identity" and g.tensors[op.inputs[0]].is_weight for op in g.ops)
