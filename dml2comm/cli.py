@@ -309,7 +309,7 @@ def _fmt_s(x: float | None) -> str:
         return f"{x:.3f} s"
     if x >= 1e-3:
         return f"{x * 1e3:.2f} ms"
-    return f"{x * 1e6:.1f} us"
+    return f"{x * 1e6:.1f} µs"  # one unit style with the site (render/fmt.py)
 
 
 def _fmt_bytes(x: float | None) -> str:

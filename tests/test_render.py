@@ -24,7 +24,7 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.render import svg as svg_mod
 from dml2comm.render.dot import Annotation, Drawing, all_drawings, dot_quote, html_text, layer_drawing, svg_name
 from dml2comm.render.facts import Facts
-from dml2comm.render.fmt import heat_bin, rank_ranges
+from dml2comm.render.fmt import heat_bin, rank_ranges, rank_set
 from dml2comm.render.svg import DOT_MISSING, GraphvizError, LayoutCache, annotate, render, resolve_links
 from tests.helpers import mlp
 
@@ -92,7 +92,14 @@ def test_svg_names_follow_design():
 def test_rank_ranges_and_heat_bins():
     assert rank_ranges([8, 0, 1, 2, 3, 10, 11]) == "0–3, 8, 10, 11"
     assert rank_ranges([]) == "none"
-    assert heat_bin(0.0).low == 0 and heat_bin(0.5).high == float("inf")
+    assert rank_set([0, 1, 4, 5, 8, 9, 12, 13]) == "GPUs 0–1, 4–5, 8–9, 12–13"  # not "0, 1, … (8 GPUs)"
+    assert rank_set([0, 1, 4, 5, 8, 9, 12, 13], parts=3) == "GPUs 0–1, 4–5, …, 12–13 (8 GPUs, blocks of 2, stride 4)"
+    assert rank_set(range(0, 64, 8), parts=3) == "GPUs 0, 8, …, 56 (8 GPUs, stride 8)"
+    assert rank_set([0, 1, 2, 5, 9], parts=2) == "GPUs 0–2, 5, …, 9 (5 GPUs)"  # no pattern: none claimed
+    # heat is relative to the hottest box of a drawing: the hottest (ratio 1) alone in the top
+    # bin's upper part, 0.5 of it in the 50-75% bin
+    assert heat_bin(0.0).low == 0 and heat_bin(1.0).high == float("inf") and heat_bin(0.96).low == 0.95
+    assert heat_bin(0.5).low == 0.5 and heat_bin(0.94).high == 0.95
     assert heat_bin(0.03, comm=True).fill != heat_bin(0.03).fill
 
 
@@ -101,15 +108,18 @@ def test_rank_ranges_and_heat_bins():
 
 # The MLP of tests/helpers.py at t=2 is grouped structurally; its layer 3 is Relu -> MatMul
 # (row-parallel, 2x8x32 -> 2x8x16 on each GPU) followed by Megatron's forward AllReduce of
-# 2*8*16 bf16 values = 512 B.  Regenerate with: print(layer_drawing(Facts.of(a), 3).dot)
+# 2*8*16 bf16 values = 512 B.  Colours are relative to the hottest box of the drawing (issue 19):
+# the AllReduce is the hottest (top Blues bin, thick dark outline); the MatMul's share is about
+# 0.35 of it (bin 25-50%, #feb24c); the Relu's under 2% (#ffffcc).  Each op box carries its
+# forward and backward time on a third line.  Regenerate with: print(layer_drawing(Facts.of(a), 3).dot)
 GOLDEN_LAYER = """\
 digraph G {
   graph [rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.22, ranksep=0.26, bgcolor="transparent", pad="0.15", newrank=true];
   node [fontname="Helvetica", fontsize=11, shape=box, style="rounded,filled", fillcolor="#ffffff", color="#5f6368", penwidth=1, margin="0.12,0.05"];
   edge [fontname="Helvetica", fontsize=9, color="#5f6368", arrowsize=0.7, penwidth=1.1];
-  n0 [id=n0, label=<<B>Relu</B><BR/><FONT POINT-SIZE="9">2×8×32</FONT>>, fillcolor="#ffffcc", fontcolor="#1a1a1a"];
-  n1 [id=n1, label=<<B>MatMul</B><BR/><FONT POINT-SIZE="9">2×8×16</FONT>>, fillcolor="#fd8d3c", fontcolor="#1a1a1a"];
-  n2 [id=n2, label=<<B>AllReduce</B><BR/><FONT POINT-SIZE="9">fwd · 512 B · 6.8 µs</FONT>>, shape="hexagon", style="filled", color="#08306b", margin="0.02,0.02", fillcolor="#2171b5", fontcolor="#ffffff"];
+  n0 [id=n0, label=<<B>Relu</B><BR/><FONT POINT-SIZE="9">2×8×32</FONT><BR/><FONT POINT-SIZE="9">1 ns fwd · 1 ns bwd</FONT>>, fillcolor="#ffffcc", fontcolor="#1a1a1a"];
+  n1 [id=n1, label=<<B>MatMul</B><BR/><FONT POINT-SIZE="9">2×8×16</FONT><BR/><FONT POINT-SIZE="9">6.9 µs fwd · 13.8 µs bwd</FONT>>, fillcolor="#feb24c", fontcolor="#1a1a1a"];
+  n2 [id=n2, label=<<B>AllReduce</B><BR/><FONT POINT-SIZE="9">fwd · 512 B · 59.3 µs</FONT>>, shape="hexagon", style="filled", color="#202124", margin="0.02,0.02", fillcolor="#08519c", fontcolor="#ffffff", penwidth="3"];
   n1 -> n2 [id=e0, color="#08519c"];
   n3 [id=n3, label=<<B>from previous layer</B><BR/><FONT POINT-SIZE="9">2×8×32</FONT>>, shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043"];
   n3 -> n0 [id=e1];
@@ -271,3 +281,44 @@ def test_every_drawing_and_page_of_real_exports(name, d, t, p):
         assert all(n.href in keys for n in dr.annotations.values() if n.href), dr.name
     assert len([dr for dr in drawings if dr.name.startswith("layer_")]) == len(a.layers)
     assert ("gpu_comm_pp_0" in keys) == (p > 1) and ("gpu_comm_dp_0" in keys) == (d > 1)
+
+
+def _fill_of(dot: str) -> dict[str, tuple[str, bool]]:
+    """Node id -> (fill colour, outlined as the hottest) of a DOT text's heat-coloured nodes."""
+    out = {}
+    for line in dot.splitlines():
+        m = re.match(r'\s+(n[0-9]+) \[id=\1, .*fillcolor="(#[0-9a-f]{6})", fontcolor=', line)
+        if m:
+            out[m.group(1)] = (m.group(2), 'color="#202124"' in line)
+    return out
+
+
+def test_bottleneck_is_the_hottest_box_of_each_drawing():
+    """Issue 19: with absolute bins every stage of a pipeline came out the same dark red (bins
+    saturated at 40%).  Colour is now relative to the hottest box of the drawing: exactly the
+    busiest stage(s) get the top bin and the outline; a stage well below them is lighter."""
+    from dml2comm.analysis import analyze
+    from dml2comm.render.dot import replica_drawing
+
+    config = ParallelConfig(dp_size=1, tp_size=1, pp_size=3, micro_batch_size=1, global_batch_size=3, seq_len=64)
+    a = analyze(FIXTURES / "gpt2_dynamo.onnx", config, make_cluster("a100", 3, 3))
+    facts = Facts.of(a)
+    drawing = replica_drawing(facts, 0)
+    top = max(facts.stage_share)
+    assert drawing.hottest == pytest.approx(max([top] + [facts.comms_share(b.forward + b.backward) for b in facts.boundaries]))
+    fills = _fill_of(drawing.dot)
+    stage_ids = [nid for nid, note in drawing.annotations.items() if (note.href or "").startswith("stage_")]
+    assert len(stage_ids) == 3
+    for nid, share in zip(stage_ids, facts.stage_share):
+        ratio = share / drawing.hottest
+        assert fills[nid][0] == heat_bin(ratio).fill
+        assert fills[nid][1] == (ratio >= 0.999)  # outline only on the bottleneck (or ties)
+    # stage shares 36.7%, 45.8%, 37.9% of the iteration: stage 1 alone is the bottleneck (the
+    # others are 0.80 and 0.83 of it, bin 75-95%)
+    assert [fills[n][1] for n in stage_ids] == [False, True, False]
+    assert fills[stage_ids[1]][0] == "#bd0026" and fills[stage_ids[0]][0] == "#f03b20"
+    # the page titles and the stage drawing name layers by their module, not their position
+    titles = [facts.layer_title(li) for li in range(len(a.layers))]
+    assert titles[0] != "layer 0" and all(re.fullmatch(r"[A-Za-z0-9._ -]+", t) for t in titles)
+    layer_ids = {l.name for l in a.layers}
+    assert any(t in layer_ids for t in titles)

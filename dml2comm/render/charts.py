@@ -204,7 +204,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
     for t in ticks:
         y = base - t * scale
         g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(y)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
-        g.text(left - 8, y + 4, f"{t / 2**30:g}", size=10, anchor="end", fill=AXIS_COLOUR)
+        g.text(left - 8, y + 4, f"{t / 2**30:g}", size=11, anchor="end", fill=AXIS_COLOUR)
     g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(base - lin_h)}" stroke="{AXIS_COLOUR}" stroke-width="1"/>')
     if broken:  # two short slashes on the axis mark the break
         yb = base - lin_h - 14
@@ -234,7 +234,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
                                               f'data-bytes="{v:.17g}"')
             flight = f"×{fmt_num(b.in_flight)}" if key == "activations_bytes" and b.in_flight is not None else ""
             if flight and h >= 14 and bar_w >= 6 * len(flight) + 2:
-                body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(y + h / 2 + 4)}" font-size="10" text-anchor="middle" '
+                body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(y + h / 2 + 4)}" font-size="11" text-anchor="middle" '
                          f'fill="#1a1a1a" pointer-events="none">{xml_text(flight)}</text>')
             g.item(tip, body)
         bar_top = base - b.total_bytes * scale
@@ -246,14 +246,14 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
                                f' class="d2c-over" data-stage="{i}" stroke="{OVER_COLOUR}" stroke-width="3"'))
         colour = OVER_COLOUR if over else TEXT_COLOUR
         if bar_w + gap >= 50:
-            g.text(x + bar_w / 2, bar_top - 5, fmt_bytes(b.total_bytes), size=10, anchor="middle", fill=colour,
+            g.text(x + bar_w / 2, bar_top - 5, fmt_bytes(b.total_bytes), size=11, anchor="middle", fill=colour,
                    weight="bold" if over else None)
         label = b.label if label_words else b.label.split()[-1]
         bold = ' font-weight="bold"' if over else ""
         body = (f'<text class="d2c-stage-label{" d2c-over-label" if over else ""}" x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 16)}" '
                 f'font-size="11" text-anchor="middle" fill="{colour}"{bold}>{xml_text(label)}</text>')
         if over and label_words:
-            body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 30)}" font-size="9" text-anchor="middle" fill="{OVER_COLOUR}">'
+            body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 30)}" font-size="11" text-anchor="middle" fill="{OVER_COLOUR}">'
                      f"over</text>")
         g.item(tip, body)
     if not label_words:
@@ -268,7 +268,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
            f'<line class="d2c-capacity" x1="{svg_number(left)}" y1="{svg_number(y_cap)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y_cap)}" '
            f'stroke="{CAPACITY_COLOUR}" stroke-width="2" stroke-dasharray="7 4" data-bytes="{capacity_bytes:.17g}"'
            f' data-broken="{"true" if broken else "false"}"/>'
-           f'<text x="{svg_number(left + plot_w)}" y="{svg_number(y_cap - 6)}" font-size="10.5" text-anchor="end" fill="{CAPACITY_COLOUR}" '
+           f'<text x="{svg_number(left + plot_w)}" y="{svg_number(y_cap - 6)}" font-size="12" text-anchor="end" fill="{CAPACITY_COLOUR}" '
            f'font-weight="bold">{xml_text(cap_text)}</text>')
     # legend
     ly = top + 4
@@ -278,16 +278,16 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
         if key not in used:
             continue
         g.add(g.rect(legend_x, ly - 9, 14, 11, fill, ' class="d2c-legend-swatch"'))
-        g.text(legend_x + 20, ly, name, size=10)
+        g.text(legend_x + 20, ly, name, size=11)
         ly += 17
     ly += 4
     g.add(f'<line x1="{svg_number(legend_x)}" y1="{svg_number(ly - 4)}" x2="{svg_number(legend_x + 14)}" y2="{svg_number(ly - 4)}" stroke="{CAPACITY_COLOUR}" '
           f'stroke-width="2" stroke-dasharray="4 2"/>')
-    g.text(legend_x + 20, ly, "GPU capacity" + (f": {capacity_label}" if capacity_label else ""), size=10)
+    g.text(legend_x + 20, ly, "GPU capacity" + (f": {capacity_label}" if capacity_label else ""), size=11)
     ly += 17
     if any(b.total_bytes > capacity_bytes for b in bars):
         g.add(g.rect(legend_x + 1, ly - 9, 12, 10, "none", f' stroke="{OVER_COLOUR}" stroke-width="2.5"'))
-        g.text(legend_x + 20, ly, "over capacity: does not fit", size=10, fill=OVER_COLOUR, weight="bold")
+        g.text(legend_x + 20, ly, "over capacity: does not fit", size=11, fill=OVER_COLOUR, weight="bold")
         ly += 17
     height = max(height, ly + 8)
     return g.document(width, height, title, {"chart": "memory", "stages": len(bars)})
@@ -513,10 +513,10 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
     for kind in [k for k in GANTT_KINDS if k in present]:
         name, fill, _ = GANTT_KINDS[kind]
         g.add(g.rect(lx, 10, 14, 11, fill, ' stroke="#ffffff" stroke-width="0.5" class="d2c-legend-swatch"'))
-        g.text(lx + 19, 20, name, size=10)
+        g.text(lx + 19, 20, name, size=11)
         lx += 19 + 5.4 * len(name) + 20
     g.add(g.rect(lx, 10, 14, 11, "#ffffff", f' stroke="{AXIS_COLOUR}" stroke-width="0.7"'))
-    g.text(lx + 19, 20, "idle (pipeline bubble, waiting)", size=10)
+    g.text(lx + 19, 20, "idle (pipeline bubble, waiting)", size=11)
     # time grid
     step_ms = nice_step(span * 1e3, 10)
     ticks = [k * step_ms for k in range(int(math.floor(span * 1e3 / step_ms + 1e-9)) + 1)]
@@ -525,20 +525,20 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
     for t in ticks:
         x = x_of(t / 1e3)
         g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(top - 4)}" x2="{svg_number(x)}" y2="{svg_number(bottom + 4)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
-        g.text(x, bottom + 18, f"{t:.{decimals}f}", size=10, anchor="middle", fill=AXIS_COLOUR, cls="d2c-tick")
+        g.text(x, bottom + 18, f"{t:.{decimals}f}", size=11, anchor="middle", fill=AXIS_COLOUR, cls="d2c-tick")
     # row backgrounds and labels
     for i, r in enumerate(rows):
         h = thin_h if r.thin else main_h
         g.add(g.rect(left, ys[i], plot_w, h, "#f8f9fa" if not r.thin else "#fbfbfc"))
         colour = OVER_COLOUR if r.over else (AXIS_COLOUR if r.thin else TEXT_COLOUR)
         if r.thin:
-            body = (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + h - 1)}" font-size="8.5" text-anchor="end" fill="{colour}">'
+            body = (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + h - 1)}" font-size="11" text-anchor="end" fill="{colour}">'
                     f"{xml_text(r.label)}</text>")
         else:
             body = (f'<text class="d2c-row-label{" d2c-over-label" if r.over else ""}" x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 11)}" '
                     f'font-size="11" text-anchor="end" fill="{colour}" font-weight="bold">{xml_text(r.label)}</text>')
             if r.sub:
-                body += (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 22)}" font-size="8.5" text-anchor="end" fill="{colour}">'
+                body += (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 22)}" font-size="11" text-anchor="end" fill="{colour}">'
                          f"{xml_text(r.sub)}</text>")
         g.item(r.tip, body)
     # boxes
@@ -563,10 +563,10 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
     end = x_of(span)
     g.add(f'<line class="d2c-iteration-end" x1="{svg_number(end)}" y1="{svg_number(top - 8)}" x2="{svg_number(end)}" y2="{svg_number(bottom + 4)}" '
           f'stroke="#202124" stroke-width="1.2" stroke-dasharray="4 3"/>')
-    g.text(left - 8, bottom + 18, "ms", size=10, anchor="end", fill=AXIS_COLOUR)
-    g.text(end, bottom + 34, f"iteration: {fmt_s(span_s)}", size=10.5, anchor="end", fill="#202124", weight="bold")
+    g.text(left - 8, bottom + 18, "ms", size=11, anchor="end", fill=AXIS_COLOUR)
+    g.text(end, bottom + 34, f"iteration: {fmt_s(span_s)}", size=12, anchor="end", fill="#202124", weight="bold")
     if note:
-        g.text(left, bottom + 52, f"Simplified drawing: {note}.", size=10, fill=AXIS_COLOUR, cls="d2c-chart-note")
+        g.text(left, bottom + 52, f"Simplified drawing: {note}.", size=11, fill=AXIS_COLOUR, cls="d2c-chart-note")
     return g.document(width, height, title, {"chart": "timeline", "rows": len(rows), "boxes": len(boxes)})
 
 

@@ -37,10 +37,13 @@ from dml2comm.render.fmt import (
     fmt_s,
     fmt_shape,
     fmt_share,
+    HOTTEST_OUTLINE,
+    HOTTEST_TIE,
     heat_bin,
     link_colour,
     link_short,
     rank_ranges,
+    rank_set,
 )
 
 __all__ = [
@@ -91,12 +94,9 @@ def dot_quote(text: object) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def _brief(ranks: Sequence[int], parts: int = 3, noun: str = "GPUs") -> str:
-    """``GPUs 0–7, 128–135, … (64 GPUs)``: the first ranges of a long rank list and the count."""
-    ranges = rank_ranges(ranks).split(", ")
-    if len(ranges) <= parts:
-        return f"{noun} {', '.join(ranges)}"
-    return f"{noun} {', '.join(ranges[:parts - 1])}, … ({len(set(ranks))} {noun})"
+def _brief(ranks: Sequence[int], parts: int = 4, noun: str = "GPUs") -> str:
+    """``GPUs 0–1, 4–5, …, 16–17 (10 GPUs, blocks of 2, stride 4)``: the real set, compactly (fmt.rank_set)."""
+    return rank_set(ranks, noun, parts)
 
 
 def _short(text: str, limit: int = _TRUNCATE) -> str:
@@ -121,6 +121,9 @@ class Drawing:
     title: str
     dot: str
     annotations: Mapping[str, Annotation] = field(default_factory=dict)
+    #: Share of the iteration of the hottest heat-coloured box: the top of this drawing's
+    #: colour scale (0 for drawings without heat colours), for the page's legend.
+    hottest: float = 0.0
 
 
 def svg_name(page: str) -> str:
@@ -148,6 +151,9 @@ class _Dot:
             f'  edge [fontname="{FONT}", fontsize=9, color="#5f6368", arrowsize=0.7, penwidth=1.1];',
         ]
         self.annotations: dict[str, Annotation] = {}
+        # nodes coloured by heat: (line index, node id, share, comm, other attributes); their
+        # colours are set in text(), relative to the hottest of them (see fmt.heat_bin)
+        self._hot: list[tuple[int, str, str, float, bool, dict[str, object]]] = []
         self._n = 0
         self._e = 0
         self._c = 0
@@ -155,6 +161,9 @@ class _Dot:
     def node(self, label: str, tooltip: str | None = None, href: str | None = None, **attrs: object) -> str:
         nid = f"n{self._n}"
         self._n += 1
+        heat = attrs.pop("heat", None)
+        if heat is not None:  # (share, comm): coloured in text()
+            self._hot.append((len(self.lines), nid, label, float(heat[0]), bool(heat[1]), dict(attrs)))  # type: ignore[index]
         self.lines.append(f"  {nid} [id={nid}, label=<{label}>{_attrs(attrs)}];")
         if tooltip is not None or href is not None:
             self.annotations[nid] = Annotation(tooltip or "", href)
@@ -188,8 +197,22 @@ class _Dot:
     def close_cluster(self) -> None:
         self.lines.append("  }")
 
+    @property
+    def hottest_share(self) -> float:
+        """The largest share of the iteration among the heat-coloured boxes (0 when none)."""
+        return max((h[3] for h in self._hot), default=0.0)
+
     def text(self) -> str:
-        return "\n".join(self.lines + ["}"]) + "\n"
+        top = self.hottest_share
+        lines = list(self.lines)
+        for at, nid, label, share, comm, attrs in self._hot:
+            ratio = share / top if top > 0 else 0.0
+            b = heat_bin(ratio, comm)
+            attrs = dict(attrs, fillcolor=b.fill, fontcolor=b.font)
+            if top > 0 and ratio >= HOTTEST_TIE and attrs.get("color") != OVER_COLOUR:
+                attrs.update(color=HOTTEST_OUTLINE, penwidth=3)  # the bottleneck of this drawing
+            lines[at] = f"  {nid} [id={nid}, label=<{label}>{_attrs(attrs)}];"
+        return "\n".join(lines + ["}"]) + "\n"
 
 
 def _attrs(attrs: Mapping[str, object]) -> str:
@@ -205,9 +228,10 @@ def _label(title: str, *lines: str, small: int = 9) -> str:
     return out
 
 
-def _heat(share: float, comm: bool = False) -> dict[str, str]:
-    b = heat_bin(share, comm)
-    return {"fillcolor": b.fill, "fontcolor": b.font}
+def _heat(share: float, comm: bool = False) -> dict[str, object]:
+    """Colour by ``share`` of the iteration relative to the hottest box of the drawing (set
+    when the DOT text is written, :meth:`_Dot.text`)."""
+    return {"heat": (share, comm)}
 
 
 #: Outline of a stage that does not fit in one GPU's memory (double, red), applied like the
@@ -309,7 +333,7 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
         for p, st in enumerate(a.stages):
             lo, hi = facts.layer_range(p)
             ranks_p = [r for d in col for r in facts.ranks(d, p)]
-            layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
+            layers = facts.layer_span(p)
             share = facts.stage_share[p]
             tip = (
                 f"stage {p} of {title}: {layers} ({len(st.layers)} layers)\n"
@@ -370,7 +394,7 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
                 if ci >= 2 or not dps:
                     g.edge(boxes[ci - 1][p], boxes[ci][p], dir="none", style="dashed", color="#08519c")
             g.same_rank(row)
-    return Drawing("overview", "index", "Overview: replicas and stages", g.text(), g.annotations)
+    return Drawing("overview", "index", "Overview: replicas and stages", g.text(), g.annotations, g.hottest_share)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,7 +444,7 @@ def replica_drawing(facts: Facts, d: int) -> Drawing:
             + ("" if d == 0 else "\nthe stage's layers are drawn for replica 0 (identical up to GPU ids)")
             + _over_tip(facts, p)
         )
-        layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
+        layers = facts.layer_span(p)
         node = g.node(
             _label(f"stage {p}", f"{layers} · {fmt_count(st.params_per_gpu)} params/GPU",
                    f"{_brief(ranks, 2)} · {_brief(nodes, 2, 'nodes' if len(nodes) > 1 else 'node')}",
@@ -441,7 +465,7 @@ def replica_drawing(facts: Facts, d: int) -> Drawing:
                                  "once per iteration"), _tied_tip(facts, stages, comms), None, **_comm_attrs(share))
             for s in stages:
                 g.edge(stage_nodes[s], tied, dir="both", style="dashed", color="#6a3d9a", constraint="false")
-    return Drawing(f"data_{d}_detail", f"data_{d}", f"Replica {d}: pipeline stages", g.text(), g.annotations)
+    return Drawing(f"data_{d}_detail", f"data_{d}", f"Replica {d}: pipeline stages", g.text(), g.annotations, g.hottest_share)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,7 +547,7 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
             + f"{fmt_share(share)} of the iteration"
         )
         node = g.node(
-            _label(f"layer {li} · {layer.kind}", _short(layer.name, 36), f"{layer.num_ops} ops · {fmt_count(layer.params)} params",
+            _label(_short(layer.name, 36), f"{layer.kind} · {layer.num_ops} ops · {fmt_count(layer.params)} params",
                    f"fwd {fmt_s(layer.time_fwd_s)} · bwd {fmt_s(layer.time_bwd_s)}",
                    f"{'/'.join(sorted({c.dim.value.upper() for c in tps_l}, key=('TP', 'CP', 'EP').index))}: "
                    f"{_group_summary(tps_l, True, facts.m)} / µbatch" if tps_l else ""),
@@ -538,7 +562,7 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
                       f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
                       f"gpu_comm_pp_{p}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
         g.edge(prev, send)  # type: ignore[arg-type]
-    return Drawing(f"stage_{p}_data_0_detail", f"stage_{p}_data_0", f"Stage {p} (replica 0): layers", g.text(), g.annotations)
+    return Drawing(f"stage_{p}_data_0_detail", f"stage_{p}_data_0", f"Stage {p} (replica 0): layers", g.text(), g.annotations, g.hottest_share)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -567,6 +591,13 @@ def _op_tooltip(facts: Facts, index: int) -> str:
     for w in weights[:4]:
         lines.append(f"weight {w.name}: {fmt_shape(w.shape)}")
     return "\n".join(lines)
+
+
+def _op_time(fwd_s: float, bwd_s: float) -> str:
+    """An operator box's time line, ``312.0 µs fwd · 624.0 µs bwd`` per micro-batch on one GPU
+    ("" for ops that take no time, such as Reshape)."""
+    parts = [f"{fmt_s(t)} {what}" for t, what in ((fwd_s, "fwd"), (bwd_s, "bwd")) if t > 0]
+    return " · ".join(parts)
 
 
 def _tensor_tip(facts: Facts, name: str) -> str:
@@ -620,7 +651,8 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
         info = a.ops[i]
         op = graph.ops[i]
         share = facts.op_share(i)
-        node_of_op[i] = g.node(_label(op.op_type, fmt_shape(info.output_shape)), _op_tooltip(facts, i), None, **_heat(share))
+        node_of_op[i] = g.node(_label(op.op_type, fmt_shape(info.output_shape), _op_time(info.time_fwd_s, info.time_bwd_s)),
+                               _op_tooltip(facts, i), None, **_heat(share))
     # collectives sit on the tensor they act on: producer -> collective -> consumers
     comm_after: dict[str, list[CommNode]] = {}
     for c in facts.tp_by_layer.get(li, ()):
@@ -692,7 +724,8 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
                 nid = g.node(_label("model output", shape), _tensor_tip(facts, name), None, shape="box", style="rounded,filled",
                              fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
             g.edge(src, nid, _tensor_tip(facts, name))
-    return Drawing(f"layer_{li}_data_0_detail", f"layer_{li}_data_0", f"Layer {li} (replica 0): operators", g.text(), g.annotations)
+    return Drawing(f"layer_{li}_data_0_detail", f"layer_{li}_data_0", f"Layer {li} (replica 0): operators", g.text(), g.annotations,
+                   g.hottest_share)
 
 
 # ---------------------------------------------------------------------------------------------

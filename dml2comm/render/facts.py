@@ -14,6 +14,8 @@ stages do not add up to 100%.
 
 from __future__ import annotations
 
+import re
+
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -204,6 +206,19 @@ class Facts:
     def layer_range(self, p: int) -> tuple[int, int]:
         layers = self.analysis.stages[p].layers
         return layers[0], layers[-1]
+
+    def layer_title(self, li: int) -> str:
+        """The layer's own name from the layer grouping (``transformer.h.4``, ``embedding``),
+        limited to ``[A-Za-z0-9._-]`` (titles reach MkDocs' navigation unescaped); ``layer
+        {li}`` when nothing is left.  Positions count the embedding, so layer 5 of GPT-2 is
+        ``transformer.h.4``: showing the name avoids the off-by-one."""
+        name = re.sub(r"[^A-Za-z0-9._-]", "", self.analysis.layers[li].name)[:40]
+        return name or f"layer {li}"
+
+    def layer_span(self, p: int) -> str:
+        """Stage ``p``'s layers by name: ``transformer.h.3 … transformer.h.6``."""
+        lo, hi = self.layer_range(p)
+        return self.layer_title(lo) if lo == hi else f"{self.layer_title(lo)} … {self.layer_title(hi)}"
 
     def stage_of_layer(self, layer: int) -> int:
         return self.analysis.layers[layer].stage

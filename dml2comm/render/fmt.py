@@ -21,10 +21,13 @@ __all__ = [
     "fmt_shape",
     "fmt_num",
     "rank_ranges",
+    "rank_set",
     "HeatBin",
     "HEAT_BINS",
     "COMM_BINS",
     "heat_bin",
+    "HOTTEST_TIE",
+    "HOTTEST_OUTLINE",
     "LINK_COLOURS",
     "link_colour",
     "link_short",
@@ -137,6 +140,40 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
+def _runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
+    values = sorted(set(int(r) for r in ranks))
+    runs: list[tuple[int, int]] = []
+    for r in values:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    return runs
+
+
+def rank_set(ranks: Iterable[int], noun: str = "GPUs", parts: int = 4) -> str:
+    """A GPU set, compact but never read as a contiguous range when it is not.
+
+    ``[0, 1, 4, 5, 8, 9, 12, 13]`` -> ``GPUs 0–1, 4–5, 8–9, 12–13``; with more than ``parts``
+    runs, the first two, an ellipsis, the last and the pattern when there is one:
+    ``GPUs 0–1, 4–5, …, 28–29 (16 GPUs, blocks of 2, stride 4)``; ``GPUs 0, 8, …, 56 (8 GPUs, stride 8)``.
+    """
+    runs = _runs(ranks)
+    if not runs:
+        return f"{noun} none"
+    text = lambda r: str(r[0]) if r[0] == r[1] else f"{r[0]}–{r[1]}"  # noqa: E731
+    if len(runs) <= parts:
+        return f"{noun} {', '.join(map(text, runs))}"
+    count = sum(b - a + 1 for a, b in runs)
+    lengths = {b - a + 1 for a, b in runs}
+    strides = {runs[i + 1][0] - runs[i][0] for i in range(len(runs) - 1)}
+    pattern = ""
+    if len(lengths) == 1 and len(strides) == 1:
+        length, stride = lengths.pop(), strides.pop()
+        pattern = f", stride {stride}" if length == 1 else f", blocks of {length}, stride {stride}"
+    return f"{noun} {text(runs[0])}, {text(runs[1])}, …, {text(runs[-1])} ({count} {noun}{pattern})"
+
+
 # ---------------------------------------------------------------------------------------------
 # Colour scales: heat by share of the iteration time.
 # ---------------------------------------------------------------------------------------------
@@ -153,19 +190,30 @@ class HeatBin:
 
     @property
     def label(self) -> str:
+        """The bin as percentages of the hottest box: ``< 2%``, ``2–10%``, ``≥ 95%``."""
+        pct = lambda x: f"{x * 100:.0f}%"  # noqa: E731
         if self.high == math.inf:
-            return f"≥ {fmt_share(self.low)}"
+            return f"≥\u00a0{pct(self.low)}"
         if self.low == 0:
-            return f"< {fmt_share(self.high)}"
-        return f"{fmt_share(self.low)} – {fmt_share(self.high)}"
+            return f"<\u00a0{pct(self.high)}"
+        return f"{self.low * 100:.0f}–{pct(self.high)}"
 
 
-# Shares of the iteration are logarithmic in practice (one op of 439 is ~0.1%, a stage ~50%),
-# so the bins are too.  Compute: ColorBrewer YlOrRd; communication: ColorBrewer Blues.
-_EDGES = (0.0, 0.001, 0.005, 0.02, 0.05, 0.15, 0.40, math.inf)
+# A drawing is coloured relative to its hottest box (the bottleneck at that level): a share
+# of the iteration divided by the largest share of any box on the same drawing.  Absolute bins
+# (the scale before issue 19, 0.1% ... 40%) saturated at 40%, so every stage of a pipeline
+# came out the same dark red.  The ratio bins are finer near the top, where the question "which
+# box is the bottleneck" is decided, and the top bin starts at 95% of the hottest.
+# Compute: ColorBrewer YlOrRd (7 classes); communication: ColorBrewer Blues (7 classes)
+# (Harrower and Brewer, "ColorBrewer.org", The Cartographic Journal 40(1), 2003).
+_EDGES = (0.0, 0.02, 0.10, 0.25, 0.50, 0.75, 0.95, math.inf)
 _HEAT = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#f03b20", "#bd0026")
 _COMM = ("#eff3ff", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c")
 _DARK = 5  # bins from here on are dark: white text
+#: A box whose share is at least this fraction of the hottest share is "the hottest" (ties
+#: within 0.1% count as the same bottleneck) and gets :data:`HOTTEST_OUTLINE`.
+HOTTEST_TIE = 0.999
+HOTTEST_OUTLINE = "#202124"
 
 HEAT_BINS: tuple[HeatBin, ...] = tuple(
     HeatBin(_EDGES[i], _EDGES[i + 1], _HEAT[i], "#ffffff" if i >= _DARK else "#1a1a1a") for i in range(len(_HEAT))
@@ -175,13 +223,14 @@ COMM_BINS: tuple[HeatBin, ...] = tuple(
 )
 
 
-def heat_bin(share: float | None, comm: bool = False) -> HeatBin:
-    """The bin of ``share`` (a fraction of the iteration time) on the compute or comm scale."""
+def heat_bin(ratio: float | None, comm: bool = False) -> HeatBin:
+    """The bin of ``ratio`` -- a box's share of the iteration divided by the share of the
+    hottest box on its drawing, 0..1 -- on the compute or the communication scale."""
     bins = COMM_BINS if comm else HEAT_BINS
-    if share is None or not math.isfinite(share) or share < 0:
+    if ratio is None or not math.isfinite(ratio) or ratio < 0:
         return bins[0]
     for b in bins:
-        if b.low <= share < b.high:
+        if b.low <= ratio < b.high:
             return b
     return bins[-1]
 

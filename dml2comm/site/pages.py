@@ -159,6 +159,11 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
     cfg = a.config
     pages: list[Page] = []
     legend = _legend(facts)
+    hottest = {d.page: d.hottest for d in drawings}
+
+    def legend_of(page: str) -> dict[str, Any]:
+        """The legend of a page whose drawing is coloured relative to its hottest box."""
+        return dict(legend, top=fmt_share(hottest[page]) if hottest.get(page) else "")
     home = Crumb("Overview", "index")
     r0 = Crumb("Replica 0", "data_0")
 
@@ -247,7 +252,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                              hbm_bw=fmt_rate(a.cluster.gpu.hbm_bytes_per_s)),
                 links=links, headline=headline, bar=bar, stages=stages_rows, dims=dims, replicas=replicas,
                 dtype=cfg.dtype, zero=cfg.zero_stage, memory_text=memory_text, suggestions=suggestions, fits=fits,
-                collapsed=facts.dp - 1 > replica_pages_max, warnings=list(a.warnings), legend=legend,
+                collapsed=facts.dp - 1 > replica_pages_max, warnings=list(a.warnings), legend=legend_of("index"),
             ),
         )
     )
@@ -274,7 +279,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             Page(key=f"data_{d}", title=f"Replica {d}", section="Replicas", template="replica.md.j2",
                  crumbs=[home, Crumb(f"Replica {d}", None)], drawing=drawn.get(f"data_{d}"),
                  context=dict(d=d, stages=rows, boundaries=boundaries, gpus=rank_ranges(facts.replica_ranks(d)),
-                              legend=legend, m=facts.m))
+                              legend=legend_of(f"data_{d}"), m=facts.m))
         )
     if facts.dp - 1 > replica_pages_max:
         rows = []
@@ -329,7 +334,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         pages.append(
             Page(key=f"stage_{p}_data_0", title=f"Stage {p}", section="Stages (replica 0)", template="stage.md.j2",
                  crumbs=[home, r0, Crumb(f"Stage {p}", None)], drawing=drawn.get(f"stage_{p}_data_0"),
-                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, groups=groups, legend=legend, over=facts.over_memory_text(p),
+                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, groups=groups, legend=legend_of(f"stage_{p}_data_0"), over=facts.over_memory_text(p),
                               comms=_comm_rows(facts, list(tps) + list(dps) + pps, per_micro_batch=False),
                               prev_key=f"stage_{p - 1}_data_0" if p > 0 else None,
                               next_key=f"stage_{p + 1}_data_0" if p < facts.pp - 1 else None,
@@ -355,10 +360,12 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             ("share of the iteration", fmt_share(facts.layer_share[li])),
         ]
         pages.append(
-            Page(key=f"layer_{li}_data_0", title=f"Layer {li}" + (f" · {_word(l.kind)}" if l.kind != "block" else ""), section="Layers (replica 0)", template="layer.md.j2",
-                 crumbs=[home, r0, stage_crumb(p), Crumb(f"Layer {li}", None)], drawing=drawn.get(f"layer_{li}_data_0"),
-                 context=dict(li=li, p=p, summary=summary, top=top, comms=_comm_rows(facts, tps, per_micro_batch=True), legend=legend,
-                              prev_key=f"layer_{li - 1}_data_0" if li > 0 else None,
+            Page(key=f"layer_{li}_data_0", title=facts.layer_title(li), section="Layers (replica 0)", template="layer.md.j2",
+                 crumbs=[home, r0, stage_crumb(p), Crumb(facts.layer_title(li), None)], drawing=drawn.get(f"layer_{li}_data_0"),
+                 context=dict(li=li, p=p, summary=summary, top=top, comms=_comm_rows(facts, tps, per_micro_batch=True), legend=legend_of(f"layer_{li}_data_0"),
+                              prev_key=f"layer_{li - 1}_data_0" if li > 0 else None, title=facts.layer_title(li),
+                              prev_title=facts.layer_title(li - 1) if li > 0 else "",
+                              next_title=facts.layer_title(li + 1) if li < len(a.layers) - 1 else "",
                               next_key=f"layer_{li + 1}_data_0" if li < len(a.layers) - 1 else None,
                               total_ops=l.num_ops, shown_ops=len(top)))
         )

@@ -60,6 +60,9 @@
     var full = { x: vb[0], y: vb[1], w: vb[2], h: vb[3] };
     var view = { x: full.x, y: full.y, w: full.w, h: full.h };
     var zoomed = false;
+    // tall drawings (a layer's operators: thousands of px) open fitted into the window, so the
+    // whole graph and its hottest boxes show at once; + / Ctrl + wheel zoom in to read a box
+    if (full.h > 1200 && full.h > 1.5 * full.w) root.classList.add("d2c-tall");
 
     function apply() {
       svg.setAttribute("viewBox", [view.x, view.y, view.w, view.h].join(" "));
