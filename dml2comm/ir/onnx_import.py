@@ -884,6 +884,16 @@ def _note(notes: dict[str, list[str]], kind: str, text: str) -> None:
     notes.setdefault(kind, []).append(text)
 
 
+def _trips_noted(notes: dict[str, list[str]], what: str, trips: int | None, why: str, fix: str) -> int:
+    """A loop body's repeat count, noted: ``trips`` when known (``why`` says where it came from),
+    else one iteration with a warning that says ``why`` not and how to ``fix`` it."""
+    if trips is None:
+        _note(notes, "loop-unknown", f"{what}: {why}, so it is costed as ONE iteration{fix}")
+        return 1
+    _note(notes, "loop", f"{what}: body costed {trips} times ({why})")
+    return trips
+
+
 def _constant_values(graph: onnx.GraphProto) -> dict[str, Any]:
     """Values of the small constants of ``graph`` (initializers whose data is loaded, and
     ``Constant`` nodes, folded ones included), by name."""
@@ -1110,13 +1120,12 @@ def _expand_loop(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, con
     trips = _scalar(constants, m_name)
     if trips is None or trips >= _TRIP_COUNT_SENTINEL or trips < 0:
         why = "it has no trip count (a while loop)" if not m_name or trips is not None else "its trip count is computed at run time"
-        _note(notes, "loop-unknown", (
-            f"Loop at node {where!r}: {why}, so it is costed as ONE iteration (its cost and activations are too low); "
-            "re-export it with a constant trip count or unrolled (torch.onnx.export traces Python loops) to cost every iteration"
-        ))
-        trips = 1
+        trips = None
     else:
-        _note(notes, "loop", f"Loop at node {where!r}: body costed {trips} times (its constant trip count)")
+        why = "its constant trip count"
+    trips = _trips_noted(notes, f"Loop at node {where!r}", trips, why, (
+        " (its cost and activations are too low); re-export it with a constant trip count or unrolled "
+        "(torch.onnx.export traces Python loops) to cost every iteration"))
     prefix = _prefix(node, "body")
     pre: list[onnx.NodeProto] = []
     bound: dict[str, str] = {}
@@ -1163,14 +1172,9 @@ def _expand_scan(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, con
         if shape is not None:
             axis = in_axes[0] + len(shape) if in_axes[0] < 0 else in_axes[0]
             trips = shape[axis] if 0 <= axis < len(shape) and isinstance(shape[axis], int) else None
-    if trips is None:
-        _note(notes, "loop-unknown", (
-            f"Scan at node {where!r}: the length of its scanned axis is unknown, so it is costed as ONE iteration; "
-            "re-export it with a static sequence length to cost every iteration"
-        ))
-        trips = 1
-    else:
-        _note(notes, "loop", f"Scan at node {where!r}: body costed {trips} times (the length of its scanned axis)")
+    trips = _trips_noted(notes, f"Scan at node {where!r}", trips,
+                         "the length of its scanned axis" if trips is not None else "the length of its scanned axis is unknown",
+                         "; re-export it with a static sequence length to cost every iteration")
     prefix = _prefix(node, "body")
     names = [i.name for i in body.input]
     bound = {b: s for b, s in zip(names[:n_state], node.input[:n_state]) if s}
