@@ -43,7 +43,7 @@ from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, 
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import DTYPES, ParallelConfig
+from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute, Schedule
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import (held_copies, parameter_shard_factors, partition_layers, sent_activations,
@@ -380,9 +380,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         compute_f = sum(times[i][0] for i in op_idx)
         compute_b = sum(times[i][1] for i in op_idx)
         recompute = 0.0
-        if config.recompute == "full":
+        if config.recompute is Recompute.FULL:
             recompute = compute_f
-        elif config.recompute == "selective":
+        elif config.recompute is Recompute.SELECTIVE:
             recompute = sum(times[i][0] for i in op_idx if is_attention_core(graph, i, seq_len))
         mine = [c for c in comms if c.stage == s]
         dp_once = sum(c.time_s * c.count_per_iteration for c in mine if c.dim is ParallelDim.DP and not c.per_micro_batch)
@@ -396,7 +396,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         # the attention of the block in hand covers)
         tp_f += _cp_ep_exposed_per_mb(mine, m, Phase.FORWARD, attn_core, cp)
         tp_b += _cp_ep_exposed_per_mb(mine, m, Phase.BACKWARD, attn_core, cp)
-        if config.recompute == "full":  # the recomputed forward repeats its TP collectives
+        if config.recompute is Recompute.FULL:  # the recomputed forward repeats its TP collectives
             tp_b += tp_f
         reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
         t_f = compute_f + tp_f + reads
@@ -466,7 +466,7 @@ def _recommendations(imported: ImportResult, config: ParallelConfig, cluster: Cl
         b = config.micro_batch_size // 2
         tries.append((f"--micro-batch-size {b} ({2 * config.num_micro_batches} micro-batches)",
                       replace(config, micro_batch_size=b), reimport(b)))
-    if config.pp_size > 1 and config.schedule != "interleaved" and config.num_micro_batches % config.pp_size == 0:
+    if config.pp_size > 1 and config.schedule is not Schedule.INTERLEAVED and config.num_micro_batches % config.pp_size == 0:
         tries.append(("--schedule interleaved --virtual-stages 2", replace(config, schedule="interleaved", virtual_stages=2), imported))
     gpn = cluster.gpus_per_node
     if config.tp_size > gpn and config.tp_size % gpn == 0:
@@ -616,7 +616,7 @@ def _simulate(config: ParallelConfig, works: list[DeviceWork], keep_events: bool
     Interleaved: each device's work is split evenly over its v model chunks, and every chunk
     boundary sends the stage's activation (the wrap-around from the last device to the first
     uses the largest send of the other stages)."""
-    v = config.virtual_stages if config.schedule == "interleaved" else 1
+    v = config.chunks
     p = config.pp_size
     if v > 1:
         wrap = max((w.send_fwd_s for w in works[:-1]), default=0.0)
@@ -670,8 +670,8 @@ def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: Op
     states = stage_model_states(params_local - expert_local, expert_local, config.dp_size * cp, config.expert_dp_size,
                                 config.zero_stage, config.optimizer, dtype_bytes)
     op_idx = [i for li in range(first, last) for i in layered.layers[li].op_indices]
-    core = frozenset(i for i in op_idx if is_attention_core(graph, i, seq_len)) if config.recompute == "selective" else frozenset()
-    if config.recompute == "full":
+    core = frozenset(i for i in op_idx if is_attention_core(graph, i, seq_len)) if config.recompute is Recompute.SELECTIVE else frozenset()
+    if config.recompute is Recompute.FULL:
         # Megatron-LM checkpoints each transformer layer's input; other layers keep everything
         per_mb = sum(
             activations.saved_bytes(layered.layers[li].op_indices, "full" if layered.layers[li].kind == "block" else "none")

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+from dml2comm.parallel.config import Schedule
 
 __all__ = [
     "fusible_regions",
@@ -125,10 +126,11 @@ def model_state_bytes(params: float, dp_size: int, zero_stage: int, optimizer: s
 def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int, stage: int, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak (module docstring)."""
     p, m = pp_size, num_micro_batches
-    if schedule == "gpipe":
+    schedule = Schedule(schedule)
+    if schedule is Schedule.GPIPE:
         return float(m)
     count = float(min(p - stage, m))
-    if schedule == "interleaved" and virtual_stages > 1:
+    if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         count *= 1 + (p - 1) / (p * m)
     return count
 

@@ -53,7 +53,7 @@ def _counter(events: list[dict[str, Any]], pid: int, samples: list[tuple[int, fl
 
 def trace_dict(analysis: Analysis, sim: SimResult) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
-    v = analysis.config.virtual_stages if analysis.config.schedule == "interleaved" else 1
+    v = analysis.config.chunks
     for stage in analysis.stages:
         ranks = ", ".join(str(r) for r in stage.ranks)
         events.append({"ph": "M", "name": "process_name", "pid": stage.index, "tid": 0,

@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "SCHEDULES", "RECOMPUTE_MODES", "OPTIMIZERS", "CP_SCHEMES"]
+__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "SCHEDULES", "RECOMPUTE_MODES", "OPTIMIZERS", "CP_SCHEMES"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+class _Choice(str, enum.Enum):
+    """A closed set of flag values: a ``str`` (it equals, hashes and prints as its flag value,
+    so data.json and messages are unchanged) that the code compares by identity."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Schedule(_Choice):
+    """Pipeline schedules: GPipe (Huang et al. 2019), 1F1B (PipeDream-Flush, Narayanan et al.
+    2021 Sec. 2.2.1) and interleaved 1F1B (Sec. 2.2.2, v model chunks per GPU)."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Recompute(_Choice):
+    """Activation recomputation: none, selective (the attention core, Korthikanti et al. 2022
+    Sec. 5) or full (each transformer layer's input kept, the layer recomputed, Megatron-LM
+    ``--recompute-granularity full``)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+SCHEDULES = tuple(s.value for s in Schedule)
+RECOMPUTE_MODES = tuple(r.value for r in Recompute)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 #: Context-parallel schemes: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509: AllToAll
 #: of Q, K, V and the output, heads split c-way) and ring attention (Liu et al. 2023,
@@ -38,11 +68,11 @@ class ParallelConfig:
     global_batch_size: int = 1
     seq_len: int | None = None
     dtype: str = "bf16"
-    schedule: str = "1f1b"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     zero_stage: int = 0
     sequence_parallel: bool = False
-    recompute: str = "none"
+    recompute: Recompute = Recompute.NONE
     optimizer: str = "adam"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     rank_order: str = "tdp"
@@ -71,9 +101,12 @@ class ParallelConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.schedule not in SCHEDULES:
-            raise ConfigError(f"unknown --schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+            raise ConfigError(f"unknown --schedule {str(self.schedule)!r}; choose one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE_MODES:
-            raise ConfigError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
+            raise ConfigError(f"unknown --recompute {str(self.recompute)!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
+        # flag strings become the enums (frozen: set through object.__setattr__)
+        object.__setattr__(self, "schedule", Schedule(self.schedule))
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -90,7 +123,7 @@ class ParallelConfig:
             raise ConfigError("--tp-comm-overlap needs --sequence-parallel (it overlaps the all-gather and reduce-scatter that SP issues)")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
-        if self.schedule == "interleaved" and self.virtual_stages < 2:
+        if self.schedule is Schedule.INTERLEAVED and self.virtual_stages < 2:
             raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
         if self.cp_scheme not in CP_SCHEMES:
             raise ConfigError(f"unknown --cp-scheme {self.cp_scheme!r}; choose one of {', '.join(CP_SCHEMES)}")
@@ -105,6 +138,12 @@ class ParallelConfig:
     @property
     def num_micro_batches(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.dp_size)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per GPU: v with the interleaved schedule, else 1 (``--virtual-stages``
+        is ignored by the other schedules, as in Megatron-LM)."""
+        return self.virtual_stages if self.schedule is Schedule.INTERLEAVED else 1
 
     @property
     def num_gpus(self) -> int:

@@ -595,7 +595,7 @@ def timeline_chart_of(facts: Facts, max_boxes: int = MAX_BOXES) -> Chart | None:
     sim = a.timeline
     if sim is None or not sim.events:
         return None
-    v = a.config.virtual_stages if a.config.schedule == "interleaved" else 1
+    v = a.config.chunks
     streams = {(ev.device, ev.stream) for ev in sim.events}
     has_pp = any(s == "pp" for _, s in streams)
     has_dp = any(s == "dp" for _, s in streams)

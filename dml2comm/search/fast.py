@@ -64,7 +64,7 @@ from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
-from dml2comm.parallel.config import DTYPES, ParallelConfig
+from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute, Schedule
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, partition_layers, sent_activations
@@ -604,7 +604,7 @@ class FastEvaluator:
             seq_len = config.seq_len or infer_seq_len(self.graph)
             core_flags = self._core(seq_len)
             op_idx = [i for li in range(first, last) for i in self.layered.layers[li].op_indices]
-            core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute == "selective" else frozenset()
+            core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute is Recompute.SELECTIVE else frozenset()
             value = table[(first, last)] = self._activation_model(config).saved_bytes(op_idx, config.recompute, core)
         return value
 
@@ -637,7 +637,7 @@ class FastEvaluator:
         each interior block); ``per_layer``: :meth:`_per_layer`, ``saved_table``: :meth:`_saved_table`."""
         full, plain, transient_l = per_layer
         transient = float(transient_l[first:last].max(initial=0.0))
-        if config.recompute == "full":
+        if config.recompute is Recompute.FULL:
             per_mb = float(full[first:last].sum())
             blocks = [li for li in range(first, last) if self.kinds[li] == "block"]
             rebuilt = float(plain[blocks].max(initial=0.0)) if blocks else 0.0
@@ -948,10 +948,10 @@ class FastEvaluator:
         p, m = config.pp_size, config.num_micro_batches
         times = table.by_mode.get(config.recompute)
         if times is None:  # per recomputation mode: forward, backward compute, backward, backward TP
-            if config.recompute == "full":
+            if config.recompute is Recompute.FULL:
                 recompute = table.compute_f
                 tp_b = table.tp_b + table.tp_f
-            elif config.recompute == "selective":
+            elif config.recompute is Recompute.SELECTIVE:
                 recompute, tp_b = table.selective, table.tp_b
             else:
                 recompute, tp_b = 0.0, table.tp_b
@@ -960,7 +960,7 @@ class FastEvaluator:
         fwd, comp_b, bwd, tp_b = times
         runs_tau, runs_count, after, opt, states, zero_mb = self._zero_part(table, config)
         per_mb, extra = self._activation_part(table, config)
-        v = config.virtual_stages if config.schedule == "interleaved" else 1
+        v = config.chunks
         key = (config.schedule, p, m, v)
         in_flight = self._in_flight.get(key)
         if in_flight is None:
@@ -983,7 +983,7 @@ class FastEvaluator:
             except ConfigError as exc:
                 out[i] = {"error": " ".join(str(exc).split())}
                 continue
-            v = config.virtual_stages if config.schedule == "interleaved" else 1
+            v = config.chunks
             groups[(config.schedule, config.pp_size, config.num_micro_batches, v, prep.zero_mb is not None)].append((i, prep))
         staged = [(members, _GroupSim(schedule, p, m, v, [pr for _, pr in members]))
                   for (schedule, p, m, v, _), members in groups.items()]

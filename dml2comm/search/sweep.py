@@ -341,7 +341,7 @@ def _affinity(config: ParallelConfig) -> Fraction:
 
 
 def _steps(config: ParallelConfig) -> int:
-    return config.pp_size * config.num_micro_batches * (config.virtual_stages if config.schedule == "interleaved" else 1)
+    return config.pp_size * config.num_micro_batches * config.chunks
 
 
 def _chunks(configs: Sequence[ParallelConfig]) -> list[list[int]]:

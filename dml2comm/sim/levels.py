@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dml2comm.parallel.config import Schedule
 from dml2comm.sim.schedules import check_schedule
 
 __all__ = ["CompiledSchedule", "compile_schedule", "pipeline_end_times", "pipeline_end_times_zero", "bucket_tail_end", "bucket_tail_end_many", "pipeline_end_times_many"]
@@ -82,16 +83,17 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     ``schedules._interleaved`` (GPipe runs its backwards last micro-batch first).
     """
     check_schedule(name, p, m, v)  # the same validation (and errors) as the engine's
-    if name == "interleaved" and v < 2:
-        name = "1f1b"
-    if name != "interleaved":
+    name = Schedule(name)
+    if name is Schedule.INTERLEAVED and v < 2:
+        name = Schedule.ONE_F_ONE_B
+    if name is not Schedule.INTERLEAVED:
         v = 1
     total = m * v
     two = 2 * total
     s = np.arange(p)
-    if name == "gpipe":
+    if name is Schedule.GPIPE:
         warm = np.full(p, total)
-    elif name == "1f1b":
+    elif name is Schedule.ONE_F_ONE_B:
         warm = np.minimum(p - s - 1, m)
     else:
         warm = np.minimum((p - s - 1) * 2 + (v - 1) * p, total)
@@ -109,7 +111,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
         return (mb // p) * p * v + chunk * p + mb % p
 
     def bwd_k(mb, chunk):
-        if name == "gpipe":
+        if name is Schedule.GPIPE:
             return m - 1 - mb
         if v == 1:
             return mb
@@ -118,7 +120,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     if v == 1:
         mb_f = k
         chunk_f = np.zeros_like(k)
-        mb_b = m - 1 - k if name == "gpipe" else k
+        mb_b = m - 1 - k if name is Schedule.GPIPE else k
         chunk_b = np.zeros_like(k)
     else:
         mb_f = (k // (p * v)) * p + k % p
@@ -150,7 +152,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     need[pb[ok]] = (dev * two + bwd_pos(warm[dev], kk))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
-    depth = _one_f_one_b_depths(p, m) if name == "1f1b" and m >= p else None
+    depth = _one_f_one_b_depths(p, m) if name is Schedule.ONE_F_ONE_B and m >= p else None
     if depth is None or not _is_layering(depth, prev, need):
         depth = _depths(pos.reshape(p, two)[0], need, p)
     order = np.argsort(depth, kind="stable")

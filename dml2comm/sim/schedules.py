@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass
 
 from dml2comm.errors import ConfigError
+from dml2comm.parallel.config import SCHEDULES, Schedule
 
 __all__ = ["StepKind", "Step", "build_schedule", "check_schedule"]
 
@@ -39,9 +40,9 @@ class Step:
 
 def check_schedule(name: str, p: int, m: int, v: int = 1) -> None:
     """Raise :class:`ConfigError` when schedule ``name`` cannot run ``m`` micro-batches on ``p`` stages."""
-    if name not in ("gpipe", "1f1b", "interleaved"):
-        raise ConfigError(f"unknown schedule {name!r}; choose gpipe, 1f1b or interleaved")
-    if name == "interleaved" and v >= 2 and m % p:
+    if name not in SCHEDULES:
+        raise ConfigError(f"unknown schedule {str(name)!r}; choose gpipe, 1f1b or interleaved")
+    if Schedule(name) is Schedule.INTERLEAVED and v >= 2 and m % p:
         raise ConfigError(
             f"the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of --p {p} "
             "(Megatron-LM requires it); change --global-batch-size"
@@ -51,9 +52,10 @@ def check_schedule(name: str, p: int, m: int, v: int = 1) -> None:
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Step]]:
     """Per-device step lists for schedule ``name`` (``gpipe``, ``1f1b``, ``interleaved``)."""
     check_schedule(name, p, m, v)
-    if name == "gpipe":
+    name = Schedule(name)
+    if name is Schedule.GPIPE:
         return [_gpipe(m) for _ in range(p)]
-    if name == "1f1b" or v < 2:
+    if name is Schedule.ONE_F_ONE_B or v < 2:
         return [_one_f_one_b(p, m, s) for s in range(p)]
     return [_interleaved(p, m, v, s) for s in range(p)]
 

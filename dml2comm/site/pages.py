@@ -574,7 +574,7 @@ def _timeline_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
                          speedup=f"{speedup:.2f}×" if isinstance(speedup, (int, float)) else "n/a",
                          fits="fits" if r.get("fits_in_memory") else "does not fit", ok=bool(r.get("fits_in_memory")),
                          peak=fmt_bytes(r.get("peak_memory_bytes")) if r.get("peak_memory_bytes") is not None else "n/a"))
-    v = cfg.virtual_stages if cfg.schedule == "interleaved" else 1
+    v = cfg.chunks
     return Page(
         key="timeline", title="Timeline", section="", template="timeline.md.j2", crumbs=[home, Crumb("Timeline", None)],
         drawing=chart.name if chart is not None else None,
