@@ -1,22 +1,16 @@
-"""``analyze(model, config, cluster) -> Analysis``: the one place the stages are chained.
+"""``analyze(model, config, cluster) -> Analysis``: one configuration, in short named steps.
 
-ONNX -> OpGraph -> layers -> tensor-parallel shards -> per-op costs -> pipeline stages ->
-communication (tp, pp, dp) -> network costs -> first iteration estimate.
+import -> layers -> tensor-parallel shards -> per-op costs (for the drawings' op boxes) ->
+stage plan (:class:`dml2comm.cost.stages.StageCoster`, the cost model the sweep reads too) ->
+simulation (:mod:`dml2comm.sim.engine`: the events of the timeline) -> summary
+(:mod:`dml2comm.cost.summary`).  For the drawings only, the collective specs (tensor, context,
+expert, pipeline, tied-weight and data-parallel) are expanded into comm nodes with ranks,
+algorithms, links and formulas; their per-stage sums equal the plan's stage times
+(``tests/test_one_path.py``).
 
 Symmetry: replicas and tensor ranks are identical up to GPU ids, so every op is costed once
 (on its tensor-parallel shard) and every stage once; per-GPU views are derived on demand.
 Nothing here grows with d*t*p except the O(1) look-ups of one representative group per stage.
-
-First iteration estimate (documented in the README; replaced by the event simulator of a
-later issue): the 1F1B critical path (Narayanan et al. 2021, Sec. 2.2.1)
-
-    T = (m + (p - 1) / v) * max_s (t_f,s + t_b,s) + exposed DP reduction + optimizer step
-
-where t_f,s / t_b,s are one micro-batch's forward / backward time on stage s, including its
-tensor-parallel collectives (on the critical path in Megatron-LM), its pipeline Send of
-activations (forward) or gradients (backward), the input Read, per-micro-batch ZeRO-2/3
-collectives, and recomputation.  The once-per-iteration DP gradient reduction overlaps the
-backward pass of the last micro-batch and the pipeline drain (see ``_exposed_dp_s``).
 """
 
 from __future__ import annotations
@@ -27,14 +21,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from dml2comm.cost.cache import (activation_model_of, attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of,
-                                 tensor_parallel_of)
+import numpy as np
+
+from dml2comm.cost.cache import attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
 from dml2comm.cost.gemm import sustained_factor
-from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, stage_memory_dict
-from dml2comm.cost.ops import infer_seq_len, is_attention_core, shard_op_costs
-from dml2comm.cost.stages import (DPGroup, dp_bucket_buffer_bytes, stage_dp_collectives, stage_dp_times, stage_model_states,
-                                  stage_optimizer_s)
+from dml2comm.cost.layers import per_gpu_op_times, shared_parameters
+from dml2comm.cost.memory import ModelStates, stage_memory_dict
+from dml2comm.cost.ops import infer_seq_len, shard_op_costs
+from dml2comm.cost.summary import breakdown, mfu, model_flops
+from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, stage_dp_collectives
 from dml2comm.errors import ConfigError, Dml2CommError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
@@ -43,21 +39,15 @@ from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, 
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute, Schedule
+from dml2comm.parallel.config import DTYPES, ParallelConfig, Schedule
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
-from dml2comm.parallel.pipeline import (held_copies, parameter_shard_factors, partition_layers, sent_activations,
-                                        stage_boundaries)
+from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.schedules import build_schedule
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
-
-#: Host-to-device bandwidth for the input Read when a GPU preset gives none: PCIe 4.0 x16,
-#: 32 GB/s per direction (PCI-SIG PCIe 4.0 specification, 16 GT/s x 16 lanes).
-PCIE4_X16_BYTES_PER_S = 32e9
-
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
@@ -209,13 +199,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     moe = moe_of(graph, layered) if ep > 1 or config.capacity_factor != 1.0 else None
     check_expert_parallel(moe, ep)
     expert_weights = moe.expert_weights if moe is not None and ep > 1 else frozenset()
-    if cp > 1 or (moe is not None and config.capacity_factor != 1.0):
-        # every op is token-wise or (attention, causal load balancing) splits its s^2 work evenly:
-        # 1/c of each op per GPU; experts compute on capacity-padded buffers
-        expert_ops = moe.expert_ops if moe is not None else frozenset()
-        cf = config.capacity_factor
-        times = [(f * (cf if i in expert_ops else 1.0) / cp, b * (cf if i in expert_ops else 1.0) / cp)
-                 for i, (f, b) in enumerate(times)]
+    # per-GPU op times: 1/c of each op, expert ops on capacity-padded buffers (one rule: cost.layers)
+    times = per_gpu_op_times(times, cp, config.capacity_factor if moe is not None else 1.0,
+                             moe.expert_ops if moe is not None else frozenset())
     if cp > 1:
         warnings.append(f"context parallelism: c={cp} ({config.cp_scheme}); per-GPU op times, activations and tensor/pipeline "
                         "messages are 1/c of the unsplit ones (causal load balancing; GEMM efficiency of the full sequence)")
@@ -223,31 +209,15 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         warnings.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
                         f"capacity factor {config.capacity_factor}; balanced routing assumed (every expert gets its even share)")
 
-    # ---- layers and their costs
-    layer_params: list[int] = []
-    layer_params_local: list[float] = []
-    # a parameter belongs to the first layer reading it (directly, through a stored tied copy or
-    # a tensor derived from it) and is sharded as the weights computed from it; later stages
-    # that read it hold a copy (held_copies below)
-    readers = parameter_readers_of(graph, layered)
-    own = {w: layers[0] for w, layers in readers.items()}
-    factor = parameter_shard_factors(graph, tp.weight_factor)
-    layer_expert_local: list[float] = []  # expert parameters per GPU (after t and e), when e > 1
-    for layer in layered.layers:
-        params = sum(graph.tensors[w].numel for w, li in own.items() if li == layer.index)
-        local = sum(graph.tensors[w].numel / factor.get(w, 1) / (ep if w in expert_weights else 1)
-                    for w, li in own.items() if li == layer.index)
-        expert_local = sum(graph.tensors[w].numel / factor.get(w, 1) / ep
-                           for w, li in own.items() if li == layer.index and w in expert_weights) if expert_weights else 0.0
-        layer_params.append(params)
-        layer_params_local.append(local)
-        layer_expert_local.append(expert_local)
-    layer_fwd = [sum(times[i][0] for i in layer.op_indices) for layer in layered.layers]
-    layer_bwd = [sum(times[i][1] for i in layer.op_indices) for layer in layered.layers]
-    layer_flops = [sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers]
-
-    # ---- pipeline stages: contiguous, minimising the slowest stage
-    ranges = partition_layers([f + b for f, b in zip(layer_fwd, layer_bwd)], config.pp_size)
+    # ---- layers and stages: the stage tables the sweep reads too (dml2comm.cost.layers / .stages):
+    # per-layer times and parameters, the min-max partition, every stage-level term
+    coster = StageCoster(imported, cluster, collapse=False, lenient=lenient)  # the whole graph: exact per-layer sums
+    plan = coster.prepare(config)
+    layer_table = coster.layer_table(config)
+    table = coster.stage_table(config)
+    ranges = table.ranges
+    layer_params = [int(x) for x in layer_table.params]
+    layer_fwd, layer_bwd, layer_flops = layer_table.fwd.tolist(), layer_table.bwd.tolist(), layer_table.flops.tolist()
     stage_of_layer = [0] * len(layered.layers)
     for s, (a, b) in enumerate(ranges):
         for li in range(a, b):
@@ -255,10 +225,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     stage_of_op = [stage_of_layer[layered.layer_of_op[i]] for i in range(len(graph.ops))]
     # A parameter read on several stages (a tied embedding: the LM head on the last stage) is
     # held by each of them, and their gradients are all-reduced (Megatron-LM's embedding group)
+    readers = parameter_readers_of(graph, layered)
+    factor = parameter_shard_factors(graph, tp.weight_factor)
     copies = held_copies(shared_parameters(graph, readers, factor), stage_of_layer, config.pp_size)
-    tied_extra, tied_extra_local = copies.extra, copies.extra_local
 
-    rank_map = RankMap(config.dp_size, config.tp_size, config.pp_size, config.rank_order, cp=cp, ep=ep)
+    rank_map = table.rank_map
     comms: list[CommNode] = []
     m = config.num_micro_batches
 
@@ -344,18 +315,17 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # DP), expert gradients over the d x c / e expert-data-parallel ranks
     # (the stage-level terms: dml2comm.cost.stages, shared with the sweep's fast path)
     grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
-    for s, (a, b) in enumerate(ranges):
-        expert_local = sum(layer_expert_local[a:b])
-        local_params = sum(layer_params_local[a:b]) + tied_extra_local[s] - expert_local
+    expert_local_of = table.expert_local if table.expert_local is not None else [0.0] * config.pp_size
+    for s in range(len(ranges)):
+        expert_local = float(expert_local_of[s])
+        local_params = float(table.params_local[s]) - expert_local
         for dc in stage_dp_collectives(local_params, expert_local, grad_bytes, config.dp_size * cp, config.expert_dp_size,
                                        config.zero_stage, config.bucket_bytes):
             group = rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else rank_map.expert_dp_group(s, 0, 0)
             add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, group, dc.message_bytes,
                      dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason)
 
-    # ---- activation memory (saved-for-backward tensors on the tensor-parallel shard)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
-    activations = activation_model_of(graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
     if has_dropout:
         warnings.append("dropout: the model's own Dropout nodes (their masks count as activations)")
     elif config.dropout > 0:
@@ -363,69 +333,35 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                         "the export has no Dropout nodes")
     else:
         warnings.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
-    # activation bytes crossing each boundary per micro-batch: the forward sends already costed
-    boundary_bytes = [sum(c.message_bytes for c in comms if c.dim is ParallelDim.PP and c.phase is Phase.FORWARD and c.stage == k)
-                      for k in range(len(boundaries))]
 
-    # ---- stage times per micro-batch
-    pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
-    input_bytes = sum(graph.tensors[n].nbytes for n in graph.inputs) / cp
-    attn_core = {site.layer: (sum(times[i][0] for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer),
-                              sum(times[i][1] for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer))
-                 for site in attn_sites}
+    # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
     stages: list[StageInfo] = []
     works: list[DeviceWork] = []
     for s, (a, b) in enumerate(ranges):
-        op_idx = [i for li in range(a, b) for i in layered.layers[li].op_indices]
-        compute_f = sum(times[i][0] for i in op_idx)
-        compute_b = sum(times[i][1] for i in op_idx)
-        recompute = 0.0
-        if config.recompute is Recompute.FULL:
-            recompute = compute_f
-        elif config.recompute is Recompute.SELECTIVE:
-            recompute = sum(times[i][0] for i in op_idx if is_attention_core(graph, i, seq_len))
         mine = [c for c in comms if c.stage == s]
         dp_once = sum(c.time_s * c.count_per_iteration for c in mine if c.dim is ParallelDim.DP and not c.per_micro_batch)
-        if config.tp_comm_overlap:
-            tp_f = _tp_overlapped_per_mb(mine, m, Phase.FORWARD, times, config.tp_size)
-            tp_b = _tp_overlapped_per_mb(mine, m, Phase.BACKWARD, times, config.tp_size)
-        else:
-            tp_f = _per_mb(mine, m, ParallelDim.TP, Phase.FORWARD)
-            tp_b = _per_mb(mine, m, ParallelDim.TP, Phase.BACKWARD)
-        # CP and EP collectives sit on the critical path like TP's (ring attention hides what
-        # the attention of the block in hand covers)
-        tp_f += _cp_ep_exposed_per_mb(mine, m, Phase.FORWARD, attn_core, cp)
-        tp_b += _cp_ep_exposed_per_mb(mine, m, Phase.BACKWARD, attn_core, cp)
-        if config.recompute is Recompute.FULL:  # the recomputed forward repeats its TP collectives
-            tp_b += tp_f
-        reads = input_bytes / pcie if any(graph.ops[i].inputs and set(graph.ops[i].inputs) & set(graph.inputs) for i in op_idx) else 0.0
-        t_f = compute_f + tp_f + reads
-        t_b = compute_b + recompute + tp_b
-        works.append(replace(_device_work(mine, m, t_f, t_b, tp_f, tp_b), overlap_dp=config.overlap_grad_reduce))
-        params = sum(layer_params[a:b]) + int(tied_extra[s])
-        params_local = sum(layer_params_local[a:b]) + tied_extra_local[s]
-        expert_local = sum(layer_expert_local[a:b])
-        opt_t = stage_optimizer_s(params_local - expert_local, expert_local, config.dp_size * cp, config.expert_dp_size,
-                                  config.zero_stage, config.optimizer, dtype_bytes, hbm)
+        works.append(_stage_work(plan, s))
+        weights, grads, optimizer_states = plan.states[s].tolist()
+        memory = dict(stage_memory_dict(ModelStates(weights, grads, optimizer_states), float(plan.activations_per_mb[s] * plan.in_flight[s]),
+                                        float(plan.buffers[s]), float(plan.transient[s])),
+                      activations_per_micro_batch_bytes=float(plan.activations_per_mb[s]), in_flight_micro_batches=float(plan.in_flight[s]))
         stages.append(
             StageInfo(
                 index=s,
                 layers=tuple(range(a, b)),
-                params=params,
-                params_per_gpu=params_local,
-                flops_fwd=sum(layer_flops[a:b]),
-                time_fwd_s=t_f,
-                time_bwd_s=t_b,
-                compute_fwd_s=compute_f,
-                compute_bwd_s=compute_b + recompute,
+                params=int(table.params[s]),
+                params_per_gpu=float(table.params_local[s]),
+                flops_fwd=float(table.flops[s]),
+                time_fwd_s=float(plan.fwd[s]),
+                time_bwd_s=float(plan.bwd[s]),
+                compute_fwd_s=float(plan.compute_f[s]),
+                compute_bwd_s=float(plan.compute_b[s]),
                 dp_time_s=dp_once,
-                optimizer_time_s=opt_t,
-                memory=_stage_memory(activations, layered, graph, config, s, a, b, params_local, dtype_bytes, seq_len, boundary_bytes,
-                                     expert_local),
+                optimizer_time_s=float(plan.optimizer[s]),
+                memory=memory,
                 ranks=rank_map.tp_group(0, s),
             )
         )
-    works = [replace(w, optimizer_s=st.optimizer_time_s) for w, st in zip(works, stages)]
     sim, sim_free = _simulate(config, works, keep_events=timeline)
     layers_info = tuple(
         LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
@@ -543,70 +479,26 @@ def _memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster:
     return out
 
 
-def _tp_overlapped_per_mb(comms: list[CommNode], m: int, phase: Phase, times: list[tuple[float, float]], t: int) -> float:
-    """Exposed tensor-parallel time per micro-batch with ``--tp-comm-overlap``.
-
-    The all-gather before a column-parallel GEMM and the reduce-scatter after a row-parallel
-    one are split into t chunks pipelined with the GEMM (Wang et al., "Overlap Communication
-    with Dependent Computation via Decomposition in Large Deep Learning Models", ASPLOS'23;
-    Megatron-LM ``--tp-comm-overlap`` with Transformer Engine userbuffers): what the GEMM cannot
-    hide stays exposed, and at least one chunk (t_comm / t) always is.  The adjacent GEMM is the
-    op the collective is attached to (its backward for backward collectives: half of it, the
-    input-gradient GEMM).  Collectives not next to a GEMM stay exposed.
-    """
-    exposed = 0.0
-    for c in comms:
-        if not (c.per_micro_batch and c.dim is ParallelDim.TP and c.phase is phase):
-            continue
-        gemm = 0.0
-        if c.after_op is not None:
-            gemm = times[c.after_op][0] if phase is Phase.FORWARD else times[c.after_op][1] / 2
-        exposed += max(c.time_s - gemm, c.time_s / t) * c.count_per_iteration / m
-    return exposed
-
-
-def _cp_ep_exposed_per_mb(comms: list[CommNode], m: int, phase: Phase, attn_core: Mapping[int, tuple[float, float]], cp: int) -> float:
-    """Seconds per micro-batch that context- and expert-parallel collectives add to a stage.
-
-    AllToAlls (Ulysses, MoE dispatch/combine) block the next op: fully exposed.  A ring-attention
-    step overlaps the attention of the K/V block in hand (1/c of the layer's attention core,
-    Liu et al. 2023, Sec. 3): each of the c - 1 steps exposes max(0, t_send - t_core / c).
-    """
-    exposed = 0.0
-    for c in comms:
-        if not (c.per_micro_batch and c.phase is phase and c.dim in (ParallelDim.CP, ParallelDim.EP)):
-            continue
-        per_mb = c.count_per_iteration / m
-        if c.kind is CollectiveKind.SEND_RECV and c.layer is not None:
-            core = attn_core.get(c.layer, (0.0, 0.0))[0 if phase is Phase.FORWARD else 1]
-            exposed += max(c.time_s - core / cp, 0.0) * per_mb
-        else:
-            exposed += c.time_s * per_mb
-    return exposed
-
-
-def _per_mb(comms: list[CommNode], m: int, dim: ParallelDim, phase: Phase, kind: CollectiveKind | None = None) -> float:
-    """Seconds per micro-batch of the per-micro-batch collectives of one dimension and phase."""
-    return sum(c.time_s * c.count_per_iteration / m for c in comms
-               if c.per_micro_batch and c.dim is dim and c.phase is phase and (kind is None or c.kind is kind))
-
-
-def _device_work(comms: list[CommNode], m: int, t_f: float, t_b: float, tp_f: float, tp_b: float) -> DeviceWork:
-    """What the simulator needs of one stage (its own comms only; sends are the sender's)."""
-    dp = stage_dp_times([c for c in comms if c.dim is ParallelDim.DP], m)
+def _stage_work(plan: StagePlan, s: int) -> DeviceWork:
+    """What the engine needs of device ``s`` of ``plan`` (the sweep's ``_GroupSim`` reads the
+    same arrays for many plans at once)."""
+    taus, counts = plan.runs_tau[s].tolist(), plan.runs_count[s].tolist()
+    zero = plan.zero_mb[s].tolist() if plan.zero_mb is not None else [0.0, 0.0, 0.0]
     return DeviceWork(
-        fwd_s=t_f,
-        bwd_s=t_b,
-        tp_fwd_s=tp_f,
-        tp_bwd_s=tp_b,
-        send_fwd_s=_per_mb(comms, m, ParallelDim.PP, Phase.FORWARD),
-        send_bwd_s=_per_mb(comms, m, ParallelDim.PP, Phase.BACKWARD),
-        zero_fwd_s=dp.zero_fwd_s,
-        zero_bwd_pre_s=dp.zero_bwd_pre_s,
-        zero_bwd_post_s=dp.zero_bwd_post_s,
-        dp_buckets_s=dp.buckets_s,
-        after_step_s=dp.after_step_s,
-        tied_s=sum(c.time_s * c.count_per_iteration for c in comms if c.dim is ParallelDim.PP and not c.per_micro_batch),
+        fwd_s=float(plan.fwd[s]),
+        bwd_s=float(plan.bwd[s]),
+        tp_fwd_s=float(plan.tp_f[s]),
+        tp_bwd_s=float(plan.tp_b[s]),
+        send_fwd_s=float(plan.send_f[s]),
+        send_bwd_s=float(plan.send_b[s]),
+        zero_fwd_s=zero[0],
+        zero_bwd_pre_s=zero[1],
+        zero_bwd_post_s=zero[2],
+        dp_buckets_s=tuple(tau for tau, n in zip(taus, counts) for _ in range(int(n))),
+        optimizer_s=float(plan.optimizer[s]),
+        after_step_s=float(plan.after_step[s]),
+        overlap_dp=plan.config.overlap_grad_reduce,
+        tied_s=float(plan.tied[s]),
     )
 
 
@@ -638,101 +530,33 @@ def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
     return ()
 
 
-def shared_parameters(graph: OpGraph, readers: Mapping[str, tuple[int, ...]],
-                      factor: Mapping[str, int]) -> list[tuple[tuple[int, ...], float, float]]:
-    """The parameters read by more than one layer, as :func:`dml2comm.parallel.pipeline.held_copies`
-    takes them: (reader layers, elements, elements per GPU after tensor parallelism)."""
-    return [(layers, float(graph.tensors[w].numel), graph.tensors[w].numel / factor.get(w, 1))
-            for w, layers in readers.items() if len(layers) > 1]
-
-
-def weight_layers(graph: OpGraph, layered: LayeredGraph) -> dict[str, int]:
-    """Weight name -> index of the first layer that reads it."""
-    out: dict[str, int] = {}
-    for layer in layered.layers:
-        for i in layer.op_indices:
-            for name in graph.ops[i].inputs:
-                t = graph.tensors.get(name) if name else None
-                if t is not None and t.is_weight and name not in out:
-                    out[name] = layer.index
-    return out
-
-
-def _stage_memory(activations: ActivationModel, layered: LayeredGraph, graph: OpGraph, config: ParallelConfig, stage: int,
-                  first: int, last: int, params_local: float, dtype_bytes: int, seq_len: int | None,
-                  boundary_bytes: list[float], expert_local: float = 0.0) -> dict[str, float]:
-    """Peak memory of one GPU of ``stage`` (see dml2comm.cost.memory for every term).
-
-    ``expert_local`` of ``params_local`` are expert parameters (already 1/e): their states are
-    ZeRO-sharded over the d*c/e expert-data-parallel ranks, the rest over d*c.  With context
-    parallelism each GPU holds 1/c of every activation."""
-    cp = config.cp_size
-    states = stage_model_states(params_local - expert_local, expert_local, config.dp_size * cp, config.expert_dp_size,
-                                config.zero_stage, config.optimizer, dtype_bytes)
-    op_idx = [i for li in range(first, last) for i in layered.layers[li].op_indices]
-    core = frozenset(i for i in op_idx if is_attention_core(graph, i, seq_len)) if config.recompute is Recompute.SELECTIVE else frozenset()
-    if config.recompute is Recompute.FULL:
-        # Megatron-LM checkpoints each transformer layer's input; other layers keep everything
-        per_mb = sum(
-            activations.saved_bytes(layered.layers[li].op_indices, "full" if layered.layers[li].kind == "block" else "none")
-            for li in range(first, last)
-        )
-        rebuilt = max((activations.saved_bytes(layered.layers[li].op_indices) for li in range(first, last)
-                       if layered.layers[li].kind == "block"), default=0.0)
-    else:
-        per_mb = activations.saved_bytes(op_idx, config.recompute, core)
-        rebuilt = 0.0
-    in_flight = in_flight_micro_batches(config.schedule, config.pp_size, config.num_micro_batches, stage, config.virtual_stages)
-    pipeline_buffers = (boundary_bytes[stage - 1] if stage > 0 else 0.0) + (boundary_bytes[stage] if stage < len(boundary_bytes) else 0.0)
-    dp_bucket = dp_bucket_buffer_bytes(config.bucket_bytes, config.dp_size * cp)
-    per_mb /= cp
-    transient = (activations.transient_bytes(op_idx) + rebuilt) / cp
-    return dict(stage_memory_dict(states, per_mb * in_flight, pipeline_buffers + dp_bucket, transient),
-                activations_per_micro_batch_bytes=per_mb, in_flight_micro_batches=in_flight)
-
-
 def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: SimResult, full_flops, peak, seq_len, model_path):
-    """Headline numbers from the simulated iteration.
-
-    The iteration splits into compute (the busiest GPU's compute stream with every collective
-    free: its ops, recomputation and input reads), pipeline bubble (its
-    idle time within the pipeline's span in the same schedule with every collective free), exposed communication (what
-    the collectives add to the iteration: simulated time minus the collective-free time) and
-    the optimizer step.  ``bubble_fraction`` = bubble / iteration, the bubble's share of the
-    iteration as the breakdown bar shows it (one definition everywhere); ``bubble_ratio`` =
-    bubble / the busiest GPU's busy time, Narayanan et al. 2021's (p - 1) / (v m) for uniform
-    stages (Sec. 2.2), under its own name.  ``comm_time_s`` is the collective time of every
-    stage of one replica (each stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s``:
-    removing all collectives shortens the critical path by at most the collective time on it;
-    ``comm_time_busiest_stage_s`` is the busiest stage's own share of it.
+    """Headline numbers from the simulated iteration: the four parts of the iteration, the
+    bubble's two ratios and the busiest stage as :func:`dml2comm.cost.summary.breakdown` defines
+    them (the sweep's rows read the same function).  ``comm_time_s`` is the collective time of
+    every stage of one replica (each stage's GPU), so that ``exposed_comm_time_s`` <=
+    ``comm_time_s``: removing all collectives shortens the critical path by at most the
+    collective time on it; ``comm_time_busiest_stage_s`` is the busiest stage's own share of it.
     """
     iteration = sim.iteration_time_s
-    crit = max(range(len(stages)), key=lambda d: (sim_free.compute_busy_s[d], -d))
-    busy_free = sim_free.compute_busy_s[crit]
-    # compute: the busiest GPU's compute stream with every collective free (its ops,
-    # recomputation and the micro-batches' input reads), so that the parts add up
-    compute = busy_free
-    bubble_time = max(max(sim_free.compute_end_s) - busy_free, 0.0)  # idle within the pipeline's span
-    # the optimizer step as the iteration sees it: from the last backward to the end of the
-    # collective-free iteration (the device that ends last, whose step may be longer than the
-    # busiest stage's: the first stage's embedding), so the four parts add up to the iteration
-    optimizer_part = max(sim_free.iteration_time_s - max(sim_free.compute_end_s), 0.0)
-    exposed = max(iteration - sim_free.iteration_time_s, 0.0)
+    parts = breakdown(np.array([iteration]), np.array([sim_free.iteration_time_s]), np.array([sim_free.compute_end_s]),
+                      np.array([sim_free.compute_busy_s]))  # dml2comm.cost.summary: the sweep's formulas
+    crit = int(parts.critical_stage[0])
+    compute, bubble_time, exposed, optimizer_part = (float(parts.compute_s[0]), float(parts.bubble_s[0]),
+                                                     float(parts.exposed_comm_s[0]), float(parts.optimizer_s[0]))
     comm_by_stage_dim = {dim: sum(c.time_s * c.count_per_iteration for c in comms if c.dim is dim and c.stage == crit) for dim in ParallelDim}
     comm_busiest = sum(comm_by_stage_dim.values())
     comm_total = sum(c.time_s * c.count_per_iteration for c in comms)
-    batch = config.micro_batch_size
-    flops_fwd_per_sample = sum(full_flops) / batch
-    model_flops = 3 * flops_fwd_per_sample * config.global_batch_size  # forward + 2x backward, no recomputation
-    mfu = model_flops / (iteration * config.num_gpus * peak) if iteration > 0 else None
+    flops_fwd_per_sample = sum(full_flops) / config.micro_batch_size
+    flops = model_flops(flops_fwd_per_sample, config.global_batch_size)
     tokens = config.global_batch_size * seq_len if seq_len else None
-    parts = {
+    shares = {
         "compute": compute,
         "pipeline bubble": bubble_time,
         "exposed communication": exposed,
         "optimizer step": optimizer_part,
     }
-    name, share = max(parts.items(), key=lambda kv: kv[1])
+    name, share = max(shares.items(), key=lambda kv: kv[1])
     if name == "exposed communication":
         dim = max(comm_by_stage_dim, key=comm_by_stage_dim.get)
         name = f"exposed communication (mostly {dim.value})"
@@ -744,10 +568,10 @@ def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: 
         "comm_time_busiest_stage_s": comm_busiest,
         "exposed_comm_time_s": exposed,
         "bubble_time_s": bubble_time,
-        "bubble_fraction": bubble_time / iteration if iteration else 0.0,
-        "bubble_ratio": bubble_time / busy_free if busy_free else 0.0,
+        "bubble_fraction": float(parts.bubble_fraction[0]),
+        "bubble_ratio": float(parts.bubble_ratio[0]),
         "optimizer_time_s": optimizer_part,
-        "mfu": mfu,
+        "mfu": mfu(flops, iteration, config.num_gpus, peak),
         "tokens_per_s": tokens / iteration if tokens and iteration else None,
         "samples_per_s": config.global_batch_size / iteration if iteration else None,
         "peak_memory_bytes": max(x.memory["total_bytes"] for x in stages),

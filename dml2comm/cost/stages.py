@@ -20,21 +20,48 @@ a sweep and caches the result per (parameters, group placement, ZeRO stage, ...)
   (:func:`dml2comm.cost.memory.model_state_bytes`, Rajbhandari et al., SC'20, Fig. 1), expert
   states sharded over the expert-data-parallel ranks;
 - :func:`dp_bucket_buffer_bytes`: the communication buffer of the bucket being reduced.
+
+:class:`StageCoster` builds, per configuration split, the one :class:`StageTable` every
+stage-level term is read from -- compute, tensor/context/expert-parallel time on the critical
+path (``--tp-comm-overlap`` and ring attention's overlap included), pipeline sends, input
+reads, tied-weight all-reduces, parameters, buffers -- and per ZeRO stage and recomputation mode
+its data-parallel, optimizer and memory parts (:meth:`StageCoster.plan`: a :class:`StagePlan`).
+The analysis reads its stages from it (and expands the collective specs into comm nodes with
+ranks only for the drawings); the sweep simulates many plans at once.  Collective times come
+from :func:`dml2comm.network.model.collective_time_on_placement`, cached per (collective, how the
+group sits on the cluster, bytes), the same model the analysis's comm nodes are costed with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
+import numpy as np
+
+from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import optimizer_step_s
-from dml2comm.cost.memory import ModelStates, model_state_bytes
+from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
+from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, in_flight_micro_batches, model_state_bytes
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import Cluster, RankMap
+from dml2comm.ir.onnx_import import ImportResult
+from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
+from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute
 from dml2comm.parallel.data import data_parallel_comms
+from dml2comm.parallel.pipeline import held_copies
 
-__all__ = ["DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["PCIE4_X16_BYTES_PER_S", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
+
+
+#: Host-to-device bandwidth for the input Read when a GPU preset gives none: PCIe 4.0 x16,
+#: 32 GB/s per direction (PCI-SIG PCIe 4.0 specification, 16 GT/s x 16 lanes).
+PCIE4_X16_BYTES_PER_S = 32e9
 
 
 class DPGroup(enum.Enum):
@@ -173,3 +200,440 @@ def stage_model_states(dense_params: float, expert_params: float, dp_cp_size: in
 def dp_bucket_buffer_bytes(bucket_bytes: int, dp_cp_size: int) -> float:
     """The communication buffer of the gradient bucket being reduced (none without data parallelism)."""
     return float(bucket_bytes) if dp_cp_size > 1 else 0.0
+
+
+#: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
+#: of the non-expert gradients (over the d x c ranks) then of the expert ones (expert-data-parallel).
+_MAX_RUNS = 4
+
+
+@dataclass
+class StagePlan:
+    """One configuration, ready for the batched simulation."""
+
+    config: ParallelConfig
+    fwd: np.ndarray  # per device, per micro-batch (whole stage)
+    bwd: np.ndarray
+    tp_f: np.ndarray
+    tp_b: np.ndarray
+    send_f: np.ndarray
+    send_b: np.ndarray
+    compute_f: np.ndarray  # pure op time (no TP collectives, no input read)
+    compute_b: np.ndarray
+    runs_tau: np.ndarray  # [p, R]: gradient-bucket runs per device, seconds per bucket
+    runs_count: np.ndarray  # [p, R]: buckets in the run (0: no run)
+    optimizer: np.ndarray
+    after_step: np.ndarray
+    tied: np.ndarray  # per device: its tied-weight gradient all-reduce (0: holds no shared copy)
+    peak_memory: float
+    flops_fwd_per_sample: float
+    zero_mb: np.ndarray | None = None  # [p, 3] ZeRO-2/3 per micro-batch: forward all-gather, backward all-gather, reduce-scatter
+    # memory per device (the analysis's per-stage memory reports read them)
+    states: np.ndarray | None = None  # [p, 3]: weights, gradients, optimizer states (bytes)
+    activations_per_mb: np.ndarray | None = None  # saved activations per micro-batch
+    in_flight: np.ndarray | None = None  # micro-batches whose activations are held at the peak
+    buffers: np.ndarray | None = None  # pipeline send/receive buffers and the DP bucket being reduced
+    transient: np.ndarray | None = None  # the largest op's transient bytes (+ the rebuilt layer under full recomputation)
+    total_memory: np.ndarray | None = None  # peak bytes per device
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTableKey(CacheKey):
+    """:class:`StageTable`, cached per evaluator, hence per cluster and GPU (the evaluator's
+    network, GPU and placement ids are fixed; its graph too: :meth:`StageCoster._use` empties
+    the store): the shard (t, SP, dtype), c and its scheme, ``--seq-len``, the split (p, d, e,
+    rank order), the gradient dtype and bucket, the optimizer, the capacity factor (expert op
+    times, EP messages) and the micro-batch size (one flat key: it is built per configuration)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    cp_size: int
+    cp_scheme: str | None
+    seq_len: int | None
+    pp_size: int
+    dp_size: int
+    ep_size: int
+    rank_order: str
+    grad_reduce_dtype: str | None
+    bucket_bytes: int
+    optimizer: str
+    capacity_factor: float
+    micro_batch_size: int
+    tp_comm_overlap: bool
+
+
+@dataclass
+class StageTable:
+    """Per stage, for one (t, SP, p, d, c, e): compute and TP times (with the exposed CP and EP
+    collectives), sends, parameters, buffers."""
+
+    config: ParallelConfig
+    ranges: list[tuple[int, int]]
+    compute_f: np.ndarray
+    compute_b: np.ndarray
+    selective: np.ndarray
+    tp_f: np.ndarray
+    tp_b: np.ndarray
+    reads: np.ndarray
+    params_local: np.ndarray
+    buffers: np.ndarray
+    send_f: np.ndarray
+    send_b: np.ndarray
+    tied: np.ndarray  # per stage: seconds of its tied-weight gradient all-reduces
+    rank_map: RankMap
+    by_zero: dict[int, tuple]
+    by_recompute: dict[str, tuple]
+    dp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its d x c group's placement
+    expert_local: np.ndarray | None = None  # per stage: expert parameters per GPU (after t and e; part of params_local)
+    edp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its expert-data-parallel group
+    signatures: list[tuple[int, ...]] | None = None  # per stage: LayerCoster._signatures
+    by_mode: dict[str, tuple] = dataclasses.field(default_factory=dict)  # per recomputation mode: StageCoster._prepare
+    flops_fwd: float = 0.0  # unsharded forward FLOPs of the model per micro-batch (LayerTable.flops_fwd)
+    params: np.ndarray | None = None  # per stage: parameters (before t and e; tied copies included)
+    flops: np.ndarray | None = None  # per stage: unsharded forward FLOPs per micro-batch
+
+
+class StageCoster(LayerCoster):
+    """The stage tables of one imported model on one cluster (module docstring).  Values that
+    depend on the cluster (send, TP/CP/EP and tied-weight times, placement ids) are kept here,
+    never on the graph, which other clusters share."""
+
+    def __init__(self, imported: ImportResult, cluster: Cluster, collapse: bool = True, collapsed: Collapsed | None = None,
+                 lenient: bool = False) -> None:
+        self.cluster = cluster
+        self._costs: dict[tuple, float] = {}
+        self._placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
+        self._rank_placements: dict[tuple[int, ...], tuple[int, int]] = {}  # groups that are no progression, by their ranks
+        self._period = placement_period(cluster)
+        self._placement_list: list[tuple] = []
+        self._placement_ids: dict[tuple, int] = {}
+        self._in_flight: dict[tuple, np.ndarray] = {}
+        self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
+        self._per_cluster: dict[object, object] = {}
+        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient)
+
+    def _use(self, collapsed: Collapsed | None) -> None:
+        self._per_cluster.clear()  # stage tables of the graph worked on before
+        super()._use(collapsed)
+
+    def _where(self, base: int, stride: int, n: int) -> tuple[int, int]:
+        """(placement id, ranks) of the group ``base + i * stride`` (``i < n``; every group of a
+        rank map is one): groups placed alike on the cluster cost the same, and a group shifted
+        by a multiple of :func:`placement_period` is placed alike."""
+        key = (base % self._period, stride, n)
+        where = self._placements.get(key)
+        if where is None:
+            placement = group_placement(self.cluster, range(base, base + stride * n, stride) if n > 1 else (base,))
+            where = self._placements[key] = (self._placement_id(placement), n)
+        return where
+
+    def _where_ranks(self, ranks: Sequence[int]) -> tuple[int, int]:
+        """(placement id, ranks) of any group: a progression through :meth:`_where`, else keyed
+        by its ranks shifted by a multiple of :func:`placement_period` (placed alike)."""
+        ranks = tuple(ranks)
+        n = len(ranks)
+        step = ranks[1] - ranks[0] if n > 1 else 1
+        if all(ranks[i + 1] - ranks[i] == step for i in range(n - 1)):
+            return self._where(ranks[0], step, n)
+        low = min(ranks)
+        shift = low - low % self._period
+        key = tuple(r - shift for r in ranks)
+        where = self._rank_placements.get(key)
+        if where is None:
+            where = self._rank_placements[key] = (self._placement_id(group_placement(self.cluster, ranks)), n)
+        return where
+
+    def _placement_id(self, placement: tuple) -> int:
+        """A small int per distinct placement (cheap to hash in the cost cache's keys)."""
+        pid = self._placement_ids.setdefault(placement, len(self._placement_list))
+        if pid == len(self._placement_list):
+            self._placement_list.append(placement)
+        return pid
+
+    def _dp_wheres(self, rank_map: RankMap, stage: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """Placements of stage ``stage``'s (tensor rank 0) d x c group (``dp_cp_group``), its first
+        expert-parallel group (``ep_group``) and its first expert-data-parallel group
+        (``expert_dp_group``).  The d x c group is a progression unless the rank order puts
+        another dimension between d and c: then it is placed by its ranks."""
+        d, c, e = rank_map.dp, rank_map.cp, rank_map.ep
+        sd, sp, _, sc = rank_map.strides
+        base = stage * sp
+        if c == 1:
+            step = sd
+        elif d == 1:
+            step = sc
+        elif sd == sc * c:
+            step = sc
+        elif sc == sd * d:
+            step = sd
+        else:
+            ranks = rank_map.dp_cp_group(stage, 0)
+            return self._where_ranks(ranks), self._where_ranks(ranks[:e]), self._where_ranks(ranks[::e])
+        n = d * c
+        return self._where(base, step, n), self._where(base, step, e), self._where(base, step * e, n // e)
+
+    def _cost_at(self, kind: CollectiveKind, where: tuple[int, int], size: float) -> float:
+        key = (kind, where, size)  # small ints: cheap to hash
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = collective_time_on_placement(self.cluster, kind, self._placement_list[where[0]], where[1], size)
+        return cost
+
+    def prepare(self, config: ParallelConfig) -> StagePlan:
+        """Per-device costs of ``config`` (raises ConfigError as the analysis does)."""
+        try:
+            return self._prepare(config)
+        except NotRepeating:
+            if self.pre_collapsed:
+                raise  # the caller imports the whole model
+            self._use(None)  # the collapse does not hold for this model: the whole graph from now on
+            return self._prepare(config)
+
+    def stage_table(self, config: ParallelConfig) -> StageTable:
+        """What every configuration with this model split (t, SP, p, c, e, hence d) shares."""
+        cp = config.cp_size
+        key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
+                             config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
+                             config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
+                             config.micro_batch_size, config.tp_comm_overlap)
+        return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
+
+    def _build_stage_table(self, config: ParallelConfig) -> StageTable:
+        layers = self.layer_table(config)
+        ranges = self.partition(config, layers)
+        p, d = config.pp_size, config.dp_size
+        cp, ep = config.cp_size, config.ep_size
+        expert_params = self._expert_params(config)  # raises the analysis's --ep errors
+        ep_counts = self._ep_counts(config)
+        rank_map = RankMap(d, config.tp_size, p, config.rank_order, cp=cp, ep=ep)
+        _, sp, stt, sc = rank_map.strides
+        gpu = self.cluster.gpu
+        pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
+        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
+        crossing = self._boundary_bytes(config, ranges)
+        if cp > 1:  # each GPU sends 1/c of every boundary tensor
+            crossing = [[x / cp for x in sizes] for sizes in crossing]
+        boundary = np.array([sum(sizes) for sizes in crossing])
+        # stage s's first rank is s * sp; its send partner is sp further (or back).  Groups placed
+        # alike cost alike, and a stage's groups are placed as those of the first stage whose
+        # first rank has the same residue mod placement_period: find each placement once
+        period = self._period
+        residue = [(st * sp) % period for st in range(p)]
+        first: dict[int, int] = {}
+        for st, r in enumerate(residue):
+            first.setdefault(r, st)
+        uniq = list(first)
+        at = np.array([uniq.index(r) for r in residue])  # per stage: its residue's position in uniq
+
+        def per_residue(values: list) -> list:
+            return [values[i] for i in at.tolist()]
+
+        cost_at, where, sr = self._cost_at, self._where, CollectiveKind.SEND_RECV
+        base = {r: first[r] * sp for r in uniq}  # a stage of each residue (its actual first rank)
+        ahead_of: dict[int, tuple[int, int]] = {}
+        back_of: dict[int, tuple[int, int]] = {}
+        sent: dict[tuple, float] = {}
+        send, send_back = [], []
+        for st, sizes in enumerate(crossing):  # boundary st: stages st and st + 1
+            key = tuple(sizes)
+            ahead = ahead_of.get(residue[st])
+            if ahead is None:
+                ahead = ahead_of[residue[st]] = where(st * sp, sp, 2)
+            r_back = residue[st + 1]
+            back = back_of.get(r_back)
+            if back is None:
+                back = back_of[r_back] = where((st + 1) * sp, -sp, 2)
+            fwd = sent.get((ahead, key))
+            if fwd is None:
+                fwd = sent[(ahead, key)] = sum(cost_at(sr, ahead, x) for x in sizes)
+            bwd = sent.get((back, key))
+            if bwd is None:
+                bwd = sent[(back, key)] = sum(cost_at(sr, back, x) for x in sizes)
+            send.append(fwd)
+            send_back.append(bwd)
+        starts = np.array([a for a, _ in ranges])
+        ends = np.array([b for _, b in ranges])
+
+        def per_stage(x: np.ndarray) -> np.ndarray:
+            cum = np.zeros(len(x) + 1)
+            np.cumsum(x, out=cum[1:])
+            return cum[ends] - cum[starts]
+
+        stage_of_layer = np.repeat(np.arange(p), ends - starts)
+        copies = held_copies(layers.shared, stage_of_layer.tolist(), p)
+        tied_local = np.array(copies.extra_local)
+        tied = np.zeros(p)
+        if copies.groups:  # analysis: one all-reduce per group of stages, on each of its stages
+            dtype_bytes = config.train_dtype.itemsize
+            grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+            for held_by, local_numel in copies.groups:
+                cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
+                                     local_numel * grad_bytes)
+                tied[list(held_by)] += cost
+        tp_f, tp_b = np.zeros(p), np.zeros(p)
+
+        def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
+            """Add each stage's count of one collective times its cost on that stage's group
+            (``wheres``: per residue in ``uniq``)."""
+            cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at]
+            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
+
+        tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
+        if config.tp_comm_overlap:
+            # analysis._tp_overlapped_per_mb: what the adjacent GEMM does not hide, at least 1/t
+            t = config.tp_size
+            for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    exposed = np.maximum(cost - gemm, cost / t)[at]
+                    (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * exposed
+        else:
+            for (kind, phase, size), counts in layers.tp.items():
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    on_path(phase, counts, kind, tp_groups, size / cp)
+        # CP and EP collectives sit on the critical path like TP's (analysis._cp_ep_exposed_per_mb)
+        cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
+        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
+            on_path(phase, counts, kind, cp_groups, size)
+        for (phase, size), counts in layers.ring.items():
+            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
+            # the layer's attention core does not hide
+            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
+            target = tp_f if phase is Phase.FORWARD else tp_b
+            by_cost: dict[float, np.ndarray] = {}
+            ring_cost = [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
+                             self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                         for r in uniq]
+            for st in range(p):
+                cost = ring_cost[at[st]]
+                exposed = by_cost.get(cost)
+                if exposed is None:
+                    exposed = by_cost[cost] = per_stage(counts * (np.maximum(cost - core, 0.0) * (cp - 1)))
+                target[st] += exposed[st]
+        wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
+        wheres = per_residue(wheres_u)
+        ep_groups = [w[1] for w in wheres_u]
+        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
+            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
+        reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
+        buffers = np.zeros(p)
+        buffers[1:] += boundary
+        buffers[:-1] += boundary
+        buffers += dp_bucket_buffer_bytes(config.bucket_bytes, d * cp)  # the DP bucket being reduced
+        none = (-1, 1)
+        dp_where = [w[0] for w in wheres] if d * cp > 1 else [none] * p
+        edp_where = [w[2] for w in wheres] if config.expert_dp_size > 1 else [none] * p
+        if expert_params is None:
+            params_local, expert_local = per_stage(layers.params_local) + tied_local, np.zeros(p)
+        else:
+            params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
+        return StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd), per_stage(layers.selective),
+                           tp_f, tp_b, reads, params_local, buffers,
+                           np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
+                           expert_local, edp_where, flops_fwd=layers.flops_fwd,
+                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops))
+
+    def zero_part(self, table: StageTable, config: ParallelConfig):
+        """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
+        the optimizer step and the model states (weights + gradients + optimizer).
+
+        Non-expert gradients reduce over the d x c ranks, expert gradients over the d x c / e
+        expert-data-parallel ranks, one bucket stream after the other (``_device_work``)."""
+        z = config.zero_stage
+        if z not in table.by_zero:
+            dtype_bytes = config.train_dtype.itemsize
+            grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+            common = (config.dp_size * config.cp_size, config.expert_dp_size, z, grad_bytes, dtype_bytes,
+                      config.bucket_bytes, config.optimizer)
+            expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
+            dense = table.params_local - expert
+            # stages with equal parameters on alike groups share their part
+            stages = list(zip(dense.tolist(), expert.tolist(), table.dp_where, table.edp_where))
+            parts: dict[tuple, tuple] = {}
+            for stage in stages:
+                if stage not in parts:
+                    key = stage + common
+                    part = self._stage_states.get(key)
+                    if part is None:
+                        part = self._stage_states[key] = self._one_stage_states(*key)
+                    parts[stage] = part
+            rows = [parts[stage] for stage in stages]
+            table.by_zero[z] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+                                np.array([r[2] for r in rows]), np.array([r[3] for r in rows]),
+                                np.array([r[4] for r in rows]).reshape(len(rows), 3),
+                                np.array([r[5] for r in rows]).reshape(len(rows), 3))
+        return table.by_zero[z]
+
+    def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
+                          edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str) -> tuple:
+        """One stage's ZeRO part (:mod:`dml2comm.cost.stages`, as the analysis): (bucket seconds
+        per run, buckets per run, seconds of the collective after the step, optimizer step
+        seconds, model-state bytes, ZeRO per-micro-batch seconds: forward all-gather, backward
+        all-gather, backward reduce-scatter)."""
+        timed = [Timed(dc.kind, dc.phase, dc.per_micro_batch, dc.count,
+                       self._cost_at(dc.kind, where if dc.group is DPGroup.DENSE else ewhere, dc.message_bytes))
+                 for dc in stage_dp_collectives(dense, expert, grad_bytes, d, edp, z, bucket_bytes)]
+        dp = stage_dp_times(timed, 1)  # per micro-batch terms: count x seconds
+        if len(dp.bucket_runs) > _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
+            raise ConfigError("more gradient-bucket sizes than the fast path handles")
+        tau, count = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS)
+        for r, (t, n) in enumerate(dp.bucket_runs):
+            tau[r], count[r] = t, n
+        states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes)
+        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s)
+        return (tau, count, dp.after_step_s, opt, (states.weights_bytes, states.grads_bytes, states.optimizer_bytes),
+                (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s))
+
+    def activation_part(self, table: StageTable, config: ParallelConfig):
+        """Per stage for one recomputation mode: saved bytes per micro-batch and the
+        transient (+ rebuilt layer) bytes, 1/c of them with context parallelism."""
+        mode = config.recompute
+        if mode not in table.by_recompute:
+            known = derived(self.graph, StageActivationsKey(config.tp_size, config.sequence_parallel, config.dtype,
+                                                             config.dropout > 0, mode, config.seq_len), dict)
+            per_layer, saved_table = self._per_layer(config), self._saved_table(config)
+            values = []
+            for sig, (first, last) in zip(self._signatures(table), table.ranges):
+                value = known.get(sig)
+                if value is None:
+                    value = known[sig] = self._stage_activations(config, per_layer, saved_table, first, last, sig[0], sig[1],
+                                                                 sig[2:])
+                values.append(value)
+            saved, rebuilt, transient = np.array(values).T
+            cp = config.cp_size
+            table.by_recompute[mode] = (saved / cp, (transient + rebuilt) / cp)
+        return table.by_recompute[mode]
+
+    def _prepare(self, config: ParallelConfig) -> StagePlan:
+        if self.cluster.num_gpus != config.num_gpus:
+            raise ConfigError(f"the cluster has {self.cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
+        if self.imported.model_batch is not None and self.imported.model_batch != config.micro_batch_size:
+            raise ConfigError(f"the model fixes its batch dimension at {self.imported.model_batch}")
+        table = self.stage_table(config)
+        p, m = config.pp_size, config.num_micro_batches
+        times = table.by_mode.get(config.recompute)
+        if times is None:  # per recomputation mode: forward, backward compute, backward, backward TP
+            if config.recompute is Recompute.FULL:
+                recompute = table.compute_f
+                tp_b = table.tp_b + table.tp_f
+            elif config.recompute is Recompute.SELECTIVE:
+                recompute, tp_b = table.selective, table.tp_b
+            else:
+                recompute, tp_b = 0.0, table.tp_b
+            comp_b = table.compute_b + recompute
+            times = table.by_mode[config.recompute] = (table.compute_f + table.tp_f + table.reads, comp_b, comp_b + tp_b, tp_b)
+        fwd, comp_b, bwd, tp_b = times
+        runs_tau, runs_count, after, opt, states, zero_mb = self.zero_part(table, config)
+        per_mb, extra = self.activation_part(table, config)
+        v = config.chunks
+        key = (config.schedule, p, m, v)
+        in_flight = self._in_flight.get(key)
+        if in_flight is None:
+            in_flight = self._in_flight[key] = np.array([in_flight_micro_batches(config.schedule, p, m, st, config.virtual_stages)
+                                                         for st in range(p)])
+        # cost.memory.stage_memory_dict's sum, per stage
+        total = (states[:, 0] + states[:, 1] + states[:, 2]) + per_mb * in_flight + table.buffers + extra + FRAMEWORK_OVERHEAD_BYTES
+        return StagePlan(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
+                         runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size,
+                         zero_mb if config.zero_stage >= 2 else None, states, per_mb, in_flight, table.buffers, extra, total)

@@ -1,0 +1,546 @@
+"""Per-layer tables: what every configuration with the same shard reads, built once.
+
+The analysis of one configuration (:func:`dml2comm.analysis.analyze_graph`) and the sweep
+(:class:`dml2comm.search.fast.FastEvaluator`) both read a model through :class:`LayerCoster`:
+
+- the model with long runs of identical blocks collapsed to four (:mod:`dml2comm.ir.repeats`):
+  everything below is computed on it and read per full layer through a layer map (when the
+  collapse does not hold for a model, :class:`NotRepeating` sends the caller to the whole graph);
+- per (micro-batch, t, SP, dtype, c, capacity factor, GPU): op costs and times on the
+  tensor-parallel shard (:func:`dml2comm.cost.ops.shard_op_costs`) summed per layer, the
+  layers' parameters, recomputation time and tensor/context-parallel collectives
+  (:class:`LayerTable`), activation bytes per layer, the pipeline partition
+  (:func:`dml2comm.parallel.pipeline.partition_layers`) and the tensors crossing each boundary.
+
+What depends on the graph, configuration values and the GPU is cached on the graph under
+typed keys (:mod:`dml2comm.cost.cache`); what depends on the cluster's network lives in
+:class:`dml2comm.cost.stages.StageCoster`, one per cluster.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, layers_of, moe_of,
+                                 needs_grad_of, parameter_readers_of, tensor_parallel_of)
+from dml2comm.cost.memory import ActivationModel
+from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
+from dml2comm.hardware.gpus import GPU
+from dml2comm.ir.graph import OpGraph
+from dml2comm.ir.onnx_import import ImportResult
+from dml2comm.ir.repeats import Collapsed
+from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.parallel.config import ParallelConfig, Recompute
+from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
+from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
+from dml2comm.parallel.pipeline import parameter_shard_factors, partition_layers, sent_activations
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dml2comm.cost.stages import StageTable
+
+__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "per_gpu_op_times", "shared_parameters"]
+
+
+def shared_parameters(graph: OpGraph, readers: Mapping[str, tuple[int, ...]],
+                      factor: Mapping[str, int]) -> list[tuple[tuple[int, ...], float, float]]:
+    """The parameters read by more than one layer, as :func:`dml2comm.parallel.pipeline.held_copies`
+    takes them: (reader layers, elements, elements per GPU after tensor parallelism)."""
+    return [(layers, float(graph.tensors[w].numel), graph.tensors[w].numel / factor.get(w, 1))
+            for w, layers in readers.items() if len(layers) > 1]
+
+
+@dataclass
+class LayerTable:
+    """Per-layer sums for one (micro-batch, t, SP, dtype, c, capacity factor), per full layer
+    (op times are per GPU: 1/c of the unsplit ones, expert ops times the capacity factor)."""
+
+    fwd: np.ndarray  # compute seconds per micro-batch
+    bwd: np.ndarray
+    selective: np.ndarray  # forward seconds of the attention core (selective recomputation)
+    params: np.ndarray
+    params_local: np.ndarray
+    reads_input: np.ndarray  # bool: the layer has an op that reads a graph input
+    tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective
+    shared: list[tuple[tuple[int, ...], float, float]]  # parameters read by several full layers (analysis.shared_parameters)
+    flops_fwd: float  # unsharded forward FLOPs of the model per micro-batch
+    flops: np.ndarray  # per layer: unsharded forward FLOPs per micro-batch
+    # context parallelism (c > 1): per-layer counts of each Ulysses AllToAll (kind, phase, bytes),
+    # of ring-attention sites per (phase, bytes), and each layer's attention core (ring overlap)
+    cp: dict[tuple[CollectiveKind, Phase, float], np.ndarray] = dataclasses.field(default_factory=dict)
+    ring: dict[tuple[Phase, float], np.ndarray] = dataclasses.field(default_factory=dict)
+    core_f: np.ndarray | None = None
+    core_b: np.ndarray | None = None
+    # --tp-comm-overlap: per-layer counts of each TP collective by (kind, phase, bytes, seconds
+    # of the GEMM it overlaps: analysis._tp_overlapped_per_mb)
+    tp_gemm: dict[tuple[CollectiveKind, Phase, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+# ---- cache keys (dml2comm.cost.cache): one per cached quantity, holding what it depends on
+# besides the graph it is cached on (a collapsed graph fixes its layer map)
+@dataclass(frozen=True, slots=True)
+class _LayersKey(CacheKey):
+    """:class:`LayerTable` (and, inside :class:`_PartitionKey`, what the per-layer times depend on):
+    the shard, the GPU (name, peak in ``dtype``, HBM bandwidth), c and the capacity factor the
+    op times are scaled by, the CP scheme (with c > 1) and ``--seq-len``."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    gpu_name: str
+    peak_flops: float
+    hbm_bytes_per_s: float
+    cp_size: int
+    capacity_factor: float
+    cp_scheme: str | None
+    seq_len: int | None
+    lenient: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _PartitionKey(CacheKey):
+    """The pipeline partition of the layers of ``layers`` into ``pp_size`` stages."""
+
+    layers: _LayersKey
+    pp_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnWeightsKey(CacheKey):
+    """Per layer, the parameters it owns (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ExpertParamsKey(CacheKey):
+    """Per full layer, parameters per GPU and their expert part with e > 1."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype_bytes: int
+    ep_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ExpertCommsKey(CacheKey):
+    """Per full layer, counts of the MoE AllToAlls per (phase, bytes)."""
+
+    ep_size: int
+    tokens: float
+    dtype_bytes: int
+    capacity_factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class _CrossingKey(CacheKey):
+    """Per boundary after each collapsed layer, the crossing tensors' bytes."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class _BoundariesKey(CacheKey):
+    """Per stage boundary of the partition ``ranges``, the crossing tensors' bytes."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerActivationsKey(CacheKey):
+    """Per full layer: saved bytes under full recomputation and without, transient bytes."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _SavedKey(CacheKey):
+    """The table of saved bytes of collapsed layer ranges ``(first, last)`` under ``recompute``
+    (``seq_len``: ``--seq-len``, which picks the attention core selective recomputation drops)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+    recompute: str
+    seq_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StageActivationsKey(CacheKey):
+    """The table of stage activations already computed, by stage signature, per recomputation
+    mode (and ``--seq-len``, as :class:`_SavedKey`)."""
+
+    tp_size: int
+    sequence_parallel: bool
+    dtype: str
+    assumed_dropout: bool
+    recompute: str
+    seq_len: int | None
+
+
+class NotRepeating(Exception):
+    """The collapsed graph's interior representatives disagree: use the whole graph."""
+
+
+def per_gpu_op_times(times: list[tuple[float, float]], cp: int, capacity_factor: float,
+                     expert_ops: frozenset[int]) -> list[tuple[float, float]]:
+    """Per-GPU (forward, backward) seconds of each op: with context parallelism every op is
+    token-wise or (attention, with causal load balancing) splits its s^2 work evenly, so 1/c of
+    each op runs per GPU (Megatron-Core context parallelism; Jacobs et al. 2023 for Ulysses);
+    experts compute on capacity-padded buffers (x capacity factor: Fedus et al. 2022 Sec. 2.1)."""
+    if cp == 1 and capacity_factor == 1.0:
+        return times
+    return [(f * (capacity_factor if i in expert_ops else 1.0) / cp, b * (capacity_factor if i in expert_ops else 1.0) / cp)
+            for i, (f, b) in enumerate(times)]
+
+
+class LayerCoster:
+    """Per-layer tables of one imported model on one GPU (module docstring)."""
+
+    def __init__(self, imported: ImportResult, gpu: GPU, collapse: bool = True, collapsed: Collapsed | None = None,
+                 lenient: bool = False) -> None:
+        """``collapsed``: ``imported`` is already the collapsed model (another micro-batch size
+        of a model whose collapse was found on a full import); else the collapse is found here
+        (``collapse=False``: the whole graph).  ``lenient``: ops without a cost rule are costed
+        as memory-bound (``--lenient``) instead of refused."""
+        self.imported = imported
+        self.gpu = gpu
+        self.lenient = lenient
+        self.pre_collapsed = collapsed is not None
+        if collapsed is None:
+            full = imported.graph
+            self.full_layered = layers_of(full)
+            collapsed = collapsed_of(full) if collapse else None
+        self._use(collapsed)
+
+    def _use(self, collapsed: Collapsed | None) -> None:
+        """Work on ``collapsed`` (or the whole graph when None)."""
+        full = self.imported.graph
+        self.collapsed = collapsed
+        self._copies: dict[int, np.ndarray] = {}  # LayerCoster._copies_before
+        if collapsed is None:
+            self.graph, self.layered = full, self.full_layered
+            n = len(self.full_layered.layers)
+            self.layer_map = np.arange(n)
+            self.full_index = list(range(n))
+            self.interior: tuple[tuple[int, int], ...] = ()
+        else:
+            self.graph, self.layered = collapsed.graph, collapsed.layered
+            self.layer_map = np.array(collapsed.layer_map, dtype=np.int64)
+            self.full_index = list(collapsed.full_index)
+            self.interior = collapsed.interior
+        self.kinds = [self.layered.layers[r].kind for r in self.layer_map]
+
+    # ---- shared parts (computed on the collapsed graph, read per full layer through layer_map)
+    def _core(self, seq_len: int | None) -> list[bool]:
+        """Per op: on the attention scores (what selective recomputation rebuilds)."""
+        return attention_core_flags(self.graph, seq_len)
+
+    def _tp(self, config: ParallelConfig):
+        return tensor_parallel_of(self.graph, config.tp_size, config.sequence_parallel, config.train_dtype.itemsize)
+
+    def _moe(self) -> MoEInfo | None:
+        return moe_of(self.graph, self.layered)
+
+    def _scale(self, config: ParallelConfig) -> tuple[int, float]:
+        """(c, the factor expert ops' times take): the analysis looks for experts only with e > 1
+        or a capacity factor other than 1, and scales expert ops only when it finds some."""
+        cf = 1.0
+        if config.ep_size > 1 or config.capacity_factor != 1.0:
+            if self._moe() is not None:
+                cf = config.capacity_factor
+        return config.cp_size, cf
+
+    def _layer_key(self, config: ParallelConfig) -> _LayersKey:
+        """What the per-layer times depend on (the layers' and the partition's cache key)."""
+        cp, cf = self._scale(config)
+        gpu = self.gpu
+        return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu.name, gpu.peak_flops(config.dtype),
+                          gpu.hbm_bytes_per_s, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient)
+
+    def layer_table(self, config: ParallelConfig) -> LayerTable:
+        return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
+
+    def _check_interior(self, *arrays: np.ndarray) -> None:
+        """Blocks i + 1 and i + 2 of a collapsed run must agree (the state entering a block has
+        settled); else the collapse is not valid for this model."""
+        for r1, r2 in self.interior:
+            for a in arrays:
+                if not np.isclose(a[r1], a[r2], rtol=1e-12, atol=0.0):
+                    raise NotRepeating
+
+    def _build_layers(self, config: ParallelConfig) -> LayerTable:
+        graph, layered = self.graph, self.layered
+        gpu = self.gpu
+        peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
+        tp = self._tp(config)
+        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient)
+        n = len(layered.layers)
+        seq_len = config.seq_len or infer_seq_len(graph)
+        cp, cf = self._scale(config)
+        moe = self._moe() if cf != 1.0 else None
+        times = per_gpu_op_times(times, cp, cf, moe.expert_ops if moe is not None else frozenset())
+        fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
+        bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
+        flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
+        core = self._core(seq_len)
+        selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
+        by_layer = self._own_weights()
+        factor = parameter_shard_factors(graph, tp.weight_factor)
+        params = np.zeros(n)
+        params_local = np.zeros(n)
+        for li in range(n):
+            params[li] = sum(graph.tensors[w].numel for w in by_layer[li])
+            params_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li])
+        shared = []
+        if self.collapsed is not None:
+            copies = np.bincount(self.layer_map, minlength=n)
+        for layers_read, numel, local in shared_parameters(graph, self._readers(), factor):
+            if self.collapsed is not None and any(copies[li] != 1 for li in layers_read):
+                raise NotRepeating  # shared across collapsed blocks (ALBERT-style): the whole graph counts them
+            shared.append((tuple(self.full_index[li] for li in layers_read), numel, local))
+        inputs = set(graph.inputs)
+        reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
+                          for layer in layered.layers], dtype=bool)
+        tp_counts: dict[tuple, np.ndarray] = {}
+        tp_gemm: dict[tuple, np.ndarray] = {}
+        if config.tp_size > 1:
+            for c in tp.comms:
+                key = (c.kind, c.phase, float(c.message_bytes))
+                li = layered.layer_of_op[c.op_index]
+                tp_counts.setdefault(key, np.zeros(n))[li] += 1
+                # the adjacent GEMM (its input-gradient half in backward): analysis._tp_overlapped_per_mb
+                gemm = times[c.op_index][0] if c.phase is Phase.FORWARD else times[c.op_index][1] / 2
+                tp_gemm.setdefault(key + (gemm,), np.zeros(n))[li] += 1
+        cp_counts: dict[tuple, np.ndarray] = {}
+        ring: dict[tuple, np.ndarray] = {}
+        core_f, core_b = np.zeros(n), np.zeros(n)
+        if cp > 1:
+            sites = attention_sites_of(graph, layered, seq_len)
+            check_context_parallel(sites, cp, config.tp_size, config.cp_scheme, seq_len)
+            for site in sites:  # the analysis's attn_core: a layer's last site wins
+                ops = [i for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer]
+                core_f[site.layer] = sum(times[i][0] for i in ops)
+                core_b[site.layer] = sum(times[i][1] for i in ops)
+            for cc in context_parallel_comms(sites, cp, config.tp_size, config.cp_scheme, config.train_dtype.itemsize):
+                if cc.kind is CollectiveKind.SEND_RECV:  # one entry per site and phase: cc.count = c - 1 steps
+                    ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
+                else:
+                    cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
+        self._check_interior(fwd, bwd, selective, params, params_local, flops, *tp_counts.values(), *cp_counts.values(),
+                             *ring.values(), core_f, core_b)
+        m = self.layer_map
+        return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
+                       {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
+                       {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
+                       {k: v[m] for k, v in tp_gemm.items()})
+
+    def _readers(self) -> dict[str, tuple[int, ...]]:
+        """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""
+        return parameter_readers_of(self.graph, self.layered)
+
+    def _own_weights(self) -> dict[int, list[str]]:
+        """Per (collapsed) layer, the parameters it owns (the first layer reading each) in the
+        analysis's order."""
+
+        def build() -> dict[int, list[str]]:
+            by_layer: dict[int, list[str]] = defaultdict(list)
+            for w, layers in self._readers().items():
+                by_layer[layers[0]].append(w)
+            return by_layer
+
+        return derived(self.graph, _OwnWeightsKey(), build)
+
+    def _expert_params(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per full layer with e > 1: parameters per GPU (expert weights 1/e) and the expert part
+        of them; None without expert parallelism (the layers' own ``params_local``)."""
+        if config.ep_size <= 1:
+            return None
+        moe = self._moe()
+        check_expert_parallel(moe, config.ep_size)
+        key = _ExpertParamsKey(config.tp_size, config.sequence_parallel, config.train_dtype.itemsize, config.ep_size)
+
+        def build():
+            graph, ep = self.graph, config.ep_size
+            tp = self._tp(config)
+            experts = moe.expert_weights
+            by_layer = self._own_weights()
+            factor = parameter_shard_factors(graph, tp.weight_factor)
+            n = len(self.layered.layers)
+            local, expert = np.zeros(n), np.zeros(n)
+            for li in range(n):  # the analysis's sums, weight by weight in the same order
+                local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) / (ep if w in experts else 1)
+                                for w in by_layer[li])
+                expert[li] = sum(graph.tensors[w].numel / factor.get(w, 1) / ep for w in by_layer[li] if w in experts)
+            self._check_interior(local, expert)
+            m = self.layer_map
+            return local[m], expert[m]
+
+        return derived(self.graph, key, build)
+
+    def _ep_counts(self, config: ParallelConfig) -> dict[tuple[Phase, float], np.ndarray]:
+        """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch."""
+        if config.ep_size <= 1:
+            return {}
+        moe = self._moe()
+        check_expert_parallel(moe, config.ep_size)
+        assert moe is not None
+        seq_len = config.seq_len or infer_seq_len(self.graph)
+        tokens = config.micro_batch_size * (seq_len or 1) / config.cp_size
+        dtype_bytes = config.train_dtype.itemsize
+        key = _ExpertCommsKey(config.ep_size, tokens, dtype_bytes, config.capacity_factor)
+
+        def build():
+            n = len(self.layered.layers)
+            counts: dict[tuple, np.ndarray] = {}
+            for ec in expert_parallel_comms(moe, tokens, config.ep_size, dtype_bytes, config.capacity_factor):
+                counts.setdefault((ec.phase, float(ec.message_bytes)), np.zeros(n))[ec.layer] += ec.count
+            self._check_interior(*counts.values())
+            return {k: v[self.layer_map] for k, v in counts.items()}
+
+        return derived(self.graph, key, build)
+
+    def partition(self, config: ParallelConfig, layers: LayerTable):
+        key = _PartitionKey(self._layer_key(config), config.pp_size)
+        return derived(self.graph, key, lambda: partition_layers(list(layers.fwd + layers.bwd), config.pp_size))
+
+    def _boundary_bytes(self, config: ParallelConfig, ranges) -> list[list[float]]:
+        """Per stage boundary, the bytes of each activation crossing it per micro-batch."""
+        key = _BoundariesKey(config.tp_size, config.sequence_parallel, config.dtype, tuple(ranges))
+        return derived(self.graph, key, lambda: self._build_boundaries(config, ranges))
+
+    def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[float]]:
+        """A tensor crosses the boundary after full layer k when it is produced at or before
+        and read after it; on the collapsed graph, after ``layer_map[k]``."""
+        per_boundary = derived(self.graph, _CrossingKey(config.tp_size, config.sequence_parallel, config.dtype),
+                               lambda: self._crossing(config))
+        return [per_boundary[int(self.layer_map[b - 1])] for _, b in ranges[:-1]]
+
+    def _crossing(self, config: ParallelConfig) -> list[list[float]]:
+        """Per boundary after each (collapsed) layer: the crossing tensors' bytes, by name."""
+        names, prod, last, sizes = self._tensor_table(config)
+        out = []
+        for rb in range(len(self.layered.layers)):
+            sel = np.nonzero((prod <= rb) & (last > rb))[0]
+            out.append([size for _, size in sorted((names[i], sizes[i]) for i in sel)])
+        return out
+
+    def _tensor_table(self, config: ParallelConfig):
+        """Activations that need a gradient: name, producing layer, last consuming layer, bytes."""
+        graph, layered = self.graph, self.layered
+        tp = self._tp(config)
+        train = config.train_dtype
+        needs_grad = needs_grad_of(graph)
+        local_out = {}
+        for op, shard in zip(graph.ops, tp.shards):
+            for name, t in zip(op.outputs, shard.outputs):
+                if name and t is not None:
+                    local_out[name] = t
+        producer: dict[str, int] = {}
+        last_consumer: dict[str, int] = {}
+        for op in graph.ops:
+            li = layered.layer_of_op[op.index]
+            for name in op.outputs:
+                if name:
+                    producer[name] = li
+            for name in op.inputs:
+                if name:
+                    last_consumer[name] = max(last_consumer.get(name, li), li)
+        sent = sent_activations(graph, needs_grad)
+        names = [n for n in producer if n in sent]
+        prod = np.array([producer[n] for n in names], dtype=np.int64)
+        last = np.array([max(last_consumer.get(n, producer[n]), producer[n]) for n in names], dtype=np.int64)
+        sizes = [float((local_out.get(n) or graph.tensors[n]).nbytes_in(train)) for n in names]
+        return names, prod, last, sizes
+
+    def _activation_model(self, config: ParallelConfig) -> ActivationModel:
+        return activation_model_of(self.graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
+
+    def _per_layer(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per full layer: saved bytes under full recomputation (the analysis's rule: blocks
+        keep their input, other layers everything), saved bytes without recomputation, transient bytes."""
+        key = _LayerActivationsKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
+
+        def build():
+            act = self._activation_model(config)
+            layers = self.layered.layers
+            full = np.array([act.saved_bytes(l.op_indices, "full" if l.kind == "block" else "none") for l in layers])
+            plain = np.array([act.saved_bytes(l.op_indices) for l in layers])
+            transient = np.array([act.transient_bytes(l.op_indices) for l in layers])
+            self._check_interior(full, plain, transient)
+            m = self.layer_map
+            return full[m], plain[m], transient[m]
+
+        return derived(self.graph, key, build)
+
+    def _saved_table(self, config: ParallelConfig) -> dict[tuple[int, int], float]:
+        """The saved bytes of collapsed layer ranges already computed for ``config``'s shard and
+        recomputation mode, by ``(first, last)`` (:meth:`_saved` fills it)."""
+        key = _SavedKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, config.seq_len)
+        return derived(self.graph, key, dict)
+
+    def _saved(self, config: ParallelConfig, table: dict[tuple[int, int], float], first: int, last: int) -> float:
+        """Saved bytes of the collapsed layers ``first..last - 1`` taken together (``table``:
+        :meth:`_saved_table` of ``config``)."""
+        value = table.get((first, last))
+        if value is None:
+            seq_len = config.seq_len or infer_seq_len(self.graph)
+            core_flags = self._core(seq_len)
+            op_idx = [i for li in range(first, last) for i in self.layered.layers[li].op_indices]
+            core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute is Recompute.SELECTIVE else frozenset()
+            value = table[(first, last)] = self._activation_model(config).saved_bytes(op_idx, config.recompute, core)
+        return value
+
+    def _signatures(self, table: StageTable) -> list[tuple[int, ...]]:
+        """Per stage, what its activations depend on: each stage's layers map to a contiguous
+        collapsed range ``lo..hi - 1`` with each interior block r2 repeated, so (lo, hi, how many
+        extra copies of each interior block) determines the answer (vectorised over stages)."""
+        if table.signatures is None:
+            starts = np.array([a for a, _ in table.ranges])
+            ends = np.array([b for _, b in table.ranges])
+            columns = [self.layer_map[starts], self.layer_map[ends - 1] + 1]
+            for _, r2 in self.interior:
+                cum = self._copies_before(r2)
+                columns.append(cum[ends] - cum[starts] - 1)
+            table.signatures = list(zip(*(c.tolist() for c in columns)))
+        return table.signatures
+
+    def _copies_before(self, r2: int) -> np.ndarray:
+        """``cum[k]``: full layers before layer k that map to collapsed layer ``r2``."""
+        cum = self._copies.get(r2)
+        if cum is None:
+            cum = self._copies[r2] = np.concatenate(([0], np.cumsum(self.layer_map == r2)))
+        return cum
+
+    def _stage_activations(self, config: ParallelConfig, per_layer: tuple[np.ndarray, np.ndarray, np.ndarray],
+                           saved_table: dict[tuple[int, int], float], first: int, last: int, lo: int, hi: int,
+                           extras: tuple[int, ...]) -> tuple[float, float, float]:
+        """(saved bytes per micro-batch, rebuilt layer bytes, transient bytes) of the stage of
+        full layers ``first..last - 1`` (collapsed ``lo..hi - 1`` with ``extras`` more copies of
+        each interior block); ``per_layer``: :meth:`_per_layer`, ``saved_table``: :meth:`_saved_table`."""
+        full, plain, transient_l = per_layer
+        transient = float(transient_l[first:last].max(initial=0.0))
+        if config.recompute is Recompute.FULL:
+            per_mb = float(full[first:last].sum())
+            blocks = [li for li in range(first, last) if self.kinds[li] == "block"]
+            rebuilt = float(plain[blocks].max(initial=0.0)) if blocks else 0.0
+            return per_mb, rebuilt, transient
+        # every interior block beyond the first adds what one more interior block adds (blocks
+        # keep disjoint tensors but for the one they pass on, which the next block's saved set
+        # already holds)
+        saved = self._saved(config, saved_table, lo, hi)
+        for (r1, r2), extra in zip(self.interior, extras):
+            if extra > 0:
+                saved += extra * (self._saved(config, saved_table, r1, r2 + 1) - self._saved(config, saved_table, r1, r1 + 1))
+        return saved, 0.0, transient

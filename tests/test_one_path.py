@@ -1,0 +1,88 @@
+"""Issue 17: the analysis and the sweep read one cost model.
+
+The analysis's stages are the :class:`dml2comm.cost.stages.StagePlan` the sweep simulates (not a
+second computation kept equal by tolerance), the comm nodes drawn on the site add up to the stage
+times they stand for, and the breakdown has one definition (:mod:`dml2comm.cost.summary`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dml2comm import zoo
+from dml2comm.analysis import analyze_graph
+from dml2comm.cost.stages import StageCoster
+from dml2comm.cost.summary import breakdown
+from dml2comm.hardware.cluster import make_cluster
+from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.network.kinds import ParallelDim, Phase
+from dml2comm.parallel.config import ParallelConfig, Recompute, Schedule
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt") / "gpt.onnx"
+    zoo.save(zoo.build_gpt(layers=6, hidden=512, heads=8, vocab=8192, seq_len=256), path)
+    return load_model(str(path), ImportOptions(batch_size=2))
+
+
+CONFIGS = [
+    dict(dp_size=2, tp_size=2, pp_size=2, global_batch_size=16),
+    dict(dp_size=2, tp_size=2, pp_size=2, global_batch_size=16, zero_stage=3, sequence_parallel=True, tp_comm_overlap=True),
+    dict(dp_size=1, tp_size=1, pp_size=4, global_batch_size=16, schedule="interleaved", virtual_stages=2, recompute="full"),
+    dict(dp_size=2, tp_size=1, pp_size=2, cp_size=2, global_batch_size=8, cp_scheme="ring", recompute="selective"),
+]
+
+
+@pytest.mark.parametrize("kw", CONFIGS)
+def test_the_analysis_stages_are_the_stage_plan_bit_for_bit(gpt, kw):
+    """Every stage number of the analysis is the stage plan's value, not a recomputation."""
+    config = ParallelConfig(micro_batch_size=2, **kw)
+    cluster = make_cluster("a100", config.num_gpus, 4)
+    a = analyze_graph(gpt, config, cluster, advise=False)
+    plan = StageCoster(gpt, cluster, collapse=False).prepare(config)
+    for s, st in enumerate(a.stages):
+        assert st.time_fwd_s == plan.fwd[s] and st.time_bwd_s == plan.bwd[s]
+        assert st.compute_fwd_s == plan.compute_f[s] and st.compute_bwd_s == plan.compute_b[s]
+        assert st.optimizer_time_s == plan.optimizer[s]
+        assert st.memory["total_bytes"] == plan.total_memory[s]
+    assert a.memory["peak_bytes"] == plan.peak_memory
+
+
+@pytest.mark.parametrize("kw", [CONFIGS[0], CONFIGS[3]])
+def test_drawn_comm_nodes_add_up_to_the_stage_times(gpt, kw):
+    """The site's comm nodes (expanded from the same collective specs, costed on their ranks) sum
+    per stage to the plan's TP/CP and send times (no --tp-comm-overlap, Ulysses or ring steps
+    counted as the plan counts them)."""
+    config = ParallelConfig(micro_batch_size=2, **kw)
+    cluster = make_cluster("a100", config.num_gpus, 4)
+    a = analyze_graph(gpt, config, cluster, advise=False)
+    plan = StageCoster(gpt, cluster, collapse=False).prepare(config)
+    m = config.num_micro_batches
+    for s in range(config.pp_size):
+        sends = sum(c.time_s * c.count_per_iteration / m for c in a.comms
+                    if c.stage == s and c.dim is ParallelDim.PP and c.per_micro_batch and c.phase is Phase.FORWARD)
+        assert sends == pytest.approx(plan.send_f[s], rel=1e-12)
+        if config.cp_size == 1:
+            tp = sum(c.time_s * c.count_per_iteration / m for c in a.comms
+                     if c.stage == s and c.dim is ParallelDim.TP and c.phase is Phase.FORWARD)
+            assert tp == pytest.approx(plan.tp_f[s], rel=1e-12)
+
+
+def test_equally_busy_stages_name_the_first_as_the_busiest():
+    # two stages with the same work up to summation noise (1e-16): stage 0, not whichever
+    # rounding happened to make larger; a real difference (1e-6) still wins
+    busy = np.array([[1.0, 1.0 + 2e-16, 0.5], [1.0, 1.0 + 1e-6, 0.5]])
+    end = np.array([[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]])
+    parts = breakdown(np.array([4.0, 4.0]), np.array([3.5, 3.5]), end, busy)
+    assert parts.critical_stage.tolist() == [0, 1]
+    # the parts add up to the iteration: compute + bubble + exposed + optimizer
+    total = parts.compute_s + parts.bubble_s + parts.exposed_comm_s + parts.optimizer_s
+    assert total.tolist() == pytest.approx([4.0, 4.0])
+
+
+def test_flag_strings_become_enums_and_print_as_flags():
+    c = ParallelConfig(pp_size=2, global_batch_size=4, schedule="interleaved", virtual_stages=2, recompute="full")
+    assert c.schedule is Schedule.INTERLEAVED and c.recompute is Recompute.FULL
+    assert f"{c.schedule} {c.recompute}" == "interleaved full" and c.to_dict()["schedule"] == "interleaved"
+    assert c.chunks == 2 and ParallelConfig(virtual_stages=3).chunks == 1  # v only counts when interleaved
