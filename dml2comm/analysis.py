@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from dml2comm.advice import memory_suggestions, speed_recommendations
 from dml2comm.cost.cache import attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
 from dml2comm.cost.gemm import sustained_factor
@@ -31,7 +32,7 @@ from dml2comm.cost.memory import ModelStates, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import breakdown, mfu, model_flops
 from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, stage_dp_collectives
-from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph
@@ -385,47 +386,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     memory = _memory_report(stages, cluster, config)
     summary["fits_in_memory"] = memory["fits"]
     if advise and not memory["fits"]:
-        memory["suggestions"] = _memory_suggestions(imported, config, cluster, lenient)
-    recommendations = _recommendations(imported, config, cluster, lenient, summary, reimport) if advise else ()
+        memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
+    recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
+                       if advise else ())
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations))
-
-
-def _recommendations(imported: ImportResult, config: ParallelConfig, cluster: Cluster, lenient: bool,
-                     summary: Mapping[str, Any], reimport: Callable[[int], ImportResult] | None) -> list[dict[str, Any]]:
-    """Changes a reviewer asks about next, each re-analysed on the same GPUs and global batch:
-    more micro-batches (half the micro-batch size), interleaving (2 chunks per GPU), the tensor
-    group inside one node, sequence parallelism, ZeRO-1.  Sorted by gain; only those that help."""
-    base = summary["iteration_time_s"]
-    tries: list[tuple[str, ParallelConfig, ImportResult]] = []
-    if reimport is not None and config.micro_batch_size % 2 == 0:
-        b = config.micro_batch_size // 2
-        tries.append((f"--micro-batch-size {b} ({2 * config.num_micro_batches} micro-batches)",
-                      replace(config, micro_batch_size=b), reimport(b)))
-    if config.pp_size > 1 and config.schedule is not Schedule.INTERLEAVED and config.num_micro_batches % config.pp_size == 0:
-        tries.append(("--schedule interleaved --virtual-stages 2", replace(config, schedule="interleaved", virtual_stages=2), imported))
-    gpn = cluster.gpus_per_node
-    if config.tp_size > gpn and config.tp_size % gpn == 0:
-        k = config.tp_size // gpn
-        tries.append((f"--t {gpn} --d {config.dp_size * k} (tensor group inside a node)",
-                      replace(config, tp_size=gpn, dp_size=config.dp_size * k), imported))
-    if config.tp_size > 1 and not config.sequence_parallel:
-        tries.append(("--sequence-parallel", replace(config, sequence_parallel=True), imported))
-    if config.dp_size > 1 and config.zero_stage == 0:
-        tries.append(("--zero 1", replace(config, zero_stage=1), imported))
-    out = []
-    for change, cfg, imp in tries:
-        try:
-            if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp_size):
-                continue
-            alt = analyze_graph(imp, cfg, cluster, lenient=lenient, advise=False, timeline=False)
-        except Dml2CommError:
-            continue
-        t = alt.summary["iteration_time_s"]
-        if t < base * 0.99:  # a gain under 1% is noise, not advice
-            out.append({"change": change, "iteration_time_s": t, "speedup": base / t, "fits_in_memory": alt.memory["fits"],
-                        "peak_memory_bytes": alt.memory["peak_bytes"]})
-    return sorted(out, key=lambda r: r["iteration_time_s"])
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes", "framework_bytes")
@@ -447,36 +412,6 @@ def _memory_report(stages: list[StageInfo], cluster: Cluster, config: ParallelCo
         "over_capacity_stages": [st.index for st in stages if st.memory["total_bytes"] > capacity],
         "suggestions": [],
     }
-
-
-def _memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster: Cluster, lenient: bool) -> list[dict[str, Any]]:
-    """The smallest single changes that make the run fit, each re-analysed (not guessed):
-    a higher ZeRO stage, selective or full recomputation, twice the tensor or pipeline size
-    at half the data-parallel size (same GPUs)."""
-    from dataclasses import replace
-
-    candidates: list[tuple[str, ParallelConfig]] = []
-    for z in range(config.zero_stage + 1, 4):
-        if config.dp_size > 1:
-            candidates.append((f"--zero {z}", replace(config, zero_stage=z)))
-    order = ("none", "selective", "full")
-    for mode in order[order.index(config.recompute) + 1:]:
-        candidates.append((f"--recompute {mode}", replace(config, recompute=mode)))
-    if config.dp_size % 2 == 0:
-        half = config.dp_size // 2
-        if config.global_batch_size % (config.micro_batch_size * half) == 0:
-            candidates.append((f"--t {config.tp_size * 2} --d {half}", replace(config, tp_size=config.tp_size * 2, dp_size=half)))
-            candidates.append((f"--p {config.pp_size * 2} --d {half}", replace(config, pp_size=config.pp_size * 2, dp_size=half)))
-    out = []
-    for change, cfg in candidates:
-        try:
-            alt = analyze_graph(imported, cfg, cluster, lenient=lenient, advise=False, timeline=False)
-        except Dml2CommError as exc:  # e.g. t no longer divides the heads
-            out.append({"change": change, "peak_bytes": None, "fits": False, "note": str(exc)})
-            continue
-        out.append({"change": change, "peak_bytes": alt.memory["peak_bytes"], "fits": alt.memory["fits"],
-                    "iteration_time_s": alt.summary["iteration_time_s"]})
-    return out
 
 
 def _stage_work(plan: StagePlan, s: int) -> DeviceWork:

@@ -1,0 +1,105 @@
+"""Advice a reviewer asks for next, each candidate evaluated by the sweep's evaluator.
+
+Two lists sit on the overview and in data.json:
+
+- :func:`speed_recommendations`: changes on the same GPUs and global batch that shorten the
+  iteration by at least 1% -- more micro-batches (half the micro-batch size), interleaving (2
+  chunks per GPU; Narayanan et al. 2021 Sec. 2.2.2), the tensor group inside one node (Takeaway
+  #1), sequence parallelism (Korthikanti et al. 2022), ZeRO-1 (Rajbhandari et al. 2020);
+- :func:`memory_suggestions`: when the run does not fit, the smallest single changes that make
+  it fit -- a higher ZeRO stage, selective or full recomputation, twice the tensor or pipeline
+  size at half the data-parallel size.
+
+Each candidate is evaluated, not guessed, by :class:`dml2comm.search.fast.FastEvaluator` -- the
+stage plans of :mod:`dml2comm.cost.stages` the analysis itself reads, simulated without the
+drawings' comm nodes and events -- so a recommendation's time is the time the analysis of that
+command prints (to the collapse's 1e-12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from dml2comm.errors import Dml2CommError
+from dml2comm.hardware.cluster import Cluster
+from dml2comm.ir.onnx_import import ImportResult
+from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, Schedule
+from dml2comm.search.fast import FastEvaluator
+
+__all__ = ["memory_suggestions", "speed_recommendations"]
+
+#: A gain under 1% is within the model's own error (``python main.py validate``): noise, not advice.
+MIN_GAIN = 0.01
+
+
+def _evaluate(evaluator: FastEvaluator, config: ParallelConfig) -> dict[str, Any]:
+    """One candidate's summary numbers, or ``{"error": message}`` (any refusal of the tool)."""
+    try:
+        return evaluator.evaluate([config])[0]
+    except Dml2CommError as exc:
+        return {"error": " ".join(str(exc).split())}
+
+
+def speed_recommendations(imported: ImportResult, config: ParallelConfig, cluster: Cluster, base_iteration_s: float, *,
+                          lenient: bool = False, reimport: Callable[[int], ImportResult] | None = None) -> list[dict[str, Any]]:
+    """The changes that help, fastest first (module docstring); ``reimport(b)``: the model bound
+    to micro-batch ``b`` (without it, the micro-batch size is not varied)."""
+    tries: list[tuple[str, ParallelConfig, ImportResult]] = []
+    if reimport is not None and config.micro_batch_size % 2 == 0:
+        b = config.micro_batch_size // 2
+        tries.append((f"--micro-batch-size {b} ({2 * config.num_micro_batches} micro-batches)",
+                      replace(config, micro_batch_size=b), reimport(b)))
+    if config.pp_size > 1 and config.schedule is not Schedule.INTERLEAVED and config.num_micro_batches % config.pp_size == 0:
+        tries.append(("--schedule interleaved --virtual-stages 2",
+                      replace(config, schedule=Schedule.INTERLEAVED, virtual_stages=2), imported))
+    gpn = cluster.gpus_per_node
+    if config.tp_size > gpn and config.tp_size % gpn == 0:
+        k = config.tp_size // gpn
+        tries.append((f"--t {gpn} --d {config.dp_size * k} (tensor group inside a node)",
+                      replace(config, tp_size=gpn, dp_size=config.dp_size * k), imported))
+    if config.tp_size > 1 and not config.sequence_parallel:
+        tries.append(("--sequence-parallel", replace(config, sequence_parallel=True), imported))
+    if config.dp_size > 1 and config.zero_stage == 0:
+        tries.append(("--zero 1", replace(config, zero_stage=1), imported))
+    evaluators: dict[int, FastEvaluator] = {}
+    out = []
+    for change, cfg, imp in tries:
+        if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp_size):
+            continue
+        ev = evaluators.get(id(imp))
+        if ev is None:
+            ev = evaluators[id(imp)] = FastEvaluator(imp, cluster, lenient=lenient)
+        row = _evaluate(ev, cfg)
+        if row.get("error"):
+            continue
+        t = row["iteration_time_s"]
+        if t < base_iteration_s * (1 - MIN_GAIN):
+            out.append({"change": change, "iteration_time_s": t, "speedup": base_iteration_s / t, "fits_in_memory": row["fits"],
+                        "peak_memory_bytes": row["peak_memory_bytes"]})
+    return sorted(out, key=lambda r: r["iteration_time_s"])
+
+
+def memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster: Cluster, *, lenient: bool = False) -> list[dict[str, Any]]:
+    """Each single change that may make the run fit, with its peak memory and whether it fits
+    (a refused change keeps its reason as ``note``)."""
+    candidates: list[tuple[str, ParallelConfig]] = []
+    if config.dp_size > 1:
+        candidates += [(f"--zero {z}", replace(config, zero_stage=z)) for z in range(config.zero_stage + 1, 4)]
+    for mode in RECOMPUTE_MODES[RECOMPUTE_MODES.index(config.recompute) + 1:]:
+        candidates.append((f"--recompute {mode}", replace(config, recompute=mode)))
+    if config.dp_size % 2 == 0:
+        half = config.dp_size // 2
+        if config.global_batch_size % (config.micro_batch_size * half) == 0:
+            candidates.append((f"--t {config.tp_size * 2} --d {half}", replace(config, tp_size=config.tp_size * 2, dp_size=half)))
+            candidates.append((f"--p {config.pp_size * 2} --d {half}", replace(config, pp_size=config.pp_size * 2, dp_size=half)))
+    evaluator = FastEvaluator(imported, cluster, lenient=lenient)
+    out = []
+    for change, cfg in candidates:
+        row = _evaluate(evaluator, cfg)
+        if row.get("error"):  # e.g. t no longer divides the heads
+            out.append({"change": change, "peak_bytes": None, "fits": False, "note": row["error"]})
+        else:
+            out.append({"change": change, "peak_bytes": row["peak_memory_bytes"], "fits": row["fits"],
+                        "iteration_time_s": row["iteration_time_s"]})
+    return out
