@@ -85,15 +85,13 @@ class LayerTable:
 @dataclass(frozen=True, slots=True)
 class _LayersKey(CacheKey):
     """:class:`LayerTable` (and, inside :class:`_PartitionKey`, what the per-layer times depend on):
-    the shard, the GPU (name, peak in ``dtype``, HBM bandwidth), c and the capacity factor the
+    the shard, the GPU, c and the capacity factor the
     op times are scaled by, the CP scheme (with c > 1) and ``--seq-len``."""
 
     tp_size: int
     sequence_parallel: bool
     dtype: str
-    gpu_name: str
-    peak_flops: float
-    hbm_bytes_per_s: float
+    gpu: GPU  # the whole GPU (hashed on every field, a calibrated one's fitted constants included)
     cp_size: int
     capacity_factor: float
     cp_scheme: str | None
@@ -266,8 +264,7 @@ class LayerCoster:
         """What the per-layer times depend on (the layers' and the partition's cache key)."""
         cp, cf = self._scale(config)
         gpu = self.gpu
-        return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu.name, gpu.peak_flops(config.dtype),
-                          gpu.hbm_bytes_per_s, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient)
+        return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient)
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
