@@ -59,7 +59,7 @@ def test_sample_is_deterministic_sorted_and_unique():
 def test_bundled_data_found_as_package_data_with_provenance():
     provenance = data_text("PROVENANCE.md")
     files = sorted(p.name for p in DATA.iterdir() if p.name != "PROVENANCE.md")
-    assert files == ["korthikanti2022_table4.json", "narayanan2021_table1.json", "nccl_allreduce_measured.csv",
+    assert files == ["expected_error.csv", "korthikanti2022_table4.json", "narayanan2021_table1.json", "nccl_allreduce_measured.csv",
                      "vtrain_ground_truth_single.csv", "xla_collectives_h100.csv", "xla_matmul_h100_bf16.csv"]
     for name in files:
         assert f"`{name}`" in provenance
@@ -133,7 +133,8 @@ def test_narayanan_source_every_row_and_mean_alarm(tmp_path):
 
 def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     """--sample 40 (deterministic) of vTrain and the ten Korthikanti cases, with the
-    leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 32.8% -> 40%;
+    leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 10.5% -> 13% (32.8%
+    before the host model, dml2comm.cost.host);
     Korthikanti 12.1% -> 14% (too slow: the A100 factor fitted end to end on Narayanan is below
     what one layer's kernels sustain; in-sample Korthikanti alone wants s ~ 1.17)."""
     summary, rows = _run(tmp_path, "--source", "vtrain", "--source", "korthikanti2022", "--sample", "40")
@@ -142,7 +143,7 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
         assert float(r["error"]) == pytest.approx(float(r["predicted"]) / float(r["measured"]) - 1)
     v, k = summary["sources"]["vtrain"], summary["sources"]["korthikanti2022"]
     assert (v["count"], k["count"], summary["sample"]) == (40, 10, 40)
-    assert v["mean_abs_error"] <= 0.40
+    assert v["mean_abs_error"] <= 0.13
     assert k["mean_abs_error"] <= 0.14
     loso = {r["source"]: r for r in summary["loso"]}
     assert loso["vtrain"]["loso_fitted_on"] == ["korthikanti2022"]

@@ -36,7 +36,7 @@ from dml2comm.search.fast import FastEvaluator, NotRepeating
 from dml2comm.validate.cases import Case, sample_indices, scaled_cluster
 from dml2comm.validate.data import read_csv
 
-__all__ = ["FILE", "SEQ_LEN", "VOCAB", "cases", "padded_vocab", "runs"]
+__all__ = ["FILE", "SEQ_LEN", "VOCAB", "cases", "clear_cache", "padded_vocab", "runs"]
 
 FILE = "vtrain_ground_truth_single.csv"
 SEQ_LEN = 1024
@@ -69,6 +69,13 @@ def _imported(h: int, a: int, L: int, t: int, b: int) -> ImportResult:
     the compute constant, so a refit re-imports nothing)."""
     model = zoo.build_gpt(layers=L, hidden=h, heads=a, vocab=padded_vocab(VOCAB, t), seq_len=SEQ_LEN)
     return load_model_proto(model, ImportOptions(batch_size=b))
+
+
+def clear_cache() -> None:
+    """Forget the imported models (and the op times cached on them): needed after changing a
+    module-level default the caches do not key on (``dml2comm.cost.host.DEFAULT`` in
+    ``benchmarks/host_vtrain.py``)."""
+    _imported.cache_clear()
 
 
 def _config(run: dict) -> ParallelConfig:

@@ -1,0 +1,93 @@
+"""Host-side overhead model (dml2comm.cost.host) and its per-op landing in dml2comm.cost.ops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dml2comm import zoo
+from dml2comm.cost import host
+from dml2comm.cost.ops import op_kernel_counts, shard_op_costs
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+
+
+def test_window_spreads_host_excess_over_kernels():
+    # one window: a GEMM of 100 us, three point-wise kernels of 2 us; GPU 106 us
+    times = [(100e-6, 0.0), (2e-6, 0.0), (2e-6, 0.0), (2e-6, 0.0)]
+    kernels = [(1, 0), (1, 0), (1, 0), (1, 0)]
+    gemm = [True, False, False, False]
+    # kernel_s 10 us: host 40 us < 106 us -> unchanged
+    assert host.host_bound_times(times, kernels, gemm, host.HostModel("t", kernel_s=10e-6)) == times
+    # kernel_s 50 us: host 200 us, excess 94 us, a quarter per kernel: 123.5, 25.5, 25.5, 25.5
+    out = host.host_bound_times(times, kernels, gemm, host.HostModel("t", kernel_s=50e-6))
+    assert [f for f, _ in out] == pytest.approx([123.5e-6, 25.5e-6, 25.5e-6, 25.5e-6], rel=1e-12)
+    assert sum(f for f, _ in out) == pytest.approx(200e-6, rel=1e-12)
+
+
+def test_backward_windows_run_in_reverse_order():
+    # ops: 0 point-wise, 1 GEMM, 2 point-wise.  Backward runs 2, 1, 0: windows [2] and [1, 0].
+    times = [(0.0, 1e-6), (0.0, 30e-6), (0.0, 1e-6)]
+    kernels = [(0, 1), (0, 2), (0, 1)]
+    out = host.host_bound_times(times, kernels, [False, True, False], host.HostModel("t", kernel_s=20e-6))
+    # window [2]: host 20 > 1 -> 20 us; window [1, 0]: host 3 x 20 = 60 > 31, excess 29 split 2:1
+    assert [b for _, b in out] == pytest.approx([1e-6 + 29e-6 / 3, 30e-6 + 2 * 29e-6 / 3, 20e-6], rel=1e-12)
+
+
+def test_kernel_counts_views_gemms_and_regions():
+    # op 0 view (no work), 1 GEMM, 2-3 a fused region, 4 a lone op without backward
+    work = [(False, False), (True, True), (True, True), (True, False), (True, False)]
+    gemm = [False, True, False, False, False]
+    counts = host.kernel_counts(work, gemm, {2: 7, 3: 7, 4: 9})
+    assert counts == [(0, 0), (1, 2), (1, 1), (0, 0), (1, 0)]
+
+
+def test_presets_and_bad_values():
+    assert host.host_model("Eager") is host.EAGER
+    assert host.host_model("none").kernel_s == 0.0 and not host.NONE.active
+    with pytest.raises(ConfigError, match="unknown host model 'cuda'; use one of eager, none"):
+        host.host_model("cuda")
+    with pytest.raises(ConfigError, match="kernel_s must be a number >= 0"):
+        host.HostModel("bad", kernel_s=-1.0)
+
+
+def test_stage_level_terms():
+    m = host.HostModel("t", kernel_s=0.0, collective_call_s=30e-6, micro_batch_s=1e-3, iteration_s=5e-3)
+    assert host.collective_call_s(10e-6, m) == 30e-6 and host.collective_call_s(50e-6, m) == 50e-6
+    assert host.micro_batch_overhead_s(m, 8, 4) == pytest.approx(11e-3)  # (8 + 4 - 1) slots x 1 ms
+    assert host.iteration_overhead_s(m) == 5e-3
+    with pytest.raises(ConfigError):
+        host.micro_batch_overhead_s(m, 0, 1)
+
+
+def _gpt(hidden: int, batch: int, heads: int = 4, seq_len: int = 128):
+    model = zoo.build_gpt(layers=2, hidden=hidden, heads=heads, vocab=512, seq_len=seq_len)
+    return load_model_proto(model, ImportOptions(batch_size=batch)).graph
+
+
+def test_small_model_is_host_bound_and_none_is_kernel_time():
+    graph = _gpt(64, 1)
+    gpu = get_cluster("dgx-a100", 8).gpu
+    plain = shard_op_costs(graph, 1, False, "fp16", gpu, False, host.NONE)
+    eager = shard_op_costs(graph, 1, False, "fp16", gpu, False, host.EAGER)
+    assert all(e[0] >= p[0] and e[1] >= p[1] for e, p in zip(eager.times, plain.times))
+    kernels = op_kernel_counts(graph, plain.costs, [op.op_type == "MatMul" for op in graph.ops])
+    # every kernel is tiny on an A100 here: the passes take kernel_s per kernel
+    fwd = sum(f for f, _ in eager.times)
+    assert fwd == pytest.approx(host.EAGER.kernel_s * sum(k for k, _ in kernels), rel=1e-9)
+    assert sum(f for f, _ in plain.times) < 0.2 * fwd
+
+
+def test_large_gemms_hide_host_time():
+    # GPT-3-like layer shapes (h 4096, s 1024, b 4): each layer GEMM ~0.5 ms on an A100, the CPU
+    # stays ahead; the few host-bound windows (embedding ops before the first GEMM) add 0.19%
+    graph = _gpt(4096, 4, heads=32, seq_len=1024)
+    gpu = get_cluster("dgx-a100", 8).gpu
+    plain = shard_op_costs(graph, 1, False, "fp16", gpu, False, host.NONE)
+    eager = shard_op_costs(graph, 1, False, "fp16", gpu, False)  # default: eager
+    total = lambda t: sum(f + b for f, b in t)  # noqa: E731
+    assert total(eager.times) == pytest.approx(total(plain.times), rel=3e-3)
+    assert total(eager.times) > total(plain.times)
+    assert dataclasses.replace(host.EAGER) == host.DEFAULT
