@@ -196,7 +196,7 @@ def test_cluster_network_fields() -> None:
         assert built.collective_library == "nccl" and dict(built.sources).get("collective_overhead_s")
     block = a100.to_dict()["network"]
     assert block["collective_library"] == "nccl" and block["intra_topology"] == "switch"  # type: ignore[index]
-    assert any("51.5 us per call" in a for a in a100.assumptions)  # copied into data.json warnings
+    assert any("51.5 µs per call" in a for a in a100.assumptions)  # copied into data.json warnings
     custom = make_cluster("a100", 8, collective_library="textbook", collective_overhead_s=0.0)
     assert custom.collective_library == "textbook" and custom.collective_overhead_s == 0.0
     assert not any("per call" in a for a in custom.assumptions)

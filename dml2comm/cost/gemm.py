@@ -194,12 +194,16 @@ class GemmDevice:
 
     Built from a preset by :func:`gemm_device`, or directly for a device that has a measured
     table but no preset (:data:`B200`).  ``name`` keys :data:`SUSTAINED_FACTOR` and the tables.
+    ``sustained``: a calibrated ``f_gpu`` (:attr:`dml2comm.hardware.gpus.GPU.gemm_sustained_factor`,
+    fitted by ``python main.py calibrate`` on the user's own kernels); when set it replaces
+    :data:`SUSTAINED_FACTOR` and the measured table (someone else's GPU) is not used.
     """
 
     name: str
     peak_flops_per_s: Mapping[str, float]
     sm_count: int
     hbm_bytes_per_s: float
+    sustained: float | None = None
 
     def __hash__(self) -> int:  # cheap (it keys the per-shape cache); equality still compares the peaks
         return hash((self.name, self.sm_count, self.hbm_bytes_per_s))
@@ -224,8 +228,12 @@ B200 = GemmDevice(name="B200", peak_flops_per_s=MappingProxyType(
 
 
 def sustained_factor(gpu: GPU | GemmDevice) -> float:
-    """The share of the dense peak a GPU sustains on large GEMMs: :data:`SUSTAINED_FACTOR`
-    (fitted per GPU, see there), else :data:`DEFAULT_SUSTAINED_FACTOR`."""
+    """The share of the dense peak a GPU sustains on large GEMMs: its calibrated factor where it
+    has one (``calibrate``), else :data:`SUSTAINED_FACTOR` (fitted per GPU, see there), else
+    :data:`DEFAULT_SUSTAINED_FACTOR`."""
+    own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
+    if own is not None:
+        return own
     return SUSTAINED_FACTOR.get(gpu.name, DEFAULT_SUSTAINED_FACTOR)
 
 
@@ -242,7 +250,7 @@ def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
     if not gpu.sm_count:
         raise ConfigError(f"GPU {gpu.name!r} has no sm_count; the GEMM model needs it "
                           "(build the GPU with sm_count=N and its source)")
-    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s)
+    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s, gpu.gemm_sustained_factor)
 
 
 def _dtype(dtype: str, allow_tf32: bool) -> tuple[str, int, int]:
@@ -435,7 +443,7 @@ def gemm_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: in
 
 @functools.lru_cache(maxsize=65536)
 def _gemm_time_s(dev: GemmDevice, dtype: str, b: int, m: int, n: int, k: int, allow_tf32: bool) -> float:
-    table = measured_table(dev.name, dtype, allow_tf32)
+    table = measured_table(dev.name, dtype, allow_tf32) if dev.sustained is None else None
     x = (b, m, n, k)
     if table is not None and table.inside(x):
         return table.time_s(x)

@@ -23,7 +23,9 @@ from typing import NamedTuple, Sequence
 
 from dml2comm.cost.cache import CacheKey, derived, tensor_parallel_of
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY, gemm_dims, op_times_s, roofline_s
+from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, gemm_time_s, training_gemms
+from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, fusible_regions
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -32,7 +34,7 @@ from dml2comm.parallel.config import DTYPES
 from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
-           "infer_seq_len", "is_attention_core", "attention_core_flags", "op_gemms", "gemm_op_times_s", "OpCostsKey", "OpSignaturesKey",
+           "infer_seq_len", "is_attention_core", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
            "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
@@ -69,6 +71,10 @@ class OpCostsKey(CacheKey):
     peak_flops: float
     hbm_bytes_per_s: float
     lenient: bool
+    #: the GPU's calibrated (GEMM sustained factor, HBM efficiency) (``calibrate``), None for presets
+    calibration: tuple[float | None, float | None] = (None, None)
+    #: the host-side model (:mod:`dml2comm.cost.host`); None: :data:`dml2comm.cost.host.DEFAULT`
+    host: HostModel | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,7 @@ class OpCostTableKey(CacheKey):
     peak_flops: float
     hbm_bytes_per_s: float
     lenient: bool
+    calibration: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +108,25 @@ class AttentionCoreKey(CacheKey):
 
 
 # ----------------------------------------------------------------------------- op costs
-def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str, gpu: GPU, lenient: bool) -> OpCosts:
-    """:func:`op_costs` on the (t, SP) shard in ``dtype`` on ``gpu``, once per those inputs
-    (cached on the graph; the analysis and the sweep share it)."""
+def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str, gpu: GPU, lenient: bool,
+                   host: HostModel | None = None) -> OpCosts:
+    """:func:`op_costs` on the (t, SP) shard in ``dtype`` on ``gpu`` with the host model ``host``
+    (None: :data:`dml2comm.cost.host.DEFAULT`), once per those inputs (cached on the graph; the
+    analysis and the sweep share it)."""
     peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
     train = DTYPES[dtype]
+    host = host_model.DEFAULT if host is None else host
 
     def build() -> OpCosts:
         tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
-        return op_costs(graph, tp, train, gpu, peak, hbm, lenient)
+        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host)
 
-    return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient), build)
+    calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency)
+    return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host), build)
 
 
-def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool) -> OpCosts:
+def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool,
+             host: HostModel | None = None) -> OpCosts:
     """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs.
 
     Parameters
@@ -130,13 +142,16 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     lenient
         Cost ops without a rule as memory-bound (their types in ``fallback_types``) instead of
         raising :class:`~dml2comm.errors.UnsupportedOpError`.
+    host
+        The host-side model (None: :data:`dml2comm.cost.host.DEFAULT`).
 
     Returns
     -------
     OpCosts
         Times: matrix products by the GEMM model (:func:`gemm_op_times_s`), every other op by
         the roofline (Williams et al. 2009) with ``FLOP_EFFICIENCY`` and ``HBM_EFFICIENCY``; then
-        point-wise chains fused (:func:`fuse_pointwise`).
+        point-wise chains fused (:func:`fuse_pointwise`); then the host's per-kernel floor
+        (:func:`dml2comm.cost.host.host_bound_times`, kernels by :func:`op_kernel_counts`).
     """
 
     def train_view(t: Tensor | None) -> Tensor | None:
@@ -150,8 +165,11 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # (the cost rules read no names): repeated blocks, and the same op under another sharding
     # that leaves its operands alike, are costed once per graph
     signature = derived(graph, OpSignaturesKey(), lambda: _op_signatures(graph))
-    known: dict[tuple, tuple[OpCost, tuple[float, float]]] = derived(
-        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient), dict)
+    is_gemm: list[bool] = []
+    known: dict[tuple, tuple[OpCost, tuple[float, float], bool]] = derived(
+        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency)), dict)
+    # a calibrated GPU's own memory-bound efficiency (``calibrate``), else the preset constant
+    hbm_eff = gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
     for op, shard in zip(graph.ops, tp.shards):
         ins = tuple(train_view(t) for t in shard.inputs)
         outs = tuple(train_view(t) for t in shard.outputs)
@@ -160,15 +178,28 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak)
-            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, HBM_EFFICIENCY))
-        c, t = hit
+            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, hbm_eff),
+                                gemm is not None)
+        c, t, g = hit
+        is_gemm.append(g)
         if c.fallback:
             fallback_types.add(op.op_type)
         costs.append(c)
         times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
-    times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * HBM_EFFICIENCY)
+    times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff)
+    host = host_model.DEFAULT if host is None else host
+    if host.kernel_s > 0:
+        times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool]) -> list[tuple[int, int]]:
+    """(forward, backward) kernels each op launches (:func:`dml2comm.cost.host.kernel_counts`):
+    one per pass with FLOPs or bytes (two for a GEMM's backward), one per fused region of two or
+    more ops (:func:`fused_kernels`)."""
+    work = [(c.flops_fwd > 0 or c.bytes_fwd > 0, c.flops_bwd > 0 or c.bytes_bwd > 0) for c in costs]
+    return kernel_counts(work, is_gemm, fused_kernels(graph))
 
 
 def op_gemms(op_type: str, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None], attrs) -> TrainingGemms | None:

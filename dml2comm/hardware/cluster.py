@@ -66,7 +66,12 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import GPU, get_gpu
 
 __all__ = [
+    "COLLECTIVE_KIND_NAMES",
+    "COLLECTIVE_LEVELS",
+    "CollectiveFit",
     "check_gpu_matches_cluster",
+    "default_preset_name",
+    "is_cluster_file",
     "COLLECTIVE_LIBRARIES",
     "DGX1_V100_NVLINK_MATRIX",
     "INTRA_TOPOLOGIES",
@@ -282,13 +287,13 @@ def _kernel_delta(busbw_bytes_per_s: float, line_bytes_per_s: float, n: int = 8)
 
 
 _LAT_NVLINK = (
-    "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_NVLINK][Ring][Simple] = 3.4 us per ring step "
-    "(baseLat 8.4 us not included)"
+    "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_NVLINK][Ring][Simple] = 3.4 µs per ring step "
+    "(baseLat 8.4 µs not included)"
 )
-_LAT_PCI = "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_PCI][Ring][Simple] = 5.7 us per ring step (baseLat 8.4 us not included)"
+_LAT_PCI = "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_PCI][Ring][Simple] = 5.7 µs per ring step (baseLat 8.4 µs not included)"
 _LAT_NET = (
-    "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_NET][Ring][Simple] = 14.0 us per ring step "
-    "(9.6 us in NCCL 2.7; baseLat 8.4 us not included)"
+    "NCCL 2.20.3 src/graph/tuning.cc hwLat[NCCL_HW_NET][Ring][Simple] = 14.0 µs per ring step "
+    "(9.6 µs in NCCL 2.7; baseLat 8.4 µs not included)"
 )
 
 _DELTA_A100 = _kernel_delta(230e9, 300e9)  # 1.775 ps/B
@@ -464,6 +469,65 @@ def _per_gpu_nic_share(nic: Link, nics_per_node: int, gpus_per_node: int) -> Lin
 
 
 # --------------------------------------------------------------------------------------------
+# Calibrated collectives
+# --------------------------------------------------------------------------------------------
+
+#: Collective kinds a :class:`CollectiveFit` may name (the values of
+#: :class:`dml2comm.network.kinds.CollectiveKind`, spelled as in NCCL; hardware sits below network).
+COLLECTIVE_KIND_NAMES: tuple[str, ...] = ("ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "BROADCAST", "REDUCE", "ALL_TO_ALL",
+                                          "SEND_RECV")
+#: Where a fitted group runs: every rank on one node, or across nodes.
+COLLECTIVE_LEVELS: tuple[str, ...] = ("intra_node", "inter_node")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFit:
+    """A collective's time measured on the user's cluster (``python main.py calibrate``):
+    ``t = alpha_s + beta_s_per_byte x S`` for ``kind`` over ``group_size`` ranks on ``level``,
+    S in the nccl-tests convention (:mod:`dml2comm.network.collectives`).  The network model
+    (:func:`dml2comm.network.model.collective_cost_for_group`) uses it instead of its link
+    constants for that kind and level; other group sizes keep the fitted bus bandwidth (nccl-tests
+    doc/PERFORMANCE.md: busbw is meant to be independent of the rank count).
+
+    Raises
+    ------
+    ConfigError
+        Unknown kind or level, a group size below 2, a negative alpha or a non-positive beta.
+    """
+
+    kind: str
+    group_size: int
+    level: str
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KIND_NAMES:
+            raise ConfigError(f"collective fit: kind {self.kind!r} is not one of {', '.join(COLLECTIVE_KIND_NAMES)}")
+        if self.level not in COLLECTIVE_LEVELS:
+            raise ConfigError(f"collective fit: level {self.level!r} is not one of {', '.join(COLLECTIVE_LEVELS)}")
+        if not _is_int(self.group_size) or self.group_size < 2:
+            raise ConfigError(f"collective fit: group_size must be an integer >= 2, got {self.group_size!r}")
+        for label, value, low_ok in (("alpha_s", self.alpha_s, True), ("beta_s_per_byte", self.beta_s_per_byte, False)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0 or (value == 0 and not low_ok):
+                raise ConfigError(f"collective fit {self.kind} n={self.group_size}: {label} must be a "
+                                  f"{'non-negative' if low_ok else 'positive'} number, got {value!r}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "group_size": self.group_size, "level": self.level, "alpha_s": self.alpha_s,
+                "beta_s_per_byte": self.beta_s_per_byte, "busbw_bytes_per_s": self.busbw_bytes_per_s}
+
+    @property
+    def busbw_bytes_per_s(self) -> float:
+        """The fitted bus bandwidth: ``factor / beta`` (nccl-tests factor of ``kind`` and ``group_size``)."""
+        n = self.group_size
+        factor = 2 * (n - 1) / n if self.kind == "ALL_REDUCE" else (n - 1) / n if self.kind in (
+            "REDUCE_SCATTER", "ALL_GATHER", "ALL_TO_ALL") else 1.0
+        return factor / self.beta_s_per_byte
+
+
+# --------------------------------------------------------------------------------------------
 # Cluster
 # --------------------------------------------------------------------------------------------
 
@@ -506,6 +570,11 @@ class Cluster:
         Fixed time added to every collective call (launch and measurement overhead), seconds.
     sources
         ``(field, source)`` pairs for the numbers above that are not links.
+    collective_fits
+        Collectives measured on this cluster (:class:`CollectiveFit`, from a calibration file);
+        empty for the presets.
+    source_file
+        ``(file name, sha256)`` of the cluster file it was loaded from (``--cluster FILE``), else None.
 
     Raises
     ------
@@ -527,8 +596,11 @@ class Cluster:
     collective_library: str = "textbook"
     collective_overhead_s: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
+    collective_fits: tuple[CollectiveFit, ...] = ()
+    source_file: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "collective_fits", tuple(self.collective_fits))
         for label, value in (("num_gpus", self.num_gpus), ("gpus_per_node", self.gpus_per_node)):
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"cluster {self.name!r}: {label} must be a positive integer, got {value!r}")
@@ -631,6 +703,9 @@ class Cluster:
                 "collective_overhead_s": self.collective_overhead_s,
                 "sources": dict(self.sources),
             },
+            # only for a cluster file (presets' blocks stay as they were)
+            **({"collective_fits": [f.to_dict() for f in self.collective_fits]} if self.collective_fits else {}),
+            **({"file": {"name": self.source_file[0], "sha256": self.source_file[1]}} if self.source_file else {}),
         }
 
 
@@ -725,16 +800,16 @@ _DGX1_MATRIX_SOURCE = (
 #: bandwidth, kernel term) gives 41.3 us.  See dml2comm/network/nccl.py, "Calibration".
 NCCL_CALL_OVERHEAD_S = 51.5e-6
 _OVERHEAD_SOURCE = (
-    f"fitted: the 8 x A100 1 MiB all-reduce of {_CSV} (vTrain LUT) takes 92.79 us, the NCCL model without it 41.3 us; "
+    f"fitted: the 8 x A100 1 MiB all-reduce of {_CSV} (vTrain LUT) takes 92.79 µs, the NCCL model without it 41.3 µs; "
     "other GPUs assume the A100 figure (no small-message measurements)"
 )
 
 _OVERHEAD_NOTE = (
-    "collective times include a fixed 51.5 us per call, fitted to NCCL all-reduces measured through PyTorch "
+    "collective times include a fixed 51.5 µs per call, fitted to NCCL all-reduces measured through PyTorch "
     "(vTrain, 8 x A100); a CPU that runs ahead of the GPU can hide part of it in training"
 )
 _ASSUMED_OVERHEAD = (
-    "the per-call collective overhead (51.5 us) is the one fitted to A100 measurements; no small-message "
+    "the per-call collective overhead (51.5 µs) is the one fitted to A100 measurements; no small-message "
     "measurements exist for this GPU"
 )
 
@@ -867,19 +942,37 @@ def cluster_names() -> tuple[str, ...]:
     return tuple(sorted(CLUSTERS))
 
 
+def is_cluster_file(name: str) -> bool:
+    """Whether a ``--cluster`` value names a cluster file (``.yaml``/``.yml``) rather than a preset."""
+    return name.strip().lower().endswith((".yaml", ".yml"))
+
+
+def default_preset_name(gpu_name: str) -> str | None:
+    """The cluster preset :func:`make_cluster` builds nodes of ``gpu_name`` from (None: no default)."""
+    return _DEFAULT_PRESET_FOR_GPU.get(get_gpu(gpu_name).name)
+
+
 def get_cluster(name: str, num_gpus: int | None = None) -> Cluster:
-    """Build the preset ``name`` (case-insensitive) with ``num_gpus`` GPUs (default: one node).
+    """Build the preset ``name`` (case-insensitive) with ``num_gpus`` GPUs (default: one node),
+    or, for a ``.yaml``/``.yml`` path, the cluster file there
+    (:func:`dml2comm.hardware.cluster_file.load_cluster_file`: a calibration from
+    ``python main.py calibrate`` or a hand-written file).
 
     Raises
     ------
     ConfigError
-        Unknown name (the message lists the valid ones) or a non-positive size.
+        Unknown name (the message lists the valid ones), a non-positive size, or a cluster file
+        that is missing or invalid (the message names the key and the fix).
     """
+    if is_cluster_file(name):
+        from dml2comm.hardware.cluster_file import load_cluster_file  # the file format builds on this module
+
+        return load_cluster_file(name).build(num_gpus)
     preset = CLUSTERS.get(name.strip().lower().replace("_", "-"))
     if preset is None:
         raise ConfigError(
             f"unknown cluster {name!r}; valid names: {', '.join(cluster_names())} "
-            "(or use --gpu NAME with --gpus-per-node for a cluster built from a GPU preset)"
+            "(or use --gpu NAME with --gpus-per-node for a cluster built from a GPU preset, or a cluster file cluster.yaml)"
         )
     return preset.build(num_gpus)
 

@@ -100,6 +100,14 @@ class GPU:
     sm_count
         Streaming multiprocessors (AMD: compute units) that run GEMM tiles; 0 when unknown.
         Read by the GEMM model (:mod:`dml2comm.cost.gemm`) for wave quantisation.
+    gemm_sustained_factor
+        Calibrated ``f_gpu`` of the GEMM model (:mod:`dml2comm.cost.gemm`) measured on this GPU
+        by ``python main.py calibrate`` (:mod:`dml2comm.calibrate`); ``None`` (every preset): the
+        model's own per-GPU value.  When set, the GEMM model uses its analytical law with this
+        factor and no published table.
+    hbm_efficiency
+        Calibrated achieved / peak HBM bandwidth of memory-bound kernels (``calibrate``);
+        ``None`` (every preset): :data:`dml2comm.cost.compute.HBM_EFFICIENCY`.
 
     Raises
     ------
@@ -115,6 +123,8 @@ class GPU:
     pcie_bytes_per_s: float
     sources: Mapping[str, str]
     sm_count: int = 0
+    gemm_sustained_factor: float | None = None
+    hbm_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         for key, value in self.peak_flops_per_s.items():
@@ -132,6 +142,11 @@ class GPU:
             raise ConfigError(f"GPU {self.name!r}: sm_count must be a non-negative integer, got {self.sm_count!r}")
         if self.hbm_bytes <= 0 or self.hbm_bytes_per_s <= 0:
             raise ConfigError(f"GPU {self.name!r}: hbm_bytes and hbm_bytes_per_s must be positive")
+        for field_name in ("gemm_sustained_factor", "hbm_efficiency"):
+            value = getattr(self, field_name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not (math.isfinite(value) and 0 < value <= 1.5)):
+                raise ConfigError(f"GPU {self.name!r}: {field_name} must be a number in (0, 1.5] or absent, got {value!r}")
         object.__setattr__(self, "peak_flops_per_s", _frozen(self.peak_flops_per_s))
         object.__setattr__(self, "sources", _frozen(self.sources))
 
@@ -146,6 +161,8 @@ class GPU:
                 self.pcie_bytes_per_s,
                 tuple(sorted(self.sources.items())),
                 self.sm_count,
+                self.gemm_sustained_factor,
+                self.hbm_efficiency,
             )
         )
 
@@ -162,6 +179,8 @@ class GPU:
                 self.pcie_bytes_per_s,
                 dict(self.sources),
                 self.sm_count,
+                self.gemm_sustained_factor,
+                self.hbm_efficiency,
             ),
         )
 
@@ -211,11 +230,15 @@ class GPU:
         """Names of numbers without a non-empty entry in :attr:`sources` (empty for every preset)."""
         wanted = [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s] + list(_NUMERIC_FIELDS)
         wanted += ["sm_count"] if self.sm_count else []
+        wanted += [k for k in ("gemm_sustained_factor", "hbm_efficiency") if getattr(self, k) is not None]
         return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
 
     def to_dict(self) -> dict[str, object]:
-        """Plain-data view (for ``presets`` output and data.json)."""
+        """Plain-data view (for ``presets`` output and data.json); the calibrated fields appear
+        only when set."""
+        calibrated = {k: getattr(self, k) for k in ("gemm_sustained_factor", "hbm_efficiency") if getattr(self, k) is not None}
         return {
+            **calibrated,
             "name": self.name,
             "peak_flops_per_s": dict(self.peak_flops_per_s),
             "hbm_bytes": self.hbm_bytes,

@@ -65,6 +65,7 @@ from dml2comm.network.collectives import (
 )
 from dml2comm.network.kinds import Algorithm, CollectiveKind, Protocol
 from dml2comm.network.topology import LevelKind, LevelUse, Topology, cluster_topology, direct_path, in_network_path, path, ring_path
+from dml2comm.render.fmt import fmt_s
 
 __all__ = [
     "LIBRARIES",
@@ -385,11 +386,7 @@ def _evaluate(kind: CollectiveKind, algorithm: Algorithm, uses: tuple[LevelUse, 
 
 
 def _fmt_s(t: float) -> str:
-    if t >= 1:
-        return f"{t:.4g} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.4g} ms"
-    return f"{t * 1e6:.4g} us"
+    return fmt_s(t, sig=4)  # one unit style with the site: µs, never us
 
 
 def _describe(result: _Result, overhead_s: float, gamma: float, library: str) -> str:
@@ -609,8 +606,40 @@ def collective_cost_for_group(
     if not group:
         raise ConfigError("a communication group needs at least one rank")
     uses = _uses_of(cluster, group)
-    return _cost_cached(kind, uses, len(group), size, algorithm, cluster.collective_library,
+    cost = _cost_cached(kind, uses, len(group), size, algorithm, cluster.collective_library,
                         float(cluster.collective_overhead_s), float(gamma_s_per_byte))
+    fitted = _fitted_time(cluster, kind, uses, len(group), size) if algorithm is None else None
+    if fitted is None:
+        return cost
+    t, text = fitted
+    algbw = size / t if size > 0 and t > 0 else 0.0
+    return replace(cost, time_s=t, algbw_bytes_per_s=algbw, busbw_bytes_per_s=algbw * busbw_factor(kind, len(group)),
+                   formula=text)
+
+
+def _fitted_time(cluster: Cluster, kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int,
+                 size: float) -> tuple[float, str] | None:
+    """(seconds, formula) of ``kind`` from the cluster's measured collectives
+    (:attr:`~dml2comm.hardware.cluster.Cluster.collective_fits`, written by ``python main.py
+    calibrate``), or None when none was measured for this kind on this level (the link model
+    answers).  ``t = overhead + alpha + beta S f(n) / f(n_fit)``: the fit of the same kind and
+    level with the nearest group size, its bus bandwidth kept for another size (``f``: the
+    nccl-tests bus-bandwidth factor; nccl-tests doc/PERFORMANCE.md: busbw is meant to be
+    independent of the rank count, so it carries over), its latency as measured."""
+    if not cluster.collective_fits or n <= 1:
+        return None
+    level = "inter_node" if any(u.extent > 1 for u in uses[1:]) else "intra_node"
+    same = [f for f in cluster.collective_fits if f.kind == kind.value and f.level == level]
+    if not same:
+        return None
+    fit = min(same, key=lambda f: (abs(math.log(f.group_size / n)), f.group_size))
+    scale = float(busbw_factor(kind, n)) / float(busbw_factor(kind, fit.group_size))
+    t = cluster.collective_overhead_s + fit.alpha_s + fit.beta_s_per_byte * size * scale
+    where = "" if fit.group_size == n else f", busbw carried from n={fit.group_size}"
+    text = (f"calibrated {kind.value} n={fit.group_size} {level.replace('_', '-')}{where}: "
+            + (f"overhead {_fmt_s(cluster.collective_overhead_s)} + " if cluster.collective_overhead_s else "")
+            + f"alpha {_fmt_s(fit.alpha_s)} + S x beta ({size:.6g} B x {fit.beta_s_per_byte * scale * 1e12:.4g} ps/B) = {_fmt_s(t)}")
+    return t, text
 
 
 def group_placement(cluster: Cluster, ranks: Sequence[int]) -> tuple[LevelUse, ...]:
@@ -639,6 +668,9 @@ def collective_time_on_placement(cluster: Cluster, kind: CollectiveKind, placeme
     """Seconds of ``kind`` over ``n`` ranks placed as ``placement`` (:func:`group_placement`);
     equals ``collective_cost_for_group(cluster, kind, ranks, message_bytes).time_s``."""
     size = _check_common(kind, message_bytes, None, cluster.collective_library, cluster.collective_overhead_s, 0.0)
+    fitted = _fitted_time(cluster, kind, placement, n, size)
+    if fitted is not None:
+        return fitted[0]
     return _time_cached(kind, placement, n, size, cluster.collective_library, float(cluster.collective_overhead_s), 0.0)
 
 

@@ -100,6 +100,10 @@ class _Args(msgspec.Struct, gc=False):
     src_rank: Any = msgspec.field(name="Src Rank", default=None)
     dst_rank: Any = msgspec.field(name="Dst Rank", default=None)
     concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw())
+    # record_shapes=True: an operator's input shapes and element types (kept undecoded; decoded
+    # only by load_trace(..., shapes=True), for the calibration of dml2comm.calibrate)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
+    input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -210,6 +214,13 @@ class RankTrace:
     comms: list[CommRecord]
     ts_float: bool  # any ts given as a float or missing (HTA then rounds; see overlap.hta_*)
     problems: list[str] = field(default_factory=list)
+    #: filled by ``load_trace(path, shapes=True)`` only: every event's ``External id`` (int64,
+    #: -1 when absent), the ``Input Dims``/``Input type`` of CPU operators that recorded them
+    #: (row -> (dims, types), as the trace writes them), and the collective arguments GPU kernels
+    #: carry in recent PyTorch (row -> CommRecord: ``In msg nelems``, ``Group size``, ``dtype``...)
+    external_id: np.ndarray | None = None
+    inputs: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    kernel_comms: dict[int, CommRecord] = field(default_factory=dict)
 
     @property
     def num_events(self) -> int:
@@ -320,12 +331,15 @@ def _peer(collective: str, a: _Args) -> tuple[int, bool]:
     return -1, False
 
 
-def load_trace(path: str | Path) -> RankTrace:
+def load_trace(path: str | Path, *, shapes: bool = False) -> RankTrace:
     """Load one rank's trace.
 
     Parameters
     ----------
     path : a ``.json`` or ``.json.gz`` (gzip is recognised by its magic bytes) Kineto trace.
+    shapes : also keep ``External id``, operators' recorded input shapes and types, and the
+        collective arguments of GPU kernels (:attr:`RankTrace.inputs`, ...; the calibration
+        reads them; off by default, it costs time on large traces).
 
     Returns
     -------
@@ -367,7 +381,7 @@ def load_trace(path: str | Path) -> RankTrace:
             if typed:
                 meta = _Trace(None, doc.schemaVersion, doc.distributedInfo, doc.deviceProperties, doc.baseTimeNanoseconds)
         del doc
-        trace = _pack(path, events, meta, typed)
+        trace = _pack(path, events, meta, typed, shapes)
         del events, meta  # the last references to the decoded values (``Concrete Inputs`` are views into raw)
         return trace
     finally:
@@ -389,7 +403,7 @@ def _sanitise(events: list[Any]) -> tuple[list[Any], int]:
     rename = {"External id": "external_id", "Collective name": "collective", "Process Group Name": "pg_name",
               "Process Group Description": "pg_desc", "Process Group Ranks": "pg_ranks", "Group size": "group_size",
               "In msg nelems": "in_nelems", "Out msg nelems": "out_nelems", "bytes": "nbytes", "Src Rank": "src_rank",
-              "Dst Rank": "dst_rank", "Concrete Inputs": "concrete"}
+              "Dst Rank": "dst_rank", "Concrete Inputs": "concrete", "Input Dims": "input_dims", "Input type": "input_types"}
     keep = set(_Args.__struct_fields__)
     for e in events:
         if isinstance(e, dict):
@@ -434,7 +448,7 @@ def _int_column(values: list[Any]) -> np.ndarray:
     return np.fromiter((v if type(v) is int else -1 for v in values), dtype=np.int64, count=len(values))
 
 
-def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool) -> RankTrace:
+def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool = False) -> RankTrace:
     """Column-wise conversion (C-level ``map``/``attrgetter`` passes, no per-event Python code on
     the common path: a 100 MB trace's ~400k events take a few tenths of a second)."""
     problems: list[str] = []
@@ -520,6 +534,7 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool) -> RankTrace
         comms.append(CommRecord(
             idx, coll or nm, pg_name, pg_desc, ranks, max(_int(a.group_size, 0), 0),
             max(_int(a.in_nelems, 0), 0), max(_int(a.out_nelems, 0), 0), str(a.dtype or ""), peer, peer_global))
+    extra = _shape_columns(args, kind) if shapes else {}
     del args
     rank = _int(info.get("rank"), -1)
     if rank < 0:
@@ -540,8 +555,40 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool) -> RankTrace
         schema_version=meta.schemaVersion, device=device, base_us=base_us, pg_config=pg_config,
         names=names, threads=threads, thread_names={thread_index[k]: v for k, v in thread_names.items() if k in thread_index},
         gpu_pids=gpu_pids, kind=kind, name=name, thread=thread, ts=ts, dur=dur, correlation=corr, stream=stream, comms=comms,
-        ts_float=ts_float, problems=problems,
+        ts_float=ts_float, problems=problems, **extra,
     )
+
+
+def _raw_value(value: Any) -> Any:
+    """A value kept as ``msgspec.Raw`` (typed path) decoded; other values as they are."""
+    if isinstance(value, msgspec.Raw):
+        if not value:
+            return None
+        try:
+            return msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            return None
+    return value
+
+
+def _shape_columns(args: list[Any], kind: np.ndarray) -> dict[str, Any]:
+    """``load_trace(..., shapes=True)``'s extra fields of :class:`RankTrace`."""
+    external = _int_column([a.external_id for a in args])
+    inputs: dict[int, tuple[Any, Any]] = {}
+    for idx in np.flatnonzero(kind == Kind.CPU_OP).tolist():
+        a = args[idx]
+        dims = _raw_value(a.input_dims)
+        if isinstance(dims, list) and dims:
+            inputs[idx] = (dims, _raw_value(a.input_types))
+    kernel_comms: dict[int, CommRecord] = {}
+    for idx in np.flatnonzero(kind == Kind.KERNEL).tolist():
+        a = args[idx]
+        if a is _NO_ARGS or not isinstance(a.collective, str):
+            continue
+        kernel_comms[idx] = CommRecord(
+            idx, a.collective, str(a.pg_name or ""), str(a.pg_desc or ""), _ranks(a.pg_ranks), max(_int(a.group_size, 0), 0),
+            max(_int(a.in_nelems, 0), 0), max(_int(a.out_nelems, 0), 0), str(a.dtype or ""))
+    return {"external_id": external, "inputs": inputs, "kernel_comms": kernel_comms}
 
 
 def step_names(trace: RankTrace) -> np.ndarray:

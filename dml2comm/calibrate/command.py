@@ -1,0 +1,430 @@
+"""``python main.py calibrate TRACES... [--cluster BASE] [-o cluster.yaml] [--holdout 0.3]``.
+
+Reads PyTorch-profiler (Kineto) traces of one short run on the user's cluster, fits the cost
+models' constants to them (:mod:`dml2comm.calibrate.fit` on the samples of
+:mod:`dml2comm.calibrate.samples`) and writes a cluster file (:mod:`dml2comm.hardware.cluster_file`):
+the base preset's fields, the fitted values on the GPU (``gemm_sustained_factor``,
+``hbm_efficiency``) and the measured collectives (``collective_fits``), and a ``calibration``
+record with every fitted value, its sample count, residual, held-out error and provenance (trace
+file names and sha256, the PyTorch/CUDA/NCCL versions the traces record, the date), and the
+values that stayed from the base.
+
+The GPU is identified from the traces' ``deviceProperties`` (name, else compute capability, SM
+count and memory); ``--cluster`` names the base (a preset or a cluster file), by default the
+identified GPU's usual node.  Bad input (no trace, traces of two GPU types, nothing usable in
+them) is a one-line error and nothing is written; a term without enough samples keeps the
+base's value with a warning naming what to record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import hashlib
+import os
+import tempfile
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+
+from dml2comm.argtypes import OneLineParser
+from dml2comm.calibrate.fit import (GEMM_FIT_DTYPES, MIN_COLLECTIVE_SIZES, MIN_GEMM_FLOPS, MIN_GEMM_SHAPES, MIN_MEMORY_BYTES,
+                                    MIN_MEMORY_SHAPES, SUSTAINED_BOUNDS, FitOutcome, fit_collective, fit_gemm_sustained,
+                                    fit_hbm_efficiency)
+from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample, trace_samples
+from dml2comm.cost.compute import HBM_EFFICIENCY
+from dml2comm.cost.gemm import sustained_factor
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import Cluster, CollectiveFit, default_preset_name, get_cluster, is_cluster_file
+from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file
+from dml2comm.hardware.gpus import GPU, GPU_ALIASES, GPUS
+from dml2comm.traces.load import TraceError, find_trace_files, load_trace
+
+__all__ = ["CalibrationError", "Calibration", "calibrate", "identify_gpu", "run_calibrate_command"]
+
+EXAMPLES = """examples (each runs as written from the repository root):
+  python main.py calibrate tests/fixtures/traces/hta/nccl_parser_config__nccl_data.json.gz
+  python main.py calibrate tests/fixtures/traces/hta/trace_filter__sampled_rank-0.json.gz tests/fixtures/traces/hta/trace_filter__sampled_rank-1.json.gz --cluster dgx-a100 --holdout 0.3 -o out/calibrate/a100.yaml
+then use the file wherever a preset name goes:
+  main.py model.onnx --d 8 --cluster out/calibrate/cluster.yaml (also sweep, compare, trace)
+"""
+
+_RECORD_SHAPES = "profile with torch.profiler.profile(record_shapes=True)"
+
+
+class CalibrationError(ConfigError):
+    """The traces cannot calibrate anything (none usable, mixed GPU types, unknown GPU)."""
+
+
+@dataclass
+class TraceInfo:
+    file: str
+    sha256: str
+    rank: int
+    world_size: int | None
+    devices: list[dict[str, Any]]
+    versions: dict[str, str]
+
+
+@dataclass
+class Calibration:
+    """What :func:`calibrate` found: the calibrated cluster, the file's document, the report."""
+
+    cluster: Cluster
+    document: dict[str, Any]
+    lines: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------- reading
+
+
+def _metadata(path: Path) -> tuple[str, dict[str, Any]]:
+    """(sha256 of the file as stored, the trace's top-level keys other than ``traceEvents``)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}") from exc
+    digest = hashlib.sha256(raw).hexdigest()
+    text = raw
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            text = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(f"{path.name!r} is a truncated or corrupt .gz file ({exc}); copy it again from the run") from exc
+    try:
+        top = msgspec.json.decode(text, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return digest, {}  # a bare event list, or not JSON: load_trace says which
+    meta: dict[str, Any] = {}
+    for key, value in top.items():
+        if key == "traceEvents":
+            continue
+        try:
+            meta[key] = msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            continue
+    return digest, meta
+
+
+def _versions(meta: dict[str, Any]) -> dict[str, str]:
+    """PyTorch/CUDA/NCCL/CUPTI versions the trace records (any top-level ``*version*`` key and
+    ``distributedInfo.nccl_version``)."""
+    out = {k: str(v) for k, v in meta.items() if "version" in k.lower() and isinstance(v, (str, int, float)) and k != "schemaVersion"}
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and info.get("nccl_version") is not None:
+        out["nccl_version"] = str(info["nccl_version"])
+    if meta.get("schemaVersion") is not None:
+        out["kineto_schema_version"] = str(meta["schemaVersion"])
+    return dict(sorted(out.items()))
+
+
+# ------------------------------------------------------------------------------------ GPU
+
+
+#: (compute capability, SMs) -> presets by memory (bytes below which the first, else the second):
+#: NVIDIA's CUDA compute-capability table and the presets' SM counts (dml2comm/hardware/gpus.py).
+_BY_PROPERTIES: dict[tuple[int, int, int], tuple[str, float, str]] = {
+    (8, 0, 108): ("A100-SXM4-40GB", 60e9, "A100-SXM4-80GB"),
+    (9, 0, 132): ("H100-SXM5-80GB", 100e9, "H200-SXM-141GB"),
+    (7, 0, 80): ("V100-SXM2-32GB", 1e30, "V100-SXM2-32GB"),
+    (8, 6, 84): ("RTX-A6000", 1e30, "RTX-A6000"),
+    (8, 9, 142): ("L40S", 1e30, "L40S"),
+}
+
+
+def identify_gpu(props: dict[str, Any]) -> tuple[str | None, str]:
+    """(preset name or None, how it was identified) from one ``deviceProperties`` entry: its
+    name when it is a preset's (``NVIDIA A100-SXM4-80GB``), else compute capability, SM count and
+    memory (``NVIDIA A100-PG509-200``: 8.0, 108 SMs, 39 GiB -> A100-SXM4-40GB)."""
+    name = str(props.get("name", ""))
+    bare = name.replace("NVIDIA ", "").strip().lower().replace(" ", "-").replace("_", "-")
+    if bare in GPU_ALIASES:
+        return GPU_ALIASES[bare], f"deviceProperties name {name!r}"
+    key = (props.get("computeMajor"), props.get("computeMinor"), props.get("numSms"))
+    mem = props.get("totalGlobalMem")
+    if key in _BY_PROPERTIES and isinstance(mem, (int, float)):
+        small, limit, large = _BY_PROPERTIES[key]  # type: ignore[index]
+        chosen = small if mem < limit else large
+        return chosen, (f"deviceProperties of {name!r}: compute capability {key[0]}.{key[1]}, {key[2]} SMs, "
+                        f"{mem / 2**30:.1f} GiB -> {chosen}")
+    return None, f"deviceProperties name {name!r} matches no preset"
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def _term(outcome: FitOutcome, base: float | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {k: _round(v) for k, v in outcome.values.items()}
+    if base is not None:
+        d["base_value"] = _round(base)
+    d["residual"] = outcome.residual.to_dict()
+    d["holdout"] = outcome.holdout.to_dict() if outcome.holdout is not None else None
+    d.update(extra or {})
+    return d
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _res_text(outcome: FitOutcome) -> str:
+    r = outcome.residual
+    text = f"{r.samples} samples / {r.shapes} shapes, error median {_pct(r.median_rel_error)} worst {_pct(r.worst_rel_error)}"
+    if outcome.holdout is not None:
+        h = outcome.holdout
+        text += f"; held out {h.shapes} shapes: median {_pct(h.median_rel_error)} worst {_pct(h.worst_rel_error)}"
+    return text
+
+
+def _base_cluster(base: str | None, preset: str | None, how: str) -> tuple[Cluster, str]:
+    if base is None:
+        if preset is None:
+            raise CalibrationError(f"cannot tell the GPU from the traces ({how}); pass --cluster PRESET (python main.py presets)")
+        name = default_preset_name(preset)
+        if name is None:
+            raise CalibrationError(f"no default node for {preset}; pass --cluster PRESET or a cluster file")
+        cluster = get_cluster(name)
+        if cluster.gpu.name != preset:  # e.g. A100 40 GB in a DGX A100 node
+            cluster = replace(cluster, gpu=GPUS[preset])
+        return cluster, name
+    cluster = get_cluster(base)
+    label = Path(base).name if is_cluster_file(base) else base.strip().lower()
+    if preset is not None and not cluster.gpu.name.startswith(preset):
+        raise CalibrationError(f"the traces ran on {preset} ({how}) but --cluster {label} has {cluster.gpu.name}; "
+                               "pass a base of the traces' GPU, or leave --cluster out")
+    return cluster, label
+
+
+def _gpu_name(preset: str, values: dict[str, float]) -> str:
+    digest = hashlib.sha256(repr(sorted(values.items())).encode()).hexdigest()[:8]
+    return f"{preset.split(' cal-')[0]} cal-{digest}"
+
+
+def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.0, *,
+              today: datetime.date | None = None) -> Calibration:
+    """Fit the traces in ``paths`` (files or folders); see the module docstring.
+
+    Raises
+    ------
+    CalibrationError
+        No usable sample at all, traces of two GPU types, or an unknown GPU without ``base``.
+    TraceError
+        A trace is missing, truncated or not a PyTorch-profiler trace.
+    """
+    if not 0.0 <= holdout < 1.0:
+        raise CalibrationError(f"--holdout must be in [0, 1), got {holdout!r} (0.3 holds 30% of the shapes out)")
+    files = find_trace_files(list(paths))
+    infos: list[TraceInfo] = []
+    gemms: list[GemmSample] = []
+    memory: list[MemorySample] = []
+    colls: list[CollectiveSample] = []
+    shaped = nccl = 0
+    warnings: list[str] = []
+    loaded = []
+    for path in files:
+        digest, meta = _metadata(path)
+        trace = load_trace(path, shapes=True)
+        devices = [d for d in meta.get("deviceProperties", []) if isinstance(d, dict)] if isinstance(
+            meta.get("deviceProperties"), list) else []
+        infos.append(TraceInfo(path.name, digest, trace.rank, trace.world_size, devices, _versions(meta)))
+        loaded.append(trace)
+    names = sorted({str(d.get("name", "")) for i in infos for d in i.devices})
+    if len(names) > 1:
+        raise CalibrationError(f"the traces come from different GPU types ({', '.join(names)}); calibrate each type "
+                               "separately (one cluster file per GPU type)")
+    props = next((i.devices[0] for i in infos if i.devices), None)
+    preset, how = identify_gpu(props) if props is not None else (None, "no deviceProperties in the traces")
+    if props is None:
+        warnings.append("the traces record no deviceProperties: the GPU is taken from --cluster (PyTorch >= 1.13 records it)")
+    elif preset is not None and not how.startswith("deviceProperties name"):
+        warnings.append(f"GPU identified by its properties: {how}")
+    cluster, base_name = _base_cluster(base, preset, how)
+    gpu = cluster.gpu
+    per_node = max((len(i.devices) for i in infos), default=0) or cluster.gpus_per_node
+    for trace in loaded:
+        s = trace_samples(trace, per_node)
+        gemms += s.gemms
+        memory += s.memory
+        colls += s.collectives
+        shaped += s.shaped_ops
+        nccl += s.nccl_kernels
+    del loaded
+    if not shaped and not colls:
+        why = "no NCCL kernels" if not nccl else "NCCL kernels without message sizes (PyTorch >= 2.1 records them)"
+        raise CalibrationError(f"nothing to fit in {len(files)} trace(s): no operator shapes ({_RECORD_SHAPES}) and {why}")
+    fitted: dict[str, Any] = {}
+    lines: list[str] = [f"GPU: {gpu.name} ({how}); base: {base_name}; {len(files)} trace(s)"]
+    from_base: list[str] = []
+    gpu_values: dict[str, float] = {}
+
+    # ---- GEMM sustained factor
+    usable = [g for g in gemms if g.dtype in GEMM_FIT_DTYPES and g.dtype in gpu.peak_flops_per_s
+              and 2 * g.b * g.m * g.n * g.k >= MIN_GEMM_FLOPS]
+    if len(usable) < len(gemms):
+        warnings.append(f"{len(gemms) - len(usable)} of {len(gemms)} GEMM samples left out of the sustained-factor fit: "
+                        f"below {MIN_GEMM_FLOPS:.0e} FLOPs, fp32 on CUDA cores, or a data type {gpu.name} has no peak for")
+    gemm_shapes = len({(g.b, g.m, g.n, g.k, g.dtype) for g in usable})
+    out = None
+    if not shaped:
+        warnings.append(f"GEMM sustained factor: no operator shapes in the traces; kept from the base ({_RECORD_SHAPES})")
+    elif gemm_shapes < MIN_GEMM_SHAPES + (1 if holdout else 0) or not gpu.sm_count:
+        warnings.append(f"GEMM sustained factor: {gemm_shapes} usable GEMM shape(s) (aten::mm/addmm/bmm/matmul/linear with their "
+                        f"kernels) found, {MIN_GEMM_SHAPES} needed; kept from the base (profile steps with large matrix products)")
+    else:
+        out = fit_gemm_sustained(gpu, usable, holdout)
+        f = out.values["gemm_sustained_factor"]
+        if not SUSTAINED_BOUNDS[0] * 1.01 < f < SUSTAINED_BOUNDS[1] * 0.99:
+            warnings.append(f"GEMM sustained factor: the fit ran to its bound ({f:.3g}): the shape law does not describe these "
+                            "GEMMs; kept from the base")
+            out = None
+    if out is not None:
+        dtypes = sorted({g.dtype for g in usable})
+        fitted["gemm_sustained_factor"] = _term(out, sustained_factor(gpu), {"dtypes": dtypes})
+        gpu_values["gemm_sustained_factor"] = out.values["gemm_sustained_factor"]
+        lines.append(f"GEMM sustained factor {out.values['gemm_sustained_factor']:.4f} (base {sustained_factor(gpu):.3f}, "
+                     f"{'/'.join(dtypes)}): {_res_text(out)}")
+    if "gemm_sustained_factor" not in fitted:
+        from_base.append("gpu.gemm_sustained_factor")
+
+    # ---- HBM efficiency
+    big = [m for m in memory if m.bytes >= MIN_MEMORY_BYTES]
+    mem_shapes = len({(m.op, m.shape, m.bytes) for m in big})
+    if shaped and mem_shapes >= MIN_MEMORY_SHAPES + (1 if holdout else 0):
+        out = fit_hbm_efficiency(gpu, big, holdout)
+        base_e = gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
+        fitted["hbm_efficiency"] = _term(out, base_e, {"min_bytes": MIN_MEMORY_BYTES,
+                                                       "ops": sorted({m.op for m in big})})
+        gpu_values["hbm_efficiency"] = out.values["hbm_efficiency"]
+        lines.append(f"HBM efficiency {out.values['hbm_efficiency']:.4f} (base {base_e:.3f}): {_res_text(out)}")
+    else:
+        from_base.append("gpu.hbm_efficiency")
+        if shaped:
+            warnings.append(f"HBM efficiency: {mem_shapes} element-wise/normalisation shape(s) of at least "
+                            f"{MIN_MEMORY_BYTES // 2**20} MiB found, {MIN_MEMORY_SHAPES} needed; kept from the base "
+                            "(profile a step with large activations)")
+
+    # ---- collectives
+    fits: dict[tuple[str, int, str], CollectiveFit] = {(f.kind, f.group_size, f.level): f for f in cluster.collective_fits}
+    coll_records = []
+    groups: dict[tuple[str, int, str], list[CollectiveSample]] = {}
+    for c in colls:
+        groups.setdefault((c.kind, c.group_size, c.level), []).append(c)
+    if not nccl:
+        warnings.append("collectives: no NCCL kernels in the traces; the base's network constants stay (profile a "
+                        "step that communicates)")
+    elif not colls:
+        warnings.append("collectives: NCCL kernels without message sizes or group sizes; the base's network constants "
+                        "stay (PyTorch >= 2.1 records In msg nelems/Group size on them)")
+    for key in sorted(groups):
+        ss = groups[key]
+        sizes = len({s.size_bytes for s in ss})
+        label = f"{key[0]} n={key[1]} {key[2].replace('_', '-')}"
+        if sizes < MIN_COLLECTIVE_SIZES + (1 if holdout else 0):
+            warnings.append(f"collective {label}: {sizes} message size(s), {MIN_COLLECTIVE_SIZES + (1 if holdout else 0)} needed for latency and "
+                            "bandwidth; kept from the base (profile more than one bucket size)")
+            continue
+        out2 = fit_collective(ss, holdout)
+        if out2 is None:
+            warnings.append(f"collective {label}: no positive bandwidth term fits (sizes too alike or times too noisy); kept from the base")
+            continue
+        fit = CollectiveFit(key[0], key[1], key[2], _round(out2.values["alpha_s"]), _round(out2.values["beta_s_per_byte"]))
+        fits[key] = fit
+        coll_records.append({"kind": key[0], "group_size": key[1], "level": key[2],
+                             **_term(out2, None, {"busbw_bytes_per_s": _round(fit.busbw_bytes_per_s)})})
+        lines.append(f"{label}: alpha {fit.alpha_s * 1e6:.2f} µs, busbw {fit.busbw_bytes_per_s / 1e9:.2f} GB/s: {_res_text(out2)}")
+    if coll_records:
+        fitted["collectives"] = coll_records
+    from_base += ["gpu (peaks, memory, link line rates)", "links.intra_node", "links.inter_node",
+                  "network (library, per-call overhead)"]
+    if not coll_records:
+        from_base.append("collectives (none fitted: the link model answers)")
+    else:
+        from_base.append("collectives of other kinds and levels (the link model answers)")
+    if not fitted:
+        raise CalibrationError("nothing could be fitted: " + "; ".join(warnings))
+
+    # ---- the calibrated cluster
+    if gpu_values:
+        values = {k: _round(v) for k, v in gpu_values.items()}
+        sources = dict(gpu.sources)
+        for k in values:
+            sources[k] = f"calibrated by python main.py calibrate on {', '.join(i.file for i in infos)} (see calibration)"
+        gpu = replace(gpu, name=_gpu_name(gpu.name, values), sources=sources, **values)
+    calibrated = replace(cluster, gpu=gpu, name=f"{base_name} calibrated", collective_fits=tuple(fits[k] for k in sorted(fits)),
+                         source_file=None)
+    record = {
+        "tool": "python main.py calibrate",
+        "date": (today or datetime.date.today()).isoformat(),
+        "base": base_name,
+        "holdout": holdout or None,
+        "gpu": {"preset": preset, "identified_by": how, "gpus_per_node_seen": per_node},
+        "traces": [{"file": i.file, "sha256": i.sha256, "rank": i.rank, "world_size": i.world_size, "versions": i.versions}
+                   for i in infos],
+        "fitted": fitted,
+        "from_base": from_base,
+        "warnings": warnings,
+    }
+    doc = cluster_file_dict(calibrated, base=base_name, calibration=record)
+    return Calibration(calibrated, doc, lines, warnings)
+
+
+# ---------------------------------------------------------------------------------- command
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder moved into place
+    (nothing half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_calibrate_command(argv: Sequence[str]) -> int:
+    parser = OneLineParser(
+        prog="python main.py calibrate",
+        description="Fit the cost model to PyTorch-profiler traces of your own cluster and write a cluster file "
+                    "for --cluster FILE.yaml.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("traces", nargs="+", help="trace files (.json, .json.gz) or folders of them, one GPU type")
+    parser.add_argument("--cluster", help="base: a cluster preset or file (default: the traces' GPU's usual node)")
+    parser.add_argument("-o", "--output", default="out/calibrate/cluster.yaml",
+                        help="cluster file to write (default out/calibrate/cluster.yaml)")
+    parser.add_argument("--holdout", type=_fraction, default=0.0,
+                        help="share of the shapes (sizes) held out of each fit and scored alone, e.g. 0.3 (default 0)")
+    args = parser.parse_args(argv)
+    out = Path(args.output)
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"-o {args.output!r}: a cluster file ends in .yaml or .yml")
+    result = calibrate(args.traces, args.cluster, args.holdout)
+    write_atomic(out, dump_cluster_file(result.document))
+    for line in result.lines:
+        print(line)
+    for w in result.warnings:
+        print(f"warning: {w}")
+    print(f"wrote {out} (use it as --cluster {out})")
+    return 0

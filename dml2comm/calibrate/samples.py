@@ -1,0 +1,324 @@
+"""Measured samples of one Kineto trace: GEMMs with their shapes, memory-bound kernels with their
+bytes, NCCL collectives with their sizes and groups.
+
+A GPU kernel is joined to the CPU operator that launched it in one of two ways:
+
+- **External id** (PyTorch >= 2.0 writes it on kernels): the kernel's ``External id`` is the
+  ``External id`` of the innermost recorded operator around the launch.  Used when the trace's
+  kernels carry ids that differ from their correlation ids.
+- **Enclosure** (older traces write the correlation id there): the ``cuda_runtime`` launch with the
+  kernel's ``correlation`` runs on a CPU thread at a time; the innermost operator of interest that
+  spans that time on that thread launched it.
+
+A sample's time is the sum of the durations of the kernels its operator launched (a split-K GEMM
+runs a GEMM and a reduction kernel).  Shapes come from ``Input Dims``/``Input type``, which the
+profiler records only with ``record_shapes=True``.
+
+Collectives: recent PyTorch writes ``Collective name``, ``In msg nelems``, ``Out msg nelems``,
+``Group size``, ``dtype`` and the process group's ranks on the NCCL kernel itself; older traces
+only on the enclosing ``record_param_comms`` operator (joined by enclosure as above).  The
+message size S follows nccl-tests (:mod:`dml2comm.network.collectives`): the all-reduce buffer,
+the all-gather *output*, the reduce-scatter *input*, the all-to-all total a rank sends.
+
+References: Kineto ``libkineto/src/output_json.cpp``; PyTorch ``torch/csrc/profiler/util.cpp``
+(``saveNcclMeta``: the collective arguments) and ``torch/csrc/autograd/profiler_kineto.cpp``
+(``Input Dims``, ``Input type``); c10 ``ScalarType`` names for element sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dml2comm.cost.gemm import training_gemms
+from dml2comm.errors import ModelError
+from dml2comm.traces.load import CommRecord, Kind, RankTrace
+
+__all__ = ["GemmSample", "MemorySample", "CollectiveSample", "TraceSamples", "trace_samples", "collective_kind",
+           "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES", "COMM_DTYPE_BYTES"]
+
+#: Bytes per element of PyTorch's ``Input type`` strings (``scalarTypeToTypeMeta().name()``).
+ELEMENT_BYTES: dict[str, int] = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2, "bool": 1,
+    "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
+#: Bytes per element of the collectives' ``dtype`` argument (c10 ``ScalarType`` names).
+COMM_DTYPE_BYTES: dict[str, int] = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1, "Bool": 1,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+}
+#: ``Input type`` -> GEMM data-type key of the GPU presets (float -> fp32 or tf32 by the kernel).
+_GEMM_DTYPES = {"float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16"}
+#: GEMM operators (innermost first when nested: matmul/linear call mm/addmm/bmm).
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
+#: Kernels a GEMM operator runs (cuBLAS, cuBLASLt, CUTLASS; split-K reductions).
+_GEMM_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|splitKreduce|ampere_|volta_|turing_|hopper_|sm\d\d_", re.I)
+#: TF32 tensor-core kernels of float GEMMs (CUTLASS ``tensorop_s1688``/``s16816``, ``tf32`` in cuBLAS names).
+_TF32_KERNEL = re.compile(r"tf32|tensorop_s\d|s1688|s16816", re.I)
+#: Memory-bound operators whose bytes follow from their inputs: ``unary`` read one tensor and
+#: write one like it; ``binary`` read every tensor input and write their broadcast shape;
+#: ``write`` only write their first input; ``norm`` read their input and parameters and write an
+#: output like the input.
+MEMORY_OPS: dict[str, str] = {
+    **{f"aten::{n}": "unary" for n in ("relu", "relu_", "gelu", "sigmoid", "tanh", "exp", "exp_", "neg", "log", "log2", "sqrt",
+                                        "rsqrt", "silu", "abs", "clamp_min_", "nan_to_num", "_softmax", "softmax",
+                                        "_log_softmax", "dropout")},
+    **{f"aten::{n}": "binary" for n in ("add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_", "rsub",
+                                         "threshold_backward", "gelu_backward", "sigmoid_backward", "copy_")},
+    **{f"aten::{n}": "write" for n in ("fill_", "zero_")},
+    **{f"aten::{n}": "norm" for n in ("layer_norm", "native_layer_norm")},
+}
+_COLLECTIVES = (
+    (re.compile(r"coalesced"), None),
+    (re.compile(r"^all_?reduce"), "ALL_REDUCE"),
+    (re.compile(r"^(all_?gather|allgather_into_tensor|all_gather_into_tensor)"), "ALL_GATHER"),
+    (re.compile(r"^reduce_?scatter"), "REDUCE_SCATTER"),
+    (re.compile(r"^all_?to_?all"), "ALL_TO_ALL"),
+    (re.compile(r"^broadcast"), "BROADCAST"),
+    (re.compile(r"^reduce$"), "REDUCE"),
+    (re.compile(r"^(send|recv|sendrecv)"), "SEND_RECV"),
+)
+
+
+class GemmSample(NamedTuple):
+    b: int
+    m: int
+    n: int
+    k: int
+    dtype: str  # fp32, tf32, bf16, fp16
+    time_s: float
+    op: str
+
+
+class MemorySample(NamedTuple):
+    bytes: float
+    time_s: float
+    op: str
+    shape: tuple[int, ...]
+
+
+class CollectiveSample(NamedTuple):
+    kind: str  # CollectiveKind value
+    group_size: int
+    level: str  # intra_node / inter_node
+    size_bytes: float
+    time_s: float
+
+
+@dataclass
+class TraceSamples:
+    gemms: list[GemmSample] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    collectives: list[CollectiveSample] = field(default_factory=list)
+    shaped_ops: int = 0  # CPU operators with recorded shapes
+    nccl_kernels: int = 0
+    link: str = ""  # "External id" or "enclosure"
+    notes: list[str] = field(default_factory=list)
+
+
+def collective_kind(name: str) -> str | None:
+    """The CollectiveKind value of a trace's collective name (``allreduce``, ``_allgather_base``,
+    ``nccl:all_reduce``...), None for coalesced or unknown ones."""
+    bare = re.sub(r"^(c10d::|nccl:|gloo:)", "", name.strip().lower()).strip("_")
+    for pattern, kind in _COLLECTIVES:
+        if pattern.search(bare):
+            return kind
+    return None
+
+
+def _numel(dims: Any) -> int | None:
+    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        return None
+    return math.prod(dims)
+
+
+def _tensor(dims: list[Any], types: Any, i: int) -> tuple[tuple[int, ...], int] | None:
+    """(shape, element bytes) of positional input ``i`` when it is a tensor, else None (a Scalar,
+    a list of ints, None, or a missing position)."""
+    if i >= len(dims) or not isinstance(types, list) or i >= len(types):
+        return None
+    size = ELEMENT_BYTES.get(types[i]) if isinstance(types[i], str) else None
+    if size is None or _numel(dims[i]) is None:
+        return None
+    return tuple(dims[i]), size
+
+
+def gemm_shape(op: str, dims: list[Any]) -> tuple[int, int, int, int] | None:
+    """(b, M, N, K) of a GEMM operator from its ``Input Dims``, None when they do not fit."""
+    try:
+        if op in ("aten::mm",) and len(dims) >= 2:
+            (m, k), (k2, n) = dims[0], dims[1]
+            return (1, m, n, k) if k == k2 else None
+        if op == "aten::addmm" and len(dims) >= 3:
+            (m, k), (k2, n) = dims[1], dims[2]
+            return (1, m, n, k) if k == k2 else None
+        if op in ("aten::bmm",) and len(dims) >= 2:
+            (b, m, k), (b2, k2, n) = dims[0], dims[1]
+            return (b, m, n, k) if k == k2 and b == b2 else None
+        if op == "aten::baddbmm" and len(dims) >= 3:
+            (b, m, k), (b2, k2, n) = dims[1], dims[2]
+            return (b, m, n, k) if k == k2 and b == b2 else None
+        if op == "aten::matmul" and len(dims) >= 2:
+            f = training_gemms("MatMul", dims[0], dims[1]).forward
+            return (f.b, f.m, f.n, f.k)
+        if op == "aten::linear" and len(dims) >= 2:
+            x, w = dims[0], dims[1]
+            if len(w) != 2 or not x or x[-1] != w[1]:
+                return None
+            return (1, math.prod(x[:-1]), w[0], w[1])
+    except (TypeError, ValueError, ModelError):
+        return None
+    return None
+
+
+def memory_bytes(op: str, dims: list[Any], types: Any) -> tuple[float, tuple[int, ...]] | None:
+    """(bytes moved, shape) of a memory-bound operator (:data:`MEMORY_OPS`), None when unknown.
+
+    Inputs by position, as in the ATen schemas (``native_functions.yaml``): ``self`` first; a
+    binary op's ``other`` second (a 0-d tensor or Scalar reads nothing worth counting); an
+    ``out=`` tensor after them is the output, not an input; ``copy_(self, src)`` writes
+    ``self`` and reads ``src``; ``layer_norm(input, normalized_shape, weight, bias, ...)`` reads
+    input, weight and bias and writes an output like its input."""
+    rule = MEMORY_OPS.get(op)
+    first = _tensor(dims, types, 0)
+    if rule is None or first is None or not first[0]:
+        return None
+    shape0, size0 = first
+    n0 = math.prod(shape0)
+    if rule == "unary":
+        return 2.0 * n0 * size0, shape0
+    if rule == "write":
+        return float(n0 * size0), shape0
+    if rule == "norm":
+        params = [_tensor(dims, types, i) for i in (2, 3)]
+        return 2.0 * n0 * size0 + sum(math.prod(t[0]) * t[1] for t in params if t is not None), shape0
+    other = _tensor(dims, types, 1)
+    if op == "aten::copy_":
+        if other is None:
+            return None
+        return float(n0 * size0 + math.prod(other[0]) * other[1]), shape0
+    read = n0 * size0
+    shape = shape0
+    if other is not None and other[0]:  # a tensor operand (0-d ones are wrapped scalars)
+        try:
+            shape = tuple(int(x) for x in np.broadcast_shapes(shape0, other[0]))
+        except ValueError:
+            return None
+        read += math.prod(other[0]) * other[1]
+    return float(read + math.prod(shape) * size0), shape
+
+
+def _innermost(trace: RankTrace, rows: np.ndarray, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each (thread, time) query, the row (of ``rows``, CPU operators) of the latest-starting
+    operator on that thread that spans the time, -1 when none."""
+    out = np.full(t.size, -1, dtype=np.int64)
+    for h in np.unique(thread):
+        mine = rows[trace.thread[rows] == h]
+        if mine.size == 0:
+            continue
+        order = np.argsort(trace.ts[mine], kind="stable")
+        mine = mine[order]
+        starts, ends = trace.ts[mine], (trace.ts[mine] + trace.dur[mine])
+        for qi in np.flatnonzero(thread == h).tolist():
+            j = int(np.searchsorted(starts, t[qi], side="right")) - 1
+            while j >= 0 and ends[j] < t[qi]:
+                j -= 1
+            if j >= 0:
+                out[qi] = mine[j]
+    return out
+
+
+def _level(ranks: tuple[int, ...], group_size: int, world: int | None, per_node: int) -> str | None:
+    if ranks:
+        return "intra_node" if len({r // per_node for r in ranks}) == 1 else "inter_node"
+    if world and group_size == world:
+        return "intra_node" if world <= per_node else "inter_node"
+    return None
+
+
+def trace_samples(trace: RankTrace, gpus_per_node: int) -> TraceSamples:
+    """Every GEMM, memory-bound and collective sample of one trace loaded with ``shapes=True``."""
+    out = TraceSamples(shaped_ops=len(trace.inputs))
+    kernels = np.flatnonzero(trace.kind == Kind.KERNEL)
+    cpu = np.flatnonzero(trace.kind == Kind.CPU_OP)
+    names = trace.names
+    interesting_ids = np.array([i for i, nm in enumerate(names) if nm in GEMM_OPS or nm in MEMORY_OPS or nm == "record_param_comms"],
+                               dtype=np.int32)
+    ops = cpu[np.isin(trace.name[cpu], interesting_ids)]
+    owner = np.full(kernels.size, -1, dtype=np.int64)
+    ext = trace.external_id if trace.external_id is not None else np.full(trace.kind.size, -1, dtype=np.int64)
+    kernel_ext = ext[kernels]
+    by_ext = kernels.size > 0 and bool(np.any((kernel_ext >= 0) & (kernel_ext != trace.correlation[kernels])))
+    if by_ext:
+        out.link = "External id"
+        op_of_ext = {int(e): int(r) for r, e in zip(ops.tolist(), ext[ops].tolist()) if e >= 0}
+        owner = np.array([op_of_ext.get(int(e), -1) for e in kernel_ext.tolist()], dtype=np.int64)
+    if not by_ext or not np.any(owner >= 0):
+        out.link = "enclosure"
+        runtime = np.flatnonzero(trace.kind == Kind.RUNTIME)
+        launch_of = {int(c): int(r) for r, c in zip(runtime.tolist(), trace.correlation[runtime].tolist()) if c >= 0}
+        launch = np.array([launch_of.get(int(c), -1) for c in trace.correlation[kernels].tolist()], dtype=np.int64)
+        ok = launch >= 0
+        found = _innermost(trace, ops, trace.thread[launch[ok]], trace.ts[launch[ok]]) if ok.any() else np.zeros(0, np.int64)
+        owner = np.full(kernels.size, -1, dtype=np.int64)
+        owner[ok] = found
+    # per operator: its kernels' total time and names
+    per_op: dict[int, list[int]] = {}
+    for k, o in zip(kernels.tolist(), owner.tolist()):
+        if o >= 0:
+            per_op.setdefault(o, []).append(k)
+    comm_by_row = {r.index: r for r in trace.comms}
+    nccl = [k for k in kernels.tolist() if names[trace.name[k]].lower().startswith("nccl")]
+    out.nccl_kernels = len(nccl)
+    for row, ks in per_op.items():
+        op = names[trace.name[row]]
+        shapes = trace.inputs.get(row)
+        if shapes is None:
+            continue
+        dims, types = shapes
+        t = float(sum(trace.dur[k] for k in ks)) * 1e-6
+        if t <= 0:
+            continue
+        knames = [names[trace.name[k]] for k in ks]
+        if op in GEMM_OPS:
+            if not any(_GEMM_KERNEL.search(n) for n in knames):
+                continue
+            shape = gemm_shape(op, dims)
+            tensor_types = [x for x in (types or []) if x in _GEMM_DTYPES] if isinstance(types, list) else []
+            if shape is None or not tensor_types or min(shape) < 1:
+                continue
+            dtype = _GEMM_DTYPES[tensor_types[0]]
+            if dtype == "fp32" and any(_TF32_KERNEL.search(n) for n in knames):
+                dtype = "tf32"
+            out.gemms.append(GemmSample(*shape, dtype, t, op))
+        elif op in MEMORY_OPS:
+            if any(n.lower().startswith("nccl") or _GEMM_KERNEL.search(n) for n in knames):
+                continue
+            moved = memory_bytes(op, dims, types)
+            if moved is not None and moved[0] > 0:
+                out.memory.append(MemorySample(moved[0], t, op, moved[1]))
+    # collectives: the kernel's own arguments, else the record_param_comms operator that launched it
+    kernel_owner = dict(zip(kernels.tolist(), owner.tolist()))
+    for k in nccl:
+        rec: CommRecord | None = trace.kernel_comms.get(k)
+        if rec is None or not rec.in_nelems and not rec.out_nelems:
+            rec = comm_by_row.get(kernel_owner.get(k, -1))
+        if rec is None or not (rec.in_nelems or rec.out_nelems):
+            continue
+        kind = collective_kind(rec.collective)
+        size = COMM_DTYPE_BYTES.get(rec.dtype)
+        group = rec.group_size or len(rec.ranks)
+        if kind is None or size is None or group < 2:
+            continue
+        level = _level(rec.ranks, group, trace.world_size, gpus_per_node)
+        if level is None:
+            continue
+        nelems = rec.out_nelems if kind == "ALL_GATHER" else rec.in_nelems or rec.out_nelems
+        if kind == "SEND_RECV" and not rec.in_nelems:
+            nelems = rec.out_nelems
+        out.collectives.append(CollectiveSample(kind, group, level, float(nelems * size), float(trace.dur[k]) * 1e-6))
+    return out
