@@ -183,10 +183,11 @@ class ScalingResult:
 
 def run_scaling(model_path: str, plan: ScalingPlan, cluster_builder: Callable[[int], Cluster], space: SweepSpace,
                 workers: int = 1, limit: int | None = None,
-                on_count: Callable[[int, SweepResult | None], None] | None = None) -> ScalingResult:
+                on_count: Callable[[int, SweepResult | None], None] | None = None, executor: Any = None) -> ScalingResult:
     """One sweep per GPU count of ``plan`` (``space.global_batch_size`` is replaced by the plan's);
     returns the points and :func:`scaling_summary`.  A count with no valid configuration is a
     point with status ``no_config``; Ctrl-C stops the study with the counts that finished.
+    ``executor``: where every count's chunks run (:func:`run_sweep`; default local ``workers``).
 
     Raises :class:`ConfigError` when no count has a configuration that fits (nothing to compare)."""
     points: list[dict[str, Any]] = []
@@ -204,7 +205,7 @@ def run_scaling(model_path: str, plan: ScalingPlan, cluster_builder: Callable[[i
             continue
         try:
             result = run_sweep(model_path, n, cluster_builder, replace(space, global_batch_size=batch, constraints=constraints),
-                               workers=workers, limit=limit)
+                               workers=workers, limit=limit, executor=executor)
         except ConfigError as exc:
             point.update(status="no_config", reason=str(exc))
             points.append(point)

@@ -8,10 +8,13 @@ single-configuration command does; either way a sweep's number for a configurati
 The model is imported once per micro-batch size (the batch axis is bound at import) in each
 process.  Work goes out in chunks that keep the configurations sharing tables together.
 
-Workers (``workers > 1``) are forked processes (:mod:`dml2comm.search.workers`): they inherit
-the imported model and the configurations, each starts on its own chunks (grouped so that
-shared tables are built once) and takes over others' at the end, and only plain result dicts
-come back (``Analysis`` objects hold an ``OpGraph`` and are not sent back).  Results are handed to
+Chunks run on an executor (:mod:`dml2comm.executors`).  Locally (``workers > 1``) they are
+forked processes (:mod:`dml2comm.search.workers`): they inherit the imported model and the
+configurations, each starts on its own chunks (grouped so that shared tables are built once)
+and takes over others' at the end.  On Dask, each worker builds the evaluator once
+(:func:`sweep_evaluator`, from the model's path) on its first chunk and keeps it for the
+sweep's other chunks, which are dealt out by the same affinity groups.  Either way only plain
+result dicts come back (``Analysis`` objects hold an ``OpGraph`` and are not sent back).  Results are handed to
 ``on_result`` as they arrive, so a caller can stream them to disk; Ctrl-C (or a callback that
 raises ``KeyboardInterrupt``) stops the sweep and returns what finished, marked ``interrupted``.
 """
@@ -20,12 +23,13 @@ from __future__ import annotations
 
 import csv
 from fractions import Fraction
+import functools
 import gc
 import io
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
 import onnx
 
@@ -34,10 +38,12 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
-from dml2comm.search.workers import run_workers
+
+if TYPE_CHECKING:
+    from dml2comm.executors import Executor
 
 __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape", "pareto_front", "CSV_COLUMNS",
-           "csv_row", "CsvStream"]
+           "csv_row", "CsvStream", "sweep_evaluator", "evaluate_chunk"]
 
 #: Metrics recorded per configuration (besides its config dict).
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fits", "bubble_fraction",
@@ -299,26 +305,33 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return front
 
 
-# ---- worker processes (dml2comm.search.workers; the evaluator and configurations inherited through fork)
-def _chunk_rows(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunk: list[int], fast: bool) -> list[dict[str, Any]]:
-    """Rows of the configurations ``chunk`` (indices into ``configs``), each with its ``index``."""
-    rows = evaluator.evaluate_many([configs[i] for i in chunk], fast)
-    for index, row in zip(chunk, rows):
+# ---- chunks on an executor (dml2comm.executors: forked local workers inherit the evaluator; Dask workers build it)
+def sweep_evaluator(model_path: str, cluster_builder: Callable[[int], Cluster], dims: Sequence[tuple[str, int]],
+                    seq_len: int | None, first_batch: int, fast: bool) -> Evaluator:
+    """The evaluator as :func:`run_sweep` prepares it (import of ``first_batch``, then the
+    collapsed model of the fast path), built from the model's path: what a Dask worker runs once
+    per sweep."""
+    collecting = gc.isenabled()
+    gc.disable()  # as in run_sweep: the import builds many objects and keeps them all
+    try:
+        evaluator = Evaluator(model_path, cluster_builder, dims, seq_len)
+        first = evaluator.imported(first_batch)
+        if fast:
+            evaluator.prepare_fast(first.model_batch or first_batch)
+    finally:
+        if collecting:
+            gc.enable()
+    return evaluator
+
+
+def evaluate_chunk(evaluator: Evaluator, payload: tuple[Sequence[int], Sequence[ParallelConfig], bool]) -> list[dict[str, Any]]:
+    """Rows of one chunk: ``payload`` = (enumeration indices, their configurations, fast); each
+    row carries its ``index``."""
+    indices, configs, fast = payload
+    rows = evaluator.evaluate_many(list(configs), fast)
+    for index, row in zip(indices, rows):
         row["index"] = index
     return rows
-
-
-def _run_parallel(evaluator: Evaluator, configs: Sequence[ParallelConfig], chunks: list[list[int]], fast: bool, workers: int,
-                  record: Callable[[dict[str, Any]], None]) -> bool:
-    """Chunks in ``workers`` forked processes; True when interrupted."""
-    work = [_work_of(configs, chunk) for chunk in chunks]
-    affinity = [_affinity(configs[chunk[0]]) for chunk in chunks]
-
-    def on_rows(rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            record(row)
-
-    return run_workers(work, affinity, workers, lambda k: _chunk_rows(evaluator, configs, chunks[k], fast), on_rows)
 
 
 #: Configurations per unit of work: large enough that those sharing a schedule are simulated
@@ -395,6 +408,7 @@ def run_sweep(
     on_result: Callable[[dict[str, Any], int, int], None] | None = None,
     limit: int | None = None,
     fast: bool = True,
+    executor: "Executor | None" = None,
 ) -> SweepResult:
     """Evaluate every configuration of ``space`` on ``num_gpus`` GPUs.
 
@@ -404,7 +418,7 @@ def run_sweep(
         ``num_gpus -> Cluster`` (the command passes one with ``collective_overhead_s=0``, as the
         main command does).
     workers
-        Processes; 1 evaluates in this process.
+        Processes; 1 evaluates in this process (ignored with ``executor``).
     on_result
         ``on_result(row, done, total)`` after each configuration, in arrival order (with workers
         not the enumeration order); raising ``KeyboardInterrupt`` stops the sweep.
@@ -413,6 +427,9 @@ def run_sweep(
     fast
         Use the fast path (:mod:`dml2comm.search.fast`, same numbers) where it applies;
         ``False`` runs the full analysis for every configuration.
+    executor
+        Where the chunks run (:mod:`dml2comm.executors`; default: local, ``workers``
+        processes); the caller closes it.  The rows do not depend on it.
 
     Returns
     -------
@@ -460,19 +477,22 @@ def run_sweep(
         if on_result is not None:
             on_result(row, len(rows), total)
 
+    def on_rows(chunk_rows: list[dict[str, Any]]) -> None:
+        for row in chunk_rows:
+            record(row)
+
+    from dml2comm.executors import ChunkPlan, LocalExecutor
+
+    plan = ChunkPlan(
+        work=[_work_of(configs, chunk) for chunk in chunks], affinity=[_affinity(configs[chunk[0]]) for chunk in chunks],
+        setup=functools.partial(sweep_evaluator, str(model_path), cluster_builder, tuple(space.dims), space.seq_len, first_batch,
+                                fast),
+        run=evaluate_chunk, payloads=[(chunk, [configs[i] for i in chunk], fast) for chunk in chunks], state=evaluator)
     # the imported model lives as long as the sweep: keep the collector from walking it (and,
     # in forked workers, from copying its pages by touching them)
     gc.freeze()
     try:
-        if workers <= 1:
-            try:
-                for chunk in chunks:
-                    for row in _chunk_rows(evaluator, configs, chunk, fast):
-                        record(row)
-            except KeyboardInterrupt:
-                interrupted = True
-        else:
-            interrupted = _run_parallel(evaluator, configs, chunks, fast, workers, record)
+        interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()
     rows.sort(key=lambda r: r["index"])

@@ -1,29 +1,42 @@
-"""Analyse a set of per-rank traces: one worker process per rank, results gathered here.
+"""Analyse a set of per-rank traces as a map-reduce: a task per rank, the set's views gathered here.
 
 :func:`analyze_file` loads, classifies and measures one file and never raises on bad input: a
 file that cannot be read comes back as :class:`RankFailure` with the one-line reason, so the
-good ranks of a set are still analysed.  :func:`analyze_traces` runs it over a set (in
-``processes`` worker processes), adds the set-level problems (duplicate ranks, ranks missing
-from ``world_size``) and places the ranks in model replicas (:mod:`dml2comm.traces.layout`).
+good ranks of a set are still analysed.  :func:`rank_tables` is the map step: it runs
+:func:`analyze_file` where the task runs (a local process, a Dask worker next to the file) and
+reduces the result to what the outputs read, so that only that travels: the per-step and
+per-micro-batch tables, the rank's event table (Arrow IPC, zstd) for ``events.parquet``, and the
+events of the one step the Gantt charts draw.  :func:`analyze_traces` is the reduce: it maps
+:func:`rank_tables` over a set on an executor (:mod:`dml2comm.executors`: local processes or
+Dask), adds the set-level problems (duplicate ranks, ranks missing from ``world_size``) and
+places the ranks in model replicas (:mod:`dml2comm.traces.layout`).  Every executor runs the
+same two functions, so the outputs do not depend on where the ranks were analysed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
 
 from dml2comm.errors import Dml2CommError
-from dml2comm.traces.classify import SEGMENT_METHODS, Activity, classify, peer_counts, pg_dim
+from dml2comm.traces.classify import SEGMENT_METHODS, Activity, Category, classify, peer_counts, pg_dim
 from dml2comm.traces.layout import Layout, ParallelSizes, RankLinks, coordinate_groups, rank_layout
 from dml2comm.traces.load import RankTrace, load_trace
 from dml2comm.traces.metrics import segment_metrics, step_metrics
 from dml2comm.traces.overlap import hta_gpu_events, hta_kernel_type_breakdown, hta_overlap_pct, hta_temporal_breakdown
 
-__all__ = ["RankResult", "RankFailure", "TraceSet", "analyze_file", "analyze_traces"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from dml2comm.executors import Executor
+
+__all__ = ["RankResult", "RankFailure", "TraceSet", "analyze_file", "rank_tables", "activity_events_table", "analyze_traces"]
 
 
 @dataclass
@@ -46,6 +59,17 @@ class RankResult:
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     segment_method: str = "none"  # how the micro-batches of segment_step were found (SEGMENT_METHODS)
     links: RankLinks = field(default_factory=lambda: RankLinks({}))  # send/recv peers, groups naming no dimension
+    #: the rank's event table (:func:`activity_events_table`) as Arrow IPC bytes, set by
+    #: :func:`rank_tables` (whose ``activity`` then holds only the drawn step); empty: built from ``activity``
+    events: bytes = b""
+
+    def events_table(self) -> "pa.Table":
+        """Every classified event of the rank (see :func:`activity_events_table`)."""
+        if self.events:
+            import pyarrow as pa
+
+            return pa.ipc.open_stream(self.events).read_all()
+        return activity_events_table(self.rank, self.activity)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "file": self.path, "world_size": self.world_size, "device": self.device,
@@ -150,15 +174,81 @@ def analyze_file(path: str) -> RankResult | RankFailure:
     )
 
 
-def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1, sizes: ParallelSizes | None = None) -> TraceSet:
-    """Analyse every file (ranks in parallel when ``processes`` > 1), sorted by rank; ``sizes``
-    (the run's --d/--t/--p/--cp) place the ranks in replicas when the traces name no group."""
+def activity_events_table(rank: int, a: Activity) -> "pa.Table":
+    """Every classified event of a rank: rank, step (ProfilerStep number, -1 none), segment label,
+    start and duration (us, global clock), category, name, stream, collective, device."""
+    import pyarrow as pa
+
+    cat_names = [c.label for c in Category]
+    n = a.start.size
+    step_numbers = np.array([s[0] for s in a.steps] + [-1], dtype=np.int64)
+    names = pa.DictionaryArray.from_arrays(pa.array(a.name, pa.int32()), pa.array(a.names, pa.string()))
+    colls = pa.DictionaryArray.from_arrays(pa.array(np.where(a.collective >= 0, a.collective, 0), pa.int32(),
+                                                    mask=a.collective < 0), pa.array(a.collectives or [""], pa.string()))
+    return pa.table({
+        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
+        "step": pa.array(step_numbers[np.where(a.step >= 0, a.step, len(a.steps))]),
+        "segment": pa.array(a.segment),
+        "start_us": pa.array(a.start),
+        "dur_us": pa.array(a.end - a.start),
+        "category": pa.DictionaryArray.from_arrays(pa.array(a.category.astype(np.int32)), pa.array(cat_names)),
+        "name": names,
+        "stream": pa.array(a.stream),
+        "collective": colls,
+        "device": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([a.device])),
+    })
+
+
+def _drawn_step(a: Activity, step_number: int | None) -> Activity:
+    """The activity of the one step the Gantt charts draw (ProfilerStep ``step_number``; none:
+    no event): the steps and segment labels of every step kept, so step indices still hold."""
+    k = next((i for i, s in enumerate(a.steps) if s[0] == step_number), None) if step_number is not None else None
+    keep = a.step == k if k is not None else np.zeros(a.start.size, dtype=bool)
+    used, name = np.unique(a.name[keep], return_inverse=True)  # only the names of the kept events travel
+    return dataclasses.replace(a, start=a.start[keep], end=a.end[keep], category=a.category[keep], step=a.step[keep],
+                               segment=a.segment[keep], name=name.astype(np.int32).reshape(-1), stream=a.stream[keep],
+                               collective=a.collective[keep], names=[a.names[i] for i in used])
+
+
+def rank_tables(path: str) -> RankResult | RankFailure:
+    """The map step of :func:`analyze_traces`: :func:`analyze_file`, reduced to what the outputs
+    read (the tables; the event table as Arrow IPC with zstd; the events of the drawn step only),
+    so that tens of kilobytes to a few megabytes travel back instead of the rank's whole activity."""
+    import pyarrow as pa
+
+    result = analyze_file(path)
+    if isinstance(result, RankFailure):
+        return result
+    table = activity_events_table(result.rank, result.activity)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    return dataclasses.replace(result, activity=_drawn_step(result.activity, result.segment_step),
+                               events=sink.getvalue().to_pybytes())
+
+
+def analyze_traces(paths: Sequence[str | os.PathLike[str]], processes: int = 1, sizes: ParallelSizes | None = None,
+                   executor: "Executor | None" = None, on_progress: Callable[[int, int], None] | None = None) -> TraceSet:
+    """Analyse every file, sorted by rank: :func:`rank_tables` per file on ``executor`` (default:
+    :class:`~dml2comm.executors.LocalExecutor` of ``processes`` processes); ``sizes`` (the run's
+    --d/--t/--p/--cp) place the ranks in replicas when the traces name no group;
+    ``on_progress(done, total)`` after each file.  A file whose task fails (a worker that dies,
+    an error) is a :class:`RankFailure` with the reason, as an unreadable file is."""
+    from dml2comm.executors import LocalExecutor
+
     files = [str(p) for p in paths]
-    if processes > 1 and len(files) > 1:
-        with ProcessPoolExecutor(max_workers=min(processes, len(files))) as pool:
-            results = list(pool.map(analyze_file, files))
-    else:
-        results = [analyze_file(f) for f in files]
+    results: list[RankResult | RankFailure] = [RankFailure(f, "not analysed") for f in files]
+    remote = executor is not None and executor.name != "local"
+    # a remote worker's working folder is not ours: it reads absolute paths (on the shared filesystem)
+    tasks = [str(Path(f).resolve()) for f in files] if remote else files
+    ex = executor or LocalExecutor(processes)  # the caller closes an executor it passes
+    for done, (i, result, error) in enumerate(ex.map_unordered(rank_tables, tasks), 1):
+        if error is not None:
+            result = RankFailure(files[i], f"{Path(files[i]).name!r} could not be analysed: {error}")
+        result.path = files[i]  # as given, whichever path the task read
+        results[i] = result
+        if on_progress is not None:
+            on_progress(done, len(files))
     ranks = sorted((r for r in results if isinstance(r, RankResult)), key=lambda r: (r.rank, r.path))
     failures = [r for r in results if isinstance(r, RankFailure)]
     problems = [f"{Path(f.path).name}: {f.reason}" for f in failures]
