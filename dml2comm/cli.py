@@ -39,7 +39,7 @@ EXAMPLES = """examples (each runs as written from the repository root; outputs g
   python main.py presets
 """
 
-SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace", "validate")
+SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace", "validate", "calibrate")
 
 
 _Parser = OneLineParser
@@ -101,7 +101,7 @@ def analysis_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training dtype (default bf16)")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", help="GPU preset (default a100; see: python main.py presets); refused with a --cluster of another GPU")
-    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...): its own GPU, nodes and network")
+    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml from python main.py calibrate): its own GPU, nodes and network")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     h.add_argument("--collective-overhead-us", type=float, default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
@@ -184,6 +184,26 @@ def _config_item(action: argparse.Action, flag: str, where: str, value: Any) -> 
 
 
 def run_analysis(argv: Sequence[str]) -> int:
+    start = time.perf_counter()
+    args, analysis, site = analyse_and_publish(argv)
+    elapsed = time.perf_counter() - start
+    if args.json:
+        from dml2comm.export.report import report_dict
+
+        print(json.dumps(report_dict(analysis)["summary"], sort_keys=True))
+    else:
+        _print_summary(analysis, Path(args.out), elapsed, site=site)
+    if args.serve:
+        return _serve(Path(args.out) / "site")
+    return 0
+
+
+def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, Any]:
+    """The main command without its printing: parse ``argv`` as ``python main.py`` does, analyse,
+    and write ``--out`` (data.json, trace.json and, unless ``--no-site``, svg_file/ and site/).
+    Returns (arguments, Analysis, site build statistics or None).  ``sweep --build-top`` and
+    ``compare --build-top`` call it with the command line they show, so a linked site is exactly
+    what that command writes."""
     parser = analysis_parser()
     _load_config_defaults(parser, argv)
     args = parser.parse_args(argv)
@@ -192,7 +212,6 @@ def run_analysis(argv: Sequence[str]) -> int:
     from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
     from dml2comm.parallel.config import ParallelConfig
 
-    start = time.perf_counter()
     num_gpus = args.d * args.t * args.p * args.cp
     if args.gpus is not None and args.gpus != num_gpus:
         if args.cp == 1:
@@ -243,7 +262,7 @@ def run_analysis(argv: Sequence[str]) -> int:
     if slips:  # before data.json, the site and the summary are written from it
         analysis = replace(analysis, warnings=tuple(dict.fromkeys(analysis.warnings + slips)))
     from dml2comm.export.chrome_trace import trace_json
-    from dml2comm.export.report import report_dict, report_json
+    from dml2comm.export.report import report_json
 
     files = {"data.json": report_json(analysis), "trace.json": trace_json(analysis, analysis.timeline)}
     site = None
@@ -253,14 +272,7 @@ def run_analysis(argv: Sequence[str]) -> int:
         from dml2comm.site.build import build_and_publish
 
         site = build_and_publish(analysis, Path(args.out), files)
-    elapsed = time.perf_counter() - start
-    if args.json:
-        print(json.dumps(report_dict(analysis)["summary"], sort_keys=True))
-    else:
-        _print_summary(analysis, Path(args.out), elapsed, site=site)
-    if args.serve:
-        return _serve(Path(args.out) / "site")
-    return 0
+    return args, analysis, site
 
 
 def config_warnings(config: Any, cluster: Any) -> tuple[str, ...]:
@@ -302,99 +314,86 @@ def _serve(site_dir: Path) -> int:
     return 0
 
 
-def _fmt_s(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    if x >= 1:
-        return f"{x:.3f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.2f} ms"
-    return f"{x * 1e6:.1f} µs"  # one unit style with the site (render/fmt.py)
-
-
-def _fmt_bytes(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
 def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
+    """The summary on stdout, laid out for the console's width (:mod:`dml2comm.render.terminal`:
+    at 80 columns tables split or stack, every value whole)."""
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from rich.text import Text
 
     from dml2comm.analysis import comm_by_dim
+    from dml2comm.render.fmt import fmt_bytes, fmt_s, fmt_share
+    from dml2comm.render.terminal import console_width, fit_table, kv_table, line
 
-    # wide enough for the stage table even when stdout is a pipe (rich would assume 80)
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 110))
+    width = console_width()
+    console = Console(highlight=False, width=width, soft_wrap=True)  # lines are wrapped by render.terminal.line: a long path stays whole
     cfg = analysis.config
     s = analysis.summary
     mi = analysis.model_info
-    console.print(
-        f"[bold]{escape(mi['name'])}[/bold]: {mi['num_ops']} ops, {mi['num_layers']} layers ({mi['num_blocks']} blocks), "
+    head = line(
+        f"{mi['name']}: {mi['num_ops']} ops, {mi['num_layers']} layers ({mi['num_blocks']} blocks), "
         f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size}"
         + (f" c={cfg.cp_size} ({cfg.cp_scheme})" if cfg.cp_size > 1 else "") + (f" e={cfg.ep_size}" if cfg.ep_size > 1 else "") + " on "
-        f"{analysis.config.num_gpus} x {escape(analysis.cluster.gpu.name)} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
-        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype}"
-    )
-    t = Table(title=f"iteration (simulated, {escape(cfg.schedule)} schedule)", show_header=False)
-    t.add_row("iteration time", _fmt_s(s["iteration_time_s"]))
-    t.add_row("compute (busiest stage)", _fmt_s(s["compute_time_s"]))
-    t.add_row("pipeline bubble", f"{_fmt_s(s['bubble_time_s'])} ({s['bubble_fraction']:.1%} of the iteration; "
-              f"{s['bubble_ratio']:.3f} of the busiest GPU's busy time)")
-    t.add_row("communication (all stages)", f"{_fmt_s(s['comm_time_s'])}, exposed {_fmt_s(s['exposed_comm_time_s'])} "
-              f"(busiest stage {_fmt_s(s['comm_time_busiest_stage_s'])})")
-    t.add_row("optimizer step", _fmt_s(s["optimizer_time_s"]))
-    t.add_row("MFU", f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a")
-    t.add_row("peak memory per GPU", _fmt_bytes(s["peak_memory_bytes"]))
-    t.add_row("tokens/s", f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a")
-    t.add_row("bottleneck", escape(s["bottleneck"] or "n/a"))
-    console.print(t)
-    st = Table(title="stages (per micro-batch, one GPU)")
-    for col in ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter", "model states", "activations", "memory"):
-        st.add_column(col, justify="right")
+        f"{analysis.config.num_gpus} x {analysis.cluster.gpu.name} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
+        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype}", width)
+    head.stylize("bold", 0, len(mi["name"]))
+    console.print(head)
+    console.print(kv_table(f"iteration (simulated, {cfg.schedule} schedule)", [
+        ("iteration time", fmt_s(s["iteration_time_s"])),
+        ("compute (busiest stage)", fmt_s(s["compute_time_s"])),
+        ("pipeline bubble", f"{fmt_s(s['bubble_time_s'])} ({s['bubble_fraction']:.1%} of the iteration; "
+                            f"{s['bubble_ratio']:.3f} of the busiest GPU's busy time)"),
+        ("communication (all stages)", f"{fmt_s(s['comm_time_s'])}, exposed {fmt_s(s['exposed_comm_time_s'])} "
+                                       f"(busiest stage {fmt_s(s['comm_time_busiest_stage_s'])})"),
+        ("optimizer step", fmt_s(s["optimizer_time_s"])),
+        ("MFU", fmt_share(s["mfu"])),
+        ("peak memory per GPU", fmt_bytes(s["peak_memory_bytes"])),
+        ("tokens/s", f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a"),
+        ("bottleneck", s["bottleneck"] or "n/a"),
+    ], width))
     capacity = analysis.cluster.gpu.hbm_bytes
+    stage_rows = []
     for stage in analysis.stages:
         layers = stage.layers
         mem = stage.memory
-        total = _fmt_bytes(mem["total_bytes"])
-        st.add_row(
-            str(stage.index), f"{layers[0]}-{layers[-1]}", f"{stage.params_per_gpu / 1e6:.1f} M", _fmt_s(stage.time_fwd_s),
-            _fmt_s(stage.time_bwd_s), _fmt_s(stage.dp_time_s),
-            _fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]), _fmt_bytes(mem["activations_bytes"]),
-            f"[red]{total}[/red]" if mem["total_bytes"] > capacity else total,
-        )
-    console.print(st)
+        total = fmt_bytes(mem["total_bytes"])
+        stage_rows.append([
+            str(stage.index), f"{layers[0]}-{layers[-1]}", f"{stage.params_per_gpu / 1e6:.1f}\u00a0M", fmt_s(stage.time_fwd_s),
+            fmt_s(stage.time_bwd_s), fmt_s(stage.dp_time_s),
+            fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]), fmt_bytes(mem["activations_bytes"]),
+            Text(total, style="red") if mem["total_bytes"] > capacity else total,
+        ])
+    console.print(fit_table("stages (per micro-batch, one GPU)", ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter",
+                                                                   "model states", "activations", "memory"), stage_rows, width))
     memory = analysis.memory
-    verdict = "fits" if memory["fits"] else "[red]does not fit[/red]"
-    console.print(
-        f"memory: peak {_fmt_bytes(memory['peak_bytes'])} on stage {memory['peak_stage']} of {_fmt_bytes(memory['capacity_bytes'])} "
-        f"per GPU: {verdict} (largest part: {memory['largest_contributor']})"
-    )
+    fits = "fits" if memory["fits"] else "does not fit"
+    msg = line(f"peak {fmt_bytes(memory['peak_bytes'])} on stage {memory['peak_stage']} of {fmt_bytes(memory['capacity_bytes'])} "
+               f"per GPU: {fits} (largest part: {memory['largest_contributor']})", width, prefix="memory:")
+    if not memory["fits"]:
+        start = msg.plain.find("does not fit")
+        msg.stylize("red", start, start + len("does not fit"))
+    console.print(msg)
     for sug in memory.get("suggestions", []):
         if sug["peak_bytes"] is not None:
-            console.print(f"  {escape(sug['change'])}: peak {_fmt_bytes(sug['peak_bytes'])}, {'fits' if sug['fits'] else 'still too large'}")
-    ct = Table(title="communication per iteration (busiest GPU per dimension)")
-    for col in ("dim", "count", "message bytes", "sent per GPU", "time"):
-        ct.add_column(col, justify="right")
-    for dim, e in comm_by_dim(analysis).items():
-        if e["count"]:
-            ct.add_row(dim, str(e["count"]), _fmt_bytes(e["message_bytes"]), _fmt_bytes(e["bytes_sent_per_gpu"]), _fmt_s(e["time_s"]))
-    console.print(ct)
+            console.print(line(f"  {sug['change']}: peak {fmt_bytes(sug['peak_bytes'])}, {'fits' if sug['fits'] else 'still too large'}",
+                               width, indent=4))
+    comm_rows = [[dim, str(e["count"]), fmt_bytes(e["message_bytes"]), fmt_bytes(e["bytes_sent_per_gpu"]), fmt_s(e["time_s"])]
+                 for dim, e in comm_by_dim(analysis).items() if e["count"]]
+    if comm_rows:
+        console.print(fit_table("communication per iteration (busiest GPU per dimension)",
+                                ("dim", "count", "message bytes", "sent per GPU", "time"), comm_rows, width))
     for rec in analysis.recommendations[:3]:
-        console.print(f"faster: {escape(rec['change'])}: {_fmt_s(rec['iteration_time_s'])} ({rec['speedup']:.2f}x)"
-                      + ("" if rec["fits_in_memory"] else " [red]but does not fit[/red]"))
+        msg = line(f"{rec['change']}: {fmt_s(rec['iteration_time_s'])} ({rec['speedup']:.2f}x)"
+                   + ("" if rec["fits_in_memory"] else " but does not fit"), width, prefix="faster:")
+        if not rec["fits_in_memory"]:
+            msg.stylize("red", len(msg.plain) - len("but does not fit"))
+        console.print(msg)
     for w in analysis.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    console.print(f"wrote {escape(str(out / 'data.json'))} in {elapsed:.2f} s")
+        console.print(line(w, width, prefix="warning:", style="yellow"))
+    console.print(line(f"wrote {out / 'data.json'} in {elapsed:.2f} s", width))
     if site is not None:
-        console.print(
-            f"site: open {escape(str((out / 'site' / 'index.html').resolve()))} ({site.pages} pages; {site.drawings} drawings "
-            f"in {escape(str(out / 'svg_file'))} from {site.layouts_run} Graphviz layouts)"
-        )
+        console.print(line(
+            f"site: open {(out / 'site' / 'index.html').resolve()} ({site.pages} pages; {site.drawings} drawings "
+            f"in {out / 'svg_file'} from {site.layouts_run} Graphviz layouts)", width))
 
 
 # ----------------------------------------------------------------------------- subcommands
@@ -503,6 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dml2comm.search.command import run_compare_command
 
             return run_compare_command(argv[1:])
+        if argv and argv[0] == "calibrate":
+            from dml2comm.calibrate.command import run_calibrate_command
+
+            return run_calibrate_command(argv[1:])
         if argv and argv[0] == "validate":
             from dml2comm.validate.command import run_validate_command
 

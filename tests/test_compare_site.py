@@ -30,7 +30,7 @@ def gpt(tmp_path_factory):
 def sweep_out(gpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweepsite")
     rc = run_sweep_command([gpt, "--gpus", "8", "--global-batch-size", "16", "--micro-batch-sizes", "1,2", "--zero", "0",
-                            "--recompute", "none,full", "--virtual-stages", "1", "--out", str(out)])
+                            "--recompute", "none,full", "--virtual-stages", "1", "--build-top", "1", "--out", str(out)])
     assert rc == 0
     return out
 
@@ -63,7 +63,7 @@ def test_sweep_site_has_tables_charts_and_reasons(sweep_out):
 def test_compare_site_side_by_side_and_run_all_csv(gpt, tmp_path, capsys):
     out = tmp_path / "cmp"
     specs = ["d=2,t=2,p=2", "d=4,t=2,p=1,b=2", "d=1,t=8,p=1,zero=1,recompute=full,sp=1"]
-    assert run_compare_command([gpt, "--global-batch-size", "16", "--out", str(out), "--configs", *specs]) == 0
+    assert run_compare_command([gpt, "--global-batch-size", "16", "--out", str(out), "--build-top", "1", "--configs", *specs]) == 0
     with open(out / "compare.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
@@ -108,7 +108,7 @@ def _r(index, time_s, compute, comm, fits=True, mem=1e9, **cfg):
 def test_why_best_names_the_part_that_differs():
     rows = [_r(0, 1.0, 0.8, 0.1, d=8), _r(1, 1.5, 0.8, 0.6, t=8), _r(2, 2.0, 1.5, 0.4, p=8),
             _r(3, 0.5, 0.4, 0.05, fits=False, mem=9e10), _r(4, 3.0, 1.0, 1.9, p=4), _r(5, 4.0, 1.0, 2.9, p=2)]
-    words = why_best(rows, capacity_bytes=8e10)
+    words = [w.replace("\u00a0", " ") for w in why_best(rows, capacity_bytes=8e10)]  # numbers keep their unit (no-break space)
     assert "d=8" in words[0] and "compute is its largest part" in words[0]
     assert "runner-up" in words[1] and "500.00 ms less exposed communication" in words[1] and "t=1 (not 8)" in words[1]
     assert "median of the 5 fitting configurations, d=1,t=1,p=8" in words[2] and "700.00 ms less compute" in words[2]

@@ -203,7 +203,7 @@ def test_result_fields_and_formula() -> None:
                 "formula", "protocol", "alternatives"):
         assert key in block
     assert cost.busbw_bytes_per_s == pytest.approx(cost.algbw_bytes_per_s * busbw_factor(K.ALL_REDUCE, 16))
-    assert "n=16" in cost.formula and "overhead 51.5 us" in cost.formula and cost.formula.endswith(" ms")
+    assert "n=16" in cost.formula and "overhead 51.5\u00a0µs" in cost.formula and cost.formula.endswith("\u00a0ms")
     assert cost.bytes_sent_per_gpu == pytest.approx(2 * 15 / 16 * 2.0**28) and cost.steps == 30
 
 

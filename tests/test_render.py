@@ -132,13 +132,18 @@ digraph G {
 
 @pytest.fixture(scope="module")
 def mlp_facts() -> Facts:
-    return Facts.of(_analysis(mlp(), tp_size=2))
+    from dml2comm.cost import host
+
+    with pytest.MonkeyPatch.context() as mp:  # the golden's heat colours: kernel times, no host floor
+        mp.setattr(host, "DEFAULT", host.NONE)
+        return Facts.of(_analysis(mlp(), tp_size=2))
 
 
 def _mask_times(dot: str) -> str:
     # times come from the network and compute models, which other work refines: the golden
     # pins structure, labels, shapes, colours and escaping, not those numbers
-    return re.sub(r"[0-9.]+ (ns|µs|ms|s)\b", "<time>", dot)
+    # number and unit are joined by a no-break space (render/fmt.py); the golden pins the words
+    return re.sub(r"[0-9.]+ (ns|µs|ms|s)\b", "<time>", dot.replace("\u00a0", " "))
 
 
 def test_layer_dot_golden(mlp_facts):
@@ -293,13 +298,15 @@ def _fill_of(dot: str) -> dict[str, tuple[str, bool]]:
     return out
 
 
-def test_bottleneck_is_the_hottest_box_of_each_drawing():
+def test_bottleneck_is_the_hottest_box_of_each_drawing(monkeypatch):
     """Issue 19: with absolute bins every stage of a pipeline came out the same dark red (bins
     saturated at 40%).  Colour is now relative to the hottest box of the drawing: exactly the
     busiest stage(s) get the top bin and the outline; a stage well below them is lighter."""
     from dml2comm.analysis import analyze
+    from dml2comm.cost import host
     from dml2comm.render.dot import replica_drawing
 
+    monkeypatch.setattr(host, "DEFAULT", host.NONE)  # the shares below are kernel times (no host floor)
     config = ParallelConfig(dp_size=1, tp_size=1, pp_size=3, micro_batch_size=1, global_batch_size=3, seq_len=64)
     a = analyze(FIXTURES / "gpt2_dynamo.onnx", config, make_cluster("a100", 3, 3))
     facts = Facts.of(a)

@@ -37,7 +37,7 @@ def _one_error(*argv: str) -> str:
 
 def test_subcommand_typo_suggests_the_command(tmp_path):
     assert _one_error("sweeep", str(GPT2)) == ("error: unknown command 'sweeep'; did you mean 'sweep'? "
-                                               "(commands: zoo, presets, collective, sweep, compare, trace, validate; or give a model file)")
+                                               "(commands: zoo, presets, collective, sweep, compare, trace, validate, calibrate; or give a model file)")
 
 
 def test_flag_typo_suggests_the_flag(tmp_path):
@@ -91,7 +91,7 @@ def test_verbose_names_the_pool_and_the_faster_outsider():
     rc, out, _ = _main("collective", "--op", "all_gather", "--cluster", "dgx-a100", "--n", "8", "--size", "1MiB", "--verbose")
     assert rc == 0
     assert "ring (NCCL's only algorithm here;" in out and "fastest of 1" not in out
-    assert "  faster         direct 67.4 us: not among the nccl model's candidates" in out
+    assert "  faster         direct 67.4\u00a0µs: not among the nccl model's candidates" in out  # µs, never us
 
 
 def test_ring_formula_says_both_directions_and_one_direction_doubles_the_bandwidth_term():
@@ -139,7 +139,7 @@ def test_each_command_writes_its_own_default_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["examples", "out", "trace_in"]  # nothing in the current folder
 
 
-HELPS = ("", "zoo", "collective", "sweep", "compare", "trace", "validate")
+HELPS = ("", "zoo", "collective", "sweep", "compare", "trace", "validate", "calibrate")
 
 
 def _help_examples(command: str = "") -> list[str]:

@@ -67,6 +67,7 @@ from dml2comm.errors import ConfigError, RegistryError
 from dml2comm.hardware.cluster import Link
 from dml2comm.network.kinds import Algorithm, CollectiveKind
 from dml2comm.network.topology import Pattern
+from dml2comm.render.fmt import fmt_s
 
 __all__ = [
     "Algorithm",
@@ -1024,7 +1025,7 @@ def fill_formula(rule: AlgorithmRule, n: float, size: float, alpha: float, beta:
     """``rule.formula`` with its symbols' values, e.g. ``"2(n-1) a + ... with n=8, S=1.07e+09 B, ..."``."""
     bw = f"1/({1 / beta / 1e9:.4g} GB/s)" if beta > 0 else "0"
     g = f", g={gamma:.3g} s/B" if gamma else ""
-    return f"{rule.formula} with n={n:g}, S={size:.6g} B, a={alpha * 1e6:.4g} us, b={bw}{g}"
+    return f"{rule.formula} with n={n:g}, S={size:.6g} B, a={fmt_s(alpha, sig=4) if alpha else 0}, b={bw}{g}"
 
 
 def collective_cost(

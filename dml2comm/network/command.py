@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="ring and torus topologies: the ring algorithm uses one direction of each link (the textbook "
                         "single ring) instead of two counter-rotating rings over both")
     t.add_argument("--bandwidth", help="per link and direction, e.g. 100GB/s (default: one A100's NVLink, 300 GB/s)")
-    t.add_argument("--latency", help="per message / per hop, e.g. 5us (default 3.4 us, NCCL's NVLink step latency)")
+    t.add_argument("--latency", help="per message / per hop, e.g. 5us (default 3.4 µs, NCCL's NVLink step latency)")
     t.add_argument("--links-per-gpu", type=_positive_int("--links-per-gpu"), default=1, help="parallel links per connection (default 1)")
     t.add_argument("--dims", type=_dims, help="mesh2d/torus2d/torus3d dimensions, e.g. 4x4 (default: as square as possible)")
     t.add_argument("--radix", type=_positive_int("--radix"), help="tree/fat-tree: GPUs per leaf switch and children per switch")
@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), help="GPUs per node (hierarchical / overrides the preset)")
     h.add_argument("--nics-per-node", type=_positive_int("--nics-per-node"), help="NICs per node (default: one per GPU, or the preset's)")
     h.add_argument("--inter-bandwidth", help="per NIC, e.g. 200Gb/s (hierarchical / overrides the preset)")
-    h.add_argument("--inter-latency", help="per inter-node step (default 14 us, NCCL's network step latency)")
+    h.add_argument("--inter-latency", help="per inter-node step (default 14 µs, NCCL's network step latency)")
     m = p.add_argument_group("model")
     m.add_argument("--library", choices=LIBRARIES, help="textbook formulas, or NCCL's protocols and algorithms (default: nccl with --cluster)")
     m.add_argument("--overhead", help="fixed time per call, e.g. 50us (default: the preset's fitted overhead, 0 without --cluster)")
@@ -274,7 +274,7 @@ def _setup(args: argparse.Namespace) -> _Setup:
         bandwidth_bytes_per_s=bw,
         latency_s=latency,
         efficiency=1.0,
-        sources={"bandwidth_bytes_per_s": source, "latency_s": "--latency" if args.latency else "NCCL hwLat NVLink Ring Simple 3.4 us"},
+        sources={"bandwidth_bytes_per_s": source, "latency_s": "--latency" if args.latency else "NCCL hwLat NVLink Ring Simple 3.4 µs"},
         links_per_gpu=args.links_per_gpu,
         in_network_efficiency=1.0 if args.in_network else None,
     )
@@ -285,7 +285,7 @@ def _setup(args: argparse.Namespace) -> _Setup:
         nic_bw = parse_rate(args.inter_bandwidth)
         nic_lat = parse_latency(args.inter_latency) if args.inter_latency is not None else 14e-6
         nic = Link(f"NIC {format_rate(nic_bw)}, {format_seconds(nic_lat)}", nic_bw, nic_lat, 1.0,
-                   {"bandwidth_bytes_per_s": "--inter-bandwidth", "latency_s": "--inter-latency or NCCL hwLat NET Ring Simple 14 us"})
+                   {"bandwidth_bytes_per_s": "--inter-bandwidth", "latency_s": "--inter-latency or NCCL hwLat NET Ring Simple 14 µs"})
         inter = _nic_share(nic, args.nics_per_node or args.gpus_per_node, args.gpus_per_node)
     elif args.gpus_per_node is not None or args.inter_bandwidth is not None:
         raise ConfigError("--gpus-per-node and --inter-bandwidth apply to --topology hierarchical or --cluster")
@@ -441,11 +441,11 @@ def _table(setup: _Setup, args: argparse.Namespace) -> None:
         pool = f"the fastest of the algorithms NCCL implements here ({', '.join(cands)})"
     else:
         pool = f"the fastest of the {setup.library} model's candidates ({', '.join(cands)})"
-    print(f"# time in us, busbw in GB/s (nccl-tests conventions); * = the default choice: {pool}")
+    print(f"# time in µs, busbw in GB/s (nccl-tests conventions); * = the default choice: {pool}")
     if any(name not in cands for name in names):
         print("# + = the fastest in its row where that is an algorithm outside the default's candidates (--algorithm NAME forces it)")
     head = f"# {'size (B)':>12}" + "".join(f"  {name[:18]:>18} {'':>7}" for name in names) + f"  {'default':>18}"
-    sub = f"# {'':>12}" + "".join(f"  {'time(us)':>18} {'busbw':>7}" for _ in names)
+    sub = f"# {'':>12}" + "".join(f"  {'time(µs)':>18} {'busbw':>7}" for _ in names)
     print(head)
     print(sub)
     for size, best, per in rows:

@@ -16,6 +16,7 @@ import math
 import re
 
 from dml2comm.errors import ConfigError
+from dml2comm.render.fmt import fmt_bytes, fmt_gbps, fmt_s
 
 __all__ = ["format_bytes", "format_rate", "format_seconds", "parse_latency", "parse_rate", "parse_size"]
 
@@ -134,22 +135,15 @@ def parse_latency(text: str | float | int) -> float:
 
 
 def format_bytes(x: float) -> str:
-    """``1.00 GiB``, ``64.0 MiB``, ``512 B``."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if x >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
+    """``1 GiB``, ``64 MiB``, ``512 B`` (three significant digits; :func:`dml2comm.render.fmt.fmt_bytes`)."""
+    return fmt_bytes(x, sig=3)
 
 
 def format_rate(x: float) -> str:
-    """``230.0 GB/s`` (decimal, as nccl-tests prints)."""
-    return f"{x / 1e9:.1f} GB/s"
+    """``230.0 GB/s`` (decimal, as nccl-tests prints; :func:`dml2comm.render.fmt.fmt_gbps`)."""
+    return fmt_gbps(x)
 
 
 def format_seconds(x: float) -> str:
-    """``8.28 ms``, ``92.8 us``, ``1.23 s``."""
-    if x >= 1:
-        return f"{x:.3g} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.3g} ms"
-    return f"{x * 1e6:.3g} us"
+    """``8.28 ms``, ``92.8 µs``, ``1.23 s`` (three significant digits; :func:`dml2comm.render.fmt.fmt_s`)."""
+    return fmt_s(x, sig=3)

@@ -3,6 +3,15 @@
 Pure functions, no I/O.  Quantities arrive in SI units (seconds, bytes, FLOPs) and are shown
 with binary prefixes for bytes (KiB, MiB, GiB, as nccl-tests prints message sizes) and decimal
 prefixes for FLOPs and time.
+
+A number and its unit are joined by :data:`UNIT_SPACE`, a no-break space (U+00A0): browsers
+never wrap a table cell between them (HTML Living Standard, "white-space" processing breaks
+only at ordinary spaces; CSS Text 3 §5.1 treats U+00A0 as a non-breaking glue character), so
+a narrow column shows ``620.0 µs`` on one line, never ``620.0`` / ``µs``.  Graphviz and SVG
+text do not wrap at all.  The terminal (rich) breaks at any whitespace, U+00A0 included
+(``rich/_wrap.py``: ``\\s*\\S+\\s*``), so the terminal tables give every column at least the
+width of its widest value instead (:mod:`dml2comm.render.terminal`).  One unit style
+everywhere: ``µs``, never ``us``.
 """
 
 from __future__ import annotations
@@ -12,13 +21,18 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 __all__ = [
+    "UNIT_SPACE",
+    "plain",
     "fmt_s",
     "fmt_bytes",
     "fmt_flops",
     "fmt_rate",
+    "fmt_gbps",
+    "fmt_capacity",
     "fmt_count",
     "fmt_share",
     "fmt_shape",
+    "fmt_plural",
     "fmt_num",
     "rank_ranges",
     "rank_set",
@@ -34,29 +48,41 @@ __all__ = [
 ]
 
 
-def fmt_s(x: float | None) -> str:
-    """Seconds with a readable unit: ``1.234 s``, ``12.35 ms``, ``13.6 µs``, ``850 ns``."""
+#: Between a number and its unit: a no-break space (U+00A0), see the module docstring.
+UNIT_SPACE = "\u00a0"
+_U = UNIT_SPACE
+
+
+def plain(text: str) -> str:
+    """``text`` with every :data:`UNIT_SPACE` turned into an ordinary space (for CSV cells,
+    command lines and comparisons in tests)."""
+    return text.replace(UNIT_SPACE, " ")
+
+
+def fmt_s(x: float | None, sig: int | None = None) -> str:
+    """Seconds with a readable unit: ``1.234 s``, ``12.35 ms``, ``13.6 µs``, ``850 ns``; with
+    ``sig``, that many significant digits (``92.8 µs`` for ``sig=3``, as the collective command
+    prints nccl-tests-like times)."""
     if x is None or not math.isfinite(x):
         return "n/a"
     if x == 0:
-        return "0 s"
-    if x >= 1:
-        return f"{x:.3f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.2f} ms"
-    if x >= 1e-6:
-        return f"{x * 1e6:.1f} µs"
-    return f"{x * 1e9:.0f} ns"
+        return f"0{_U}s"
+    for unit, scale, decimals in (("s", 1.0, 3), ("ms", 1e-3, 2), ("µs", 1e-6, 1), ("ns", 1e-9, 0)):
+        if abs(x) >= scale or unit == "ns":
+            value = x / scale
+            return f"{value:.{sig}g}{_U}{unit}" if sig else f"{value:.{decimals}f}{_U}{unit}"
+    raise AssertionError("unreachable")  # pragma: no cover - "ns" always matches
 
 
-def fmt_bytes(x: float | None) -> str:
-    """Bytes with binary prefixes: ``1.50 MiB``."""
+def fmt_bytes(x: float | None, sig: int | None = None) -> str:
+    """Bytes with binary prefixes: ``1.50 MiB``; with ``sig``, that many significant digits
+    (``64 MiB``, ``1 GiB`` for ``sig=3``)."""
     if x is None or not math.isfinite(x):
         return "n/a"
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(x) >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
+            return f"{x / scale:.{sig}g}{_U}{unit}" if sig else f"{x / scale:.2f}{_U}{unit}"
+    return f"{x:.0f}{_U}B"
 
 
 def fmt_rate(x: float | None) -> str:
@@ -65,8 +91,15 @@ def fmt_rate(x: float | None) -> str:
         return "n/a"
     for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)):
         if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B/s"
+            return f"{x / scale:.3g}{_U}{unit}"
+    return f"{x:.0f}{_U}B/s"
+
+
+def fmt_gbps(x: float | None) -> str:
+    """Bandwidth always in GB/s with one decimal, as nccl-tests prints algbw/busbw: ``230.0 GB/s``."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return f"{x / 1e9:.1f}{_U}GB/s"
 
 
 def fmt_flops(x: float | None) -> str:
@@ -75,8 +108,8 @@ def fmt_flops(x: float | None) -> str:
         return "n/a"
     for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
         if abs(x) >= scale:
-            return f"{x / scale:.1f} {unit}"
-    return f"{x:.0f} FLOP"
+            return f"{x / scale:.1f}{_U}{unit}"
+    return f"{x:.0f}{_U}FLOP"
 
 
 def fmt_count(x: float | None) -> str:
@@ -84,10 +117,15 @@ def fmt_count(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "n/a"
     if abs(x) >= 1e9:
-        return f"{x / 1e9:.2f} B"
+        return f"{x / 1e9:.2f}{_U}B"
     if abs(x) >= 1e6:
-        return f"{x / 1e6:.2f} M"
+        return f"{x / 1e6:.2f}{_U}M"
     return f"{x:,.0f}"
+
+
+def fmt_capacity(hbm_bytes: float) -> str:
+    """A GPU's memory as its datasheet writes it, decimal: ``80 GB``."""
+    return f"{hbm_bytes / 1e9:g}{_U}GB"
 
 
 def fmt_share(x: float | None) -> str:
@@ -111,6 +149,11 @@ def fmt_num(x: float | None) -> str:
     if float(x).is_integer():
         return str(int(x))
     return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
+def fmt_plural(n: object, singular: str, plural: str | None = None) -> str:
+    """``1 micro-batch``, ``4 micro-batches`` (``plural`` defaults to ``singular + "s"``)."""
+    return f"{n} {singular}" if n == 1 else f"{n} {plural or singular + 's'}"
 
 
 def fmt_shape(shape: Sequence[int]) -> str:

@@ -11,7 +11,10 @@ prints because it *is* a command front end, called only from ``cli.py``.)
 Outputs of ``sweep`` (``--out DIR``): ``sweep.csv`` and ``sweep.parquet`` (every configuration,
 failed ones with their reason; the same columns, typed in Parquet), ``data.json`` (schema_version
 1, a ``sweep`` object) and, unless ``--no-site``, ``site/`` (the comparison page,
-:mod:`dml2comm.site.compare`).  While the sweep runs, rows are appended to
+:mod:`dml2comm.site.compare`) and ``top/1`` ... ``top/N`` (``--build-top N``, default 3): the
+full analysis of the N fastest fitting configurations, built after the sweep by the main
+command's own code path (:mod:`dml2comm.search.reproduce`) and linked from the page, which
+also shows every listed configuration's command line.  While the sweep runs, rows are appended to
 ``DIR/sweep.partial.csv`` as they finish; at the end (or on Ctrl-C, with what finished) the
 outputs are published atomically and the partial file removed.
 
@@ -31,9 +34,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
+from dml2comm.search.reproduce import DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
 from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
                                    model_shape, run_sweep)
@@ -46,6 +51,8 @@ SWEEP_EXAMPLES = """examples (run as written from the repository root; default o
   python main.py sweep examples/gpt2-small.onnx --scaling 8,16,...,1024 --per-gpu-batch 4 --weak
   python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512 --t 1,2,4 --max-p 16 --zero 0,1,2 --workers 2
   python main.py sweep examples/gpt2-small.onnx --gpus 16 --cluster dgx-h100 --recompute none,full --no-sp --out out/sweep16
+  python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512 --t 1,2,4 --max-p 16 --executor dask --workers 2
+(--executor dask needs pip install 'dml2comm[dask]'; with --scheduler tcp://HOST:8786 the chunks run on a running Dask cluster)
 (--scaling: strong scaling at a fixed global batch; with --weak and --per-gpu-batch: weak scaling; 8,16,...,1024 continues the ratio of 8 and 16 up to 1024)
 """
 
@@ -66,10 +73,20 @@ _Parser = OneLineParser
 _positive = positive_int
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def _hardware_args(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
-    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...); overrides --gpu")
+    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml); overrides --gpu")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=_positive, help="global batch B (sweep default: --gpus; compare: required)")
@@ -78,6 +95,9 @@ def _hardware_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
     p.add_argument("--out", help="output folder (default: out/sweep or out/compare, beside the analysis's out/)")
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
+    p.add_argument("--build-top", type=_non_negative, default=DEFAULT_BUILD_TOP, metavar="N",
+                   help=f"build the full analysis site of the N fastest fitting configurations into DIR/top/1 ... DIR/top/N, "
+                        f"linked from the page (default {DEFAULT_BUILD_TOP}; 0 skips)")
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
 
 
@@ -170,20 +190,22 @@ def _short(config: Mapping[str, Any]) -> str:
     return ",".join(parts)
 
 
-def _table(title: str, rows: Sequence[Mapping[str, Any]]):
-    from rich.table import Table
+def _table(title: str, rows: Sequence[Mapping[str, Any]], width: int):
+    """The ranked rows for the terminal, laid out for ``width`` (split or stacked when narrow,
+    every value whole: :func:`dml2comm.render.terminal.fit_table`)."""
+    from dml2comm.render.fmt import fmt_bytes, fmt_s, fmt_share
+    from dml2comm.render.terminal import fit_table
 
-    table = Table(title=title)
-    for name in ("#", "config", "iteration", "TFLOP/s/GPU", "MFU", "peak memory", "fits", "bubble", "exposed comm"):
-        table.add_column(name, justify="left" if name == "config" else "right", no_wrap=True)
+    cells = []
     for i, r in enumerate(rows, 1):
         if r["error"]:
-            table.add_row(str(i), _short(r["config"]), "failed", "", "", "", "", "", r["error"][:60])
+            cells.append([str(i), _short(r["config"]), "failed", "", "", "", "", "", r["error"]])
             continue
-        table.add_row(str(i), _short(r["config"]), f"{r['iteration_time_s'] * 1e3:.2f} ms", f"{r['tflops_per_gpu']:.1f}",
-                      f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['peak_memory_bytes'] / 2**30:.2f} GiB",
-                      "yes" if r["fits"] else "NO", f"{r['bubble_fraction']:.1%}", f"{r['exposed_comm_time_s'] * 1e3:.2f} ms")
-    return table
+        cells.append([str(i), _short(r["config"]), fmt_s(r["iteration_time_s"]), f"{r['tflops_per_gpu']:.1f}",
+                      fmt_share(r["mfu"]) if r["mfu"] is not None else "-", fmt_bytes(r["peak_memory_bytes"]),
+                      "yes" if r["fits"] else "NO", fmt_share(r["bubble_fraction"]), fmt_s(r["exposed_comm_time_s"])])
+    return fit_table(title, ("#", "config", "iteration", "TFLOP/s/GPU", "MFU", "peak memory", "fits", "bubble", "exposed comm"),
+                     cells, width, left=(0, 1))
 
 
 def sweep_parser() -> argparse.ArgumentParser:
@@ -215,9 +237,11 @@ def sweep_parser() -> argparse.ArgumentParser:
     c.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"], help="context-parallel scheme (default ulysses)")
     c.add_argument("--ep", default="1", help="expert-parallel sizes to try on a MoE model, e.g. --ep 1,8 (default 1)")
     r = p.add_argument_group("run")
-    r.add_argument("--workers", type=_positive, default=1, help="worker processes (default 1)")
+    r.add_argument("--workers", type=_positive, default=1,
+                   help="worker processes (default 1; with --executor dask and no --scheduler: LocalCluster workers)")
     r.add_argument("--top", type=_positive, default=10, help="how many ranked configurations to print and keep (default 10)")
     r.add_argument("--limit", type=_positive, help="evaluate only the first N configurations of the enumeration")
+    add_executor_args(p, "--workers")
     _hardware_args(p)
     return p
 
@@ -294,7 +318,8 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     import dml2comm.search.fast  # noqa: F401 - loaded before the sweep's clock starts: the rate it reports is evaluation's
 
     try:
-        result = run_sweep(args.model, args.gpus, builder, space, workers=args.workers, on_result=on_result, limit=args.limit)
+        with executor_from_args(args, args.workers) as executor:
+            result = run_sweep(args.model, args.gpus, builder, space, on_result=on_result, limit=args.limit, executor=executor)
     finally:
         if progress is not None:
             progress.stop()
@@ -305,14 +330,21 @@ def run_sweep_command(argv: Sequence[str]) -> int:
             "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top)}
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len)
+    ranked = result.ranked()
+    commands, jobs, sites = _reproduce(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
+                                       0 if args.no_site or result.interrupted else args.build_top)
+    top_staging = _build_top(out, jobs, args.json)  # after the sweep: its speed is the sweep's
     site = _publish(out, files, None if args.no_site else dict(
         kind="sweep", rows=result.rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster),
-        model=result.model, cluster=data["cluster"], space=_space_view(data["space"]), sweep=data["sweep"], top=args.top))
+        model=result.model, cluster=data["cluster"], space=_space_view(data["space"]), sweep=data["sweep"], top=args.top,
+        commands=commands, sites=sites), top_staging)
     partial.unlink(missing_ok=True)
     if args.json:
         print(json.dumps(data["sweep"], sort_keys=True))
     else:
         _print_sweep(result, data["sweep"], out, args.top, site)
+        _print_sites(out, ranked, commands, sites)
     return 130 if result.interrupted else 0
 
 
@@ -335,9 +367,10 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     def on_count(n: int, result: SweepResult | None) -> None:
         if console is not None:
             what = f"{result.num_configs} configurations in {result.seconds:.1f} s" if result else "no valid configuration"
-            console.print(f"  {n} GPUs (global batch {plan.batch_for(n)}): {what}", highlight=False)
+            _say(console, f"  {n} GPUs (global batch {plan.batch_for(n)}): {what}")
 
-    study = run_scaling(args.model, plan, builder, space, workers=args.workers, limit=args.limit, on_count=on_count)
+    with executor_from_args(args, args.workers) as executor:
+        study = run_scaling(args.model, plan, builder, space, limit=args.limit, on_count=on_count, executor=executor)
     points = study.summary["points"]
     for p in points:
         if p.get("best"):
@@ -363,31 +396,36 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
 
 
 def _print_scaling(scaling: Mapping[str, Any], out: Path, site: Path | None) -> None:
-    from rich.table import Table
+    from dml2comm.render.fmt import fmt_s
+    from dml2comm.render.terminal import fit_table
 
     console = _console()
-    table = Table(title=f"{scaling['mode']} scaling (efficiency against {scaling['baseline_gpus']} GPUs)")
-    for name in ("GPUs", "global batch", "best configuration", "iteration", "samples/s", "tokens/s", "speed-up", "efficiency"):
-        table.add_column(name, justify="left" if name == "best configuration" else "right", no_wrap=True)
+    cells = []
     for p in scaling["points"]:
         best = p.get("best")
         if not best:
-            table.add_row(str(p["gpus"]), str(p["global_batch_size"]), p["status"].replace("_", " "), "", "", "", "", "")
+            cells.append([str(p["gpus"]), str(p["global_batch_size"]), p["status"].replace("_", " "), "", "", "", "", ""])
             continue
-        table.add_row(str(p["gpus"]), str(p["global_batch_size"]), _short(best["config"]), f"{best['iteration_time_s'] * 1e3:.2f} ms",
+        cells.append([str(p["gpus"]), str(p["global_batch_size"]), _short(best["config"]), fmt_s(best["iteration_time_s"]),
                       f"{p['samples_per_s']:,.1f}", f"{p['tokens_per_s']:,.0f}" if p["tokens_per_s"] else "-",
-                      f"{p['speedup']:.2f}x of {p['ideal_speedup']:.2f}x", f"{p['efficiency']:.0%}")
-    console.print(table)
-    console.print(scaling["verdict"], highlight=False)
+                      f"{p['speedup']:.2f}x of {p['ideal_speedup']:.2f}x", f"{p['efficiency']:.0%}"])
+    console.print(fit_table(f"{scaling['mode']} scaling (efficiency against {scaling['baseline_gpus']} GPUs)",
+                            ("GPUs", "global batch", "best configuration", "iteration", "samples/s", "tokens/s", "speed-up",
+                             "efficiency"), cells, console.width, left=(0, 2)))
+    _say(console, scaling["verdict"])
     if scaling.get("interrupted"):
-        console.print("interrupted: the outputs hold the GPU counts that finished", highlight=False)
-    console.print(f"wrote {out / 'scaling.csv'}, {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}", highlight=False)
+        _say(console, "interrupted: the outputs hold the GPU counts that finished")
+    _say(console, f"wrote {out / 'scaling.csv'}, {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}")
     if site is not None:
-        console.print(f"comparison page: {site}", highlight=False)
+        _say(console, f"comparison page: {site}")
 
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
-    return {"name": cluster.name, "gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node}
+    out: dict[str, Any] = {"name": cluster.name, "gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus,
+                           "gpus_per_node": cluster.gpus_per_node}
+    if cluster.source_file is not None:  # --cluster FILE.yaml: which file, by name and hash (issue 20)
+        out["file"] = {"name": cluster.source_file[0], "sha256": cluster.source_file[1]}
+    return out
 
 
 def _space_dict(space: SweepSpace, num_gpus: int) -> dict[str, Any]:
@@ -402,49 +440,130 @@ def _gpu_label(cluster: Cluster) -> str:
     return f"{cluster.gpu.name}, {cluster.gpu.hbm_bytes / 1e9:g} GB"
 
 
+#: Labels of the sweep space's keys on the page (data.json keeps the keys).
+_SPACE_LABELS = {"num_gpus": "GPUs", "global_batch_size": "global batch", "d": "data parallel d", "t": "tensor parallel t",
+                 "p": "pipeline stages p", "max_d": "largest d", "max_t": "largest t", "max_p": "largest p",
+                 "micro_batch_sizes": "micro-batch sizes", "virtual_stages": "virtual stages", "zero_stages": "ZeRO stage",
+                 "recompute": "recomputation", "sequence_parallel": "sequence parallel",
+                 "allow_cross_node_tp": "tensor parallel across nodes"}
+
+
+def _space_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_space_value(v) for v in value)
+    return str(value)
+
+
 def _space_view(space: Mapping[str, Any]) -> dict[str, Any]:
-    """The constraints worth showing on the page (the defaults of d/t/p left out)."""
-    return {k: v for k, v in space.items() if v is not None and k not in ("seq_len",)}
+    """The constraints worth showing on the page, in words (``sequence parallel: off, on``, not
+    ``sequence_parallel False, True``); d/t/p left at "every divisor" are left out."""
+    return {_SPACE_LABELS.get(k, k.replace("_", " ")): _space_value(v) for k, v in space.items()
+            if v is not None and k not in ("seq_len",)}
 
 
-def _publish(out: Path, files: Mapping[str, str | bytes], page: Mapping[str, Any] | None) -> Path | None:
+def _reproduce(model: str, out: Path, ranked: Sequence[Mapping[str, Any]], listed: Sequence[Mapping[str, Any]],
+               hardware: Hardware, build_top: int) -> tuple[dict[int, str], list[tuple[int, list[str]]], dict[int, int]]:
+    """Command lines of the ``listed`` rows and of the ``build_top`` fastest fitting ones
+    (``ranked``): ({row index: command line}, [(rank, argv)] of the sites to build, {row index:
+    rank of its site}).  A built row's ``--out`` is ``out/top/RANK``; the others'
+    ``out/configs/SLUG``."""
+    ranks = {r["index"]: i for i, r in enumerate(ranked[:build_top], 1)}
+    commands: dict[int, str] = {}
+    jobs: list[tuple[int, list[str]]] = []
+    for r in [*ranked[:build_top], *listed]:
+        if r["index"] in commands or r.get("error"):
+            continue
+        rank = ranks.get(r["index"])
+        target = out / "top" / str(rank) if rank else out / "configs" / config_slug(r["config"])
+        argv = analysis_argv(model, r["config"], hardware, str(target))
+        commands[r["index"]] = command_line(argv)
+        if rank:
+            jobs.append((rank, argv))
+    return commands, sorted(jobs), ranks
+
+
+def _build_top(out: Path, jobs: Sequence[tuple[int, Sequence[str]]], quiet: bool) -> Path | None:
+    """Build the analysis sites of ``jobs`` into a staging folder inside ``out`` (moved to
+    ``out/top`` with the page, by :func:`_publish`); None when there is nothing to build."""
+    if not jobs:
+        return None
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".dml2comm-top-", dir=out))
+    show = not quiet and sys.stderr.isatty()
+
+    def built(rank: int, folder: Path) -> None:
+        if show:
+            print(f"built the analysis site of #{rank} ({rank}/{len(jobs)})", file=sys.stderr, flush=True)
+
+    try:
+        build_sites(jobs, lambda rank: staging / "top" / str(rank), on_built=built)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def _publish(out: Path, files: Mapping[str, str | bytes], page: Mapping[str, Any] | None,
+             top_staging: Path | None = None) -> Path | None:
     """Write ``files`` and (``page``: the keyword arguments of
-    :func:`dml2comm.site.compare.comparison_page`) the comparison site into ``out`` atomically."""
+    :func:`dml2comm.site.compare.comparison_page`) the comparison site into ``out`` atomically,
+    with the analysis sites built in ``top_staging/top`` as ``out/top``."""
+    import shutil
+
     from dml2comm.site.compare import build_and_publish_comparison, comparison_page
 
-    if page is None:
-        build_and_publish_comparison(out, files)
-        return None
-    kwargs = dict(page)
-    ctx, charts = comparison_page(kwargs.pop("kind"), kwargs.pop("rows"), downloads=list(files), **kwargs)
-    build_and_publish_comparison(out, files, ctx, charts)
-    return out / "site" / "index.html"
+    try:
+        if page is None:
+            build_and_publish_comparison(out, files)
+            return None
+        kwargs = dict(page)
+        ctx, charts = comparison_page(kwargs.pop("kind"), kwargs.pop("rows"), downloads=list(files), **kwargs)
+        build_and_publish_comparison(out, files, ctx, charts, top=top_staging / "top" if top_staging else None)
+        return out / "site" / "index.html"
+    finally:
+        if top_staging is not None:
+            shutil.rmtree(top_staging, ignore_errors=True)
+
+
+def _say(console: Any, text: str) -> None:
+    """One message, wrapped at ASCII spaces (a number keeps its unit, a path stays whole)."""
+    from dml2comm.render.terminal import line
+
+    console.print(line(text, console.width))
 
 
 def _console():
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 160)  # files and pipes get the whole table
+    from dml2comm.render.terminal import console_width
+
+    return Console(width=console_width(), soft_wrap=True)  # COLUMNS, the terminal, or 160 for files and pipes
 
 
 def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int, site: Path | None = None) -> None:
     console = _console()
-    console.print(_table(f"top {top} (fitting configurations, fastest first)", result.top(top)))
+    console.print(_table(f"top {top} (fitting configurations, fastest first)", result.top(top), console.width))
     front = result.pareto()
-    console.print(_table("Pareto front (iteration time vs peak memory, fastest first)", front[:PARETO_SHOWN]))
+    console.print(_table("Pareto front (iteration time vs peak memory, fastest first)", front[:PARETO_SHOWN], console.width))
     if len(front) > PARETO_SHOWN:
-        console.print(f"({len(front) - PARETO_SHOWN} more on the front in data.json)", highlight=False)
+        _say(console, f"({len(front) - PARETO_SHOWN} more on the front in data.json)")
     rate = sweep["configs_per_s"]
     line = (f"{sweep['num_configs']} configurations, {sweep['num_evaluated']} evaluated, {sweep['num_failed']} failed, "
             f"{sweep['num_fit']} fit, in {sweep['seconds']:.1f} s ({rate:.1f}/s)") if rate else "no configuration evaluated"
-    console.print(line, highlight=False)
+    _say(console, line)
     for reason, count in sweep["failure_reasons"].items():
-        console.print(f"  failed ({count}): {reason}", highlight=False)
+        _say(console, f"  failed ({count}): {reason}")
     if result.interrupted:
-        console.print("interrupted: the outputs hold the configurations that finished", highlight=False)
-    console.print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}", highlight=False)
+        _say(console, "interrupted: the outputs hold the configurations that finished")
+    _say(console, f"wrote {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}")
     if site is not None:
-        console.print(f"comparison page: {site}", highlight=False)
+        _say(console, f"comparison page: {site}")
 
 
 # ---- compare
@@ -518,16 +637,36 @@ def run_compare_command(argv: Sequence[str]) -> int:
     files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len)
+    ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
+    commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top)
+    top_staging = _build_top(out, jobs, args.json)
     site = _publish(out, files, None if args.no_site else dict(
         kind="compare", rows=rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
         cluster={"name": cluster.name, "gpu": cluster.gpu.name, "gpus_per_node": cluster.gpus_per_node,
-                 "num_gpus": "/".join(str(n) for n in sorted({c.num_gpus for c in configs}))}))
+                 "num_gpus": "/".join(str(n) for n in sorted({c.num_gpus for c in configs}))},
+        commands=commands, sites=sites), top_staging)
     if args.json:
         print(json.dumps(entries, sort_keys=True))
         return 0
     console = _console()
-    console.print(_table("configurations side by side", rows))
-    console.print(f"wrote {out / 'compare.csv'}, {out / 'compare.parquet'} and {out / 'data.json'}", highlight=False)
+    console.print(_table("configurations side by side", rows, console.width))
+    _say(console, f"wrote {out / 'compare.csv'}, {out / 'compare.parquet'} and {out / 'data.json'}")
     if site is not None:
-        console.print(f"comparison page: {site}", highlight=False)
+        _say(console, f"comparison page: {site}")
+    _print_sites(out, ranked, commands, sites)
     return 0
+
+
+def _print_sites(out: Path, ranked: Sequence[Mapping[str, Any]], commands: Mapping[int, str], sites: Mapping[int, int]) -> None:
+    """The built analysis sites, each with the command that rebuilds it."""
+    from dml2comm.render.terminal import line
+
+    console = _console()
+    for r in ranked:
+        rank = sites.get(r["index"])
+        if rank is None:
+            continue
+        console.print(line(f"#{rank} {_short(r['config'])}: {out / 'top' / str(rank) / 'site' / 'index.html'}", console.width,
+                           prefix="analysis site:"), highlight=False)
+        console.print("  " + commands[r["index"]], soft_wrap=True, highlight=False, markup=False)  # one line: copy and run

@@ -15,6 +15,7 @@ The charts skip MkDocs (a slot in the Markdown is replaced in the built HTML), a
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -25,7 +26,7 @@ import yaml
 from jinja2 import TemplateError
 from markupsafe import Markup
 
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.render.fmt import fmt_bytes, fmt_plural, fmt_s
 from dml2comm.render.sweep_charts import (BreakdownBar, EfficiencyPoint, MemoryItem, ParetoPoint, breakdown_chart,
                                           efficiency_chart, memory_bars_chart, pareto_chart)
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_text, why_best
@@ -46,10 +47,24 @@ def _num(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def _table_row(rank: Any, r: Mapping[str, Any], capacity: float | None) -> dict[str, Any]:
+def micro_batches(m: Any) -> str:
+    """``1 micro-batch``, ``4 micro-batches``."""
+    return fmt_plural(m, "micro-batch", "micro-batches")
+
+
+def site_href(rank: int) -> str:
+    """The link from the comparison page (``DIR/site/index.html``) to the analysis site of the
+    configuration ranked ``rank`` (``DIR/top/RANK/site/index.html``)."""
+    return f"../top/{rank}/site/index.html"
+
+
+def _table_row(rank: Any, r: Mapping[str, Any], capacity: float | None, commands: Mapping[int, str] = {},
+               sites: Mapping[int, int] = {}) -> dict[str, Any]:
     c = r["config"]
     parts = breakdown(r) if r.get("error") is None else {}
+    site = sites.get(r.get("index"))  # type: ignore[arg-type]
     return {
+        "command": commands.get(r.get("index"), ""), "site": site_href(site) if site else "",  # type: ignore[arg-type]
         "rank": rank, "config": config_text(c), "m": c.get("num_micro_batches"), "schedule": c.get("schedule"),
         "error": r.get("error") or "",
         "time": fmt_s(r.get("iteration_time_s")),
@@ -64,7 +79,7 @@ def _table_row(rank: Any, r: Mapping[str, Any], capacity: float | None) -> dict[
 def _bars(labelled: Sequence[tuple[str, Mapping[str, Any], bool]]) -> tuple[list[BreakdownBar], list[MemoryItem]]:
     bars, mems = [], []
     for label, r, best in labelled:
-        tip = f"{label}\n{config_text(r['config'])}, {r['config'].get('num_micro_batches')} micro-batches"
+        tip = f"{label}\n{config_text(r['config'])}, {micro_batches(r['config'].get('num_micro_batches'))}"
         bars.append(BreakdownBar(label, breakdown(r), r["iteration_time_s"], best=best, over=not r.get("fits"), tip=tip))
         mems.append(MemoryItem(label, r["peak_memory_bytes"], best=best, tip=tip))
     return bars, mems
@@ -83,8 +98,15 @@ def _pareto_points(rows: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | 
 def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_bytes: float | None, capacity_label: str = "",
                     model: Mapping[str, Any] | None = None, cluster: Mapping[str, Any] | None = None,
                     space: Mapping[str, Any] | None = None, sweep: Mapping[str, Any] | None = None,
-                    scaling: Mapping[str, Any] | None = None, downloads: Sequence[str] = (), top: int = 10) -> tuple[dict[str, Any], dict[str, str]]:
-    """(template context, charts {name: svg}) of the page.  ``kind``: ``sweep``, ``compare`` or ``scaling``."""
+                    scaling: Mapping[str, Any] | None = None, downloads: Sequence[str] = (), top: int = 10,
+                    commands: Mapping[int, str] | None = None, sites: Mapping[int, int] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(template context, charts {name: svg}) of the page.  ``kind``: ``sweep``, ``compare`` or ``scaling``.
+
+    ``commands``: {row index: the main command line that analyses that row}, shown under its
+    configuration; ``sites``: {row index: rank} of the rows whose analysis site was built into
+    ``DIR/top/RANK`` (:mod:`dml2comm.search.reproduce`), linked from the tables."""
+    commands = commands or {}
+    sites = sites or {}
     model = {"name": None, "path": None, "num_layers": None, "params": None, "seq_len": None, **(model or {})}
     cluster = {"name": None, "gpu": None, "num_gpus": None, "gpus_per_node": None, **(cluster or {})}
     ctx: dict[str, Any] = {"kind": kind, "model": model, "cluster": cluster, "downloads": list(downloads),
@@ -140,8 +162,8 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
         if faster:
             f = min(faster, key=lambda r: r["iteration_time_s"])
             shown.append((f"fastest overall {config_text(f['config'])}", f, False))
-        ctx["top"] = [_table_row(i, r, capacity_bytes) for i, r in enumerate(ranked[:top], 1)]
-        ctx["pareto"] = [_table_row(i, r, capacity_bytes) for i, r in enumerate(pareto_front(evaluated), 1)]
+        ctx["top"] = [_table_row(i, r, capacity_bytes, commands, sites) for i, r in enumerate(ranked[:top], 1)]
+        ctx["pareto"] = [_table_row(i, r, capacity_bytes, commands, sites) for i, r in enumerate(pareto_front(evaluated), 1)]
         s = sweep or {}
         ctx["counts"] = [("configurations", s.get("num_configs")), ("evaluated", s.get("num_evaluated")),
                          ("failed", s.get("num_failed")), ("fit in memory", s.get("num_fit")),
@@ -150,11 +172,15 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
         ctx["failures"] = list((s.get("failure_reasons") or {}).items())
     else:
         shown = [(f"{r.get('spec') or config_text(r['config'])}", r, best is not None and r["index"] == best["index"]) for r in evaluated]
-        ctx["all"] = [_table_row(i + 1, r, capacity_bytes) for i, r in enumerate(rows)]
+        ctx["all"] = [_table_row(i + 1, r, capacity_bytes, commands, sites) for i, r in enumerate(rows)]
         ctx["side"] = _side_by_side(rows, best, capacity_bytes)
     ctx["best"] = _table_row(1, best, capacity_bytes) if best else None
+    by_index = {r["index"]: r for r in rows}
+    ctx["sites"] = [{"rank": rank, "config": by_index[i].get("spec") or config_text(by_index[i]["config"]),
+                     "time": fmt_s(by_index[i]["iteration_time_s"]), "href": site_href(rank), "command": commands.get(i, "")}
+                    for i, rank in sorted(sites.items(), key=lambda kv: kv[1]) if i in by_index]
     if best:
-        ctx["cards"] = [("best configuration", config_text(best["config"]), f"{best['config'].get('num_micro_batches')} micro-batches, "
+        ctx["cards"] = [("best configuration", config_text(best["config"]), f"{micro_batches(best['config'].get('num_micro_batches'))}, "
                          f"{best['config'].get('schedule')}"),
                         ("iteration time", fmt_s(best["iteration_time_s"]), "of the best that fits"),
                         ("TFLOP/s per GPU", _num(best.get("tflops_per_gpu")), f"MFU {_pct(best.get('mfu'))}"),
@@ -239,10 +265,12 @@ def build_comparison(dest: Path, ctx: Mapping[str, Any], charts: Mapping[str, st
 
 
 def build_and_publish_comparison(out: Path, files: Mapping[str, str | bytes], ctx: Mapping[str, Any] | None = None,
-                                 charts: Mapping[str, str] = {}) -> None:
+                                 charts: Mapping[str, str] = {}, top: Path | None = None) -> None:
     """Write ``files`` (and, with ``ctx``, the site built from it, carrying copies of the files
     as downloads) into ``out`` atomically: staged in a temporary folder inside ``out``, then
-    moved into place; nothing in ``out`` changes when the build fails."""
+    moved into place; nothing in ``out`` changes when the build fails.  ``top``: a folder of
+    analysis sites (``top/1``, ``top/2``, ...) published as ``out/top`` with the page; without
+    it, an ``out/top`` of an earlier run is removed (the new page does not link it)."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=out))
     try:
@@ -250,6 +278,11 @@ def build_and_publish_comparison(out: Path, files: Mapping[str, str | bytes], ct
         if ctx is not None:
             build_comparison(staging, ctx, charts, files)
             names.append("site")
+        if top is not None:
+            os.replace(top, staging / "top")
+            names.append("top")
+        elif ctx is not None and (out / "top").is_dir():
+            os.replace(out / "top", staging / ".old-top")  # removed with the staging folder
         for name, content in files.items():
             if isinstance(content, bytes):
                 (staging / name).write_bytes(content)

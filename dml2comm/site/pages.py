@@ -37,6 +37,7 @@ from dml2comm.render.fmt import (
     fmt_count,
     fmt_flops,
     fmt_num,
+    fmt_plural,
     fmt_rate,
     fmt_s,
     fmt_shape,
@@ -200,7 +201,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         ("Communication (all stages)", fmt_s(s.get("comm_time_s")),
          f"exposed: {fmt_s(exposed)} ({fmt_share(exposed / iteration) if iteration else ''} of the iteration); "
          f"busiest stage {fmt_s(s.get('comm_time_busiest_stage_s'))}", None, False),
-        ("Pipeline bubble", fmt_share(s.get("bubble_fraction")), f"{cfg.schedule}, p = {cfg.pp_size}, m = {cfg.num_micro_batches} micro-batches",
+        ("Pipeline bubble", fmt_share(s.get("bubble_fraction")), f"{cfg.schedule}, p = {cfg.pp_size}, m = {fmt_plural(cfg.num_micro_batches, 'micro-batch', 'micro-batches')}",
          "timeline", False),
         ("MFU", fmt_share(s.get("mfu")), "model FLOPs / (iteration x GPUs x peak)", None, False),
         ("Throughput", f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else "n/a",
@@ -387,7 +388,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                               intro=(f"Every micro-batch, each GPU of stage {s_} sends its activations to the GPU with the same tensor rank "
                                      f"in stage {s_ + 1}, which sends the gradients back in the backward pass. "
                                      f"{fmt_bytes(b.bytes_fwd)} forward and {fmt_bytes(b.bytes_bwd)} backward per micro-batch and pair, "
-                                     f"{facts.m} micro-batches per iteration."),
+                                     f"{fmt_plural(facts.m, 'micro-batch', 'micro-batches')} per iteration."),
                               comms=_comm_rows(facts, b.forward + b.backward, per_micro_batch=True), per_micro_batch=True,
                               groups_title="Every sender/receiver pair", pairs=pairs, groups=[], legend=legend,
                               back=Crumb(f"Stage {s_}", f"stage_{s_}_data_0")))

@@ -31,9 +31,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
 from dml2comm.render.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
-from dml2comm.traces.classify import DIMS, Category
+from dml2comm.traces.classify import DIMS
 from dml2comm.errors import ConfigError
 from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
@@ -45,6 +46,9 @@ EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a f
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2 --out out/trace
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2/rank-0.json.gz tests/fixtures/traces/gloo_pp2_dp2/rank-1.json.gz --json --no-site
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --model examples/gpt2-small.onnx --global-batch-size 8 --gpu h100
+  python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --executor dask --processes 2
+(--executor dask needs pip install 'dml2comm[dask]'; with --scheduler tcp://HOST:8786 the ranks are analysed on a running Dask
+cluster, whose workers read the trace files from a filesystem they share with this machine)
 """
 
 #: Gantt charts drawn at most (pipeline groups; model replicas), rows per chart at most, ranks in
@@ -58,11 +62,13 @@ def trace_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python main.py trace", description="Analyse per-rank PyTorch-profiler (Kineto) traces.",
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="trace files (.json, .json.gz) or folders holding them (e.g. Megatron's torch_profile/)")
-    p.add_argument("--processes", type=positive_int, default=1, help="ranks analysed in parallel (default 1)")
+    p.add_argument("--processes", type=positive_int, default=1,
+                   help="ranks analysed in parallel (default 1; with --executor dask and no --scheduler: LocalCluster workers)")
     p.add_argument("--out", default="out/trace", help="output folder (default: out/trace, beside the analysis's out/; its site/ and svg_file/ "
                    "are replaced)")
     p.add_argument("--no-site", action="store_true", help="write trace_analysis.json and the Parquet tables only")
     p.add_argument("--json", action="store_true", help="print trace_analysis.json's per-rank summary as JSON")
+    add_executor_args(p, "--processes")
     m = p.add_argument_group("the run's sizes (optional)",
                              "--d/--t/--p/--cp must agree with what the traces show (refused otherwise); they place the ranks "
                              "in model replicas when the traces name no process group and no send/recv peer "
@@ -162,31 +168,11 @@ def _parquet(table: Any) -> bytes:
 
 
 def events_parquet(ts: TraceSet) -> bytes:
-    """Every classified event: rank, step (ProfilerStep number, -1 none), segment label, start
-    and duration (us, global clock), category, name, stream, collective, device."""
+    """Every classified event (:func:`dml2comm.traces.analyze.activity_events_table`, per rank,
+    computed where the rank was analysed), ranks in order."""
     import pyarrow as pa
 
-    cat_names = [c.label for c in Category]
-    parts = []
-    for r in ts.ranks:
-        a = r.activity
-        n = a.start.size
-        step_numbers = np.array([s[0] for s in a.steps] + [-1], dtype=np.int64)
-        names = pa.DictionaryArray.from_arrays(pa.array(a.name, pa.int32()), pa.array(a.names, pa.string()))
-        colls = pa.DictionaryArray.from_arrays(pa.array(np.where(a.collective >= 0, a.collective, 0), pa.int32(),
-                                                        mask=a.collective < 0), pa.array(a.collectives or [""], pa.string()))
-        parts.append(pa.table({
-            "rank": pa.array(np.full(n, r.rank, dtype=np.int32)),
-            "step": pa.array(step_numbers[np.where(a.step >= 0, a.step, len(a.steps))]),
-            "segment": pa.array(a.segment),
-            "start_us": pa.array(a.start),
-            "dur_us": pa.array(a.end - a.start),
-            "category": pa.DictionaryArray.from_arrays(pa.array(a.category.astype(np.int32)), pa.array(cat_names)),
-            "name": names,
-            "stream": pa.array(a.stream),
-            "collective": colls,
-            "device": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([a.device])),
-        }))
+    parts = [r.events_table() for r in ts.ranks]
     if not parts:
         return _parquet(pa.table({"rank": pa.array([], pa.int32())}))
     return _parquet(pa.concat_tables(parts, promote_options="permissive"))
@@ -469,7 +455,13 @@ def run_trace_command(argv: Sequence[str]) -> int:
     flags = ParallelSizes(args.d or 1, args.t or 1, args.p or 1, args.cp or 1, args.rank_order or "tdp")
     RankMap(flags.dp, flags.tp, flags.pp, flags.order, cp=flags.cp)  # a bad --rank-order is an error before any work
     files = find_trace_files(list(args.paths))
-    ts = analyze_traces(files, processes=args.processes, sizes=flags)
+    progress = progress_bar("ranks", sys.stderr.isatty() and not args.json)
+    try:
+        with executor_from_args(args, args.processes) as executor:
+            ts = analyze_traces(files, sizes=flags, executor=executor, on_progress=progress)
+    finally:
+        if progress is not None:
+            progress.stop()  # type: ignore[attr-defined]
     if not ts.ranks:
         reasons = "; ".join(ts.problems) or "no trace could be read"
         raise TraceError(f"no rank could be analysed: {reasons}")
@@ -515,47 +507,46 @@ def _json_default(x: Any) -> Any:
 
 def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: bool) -> None:
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    from dml2comm.render.terminal import console_width, fit_table, line
+
+    console = Console(highlight=False, width=console_width(), soft_wrap=True)
+    w = console.width  # at 80 columns the tables split or stack, values whole
     clock = "CPU" if all(r.activity.device == "cpu" for r in ts.ranks) else "GPU"
-    t = Table(title=f"per rank, mean per step ({clock} time)")
-    for col in ("rank", "steps", "step", "compute", *DIMS, "overlap", "exposed comm", "idle", "HTA overlap"):
-        t.add_column(col, justify="right")
+    rank_rows = []
     for r in data["ranks"]:
         s = r["summary"]
-        t.add_row(str(r["rank"]), str(s["steps"]), fmt_s(s["wall_s"]), fmt_s(s["compute_s"]),
-                  *[fmt_s(s["comm_s"][d]) for d in DIMS], fmt_s(s["overlap_s"]),
-                  fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), _hta_overlap(r["hta"]))
-    console.print(t)
+        rank_rows.append([str(r["rank"]), str(s["steps"]), fmt_s(s["wall_s"]), fmt_s(s["compute_s"]),
+                          *[fmt_s(s["comm_s"][d]) for d in DIMS], fmt_s(s["overlap_s"]),
+                          fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), _hta_overlap(r["hta"])])
+    console.print(fit_table(f"per rank, mean per step ({clock} time)",
+                            ("rank", "steps", "step", "compute", *DIMS, "overlap", "exposed comm", "idle", "HTA overlap"),
+                            rank_rows, console.width))
     na = next((r["hta"]["not_applicable"] for r in data["ranks"] if r["hta"].get("not_applicable")), None)
     if na:
-        console.print(f"HTA overlap n/a: {escape(na)}")
+        console.print(line(na, w, prefix="HTA overlap n/a:"))
     if data["comparison"]:
         cmp = data["comparison"]
-        c = Table(title=f"predicted vs measured ({escape(cmp['what'])})")
         cols = ("category", "predicted", "measured") + (("error",) if cmp.get("comparable", True) else ())
-        for col in cols:
-            c.add_column(col, justify="right")
+        cmp_rows = []
         for row in cmp["rows"]:
             cells = [row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"])]
             if cmp.get("comparable", True):
                 cells.append(f"{row['error']:+.1%}" if row["error"] is not None else "n/a")
-            c.add_row(*cells)
-        console.print(c)
+            cmp_rows.append(cells)
+        console.print(fit_table(f"predicted vs measured ({cmp['what']})", cols, cmp_rows, console.width))
         if cmp.get("caveat"):
-            console.print(f"[yellow]not comparable:[/yellow] {escape(cmp['caveat'])}")
+            console.print(line(cmp["caveat"], w, prefix="not comparable:", style="yellow"))
     if data["layout"]:
         lay = data["layout"]
-        console.print(f"model replicas: {len(lay['replicas'])} (from {escape(lay['method'])}: {escape(lay['detail'])})")
+        console.print(line(f"{len(lay['replicas'])} (from {lay['method']}: {lay['detail']})", w, prefix="model replicas:"))
     for p in data["problems"]:
-        console.print(f"[yellow]problem:[/yellow] {escape(p)}")
+        console.print(line(p, w, prefix="problem:", style="yellow"))
     for r in data["ranks"]:
         for p in r["problems"]:
-            console.print(f"[yellow]problem:[/yellow] rank {r['rank']}: {escape(p)}")
+            console.print(line(f"rank {r['rank']}: {p}", w, prefix="problem:", style="yellow"))
     wrote = ["trace_analysis.json", "events.parquet", "steps.parquet"] + (["comparison.csv"] if data["comparison"] else [])
-    console.print(f"wrote {escape(', '.join(str(out / w) for w in wrote))} in {elapsed:.2f} s "
-                  f"({len(ts.ranks)} rank{'s' if len(ts.ranks) != 1 else ''}, {len(ts.failures)} failed)")
+    console.print(line(f"wrote {', '.join(str(out / name) for name in wrote)} in {elapsed:.2f} s "
+                       f"({len(ts.ranks)} rank{'s' if len(ts.ranks) != 1 else ''}, {len(ts.failures)} failed)", w))
     if site:
-        console.print(f"site: open {escape(str((out / 'site' / 'index.html').resolve()))}")
+        console.print(line(f"site: open {(out / 'site' / 'index.html').resolve()}", w))

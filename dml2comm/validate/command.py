@@ -111,35 +111,41 @@ def _pct(x: float | None, signed: bool = False) -> str:
 
 
 def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int) -> None:
+    """The error tables, laid out for the console (:mod:`dml2comm.render.terminal`: split or
+    stacked when narrow, every value whole)."""
+    from rich.console import Console
+
+    from dml2comm.render.terminal import console_width, fit_table, line
+
+    console = Console(highlight=False, width=console_width(), soft_wrap=True)
     sample = summary["sample"]
-    print(f"validated {n} case(s) from {len(summary['sources'])} source(s) in {elapsed:.1f} s"
-          + (f" (at most {sample} per source, a deterministic sample)" if sample else " (full sets)"))
-    head = f"{'source':18} {'cases':>6} {'mean|err|':>9} {'median':>7} {'signed':>7} {'worst':>8}  worst case / target"
-    print(head)
-    print("-" * len(head))
+    console.print(line(f"validated {n} case(s) from {len(summary['sources'])} source(s) in {elapsed:.1f} s"
+                       + (f" (at most {sample} per source, a deterministic sample)" if sample else " (full sets)"), console.width))
+    rows = []
     for name, s in summary["sources"].items():
-        print(f"{name:18} {s['count']:>6} {_pct(s['mean_abs_error']):>9} {_pct(s['median_abs_error']):>7} "
-              f"{_pct(s['signed_mean_error'], True):>7} {_pct(s['worst_error'], True):>8}  {s['worst_case']}")
+        rows.append([name, str(s["count"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
+                     _pct(s["signed_mean_error"], True), _pct(s["worst_error"], True), str(s["worst_case"]), s["target"]])
         for sub in s["subsets"].values():
-            print(f"  {sub['label']:16} {sub['count']:>6} {_pct(sub['mean_abs_error']):>9} {_pct(sub['median_abs_error']):>7} "
-                  f"{_pct(sub['signed_mean_error'], True):>7} {_pct(sub['worst_error'], True):>8}  {sub['worst_case']}")
-        print(f"  {'target':16} {s['target']}")
+            rows.append([f"  {sub['label']}", str(sub["count"]), _pct(sub["mean_abs_error"]), _pct(sub["median_abs_error"]),
+                         _pct(sub["signed_mean_error"], True), _pct(sub["worst_error"], True), str(sub["worst_case"]), ""])
+    console.print(fit_table("error against each source", ("source", "cases", "mean |error|", "median", "signed mean", "worst",
+                                                          "worst case", "target"), rows, console.width, left=(0, 6, 7)))
     if summary["loso"]:
         const = summary["fitted_constant"]
         value = const["value"]
-        print()
-        print(f"fitted constant {const['name']} = {value} (fitted to {const['fitted_to']}); refits as {const['refit_as']}:")
-        head = f"{'source':18} {'shipped':>8} {'in-sample':>10} {'s':>6} {'LOSO':>8} {'s':>6}  LOSO fitted on"
-        print(head)
-        print("-" * len(head))
+        console.print(line(f"fitted constant {const['name']} = {value} (fitted to {const['fitted_to']}); refits as "
+                           f"{const['refit_as']}:", console.width))
+        loso = []
         for r in summary["loso"]:
             s_in = "-" if r["in_sample_scale"] is None else f"{r['in_sample_scale']:.3f}"
             s_lo = "-" if r["loso_scale"] is None else f"{r['loso_scale']:.3f}"
-            print(f"{r['source']:18} {_pct(r['shipped_mean_abs_error']):>8} {_pct(r['in_sample_mean_abs_error']):>10} {s_in:>6} "
-                  f"{_pct(r['loso_mean_abs_error']):>8} {s_lo:>6}  {', '.join(r['loso_fitted_on']) or '-'}")
+            loso.append([r["source"], _pct(r["shipped_mean_abs_error"]), _pct(r["in_sample_mean_abs_error"]), s_in,
+                         _pct(r["loso_mean_abs_error"]), s_lo, ", ".join(r["loso_fitted_on"]) or "-"])
+        console.print(fit_table("mean |error|: shipped, refitted in sample, leave-one-source-out", (
+            "source", "shipped", "in-sample", "s", "LOSO", "LOSO s", "LOSO fitted on"), loso, console.width, left=(0, 6)))
         if value is not None:
             scales = sorted({r[k] for r in summary["loso"] for k in ("in_sample_scale", "loso_scale") if r[k] is not None})
-            print("  (" + ", ".join(f"s={s:.3f}: {const['name']} {value * s:.3f}" for s in scales) + ")")
+            console.print(line("(" + ", ".join(f"s={s:.3f}: {const['name']} {value * s:.3f}" for s in scales) + ")", console.width))
     print(f"wrote {out / 'validation.csv'} and {out / 'validation.json'}")
 
 

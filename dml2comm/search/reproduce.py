@@ -1,0 +1,110 @@
+"""From a sweep or compare row back to the single analysis: its command line, and its site.
+
+A row of :mod:`dml2comm.search.sweep` holds ``config`` (:meth:`ParallelConfig.to_dict`); the
+main command reading the flags :func:`analysis_argv` writes computes the same configuration on
+the same cluster (the sweep builds clusters as the main command does, with no per-call host
+overhead, which is also the main command's default), so its ``data.json`` iteration time equals
+the row's (the fast path equals the analysis to rounding: ``tests/test_search.py``).
+
+:func:`build_sites` runs that command line through :func:`dml2comm.cli.analyse_and_publish`,
+the main command's own code path, for the best few rows.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "build_sites", "DEFAULT_BUILD_TOP"]
+
+#: Analysis sites built by ``sweep`` and ``compare`` unless ``--build-top N`` says otherwise.
+DEFAULT_BUILD_TOP = 3
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The hardware and batch flags a sweep or compare was given, repeated on each command line."""
+
+    gpu: str | None = None
+    cluster: str | None = None
+    gpus_per_node: int = 8
+    seq_len: int | None = None
+
+
+def config_slug(config: Mapping[str, Any]) -> str:
+    """A folder name for a configuration: ``d2-t2-p4-b1-zero1-full-sp``."""
+    parts = [f"d{config['d']}", f"t{config['t']}", f"p{config['p']}"]
+    if (config.get("c") or 1) > 1:
+        parts.append(f"c{config['c']}")
+    if (config.get("e") or 1) > 1:
+        parts.append(f"e{config['e']}")
+    parts.append(f"b{config['micro_batch_size']}")
+    if (config.get("virtual_stages") or 1) > 1:
+        parts.append(f"v{config['virtual_stages']}")
+    parts.append(f"zero{config['zero_stage']}")
+    parts.append(str(config["recompute"]))
+    if config.get("sequence_parallel"):
+        parts.append("sp")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(parts))
+
+
+def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out: str) -> list[str]:
+    """The main command's arguments (after ``python main.py``) that analyse ``config``.
+
+    Flags at their defaults are left out except the sizes and batches, which are always given."""
+    argv = [str(model), "--d", str(config["d"]), "--t", str(config["t"]), "--p", str(config["p"])]
+    if (config.get("c") or 1) > 1:
+        argv += ["--cp", str(config["c"]), "--cp-scheme", str(config.get("cp_scheme") or "ulysses")]
+    if (config.get("e") or 1) > 1:
+        argv += ["--ep", str(config["e"])]
+    argv += ["--micro-batch-size", str(config["micro_batch_size"]), "--global-batch-size", str(config["global_batch_size"])]
+    if hardware.seq_len is not None:
+        argv += ["--seq-len", str(hardware.seq_len)]
+    if config.get("sequence_parallel"):
+        argv.append("--sequence-parallel")
+    if config.get("zero_stage"):
+        argv += ["--zero", str(config["zero_stage"])]
+    if config.get("recompute") and config["recompute"] != "none":
+        argv += ["--recompute", str(config["recompute"])]
+    if config.get("schedule") and config["schedule"] != "1f1b":
+        argv += ["--schedule", str(config["schedule"])]
+    if (config.get("virtual_stages") or 1) > 1:
+        argv += ["--virtual-stages", str(config["virtual_stages"])]
+    if config.get("dtype") and config["dtype"] != "bf16":
+        argv += ["--dtype", str(config["dtype"])]
+    if config.get("optimizer") and config["optimizer"] != "adam":
+        argv += ["--optimizer", str(config["optimizer"])]
+    if hardware.cluster:
+        argv += ["--cluster", hardware.cluster]
+    if hardware.gpu:
+        argv += ["--gpu", hardware.gpu]
+    if hardware.gpus_per_node != 8:
+        argv += ["--gpus-per-node", str(hardware.gpus_per_node)]
+    return argv + ["--out", out]
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """``python main.py ...`` with shell quoting where a word needs it."""
+    return "python main.py " + shlex.join(argv)
+
+
+def build_sites(jobs: Sequence[tuple[int, Sequence[str]]], dest: Callable[[int], Path],
+                on_built: Callable[[int, Path], None] | None = None) -> dict[int, Path]:
+    """Run the main command for each ``(rank, argv)`` with ``--out`` replaced by ``dest(rank)``
+    (a staging folder; the caller moves it to the ``--out`` the command line shows).  Returns
+    {rank: the folder written}."""
+    from dml2comm.cli import analyse_and_publish
+
+    built: dict[int, Path] = {}
+    for rank, argv in jobs:
+        folder = dest(rank)
+        args = list(argv)
+        args[args.index("--out") + 1] = str(folder)
+        analyse_and_publish(args)
+        built[rank] = folder
+        if on_built is not None:
+            on_built(rank, folder)
+    return built
