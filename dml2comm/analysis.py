@@ -31,7 +31,7 @@ from dml2comm.cost.layers import per_gpu_op_times, shared_parameters
 from dml2comm.cost.memory import ModelStates, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import breakdown, mfu, model_flops
-from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, stage_dp_collectives
+from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather, stage_dp_collectives
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
@@ -293,10 +293,20 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             t = local_out.get(name) or graph.tensors[name]
             size = t.nbytes_in(train) / cp
             prod = graph.producer(name)
-            add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, size, m, True,
-                     f"activation from stage {s} to stage {s + 1}")
-            add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], size, m, True,
-                     f"gradient from stage {s + 1} to stage {s}")
+            # Megatron-LM's scatter/gather (dml2comm.cost.stages.scatter_gather): a tensor every
+            # tensor rank holds whole goes 1/t per rank, then is all-gathered by the receivers
+            split = scatter_gather(config.tp_size > 1 and t.nbytes_in(train) == graph.tensors[name].nbytes_in(train), config.tp_size)
+            sent = size / config.tp_size if split else size
+            note = f" (1/{config.tp_size} per tensor rank: scatter/gather)" if split else ""
+            add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
+                     f"activation from stage {s} to stage {s + 1}{note}")
+            add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m, True,
+                     f"gradient from stage {s + 1} to stage {s}{note}")
+            if split:  # the receivers rebuild the whole tensor (costed with the send that feeds them)
+                add_comm(CollectiveKind.ALL_GATHER, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, rank_map.tp_group(0, s + 1),
+                         size, m, True, f"stage {s + 1} all-gathers the activation from its {config.tp_size} tensor ranks (scatter/gather)")
+                add_comm(CollectiveKind.ALL_GATHER, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, rank_map.tp_group(0, s),
+                         size, m, True, f"stage {s} all-gathers the gradient from its {config.tp_size} tensor ranks (scatter/gather)")
 
     # tied weights: after the backward pass, the gradient of each parameter held by several
     # stages is all-reduced between them (one GPU per stage, same data and tensor rank), before

@@ -75,17 +75,25 @@ def test_three_boundaries_one_send_each_way_per_micro_batch(analysis):
     bwd = [c for c in pp if c.phase is Phase.BACKWARD]
     assert sorted(c.stage for c in fwd) == [0, 1, 2]  # sender of the activation
     assert sorted(c.stage for c in bwd) == [1, 2, 3]  # sender of the gradient
+    t = analysis.config.tp_size
     for c in pp:
         assert c.kind is CollectiveKind.SEND_RECV
-        assert c.message_bytes == B * S * H * 2
+        # Megatron-LM's scatter/gather (Narayanan et al. 2021 Sec. 4.1): without sequence
+        # parallelism each tensor rank sends 1/t of the b*s*h activation ...
+        assert c.message_bytes == B * S * H * 2 / t
         assert c.count_per_iteration == analysis.config.num_micro_batches
+    # ... and the receiving stage all-gathers the whole b*s*h over its t tensor ranks
+    gathers = [c for c in analysis.comms if c.dim is ParallelDim.PP and c.kind is CollectiveKind.ALL_GATHER]
+    assert sorted((c.phase.value, c.stage) for c in gathers) == [("backward", 1), ("backward", 2), ("backward", 3),
+                                                                  ("forward", 0), ("forward", 1), ("forward", 2)]
+    assert all(c.message_bytes == B * S * H * 2 and c.group_size == t for c in gathers)
 
 
 def test_tied_embedding_gradient_all_reduced_between_first_and_last_stage(analysis):
     """Megatron-LM's embedding group: the word embedding's gradient, vocab x h / t elements in
     bf16, all-reduced once per iteration between stage 0 and stage 3 of each (data, tensor) rank,
     after the backward pass; the last stage holds the copy (memory and parameters)."""
-    tied = [c for c in analysis.comms if c.dim is ParallelDim.PP and c.kind is not CollectiveKind.SEND_RECV]
+    tied = [c for c in analysis.comms if c.dim is ParallelDim.PP and c.kind is CollectiveKind.ALL_REDUCE]
     assert sorted(c.stage for c in tied) == [0, 3]
     vocab_h_over_t = 50257 * H / 2
     for c in tied:

@@ -412,29 +412,32 @@ class LayerCoster:
         key = _PartitionKey(self._layer_key(config), config.pp_size)
         return derived(self.graph, key, lambda: partition_layers(list(layers.fwd + layers.bwd), config.pp_size))
 
-    def _boundary_bytes(self, config: ParallelConfig, ranges) -> list[list[float]]:
-        """Per stage boundary, the bytes of each activation crossing it per micro-batch."""
+    def _boundary_bytes(self, config: ParallelConfig, ranges) -> list[list[tuple[float, bool]]]:
+        """Per stage boundary, the bytes of each activation crossing it per micro-batch (and
+        whether it is replicated over the tensor ranks)."""
         key = _BoundariesKey(config.tp_size, config.sequence_parallel, config.dtype, tuple(ranges))
         return derived(self.graph, key, lambda: self._build_boundaries(config, ranges))
 
-    def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[float]]:
+    def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[tuple[float, bool]]]:
         """A tensor crosses the boundary after full layer k when it is produced at or before
         and read after it; on the collapsed graph, after ``layer_map[k]``."""
         per_boundary = derived(self.graph, _CrossingKey(config.tp_size, config.sequence_parallel, config.dtype),
                                lambda: self._crossing(config))
         return [per_boundary[int(self.layer_map[b - 1])] for _, b in ranges[:-1]]
 
-    def _crossing(self, config: ParallelConfig) -> list[list[float]]:
-        """Per boundary after each (collapsed) layer: the crossing tensors' bytes, by name."""
-        names, prod, last, sizes = self._tensor_table(config)
+    def _crossing(self, config: ParallelConfig) -> list[list[tuple[float, bool]]]:
+        """Per boundary after each (collapsed) layer: the crossing tensors' bytes per GPU and
+        whether every tensor rank holds the whole tensor (replicated), by name."""
+        names, prod, last, sizes, replicated = self._tensor_table(config)
         out = []
         for rb in range(len(self.layered.layers)):
             sel = np.nonzero((prod <= rb) & (last > rb))[0]
-            out.append([size for _, size in sorted((names[i], sizes[i]) for i in sel)])
+            out.append([(size, rep) for _, size, rep in sorted((names[i], sizes[i], replicated[i]) for i in sel)])
         return out
 
     def _tensor_table(self, config: ParallelConfig):
-        """Activations that need a gradient: name, producing layer, last consuming layer, bytes."""
+        """Activations that need a gradient: name, producing layer, last consuming layer, bytes
+        per GPU, replicated over the tensor ranks (t > 1 and the shard holds the whole tensor)."""
         graph, layered = self.graph, self.layered
         tp = self._tp(config)
         train = config.train_dtype
@@ -459,7 +462,9 @@ class LayerCoster:
         prod = np.array([producer[n] for n in names], dtype=np.int64)
         last = np.array([max(last_consumer.get(n, producer[n]), producer[n]) for n in names], dtype=np.int64)
         sizes = [float((local_out.get(n) or graph.tensors[n]).nbytes_in(train)) for n in names]
-        return names, prod, last, sizes
+        full = [float(graph.tensors[n].nbytes_in(train)) for n in names]
+        replicated = [config.tp_size > 1 and size == whole for size, whole in zip(sizes, full)]
+        return names, prod, last, sizes, replicated
 
     def _activation_model(self, config: ParallelConfig) -> ActivationModel:
         return activation_model_of(self.graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)

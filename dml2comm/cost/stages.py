@@ -55,7 +55,7 @@ from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import held_copies
 
-__all__ = ["PCIE4_X16_BYTES_PER_S", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
 
 
@@ -202,6 +202,24 @@ def dp_bucket_buffer_bytes(bucket_bytes: int, dp_cp_size: int) -> float:
     return float(bucket_bytes) if dp_cp_size > 1 else 0.0
 
 
+def scatter_gather(replicated: bool, tp_size: int, sequence_parallel: bool = False) -> bool:
+    """Whether a pipeline message goes with Megatron-LM's scatter/gather optimisation: a tensor
+    every tensor rank holds whole (no sequence parallelism) is sent 1/t per rank over the
+    network and all-gathered over the receiving tensor group (Narayanan et al. 2021, Sec. 4.1:
+    "reduces the amount of communication between pipeline stages by a factor of t"; Megatron-LM
+    ``scatter_gather_tensors_in_pipeline``, on by default)."""
+    return replicated and tp_size > 1 and not sequence_parallel
+
+
+def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
+    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``:
+    with scatter/gather (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of
+    the whole tensor over the placed ``receivers`` group (``cost_at(kind, placement, bytes)``)."""
+    if scatter_gather(replicated, tp_size):
+        return cost_at(CollectiveKind.SEND_RECV, pair, size / tp_size) + cost_at(CollectiveKind.ALL_GATHER, receivers, size)
+    return cost_at(CollectiveKind.SEND_RECV, pair, size)
+
+
 #: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
 #: of the non-expert gradients (over the d x c ranks) then of the expert ones (expert-data-parallel).
 _MAX_RUNS = 4
@@ -292,6 +310,8 @@ class StageTable:
     flops_fwd: float = 0.0  # unsharded forward FLOPs of the model per micro-batch (LayerTable.flops_fwd)
     params: np.ndarray | None = None  # per stage: parameters (before t and e; tied copies included)
     flops: np.ndarray | None = None  # per stage: unsharded forward FLOPs per micro-batch
+    recompute_full: np.ndarray | None = None  # per stage: forward seconds full recomputation repeats (transformer layers)
+    tp_f_blocks: np.ndarray | None = None  # per stage: the forward collectives on the critical path of those layers
 
 
 class StageCoster(LayerCoster):
@@ -413,8 +433,8 @@ class StageCoster(LayerCoster):
         input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
         crossing = self._boundary_bytes(config, ranges)
         if cp > 1:  # each GPU sends 1/c of every boundary tensor
-            crossing = [[x / cp for x in sizes] for sizes in crossing]
-        boundary = np.array([sum(sizes) for sizes in crossing])
+            crossing = [[(x / cp, rep) for x, rep in sizes] for sizes in crossing]
+        boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])
         # stage s's first rank is s * sp; its send partner is sp further (or back).  Groups placed
         # alike cost alike, and a stage's groups are placed as those of the first stage whose
         # first rank has the same residue mod placement_period: find each placement once
@@ -431,6 +451,7 @@ class StageCoster(LayerCoster):
 
         cost_at, where, sr = self._cost_at, self._where, CollectiveKind.SEND_RECV
         base = {r: first[r] * sp for r in uniq}  # a stage of each residue (its actual first rank)
+        tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
         ahead_of: dict[int, tuple[int, int]] = {}
         back_of: dict[int, tuple[int, int]] = {}
         sent: dict[tuple, float] = {}
@@ -444,12 +465,15 @@ class StageCoster(LayerCoster):
             back = back_of.get(r_back)
             if back is None:
                 back = back_of[r_back] = where((st + 1) * sp, -sp, 2)
-            fwd = sent.get((ahead, key))
+            gather_f, gather_b = tp_groups[at[st + 1]], tp_groups[at[st]]  # the receivers' tensor groups
+            fwd = sent.get((ahead, gather_f, key))
             if fwd is None:
-                fwd = sent[(ahead, key)] = sum(cost_at(sr, ahead, x) for x in sizes)
-            bwd = sent.get((back, key))
+                fwd = sent[(ahead, gather_f, key)] = sum(pipeline_send_s(cost_at, ahead, gather_f, x, rep, config.tp_size)
+                                                         for x, rep in sizes)
+            bwd = sent.get((back, gather_b, key))
             if bwd is None:
-                bwd = sent[(back, key)] = sum(cost_at(sr, back, x) for x in sizes)
+                bwd = sent[(back, gather_b, key)] = sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size)
+                                                        for x, rep in sizes)
             send.append(fwd)
             send_back.append(bwd)
         starts = np.array([a for a, _ in ranges])
@@ -471,51 +495,70 @@ class StageCoster(LayerCoster):
                 cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
                                      local_numel * grad_bytes)
                 tied[list(held_by)] += cost
-        tp_f, tp_b = np.zeros(p), np.zeros(p)
-
-        def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
-            """Add each stage's count of one collective times its cost on that stage's group
-            (``wheres``: per residue in ``uniq``)."""
-            cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at]
-            (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * cost
-
-        tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
-        if config.tp_comm_overlap:
-            # analysis._tp_overlapped_per_mb: what the adjacent GEMM does not hide, at least 1/t
-            t = config.tp_size
-            for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
-                if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
-                    exposed = np.maximum(cost - gemm, cost / t)[at]
-                    (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts) * exposed
-        else:
-            for (kind, phase, size), counts in layers.tp.items():
-                if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    on_path(phase, counts, kind, tp_groups, size / cp)
-        # CP and EP collectives sit on the critical path like TP's (analysis._cp_ep_exposed_per_mb)
         cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
-        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
-            on_path(phase, counts, kind, cp_groups, size)
-        for (phase, size), counts in layers.ring.items():
-            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
-            # the layer's attention core does not hide
-            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
-            target = tp_f if phase is Phase.FORWARD else tp_b
-            by_cost: dict[float, np.ndarray] = {}
-            ring_cost = [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
-                             self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
-                         for r in uniq]
-            for st in range(p):
-                cost = ring_cost[at[st]]
-                exposed = by_cost.get(cost)
-                if exposed is None:
-                    exposed = by_cost[cost] = per_stage(counts * (np.maximum(cost - core, 0.0) * (cp - 1)))
-                target[st] += exposed[st]
         wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
         wheres = per_residue(wheres_u)
         ep_groups = [w[1] for w in wheres_u]
-        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
-            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
+        ring_costs = {size: [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
+                                 self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                             for r in uniq]
+                      for (_, size) in layers.ring}
+
+        def critical_path(mask: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+            """Per stage, per micro-batch: forward and backward seconds of the tensor-, context- and
+            expert-parallel collectives on the critical path, of the layers ``mask`` selects."""
+            tp_f, tp_b = np.zeros(p), np.zeros(p)
+
+            def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
+                """Add each stage's count of one collective times its cost on that stage's group
+                (``wheres``: per residue in ``uniq``)."""
+                cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at]
+                (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts * mask) * cost
+
+            if config.tp_comm_overlap:
+                # Wang et al. (ASPLOS'23) / Megatron --tp-comm-overlap: the all-gather before a
+                # column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
+                # t chunks pipelined with the GEMM; what the adjacent GEMM (its input-gradient half in
+                # backward) does not hide stays exposed, and at least one chunk (t_comm / t) always is
+                t = config.tp_size
+                for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
+                    if phase in (Phase.FORWARD, Phase.BACKWARD):
+                        cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                        exposed = np.maximum(cost - gemm, cost / t)[at]
+                        (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts * mask) * exposed
+            else:
+                for (kind, phase, size), counts in layers.tp.items():
+                    if phase in (Phase.FORWARD, Phase.BACKWARD):
+                        on_path(phase, counts, kind, tp_groups, size / cp)
+            # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
+            # dispatch/combine) block the next op
+            for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
+                on_path(phase, counts, kind, cp_groups, size)
+            for (phase, size), counts in layers.ring.items():
+                # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
+                # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
+                core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
+                target = tp_f if phase is Phase.FORWARD else tp_b
+                by_cost: dict[float, np.ndarray] = {}
+                for st in range(p):
+                    cost = ring_costs[size][at[st]]
+                    exposed = by_cost.get(cost)
+                    if exposed is None:
+                        exposed = by_cost[cost] = per_stage(counts * mask * (np.maximum(cost - core, 0.0) * (cp - 1)))
+                    target[st] += exposed[st]
+            for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
+                on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
+            return tp_f, tp_b
+
+        tp_f, tp_b = critical_path(1.0)
+        # Full recomputation re-runs the forward of transformer layers only, never the embedding
+        # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
+        # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
+        blocks = np.array([kind == "block" for kind in self.kinds], dtype=float)
+        if blocks.all():
+            recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
+        else:
+            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), critical_path(blocks)[0]
         reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
         buffers = np.zeros(p)
         buffers[1:] += boundary
@@ -532,7 +575,8 @@ class StageCoster(LayerCoster):
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
-                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops))
+                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops),
+                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks)
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
@@ -614,9 +658,9 @@ class StageCoster(LayerCoster):
         p, m = config.pp_size, config.num_micro_batches
         times = table.by_mode.get(config.recompute)
         if times is None:  # per recomputation mode: forward, backward compute, backward, backward TP
-            if config.recompute is Recompute.FULL:
-                recompute = table.compute_f
-                tp_b = table.tp_b + table.tp_f
+            if config.recompute is Recompute.FULL:  # the transformer layers' forward again, collectives included
+                recompute = table.recompute_full
+                tp_b = table.tp_b + table.tp_f_blocks
             elif config.recompute is Recompute.SELECTIVE:
                 recompute, tp_b = table.selective, table.tp_b
             else:
