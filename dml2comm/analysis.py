@@ -27,6 +27,7 @@ from dml2comm.advice import memory_suggestions, speed_recommendations
 from dml2comm.cost.cache import attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
 from dml2comm.cost.gemm import sustained_factor
+from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import per_gpu_op_times, shared_parameters
 from dml2comm.cost.memory import ModelStates, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
@@ -47,6 +48,7 @@ from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, sen
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.schedules import build_schedule
+from dml2comm.validate.bands import expected_error_for
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -187,8 +189,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     hbm = gpu.hbm_bytes_per_s
 
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
+    host = host_model(cluster.host_model)
     costs, times, full_flops, fallback_types = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
-                                                              lenient)
+                                                              lenient, host)
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
@@ -391,10 +394,16 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, point-wise chains fused as Megatron-LM (A100 factor fitted on Narayanan "
         "et al. 2021 Table 1, every row within 5%)"
     )
+    warnings.append(
+        f"host: {host.name} ({host.kernel_s * 1e6:.0f} µs of CPU per kernel, fitted on vTrain's single-node runs; small "
+        "kernels wait for the CPU)" if host.kernel_s > 0 else
+        f"host: {host.name} (kernel time only, as a CUDA-graph captured step; --host-model eager for eager PyTorch)")
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
     memory = _memory_report(stages, cluster, config)
     summary["fits_in_memory"] = memory["fits"]
+    # the error the tool made on the validated runs nearest this one (dml2comm.validate.bands)
+    summary["expected_error"], summary["expected_error_source"] = expected_error_for(config, cluster, float(max(graph.num_params, 1)))
     if advise and not memory["fits"]:
         memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
     recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)

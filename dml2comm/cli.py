@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.cost.host import HOST_MODELS
 from dml2comm.export.files import publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
 
@@ -106,6 +107,9 @@ def analysis_parser() -> argparse.ArgumentParser:
     h.add_argument("--collective-overhead-us", type=float, default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                         "the presets' fitted value for standalone calls is 51.5)")
+    h.add_argument("--host-model", default="eager", choices=list(HOST_MODELS),
+                   help="host-side (CPU) time per kernel: eager PyTorch's dispatch and launch (default; fitted on vTrain's "
+                        "single-node runs) or none (kernel time only: CUDA-graph captured steps)")
     h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
@@ -255,7 +259,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
 
     # The presets' fitted per-call overhead is host time of a standalone, timed call; training
     # launches collectives asynchronously, so the analysis uses kernel time unless told otherwise.
-    cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6)
+    cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6, host_model=args.host_model)
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)
@@ -339,6 +343,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     console.print(head)
     console.print(kv_table(f"iteration (simulated, {cfg.schedule} schedule)", [
         ("iteration time", fmt_s(s["iteration_time_s"])),
+        ("expected error", f"±{s['expected_error']:.1%} ({s['expected_error_source']})"),
         ("compute (busiest stage)", fmt_s(s["compute_time_s"])),
         ("pipeline bubble", f"{fmt_s(s['bubble_time_s'])} ({s['bubble_fraction']:.1%} of the iteration; "
                             f"{s['bubble_ratio']:.3f} of the busiest GPU's busy time)"),

@@ -48,3 +48,16 @@ def test_bundled_bands_cover_both_regimes():
     assert 0 < err < 0.25 and src.startswith("vtrain")
     with pytest.raises(ValueError):
         expected_error_for(config, get_cluster("dgx-a100", 8), 0.0)
+
+
+def test_a_model_far_from_every_run_of_its_regime_takes_the_nearest_of_either():
+    # 1e8 parameters on 16 GPUs (multi-node): the only multi-node run is 1e11 (3 decades away),
+    # so the two single-node 1e8 runs speak for it (mean (0.10 + 0.30 + 0.02)/3 of all three
+    # nearest: K covers every row), and the source says why
+    config = ParallelConfig(dp_size=2, tp_size=2, pp_size=4, micro_batch_size=1, global_batch_size=8)
+    err, src = expected_error_for(config, get_cluster("dgx-a100", 16), 1e8, _rows())
+    assert err == pytest.approx((0.10 + 0.30 + 0.02) / 3)
+    assert "no validated multi-node run within 10x" in src
+    # within a decade of a run of its regime, the regime's runs alone count
+    err, _ = expected_error_for(config, get_cluster("dgx-a100", 16), 2e10, _rows())
+    assert err == pytest.approx(0.02)

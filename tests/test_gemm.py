@@ -209,7 +209,7 @@ def test_training_gemms_of_batched_and_other_products() -> None:
         gemm.training_gemms("Gemm", (2, 4, 8), (8, 4))
 
 
-def test_backward_gemms_cost_their_own_shapes(kernel_time_only) -> None:
+def test_backward_gemms_cost_their_own_shapes() -> None:
     # A Megatron MLP down-projection on 8 tensor ranks (h = 12288, t = 8, 2048 tokens):
     # [2048, 6144] @ [6144, 12288]: dW contracts over only 2048 tokens and dX has N = 6144.
     g = gemm.training_gemms("MatMul", (1, 2048, 6144), (6144, 12288))
@@ -218,14 +218,6 @@ def test_backward_gemms_cost_their_own_shapes(kernel_time_only) -> None:
 
 
 # ------------------------------------------------------------------ wired into the op costing
-@pytest.fixture
-def kernel_time_only(monkeypatch):
-    """The GEMM model's own times: the host model's per-kernel floor off (dml2comm.cost.host)."""
-    from dml2comm.cost import host
-
-    monkeypatch.setattr(host, "DEFAULT", host.NONE)
-
-
 def _analyse(nodes, inputs, outputs, initializers=(), cluster_name="dgx-h100", batch=1):
     from dataclasses import replace
 
@@ -240,14 +232,15 @@ def _analyse(nodes, inputs, outputs, initializers=(), cluster_name="dgx-h100", b
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     onnx.checker.check_model(model)
-    cluster = replace(get_cluster(cluster_name, 1), collective_overhead_s=0.0)
+    # the GEMM model's own times: the host model's per-kernel floor off (dml2comm.cost.host)
+    cluster = replace(get_cluster(cluster_name, 1), collective_overhead_s=0.0, host_model="none")
     config = ParallelConfig(dtype="bf16", micro_batch_size=batch, global_batch_size=batch)
     analysis = analyze_graph(load_model_proto(model, ImportOptions(batch_size=batch)), config, cluster,
                              advise=False, timeline=False)
     return {op.name: op for op in analysis.ops}
 
 
-def test_op_costing_times_linear_and_attention_matmuls_with_the_gemm_model(kernel_time_only) -> None:
+def test_op_costing_times_linear_and_attention_matmuls_with_the_gemm_model() -> None:
     """The analysis times a MatMul by gemm_time_s: forward at its own shape, backward as the
     data-gradient plus the weight-gradient GEMM, each at its own shape (training_gemms)."""
     import numpy as np
@@ -274,7 +267,7 @@ def test_op_costing_times_linear_and_attention_matmuls_with_the_gemm_model(kerne
     assert ops["linear"].time_bwd_s != 2 * ops["linear"].time_fwd_s
 
 
-def test_gemm_bias_flops_are_added_at_the_flop_efficiency(kernel_time_only) -> None:
+def test_gemm_bias_flops_are_added_at_the_flop_efficiency() -> None:
     """Gemm Y = A B + C on A100 (no table): the GEMM model's time plus the bias's M N FLOPs at
     peak x FLOP_EFFICIENCY (forward) and 2 M N (backward, the rule's 2x)."""
     import numpy as np

@@ -91,3 +91,38 @@ def test_large_gemms_hide_host_time():
     assert total(eager.times) == pytest.approx(total(plain.times), rel=3e-3)
     assert total(eager.times) > total(plain.times)
     assert dataclasses.replace(host.EAGER) == host.DEFAULT
+
+
+def test_the_cluster_names_its_host_model_and_both_paths_read_it(tmp_path):
+    """``--host-model none`` (Cluster.host_model) reaches the analysis and the sweep's evaluator
+    alike, is recorded in data.json's cluster block, and a small model is faster without the
+    per-kernel floor; an unknown name is one line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.hardware.cluster import make_cluster
+    from dml2comm.parallel.config import ParallelConfig
+    from dml2comm.search.fast import FastEvaluator
+
+    imported = load_model_proto(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=512, seq_len=128), ImportOptions(batch_size=1))
+    config = ParallelConfig(pp_size=2, micro_batch_size=1, global_batch_size=4, seq_len=128)
+    times = {}
+    for name in ("eager", "none"):
+        cluster = dataclasses.replace(make_cluster("a100", 2, 2), host_model=name)
+        a = analyze_graph(imported, config, cluster, advise=False, timeline=False)
+        row = FastEvaluator(imported, cluster).evaluate([config])[0]
+        assert row["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9)
+        assert any(w.startswith(f"host: {name}") for w in a.warnings)
+        times[name] = a.summary["iteration_time_s"]
+    assert times["none"] < times["eager"]
+    with pytest.raises(ConfigError, match="unknown host model 'lazy'"):
+        analyze_graph(imported, config, dataclasses.replace(make_cluster("a100", 2, 2), host_model="lazy"), advise=False)
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "o"
+    run = subprocess.run([sys.executable, "main.py", str(root / "examples" / "gpt2-small.onnx"), "--host-model", "none", "--no-site",
+                          "--out", str(out)], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((out / "data.json").read_text())["cluster"]["network"]["host_model"] == "none"

@@ -5,6 +5,8 @@ Tests that run the ``dot`` binary carry ``@pytest.mark.dot``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import shutil
 import subprocess
@@ -56,13 +58,14 @@ def hostile_model() -> onnx.ModelProto:
     return model
 
 
-def _analysis(model: onnx.ModelProto, lenient: bool = False, **cfg):
+def _analysis(model: onnx.ModelProto, lenient: bool = False, host_model: str = "eager", **cfg):
     base = dict(micro_batch_size=2)
     base.update(cfg)
     b, d, p = base["micro_batch_size"], base.get("dp_size", 1), base.get("pp_size", 1)
     config = ParallelConfig(**{"global_batch_size": b * d * p, **base})
     imported = load_model_proto(model, ImportOptions(batch_size=config.micro_batch_size, lenient=lenient))
-    return analyze_graph(imported, config, make_cluster("a100", config.num_gpus, min(8, config.num_gpus)), lenient=lenient)
+    cluster = make_cluster("a100", config.num_gpus, min(8, config.num_gpus))
+    return analyze_graph(imported, config, dataclasses.replace(cluster, host_model=host_model), lenient=lenient)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,11 +135,7 @@ digraph G {
 
 @pytest.fixture(scope="module")
 def mlp_facts() -> Facts:
-    from dml2comm.cost import host
-
-    with pytest.MonkeyPatch.context() as mp:  # the golden's heat colours: kernel times, no host floor
-        mp.setattr(host, "DEFAULT", host.NONE)
-        return Facts.of(_analysis(mlp(), tp_size=2))
+    return Facts.of(_analysis(mlp(), tp_size=2, host_model="none"))  # the golden's heat colours: kernel times, no host floor
 
 
 def _mask_times(dot: str) -> str:
@@ -303,12 +302,11 @@ def test_bottleneck_is_the_hottest_box_of_each_drawing(monkeypatch):
     saturated at 40%).  Colour is now relative to the hottest box of the drawing: exactly the
     busiest stage(s) get the top bin and the outline; a stage well below them is lighter."""
     from dml2comm.analysis import analyze
-    from dml2comm.cost import host
     from dml2comm.render.dot import replica_drawing
 
-    monkeypatch.setattr(host, "DEFAULT", host.NONE)  # the shares below are kernel times (no host floor)
     config = ParallelConfig(dp_size=1, tp_size=1, pp_size=3, micro_batch_size=1, global_batch_size=3, seq_len=64)
-    a = analyze(FIXTURES / "gpt2_dynamo.onnx", config, make_cluster("a100", 3, 3))
+    # the shares below are kernel times (host model "none": no host floor)
+    a = analyze(FIXTURES / "gpt2_dynamo.onnx", config, dataclasses.replace(make_cluster("a100", 3, 3), host_model="none"))
     facts = Facts.of(a)
     drawing = replica_drawing(facts, 0)
     top = max(facts.stage_share)

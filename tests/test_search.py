@@ -586,17 +586,15 @@ def test_fast_path_equals_the_full_analysis_on_send_bound_pipelines(tmp_path, mo
     steps after it: a device's sends queue on its pp stream.  The fast path's batched recurrence
     queues them as the engine does: every configuration (1F1B and interleaved, p up to 8, TP
     across nodes, ZeRO 0-3, recomputation none/full) equal to 1e-9."""
-    from dml2comm.cost import host
     from dml2comm.hardware.cluster import make_cluster
 
-    # kernel time only: with the eager host floor (dml2comm.cost.host) this tiny model's steps
-    # outlast its sends and the regime under test is gone
-    monkeypatch.setattr(host, "DEFAULT", host.NONE)
+    # kernel time only (host_model "none"): with the eager host floor (dml2comm.cost.host) this
+    # tiny model's steps outlast its sends and the regime under test is gone
     path = tmp_path / "tiny.onnx"
     zoo.save(zoo.build_gpt(layers=8, hidden=32, heads=4, vocab=256, seq_len=128), path)
 
     def one_gpu_per_node(num_gpus):
-        return make_cluster("a100", num_gpus, 1)
+        return dataclasses.replace(make_cluster("a100", num_gpus, 1), host_model="none")
 
     # the regime is send-bound: in the analysis's own timeline some send waits for the one before it
     config = ParallelConfig(pp_size=8, micro_batch_size=1, global_batch_size=16, seq_len=128)

@@ -28,6 +28,7 @@ import numpy as np
 
 from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, layers_of, moe_of,
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of)
+from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
 from dml2comm.cost.memory import ActivationModel
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.hardware.gpus import GPU
@@ -97,6 +98,7 @@ class _LayersKey(CacheKey):
     cp_scheme: str | None
     seq_len: int | None
     lenient: bool
+    host: HostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +209,16 @@ class LayerCoster:
     """Per-layer tables of one imported model on one GPU (module docstring)."""
 
     def __init__(self, imported: ImportResult, gpu: GPU, collapse: bool = True, collapsed: Collapsed | None = None,
-                 lenient: bool = False) -> None:
+                 lenient: bool = False, host: HostModel = DEFAULT_HOST) -> None:
         """``collapsed``: ``imported`` is already the collapsed model (another micro-batch size
         of a model whose collapse was found on a full import); else the collapse is found here
         (``collapse=False``: the whole graph).  ``lenient``: ops without a cost rule are costed
-        as memory-bound (``--lenient``) instead of refused."""
+        as memory-bound (``--lenient``) instead of refused.  ``host``: the host-side model the
+        op times include (:mod:`dml2comm.cost.host`)."""
         self.imported = imported
         self.gpu = gpu
         self.lenient = lenient
+        self.host = host
         self.pre_collapsed = collapsed is not None
         if collapsed is None:
             full = imported.graph
@@ -264,7 +268,8 @@ class LayerCoster:
         """What the per-layer times depend on (the layers' and the partition's cache key)."""
         cp, cf = self._scale(config)
         gpu = self.gpu
-        return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient)
+        return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient,
+                          self.host)
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
@@ -282,7 +287,7 @@ class LayerCoster:
         gpu = self.gpu
         peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
         tp = self._tp(config)
-        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient)
+        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host)
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)

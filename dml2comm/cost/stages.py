@@ -43,6 +43,7 @@ import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import optimizer_step_s
+from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, in_flight_micro_batches, model_state_bytes
 from dml2comm.errors import ConfigError
@@ -331,7 +332,7 @@ class StageCoster(LayerCoster):
         self._in_flight: dict[tuple, np.ndarray] = {}
         self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
         self._per_cluster: dict[object, object] = {}
-        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient)
+        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host_model(cluster.host_model))
 
     def _use(self, collapsed: Collapsed | None) -> None:
         self._per_cluster.clear()  # stage tables of the graph worked on before

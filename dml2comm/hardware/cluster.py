@@ -575,6 +575,11 @@ class Cluster:
         empty for the presets.
     source_file
         ``(file name, sha256)`` of the cluster file it was loaded from (``--cluster FILE``), else None.
+    host_model
+        The framework's host-side (CPU) model by name (:data:`dml2comm.cost.host.HOST_MODELS`):
+        ``"eager"`` (eager PyTorch, the default: every kernel costs the CPU a dispatch) or
+        ``"none"`` (kernel time only: CUDA-graph captured steps).  Software, like
+        ``collective_library``: the same GPUs run either.
 
     Raises
     ------
@@ -598,8 +603,11 @@ class Cluster:
     sources: tuple[tuple[str, str], ...] = ()
     collective_fits: tuple[CollectiveFit, ...] = ()
     source_file: tuple[str, str] | None = None
+    host_model: str = "eager"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.host_model, str) or not self.host_model:
+            raise ConfigError(f"cluster {self.name!r}: host_model must be a host model's name (eager, none), got {self.host_model!r}")
         object.__setattr__(self, "collective_fits", tuple(self.collective_fits))
         for label, value in (("num_gpus", self.num_gpus), ("gpus_per_node", self.gpus_per_node)):
             if not _is_int(value) or value < 1:
@@ -701,6 +709,7 @@ class Cluster:
                 "nics_per_node": self.nics_per_node,
                 "collective_library": self.collective_library,
                 "collective_overhead_s": self.collective_overhead_s,
+                "host_model": self.host_model,
                 "sources": dict(self.sources),
             },
             # only for a cluster file (presets' blocks stay as they were)

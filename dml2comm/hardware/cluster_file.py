@@ -23,6 +23,7 @@ a preset's name: the cost caches tell GPUs apart by name, so a calibrated GPU is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -37,7 +38,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import (COLLECTIVE_LIBRARIES, INTRA_TOPOLOGIES, Cluster, CollectiveFit, Link)
 from dml2comm.hardware.gpus import GPUS, GPU
 
-__all__ = ["FORMAT", "ClusterFile", "load_cluster_file", "parse_cluster_file", "cluster_file_dict", "dump_cluster_file"]
+__all__ = ["FORMAT", "ClusterFile", "load_cluster_file", "loaded_cluster_file", "parse_cluster_file", "cluster_file_dict", "dump_cluster_file"]
 
 #: The value of the required ``format`` key.
 FORMAT = "dml2comm-cluster/1"
@@ -50,7 +51,8 @@ _GPU_OPTIONAL = ("sm_count", "sources", "gemm_sustained_factor", "hbm_efficiency
 _LINK_REQUIRED = ("name", "bandwidth_bytes_per_s", "latency_s")
 _LINK_OPTIONAL = ("efficiency", "kernel_s_per_byte", "hw", "links_per_gpu", "in_network_efficiency", "sources")
 _LINK_DERIVED = ("effective_bytes_per_s",)
-_NETWORK_OPTIONAL = ("intra_topology", "nvlink_matrix", "nics_per_node", "collective_library", "collective_overhead_s", "sources")
+_NETWORK_OPTIONAL = ("intra_topology", "nvlink_matrix", "nics_per_node", "collective_library", "collective_overhead_s", "host_model",
+                     "sources")
 _FIT_REQUIRED = ("kind", "group_size", "level", "alpha_s", "beta_s_per_byte")
 _FIT_DERIVED = ("busbw_bytes_per_s",)
 
@@ -77,6 +79,8 @@ class ClusterFile:
     calibration: Mapping[str, Any] = field(default_factory=dict)
     file_name: str = ""
     sha256: str = ""
+    host_model: str = "eager"
+    folder: str = ""  # the folder the file was read from ("" when parsed from a document)
 
     def build(self, num_gpus: int | None = None) -> Cluster:
         """The cluster with ``num_gpus`` GPUs (default one node), named as presets are."""
@@ -89,6 +93,7 @@ class ClusterFile:
             nics_per_node=self.nics_per_node, collective_library=self.collective_library,
             collective_overhead_s=self.collective_overhead_s, sources=self.sources,
             collective_fits=self.collective_fits, source_file=(self.file_name, self.sha256) if self.file_name else None,
+            host_model=self.host_model,
         )
 
 
@@ -244,11 +249,17 @@ def parse_cluster_file(data: Any, file_name: str = "", sha256: str = "") -> Clus
             collective_overhead_s=_number(net.get("collective_overhead_s", 0.0), "network.collective_overhead_s"),  # type: ignore[arg-type]
             sources=tuple(sorted(_sources(net.get("sources"), "network.sources").items())),
             collective_fits=fits, calibration=MappingProxyType(calibration), file_name=file_name, sha256=sha256,
+            host_model=_text(net.get("host_model", "eager"), "network.host_model"),
         )
         spec.build()  # the cluster's own checks (a link matrix of the wrong size...) fail here, at load time
     except ConfigError as exc:
         raise ConfigError(f"cluster file {file_name or ''}: {exc}".replace("cluster file : ", "cluster file: ")) from None
     return spec
+
+
+#: The cluster files loaded in this process by sha256: the site's References page finds the
+#: calibration record of a cluster (which carries only the file's name and hash) here.
+_LOADED: dict[str, ClusterFile] = {}
 
 
 @functools.lru_cache(maxsize=32)
@@ -259,7 +270,14 @@ def _load(path: str, mtime_ns: int, size: int) -> ClusterFile:
         data = yaml.safe_load(raw.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cluster file {name!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    return parse_cluster_file(data, name, hashlib.sha256(raw).hexdigest())
+    spec = dataclasses.replace(parse_cluster_file(data, name, hashlib.sha256(raw).hexdigest()), folder=str(Path(path).parent))
+    _LOADED[spec.sha256] = spec
+    return spec
+
+
+def loaded_cluster_file(sha256: str) -> ClusterFile | None:
+    """The cluster file with this sha256 if this process loaded it (:func:`load_cluster_file`), else None."""
+    return _LOADED.get(sha256)
 
 
 def load_cluster_file(path: str | Path) -> ClusterFile:

@@ -32,6 +32,7 @@ class Hardware:
     cluster: str | None = None
     gpus_per_node: int = 8
     seq_len: int | None = None
+    host_model: str = "eager"
 
 
 def config_slug(config: Mapping[str, Any]) -> str:
@@ -83,6 +84,8 @@ def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out
         argv += ["--gpu", hardware.gpu]
     if hardware.gpus_per_node != 8:
         argv += ["--gpus-per-node", str(hardware.gpus_per_node)]
+    if hardware.host_model != "eager":
+        argv += ["--host-model", hardware.host_model]
     return argv + ["--out", out]
 
 

@@ -196,7 +196,9 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
     ]
     # (title, value, note, page the card links to or None, alarm: drawn in red)
     headline = [
-        ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples", "timeline", False),
+        ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples"
+         + (f"; expected error ±{s['expected_error']:.1%} ({s.get('expected_error_source')})" if s.get("expected_error") is not None else ""),
+         "timeline", False),
         ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else "", None, False),
         ("Communication (all stages)", fmt_s(s.get("comm_time_s")),
          f"exposed: {fmt_s(exposed)} ({fmt_share(exposed / iteration) if iteration else ''} of the iteration); "

@@ -33,6 +33,9 @@ __all__ = ["BANDS_FILE", "K", "BandRow", "band_rows", "bands_csv", "expected_err
 BANDS_FILE = "expected_error.csv"
 #: Nearest runs averaged.
 K = 20
+#: Decades of model size beyond which the nearest run of the same regime is too far to speak
+#: for this one (a factor of 10 in parameters).
+FAR = 1.0
 _FIELDS = ("source", "case", "gpu", "params", "num_gpus", "gpus_per_node", "t", "p", "abs_error")
 
 
@@ -119,12 +122,24 @@ def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: f
     same = [r for r in rows if r.single_node == single] or list(rows)
     same_gpu = [r for r in same if r.gpu == cluster.gpu.name]
     pool = same_gpu or same
-    near = sorted(pool, key=lambda r: (_distance(r, model_params, config.tp_size, config.pp_size), r.source, r.case))[:K]
+
+    def distance(r: BandRow) -> float:
+        return _distance(r, model_params, config.tp_size, config.pp_size)
+
+    far = ""
+    if min(abs(math.log10(model_params / r.params)) for r in pool) > FAR:
+        # no run of this regime within a decade of this one (a small model on many GPUs): the
+        # nearest runs of either regime say more than distant runs of the same one
+        pool = [r for r in rows if r.gpu == cluster.gpu.name] or list(rows)
+        regime_runs = "single-node" if single else "multi-node"
+        far = f"; no validated {regime_runs} run within 10x of this model's size: nearest runs of either kind"
+    near = sorted(pool, key=lambda r: (distance(r), r.source, r.case))[:K]
     error = sum(r.abs_error for r in near) / len(near)
     sources = sorted({r.source for r in near})
     lo, hi = min(r.params for r in near), max(r.params for r in near)
-    regime = "single-node" if single else "multi-node"
+    kinds = sorted({"single-node" if r.single_node else "multi-node" for r in near})
+    regime = "/".join(kinds)
     gpus = sorted({r.gpu for r in near})
-    note = "" if same_gpu else f"; no validated run on {cluster.gpu.name}"
+    note = ("" if same_gpu else f"; no validated run on {cluster.gpu.name}") + far
     return error, (f"{', '.join(sources)}: mean |error| of the {len(near)} nearest {regime} {'/'.join(gpus)} runs "
                    f"({lo:.2g}-{hi:.2g} parameters){note}")
