@@ -75,7 +75,7 @@ def speed_recommendations(imported: ImportResult, config: ParallelConfig, cluste
             continue
         t = row["iteration_time_s"]
         if t < base_iteration_s * (1 - MIN_GAIN):
-            out.append({"change": change, "iteration_time_s": t, "speedup": base_iteration_s / t, "fits_in_memory": row["fits"],
+            out.append({"change": change, "iteration_time_s": t, "speedup": base_iteration_s / t, "fits_in_memory": row["fits_in_memory"],
                         "peak_memory_bytes": row["peak_memory_bytes"]})
     return sorted(out, key=lambda r: r["iteration_time_s"])
 
@@ -100,6 +100,6 @@ def memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster: 
         if row.get("error"):  # e.g. t no longer divides the heads
             out.append({"change": change, "peak_bytes": None, "fits": False, "note": row["error"]})
         else:
-            out.append({"change": change, "peak_bytes": row["peak_memory_bytes"], "fits": row["fits"],
+            out.append({"change": change, "peak_bytes": row["peak_memory_bytes"], "fits": row["fits_in_memory"],
                         "iteration_time_s": row["iteration_time_s"]})
     return out

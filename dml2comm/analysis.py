@@ -31,7 +31,7 @@ from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import per_gpu_op_times, shared_parameters
 from dml2comm.cost.memory import ModelStates, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
-from dml2comm.cost.summary import breakdown, mfu, model_flops
+from dml2comm.cost.summary import Summary, breakdown, summary_of
 from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather, stage_dp_collectives
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
@@ -139,7 +139,7 @@ class Analysis:
     layers: tuple[LayerInfo, ...]
     stages: tuple[StageInfo, ...]
     comms: tuple[CommNode, ...]
-    summary: Mapping[str, Any]
+    summary: Summary
     model_info: Mapping[str, Any]
     warnings: tuple[str, ...] = field(default_factory=tuple)
     memory: Mapping[str, Any] = field(default_factory=dict)
@@ -387,7 +387,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                _shape(tp.shards[op.index].outputs))
         for op in graph.ops
     )
-    summary, model_info = _summarize(graph, layered, config, stages, comms, sim, sim_free, full_flops, peak, seq_len, model_path)
+    memory = _memory_report(stages, cluster, config)
+    summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
+                                     model_path, memory)
     warnings.append(
         f"compute: GEMMs from measured tables or the fitted tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of "
         f"peak sustained on {cluster.gpu.name}, other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, memory-bound ops at "
@@ -400,10 +402,6 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         f"host: {host.name} (kernel time only, as a CUDA-graph captured step; --host-model eager for eager PyTorch)")
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
-    memory = _memory_report(stages, cluster, config)
-    summary["fits_in_memory"] = memory["fits"]
-    # the error the tool made on the validated runs nearest this one (dml2comm.validate.bands)
-    summary["expected_error"], summary["expected_error_source"] = expected_error_for(config, cluster, float(max(graph.num_params, 1)))
     if advise and not memory["fits"]:
         memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
     recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
@@ -484,55 +482,43 @@ def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
     return ()
 
 
-def _summarize(graph, layered, config, stages, comms, sim: SimResult, sim_free: SimResult, full_flops, peak, seq_len, model_path):
-    """Headline numbers from the simulated iteration: the four parts of the iteration, the
-    bubble's two ratios and the busiest stage as :func:`dml2comm.cost.summary.breakdown` defines
-    them (the sweep's rows read the same function).  ``comm_time_s`` is the collective time of
-    every stage of one replica (each stage's GPU), so that ``exposed_comm_time_s`` <=
-    ``comm_time_s``: removing all collectives shortens the critical path by at most the
-    collective time on it; ``comm_time_busiest_stage_s`` is the busiest stage's own share of it.
+def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, sim_free: SimResult, full_flops, peak, seq_len,
+               model_path, memory) -> tuple[Summary, dict[str, Any]]:
+    """The :class:`~dml2comm.cost.summary.Summary` of the simulated iteration (the four parts of
+    the iteration, the bubble's two ratios and the busiest stage as
+    :func:`dml2comm.cost.summary.breakdown` defines them for the sweep's rows too), plus what only
+    the analysis has: ``comm_time_s`` is the collective time of every stage of one replica (each
+    stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s`` (removing all collectives
+    shortens the critical path by at most the collective time on it);
+    ``comm_time_busiest_stage_s`` is the busiest stage's own share of it; the bottleneck in words;
+    the expected error of the validated runs nearest this one (:mod:`dml2comm.validate.bands`).
     """
     iteration = sim.iteration_time_s
     parts = breakdown(np.array([iteration]), np.array([sim_free.iteration_time_s]), np.array([sim_free.compute_end_s]),
-                      np.array([sim_free.compute_busy_s]))  # dml2comm.cost.summary: the sweep's formulas
+                      np.array([sim_free.compute_busy_s]))
     crit = int(parts.critical_stage[0])
-    compute, bubble_time, exposed, optimizer_part = (float(parts.compute_s[0]), float(parts.bubble_s[0]),
-                                                     float(parts.exposed_comm_s[0]), float(parts.optimizer_s[0]))
     comm_by_stage_dim = {dim: sum(c.time_s * c.count_per_iteration for c in comms if c.dim is dim and c.stage == crit) for dim in ParallelDim}
-    comm_busiest = sum(comm_by_stage_dim.values())
-    comm_total = sum(c.time_s * c.count_per_iteration for c in comms)
-    flops_fwd_per_sample = sum(full_flops) / config.micro_batch_size
-    flops = model_flops(flops_fwd_per_sample, config.global_batch_size)
-    tokens = config.global_batch_size * seq_len if seq_len else None
     shares = {
-        "compute": compute,
-        "pipeline bubble": bubble_time,
-        "exposed communication": exposed,
-        "optimizer step": optimizer_part,
+        "compute": float(parts.compute_s[0]),
+        "pipeline bubble": float(parts.bubble_s[0]),
+        "exposed communication": float(parts.exposed_comm_s[0]),
+        "optimizer step": float(parts.optimizer_s[0]),
     }
     name, share = max(shares.items(), key=lambda kv: kv[1])
     if name == "exposed communication":
         dim = max(comm_by_stage_dim, key=comm_by_stage_dim.get)
         name = f"exposed communication (mostly {dim.value})"
-    bottleneck = f"{name}: {share / iteration:.0%} of the iteration (stage {crit} is the busiest)" if iteration else None
-    summary = {
-        "iteration_time_s": iteration,
-        "compute_time_s": compute,
-        "comm_time_s": comm_total,
-        "comm_time_busiest_stage_s": comm_busiest,
-        "exposed_comm_time_s": exposed,
-        "bubble_time_s": bubble_time,
-        "bubble_fraction": float(parts.bubble_fraction[0]),
-        "bubble_ratio": float(parts.bubble_ratio[0]),
-        "optimizer_time_s": optimizer_part,
-        "mfu": mfu(flops, iteration, config.num_gpus, peak),
-        "tokens_per_s": tokens / iteration if tokens and iteration else None,
-        "samples_per_s": config.global_batch_size / iteration if iteration else None,
-        "peak_memory_bytes": max(x.memory["total_bytes"] for x in stages),
-        "fits_in_memory": None,  # set by the memory report
-        "bottleneck": bottleneck,
-        "critical_stage": crit,
-    }
+    error, error_source = expected_error_for(config, cluster, float(max(graph.num_params, 1)))
+    flops_fwd_per_sample = sum(full_flops) / config.micro_batch_size
+    summary = summary_of(
+        parts, 0, iteration, flops_fwd_per_sample=flops_fwd_per_sample, global_batch_size=config.global_batch_size,
+        num_gpus=config.num_gpus, peak_flops=peak, seq_len=seq_len, peak_memory_bytes=memory["peak_bytes"],
+        capacity_bytes=memory["capacity_bytes"],
+        comm_time_s=sum(c.time_s * c.count_per_iteration for c in comms),
+        comm_time_busiest_stage_s=sum(comm_by_stage_dim.values()),
+        bottleneck=f"{name}: {share / iteration:.0%} of the iteration (stage {crit} is the busiest)" if iteration else None,
+        expected_error=error, expected_error_source=error_source,
+    )
     model_info = {
         "path": model_path,
         "name": graph.name,

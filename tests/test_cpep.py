@@ -341,7 +341,7 @@ def _fast_equals_full(imported, configs):
             assert row["peak_memory_bytes"] == full["peak_memory_bytes"], config
             for key in BREAKDOWN:
                 assert row[key] == pytest.approx(full[key], rel=1e-9, abs=1e-15), (key, config)
-            assert row["fits"] == full["fits_in_memory"]
+            assert row["fits_in_memory"] == full["fits_in_memory"]
 
 
 def test_fast_path_covers_cp_ep_and_capacity_factor():

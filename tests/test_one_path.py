@@ -86,3 +86,31 @@ def test_flag_strings_become_enums_and_print_as_flags():
     assert c.schedule is Schedule.INTERLEAVED and c.recompute is Recompute.FULL
     assert f"{c.schedule} {c.recompute}" == "interleaved full" and c.to_dict()["schedule"] == "interleaved"
     assert c.chunks == 2 and ParallelConfig(virtual_stages=3).chunks == 1  # v only counts when interleaved
+
+
+def test_one_typed_summary_for_the_analysis_the_sweep_and_data_json(gpt):
+    """The analysis's summary and the sweep evaluator's rows are the same Summary type built by one
+    function (cost.summary.summary_of): equal on every field both have, TFLOP/s included (it had a
+    third copy in sweep.py), and data.json's summary block is its dict."""
+    import json
+
+    from dml2comm.cost.summary import Summary
+    from dml2comm.export.report import report_json
+    from dml2comm.search.fast import FastEvaluator
+
+    config = ParallelConfig(micro_batch_size=2, dp_size=2, tp_size=2, pp_size=2, global_batch_size=16)
+    cluster = make_cluster("a100", config.num_gpus, 4)
+    a = analyze_graph(gpt, config, cluster, advise=False)
+    row = FastEvaluator(gpt, cluster, collapse=False).evaluate([config])[0]
+    assert isinstance(a.summary, Summary) and isinstance(row, Summary)
+    for name in ("iteration_time_s", "compute_time_s", "bubble_fraction", "optimizer_time_s", "mfu", "tflops_per_gpu",
+                 "tokens_per_s", "peak_memory_bytes", "fits_in_memory", "critical_stage"):
+        assert row[name] == pytest.approx(a.summary[name], rel=1e-9), name
+    assert row.bottleneck is None and a.summary.bottleneck and a.summary.expected_error > 0
+    # tokens/s = B s / T; TFLOP/s per GPU = 3 x forward FLOPs per sample x B / (T x GPUs)
+    t = a.summary.iteration_time_s
+    assert a.summary.tokens_per_s == pytest.approx(16 * 256 / t)
+    assert a.summary.tflops_per_gpu == pytest.approx(3 * a.model_info["flops_fwd_per_sample"] * 16 / (t * 8) / 1e12)
+    assert json.loads(report_json(a))["summary"] == json.loads(json.dumps(a.summary.to_dict()))
+    with pytest.raises(KeyError):
+        a.summary["iteration"]  # noqa: B018 - a mapping of its fields only

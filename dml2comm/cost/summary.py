@@ -17,16 +17,20 @@ The iteration splits into four named parts that add up to it (issue 19's one def
 times; :func:`dml2comm.analysis.analyze_graph` calls it with K = 1 (engine results),
 :func:`dml2comm.search.fast.FastEvaluator.evaluate` for many (the batched recurrence).
 :func:`model_flops` / :func:`mfu` / :func:`tflops_per_gpu` are the throughput figures of both
-and of the sweep's rows.
+and of the sweep's rows, and :func:`summary_of` assembles the one typed :class:`Summary` that
+data.json, the terminal, the site and the sweep's rows read.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["BUSY_TIE_RTOL", "Breakdown", "breakdown", "model_flops", "mfu", "tflops_per_gpu"]
+__all__ = ["BUSY_TIE_RTOL", "Breakdown", "Summary", "breakdown", "model_flops", "mfu", "summary_of", "tflops_per_gpu"]
 
 #: Stages whose collective-free busy times agree to this relative tolerance are equally busy, and
 #: the first of them is "the busiest" (identical blocks on two stages must not pick a stage by
@@ -87,3 +91,77 @@ def mfu(flops: float, iteration_s: float, num_gpus: int, peak_flops: float) -> f
 def tflops_per_gpu(flops: float, iteration_s: float, num_gpus: int) -> float | None:
     """Model TFLOP/s per GPU (what Narayanan et al. 2021 Table 1 reports, there with recomputation's FLOPs)."""
     return flops / (iteration_s * num_gpus) / 1e12 if iteration_s > 0 else None
+
+
+@dataclass(frozen=True)
+class Summary(Mapping):
+    """The headline numbers of one configuration, built once (:func:`summary_of`) by the analysis
+    and by the sweep's evaluator.  Read it by attribute; it is also a read-only mapping of its
+    fields (``dict(summary)`` is data.json's ``summary`` block, ``summary["mfu"]`` works), so
+    templates and JSON need no second copy.  The fields after ``critical_stage`` are the
+    analysis's alone (its comm nodes and the validation bands): None on the sweep's rows."""
+
+    iteration_time_s: float
+    compute_time_s: float
+    exposed_comm_time_s: float
+    bubble_time_s: float
+    bubble_fraction: float
+    bubble_ratio: float
+    optimizer_time_s: float
+    mfu: float | None
+    tflops_per_gpu: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    peak_memory_bytes: float
+    fits_in_memory: bool
+    critical_stage: int
+    comm_time_s: float | None = None
+    comm_time_busiest_stage_s: float | None = None
+    bottleneck: str | None = None
+    expected_error: float | None = None
+    expected_error_source: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _FIELDS:
+            if key == "error":  # a Summary is a successful evaluation; a failed one is {"error": message}
+                return None
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Summary))
+
+
+def summary_of(parts: Breakdown, k: int, iteration_s: float, *, flops_fwd_per_sample: float, global_batch_size: int, num_gpus: int,
+               peak_flops: float, seq_len: int | None, peak_memory_bytes: float, capacity_bytes: float, **analysis_only: Any) -> Summary:
+    """Configuration ``k`` of :func:`breakdown`'s ``parts`` as a :class:`Summary`: throughput from
+    the model FLOPs (:func:`model_flops`), samples and tokens per second, whether the peak
+    memory fits ``capacity_bytes``; ``analysis_only``: the fields the analysis adds."""
+    flops = model_flops(flops_fwd_per_sample, global_batch_size)
+    tokens = global_batch_size * seq_len if seq_len else None
+    return Summary(
+        iteration_time_s=iteration_s,
+        compute_time_s=float(parts.compute_s[k]),
+        exposed_comm_time_s=float(parts.exposed_comm_s[k]),
+        bubble_time_s=float(parts.bubble_s[k]),
+        bubble_fraction=float(parts.bubble_fraction[k]),
+        bubble_ratio=float(parts.bubble_ratio[k]),
+        optimizer_time_s=float(parts.optimizer_s[k]),
+        mfu=mfu(flops, iteration_s, num_gpus, peak_flops),
+        tflops_per_gpu=tflops_per_gpu(flops, iteration_s, num_gpus),
+        samples_per_s=global_batch_size / iteration_s if iteration_s else None,
+        tokens_per_s=tokens / iteration_s if tokens and iteration_s else None,
+        peak_memory_bytes=peak_memory_bytes,
+        fits_in_memory=peak_memory_bytes <= capacity_bytes,
+        critical_stage=int(parts.critical_stage[k]),
+        **analysis_only,
+    )

@@ -17,6 +17,7 @@ What it returns equals ``analyze_graph``'s summary on iteration time, memory and
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -24,7 +25,8 @@ import numpy as np
 
 from dml2comm.cost.layers import NotRepeating
 from dml2comm.cost.stages import StageCoster, StagePlan
-from dml2comm.cost.summary import breakdown, mfu, model_flops, tflops_per_gpu
+from dml2comm.cost.ops import infer_seq_len
+from dml2comm.cost.summary import Summary, breakdown, summary_of
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.parallel.config import ParallelConfig
@@ -43,9 +45,15 @@ def supports(config: ParallelConfig) -> bool:
 class FastEvaluator(StageCoster):
     """Summary numbers of configurations of one imported model on one cluster (module docstring)."""
 
-    def evaluate(self, configs: Sequence[ParallelConfig]) -> list[dict[str, Any]]:
-        """Summary numbers per configuration (the analysis's keys); raises nothing: a failed
-        configuration's dict has ``error``."""
+    @functools.cached_property
+    def seq_len(self) -> int | None:
+        """Tokens per sample when a configuration has no ``--seq-len`` (tokens/s), as the analysis infers it."""
+        return infer_seq_len(self.imported.graph)
+
+    def evaluate(self, configs: Sequence[ParallelConfig]) -> list[Summary | dict[str, Any]]:
+        """The :class:`~dml2comm.cost.summary.Summary` of each configuration (the analysis's,
+        without the fields only its comm nodes give); raises nothing: a failed configuration
+        gets ``{"error": message}``."""
         out: list[dict[str, Any] | None] = [None] * len(configs)
         groups: dict[tuple, list[tuple[int, StagePlan]]] = defaultdict(list)
         for i, config in enumerate(configs):
@@ -72,7 +80,7 @@ class FastEvaluator(StageCoster):
                 sim.dp_end = dp
                 by_p[sim.cs.p].append((members, sim, end))
         for batch in by_p.values():  # groups with as many devices: their summaries in one go
-            summaries = _finish([(sim, end) for _, sim, end in batch], self.cluster)
+            summaries = _finish([(sim, end) for _, sim, end in batch], self.cluster, self.seq_len)
             for (i, _), summary in zip((m for members, _, _ in batch for m in members), summaries):
                 out[i] = summary
         return out  # type: ignore[return-value]
@@ -123,7 +131,7 @@ class _GroupSim:
         self.dp_end: np.ndarray | None = None  # per unique row and device: the dp stream's end (ZeRO-2/3)
 
 
-def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[dict[str, Any]]:
+def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster, seq_len: int | None) -> list[Summary]:
     """Iteration time and breakdown (analysis._simulate and _summarize, vectorised) of groups
     with the same number of devices, from their simulations' end times (``[2K, p]`` each: the
     pipeline with communication, then without), in the groups' order."""
@@ -158,27 +166,12 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster) -> list[
     hbm = float(cluster.gpu.hbm_bytes)
     peaks: dict[str, float] = {}
     out = []
-    for pr, iteration, compute_i, exposed_i, bubble_i, fraction_i, ratio_i, opt_i in zip(
-            preps, iterations.tolist(), parts.compute_s.tolist(), parts.exposed_comm_s.tolist(), parts.bubble_s.tolist(),
-            parts.bubble_fraction.tolist(), parts.bubble_ratio.tolist(), parts.optimizer_s.tolist()):
+    for k, (pr, iteration) in enumerate(zip(preps, iterations.tolist())):
         config = pr.config
-        gpus = config.num_gpus
         peak = peaks.get(config.dtype)
         if peak is None:
             peak = peaks[config.dtype] = cluster.gpu.peak_flops(config.dtype)
-        flops = model_flops(pr.flops_fwd_per_sample, config.global_batch_size)
-        out.append({
-            "error": None,
-            "iteration_time_s": iteration,
-            "compute_time_s": compute_i,
-            "exposed_comm_time_s": exposed_i,
-            "bubble_time_s": bubble_i,
-            "bubble_fraction": fraction_i,
-            "bubble_ratio": ratio_i,
-            "optimizer_time_s": opt_i,
-            "mfu": mfu(flops, iteration, gpus, peak),
-            "tflops_per_gpu": tflops_per_gpu(flops, iteration, gpus),
-            "peak_memory_bytes": pr.peak_memory,
-            "fits": pr.peak_memory <= hbm,
-        })
+        out.append(summary_of(parts, k, iteration, flops_fwd_per_sample=pr.flops_fwd_per_sample,
+                              global_batch_size=config.global_batch_size, num_gpus=config.num_gpus, peak_flops=peak,
+                              seq_len=config.seq_len or seq_len, peak_memory_bytes=pr.peak_memory, capacity_bytes=hbm))
     return out

@@ -215,12 +215,14 @@ class Evaluator:
 
     @staticmethod
     def _row(config: ParallelConfig, summary: Mapping[str, Any]) -> dict[str, Any]:
+        """A result row from a :class:`~dml2comm.cost.summary.Summary` (or ``{"error": ...}``);
+        the CSV's ``fits`` column is the summary's ``fits_in_memory``."""
         row: dict[str, Any] = {"config": config.to_dict(), "error": summary.get("error"), **{k: None for k in METRICS}}
         if row["error"] is not None:
             row["fits"] = False
             return row
-        row.update({k: summary[k] for k in METRICS})
-        row["fits"] = bool(row["fits"])
+        row.update({k: summary[k] for k in METRICS if k != "fits"})
+        row["fits"] = bool(summary["fits_in_memory"])
         return row
 
     def evaluate(self, config: ParallelConfig) -> dict[str, Any]:
@@ -232,22 +234,7 @@ class Evaluator:
             row["error"] = " ".join(str(exc).split())
             row["fits"] = False
             return row
-        s = analysis.summary
-        time_s = s["iteration_time_s"]
-        model_flops = 3 * analysis.model_info["flops_fwd_per_sample"] * config.global_batch_size
-        row.update(
-            iteration_time_s=time_s,
-            tflops_per_gpu=model_flops / (time_s * config.num_gpus) / 1e12 if time_s else None,
-            mfu=s["mfu"],
-            peak_memory_bytes=s["peak_memory_bytes"],
-            fits=bool(s["fits_in_memory"]),
-            bubble_fraction=s["bubble_fraction"],
-            exposed_comm_time_s=s["exposed_comm_time_s"],
-            compute_time_s=s["compute_time_s"],
-            bubble_time_s=s["bubble_time_s"],
-            optimizer_time_s=s["optimizer_time_s"],
-        )
-        return row
+        return self._row(config, analysis.summary)  # the summary's own TFLOP/s (dml2comm.cost.summary)
 
 
 @dataclass
