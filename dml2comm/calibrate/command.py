@@ -35,6 +35,8 @@ from dml2comm.argtypes import OneLineParser
 from dml2comm.calibrate.fit import (GEMM_FIT_DTYPES, MIN_COLLECTIVE_SIZES, MIN_GEMM_FLOPS, MIN_GEMM_SHAPES, MIN_MEMORY_BYTES,
                                     MIN_MEMORY_SHAPES, SUSTAINED_BOUNDS, FitOutcome, fit_collective, fit_gemm_sustained,
                                     fit_hbm_efficiency)
+from dml2comm.calibrate.base import REFERENCE_SIZES, collective_times_s
+from dml2comm.calibrate.points import collective_points, gemm_points, log_sizes, memory_points
 from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample, trace_samples
 from dml2comm.cost.compute import HBM_EFFICIENCY
 from dml2comm.cost.gemm import sustained_factor
@@ -44,13 +46,15 @@ from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file
 from dml2comm.hardware.gpus import GPU, GPU_ALIASES, GPUS
 from dml2comm.traces.load import TraceError, find_trace_files, load_trace
 
-__all__ = ["CalibrationError", "Calibration", "calibrate", "identify_gpu", "run_calibrate_command"]
+__all__ = ["CalibrationError", "Calibration", "calibrate", "identify_gpu", "run_calibrate_command", "default_site_dir"]
 
 EXAMPLES = """examples (each runs as written from the repository root):
   python main.py calibrate tests/fixtures/traces/hta/nccl_parser_config__nccl_data.json.gz
   python main.py calibrate tests/fixtures/traces/hta/trace_filter__sampled_rank-0.json.gz tests/fixtures/traces/hta/trace_filter__sampled_rank-1.json.gz --cluster dgx-a100 --holdout 0.3 -o out/calibrate/a100.yaml
-then use the file wherever a preset name goes:
-  main.py model.onnx --d 8 --cluster out/calibrate/cluster.yaml (also sweep, compare, trace)
+each also writes a page beside the file (out/calibrate/cluster_site/index.html: fitted values, residuals, scatter charts;
+--site DIR elsewhere, --no-site none), then use the file wherever a preset name goes:
+  main.py model.onnx --d 8 --cluster out/calibrate/cluster.yaml (also sweep, compare, trace: with --model, trace shows the
+  prediction with the base preset's constants beside the calibrated one)
 """
 
 _RECORD_SHAPES = "profile with torch.profiler.profile(record_shapes=True)"
@@ -78,6 +82,8 @@ class Calibration:
     document: dict[str, Any]
     lines: list[str]
     warnings: list[str] = field(default_factory=list)
+    #: the fitted samples, one point per shape or size (:mod:`dml2comm.calibrate.points`), for the page
+    points: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -262,6 +268,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
         why = "no NCCL kernels" if not nccl else "NCCL kernels without message sizes (PyTorch >= 2.1 records them)"
         raise CalibrationError(f"nothing to fit in {len(files)} trace(s): no operator shapes ({_RECORD_SHAPES}) and {why}")
     fitted: dict[str, Any] = {}
+    points: dict[str, Any] = {"gemm": [], "memory": [], "collectives": []}
     lines: list[str] = [f"GPU: {gpu.name} ({how}); base: {base_name}; {len(files)} trace(s)"]
     from_base: list[str] = []
     gpu_values: dict[str, float] = {}
@@ -290,6 +297,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
         dtypes = sorted({g.dtype for g in usable})
         fitted["gemm_sustained_factor"] = _term(out, sustained_factor(gpu), {"dtypes": dtypes})
         gpu_values["gemm_sustained_factor"] = out.values["gemm_sustained_factor"]
+        points["gemm"] = gemm_points(gpu, usable, out.values["gemm_sustained_factor"], sustained_factor(gpu), holdout)
         lines.append(f"GEMM sustained factor {out.values['gemm_sustained_factor']:.4f} (base {sustained_factor(gpu):.3f}, "
                      f"{'/'.join(dtypes)}): {_res_text(out)}")
     if "gemm_sustained_factor" not in fitted:
@@ -304,6 +312,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
         fitted["hbm_efficiency"] = _term(out, base_e, {"min_bytes": MIN_MEMORY_BYTES,
                                                        "ops": sorted({m.op for m in big})})
         gpu_values["hbm_efficiency"] = out.values["hbm_efficiency"]
+        points["memory"] = memory_points(gpu, big, out.values["hbm_efficiency"], base_e, holdout)
         lines.append(f"HBM efficiency {out.values['hbm_efficiency']:.4f} (base {base_e:.3f}): {_res_text(out)}")
     else:
         from_base.append("gpu.hbm_efficiency")
@@ -338,8 +347,19 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
             continue
         fit = CollectiveFit(key[0], key[1], key[2], _round(out2.values["alpha_s"]), _round(out2.values["beta_s_per_byte"]))
         fits[key] = fit
+        pts = collective_points(ss, holdout)
+        grid = log_sizes(min(p["size_bytes"] for p in pts), max(p["size_bytes"] for p in pts))
+        base_times = collective_times_s(lambda n: cluster if n is None else replace(cluster, num_gpus=n), *key, grid)
+        points["collectives"].append({
+            "kind": key[0], "group_size": key[1], "level": key[2], "alpha_s": fit.alpha_s, "beta_s_per_byte": fit.beta_s_per_byte,
+            "busbw_bytes_per_s": _round(fit.busbw_bytes_per_s), "points": pts,
+            "line": [[x, _round(fit.alpha_s + fit.beta_s_per_byte * x)] for x in grid],
+            "base_line": None if base_times is None else [[x, _round(t)] for x, t in zip(grid, base_times)]})
+        at = collective_times_s(lambda n: cluster if n is None else replace(cluster, num_gpus=n), *key, REFERENCE_SIZES)
+        reference = [{"size_bytes": size, "fitted_s": _round(fit.alpha_s + fit.beta_s_per_byte * size),
+                      "base_s": None if at is None else _round(at[i])} for i, size in enumerate(REFERENCE_SIZES)]
         coll_records.append({"kind": key[0], "group_size": key[1], "level": key[2],
-                             **_term(out2, None, {"busbw_bytes_per_s": _round(fit.busbw_bytes_per_s)})})
+                             **_term(out2, None, {"busbw_bytes_per_s": _round(fit.busbw_bytes_per_s), "reference_times_s": reference})})
         lines.append(f"{label}: alpha {fit.alpha_s * 1e6:.2f} µs, busbw {fit.busbw_bytes_per_s / 1e9:.2f} GB/s: {_res_text(out2)}")
     if coll_records:
         fitted["collectives"] = coll_records
@@ -374,7 +394,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
         "warnings": warnings,
     }
     doc = cluster_file_dict(calibrated, base=base_name, calibration=record)
-    return Calibration(calibrated, doc, lines, warnings)
+    return Calibration(calibrated, doc, lines, warnings, points)
 
 
 # ---------------------------------------------------------------------------------- command
@@ -416,15 +436,35 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
                         help="cluster file to write (default out/calibrate/cluster.yaml)")
     parser.add_argument("--holdout", type=_fraction, default=0.0,
                         help="share of the shapes (sizes) held out of each fit and scored alone, e.g. 0.3 (default 0)")
+    parser.add_argument("--site", metavar="DIR",
+                        help="folder of the calibration page (default: beside the file, OUTPUT_STEM_site/, e.g. cluster_site/)")
+    parser.add_argument("--no-site", action="store_true", help="write the cluster file only")
     args = parser.parse_args(argv)
     out = Path(args.output)
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"-o {args.output!r}: a cluster file ends in .yaml or .yml")
+    if args.site and args.no_site:
+        raise ConfigError("--site and --no-site contradict each other; keep one")
+    site = None if args.no_site else Path(args.site) if args.site else default_site_dir(out)
+    if site is not None and (site.resolve() == out.resolve() or out.resolve().is_relative_to(site.resolve())):
+        raise ConfigError(f"--site {str(site)!r} would hold the cluster file {str(out)!r}; pick another folder")
     result = calibrate(args.traces, args.cluster, args.holdout)
-    write_atomic(out, dump_cluster_file(result.document))
+    text = dump_cluster_file(result.document)
+    if site is not None:  # the page first: a failed build leaves neither
+        from dml2comm.calibrate.site import publish_calibration_site
+
+        publish_calibration_site(site, result.document, result.points, out.name, text, hashlib.sha256(text.encode()).hexdigest())
+    write_atomic(out, text)
     for line in result.lines:
         print(line)
     for w in result.warnings:
         print(f"warning: {w}")
     print(f"wrote {out} (use it as --cluster {out})")
+    if site is not None:
+        print(f"calibration page: open {(site / 'index.html').resolve()}")
     return 0
+
+
+def default_site_dir(output: Path) -> Path:
+    """The calibration page's folder for cluster file ``output``: ``STEM_site`` beside it."""
+    return output.with_name(f"{output.stem}_site")

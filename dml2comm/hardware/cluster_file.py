@@ -49,7 +49,8 @@ _TOP_DERIVED = ("num_gpus", "num_nodes")
 _GPU_REQUIRED = ("name", "peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
 _GPU_OPTIONAL = ("sm_count", "sources", "gemm_sustained_factor", "hbm_efficiency")
 _LINK_REQUIRED = ("name", "bandwidth_bytes_per_s", "latency_s")
-_LINK_OPTIONAL = ("efficiency", "kernel_s_per_byte", "hw", "links_per_gpu", "in_network_efficiency", "sources")
+_LINK_OPTIONAL = ("efficiency", "kernel_s_per_byte", "hw", "links_per_gpu", "in_network_efficiency", "reduce_s_per_byte",
+                  "alltoall_latency_s", "sources")
 _LINK_DERIVED = ("effective_bytes_per_s",)
 _NETWORK_OPTIONAL = ("intra_topology", "nvlink_matrix", "nics_per_node", "collective_library", "collective_overhead_s", "host_model",
                      "sources")
@@ -178,8 +179,9 @@ def _link(data: Any, where: str) -> Link:
     }
     if "efficiency" in d:
         kwargs["efficiency"] = _number(d["efficiency"], f"{where}.efficiency", positive=True)
-    if "kernel_s_per_byte" in d:
-        kwargs["kernel_s_per_byte"] = _number(d["kernel_s_per_byte"], f"{where}.kernel_s_per_byte")
+    for name in ("kernel_s_per_byte", "reduce_s_per_byte", "alltoall_latency_s"):
+        if name in d:
+            kwargs[name] = _number(d[name], f"{where}.{name}")
     if "hw" in d:
         kwargs["hw"] = "" if d["hw"] is None else d["hw"]
     if "links_per_gpu" in d:

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from dml2comm.analysis import Analysis
 from dml2comm.render.fmt import fmt_bytes, fmt_flops, fmt_s
 
-__all__ = ["DocEntry", "Section", "reference_sections", "preset_tables"]
+__all__ = ["DocEntry", "Section", "reference_sections", "preset_tables", "calibration_table"]
 
 #: (section title, module) in reading order: how an iteration's time is put together, then the
 #: parts.  Op-family modules are added after ``dml2comm.ops.registry``.
@@ -155,6 +155,10 @@ def _gpu_rows(gpu: Any) -> list[tuple[str, str, str]]:
         value = getattr(gpu, key)
         shown = f"{value / 1e9:g} GB" if key == "hbm_bytes" else f"{value / 1e9:g} GB/s"
         rows.append((key, shown, gpu.sources.get(key, "")))
+    for key in ("gemm_sustained_factor", "hbm_efficiency"):  # a calibrated GPU's own values (python main.py calibrate)
+        value = getattr(gpu, key, None)
+        if value is not None:
+            rows.append((key, f"{value:.4g}", gpu.sources.get(key, "")))
     return rows
 
 
@@ -192,4 +196,31 @@ def preset_tables(analysis: Analysis) -> dict[str, Any]:
                        + [("assumption", a, "") for a in preset.assumptions]})
     assumptions = list(cluster.assumptions)
     return {"in_use": in_use, "others": others, "assumptions": assumptions,
-            "bucket": fmt_bytes(analysis.config.bucket_bytes)}
+            "bucket": fmt_bytes(analysis.config.bucket_bytes), "calibration": calibration_table(cluster)}
+
+
+def calibration_table(cluster: Any) -> dict[str, Any] | None:
+    """For a cluster loaded from a cluster file (``--cluster FILE.yaml``): the file (name,
+    sha256), its calibration (date, base, traces) and one row per calibrated constant with its
+    value, the base preset's, its residuals and held-out errors
+    (:func:`dml2comm.calibrate.site.fitted_rows`); None for a preset."""
+    from dml2comm.calibrate.site import fitted_rows
+    from dml2comm.hardware.cluster_file import loaded_cluster_file
+
+    if cluster.source_file is None:
+        return None
+    name, sha = cluster.source_file
+    out: dict[str, Any] = {"file": name, "sha256": sha, "date": "", "base": "", "traces": [], "rows": [], "from_base": [],
+                           "note": ""}
+    spec = loaded_cluster_file(sha)
+    if spec is None:
+        out["note"] = "the file's calibration record is not at hand (the file was read in another process)"
+        return out
+    record = spec.calibration
+    if not record:
+        out["note"] = "a hand-written cluster file (no calibration record): its values are used as written"
+        return out
+    out.update(date=str(record.get("date", "")), base=str(record.get("base") or spec.base or ""), rows=fitted_rows(record),
+               traces=[str(t.get("file", "")) for t in record.get("traces") or []],
+               from_base=[str(f) for f in record.get("from_base") or []])
+    return out

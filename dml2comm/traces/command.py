@@ -92,7 +92,8 @@ def trace_parser() -> argparse.ArgumentParser:
     f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="default 0")
     f.add_argument("--sequence-parallel", action="store_true", default=None)
     f.add_argument("--gpu", help="default a100")
-    f.add_argument("--cluster")
+    f.add_argument("--cluster", help="a cluster preset or file; a file from python main.py calibrate also predicts with its base "
+                   "preset's constants, side by side")
     f.add_argument("--gpus-per-node", type=positive_int, help="default 8")
     return p
 
@@ -281,7 +282,7 @@ def _prediction(args: argparse.Namespace, ts: TraceSet, run: dict[str, int], sou
     from dataclasses import replace
 
     from dml2comm.analysis import analyze, comm_by_dim
-    from dml2comm.hardware.cluster import get_cluster, make_cluster
+    from dml2comm.hardware.cluster import get_cluster, is_cluster_file, make_cluster
     from dml2comm.parallel.config import ParallelConfig
     from dml2comm.traces.compare import comparison_caveat, comparison_rows, measured_per_category, predicted_per_category
 
@@ -304,14 +305,45 @@ def _prediction(args: argparse.Namespace, ts: TraceSet, run: dict[str, int], sou
     what = (f"{Path(args.model).name}, {sizes} ({source}), b={config.micro_batch_size} "
             f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
     caveat = comparison_caveat([r.activity.device for r in ts.ranks], {r.backend for r in ts.ranks}, cluster.gpu.name)
-    rows = comparison_rows(predicted, measured, comparable=caveat is None)
-    return {"model": str(args.model), "what": what, "rows": rows, "comparable": caveat is None, "caveat": caveat}
+    file_info, base = _base_prediction(args, config, num) if args.cluster and is_cluster_file(args.cluster) else (None, None)
+    rows = comparison_rows(predicted, measured, comparable=caveat is None, base=base)
+    return {"model": str(args.model), "what": what, "rows": rows, "comparable": caveat is None, "caveat": caveat,
+            "cluster_file": file_info}
+
+
+def _base_prediction(args: argparse.Namespace, config: Any, num: int) -> tuple[dict[str, Any], dict[str, float | None] | None]:
+    """For ``--cluster FILE.yaml``: the file's identity and, when its ``base`` is a preset (or a
+    cluster file beside it), the prediction per category with the base's constants
+    (:func:`dml2comm.calibrate.base.base_cluster`), so that the table shows what calibrating
+    changed."""
+    from dataclasses import replace
+
+    from dml2comm.analysis import analyze, comm_by_dim
+    from dml2comm.calibrate.base import base_cluster
+    from dml2comm.hardware.cluster_file import load_cluster_file
+    from dml2comm.traces.compare import predicted_per_category
+
+    spec = load_cluster_file(args.cluster)
+    info: dict[str, Any] = {"name": spec.file_name, "sha256": spec.sha256, "calibrated": bool(spec.calibration),
+                            "date": spec.calibration.get("date"), "base": spec.base, "base_gpu": None, "note": None}
+    found = base_cluster(spec, num)
+    if found is None:
+        info["note"] = (f"its base {spec.base!r} is neither a preset nor a cluster file beside it" if spec.base
+                        else "it names no base") + ": no prediction with the base's constants"
+        return info, None
+    cluster = replace(found[0], collective_overhead_s=0.0)
+    info["base_gpu"] = cluster.gpu.name
+    analysis = analyze(args.model, config, cluster)
+    return info, predicted_per_category(analysis.summary, comm_by_dim(analysis))
 
 
 def _comparison_csv(comparison: dict[str, Any]) -> str:
-    lines = ["category,predicted_s,measured_s,error"]
+    keys = ["predicted_s", "measured_s", "error"]
+    if comparison["rows"] and "predicted_base_s" in comparison["rows"][0]:
+        keys += ["predicted_base_s", "error_base"]
+    lines = ["category," + ",".join(keys)]
     for r in comparison["rows"]:
-        lines.append(",".join([r["category"]] + ["" if r[k] is None else f"{r[k]:.9g}" for k in ("predicted_s", "measured_s", "error")]))
+        lines.append(",".join([r["category"]] + ["" if r[k] is None else f"{r[k]:.9g}" for k in keys]))
     return "\n".join(lines) + "\n"
 
 
@@ -417,6 +449,10 @@ def _parts(s: dict[str, Any], idle: bool = True) -> dict[str, float]:
     return out
 
 
+def _pct_error(e: float | None) -> str:
+    return f"{e:+.1%}" if e is not None else "n/a"
+
+
 def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[str, Any]) -> dict[str, Any]:
     ranks = []
     for r in data["ranks"]:
@@ -431,9 +467,15 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
     problems = list(data["problems"]) + [f"rank {r['rank']}: {p}" for r in data["ranks"] for p in r["problems"]]
     comparison = None
     if data["comparison"]:
-        comparison = {"what": data["comparison"]["what"], "caveat": data["comparison"].get("caveat"), "rows": [
+        cmp = data["comparison"]
+        with_base = bool(cmp["rows"]) and "predicted_base_s" in cmp["rows"][0]
+        comparison = {"what": cmp["what"], "caveat": cmp.get("caveat"), "with_base": with_base, "column": _file_column(cmp),
+                      "constants": _file_note(cmp["cluster_file"]) if cmp.get("cluster_file") else "",
+                      "base": (cmp.get("cluster_file") or {}).get("base") or "", "rows": [
             {"label": c["label"], "predicted": fmt_s(c["predicted_s"]), "measured": fmt_s(c["measured_s"]),
-             "error": f"{c['error']:+.1%}" if c["error"] is not None else "n/a"} for c in data["comparison"]["rows"]]}
+             "error": _pct_error(c["error"]),
+             "base": fmt_s(c["predicted_base_s"]) if with_base else "", "base_error": _pct_error(c.get("error_base"))}
+            for c in cmp["rows"]]}
     layout = data["layout"]
     return {"ranks": ranks, "files": files, "failures": len(ts.failures), "problems": problems, "kernel_types": kernel_types,
             "comparison": comparison, "dims": list(DIMS),
@@ -489,6 +531,23 @@ def run_trace_command(argv: Sequence[str]) -> int:
     return 0
 
 
+def _file_column(comparison: dict[str, Any]) -> str:
+    """The heading of the prediction made with ``--cluster FILE``: ``calibrated`` for a file
+    ``calibrate`` wrote, ``cluster file`` for a hand-written one, ``predicted`` for a preset."""
+    info = comparison.get("cluster_file")
+    return "predicted" if not info else "calibrated" if info["calibrated"] else "cluster file"
+
+
+def _file_note(info: dict[str, Any]) -> str:
+    """Which constants the two predictions used, in words."""
+    made = f"calibrated {info['date']}" if info["calibrated"] and info.get("date") else "calibrated" if info["calibrated"] \
+        else "hand-written"
+    text = f"{info['name']} ({made}, sha256 {info['sha256'][:12]})"
+    if info.get("note"):
+        return f"{text}; {info['note']}"
+    return f"{text} against its base {info['base']} ({info['base_gpu']}, preset constants)"
+
+
 def _hta_overlap(hta: dict[str, Any]) -> str:
     """HTA's overlap in percent, or ``n/a (CPU x%)`` for a CPU-only rank (no GPU kernels)."""
     if hta.get("comm_comp_overlap_pct") is not None:
@@ -527,14 +586,27 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
         console.print(line(na, w, prefix="HTA overlap n/a:"))
     if data["comparison"]:
         cmp = data["comparison"]
-        cols = ("category", "predicted", "measured") + (("error",) if cmp.get("comparable", True) else ())
+        comparable = cmp.get("comparable", True)
+        with_base = bool(cmp["rows"]) and "predicted_base_s" in cmp["rows"][0]
+        mine = _file_column(cmp)
+        if with_base:
+            cols = ("category", "measured", "base", mine) + (("base error", f"{mine} error") if comparable else ())
+        else:
+            cols = ("category", "predicted", "measured") + (("error",) if comparable else ())
         cmp_rows = []
         for row in cmp["rows"]:
-            cells = [row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"])]
-            if cmp.get("comparable", True):
-                cells.append(f"{row['error']:+.1%}" if row["error"] is not None else "n/a")
+            if with_base:
+                cells = [row["label"], fmt_s(row["measured_s"]), fmt_s(row["predicted_base_s"]), fmt_s(row["predicted_s"])]
+                errors = [row["error_base"], row["error"]]
+            else:
+                cells = [row["label"], fmt_s(row["predicted_s"]), fmt_s(row["measured_s"])]
+                errors = [row["error"]]
+            if comparable:
+                cells += [f"{e:+.1%}" if e is not None else "n/a" for e in errors]
             cmp_rows.append(cells)
         console.print(fit_table(f"predicted vs measured ({cmp['what']})", cols, cmp_rows, console.width))
+        if cmp.get("cluster_file"):
+            console.print(line(_file_note(cmp["cluster_file"]), w, prefix="constants:"))
         if cmp.get("caveat"):
             console.print(line(cmp["caveat"], w, prefix="not comparable:", style="yellow"))
     if data["layout"]:

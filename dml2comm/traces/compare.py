@@ -90,12 +90,21 @@ def comparison_caveat(devices: Sequence[str], backends: Iterable[str], gpu: str)
 
 
 def comparison_rows(predicted: Mapping[str, float | None], measured: Mapping[str, float | None],
-                    comparable: bool = True) -> list[dict[str, Any]]:
+                    comparable: bool = True, base: Mapping[str, float | None] | None = None) -> list[dict[str, Any]]:
     """One row per category: ``category``, ``label``, ``predicted_s``, ``measured_s``, ``error``
-    (None for every row when not ``comparable``)."""
+    (None for every row when not ``comparable``); with ``base`` (the prediction with the base
+    preset's constants, when ``predicted`` used a calibrated cluster file) also
+    ``predicted_base_s`` and ``error_base``, the same relative error."""
     rows = []
     for key, label in CATEGORIES:
         p, m = predicted.get(key), measured.get(key)
-        err = (p - m) / m if p is not None and m and comparable else None
-        rows.append({"category": key, "label": label, "predicted_s": p, "measured_s": m, "error": err})
+        row = {"category": key, "label": label, "predicted_s": p, "measured_s": m, "error": _error(p, m, comparable)}
+        if base is not None:
+            row["predicted_base_s"] = base.get(key)
+            row["error_base"] = _error(base.get(key), m, comparable)
+        rows.append(row)
     return rows
+
+
+def _error(p: float | None, m: float | None, comparable: bool) -> float | None:
+    return (p - m) / m if p is not None and m and comparable else None

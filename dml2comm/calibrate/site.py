@@ -1,0 +1,154 @@
+"""The calibration page: what ``calibrate`` fitted, how well, on what, with scatter charts.
+
+Page data (:func:`calibration_context`) -> the site's Jinja2 environment
+(``templates/calibration.md.j2``, autoescape on) -> MkDocs, built the way the trace and
+comparison pages are (:mod:`dml2comm.site.build`: ``environment``, ``inline_svg``,
+``mkdocs_build``, ``publish``).  The site holds the cluster file and ``samples.json`` (the fitted
+samples, one point per shape or size: :mod:`dml2comm.calibrate.points`) for download, so the
+charts can be redrawn or checked.  Strings from the traces (file names, operator names, versions)
+are escaped by the templates and by :class:`~dml2comm.render.charts.Svg`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from markupsafe import Markup
+
+from dml2comm.calibrate.charts import collective_chart, gemm_chart, memory_chart
+from dml2comm.render.fmt import fmt_bytes, fmt_s
+
+__all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "SAMPLES_FILE"]
+
+#: The fitted samples' file in the site.
+SAMPLES_FILE = "samples.json"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _res(term: Mapping[str, Any]) -> dict[str, str]:
+    r, h = term.get("residual") or {}, term.get("holdout") or {}
+    return {"samples": str(r.get("samples", "")), "shapes": str(r.get("shapes", "")), "median": _pct(r.get("median_rel_error")),
+            "worst": _pct(r.get("worst_rel_error")),
+            "held": f"{h['shapes']} shapes: {_pct(h['median_rel_error'])} / {_pct(h['worst_rel_error'])}" if h else "not held out"}
+
+
+def fitted_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
+    """One row per fitted value of a calibration record: ``constant``, ``value``, ``base``,
+    ``samples``, ``shapes``, ``median``, ``worst`` (relative errors on the fitted samples) and
+    ``held`` (held-out shapes: median / worst).  Collectives give their latency and bus bandwidth,
+    and their time at the reference sizes against the base's
+    (:data:`dml2comm.calibrate.base.REFERENCE_SIZES`)."""
+    fitted = record.get("fitted") or {}
+    rows = []
+    g = fitted.get("gemm_sustained_factor")
+    if g:
+        rows.append({"constant": "gpu.gemm_sustained_factor", "value": f"{g['gemm_sustained_factor']:.4g}",
+                     "base": f"{g['base_value']:.4g}" if g.get("base_value") is not None else "n/a", **_res(g)})
+    h = fitted.get("hbm_efficiency")
+    if h:
+        rows.append({"constant": "gpu.hbm_efficiency", "value": f"{h['hbm_efficiency']:.4g}",
+                     "base": f"{h['base_value']:.4g}" if h.get("base_value") is not None else "n/a", **_res(h)})
+    for c in fitted.get("collectives") or []:
+        label = f"{c['kind']} n={c['group_size']} {str(c['level']).replace('_', '-')}"
+        ref = c.get("reference_times_s") or []
+        value = f"alpha {fmt_s(c['alpha_s'])}, busbw {c['busbw_bytes_per_s'] / 1e9:.3g} GB/s"
+        at = "; ".join(f"{fmt_bytes(r['size_bytes'], 3)}: {fmt_s(r['fitted_s'])}" for r in ref)
+        base = "; ".join(f"{fmt_bytes(r['size_bytes'], 3)}: {fmt_s(r['base_s'])}" for r in ref) or "link model"
+        rows.append({"constant": f"collective {label}", "value": value + (f" ({at})" if at else ""), "base": base, **_res(c)})
+    return rows
+
+
+def calibration_svgs(points: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """The page's charts by name (``gemm``, ``memory``, ``collective_N``): (title, SVG)."""
+    fitted = record.get("fitted") or {}
+    svgs: dict[str, tuple[str, str]] = {}
+    if points.get("gemm") and "gemm_sustained_factor" in fitted:
+        g = fitted["gemm_sustained_factor"]
+        svgs["gemm"] = ("GEMM time by shape", gemm_chart(points["gemm"], g["gemm_sustained_factor"], g.get("base_value") or 0.0))
+    if points.get("memory") and "hbm_efficiency" in fitted:
+        h = fitted["hbm_efficiency"]
+        svgs["memory"] = ("Memory-bound kernels (HBM efficiency)",
+                          memory_chart(points["memory"], h["hbm_efficiency"], h.get("base_value") or 0.0))
+    for i, entry in enumerate(points.get("collectives") or []):
+        label = f"{entry['kind']} over {entry['group_size']} ranks, {str(entry['level']).replace('_', '-')}"
+        svgs[f"collective_{i}"] = (f"Collective time by size: {label}", collective_chart(entry))
+    return svgs
+
+
+def calibration_context(document: Mapping[str, Any], file_name: str, sha256: str, svgs: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    """Page data of a cluster-file document written by ``calibrate``."""
+    record = document.get("calibration") or {}
+    gpu = record.get("gpu") or {}
+    traces = [{"file": t["file"], "sha256": t["sha256"], "rank": t.get("rank"), "world": t.get("world_size") or "n/a",
+               "versions": ", ".join(f"{k} {v}" for k, v in sorted((t.get("versions") or {}).items())) or "none recorded"}
+              for t in record.get("traces") or []]
+    charts = [{"name": n, "title": title} for n, (title, _) in svgs.items()]
+    return {
+        "file": file_name, "sha256": sha256, "date": record.get("date", ""), "base": record.get("base") or "none",
+        "gpu": (document.get("gpu") or {}).get("name", ""), "identified_by": gpu.get("identified_by", ""),
+        "holdout": f"{100 * record['holdout']:.0f}% of the shapes (sizes) held out of each fit" if record.get("holdout")
+        else "none (--holdout 0)",
+        "traces": traces, "rows": fitted_rows(record), "from_base": list(record.get("from_base") or []),
+        "warnings": list(record.get("warnings") or []), "charts": charts, "samples_file": SAMPLES_FILE,
+    }
+
+
+def _build(dest: Path, context: Mapping[str, Any], svgs: Mapping[str, str], downloads: Mapping[str, str]) -> None:
+    """Write ``dest/site`` (work files in ``dest/.docs``)."""
+    from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, environment, inline_svg, mkdocs_build
+
+    docs = dest / ".docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(TEMPLATES / "assets", docs / "assets")
+    env = environment(TEMPLATES)
+    ctx = dict(context)
+    ctx["svg"] = {name: inline_svg(text, set()) for name, text in svgs.items()}
+    ctx["empty"] = Markup("")
+    try:
+        text = env.get_template("calibration.md.j2").render(page_title="Calibration", **ctx)
+    except Exception as exc:  # jinja2.TemplateError and StrictUndefined's UndefinedError
+        raise SiteError(f"template calibration.md.j2 failed: {exc}") from exc
+    (docs / "index.md").write_text(text, encoding="utf-8")
+    for name, data in downloads.items():
+        (docs / name).write_text(data, encoding="utf-8")
+    try:
+        base = yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SiteError(f"cannot read the site configuration {MKDOCS_YML}: {exc}") from exc
+    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()), "site_name": "dml2comm: calibration",
+                 "nav": [{"Calibration": "index.md"}]})
+    config_path = (dest / ".mkdocs.yml").resolve()
+    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    mkdocs_build(config_path)
+    shutil.rmtree(docs, ignore_errors=True)
+    config_path.unlink(missing_ok=True)
+
+
+def publish_calibration_site(site_dir: Path, document: Mapping[str, Any], points: Mapping[str, Any], yaml_name: str,
+                             yaml_text: str, sha256: str) -> None:
+    """Build the page into a staging folder beside ``site_dir`` and move it into place (what was
+    at ``site_dir`` is replaced only when the build succeeded)."""
+    from dml2comm.site.build import publish
+
+    record = document.get("calibration") or {}
+    svgs = calibration_svgs(points, record)
+    context = calibration_context(document, yaml_name, sha256, svgs)
+    downloads = {yaml_name: yaml_text, SAMPLES_FILE: json.dumps(points, sort_keys=True, indent=1) + "\n"}
+    parent = site_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".dml2comm-", dir=parent))
+    try:
+        _build(staging, {**context, "yaml_name": yaml_name}, {n: svg for n, (_, svg) in svgs.items()}, downloads)
+        if site_dir.name != "site":
+            (staging / "site").rename(staging / site_dir.name)
+        publish(staging, parent, [site_dir.name])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
