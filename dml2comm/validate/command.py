@@ -5,9 +5,11 @@
     python main.py validate --source nccl,xla_collectives --json --out val/
 
 Prints per source the number of cases, the mean / median absolute error, the signed mean and
-the worst error (and its case), then the leave-one-source-out refits
-(:mod:`dml2comm.validate.fit`); writes ``validation.csv`` (one row per case) and
-``validation.json`` (the summary) into ``--out``.  Bad input raises
+the worst error (and its case), whether the source's target is met
+(:mod:`dml2comm.validate.targets`), then the leave-one-source-out refits
+(:mod:`dml2comm.validate.fit`); writes ``validation.csv`` (one row per case),
+``validation.json`` (the summary) and ``site/`` (the Validation page,
+:mod:`dml2comm.validate.site`; not with ``--no-site``) into ``--out``, all or nothing.  Bad input raises
 :class:`~dml2comm.errors.ConfigError` (one line; ``cli.py`` prints it, exit code 2, nothing
 written).  This module prints because it is a command front end, called only from ``cli.py``.
 """
@@ -24,9 +26,10 @@ from typing import Any, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
-from dml2comm.export.files import publish_files
 from dml2comm.validate.cases import SOURCES, Case, Source, summarize
 from dml2comm.validate.fit import leave_one_source_out
+from dml2comm.validate.site import publish_validation
+from dml2comm.validate.targets import check_target
 
 __all__ = ["run_validate_command", "validate", "validate_parser"]
 
@@ -34,6 +37,7 @@ EXAMPLES = """examples:
   python main.py validate
   python main.py validate --source vtrain --sample 100
   python main.py validate --source narayanan2021,korthikanti2022 --no-loso --out out/validate-two
+  python main.py validate --sample 5 --no-site
 
 sources: """ + ", ".join(SOURCES) + """ (data and provenance: dml2comm/validate/data/PROVENANCE.md)
 error = predicted / measured - 1 of the quantity the source publishes (TFLOP/s per GPU for
@@ -54,7 +58,9 @@ def validate_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=positive_int, metavar="N",
                    help="at most N cases per source, a deterministic sample (default: every case)")
     p.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits (faster)")
-    p.add_argument("--out", default="out/validate", help="folder for validation.csv and validation.json (default: out/validate)")
+    p.add_argument("--out", default="out/validate",
+                   help="folder for validation.csv, validation.json and site/ (the Validation page) (default: out/validate)")
+    p.add_argument("--no-site", action="store_true", help="write validation.csv and validation.json only, no site/")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     return p
 
@@ -86,6 +92,7 @@ def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = 
         "error_definition": "predicted / measured - 1",
         "sources": {src.name: {"title": src.title, "target": src.target, "quantity": shipped[src.name][0].quantity if shipped[src.name] else None,
                                "depends_on_fitted_constant": src.compute, "in_fit": src.fit,
+                               **_target(src.name, shipped[src.name]),
                                **summarize(shipped[src.name], src.subsets)} for src in sources},
         "fitted_constant": {"name": "SUSTAINED_FACTOR['A100-SXM4-80GB']", "value": constant, "module": "dml2comm.cost.gemm",
                             "fitted_to": "narayanan2021 (Table 1)",
@@ -93,6 +100,11 @@ def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = 
         "loso": [r.to_dict() for r in refits],
     }
     return [c for src in sources for c in shipped[src.name]], summary
+
+
+def _target(source: str, cases: Sequence[Case]) -> dict[str, Any]:
+    check = check_target(source, cases)
+    return {"target_met": check.met, "target_check": check.detail}
 
 
 def cases_csv(cases: Sequence[Case]) -> str:
@@ -110,7 +122,12 @@ def _pct(x: float | None, signed: bool = False) -> str:
     return f"{x:+.1%}" if signed else f"{x:.1%}"
 
 
-def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int) -> None:
+def _verdict(s: dict[str, Any]) -> str:
+    met = s.get("target_met")
+    return s["target"] if met is None else f"{s['target']}: {'met' if met else 'NOT met'} ({s['target_check']})"
+
+
+def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int, site: bool) -> None:
     """The error tables, laid out for the console (:mod:`dml2comm.render.terminal`: split or
     stacked when narrow, every value whole)."""
     from rich.console import Console
@@ -124,7 +141,7 @@ def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int) -> None:
     rows = []
     for name, s in summary["sources"].items():
         rows.append([name, str(s["count"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
-                     _pct(s["signed_mean_error"], True), _pct(s["worst_error"], True), str(s["worst_case"]), s["target"]])
+                     _pct(s["signed_mean_error"], True), _pct(s["worst_error"], True), str(s["worst_case"]), _verdict(s)])
         for sub in s["subsets"].values():
             rows.append([f"  {sub['label']}", str(sub["count"]), _pct(sub["mean_abs_error"]), _pct(sub["median_abs_error"]),
                          _pct(sub["signed_mean_error"], True), _pct(sub["worst_error"], True), str(sub["worst_case"]), ""])
@@ -146,7 +163,10 @@ def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int) -> None:
         if value is not None:
             scales = sorted({r[k] for r in summary["loso"] for k in ("in_sample_scale", "loso_scale") if r[k] is not None})
             console.print(line("(" + ", ".join(f"s={s:.3f}: {const['name']} {value * s:.3f}" for s in scales) + ")", console.width))
-    print(f"wrote {out / 'validation.csv'} and {out / 'validation.json'}")
+    if site:
+        print(f"wrote {out / 'validation.csv'}, {out / 'validation.json'} and the Validation page {out / 'site' / 'index.html'}")
+    else:
+        print(f"wrote {out / 'validation.csv'} and {out / 'validation.json'}")
 
 
 def run_validate_command(argv: Sequence[str]) -> int:
@@ -158,9 +178,13 @@ def run_validate_command(argv: Sequence[str]) -> int:
     start = time.perf_counter()
     cases, summary = validate(sources, args.sample, loso=not args.no_loso)
     elapsed = time.perf_counter() - start
-    publish_files(out, {"validation.csv": cases_csv(cases), "validation.json": json.dumps(summary, sort_keys=True, indent=1) + "\n"})
+    files = {"validation.csv": cases_csv(cases), "validation.json": json.dumps(summary, sort_keys=True, indent=1) + "\n"}
+    if args.no_site:
+        publish_validation(out, files)
+    else:
+        publish_validation(out, files, cases, summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
-        _print(summary, out, elapsed, len(cases))
+        _print(summary, out, elapsed, len(cases), not args.no_site)
     return 0
