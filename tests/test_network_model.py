@@ -156,8 +156,12 @@ def test_nccl_picks_protocols_like_its_tuner() -> None:
     assert nccl.available_protocols([""]) == (Protocol.SIMPLE,)
     h100 = get_cluster("dgx-h100")
     big = collective_cost_for_group(h100, K.ALL_REDUCE, range(8), 2.0**30)
-    assert big.algorithm == "in_network" and big.busbw_bytes_per_s == pytest.approx(480e9, rel=0.03)
-    assert collective_cost_for_group(h100, K.ALL_REDUCE, range(8), 2.0**30, algorithm=Algorithm.RING).busbw_bytes_per_s == pytest.approx(370e9, rel=0.03)
+    # NVLS (fitted efficiency 0.57): t = 51.5 us + 2 x 12.5 us + S (1/(0.57 x 450 GB/s) + 0.8408 ps/B)
+    #   = 76.5 us + 2^30 x 4.7394 ps = 5165.5 us; busbw = 1.75 x 2^30 / t = 363.8 GB/s
+    assert big.algorithm == "in_network" and big.busbw_bytes_per_s == pytest.approx(363.8e9, rel=1e-3)
+    # ring: 51.5 + 8.4 + 14 x 3.4 us + S (1.75/450 GB/s + 0.8408 ps/B) + (S/8) 1.85 ps/B = 5434.3 us -> 345.8 GB/s
+    ring = collective_cost_for_group(h100, K.ALL_REDUCE, range(8), 2.0**30, algorithm=Algorithm.RING)
+    assert ring.busbw_bytes_per_s == pytest.approx(345.8e9, rel=1e-3) and ring.protocol == "simple"
 
 
 def test_textbook_choice_is_the_fastest_and_forcing_works() -> None:
@@ -316,3 +320,80 @@ def test_time_on_a_placement_equals_the_full_cost(preset: str, kind: K, library:
     ranks = data.draw(st.lists(st.integers(0, 63), min_size=1, max_size=16, unique=True))
     expected = collective_cost_for_group(c, kind, ranks, size).time_s
     assert collective_time_on_placement(c, kind, group_placement(c, ranks), len(ranks), size) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# H100 calibration (benchmarks/fit_h100_collectives.py): one test per model change
+# ---------------------------------------------------------------------------------------------
+
+
+def test_nvls_needs_more_than_two_gpus() -> None:
+    # NCCL src/transport/nvls.cc: no NVLS on a communicator of two GPUs
+    algs = {r: nccl.default_algorithms(K.ALL_REDUCE, levels=1, spans_nodes=False, in_network=True, ranks=r) for r in (2, 4)}
+    assert Algorithm.IN_NETWORK not in algs[2] and Algorithm.IN_NETWORK in algs[4]
+    h100 = get_cluster("dgx-h100")
+    two = collective_cost_for_group(h100, K.ALL_REDUCE, range(2), 2.0**30)
+    assert two.algorithm == "ring" and [a for a, _ in two.alternatives] == ["ring"]
+    assert "in_network" in [a for a, _ in collective_cost_for_group(h100, K.ALL_REDUCE, range(4), 2.0**30).alternatives]
+
+
+def test_nvls_latency_is_nccl_228() -> None:
+    assert nccl.hop_latency_s("nvlink", "nvls", Protocol.SIMPLE, 3.4e-6) == 12.5e-6  # 2 hops = tuning.cc's 25 us
+    h100 = get_cluster("dgx-h100")
+    nv = collective_cost_for_group(h100, K.ALL_REDUCE, range(8), 64 * MIB, algorithm=Algorithm.IN_NETWORK)
+    # 51.5 us overhead + 2 x 12.5 us + 2^26 B x (1/(0.57 x 450 GB/s) + 0.84084 ps/B) = 76.5 + 318.06 = 394.56 us
+    assert nv.time_s == pytest.approx(394.56e-6, rel=1e-5)
+
+
+def test_alltoall_kernel_bytes_leave_out_the_local_block() -> None:
+    from dml2comm.network.collectives import kernel_bytes
+
+    assert kernel_bytes(K.ALL_TO_ALL, 4, 1000.0) == 750.0 and kernel_bytes(K.ALL_REDUCE, 4, 1000.0) == 1000.0
+    a100 = get_cluster("dgx-a100", 2)  # no H100 constant on A100: only the kernel bytes changed
+    cost = collective_cost_for_group(a100, K.ALL_TO_ALL, range(2), 2.0**30)
+    # 51.5 + 8.4 + 3.4 us + 2^29 B / 300 GB/s + 2^29 B x 1.7754 ps/B = 63.3 us + 1789.6 us + 953.1 us = 2806.0 us
+    assert cost.time_s == pytest.approx(2806.01e-6, rel=1e-5)
+
+
+def test_reduce_term_is_per_byte_of_the_reduced_block() -> None:
+    from dml2comm.network.collectives import reduced_block_bytes
+
+    assert reduced_block_bytes(K.REDUCE_SCATTER, 4, 1000.0) == 250.0 and reduced_block_bytes(K.ALL_REDUCE, 4, 1000.0) == 250.0
+    assert reduced_block_bytes(K.ALL_GATHER, 4, 1000.0) == 0.0
+    link = Link("x", 100e9, 1e-6, reduce_s_per_byte=2e-12)
+    # ring RS, n = 4, S = 4 GB: 3 x 1 us + 0.75 x 4e9 / 100e9 + (4e9 / 4) x 2 ps = 30.003 ms + 2 ms = 32.003 ms
+    assert collective_cost(K.REDUCE_SCATTER, 4, 4e9, link).time_s == pytest.approx(0.032003, rel=1e-12)
+    assert collective_cost(K.ALL_GATHER, 4, 4e9, link).time_s == pytest.approx(0.030003, rel=1e-12)  # nothing reduced
+    h100 = get_cluster("dgx-h100", 4)
+    plain = dataclasses.replace(h100, intra_node=dataclasses.replace(h100.intra_node, reduce_s_per_byte=0.0))
+    with_rho = collective_cost_for_group(h100, K.REDUCE_SCATTER, range(4), 2.0**30).time_s
+    # 2^30 / 4 B x 1.85 ps/B = 496.6 us
+    assert with_rho - collective_cost_for_group(plain, K.REDUCE_SCATTER, range(4), 2.0**30).time_s == pytest.approx(496.6056e-6, rel=1e-6)
+    # the switch reduces under NVLS: no rho there
+    nvls = {c: collective_cost_for_group(c, K.ALL_REDUCE, range(4), 2.0**30, algorithm=Algorithm.IN_NETWORK).time_s for c in (h100, plain)}
+    assert nvls[h100] == nvls[plain]
+
+
+def test_alltoall_latency_only_on_alltoall() -> None:
+    h100 = get_cluster("dgx-h100", 4)
+    cost = collective_cost_for_group(h100, K.ALL_TO_ALL, range(4), 2.0**30)
+    # 51.5 + 8.4 + 3.4 + 22 us + 0.75 x 2^30 B x (1/450 GB/s + 0.84084 ps/B) = 85.3 us + 2466.7 us = 2552.0 us
+    assert cost.time_s == pytest.approx(2552.004e-6, rel=1e-6)
+    plain = dataclasses.replace(h100, intra_node=dataclasses.replace(h100.intra_node, alltoall_latency_s=0.0))
+    assert cost.time_s - collective_cost_for_group(plain, K.ALL_TO_ALL, range(4), 2.0**30).time_s == pytest.approx(22e-6, rel=1e-9)
+    for kind in (K.SEND_RECV, K.ALL_GATHER):
+        assert collective_cost_for_group(h100, kind, range(2), MIB).time_s == collective_cost_for_group(plain, kind, range(2), MIB).time_s
+
+
+def test_new_link_fields_are_checked_and_round_trip() -> None:
+    import pickle
+
+    with pytest.raises(ConfigError, match="reduce_s_per_byte must be >= 0"):
+        Link("x", 1e9, 0.0, reduce_s_per_byte=-1.0)
+    with pytest.raises(ConfigError, match="alltoall_latency_s must be >= 0"):
+        Link("x", 1e9, 0.0, alltoall_latency_s=float("nan"))
+    link = get_cluster("dgx-h100").intra_node
+    assert pickle.loads(pickle.dumps(link)) == link and hash(pickle.loads(pickle.dumps(link))) == hash(link)
+    assert link.to_dict()["reduce_s_per_byte"] == 1.85e-12 and link.to_dict()["alltoall_latency_s"] == 22e-6
+    assert link.unsourced_fields() == ()
+    assert {"reduce_s_per_byte", "alltoall_latency_s"} <= set(dataclasses.replace(link, sources={}).unsourced_fields())

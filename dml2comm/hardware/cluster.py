@@ -135,6 +135,14 @@ class Link:
     in_network_efficiency
         Achieved / line rate of in-network reduction through the switch this link reaches (NVLink
         SHARP); ``None`` when the switch cannot reduce.
+    reduce_s_per_byte
+        rho: seconds per byte of the reduced block a rank writes to its output (S/n of a
+        ReduceScatter, and of the reduce-scatter half of an AllReduce that the GPUs reduce;
+        :func:`dml2comm.network.collectives.reduced_block_bytes`); 0 by default (fitted on H100,
+        :mod:`dml2comm.network.nccl` "Calibration").
+    alltoall_latency_s
+        Fixed time an AllToAll (NCCL: grouped point-to-point sends and receives) adds on this link
+        beyond the Simple protocol's latency; 0 by default (fitted on H100).
 
     Raises
     ------
@@ -152,6 +160,8 @@ class Link:
     hw: str = ""
     links_per_gpu: int = 1
     in_network_efficiency: float | None = None
+    reduce_s_per_byte: float = 0.0
+    alltoall_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
@@ -169,6 +179,10 @@ class Link:
         eff = self.in_network_efficiency
         if eff is not None and not (math.isfinite(eff) and 0 < eff <= 1):
             raise ConfigError(f"link {self.name!r}: in_network_efficiency must be in (0, 1] or None, got {eff!r}")
+        for name in ("reduce_s_per_byte", "alltoall_latency_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"link {self.name!r}: {name} must be >= 0, got {value!r}")
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
     def _key(self) -> tuple[object, ...]:
@@ -182,6 +196,8 @@ class Link:
             self.hw,
             self.links_per_gpu,
             self.in_network_efficiency,
+            self.reduce_s_per_byte,
+            self.alltoall_latency_s,
         )
 
     def __hash__(self) -> int:
@@ -201,6 +217,8 @@ class Link:
                 self.hw,
                 self.links_per_gpu,
                 self.in_network_efficiency,
+                self.reduce_s_per_byte,
+                self.alltoall_latency_s,
             ),
         )
 
@@ -247,11 +265,13 @@ class Link:
     def unsourced_fields(self) -> tuple[str, ...]:
         """Numbers without a non-empty entry in :attr:`sources` (empty for every preset link).
 
-        ``kernel_s_per_byte`` and ``in_network_efficiency`` need a source only when set.
+        ``kernel_s_per_byte``, ``in_network_efficiency``, ``reduce_s_per_byte`` and
+        ``alltoall_latency_s`` need a source only when set.
         """
         wanted = ["bandwidth_bytes_per_s", "latency_s", "efficiency"]
-        if self.kernel_s_per_byte:
-            wanted.append("kernel_s_per_byte")
+        for name in ("kernel_s_per_byte", "reduce_s_per_byte", "alltoall_latency_s"):
+            if getattr(self, name):
+                wanted.append(name)
         if self.in_network_efficiency is not None:
             wanted.append("in_network_efficiency")
         return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
@@ -268,6 +288,8 @@ class Link:
             "hw": self.hw,
             "links_per_gpu": self.links_per_gpu,
             "in_network_efficiency": self.in_network_efficiency,
+            "reduce_s_per_byte": self.reduce_s_per_byte,
+            "alltoall_latency_s": self.alltoall_latency_s,
             "sources": dict(self.sources),
         }
 
@@ -298,8 +320,12 @@ _LAT_NET = (
 
 _DELTA_A100 = _kernel_delta(230e9, 300e9)  # 1.775 ps/B
 _DELTA_H100 = _kernel_delta(370e9, 450e9)  # 0.841 ps/B
-# NVLS: 8-GPU busbw 480 GB/s -> algbw 480/1.75; t/S = beta_nvls + delta_H100 -> beta_nvls.
-_NVLS_H100_BYTES_PER_S = 1.0 / (1.75 / 480e9 - _DELTA_H100)  # 356.5 GB/s
+# H100 constants fitted on the groups of 2 and 8 of the bundled OpenXLA table (all sizes; the
+# groups of 4 held out): benchmarks/fit_h100_collectives.py, dml2comm/network/nccl.py "Calibration".
+_H100_FIT = "benchmarks/fit_h100_collectives.py on dml2comm/validate/data/xla_collectives_h100.csv"
+_NVLS_EFFICIENCY_H100 = 0.57
+_REDUCE_H100_S_PER_BYTE = 1.85e-12
+_ALLTOALL_LATENCY_H100_S = 22e-6
 
 _CSV = "shared/data/nccl_allreduce_measured.csv"
 
@@ -338,7 +364,9 @@ NVLINK4_NVSWITCH_H100 = Link(
     kernel_s_per_byte=_DELTA_H100,
     hw="nvlink",
     links_per_gpu=18,
-    in_network_efficiency=_NVLS_H100_BYTES_PER_S / 450e9,
+    in_network_efficiency=_NVLS_EFFICIENCY_H100,
+    reduce_s_per_byte=_REDUCE_H100_S_PER_BYTE,
+    alltoall_latency_s=_ALLTOALL_LATENCY_H100_S,
     sources={
         "bandwidth_bytes_per_s": "'450GB/s is the line rate' per direction (sjeaugey, NVIDIA/nccl-tests#212); 900 GB/s bidirectional",
         "latency_s": _LAT_NVLINK,
@@ -351,8 +379,17 @@ NVLINK4_NVSWITCH_H100 = Link(
             "NVIDIA/nccl-tests#212; also 18 x SM90_NVLINK_BW 20.6 in NCCL src/graph/topo.h)"
         ),
         "in_network_efficiency": (
-            "0.792 = 356.5/450: makes the 8-GPU NVLink SHARP (NVLS) all-reduce busbw 480 GB/s (NCCL maintainers, "
-            "shared/REFERENCES.md) with t = 2 alpha + S/(0.792 x 450 GB/s) + delta S"
+            f"0.57, fitted ({_H100_FIT}; groups of 2 and 8, groups of 4 held out): the measured f32 NVLS all-reduce "
+            "reaches 402 GB/s busbw at 8 GPUs and 2 GiB, not the 480 GB/s the NCCL maintainers quote (which gave 0.792, "
+            "20% too fast); t = 2 x 12.5 us + S/(0.57 x 450 GB/s) + delta S"
+        ),
+        "reduce_s_per_byte": (
+            f"1.85 ps/B per byte of the reduced block S/n, fitted ({_H100_FIT}): reduce-scatter runs 1.2-1.4 ps per "
+            "byte of S/n slower than all-gather on the same bytes for n = 2, 4 and 8"
+        ),
+        "alltoall_latency_s": (
+            f"22 us, fitted ({_H100_FIT}): NCCL's all-to-all is grouped point-to-point sends, which its tuner does "
+            "not model; the measured large-message all-to-all carries 70-110 us of fixed time"
         ),
     },
 )

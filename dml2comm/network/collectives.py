@@ -100,6 +100,7 @@ __all__ = [
     "collective_time_vec",
     "get_rule",
     "kernel_bytes",
+    "reduced_block_bytes",
     "reduce_binomial_tree",
     "reduce_hierarchical",
     "reduce_rabenseifner",
@@ -908,12 +909,36 @@ def kernel_bytes(kind: CollectiveKind, n: Num, message_bytes: Num) -> Num:
     An AllReduce reads its S input and writes its S output: S, the normalisation in which delta
     was calibrated (hardware/cluster.py).  ReduceScatter reads S and writes S/n, AllGather the
     reverse: (S + S/n)/2; Broadcast and Reduce (the root) read S and write S, or a relay writes
-    S: S; AllToAll and a SendRecv ring shift read S and write S: S.
+    S: S; a SendRecv ring shift reads S and writes S: S.  An AllToAll moves only the blocks bound
+    for the n - 1 peers through the communication kernel, ((n-1)/n) S: the block a rank keeps is
+    a local copy (NCCL runs AllToAll as grouped sends and receives, one per peer; the send to
+    itself is a device-memory copy that takes no link).  Fitted check: the H100 all-to-all rows of
+    the bundled OpenXLA table, whose large-message slope per byte is ((n-1)/n)(1/B + delta) within
+    10 % for n = 2, 4, 8 (benchmarks/fit_h100_collectives.py), where S delta overshot n = 2 by 29 %.
     """
     s = message_bytes
     if kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_GATHER):
         return (s + s / n) / 2
+    if kind is CollectiveKind.ALL_TO_ALL:
+        return s * (n - 1) / n
     return s
+
+
+def reduced_block_bytes(kind: CollectiveKind, n: Num, message_bytes: Num) -> Num:
+    """Bytes of the reduced block one GPU writes to its output: what the reduction term rho
+    (:attr:`Link.reduce_s_per_byte`) multiplies.
+
+    S/n for a ReduceScatter (its output) and for an AllReduce whose GPUs reduce (the block its
+    reduce-scatter half leaves on each rank); 0 for every other kind and for an AllReduce
+    reduced in the switch (the caller passes no rho there).  The form is empirical: on the
+    bundled H100 table the ReduceScatter / AllGather time gap at 512 MiB-2 GiB is 1.2-1.4 ps per
+    byte of S/n for n = 2, 4 and 8 alike, not per byte of the ((n-1)/n) S a ring reduces (the
+    textbook gamma term, Thakur et al. 2005), which would make it grow with n where it shrinks
+    (hardware/cluster.py NVLINK4_NVSWITCH_H100 ``reduce_s_per_byte``).
+    """
+    if kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE):
+        return message_bytes / n
+    return message_bytes * 0
 
 
 def bandwidth_lower_bound_s(kind: CollectiveKind, n: int, message_bytes: float, link: Link, *, in_network: bool = False) -> float:
@@ -1085,6 +1110,8 @@ def collective_cost(
     time_s = float(rule.time_s(n, size, alpha, beta, gamma_s_per_byte))
     if n > 1:
         time_s += link.kernel_s_per_byte * kernel_bytes(kind, n, size)
+        if rule.pattern is not Pattern.IN_NETWORK:
+            time_s += link.reduce_s_per_byte * float(reduced_block_bytes(kind, n, size))
     sent = float(rule.bytes_sent_per_gpu(n, size)) if n > 1 else 0.0
     moving = n > 1 and size > 0 and time_s > 0
     algbw = size / time_s if moving else 0.0
@@ -1103,6 +1130,10 @@ def collective_cost(
         formula=fill_formula(rule, n, size, alpha, beta, gamma_s_per_byte) + (
             f" + K d (K = {float(kernel_bytes(kind, n, size)):.6g} B, d = {link.kernel_s_per_byte * 1e12:.4g} ps/B)"
             if link.kernel_s_per_byte else ""
+        ) + (
+            f" + R r (R = {float(reduced_block_bytes(kind, n, size)):.6g} B, r = {link.reduce_s_per_byte * 1e12:.4g} ps/B)"
+            if link.reduce_s_per_byte and rule.pattern is not Pattern.IN_NETWORK and float(reduced_block_bytes(kind, n, size))
+            else ""
         ),
     )
 
@@ -1118,12 +1149,14 @@ def collective_time_vec(
     *,
     base_latency_s: Any = 0.0,
     kernel_s_per_byte: Any = 0.0,
+    reduce_s_per_byte: Any = 0.0,
     **levels: Any,
 ) -> np.ndarray:
     """Vectorised time of (kind, algorithm) for arrays of group sizes and message sizes (seconds).
 
-    ``t = base + formula(n, S, alpha, beta, gamma) + delta K`` elementwise (0 where n <= 1; K =
-    :func:`kernel_bytes`, S for an AllReduce), all
+    ``t = base + formula(n, S, alpha, beta, gamma) + delta K + rho R`` elementwise (0 where n <= 1;
+    K = :func:`kernel_bytes`, S for an AllReduce; R = :func:`reduced_block_bytes`, 0 for an
+    in-network algorithm), all
     arguments broadcast against each other.  ``levels`` go to the two-level closed forms
     (``gpus_per_node``, ``alpha_inter_s``, ``beta_inter_s_per_byte``).  No validation: this is the
     inner loop of configuration search (about 10^7 evaluations per second, see
@@ -1135,4 +1168,6 @@ def collective_time_vec(
     t = rule.time_s(n_arr, s_arr, np.asarray(alpha_s, dtype=float), np.asarray(beta_s_per_byte, dtype=float),
                     np.asarray(gamma_s_per_byte, dtype=float), **levels)
     extra = np.asarray(base_latency_s, dtype=float) + np.asarray(kernel_s_per_byte, dtype=float) * kernel_bytes(kind, n_arr, s_arr)
+    if rule.pattern is not Pattern.IN_NETWORK:
+        extra = extra + np.asarray(reduce_s_per_byte, dtype=float) * reduced_block_bytes(kind, n_arr, s_arr)
     return np.where(n_arr > 1, t + extra, 0.0)

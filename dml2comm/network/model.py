@@ -61,10 +61,21 @@ from dml2comm.network.collectives import (
     fill_formula,
     get_rule,
     kernel_bytes,
+    reduced_block_bytes,
     registered_algorithms,
 )
 from dml2comm.network.kinds import Algorithm, CollectiveKind, Protocol
-from dml2comm.network.topology import LevelKind, LevelUse, Topology, cluster_topology, direct_path, in_network_path, path, ring_path
+from dml2comm.network.topology import (
+    LevelKind,
+    LevelUse,
+    Pattern,
+    Topology,
+    cluster_topology,
+    direct_path,
+    in_network_path,
+    path,
+    ring_path,
+)
 from dml2comm.render.fmt import fmt_s
 
 __all__ = [
@@ -113,6 +124,7 @@ class _Phase:
     delta: float
     where: str
     links: tuple[str, ...]
+    rho: float = 0.0  # s/B of the reduced block (Link.reduce_s_per_byte; 0 where the switch reduces)
 
 
 def _phase_time(ph: _Phase, gamma: float) -> float:
@@ -124,13 +136,21 @@ def _time_at(ph: _Phase, size: float, gamma: float) -> float:
     """:func:`_phase_time` of ``ph`` moving ``size`` bytes (a phase's other parameters do not
     depend on its size)."""
     t = float(ph.rule.time_s(ph.m, size, ph.alpha, ph.beta, gamma))
-    return t + ph.delta * float(kernel_bytes(ph.kind, ph.m, size)) if ph.m > 1 else t
+    return t + _kernel_time(ph, size) if ph.m > 1 else t
+
+
+def _kernel_time(ph: _Phase, size: float) -> float:
+    """The kernel terms of a phase moving ``size`` bytes: ``delta K + rho R`` (K:
+    :func:`~dml2comm.network.collectives.kernel_bytes`, R:
+    :func:`~dml2comm.network.collectives.reduced_block_bytes`)."""
+    t = ph.delta * float(kernel_bytes(ph.kind, ph.m, size))
+    return t + ph.rho * float(reduced_block_bytes(ph.kind, ph.m, size)) if ph.rho else t
 
 
 def _phase_bandwidth_time(ph: _Phase, gamma: float) -> float:
     """The size-dependent part of :func:`_phase_time` (which link limits)."""
     t = float(ph.rule.time_s(ph.m, ph.size, 0.0, ph.beta, gamma))
-    return t + ph.delta * float(kernel_bytes(ph.kind, ph.m, ph.size)) if ph.m > 1 else t
+    return t + _kernel_time(ph, ph.size) if ph.m > 1 else t
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,6 +171,14 @@ def _alpha(link: Link, family: str, ctx: _Ctx) -> float:
     return lat
 
 
+def _alltoall_latency(kind: CollectiveKind, rule: AlgorithmRule, links: Sequence[Link], ctx: _Ctx) -> float:
+    """The fitted fixed time of NCCL's grouped point-to-point AllToAll on these links
+    (:attr:`Link.alltoall_latency_s`, the largest; 0 for other kinds, algorithms or libraries)."""
+    if ctx.library != "nccl" or kind is not K.ALL_TO_ALL or rule.algorithm is not A.DIRECT:
+        return 0.0
+    return max(link.alltoall_latency_s for link in links)
+
+
 def _factor(family: str, kind: CollectiveKind, ctx: _Ctx) -> float:
     if ctx.library == "textbook":
         return 1.0
@@ -169,9 +197,10 @@ def _level_phase(kind: CollectiveKind, algorithm: Algorithm, use: LevelUse, size
     except ConfigError as exc:
         raise _Unavailable(str(exc)) from None
     link = use.level.link
-    alpha = _alpha(link, rule.family, ctx) * p.alpha_hops
+    alpha = _alpha(link, rule.family, ctx) * p.alpha_hops + _alltoall_latency(kind, rule, (link,), ctx)
     beta = link.beta_s_per_byte * p.beta_share / _factor(rule.family, kind, ctx)
-    return _Phase(kind, rule, float(use.extent), size, alpha, beta, link.kernel_s_per_byte, use.level.name, (link.name,))
+    rho = 0.0 if rule.pattern is Pattern.IN_NETWORK else link.reduce_s_per_byte
+    return _Phase(kind, rule, float(use.extent), size, alpha, beta, link.kernel_s_per_byte, use.level.name, (link.name,), rho)
 
 
 def _ring_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, ctx: _Ctx) -> _Phase:
@@ -183,7 +212,8 @@ def _ring_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, c
     alpha, beta, delta, limiting = ring_path(active, alpha_of)
     n = math.prod(u.extent for u in active)
     links = tuple(dict.fromkeys(u.level.link.name for u in active))
-    return _Phase(kind, rule, float(n), size, alpha, beta / _factor("ring", kind, ctx), delta, limiting.level.name, links)
+    return _Phase(kind, rule, float(n), size, alpha, beta / _factor("ring", kind, ctx), delta, limiting.level.name, links,
+                  limiting.level.link.reduce_s_per_byte)
 
 
 def _direct_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, ctx: _Ctx) -> _Phase:
@@ -193,9 +223,10 @@ def _direct_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float,
         return _alpha(link, rule.family, ctx)
 
     alpha, beta, delta, limiting = direct_path(active, alpha_of)
+    alpha += _alltoall_latency(kind, rule, [u.level.link for u in active], ctx)
     n = math.prod(u.extent for u in active)
     links = tuple(dict.fromkeys(u.level.link.name for u in active))
-    return _Phase(kind, rule, float(n), size, alpha, beta, delta, limiting.level.name, links)
+    return _Phase(kind, rule, float(n), size, alpha, beta, delta, limiting.level.name, links, limiting.level.link.reduce_s_per_byte)
 
 
 def _in_network_phase(kind: CollectiveKind, active: Sequence[LevelUse], size: float, ctx: _Ctx) -> _Phase:
@@ -226,7 +257,8 @@ class _Slot:
 
 def _inner_candidates(kind: CollectiveKind, use: LevelUse, top: bool, level_index: int, ctx: _Ctx) -> tuple[Algorithm, ...]:
     if ctx.library == "nccl":
-        algs = list(nccl.default_algorithms(kind, levels=1, spans_nodes=level_index > 0, in_network=use.level.in_network))
+        algs = list(nccl.default_algorithms(kind, levels=1, spans_nodes=level_index > 0, in_network=use.level.in_network,
+                                            ranks=use.extent))
         return tuple(a for a in algs if a is not A.HIERARCHICAL)
     return tuple(a for a in registered_algorithms(kind) if get_rule(kind, a).pattern is not None)
 
@@ -349,7 +381,8 @@ def _candidates(kind: CollectiveKind, uses: Sequence[LevelUse], library: str) ->
     in_network = all(u.level.in_network for u in active)
     if library == "nccl":
         spans_nodes = any(u.extent > 1 for u in uses[1:])
-        return nccl.default_algorithms(kind, levels=len(active), spans_nodes=spans_nodes, in_network=in_network)
+        return nccl.default_algorithms(kind, levels=len(active), spans_nodes=spans_nodes, in_network=in_network,
+                                       ranks=math.prod(u.extent for u in active))
     algs = [a for a in registered_algorithms(kind) if get_rule(kind, a).pattern is not None]
     if len(active) > 1 and A.HIERARCHICAL in registered_algorithms(kind):
         algs.append(A.HIERARCHICAL)
@@ -399,6 +432,9 @@ def _describe(result: _Result, overhead_s: float, gamma: float, library: str) ->
         text = fill_formula(ph.rule, ph.m, ph.size, ph.alpha, ph.beta, gamma)
         if ph.delta and ph.m > 1:
             text += f", + K d (K={float(kernel_bytes(ph.kind, ph.m, ph.size)):.6g} B, d={ph.delta * 1e12:.4g} ps/B)"
+        reduced = float(reduced_block_bytes(ph.kind, ph.m, ph.size)) if ph.rho and ph.m > 1 else 0.0
+        if reduced:
+            text += f", + R r (R={reduced:.6g} B, r={ph.rho * 1e12:.4g} ps/B)"
         parts.append(f"[{ph.kind.value} {ph.rule.algorithm.value} on {ph.where}: {text} = {_fmt_s(_phase_time(ph, gamma))}]")
     return " + ".join(parts) + f" = {_fmt_s(result.time_s)}"
 

@@ -16,6 +16,9 @@ pair as the tuner does:
 - ``baseLat``: NCCL's per-collective base latency (Ring: LL 6.6, LL128 14.0, Simple 8.4 us).
 - ``delta``: :attr:`Link.kernel_s_per_byte`, the kernel term of the link that limits the
   collective (NVLink presets only; hardware/cluster.py).
+- ``rho R``: :attr:`Link.reduce_s_per_byte` times the reduced block S/n of a ReduceScatter or of
+  an AllReduce the GPUs reduce (H100/H200 only; 0 elsewhere), and an AllToAll adds
+  :attr:`Link.alltoall_latency_s` (H100/H200 only).
 - ``overhead``: :attr:`Cluster.collective_overhead_s`, fitted below.
 
 Algorithms NCCL runs (the default candidates): AllReduce -- ring; NVLink SHARP (``in_network``)
@@ -72,6 +75,33 @@ model (one link at 230/300 efficiency) was off by up to 26 % (n = 2, 64 MiB) and
 16 MiB).  V100: worst +7.3 %; the baseline was off by 81 % on the pair that shares one NVLink.  The worst rows are the 64 MiB ones, where NCCL switches from LL128
 to Simple and the real curve bends more smoothly than a min of two lines.
 
+H100 (OpenXLA's measured table, ``python main.py validate --source xla_collectives``)
+---------------------------------------------------------------------------------------
+Measured: dml2comm/validate/data/xla_collectives_h100.csv (8 H100s, groups of 2, 4 and 8, all-reduce,
+all-gather, reduce-scatter, all-to-all, 1 KiB-2 GiB, float32), timed by XLA on the GPU
+(``compute_time_ns`` of the executable, not through PyTorch).  What was wrong, and the fixes:
+
+1. The preset's 51.5 us per-call overhead (the PyTorch path of vTrain's A100 tables) was added
+   to kernel-level measurements whose floor is 11-35 us: the comparison now uses XLA's own
+   per-call overhead (validate/collectives.py ``XLA_CALL_OVERHEAD_S``, fitted, 20 us).
+2. NVLS (NVLink SHARP) was costed at the maintainers' 480 GB/s busbw; the f32 table reaches 402
+   GB/s at 8 GPUs and 2 GiB and 300-370 GB/s below 512 MiB: efficiency 0.57 (fitted), latency 25 us
+   (NCCL 2.28 tuning.cc, was 23), and never for two GPUs (nvls.cc).
+3. ReduceScatter runs slower than AllGather on the same bytes by 1.2-1.4 ps per byte of its
+   output S/n, at every group size: rho = 1.85 ps/B (fitted), also on an AllReduce ring's
+   reduce-scatter half (measured AllReduce ring = ReduceScatter + AllGather within 6 %).
+4. AllToAll: the block a rank keeps never crosses NVLink (kernel bytes ((n-1)/n) S, was S: the
+   n = 2 slope was 29 % too slow) and NCCL's grouped point-to-point launch costs 22 us more than
+   a ring's Simple latency (fitted).
+
+The four fitted numbers come from one coordinate descent on the rows of groups 2 and 8
+(``benchmarks/fit_h100_collectives.py``); held out, the groups of 4 reach mean |error| at >= 16
+MiB of 4.3 % (all-gather), 9.2 % (all-reduce), 4.6 % (all-to-all), 4.4 % (reduce-scatter), median
+12.2 % over all their sizes.  Whole table: every (op, group) within 9.2 % at >= 16 MiB (was
+9.4-25.6 %), median 11.2 % over all sizes (was 56.8 %).  The A100 and V100 rows above are
+unchanged (no constant of theirs moved; the AllToAll kernel bytes apply to every preset but no
+A100 all-to-all is measured).
+
 References
 ----------
 NVIDIA NCCL src/graph/tuning.cc (baseLat, hwLat, the protocol refinements, ncclTopoGetAlgoTime:
@@ -108,15 +138,16 @@ BASE_LATENCY_S: Mapping[str, Mapping[Protocol, float]] = MappingProxyType(
     }
 )
 
-#: NCCL hwLat (seconds per step) by link class, algorithm family and protocol.  NVLS: 23 us for the
-#: whole operation in tuning.cc, i.e. 11.5 us for each of the two hops of ``2 alpha + S beta``.
+#: NCCL hwLat (seconds per step) by link class, algorithm family and protocol.  NVLS: 25 us for the
+#: whole operation (NCCL 2.28 src/graph/tuning.cc, hwLatencies[NVLINK][NVLS][Simple] = 25; 23 in
+#: NCCL 2.18), i.e. 12.5 us for each of the two hops of ``2 alpha + S beta``.
 HW_LATENCY_S: Mapping[str, Mapping[str, Mapping[Protocol, float]]] = MappingProxyType(
     {
         "nvlink": MappingProxyType(
             {
                 "ring": MappingProxyType({_LL: 0.6e-6, _LL128: 1.9e-6, _SIMPLE: 3.4e-6}),
                 "tree": MappingProxyType({_LL: 0.6e-6, _LL128: 1.25e-6, _SIMPLE: 28e-6}),
-                "nvls": MappingProxyType({_SIMPLE: 11.5e-6}),
+                "nvls": MappingProxyType({_SIMPLE: 12.5e-6}),
             }
         ),
         "pcie": MappingProxyType(
@@ -197,7 +228,8 @@ def protocol_bandwidth_factor(family: str, protocol: Protocol, kind: CollectiveK
     return 0.92 if ranks_per_node >= 2 else 0.7
 
 
-def default_algorithms(kind: CollectiveKind, *, levels: int, spans_nodes: bool, in_network: bool) -> tuple[Algorithm, ...]:
+def default_algorithms(kind: CollectiveKind, *, levels: int, spans_nodes: bool, in_network: bool,
+                       ranks: int | None = None) -> tuple[Algorithm, ...]:
     """The algorithms NCCL would choose among for ``kind`` (module docstring).
 
     Parameters
@@ -208,6 +240,10 @@ def default_algorithms(kind: CollectiveKind, *, levels: int, spans_nodes: bool, 
         The group crosses nodes.
     in_network
         Its only level can reduce in the switch (NVLink SHARP).
+    ranks
+        GPUs in the group (None: not known).  NVLS needs more than two: NCCL disables it on a
+        communicator of two GPUs (src/transport/nvls.cc ncclNvlsInit: ``if (... gpuCount <= 2)
+        return``, NCCL 2.18-2.28).
     """
     if kind is CollectiveKind.ALL_REDUCE:
         out = [Algorithm.RING]
@@ -215,7 +251,7 @@ def default_algorithms(kind: CollectiveKind, *, levels: int, spans_nodes: bool, 
             out.append(Algorithm.HIERARCHICAL)
         elif spans_nodes:
             out.append(Algorithm.DOUBLE_BINARY_TREE)
-        if in_network and levels == 1:
+        if in_network and levels == 1 and (ranks is None or ranks > 2):
             out.append(Algorithm.IN_NETWORK)
         return tuple(out)
     if kind in (CollectiveKind.ALL_TO_ALL, CollectiveKind.SEND_RECV):
