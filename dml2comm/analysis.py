@@ -47,7 +47,7 @@ from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comm
 from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
-from dml2comm.sim.schedules import build_schedule
+from dml2comm.sim.levels import compile_schedule
 from dml2comm.validate.bands import expected_error_for
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
@@ -469,10 +469,10 @@ def _simulate(config: ParallelConfig, works: list[DeviceWork], keep_events: bool
                          send_fwd_s=w.send_fwd_s or wrap, send_bwd_s=w.send_bwd_s or wrap_b,
                          zero_fwd_s=w.zero_fwd_s / v, zero_bwd_pre_s=w.zero_bwd_pre_s / v, zero_bwd_post_s=w.zero_bwd_post_s / v)
                  for w in works]
-    schedule = build_schedule(config.schedule, p, config.num_micro_batches, v)
-    sim = simulate(schedule, works, v, keep_events=keep_events)
+    schedule = compile_schedule(config.schedule, p, config.num_micro_batches, v)  # the sweep's compiled schedule
+    sim = simulate(schedule, works, keep_events=keep_events)
     free = [DeviceWork(w.fwd_s - w.tp_fwd_s, w.bwd_s - w.tp_bwd_s, optimizer_s=w.optimizer_s) for w in works]
-    return sim, simulate(schedule, free, v, keep_events=False)
+    return sim, simulate(schedule, free, keep_events=False)
 
 
 def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:

@@ -195,11 +195,12 @@ def test_compiled_depths_are_the_longest_chains():
             assert np.array_equal(_one_f_one_b_depths(p, m), _depths(np.arange(2 * m), cs.need, p)), (p, m)
 
 
-# ---- the batched recurrence (sim.levels, the sweep's) against the engine on send-bound work:
-# a device's sends queue on its pp stream in both
+# ---- the batched recurrence (sim.levels.pipeline_end_times_many, the sweep's) against one
+# configuration's (engine.simulate: pipeline_steps with K = 1, turned into events) on send-bound
+# work: a device's sends queue on its pp stream in both
 def _engine_step_ends(name, p, m, v, works):
     """End of every step in sim.levels' order (device by device, each in schedule order), from
-    the engine's compute events (appended in each device's program order)."""
+    simulate's compute events (in each device's program order)."""
     import numpy as np
 
     result = simulate(build_schedule(name, p, m, v), works, v)
@@ -317,3 +318,107 @@ def test_levels_zero_stream_equals_the_engine_on_random_work(spec, blocks, sched
     assert dps[1][-1, cs.last_step] == pytest.approx(dp_end, rel=1e-9, abs=1e-12)
     alone, alone_dp = pipeline_end_times_zero(*item, *batch[3:])
     assert np.allclose(ends[1], alone, rtol=1e-12, atol=0) and np.allclose(dps[1], alone_dp, rtol=1e-12, atol=0)
+
+
+# ---- issue 17: simulate is the vectorised recurrence for one configuration, turned into events
+def test_simulate_events_by_hand():
+    """GPipe, p = 2, m = 2, forward 1, backward 2, every send 3 (the queueing case above), with
+    two 1 s gradient buckets on device 0 (overlapped with its last backward B0 [16, 18]:
+    bucket 0 ready at 16 + 2 * 1/2 = 17, [17, 18]; bucket 1 ready at 18, [18, 19]), a 0.5 s
+    tied-weight all-reduce on both devices from max(19, 12) = 19, a 0.25 s optimizer step on
+    both at 19.5, and a 0.125 s parameter all-gather after device 1's step at 19.75.
+    Order: the scan's (device 0 runs F0 F1 and waits for B1; device 1 runs all four; device 0
+    B1 B0), each step followed by its send, then the buckets, then each device's tail."""
+    works = [DeviceWork(1.0, 2.0, send_fwd_s=3.0, send_bwd_s=3.0, dp_buckets_s=(1.0, 1.0), tied_s=0.5, optimizer_s=0.25),
+             DeviceWork(1.0, 2.0, send_fwd_s=3.0, send_bwd_s=3.0, tied_s=0.5, optimizer_s=0.25, after_step_s=0.125)]
+    r = simulate(build_schedule("gpipe", 2, 2), works)
+    assert [tuple(e) for e in r.events] == [
+        (0, "compute", "F0", 0.0, 1.0, 0, 0, None), (0, "pp", "send F0", 1.0, 3.0, 0, 0, (1, "F0")),
+        (0, "compute", "F1", 1.0, 1.0, 1, 0, None), (0, "pp", "send F1", 4.0, 3.0, 1, 0, (1, "F1")),
+        (1, "compute", "F0", 4.0, 1.0, 0, 0, None), (1, "compute", "F1", 7.0, 1.0, 1, 0, None),
+        (1, "compute", "B1", 8.0, 2.0, 1, 0, None), (1, "pp", "send B1", 10.0, 3.0, 1, 0, (0, "B1")),
+        (1, "compute", "B0", 10.0, 2.0, 0, 0, None), (1, "pp", "send B0", 13.0, 3.0, 0, 0, (0, "B0")),
+        (0, "compute", "B1", 13.0, 2.0, 1, 0, None), (0, "compute", "B0", 16.0, 2.0, 0, 0, None),
+        (0, "dp", "gradient bucket 0", 17.0, 1.0, -1, 0, None), (0, "dp", "gradient bucket 1", 18.0, 1.0, -1, 0, None),
+        (0, "pp", "tied-weight gradient all-reduce", 19.0, 0.5, -1, 0, None), (0, "optimizer", "optimizer step", 19.5, 0.25, -1, 0, None),
+        (1, "pp", "tied-weight gradient all-reduce", 19.0, 0.5, -1, 0, None), (1, "optimizer", "optimizer step", 19.5, 0.25, -1, 0, None),
+        (1, "dp", "parameter all-gather", 19.75, 0.125, -1, 0, None),
+    ]
+    assert r.compute_end_s == (18.0, 12.0) and r.compute_busy_s == (6.0, 6.0) and r.dp_exposed_s == (1.0, 0.0)
+    assert r.device_end_s == (19.75, 19.875) and r.iteration_time_s == 19.875
+
+
+def test_simulate_zero3_stream_by_hand():
+    """One device, 1F1B, m = 2: forward 1, backward 2, a 0.5 s ZeRO-3 all-gather before every
+    step (prefetched when the previous step starts) and a 1 s reduce-scatter after every backward.
+    F0: gather [0, 0.5], step [0.5, 1.5]; B0: gather from max(0.5, 0.5), [0.5, 1], step [1.5, 3.5],
+    scatter [3.5, 4.5]; F1: gather from max(4.5, 1.5), [4.5, 5], step [5, 6]; B1: gather from
+    max(5, 5), [5, 5.5], step [6, 8], scatter [8, 9]: compute ends at 8, the dp stream at 9."""
+    w = DeviceWork(1.0, 2.0, zero_fwd_s=0.5, zero_bwd_pre_s=0.5, zero_bwd_post_s=1.0)
+    r = simulate(build_schedule("1f1b", 1, 2), [w])
+    assert [(e.stream, e.name, e.start_s, e.dur_s) for e in r.events] == [
+        ("dp", "ZeRO-3 all-gather", 0.0, 0.5), ("compute", "F0", 0.5, 1.0),
+        ("dp", "ZeRO-3 all-gather", 0.5, 0.5), ("compute", "B0", 1.5, 2.0), ("dp", "ZeRO reduce-scatter", 3.5, 1.0),
+        ("dp", "ZeRO-3 all-gather", 4.5, 0.5), ("compute", "F1", 5.0, 1.0),
+        ("dp", "ZeRO-3 all-gather", 5.0, 0.5), ("compute", "B1", 6.0, 2.0), ("dp", "ZeRO reduce-scatter", 8.0, 1.0),
+    ]
+    assert r.compute_end_s == (8.0,) and r.dp_exposed_s == (1.0,) and r.iteration_time_s == 9.0
+
+
+def test_simulate_takes_the_compiled_schedule_and_refuses_other_step_lists():
+    from dml2comm.sim.levels import compile_schedule
+
+    works = [DeviceWork(1.0, 2.0, send_fwd_s=0.5, send_bwd_s=0.25, dp_buckets_s=(0.5,), optimizer_s=0.1)] * 4
+    for name, m, v in (("gpipe", 4, 1), ("1f1b", 6, 1), ("1f1b", 2, 1), ("interleaved", 8, 2)):
+        assert simulate(build_schedule(name, 4, m, v), works, v) == simulate(compile_schedule(name, 4, m, v), works)
+    swapped = build_schedule("1f1b", 4, 6)
+    swapped[3][0], swapped[3][1] = swapped[3][1], swapped[3][0]  # B0 before F0
+    with pytest.raises(ConfigError, match="none of them: build them with build_schedule"):
+        simulate(swapped, works)
+    with pytest.raises(ConfigError, match="interleaved"):  # 1F1B lists run with 2 chunks: no schedule of build_schedule
+        simulate(build_schedule("1f1b", 4, 8), works, 2)
+    with pytest.raises(ConfigError, match="work for 3 devices and a schedule of 4"):
+        simulate(build_schedule("1f1b", 4, 8), works[:3])
+
+
+def test_scan_order_is_the_order_of_a_step_by_step_scan():
+    """CompiledSchedule.scan_order (the order of simulate's events) equals the scan it stands
+    for, run here step by step: each device in turn runs its steps as far as their inputs have
+    been produced, round after round."""
+    from dml2comm.sim.levels import compile_schedule
+
+    for name, p, m, v in (("1f1b", 4, 8, 1), ("1f1b", 5, 3, 1), ("gpipe", 3, 4, 1), ("interleaved", 4, 8, 2),
+                          ("interleaved", 1, 3, 3), ("interleaved", 3, 6, 2)):
+        cs = compile_schedule(name, p, m, v)
+        n, per = cs.num_steps, cs.num_steps // p
+        done, scanned, at = set(), [], [0] * p
+        while len(scanned) < n:
+            for d in range(p):
+                while at[d] < per and (int(cs.need[d * per + at[d]]) == n or int(cs.need[d * per + at[d]]) in done):
+                    done.add(d * per + at[d])
+                    scanned.append(d * per + at[d])
+                    at[d] += 1
+        assert cs.scan_order.tolist() == scanned, (name, p, m, v)
+
+
+@given(st.lists(st.tuples(st.floats(0, 3), st.floats(0, 2), st.integers(0, 5), st.floats(0, 1), st.booleans()), min_size=1, max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_iteration_tail_buckets_end_at_the_closed_form(spec):
+    """sim.levels.iteration_tail runs the buckets one by one (for their starts); their end
+    equals bucket_tail_end's closed form (the sweep's) to 1e-12."""
+    import numpy as np
+
+    from dml2comm.sim.levels import bucket_tail_end, iteration_tail
+
+    start = np.array([s for s, *_ in spec])
+    dur = np.array([d for _, d, *_ in spec])
+    buckets = [tuple(tau * (1 + i % 2) for i in range(k)) for _, _, k, tau, _ in spec]
+    overlap = np.array([o for *_, o in spec])
+    free = np.full(len(spec), 0.25)
+    tail = iteration_tail(start, dur, start + dur, free, buckets, overlap, np.zeros(len(spec)), np.zeros(len(spec)), np.zeros(len(spec)))
+    for d, b in enumerate(buckets):
+        runs = [(t, 1) for t in b]
+        closed = bucket_tail_end(start[d], dur[d], start[d] + dur[d], runs, bool(overlap[d]), stream_free=0.25)
+        assert tail.reduced[d] == pytest.approx(max(closed, start[d] + dur[d]), rel=1e-12, abs=1e-15)
+        for i in range(1, len(b)):  # a bucket starts once the one before it has ended
+            assert tail.bucket_start[d, i] >= tail.bucket_start[d, i - 1] + b[i - 1] - 1e-12

@@ -1,4 +1,4 @@
-"""Event-driven simulation of one training iteration, one representative GPU per pipeline rank.
+"""Simulation of one training iteration, one representative GPU per pipeline rank: the events.
 
 Replicas and tensor ranks are symmetric, so each pipeline rank (device) is simulated once.
 Every device has four streams:
@@ -23,15 +23,23 @@ Every device has four streams:
 A step starts when the device's previous step has ended and its input has arrived (the
 previous virtual stage's activation for a forward, the next one's gradient for a backward).
 The iteration ends when every device has finished its optimizer step.
+
+The recurrence itself is :mod:`dml2comm.sim.levels`' (the same one a sweep runs for thousands
+of configurations at once); :func:`simulate` runs it for one configuration and turns every
+step's times into the events of the timeline and of ``trace.json``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from itertools import repeat
+from typing import NamedTuple, Sequence
+
+import numpy as np
 
 from dml2comm.errors import ConfigError
-from dml2comm.sim.schedules import Step, StepKind
+from dml2comm.sim.levels import CompiledSchedule, StepTimes, Tail, compile_steps, iteration_tail, pipeline_steps
+from dml2comm.sim.schedules import Step
 
 __all__ = ["DeviceWork", "Event", "SimResult", "simulate"]
 
@@ -56,8 +64,10 @@ class DeviceWork:
     tied_s: float = 0.0  # tied-weight gradient all-reduce with the other devices that have one, before the step
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """One slice of the timeline (a named tuple: a long schedule has hundreds of thousands, and
+    a tuple is built in a fraction of a frozen dataclass's time)."""
+
     device: int
     stream: str  # compute, pp, dp, optimizer
     name: str
@@ -79,136 +89,102 @@ class SimResult:
     events: tuple[Event, ...] = field(repr=False, default=())
 
 
-def simulate(schedule: Sequence[Sequence[Step]], work: Sequence[DeviceWork], virtual_stages: int = 1,
+def simulate(schedule: Sequence[Sequence[Step]] | CompiledSchedule, work: Sequence[DeviceWork], virtual_stages: int = 1,
              keep_events: bool = True) -> SimResult:
-    """Simulate one iteration of ``schedule`` (per-device step lists) with per-device ``work``.
+    """Simulate one iteration of ``schedule`` with per-device ``work``: the recurrence of
+    :func:`dml2comm.sim.levels.pipeline_steps` and :func:`~dml2comm.sim.levels.iteration_tail`
+    for one configuration, turned into events.
+
+    ``schedule``: the per-device step lists of :func:`~dml2comm.sim.schedules.build_schedule`
+    (``virtual_stages`` model chunks per device), or their
+    :func:`~dml2comm.sim.levels.compile_schedule` (which carries its own chunk count, and
+    saves reading the lists).  Events come in the order of
+    :attr:`~dml2comm.sim.levels.CompiledSchedule.scan_order`, each step's ZeRO-3 all-gather,
+    the step, its reduce-scatter and its send together, then each device's gradient buckets,
+    then each device's tied-weight all-reduce, optimizer step and parameter all-gather.
 
     Raises
     ------
     ConfigError
-        The schedule deadlocks (a step waits for one that can never run).
+        The step lists are not a schedule of ``build_schedule``, or ``work`` has not one entry per device.
     """
-    p = len(schedule)
-    v = virtual_stages
-    last_vs = p * v - 1
-    pos = [0] * p
-    free = [0.0] * p  # compute stream
-    pp_free = [0.0] * p
-    dp_free = [0.0] * p
-    busy = [0.0] * p
-    tp = [0.0] * p
-    prev_start = [0.0] * p
-    last_bwd: list[tuple[float, float]] = [(0.0, 0.0)] * p
-    avail: dict[tuple[bool, int, int], float] = {}  # (forward?, micro-batch, virtual stage) -> ready
-    events: list[Event] = []
-    # plain tuples in the hot loop: enum hashing dominated the time of long schedules
-    plans = [[(st.kind is StepKind.FORWARD, st.micro_batch, st.chunk, st) for st in steps] for steps in schedule]
-    remaining = sum(len(s) for s in plans)
-    while remaining:
-        progressed = False
-        for d in range(p):
-            steps = plans[d]
-            w = work[d]
-            n_steps = len(steps)
-            while pos[d] < n_steps:
-                fwd, mb, chunk, step = steps[pos[d]]
-                vs = chunk * p + d
-                if fwd:
-                    need = (True, mb, vs - 1) if vs > 0 else None
-                else:
-                    need = (False, mb, vs + 1) if vs < last_vs else None
-                if need is not None:
-                    ready = avail.get(need)
-                    if ready is None:
-                        break
-                    start = free[d] if free[d] > ready else ready
-                else:
-                    start = free[d]
-                pre = w.zero_fwd_s if fwd else w.zero_bwd_pre_s
-                if pre > 0:  # ZeRO-3 all-gather, prefetched when the previous step started
-                    ag_start = max(dp_free[d], prev_start[d])
-                    dp_free[d] = ag_start + pre
-                    start = max(start, dp_free[d])
-                    if keep_events:
-                        events.append(Event(d, "dp", "ZeRO-3 all-gather", ag_start, pre, mb, chunk))
-                dur = w.fwd_s if fwd else w.bwd_s
-                end = start + dur
-                if keep_events:
-                    name = f"{step.kind.value}{mb}" + (f".{chunk}" if v > 1 else "")
-                    events.append(Event(d, "compute", name, start, dur, mb, chunk))
-                prev_start[d] = start
-                free[d] = end
-                busy[d] += dur
-                tp[d] += w.tp_fwd_s if fwd else w.tp_bwd_s
-                if not fwd:
-                    last_bwd[d] = (start, dur)
-                    if w.zero_bwd_post_s > 0:
-                        rs_start = max(dp_free[d], end)
-                        dp_free[d] = rs_start + w.zero_bwd_post_s
-                        if keep_events:
-                            events.append(Event(d, "dp", "ZeRO reduce-scatter", rs_start, w.zero_bwd_post_s, mb, chunk))
-                # hand the result to the neighbouring virtual stage
-                if fwd and vs < last_vs:
-                    target, send = vs + 1, w.send_fwd_s
-                elif not fwd and vs > 0:
-                    target, send = vs - 1, w.send_bwd_s
-                else:
-                    target, send = -1, 0.0
-                if target >= 0:
-                    s_start = end if end > pp_free[d] else pp_free[d]
-                    pp_free[d] = s_start + send
-                    avail[(fwd, mb, vs)] = pp_free[d]
-                    if keep_events and send > 0:
-                        dest_name = f"{step.kind.value}{mb}" + (f".{target // p}" if v > 1 else "")
-                        events.append(Event(d, "pp", f"send {step.kind.value}{mb}" + (f".{chunk}" if v > 1 else ""),
-                                            s_start, send, mb, chunk, (target % p, dest_name)))
-                else:
-                    avail[(fwd, mb, vs)] = end
-                pos[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ConfigError("the pipeline schedule deadlocks: a step waits for data that is never produced")
+    cs = schedule if isinstance(schedule, CompiledSchedule) else compile_steps(schedule, virtual_stages)
+    p = cs.p
+    if len(work) != p:
+        raise ConfigError(f"the simulation got work for {len(work)} devices and a schedule of {p}; give one DeviceWork per pipeline rank")
 
-    device_end = []
-    dp_exposed = []
-    reduced_at = []
-    for d in range(p):
-        w = work[d]
-        start, dur = last_bwd[d]
-        t = dp_free[d]
-        k = len(w.dp_buckets_s)
-        for i, bucket in enumerate(w.dp_buckets_s):
-            ready = start + dur * (i + 1) / k if w.overlap_dp else free[d]
-            b_start = max(t, ready)
-            t = b_start + bucket
-            if keep_events:
-                events.append(Event(d, "dp", f"gradient bucket {i}", b_start, bucket))
-        reduced_at.append(max(t, free[d]))
-    tied = [d for d in range(p) if work[d].tied_s > 0]
-    tied_start = max((reduced_at[d] for d in tied), default=0.0)  # a collective: it starts when all are ready
-    for d in range(p):
-        w = work[d]
-        reduced = reduced_at[d]
-        dp_exposed.append(reduced - free[d])
-        if w.tied_s > 0:
-            if keep_events:
-                events.append(Event(d, "pp", "tied-weight gradient all-reduce", tied_start, w.tied_s))
-            reduced = tied_start + w.tied_s
-        end = reduced + w.optimizer_s
-        if keep_events and w.optimizer_s > 0:
-            events.append(Event(d, "optimizer", "optimizer step", reduced, w.optimizer_s))
-        if w.after_step_s > 0:
-            if keep_events:
-                events.append(Event(d, "dp", "parameter all-gather", end, w.after_step_s))
-            end += w.after_step_s
-        device_end.append(end)
+    costs = np.array([(w.fwd_s, w.bwd_s, w.send_fwd_s, w.send_bwd_s, w.zero_fwd_s, w.zero_bwd_pre_s, w.zero_bwd_post_s,
+                        w.tp_fwd_s, w.tp_bwd_s, w.tied_s, w.optimizer_s, w.after_step_s) for w in work], dtype=np.float64).T
+    fwd, bwd, send_fwd, send_bwd = costs[0:1], costs[1:2], costs[2:3], costs[3:4]  # [1, p] each
+    zero = (costs[4:5], costs[5:6], costs[6:7])
+    times = pipeline_steps(cs, fwd, bwd, send_fwd, send_bwd, zero if costs[4:7].any() else None)
+    dev, forward, last = cs.device, cs.forward, cs.last_step
+    dur = np.where(forward, fwd[0, dev], bwd[0, dev])
+    tp = np.where(forward, costs[7, dev], costs[8, dev])
+    start, end = times.start[0], times.end[0]
+    compute_end = end[last]
+    lb = cs.last_backward
+    tail = iteration_tail(start[lb], dur[lb], compute_end, times.dp[0, last], [w.dp_buckets_s for w in work],
+                          np.array([w.overlap_dp for w in work]), costs[9], costs[10], costs[11])
+    # per-device sums in program order (a running sum, as the steps run)
+    busy = np.cumsum(dur.reshape(p, -1), axis=1)[:, -1]
+    tp_sum = np.cumsum(tp.reshape(p, -1), axis=1)[:, -1]
     return SimResult(
-        iteration_time_s=max(device_end) if device_end else 0.0,
-        device_end_s=tuple(device_end),
-        compute_end_s=tuple(free),
-        compute_busy_s=tuple(busy),
-        tp_s=tuple(tp),
-        dp_exposed_s=tuple(dp_exposed),
-        events=tuple(events),
+        iteration_time_s=float(tail.end.max()),
+        device_end_s=tuple(tail.end.tolist()),
+        compute_end_s=tuple(compute_end.tolist()),
+        compute_busy_s=tuple(busy.tolist()),
+        tp_s=tuple(tp_sum.tolist()),
+        dp_exposed_s=tuple((tail.reduced - compute_end).tolist()),
+        events=_events(cs, times, dur, send_fwd[0], send_bwd[0], zero, tail, work) if keep_events else (),
     )
+
+
+def _events(cs: CompiledSchedule, times: StepTimes, dur: np.ndarray, send_fwd: np.ndarray, send_bwd: np.ndarray,
+            zero: tuple[np.ndarray, ...], tail: Tail, work: Sequence[DeviceWork]) -> tuple[Event, ...]:
+    """The events of one simulated iteration (:func:`simulate`'s docstring gives their order).
+
+    Built a kind at a time over the steps that have one, then put in order by the key
+    ``4 * (the step's place in the scan) + (0 all-gather, 1 step, 2 reduce-scatter, 3 send)``."""
+    dev, forward = cs.device, cs.forward
+    order = cs.scan_order
+    rank = np.empty(cs.num_steps, dtype=np.int64)
+    rank[order] = np.arange(cs.num_steps)
+    send = np.where(cs.has_send, np.where(forward, send_fwd[dev], send_bwd[dev]), 0.0)
+    pre = np.where(forward, zero[0][0, dev], zero[1][0, dev])
+    post = np.where(forward, 0.0, zero[2][0, dev])
+    labels = cs.labels
+    make = tuple.__new__
+    parts, keys = [], []
+
+    def kind(steps: np.ndarray, slot: int, stream: str, names, at: np.ndarray, length: np.ndarray, flows=repeat(None)) -> None:
+        rows = zip(dev[steps].tolist(), repeat(stream), names, at[steps].tolist(), length[steps].tolist(),
+                   cs.micro_batch[steps].tolist(), cs.chunk[steps].tolist(), flows)
+        parts.extend(map(make, repeat(Event), rows))
+        keys.append(4 * rank[steps] + slot)
+
+    steps = order
+    kind(steps, 1, "compute", [labels[i] for i in steps.tolist()], times.start[0], dur)
+    steps = np.nonzero(pre > 0)[0]
+    kind(steps, 0, "dp", repeat("ZeRO-3 all-gather"), times.gather_start[0], pre)
+    steps = np.nonzero(post > 0)[0]
+    kind(steps, 2, "dp", repeat("ZeRO reduce-scatter"), times.scatter_start[0], post)
+    steps = np.nonzero(send > 0)[0]
+    receiver = cs.receiver[steps]
+    kind(steps, 3, "pp", ["send " + labels[i] for i in steps.tolist()], times.send_start[0], send,
+         zip(dev[receiver].tolist(), [labels[r] for r in receiver.tolist()]))
+    key = np.concatenate(keys)
+    events = parts if len(parts) == cs.num_steps else [parts[i] for i in np.argsort(key).tolist()]
+    buckets = tail.bucket_start.tolist()
+    for d, w in enumerate(work):
+        for i, bucket in enumerate(w.dp_buckets_s):
+            events.append(Event(d, "dp", f"gradient bucket {i}", buckets[d][i], bucket))
+    step_start = tail.step_start.tolist()
+    for d, w in enumerate(work):
+        if w.tied_s > 0:
+            events.append(Event(d, "pp", "tied-weight gradient all-reduce", tail.tied_start, w.tied_s))
+        if w.optimizer_s > 0:
+            events.append(Event(d, "optimizer", "optimizer step", step_start[d], w.optimizer_s))
+        if w.after_step_s > 0:
+            events.append(Event(d, "dp", "parameter all-gather", step_start[d] + w.optimizer_s, w.after_step_s))
+    return tuple(events)

@@ -1,44 +1,51 @@
-"""The event simulation of :mod:`dml2comm.sim.engine`, vectorised: many iterations at once.
+"""The iteration simulator's recurrence, vectorised: one configuration or many at once.
 
-A sweep simulates thousands of configurations; the engine's per-step Python loop costs
-milliseconds to tenths of a second each.  Here a schedule is compiled once per
-``(schedule, p, m, v)`` into flat step arrays, the steps are grouped by their depth in the
-dependency graph (a step's depth exceeds the depth of the step before it on its device and
-of the step whose output it needs), and each depth is one vectorised update for all steps in
-it and all ``K`` configurations of a batch::
+A schedule is compiled once per ``(schedule, p, m, v)`` into flat step arrays, the steps are
+grouped by their depth in the dependency graph (a step's depth exceeds the depth of the step
+before it on its device and of the step whose output it needs), and each depth is one
+vectorised update for all steps in it and all ``K`` configurations of a batch::
 
     end[i] = max(end[previous step on the device], pp[needed step]) + duration[i]
     pp[i]  = max(end[i], pp[previous step on the device]) + send[i]
 
-This is the engine's recurrence: a step starts when its device is free and its input has
-arrived; a step's output leaves on its device's pp stream when the step has ended and the
-device's previous send has gone (``pp[i]``: when the stream is free after step ``i``, which is
-when its output arrives), and ``send[i]`` is 0 for a step whose output stays on the device
-(the last virtual stage's forwards, the first one's backwards).  Such a step still sets
-``pp[i] = max(end[i], pp[prev])``: the stream is not busy in between, and every later send
-leaves after ``end[i]`` anyway (durations are not negative), so the next send starts when it
-would in the engine.  The two agree to rounding (``tests/test_sim.py``, send-bound schedules
-included).  Works with per-micro-batch data-parallel collectives (ZeRO-2/3) take the same
-recurrence with the engine's dp stream per step (:func:`pipeline_end_times_zero` for one
-schedule, ``pipeline_end_times_many(..., zero_terms=...)`` for many; ``tests/test_sim.py``).
+A step starts when its device is free and its input has arrived; a step's output leaves on
+its device's pp stream when the step has ended and the device's previous send has gone
+(``pp[i]``: when the stream is free after step ``i``, which is when its output arrives), and
+``send[i]`` is 0 for a step whose output stays on the device (the last virtual stage's
+forwards, the first one's backwards).  Such a step still sets ``pp[i] = max(end[i], pp[prev])``:
+the stream is not busy in between, and every later send leaves after ``end[i]`` anyway
+(durations are not negative).  Per-micro-batch data-parallel collectives (ZeRO-2/3) add the
+device's dp stream per step (:func:`pipeline_steps` with ``zero``).
 
-The data-parallel tail (gradient buckets after or overlapping the device's last backward,
-then the optimizer step and any collective after it) is evaluated in closed form: for
-buckets of equal duration ``tau`` becoming ready at linearly spaced times, the stream's end
-is ``max_i(ready_i + sum_{l >= i} tau_l)``, attained at an end of each run of equal buckets.
+Three users: :func:`dml2comm.sim.engine.simulate` runs :func:`pipeline_steps` and
+:func:`iteration_tail` for one configuration (``K = 1``) and turns every step's start and end,
+every send, the ZeRO traffic and the tail into the events of the timeline and ``trace.json``;
+a sweep (:mod:`dml2comm.search.fast`) runs :func:`pipeline_end_times_many`, the same update for
+many schedules and configurations in one pass, reading only the end times; and
+``tests/test_sim.py`` checks the two against each other and against schedules worked by hand.
+
+The sweep evaluates the data-parallel tail (gradient buckets after or overlapping the
+device's last backward, then the optimizer step and any collective after it) in closed form:
+for buckets of equal duration ``tau`` becoming ready at linearly spaced times, the stream's
+end is ``max_i(ready_i + sum_{l >= i} tau_l)``, attained at an end of each run of equal
+buckets (:func:`bucket_tail_end`); :func:`iteration_tail` runs the buckets one by one, all
+devices at once, for their start times.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
+from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
-from dml2comm.sim.schedules import check_schedule
+from dml2comm.sim.schedules import Step, StepKind, check_schedule
 
-__all__ = ["CompiledSchedule", "compile_schedule", "pipeline_end_times", "pipeline_end_times_zero", "bucket_tail_end", "bucket_tail_end_many", "pipeline_end_times_many"]
+__all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps", "pipeline_end_times",
+           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "bucket_tail_end", "bucket_tail_end_many"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,47 @@ class CompiledSchedule:
     forward_o: np.ndarray
     has_send: np.ndarray  # [S] bool: the step's output goes to another virtual stage (over its pp stream)
     has_send_o: np.ndarray
+    micro_batch: np.ndarray  # [S] micro-batch of each step
+    chunk: np.ndarray  # [S] model chunk of each step (0 unless interleaved)
 
     @functools.cached_property
-    def depths(self) -> tuple[np.ndarray, ...]:
-        """Step indices per depth."""
-        return tuple(self.order[a:a + c] for a, c in zip(self.level_starts, self.level_sizes))
+    def level_bounds(self) -> list[tuple[int, int]]:
+        """Per depth, its first position and the one after its last (in :attr:`order`)."""
+        return list(zip(self.level_starts.tolist(), (self.level_starts + self.level_sizes).tolist()))
+
+    @functools.cached_property
+    def scan_order(self) -> np.ndarray:
+        """The steps in the order of a scan that runs each device, first to last, as far as its
+        inputs allow, and repeats until every step has run: the order of :func:`simulate`'s
+        events (the per-step loop that this recurrence replaced emitted them so, and the trace
+        and timeline keep it).  Step ``i`` on device ``d`` runs in visit ``(round, d)`` keyed
+        ``round * p + d``: the visit of the step before it, or the first visit of ``d`` after
+        the one that ran the step it needs (the same round if that device comes first, else the
+        next), whichever is later."""
+        p, n = self.p, self.num_steps
+        key = np.full(n + 1, -1, dtype=np.int64)  # by position; slot n: no step
+        for a, b in self.level_bounds:
+            d = self.device_o[a:b]
+            kn = key[self.need_o[a:b]]
+            after = np.where(kn < 0, -1, kn - kn % p + d + np.where(kn % p > d, p, 0))
+            key[a:b] = np.maximum(np.maximum(key[self.prev_o[a:b]], after), d)
+        return np.argsort(key[self.position], kind="stable")
+
+    @functools.cached_property
+    def labels(self) -> list[str]:
+        """Each step's name: ``F``/``B``, the micro-batch, and ``.chunk`` when interleaved (``B3.1``)."""
+        kind = np.where(self.forward, "F", "B").tolist()
+        mb = self.micro_batch.tolist()
+        if self.v == 1:
+            return [f"{k}{b}" for k, b in zip(kind, mb)]
+        return [f"{k}{b}.{c}" for k, b, c in zip(kind, mb, self.chunk.tolist())]
+
+    @functools.cached_property
+    def receiver(self) -> np.ndarray:
+        """[S] the step that needs each step's output, or -1 (the output stays on the device)."""
+        out = np.full(self.num_steps + 1, -1, dtype=np.int64)
+        out[self.need] = np.arange(self.num_steps)
+        return out[:-1]
 
 
 @functools.lru_cache(maxsize=256)
@@ -82,7 +125,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     (``k < T - W``) or ``T + k``.  The k-th op's micro-batch and chunk follow
     ``schedules._interleaved`` (GPipe runs its backwards last micro-batch first).
     """
-    check_schedule(name, p, m, v)  # the same validation (and errors) as the engine's
+    check_schedule(name, p, m, v)  # the same validation (and errors) as build_schedule
     name = Schedule(name)
     if name is Schedule.INTERLEAVED and v < 2:
         name = Schedule.ONE_F_ONE_B
@@ -168,9 +211,44 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     has_send = np.zeros(n + 1, dtype=bool)
     has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
     has_send = has_send[:n]
+    micro_batch = np.empty(n, dtype=np.int64)
+    chunk = np.empty(n, dtype=np.int64)
+    micro_batch[pf.ravel()] = np.broadcast_to(mb_f, pf.shape).ravel()
+    chunk[pf.ravel()] = np.broadcast_to(chunk_f, pf.shape).ravel()
+    micro_batch[pb.ravel()] = np.broadcast_to(mb_b, pb.shape).ravel()
+    chunk[pb.ravel()] = np.broadcast_to(chunk_b, pb.shape).ravel()
     return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
                             order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
-                            forward[order], has_send, has_send[order])
+                            forward[order], has_send, has_send[order], micro_batch, chunk)
+
+
+def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
+    """The compiled form of per-device step lists made by :func:`~dml2comm.sim.schedules.build_schedule`
+    (``v`` model chunks per device): the name, ``p`` and ``m`` are read off the lists, and the
+    lists are checked to be that schedule's, step for step.
+
+    Raises
+    ------
+    ConfigError
+        The lists are not a gpipe, 1f1b or interleaved schedule of ``build_schedule``.
+    """
+    p = len(schedule)
+    lengths = {len(steps) for steps in schedule}
+    per = next(iter(lengths)) if len(lengths) == 1 else -1
+    if p and per > 0 and per % (2 * v) == 0:
+        m = per // (2 * v)
+        flat = np.array([(s.kind is StepKind.FORWARD, s.micro_batch, s.chunk) for steps in schedule for s in steps],
+                        dtype=np.int64).reshape(-1, 3)
+        for name in ("interleaved",) if v > 1 else ("1f1b", "gpipe"):
+            try:
+                cs = compile_schedule(name, p, m, v)
+            except ConfigError:
+                continue
+            if (cs.v == v and np.array_equal(flat[:, 0], cs.forward) and np.array_equal(flat[:, 1], cs.micro_batch)
+                    and np.array_equal(flat[:, 2], cs.chunk)):
+                return cs
+    raise ConfigError(f"the simulator runs the schedules of sim.schedules.build_schedule (gpipe, 1f1b, interleaved); "
+                      f"these {p} step lists with {v} model chunks are none of them: build them with build_schedule")
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
@@ -238,70 +316,120 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
     raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - build_schedule's orders never do
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """Every step's times for ``K`` configurations, ``[K, S]`` each (steps in schedule order)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    send_start: np.ndarray  # when the step's output leaves on its device's pp stream
+    arrival: np.ndarray  # when that stream is free after the step: its output arrived
+    gather_start: np.ndarray  # the ZeRO-3 all-gather before the step (where it has one)
+    scatter_start: np.ndarray  # the ZeRO-2/3 reduce-scatter after the step (a backward with one)
+    dp: np.ndarray  # when the device's dp stream is free after the step
+
+
+def pipeline_steps(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray, send_bwd_s: np.ndarray,
+                   zero: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepTimes:
+    """The recurrence, every step's times, for ``K`` configurations' per-device costs ``[K, p]``
+    (per model chunk under interleaving); ``send_fwd_s``/``send_bwd_s``: a device's send of an
+    activation to the next virtual stage / of a gradient to the previous one; ``zero``: the
+    per-micro-batch ZeRO-2/3 terms ``(zero_fwd, zero_bwd_pre, zero_bwd_post)`` on the dp stream.
+
+    Per step ``i`` after step ``j`` on its device (``dp[j]``: the dp stream free after ``j``,
+    ``st[j]``: when ``j`` started; no step: 0)::
+
+        ready  = max(end[j], pp[needed step])
+        ag     = max(dp[j], st[j])                  # ZeRO-3 all-gather, prefetched when j started
+        st[i]  = max(ready, ag + pre_i)   if pre_i > 0 else ready
+        end[i] = st[i] + duration_i
+        dp[i]  = ag + pre_i if pre_i > 0 else dp[j];  then, after a backward with a reduce-scatter,
+        rs     = max(dp[i], end[i]);  dp[i] = rs + post_i
+        q[i]   = max(end[i], pp[j]);  pp[i] = q[i] + send_i     # the send queues on the pp stream
+
+    ``pre_i`` is the forward or backward all-gather, ``post_i`` the reduce-scatter (backward
+    only); a term of 0 leaves the stream and the step alone.  With ``K = 1`` this is the
+    simulation of one iteration (:func:`dml2comm.sim.engine.simulate` turns it into events)."""
+    k = fwd_s.shape[0]
+    dev, fw = cs.device_o, cs.forward_o
+    # [S + 1, K] by position (depth by depth, so that a depth is a slice); row S: no step (zeros);
+    # one configuration: [S + 1] (numpy gathers 1-d items faster than rows)
+    shape = (cs.num_steps + 1, k) if k > 1 else (cs.num_steps + 1,)
+
+    def by_position(values: np.ndarray) -> np.ndarray:  # [K, S] -> [S + 1, K]
+        out = np.zeros(shape)
+        out[:-1] = values.T if k > 1 else values[0]
+        return out
+
+    dur = by_position(np.where(fw, fwd_s[:, dev], bwd_s[:, dev]))
+    send = by_position(np.where(cs.has_send_o, np.where(fw, send_fwd_s[:, dev], send_bwd_s[:, dev]), 0.0))
+    end, pp, st, queued = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    prev, need = cs.prev_o, cs.need_o
+    maximum, add = np.maximum, np.add
+    pos = cs.position
+
+    def by_step(values: np.ndarray) -> np.ndarray:  # [S + 1, K] -> [K, S]
+        return values[pos].T if k > 1 else values[pos][None, :]
+
+    if zero is None:
+        for a, b in cs.level_bounds:
+            before = prev[a:b]
+            started = st[a:b]
+            maximum(end[before], pp[need[a:b]], out=started)  # the device free and the input arrived
+            ended = end[a:b]
+            add(started, dur[a:b], out=ended)
+            q = queued[a:b]
+            maximum(ended, pp[before], out=q)  # the send leaves when the step has ended and the stream is free
+            add(q, send[a:b], out=pp[a:b])
+        nothing = np.zeros((k, cs.num_steps))
+        return StepTimes(by_step(st), by_step(end), by_step(queued), by_step(pp), nothing, nothing, nothing)
+    zero_fwd_s, zero_bwd_pre_s, zero_bwd_post_s = zero
+    pre = np.where(fw, zero_fwd_s[:, dev], zero_bwd_pre_s[:, dev])
+    post = np.where(fw, 0.0, zero_bwd_post_s[:, dev])
+    # a term of 0 is carried by a mask of -inf added before a maximum (no branch): without an
+    # all-gather max(ready, ag + pre - inf) = ready and max(dp[j], ag + pre - inf) = dp[j];
+    # with one, ag + pre >= dp[j], so the stream becomes ag + pre; without a reduce-scatter
+    # max(stream, end - inf) + 0 = stream
+    no_pre = by_position(np.where(pre > 0, 0.0, -np.inf))
+    no_post = by_position(np.where(post > 0, 0.0, -np.inf))
+    pre, post = by_position(pre), by_position(post)
+    dp, ag, rs = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    for a, b in cs.level_bounds:
+        before = prev[a:b]
+        ready = maximum(end[before], pp[need[a:b]])
+        stream = dp[before]
+        gather = ag[a:b]
+        maximum(stream, st[before], out=gather)  # prefetched when the previous step started
+        gathered = gather + pre[a:b]
+        gathered += no_pre[a:b]
+        started = st[a:b]
+        maximum(ready, gathered, out=started)
+        ended = end[a:b]
+        add(started, dur[a:b], out=ended)
+        maximum(stream, gathered, out=stream)
+        scatter = rs[a:b]
+        maximum(stream, ended + no_post[a:b], out=scatter)
+        add(scatter, post[a:b], out=dp[a:b])
+        q = queued[a:b]
+        maximum(ended, pp[before], out=q)
+        add(q, send[a:b], out=pp[a:b])
+    return StepTimes(by_step(st), by_step(end), by_step(queued), by_step(pp), by_step(ag), by_step(rs), by_step(dp))
+
+
 def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
                        send_bwd_s: np.ndarray) -> np.ndarray:
-    """End time of every step, ``[K, S]``, for ``K`` configurations' per-device costs ``[K, p]``
-    (per model chunk under interleaving); ``send_fwd_s``/``send_bwd_s``: a device's send of an
-    activation to the next virtual stage / of a gradient to the previous one."""
-    k = fwd_s.shape[0]
-    dev = cs.device
-    dur = np.where(cs.forward, fwd_s[:, dev], bwd_s[:, dev])
-    # a step's own send on its device's pp stream: activations with send_fwd, gradients with send_bwd
-    send = np.where(cs.has_send, np.where(cs.forward, send_fwd_s[:, dev], send_bwd_s[:, dev]), 0.0)
-    end = np.zeros((k, cs.num_steps + 1))
-    pp = np.zeros((k, cs.num_steps + 1))  # when the device's pp stream is free after the step (its output arrived)
-    prev, need = cs.prev, cs.need
-    for idx in cs.depths:
-        before = prev[idx]
-        start = np.maximum(end[:, before], pp[:, need[idx]])
-        end[:, idx] = start + dur[:, idx]
-        pp[:, idx] = np.maximum(end[:, idx], pp[:, before]) + send[:, idx]
-    return end[:, :-1]
+    """End time of every step, ``[K, S]``, for ``K`` configurations (:func:`pipeline_steps`)."""
+    return pipeline_steps(cs, fwd_s, bwd_s, send_fwd_s, send_bwd_s).end
 
 
 def pipeline_end_times_zero(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
                             send_bwd_s: np.ndarray, zero_fwd_s: np.ndarray, zero_bwd_pre_s: np.ndarray,
                             zero_bwd_post_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`pipeline_end_times` with the engine's per-micro-batch ZeRO-2/3 collectives on each
-    device's dp stream (``[K, p]`` each, per model chunk): returns the end time of every step
-    and when the device's dp stream is free after it (``[K, S]`` each).
-
-    The engine's loop, per step ``i`` after step ``j`` on its device (``dp[j]``: the stream
-    free after ``j``, ``st[j]``: when ``j`` started; the zero column: 0)::
-
-        ready  = max(end[j], pp[needed step])
-        ag     = max(dp[j], st[j]) + pre_i          # ZeRO-3 all-gather, prefetched when j started
-        st[i]  = max(ready, ag)   if pre_i > 0 else ready
-        end[i] = st[i] + duration_i
-        dp[i]  = ag if pre_i > 0 else dp[j];  then, after a backward with a reduce-scatter,
-        dp[i]  = max(dp[i], end[i]) + post_i
-
-    ``pre_i`` is the forward or backward all-gather, ``post_i`` the reduce-scatter (backward
-    only); a term of 0 leaves the stream and the step as the engine does (it skips them)."""
-    k = fwd_s.shape[0]
-    dev, fw = cs.device, cs.forward
-    dur = np.where(fw, fwd_s[:, dev], bwd_s[:, dev])
-    send = np.where(cs.has_send, np.where(fw, send_fwd_s[:, dev], send_bwd_s[:, dev]), 0.0)
-    pre = np.where(fw, zero_fwd_s[:, dev], zero_bwd_pre_s[:, dev])
-    post = np.where(fw, 0.0, zero_bwd_post_s[:, dev])
-    has_pre, has_post = pre > 0, post > 0
-    shape = (k, cs.num_steps + 1)
-    end, pp, dp, st = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    prev, need = cs.prev, cs.need
-    for idx in cs.depths:
-        before = prev[idx]
-        ready = np.maximum(end[:, before], pp[:, need[idx]])
-        dp_before = dp[:, before]
-        gathered = np.maximum(dp_before, st[:, before]) + pre[:, idx]
-        hp = has_pre[:, idx]
-        start = np.where(hp, np.maximum(ready, gathered), ready)
-        ended = start + dur[:, idx]
-        stream = np.where(hp, gathered, dp_before)
-        dp[:, idx] = np.where(has_post[:, idx], np.maximum(stream, ended) + post[:, idx], stream)
-        st[:, idx] = start
-        end[:, idx] = ended
-        pp[:, idx] = np.maximum(ended, pp[:, before]) + send[:, idx]
-    return end[:, :-1], dp[:, :-1]
+    """:func:`pipeline_steps` with the per-micro-batch ZeRO-2/3 collectives on each device's dp
+    stream (``[K, p]`` each, per model chunk): the end time of every step and when the device's
+    dp stream is free after it (``[K, S]`` each)."""
+    times = pipeline_steps(cs, fwd_s, bwd_s, send_fwd_s, send_bwd_s, (zero_fwd_s, zero_bwd_pre_s, zero_bwd_post_s))
+    return times.end, times.dp
 
 
 def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
@@ -314,7 +442,7 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     ``zero_terms``: per item, its ZeRO-2/3 terms ``(zero_fwd, zero_bwd_pre, zero_bwd_post)`` (``[K, p]``
     each): the recurrence of :func:`pipeline_end_times_zero`, and the result is a pair, the end
     times and the dp-stream times of the same steps.  A term of 0 must leave the step and the
-    stream alone (the engine skips it); it is carried by a mask of 0 or -inf added before a
+    stream alone (:func:`pipeline_steps`); it is carried by a mask of 0 or -inf added before a
     maximum, so the update needs no branch: ``ag = max(dp[j], st[j]) + pre + mask_pre``
     (-inf without an all-gather), ``st = max(ready, ag)``, ``dp = max(dp[j], ag)`` (an
     all-gather ends after the stream was free), then ``dp = max(dp, end + mask_post) + post``.
@@ -470,7 +598,7 @@ def _row_width(ks: list[int], steps: list[int]) -> int:
 
 def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
                     overlap: bool, stream_free: float = 0.0) -> float:
-    """End of the gradient-bucket stream of one device (the engine's loop, in closed form).
+    """End of the gradient-bucket stream of one device (:func:`iteration_tail`'s loop, in closed form).
 
     ``buckets``: runs of ``(seconds, count)`` in order.  Bucket ``i`` of ``K`` is ready at
     ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``.
@@ -510,3 +638,47 @@ def bucket_tail_end_many(start: np.ndarray, duration: np.ndarray, compute_end: n
         suffix = suffix - t * c
         i = i + c
     return np.where(total > 0, best, 0.0)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """One configuration's iteration after its pipeline, per device (``[p]``; buckets ``[p, B]``)."""
+
+    bucket_start: np.ndarray  # [p, B] start of each gradient bucket (B: the most buckets of a device)
+    reduced: np.ndarray  # gradients reduced: the dp stream's end, at least the compute's
+    tied_start: float  # the tied-weight all-reduce (one collective of every device with a copy)
+    step_start: np.ndarray  # the optimizer step
+    end: np.ndarray  # the device's iteration end (after any collective that follows the step)
+
+
+def iteration_tail(last_start: np.ndarray, last_dur: np.ndarray, compute_end: np.ndarray, stream_free: np.ndarray,
+                   buckets: Sequence[Sequence[float]], overlap: np.ndarray, tied_s: np.ndarray, optimizer_s: np.ndarray,
+                   after_step_s: np.ndarray) -> Tail:
+    """The data-parallel tail of one configuration, device by device (``[p]`` arrays): gradient
+    buckets on the dp stream (free at ``stream_free``, after any ZeRO traffic), bucket ``i`` of
+    ``K`` ready at ``last_start + last_dur (i + 1) / K`` during the last backward with
+    ``overlap`` (PyTorch DDP / Megatron ``--overlap-grad-reduce``), else at ``compute_end``, each
+    starting at ``max(previous bucket's end, ready)``; the tied-weight all-reduce once every
+    device holding a copy has reduced its gradients (Megatron-LM ``finalize_model_grads``:
+    data-parallel sync, then ``_allreduce_embedding_grads``); the optimizer step; the collective
+    after it (ZeRO-1/2 parameter all-gather).  The buckets' end equals
+    :func:`bucket_tail_end`'s closed form (``tests/test_sim.py``); here the loop runs over bucket
+    positions, all devices at once, because the events need every bucket's start."""
+    p = len(buckets)
+    count = np.array([len(b) for b in buckets], dtype=np.int64)
+    width = int(count.max()) if p else 0
+    tau = np.zeros((p, width))
+    for d, b in enumerate(buckets):
+        tau[d, :len(b)] = b
+    safe = np.maximum(count, 1)
+    starts = np.zeros((p, width))
+    t = stream_free
+    for i in range(width):
+        ready = np.where(overlap, last_start + last_dur * (i + 1) / safe, compute_end)
+        starts[:, i] = np.maximum(t, ready)
+        t = np.where(i < count, starts[:, i] + tau[:, i], t)
+    reduced = np.maximum(t, compute_end)
+    holders = tied_s > 0
+    tied_start = float(reduced[holders].max()) if holders.any() else 0.0
+    step_start = np.where(holders, tied_start + tied_s, reduced)
+    return Tail(starts, reduced, tied_start, step_start, step_start + optimizer_s + after_step_s)
