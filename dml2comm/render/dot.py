@@ -404,7 +404,7 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
 
 def _boundary_node(g: _Dot, facts: Facts, b: Boundary, d: int) -> str:
     src, dst = facts.ranks(d, b.stage), facts.ranks(d, b.stage + 1)
-    share = facts.comms_share(b.forward + b.backward)
+    share = facts.comms_share(b.comms)
     n = len(b.forward)
     tensors = f"{n} tensors" if n != 1 else "1 tensor"
     tip = (
@@ -412,13 +412,16 @@ def _boundary_node(g: _Dot, facts: Facts, b: Boundary, d: int) -> str:
         f"activation forward: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} ({tensors})\n"
         f"gradient backward: {fmt_bytes(b.bytes_bwd)} in {fmt_s(b.time_bwd_s)}\n"
         f"GPUs {rank_ranges(src)} -> {rank_ranges(dst)}, each tensor rank to its peer, over {b.link}\n"
+        + (f"scatter/gather (Megatron-LM): each tensor rank sends 1/{b.gather_fwd[0].group_size} of the tensor; the "
+           f"receivers all-gather it ({fmt_s(sum(c.time_s for c in b.gather_fwd))} forward, "
+           f"{fmt_s(sum(c.time_s for c in b.gather_bwd))} backward, included above)\n" if b.gather_fwd else "")
         + "".join(f"tensor: {c.tensor}\n" for c in b.forward[:6])
         + (f"... and {n - 6} more\n" if n > 6 else "")
         + f"{fmt_share(share)} of the iteration"
     )
     return g.node(
-        _label("Send/Recv", f"↓ {fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)}", f"↑ {fmt_bytes(b.bytes_bwd)} · {fmt_s(b.time_bwd_s)}",
-               f"per micro-batch · {link_short(b.link)}"),
+        _label("Send/Recv" + (" + all-gather" if b.gather_fwd else ""), f"↓ {fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)}",
+               f"↑ {fmt_bytes(b.bytes_bwd)} · {fmt_s(b.time_bwd_s)}", f"per micro-batch · {link_short(b.link)}"),
         tip, f"gpu_comm_pp_{b.stage}", **_comm_attrs(share),
     )
 
@@ -531,7 +534,7 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
         prev = g.node(_label(f"Recv ← stage {p - 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch"),
                       f"activations from stage {p - 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {fmt_s(b.time_fwd_s)}); "
                       f"gradients go back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
-                      f"gpu_comm_pp_{p - 1}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+                      f"gpu_comm_pp_{p - 1}", **_comm_attrs(facts.comms_share(b.comms)))
     anchor = top[len(top) // 2]  # the chain of layers hangs centred under the row of groups
     if prev is not None:
         g.edge(anchor, prev, style="invis")
@@ -560,7 +563,7 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
         send = g.node(_label(f"Send → stage {p + 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch"),
                       f"activations to stage {p + 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {fmt_s(b.time_fwd_s)}); "
                       f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
-                      f"gpu_comm_pp_{p}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+                      f"gpu_comm_pp_{p}", **_comm_attrs(facts.comms_share(b.comms)))
         g.edge(prev, send)  # type: ignore[arg-type]
     return Drawing(f"stage_{p}_data_0_detail", f"stage_{p}_data_0", f"Stage {p} (replica 0): layers", g.text(), g.annotations, g.hottest_share)
 
@@ -638,7 +641,7 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
                 nid = g.node(_label(f"Recv ← stage {stage - 1}", shape),
                              f"{_tensor_tip(facts, name)}\nreceived from stage {stage - 1} every micro-batch; "
                              f"its gradient goes back\nboundary: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} over {b.link}",
-                             f"gpu_comm_pp_{stage - 1}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+                             f"gpu_comm_pp_{stage - 1}", **_comm_attrs(facts.comms_share(b.comms)))
             else:
                 # relative wording keeps alike blocks byte-identical (one layout for all of them)
                 where = "previous layer" if src_layer == li - 1 else f"layer {src_layer}"
@@ -712,7 +715,7 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
                 nid = g.node(_label(f"Send → stage {stage + 1}", shape),
                              f"{_tensor_tip(facts, name)}\nsent to stage {stage + 1} every micro-batch; its gradient comes back\n"
                              f"boundary: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} over {b.link}",
-                             f"gpu_comm_pp_{stage}", **_comm_attrs(facts.comms_share(b.forward + b.backward)))
+                             f"gpu_comm_pp_{stage}", **_comm_attrs(facts.comms_share(b.comms)))
             elif outside:
                 first = outside[0]
                 more = f" (+{len(outside) - 1})" if len(outside) > 1 else ""

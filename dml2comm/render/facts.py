@@ -47,8 +47,17 @@ class Boundary:
     """Pipeline boundary ``stage`` -> ``stage + 1``: activations forward, gradients backward."""
 
     stage: int
-    forward: tuple[CommNode, ...]
-    backward: tuple[CommNode, ...]
+    forward: tuple[CommNode, ...]  # the Send/Recv of each activation (per micro-batch)
+    backward: tuple[CommNode, ...]  # the Send/Recv of each gradient
+    # Megatron-LM's scatter/gather (dml2comm.cost.stages.scatter_gather): the receivers'
+    # all-gather of each activation / gradient sent 1/t per tensor rank; part of the boundary's time
+    gather_fwd: tuple[CommNode, ...] = ()
+    gather_bwd: tuple[CommNode, ...] = ()
+
+    @property
+    def comms(self) -> tuple[CommNode, ...]:
+        """Every comm node of the boundary (sends and the receivers' all-gathers)."""
+        return self.forward + self.backward + self.gather_fwd + self.gather_bwd
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -64,11 +73,11 @@ class Boundary:
 
     @property
     def time_fwd_s(self) -> float:
-        return sum(c.time_s for c in self.forward)
+        return sum(c.time_s for c in self.forward + self.gather_fwd)
 
     @property
     def time_bwd_s(self) -> float:
-        return sum(c.time_s for c in self.backward)
+        return sum(c.time_s for c in self.backward + self.gather_bwd)
 
     @property
     def link(self) -> str:
@@ -108,17 +117,20 @@ class Facts:
         bwd: dict[int, list[CommNode]] = defaultdict(list)
         other: dict[ParallelDim, dict[int, list[CommNode]]] = {ParallelDim.CP: defaultdict(list), ParallelDim.EP: defaultdict(list)}
         tied: dict[tuple[int, ...], list[CommNode]] = defaultdict(list)
+        gather_f: dict[int, list[CommNode]] = defaultdict(list)
+        gather_b: dict[int, list[CommNode]] = defaultdict(list)
         stage_of_rank = {r: st.index for st in analysis.stages for r in st.ranks}
         for c in analysis.comms:
             if c.dim in other:
                 other[c.dim][c.stage].append(c)
-            if c.dim is ParallelDim.PP and c.kind is not CollectiveKind.SEND_RECV:
+            if c.dim is ParallelDim.PP and not c.per_micro_batch:  # the tied-weight all-reduce, once per iteration
                 tied[tuple(stage_of_rank.get(r, -1) for r in c.group)].append(c)
             elif c.dim is ParallelDim.PP:
+                sends = c.kind is CollectiveKind.SEND_RECV
                 if c.phase is Phase.FORWARD:
-                    fwd[c.stage].append(c)
+                    (fwd if sends else gather_f)[c.stage].append(c)
                 else:
-                    bwd[c.stage - 1].append(c)
+                    (bwd if sends else gather_b)[c.stage - 1].append(c)
             elif c.dim is ParallelDim.DP:
                 dp_stage[c.stage].append(c)
             else:
@@ -126,7 +138,8 @@ class Facts:
                 if c.layer is not None:
                     tp_layer[c.layer].append(c)
         p = analysis.config.pp_size
-        boundaries = tuple(Boundary(s, tuple(fwd.get(s, ())), tuple(bwd.get(s, ()))) for s in range(p - 1))
+        boundaries = tuple(Boundary(s, tuple(fwd.get(s, ())), tuple(bwd.get(s, ())), tuple(gather_f.get(s, ())), tuple(gather_b.get(s, ())))
+                           for s in range(p - 1))
 
         def share(seconds: float) -> float:
             return seconds / iteration if iteration > 0 else 0.0

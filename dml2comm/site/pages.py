@@ -197,7 +197,8 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
     # (title, value, note, page the card links to or None, alarm: drawn in red)
     headline = [
         ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples"
-         + (f"; expected error ±{s['expected_error']:.1%} ({s.get('expected_error_source')})" if s.get("expected_error") is not None else ""),
+         + (f"; expected error ±{s['expected_error']:.1%} (nearest validated runs: "
+           f"{str(s.get('expected_error_source') or '').split(':')[0]}; data.json has why)" if s.get("expected_error") is not None else ""),
          "timeline", False),
         ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else "", None, False),
         ("Communication (all stages)", fmt_s(s.get("comm_time_s")),
@@ -391,7 +392,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                                      f"in stage {s_ + 1}, which sends the gradients back in the backward pass. "
                                      f"{fmt_bytes(b.bytes_fwd)} forward and {fmt_bytes(b.bytes_bwd)} backward per micro-batch and pair, "
                                      f"{fmt_plural(facts.m, 'micro-batch', 'micro-batches')} per iteration."),
-                              comms=_comm_rows(facts, b.forward + b.backward, per_micro_batch=True), per_micro_batch=True,
+                              comms=_comm_rows(facts, b.comms, per_micro_batch=True), per_micro_batch=True,
                               groups_title="Every sender/receiver pair", pairs=pairs, groups=[], legend=legend,
                               back=Crumb(f"Stage {s_}", f"stage_{s_}_data_0")))
         )
