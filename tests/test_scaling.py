@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html as htmllib
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 
 from dml2comm import zoo
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
+from dml2comm.cli import main
+from dml2comm.render.fmt import fmt_s
 from dml2comm.search.command import run_sweep_command
+from dml2comm.search.reproduce import Hardware, scaling_reproduce
 from dml2comm.search.scaling import (SCALING_COLUMNS, breakdown_reason, parse_gpu_counts, plan_scaling, run_scaling,
                                      scaling_summary)
 from dml2comm.search.space import Constraints
@@ -152,7 +159,8 @@ def test_run_scaling_weak(gpt):
 # ---- the command
 def test_sweep_scaling_command_strong_with_site(gpt, tmp_path, capsys):
     out = tmp_path / "strong"
-    rc = run_sweep_command([gpt, "--scaling", "2,4,...,16", "--global-batch-size", "8", *TINY_ARGS, "--out", str(out)])
+    rc = run_sweep_command([gpt, "--scaling", "2,4,...,16", "--global-batch-size", "8", *TINY_ARGS, "--build-top", "1",
+                            "--out", str(out)])
     assert rc == 0
     data = json.loads((out / "data.json").read_text())
     s = data["scaling"]
@@ -169,6 +177,30 @@ def test_sweep_scaling_command_strong_with_site(gpt, tmp_path, capsys):
     assert (out / "site" / "scaling.csv").exists() and (out / "sweep.parquet").exists()
     printed = capsys.readouterr().out
     assert "strong scaling" in printed and "comparison page" in printed
+    # --build-top 1: the analysis site of the first count's best, built by the main command's code path
+    first = s["points"][0]
+    assert first["gpus"] == 2 and first["site"] == "top/2-gpus/site/index.html"
+    built = json.loads((out / "top" / "2-gpus" / "data.json").read_text())
+    assert built["summary"]["iteration_time_s"] == pytest.approx(first["best"]["iteration_time_s"], rel=1e-9)
+    assert built["summary"]["peak_memory_bytes"] == first["best"]["peak_memory_bytes"]
+    assert built["config"]["d"] == first["best"]["config"]["d"] and built["cluster"]["num_gpus"] == 2
+    assert sorted(p.name for p in (out / "top").iterdir()) == ["2-gpus"]  # only the first count
+    assert html.count('href="../top/') == 2  # the table's link and the "Full analyses" one
+    assert 'href="../top/2-gpus/site/index.html"' in html and fmt_s(first["best"]["iteration_time_s"]) in html
+    # every count with a best configuration shows its command line, on the page and in data.json
+    with_best = [p for p in s["points"] if p.get("best")]
+    commands = [htmllib.unescape(c) for c in re.findall(r'<code class="d2c-cmd">(.*?)</code>', html)]
+    assert commands == [p["command"] for p in with_best] and len(commands) >= 2
+    assert commands[0].endswith(f"--out {out / 'top' / '2-gpus'}") and commands[0] in printed
+    assert f"--out {out / 'configs'}/" in commands[1] and "not built: run the command" in html
+    assert "analysis site:" in printed and str(out / "top" / "2-gpus" / "site" / "index.html") in " ".join(printed.split())
+    # the second count's command, run as written, analyses the row's configuration with the row's numbers
+    argv = shlex.split(commands[1])
+    assert argv[:2] == ["python", "main.py"] and main(argv[2:] + ["--no-site"]) == 0
+    rerun = json.loads((Path(argv[argv.index("--out") + 1]) / "data.json").read_text())
+    assert rerun["summary"]["iteration_time_s"] == pytest.approx(with_best[1]["best"]["iteration_time_s"], rel=1e-9)
+    words = htmllib.unescape(re.sub(r"<[^>]+>", " ", html))
+    assert "Full analyses" in words and "--build-top 1" in words and "sequence_parallel" not in words
 
 
 def test_sweep_scaling_command_weak_json(gpt, tmp_path, capsys):
@@ -178,7 +210,29 @@ def test_sweep_scaling_command_weak_json(gpt, tmp_path, capsys):
     assert rc == 0
     s = json.loads(capsys.readouterr().out)
     assert s["mode"] == "weak" and s["per_gpu_batch"] == 4 and s["global_batch_sizes"] == [4, 8, 16]
+    # each count's command carries that count's global batch (4 per GPU); --no-site builds none
+    for p in s["points"]:
+        assert f"--global-batch-size {p['global_batch_size']} " in p["command"] and p["site"] is None
     assert not (out / "site").exists() and (out / "scaling.csv").exists()
+
+
+def test_scaling_reproduce_builds_the_first_counts_that_have_a_best():
+    def point(n, d):
+        config = {"d": d, "t": 1, "p": n // d, "micro_batch_size": 1, "global_batch_size": 8, "zero_stage": 0,
+                  "recompute": "none", "sequence_parallel": False, "schedule": "1f1b", "virtual_stages": 1}
+        return {"gpus": n, "best": {"config": config}}
+
+    points = [point(2, 2), {"gpus": 4, "best": None}, point(8, 4), point(16, 8)]  # 4 GPUs: nothing fits
+    out = Path("out/sweep")
+    commands, jobs, sites = scaling_reproduce("m.onnx", out, points, Hardware(cluster="dgx-a100"), 2)
+    assert list(commands) == [2, 8, 16] and sites == {2: "2-gpus", 8: "8-gpus"}  # the first two counts that have one
+    assert [n for n, _ in jobs] == [2, 8] and jobs[0][1][-2:] == ["--out", "out/sweep/top/2-gpus"]
+    assert commands[16] == ("python main.py m.onnx --d 8 --t 1 --p 2 --micro-batch-size 1 --global-batch-size 8 "
+                            "--cluster dgx-a100 --out out/sweep/configs/d8-t1-p2-b1-zero0-none")
+    # N at least the number of counts: every count with a best; 0: none
+    assert list(scaling_reproduce("m.onnx", out, points, Hardware(), 3)[2]) == [2, 8, 16]
+    assert list(scaling_reproduce("m.onnx", out, points, Hardware(), 9)[2]) == [2, 8, 16]
+    assert scaling_reproduce("m.onnx", out, points, Hardware(), 0)[1:] == ([], {})
 
 
 @pytest.mark.parametrize("argv, words", [

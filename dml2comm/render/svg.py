@@ -91,10 +91,13 @@ def _layout(dot_exe: str, dot: str, name: str) -> str:
     return proc.stdout.decode("utf-8")
 
 
-def render(drawings: Sequence[Drawing], jobs: int | None = None, cache: LayoutCache | None = None) -> tuple[dict[str, str], RenderStats]:
+def render(drawings: Sequence[Drawing], jobs: int | None = None, cache: LayoutCache | None = None,
+           on_layout: Callable[[int, int], None] | None = None) -> tuple[dict[str, str], RenderStats]:
     """Lay out and annotate ``drawings``; returns ``{drawing.name: svg text}`` and statistics.
 
     Hrefs in the result are ``page:KEY``; pass the text through :func:`resolve_links`.
+    ``on_layout(done, total)`` is called once with ``done = 0`` before the first layout and after
+    each layout that ran (from the worker threads; ``total`` counts distinct layouts, not cache hits).
     """
     cache = cache if cache is not None else LayoutCache()
     before = cache.layouts_run
@@ -106,10 +109,18 @@ def render(drawings: Sequence[Drawing], jobs: int | None = None, cache: LayoutCa
     if todo:
         dot_exe = find_dot()
         workers = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+        done = [0]
+        done_lock = threading.Lock()
+        if on_layout is not None:
+            on_layout(0, len(todo))
 
         def work(item: tuple[str, Drawing]) -> None:
             k, d = item
             cache.put(k, _layout(dot_exe, d.dot, d.name))
+            if on_layout is not None:
+                with done_lock:
+                    done[0] += 1
+                    on_layout(done[0], len(todo))
 
         if workers == 1:
             for item in todo.items():

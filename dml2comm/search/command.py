@@ -20,7 +20,10 @@ outputs are published atomically and the partial file removed.
 
 ``sweep --scaling 8,16,32`` runs one sweep per GPU count (:mod:`dml2comm.search.scaling`) and
 writes ``scaling.csv``, ``sweep.csv``/``sweep.parquet`` (every configuration of every count),
-``data.json`` (a ``scaling`` object) and ``site/``.  ``compare`` writes ``compare.csv``,
+``data.json`` (a ``scaling`` object; each point with its ``command`` and ``site``), ``site/`` (the
+scaling page, with each count's command line) and ``top/8-gpus`` ... (``--build-top N``: the
+analysis site of the best configuration of the first N GPU counts that have one, linked from
+the page).  ``compare`` writes ``compare.csv``,
 ``compare.parquet``, ``data.json`` (``compare``) and ``site/``.
 """
 
@@ -39,7 +42,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.cost.host import HOST_MODELS
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
-from dml2comm.search.reproduce import DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug
+from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug,
+                                       scaling_folder, scaling_reproduce)
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
 from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
                                    model_shape, run_sweep)
@@ -84,7 +88,7 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def _hardware_args(p: argparse.ArgumentParser) -> None:
+def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml); overrides --gpu")
@@ -100,7 +104,9 @@ def _hardware_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
     p.add_argument("--build-top", type=_non_negative, default=DEFAULT_BUILD_TOP, metavar="N",
                    help=f"build the full analysis site of the N fastest fitting configurations into DIR/top/1 ... DIR/top/N, "
-                        f"linked from the page (default {DEFAULT_BUILD_TOP}; 0 skips)")
+                        f"linked from the page (default {DEFAULT_BUILD_TOP}; 0 skips)"
+                        + ("; with --scaling: of the best configuration of each of the first N GPU counts that have one, into "
+                           "DIR/top/COUNT-gpus (every count when N is at least the number of counts)" if scaling else ""))
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
 
 
@@ -246,7 +252,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     r.add_argument("--top", type=_positive, default=10, help="how many ranked configurations to print and keep (default 10)")
     r.add_argument("--limit", type=_positive, help="evaluate only the first N configurations of the enumeration")
     add_executor_args(p, "--workers")
-    _hardware_args(p)
+    _hardware_args(p, scaling=True)
     return p
 
 
@@ -379,6 +385,12 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     for p in points:
         if p.get("best"):
             p["best"] = _entry(p["best"])
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model)
+    commands, jobs, sites = scaling_reproduce(args.model, out, points, hardware,
+                                              0 if args.no_site or study.interrupted else args.build_top)
+    for p in points:
+        p["command"] = commands.get(p["gpus"])  # data.json: the main command that analyses the count's best
+        p["site"] = f"top/{sites[p['gpus']]}/site/index.html" if p["gpus"] in sites else None
     first = next(iter(study.sweeps.values()))
     scaling = dict(plan.to_dict(), **study.summary, interrupted=study.interrupted)
     base = builder(counts[0])
@@ -389,9 +401,10 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     files: dict[str, str | bytes] = {"scaling.csv": scaling_csv(points), "sweep.csv": csv_text(rows), "sweep.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     cluster_view = dict(_cluster_dict(builder(counts[-1])), num_gpus=f"{counts[0]}–{counts[-1]}")
+    top_staging = _build_top(out, jobs, args.json, folder=scaling_folder, label=lambda n: f"the best on {n} GPUs")
     site = _publish(out, files, None if args.no_site else dict(
         kind="scaling", rows=rows, capacity_bytes=float(base.gpu.hbm_bytes), capacity_label=_gpu_label(base), model=first.model,
-        cluster=cluster_view, space=_space_view(data["space"]), scaling=scaling))
+        cluster=cluster_view, space=_space_view(data["space"]), scaling=scaling, commands=commands, sites=sites), top_staging)
     if args.json:
         print(json.dumps(scaling, sort_keys=True))
     else:
@@ -422,6 +435,13 @@ def _print_scaling(scaling: Mapping[str, Any], out: Path, site: Path | None) -> 
     _say(console, f"wrote {out / 'scaling.csv'}, {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}")
     if site is not None:
         _say(console, f"comparison page: {site}")
+    from dml2comm.render.terminal import line
+
+    for p in scaling["points"]:  # the built analysis sites, each with the command that rebuilds it
+        if p.get("site"):
+            console.print(line(f"{p['gpus']} GPUs {_short(p['best']['config'])}: {out / p['site']}", console.width,
+                               prefix="analysis site:"), highlight=False)
+            console.print("  " + p["command"], soft_wrap=True, highlight=False, markup=False)  # one line: copy and run
 
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
@@ -488,9 +508,11 @@ def _reproduce(model: str, out: Path, ranked: Sequence[Mapping[str, Any]], liste
     return commands, sorted(jobs), ranks
 
 
-def _build_top(out: Path, jobs: Sequence[tuple[int, Sequence[str]]], quiet: bool) -> Path | None:
-    """Build the analysis sites of ``jobs`` into a staging folder inside ``out`` (moved to
-    ``out/top`` with the page, by :func:`_publish`); None when there is nothing to build."""
+def _build_top(out: Path, jobs: Sequence[tuple[int, Sequence[str]]], quiet: bool, folder: Callable[[int], str] = str,
+               label: Callable[[int], str] = lambda rank: f"#{rank}") -> Path | None:
+    """Build the analysis sites of ``jobs`` ((key, argv): a rank, or a GPU count for a scaling
+    study) into ``top/folder(key)`` of a staging folder inside ``out`` (moved to ``out/top`` with
+    the page, by :func:`_publish`); None when there is nothing to build."""
     if not jobs:
         return None
     import tempfile
@@ -499,12 +521,15 @@ def _build_top(out: Path, jobs: Sequence[tuple[int, Sequence[str]]], quiet: bool
     staging = Path(tempfile.mkdtemp(prefix=".dml2comm-top-", dir=out))
     show = not quiet and sys.stderr.isatty()
 
-    def built(rank: int, folder: Path) -> None:
+    done = [0]
+
+    def built(rank: int, path: Path) -> None:
+        done[0] += 1
         if show:
-            print(f"built the analysis site of #{rank} ({rank}/{len(jobs)})", file=sys.stderr, flush=True)
+            print(f"built the analysis site of {label(rank)} ({done[0]}/{len(jobs)})", file=sys.stderr, flush=True)
 
     try:
-        build_sites(jobs, lambda rank: staging / "top" / str(rank), on_built=built)
+        build_sites(jobs, lambda rank: staging / "top" / folder(rank), on_built=built)
     except BaseException:
         import shutil
 

@@ -7,7 +7,8 @@ overhead, which is also the main command's default), so its ``data.json`` iterat
 the row's (the fast path equals the analysis to rounding: ``tests/test_search.py``).
 
 :func:`build_sites` runs that command line through :func:`dml2comm.cli.analyse_and_publish`,
-the main command's own code path, for the best few rows.
+the main command's own code path, for the best few rows (of a scaling study: the best
+configuration of the first few GPU counts, into ``top/COUNT-gpus``, :func:`scaling_folder`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "build_sites", "DEFAULT_BUILD_TOP"]
+__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "scaling_folder", "scaling_reproduce", "build_sites", "DEFAULT_BUILD_TOP"]
 
 #: Analysis sites built by ``sweep`` and ``compare`` unless ``--build-top N`` says otherwise.
 DEFAULT_BUILD_TOP = 3
@@ -50,6 +51,12 @@ def config_slug(config: Mapping[str, Any]) -> str:
     if config.get("sequence_parallel"):
         parts.append("sp")
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(parts))
+
+
+def scaling_folder(num_gpus: int) -> str:
+    """The folder under ``DIR/top`` of a scaling study's analysis site for ``num_gpus``: ``16-gpus``
+    (a sweep's sites are ``DIR/top/RANK``)."""
+    return f"{num_gpus}-gpus"
 
 
 def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out: str) -> list[str]:
@@ -92,6 +99,28 @@ def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out
 def command_line(argv: Sequence[str]) -> str:
     """``python main.py ...`` with shell quoting where a word needs it."""
     return "python main.py " + shlex.join(argv)
+
+
+def scaling_reproduce(model: str, out: Path, points: Sequence[Mapping[str, Any]], hardware: Hardware,
+                      build_top: int) -> tuple[dict[int, str], list[tuple[int, list[str]]], dict[int, str]]:
+    """Command lines of each GPU count's best configuration, and the analysis sites to build: of
+    the first ``build_top`` counts that have a fitting configuration (every such count when
+    ``build_top`` is at least their number).  Returns ({GPU count: command line}, [(GPU count,
+    argv)] of the sites to build, {GPU count: its folder under ``out/top``}).  A built count's
+    ``--out`` is ``out/top/COUNT-gpus``; the others' ``out/configs/SLUG``."""
+    commands: dict[int, str] = {}
+    jobs: list[tuple[int, list[str]]] = []
+    sites: dict[int, str] = {}
+    for i, p in enumerate([p for p in points if p.get("best")]):
+        n, config = p["gpus"], p["best"]["config"]
+        build = i < build_top
+        target = out / "top" / scaling_folder(n) if build else out / "configs" / config_slug(config)
+        argv = analysis_argv(model, config, hardware, str(target))
+        commands[n] = command_line(argv)
+        if build:
+            jobs.append((n, argv))
+            sites[n] = scaling_folder(n)
+    return commands, jobs, sites
 
 
 def build_sites(jobs: Sequence[tuple[int, Sequence[str]]], dest: Callable[[int], Path],

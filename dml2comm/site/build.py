@@ -18,6 +18,9 @@ outputs intact.
   thousands of boxes would otherwise cost seconds of Markdown and search indexing).
 - ``trace.json`` (the Chrome trace of the simulated iteration) is copied into the site, so the
   timeline page's link works served and from ``file://``.
+- Progress: on a terminal, a large model's build is not silent: a rich progress bar over the
+  Graphviz layouts, then one line before the MkDocs build, on stderr.  When stderr is not a
+  terminal (pipes, files, tests) nothing is written (:func:`progress_console`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,7 +49,7 @@ from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, si
 from dml2comm.site.references import preset_tables, reference_sections
 
 __all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "mkdocs_build", "chart_slot",
-           "TEMPLATES", "MKDOCS_YML"]
+           "progress_console", "TEMPLATES", "MKDOCS_YML"]
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -205,6 +209,48 @@ def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, st
     return slots
 
 
+def progress_console(progress: Any = None) -> Any:
+    """Where a build reports progress: ``progress`` itself when it is a rich ``Console``; for
+    ``None`` (the default) a console on stderr when stderr is a terminal; else None (silent)."""
+    if progress is None:
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+
+        return Console(stderr=True)
+    return progress or None
+
+
+class _Progress:
+    """The layouts' progress bar and the MkDocs line on ``console`` (a no-op without one)."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.bar: Any = None
+        self.task: Any = None
+
+    def layout(self, done: int, total: int) -> None:
+        if self.console is None:
+            return
+        if self.bar is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("Graphviz layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("layouts", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
 def build(
     analysis: Analysis,
     dest: Path,
@@ -215,15 +261,24 @@ def build(
     templates: Path = TEMPLATES,
     mkdocs_yml: Path = MKDOCS_YML,
     trace: str | None = None,
+    progress: Any = None,
 ) -> BuildStats:
     """Write ``dest/svg_file/`` and ``dest/site/`` (plus the work folder ``dest/.docs``, removed
     at the end).  ``dest`` should be new or empty.  ``trace`` is the text of ``trace.json``
-    (copied into the site for the timeline page; made from the analysis when not given)."""
+    (copied into the site for the timeline page; made from the analysis when not given).
+    ``progress``: a rich ``Console`` for the progress bar and lines, False for none, None (the
+    default) for stderr when it is a terminal (:func:`progress_console`)."""
     start = time.perf_counter()
     facts = Facts.of(analysis)
     drawings: list[Drawing] = all_drawings(facts, replica_pages_max)
-    svgs, stats = render(drawings, jobs=jobs, cache=cache)
+    report = _Progress(progress_console(progress))
+    try:
+        svgs, stats = render(drawings, jobs=jobs, cache=cache, on_layout=report.layout)
+    finally:
+        report.stop()
     svg_done = time.perf_counter()
+    if stats.layouts_run:
+        report.say(f"Graphviz: {len(drawings)} drawings, {stats.layouts_run} distinct layouts in {svg_done - start:.1f} s")
     svg_dir = dest / "svg_file"
     svg_dir.mkdir(parents=True, exist_ok=True)
     page_svg = {d.page: d.name for d in drawings}
@@ -260,6 +315,7 @@ def build(
     config_path = (dest / ".mkdocs.yml").resolve()
     config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
     mk_start = time.perf_counter()
+    report.say(f"building the site with MkDocs: {len(pages)} pages")
     mkdocs_build(config_path)
     _fill_slots(dest / "site", slots)
     end = time.perf_counter()

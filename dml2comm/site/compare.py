@@ -52,9 +52,10 @@ def micro_batches(m: Any) -> str:
     return fmt_plural(m, "micro-batch", "micro-batches")
 
 
-def site_href(rank: int) -> str:
+def site_href(rank: int | str) -> str:
     """The link from the comparison page (``DIR/site/index.html``) to the analysis site of the
-    configuration ranked ``rank`` (``DIR/top/RANK/site/index.html``)."""
+    configuration ranked ``rank`` (``DIR/top/RANK/site/index.html``), or of a scaling study's
+    folder (``DIR/top/16-gpus/site/index.html``)."""
     return f"../top/{rank}/site/index.html"
 
 
@@ -99,12 +100,15 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
                     model: Mapping[str, Any] | None = None, cluster: Mapping[str, Any] | None = None,
                     space: Mapping[str, Any] | None = None, sweep: Mapping[str, Any] | None = None,
                     scaling: Mapping[str, Any] | None = None, downloads: Sequence[str] = (), top: int = 10,
-                    commands: Mapping[int, str] | None = None, sites: Mapping[int, int] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+                    commands: Mapping[int, str] | None = None,
+                    sites: Mapping[int, int | str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(template context, charts {name: svg}) of the page.  ``kind``: ``sweep``, ``compare`` or ``scaling``.
 
     ``commands``: {row index: the main command line that analyses that row}, shown under its
     configuration; ``sites``: {row index: rank} of the rows whose analysis site was built into
-    ``DIR/top/RANK`` (:mod:`dml2comm.search.reproduce`), linked from the tables."""
+    ``DIR/top/RANK`` (:mod:`dml2comm.search.reproduce`), linked from the tables.  For
+    ``scaling`` both are keyed by GPU count (the count's best configuration), ``sites`` giving
+    the folder under ``DIR/top`` (``16-gpus``)."""
     commands = commands or {}
     sites = sites or {}
     model = {"name": None, "path": None, "num_layers": None, "params": None, "seq_len": None, **(model or {})}
@@ -136,7 +140,10 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
             "efficiency": _pct(p.get("efficiency")), "below": p.get("efficiency") is not None and p["efficiency"] < scaling["threshold"],
             "memory": fmt_bytes(p["best"]["peak_memory_bytes"]) if p.get("best") else "-",
             "broken": p["gpus"] == broken, "note": p.get("reason") or p.get("limit") or "",
+            "command": commands.get(p["gpus"], ""), "site": site_href(sites[p["gpus"]]) if p["gpus"] in sites else "",
         } for p in points]
+        ctx["runs"] = [q for q in ctx["points"] if q["command"]]
+        ctx["built"] = sum(1 for q in ctx["runs"] if q["site"])
         eff = [EfficiencyPoint(p["gpus"], p.get("efficiency"), p.get("speedup"), p["gpus"] == broken,
                                f"{p['gpus']} GPUs, global batch {p['global_batch_size']}\n"
                                + (f"best {config_text(p['best']['config'])}: {fmt_s(p['best']['iteration_time_s'])}\n"
