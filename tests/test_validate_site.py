@@ -18,7 +18,7 @@ from dml2comm.render.charts import xml_text
 from dml2comm.render.parity import BAND_COLOURS, ParityPoint, log_ticks, parity_chart
 from dml2comm.site.build import SiteError
 from dml2comm.validate import Case, summarize
-from dml2comm.validate import site as validate_site
+from dml2comm.site import build as site_build
 from dml2comm.validate.site import build_validation_site, chart_name, publish_validation, quantity_unit, validation_page
 from dml2comm.validate.targets import check_target
 
@@ -258,7 +258,7 @@ def test_a_failed_site_build_changes_nothing(tmp_path, monkeypatch):
     def fail(config):
         raise SiteError("mkdocs could not build the site: boom")
 
-    monkeypatch.setattr(validate_site, "mkdocs_build", fail)
+    monkeypatch.setattr(site_build, "mkdocs_build", fail)  # the one page-site builder (site.build.build_pages_site)
     cases = [Case("src", "a", "iteration_time_s", 1.0, 1.1)]
     summary = {"sample": None, "loso": [], "sources": {"src": {"title": "T", "target": "t", "quantity": "iteration_time_s",
                                                                 "target_met": None, "target_check": "", **summarize(cases)}}}

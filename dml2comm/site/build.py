@@ -49,7 +49,7 @@ from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, si
 from dml2comm.site.references import preset_tables, reference_sections
 
 __all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "mkdocs_build", "chart_slot",
-           "progress_console", "TEMPLATES", "MKDOCS_YML"]
+           "build_pages_site", "progress_console", "TEMPLATES", "MKDOCS_YML"]
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -163,6 +163,70 @@ def _site_name(analysis: Analysis) -> str:
     # MkDocs puts site_name into HTML without escaping: keep only plain characters of the model name
     name = re.sub(r"[^A-Za-z0-9 ._-]+", "", str(analysis.model_info.get("name") or ""))[:60].strip()
     return f"dml2comm: {name}" if name else "dml2comm"
+
+
+def build_pages_site(dest: Path, pages: Sequence[tuple[str, str, str, Mapping[str, Any]]], site_name: str, *,
+                     charts: Mapping[str, str] = {}, files: Mapping[str, str | bytes] = {}, templates: Path = TEMPLATES,
+                     mkdocs_yml: Path = MKDOCS_YML) -> None:
+    """Write ``dest/site``: the small MkDocs Material sites of the commands other than the analysis
+    (sweep/compare, trace, validate, calibrate) built one way.
+
+    ``pages``: (file stem, nav title, template, context) each, rendered with the site's Jinja2
+    environment (:func:`environment`: autoescape, StrictUndefined); ``charts``: SVGs by name, each
+    placed where its page wrote :func:`chart_slot` after MkDocs has built the page (the context
+    gets ``charts``: name -> slot) and also written to ``charts/NAME.svg``; ``files``: copied
+    into the site as they are (downloads).  The work folder ``dest/.docs`` and the MkDocs
+    configuration are removed at the end.
+
+    Raises
+    ------
+    SiteError
+        A template or the MkDocs configuration fails, or a built page lost a chart's slot.
+    """
+    docs = dest / ".docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(templates / "assets", docs / "assets")
+    if charts:
+        (docs / "charts").mkdir()
+        for name, svg in charts.items():
+            (docs / "charts" / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + svg,
+                                                       encoding="utf-8")
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (docs / name).write_bytes(content)
+        else:
+            (docs / name).write_text(content, encoding="utf-8")
+    env = environment(templates)
+    slots = {name: Markup(chart_slot(name)) for name in charts}
+    for stem, title, template, context in pages:
+        try:
+            text = env.get_template(template).render(**dict(context, charts=slots) if charts else context)
+        except Exception as exc:  # jinja2.TemplateError and StrictUndefined's UndefinedError
+            raise SiteError(f"template {template} failed: {exc}") from exc
+        (docs / f"{stem}.md").write_text(text, encoding="utf-8")
+    try:
+        base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SiteError(f"cannot read the site configuration {mkdocs_yml}: {exc}") from exc
+    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()), "site_name": site_name,
+                 "nav": [{title: f"{stem}.md"} for stem, title, _, _ in pages]})
+    config_path = (dest / ".mkdocs.yml").resolve()
+    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    mkdocs_build(config_path)
+    for name, svg in charts.items():
+        for stem, *_ in pages:
+            page = dest / "site" / f"{stem}.html"
+            html = page.read_text(encoding="utf-8")
+            count = html.count(chart_slot(name))
+            if count:
+                if count != 1:
+                    raise SiteError(f"the built page {stem} holds the place of its chart {name} {count} times")
+                page.write_text(html.replace(chart_slot(name), str(inline_svg(svg, set()))), encoding="utf-8")
+                break
+        else:
+            raise SiteError(f"the built site lost the place of its chart {name}")
+    shutil.rmtree(docs, ignore_errors=True)
+    config_path.unlink(missing_ok=True)
 
 
 def chart_slot(name: str) -> str:

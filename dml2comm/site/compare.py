@@ -22,16 +22,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
-from jinja2 import TemplateError
-from markupsafe import Markup
-
 from dml2comm.render.fmt import fmt_bytes, fmt_plural, fmt_s
 from dml2comm.render.sweep_charts import (BreakdownBar, EfficiencyPoint, MemoryItem, ParetoPoint, breakdown_chart,
                                           efficiency_chart, memory_bars_chart, pareto_chart)
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_text, why_best
 from dml2comm.search.sweep import pareto_front
-from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, chart_slot, environment, inline_svg, mkdocs_build, publish
+from dml2comm.site.build import MKDOCS_YML, TEMPLATES, build_pages_site, publish
 
 __all__ = ["comparison_page", "build_comparison", "build_and_publish_comparison", "BARS_MAX"]
 
@@ -233,42 +229,10 @@ _TITLES = {"sweep": "Sweep", "compare": "Compare", "scaling": "Scaling study"}
 
 def build_comparison(dest: Path, ctx: Mapping[str, Any], charts: Mapping[str, str], downloads: Mapping[str, str | bytes] = {},
                      templates: Path = TEMPLATES, mkdocs_yml: Path = MKDOCS_YML) -> None:
-    """Write ``dest/site`` (and the work folder ``dest/.docs``, removed at the end)."""
-    docs = dest / ".docs"
-    (docs / "charts").mkdir(parents=True, exist_ok=True)
-    shutil.copytree(templates / "assets", docs / "assets")
-    for name, svg in charts.items():
-        (docs / "charts" / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + svg, encoding="utf-8")
-    for name, content in downloads.items():
-        target = docs / name
-        if isinstance(content, bytes):
-            target.write_bytes(content)
-        else:
-            target.write_text(content, encoding="utf-8")
-    context = dict(ctx, title=_TITLES[ctx["kind"]], charts={name: Markup(chart_slot(name)) for name in charts})
-    try:
-        text = environment(templates).get_template("compare.md.j2").render(**context)
-    except TemplateError as exc:
-        raise SiteError(f"template compare.md.j2 failed: {exc}") from exc
-    (docs / "index.md").write_text(text, encoding="utf-8")
-    try:
-        base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SiteError(f"cannot read the site configuration {mkdocs_yml}: {exc}") from exc
-    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()),
-                 "site_name": _site_name(ctx.get("model") or {}, ctx["kind"]), "nav": [{_TITLES[ctx["kind"]]: "index.md"}]})
-    config_path = (dest / ".mkdocs.yml").resolve()
-    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    mkdocs_build(config_path)
-    page = dest / "site" / "index.html"
-    html = page.read_text(encoding="utf-8")
-    for name, svg in charts.items():
-        if html.count(chart_slot(name)) != 1:
-            raise SiteError(f"the built comparison page lost the place of its chart {name}")
-        html = html.replace(chart_slot(name), str(inline_svg(svg, set())))
-    page.write_text(html, encoding="utf-8")
-    shutil.rmtree(docs, ignore_errors=True)
-    config_path.unlink(missing_ok=True)
+    """Write ``dest/site`` (:func:`dml2comm.site.build.build_pages_site`)."""
+    title = _TITLES[ctx["kind"]]
+    build_pages_site(dest, [("index", title, "compare.md.j2", dict(ctx, title=title))], _site_name(ctx.get("model") or {}, ctx["kind"]),
+                     charts=charts, files=downloads, templates=templates, mkdocs_yml=mkdocs_yml)
 
 
 def build_and_publish_comparison(out: Path, files: Mapping[str, str | bytes], ctx: Mapping[str, Any] | None = None,

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 from markupsafe import Markup
 
 __all__ = ["build_trace_site", "publish_trace_outputs"]
@@ -25,33 +24,14 @@ PAGES = (("index", "Trace analysis", "trace.md.j2"), ("timeline", "Pipeline time
 
 
 def build_trace_site(dest: Path, context: Mapping[str, Any], svgs: Mapping[str, str]) -> None:
-    """Write ``dest/site`` (work files in ``dest/.docs``, removed at the end)."""
-    from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, environment, inline_svg, mkdocs_build
+    """Write ``dest/site`` (:func:`dml2comm.site.build.build_pages_site`; the drawings are inlined
+    through the context's ``svg``)."""
+    from dml2comm.site.build import build_pages_site, inline_svg
 
-    docs = dest / ".docs"
-    docs.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(TEMPLATES / "assets", docs / "assets")
-    env = environment(TEMPLATES)
     ctx = dict(context)
     ctx["svg"] = {name: inline_svg(text, set()) for name, text in svgs.items()}
     ctx["empty"] = Markup("")
-    for key, title, template in PAGES:
-        try:
-            text = env.get_template(template).render(page_title=title, **ctx)
-        except Exception as exc:  # jinja2.TemplateError and StrictUndefined's UndefinedError
-            raise SiteError(f"template {template} failed: {exc}") from exc
-        (docs / f"{key}.md").write_text(text, encoding="utf-8")
-    try:
-        base = yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SiteError(f"cannot read the site configuration {MKDOCS_YML}: {exc}") from exc
-    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()), "site_name": "dml2comm: traces",
-                 "nav": [{title: f"{key}.md"} for key, title, _ in PAGES]})
-    config_path = (dest / ".mkdocs.yml").resolve()
-    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    mkdocs_build(config_path)
-    shutil.rmtree(docs, ignore_errors=True)
-    config_path.unlink(missing_ok=True)
+    build_pages_site(dest, [(key, title, template, dict(ctx, page_title=title)) for key, title, template in PAGES], "dml2comm: traces")
 
 
 def publish_trace_outputs(out: Path, files: Mapping[str, str | bytes], context: Mapping[str, Any] | None,

@@ -29,13 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
-from jinja2 import TemplateError
-from markupsafe import Markup
-
 from dml2comm.render.fmt import fmt_s
 from dml2comm.render.parity import DEFAULT_BANDS, ParityPoint, parity_chart
-from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, chart_slot, environment, inline_svg, mkdocs_build, publish
+from dml2comm.site.build import MKDOCS_YML, TEMPLATES, build_pages_site, publish
 from dml2comm.validate.cases import Case
 
 __all__ = ["validation_page", "build_validation_site", "publish_validation", "chart_name", "quantity_unit", "LOSO_RATIO_MAX"]
@@ -165,38 +161,9 @@ def validation_page(cases: Sequence[Case], summary: Mapping[str, Any], downloads
 
 def build_validation_site(dest: Path, ctx: Mapping[str, Any], charts: Mapping[str, str], downloads: Mapping[str, str] = {},
                           templates: Path = TEMPLATES, mkdocs_yml: Path = MKDOCS_YML) -> None:
-    """Write ``dest/site`` (and the work folder ``dest/.docs``, removed at the end)."""
-    docs = dest / ".docs"
-    (docs / "charts").mkdir(parents=True, exist_ok=True)
-    shutil.copytree(templates / "assets", docs / "assets")
-    for name, svg in charts.items():
-        (docs / "charts" / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + svg, encoding="utf-8")
-    for name, text in downloads.items():
-        (docs / name).write_text(text, encoding="utf-8")
-    context = dict(ctx, charts={name: Markup(chart_slot(name)) for name in charts})
-    try:
-        text = environment(templates).get_template("validate.md.j2").render(**context)
-    except TemplateError as exc:
-        raise SiteError(f"template validate.md.j2 failed: {exc}") from exc
-    (docs / "index.md").write_text(text, encoding="utf-8")
-    try:
-        base = yaml.safe_load(mkdocs_yml.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SiteError(f"cannot read the site configuration {mkdocs_yml}: {exc}") from exc
-    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()),
-                 "site_name": "dml2comm validation", "nav": [{"Validation": "index.md"}]})
-    config_path = (dest / ".mkdocs.yml").resolve()
-    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    mkdocs_build(config_path)
-    page = dest / "site" / "index.html"
-    html = page.read_text(encoding="utf-8")
-    for name, svg in charts.items():
-        if html.count(chart_slot(name)) != 1:
-            raise SiteError(f"the built validation page lost the place of its chart {name}")
-        html = html.replace(chart_slot(name), str(inline_svg(svg, set())))
-    page.write_text(html, encoding="utf-8")
-    shutil.rmtree(docs, ignore_errors=True)
-    config_path.unlink(missing_ok=True)
+    """Write ``dest/site`` (:func:`dml2comm.site.build.build_pages_site`)."""
+    build_pages_site(dest, [("index", "Validation", "validate.md.j2", ctx)], "dml2comm validation", charts=charts, files=downloads,
+                     templates=templates, mkdocs_yml=mkdocs_yml)
 
 
 def publish_validation(out: Path, files: Mapping[str, str], cases: Sequence[Case] | None = None,
