@@ -104,6 +104,8 @@ def analysis_parser() -> argparse.ArgumentParser:
     h.add_argument("--gpu", help="GPU preset (default a100; see: python main.py presets); refused with a --cluster of another GPU")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml from python main.py calibrate): its own GPU, nodes and network")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
+    h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's, one per GPU on the DGX presets): "
+                   "each GPU's inter-node share is the node's NICs over its GPUs")
     h.add_argument("--collective-overhead-us", type=float, default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                         "the presets' fitted value for standalone calls is 51.5)")
@@ -249,11 +251,11 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         capacity_factor=args.capacity_factor,
     )
     if args.cluster:
-        cluster = get_cluster(args.cluster, num_gpus)
+        cluster = get_cluster(args.cluster, num_gpus, nics_per_node=args.nics_per_node)
         check_gpu_matches_cluster(args.gpu, args.cluster, cluster)
     else:
         cluster = make_cluster(args.gpu or "a100", num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
-                               topology=args.topology)
+                               topology=args.topology, nics_per_node=args.nics_per_node)
     def reimport(batch: int):  # the same model bound to another micro-batch size (recommendations)
         return load_model(args.model, replace(options, batch_size=batch))
 

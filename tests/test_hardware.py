@@ -376,3 +376,34 @@ def test_rank_map_validation() -> None:
         ranks.coords(8)
     with pytest.raises(ConfigError, match="d="):
         ranks.rank(2, 0, 0)
+
+
+def test_nics_per_node_sets_the_inter_node_share_a_tensor_group_across_nodes_runs_on():
+    """--nics-per-node (issue 18): a DGX A100 node has 8 x 200 Gb/s NICs (25 GB/s each); with 2 per
+    node each GPU's share is 2 x 25 / 8 = 6.25 GB/s, and a 16-GPU tensor group spanning two nodes
+    (8 GPUs a node, so 8 shares: the node's 2 NICs) takes longer on its inter-node phase."""
+    from dml2comm.network.kinds import CollectiveKind
+    from dml2comm.network.model import collective_cost_for_group
+
+    eight = make_cluster("a100", 16, 8)
+    two = make_cluster("a100", 16, 8, nics_per_node=2)
+    assert two.nics_per_node == 2 and eight.nics_per_node == 8
+    assert two.inter_node.bandwidth_bytes_per_s == pytest.approx(eight.inter_node.bandwidth_bytes_per_s / 4)
+    size = 256 * 2**20
+    t8 = collective_cost_for_group(eight, CollectiveKind.ALL_REDUCE, range(16), size).time_s
+    t2 = collective_cost_for_group(two, CollectiveKind.ALL_REDUCE, range(16), size).time_s
+    assert t2 > 2 * t8  # the inter-node phase dominates at 256 MiB and is 4x slower
+    # a group inside one node does not see the NICs
+    assert collective_cost_for_group(two, CollectiveKind.ALL_REDUCE, range(8), size).time_s == pytest.approx(
+        collective_cost_for_group(eight, CollectiveKind.ALL_REDUCE, range(8), size).time_s)
+    with pytest.raises(ConfigError, match="--nics-per-node must be a positive integer"):
+        get_cluster("dgx-a100", 16, nics_per_node=0)
+
+
+def test_nics_per_node_is_refused_where_it_cannot_be_honoured(tmp_path):
+    # a cluster file's inter_node link is already the per-GPU share: nothing to split
+    with pytest.raises(ConfigError, match="a cluster file gives its own per-GPU inter_node"):
+        get_cluster(str(tmp_path / "c.yaml"), 8, nics_per_node=4)
+    # a GPU without a node preset has no NIC to share
+    with pytest.raises(ConfigError, match="--nics-per-node needs the NIC of a node preset"):
+        make_cluster("a100", 16, 8, nics_per_node=4, inter_node=make_cluster("a100", 16, 8).inter_node)

@@ -778,7 +778,8 @@ class ClusterPreset:
     collective_overhead_s: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
 
-    def build(self, num_gpus: int | None = None, gpus_per_node: int | None = None, gpu: GPU | None = None) -> Cluster:
+    def build(self, num_gpus: int | None = None, gpus_per_node: int | None = None, gpu: GPU | None = None,
+              nics_per_node: int | None = None) -> Cluster:
         """A cluster of ``num_gpus`` GPUs (default: one full node) from this recipe.
 
         Parameters
@@ -789,10 +790,16 @@ class ClusterPreset:
             Override the recipe's GPUs per node (the NIC share is recomputed).
         gpu
             Override the GPU (e.g. A100 40 GB in a DGX A100 node).
+        nics_per_node
+            Override the recipe's NICs per node (``--nics-per-node``): each GPU's inter-node
+            share is recomputed, so a group spanning nodes runs on the NICs a node really has.
         """
         per_node = self.gpus_per_node if gpus_per_node is None else gpus_per_node
         if not _is_int(per_node) or per_node < 1:
             raise ConfigError(f"gpus_per_node must be a positive integer, got {per_node!r}")
+        if nics_per_node is not None and (not _is_int(nics_per_node) or nics_per_node < 1):
+            raise ConfigError(f"--nics-per-node must be a positive integer, got {nics_per_node!r}")
+        nics = self.nics_per_node if nics_per_node is None else nics_per_node
         total = per_node if num_gpus is None else num_gpus
         chosen = gpu if gpu is not None else get_gpu(self.gpu_name)
         matrix = self.nvlink_matrix
@@ -808,13 +815,13 @@ class ClusterPreset:
             num_gpus=total,
             gpus_per_node=per_node,
             intra_node=self.intra_node,
-            inter_node=_per_gpu_nic_share(self.nic, self.nics_per_node, per_node),
+            inter_node=_per_gpu_nic_share(self.nic, nics, per_node),
             topology=self.topology,
             name=f"{self.name} x{total}" if total != per_node else self.name,
             assumptions=self.assumptions,
             intra_topology=self.intra_topology,
             nvlink_matrix=matrix,
-            nics_per_node=self.nics_per_node,
+            nics_per_node=nics,
             collective_library=self.collective_library,
             collective_overhead_s=self.collective_overhead_s,
             sources=self.sources,
@@ -998,7 +1005,7 @@ def default_preset_name(gpu_name: str) -> str | None:
     return _DEFAULT_PRESET_FOR_GPU.get(get_gpu(gpu_name).name)
 
 
-def get_cluster(name: str, num_gpus: int | None = None) -> Cluster:
+def get_cluster(name: str, num_gpus: int | None = None, nics_per_node: int | None = None) -> Cluster:
     """Build the preset ``name`` (case-insensitive) with ``num_gpus`` GPUs (default: one node),
     or, for a ``.yaml``/``.yml`` path, the cluster file there
     (:func:`dml2comm.hardware.cluster_file.load_cluster_file`: a calibration from
@@ -1013,6 +1020,9 @@ def get_cluster(name: str, num_gpus: int | None = None) -> Cluster:
     if is_cluster_file(name):
         from dml2comm.hardware.cluster_file import load_cluster_file  # the file format builds on this module
 
+        if nics_per_node is not None:
+            raise ConfigError("--nics-per-node works with a preset or --gpu; a cluster file gives its own per-GPU inter_node "
+                              "link: edit the file's links.inter_node instead")
         return load_cluster_file(name).build(num_gpus)
     preset = CLUSTERS.get(name.strip().lower().replace("_", "-"))
     if preset is None:
@@ -1020,7 +1030,7 @@ def get_cluster(name: str, num_gpus: int | None = None) -> Cluster:
             f"unknown cluster {name!r}; valid names: {', '.join(cluster_names())} "
             "(or use --gpu NAME with --gpus-per-node for a cluster built from a GPU preset, or a cluster file cluster.yaml)"
         )
-    return preset.build(num_gpus)
+    return preset.build(num_gpus, nics_per_node=nics_per_node)
 
 
 def make_cluster(
@@ -1034,6 +1044,7 @@ def make_cluster(
     name: str | None = None,
     collective_library: str | None = None,
     collective_overhead_s: float | None = None,
+    nics_per_node: int | None = None,
 ) -> Cluster:
     """A cluster of ``num_gpus`` GPUs of model ``gpu_name`` with sensible default links.
 
@@ -1051,7 +1062,9 @@ def make_cluster(
         Sizes; the NIC share per GPU is recomputed for ``gpus_per_node``.
     intra_node, inter_node
         Override the links (``inter_node`` is taken as the per-GPU link as given).
-    topology, name
+    nics_per_node
+        NICs per node (``--nics-per-node``); each GPU's inter-node share is the node's NICs over its
+        GPUs (the preset's NIC), so groups spanning nodes run on the NICs a node really has.
         Override the identifiers.
     collective_library, collective_overhead_s
         Override how collectives are costed (default: the GPU's usual node, ``"nccl"``; a GPU
@@ -1064,11 +1077,14 @@ def make_cluster(
     """
     gpu = get_gpu(gpu_name)
     preset_name = _DEFAULT_PRESET_FOR_GPU.get(gpu.name)
+    if nics_per_node is not None and (preset_name is None or inter_node is not None):
+        raise ConfigError(f"--nics-per-node needs the NIC of a node preset ({gpu.name} has none here, or inter_node was given); "
+                          "pass inter_node= as the per-GPU share instead")
     assumptions: tuple[str, ...] = ()
     default_topology = "custom"
     extra: dict[str, object] = {}
     if preset_name is not None:
-        base = CLUSTERS[preset_name].build(num_gpus, gpus_per_node, gpu=gpu)
+        base = CLUSTERS[preset_name].build(num_gpus, gpus_per_node, gpu=gpu, nics_per_node=nics_per_node)
         assumptions, default_topology = base.assumptions, base.topology
         extra = {
             "nics_per_node": base.nics_per_node,

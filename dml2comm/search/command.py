@@ -93,6 +93,8 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
     h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml); overrides --gpu")
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
+    h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's); each GPU's inter-node share "
+                   "is the node's NICs over its GPUs")
     h.add_argument("--host-model", default="eager", choices=list(HOST_MODELS),
                    help="host-side (CPU) time: eager PyTorch's per-kernel dispatch (default) or none (CUDA graphs)")
     b = p.add_argument_group("batch")
@@ -110,17 +112,18 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
 
 
-def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int, host_model: str = "eager") -> Callable[[int], Cluster]:
+def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int, host_model: str = "eager",
+                    nics_per_node: int | None = None) -> Callable[[int], Cluster]:
     """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead and
     the host model ``host_model`` (:mod:`dml2comm.cost.host`); a ``gpu`` that contradicts the
     ``cluster`` preset's GPU is refused, as by the main command."""
 
     def build(num_gpus: int) -> Cluster:
         if cluster:
-            built = get_cluster(cluster, num_gpus)
+            built = get_cluster(cluster, num_gpus, nics_per_node=nics_per_node)
             check_gpu_matches_cluster(gpu, cluster, built)
         else:
-            built = make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus))
+            built = make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus), nics_per_node=nics_per_node)
         return dataclasses.replace(built, collective_overhead_s=0.0, host_model=host_model)
 
     return build
@@ -301,7 +304,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model, args.nics_per_node)
     builder(args.gpus)  # an unknown --gpu / --cluster fails here, before anything is written
     partial = out / "sweep.partial.csv"
     stream: CsvStream | None = None
@@ -340,7 +343,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
             "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top)}
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model, args.nics_per_node)
     ranked = result.ranked()
     commands, jobs, sites = _reproduce(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
                                        0 if args.no_site or result.interrupted else args.build_top)
@@ -368,7 +371,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model, args.nics_per_node)
     for n in counts:
         builder(n)  # an unknown --gpu / --cluster, or a count the cluster cannot hold, fails here
     space = SweepSpace(global_batch_size=plan.batch_for(counts[0]), seq_len=args.seq_len, constraints=constraints)
@@ -385,7 +388,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     for p in points:
         if p.get("best"):
             p["best"] = _entry(p["best"])
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model, args.nics_per_node)
     commands, jobs, sites = scaling_reproduce(args.model, out, points, hardware,
                                               0 if args.no_site or study.interrupted else args.build_top)
     for p in points:
@@ -644,7 +647,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     args = compare_parser().parse_args(argv)
     if args.global_batch_size is None:
         raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model, args.nics_per_node)
     evaluator = Evaluator(args.model, builder, seq_len=args.seq_len)
     seq_len = args.seq_len or model_shape(evaluator.imported(1))["seq_len"]
     configs = [parse_config_spec(s, args.global_batch_size, seq_len, args.dtype, args.optimizer) for s in args.configs]
@@ -666,7 +669,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model, args.nics_per_node)
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
     commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top)
     top_staging = _build_top(out, jobs, args.json)

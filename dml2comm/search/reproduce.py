@@ -34,6 +34,7 @@ class Hardware:
     gpus_per_node: int = 8
     seq_len: int | None = None
     host_model: str = "eager"
+    nics_per_node: int | None = None
 
 
 def config_slug(config: Mapping[str, Any]) -> str:
@@ -93,6 +94,8 @@ def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out
         argv += ["--gpus-per-node", str(hardware.gpus_per_node)]
     if hardware.host_model != "eager":
         argv += ["--host-model", hardware.host_model]
+    if hardware.nics_per_node is not None:
+        argv += ["--nics-per-node", str(hardware.nics_per_node)]
     return argv + ["--out", out]
 
 
