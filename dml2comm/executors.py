@@ -1,4 +1,4 @@
-"""Where the parallel work of ``trace`` and ``sweep`` runs: this machine's processes, or a Dask cluster.
+"""Where the parallel work of ``trace``, ``sweep`` and ``calibrate`` runs: this machine's processes, or a Dask cluster.
 
     python main.py trace torch_profile/ --processes 8                                   # local (default)
     python main.py trace torch_profile/ --executor dask --processes 8                   # a LocalCluster of 8 workers
@@ -9,7 +9,8 @@ One interface, two executors, and the commands call only the interface:
 - :meth:`Executor.map_unordered` runs ``fn(item)`` for every item and yields ``(index, result,
   error)`` as each finishes (the trace command's map: one task per rank file).  An exception of
   one item, or a worker that dies while running it, is that item's ``error`` (one line); the other
-  items go on.
+  items go on.  ``calibrate`` maps :func:`dml2comm.calibrate.samples.file_samples` the same way
+  (one task per trace file).
 - :meth:`Executor.run_chunks` evaluates the chunks of a :class:`ChunkPlan` (the sweep), with the
   per-worker state (the sweep's evaluator and the tables it caches) built once per worker, and
   hands each chunk's rows to ``on_rows`` as they arrive.  Ctrl-C (or ``on_rows`` raising
@@ -77,7 +78,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 class Executor:
-    """What ``trace`` and ``sweep`` run their parallel work on (a context manager: ``close``
+    """What ``trace``, ``sweep`` and ``calibrate`` run their parallel work on (a context manager: ``close``
     releases its processes or cluster)."""
 
     name = "executor"

@@ -270,6 +270,71 @@ def test_bad_traces_are_one_line_errors_and_nothing_is_written(tmp_path: Path, c
         calibrate([str(_synthetic(tmp_path))], "dgx-h100")
 
 
+def test_unreadable_traces_are_left_out_by_name_and_none_readable_is_one_line_error(tmp_path: Path, capsys) -> None:
+    good = _synthetic(tmp_path)
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(b"\x1f\x8b\x08\x00 truncated")  # a gzip header and nothing after it
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    alone = calibrate([str(good)])
+    result = calibrate([str(broken), str(good), str(empty)])
+    w_broken, w_empty = result.warnings[:2]
+    assert w_broken.startswith("broken.json.gz could not be read and is left out: TraceError: 'broken.json.gz' is a truncated "
+                               "or corrupt .gz file")
+    assert w_empty.startswith("empty.json could not be read and is left out: TraceError: 'empty.json' is empty")
+    assert result.warnings[2:] == alone.warnings
+    assert result.lines[0].endswith("; 1 trace(s) (2 unreadable, left out)")
+    assert [t["file"] for t in result.document["calibration"]["traces"]] == ["rank-0.json.gz"]
+    assert result.document["collective_fits"] == alone.document["collective_fits"]
+    # none readable: one line naming each file and why, exit 2, nothing written
+    out = tmp_path / "out" / "c.yaml"
+    assert main(["calibrate", str(broken), str(empty), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no trace could be read: broken.json.gz: TraceError: 'broken.json.gz' is a truncated")
+    assert "; empty.json: TraceError: 'empty.json' is empty" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_collective_levels_come_from_the_node_size_of_all_files(tmp_path: Path) -> None:
+    """The link level of a collective needs the node size, which another file may give: rank 1's
+    all-gathers over ranks 0-15 (no deviceProperties of its own) are intra-node beside a rank 0
+    that lists 16 GPUs, inter-node on the base dgx-a100's 8 GPUs per node alone.  The map step
+    returns raw collectives; the client classifies them once every file is in (here read by two
+    processes)."""
+    from dml2comm.executors import LocalExecutor
+
+    tr0 = _Trace(True)
+    tr0.op("aten::mm", [[64, 64], [64, 64]], ["c10::BFloat16", "c10::BFloat16"], "sm80_xmma_gemm_bf16", 5e-6)
+    node16 = tr0.write(tmp_path / "rank-0.json", [{**p, "id": i} for i, p in enumerate(_props() * 2)])
+    tr = _Trace(True)
+    for nelems in (2**16, 2**20, 2**23):  # fp32 all-gathers over 16 ranks: S = output bytes = 4 nelems
+        tr.op("record_param_comms", [[]], [""], "ncclDevKernel_AllGather_RING_LL", AG_ALPHA + AG_BETA * 4 * nelems,
+              {"Collective name": "_allgather_base", "In msg nelems": nelems // 16, "Out msg nelems": nelems,
+               "Group size": 16, "dtype": "Float", "Process Group Ranks": str(list(range(16)))})
+    rank1 = tr.write(tmp_path / "rank-1.json", [])
+    with LocalExecutor(2) as ex:
+        both = calibrate([str(node16), str(rank1)], executor=ex)
+    alone = calibrate([str(rank1)], "dgx-a100")
+    assert [(f.kind, f.group_size, f.level) for f in both.cluster.collective_fits] == [("ALL_GATHER", 16, "intra_node")]
+    assert both.document["calibration"]["gpu"]["gpus_per_node_seen"] == 16
+    assert [t["file"] for t in both.document["calibration"]["traces"]] == ["rank-0.json", "rank-1.json"]  # both read, in order
+    fitted = {(f.kind, f.group_size, f.level): f for f in alone.cluster.collective_fits}
+    assert fitted[("ALL_GATHER", 16, "inter_node")].alpha_s == pytest.approx(AG_ALPHA, rel=1e-4)
+
+
+def test_classify_collectives_levels_by_ranks_or_world() -> None:
+    from dml2comm.calibrate.samples import CollectiveSample, RawCollective, classify_collectives
+
+    raw = [RawCollective("ALL_REDUCE", 4, (4, 5, 6, 7), 1e6, 1e-4),  # ranks 4-7 // 8 = node 0 -> intra
+           RawCollective("ALL_REDUCE", 2, (7, 8), 1e6, 1e-4),  # 7 // 8 = 0, 8 // 8 = 1 -> inter
+           RawCollective("ALL_GATHER", 16, (), 2e6, 2e-4),  # no ranks, the whole world of 16 > 8 -> inter
+           RawCollective("BROADCAST", 4, (), 1e3, 1e-5)]  # no ranks, not the world: unknown, left out
+    assert classify_collectives(raw, 16, 8) == [CollectiveSample("ALL_REDUCE", 4, "intra_node", 1e6, 1e-4),
+                                                CollectiveSample("ALL_REDUCE", 2, "inter_node", 1e6, 1e-4),
+                                                CollectiveSample("ALL_GATHER", 16, "inter_node", 2e6, 2e-4)]
+    assert [c.level for c in classify_collectives(raw, 16, 16)] == ["intra_node"] * 3  # one node of 16
+
+
 def test_too_few_samples_warn_per_term_and_keep_the_base(tmp_path: Path) -> None:
     tr = _Trace(True)
     for nelems in (2**20, 2**22):  # two sizes: enough without a holdout, one short with it

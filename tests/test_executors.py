@@ -144,6 +144,54 @@ def test_ctrl_c_keeps_the_rows_that_arrived(cluster):
     assert LocalExecutor(1).run_chunks(_plan(5), on_rows) is True and len(rows) == 2
 
 
+# ---- calibrate
+HTA = FIXTURES / "hta"
+CALIBRATION_TRACES = [HTA / "nccl_parser_config__nccl_data.json.gz", HTA / "trace_filter__sampled_rank-0.json.gz",
+                      HTA / "trace_filter__sampled_rank-1.json.gz"]
+
+
+def _calibrate_runs(scheduler: str) -> dict[str, list[str]]:
+    """The flags of one calibrate run per executor: in this process (no flag), 2 local processes, Dask."""
+    return {"in_process": [], "local": ["--executor", "local", "--processes", "2"],
+            "dask": ["--executor", "dask", "--scheduler", scheduler]}
+
+
+def test_calibrate_on_dask_and_local_processes_is_byte_identical_to_in_process(cluster, tmp_path):
+    local, _ = cluster
+    for name, flags in _calibrate_runs(local.scheduler_address).items():
+        assert main(["calibrate", *map(str, CALIBRATION_TRACES), "--holdout", "0.3", *flags,
+                     "-o", str(tmp_path / name / "cal.yaml")]) == 0
+    outputs = ("cal.yaml", "cal_site/cal.yaml", "cal_site/samples.json", "cal_site/index.html")
+    for out in outputs:
+        ref = (tmp_path / "in_process" / out).read_bytes()
+        assert (tmp_path / "local" / out).read_bytes() == ref, out
+        assert (tmp_path / "dask" / out).read_bytes() == ref, out
+    import yaml
+
+    record = yaml.safe_load((tmp_path / "dask" / "cal.yaml").read_text())["calibration"]
+    assert [t["file"] for t in record["traces"]] == [p.name for p in CALIBRATION_TRACES]  # the order of the files
+    assert record["fitted"]["collectives"][0]["level"] == "intra_node"  # classified on the client
+
+
+def test_calibrate_leaves_an_unreadable_trace_out_on_every_executor(cluster, tmp_path, capsys):
+    local, _ = cluster
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    for p in CALIBRATION_TRACES[1:]:
+        shutil.copy(p, folder / p.name)
+    (folder / "broken.json.gz").write_bytes(b"\x1f\x8b\x08\x00 truncated")  # a gzip header and nothing after it
+    for name, flags in _calibrate_runs(local.scheduler_address).items():
+        assert main(["calibrate", str(folder), "--cluster", "dgx-a100", "--no-site", *flags,
+                     "-o", str(tmp_path / name / "cal.yaml")]) == 0
+        printed = capsys.readouterr().out
+        assert "; 2 trace(s) (1 unreadable, left out)" in printed
+        assert ("warning: broken.json.gz could not be read and is left out: TraceError: 'broken.json.gz' is a truncated or "
+                "corrupt .gz file") in printed
+    text = (tmp_path / "in_process" / "cal.yaml").read_text()
+    assert (tmp_path / "local" / "cal.yaml").read_text() == text == (tmp_path / "dask" / "cal.yaml").read_text()
+    assert "broken.json.gz could not be read" in text and "sha256" in text
+
+
 # ---- errors
 def test_without_dask_the_executor_is_a_one_line_error(monkeypatch, tmp_path, capsys, tiny_model):
     monkeypatch.setitem(sys.modules, "dask.distributed", None)  # `import dask.distributed` raises ImportError
@@ -155,6 +203,10 @@ def test_without_dask_the_executor_is_a_one_line_error(monkeypatch, tmp_path, ca
         err = capsys.readouterr().err
         assert err.startswith("error: --executor dask needs Dask") and "pip install 'dml2comm[dask]'" in err
         assert err.count("\n") == 1 and not out.exists()
+    out = tmp_path / "calibrate" / "cal.yaml"
+    assert main(["calibrate", str(CALIBRATION_TRACES[0]), "--executor", "dask", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --executor dask needs Dask") and err.count("\n") == 1 and not out.parent.exists()
 
 
 def test_scheduler_needs_the_dask_executor(capsys, tmp_path):

@@ -14,43 +14,51 @@ count and memory); ``--cluster`` names the base (a preset or a cluster file), by
 identified GPU's usual node.  Bad input (no trace, traces of two GPU types, nothing usable in
 them) is a one-line error and nothing is written; a term without enough samples keeps the
 base's value with a warning naming what to record.
+
+Each trace file is read where ``--executor`` says (:mod:`dml2comm.executors`: in this process by
+default, ``--processes N`` local processes, or Dask workers): the map step
+:func:`~dml2comm.calibrate.samples.file_samples` returns the file's provenance and samples only;
+the GPU check, the node size, the collectives' link levels and the fits run here once every
+file is in, in the order of the files, so the outputs are byte-identical whichever executor read
+them.  A file that cannot be read is left out with a warning naming it and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import hashlib
 import os
+import sys
 import tempfile
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-import msgspec
-
-from dml2comm.argtypes import OneLineParser
+from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.calibrate.fit import (GEMM_FIT_DTYPES, MIN_COLLECTIVE_SIZES, MIN_GEMM_FLOPS, MIN_GEMM_SHAPES, MIN_MEMORY_BYTES,
                                     MIN_MEMORY_SHAPES, SUSTAINED_BOUNDS, FitOutcome, fit_collective, fit_gemm_sustained,
                                     fit_hbm_efficiency)
 from dml2comm.calibrate.base import REFERENCE_SIZES, collective_times_s
 from dml2comm.calibrate.points import collective_points, gemm_points, log_sizes, memory_points
-from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample, trace_samples
+from dml2comm.calibrate.samples import (CollectiveSample, GemmSample, MemorySample, TraceFile, classify_collectives,
+                                        file_samples)
 from dml2comm.cost.compute import HBM_EFFICIENCY
 from dml2comm.cost.gemm import sustained_factor
 from dml2comm.errors import ConfigError
+from dml2comm.executors import Executor, LocalExecutor, add_executor_args, executor_from_args, progress_bar
 from dml2comm.hardware.cluster import Cluster, CollectiveFit, default_preset_name, get_cluster, is_cluster_file
 from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file
 from dml2comm.hardware.gpus import GPU, GPU_ALIASES, GPUS
-from dml2comm.traces.load import TraceError, find_trace_files, load_trace
+from dml2comm.traces.load import TraceError, find_trace_files
 
-__all__ = ["CalibrationError", "Calibration", "calibrate", "identify_gpu", "run_calibrate_command", "default_site_dir"]
+__all__ = ["CalibrationError", "Calibration", "calibrate", "read_traces", "identify_gpu", "run_calibrate_command", "default_site_dir"]
 
 EXAMPLES = """examples (each runs as written from the repository root):
   python main.py calibrate tests/fixtures/traces/hta/nccl_parser_config__nccl_data.json.gz
-  python main.py calibrate tests/fixtures/traces/hta/trace_filter__sampled_rank-0.json.gz tests/fixtures/traces/hta/trace_filter__sampled_rank-1.json.gz --cluster dgx-a100 --holdout 0.3 -o out/calibrate/a100.yaml
+  python main.py calibrate tests/fixtures/traces/hta/trace_filter__sampled_rank-0.json.gz tests/fixtures/traces/hta/trace_filter__sampled_rank-1.json.gz --cluster dgx-a100 --holdout 0.3 --processes 2 -o out/calibrate/a100.yaml
+(--processes 2: two files read at once; --executor dask --processes 2: on a Dask LocalCluster of 2 workers; --executor dask
+--scheduler tcp://HOST:8786: on a running Dask cluster whose workers see the same files; Dask: pip install 'dml2comm[dask]')
 each also writes a page beside the file (out/calibrate/cluster_site/index.html: fitted values, residuals, scatter charts;
 --site DIR elsewhere, --no-site none), then use the file wherever a preset name goes:
   main.py model.onnx --d 8 --cluster out/calibrate/cluster.yaml (also sweep, compare, trace: with --model, trace shows the
@@ -65,16 +73,6 @@ class CalibrationError(ConfigError):
 
 
 @dataclass
-class TraceInfo:
-    file: str
-    sha256: str
-    rank: int
-    world_size: int | None
-    devices: list[dict[str, Any]]
-    versions: dict[str, str]
-
-
-@dataclass
 class Calibration:
     """What :func:`calibrate` found: the calibrated cluster, the file's document, the report."""
 
@@ -84,49 +82,6 @@ class Calibration:
     warnings: list[str] = field(default_factory=list)
     #: the fitted samples, one point per shape or size (:mod:`dml2comm.calibrate.points`), for the page
     points: dict[str, Any] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------------- reading
-
-
-def _metadata(path: Path) -> tuple[str, dict[str, Any]]:
-    """(sha256 of the file as stored, the trace's top-level keys other than ``traceEvents``)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}") from exc
-    digest = hashlib.sha256(raw).hexdigest()
-    text = raw
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            text = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(f"{path.name!r} is a truncated or corrupt .gz file ({exc}); copy it again from the run") from exc
-    try:
-        top = msgspec.json.decode(text, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return digest, {}  # a bare event list, or not JSON: load_trace says which
-    meta: dict[str, Any] = {}
-    for key, value in top.items():
-        if key == "traceEvents":
-            continue
-        try:
-            meta[key] = msgspec.json.decode(value)
-        except msgspec.DecodeError:
-            continue
-    return digest, meta
-
-
-def _versions(meta: dict[str, Any]) -> dict[str, str]:
-    """PyTorch/CUDA/NCCL/CUPTI versions the trace records (any top-level ``*version*`` key and
-    ``distributedInfo.nccl_version``)."""
-    out = {k: str(v) for k, v in meta.items() if "version" in k.lower() and isinstance(v, (str, int, float)) and k != "schemaVersion"}
-    info = meta.get("distributedInfo")
-    if isinstance(info, dict) and info.get("nccl_version") is not None:
-        out["nccl_version"] = str(info["nccl_version"])
-    if meta.get("schemaVersion") is not None:
-        out["kineto_schema_version"] = str(meta["schemaVersion"])
-    return dict(sorted(out.items()))
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -215,34 +170,47 @@ def _gpu_name(preset: str, values: dict[str, float]) -> str:
     return f"{preset.split(' cal-')[0]} cal-{digest}"
 
 
+def read_traces(files: Sequence[Path], executor: Executor | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> tuple[list[TraceFile], list[tuple[str, str]]]:
+    """The map: :func:`~dml2comm.calibrate.samples.file_samples` of every file on ``executor``
+    (default: this process, one file after the other), in the order of ``files`` whatever order
+    they finish in; ``on_progress(done, total)`` after each.  Returns (the files read, (name, why)
+    of each file that could not be read: a trace error, or the worker that read it died)."""
+    # absolute paths: a worker's working folder is not ours (a Dask worker reads the shared filesystem)
+    tasks = [str(Path(f).resolve()) for f in files]
+    results: list[TraceFile | None] = [None] * len(files)
+    errors: list[str | None] = [None] * len(files)
+    for done, (i, result, error) in enumerate((executor or LocalExecutor(1)).map_unordered(file_samples, tasks), 1):
+        results[i], errors[i] = result, error
+        if on_progress is not None:
+            on_progress(done, len(files))
+    failed = [(Path(files[i]).name, e) for i, e in enumerate(errors) if e is not None]
+    return [r for r in results if r is not None], failed
+
+
 def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.0, *,
-              today: datetime.date | None = None) -> Calibration:
-    """Fit the traces in ``paths`` (files or folders); see the module docstring.
+              today: datetime.date | None = None, executor: Executor | None = None,
+              on_progress: Callable[[int, int], None] | None = None) -> Calibration:
+    """Fit the traces in ``paths`` (files or folders); see the module docstring.  Each file is
+    read on ``executor`` (:func:`read_traces`; default: in this process; the caller closes an
+    executor it passes); a file that cannot be read is left out with a warning naming it.
 
     Raises
     ------
     CalibrationError
         No usable sample at all, traces of two GPU types, or an unknown GPU without ``base``.
     TraceError
-        A trace is missing, truncated or not a PyTorch-profiler trace.
+        A path is missing, or no trace could be read (each one missing, truncated or not a
+        PyTorch-profiler trace).
     """
     if not 0.0 <= holdout < 1.0:
         raise CalibrationError(f"--holdout must be in [0, 1), got {holdout!r} (0.3 holds 30% of the shapes out)")
     files = find_trace_files(list(paths))
-    infos: list[TraceInfo] = []
-    gemms: list[GemmSample] = []
-    memory: list[MemorySample] = []
-    colls: list[CollectiveSample] = []
-    shaped = nccl = 0
-    warnings: list[str] = []
-    loaded = []
-    for path in files:
-        digest, meta = _metadata(path)
-        trace = load_trace(path, shapes=True)
-        devices = [d for d in meta.get("deviceProperties", []) if isinstance(d, dict)] if isinstance(
-            meta.get("deviceProperties"), list) else []
-        infos.append(TraceInfo(path.name, digest, trace.rank, trace.world_size, devices, _versions(meta)))
-        loaded.append(trace)
+    infos, failed = read_traces(files, executor, on_progress)
+    if not infos:
+        raise TraceError("no trace could be read: " + "; ".join(f"{name}: {why}" for name, why in failed))
+    warnings = [f"{name} could not be read and is left out: {why}" for name, why in failed]
+    # ---- what needs every file: one GPU type, its node size, hence each collective's link level
     names = sorted({str(d.get("name", "")) for i in infos for d in i.devices})
     if len(names) > 1:
         raise CalibrationError(f"the traces come from different GPU types ({', '.join(names)}); calibrate each type "
@@ -256,20 +224,18 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
     cluster, base_name = _base_cluster(base, preset, how)
     gpu = cluster.gpu
     per_node = max((len(i.devices) for i in infos), default=0) or cluster.gpus_per_node
-    for trace in loaded:
-        s = trace_samples(trace, per_node)
-        gemms += s.gemms
-        memory += s.memory
-        colls += s.collectives
-        shaped += s.shaped_ops
-        nccl += s.nccl_kernels
-    del loaded
+    gemms: list[GemmSample] = [g for i in infos for g in i.samples.gemms]
+    memory: list[MemorySample] = [m for i in infos for m in i.samples.memory]
+    colls: list[CollectiveSample] = [c for i in infos for c in classify_collectives(i.samples.collectives, i.world_size, per_node)]
+    shaped = sum(i.samples.shaped_ops for i in infos)
+    nccl = sum(i.samples.nccl_kernels for i in infos)
     if not shaped and not colls:
         why = "no NCCL kernels" if not nccl else "NCCL kernels without message sizes (PyTorch >= 2.1 records them)"
-        raise CalibrationError(f"nothing to fit in {len(files)} trace(s): no operator shapes ({_RECORD_SHAPES}) and {why}")
+        raise CalibrationError(f"nothing to fit in {len(infos)} trace(s): no operator shapes ({_RECORD_SHAPES}) and {why}")
     fitted: dict[str, Any] = {}
     points: dict[str, Any] = {"gemm": [], "memory": [], "collectives": []}
-    lines: list[str] = [f"GPU: {gpu.name} ({how}); base: {base_name}; {len(files)} trace(s)"]
+    lines: list[str] = [f"GPU: {gpu.name} ({how}); base: {base_name}; {len(infos)} trace(s)"
+                        + (f" ({len(failed)} unreadable, left out)" if failed else "")]
     from_base: list[str] = []
     gpu_values: dict[str, float] = {}
 
@@ -439,6 +405,10 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
     parser.add_argument("--site", metavar="DIR",
                         help="folder of the calibration page (default: beside the file, OUTPUT_STEM_site/, e.g. cluster_site/)")
     parser.add_argument("--no-site", action="store_true", help="write the cluster file only")
+    parser.add_argument("--processes", type=positive_int, default=1,
+                        help="trace files read in parallel (default 1: in this process; with --executor dask and no "
+                             "--scheduler: LocalCluster workers)")
+    add_executor_args(parser, "--processes")
     args = parser.parse_args(argv)
     out = Path(args.output)
     if out.suffix.lower() not in (".yaml", ".yml"):
@@ -448,7 +418,14 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
     site = None if args.no_site else Path(args.site) if args.site else default_site_dir(out)
     if site is not None and (site.resolve() == out.resolve() or out.resolve().is_relative_to(site.resolve())):
         raise ConfigError(f"--site {str(site)!r} would hold the cluster file {str(out)!r}; pick another folder")
-    result = calibrate(args.traces, args.cluster, args.holdout)
+    files = find_trace_files(list(args.traces))  # a missing path is an error before any worker starts
+    progress = progress_bar("traces", sys.stderr.isatty())
+    try:
+        with executor_from_args(args, args.processes) as executor:
+            result = calibrate([str(f) for f in files], args.cluster, args.holdout, executor=executor, on_progress=progress)
+    finally:
+        if progress is not None:
+            progress.stop()  # type: ignore[attr-defined]
     text = dump_cluster_file(result.document)
     if site is not None:  # the page first: a failed build leaves neither
         from dml2comm.calibrate.site import publish_calibration_site

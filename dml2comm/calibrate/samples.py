@@ -20,6 +20,13 @@ only on the enclosing ``record_param_comms`` operator (joined by enclosure as ab
 message size S follows nccl-tests (:mod:`dml2comm.network.collectives`): the all-reduce buffer,
 the all-gather *output*, the reduce-scatter *input*, the all-to-all total a rank sends.
 
+Map and reduce (issue 21): :func:`file_samples` is the map step, one task per trace file on an
+executor (:mod:`dml2comm.executors`: this process, a process pool or Dask workers): it reads the
+file's provenance (sha256, versions, ``deviceProperties``) and its samples, and only that travels
+back (shapes, dtypes and times; a collective keeps its process group's ranks as
+:class:`RawCollective`).  What needs every file (the node size, hence each collective's link
+level, :func:`classify_collectives`; the GPU identity check) runs on the client afterwards.
+
 References: Kineto ``libkineto/src/output_json.cpp``; PyTorch ``torch/csrc/profiler/util.cpp``
 (``saveNcclMeta``: the collective arguments) and ``torch/csrc/autograd/profiler_kineto.cpp``
 (``Input Dims``, ``Input type``); c10 ``ScalarType`` names for element sizes.
@@ -27,19 +34,25 @@ References: Kineto ``libkineto/src/output_json.cpp``; PyTorch ``torch/csrc/profi
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import math
 import re
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
 
+import msgspec
 import numpy as np
 
 from dml2comm.cost.gemm import training_gemms
 from dml2comm.errors import ModelError
-from dml2comm.traces.load import CommRecord, Kind, RankTrace
+from dml2comm.traces.load import CommRecord, Kind, RankTrace, TraceError, load_trace
 
-__all__ = ["GemmSample", "MemorySample", "CollectiveSample", "TraceSamples", "trace_samples", "collective_kind",
-           "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES", "COMM_DTYPE_BYTES"]
+__all__ = ["GemmSample", "MemorySample", "CollectiveSample", "RawCollective", "TraceSamples", "TraceFile", "trace_samples",
+           "file_samples", "classify_collectives", "collective_kind", "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES",
+           "COMM_DTYPE_BYTES"]
 
 #: Bytes per element of PyTorch's ``Input type`` strings (``scalarTypeToTypeMeta().name()``).
 ELEMENT_BYTES: dict[str, int] = {
@@ -102,9 +115,22 @@ class MemorySample(NamedTuple):
 
 
 class CollectiveSample(NamedTuple):
+    """A collective sample with its link level: what the collective fits group by."""
+
     kind: str  # CollectiveKind value
     group_size: int
     level: str  # intra_node / inter_node
+    size_bytes: float
+    time_s: float
+
+
+class RawCollective(NamedTuple):
+    """A collective sample as one trace gives it: its level is not known until the node size is
+    (from every file's ``deviceProperties``, or the base cluster), :func:`classify_collectives`."""
+
+    kind: str  # CollectiveKind value
+    group_size: int
+    ranks: tuple[int, ...]  # the process group's global ranks; () when the trace does not record them
     size_bytes: float
     time_s: float
 
@@ -113,11 +139,26 @@ class CollectiveSample(NamedTuple):
 class TraceSamples:
     gemms: list[GemmSample] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
-    collectives: list[CollectiveSample] = field(default_factory=list)
+    collectives: list[RawCollective] = field(default_factory=list)
     shaped_ops: int = 0  # CPU operators with recorded shapes
     nccl_kernels: int = 0
     link: str = ""  # "External id" or "enclosure"
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TraceFile:
+    """What the map step (:func:`file_samples`) returns for one trace file: its provenance and
+    its samples, about 33 bytes each pickled (123 kB for HTA's 25.8 MB ``negative_queue_length``
+    trace and its 3,675 samples): what travels from a worker, never the trace."""
+
+    file: str  # the file's name
+    sha256: str  # of the file as stored
+    rank: int
+    world_size: int | None
+    devices: list[dict[str, Any]]  # deviceProperties entries
+    versions: dict[str, str]  # PyTorch/CUDA/NCCL/Kineto versions the trace records
+    samples: TraceSamples
 
 
 def collective_kind(name: str) -> str | None:
@@ -240,8 +281,80 @@ def _level(ranks: tuple[int, ...], group_size: int, world: int | None, per_node:
     return None
 
 
-def trace_samples(trace: RankTrace, gpus_per_node: int) -> TraceSamples:
-    """Every GEMM, memory-bound and collective sample of one trace loaded with ``shapes=True``."""
+def classify_collectives(raw: Sequence[RawCollective], world_size: int | None, gpus_per_node: int) -> list[CollectiveSample]:
+    """The samples of ``raw`` (one trace's, of a run of ``world_size`` ranks) whose link level
+    is known on nodes of ``gpus_per_node`` GPUs, with that level: intra-node when the group's
+    ranks (ranks are numbered node by node, as torchrun does) share a node; a group whose ranks
+    are not recorded is known only when it is the whole world.  The others are left out."""
+    out = []
+    for c in raw:
+        level = _level(c.ranks, c.group_size, world_size, gpus_per_node)
+        if level is not None:
+            out.append(CollectiveSample(c.kind, c.group_size, level, c.size_bytes, c.time_s))
+    return out
+
+
+def _metadata(path: Path) -> tuple[str, dict[str, Any]]:
+    """(sha256 of the file as stored, the trace's top-level keys other than ``traceEvents``)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}") from exc
+    digest = hashlib.sha256(raw).hexdigest()
+    text = raw
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            text = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(f"{path.name!r} is a truncated or corrupt .gz file ({exc}); copy it again from the run") from exc
+    try:
+        top = msgspec.json.decode(text, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return digest, {}  # a bare event list, or not JSON: load_trace says which
+    meta: dict[str, Any] = {}
+    for key, value in top.items():
+        if key == "traceEvents":
+            continue
+        try:
+            meta[key] = msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            continue
+    return digest, meta
+
+
+def _versions(meta: dict[str, Any]) -> dict[str, str]:
+    """PyTorch/CUDA/NCCL/CUPTI versions the trace records (any top-level ``*version*`` key and
+    ``distributedInfo.nccl_version``)."""
+    out = {k: str(v) for k, v in meta.items() if "version" in k.lower() and isinstance(v, (str, int, float)) and k != "schemaVersion"}
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and info.get("nccl_version") is not None:
+        out["nccl_version"] = str(info["nccl_version"])
+    if meta.get("schemaVersion") is not None:
+        out["kineto_schema_version"] = str(meta["schemaVersion"])
+    return dict(sorted(out.items()))
+
+
+def file_samples(path: str) -> TraceFile:
+    """The map step of ``calibrate``, one task per trace file (it runs where the executor puts it:
+    this process, a local worker process or a Dask worker): the file's provenance and
+    :func:`trace_samples`; the trace itself is dropped here.
+
+    Raises
+    ------
+    TraceError
+        The file is missing, truncated or not a PyTorch-profiler trace.
+    """
+    p = Path(path)
+    digest, meta = _metadata(p)
+    trace = load_trace(p, shapes=True)
+    props = meta.get("deviceProperties")
+    devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    return TraceFile(p.name, digest, trace.rank, trace.world_size, devices, _versions(meta), trace_samples(trace))
+
+
+def trace_samples(trace: RankTrace) -> TraceSamples:
+    """Every GEMM, memory-bound and collective sample of one trace loaded with ``shapes=True``
+    (collectives raw: :func:`classify_collectives` gives their levels)."""
     out = TraceSamples(shaped_ops=len(trace.inputs))
     kernels = np.flatnonzero(trace.kind == Kind.KERNEL)
     cpu = np.flatnonzero(trace.kind == Kind.CPU_OP)
@@ -314,11 +427,8 @@ def trace_samples(trace: RankTrace, gpus_per_node: int) -> TraceSamples:
         group = rec.group_size or len(rec.ranks)
         if kind is None or size is None or group < 2:
             continue
-        level = _level(rec.ranks, group, trace.world_size, gpus_per_node)
-        if level is None:
-            continue
         nelems = rec.out_nelems if kind == "ALL_GATHER" else rec.in_nelems or rec.out_nelems
         if kind == "SEND_RECV" and not rec.in_nelems:
             nelems = rec.out_nelems
-        out.collectives.append(CollectiveSample(kind, group, level, float(nelems * size), float(trace.dur[k]) * 1e-6))
+        out.collectives.append(RawCollective(kind, group, tuple(rec.ranks), float(nelems * size), float(trace.dur[k]) * 1e-6))
     return out
