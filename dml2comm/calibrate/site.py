@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 from markupsafe import Markup
 
 from dml2comm.calibrate.charts import collective_chart, gemm_chart, memory_chart
@@ -102,34 +101,15 @@ def calibration_context(document: Mapping[str, Any], file_name: str, sha256: str
 
 
 def _build(dest: Path, context: Mapping[str, Any], svgs: Mapping[str, str], downloads: Mapping[str, str]) -> None:
-    """Write ``dest/site`` (work files in ``dest/.docs``)."""
-    from dml2comm.site.build import MKDOCS_YML, TEMPLATES, SiteError, environment, inline_svg, mkdocs_build
+    """Write ``dest/site`` (:func:`dml2comm.site.build.build_pages_site`; the charts are inlined
+    through the context's ``svg``)."""
+    from dml2comm.site.build import build_pages_site, inline_svg
 
-    docs = dest / ".docs"
-    docs.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(TEMPLATES / "assets", docs / "assets")
-    env = environment(TEMPLATES)
     ctx = dict(context)
     ctx["svg"] = {name: inline_svg(text, set()) for name, text in svgs.items()}
     ctx["empty"] = Markup("")
-    try:
-        text = env.get_template("calibration.md.j2").render(page_title="Calibration", **ctx)
-    except Exception as exc:  # jinja2.TemplateError and StrictUndefined's UndefinedError
-        raise SiteError(f"template calibration.md.j2 failed: {exc}") from exc
-    (docs / "index.md").write_text(text, encoding="utf-8")
-    for name, data in downloads.items():
-        (docs / name).write_text(data, encoding="utf-8")
-    try:
-        base = yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SiteError(f"cannot read the site configuration {MKDOCS_YML}: {exc}") from exc
-    base.update({"docs_dir": str(docs.resolve()), "site_dir": str((dest / "site").resolve()), "site_name": "dml2comm: calibration",
-                 "nav": [{"Calibration": "index.md"}]})
-    config_path = (dest / ".mkdocs.yml").resolve()
-    config_path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    mkdocs_build(config_path)
-    shutil.rmtree(docs, ignore_errors=True)
-    config_path.unlink(missing_ok=True)
+    build_pages_site(dest, [("index", "Calibration", "calibration.md.j2", dict(ctx, page_title="Calibration"))],
+                     "dml2comm: calibration", files=downloads)
 
 
 def publish_calibration_site(site_dir: Path, document: Mapping[str, Any], points: Mapping[str, Any], yaml_name: str,
