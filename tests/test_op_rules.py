@@ -558,3 +558,48 @@ def test_gpt2_export_matmul_flops_match_narayanan(exporter: str) -> None:
     costs = [op_cost(op, graph.op_inputs(op), graph.op_outputs(op)) for op in graph.ops]
     matmul_like = sum(c.flops_fwd for c in costs if c.rule in ("matmul", "gemm"))
     assert matmul_like == 7927578624
+
+
+def test_megatron_fused_softmax_runs_only_where_its_kernel_is_available():
+    """Megatron-LM's FusedScaleMaskSoftmax.is_kernel_available: 16-bit input, 16 < sk <= 16384,
+    sq and sk multiples of 4, attention batches (b x heads per tensor rank) a multiple of 4 and of
+    the kernel's batches per block (4 at sk = 1024, 8 at sk <= 128; causal when sq == sk)."""
+    from dml2comm.cost.ops import softmax_kernel_available
+    from dml2comm.ir.graph import DType
+
+    bf16 = DType.BFLOAT16
+    assert softmax_kernel_available((1, 4, 1024, 1024), bf16)  # vTrain t=4 b=1 (16 heads): 4 batches
+    assert not softmax_kernel_available((1, 2, 1024, 1024), bf16)  # t=8 b=1: 2 batches -> unfused
+    assert softmax_kernel_available((2, 2, 1024, 1024), bf16)  # t=8 b=2: 4
+    assert softmax_kernel_available((8, 1024, 1024), bf16)  # dynamo's merged batch x heads axis
+    assert not softmax_kernel_available((1, 6, 1024, 1024), bf16)  # GPT-2 small at t=2, b=1: 6 batches
+    assert softmax_kernel_available((4, 16, 128, 128), bf16) and not softmax_kernel_available((1, 4, 128, 128), bf16)  # 8 per block
+    assert not softmax_kernel_available((1, 4, 1024, 1024), DType.FLOAT)  # fp32 training: never
+    assert not softmax_kernel_available((1, 4, 16, 16), bf16)  # sk must exceed 16
+
+
+def test_an_unavailable_fused_softmax_costs_its_ops_as_separate_kernels():
+    from dml2comm import zoo
+    from dml2comm.cost.cache import tensor_parallel_of
+    from dml2comm.cost.ops import fused_kernels, shard_op_costs, unfused_softmax_ops
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.graph import DType
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+
+    graph = load_model_proto(zoo.build_gpt(layers=2, hidden=256, heads=8, vocab=512, seq_len=1024), ImportOptions(batch_size=1)).graph
+    gpu = get_cluster("dgx-a100", 8).gpu
+    softmax = [op.index for op in graph.ops if op.op_type == "Softmax"]
+    # t = 2: 4 heads x b = 1 = 4 attention batches: fused; t = 4: 2 batches: not
+    assert not unfused_softmax_ops(graph, tensor_parallel_of(graph, 2, False, 2), DType.BFLOAT16)
+    unfused = unfused_softmax_ops(graph, tensor_parallel_of(graph, 4, False, 2), DType.BFLOAT16)
+    regions = fused_kernels(graph)
+    assert all(i in unfused for i in softmax) and all(i in unfused for i in regions if regions[i] in {regions[s] for s in softmax})
+    from dml2comm.cost import host
+
+    fused = shard_op_costs(graph, 2, False, "bf16", gpu, False, host.NONE).times  # kernel time only
+    apart = shard_op_costs(graph, 4, False, "bf16", gpu, False, host.NONE).times
+    # the softmax region at t = 4 reads and writes every intermediate: more than half the t = 2
+    # region's time although it works on half the heads
+    region_t2 = sum(fused[i][0] for i in regions if regions[i] == regions[softmax[0]])
+    region_t4 = sum(apart[i][0] for i in regions if regions[i] == regions[softmax[0]])
+    assert region_t4 > 0.5 * region_t2

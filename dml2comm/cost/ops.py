@@ -17,6 +17,7 @@ sequence length (:func:`infer_seq_len`).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
@@ -34,7 +35,7 @@ from dml2comm.parallel.config import DTYPES
 from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
-           "infer_seq_len", "is_attention_core", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
+           "infer_seq_len", "is_attention_core", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
            "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
@@ -187,19 +188,25 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         costs.append(c)
         times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
-    times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff)
+    unfused = unfused_softmax_ops(graph, tp, train)
+    times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
-        times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm), is_gemm, host)
+        times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm, unfused), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
 
 
-def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool]) -> list[tuple[int, int]]:
+def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool],
+                     unfused: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
     """(forward, backward) kernels each op launches (:func:`dml2comm.cost.host.kernel_counts`):
     one per pass with FLOPs or bytes (two for a GEMM's backward), one per fused region of two or
-    more ops (:func:`fused_kernels`)."""
+    more ops (:func:`fused_kernels`), except the ops in ``unfused`` (:func:`unfused_softmax_ops`),
+    each its own kernel."""
     work = [(c.flops_fwd > 0 or c.bytes_fwd > 0, c.flops_bwd > 0 or c.bytes_bwd > 0) for c in costs]
-    return kernel_counts(work, is_gemm, fused_kernels(graph))
+    regions = fused_kernels(graph)
+    if unfused:
+        regions = {i: r for i, r in regions.items() if i not in unfused}
+    return kernel_counts(work, is_gemm, regions)
 
 
 def op_gemms(op_type: str, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None], attrs) -> TrainingGemms | None:
@@ -273,6 +280,47 @@ def fused_kernels(graph: OpGraph) -> dict[int, int]:
     return fusible_regions(graph, FUSED_KINDS, joins)
 
 
+def softmax_kernel_available(shape: Sequence[int], train: DType) -> bool:
+    """Whether Megatron-LM's fused scale-mask-softmax kernel runs on attention scores of
+    ``shape`` (``[..., sq, sk]``, the leading axes the attention batches: micro-batch x heads on
+    this tensor rank) in ``train``: ``FusedScaleMaskSoftmax.is_kernel_available``
+    (megatron/core/fusions/fused_softmax.py) requires a 16-bit input, ``16 < sk <= 16384``,
+    ``sq % 4 == 0``, ``sk % 4 == 0`` and ``attn_batches % 4 == 0``, and then that the CUDA
+    kernel's batches per block divide the attention batches (causal, ``sq == sk`` here) or ``sq``
+    (padding mask); batches per block = (128 / warp) x (2 if sk <= 128 else 1), warp = min(32,
+    the next power of two >= sk) (``dispatch_scaled_masked_softmax_forward``,
+    megatron/fused_kernels/scaled_masked_softmax.h).  Otherwise Megatron runs the unfused
+    ``forward_torch_softmax``: fp32 upcast, scale, mask and softmax as separate kernels."""
+    if len(shape) < 3 or train.itemsize != 2:
+        return False
+    sq, sk = int(shape[-2]), int(shape[-1])
+    batches = math.prod(int(x) for x in shape[:-2])
+    if not (16 < sk <= 16384 and sq % 4 == 0 and sk % 4 == 0 and batches % 4 == 0):
+        return False
+    power = 1 << max(sk - 1, 0).bit_length()
+    warp = min(32, power)
+    per_block = (128 // warp) * (2 if power <= 128 else 1)
+    return (batches if sq == sk else sq) % per_block == 0
+
+
+def unfused_softmax_ops(graph: OpGraph, tp: TensorParallelPlan, train: DType) -> frozenset[int]:
+    """The ops of fused regions (:func:`fused_kernels`) whose attention softmax cannot take
+    Megatron-LM's fused kernel on this shard (:func:`softmax_kernel_available`): each runs as
+    its own kernel.  Only softmaxes over attention scores (rank >= 3, the last two axes the
+    query and key lengths) are judged; other point-wise regions fuse as before."""
+    out: set[int] = set()
+    for ops, _ in derived(graph, FusedGroupsKey(), lambda: _fused_groups(graph)):
+        for i in ops:
+            op = graph.ops[i]
+            if op.op_type not in REGION_ENDS:
+                continue
+            shard = tp.shards[i].inputs[0] if tp.shards[i].inputs else None
+            if shard is not None and shard.rank >= 3 and not softmax_kernel_available(shard.shape, train):
+                out.update(ops)
+                break
+    return frozenset(out)
+
+
 def _fused_groups(graph: OpGraph) -> list[tuple[list[int], tuple[str, ...]]]:
     """Each fused kernel of two or more ops (:func:`fused_kernels`) with the tensors it reads
     from outside and writes for outside (a property of the graph: shared by every configuration)."""
@@ -293,13 +341,14 @@ def _fused_groups(graph: OpGraph) -> list[tuple[list[int], tuple[str, ...]]]:
 
 
 def fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train: DType, costs: list[OpCost], times: list[tuple[float, float]],
-                   peak: float, hbm: float) -> list[tuple[float, float]]:
+                   peak: float, hbm: float, unfused: frozenset[int] = frozenset()) -> list[tuple[float, float]]:
     """Time each fused region as one kernel: it reads the tensors entering it and writes the
     tensors leaving it once (not every intermediate); the region's time is spread over its ops
     in proportion to their unfused times, so per-op figures still add up.
 
     ``peak`` and ``hbm`` are the achieved rates (FLOP/s x ``FLOP_EFFICIENCY``, bytes/s x
-    ``HBM_EFFICIENCY``); each region is timed with :func:`~dml2comm.cost.compute.roofline_s`."""
+    ``HBM_EFFICIENCY``); each region is timed with :func:`~dml2comm.cost.compute.roofline_s`.
+    Regions whose ops are in ``unfused`` (:func:`unfused_softmax_ops`) keep their ops' own times."""
     size: dict[str, float] = {}
     for op, shard in zip(graph.ops, tp.shards):
         for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
@@ -307,6 +356,8 @@ def fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train: DType, costs: 
                 size[name] = float(t.nbytes_in(train))
     out = list(times)
     for ops, crossing in derived(graph, FusedGroupsKey(), lambda: _fused_groups(graph)):
+        if ops[0] in unfused:  # Megatron's softmax kernel does not run on this shard: separate kernels
+            continue
         # a region's ops share one repeat count (Loop/Scan bodies: fusible_regions never joins
         # ops of different counts); the kernel runs that many times
         fwd_bytes = sum(size.get(n, 0.0) for n in crossing) * graph.ops[ops[0]].repeat
