@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dml2comm.ops.registry import OpCost
 
-__all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "gemm_dims", "FLOP_EFFICIENCY",
+__all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
@@ -100,6 +100,23 @@ def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
     return grad + 8 + 8 + copy
 
 
-def optimizer_step_s(params_local: float, optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float) -> float:
-    """Memory-bound optimizer step for ``params_local`` parameters on one GPU."""
-    return params_local * optimizer_bytes_per_param(optimizer, dtype_bytes) / hbm_bytes_per_s
+#: Megatron-LM's optimizer step besides the update (``MixedPrecisionOptimizer.step`` /
+#: ``FP32Optimizer.step``, megatron/core/optimizer/optimizer.py), as named per-parameter HBM
+#: traffic on the parameters this GPU updates: the gradient clipping norm
+#: (``clip_grad_norm_fp32``: ``multi_tensor_l2norm`` reads each fp32 main gradient once;
+#: ``--clip-grad 1.0`` in Megatron-LM's GPT scripts; the scaling pass after it runs only when the
+#: norm exceeds the clip and is not counted) ...
+GRAD_NORM_BYTES_PER_PARAM = 4
+#: ... and, with fp16 loss scaling only, unscaling the main gradients and checking them for
+#: inf/NaN (``_unscale_main_grads_and_check_for_nan``: ``torch._amp_foreach_non_finite_check_and_unscale_``
+#: reads and writes each fp32 main gradient).
+UNSCALE_BYTES_PER_PARAM = 8
+
+
+def optimizer_step_s(params_local: float, optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float, loss_scaled: bool = False) -> float:
+    """Memory-bound optimizer step for ``params_local`` parameters on one GPU: the gradient
+    norm pass (:data:`GRAD_NORM_BYTES_PER_PARAM`), the fp16 unscale pass when ``loss_scaled``
+    (:data:`UNSCALE_BYTES_PER_PARAM`) and the update (:func:`optimizer_bytes_per_param`)."""
+    per_param = (optimizer_bytes_per_param(optimizer, dtype_bytes) + GRAD_NORM_BYTES_PER_PARAM
+                 + (UNSCALE_BYTES_PER_PARAM if loss_scaled else 0))
+    return params_local * per_param / hbm_bytes_per_s

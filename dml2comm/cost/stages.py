@@ -180,10 +180,11 @@ def stage_optimizer_params(dense_params: float, expert_params: float, dp_cp_size
 
 
 def stage_optimizer_s(dense_params: float, expert_params: float, dp_cp_size: int, expert_dp_size: int, zero_stage: int,
-                      optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float) -> float:
-    """The memory-bound optimizer step of one GPU of the stage (:func:`dml2comm.cost.compute.optimizer_step_s`)."""
+                      optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float, loss_scaled: bool = False) -> float:
+    """The memory-bound optimizer step of one GPU of the stage (:func:`dml2comm.cost.compute.optimizer_step_s`;
+    ``loss_scaled``: fp16 training, whose gradients are unscaled first)."""
     return optimizer_step_s(stage_optimizer_params(dense_params, expert_params, dp_cp_size, expert_dp_size, zero_stage),
-                            optimizer, dtype_bytes, hbm_bytes_per_s)
+                            optimizer, dtype_bytes, hbm_bytes_per_s, loss_scaled)
 
 
 def stage_model_states(dense_params: float, expert_params: float, dp_cp_size: int, expert_dp_size: int, zero_stage: int,
@@ -590,7 +591,7 @@ class StageCoster(LayerCoster):
             dtype_bytes = config.train_dtype.itemsize
             grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
             common = (config.dp_size * config.cp_size, config.expert_dp_size, z, grad_bytes, dtype_bytes,
-                      config.bucket_bytes, config.optimizer)
+                      config.bucket_bytes, config.optimizer, config.dtype == "fp16")
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert
             # stages with equal parameters on alike groups share their part
@@ -611,7 +612,8 @@ class StageCoster(LayerCoster):
         return table.by_zero[z]
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
-                          edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str) -> tuple:
+                          edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str,
+                          loss_scaled: bool = False) -> tuple:
         """One stage's ZeRO part (:mod:`dml2comm.cost.stages`, as the analysis): (bucket seconds
         per run, buckets per run, seconds of the collective after the step, optimizer step
         seconds, model-state bytes, ZeRO per-micro-batch seconds: forward all-gather, backward
@@ -626,7 +628,7 @@ class StageCoster(LayerCoster):
         for r, (t, n) in enumerate(dp.bucket_runs):
             tau[r], count[r] = t, n
         states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes)
-        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s)
+        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled)
         return (tau, count, dp.after_step_s, opt, (states.weights_bytes, states.grads_bytes, states.optimizer_bytes),
                 (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s))
 
