@@ -603,3 +603,15 @@ def test_an_unavailable_fused_softmax_costs_its_ops_as_separate_kernels():
     region_t2 = sum(fused[i][0] for i in regions if regions[i] == regions[softmax[0]])
     region_t4 = sum(apart[i][0] for i in regions if regions[i] == regions[softmax[0]])
     assert region_t4 > 0.5 * region_t2
+
+
+def test_the_optimizer_step_names_its_passes():
+    """Adam, bf16: update 2 (gradient) + 12 (fp32 master, momentum, variance read) + 12 (written)
+    + 2 (16-bit copy) = 28 bytes per updated parameter, + 4 for the gradient-norm pass = 32; fp16
+    with loss scaling adds the unscale pass's 8 (read and write the fp32 main gradient) = 40."""
+    from dml2comm.cost.compute import GRAD_NORM_BYTES_PER_PARAM, UNSCALE_BYTES_PER_PARAM, optimizer_step_s
+
+    assert (GRAD_NORM_BYTES_PER_PARAM, UNSCALE_BYTES_PER_PARAM) == (4, 8)
+    assert optimizer_step_s(1e9, "adam", 2, 2e12) == pytest.approx(1e9 * 32 / 2e12)
+    assert optimizer_step_s(1e9, "adam", 2, 2e12, loss_scaled=True) == pytest.approx(1e9 * 40 / 2e12)
+    assert optimizer_step_s(1e9, "sgd", 4, 2e12) == pytest.approx(1e9 * (4 + 8 + 8 + 4) / 2e12)  # fp32: no copy
