@@ -506,53 +506,47 @@ class StageCoster(LayerCoster):
                              for r in uniq]
                       for (_, size) in layers.ring}
 
-        def critical_path(mask: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-            """Per stage, per micro-batch: forward and backward seconds of the tensor-, context- and
-            expert-parallel collectives on the critical path, of the layers ``mask`` selects."""
-            tp_f, tp_b = np.zeros(p), np.zeros(p)
+        # the stage of each full layer, to read a stage's collective cost per layer
+        layer_stage = stage_of_layer
+        layer_f, layer_b = np.zeros(len(layer_stage)), np.zeros(len(layer_stage))
 
-            def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
-                """Add each stage's count of one collective times its cost on that stage's group
-                (``wheres``: per residue in ``uniq``)."""
-                cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at]
-                (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts * mask) * cost
+        def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
+            """Add each layer's count of one collective times its cost on its stage's group
+            (``wheres``: per residue in ``uniq``)."""
+            cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at][layer_stage]
+            (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * cost
 
-            if config.tp_comm_overlap:
-                # Wang et al. (ASPLOS'23) / Megatron --tp-comm-overlap: the all-gather before a
-                # column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
-                # t chunks pipelined with the GEMM; what the adjacent GEMM (its input-gradient half in
-                # backward) does not hide stays exposed, and at least one chunk (t_comm / t) always is
-                t = config.tp_size
-                for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
-                    if phase in (Phase.FORWARD, Phase.BACKWARD):
-                        cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
-                        exposed = np.maximum(cost - gemm, cost / t)[at]
-                        (tp_f if phase is Phase.FORWARD else tp_b)[:] += per_stage(counts * mask) * exposed
-            else:
-                for (kind, phase, size), counts in layers.tp.items():
-                    if phase in (Phase.FORWARD, Phase.BACKWARD):
-                        on_path(phase, counts, kind, tp_groups, size / cp)
-            # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
-            # dispatch/combine) block the next op
-            for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
-                on_path(phase, counts, kind, cp_groups, size)
-            for (phase, size), counts in layers.ring.items():
-                # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
-                # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
-                core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
-                target = tp_f if phase is Phase.FORWARD else tp_b
-                by_cost: dict[float, np.ndarray] = {}
-                for st in range(p):
-                    cost = ring_costs[size][at[st]]
-                    exposed = by_cost.get(cost)
-                    if exposed is None:
-                        exposed = by_cost[cost] = per_stage(counts * mask * (np.maximum(cost - core, 0.0) * (cp - 1)))
-                    target[st] += exposed[st]
-            for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
-                on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
-            return tp_f, tp_b
-
-        tp_f, tp_b = critical_path(1.0)
+        # per layer and micro-batch: seconds of the tensor-, context- and expert-parallel
+        # collectives on the critical path (summed per stage below, and per stage of the
+        # transformer layers alone for full recomputation)
+        if config.tp_comm_overlap:
+            # Wang et al. (ASPLOS'23) / Megatron --tp-comm-overlap: the all-gather before a
+            # column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
+            # t chunks pipelined with the GEMM; what the adjacent GEMM (its input-gradient half in
+            # backward) does not hide stays exposed, and at least one chunk (t_comm / t) always is
+            t = config.tp_size
+            for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    exposed = np.maximum(cost - gemm, cost / t)[at][layer_stage]
+                    (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * exposed
+        else:
+            for (kind, phase, size), counts in layers.tp.items():
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    on_path(phase, counts, kind, tp_groups, size / cp)
+        # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
+        # dispatch/combine) block the next op
+        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
+            on_path(phase, counts, kind, cp_groups, size)
+        for (phase, size), counts in layers.ring.items():
+            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
+            # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
+            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
+            cost = np.array(ring_costs[size])[at][layer_stage]
+            (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * (np.maximum(cost - core, 0.0) * (cp - 1))
+        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
+            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
+        tp_f, tp_b = per_stage(layer_f), per_stage(layer_b)
         # Full recomputation re-runs the forward of transformer layers only, never the embedding
         # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
         # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
@@ -560,7 +554,7 @@ class StageCoster(LayerCoster):
         if blocks.all():
             recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
         else:
-            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), critical_path(blocks)[0]
+            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), per_stage(layer_f * blocks)
         reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
         buffers = np.zeros(p)
         buffers[1:] += boundary
