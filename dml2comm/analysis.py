@@ -28,7 +28,7 @@ from dml2comm.cost.cache import attention_sites_of, layers_of, moe_of, needs_gra
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
 from dml2comm.cost.gemm import sustained_factor
 from dml2comm.cost.host import host_model
-from dml2comm.cost.layers import per_gpu_op_times, shared_parameters
+from dml2comm.cost.layers import per_gpu_op_times
 from dml2comm.cost.memory import ModelStates, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import Summary, breakdown, summary_of
@@ -44,7 +44,7 @@ from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import DTYPES, ParallelConfig, Schedule
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
-from dml2comm.parallel.pipeline import held_copies, parameter_shard_factors, sent_activations, stage_boundaries
+from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.levels import compile_schedule
@@ -230,8 +230,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # A parameter read on several stages (a tied embedding: the LM head on the last stage) is
     # held by each of them, and their gradients are all-reduced (Megatron-LM's embedding group)
     readers = parameter_readers_of(graph, layered)
-    factor = parameter_shard_factors(graph, tp.weight_factor)
-    copies = held_copies(shared_parameters(graph, readers, factor), stage_of_layer, config.pp_size)
+    copies = table.copies  # the stage table's (on the whole graph: the analysis's own layers)
 
     rank_map = table.rank_map
     comms: list[CommNode] = []

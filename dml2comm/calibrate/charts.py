@@ -144,38 +144,39 @@ def _held(p: Mapping[str, Any]) -> str:
     return "; held out of the fit" if p["held_out"] else ""
 
 
-def gemm_chart(points: Sequence[Mapping[str, Any]], factor: float, base_factor: float) -> str:
-    """Measured GEMM time (x) against the model's (y) per shape (:func:`dml2comm.calibrate.points.gemm_points`)."""
+def _model_chart(title: str, points: Sequence[Mapping[str, Any]], describe, symbol: str, value: float, base_value: float) -> str:
+    """Measured time (x) against the model's (y) per shape, calibrated and base: the GEMM and
+    memory-bound charts (``describe(point)``: the tooltip's shape text)."""
     pts: list[ScatterPoint] = []
     for p in points:
-        shape = (f"{p['b']}×" if p["b"] != 1 else "") + f"{p['m']}×{p['n']}×{p['k']} {p['dtype']}"
-        tip = (f"{shape} ({', '.join(p['ops'])}): measured {fmt_s(p['measured_s'])} (median of {p['repeats']}), "
+        tip = (f"{describe(p)}: measured {fmt_s(p['measured_s'])} (median of {p['repeats']}), "
                f"calibrated {fmt_s(p['model_s'])} ({_err(p['model_s'], p['measured_s'])}), "
                f"base {fmt_s(p['base_s'])} ({_err(p['base_s'], p['measured_s'])}){_held(p)}")
         pts.append(ScatterPoint(p["measured_s"], p["base_s"], tip, BASE_COLOUR, radius=3.0))
         pts.append(ScatterPoint(p["measured_s"], p["model_s"], tip, HELD_COLOUR if p["held_out"] else FIT_COLOUR, p["held_out"]))
-    legend = [(f"calibrated (f = {factor:.3g})", FIT_COLOUR, False), (f"base preset (f = {base_factor:.3g})", BASE_COLOUR, False)]
+    legend = [(f"calibrated ({symbol} = {value:.3g})", FIT_COLOUR, False), (f"base preset ({symbol} = {base_value:.3g})", BASE_COLOUR, False)]
     if any(p["held_out"] for p in points):
         legend.append(("held out", HELD_COLOUR, True))
-    return loglog_chart(f"GEMM time by shape: {len(points)} shapes", "measured time (median per shape)", "model time", pts,
+    return loglog_chart(f"{title}: {len(points)} shapes", "measured time (median per shape)", "model time", pts,
                         diagonal=True, legend=legend)
+
+
+def gemm_chart(points: Sequence[Mapping[str, Any]], factor: float, base_factor: float) -> str:
+    """Measured GEMM time (x) against the model's (y) per shape (:func:`dml2comm.calibrate.points.gemm_points`)."""
+
+    def describe(p: Mapping[str, Any]) -> str:
+        return (f"{p['b']}×" if p["b"] != 1 else "") + f"{p['m']}×{p['n']}×{p['k']} {p['dtype']} ({', '.join(p['ops'])})"
+
+    return _model_chart("GEMM time by shape", points, describe, "f", factor, base_factor)
 
 
 def memory_chart(points: Sequence[Mapping[str, Any]], efficiency: float, base_efficiency: float) -> str:
     """Measured memory-bound kernel time (x) against ``bytes / (HBM x e)`` (y) per shape."""
-    pts: list[ScatterPoint] = []
-    for p in points:
-        shape = "×".join(str(d) for d in p["shape"])
-        tip = (f"{p['op']} [{shape}], {fmt_bytes(p['bytes'])} moved: measured {fmt_s(p['measured_s'])} (median of {p['repeats']}), "
-               f"calibrated {fmt_s(p['model_s'])} ({_err(p['model_s'], p['measured_s'])}), "
-               f"base {fmt_s(p['base_s'])} ({_err(p['base_s'], p['measured_s'])}){_held(p)}")
-        pts.append(ScatterPoint(p["measured_s"], p["base_s"], tip, BASE_COLOUR, radius=3.0))
-        pts.append(ScatterPoint(p["measured_s"], p["model_s"], tip, HELD_COLOUR if p["held_out"] else FIT_COLOUR, p["held_out"]))
-    legend = [(f"calibrated (e = {efficiency:.3g})", FIT_COLOUR, False), (f"base preset (e = {base_efficiency:.3g})", BASE_COLOUR, False)]
-    if any(p["held_out"] for p in points):
-        legend.append(("held out", HELD_COLOUR, True))
-    return loglog_chart(f"Memory-bound kernels: {len(points)} shapes", "measured time (median per shape)", "model time", pts,
-                        diagonal=True, legend=legend)
+
+    def describe(p: Mapping[str, Any]) -> str:
+        return f"{p['op']} [{'×'.join(str(d) for d in p['shape'])}], {fmt_bytes(p['bytes'])} moved"
+
+    return _model_chart("Memory-bound kernels", points, describe, "e", efficiency, base_efficiency)
 
 
 def collective_chart(entry: Mapping[str, Any]) -> str:

@@ -54,7 +54,7 @@ from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute
 from dml2comm.parallel.data import data_parallel_comms
-from dml2comm.parallel.pipeline import held_copies
+from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
 __all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
@@ -312,6 +312,7 @@ class StageTable:
     flops_fwd: float = 0.0  # unsharded forward FLOPs of the model per micro-batch (LayerTable.flops_fwd)
     params: np.ndarray | None = None  # per stage: parameters (before t and e; tied copies included)
     flops: np.ndarray | None = None  # per stage: unsharded forward FLOPs per micro-batch
+    copies: HeldCopies | None = None  # tied parameters held by several stages and their gradient all-reduce groups
     recompute_full: np.ndarray | None = None  # per stage: forward seconds full recomputation repeats (transformer layers)
     tp_f_blocks: np.ndarray | None = None  # per stage: the forward collectives on the critical path of those layers
 
@@ -571,7 +572,7 @@ class StageCoster(LayerCoster):
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
-                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops),
+                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
                            recompute_full=recompute_full, tp_f_blocks=tp_f_blocks)
 
     def zero_part(self, table: StageTable, config: ParallelConfig):

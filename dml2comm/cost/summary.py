@@ -122,7 +122,7 @@ class Summary(Mapping):
     expected_error_source: str | None = None
 
     def __getitem__(self, key: str) -> Any:
-        if key not in _FIELDS:
+        if key not in _FIELD_SET:
             if key == "error":  # a Summary is a successful evaluation; a failed one is {"error": message}
                 return None
             raise KeyError(key)
@@ -139,6 +139,7 @@ class Summary(Mapping):
 
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Summary))
+_FIELD_SET = frozenset(_FIELDS)
 
 
 def summary_of(parts: Breakdown, k: int, iteration_s: float, *, flops_fwd_per_sample: float, global_batch_size: int, num_gpus: int,
