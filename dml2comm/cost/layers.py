@@ -79,6 +79,10 @@ class LayerTable:
     # --tp-comm-overlap: per-layer counts of each TP collective by (kind, phase, bytes, seconds
     # of the GEMM it overlaps: analysis._tp_overlapped_per_mb)
     tp_gemm: dict[tuple[CollectiveKind, Phase, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
+    # Megatron's asynchronous TP all-reduce: per-layer counts of each backward collective on a
+    # column-parallel GEMM's input gradient by (kind, bytes, seconds of that GEMM's weight
+    # gradient, which runs while it is in flight): TPComm.overlaps_wgrad
+    tp_wgrad: dict[tuple[CollectiveKind, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 # ---- cache keys (dml2comm.cost.cache): one per cached quantity, holding what it depends on
@@ -317,6 +321,7 @@ class LayerCoster:
                           for layer in layered.layers], dtype=bool)
         tp_counts: dict[tuple, np.ndarray] = {}
         tp_gemm: dict[tuple, np.ndarray] = {}
+        tp_wgrad: dict[tuple, np.ndarray] = {}
         if config.tp_size > 1:
             for c in tp.comms:
                 key = (c.kind, c.phase, float(c.message_bytes))
@@ -325,6 +330,9 @@ class LayerCoster:
                 # the adjacent GEMM (its input-gradient half in backward): analysis._tp_overlapped_per_mb
                 gemm = times[c.op_index][0] if c.phase is Phase.FORWARD else times[c.op_index][1] / 2
                 tp_gemm.setdefault(key + (gemm,), np.zeros(n))[li] += 1
+                if c.overlaps_wgrad and c.phase is Phase.BACKWARD:
+                    # the GEMM's backward is its data and weight gradients, of equal FLOPs: half is the wgrad
+                    tp_wgrad.setdefault((c.kind, float(c.message_bytes), times[c.op_index][1] / 2), np.zeros(n))[li] += 1
         cp_counts: dict[tuple, np.ndarray] = {}
         ring: dict[tuple, np.ndarray] = {}
         core_f, core_b = np.zeros(n), np.zeros(n)
@@ -346,7 +354,7 @@ class LayerCoster:
         return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
-                       {k: v[m] for k, v in tp_gemm.items()})
+                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()})
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""

@@ -281,6 +281,7 @@ class _StageTableKey(CacheKey):
     capacity_factor: float
     micro_batch_size: int
     tp_comm_overlap: bool
+    async_tp_allreduce: bool
 
 
 @dataclass
@@ -419,7 +420,7 @@ class StageCoster(LayerCoster):
         key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
                              config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
                              config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
-                             config.micro_batch_size, config.tp_comm_overlap)
+                             config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce)
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
@@ -535,6 +536,13 @@ class StageCoster(LayerCoster):
             for (kind, phase, size), counts in layers.tp.items():
                 if phase in (Phase.FORWARD, Phase.BACKWARD):
                     on_path(phase, counts, kind, tp_groups, size / cp)
+            if config.async_tp_allreduce:
+                # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
+                # input-gradient collective of a column-parallel GEMM runs while its weight
+                # gradient is computed; the part that GEMM hides leaves the critical path
+                for (kind, size, wgrad), counts in layers.tp_wgrad.items():
+                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
         # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
         # dispatch/combine) block the next op
         for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)

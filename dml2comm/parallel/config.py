@@ -78,6 +78,13 @@ class ParallelConfig:
     rank_order: str = "tdp"
     dropout: float = 0.0  # assumed training dropout for exports that carry no Dropout nodes
     tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (needs sequence parallelism)
+    # Megatron-LM's asynchronous tensor-parallel all-reduce (async_tensor_model_parallel_allreduce,
+    # on unless --no-async-tensor-model-parallel-allreduce; always on in Megatron-Core, where the
+    # flag is deprecated and ignored): in backward the input gradient of a column-parallel GEMM is
+    # all-reduced (reduce-scattered with SP) while the weight gradient is computed
+    # (LinearWithGradAccumulationAndAsyncCommunication.backward).  False: the Megatron-LM of 2021
+    # (Narayanan et al.), which waited for the all-reduce.
+    async_tp_allreduce: bool = True
     overlap_grad_reduce: bool = True  # DDP / Megatron --overlap-grad-reduce: buckets during backward
     grad_reduce_dtype: str | None = None  # None: the training dtype; "fp32": Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32 (fp32 main grads, reduced in fp32)
@@ -178,6 +185,7 @@ class ParallelConfig:
             "rank_order": self.rank_order,
             "dropout": self.dropout,
             "tp_comm_overlap": self.tp_comm_overlap,
+            "async_tp_allreduce": self.async_tp_allreduce,
             "overlap_grad_reduce": self.overlap_grad_reduce,
             "grad_reduce_dtype": self.grad_reduce_dtype or self.dtype,
             "c": self.cp_size,

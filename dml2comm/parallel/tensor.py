@@ -99,6 +99,10 @@ class TPComm:
     tensor: str
     message_bytes: float  # nccl-tests buffer size convention, in the training dtype
     reason: str
+    # the input gradient of a column-parallel GEMM (backward all-reduce, or reduce-scatter with
+    # SP): Megatron-LM launches it asynchronously and computes the weight gradient meanwhile
+    # (``async_tensor_model_parallel_allreduce``; ParallelConfig.async_tp_allreduce)
+    overlaps_wgrad: bool = False
 
 
 @dataclass(frozen=True)
@@ -464,8 +468,9 @@ def _propagate(
         tensor = graph.tensor(name)
         return float(tensor.numel * dtype_bytes) if tensor is not None else 0.0
 
-    def to_replicated(op: Op, name: str, why: str) -> None:
-        """Make ``name`` replicated before ``op`` reads it, inserting the collective."""
+    def to_replicated(op: Op, name: str, why: str, column: bool = False) -> None:
+        """Make ``name`` replicated before ``op`` reads it, inserting the collective (``column``:
+        ``op`` is a column-parallel GEMM, whose weight gradient the backward collective overlaps)."""
         st = state(name)
         if st.kind == R:
             return
@@ -475,7 +480,8 @@ def _propagate(
             comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, op.index, name, nbytes(name), why))
             if name in grad:
                 comms.append(
-                    TPComm(CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of " + why)
+                    TPComm(CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of " + why,
+                           overlaps_wgrad=column)
                 )
                 # that reduce-scatter already sums the input gradient: no Megatron-f all-reduce
                 bwd_reduced.add(name)
@@ -507,7 +513,8 @@ def _propagate(
             return
         bwd_reduced.add(name)
         comms.append(
-            TPComm(CollectiveKind.ALL_REDUCE, Phase.BACKWARD, op.index, name, nbytes(name), "input gradient of column-parallel ops (Megatron f)")
+            TPComm(CollectiveKind.ALL_REDUCE, Phase.BACKWARD, op.index, name, nbytes(name), "input gradient of column-parallel ops (Megatron f)",
+                   overlaps_wgrad=True)
         )
 
     def weight_of(name: str) -> tuple[str, tuple[int, ...]] | None:
@@ -711,7 +718,8 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         split_weight(w_name, in_axis_w, op)
         return _State(P), "row-parallel", t
     if xs.kind == "S":
-        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op")
+        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op",
+                      column=True)
     if op.index in replicated:
         warnings.append(replicated[op.index])
         gqa = "grouped-query" in replicated[op.index]
