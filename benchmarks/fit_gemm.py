@@ -46,7 +46,7 @@ def main() -> None:
     print(f"fit on H100 + B200 bf16 ({sum(len(s[3]) for s in samples)} shapes, {time.perf_counter() - t0:.1f} s), "
           f"sum of squared log errors {fit.loss:.4f}")
     law = fit.law
-    print(f"  SHAPE_LAW = ShapeLaw(k_overhead={law.k_overhead:.1f}, tile_edge={law.tile_edge:.2f}, "
+    print(f"  SHAPE_LAW = ShapeLaw(epilogue_bytes={law.epilogue_bytes:.4f}, tile_edge={law.tile_edge:.2f}, "
           f"latency_s={law.latency_s:.3e}, hbm_efficiency={law.hbm_efficiency:.3f})")
     print("  sustained factors: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(fit.sustained.items())))
     print("  in the module:     " + ", ".join(f"{k} {gemm.SUSTAINED_FACTOR[k]:.3f}" for k in sorted(fit.sustained))

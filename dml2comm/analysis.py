@@ -393,7 +393,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         f"compute: GEMMs from measured tables or the fitted tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of "
         f"peak sustained on {cluster.gpu.name}, other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, memory-bound ops at "
         f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, point-wise chains fused as Megatron-LM (A100 factor fitted on Narayanan "
-        "et al. 2021 Table 1, every row within 5%)"
+        "et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together: python main.py validate)"
     )
     warnings.append(
         f"host: {host.name} ({host.kernel_s * 1e6:.0f} µs of CPU per kernel, fitted on vTrain's single-node runs; small "

@@ -85,6 +85,9 @@ def analysis_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-async-tp-allreduce", action="store_true",
                    help="wait for the backward tensor-parallel all-reduce instead of overlapping it with the weight-gradient "
                         "GEMM (Megatron --no-async-tensor-model-parallel-allreduce; Megatron-LM of 2021)")
+    g.add_argument("--no-gradient-accumulation-fusion", action="store_true",
+                   help="add every gradient to its accumulation buffer in a separate pass per micro-batch instead of in the "
+                        "weight-gradient GEMM (Megatron --no-gradient-accumulation-fusion; the Megatron-LM of 2021)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
     g.add_argument("--grad-reduce-dtype", choices=["bf16", "fp16", "fp32"],
@@ -250,7 +253,8 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
         optimizer=args.optimizer, rank_order=args.rank_order, dropout=args.dropout,
         overlap_grad_reduce=not args.no_overlap_grad_reduce, grad_reduce_dtype=args.grad_reduce_dtype,
-        tp_comm_overlap=args.tp_comm_overlap, async_tp_allreduce=not args.no_async_tp_allreduce, cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep,
+        tp_comm_overlap=args.tp_comm_overlap, async_tp_allreduce=not args.no_async_tp_allreduce,
+        grad_accumulation_fusion=not args.no_gradient_accumulation_fusion, cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep,
         capacity_factor=args.capacity_factor,
     )
     if args.cluster:

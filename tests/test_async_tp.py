@@ -83,8 +83,52 @@ def test_async_does_nothing_without_tensor_parallelism(gpt):
 
 
 def test_the_flag_reaches_the_config_in_data_json(gpt_path, tmp_path):
-    for flag, want in (([], True), (["--no-async-tp-allreduce"], False)):
-        out = tmp_path / ("off" if flag else "on")
-        assert main([str(gpt_path), "--t", "2", "--micro-batch-size", "2", "--out", str(out), "--no-site", *flag]) == 0
-        data = json.loads((out / "data.json").read_text())
-        assert data["config"]["async_tp_allreduce"] is want
+    for flag, key in (("--no-async-tp-allreduce", "async_tp_allreduce"), ("--no-gradient-accumulation-fusion", "grad_accumulation_fusion")):
+        for given, want in (([], True), ([flag], False)):
+            out = tmp_path / f"{key}-{want}"
+            assert main([str(gpt_path), "--t", "2", "--micro-batch-size", "2", "--out", str(out), "--no-site", *given]) == 0
+            data = json.loads((out / "data.json").read_text())
+            assert data["config"][key] is want
+
+
+# ---- gradient accumulation into main_grad (Megatron-LM's DDP hook, per micro-batch)
+
+def test_unfused_parameters_are_vectors_and_gathered_tables(gpt):
+    from dml2comm.cost.layers import unfused_parameters
+
+    unfused = unfused_parameters(gpt.graph)
+    weights = {t.name: t for t in gpt.graph.weights if t.is_parameter}
+    assert unfused and unfused < set(weights)
+    for name, t in weights.items():
+        gathered = any(op.op_type == "Gather" and name in gpt.graph.parameter_sources(op.inputs[0]) for op in gpt.graph.ops)
+        assert (name in unfused) == (t.rank < 2 or gathered), name
+    # the token embedding (tied to the LM head) is accumulated by the hook; the MLP matrices are not
+    assert any(weights[n].rank == 2 for n in unfused)
+
+
+def test_the_accumulation_pass_costs_its_bytes_per_micro_batch(gpt):
+    from dml2comm.cost.compute import HBM_EFFICIENCY
+    from dml2comm.cost.layers import unfused_parameters
+
+    fused, _ = _plan(gpt, tp_size=2, pp_size=2, dtype="bf16", grad_reduce_dtype="fp32")
+    plain, a = _plan(gpt, tp_size=2, pp_size=2, dtype="bf16", grad_reduce_dtype="fp32", grad_accumulation_fusion=False)
+    hbm = a.cluster.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    assert fused.compute_b.shape == (2,)
+    unfused = unfused_parameters(gpt.graph)
+    for s, st in enumerate(a.stages):
+        # bf16 gradient read, fp32 main_grad read and written: 2 + 4 + 4 bytes per parameter
+        local = st.params_per_gpu
+        assert plain.compute_b[s] - fused.compute_b[s] == pytest.approx(
+            (local - sum(gpt.graph.tensors[w].numel / a.tp.weight_factor.get(w, 1) for w in unfused
+                         if a.stages[s].layers and _owner_stage(a, w) == s)) * 10 / hbm, rel=1e-9)
+    assert (plain.bwd > fused.bwd).all() and np.array_equal(plain.fwd, fused.fwd)
+
+
+def _owner_stage(a, w):
+    """The stage of the first layer reading parameter ``w`` (the layer that owns it)."""
+    for s, st in enumerate(a.stages):
+        for li in st.layers:
+            if any(w in a.graph.ops[i].inputs or w in sum((a.graph.parameter_sources(n) for n in a.graph.ops[i].inputs if n), ())
+                   for i in a.layered.layers[li].op_indices):
+                return s
+    return None

@@ -318,10 +318,11 @@ def test_bottleneck_is_the_hottest_box_of_each_drawing(monkeypatch):
         ratio = share / drawing.hottest
         assert fills[nid][0] == heat_bin(ratio).fill
         assert fills[nid][1] == (ratio >= 0.999)  # outline only on the bottleneck (or ties)
-    # stage shares 36.7%, 45.8%, 37.9% of the iteration: stage 1 alone is the bottleneck (the
-    # others are 0.80 and 0.83 of it, bin 75-95%)
+    # stage shares 41.5%, 42.3%, 34.2% of the iteration: stage 1 alone is the bottleneck (stage 0,
+    # with the embedding table's gradient-accumulation pass, is 0.98 of it: the top bin without
+    # the outline; stage 2 is 0.81 of it, bin 75-95%)
     assert [fills[n][1] for n in stage_ids] == [False, True, False]
-    assert fills[stage_ids[1]][0] == "#bd0026" and fills[stage_ids[0]][0] == "#f03b20"
+    assert fills[stage_ids[1]][0] == fills[stage_ids[0]][0] == "#bd0026" and fills[stage_ids[2]][0] == "#f03b20"
     # the page titles and the stage drawing name layers by their module, not their position
     titles = [facts.layer_title(li) for li in range(len(a.layers))]
     assert titles[0] != "layer 0" and all(re.fullmatch(r"[A-Za-z0-9._ -]+", t) for t in titles)

@@ -18,8 +18,9 @@ time = max(FLOPs / (peak x e), bytes / (HBM bandwidth x e_hbm))  (Williams, Wate
   ``fused_kernels`` and ``fuse_pointwise`` in :mod:`dml2comm.cost.ops`.
 
 Calibration: the A100's sustained GEMM factor (:data:`dml2comm.cost.gemm.SUSTAINED_FACTOR`) is
-fitted to Narayanan et al. 2021 Table 1 (A100, ten GPT runs from 1.7B to 1T parameters;
-``benchmarks/bench_narayanan.py`` prints every row, all within 5%), checked on held-out runs
+fitted on the bundled A100 training-step sets together (Narayanan et al. 2021 Table 1, vTrain's
+single-node runs, Korthikanti et al. 2022 Table 4; ``benchmarks/fit_a100.py``, ``python main.py
+validate`` for every source's error and its leave-one-source-out error), checked on held-out runs
 by ``benchmarks/bench_heldout.py``.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dml2comm.ops.registry import OpCost
 
-__all__ = ["roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
+__all__ = ["grad_accumulation_s", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
@@ -120,3 +121,19 @@ def optimizer_step_s(params_local: float, optimizer: str, dtype_bytes: int, hbm_
     per_param = (optimizer_bytes_per_param(optimizer, dtype_bytes) + GRAD_NORM_BYTES_PER_PARAM
                  + (UNSCALE_BYTES_PER_PARAM if loss_scaled else 0))
     return params_local * per_param / hbm_bytes_per_s
+
+
+def grad_accumulation_s(params: float, grad_bytes: int, main_grad_bytes: int, hbm_bytes_per_s: float) -> float:
+    """Per micro-batch: adding ``params`` fresh weight gradients into their accumulation buffer.
+
+    Megatron-LM's data-parallel wrapper accumulates every parameter's gradient into its
+    ``main_grad`` buffer in a backward hook, once per micro-batch (``param.main_grad.add_(
+    param.grad.data)``: megatron/core/distributed/distributed_data_parallel.py,
+    ``_make_backward_post_hook``; ``megatron/model/distributed.py`` in the 2021 code): read the
+    gradient (``grad_bytes``) and the buffer (``main_grad_bytes``), write the buffer back.  With
+    ``--gradient-accumulation-fusion`` (Megatron-LM's default since 2022, ParallelConfig.
+    grad_accumulation_fusion) the weight-gradient GEMM of every linear layer accumulates into
+    ``main_grad`` itself and the hook skips it (``grad_added_to_main_grad``); the other
+    parameters (layer norms, biases, embedding tables) still take this pass.
+    """
+    return params * (grad_bytes + 2 * main_grad_bytes) / hbm_bytes_per_s

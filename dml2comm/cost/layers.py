@@ -83,6 +83,21 @@ class LayerTable:
     # column-parallel GEMM's input gradient by (kind, bytes, seconds of that GEMM's weight
     # gradient, which runs while it is in flight): TPComm.overlaps_wgrad
     tp_wgrad: dict[tuple[CollectiveKind, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
+    # per layer: parameters per GPU whose gradients gradient-accumulation fusion does not take
+    # (not a GEMM's weight matrix: norms, biases, tables a Gather reads): unfused_parameters
+    unfused_local: np.ndarray | None = None
+
+
+def unfused_parameters(graph) -> frozenset[str]:
+    """Parameters whose gradients gradient-accumulation fusion leaves to the accumulation pass
+    (:func:`dml2comm.cost.compute.grad_accumulation_s`): every parameter except the weight
+    matrices (rank >= 2) of linear layers, i.e. vectors (norm scales, biases) and any table a
+    ``Gather`` reads (embeddings; a tied embedding too, whose lookup gradient is not a GEMM's)."""
+    def build() -> frozenset[str]:
+        gathered = {src for op in graph.ops if op.op_type == "Gather" and op.inputs
+                    for src in graph.parameter_sources(op.inputs[0])}
+        return frozenset(t.name for t in graph.weights if t.is_parameter and (t.rank < 2 or t.name in gathered))
+    return derived(graph, _UnfusedKey(), build)
 
 
 # ---- cache keys (dml2comm.cost.cache): one per cached quantity, holding what it depends on
@@ -111,6 +126,11 @@ class _PartitionKey(CacheKey):
 
     layers: _LayersKey
     pp_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _UnfusedKey(CacheKey):
+    """:func:`unfused_parameters` (the graph alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,9 +326,12 @@ class LayerCoster:
         factor = parameter_shard_factors(graph, tp.weight_factor)
         params = np.zeros(n)
         params_local = np.zeros(n)
+        unfused_local = np.zeros(n)
+        unfused = unfused_parameters(graph)
         for li in range(n):
             params[li] = sum(graph.tensors[w].numel for w in by_layer[li])
             params_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li])
+            unfused_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li] if w in unfused)
         shared = []
         if self.collapsed is not None:
             copies = np.bincount(self.layer_map, minlength=n)
@@ -348,13 +371,13 @@ class LayerCoster:
                     ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
                 else:
                     cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
-        self._check_interior(fwd, bwd, selective, params, params_local, flops, *tp_counts.values(), *cp_counts.values(),
+        self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, flops, *tp_counts.values(), *cp_counts.values(),
                              *ring.values(), core_f, core_b)
         m = self.layer_map
         return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
-                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()})
+                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m])
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""

@@ -42,7 +42,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
-from dml2comm.cost.compute import optimizer_step_s
+from dml2comm.cost.compute import HBM_EFFICIENCY, grad_accumulation_s, optimizer_step_s
 from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, in_flight_micro_batches, model_state_bytes
@@ -282,6 +282,7 @@ class _StageTableKey(CacheKey):
     micro_batch_size: int
     tp_comm_overlap: bool
     async_tp_allreduce: bool
+    grad_accumulation_fusion: bool
 
 
 @dataclass
@@ -316,6 +317,7 @@ class StageTable:
     copies: HeldCopies | None = None  # tied parameters held by several stages and their gradient all-reduce groups
     recompute_full: np.ndarray | None = None  # per stage: forward seconds full recomputation repeats (transformer layers)
     tp_f_blocks: np.ndarray | None = None  # per stage: the forward collectives on the critical path of those layers
+    accumulate: np.ndarray | None = None  # per stage: seconds per micro-batch of the gradient-accumulation pass
 
 
 class StageCoster(LayerCoster):
@@ -420,7 +422,8 @@ class StageCoster(LayerCoster):
         key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
                              config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
                              config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
-                             config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce)
+                             config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce,
+                             config.grad_accumulation_fusion)
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
@@ -576,12 +579,19 @@ class StageCoster(LayerCoster):
             params_local, expert_local = per_stage(layers.params_local) + tied_local, np.zeros(p)
         else:
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
-        return StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd), per_stage(layers.selective),
+        # Megatron-LM's per-micro-batch gradient accumulation (dml2comm.cost.compute.grad_accumulation_s):
+        # every local parameter without gradient-accumulation fusion, else those no GEMM accumulates
+        accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
+        gpu = self.cluster.gpu
+        hbm_eff = gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
+        main_grad = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else config.train_dtype.itemsize
+        accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, main_grad, gpu.hbm_bytes_per_s * hbm_eff)
+        return StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd) + accumulate, per_stage(layers.selective),
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
                            params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
-                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks)
+                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate)
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,

@@ -85,6 +85,11 @@ class ParallelConfig:
     # (LinearWithGradAccumulationAndAsyncCommunication.backward).  False: the Megatron-LM of 2021
     # (Narayanan et al.), which waited for the all-reduce.
     async_tp_allreduce: bool = True
+    # Megatron-LM's --gradient-accumulation-fusion (default on since 2022; off with
+    # --no-gradient-accumulation-fusion): linear layers' weight-gradient GEMMs accumulate into the
+    # main_grad buffer; False: every parameter's gradient is added to it in a separate pass per
+    # micro-batch (dml2comm.cost.compute.grad_accumulation_s), as the 2021 code did.
+    grad_accumulation_fusion: bool = True
     overlap_grad_reduce: bool = True  # DDP / Megatron --overlap-grad-reduce: buckets during backward
     grad_reduce_dtype: str | None = None  # None: the training dtype; "fp32": Megatron-LM's
     # --accumulate-allreduce-grads-in-fp32 (fp32 main grads, reduced in fp32)
@@ -186,6 +191,7 @@ class ParallelConfig:
             "dropout": self.dropout,
             "tp_comm_overlap": self.tp_comm_overlap,
             "async_tp_allreduce": self.async_tp_allreduce,
+            "grad_accumulation_fusion": self.grad_accumulation_fusion,
             "overlap_grad_reduce": self.overlap_grad_reduce,
             "grad_reduce_dtype": self.grad_reduce_dtype or self.dtype,
             "c": self.cp_size,

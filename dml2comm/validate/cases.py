@@ -8,14 +8,15 @@ bundled measurement set and the module that predicts its cases.
 The fitted compute constant
 ---------------------------
 The number the bundled A100 training-step sets bear on is the A100's sustained GEMM factor
-``f`` (``SUSTAINED_FACTOR`` in :mod:`dml2comm.cost.gemm`, fitted to Narayanan et al. 2021 Table
-1 by ``benchmarks/fit_a100.py``).  The A100 has no measured GEMM table: a GEMM's main-loop time
-is ``FLOPs / (peak x f x shape terms)``, and the other FLOP-bound kernels run at ``peak x
-FLOP_EFFICIENCY``; evaluating with the GPU's dense peaks scaled by ``s`` is therefore evaluating
-with ``f x s`` except for the fixed per-kernel latency and the memory floors, which do not scale.
-:func:`scaled_cluster` does that on a copy of the cluster: no module global is touched and caches
-keyed by the peak stay correct.  (The MFU the analysis reports is relative to the scaled peak;
-the validation reads times only.)
+``f`` (``SUSTAINED_FACTOR`` in :mod:`dml2comm.cost.gemm`, fitted on them by
+``benchmarks/fit_a100.py``).  The A100 has no measured GEMM table: a GEMM's time is its tiles'
+main loops and fixed costs over ``peak x f x shape terms``, plus a fixed per-kernel latency, or
+its memory floor.  :func:`scaled_cluster` evaluates with ``f x s`` exactly: it gives a copy of the
+cluster's GPU the calibrated factor ``f x s`` (:attr:`dml2comm.hardware.gpus.GPU.gemm_sustained_factor`,
+the field ``calibrate`` fills), so no module global is touched and caches keyed by the GPU stay
+correct.  Every GEMM's time less its latency scales by ``1/s`` unless it is memory-bound; the
+other kernels do not change.  (A GPU with a measured table leaves it for the analytical law when
+given a factor: only the table-less A100 is refitted.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from dml2comm.cost.gemm import sustained_factor
 from dml2comm.hardware.cluster import Cluster
 
 __all__ = ["Case", "Source", "SOURCES", "sample_indices", "scaled_cluster", "summarize"]
@@ -108,14 +110,12 @@ def sample_indices(n: int, sample: int | None) -> list[int]:
 
 
 def scaled_cluster(cluster: Cluster, compute_scale: float) -> Cluster:
-    """``cluster`` whose GPU's dense peaks are ``compute_scale`` times the preset's: the same as
-    evaluating with the sustained GEMM factor times ``compute_scale``, up to fixed latencies
-    (module docstring)."""
+    """``cluster`` whose GPU's sustained GEMM factor is ``compute_scale`` times its own (module
+    docstring)."""
     if compute_scale == 1.0:
         return cluster
     gpu = cluster.gpu
-    peaks = {k: v * compute_scale for k, v in gpu.peak_flops_per_s.items()}
-    return dataclasses.replace(cluster, gpu=dataclasses.replace(gpu, peak_flops_per_s=peaks))
+    return dataclasses.replace(cluster, gpu=dataclasses.replace(gpu, gemm_sustained_factor=sustained_factor(gpu) * compute_scale))
 
 
 def _stats(errors: Sequence[float], ids: Sequence[str]) -> dict[str, Any]:

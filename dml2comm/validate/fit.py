@@ -4,9 +4,10 @@ What is fitted to what
 ----------------------
 The tool has one fitted constant that the bundled sets bear on: the A100's sustained GEMM factor
 (``SUSTAINED_FACTOR["A100-SXM4-80GB"]`` in :mod:`dml2comm.cost.gemm`: the share of the dense peak
-a large, well-tiled GEMM sustains in a training step), fitted to Narayanan et al. 2021 Table 1
-alone (``benchmarks/fit_a100.py``).  It is refitted here as a factor ``s`` on the GPU's peak
-(:func:`~dml2comm.validate.cases.scaled_cluster`: ``f x s`` up to fixed latencies) on the
+a large, well-tiled GEMM sustains in a training step), fitted on the three training-step
+sources below together and held to Narayanan's every-row-within-5% target
+(``benchmarks/fit_a100.py``).  It is refitted here as a factor ``s`` on it
+(:func:`~dml2comm.validate.cases.scaled_cluster`: exactly ``f x s``) on the
 training-step sources (``Source.fit``: Narayanan 2021, vTrain, Korthikanti 2022):
 
 - *in-sample*: ``s`` fitted on every selected training-step source, the source's error at it;

@@ -12,7 +12,9 @@ examples/pretrain_gpt3_175B.sh of NVIDIA/Megatron-LM, 2021: ``--fp16``,
 
 - the backward tensor-parallel all-reduce waited for (``async_tp_allreduce=False``: Megatron-LM's
   asynchronous all-reduce overlapped with the weight gradient, ``--no-async-tensor-model-parallel-
-  allreduce`` to turn off, is absent from the 2021 code the paper ran);
+  allreduce`` to turn off, is absent from the 2021 code the paper ran), and every gradient added
+  to its ``main_grad`` buffer in its own pass per micro-batch (``grad_accumulation_fusion=False``:
+  the fused weight-gradient accumulation came with the same later releases);
 - fp16 training; gradients accumulated and all-reduced in fp16 (``--accumulate-allreduce-
   grads-in-fp32`` is off by default and only forced for bf16), after the backward pass (the
   overlap with backward came in 2023); full recomputation;
@@ -94,7 +96,8 @@ def predict(m: dict[str, Any], par: dict[str, Any], micro_batch: int = 1, dtype:
     v = model_chunks(L, p, B // (micro_batch * d))
     config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro_batch, global_batch_size=B, seq_len=s,
                             recompute="full", schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
-                            overlap_grad_reduce=False, async_tp_allreduce=False, dtype=dtype, grad_reduce_dtype=grad_reduce_dtype)
+                            overlap_grad_reduce=False, async_tp_allreduce=False, grad_accumulation_fusion=False,
+                            dtype=dtype, grad_reduce_dtype=grad_reduce_dtype)
     cluster = replace(get_cluster("dgx-a100", t * p * d), collective_overhead_s=0.0)  # as the CLI: kernel time
     analysis = analyze_graph(imported, config, scaled_cluster(cluster, compute_scale), advise=False, timeline=False)
     return eq3_flops(m, B) / analysis.summary["iteration_time_s"] / (t * p * d) / 1e12, analysis
