@@ -124,6 +124,7 @@ class StageInfo:
     optimizer_time_s: float
     memory: Mapping[str, float | None]
     ranks: tuple[int, ...]  # GPUs of replica 0 in this stage (tensor group)
+    grad_accumulation_s: float = 0.0  # per micro-batch, part of compute_bwd_s (cost.compute.grad_accumulation_s)
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     if config.tp_size > 1:
         for c in tp.comms:
             s = stage_of_op[c.op_index]
+            hidden = c.overlaps_wgrad and config.async_tp_allreduce and not config.tp_comm_overlap
             add_comm(c.kind, ParallelDim.TP, c.phase, s, layered.layer_of_op[c.op_index], c.op_index, c.tensor,
-                     rank_map.tp_group(0, s), c.message_bytes / cp, m, True, c.reason)
+                     rank_map.tp_group(0, s), c.message_bytes / cp, m, True,
+                     c.reason + ("; runs during the op's weight-gradient GEMM, which hides up to its length "
+                                 "(Megatron-LM's asynchronous TP all-reduce)" if hidden else ""))
 
     # context parallel, per micro-batch: Ulysses AllToAlls or ring-attention K/V Send/Recv
     for cc in context_parallel_comms(attn_sites, cp, config.tp_size, config.cp_scheme, dtype_bytes):
@@ -371,6 +375,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 compute_bwd_s=float(plan.compute_b[s]),
                 dp_time_s=dp_once,
                 optimizer_time_s=float(plan.optimizer[s]),
+                grad_accumulation_s=float(table.accumulate[s]),
                 memory=memory,
                 ranks=rank_map.tp_group(0, s),
             )

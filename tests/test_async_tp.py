@@ -122,6 +122,10 @@ def test_the_accumulation_pass_costs_its_bytes_per_micro_batch(gpt):
             (local - sum(gpt.graph.tensors[w].numel / a.tp.weight_factor.get(w, 1) for w in unfused
                          if a.stages[s].layers and _owner_stage(a, w) == s)) * 10 / hbm, rel=1e-9)
     assert (plain.bwd > fused.bwd).all() and np.array_equal(plain.fwd, fused.fwd)
+    # the analysis names the pass per stage (data.json's stages[].grad_accumulation_s, the stage page)
+    for s, st in enumerate(a.stages):
+        assert st.grad_accumulation_s > 0 and st.compute_bwd_s == plain.compute_b[s]
+        assert st.grad_accumulation_s == pytest.approx(st.params_per_gpu * 10 / hbm, rel=1e-9)
 
 
 def _owner_stage(a, w):

@@ -75,6 +75,7 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
                 "compute_bwd_s": st.compute_bwd_s,
                 "dp_time_s": st.dp_time_s,
                 "optimizer_time_s": st.optimizer_time_s,
+                "grad_accumulation_s": st.grad_accumulation_s,
                 "ranks": list(st.ranks),
                 "memory": dict(st.memory),
             }

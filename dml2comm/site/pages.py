@@ -306,8 +306,11 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             ("forward FLOPs per micro-batch", fmt_flops(st.flops_fwd) + " (all tensor ranks)"),
             ("forward per micro-batch", f"{fmt_s(st.time_fwd_s)} (compute {fmt_s(st.compute_fwd_s)}, communication and input "
                                         f"{fmt_s(st.time_fwd_s - st.compute_fwd_s)})"),
-            ("backward per micro-batch", f"{fmt_s(st.time_bwd_s)} (compute {fmt_s(st.compute_bwd_s)}, communication "
+            ("backward per micro-batch", f"{fmt_s(st.time_bwd_s)} (compute {fmt_s(st.compute_bwd_s)}, exposed communication "
                                          f"{fmt_s(st.time_bwd_s - st.compute_bwd_s)})"),
+            ("gradient accumulation per micro-batch", f"{fmt_s(st.grad_accumulation_s)} (in the backward compute: "
+             + ("the parameters no weight-gradient GEMM accumulates" if facts.analysis.config.grad_accumulation_fusion
+                else "every parameter, --no-gradient-accumulation-fusion") + ")"),
             ("per iteration (m = %d)" % facts.m, f"{fmt_s(facts.m * (st.time_fwd_s + st.time_bwd_s))} busy, "
                                                  f"{fmt_share(facts.stage_share[p])} of the iteration"),
             ("data-parallel collectives per iteration", fmt_s(st.dp_time_s)),
