@@ -26,6 +26,7 @@ import numpy as np
 from dml2comm.advice import memory_suggestions, speed_recommendations
 from dml2comm.cost.cache import attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
+from dml2comm.render.fmt import fmt_s
 from dml2comm.cost.gemm import sustained_factor
 from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import per_gpu_op_times
@@ -237,12 +238,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     comms: list[CommNode] = []
     m = config.num_micro_batches
 
-    def add_comm(kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason):
+    def add_comm(kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason, host_s=0.0):
         n = len(group)
         cc = collective_cost_for_group(cluster, kind, group, message_bytes)
         comms.append(
             CommNode(kind, dim, phase, stage, layer, after_op, tensor, n, tuple(group), float(message_bytes),
-                     cc.bytes_sent_per_gpu, cc.time_s, str(cc.algorithm), cc.link, count, per_mb, reason,
+                     cc.bytes_sent_per_gpu, cc.time_s + host_s, str(cc.algorithm), cc.link, count, per_mb, reason,
                      cc.limiting_link, cc.steps, str(cc.protocol), cc.formula)
         )
 
@@ -292,10 +293,16 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for name, t in zip(op.outputs, shard.outputs):
             if name and t is not None:
                 local_out[name] = t
+    # the framework's host time per pipeline message (cost.host.pipeline_message_s), on the
+    # boundary's first tensor in each direction
+    p2p_host = coster.host.p2p_s
+    p2p_note = (f"; with {fmt_s(p2p_host)} of host time for the message (--host-model {coster.host.name})"
+                if p2p_host else "")
     for boundary in boundaries:
         s = boundary.stage
         pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
-        for name in boundary.tensors:
+        for k, name in enumerate(boundary.tensors):
+            host_s, host_note = (p2p_host, p2p_note) if k == 0 else (0.0, "")
             t = local_out.get(name) or graph.tensors[name]
             size = t.nbytes_in(train) / cp
             prod = graph.producer(name)
@@ -305,9 +312,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             sent = size / config.tp_size if split else size
             note = f" (1/{config.tp_size} per tensor rank: scatter/gather)" if split else ""
             add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
-                     f"activation from stage {s} to stage {s + 1}{note}")
+                     f"activation from stage {s} to stage {s + 1}{note}{host_note}", host_s)
             add_comm(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m, True,
-                     f"gradient from stage {s + 1} to stage {s}{note}")
+                     f"gradient from stage {s + 1} to stage {s}{note}{host_note}", host_s)
             if split:  # the receivers rebuild the whole tensor (costed with the send that feeds them)
                 add_comm(CollectiveKind.ALL_GATHER, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, rank_map.tp_group(0, s + 1),
                          size, m, True, f"stage {s + 1} all-gathers the activation from its {config.tp_size} tensor ranks (scatter/gather)")

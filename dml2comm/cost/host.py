@@ -26,9 +26,12 @@ The model (:class:`HostModel`)
   (:func:`kernel_counts`): one per op and pass with FLOPs or bytes in that pass (a view such as
   Reshape launches none), two for a matrix product's backward (data and weight gradient), one
   per fused point-wise region (:func:`dml2comm.cost.ops.fused_kernels`).
+- **Per pipeline message** (:func:`pipeline_message_s`, ``p2p_s``): the framework's host time
+  for each send/receive instruction, added to every pipeline message per micro-batch in the
+  stage tables (the per-micro-batch synchronisation of a pipelined step).
 - **Per collective call** (:func:`collective_call_s`), **per micro-batch**
   (:func:`micro_batch_overhead_s`) and **per iteration** (:func:`iteration_overhead_s`):
-  stage-level terms, added where the stage tables are built.
+  stage-level terms, 0 in the presets (no bundled set separates them).
 
 Constants
 ---------
@@ -53,6 +56,7 @@ from typing import Mapping, Sequence
 from dml2comm.errors import ConfigError
 
 __all__ = ["DEFAULT", "EAGER", "HOST_MODELS", "NONE", "HostModel", "collective_call_s", "host_bound_times", "host_model",
+           "pipeline_message_s",
            "iteration_overhead_s", "kernel_counts", "micro_batch_overhead_s"]
 
 
@@ -74,6 +78,10 @@ class HostModel:
     iteration_s
         Framework time per iteration outside the micro-batches (zeroing gradients, optimizer
         launch, logging).
+    p2p_s
+        Host time of one pipeline message, per boundary, direction and micro-batch (the
+        framework's send/receive instruction: buffer bookkeeping and a blocking point-to-point
+        call); added to the message's time in the stage tables (:func:`pipeline_message_s`).
 
     Raises
     ------
@@ -86,9 +94,10 @@ class HostModel:
     collective_call_s: float = 0.0
     micro_batch_s: float = 0.0
     iteration_s: float = 0.0
+    p2p_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for field in ("kernel_s", "collective_call_s", "micro_batch_s", "iteration_s"):
+        for field in ("kernel_s", "collective_call_s", "micro_batch_s", "iteration_s", "p2p_s"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"host model {self.name!r}: {field} must be a number >= 0 seconds, got {value!r}")
@@ -96,7 +105,7 @@ class HostModel:
     @property
     def active(self) -> bool:
         """Whether any host term is non-zero."""
-        return any((self.kernel_s, self.collective_call_s, self.micro_batch_s, self.iteration_s))
+        return any((self.kernel_s, self.collective_call_s, self.micro_batch_s, self.iteration_s, self.p2p_s))
 
 
 #: Eager PyTorch + Megatron(-DeepSpeed): the default, because nearly every published training
@@ -112,7 +121,18 @@ class HostModel:
 #: ``dml2comm.cost.gemm.SUSTAINED_FACTOR``).  The stage-level terms are 0 until the stage tables
 #: add them (no bundled set separates them from ``kernel_s`` yet; see :func:`collective_call_s`
 #: and :func:`micro_batch_overhead_s`).
-EAGER = HostModel("eager", kernel_s=48e-6)
+#: ``p2p_s`` (1.5 ms): fitted on the same runs after ``kernel_s`` (``benchmarks/host_vtrain.py
+#: --p2p-values``, 0-2 ms in 0.25-0.5 ms steps): without it vTrain's error grows with the
+#: pipeline depth (the runs' signed error falls about 9 points per doubling of p at either hidden
+#: size: the tool too fast on deeper pipelines), and DeepSpeed's pipeline engine, which
+#: Megatron-DeepSpeed runs, executes every send and receive as its own schedule instruction
+#: (``deepspeed/runtime/pipe/engine.py``: ``_exec_send_activations``, ``_exec_recv_grads``, ...,
+#: with blocking ``torch.distributed`` point-to-point calls in ``pipe/p2p.py``).  vTrain 8.54% ->
+#: 7.90% mean (p = 1 runs, which send nothing, unchanged at 9.1%); by pipeline depth, fitted on
+#: p = 2 alone (2 ms) it predicts p = 4 at 6.9% (its own best 6.3%), fitted on p = 4 (1.5 ms)
+#: p = 2 at 6.9% (its own best 6.85%).  It leaves Narayanan's rows within 0.1 point (their
+#: pipeline steps take 40-500 ms).
+EAGER = HostModel("eager", kernel_s=48e-6, p2p_s=1.5e-3)
 #: No host-side time: kernel time only (CUDA graphs, or to see the GPU-side bound).
 NONE = HostModel("none", kernel_s=0.0)
 HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, NONE)})
@@ -261,3 +281,10 @@ def micro_batch_overhead_s(host: HostModel, num_micro_batches: int, pp_size: int
 def iteration_overhead_s(host: HostModel) -> float:
     """Host time per iteration outside the micro-batches (``iteration_s``)."""
     return host.iteration_s
+
+
+def pipeline_message_s(kernel_time_s: float, host: HostModel) -> float:
+    """One pipeline message's time per boundary, direction and micro-batch: its transfer
+    (point-to-point, with scatter/gather the all-gather too) plus the framework's host time for
+    it (``p2p_s``), which the blocking send/receive instruction puts on the message's path."""
+    return float(kernel_time_s) + host.p2p_s

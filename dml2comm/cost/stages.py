@@ -43,7 +43,7 @@ import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import HBM_EFFICIENCY, grad_accumulation_s, optimizer_step_s
-from dml2comm.cost.host import host_model
+from dml2comm.cost.host import host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, in_flight_micro_batches, model_state_bytes
 from dml2comm.errors import ConfigError
@@ -474,13 +474,13 @@ class StageCoster(LayerCoster):
                 back = back_of[r_back] = where((st + 1) * sp, -sp, 2)
             gather_f, gather_b = tp_groups[at[st + 1]], tp_groups[at[st]]  # the receivers' tensor groups
             fwd = sent.get((ahead, gather_f, key))
-            if fwd is None:
-                fwd = sent[(ahead, gather_f, key)] = sum(pipeline_send_s(cost_at, ahead, gather_f, x, rep, config.tp_size)
-                                                         for x, rep in sizes)
+            if fwd is None:  # the boundary's tensors, plus the framework's host time for the message
+                fwd = sent[(ahead, gather_f, key)] = pipeline_message_s(
+                    sum(pipeline_send_s(cost_at, ahead, gather_f, x, rep, config.tp_size) for x, rep in sizes), self.host)
             bwd = sent.get((back, gather_b, key))
             if bwd is None:
-                bwd = sent[(back, gather_b, key)] = sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size)
-                                                        for x, rep in sizes)
+                bwd = sent[(back, gather_b, key)] = pipeline_message_s(
+                    sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host)
             send.append(fwd)
             send_back.append(bwd)
         starts = np.array([a for a, _ in ranges])
