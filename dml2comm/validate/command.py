@@ -96,7 +96,7 @@ def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = 
                                **summarize(shipped[src.name], src.subsets)} for src in sources},
         "fitted_constant": {"name": "SUSTAINED_FACTOR['A100-SXM4-80GB']", "value": constant, "module": "dml2comm.cost.gemm",
                             "fitted_to": "narayanan2021, vtrain and korthikanti2022 jointly, held to narayanan2021's every row within 5%",
-                            "refit_as": "a factor s on the GPU's dense peak: SUSTAINED_FACTOR x s up to fixed latencies"},
+                            "refit_as": "a factor s on it: the A100 evaluated with SUSTAINED_FACTOR x s exactly (the GPU's calibrated-factor field)"},
         "loso": [r.to_dict() for r in refits],
     }
     return [c for src in sources for c in shipped[src.name]], summary
