@@ -81,7 +81,14 @@ def test_small_model_is_host_bound_and_none_is_kernel_time():
 
     unfused = unfused_softmax_ops(graph, tensor_parallel_of(graph, 1, False, 2), DType.FLOAT16)
     assert unfused
-    kernels = op_kernel_counts(graph, plain.costs, [op.op_type == "MatMul" for op in graph.ops], unfused)
+    gemm = [op.op_type == "MatMul" for op in graph.ops]
+    kernels = op_kernel_counts(graph, plain.costs, gemm, unfused, fp32_casts=True)
+    # with 16-bit training the unfused softmax runs in fp32 (Megatron's softmax_in_fp32): two
+    # cast kernels per pass more on each Softmax, nothing more elsewhere
+    base = op_kernel_counts(graph, plain.costs, gemm, unfused)
+    extra = [(k[0] - b[0], k[1] - b[1]) for k, b in zip(kernels, base)]
+    softmax = {i for i in unfused if graph.ops[i].op_type == "Softmax"}
+    assert softmax and all(extra[i] == ((2, 2) if i in softmax else (0, 0)) for i in range(len(extra)))
     # every kernel is tiny on an A100 here: the passes take kernel_s per kernel
     fwd = sum(f for f, _ in eager.times)
     assert fwd == pytest.approx(host.EAGER.kernel_s * sum(k for k, _ in kernels), rel=1e-9)
@@ -134,3 +141,26 @@ def test_the_cluster_names_its_host_model_and_both_paths_read_it(tmp_path):
                           "--out", str(out)], cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert json.loads((out / "data.json").read_text())["cluster"]["network"]["host_model"] == "none"
+
+
+def test_unfused_softmax_casts_cost_their_bytes(monkeypatch):
+    """The fp32 casts around an unfused attention softmax move 12 bytes per score element in each
+    pass (cost.ops.SOFTMAX_CAST_BYTES), on the Softmax op, at the memory-bound efficiency."""
+    from dml2comm.cost import ops
+    from dml2comm.cost.cache import tensor_parallel_of
+    from dml2comm.cost.compute import HBM_EFFICIENCY
+    from dml2comm.ir.graph import DType
+
+    graph = _gpt(64, 1)
+    gpu = get_cluster("dgx-a100", 8).gpu
+    unfused = ops.unfused_softmax_ops(graph, tensor_parallel_of(graph, 1, False, 2), DType.FLOAT16)
+    with_casts = shard_op_costs(graph, 1, False, "fp16", gpu, False, host.NONE).times
+    monkeypatch.setattr(ops, "SOFTMAX_CAST_BYTES", 0)
+    without = shard_op_costs(_gpt(64, 1), 1, False, "fp16", gpu, False, host.NONE).times  # a fresh graph: no cached costs
+    for i, op in enumerate(graph.ops):
+        diff = (with_casts[i][0] - without[i][0], with_casts[i][1] - without[i][1])
+        if i in unfused and op.op_type == "Softmax":
+            want = graph.tensors[op.outputs[0]].numel * 12 / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+            assert diff == pytest.approx((want, want), rel=1e-9)
+        else:
+            assert diff == (0.0, 0.0)

@@ -48,6 +48,11 @@ FUSED_KINDS = POINTWISE_OPS | frozenset({"Softmax", "LogSoftmax"})
 #: after ``self.scale_mask_softmax(...)``, Megatron-LM v2.x, as Narayanan et al. 2021 ran it,
 #: Sec. 4.2: "two custom kernels to enable the fusion of scale, mask, and softmax").
 REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
+#: Bytes per score element of the two casts around Megatron-LM's unfused attention softmax in
+#: fp32 (``FusedScaleMaskSoftmax.forward_torch_softmax`` with ``softmax_in_fp32``): 16-bit read
+#: and fp32 written before, fp32 read and 16-bit written after (2 + 4 + 4 + 2), in each pass
+#: (the backward casts the gradients the same way).
+SOFTMAX_CAST_BYTES = 12
 
 
 class OpCosts(NamedTuple):
@@ -190,14 +195,23 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         full_flops.append(c.flops_fwd * shard.factor)
     unfused = unfused_softmax_ops(graph, tp, train)
     times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
+    if unfused and train.itemsize == 2:
+        # Megatron's forward_torch_softmax with softmax_in_fp32 (forced by the default query-key
+        # layer scaling with 16-bit training): the scores are cast to fp32 before and the
+        # probabilities back after the softmax, two more kernels per pass (SOFTMAX_CAST_BYTES)
+        times = list(times)
+        for i in unfused:
+            if graph.ops[i].op_type == "Softmax" and tp.shards[i].outputs and tp.shards[i].outputs[0] is not None:
+                extra = tp.shards[i].outputs[0].numel * SOFTMAX_CAST_BYTES / (hbm * hbm_eff)
+                times[i] = (times[i][0] + extra, times[i][1] + extra)
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
-        times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm, unfused), is_gemm, host)
+        times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
 
 
 def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool],
-                     unfused: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
+                     unfused: frozenset[int] = frozenset(), fp32_casts: bool = False) -> list[tuple[int, int]]:
     """(forward, backward) kernels each op launches (:func:`dml2comm.cost.host.kernel_counts`):
     one per pass with FLOPs or bytes (two for a GEMM's backward), one per fused region of two or
     more ops (:func:`fused_kernels`), except the ops in ``unfused`` (:func:`unfused_softmax_ops`),
@@ -206,7 +220,12 @@ def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[
     regions = fused_kernels(graph)
     if unfused:
         regions = {i: r for i, r in regions.items() if i not in unfused}
-    return kernel_counts(work, is_gemm, regions)
+    counts = kernel_counts(work, is_gemm, regions)
+    if unfused and fp32_casts:
+        # the two fp32 casts around each unfused attention softmax, in each pass (SOFTMAX_CAST_BYTES)
+        counts = [(f + 2, b + 2) if i in unfused and graph.ops[i].op_type == "Softmax" else (f, b)
+                  for i, (f, b) in enumerate(counts)]
+    return counts
 
 
 def op_gemms(op_type: str, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None], attrs) -> TrainingGemms | None:
