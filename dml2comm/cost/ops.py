@@ -49,7 +49,9 @@ FUSED_KINDS = POINTWISE_OPS | frozenset({"Softmax", "LogSoftmax"})
 #: Sec. 4.2: "two custom kernels to enable the fusion of scale, mask, and softmax").
 REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
 #: Bytes per score element of the two casts around Megatron-LM's unfused attention softmax in
-#: fp32 (``FusedScaleMaskSoftmax.forward_torch_softmax`` with ``softmax_in_fp32``): 16-bit read
+#: fp32 (``FusedScaleMaskSoftmax.forward_torch_softmax`` with ``softmax_in_fp32``, which
+#: ``--apply-query-key-layer-scaling`` forces: on by default in Megatron-DeepSpeed and in
+#: Megatron-LM before 2023, ``--no-query-key-layer-scaling`` then): 16-bit read
 #: and fp32 written before, fp32 read and 16-bit written after (2 + 4 + 4 + 2), in each pass
 #: (the backward casts the gradients the same way).
 SOFTMAX_CAST_BYTES = 12
@@ -196,8 +198,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     unfused = unfused_softmax_ops(graph, tp, train)
     times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
     if unfused and train.itemsize == 2:
-        # Megatron's forward_torch_softmax with softmax_in_fp32 (forced by the default query-key
-        # layer scaling with 16-bit training): the scores are cast to fp32 before and the
+        # Megatron's forward_torch_softmax with softmax_in_fp32 (forced by query-key layer scaling,
+        # the default of Megatron-DeepSpeed and of Megatron-LM before 2023): the scores are cast to fp32 before and the
         # probabilities back after the softmax, two more kernels per pass (SOFTMAX_CAST_BYTES)
         times = list(times)
         for i in unfused:
