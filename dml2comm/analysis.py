@@ -42,7 +42,7 @@ from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, 
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import DTYPES, ParallelConfig, Schedule
+from dml2comm.parallel.config import ParallelConfig, Schedule
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
@@ -324,7 +324,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # tied weights: after the backward pass, the gradient of each parameter held by several
     # stages is all-reduced between them (one GPU per stage, same data and tensor rank), before
     # the optimizer step (Megatron-LM finalize_model_grads -> _allreduce_word_embedding_grads)
-    tied_grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+    tied_grad_bytes = config.grad_bytes
     for held_by, local_numel in copies.groups:
         group = tuple(rank_map.rank(0, s, 0) for s in held_by)
         names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
@@ -338,7 +338,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # data parallel, per stage: non-expert gradients over the d x c ranks (CP ranks reduce with
     # DP), expert gradients over the d x c / e expert-data-parallel ranks
     # (the stage-level terms: dml2comm.cost.stages, shared with the sweep's fast path)
-    grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
+    grad_bytes = config.grad_bytes
     expert_local_of = table.expert_local if table.expert_local is not None else [0.0] * config.pp_size
     for s in range(len(ranges)):
         expert_local = float(expert_local_of[s])

@@ -43,7 +43,7 @@ from dml2comm.calibrate.base import REFERENCE_SIZES, collective_times_s
 from dml2comm.calibrate.points import collective_points, gemm_points, log_sizes, memory_points
 from dml2comm.calibrate.samples import (CollectiveSample, GemmSample, MemorySample, TraceFile, classify_collectives,
                                         file_samples)
-from dml2comm.cost.compute import HBM_EFFICIENCY
+from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.gemm import sustained_factor
 from dml2comm.errors import ConfigError
 from dml2comm.executors import Executor, LocalExecutor, add_executor_args, executor_from_args, progress_bar
@@ -274,7 +274,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
     mem_shapes = len({(m.op, m.shape, m.bytes) for m in big})
     if shaped and mem_shapes >= MIN_MEMORY_SHAPES + (1 if holdout else 0):
         out = fit_hbm_efficiency(gpu, big, holdout)
-        base_e = gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
+        base_e = hbm_efficiency_of(gpu)
         fitted["hbm_efficiency"] = _term(out, base_e, {"min_bytes": MIN_MEMORY_BYTES,
                                                        "ops": sorted({m.op for m in big})})
         gpu_values["hbm_efficiency"] = out.values["hbm_efficiency"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dml2comm.ops.registry import OpCost
 
-__all__ = ["grad_accumulation_s", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
+__all__ = ["grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
@@ -42,6 +42,13 @@ FLOP_EFFICIENCY = 0.685
 #: Achieved share of HBM bandwidth for streaming kernels (STREAM-like copies on A100 reach
 #: about 1.7-1.8 TB/s of 2.04 TB/s; e.g. the "GPU-STREAM"/BabelStream A100 results).
 HBM_EFFICIENCY = 0.85
+
+
+def hbm_efficiency_of(gpu) -> float:
+    """The share of HBM bandwidth memory-bound kernels reach on ``gpu``: its calibrated value
+    (``python main.py calibrate``, :attr:`dml2comm.hardware.gpus.GPU.hbm_efficiency`), else
+    :data:`HBM_EFFICIENCY`."""
+    return gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
 
 
 def roofline_s(flops: float, bytes_moved: float, peak_flops_per_s: float, hbm_bytes_per_s: float) -> float:

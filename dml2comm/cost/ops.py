@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from dml2comm.cost.cache import CacheKey, derived, tensor_parallel_of
-from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY, gemm_dims, op_times_s, roofline_s
+from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, gemm_time_s, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
@@ -177,7 +177,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     known: dict[tuple, tuple[OpCost, tuple[float, float], bool]] = derived(
         graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency)), dict)
     # a calibrated GPU's own memory-bound efficiency (``calibrate``), else the preset constant
-    hbm_eff = gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
+    hbm_eff = hbm_efficiency_of(gpu)
     for op, shard in zip(graph.ops, tp.shards):
         ins = tuple(train_view(t) for t in shard.inputs)
         outs = tuple(train_view(t) for t in shard.outputs)

@@ -42,7 +42,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
-from dml2comm.cost.compute import HBM_EFFICIENCY, grad_accumulation_s, optimizer_step_s
+from dml2comm.cost.compute import grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, in_flight_micro_batches, model_state_bytes
@@ -52,7 +52,7 @@ from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
-from dml2comm.parallel.config import DTYPES, ParallelConfig, Recompute
+from dml2comm.parallel.config import ParallelConfig, Recompute
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
@@ -496,11 +496,9 @@ class StageCoster(LayerCoster):
         tied_local = np.array(copies.extra_local)
         tied = np.zeros(p)
         if copies.groups:  # analysis: one all-reduce per group of stages, on each of its stages
-            dtype_bytes = config.train_dtype.itemsize
-            grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
             for held_by, local_numel in copies.groups:
                 cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
-                                     local_numel * grad_bytes)
+                                     local_numel * config.grad_bytes)
                 tied[list(held_by)] += cost
         cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
         wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
@@ -582,10 +580,8 @@ class StageCoster(LayerCoster):
         # Megatron-LM's per-micro-batch gradient accumulation (dml2comm.cost.compute.grad_accumulation_s):
         # every local parameter without gradient-accumulation fusion, else those no GEMM accumulates
         accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
-        gpu = self.cluster.gpu
-        hbm_eff = gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
-        main_grad = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else config.train_dtype.itemsize
-        accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, main_grad, gpu.hbm_bytes_per_s * hbm_eff)
+        accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes,
+                                         gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu))
         return StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd) + accumulate, per_stage(layers.selective),
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
@@ -602,8 +598,7 @@ class StageCoster(LayerCoster):
         z = config.zero_stage
         if z not in table.by_zero:
             dtype_bytes = config.train_dtype.itemsize
-            grad_bytes = DTYPES[config.grad_reduce_dtype].itemsize if config.grad_reduce_dtype else dtype_bytes
-            common = (config.dp_size * config.cp_size, config.expert_dp_size, z, grad_bytes, dtype_bytes,
+            common = (config.dp_size * config.cp_size, config.expert_dp_size, z, config.grad_bytes, dtype_bytes,
                       config.bucket_bytes, config.optimizer, config.dtype == "fp16")
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert

@@ -170,6 +170,12 @@ class ParallelConfig:
     def train_dtype(self) -> DType:
         return DTYPES[self.dtype]
 
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element as accumulated and reduced: ``grad_reduce_dtype``'s, else
+        the training dtype's."""
+        return DTYPES[self.grad_reduce_dtype].itemsize if self.grad_reduce_dtype else self.train_dtype.itemsize
+
     def to_dict(self) -> dict[str, object]:
         return {
             "d": self.dp_size,
