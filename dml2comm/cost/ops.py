@@ -35,7 +35,7 @@ from dml2comm.parallel.config import DTYPES
 from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
-           "infer_seq_len", "is_attention_core", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
+           "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
            "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
@@ -55,6 +55,9 @@ REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
 #: and fp32 written before, fp32 read and 16-bit written after (2 + 4 + 4 + 2), in each pass
 #: (the backward casts the gradients the same way).
 SOFTMAX_CAST_BYTES = 12
+#: Layout ops that can sit between a projection and the attention core's batched products as
+#: strided views (:func:`attention_head_views`); the view ops among them cost nothing anyway.
+HEAD_SPLIT_OPS = frozenset({"Split", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 
 
 class OpCosts(NamedTuple):
@@ -106,6 +109,11 @@ class OpCostTableKey(CacheKey):
 @dataclass(frozen=True, slots=True)
 class FusedGroupsKey(CacheKey):
     """Fused kernels of two or more ops with their crossing tensors (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeadViewsKey(CacheKey):
+    """:func:`attention_head_views` (the graph alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +203,17 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         costs.append(c)
         times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
+    views = attention_head_views(graph)
+    if views:
+        # Megatron's attention head split: Q, K and V are strided views of the projection's output
+        # read by the batched GEMMs (attention_head_views); the Split's backward still assembles
+        # the projection's input gradient from the three gradients (one copy)
+        costs, times = list(costs), list(times)
+        for i in views:
+            c = costs[i]
+            keep_bwd = graph.ops[i].op_type == "Split"
+            costs[i] = OpCost(0.0, 0.0, 0.0, c.bytes_bwd if keep_bwd else 0.0, "view (attention head split)")
+            times[i] = (0.0, times[i][1] if keep_bwd else 0.0)
     unfused = unfused_softmax_ops(graph, tp, train)
     times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
     if unfused and train.itemsize == 2:
@@ -210,6 +229,51 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     if host.kernel_s > 0:
         times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def attention_head_views(graph: OpGraph) -> frozenset[int]:
+    """The Split and Transpose ops that split heads off a projection's output on the way into an
+    attention core's batched products (``Q.K^T`` and ``P.V``, :func:`~dml2comm.parallel.tensor.find_attention`),
+    which Megatron-LM runs as strided views, not copies.
+
+    Megatron lays the fused QKV projection's output out as ``[s, b, np, 3 hn]``, takes Q, K and V
+    as views of it (``split_tensor_along_last_dim``, ``contiguous_split_chunks=False``), and hands
+    them to ``torch.baddbmm`` / ``torch.bmm`` transposed (``query_layer.transpose(0, 1)``,
+    ``key_layer.transpose(0, 1).transpose(1, 2)``): one batch stride and a unit-stride matrix, which
+    cuBLAS's strided-batched GEMM reads in place (``ParallelAttention`` / ``CoreAttention``,
+    Megatron-LM v2-v3 and Megatron-DeepSpeed).  An export spells the same head split as Split,
+    Reshape and Transpose ops; those whose every output feeds only further such ops or the core's
+    products (nothing else, not a graph output such as a KV cache) are views here.  The merge of
+    the heads after ``P.V`` is not: Megatron copies it (``context_layer.permute(2, 0, 1, 3).contiguous()``),
+    and so does the tool.  The Split's backward, assembling the projection's gradient from the
+    three, stays a copy (``SplitBackward``); the Transposes' backward are views."""
+    def build() -> frozenset[int]:
+        from dml2comm.parallel.tensor import find_attention
+        cores = find_attention(graph)
+        targets = {c.scores_op for c in cores} | {c.context_op for c in cores}
+        # every layout op reachable backwards from the cores' operands (P.V: its V operand only)
+        chain: set[int] = set()
+        stack = [graph.ops[c.scores_op].inputs[i] for c in cores for i in (0, 1)]
+        stack += [graph.ops[c.context_op].inputs[1] for c in cores]
+        while stack:
+            name = stack.pop()
+            prod = graph.producer(name) if name else None
+            if prod is None or prod in chain or graph.ops[prod].op_type not in HEAD_SPLIT_OPS:
+                continue
+            chain.add(prod)
+            stack.extend(graph.ops[prod].inputs[:1])
+        # keep the ops whose outputs go nowhere else (fixpoint: dropping one can expose another)
+        changed = True
+        while changed:
+            changed = False
+            for i in sorted(chain):
+                op = graph.ops[i]
+                if any(not o or o in graph.outputs or any(c not in chain and c not in targets for c in graph.consumers(o))
+                       for o in op.outputs):
+                    chain.discard(i)
+                    changed = True
+        return frozenset(i for i in chain if graph.ops[i].op_type in ("Split", "Transpose"))
+    return derived(graph, HeadViewsKey(), build)
 
 
 def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool],
