@@ -32,7 +32,7 @@ from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES
-from dml2comm.parallel.tensor import TensorParallelPlan
+from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
            "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
@@ -208,7 +208,6 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         # Megatron's attention head split: Q, K and V are strided views of the projection's output
         # read by the batched GEMMs (attention_head_views); the Split's backward still assembles
         # the projection's input gradient from the three gradients (one copy)
-        costs, times = list(costs), list(times)
         for i in views:
             c = costs[i]
             keep_bwd = graph.ops[i].op_type == "Split"
@@ -248,7 +247,6 @@ def attention_head_views(graph: OpGraph) -> frozenset[int]:
     and so does the tool.  The Split's backward, assembling the projection's gradient from the
     three, stays a copy (``SplitBackward``); the Transposes' backward are views."""
     def build() -> frozenset[int]:
-        from dml2comm.parallel.tensor import find_attention
         cores = find_attention(graph)
         targets = {c.scores_op for c in cores} | {c.context_op for c in cores}
         # every layout op reachable backwards from the cores' operands (P.V: its V operand only)
