@@ -126,6 +126,8 @@ class StageInfo:
     memory: Mapping[str, float | None]
     ranks: tuple[int, ...]  # GPUs of replica 0 in this stage (tensor group)
     grad_accumulation_s: float = 0.0  # per micro-batch, part of compute_bwd_s (cost.compute.grad_accumulation_s)
+    loss_fwd_s: float = 0.0  # per micro-batch, the loss the graph leaves out (cost.loss), part of compute_fwd_s
+    loss_bwd_s: float = 0.0  # ... and of compute_bwd_s
 
 
 @dataclass(frozen=True)
@@ -383,6 +385,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 dp_time_s=dp_once,
                 optimizer_time_s=float(plan.optimizer[s]),
                 grad_accumulation_s=float(table.accumulate[s]),
+                loss_fwd_s=float(table.loss_f[s]),
+                loss_bwd_s=float(table.loss_b[s]),
                 memory=memory,
                 ranks=rank_map.tp_group(0, s),
             )

@@ -28,7 +28,9 @@ import numpy as np
 
 from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, layers_of, moe_of,
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of)
+from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
+from dml2comm.cost.loss import cross_entropy_s, logits_outputs
 from dml2comm.cost.memory import ActivationModel
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.hardware.gpus import GPU
@@ -86,6 +88,10 @@ class LayerTable:
     # per layer: parameters per GPU whose gradients gradient-accumulation fusion does not take
     # (not a GEMM's weight matrix: norms, biases, tables a Gather reads): unfused_parameters
     unfused_local: np.ndarray | None = None
+    # per layer: seconds per micro-batch of the training loss the graph leaves out (forward,
+    # backward): Megatron-LM's cross-entropy over the logits the layer produces (dml2comm.cost.loss)
+    loss_f: np.ndarray | None = None
+    loss_b: np.ndarray | None = None
 
 
 def unfused_parameters(graph) -> frozenset[str]:
@@ -371,13 +377,22 @@ class LayerCoster:
                     ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
                 else:
                     cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
+        loss_f, loss_b = np.zeros(n), np.zeros(n)
+        hbm_eff = hbm * hbm_efficiency_of(gpu)
+        for name, producer in logits_outputs(graph):
+            local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
+            # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
+            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, hbm_eff, self.host.kernel_s)
+            loss_f[layered.layer_of_op[producer]] += f / cp
+            loss_b[layered.layer_of_op[producer]] += b / cp
         self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, flops, *tp_counts.values(), *cp_counts.values(),
-                             *ring.values(), core_f, core_b)
+                             *ring.values(), core_f, core_b, loss_f, loss_b)
         m = self.layer_map
         return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
-                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m])
+                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m],
+                       loss_f[m], loss_b[m])
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""

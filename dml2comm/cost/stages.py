@@ -318,6 +318,8 @@ class StageTable:
     recompute_full: np.ndarray | None = None  # per stage: forward seconds full recomputation repeats (transformer layers)
     tp_f_blocks: np.ndarray | None = None  # per stage: the forward collectives on the critical path of those layers
     accumulate: np.ndarray | None = None  # per stage: seconds per micro-batch of the gradient-accumulation pass
+    loss_f: np.ndarray | None = None  # per stage: seconds per micro-batch of the loss the graph leaves out (cost.loss),
+    loss_b: np.ndarray | None = None  # forward and backward, part of compute_f and compute_b
 
 
 class StageCoster(LayerCoster):
@@ -582,12 +584,16 @@ class StageCoster(LayerCoster):
         accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
         accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes,
                                          gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu))
-        return StageTable(config, ranges, per_stage(layers.fwd), per_stage(layers.bwd) + accumulate, per_stage(layers.selective),
+        # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
+        loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
+        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f, per_stage(layers.bwd) + accumulate + loss_b,
+                          per_stage(layers.selective),
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
                            params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
-                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate)
+                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
+                           loss_f=loss_f, loss_b=loss_b)
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,

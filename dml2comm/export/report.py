@@ -76,6 +76,8 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
                 "dp_time_s": st.dp_time_s,
                 "optimizer_time_s": st.optimizer_time_s,
                 "grad_accumulation_s": st.grad_accumulation_s,
+                "loss_fwd_s": st.loss_fwd_s,
+                "loss_bwd_s": st.loss_bwd_s,
                 "ranks": list(st.ranks),
                 "memory": dict(st.memory),
             }

@@ -52,7 +52,7 @@ from dml2comm.ir.graph import Op, OpGraph, Tensor
 from dml2comm.network.kinds import CollectiveKind, Phase
 
 __all__ = ["AttentionCore", "Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads",
-           "find_attention", "padded_vocab", "requires_grad"]
+           "find_attention", "padded_vocab", "requires_grad", "vocab_table"]
 
 R = "R"
 P = "P"
@@ -408,7 +408,8 @@ def shard_tensor_parallel(
             replicated[conflict.origin] = _replication_warning(graph, conflict, tp_size, cores)
 
 
-def _vocab_table(graph: OpGraph) -> str | None:
+def vocab_table(graph: OpGraph) -> str | None:
+    """The vocabulary: the largest 2-D weight a ``Gather`` on axis 0 reads (the token embedding), or None."""
     best, rows = None, 0
     for op in graph.ops:
         if op.op_type == "Gather" and int(op.attr("axis", 0)) == 0:
@@ -436,7 +437,7 @@ def _propagate(
     shards: list[Shard] = []
     warnings: list[str] = []
     bwd_reduced: set[str] = set()
-    vocab = _vocab_table(graph)
+    vocab = vocab_table(graph)
     vocab_rows = graph.tensors[vocab].shape[0] if vocab else None
     if vocab_rows and vocab_rows % t:
         warnings.append(

@@ -582,7 +582,7 @@ def _recompute_per_step(facts: Facts, p: int, v: int) -> float:
         return 0.0
     st = a.stages[p]
     own = sum(a.ops[i].time_bwd_s for li in st.layers for i in a.layered.layers[li].op_indices)
-    extra = max(st.compute_bwd_s - st.grad_accumulation_s - own, 0.0)
+    extra = max(st.compute_bwd_s - st.grad_accumulation_s - st.loss_bwd_s - own, 0.0)
     if a.config.recompute == "full":
         extra += sum(c.time_s * c.count_per_iteration for c in facts.tp_by_stage.get(p, ())
                      if c.per_micro_batch and c.phase is Phase.FORWARD) / max(facts.m, 1)

@@ -311,6 +311,9 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             ("gradient accumulation per micro-batch", f"{fmt_s(st.grad_accumulation_s)} (in the backward compute: "
              + ("the parameters no weight-gradient GEMM accumulates" if facts.analysis.config.grad_accumulation_fusion
                 else "every parameter, --no-gradient-accumulation-fusion") + ")"),
+            *([("loss per micro-batch", f"{fmt_s(st.loss_fwd_s)} forward, {fmt_s(st.loss_bwd_s)} backward (in the compute: "
+                 "Megatron-LM's fp32 cross-entropy over the logits the model leaves for the training loop)")]
+              if st.loss_fwd_s or st.loss_bwd_s else []),
             ("per iteration (m = %d)" % facts.m, f"{fmt_s(facts.m * (st.time_fwd_s + st.time_bwd_s))} busy, "
                                                  f"{fmt_share(facts.stage_share[p])} of the iteration"),
             ("data-parallel collectives per iteration", fmt_s(st.dp_time_s)),
