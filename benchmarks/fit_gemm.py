@@ -47,7 +47,7 @@ def main() -> None:
           f"sum of squared log errors {fit.loss:.4f}")
     law = fit.law
     print(f"  SHAPE_LAW = ShapeLaw(epilogue_bytes={law.epilogue_bytes:.4f}, tile_edge={law.tile_edge:.2f}, "
-          f"latency_s={law.latency_s:.3e}, hbm_efficiency={law.hbm_efficiency:.3f})")
+          f"latency_s={law.latency_s:.3e}, hbm_efficiency={law.hbm_efficiency:.3f}, tail_wave={law.tail_wave:.3f})")
     print("  sustained factors: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(fit.sustained.items())))
     print("  in the module:     " + ", ".join(f"{k} {gemm.SUSTAINED_FACTOR[k]:.3f}" for k in sorted(fit.sustained))
           + f"; {gemm.SHAPE_LAW}")

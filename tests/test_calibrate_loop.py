@@ -64,7 +64,7 @@ def test_trace_shows_measured_base_and_calibrated(calibrated: Path, tmp_path: Pa
     # the step's all-reduces: the fitted ALL_REDUCE n=2 intra-node (alpha 2.31 ms: DDP's buckets
     # wait for the backward pass) against NCCL's link model on NVLink (microseconds)
     assert rows["comm_dp"]["predicted_s"] > 10 * rows["comm_dp"]["predicted_base_s"] > 0
-    # the GEMM factor (0.541 vs 0.726) slows the compute; the measured side is the trace's, unchanged
+    # the lower calibrated GEMM factor slows the compute; the measured side is the trace's, unchanged
     assert rows["compute"]["predicted_s"] > rows["compute"]["predicted_base_s"]
     assert rows["compute"]["measured_s"] == pytest.approx(0.03786, abs=5e-6)
     with open(out / "comparison.csv", newline="") as fh:
@@ -164,7 +164,7 @@ def test_references_list_the_calibrated_constants(calibrated: Path, tmp_path: Pa
     assert table["sha256"] == hashlib.sha256(calibrated.read_bytes()).hexdigest() and len(table["traces"]) == 3
     rows = {r["constant"]: r for r in table["rows"]}
     gemm = rows["gpu.gemm_sustained_factor"]
-    assert (gemm["value"], gemm["base"], gemm["samples"], gemm["held"]) == ("0.4478", "0.726", "300", "31 shapes: 24.2% / 107.2%")
+    assert (gemm["value"], gemm["base"], gemm["samples"], gemm["held"]) == ("0.3978", "0.715", "300", "31 shapes: 27.5% / 106.0%")
     assert rows["collective ALL_REDUCE n=2 intra-node"]["base"].startswith("1\u00a0MiB: ")
     assert "gpu.hbm_efficiency" in rows and "links.inter_node" in table["from_base"]
     assert calibration_table(get_cluster("dgx-a100", 8)) is None
@@ -179,5 +179,5 @@ def test_references_page_of_an_analysis_on_a_calibrated_cluster(calibrated: Path
                  "--out", str(tmp_path / "a")]) == 0
     html = (tmp_path / "a" / "site" / "references.html").read_text()
     assert "Calibrated constants" in html and hashlib.sha256(calibrated.read_bytes()).hexdigest() in html
-    assert "<code>gpu.gemm_sustained_factor</code></td><td>0.4478</td><td>0.726</td>" in html
+    assert "<code>gpu.gemm_sustained_factor</code></td><td>0.3978</td><td>0.715</td>" in html
     assert "nccl_parser_config__nccl_data.json.gz" in html

@@ -135,9 +135,9 @@ def test_narayanan_source_every_row_and_mean_alarm(tmp_path):
 def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     """--sample 40 (deterministic) of vTrain and the ten Korthikanti cases, with the
     leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 8.8% -> 11% (32.8%
-    before the host model, dml2comm.cost.host); Korthikanti 5.2% -> 7% (12.7% before the
-    asynchronous TP all-reduce and the memory-bound GEMM tile cost; its forward passes are still
-    7-10% too slow)."""
+    before the host model, dml2comm.cost.host); Korthikanti 3.6% -> 5% (12.7% before the
+    asynchronous TP all-reduce and the memory-bound GEMM tile cost, 4.6% before the GEMM's partial
+    last wave; its forward with sequence parallelism is still 6.9% too slow)."""
     summary, rows = _run(tmp_path, "--source", "vtrain", "--source", "korthikanti2022", "--sample", "40")
     assert [r["source"] for r in rows] == ["vtrain"] * 40 + ["korthikanti2022"] * 10
     for r in rows:
@@ -145,7 +145,7 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     v, k = summary["sources"]["vtrain"], summary["sources"]["korthikanti2022"]
     assert (v["count"], k["count"], summary["sample"]) == (40, 10, 40)
     assert v["mean_abs_error"] <= 0.11
-    assert k["mean_abs_error"] <= 0.07
+    assert k["mean_abs_error"] <= 0.05
     loso = {r["source"]: r for r in summary["loso"]}
     assert loso["vtrain"]["loso_fitted_on"] == ["korthikanti2022"]
     assert loso["korthikanti2022"]["loso_fitted_on"] == ["vtrain"]
