@@ -53,14 +53,16 @@ from dml2comm.ir.graph import OpGraph
 __all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "LOSS_OPS",
            "cross_entropy_s", "logits_outputs"]
 
-#: fp32 bytes per local logit of the cross-entropy's forward passes (max 4, sub 8, exp 8, sum 4,
-#: div 8) and backward pass (mul 8): module docstring.
+#: fp32 bytes per local logit of the cross-entropy's forward passes: max 4, sub 8, exp 8, sum 4,
+#: div 8 (module docstring).
 CE_FWD_BYTES = 32
+#: fp32 bytes per local logit of its backward pass: the multiply by the loss gradient, 8.
 CE_BWD_BYTES = 8
 #: The fp32 cast of 16-bit logits and of their gradient back: 2 + 4 bytes per logit each way.
 CE_CAST_BYTES = 6
-#: Kernels per micro-batch of the cross-entropy's forward and backward (module docstring).
+#: Kernels per micro-batch of the cross-entropy's forward (module docstring).
 CE_FWD_KERNELS = 16
+#: Kernels per micro-batch of its backward (module docstring).
 CE_BWD_KERNELS = 5
 #: ONNX ops that compute a loss inside the graph (then nothing is added).
 LOSS_OPS = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
