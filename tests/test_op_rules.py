@@ -605,6 +605,30 @@ def test_an_unavailable_fused_softmax_costs_its_ops_as_separate_kernels():
     assert region_t4 > 0.5 * region_t2
 
 
+def test_sequence_parallel_bias_dropout_add_reads_the_reduce_scattered_slice():
+    """With sequence parallelism the row-parallel GEMM writes the full partial sum, and the
+    bias-dropout-add after its reduce-scatter reads 1/t of it: the fused region is timed at the
+    sizes its own ops see (it was timed reading the GEMM's full output, 8x too much at t = 8)."""
+    from dml2comm import zoo
+    from dml2comm.cost import host
+    from dml2comm.cost.ops import fused_kernels, shard_op_costs
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+
+    graph = load_model_proto(zoo.build_gpt(layers=1, hidden=1024, heads=8, vocab=512, seq_len=1024),
+                             ImportOptions(batch_size=4)).graph
+    gpu = get_cluster("dgx-a100", 8).gpu
+    regions = fused_kernels(graph)
+    proj = next(op.index for op in graph.ops if op.op_type == "MatMul" and op.name.endswith("attn/c_proj/MatMul"))
+    bias = next(c for c in graph.consumers(graph.ops[proj].outputs[0]))
+    bda = [i for i in regions if regions[i] == regions[bias]]
+    assert {graph.ops[i].op_type for i in bda} >= {"Add", "Dropout"}
+    plain = shard_op_costs(graph, 8, False, "bf16", gpu, False, host.NONE).times  # kernel time only
+    sp = shard_op_costs(graph, 8, True, "bf16", gpu, False, host.NONE).times
+    t_plain, t_sp = (sum(times[i][0] for i in bda) for times in (plain, sp))
+    assert t_sp == pytest.approx(t_plain / 8, rel=0.15)  # the memory-bound region on 1/t of the tokens
+
+
 def test_the_optimizer_step_names_its_passes():
     """Adam, bf16: update 2 (gradient) + 12 (fp32 master, momentum, variance read) + 12 (written)
     + 2 (16-bit copy) = 28 bytes per updated parameter, + 4 for the gradient-norm pass = 32; fp16

@@ -137,7 +137,7 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 8.8% -> 11% (32.8%
     before the host model, dml2comm.cost.host); Korthikanti 3.6% -> 5% (12.7% before the
     asynchronous TP all-reduce and the memory-bound GEMM tile cost, 4.6% before the GEMM's partial
-    last wave; its forward with sequence parallelism is still 6.9% too slow)."""
+    last wave; its forward with sequence parallelism is still 5.5% too slow)."""
     summary, rows = _run(tmp_path, "--source", "vtrain", "--source", "korthikanti2022", "--sample", "40")
     assert [r["source"] for r in rows] == ["vtrain"] * 40 + ["korthikanti2022"] * 10
     for r in rows:

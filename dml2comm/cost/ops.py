@@ -432,15 +432,20 @@ def fuse_pointwise(graph: OpGraph, tp: TensorParallelPlan, train: DType, costs: 
     ``peak`` and ``hbm`` are the achieved rates (FLOP/s x ``FLOP_EFFICIENCY``, bytes/s x
     ``HBM_EFFICIENCY``); each region is timed with :func:`~dml2comm.cost.compute.roofline_s`.
     Regions whose ops are in ``unfused`` (:func:`unfused_softmax_ops`) keep their ops' own times."""
-    size: dict[str, float] = {}
-    for op, shard in zip(graph.ops, tp.shards):
-        for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
-            if name and t is not None and name not in size:
-                size[name] = float(t.nbytes_in(train))
     out = list(times)
     for ops, crossing in derived(graph, FusedGroupsKey(), lambda: _fused_groups(graph)):
         if ops[0] in unfused:  # Megatron's softmax kernel does not run on this shard: separate kernels
             continue
+        # each crossing tensor at the size the region's own ops see it on this rank: read as its
+        # readers inside the region take it, written as its producer inside leaves it.  The two
+        # differ across a collective: with sequence parallelism a row-parallel GEMM writes the
+        # full partial sum and the bias-dropout-add after it reads the reduce-scattered 1/t
+        size: dict[str, float] = {}
+        for i in ops:
+            op, shard = graph.ops[i], tp.shards[i]
+            for name, t in list(zip(op.inputs, shard.inputs)) + list(zip(op.outputs, shard.outputs)):
+                if name in crossing and t is not None:
+                    size[name] = max(size.get(name, 0.0), float(t.nbytes_in(train)))
         # a region's ops share one repeat count (Loop/Scan bodies: fusible_regions never joins
         # ops of different counts); the kernel runs that many times
         fwd_bytes = sum(size.get(n, 0.0) for n in crossing) * graph.ops[ops[0]].repeat
