@@ -35,7 +35,7 @@ Two sources, used in this order by :func:`gemm_time_s`:
    share, so a partial wave ends sooner than a full one; ``w = 0`` is the classic
    ``ceil(tiles / SMs)``, which the tables reject: their fit prefers ``w`` of about 0.5, and on
    the A100, whose GEMMs the law extrapolates to, the three bundled training-step sources then
-   agree on one sustained factor within 0.1% instead of 3%); the kernel choice as the fastest
+   agree on one sustained factor within 0.5% instead of 3%); the kernel choice as the fastest
    candidate (what cuBLAS's heuristics aim for); split-K for small ``M N`` with long ``K`` (CUTLASS "split-K" / "parallel reduction"
    GEMMs; the partial sums' traffic is the cost); the roofline's memory floor (Williams et al.,
    CACM 2009); ``K0``, a per-tile fixed cost in K steps (pipeline fill and epilogue: why a

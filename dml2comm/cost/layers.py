@@ -378,11 +378,11 @@ class LayerCoster:
                 else:
                     cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
         loss_f, loss_b = np.zeros(n), np.zeros(n)
-        hbm_eff = hbm * hbm_efficiency_of(gpu)
+        achieved_hbm = hbm * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
         for name, producer in logits_outputs(graph):
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
             # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
-            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, hbm_eff, self.host.kernel_s)
+            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host.kernel_s)
             loss_f[layered.layer_of_op[producer]] += f / cp
             loss_b[layered.layer_of_op[producer]] += b / cp
         self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, flops, *tp_counts.values(), *cp_counts.values(),

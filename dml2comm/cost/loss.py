@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from dml2comm.cost.cache import CacheKey, derived
 from dml2comm.ir.graph import OpGraph
+from dml2comm.parallel.tensor import vocab_table
 
 __all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "LOSS_OPS",
            "cross_entropy_s", "logits_outputs"]
@@ -78,8 +79,6 @@ def logits_outputs(graph: OpGraph) -> tuple[tuple[str, int], ...]:
     producer op index)`` of each float graph output whose last dimension is the vocabulary and
     that no op reads; none when the graph has a loss op (module docstring).  Cached on the graph."""
     def build() -> tuple[tuple[str, int], ...]:
-        from dml2comm.parallel.tensor import vocab_table
-
         if any(op.op_type in LOSS_OPS for op in graph.ops):
             return ()
         vocab = vocab_table(graph)
