@@ -51,7 +51,7 @@ from dml2comm.errors import ModelError
 from dml2comm.traces.load import CommRecord, Kind, RankTrace, TraceError, load_trace
 
 __all__ = ["GemmSample", "MemorySample", "CollectiveSample", "RawCollective", "TraceSamples", "TraceFile", "trace_samples",
-           "file_samples", "classify_collectives", "collective_kind", "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES",
+           "file_samples", "classify_collectives", "collective_kind", "GEMM_KERNEL", "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES",
            "COMM_DTYPE_BYTES"]
 
 #: Bytes per element of PyTorch's ``Input type`` strings (``scalarTypeToTypeMeta().name()``).
@@ -69,7 +69,7 @@ _GEMM_DTYPES = {"float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16"}
 #: GEMM operators (innermost first when nested: matmul/linear call mm/addmm/bmm).
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
 #: Kernels a GEMM operator runs (cuBLAS, cuBLASLt, CUTLASS; split-K reductions).
-_GEMM_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|splitKreduce|ampere_|volta_|turing_|hopper_|sm\d\d_", re.I)
+GEMM_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|splitKreduce|ampere_|volta_|turing_|hopper_|sm\d\d_", re.I)
 #: TF32 tensor-core kernels of float GEMMs (CUTLASS ``tensorop_s1688``/``s16816``, ``tf32`` in cuBLAS names).
 _TF32_KERNEL = re.compile(r"tf32|tensorop_s\d|s1688|s16816", re.I)
 #: Memory-bound operators whose bytes follow from their inputs: ``unary`` read one tensor and
@@ -398,7 +398,7 @@ def trace_samples(trace: RankTrace) -> TraceSamples:
             continue
         knames = [names[trace.name[k]] for k in ks]
         if op in GEMM_OPS:
-            if not any(_GEMM_KERNEL.search(n) for n in knames):
+            if not any(GEMM_KERNEL.search(n) for n in knames):
                 continue
             shape = gemm_shape(op, dims)
             tensor_types = [x for x in (types or []) if x in _GEMM_DTYPES] if isinstance(types, list) else []
@@ -409,7 +409,7 @@ def trace_samples(trace: RankTrace) -> TraceSamples:
                 dtype = "tf32"
             out.gemms.append(GemmSample(*shape, dtype, t, op))
         elif op in MEMORY_OPS:
-            if any(n.lower().startswith("nccl") or _GEMM_KERNEL.search(n) for n in knames):
+            if any(n.lower().startswith("nccl") or GEMM_KERNEL.search(n) for n in knames):
                 continue
             moved = memory_bytes(op, dims, types)
             if moved is not None and moved[0] > 0:
