@@ -46,6 +46,8 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import Op, OpGraph, Tensor
@@ -156,6 +158,7 @@ class AttentionCore:
     q_projections: frozenset[int]  # weight ops (MatMul/Gemm) that produce Q
     kv_projections: frozenset[int]  # weight ops that produce K or V
     head_reshapes: frozenset[int] = frozenset()  # the Reshapes ``[.., n*d] -> [.., n, d]`` of Q, K, V
+    kv_reshapes: frozenset[int] = frozenset()  # those of them on the K or V path
 
 
 #: Ops between Q.K^T and Softmax (scale, mask, soft-capping, dtype casts, a merged/unmerged view).
@@ -164,7 +167,8 @@ _SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Identity",
 _PROB_OPS = frozenset({"Cast", "Identity", "Dropout", "Where", "Mul", "Reshape"})
 #: Ops on the path from a projection to a Q/K/V operand that keep its head structure.
 _HEAD_PATH_OPS = _VIEWS_PASS | _ELEMENTWISE | frozenset(
-    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Tile", "Split", "Slice", "Concat", "Flatten"}
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Tile", "Split", "Slice", "Concat", "Flatten",
+     "Gather", "GatherND"}  # BLOOM (Gather) and Falcon (GatherND, dynamo) pick Q, K, V out of a fused view
 )
 
 
@@ -291,14 +295,85 @@ def find_attention(graph: OpGraph) -> tuple[AttentionCore, ...]:
         q_heads, q_proj, q_split = _trace_heads(graph, mm.inputs[0], d, derived)
         k_heads, k_proj, k_split = _trace_heads(graph, mm.inputs[1], d, derived)
         v_heads, v_proj, v_split = _trace_heads(graph, v.name, v.shape[-1], derived)
+        sized = _heads_by_size(graph, q, d, v.shape[-1], q_proj, k_proj, v_proj)
+        if sized is not None:
+            q_heads, k_heads, v_heads = sized
         kv = [n for n in (k_heads, v_heads) if n is not None]
         cores.append(AttentionCore(
             scores, context, d, q_heads, min(kv) if kv else None,
             frozenset(p for p in (q_proj,) if p is not None),
             frozenset(p for p in (k_proj, v_proj) if p is not None),
             frozenset(p for p in (q_split, k_split, v_split) if p is not None),
+            frozenset(p for p in (k_split, v_split) if p is not None),
         ))
     return tuple(cores)
+
+
+def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | None, k_proj: int | None,
+                   v_proj: int | None) -> tuple[int, int, int] | None:
+    """(query, key, value heads) from sizes alone, whatever the export's layout, or None where a
+    projection is missing or the sizes do not divide.
+
+    A projection writes ``W`` features per token (its output's last axis) for ``numel / W``
+    tokens.  The Q operand of ``Q.K^T`` holds ``n_q x d`` numbers per query token however the
+    export lays out batch and heads (``[b, n, s, d]``, ``[b*n, s, d]``), and is never repeated for
+    grouped-query attention, so ``n_q = numel(Q) / (tokens x d)``.  K and V are read off their
+    projections' widths, before any ``repeat_kv``: a projection of their own gives ``W / d``; one
+    fused for K and V ``W / 2d``; one fused for Q, K and V (GPT-2's ``c_attn``, GPT-NeoX's and
+    BLOOM's per-head ``[n, 3, d]`` layout, Falcon's ``[n + 2, d]`` multi-query and
+    ``[kv, n/kv + 2, d]`` grouped layouts) ``(W / d - n_q) / 2``.  Head-splitting Reshapes cannot
+    tell these layouts apart (a fused ``[.., n + 2, d]`` view reads as ``n + 2`` heads)."""
+    if q_proj is None or k_proj is None or v_proj is None:
+        return None
+    widths = {}
+    for at in {q_proj, k_proj, v_proj}:
+        out = graph.tensor(graph.ops[at].outputs[0])
+        if out is None or out.rank < 1 or out.shape[-1] <= 0:
+            return None
+        widths[at] = (out.shape[-1], out.numel // out.shape[-1])  # (features per token, tokens)
+    width_q, tokens_q = widths[q_proj]
+    if tokens_q <= 0 or q.numel % (tokens_q * d):
+        return None
+    n_q = q.numel // (tokens_q * d)
+    if n_q < 1:
+        return None
+    if k_proj == q_proj:  # fused Q, K, V (V from the same projection, or its own: then K alone)
+        rest = width_q - n_q * d
+        if v_proj == q_proj:
+            if d != dv or rest <= 0 or rest % (2 * d):
+                return None
+            n_k = n_v = rest // (2 * d)
+        else:
+            if rest <= 0 or rest % d or widths[v_proj][0] % dv:
+                return None
+            n_k, n_v = rest // d, widths[v_proj][0] // dv
+    elif k_proj == v_proj:  # fused K and V
+        w = widths[k_proj][0]
+        if d != dv or w % (2 * d):
+            return None
+        n_k = n_v = w // (2 * d)
+    else:
+        if widths[k_proj][0] % d or widths[v_proj][0] % dv:
+            return None
+        n_k, n_v = widths[k_proj][0] // d, widths[v_proj][0] // dv
+    if n_k < 1 or n_v < 1:
+        return None
+    return n_q, n_k, n_v
+
+
+def _head_reshape_divisors(cores: tuple[AttentionCore, ...]) -> Mapping[int, int]:
+    """Per head-splitting Reshape (:attr:`AttentionCore.head_reshapes`), the heads a
+    tensor-parallel split of it must divide: the core's KV heads where the view carries K or V
+    (its own, or a projection fused with them), else its query heads; the fewest over the cores
+    sharing it."""
+    out: dict[int, int] = {}
+    for core in cores:
+        for at in core.head_reshapes:
+            kv_view = at in core.kv_reshapes or bool(core.q_projections & core.kv_projections)
+            heads = core.kv_heads if kv_view else core.q_heads
+            if heads is not None:
+                out[at] = min(out.get(at, heads), heads)
+    return MappingProxyType(out)
 
 
 def attention_heads(graph: OpGraph) -> tuple[int | None, int | None]:
@@ -401,7 +476,7 @@ def shard_tensor_parallel(
     while True:
         try:
             return _propagate(graph, tp_size, sequence_parallel, dtype_bytes, replicated, heads, kv_heads, needs_grad,
-                              frozenset().union(*(c.head_reshapes for c in cores)))
+                              _head_reshape_divisors(cores))
         except _Conflict as conflict:
             if conflict.origin in replicated:  # pragma: no cover - defensive: cannot loop
                 raise ConfigError("tensor-parallel sharding did not converge; report this model") from None
@@ -428,7 +503,7 @@ def _propagate(
     heads: int | None,
     kv_heads: int | None,
     needs_grad: frozenset[str] | None,
-    head_reshapes: frozenset[int] = frozenset(),
+    head_reshapes: Mapping[int, int] = MappingProxyType({}),
 ) -> TensorParallelPlan:
     states: dict[str, _State] = {}
     weight_split: dict[str, int] = {}  # weight -> split axis (of the weight's own shape)
@@ -576,7 +651,8 @@ def _propagate(
             out_state, rule, factor = _batched_matmul(op, graph, t, state, to_replicated)
         elif op.op_type in _VIEWS_PASS or op.op_type in _ELEMENTWISE:
             out_state, rule, factor = _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t)
-        elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather", "Tile", "Pad"):
+        elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather",
+                            "GatherND", "Tile", "Pad"):
             out_state, rule, factor = _movement(op, graph, t, state, to_replicated, head_reshapes)
         elif op.op_type in ("Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
                             "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
@@ -892,7 +968,7 @@ def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int,
     return None
 
 
-def _movement(op, graph, t, state, to_replicated, head_reshapes=frozenset()):
+def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, int] = MappingProxyType({})):
     x_name = op.inputs[0]
     x = graph.tensor(x_name)
     y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
@@ -911,12 +987,23 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes=frozenset()):
     ax = s.axis
     if kind in ("Reshape", "Flatten"):
         if op.index in head_reshapes and ax == x.rank - 1:
-            # [.., n*d] -> [.., n, d] (or a fused [.., 3, n, d]): whole heads per rank.  The
-            # projection's column order is a layout choice (Megatron-LM orders fused QKV columns
-            # by head group so each rank holds its own q, k and v heads), so the split lands on
-            # the head axis when t divides it; a head is indivisible, so otherwise (grouped-query
-            # or multi-query KV heads fewer than t) the projection is replicated.
-            new = (y.rank - 2, 1) if y.shape[-2] % t == 0 else None
+            # [.., n*d] -> [.., n, d] (or a fused [.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
+            # whole heads per rank.  The projection's column order is a layout choice
+            # (Megatron-LM orders fused QKV columns by KV group so each rank holds its own q, k
+            # and v heads), so the split lands on the head axis when t divides the heads this
+            # view carries (the KV heads where it carries K or V: a fused view of multi-query
+            # attention holds one K and one V head, which no t > 1 splits); a head is
+            # indivisible, so otherwise the projection is replicated.
+            # The split goes where the export's own column order puts whole heads per rank
+            # (GPT-2's [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
+            # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron's own
+            # order is assumed, on the head axis.
+            if head_reshapes[op.index] % t:
+                new = None
+            else:
+                new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
+                if new is None and y.rank >= 2 and y.shape[-2] % t == 0:
+                    new = (y.rank - 2, 1)
         else:
             new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
         if new is None:
@@ -956,6 +1043,21 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes=frozenset()):
         idx_rank = idx.rank if idx is not None else 0
         new = ax if ax < gaxis else ax + idx_rank - 1
         return s.moved(new), "split (gather)", t
+    if kind == "GatherND":
+        # indices [.., k] pick along data's k axes after batch_dims b; the output is
+        # data[:b] + indices[b:-1] + data[b + k:] (ONNX GatherND): a split on a batch axis or
+        # on an axis after the picked ones moves with it (Falcon's dynamo export picks K and V
+        # out of a fused view this way)
+        idx = graph.tensor(op.inputs[1])
+        b = int(op.attr("batch_dims", 0))
+        if idx is not None and idx.rank >= 1:
+            k = idx.shape[-1]
+            if ax < b:
+                return s.moved(ax), "split (gather)", t
+            if ax >= b + k:
+                return s.moved(idx.rank - 1 + ax - k), "split (gather)", t
+        to_replicated(op, x_name, "GatherND along the split axis")
+        return _State(R), "replicated", 1
     to_replicated(op, x_name, f"{kind} on a split tensor")
     return _State(R), "replicated", 1
 
