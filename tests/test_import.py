@@ -147,6 +147,28 @@ def test_tied_copy_in_legacy_gpt2_is_named_and_counted_once_on_request():
     assert tied.graph.num_params == 124_439_808  # GPT2LMHeadModel's parameter count in torch
 
 
+def test_an_untied_head_in_a_dynamo_export_is_not_taken_for_a_tied_copy():
+    """GPT-NeoX's untied ``embed_out``: the dynamo exporter folds its transpose into an
+    initializer with a generated name and the embedding's transposed shape, as a legacy export's
+    tied copy looks.  A dynamo export keeps a tied head as the embedding itself, so there is no
+    advice to pass --tie-embeddings, and passing it does not drop the head (it did: 0.80x torch's
+    count)."""
+    import json
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    torch = json.loads((fixtures / "fixtures_expected.json").read_text())["models"]["gpt_neox"]["torch"]["parameter_count"]
+    plain = load_model(fixtures / "gpt_neox_dynamo.onnx", ImportOptions(seq_len=16))
+    assert plain.graph.num_params == torch
+    assert not any("--tie-embeddings" in w for w in plain.warnings)
+    tied = load_model(fixtures / "gpt_neox_dynamo.onnx", ImportOptions(seq_len=16, tie_embeddings=True))
+    assert tied.graph.num_params == torch
+    assert any("separate LM head" in w for w in tied.warnings)
+    # the legacy export of the same model cannot be told from a tied copy (values are never read)
+    legacy = load_model(fixtures / "gpt_neox_legacy.onnx", ImportOptions(seq_len=16))
+    assert any("--tie-embeddings" in w for w in legacy.warnings) and legacy.graph.num_params == torch
+
+
 # ---- which tensors are parameters
 
 

@@ -1429,11 +1429,22 @@ def _feeds_recurrent_weights(name: str, consumers: Mapping[str, list[onnx.NodePr
 _GENERATED_NAME = re.compile(r"^(onnx::|val_|_val_|\d+$)")
 
 
-def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool) -> list[str]:
+def _is_dynamo_export(graph: onnx.GraphProto) -> bool:
+    """Whether torch's dynamo exporter wrote ``graph``: it records each node's FX origin in
+    ``pkg.torch.onnx.*`` metadata (``name_scopes``, ``class_hierarchy``, ``fx_node``), which the
+    TorchScript exporter never writes."""
+    return any(prop.key.startswith("pkg.torch.onnx.") for node in graph.node for prop in node.metadata_props)
+
+
+def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool, dynamo: bool = False) -> list[str]:
     """The legacy exporter stores a tied LM head as a second, transposed initializer with a
     generated name (GPT-2: ``onnx::MatMul_2808`` = wte^T).  Values are never read, and an untied
     head (Llama) looks the same, so the user says which: with ``tie`` the copy stays a weight
-    (sharded, costed) but is not a parameter of its own; without it, a warning names it."""
+    (sharded, costed) but is not a parameter of its own; without it, a warning names it.
+
+    A ``dynamo`` export (:func:`_is_dynamo_export`) keeps a tied head as the embedding itself,
+    so a transposed table there is an untied head the exporter folded (GPT-NeoX's ``embed_out``):
+    no warning, and ``tie`` leaves it a parameter, with a note saying why."""
     tables: dict[tuple[int, ...], str] = {}
     for op in ops:
         if op.op_type == "Gather" and op.inputs and (t := tensors.get(op.inputs[0])) is not None and t.is_weight and t.rank == 2:
@@ -1447,6 +1458,11 @@ def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool) -> list[s
             continue
         table = tables.get(w.shape)
         if table is None or table == w.name:
+            continue
+        if dynamo:
+            if tie:
+                notes.append(f"weight {w.name!r} has the shape of {table!r} transposed but is a separate LM head: the dynamo "
+                             "exporter keeps a tied head as the embedding itself; --tie-embeddings leaves it counted")
             continue
         if tie:
             tensors[w.name] = Tensor(w.name, w.shape, w.dtype, True, False, table)
@@ -1657,7 +1673,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
                       _node_repeat(node)))
 
     ops = _parameter_derived(ops, tensors, consumers, warnings)
-    warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings))
+    warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings, _is_dynamo_export(graph)))
     if no_shape:
         op_type, (domain, node_name) = next(iter(no_shape.items()))
         where = f" (domain {domain!r})" if domain not in ("", "ai.onnx") else ""
