@@ -41,6 +41,9 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     "bloom_dynamo.onnx": {"seq_len": 16},
     "gpt_neox_legacy.onnx": {"seq_len": 16},
     "gpt_neox_dynamo.onnx": {"seq_len": 16},
+    # two stacks of numbered blocks (encoder and decoder), two token inputs
+    "bart_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},
+    "bart_dynamo.onnx": {"seq_len": 16},
 }
 
 #: Elements that folding eval-mode BatchNorm into the preceding Conv removes (both exporters do
@@ -61,8 +64,11 @@ BN_FOLDED = {
 #: BLOOM's ALiBi slopes, which the dynamo exporter folds into a [heads, 1, 1] float initializer
 #: with a generated name (``unsqueeze_1``) read by a Mul, like a norm's scale would be.  Weight
 #: values are never read and the dynamo exporter also gives folded (transposed) weights generated
-#: names, so nothing in the graph tells them apart.
-CONSTANTS_COUNTED = {"bloom_dynamo.onnx": 4}
+#: names, so nothing in the graph tells them apart.  And BART's ``final_logits_bias`` buffer
+#: ([1, 1000], added to the logits): the legacy exporter folds its ``.to(device)`` into an
+#: initializer named ``onnx::Add_784`` (the dynamo export keeps the buffer's name, which the
+#: importer knows), as it names a folded ``1 + w`` norm scale that is the parameter itself.
+CONSTANTS_COUNTED = {"bloom_dynamo.onnx": 4, "bart_legacy.onnx": 1000}
 
 
 def _record(name: str) -> dict:
@@ -169,6 +175,19 @@ def test_cnn_classifier_has_no_attention():
     for name in ("cnn_classifier_legacy.onnx", "cnn_classifier_dynamo.onnx"):
         ops = Counter(n.op_type for n in _load(name).graph.node)
         assert ops["Conv"] == 4 and ops["Gemm"] == 1 and not ops["Softmax"] and not ops["MatMul"]
+
+
+@pytest.mark.parametrize("name", ["bart_legacy.onnx", "bart_dynamo.onnx"])
+def test_an_encoder_decoder_has_both_stacks_as_blocks(name):
+    """BART's encoder and decoder layers are two numbered containers at one depth
+    (``model.encoder.layers.N``, ``model.decoder.layers.N``): both are blocks, in order, where
+    only the larger stack was before (the other one went whole into the embedding or head)."""
+    from dml2comm.ir.layers import group_layers
+
+    g = load_model(FIXTURES / name, ImportOptions(batch_size=2, **ISSUE16_FIXTURES[name])).graph
+    layers = group_layers(g).layers
+    assert [layer.name for layer in layers] == ["embedding", "model.encoder.layers.0", "model.encoder.layers.1",
+                                                "model.decoder.layers.0", "model.decoder.layers.1", "head"]
 
 
 def test_fixtures_are_graph_only():

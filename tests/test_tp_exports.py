@@ -305,3 +305,18 @@ def test_cnn_has_no_attention_and_the_same_shards_from_both_exporters(stem, ts):
         # the dynamo export's ReduceMean (axes as an input) and the legacy GlobalAveragePool
         # both keep the channel split: one per-GPU count for both exporters and batches
         assert len(seen) == 1, seen
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_a_classifier_head_t_does_not_divide_is_replicated_not_refused(exporter):
+    """The CNN classifier's Linear(256, 10) head at t=4: 10 outputs do not split 4 ways.  It is
+    the model's output head, so it stays whole on every rank with a warning (Megatron-LM keeps
+    its heads replicated) instead of refusing the run, as any 10-class ViT or ConvNeXt was; a
+    hidden projection t does not divide is still refused (test_parallel)."""
+    from pathlib import Path
+
+    g = load_model(Path(__file__).parent / "fixtures" / f"cnn_classifier_{exporter}.onnx", ImportOptions(batch_size=2)).graph
+    plan = shard_tensor_parallel(g, 4)
+    head = next(op.index for op in g.ops if op.op_type in ("Gemm", "MatMul"))
+    assert plan.shards[head].rule == "replicated (output head)"
+    assert any("does not divide its 10 outputs" in w for w in plan.warnings)

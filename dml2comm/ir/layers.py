@@ -32,6 +32,9 @@ __all__ = ["Layer", "LayeredGraph", "group_layers"]
 NESTED_COVERAGE = 0.9
 #: A numbered container with a single instance is the block container if it covers this share.
 SINGLE_BLOCK_COVERAGE = 0.3
+#: A second numbered container at the depth of the first (a decoder beside an encoder) is a
+#: stack of blocks too when it repeats and covers this share of the ops.
+STACK_COVERAGE = 0.1
 #: A repeated unit must cover this share of the ops to define the blocks.
 STRUCTURE_MIN_COVERAGE = 0.5
 #: Live tensors smaller than this share of the largest live tensor are side inputs, not state.
@@ -112,23 +115,31 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
     candidates = [p for p in coverage if len(instances[p]) >= 2 or coverage[p] >= SINGLE_BLOCK_COVERAGE * len(graph.ops)]
     if not candidates:
         return None
-    # The outermost numbered container that covers the most ops.
+    # The outermost numbered container that covers the most ops, and beside it every other
+    # stack at that depth: an encoder-decoder's ``encoder.layers.*`` and ``decoder.layers.*``,
+    # CLIP's text and vision towers
     depth = min(p.count("*") for p in candidates)
-    best = max((p for p in candidates if p.count("*") == depth), key=lambda p: coverage[p])
-    # Descend into nested containers that cover almost the same ops.
-    while True:
-        inner = [
-            p
-            for p in candidates
-            if p.startswith(best + ".") and p.count("*") == best.count("*") + 1
-            and coverage[p] >= NESTED_COVERAGE * coverage[best]
-        ]
-        if not inner:
-            break
-        best = max(inner, key=lambda p: coverage[p])
+    top = [p for p in candidates if p.count("*") == depth]
+    first = max(top, key=lambda p: coverage[p])
+    stacks = [first] + [p for p in top if p != first and len(instances[p]) >= 2
+                        and coverage[p] >= STACK_COVERAGE * len(graph.ops)]
+    chosen = []
+    for best in stacks:
+        # Descend into nested containers that cover almost the same ops.
+        while True:
+            inner = [
+                p
+                for p in candidates
+                if p.startswith(best + ".") and p.count("*") == best.count("*") + 1
+                and coverage[p] >= NESTED_COVERAGE * coverage[best]
+            ]
+            if not inner:
+                break
+            best = max(inner, key=lambda p: coverage[p])
+        chosen.append(best)
     keys: list[str | None] = []
     for conts in per_op:
-        key = next((k for p, k in conts if p == best), None)
+        key = next((k for p, k in conts if p in chosen), None)
         keys.append(key)
     return keys
 

@@ -58,7 +58,7 @@ CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 # BatchNorm running statistics, rotary-embedding tables, position-id ranges, attention masks.
 _BUFFER_NAME = re.compile(
     r"(running_mean|running_var|num_batches_tracked|inv_freq|cos_cached|sin_cached|_cos_|_sin_|"
-    r"position_ids|token_type_ids|masked_bias|causal_mask|(^|\.)attn\.bias|rotary)",
+    r"position_ids|token_type_ids|masked_bias|causal_mask|(^|\.)attn\.bias|rotary|final_logits_bias)",
     re.IGNORECASE,
 )
 

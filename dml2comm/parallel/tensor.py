@@ -718,11 +718,15 @@ def _slice_replicated(graph: OpGraph, op: Op, views: tuple, axis: int, t: int, v
 
 
 def requires_grad(graph: OpGraph) -> frozenset[str]:
-    """Activations that depend on a weight (their gradient is computed in backward)."""
+    """Activations that depend on a weight (their gradient is computed in backward).  Integer
+    and boolean tensors never carry a gradient, whatever they are computed from: the shape of
+    an activation (``Shape -> Gather -> Unsqueeze``, which BART's legacy export computes in one
+    decoder layer and reuses in the next), an ``ArgMax``, a comparison."""
     needs: set[str] = {w.name for w in graph.weights}
     for op in graph.ops:
         if any(n in needs for n in op.inputs if n):
-            needs.update(o for o in op.outputs if o)
+            needs.update(o for o in op.outputs
+                         if o and not ((t := graph.tensors.get(o)) is not None and not t.dtype.is_float))
     return frozenset(needs)
 
 
@@ -801,6 +805,12 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         warnings.append(replicated[op.index])
         gqa = "grouped-query" in replicated[op.index]
         return _State(R), "replicated (KV heads not divisible by t)" if gqa else "replicated (split cannot pass a Reshape)", 1
+    if n_out % t and not (vocab_rows and n_out == vocab_rows) and _is_output_head(graph, op):
+        # a classification or regression head (10 classes at t=4): Megatron-LM's heads are plain
+        # replicated linears (``get_linear_layer``), so it stays whole on every rank
+        warnings.append(f"{op.op_type} {op.name!r} replicated: t={t} does not divide its {n_out} outputs, and it is "
+                        "the model's output head (kept whole on every tensor rank, as Megatron-LM keeps its heads)")
+        return _State(R), "replicated (output head)", 1
     if n_out % t and not (vocab_rows and n_out == vocab_rows):
         raise ConfigError(
             f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
@@ -813,6 +823,38 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
             split_weight(op.inputs[2], b.rank - 1, op)
     column_input_grad(op, x_name)
     return _State("S", y_axis, op.index), "column-parallel", t
+
+
+#: Ops between a head's projection and the graph output that keep it the output (bias, a
+#: squeeze or reshape, an activation, a softmax or cast of the logits).
+_HEAD_TAIL_OPS = _VIEWS_PASS | _ELEMENTWISE | frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Softmax", "LogSoftmax"})
+
+
+def _is_output_head(graph: OpGraph, op: Op, depth: int = 6) -> bool:
+    """Whether every path from ``op``'s output reaches a graph output through a few point-wise or
+    view ops only (a classifier or regression head, not a hidden projection)."""
+    outputs = set(graph.outputs)
+    frontier, seen = [op.outputs[0]], set()
+    for _ in range(depth):
+        following = []
+        for name in frontier:
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in outputs:
+                continue
+            consumers = graph.consumers(name)
+            if not consumers:
+                return False
+            for at in consumers:
+                nxt = graph.ops[at]
+                if nxt.op_type not in _HEAD_TAIL_OPS:
+                    return False
+                following.extend(o for o in nxt.outputs if o)
+        if not following:
+            return True
+        frontier = following
+    return False
 
 
 def _batched_matmul(op, graph, t, state, to_replicated):
