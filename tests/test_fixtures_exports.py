@@ -44,6 +44,9 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     # two stacks of numbered blocks (encoder and decoder), two token inputs
     "bart_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},
     "bart_dynamo.onnx": {"seq_len": 16},
+    # disentangled attention: relative-position scores repeated over the batch and gathered per position
+    "deberta_v2_legacy.onnx": {"seq_len": 16},
+    "deberta_v2_dynamo.onnx": {"seq_len": 16},
 }
 
 #: Elements that folding eval-mode BatchNorm into the preceding Conv removes (both exporters do
@@ -68,7 +71,10 @@ BN_FOLDED = {
 #: ([1, 1000], added to the logits): the legacy exporter folds its ``.to(device)`` into an
 #: initializer named ``onnx::Add_784`` (the dynamo export keeps the buffer's name, which the
 #: importer knows), as it names a folded ``1 + w`` norm scale that is the parameter itself.
-CONSTANTS_COUNTED = {"bloom_dynamo.onnx": 4, "bart_legacy.onnx": 1000}
+#: DeBERTa's shared relative-position table (``encoder.rel_embeddings.weight``, 64 x 128): the
+#: dynamo exporter folds it into two initializers, one per use (``unsqueeze_8``, ``unsqueeze_10``),
+#: so the folded copy counts as a second parameter (values are never read).
+CONSTANTS_COUNTED = {"bloom_dynamo.onnx": 4, "bart_legacy.onnx": 1000, "deberta_v2_dynamo.onnx": 8192}
 
 
 def _record(name: str) -> dict:

@@ -320,3 +320,25 @@ def test_a_classifier_head_t_does_not_divide_is_replicated_not_refused(exporter)
     head = next(op.index for op in g.ops if op.op_type in ("Gemm", "MatMul"))
     assert plan.shards[head].rule == "replicated (output head)"
     assert any("does not divide its 10 outputs" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_deberta_relative_position_scores_stay_split_by_heads_at_any_micro_batch(exporter):
+    """DeBERTa's content-to-position scores: head-split queries merged as [b*n, s, d] against
+    relative-position keys [n, 2k, d] repeated b times (Tile), then GatherElements per position.
+    The repeat keeps each rank's heads in every copy, and GatherElements keeps a split on an axis
+    it does not gather along, so the plan is Megatron's 2 + 2 all-reduces per layer whatever the
+    micro-batch (it gathered the scores at b = 1 and replicated the score MatMuls at b = 2,
+    without a warning)."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / f"deberta_v2_{exporter}.onnx"
+    plans = {}
+    for b in (1, 2, 3):
+        g = load_model(path, ImportOptions(batch_size=b, seq_len=16)).graph
+        plan = shard_tensor_parallel(g, 2)
+        assert plan.warnings == ()
+        assert {c.kind.name for c in plan.comms} == {"ALL_REDUCE"}
+        plans[b] = Counter((c.phase.name, c.reason.split(";")[0]) for c in plan.comms)
+        assert [s.rule for s, op in zip(plan.shards, g.ops) if op.op_type == "GatherElements"] == ["split (gather)"] * 4
+    assert plans[1] == plans[2] == plans[3]

@@ -651,6 +651,8 @@ def _propagate(
             out_state, rule, factor = _batched_matmul(op, graph, t, state, to_replicated)
         elif op.op_type in _VIEWS_PASS or op.op_type in _ELEMENTWISE:
             out_state, rule, factor = _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t)
+        elif op.op_type == "GatherElements":
+            out_state, rule, factor = _gather_elements(op, graph, t, state, to_replicated)
         elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather",
                             "GatherND", "Tile", "Pad"):
             out_state, rule, factor = _movement(op, graph, t, state, to_replicated, head_reshapes)
@@ -1070,7 +1072,13 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
     if kind == "Transpose":
         perm = list(op.attr("perm") or reversed(range(x.rank)))
         return s.moved(perm.index(ax)), "split (transpose)", t
-    if kind in ("Expand", "Tile", "Pad"):
+    if kind == "Tile":
+        # repeating the split axis k times gives k blocks, each split as before (DeBERTa repeats
+        # its head-split relative-position keys b times to match queries merged as [b*n, ..])
+        new_ax = ax + (y.rank - x.rank)
+        k = y.shape[new_ax] // x.shape[ax] if x.shape[ax] else 1
+        return _State("S", new_ax, s.origin, s.outer * max(k, 1)), "split (broadcast)", t
+    if kind in ("Expand", "Pad"):
         return s.moved(ax + (y.rank - x.rank)), "split (broadcast)", t
     if kind in ("Split", "Slice"):
         # Megatron lays fused QKV out so each rank's columns hold its own q, k and v heads:
@@ -1102,6 +1110,28 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
         return _State(R), "replicated", 1
     to_replicated(op, x_name, f"{kind} on a split tensor")
     return _State(R), "replicated", 1
+
+
+def _gather_elements(op, graph, t, state, to_replicated):
+    """``GatherElements(data, indices, axis)``: ``out[.., i, ..] = data[.., indices[.., i, ..], ..]``
+    along ``axis``, ``out`` shaped like ``indices``.  A split of ``data`` on another axis stays:
+    each rank gathers its own rows with its slice of the indices (DeBERTa's relative-position
+    scores, split by heads, gathered along the key axis with position-derived indices every rank
+    computes whole).  A split on the gathered axis, or indices split differently, is gathered."""
+    data, idx = op.inputs[0], op.inputs[1]
+    x = graph.tensor(data)
+    sd, si = state(data), state(idx)
+    if x is None or sd.kind != "S":
+        if si.kind == "S":
+            to_replicated(op, idx, "GatherElements indices split")
+        return _State(R), "replicated", 1
+    gaxis = int(op.attr("axis", 0)) % x.rank
+    if sd.axis == gaxis or (si.kind == "S" and (si.axis, si.outer) != (sd.axis, sd.outer)) or si.kind == P:
+        to_replicated(op, data, "GatherElements along the split axis")
+        if si.kind == "S":
+            to_replicated(op, idx, "GatherElements indices split")
+        return _State(R), "replicated", 1
+    return sd.moved(sd.axis), "split (gather)", t
 
 
 def _match_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int) -> int:
