@@ -89,3 +89,17 @@ def test_multi_query_fused_qkv_is_replicated_for_any_t(exporter):
         for at in _qkv_ops(g):
             assert plan.shards[at].rule.startswith("replicated"), plan.shards[at].rule
         assert sum("does not divide its grouped-query KV heads (1 KV, 4 query heads)" in w for w in plan.warnings) == 2
+
+
+def test_stages_with_different_head_counts_are_not_grouped_query():
+    """Swin's stages hold 2, then 4 heads, each with as many KV heads: reported as 4 query / 4 KV
+    heads, not 4 / 2 (which reads as grouped-query attention); a grouped-query core still
+    reports its KV heads."""
+    from dml2comm.parallel.tensor import AttentionCore, _heads_of
+
+    def core(q, kv):
+        return AttentionCore(0, 1, 32, q, kv, frozenset(), frozenset())
+
+    assert _heads_of((core(2, 2), core(2, 2), core(4, 4), core(4, 4))) == (4, 4)
+    assert _heads_of((core(8, 2), core(8, 2))) == (8, 2)
+    assert _heads_of((core(4, 4), core(8, 2))) == (8, 2)

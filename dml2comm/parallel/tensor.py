@@ -386,11 +386,14 @@ def attention_heads(graph: OpGraph) -> tuple[int | None, int | None]:
 
 
 def _heads_of(cores: tuple[AttentionCore, ...]) -> tuple[int | None, int | None]:
+    """(most query heads, fewest KV heads of a grouped-query core): a model whose stages have
+    different head counts (Swin: 2 then 4) is not grouped-query for it, so its KV heads are its
+    query heads, not the fewest heads of any stage."""
     q = [c.q_heads for c in cores if c.q_heads is not None]
-    kv = [c.kv_heads for c in cores if c.kv_heads is not None]
     if not q:
         return None, None
-    return max(q), (min(kv) if kv else max(q))
+    grouped = [c.kv_heads for c in cores if c.kv_heads is not None and c.q_heads is not None and c.kv_heads < c.q_heads]
+    return max(q), (min(grouped) if grouped else max(q))
 
 
 class _Conflict(Exception):
