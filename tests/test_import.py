@@ -250,3 +250,28 @@ def test_real_exports_have_the_torch_parameter_count(name):
     bn_channels = sum(b["shape"][0] for b in torch["buffers"] if b["name"].endswith("running_mean"))
     g = load_model(FIXTURES / name, ImportOptions(seq_len=16, tie_embeddings=torch["weights_tied"])).graph
     assert g.num_params == torch["parameter_count"] - bn_channels
+
+
+def test_a_sequence_longer_than_an_offset_position_table_is_refused():
+    """OPT-style learned positions: ``Range(0, s) + 2`` looks up a table of 10 rows (8 positions
+    plus the offset of 2), so s = 8 fits and s = 9 looks up row 10.  The table's rows are not the
+    limit (check_seq_len reads those off a ``Range`` lookup), the folded indices are: refused
+    with the length to drop (the real OPT export took --seq-len 128 on its 66-row table)."""
+    from dml2comm.errors import ModelError
+
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+    nodes = [
+        helper.make_node("Gather", ["wte", "input_ids"], ["tok"], name="/embed_tokens/Gather"),
+        helper.make_node("Shape", ["input_ids"], ["s_shape"], start=1, end=2),
+        helper.make_node("Squeeze", ["s_shape"], ["s"]),
+        helper.make_node("Range", ["zero", "s", "one"], ["r"]),
+        helper.make_node("Add", ["r", "two"], ["positions"]),
+        helper.make_node("Gather", ["wpe", "positions"], ["pos"], name="/embed_positions/Gather"),
+        helper.make_node("Add", ["tok", "pos"], ["y"]),
+    ]
+    ints = [helper.make_tensor(n, TensorProto.INT64, [], [v]) for n, v in (("zero", 0), ("one", 1), ("two", 2))]
+    m = model(nodes, [ids], [y], [weight("wte", [100, 8]), weight("wpe", [10, 8])] + ints)
+    assert load_model_proto(m, ImportOptions(batch_size=2, seq_len=8)).graph.num_params == 100 * 8 + 10 * 8
+    with pytest.raises(ModelError, match=r"looks up position 10 of table 'wpe', which has 10 rows .*1 shorter"):
+        load_model_proto(m, ImportOptions(batch_size=2, seq_len=9))

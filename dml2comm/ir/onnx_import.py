@@ -245,6 +245,7 @@ def load_model_proto(
         inferred, folded = _fold_shape_computations(inferred, path_for_large)
         if folded:
             warnings.append(f"folded {folded} shape-computation node(s) into constants after binding the input dims")
+            _check_table_lookups(inferred.graph, sequence.positions[0] if sequence.positions else None, binding.seq_bound)
         shapes = _shapes(inferred.graph)
     if any(n.op_type in CONTROL_FLOW_OPS and n.domain in _ONNX_DOMAINS for n in inferred.graph.node):
         inferred = _expand_control_flow(inferred, path_for_large, warnings)
@@ -624,6 +625,46 @@ def check_seq_len(imported: ImportResult, seq_len: int | None) -> None:
             f"{flag} exceeds the model's {rows:,} positions (position table {table!r}); "
             f"use a sequence length of {rows} or less"
         )
+
+
+def _check_table_lookups(graph: onnx.GraphProto, position_table: str | None = None, seq_len: int | None = None) -> None:
+    """Refuse bound dims that index past a table: a ``Gather`` from a 2-D float initializer (a
+    position-embedding table) whose indices folded to constants once the input dims were bound.
+    OPT and RoBERTa offset their positions by 2 (a 64-position OPT has a 66-row table), so their
+    table rows are not a sequence-length limit :func:`check_seq_len` can read off the table;
+    the folded indices are the positions the model would really look up.  A lookup of
+    ``position_table`` (a ``Range`` lookup, GPT-2's) at positions ``0 .. seq_len - 1`` is left to
+    :func:`check_seq_len` and its message in terms of ``--seq-len``.
+
+    Raises
+    ------
+    ModelError
+        An index is past the table's rows."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    tables = {i.name: int(i.dims[0]) for i in graph.initializer if len(i.dims) == 2 and _dtype(i.data_type).is_float}
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output and n.attribute}
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables or node.input[1] not in constants:
+            continue
+        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+            continue
+        attr = constants[node.input[1]].attribute[0]
+        if attr.type != onnx.AttributeProto.TENSOR:
+            continue
+        values = numpy_helper.to_array(attr.t)
+        if values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+            continue
+        rows, top = tables[node.input[0]], int(values.max())
+        if node.input[0] == position_table and seq_len is not None and top == seq_len - 1:
+            continue  # check_seq_len's case
+        if top >= rows:
+            over = top + 1 - rows
+            raise ModelError(
+                f"the bound sequence length looks up position {top} of table {node.input[0]!r}, which has {rows:,} rows "
+                f"(Gather {node.name!r}); use a sequence length {over} shorter (--seq-len)"
+            )
 
 
 def _forget_inferred_shapes(graph: onnx.GraphProto) -> None:
