@@ -275,3 +275,21 @@ def test_a_sequence_longer_than_an_offset_position_table_is_refused():
     assert load_model_proto(m, ImportOptions(batch_size=2, seq_len=8)).graph.num_params == 100 * 8 + 10 * 8
     with pytest.raises(ModelError, match=r"looks up position 10 of table 'wpe', which has 10 rows .*1 shorter"):
         load_model_proto(m, ImportOptions(batch_size=2, seq_len=9))
+
+
+def test_seq_len_binding_two_token_inputs_says_so():
+    """An encoder-decoder's source and target token ids have separate symbolic lengths;
+    ``--seq-len`` binds both alike, and the warning names them and the --dim that separates
+    them (which then binds the target alone)."""
+    src = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "src_len"])
+    tgt = helper.make_tensor_value_info("decoder_input_ids", TensorProto.INT64, ["batch", "tgt_len"])
+    y1 = helper.make_tensor_value_info("enc", TensorProto.FLOAT, ["batch", "src_len", 8])
+    y2 = helper.make_tensor_value_info("dec", TensorProto.FLOAT, ["batch", "tgt_len", 8])
+    nodes = [helper.make_node("Gather", ["wte", "input_ids"], ["enc"]), helper.make_node("Gather", ["wte", "decoder_input_ids"], ["dec"])]
+    m = model(nodes, [src, tgt], [y1, y2], [weight("wte", [100, 8])])
+    both = load_model_proto(m, ImportOptions(batch_size=2, seq_len=16))
+    assert any("'input_ids', 'decoder_input_ids' alike" in w and "--dim decoder_input_ids:1=N" in w for w in both.warnings)
+    assert both.graph.tensors["dec"].shape == (2, 16, 8)
+    apart = load_model_proto(m, ImportOptions(batch_size=2, seq_len=16, dims={"decoder_input_ids:1": 4}))
+    assert not any("alike" in w for w in apart.warnings)
+    assert apart.graph.tensors["enc"].shape == (2, 16, 8) and apart.graph.tensors["dec"].shape == (2, 4, 8)

@@ -238,6 +238,11 @@ def load_model_proto(
     if binding.unbound:
         raise _unbound_inputs_error(binding.unbound)
     sequence = SequenceInfo(binding.seq_bound, binding.fixed_seq, _position_table(graph))
+    if len(binding.seq_inputs) > 1:
+        # an encoder-decoder's source and target lengths (BART, T5, Whisper's decoder) are
+        # separate axes; --seq-len gives them one value
+        warnings.append(f"--seq-len {options.seq_len} bound the sequence axes of {', '.join(map(repr, binding.seq_inputs))} "
+                        f"alike; to give one its own length pass --dim {binding.seq_inputs[-1]}:1=N")
     _forget_inferred_shapes(graph)
     inferred = _infer(model, path_for_large)
     shapes = _shapes(inferred.graph)
@@ -391,6 +396,7 @@ class _Binding:
     seq_bound: int | None = None  # the value bound to the first symbolic sequence axis
     fixed_seq: tuple[str, int] | None = None
     unbound: list[tuple[str, int, str, bool]] = field(default_factory=list)  # input, axis, name, sequence axis?
+    seq_inputs: list[str] = field(default_factory=list)  # inputs whose own sequence axis took --seq-len
 
 
 def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], options: ImportOptions) -> _Binding:
@@ -439,6 +445,7 @@ def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], option
                 value_ = options.batch_size
             elif is_seq and options.seq_len is not None:
                 value_ = options.seq_len
+                out.seq_inputs.append(value.name)
             elif axis == 0:
                 value_ = 1  # documented default: micro-batch size 1 for a symbolic batch axis
             if value_ is None:
