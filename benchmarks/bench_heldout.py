@@ -29,11 +29,18 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_narayanan import model_chunks, predict  # noqa: E402
+
+from dml2comm import zoo  # noqa: E402
+from dml2comm.analysis import analyze_graph  # noqa: E402
+from dml2comm.hardware.cluster import get_cluster  # noqa: E402
+from dml2comm.ir.onnx_import import ImportOptions, load_model_proto  # noqa: E402
+from dml2comm.parallel.config import ParallelConfig  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent / "data" / "heldout_runs.json"
 RUNS_2022 = Path(__file__).resolve().parent / "data" / "heldout_korthikanti2022.json"
@@ -46,14 +53,6 @@ def runs():
 
 def predict_2022(m: dict, par: dict) -> float:
     """Predicted iteration time (s) of one Korthikanti 2022 Table 5 run (module docstring)."""
-    from dataclasses import replace
-
-    from dml2comm import zoo
-    from dml2comm.analysis import analyze_graph
-    from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
-    from dml2comm.parallel.config import ParallelConfig
-
     t, p, d, b, v = par["tensor"], par["pipeline"], par["data"], par["micro_batch"], par["virtual_stages"]
     model = zoo.build_gpt(layers=m["num_layers"], hidden=m["hidden_size"], heads=m["num_attention_heads"],
                           vocab=m["vocab_size"], seq_len=m["seq_len"])

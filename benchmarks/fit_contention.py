@@ -44,6 +44,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from dml2comm.calibrate.samples import GEMM_KERNEL  # noqa: E402
 from dml2comm.errors import InputFileError  # noqa: E402
+from dml2comm.traces.overlap import intersection_measure, union  # noqa: E402
 from dml2comm.traces.patterns import HTA_COMM_KERNEL, HTA_NOT_COMPUTE_KERNEL  # noqa: E402
 
 
@@ -84,22 +85,6 @@ def read_kernels(path: str | Path) -> list[dict[str, Any]]:
     return [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel" and isinstance(e.get("dur"), (int, float))]
 
 
-def _covered(start: float, end: float, spans: Sequence[tuple[float, float]]) -> float:
-    """Measure of [start, end) covered by the union of ``spans``."""
-    cut = sorted((max(s, start), min(e, end)) for s, e in spans if s < end and start < e)
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in cut:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
 def contention_samples(kernels: Iterable[dict[str, Any]]) -> list[ContentionSample]:
     """The overlapped compute kernels of one rank's kernel events (module docstring)."""
     comm: dict[Any, list[tuple[float, float]]] = defaultdict(list)
@@ -112,11 +97,16 @@ def contention_samples(kernels: Iterable[dict[str, Any]]) -> list[ContentionSamp
             comm[args.get("stream")].append((start, end))
         elif not HTA_NOT_COMPUTE_KERNEL.match(name):
             compute.append((name, str(args.get("grid")), str(args.get("block")), args.get("stream"), start, end))
+    # per stream, the union of the collectives on every other stream (the project's interval
+    # arithmetic, dml2comm.traces.overlap), built once per stream, not once per kernel
+    others: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
     base: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     overlapped = []
     for name, grid, block, stream, start, end in compute:
-        spans = [iv for s, ivs in comm.items() if s != stream for iv in ivs]
-        o = _covered(start, end, spans)
+        if stream not in others:
+            spans = [iv for s, ivs in comm.items() if s != stream for iv in ivs]
+            others[stream] = union(np.array([a for a, _ in spans], dtype=float), np.array([b for _, b in spans], dtype=float))
+        o = intersection_measure((np.array([start]), np.array([end])), others[stream])
         if o > 0:
             overlapped.append(((name, grid, block), end - start, o))
         else:

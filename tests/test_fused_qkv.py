@@ -35,8 +35,8 @@ def _graph(model: str, exporter: str):
 
 
 def _qkv_ops(graph) -> list[int]:
-    """The fused projections: weight MatMuls whose output is wider than the hidden size and that
-    feed the attention (``query_key_value``)."""
+    """The fused projections (``query_key_value``): the Q projections of the attention cores,
+    which here also produce K and V."""
     from dml2comm.parallel.tensor import find_attention
 
     return sorted({p for core in find_attention(graph) for p in core.q_projections})

@@ -648,19 +648,15 @@ def _check_table_lookups(graph: onnx.GraphProto, position_table: str | None = No
     ModelError
         An index is past the table's rows."""
     import numpy as np
-    from onnx import numpy_helper
 
     tables = {i.name: int(i.dims[0]) for i in graph.initializer if len(i.dims) == 2 and _dtype(i.data_type).is_float}
-    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output and n.attribute}
+    constants = _constant_values(graph)
     for node in graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables or node.input[1] not in constants:
             continue
         if any(a.name == "axis" and a.i != 0 for a in node.attribute):
             continue
-        attr = constants[node.input[1]].attribute[0]
-        if attr.type != onnx.AttributeProto.TENSOR:
-            continue
-        values = numpy_helper.to_array(attr.t)
+        values = np.asarray(constants[node.input[1]])
         if values.size == 0 or not np.issubdtype(values.dtype, np.integer):
             continue
         rows, top = tables[node.input[0]], int(values.max())

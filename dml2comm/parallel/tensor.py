@@ -1034,17 +1034,14 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
     ax = s.axis
     if kind in ("Reshape", "Flatten"):
         if op.index in head_reshapes and ax == x.rank - 1:
-            # [.., n*d] -> [.., n, d] (or a fused [.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
-            # whole heads per rank.  The projection's column order is a layout choice
-            # (Megatron-LM orders fused QKV columns by KV group so each rank holds its own q, k
-            # and v heads), so the split lands on the head axis when t divides the heads this
-            # view carries (the KV heads where it carries K or V: a fused view of multi-query
-            # attention holds one K and one V head, which no t > 1 splits); a head is
-            # indivisible, so otherwise the projection is replicated.
-            # The split goes where the export's own column order puts whole heads per rank
-            # (GPT-2's [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
-            # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron's own
-            # order is assumed, on the head axis.
+            # [.., n*d] -> [.., n, d] or a fused view ([.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
+            # whole heads per rank.  A head is indivisible, so t must divide the heads this view
+            # carries (the KV heads where it carries K or V: a fused multi-query view holds one K
+            # and one V head, which no t > 1 splits), else the projection is replicated.  The
+            # split goes where the export's own column order puts whole heads per rank (GPT-2's
+            # [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
+            # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron-LM's own
+            # order (fused QKV columns by KV group) is assumed, on the head axis.
             if head_reshapes[op.index] % t:
                 new = None
             else:
@@ -1108,7 +1105,7 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
             if ax < b:
                 return s.moved(ax), "split (gather)", t
             if ax >= b + k:
-                return s.moved(idx.rank - 1 + ax - k), "split (gather)", t
+                return s.moved(idx.rank - 1 + ax - b - k), "split (gather)", t
         to_replicated(op, x_name, "GatherND along the split axis")
         return _State(R), "replicated", 1
     to_replicated(op, x_name, f"{kind} on a split tensor")
