@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from dml2comm.advice import memory_suggestions, speed_recommendations
-from dml2comm.cost.cache import attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of
+from dml2comm.cost.cache import (attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
+                                 weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
 from dml2comm.render.fmt import fmt_s
 from dml2comm.cost.gemm import sustained_factor
@@ -289,7 +290,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             if name:
                 consumer_stages[name].add(s)
     needs_grad = needs_grad_of(graph)
-    boundaries = stage_boundaries(producer_stage, consumer_stages, sent_activations(graph, needs_grad), config.pp_size)
+    sent_names = sent_activations(graph, needs_grad, weight_derived_of(graph))
+    boundaries = stage_boundaries(producer_stage, consumer_stages, sent_names, config.pp_size)
     local_out: dict[str, Tensor] = {}
     for op, shard in zip(graph.ops, tp.shards):
         for name, t in zip(op.outputs, shard.outputs):

@@ -157,7 +157,8 @@ def test_views_of_a_weight_are_sharded_as_their_source():
 #: tensor, as for T5's encoder output), so such a boundary carries 2m messages per tensor.  The
 #: encoder-decoder's boundaries inside the decoder carry its hidden state and the encoder's output,
 #: which every decoder layer's cross-attention reads.
-_MULTI_TENSOR_BOUNDARY = {"rnn_loop.onnx": 2, "bart_legacy.onnx": 2, "bart_dynamo.onnx": 2}
+_MULTI_TENSOR_BOUNDARY = {"rnn_loop.onnx": 2, "bart_legacy.onnx": 2, "bart_dynamo.onnx": 2, "t5_legacy.onnx": 2,
+                          "t5_dynamo.onnx": 2}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.onnx")))

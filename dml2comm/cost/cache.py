@@ -36,13 +36,13 @@ from dml2comm.ir.repeats import Collapsed, collapse_repeats
 from dml2comm.parallel.config import DTYPES
 from dml2comm.parallel.context import AttentionSite, find_attention
 from dml2comm.parallel.expert import MoEInfo, find_moe
-from dml2comm.parallel.pipeline import parameter_layers
+from dml2comm.parallel.pipeline import parameter_layers, weight_derived
 from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
 
 __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
-           "ParameterReadersKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "layers_of", "collapsed_of",
-           "tensor_parallel_of", "needs_grad_of", "parameter_readers_of", "moe_of", "attention_sites_of",
-           "activation_model_of"]
+           "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "layers_of",
+           "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of", "weight_derived_of", "moe_of",
+           "attention_sites_of", "activation_model_of"]
 
 T = TypeVar("T")
 
@@ -117,6 +117,11 @@ class ParameterReadersKey(CacheKey):
 
 
 @dataclass(frozen=True, slots=True)
+class WeightDerivedKey(CacheKey):
+    """Activations a pipeline stage rebuilds from parameters (:func:`dml2comm.parallel.pipeline.weight_derived`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class MoEKey(CacheKey):
     """The model's mixture-of-experts layers (:func:`dml2comm.parallel.expert.find_moe`)."""
 
@@ -165,7 +170,12 @@ def needs_grad_of(graph: OpGraph) -> frozenset[str]:
 
 def parameter_readers_of(graph: OpGraph, layered: LayeredGraph) -> dict[str, tuple[int, ...]]:
     """:func:`~dml2comm.parallel.pipeline.parameter_layers` of ``graph``, once."""
-    return derived(graph, ParameterReadersKey(), lambda: parameter_layers(graph, layered.layer_of_op))
+    return derived(graph, ParameterReadersKey(), lambda: parameter_layers(graph, layered.layer_of_op, weight_derived_of(graph)))
+
+
+def weight_derived_of(graph: OpGraph) -> dict[str, tuple[str, ...]]:
+    """:func:`~dml2comm.parallel.pipeline.weight_derived` of ``graph``, once."""
+    return derived(graph, WeightDerivedKey(), lambda: weight_derived(graph))
 
 
 def moe_of(graph: OpGraph, layered: LayeredGraph) -> MoEInfo | None:

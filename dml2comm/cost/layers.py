@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Mapping
 import numpy as np
 
 from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, layers_of, moe_of,
-                                 needs_grad_of, parameter_readers_of, tensor_parallel_of)
+                                 needs_grad_of, parameter_readers_of, tensor_parallel_of, weight_derived_of)
 from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
 from dml2comm.cost.loss import cross_entropy_s, logits_outputs
@@ -508,7 +508,7 @@ class LayerCoster:
             for name in op.inputs:
                 if name:
                     last_consumer[name] = max(last_consumer.get(name, li), li)
-        sent = sent_activations(graph, needs_grad)
+        sent = sent_activations(graph, needs_grad, weight_derived_of(graph))
         names = [n for n in producer if n in sent]
         prod = np.array([producer[n] for n in names], dtype=np.int64)
         last = np.array([max(last_consumer.get(n, producer[n]), producer[n]) for n in names], dtype=np.int64)

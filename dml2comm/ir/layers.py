@@ -8,7 +8,8 @@ Three sources, tried in order:
    ``resnet.encoder.stages.1.layers.0``).  Among nested numbered containers the inner one is
    preferred only when it covers (almost) the same ops as the outer one: ResNet's
    ``stages.N.layers.M`` residual blocks win over ``stages.N``, but Mixtral's
-   ``layers.N.block_sparse_moe.experts.M`` do not win over ``layers.N``.
+   ``layers.N.block_sparse_moe.experts.M`` do not win over ``layers.N``; nor do numbered
+   sub-layers that never repeat inside their parent (T5's ``block.N.layer.M``).
 2. **Structure** (graphs with empty names): cut the topological order wherever a single
    activation tensor carries all live state (small side tensors such as masks and position
    tables are ignored), then merge the repeating unit of segments (attention half + MLP half)
@@ -135,13 +136,52 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
             ]
             if not inner:
                 break
-            best = max(inner, key=lambda p: coverage[p])
+            candidate = max(inner, key=lambda p: coverage[p])
+            if _sub_layers(graph, instances[candidate]):
+                break
+            best = candidate
         chosen.append(best)
     keys: list[str | None] = []
     for conts in per_op:
         key = next((k for p, k in conts if p in chosen), None)
         keys.append(key)
     return keys
+
+
+def _sub_layers(graph: OpGraph, inner_keys: set[str]) -> bool:
+    """Whether the numbered children of a block are its sub-layers, not blocks of their own.
+
+    T5 numbers the parts of a block: ``encoder.block.3.layer.0`` is its self-attention,
+    ``layer.1`` its feed-forward (``decoder.block.3.layer.1`` the cross-attention, ``layer.2``
+    the feed-forward).  Blocks nested in a container repeat their modules inside one parent
+    (ResNet's ``stages.1.layers.0`` and ``layers.1``, Swin's ``layers.1.blocks.0`` and
+    ``blocks.1``); sub-layers never do.  So the children are sub-layers when some parent has
+    several and no parent has two with the same module names below them.  A parent with one
+    child says nothing either way (the child is then taken as the block, as before).
+    """
+    parent_of = {key: key.rsplit(".", 1)[0] for key in inner_keys}
+    modules: dict[str, set[str]] = {key: set() for key in inner_keys}
+    for op in graph.ops:
+        scope = op.scope
+        for key in _enclosing(scope, modules):
+            modules[key].add(scope[len(key) + 1:])
+    children: dict[str, list[frozenset[str]]] = {}
+    for key, names in modules.items():
+        children.setdefault(parent_of[key], []).append(frozenset(names))
+    if all(len(kids) < 2 for kids in children.values()):
+        return False
+    return all(len(set(kids)) == len(kids) for kids in children.values())
+
+
+def _enclosing(scope: str, keys: dict[str, set[str]]) -> list[str]:
+    """The keys among ``keys`` that are ``scope`` or one of its dotted prefixes."""
+    parts = scope.split(".") if scope else []
+    out = []
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        if prefix in keys:
+            out.append(prefix)
+    return out
 
 
 # ----------------------------------------------------------------------------- structure
@@ -252,12 +292,40 @@ def _has_weight(graph: OpGraph, op) -> bool:
 # ----------------------------------------------------------------------------- assembly
 
 
+def _between(scope: str, running: str, upcoming: str | None) -> str:
+    """The block an op outside every block (but between two) joins: the running block, or the
+    next one when the op's module shares more of its path with the next block's stack.  An
+    encoder-decoder's decoder embedding (``decoder.embed_tokens``, ``model.decoder.
+    layernorm_embedding``) opens the decoder stack, so it joins ``decoder.block.0``; the
+    encoder's final norm (``encoder.final_layer_norm``) closes the encoder with its last block.
+    Unscoped ops (structure-found blocks, exporter glue) join the running block."""
+    if upcoming is None or upcoming == running or not scope:
+        return running
+    parts = scope.split(".")
+
+    def shared(key: str) -> int:
+        n = 0
+        for a, b in zip(parts, key.split(".")):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return upcoming if shared(upcoming) > shared(running) else running
+
+
 def _assemble(graph: OpGraph, keys: list[str | None], source: str) -> LayeredGraph:
     n = len(graph.ops)
     first = next(i for i, k in enumerate(keys) if k is not None)
     last = max(i for i, k in enumerate(keys) if k is not None)
     assigned: list[str] = [""] * n
     current = keys[first]
+    following: list[str | None] = [None] * n  # the next block key at or after each op
+    upcoming = None
+    for i in range(n - 1, -1, -1):
+        if keys[i] is not None:
+            upcoming = keys[i]
+        following[i] = upcoming
     for i in range(n):
         if i < first:
             assigned[i] = "#embedding"
@@ -266,7 +334,11 @@ def _assemble(graph: OpGraph, keys: list[str | None], source: str) -> LayeredGra
         else:
             if keys[i] is not None:
                 current = keys[i]
-            assigned[i] = current  # unscoped ops inside the block range join the running block
+                assigned[i] = current
+            else:
+                # ops between blocks join the running block, unless their module belongs to the
+                # next block's stack (a decoder's token embedding after the encoder's last block)
+                assigned[i] = _between(graph.ops[i].scope, current, following[i])
     order: list[str] = []
     for key in assigned:
         if not order or order[-1] != key:

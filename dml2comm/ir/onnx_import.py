@@ -768,7 +768,10 @@ def _fold_shape_computations(model: onnx.ModelProto, path_for_large: Path | None
                 values = [np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)]
             elif node.input and all((not i) or (i in known and known[i] is not None) for i in node.input):
                 try:
-                    values = list(ReferenceEvaluator(node).run(None, {i: known[i] for i in node.input if i}))
+                    # T5's position buckets take log(0) = -inf and cast it to an integer that a
+                    # Where then discards: numpy's warnings about it are not the user's concern
+                    with np.errstate(all="ignore"):
+                        values = list(ReferenceEvaluator(node).run(None, {i: known[i] for i in node.input if i}))
                 except Exception:  # noqa: BLE001 - anything the evaluator cannot run stays an op
                     continue
             else:

@@ -14,7 +14,10 @@ Tensors that need no gradient (masks, position tables: they depend only on input
 rebuilt by each stage from the inputs, as Megatron-LM does, and are not sent; neither are
 weights (parameters and tensors computed from them alone): a stage reading one holds it
 (:func:`sent_activations`), and a parameter held by several stages has its gradient
-all-reduced among them (:func:`held_copies`: tied embeddings).
+all-reduced among them (:func:`held_copies`: tied embeddings).  Tensors computed from
+parameters and the input *shapes* only (:func:`weight_derived`: T5's relative position bias,
+a heads x s x s table that block 0 gathers and every later block adds to its scores) are
+rebuilt the same way by each stage that reads them, from its copy of the parameters.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import OpGraph
 
 __all__ = ["partition_layers", "Boundary", "stage_boundaries", "sent_activations", "parameter_layers",
-           "parameter_shard_factors", "HeldCopies", "held_copies"]
+           "parameter_shard_factors", "HeldCopies", "held_copies", "weight_derived"]
+
+#: Ops whose outputs are not a function of their inputs alone (a stage cannot rebuild them) or
+#: that the derivation below does not look inside (control flow).
+_NOT_REBUILT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                          "Bernoulli", "Dropout", "If", "Loop", "Scan"})
+#: Ops whose outputs depend on the shape of their input only (every dim is bound at import).
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 
 def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], ...]:
@@ -113,7 +123,8 @@ def stage_boundaries(
     return tuple(Boundary(k, tuple(sorted(c))) for k, c in enumerate(crossing))
 
 
-def sent_activations(graph: OpGraph, needs_grad: frozenset[str]) -> frozenset[str]:
+def sent_activations(graph: OpGraph, needs_grad: frozenset[str],
+                     rebuilt: Mapping[str, tuple[str, ...]] | None = None) -> frozenset[str]:
     """The tensors a pipeline boundary may carry: those that need a gradient, less every weight.
 
     A parameter, a stored copy of one and a parameter-derived tensor (a ``Transpose``, ``Cast``
@@ -128,23 +139,77 @@ def sent_activations(graph: OpGraph, needs_grad: frozenset[str]) -> frozenset[st
     """
     live_reads = {n for op in graph.ops if op.repeat for n in op.inputs if n}
     never_made = {n for op in graph.ops if not op.repeat for n in op.outputs if n}
-    return frozenset(n for n in needs_grad if n in live_reads and n not in never_made
+    rebuilt = weight_derived(graph) if rebuilt is None else rebuilt
+    return frozenset(n for n in needs_grad if n in live_reads and n not in never_made and n not in rebuilt
                      and not ((t := graph.tensors.get(n)) is not None and t.is_weight))
 
 
-def parameter_layers(graph: OpGraph, layer_of_op: Sequence[int]) -> dict[str, tuple[int, ...]]:
+def weight_derived(graph: OpGraph) -> dict[str, tuple[str, ...]]:
+    """Activations computed from parameters and constants alone, with the parameters they come
+    from: float tensors no input's *values* reach (an input's shape may: every dim is bound at
+    import).  T5's relative position bias is one: block 0 gathers a (heads, s, s) table from its
+    ``relative_attention_bias`` weight with bucket indices computed from ``Range(s)``, and every
+    later block of the stack adds it to its attention scores (HF ``T5Stack`` passes
+    ``position_bias`` on); DeBERTa's normalised relative embeddings are another.
+
+    A pipeline stage that reads one rebuilds it from its own copy of those parameters instead of
+    receiving it per micro-batch and sending its gradient back; the copies' gradients are
+    all-reduced after the backward pass like a tied embedding's (:func:`held_copies`).  This is
+    how Megatron-Core treats position embeddings that are not a layer's: the model, not a
+    transformer layer, holds them (``RotaryEmbedding``, T5's ``RelativePositionEmbedding``) and
+    every pipeline stage computes them for its own layers.  The few ops that rebuild the tensor
+    are costed on its first reader only: they touch (heads, s, s) elements once per micro-batch,
+    small next to the attention that adds them.
+
+    Parameters and their stored views (``is_weight``) are not listed: they are never activations.
+    Random ops (dropout) and control flow end a derivation; ops that run 0 times are skipped.
+    """
+    dynamic: set[str] = set(graph.inputs)  # tensors an input's values reach
+    sources: dict[str, frozenset[str]] = {}  # static tensors computed from parameters
+    out: dict[str, tuple[str, ...]] = {}
+    for op in graph.ops:
+        names = [n for n in op.inputs if n]
+        if op.op_type in _SHAPE_ONLY:
+            continue  # static, and no parameter reaches a shape
+        if op.op_type in _NOT_REBUILT or not op.repeat or any(n in dynamic for n in names):
+            dynamic.update(o for o in op.outputs if o)
+            continue
+        found: set[str] = set()
+        for n in names:
+            t = graph.tensors.get(n)
+            if t is not None and t.is_weight:
+                found.update(graph.parameter_sources(n))
+            elif n in sources:
+                found.update(sources[n])
+        if not found:
+            continue
+        params = frozenset(found)
+        for o in op.outputs:
+            t = graph.tensors.get(o) if o else None
+            if t is None or t.is_weight:
+                continue
+            sources[o] = params
+            if t.dtype.is_float:
+                out[o] = tuple(sorted(params))
+    return out
+
+
+def parameter_layers(graph: OpGraph, layer_of_op: Sequence[int],
+                     rebuilt: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, tuple[int, ...]]:
     """Per parameter, the layers that read it directly or through a weight carrying its values
-    (a tied copy, a parameter-derived tensor: :meth:`OpGraph.parameter_sources`), ascending.
+    (a tied copy, a parameter-derived tensor: :meth:`OpGraph.parameter_sources`; an activation
+    rebuilt from it: :func:`weight_derived`), ascending.
 
     The first is the parameter's owner: it counts there.  Every other stage that reads it holds
     a copy (memory, optimizer state) whose gradient is all-reduced with the owner's
     (:func:`held_copies`).  Parameters no op reads are left out."""
     readers: dict[str, set[int]] = {}
+    rebuilt = weight_derived(graph) if rebuilt is None else rebuilt
     for op in graph.ops:
         li = layer_of_op[op.index]
         for name in op.inputs:
             if name:
-                for src in graph.parameter_sources(name):
+                for src in graph.parameter_sources(name) or rebuilt.get(name, ()):
                     readers.setdefault(src, set()).add(li)
     return {w: tuple(sorted(layers)) for w, layers in readers.items()}
 
