@@ -280,14 +280,15 @@ def _tied_tip(facts: Facts, stages: tuple[int, ...], comms: Sequence[CommNode]) 
     """Tooltip of a tied-weight gradient all-reduce between ``stages`` (Megatron's embedding group)."""
     c = comms[0]
     return (f"tied-weight gradient all-reduce between stages {', '.join(map(str, stages))} "
-            f"(Megatron-LM embedding group), once per iteration after the backward pass, before the optimizer step\n"
+            f"(Megatron-LM's embedding group for a tied word embedding), once per iteration after the backward pass, "
+            f"before the optimizer step\n"
             f"weights: {_short(c.tensor)}\n"
             f"message: {fmt_bytes(c.message_bytes)} per GPU pair, {c.algorithm} over {c.link}: {fmt_s(c.time_s)}\n"
             f"{fmt_share(facts.comm_share(c))} of the iteration")
 
 
 def _tied_label(comms: Sequence[CommNode], where: str = "") -> str:
-    return html_text(f"embedding-grad all-reduce{where} · {fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}")
+    return html_text(f"tied-weight grad all-reduce{where} · {fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}")
 
 
 # ---------------------------------------------------------------------------------------------
