@@ -62,9 +62,9 @@ def test_a_t_that_does_not_divide_the_heads_is_refused(model, exporter):
 def test_per_head_fused_qkv_is_column_parallel_by_heads(model, exporter, t):
     """Each rank holds whole heads of the fused projection (q, k and v of its heads side by
     side): nothing is replicated or gathered, and each block has Megatron's two forward
-    all-reduces (after the attention output and the MLP's second projection) or one when the
-    model adds the two partial sums before reducing (GPT-NeoX's parallel residual keeps them
-    apart in the export)."""
+    all-reduces (after the attention output and the MLP's second projection; BLOOM) or one
+    when the block adds the two partial sums before reducing (GPT-NeoX's parallel residual:
+    tests/test_parallel_block.py); plus the embedding's."""
     g = _graph(model, exporter)
     plan = shard_tensor_parallel(g, t)
     assert not plan.warnings
@@ -74,8 +74,9 @@ def test_per_head_fused_qkv_is_column_parallel_by_heads(model, exporter, t):
         assert plan.shards[at].rule.startswith("column-parallel"), (at, plan.shards[at].rule)
     kinds = Counter(c.kind for c in plan.comms)
     assert set(kinds) == {CollectiveKind.ALL_REDUCE}
-    block_forward = [c for c in plan.comms if c.phase is Phase.FORWARD and c.reason.startswith("row-parallel")]
-    assert len(block_forward) == 2 * HEADS[model][2] + 1
+    block_forward = [c for c in plan.comms if c.phase is Phase.FORWARD and "row-parallel output" in c.reason]
+    per_block = {"bloom": 2, "gpt_neox": 1}[model]
+    assert len(block_forward) == per_block * HEADS[model][2] + 1
 
 
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])

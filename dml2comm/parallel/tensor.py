@@ -16,7 +16,9 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
 - A weight MatMul/Gemm/Conv whose input is split along its reduction axis is
   **row-parallel**: the weight is split along the input features, the output is ``P``.
 - A ``P`` tensor is all-reduced in forward before its first consumer (Megatron's ``g``;
-  backward identity).  ``P + P`` stays ``P``.
+  backward identity).  ``P + P`` stays ``P``, and so does ``P + bias`` when it is next added
+  to another projection's output: a parallel block's attention and MLP outputs (GPT-J,
+  GPT-NeoX, Phi) are summed and reduced once, each bias added once (:func:`_meets_projection`).
 - With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) that AllReduce becomes a
   **ReduceScatter** to ``S(sequence axis)``; norms, dropout and residual adds run on the
   sequence shard, and a column-parallel op first **AllGathers** its input.  Backward mirrors
@@ -566,17 +568,22 @@ def _propagate(
                 bwd_reduced.add(name)
         states[name] = _State(R)
 
+    # partial sums a bias was added to: the op that made them (the reduction belongs to it)
+    origin: dict[str, int] = {}
+    summed: set[str] = set()  # sums of partial sums (a parallel block's attention + MLP outputs)
+
     def resolve_partial(op: Op, name: str) -> None:
         st = state(name)
         if st.kind != P:
             return
-        at = graph.producer(name)
+        at = origin.get(name, graph.producer(name))
         at = op.index if at is None else at  # the reduction belongs to the op that made the partial sums
         tensor = graph.tensor(name)
         seq_axis = tensor.rank - 2 if tensor is not None and tensor.rank >= 2 else -1
         if sp and tensor is not None and seq_axis >= 0 and tensor.shape[seq_axis] % t == 0:
             comms.append(
-                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, at, name, nbytes(name), "row-parallel output (sequence parallel)")
+                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, at, name, nbytes(name),
+                       ("summed row-parallel outputs" if name in summed else "row-parallel output") + " (sequence parallel)")
             )
             if name in grad:
                 comms.append(
@@ -584,7 +591,8 @@ def _propagate(
                 )
             states[name] = _State("S", seq_axis, None, _token_outer(graph, name, t))
         else:
-            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, at, name, nbytes(name), "row-parallel output (Megatron g)"))
+            why = "summed row-parallel outputs, reduced once (Megatron g)" if name in summed else "row-parallel output (Megatron g)"
+            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, at, name, nbytes(name), why))
             states[name] = _State(R)
 
     def column_input_grad(op: Op, name: str) -> None:
@@ -621,9 +629,15 @@ def _propagate(
         factor = 1
         out_state: _State = _State(R)
 
-        # Every partial sum is reduced before it is read (P + P excepted).
+        # Every partial sum is reduced before it is read (P + P excepted, and a bias added to a
+        # partial sum that then meets another projection's: see _meets_projection).
         if op.op_type in ("Add", "Sub", "Sum") and act_ins and all(state(n).kind == P for n in act_ins) and len(act_ins) == len([n for n in ins if n]):
             out_state, rule = _State(P), "partial sum"
+            summed.update(o for o in outs)
+        elif (op.op_type == "Add" and len(act_ins) == 1 and state(act_ins[0]).kind == P
+              and _bias_operand(graph, op, act_ins[0], weight_of) and _meets_projection(graph, op.outputs[0], weight_of)):
+            out_state, rule = _State(P), "partial sum + bias (added once, after the reduction)"
+            origin[op.outputs[0]] = origin.get(act_ins[0], graph.producer(act_ins[0]))  # type: ignore[assignment]
         else:
             for n in act_ins:
                 resolve_partial(op, n)
@@ -752,6 +766,53 @@ def _split_shape(tensor: Tensor, axis: int, t: int, vocab_rows: int | None = Non
         shape[axis] = padded_vocab(vocab_rows, t)
     shape[axis] //= t
     return tensor.with_shape(tuple(shape))
+
+
+def _bias_operand(graph: OpGraph, op: Op, partial: str, weight_of) -> bool:
+    """Whether ``op`` adds a bias to ``partial``: its other operand is a weight that broadcasts
+    along the last axis only (``[n]`` or ``[1, .., 1, n]``)."""
+    others = [n for n in op.inputs if n and n != partial]
+    if len(others) != 1 or weight_of(others[0]) is None:
+        return False
+    bias, x = graph.tensor(others[0]), graph.tensor(partial)
+    if bias is None or x is None or not bias.shape or bias.shape[-1] != x.shape[-1]:
+        return False
+    return all(d == 1 for d in bias.shape[:-1])
+
+
+def _meets_projection(graph: OpGraph, name: str, weight_of) -> bool:
+    """Whether ``name`` (a row-parallel output plus its bias) is next added to another
+    projection's output (plus its bias): the attention and MLP outputs of a parallel block
+    (GPT-J, GPT-NeoX, Phi: ``x + attn(ln(x)) + mlp(ln(x))``).
+
+    There the two partial sums are added first and reduced once, as GPT-NeoX's library does
+    (``gpt_j_residual``: "we can avoid doing the allreduce in the attn / mlp outputs ... we can
+    do a single allreduce after we add mlp / attn outputs", megatron/model/transformer.py
+    ``ParallelTransformerLayer.forward``), with each bias added once after the reduction.
+    Elsewhere (a sequential block's ``x + proj(h) + b``) the partial sum is reduced before its
+    bias as Megatron-LM's ``RowParallelLinear`` does, so the bias add runs on the reduced (with
+    sequence parallelism, the sequence-sharded) tensor.  The other operand's producer is
+    followed back through bias adds to a weight ``MatMul``/``Gemm``."""
+    for c in graph.consumers(name):
+        op = graph.ops[c]
+        if op.op_type not in ("Add", "Sum"):
+            continue
+        for other in op.inputs:
+            if not other or other == name:
+                continue
+            seen = 0
+            while other and seen < 4:
+                p = graph.producer(other)
+                if p is None:
+                    break
+                prod = graph.ops[p]
+                if prod.op_type in ("MatMul", "Gemm") and _weight_operand(prod, weight_of) is not None:
+                    return True
+                if prod.op_type != "Add" or not any(n and weight_of(n) is not None for n in prod.inputs):
+                    break
+                other = next((n for n in prod.inputs if n and weight_of(n) is None), "")
+                seen += 1
+    return False
 
 
 def _weight_operand(op: Op, weight_of) -> int | None:
