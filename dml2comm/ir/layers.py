@@ -21,6 +21,7 @@ Ops before the first block form the ``embedding`` layer, ops after the last the 
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -137,7 +138,7 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
             if not inner:
                 break
             candidate = max(inner, key=lambda p: coverage[p])
-            if _sub_layers(graph, instances[candidate]):
+            if _sub_layers(graph, per_op, candidate):
                 break
             best = candidate
         chosen.append(best)
@@ -148,8 +149,9 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
     return keys
 
 
-def _sub_layers(graph: OpGraph, inner_keys: set[str]) -> bool:
-    """Whether the numbered children of a block are its sub-layers, not blocks of their own.
+def _sub_layers(graph: OpGraph, per_op: list[list[tuple[str, str]]], pattern: str) -> bool:
+    """Whether the instances of the numbered container ``pattern`` are the sub-layers of their
+    parent block, not blocks of their own (``per_op``: each op's :func:`_containers`).
 
     T5 numbers the parts of a block: ``encoder.block.3.layer.0`` is its self-attention,
     ``layer.1`` its feed-forward (``decoder.block.3.layer.1`` the cross-attention, ``layer.2``
@@ -159,29 +161,17 @@ def _sub_layers(graph: OpGraph, inner_keys: set[str]) -> bool:
     several and no parent has two with the same module names below them.  A parent with one
     child says nothing either way (the child is then taken as the block, as before).
     """
-    parent_of = {key: key.rsplit(".", 1)[0] for key in inner_keys}
-    modules: dict[str, set[str]] = {key: set() for key in inner_keys}
-    for op in graph.ops:
-        scope = op.scope
-        for key in _enclosing(scope, modules):
-            modules[key].add(scope[len(key) + 1:])
+    modules: dict[str, set[str]] = {}
+    for op, conts in zip(graph.ops, per_op):
+        for p, key in conts:
+            if p == pattern:
+                modules.setdefault(key, set()).add(op.scope[len(key) + 1:])
     children: dict[str, list[frozenset[str]]] = {}
     for key, names in modules.items():
-        children.setdefault(parent_of[key], []).append(frozenset(names))
+        children.setdefault(key.rsplit(".", 1)[0], []).append(frozenset(names))
     if all(len(kids) < 2 for kids in children.values()):
         return False
     return all(len(set(kids)) == len(kids) for kids in children.values())
-
-
-def _enclosing(scope: str, keys: dict[str, set[str]]) -> list[str]:
-    """The keys among ``keys`` that are ``scope`` or one of its dotted prefixes."""
-    parts = scope.split(".") if scope else []
-    out = []
-    for i in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:i])
-        if prefix in keys:
-            out.append(prefix)
-    return out
 
 
 # ----------------------------------------------------------------------------- structure
@@ -303,13 +293,8 @@ def _between(scope: str, running: str, upcoming: str | None) -> str:
         return running
     parts = scope.split(".")
 
-    def shared(key: str) -> int:
-        n = 0
-        for a, b in zip(parts, key.split(".")):
-            if a != b:
-                break
-            n += 1
-        return n
+    def shared(key: str) -> int:  # leading path components in common
+        return len(os.path.commonprefix([parts, key.split(".")]))
 
     return upcoming if shared(upcoming) > shared(running) else running
 
