@@ -21,6 +21,14 @@ accumulation (the tool's defaults), the gradient all-reduce after the backward p
 "we do not use any overlapping"), interleaving with three chunks for 175B and 530B (Sec. 6).
 Only Table 4 (one layer of the 22B model) of that paper is a calibration source; Table 5 is not.
 
+Third set: vTrain's multi-node runs (benchmarks/data/heldout_vtrain_multi.csv, provenance in
+heldout_vtrain_multi.json): 109 measured iteration times of Megatron-DeepSpeed GPT training
+(3.6B, 18.4B, 39.1B and 175B models, s = 2048) on 64-512 A100s in nodes of eight with 800 Gb/s
+of network per node.  Costed exactly as the single-node calibration set
+(:func:`dml2comm.validate.vtrain.predict`: fp16, full recomputation, 1F1B, no gradient overlap)
+on ``dgx-a100`` with 4 NICs per node (``--nics-per-node 4``: 4 x 200 Gb/s = the runs' 800 Gb/s).
+vTrain's single-node runs are a calibration source; these are not.
+
     .venv/bin/python benchmarks/bench_heldout.py
 """
 
@@ -44,6 +52,9 @@ from dml2comm.parallel.config import ParallelConfig  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent / "data" / "heldout_runs.json"
 RUNS_2022 = Path(__file__).resolve().parent / "data" / "heldout_korthikanti2022.json"
+RUNS_VTRAIN_MULTI = Path(__file__).resolve().parent / "data" / "heldout_vtrain_multi.csv"
+#: The runs' 800 Gb/s of network per node (their configs' ``inter_node_bandwidth``) as 200 Gb/s NICs.
+VTRAIN_MULTI_NICS = 4
 
 
 def runs():
@@ -83,6 +94,34 @@ def main_2022() -> list[float]:
     return errors
 
 
+def main_vtrain_multi() -> list[float]:
+    """vTrain's multi-node runs: per model size and overall mean |error|, signed mean, worst runs."""
+    import csv
+
+    from dml2comm.validate import vtrain
+
+    start = time.perf_counter()
+    with RUNS_VTRAIN_MULTI.open(newline="") as f:
+        table = vtrain.read_runs(csv.DictReader(f))
+    pred = vtrain.predict(table, range(len(table)), nics_per_node=VTRAIN_MULTI_NICS)
+    errors = [pred[i] / r["time_s"] - 1 for i, r in enumerate(table)]
+    print(f"\n{'runs (vTrain multi-node, Megatron-DeepSpeed)':46s} {'runs':>4s} {'GPUs':>4s} {'mean |error|':>12s} {'signed':>7s} {'worst':>7s}")
+    for h in sorted({r["h"] for r in table}):
+        e = [errors[i] for i, r in enumerate(table) if r["h"] == h]
+        gpus = table[next(i for i, r in enumerate(table) if r["h"] == h)]["gpus"]
+        print(f"{'h=' + str(h):46s} {len(e):4d} {gpus:4d} {sum(map(abs, e)) / len(e):12.1%} {sum(e) / len(e):+7.1%} "
+              f"{max(e, key=abs):+7.1%}")
+    worst = sorted(range(len(table)), key=lambda i: -abs(errors[i]))[:5]
+    for i in worst:
+        r = table[i]
+        print(f"  worst: h={r['h']} t={r['t']} d={r['d']} p={r['p']} b={r['b']}: measured {r['time_s']:.2f}s, "
+              f"predicted {pred[i]:.2f}s ({errors[i]:+.1%})")
+    absolute = [abs(e) for e in errors]
+    print(f"mean |error| {sum(absolute) / len(absolute):.1%}, median {sorted(absolute)[len(absolute) // 2]:.1%}, "
+          f"signed {sum(errors) / len(errors):+.1%}, worst {max(absolute):.1%} ({time.perf_counter() - start:.1f} s)")
+    return absolute
+
+
 def main() -> None:
     errors = []
     print(f"{'run':36s} {'t':>2s} {'p':>3s} {'d':>3s} {'b':>2s} {'v':>2s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'s':>5s}")
@@ -98,6 +137,7 @@ def main() -> None:
         sys.stdout.flush()
     print(f"mean |error| {sum(errors) / len(errors):.1%}, worst {max(errors):.1%}")
     main_2022()
+    main_vtrain_multi()
 
 
 if __name__ == "__main__":

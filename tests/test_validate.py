@@ -242,3 +242,20 @@ def test_h100_collectives_per_op_and_group_pinned():
     preset = collective_cost_for_group(get_cluster("dgx-h100", r.ranks), r.kind, list(range(r.ranks)), float(r.size_bytes))
     assert XLA_CALL_OVERHEAD_S == 20e-6
     assert predict(r).time_s - preset.time_s == pytest.approx(20e-6 - 51.5e-6, abs=1e-12)
+
+
+def test_vtrain_multi_node_heldout_set_is_costed_on_the_nics_a_node_has():
+    """vTrain's multi-node runs (benchmarks/data/heldout_vtrain_multi.csv, never fitted) go
+    through the calibration set's own modelling at s = 2048: the file is read whole, and a node
+    with half the NICs never makes a run faster, while tensor parallelism that spans two nodes
+    (t = 16 on 8-GPU nodes) slows far more than runs whose tensor group stays in a node."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "heldout_vtrain_multi.csv"
+    with path.open(newline="") as f:
+        table = vtrain.read_runs(csv.DictReader(f))
+    assert len(table) == 109 and {r["s"] for r in table} == {2048}
+    assert all(r["t"] * r["d"] * r["p"] == r["gpus"] for r in table)
+    picked = [i for i, r in enumerate(table) if r["h"] == 3072 and r["b"] == 8]
+    four, eight = vtrain.predict(table, picked, nics_per_node=4), vtrain.predict(table, picked)
+    slowdown = {table[i]["t"]: four[i] / eight[i] for i in picked if table[i]["p"] == 1}
+    assert all(four[i] >= eight[i] > 0 for i in picked)
+    assert slowdown[16] > 1.2 and max(slowdown[t] for t in (1, 2, 4, 8)) < 1.05, slowdown

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from functools import lru_cache
+from typing import Iterable
 
 from dml2comm import zoo
 from dml2comm.hardware.cluster import get_cluster
@@ -36,7 +37,7 @@ from dml2comm.search.fast import FastEvaluator, NotRepeating
 from dml2comm.validate.cases import Case, sample_indices, scaled_cluster
 from dml2comm.validate.data import read_csv
 
-__all__ = ["FILE", "SEQ_LEN", "VOCAB", "cases", "clear_cache", "padded_vocab", "runs"]
+__all__ = ["FILE", "SEQ_LEN", "VOCAB", "cases", "clear_cache", "padded_vocab", "predict", "read_runs", "runs"]
 
 FILE = "vtrain_ground_truth_single.csv"
 SEQ_LEN = 1024
@@ -52,10 +53,11 @@ def padded_vocab(vocab: int, t: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def runs() -> list[dict[str, int | float]]:
-    """The bundled runs: h, a, L, t, d, p, b, B, GPUs and the measured time in seconds."""
+def read_runs(rows: Iterable[dict[str, str]]) -> list[dict[str, int | float]]:
+    """vTrain's ground-truth rows (its CSV columns) as h, a, L, t, d, p, b, B, GPUs, s and the
+    measured time in seconds."""
     out = []
-    for r in read_csv(FILE):
+    for r in rows:
         out.append({"h": int(r["hidden size"]), "a": int(r["attention heads"]), "L": int(r["# layers"]),
                     "t": int(r["tensor parallelism"]), "d": int(r["data parallelism"]), "p": int(r["pipeline parallelism"]),
                     "b": int(r["micro batch"]), "B": int(r["global batch"]), "gpus": int(r["# GPUs"]),
@@ -63,11 +65,16 @@ def runs() -> list[dict[str, int | float]]:
     return out
 
 
+def runs() -> list[dict[str, int | float]]:
+    """The bundled single-node runs (:func:`read_runs`)."""
+    return read_runs(read_csv(FILE))
+
+
 @lru_cache(maxsize=None)
-def _imported(h: int, a: int, L: int, t: int, b: int) -> ImportResult:
-    """The zoo GPT of one shape at one micro-batch size (cached: the import does not depend on
-    the compute constant, so a refit re-imports nothing)."""
-    model = zoo.build_gpt(layers=L, hidden=h, heads=a, vocab=padded_vocab(VOCAB, t), seq_len=SEQ_LEN)
+def _imported(h: int, a: int, L: int, t: int, b: int, s: int = SEQ_LEN) -> ImportResult:
+    """The zoo GPT of one shape at one micro-batch size and sequence length (cached: the import
+    does not depend on the compute constant, so a refit re-imports nothing)."""
+    model = zoo.build_gpt(layers=L, hidden=h, heads=a, vocab=padded_vocab(VOCAB, t), seq_len=s)
     return load_model_proto(model, ImportOptions(batch_size=b))
 
 
@@ -84,20 +91,23 @@ def _config(run: dict) -> ParallelConfig:
                           overlap_grad_reduce=False)
 
 
-def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
-    """One case per run (a deterministic sample of at most ``sample``): iteration time."""
-    table = runs()
-    picked = sample_indices(len(table), sample)
+def predict(table: list[dict[str, int | float]], indices: Iterable[int], *, nics_per_node: int | None = None,
+            compute_scale: float = 1.0) -> dict[int, float]:
+    """Predicted iteration time (seconds) of the runs ``table[i]`` for ``i`` in ``indices``, each
+    modelled as the module docstring says, on DGX A100 nodes (``nics_per_node``: the cluster's
+    NICs per node where it is not the preset's 8, as ``--nics-per-node``).  Runs of one shape,
+    t, micro-batch, sequence length and GPU count share one import and one
+    :class:`~dml2comm.search.fast.FastEvaluator` call."""
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for i in picked:
+    for i in indices:
         r = table[i]
-        if r["t"] * r["d"] * r["p"] != r["gpus"] or r["s"] != SEQ_LEN:
-            raise ValueError(f"vTrain row {i}: t*d*p != GPUs or seq != {SEQ_LEN}")  # the bundled file is fixed
-        groups[(r["h"], r["a"], r["L"], r["t"], r["b"], r["gpus"])].append(i)
+        if r["t"] * r["d"] * r["p"] != r["gpus"]:
+            raise ValueError(f"vTrain row {i}: t*d*p != GPUs")  # the bundled files are fixed
+        groups[(r["h"], r["a"], r["L"], r["t"], r["b"], r["s"], r["gpus"])].append(i)
     predicted: dict[int, float] = {}
-    for (h, a, L, t, b, gpus), members in sorted(groups.items()):
-        cluster = dataclasses.replace(get_cluster("dgx-a100", gpus), collective_overhead_s=0.0)
-        imported = _imported(h, a, L, t, b)
+    for (h, a, L, t, b, s, gpus), members in sorted(groups.items()):
+        cluster = dataclasses.replace(get_cluster("dgx-a100", gpus, nics_per_node=nics_per_node), collective_overhead_s=0.0)
+        imported = _imported(h, a, L, t, b, s)
         configs = [_config(table[i]) for i in members]
         try:
             summaries = FastEvaluator(imported, scaled_cluster(cluster, compute_scale)).evaluate(configs)
@@ -107,6 +117,17 @@ def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
             if summary.get("error"):
                 raise ValueError(f"vTrain row {i} failed: {summary['error']}")
             predicted[i] = summary["iteration_time_s"]
+    return predicted
+
+
+def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
+    """One case per run (a deterministic sample of at most ``sample``): iteration time."""
+    table = runs()
+    picked = sample_indices(len(table), sample)
+    for i in picked:
+        if table[i]["s"] != SEQ_LEN:
+            raise ValueError(f"vTrain row {i}: seq != {SEQ_LEN}")  # the bundled file is fixed
+    predicted = predict(table, picked, compute_scale=compute_scale)
     out = []
     for i in picked:
         r = table[i]
