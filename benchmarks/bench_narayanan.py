@@ -10,8 +10,10 @@ pass, full recomputation, the interleaving rule and the recorded micro-batch siz
 :mod:`dml2comm.validate.narayanan`, which ``python main.py validate`` shares; see its docstring.
 ``--sweep`` re-runs the micro-batch sweep (fastest size in {1, 2, 4, 8} that fits) instead of
 using the record ``MICRO_BATCH`` and reports any row where the record is stale (~4x as long).
+``--sc21`` uses the authors' reproduction script's settings instead (``SC21``: micro-batch,
+model chunks and PyTorch DDP's overlapped gradient all-reduce per row), a sensitivity check.
 
-    .venv/bin/python benchmarks/bench_narayanan.py [--sweep]
+    .venv/bin/python benchmarks/bench_narayanan.py [--sweep | --sc21]
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from dml2comm.validate.narayanan import (MICRO_BATCH, MICRO_BATCH_CANDIDATES, best_micro_batch, model_chunks,  # noqa: E402,F401
-                                         predict, rows)
+from dml2comm.validate.narayanan import (MICRO_BATCH, MICRO_BATCH_CANDIDATES, SC21, best_micro_batch,  # noqa: E402,F401
+                                         model_chunks, predict, rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="re-run the micro-batch sweep instead of using MICRO_BATCH")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true", help="re-run the micro-batch sweep instead of using MICRO_BATCH")
+    mode.add_argument("--sc21", action="store_true", help="the authors' examples/sc21/run_table_1.sh settings (SC21)")
     args = parser.parse_args()
     errors, stale = [], []
     print(f"{'model':24s} {'t':>2s} {'p':>3s} {'d':>3s} {'b':>2s} {'v':>2s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'s':>5s}")
@@ -41,10 +45,14 @@ def main() -> None:
             b, pred = best_micro_batch(m, par)
             if MICRO_BATCH.get(name) != b:
                 stale.append(f"{name}: recorded {MICRO_BATCH.get(name)}, sweep {b}")
+        elif args.sc21:
+            b, v, ddp = SC21[name]
+            pred, _ = predict(m, par, b, chunks=v, overlap_grad_reduce=ddp)
         else:
             b = MICRO_BATCH[name]
             pred, _ = predict(m, par, b)
-        v = model_chunks(m["num_layers"], par["pipeline"], par["global_batch"] // (b * par["data_derived"]))
+        if not args.sc21:
+            v = model_chunks(m["num_layers"], par["pipeline"], par["global_batch"] // (b * par["data_derived"]))
         err = pred / measured - 1
         errors.append(abs(err))
         print(f"{name:24s} {par['tensor']:2d} {par['pipeline']:3d} {par['data_derived']:3d} {b:2d} {v:2d} {measured:9.0f} "

@@ -33,6 +33,13 @@ Assumptions the table does not state, each chosen by a rule, not per row:
   sweeping it with the tool would pick (:func:`best_micro_batch`); its outcome is recorded in
   :data:`MICRO_BATCH` (the validation uses the record; ``bench_narayanan.py --sweep`` re-runs
   the sweep and reports any row where the record is stale).
+
+The authors' reproduction script (NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh``) does set
+them, and is not used yet (:data:`SC21`, ``bench_narayanan.py --sc21``): it agrees with the rule
+on 18.4B and 76.1B-529.6B, sets b = 16 for 1.7B-7.5B, PyTorch DDP (the gradient all-reduce
+overlapped with the last micro-batch's backward) for the four rows without pipelining, and no
+interleaving for 39.1B and 1T, against the paper's Sec. 5.1 ("we use the interleaved pipeline
+schedule with the scatter/gather optimization enabled").  README, *Known limitations*.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate.cases import Case, sample_indices, scaled_cluster
 from dml2comm.validate.data import read_json
 
-__all__ = ["MICRO_BATCH", "MICRO_BATCH_CANDIDATES", "TABLE", "best_micro_batch", "cases", "eq3_flops", "model_chunks",
+__all__ = ["MICRO_BATCH", "MICRO_BATCH_CANDIDATES", "SC21", "TABLE", "best_micro_batch", "cases", "eq3_flops", "model_chunks",
            "predict", "rows"]
 
 #: The bundled table (``data/narayanan2021_table1.json``).
@@ -60,6 +67,17 @@ MICRO_BATCH = {
     "narayanan21_t1_1.7B": 8, "narayanan21_t1_3.6B": 8, "narayanan21_t1_7.5B": 8, "narayanan21_t1_18.4B": 8,
     "narayanan21_t1_39.1B": 4, "narayanan21_t1_76.1B": 2, "narayanan21_t1_145.6B": 2, "narayanan21_t1_310.1B": 1,
     "narayanan21_t1_529.6B": 1, "narayanan21_t1_1008.0B": 1,
+}
+
+
+#: NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh`` (the authors' scripts "used to produce the
+#: results" of the paper, examples/sc21/README.md), per Table 1 row: (``MBS``, model chunks from
+#: ``--num-layers-per-virtual-pipeline-stage`` or 1 without it, ``DDP=torch``).
+SC21 = {
+    "narayanan21_t1_1.7B": (16, 1, True), "narayanan21_t1_3.6B": (16, 1, True), "narayanan21_t1_7.5B": (16, 1, True),
+    "narayanan21_t1_18.4B": (8, 1, True), "narayanan21_t1_39.1B": (4, 1, False), "narayanan21_t1_76.1B": (2, 3, False),
+    "narayanan21_t1_145.6B": (2, 2, False), "narayanan21_t1_310.1B": (1, 2, False), "narayanan21_t1_529.6B": (1, 3, False),
+    "narayanan21_t1_1008.0B": (1, 1, False),
 }
 
 
@@ -86,17 +104,20 @@ def eq3_flops(m: dict[str, Any], global_batch: int) -> float:
 
 
 def predict(m: dict[str, Any], par: dict[str, Any], micro_batch: int = 1, dtype: str = "fp16",
-            grad_reduce_dtype: str | None = None, compute_scale: float = 1.0) -> tuple[float, Analysis]:
+            grad_reduce_dtype: str | None = None, compute_scale: float = 1.0, chunks: int | None = None,
+            overlap_grad_reduce: bool = False) -> tuple[float, Analysis]:
     """(TFLOP/s per GPU by eq. (3), the Analysis) of one Table 1 row at ``micro_batch``
-    (``compute_scale``: :func:`~dml2comm.validate.cases.scaled_cluster`)."""
+    (``compute_scale``: :func:`~dml2comm.validate.cases.scaled_cluster`; ``chunks``: model
+    chunks per GPU, default :func:`model_chunks`'s rule; ``overlap_grad_reduce``: PyTorch DDP's
+    overlap of the gradient all-reduce with the backward, :data:`SC21`)."""
     L, h, a, V, s = m["num_layers"], m["hidden_size"], m["num_attention_heads"], m["vocab_size"], m["seq_len"]
     t, p, d, B = par["tensor"], par["pipeline"], par["data_derived"], par["global_batch"]
     model = zoo.build_gpt(layers=L, hidden=h, heads=a, vocab=V, seq_len=s, ffn_hidden=m.get("ffn_hidden_size"))
     imported = load_model_proto(model, ImportOptions(batch_size=micro_batch))
-    v = model_chunks(L, p, B // (micro_batch * d))
+    v = model_chunks(L, p, B // (micro_batch * d)) if chunks is None else chunks
     config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro_batch, global_batch_size=B, seq_len=s,
                             recompute="full", schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
-                            overlap_grad_reduce=False, async_tp_allreduce=False, grad_accumulation_fusion=False,
+                            overlap_grad_reduce=overlap_grad_reduce, async_tp_allreduce=False, grad_accumulation_fusion=False,
                             dtype=dtype, grad_reduce_dtype=grad_reduce_dtype)
     cluster = replace(get_cluster("dgx-a100", t * p * d), collective_overhead_s=0.0)  # as the CLI: kernel time
     analysis = analyze_graph(imported, config, scaled_cluster(cluster, compute_scale), advise=False, timeline=False)
