@@ -50,6 +50,9 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     # numbered sub-layers inside each block; a relative position bias made once per stack
     "t5_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},
     "t5_dynamo.onnx": {"seq_len": 16},
+    # factorized embeddings projected to the hidden size: the projection's output is layer 0's input
+    "electra_legacy.onnx": {"seq_len": 16},
+    "electra_dynamo.onnx": {"seq_len": 16},
 }
 
 #: Elements that folding eval-mode BatchNorm into the preceding Conv removes (both exporters do

@@ -342,3 +342,27 @@ def test_deberta_relative_position_scores_stay_split_by_heads_at_any_micro_batch
         plans[b] = Counter((c.phase.name, c.reason.split(";")[0]) for c in plan.comms)
         assert [s.rule for s, op in zip(plan.shards, g.ops) if op.op_type == "GatherElements"] == ["split (gather)"] * 4
     assert plans[1] == plans[2] == plans[3]
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_electra_embedding_projection_stays_whole_so_layer_zero_is_planned_like_the_others(exporter, sp):
+    """ELECTRA projects its 64-wide embeddings to the hidden size 128 with a Linear whose output
+    is layer 0's input: read by its query, key and value projections and by its residual.  Split
+    by columns, it made layer 0's Q/K/V row-parallel, its attention core replicated and added an
+    all-gather (4 forward all-reduces + 1 all-gather against 2 in layer 1).  It is kept whole
+    (warned), and every encoder layer gets Megatron's plan: Q/K/V and the MLP's first GEMM
+    column-parallel, the output projections row-parallel."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / f"electra_{exporter}.onnx"
+    g = load_model(path, ImportOptions(batch_size=2, seq_len=16)).graph
+    plan = shard_tensor_parallel(g, 2, sequence_parallel=sp)
+    rules = Counter(s.rule for op, s in zip(g.ops, plan.shards) if op.op_type in ("MatMul", "Gemm"))
+    assert rules == {"column-parallel": 8, "row-parallel": 4, "head-parallel": 4, "replicated (block input)": 1}, rules
+    assert sum("feeds several projections" in w for w in plan.warnings) == 1
+    per_kind = Counter(c.kind.name for c in plan.comms)
+    if sp:
+        assert "ALL_REDUCE" not in per_kind or per_kind["ALL_REDUCE"] <= 1
+    else:
+        assert set(per_kind) == {"ALL_REDUCE"}

@@ -815,6 +815,39 @@ def _meets_projection(graph: OpGraph, name: str, weight_of) -> bool:
     return False
 
 
+#: Ops that pass a projection's output on unchanged in layout (its bias add is checked apart).
+_PASS_THROUGH = ("Dropout", "Identity", "Cast")
+
+
+def _feeds_block(graph: OpGraph, name: str, weight_of) -> bool:
+    """Whether ``name`` (a weight GEMM's output), after its bias add and any dropout, identity
+    or cast, is read by several ops of which at least one is a weight GEMM taking it as its
+    activation: the output is then a block's input (ELECTRA's embedding projection feeds layer
+    0's query, key and value and its residual), not the hidden activation of a column-parallel /
+    row-parallel pair, whose column-split output goes to exactly one consumer (an activation, a
+    Split of fused Q/K/V, a head reshape) on its way to the row-parallel GEMM."""
+    seen = 0
+    while seen < 4:
+        consumers = [graph.ops[c] for c in graph.consumers(name)]
+        if len(consumers) != 1:
+            break
+        nxt = consumers[0]
+        passes = nxt.op_type in _PASS_THROUGH or (nxt.op_type == "Add" and any(
+            n and n != name and weight_of(n) is not None for n in nxt.inputs))
+        if not passes or not nxt.outputs or not nxt.outputs[0]:
+            return False
+        name, seen = nxt.outputs[0], seen + 1
+    consumers = [graph.ops[c] for c in graph.consumers(name)]
+    if len(consumers) < 2:
+        return False
+    for c in consumers:
+        if c.op_type in ("MatMul", "Gemm"):
+            slot = _weight_operand(c, weight_of)
+            if slot is not None and c.inputs[1 - slot] == name:
+                return True
+    return False
+
+
 def _weight_operand(op: Op, weight_of) -> int | None:
     slots = {"MatMul": (1, 0), "Gemm": (1, 0), "Conv": (1,), "ConvTranspose": (1,)}[op.op_type]
     for slot in slots:
@@ -877,6 +910,14 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         warnings.append(f"{op.op_type} {op.name!r} replicated: t={t} does not divide its {n_out} outputs, and it is "
                         "the model's output head (kept whole on every tensor rank, as Megatron-LM keeps its heads)")
         return _State(R), "replicated (output head)", 1
+    if not conv and _feeds_block(graph, op.outputs[0], weight_of):
+        # a projection whose output is the input of a block (ELECTRA's and ALBERT's embedding
+        # projection): read whole by the block's Q/K/V projections and its residual, so splitting
+        # its columns would turn those into row-parallel GEMMs and gather the residual
+        warnings.append(f"{op.op_type} {op.name!r} replicated: its output feeds several projections and a "
+                        "residual as a block's input, so it is kept whole on every tensor rank (a column split "
+                        "would make the block's own projections row-parallel)")
+        return _State(R), "replicated (block input)", 1
     if n_out % t and not (vocab_rows and n_out == vocab_rows):
         raise ConfigError(
             f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
