@@ -197,9 +197,26 @@ def test_config_values_are_converted_like_flags(tmp_path, capsys):
 def test_data_dependent_internal_dims_name_a_few_and_no_useless_flag(tmp_path, capsys):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, "n"])
-    m = model([helper.make_node("NonZero", ["x"], ["y"], name="/nz")], [x], [y])
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0, name="/max"),
+             helper.make_node("Cast", ["m"], ["n"], to=TensorProto.INT64, name="/cast"),
+             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [], [0])),
+             helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"], name="/range")]
+    r = helper.make_tensor_value_info("r", TensorProto.INT64, ["k"])
+    m = model(nodes, [x], [r])
     line = assert_refused(cli(tmp_path, capsys, m), "internal dimension(s) stay unknown", "unk__0", "re-export it with static shapes")
     assert "--dim" not in line and "--seq-len" not in line  # binding flags cannot fix a data-dependent shape
+
+
+def test_data_dependent_routing_names_the_op_and_a_fixed_size_export(tmp_path, capsys):
+    """NonZero (a mixture of experts' token routing in transformers' eager experts) sizes its
+    output from values: static shapes cannot help, so the message names the op and the fix."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, "n"])
+    m = model([helper.make_node("NonZero", ["x"], ["y"], name="/experts/nz")], [x], [y])
+    line = assert_refused(cli(tmp_path, capsys, m), "op NonZero at node '/experts/nz' sizes its output from the data",
+                          "static shapes cannot help", "batched_mm")
+    assert "--dim" not in line and "re-export it with static shapes" not in line
 
 
 def paddle_placeholder_dims() -> onnx.ModelProto:

@@ -117,6 +117,11 @@ for _name in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", 
         _DTYPE_BY_ONNX[getattr(TensorProto, _name)] = DType.FLOAT8
 
 
+#: Ops whose output size depends on tensor values, not on shapes (ONNX operator specs: NonZero's
+#: output is [rank, number of non-zeros]; Unique, Compress and NonMaxSuppression likewise).
+_DATA_DEPENDENT_SIZE = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
+
+
 def _dtype(elem_type: int) -> DType:
     return _DTYPE_BY_ONNX.get(elem_type, DType.UNDEFINED)
 
@@ -1734,6 +1739,15 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         dims = sorted({d for ds in unknown.values() for d in ds}, key=lambda d: (d.startswith("unk__") or d == "?", d))
         named = ", ".join(dims[:3]) + (f" and {len(dims) - 3} more" if len(dims) > 3 else "")
         first = next(iter(unknown))
+        origin = next((op for op in ops if op.op_type in _DATA_DEPENDENT_SIZE and any(o in unknown for o in op.outputs)), None)
+        if origin is not None:
+            raise UnboundDimError(
+                f"op {origin.op_type} at node {origin.name!r} sizes its output from the data ({len(dims)} internal "
+                f"dimension(s) follow from it, first tensor {first!r}), so no input size fixes them and static "
+                "shapes cannot help; in a mixture of experts this is the token routing: export the experts in "
+                "a fixed-size form (every expert applied to all tokens, e.g. transformers' "
+                "experts_implementation='batched_mm'), or remove the data-dependent op"
+            )
         raise UnboundDimError(
             f"{len(dims)} internal dimension(s) stay unknown although every input dim is bound ({named}; first tensor {first!r}): "
             "the model computes them from data; re-export it with static shapes"
