@@ -34,6 +34,7 @@ vTrain's single-node runs are a calibration source; these are not.
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 import time
@@ -49,6 +50,7 @@ from dml2comm.analysis import analyze_graph  # noqa: E402
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
 from dml2comm.ir.onnx_import import ImportOptions, load_model_proto  # noqa: E402
 from dml2comm.parallel.config import ParallelConfig  # noqa: E402
+from dml2comm.validate import vtrain  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent / "data" / "heldout_runs.json"
 RUNS_2022 = Path(__file__).resolve().parent / "data" / "heldout_korthikanti2022.json"
@@ -96,19 +98,16 @@ def main_2022() -> list[float]:
 
 def main_vtrain_multi() -> list[float]:
     """vTrain's multi-node runs: per model size and overall mean |error|, signed mean, worst runs."""
-    import csv
-
-    from dml2comm.validate import vtrain
-
     start = time.perf_counter()
     with RUNS_VTRAIN_MULTI.open(newline="") as f:
         table = vtrain.read_runs(csv.DictReader(f))
     pred = vtrain.predict(table, range(len(table)), nics_per_node=VTRAIN_MULTI_NICS)
     errors = [pred[i] / r["time_s"] - 1 for i, r in enumerate(table)]
     print(f"\n{'runs (vTrain multi-node, Megatron-DeepSpeed)':46s} {'runs':>4s} {'GPUs':>4s} {'mean |error|':>12s} {'signed':>7s} {'worst':>7s}")
-    for h in sorted({r["h"] for r in table}):
-        e = [errors[i] for i, r in enumerate(table) if r["h"] == h]
-        gpus = table[next(i for i, r in enumerate(table) if r["h"] == h)]["gpus"]
+    by_width: dict[tuple[int, int], list[float]] = {}
+    for r, e in zip(table, errors):
+        by_width.setdefault((r["h"], r["gpus"]), []).append(e)
+    for (h, gpus), e in sorted(by_width.items()):
         print(f"{'h=' + str(h):46s} {len(e):4d} {gpus:4d} {sum(map(abs, e)) / len(e):12.1%} {sum(e) / len(e):+7.1%} "
               f"{max(e, key=abs):+7.1%}")
     worst = sorted(range(len(table)), key=lambda i: -abs(errors[i]))[:5]

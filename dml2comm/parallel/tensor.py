@@ -832,8 +832,7 @@ def _feeds_block(graph: OpGraph, name: str, weight_of) -> bool:
         if len(consumers) != 1:
             break
         nxt = consumers[0]
-        passes = nxt.op_type in _PASS_THROUGH or (nxt.op_type == "Add" and any(
-            n and n != name and weight_of(n) is not None for n in nxt.inputs))
+        passes = nxt.op_type in _PASS_THROUGH or (nxt.op_type == "Add" and _bias_operand(graph, nxt, name, weight_of))
         if not passes or not nxt.outputs or not nxt.outputs[0]:
             return False
         name, seen = nxt.outputs[0], seen + 1
