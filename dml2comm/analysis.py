@@ -414,7 +414,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         "et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together: python main.py validate)"
     )
     warnings.append(
-        f"host: {host.name} ({host.kernel_s * 1e6:.0f} µs of CPU per kernel"
+        f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel"
         + (f" and {fmt_s(host.p2p_s)} per pipeline message" if host.p2p_s else "")
         + ", fitted on vTrain's single-node runs; small kernels wait for the CPU)" if host.kernel_s > 0 else
         f"host: {host.name} (kernel time only, as a CUDA-graph captured step; --host-model eager for eager PyTorch)")

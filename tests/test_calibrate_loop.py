@@ -164,7 +164,7 @@ def test_references_list_the_calibrated_constants(calibrated: Path, tmp_path: Pa
     assert table["sha256"] == hashlib.sha256(calibrated.read_bytes()).hexdigest() and len(table["traces"]) == 3
     rows = {r["constant"]: r for r in table["rows"]}
     gemm = rows["gpu.gemm_sustained_factor"]
-    assert (gemm["value"], gemm["base"], gemm["samples"], gemm["held"]) == ("0.3978", "0.715", "300", "31 shapes: 27.5% / 106.0%")
+    assert (gemm["value"], gemm["base"], gemm["samples"], gemm["held"]) == ("0.3978", "0.723", "300", "31 shapes: 27.5% / 106.0%")
     assert rows["collective ALL_REDUCE n=2 intra-node"]["base"].startswith("1\u00a0MiB: ")
     assert "gpu.hbm_efficiency" in rows and "links.inter_node" in table["from_base"]
     assert calibration_table(get_cluster("dgx-a100", 8)) is None
@@ -179,5 +179,5 @@ def test_references_page_of_an_analysis_on_a_calibrated_cluster(calibrated: Path
                  "--out", str(tmp_path / "a")]) == 0
     html = (tmp_path / "a" / "site" / "references.html").read_text()
     assert "Calibrated constants" in html and hashlib.sha256(calibrated.read_bytes()).hexdigest() in html
-    assert "<code>gpu.gemm_sustained_factor</code></td><td>0.3978</td><td>0.715</td>" in html
+    assert "<code>gpu.gemm_sustained_factor</code></td><td>0.3978</td><td>0.723</td>" in html
     assert "nccl_parser_config__nccl_data.json.gz" in html

@@ -137,7 +137,9 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     leave-one-source-out refits.  Alarms (today + margin): vTrain mean |error| 8.8% -> 11% (32.8%
     before the host model, dml2comm.cost.host); Korthikanti 3.6% -> 5% (12.7% before the
     asynchronous TP all-reduce and the memory-bound GEMM tile cost, 4.6% before the GEMM's partial
-    last wave; its forward with sequence parallelism is still 5.5% too slow)."""
+    last wave, 3.4% before autograd's gradient sums, dml2comm.cost.ops.gradient_forks), and the
+    issue's target on it: every layer time, forward and backward, within 5% (its forward with
+    sequence parallelism was 5.5% too slow before the gradient sums; 4.7% now)."""
     summary, rows = _run(tmp_path, "--source", "vtrain", "--source", "korthikanti2022", "--sample", "40")
     assert [r["source"] for r in rows] == ["vtrain"] * 40 + ["korthikanti2022"] * 10
     for r in rows:
@@ -146,6 +148,7 @@ def test_vtrain_and_korthikanti_sampled_with_loso(tmp_path):
     assert (v["count"], k["count"], summary["sample"]) == (40, 10, 40)
     assert v["mean_abs_error"] <= 0.11
     assert k["mean_abs_error"] <= 0.05
+    assert all(abs(float(r["error"])) <= 0.05 for r in rows if r["source"] == "korthikanti2022")
     loso = {r["source"]: r for r in summary["loso"]}
     assert loso["vtrain"]["loso_fitted_on"] == ["korthikanti2022"]
     assert loso["korthikanti2022"]["loso_fitted_on"] == ["vtrain"]

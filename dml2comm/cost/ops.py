@@ -7,6 +7,8 @@ each at its own shape (:func:`dml2comm.cost.gemm.training_gemms`); every other o
 roofline (:mod:`dml2comm.cost.compute`).  Point-wise
 chains then run as fused kernels (:func:`fused_kernels`, :func:`fuse_pointwise`): Megatron-LM's
 fused bias-GeLU, bias-dropout-add and scale-mask-softmax (Narayanan et al. 2021, Sec. 4.2).
+Backward then pays autograd's gradient sums where several kernels read one tensor
+(:func:`gradient_forks`: PyTorch's ``InputBuffer::accumulate``, one add per extra reader).
 
 The analysis (:func:`dml2comm.analysis.analyze_graph`) and the sweep's fast path
 (:mod:`dml2comm.search.fast`) both read op times through :func:`shard_op_costs`, cached per graph
@@ -22,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from dml2comm.cost.cache import CacheKey, derived, tensor_parallel_of
+from dml2comm.cost.cache import CacheKey, derived, needs_grad_of, tensor_parallel_of, weight_derived_of
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, gemm_time_s, training_gemms
@@ -35,7 +37,8 @@ from dml2comm.parallel.config import DTYPES
 from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
-           "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "OpCostsKey", "OpSignaturesKey",
+           "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts",
+           "GradientFork", "gradient_forks", "gradient_sum_bytes", "GradientForksKey", "OpCostsKey", "OpSignaturesKey",
            "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
@@ -109,6 +112,11 @@ class OpCostTableKey(CacheKey):
 @dataclass(frozen=True, slots=True)
 class FusedGroupsKey(CacheKey):
     """Fused kernels of two or more ops with their crossing tensors (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GradientForksKey(CacheKey):
+    """:func:`gradient_forks` (the graph alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +232,84 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             if graph.ops[i].op_type == "Softmax" and tp.shards[i].outputs and tp.shards[i].outputs[0] is not None:
                 extra = tp.shards[i].outputs[0].numel * SOFTMAX_CAST_BYTES / (hbm * hbm_eff)
                 times[i] = (times[i][0] + extra, times[i][1] + extra)
+    forks = derived(graph, GradientForksKey(), lambda: gradient_forks(graph))
+    sums = [0] * len(costs)
+    if forks:
+        # autograd adds up the gradients of a tensor that several kernels read (gradient_forks):
+        # one add per extra reader, charged to the backward of its first reader (the last to run)
+        times = list(times)
+        for fork in forks:
+            moved = gradient_sum_bytes(fork, tp, train)
+            i = fork.reader
+            c = costs[i]
+            costs[i] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + moved,
+                              f"{c.rule} + gradient sum of its input's {fork.extra + 1} readers", c.fallback)
+            times[i] = (times[i][0], times[i][1] + moved / (hbm * hbm_eff))
+            sums[i] += fork.extra
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
-        times = host_bound_times(times, op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2), is_gemm, host)
+        kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2)
+        if forks:
+            kernels = [(f, b + extra) for (f, b), extra in zip(kernels, sums)]
+        times = host_bound_times(times, kernels, is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+class GradientFork(NamedTuple):
+    """An activation whose gradient autograd sums from several backward kernels."""
+
+    tensor: str
+    #: its first reader in forward order: its backward runs last, the sum follows it there (in the
+    #: readers' layer and pipeline stage: a stage that receives the tensor sums its gradient
+    #: before sending it back), and the tensor's shard size is read from its view of it
+    reader: int
+    position: int  #: the tensor's input position in that reader
+    extra: int  #: additions: the gradient-producing kernels reading it, less one
+    repeat: int  #: times the reader runs (Loop/Scan bodies)
+
+
+def gradient_forks(graph: OpGraph) -> tuple[GradientFork, ...]:
+    """The activations whose gradient is a sum: read by two or more kernels whose outputs need a
+    gradient (:func:`~dml2comm.parallel.tensor.requires_grad`).
+
+    PyTorch's autograd accumulates the gradients flowing into one tensor from its readers in an
+    input buffer: the second and every later gradient is added to the first, one element-wise
+    add each that reads two gradients and writes one (``InputBuffer::add`` / ``accumulate`` in
+    torch/csrc/autograd/input_buffer.cpp, in place where it can, out of place otherwise: the
+    same traffic).  In a transformer layer these are the residual stream, read by the LayerNorm
+    and by the residual add (twice per layer: before attention and before the MLP), and, in
+    exports with separate projections, the normalised input read by the Q, K and V (or gate and
+    up) GEMMs.  Readers fused into one kernel (:func:`fused_kernels`, e.g. the tanh-GeLU's
+    ``Mul``, ``Pow`` and ``Add`` of one input) have one fused backward that sums in registers and
+    count once; readers without a gradient (``Shape``, a comparison) do not count.  Weights and
+    tensors derived from weights alone are left out: their gradients go to the parameter's own
+    gradient buffer (``main_grad`` in Megatron-LM), costed with the optimizer terms."""
+    needs = needs_grad_of(graph)
+    weight_derived = weight_derived_of(graph)
+    regions = fused_kernels(graph)
+    out = []
+    for name, tensor in graph.tensors.items():
+        if name not in needs or tensor.is_weight or name in weight_derived or not tensor.dtype.is_float:
+            continue
+        if graph.producer(name) is None:
+            continue
+        readers = sorted(c for c in set(graph.consumers(name)) if any(o in needs for o in graph.ops[c].outputs if o))
+        kernels = {regions.get(c, -1 - c) for c in readers}
+        if len(kernels) >= 2:
+            first = graph.ops[readers[0]]
+            out.append(GradientFork(name, first.index, first.inputs.index(name), len(kernels) - 1, first.repeat))
+    return tuple(out)
+
+
+def gradient_sum_bytes(fork: GradientFork, tp: TensorParallelPlan, train: DType) -> float:
+    """HBM bytes of ``fork``'s additions on this tensor-parallel shard in ``train``: each reads
+    two gradients of the tensor's size as its reader sees it (1/t of the sequence under
+    sequence parallelism) and writes one."""
+    inputs = tp.shards[fork.reader].inputs
+    seen = inputs[fork.position] if fork.position < len(inputs) else None
+    if seen is None:
+        return 0.0
+    return 3.0 * seen.with_dtype(train).nbytes * fork.extra * fork.repeat
 
 
 def attention_head_views(graph: OpGraph) -> frozenset[int]:
