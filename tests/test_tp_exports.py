@@ -366,3 +366,22 @@ def test_electra_embedding_projection_stays_whole_so_layer_zero_is_planned_like_
         assert "ALL_REDUCE" not in per_kind or per_kind["ALL_REDUCE"] <= 1
     else:
         assert set(per_kind) == {"ALL_REDUCE"}
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_experts_picked_from_a_stacked_weight_stay_whole_with_one_warning(exporter):
+    """Mixtral's experts exported as one [E, n, k] weight per projection, picked by Gather (the
+    legacy exporter) or GatherND (dynamo) for batched products: kept whole on every tensor rank,
+    said once for the model (it was silent), and not called an embedding."""
+    graph = load_model(FIXTURES / f"mixtral_tiny_{exporter}.onnx", ImportOptions(batch_size=2, seq_len=16)).graph
+    plan = shard_tensor_parallel(graph, 2)
+    said = [w for w in plan.warnings if "stacked expert weight" in w]
+    assert len(said) == 1 and said[0].startswith("4 stacked expert weight(s)") and "--ep" in said[0]
+    picks = [(op, sh) for op, sh in zip(graph.ops, plan.shards) if sh.rule == "replicated (stacked expert weights)"]
+    assert len(picks) == 4 and {op.op_type for op, _ in picks} == {"Gather" if exporter == "legacy" else "GatherND"}
+    for op, _ in picks:
+        stacked = graph.tensor(op.inputs[0])
+        assert stacked.is_weight and stacked.rank == 3 and plan.weight_factor[stacked.name] == 1
+    # the vocabulary embedding is still a vocab-parallel Gather, and t = 1 says nothing
+    assert any(sh.rule == "vocab-parallel embedding" for sh in plan.shards)
+    assert not [w for w in shard_tensor_parallel(graph, 1).warnings if "stacked" in w]

@@ -43,6 +43,10 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
   Reshape (never a grouped-query warning on a model without attention).
 - Anything else that reads a split tensor on its split axis (a norm over the hidden axis, a
   softmax over a split axis) gets an AllGather first, with a warning.
+- Experts stored as one stacked weight ``[E, ..]`` whose matrices a ``Gather``/``GatherND``
+  picks for the batched products (transformers' ``batched_mm`` mixture-of-experts layers) stay
+  whole on every rank, with one warning for the model: no expert tensor parallelism is inferred
+  from them; ``--ep`` splits the experts across ranks instead.
 """
 
 from __future__ import annotations
@@ -525,6 +529,7 @@ def _propagate(
             "(Megatron-LM --make-vocab-size-divisible-by 128)"
         )
     grad = needs_grad if needs_grad is not None else requires_grad(graph)
+    stacked: list[str] = []  # stacked expert weights picked by a Gather (kept whole, one warning)
 
     def local(name: str) -> Tensor | None:
         tensor = graph.tensor(name)
@@ -656,6 +661,9 @@ def _propagate(
             rule = "weight view"
         elif op.op_type in _WEIGHT_OPS and _weight_operand(op, weight_of) is not None:
             out_state, rule, factor = _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings, vocab_rows)
+        elif op.op_type in ("Gather", "GatherND") and _stacked_matrices(graph, op, weight_of):
+            stacked.append(weight_of(ins[0])[0])  # type: ignore[index]
+            rule = "replicated (stacked expert weights)"
         elif op.op_type == "Gather" and weight_of(ins[0]) is not None:
             base, _ = weight_of(ins[0])  # type: ignore[misc]
             table = graph.tensor(base)
@@ -712,6 +720,14 @@ def _propagate(
         elif st.kind == "S":
             comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, last, name, nbytes(name), "split graph output gathered"))
 
+    if stacked:
+        first = graph.tensor(stacked[0])
+        names = list(dict.fromkeys(stacked))
+        warnings.append(
+            f"{len(names)} stacked expert weight(s) ({names[0]!r} {first.shape if first is not None else ''}"
+            f"{', ...' if len(names) > 1 else ''}) are picked by Gather for the experts' products: kept whole on every "
+            f"tensor-parallel rank (no expert tensor parallelism from them, costed replicated); --ep splits the experts across ranks"
+        )
     weight_factor = {w.name: (t if w.name in weight_split else 1) for w in graph.weights}
     return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)))
 
@@ -845,6 +861,17 @@ def _feeds_block(graph: OpGraph, name: str, weight_of) -> bool:
             if slot is not None and c.inputs[1 - slot] == name:
                 return True
     return False
+
+
+def _stacked_matrices(graph: OpGraph, op: Op, weight_of) -> bool:
+    """Whether ``op`` (a Gather or GatherND) picks matrices out of a stacked weight of rank >= 3
+    for a matrix product: the experts of a mixture-of-experts layer exported as one ``[E, n, k]``
+    parameter indexed by the router's choice (transformers' ``batched_mm`` experts)."""
+    source = weight_of(op.inputs[0]) if op.inputs and op.inputs[0] else None
+    table = graph.tensor(source[0]) if source is not None else None
+    out = op.outputs[0] if op.outputs else ""
+    return (table is not None and table.rank >= 3 and bool(out)
+            and any(graph.ops[c].op_type in ("MatMul", "Einsum") for c in graph.consumers(out)))
 
 
 def _weight_operand(op: Op, weight_of) -> int | None:
