@@ -60,7 +60,7 @@ def test_sum_moves_three_tensors_of_the_shard_the_readers_see(t: int, sp: bool) 
     assert sizes == {3 * b * s * h * 2 / (t if sp else 1)}
 
 
-def test_backward_of_the_producer_grows_by_the_sum_and_nothing_else_changes() -> None:
+def test_backward_of_the_first_reader_grows_by_the_sum_and_nothing_else_changes() -> None:
     graph = _gpt(1)
     gpu = get_cluster("dgx-a100", 1).gpu
     tp = tensor_parallel_of(graph, 1, False, BF16.itemsize)

@@ -289,9 +289,8 @@ def gradient_forks(graph: OpGraph) -> tuple[GradientFork, ...]:
     regions = fused_kernels(graph)
     out = []
     for name, tensor in graph.tensors.items():
+        # a tensor that needs a gradient is a weight or an op's output: no graph input reaches here
         if name not in needs or tensor.is_weight or name in weight_derived or not tensor.dtype.is_float:
-            continue
-        if graph.producer(name) is None:
             continue
         readers = sorted(c for c in set(graph.consumers(name)) if any(o in needs for o in graph.ops[c].outputs if o))
         kernels = {regions.get(c, -1 - c) for c in readers}
