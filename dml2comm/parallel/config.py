@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "SCHEDULES", "RECOMPUTE_MODES", "OPTIMIZERS", "CP_SCHEMES"]
+__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "SCHEDULES",
+           "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
 
@@ -40,7 +41,63 @@ class Recompute(_Choice):
     FULL = "full"
 
 
+class Stack(_Choice):
+    """What runs the model, which decides the kernels that exist (``--stack``).
+
+    - ``megatron``: Megatron-LM / Megatron-Core: fused point-wise kernels (bias-GeLU,
+      bias-dropout-add, scale-mask-softmax; Narayanan et al. 2021 Sec. 4.2), fused or flash
+      attention, a vocabulary-parallel cross-entropy in fp32.
+    - ``pytorch``: eager PyTorch 2.x / Hugging Face transformers: one kernel per op, the casts
+      the model code makes, ``F.scaled_dot_product_attention`` (flash kernels on sm_80+), the
+      loss as written (``ForCausalLMLoss`` upcasts the logits to fp32).
+    """
+
+    MEGATRON = "megatron"
+    PYTORCH = "pytorch"
+
+
+class Precision(_Choice):
+    """How parameters, gradients and optimizer states are held (``--precision``).
+
+    - ``mixed``: Megatron's mixed precision: 16-bit parameters and gradients for the passes,
+      fp32 master weights and Adam states (Rajbhandari et al. 2020 Sec. 3.1: 2 + 2 + 12 bytes
+      per parameter), fp32 main gradients where ``--grad-reduce-dtype fp32``.
+    - ``amp``: ``torch.autocast``: fp32 parameters, gradients and Adam states (4 + 4 + 8), the
+      GEMMs in the 16-bit dtype on 16-bit copies autocast makes of the weights each forward.
+    - ``bf16``: the whole model in 16 bits (``model.to(torch.bfloat16)``): parameters, gradients
+      and both Adam states 16-bit, no master copy (2 + 2 + 4).
+    """
+
+    MIXED = "mixed"
+    AMP = "amp"
+    BF16 = "bf16"
+
+
+class AttentionKernel(_Choice):
+    """How the attention core (scores, softmax, context) runs (``--attention``).
+
+    - ``flash``: one fused kernel (FlashAttention-2, Dao 2023; cuDNN / PyTorch SDPA flash on
+      sm_90): no score matrix in memory, the output and log-sum-exp saved for backward.
+    - ``unfused``: batched GEMMs with the scores through HBM (Megatron-LM 2020-2022, the
+      sources Narayanan 2021, Korthikanti 2022 and vTrain ran).
+    """
+
+    FLASH = "flash"
+    UNFUSED = "unfused"
+
+
+#: The precision each stack runs by default: Megatron's fp32 master weights; torch AMP for
+#: PyTorch / Hugging Face (``Trainer(bf16=True)`` runs the model under ``torch.autocast``).
+DEFAULT_PRECISION = {Stack.MEGATRON: Precision.MIXED, Stack.PYTORCH: Precision.AMP}
+#: The attention kernel each stack runs by default: SDPA's flash kernel for PyTorch; for
+#: Megatron the unfused core its 2020-2022 sources ran (``--attention flash`` for
+#: Megatron-Core with ``--use-flash-attn`` / Transformer Engine).
+DEFAULT_ATTENTION = {Stack.MEGATRON: AttentionKernel.UNFUSED, Stack.PYTORCH: AttentionKernel.FLASH}
+
 SCHEDULES = tuple(s.value for s in Schedule)
+STACKS = tuple(s.value for s in Stack)
+PRECISIONS = tuple(p.value for p in Precision)
+ATTENTION_KERNELS = tuple(a.value for a in AttentionKernel)
 RECOMPUTE_MODES = tuple(r.value for r in Recompute)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 #: Context-parallel schemes: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509: AllToAll
@@ -104,6 +161,12 @@ class ParallelConfig:
     # routed tokens (Fedus et al., Switch Transformers, JMLR 2022, Sec. 2.1); 1.0 is DeepSpeed
     # MoE's default (deepspeed.moe.layer.MoE(capacity_factor=1.0)).
     capacity_factor: float = 1.0
+    # The training stack (what runs the model), its precision mode and attention kernel; None
+    # picks the stack's default (DEFAULT_PRECISION, DEFAULT_ATTENTION).  Resolved, never None,
+    # after construction.
+    stack: Stack = Stack.MEGATRON
+    precision: Precision | None = None
+    attention: AttentionKernel | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages", "cp_size", "ep_size"):
@@ -116,6 +179,19 @@ class ParallelConfig:
             raise ConfigError(f"unknown --schedule {str(self.schedule)!r}; choose one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"unknown --recompute {str(self.recompute)!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
+        if self.stack not in STACKS:
+            raise ConfigError(f"unknown --stack {str(self.stack)!r}; choose one of {', '.join(STACKS)}")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown --precision {str(self.precision)!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.attention is not None and self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"unknown --attention {str(self.attention)!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+        stack = Stack(self.stack)
+        object.__setattr__(self, "stack", stack)
+        object.__setattr__(self, "precision", Precision(self.precision) if self.precision is not None else DEFAULT_PRECISION[stack])
+        object.__setattr__(self, "attention", AttentionKernel(self.attention) if self.attention is not None else DEFAULT_ATTENTION[stack])
+        if self.precision is Precision.BF16 and self.dtype != "bf16":
+            raise ConfigError(f"--precision bf16 holds the whole model in bf16 but --dtype is {self.dtype}; use --dtype bf16 "
+                              "or --precision amp/mixed")
         # flag strings become the enums (frozen: set through object.__setattr__)
         object.__setattr__(self, "schedule", Schedule(self.schedule))
         object.__setattr__(self, "recompute", Recompute(self.recompute))
@@ -204,4 +280,7 @@ class ParallelConfig:
             "cp_scheme": self.cp_scheme,
             "e": self.ep_size,
             "capacity_factor": self.capacity_factor,
+            "stack": self.stack,
+            "precision": self.precision,
+            "attention": self.attention,
         }
