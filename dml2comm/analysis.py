@@ -371,7 +371,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         works.append(_stage_work(plan, s))
         weights, grads, optimizer_states = plan.states[s].tolist()
         memory = dict(stage_memory_dict(ModelStates(weights, grads, optimizer_states), float(plan.activations_per_mb[s] * plan.in_flight[s]),
-                                        float(plan.buffers[s]), float(plan.transient[s])),
+                                        float(plan.buffers[s]), float(plan.transient[s]), plan.grads_in_backward),
                       activations_per_micro_batch_bytes=float(plan.activations_per_mb[s]), in_flight_micro_batches=float(plan.in_flight[s]))
         stages.append(
             StageInfo(

@@ -27,8 +27,9 @@ by ``benchmarks/bench_heldout.py``.
 from __future__ import annotations
 
 from dml2comm.ops.registry import OpCost
+from dml2comm.parallel.config import Precision
 
-__all__ = ["grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
+__all__ = ["grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
@@ -91,21 +92,32 @@ def gemm_dims(op_type: str, inputs, attrs, outputs=()) -> tuple[int, int, int, i
     return None
 
 
-def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
-    """HBM bytes the optimizer step moves per (locally held) parameter.
+def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int, precision: Precision | str = Precision.MIXED) -> int:
+    """HBM bytes the optimizer step's update moves per (locally held) parameter.
 
-    Adam/AdamW with mixed precision (Kingma & Ba 2015, Alg. 1; state layout of Rajbhandari et
-    al. 2020, Sec. 3.1, K = 12): read the gradient (``dtype_bytes``) and the fp32 master
-    weight, momentum and variance (12), write those three back (12) and the 16-bit weight
-    copy (``dtype_bytes``).  In fp32 training there is no separate copy: 4 + 12 + 12.
-    SGD with momentum: gradient + master weight and momentum read (8) and written (8), plus
-    the 16-bit copy.
+    ``mixed``, Adam/AdamW (Kingma & Ba 2015, Alg. 1; state layout of Rajbhandari et al. 2020,
+    Sec. 3.1, K = 12): read the gradient (``dtype_bytes``) and the fp32 master weight, momentum
+    and variance (12), write those three back (12) and the 16-bit weight copy
+    (``dtype_bytes``).  In fp32 training there is no separate copy: 4 + 12 + 12.  SGD with
+    momentum: gradient + master weight and momentum read (8) and written (8), plus the 16-bit
+    copy.
+
+    ``amp`` and ``bf16`` run PyTorch's fused optimizer on the parameters as they are held
+    (:func:`dml2comm.cost.memory.state_bytes_per_param`): ``AdamW(fused=True)`` reads param,
+    grad, exp_avg and exp_avg_sq and writes param, exp_avg and exp_avg_sq in place
+    (aten/src/ATen/native/cuda/fused_adam_utils.cuh, ``FusedAdamMathFunctor``: loads 4, stores
+    3), i.e. 7 elements: 28 bytes in fp32 (``amp``), 14 in bf16.  SGD with momentum: param,
+    grad, momentum read, param and momentum written, 5 elements.
     """
-    copy = dtype_bytes if dtype_bytes < 4 else 0
-    grad = dtype_bytes
-    if optimizer in ("adam", "adamw"):
-        return grad + 12 + 12 + copy
-    return grad + 8 + 8 + copy
+    precision = Precision(precision)
+    if precision is Precision.MIXED:
+        copy = dtype_bytes if dtype_bytes < 4 else 0
+        grad = dtype_bytes
+        if optimizer in ("adam", "adamw"):
+            return grad + 12 + 12 + copy
+        return grad + 8 + 8 + copy
+    element = 4 if precision is Precision.AMP else dtype_bytes
+    return element * (7 if optimizer in ("adam", "adamw") else 5)
 
 
 #: Megatron-LM's optimizer step besides the update (``MixedPrecisionOptimizer.step`` /
@@ -117,17 +129,45 @@ def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int) -> int:
 GRAD_NORM_BYTES_PER_PARAM = 4
 #: ... and, with fp16 loss scaling only, unscaling the main gradients and checking them for
 #: inf/NaN (``_unscale_main_grads_and_check_for_nan``: ``torch._amp_foreach_non_finite_check_and_unscale_``
-#: reads and writes each fp32 main gradient).
+#: reads and writes each fp32 main gradient; ``torch.amp.GradScaler.unscale_`` runs the same op
+#: on AMP's fp32 gradients).
 UNSCALE_BYTES_PER_PARAM = 8
 
+#: Share of the HBM bandwidth PyTorch's fused AdamW reaches, by the element size of its
+#: parameters and states (bytes -> share), measured on one H100 SXM (3.35 TB/s): one
+#: ``torch.optim.AdamW(fused=True)`` step over 1.2 B bf16 parameters took 7.458 ms (14 B x 1.2e9
+#: / 7.458 ms = 2.25 TB/s, 0.672) and over 500 M fp32 ones 5.335 ms (28 B x 5e8 / 5.335 ms =
+#: 2.62 TB/s, 0.783) (shared/data/gpu_measured/h100/kernels.json ``misc``, the largest size per
+#: dtype).  The kernel moves 4 elements per thread per iteration (``kILP = 4``,
+#: aten/src/ATen/native/cuda/MultiTensorApply.cuh), so 2-byte elements keep half as many bytes
+#: in flight as 4-byte ones and reach a lower share.  The 124 M-parameter rows check it:
+#: fp32 1.325 ms predicted for 1.359 measured (-2.5%); bf16 0.771 ms for 0.993 (-22%: that
+#: row, the first of the four to run, reached 1.75 TB/s, which the bytes do not explain).
+FUSED_ADAMW_HBM_EFFICIENCY = {2: 0.672, 4: 0.783}
 
-def optimizer_step_s(params_local: float, optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float, loss_scaled: bool = False) -> float:
-    """Memory-bound optimizer step for ``params_local`` parameters on one GPU: the gradient
-    norm pass (:data:`GRAD_NORM_BYTES_PER_PARAM`), the fp16 unscale pass when ``loss_scaled``
-    (:data:`UNSCALE_BYTES_PER_PARAM`) and the update (:func:`optimizer_bytes_per_param`)."""
-    per_param = (optimizer_bytes_per_param(optimizer, dtype_bytes) + GRAD_NORM_BYTES_PER_PARAM
-                 + (UNSCALE_BYTES_PER_PARAM if loss_scaled else 0))
-    return params_local * per_param / hbm_bytes_per_s
+
+def optimizer_step_s(params_local: float, optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float, loss_scaled: bool = False,
+                     precision: Precision | str = Precision.MIXED) -> float:
+    """Memory-bound optimizer step for ``params_local`` parameters on one GPU.
+
+    ``mixed`` (Megatron-LM): the gradient norm pass (:data:`GRAD_NORM_BYTES_PER_PARAM`), the fp16
+    unscale pass when ``loss_scaled`` (:data:`UNSCALE_BYTES_PER_PARAM`) and the update
+    (:func:`optimizer_bytes_per_param`), at the full ``hbm_bytes_per_s``.  ``amp`` / ``bf16``
+    (PyTorch): the fused AdamW update at :data:`FUSED_ADAMW_HBM_EFFICIENCY` of
+    ``hbm_bytes_per_s``, plus ``GradScaler``'s unscale pass when ``loss_scaled`` (fp16); no
+    gradient clipping (a bare ``opt.step()``, as the measured steps ran; Hugging Face's
+    ``Trainer`` clips at ``max_grad_norm=1.0`` with one more pass over the gradients).
+    """
+    precision = Precision(precision)
+    update = optimizer_bytes_per_param(optimizer, dtype_bytes, precision)
+    if precision is Precision.MIXED:
+        per_param = update + GRAD_NORM_BYTES_PER_PARAM + (UNSCALE_BYTES_PER_PARAM if loss_scaled else 0)
+        return params_local * per_param / hbm_bytes_per_s
+    element = 4 if precision is Precision.AMP else dtype_bytes  # bf16 runs with --dtype bf16 only (ParallelConfig)
+    seconds = params_local * update / (hbm_bytes_per_s * FUSED_ADAMW_HBM_EFFICIENCY[element])
+    if loss_scaled:
+        seconds += params_local * UNSCALE_BYTES_PER_PARAM / hbm_bytes_per_s
+    return seconds
 
 
 def grad_accumulation_s(params: float, grad_bytes: int, main_grad_bytes: int, hbm_bytes_per_s: float) -> float:

@@ -30,7 +30,7 @@ from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of, weight_derived_of)
 from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
-from dml2comm.cost.loss import cross_entropy_s, logits_outputs
+from dml2comm.cost.loss import cross_entropy_s, logits_outputs, loss_memory_bytes
 from dml2comm.cost.memory import ActivationModel
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.hardware.gpus import GPU
@@ -38,7 +38,7 @@ from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
-from dml2comm.parallel.config import ParallelConfig, Recompute
+from dml2comm.parallel.config import ParallelConfig, Recompute, Stack
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import parameter_shard_factors, partition_layers, sent_activations
@@ -46,7 +46,8 @@ from dml2comm.parallel.pipeline import parameter_shard_factors, partition_layers
 if TYPE_CHECKING:  # pragma: no cover
     from dml2comm.cost.stages import StageTable
 
-__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "per_gpu_op_times", "shared_parameters"]
+__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "gemm_parameters", "per_gpu_op_times",
+           "shared_parameters"]
 
 
 def shared_parameters(graph: OpGraph, readers: Mapping[str, tuple[int, ...]],
@@ -92,6 +93,27 @@ class LayerTable:
     # backward): Megatron-LM's cross-entropy over the logits the layer produces (dml2comm.cost.loss)
     loss_f: np.ndarray | None = None
     loss_b: np.ndarray | None = None
+    # per layer: bytes per GPU the loss keeps per micro-batch and its transient (cost.loss.loss_memory_bytes)
+    loss_saved: np.ndarray | None = None
+    loss_transient: np.ndarray | None = None
+    # per layer: parameters per GPU that a GEMM reads as a weight matrix (gemm_parameters; AMP's cast copies)
+    gemm_local: np.ndarray | None = None
+
+
+#: Ops whose weight operand ``torch.autocast`` casts to the 16-bit dtype (its lower-precision
+#: list: ``linear``, ``matmul``, ``addmm``, ``bmm``, ``conv*``; aten/src/ATen/autocast_mode.cpp).
+_AUTOCAST_GEMMS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+
+
+def gemm_parameters(graph) -> frozenset[str]:
+    """Parameters a GEMM reads as a weight matrix (rank >= 2): the weights ``torch.autocast``
+    copies to 16 bits in forward (:func:`dml2comm.cost.memory.amp_weight_copy_bytes`), a tied
+    embedding table that the LM head's MatMul reads included."""
+    def build() -> frozenset[str]:
+        read = {src for op in graph.ops if op.op_type in _AUTOCAST_GEMMS for name in op.inputs[:2] if name
+                for src in graph.parameter_sources(name)}
+        return frozenset(t.name for t in graph.weights if t.is_parameter and t.rank >= 2 and t.name in read)
+    return derived(graph, _GemmParamsKey(), build)
 
 
 def unfused_parameters(graph) -> frozenset[str]:
@@ -112,7 +134,8 @@ def unfused_parameters(graph) -> frozenset[str]:
 class _LayersKey(CacheKey):
     """:class:`LayerTable` (and, inside :class:`_PartitionKey`, what the per-layer times depend on):
     the shard, the GPU, c and the capacity factor the
-    op times are scaled by, the CP scheme (with c > 1) and ``--seq-len``."""
+    op times are scaled by, the CP scheme (with c > 1), ``--seq-len`` and the stack (the loss's
+    kernels)."""
 
     tp_size: int
     sequence_parallel: bool
@@ -124,6 +147,7 @@ class _LayersKey(CacheKey):
     seq_len: int | None
     lenient: bool
     host: HostModel
+    stack: Stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +156,11 @@ class _PartitionKey(CacheKey):
 
     layers: _LayersKey
     pp_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _GemmParamsKey(CacheKey):
+    """:func:`gemm_parameters` (the graph alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +328,7 @@ class LayerCoster:
         cp, cf = self._scale(config)
         gpu = self.gpu
         return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient,
-                          self.host)
+                          self.host, config.stack)
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
@@ -333,11 +362,14 @@ class LayerCoster:
         params = np.zeros(n)
         params_local = np.zeros(n)
         unfused_local = np.zeros(n)
+        gemm_local = np.zeros(n)
         unfused = unfused_parameters(graph)
+        gemm = gemm_parameters(graph)
         for li in range(n):
             params[li] = sum(graph.tensors[w].numel for w in by_layer[li])
             params_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li])
             unfused_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li] if w in unfused)
+            gemm_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li] if w in gemm)
         shared = []
         if self.collapsed is not None:
             copies = np.bincount(self.layer_map, minlength=n)
@@ -378,21 +410,26 @@ class LayerCoster:
                 else:
                     cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
         loss_f, loss_b = np.zeros(n), np.zeros(n)
+        loss_saved, loss_transient = np.zeros(n), np.zeros(n)
         achieved_hbm = hbm * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
         for name, producer in logits_outputs(graph):
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
             # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
-            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host.kernel_s)
-            loss_f[layered.layer_of_op[producer]] += f / cp
-            loss_b[layered.layer_of_op[producer]] += b / cp
-        self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, flops, *tp_counts.values(), *cp_counts.values(),
-                             *ring.values(), core_f, core_b, loss_f, loss_b)
+            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host.kernel_s, config.stack)
+            saved, transient = loss_memory_bytes(local.numel, config.stack)
+            li = layered.layer_of_op[producer]
+            loss_f[li] += f / cp
+            loss_b[li] += b / cp
+            loss_saved[li] += saved / cp
+            loss_transient[li] += transient / cp
+        self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, gemm_local, flops, *tp_counts.values(),
+                             *cp_counts.values(), *ring.values(), core_f, core_b, loss_f, loss_b, loss_saved, loss_transient)
         m = self.layer_map
         return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
                        {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m],
-                       loss_f[m], loss_b[m])
+                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m])
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""

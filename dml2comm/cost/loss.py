@@ -35,6 +35,40 @@ one-hot subtraction's index ops, the multiply and the cast back), counted from t
 A pass takes the longer of its GPU time and its host time (no GEMM to hide the launches
 behind, :func:`dml2comm.cost.host.host_bound_times`'s window rule).
 
+With ``--stack pytorch`` the loss is Hugging Face's ``ForCausalLMLoss``
+(transformers/loss/loss_utils.py: ``logits = logits.float()``, then ``F.cross_entropy``, i.e.
+``log_softmax`` and ``nll_loss``), one ATen kernel per op, traffic per logit:
+
+==================================================  =========  ==========
+kernel                                              forward    backward
+==================================================  =========  ==========
+``logits.float()`` / its gradient back to 16 bits        6          6
+``log_softmax`` (``cunn_SoftMaxForward``: max,             16
+sum of exp and output passes: 3 fp32 reads, 1 write)
+``nll_loss`` gradient: zero-filled fp32 buffer                          4
+``_log_softmax_backward_data`` (``cunn_SoftMaxBackward``:              16
+gradient read for its sum, then gradient and output
+read, input gradient written)
+==================================================  =========  ==========
+
+22 bytes forward and 26 backward per logit (fp32 training: 16 and 20).  Kernels: 6 forward
+(the cast, the labels' pad and two small copies, ``log_softmax``, ``nll_loss``) and 5 backward
+(two fills, ``nll_loss`` backward, ``log_softmax`` backward, the cast), as the H100 traces of
+GPT-2 small and Llama-1B show them (shared/data/gpu_measured/h100/trace_*.json.gz).  Checked
+on those traces at the default 0.85 of 3.35 TB/s: GPT-2 small (411.7 M logits) 3.18 ms forward
+for 3.36 measured, 3.76 backward for 3.59; Llama-1B (1,050.7 M logits) 8.12 for 8.85 and 9.59
+for 9.05.
+
+Memory (:func:`loss_memory_bytes`): ``log_softmax`` saves its fp32 output for backward, 4 bytes
+per logit from the forward to the backward of each micro-batch (an activation); in backward
+the ``nll_loss`` gradient (4) and the input gradient ``_log_softmax_backward_data`` writes (4)
+join it, 8 bytes per logit of transient at the start of backward, when every activation is
+still held (:func:`dml2comm.cost.memory.step_peak_bytes`).  The forward's transient (the 16-bit
+logits, their fp32 copy) is 6 and never the larger.  Measured on the fake-tensor steps of
+``benchmarks/fake_memory.py``: the peak is the start of backward, at activations + 12 bytes per
+logit (GPT-2 small b=8: 4.94 GB of its 10.25; Llama-1B b=4: 12.6 of 34.4).  Megatron-LM's loss
+memory is left as the stage's largest op transient (the 16-bit logits).
+
 Added for each graph output that is language-model logits left to the training loop: a float
 output whose last dimension is the vocabulary (the rows of the largest embedding table a
 ``Gather`` reads, :func:`dml2comm.parallel.tensor.vocab_table`) and that no op of the graph
@@ -49,10 +83,12 @@ from dataclasses import dataclass
 
 from dml2comm.cost.cache import CacheKey, derived
 from dml2comm.ir.graph import OpGraph
+from dml2comm.parallel.config import Stack
 from dml2comm.parallel.tensor import vocab_table
 
-__all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "LOSS_OPS",
-           "cross_entropy_s", "logits_outputs"]
+__all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "HF_BWD_BYTES", "HF_BWD_KERNELS",
+           "HF_FWD_BYTES", "HF_FWD_KERNELS", "HF_SAVED_BYTES", "HF_TRANSIENT_BYTES", "LOSS_OPS", "cross_entropy_s",
+           "logits_outputs", "loss_memory_bytes"]
 
 #: fp32 bytes per local logit of the cross-entropy's forward passes: max 4, sub 8, exp 8, sum 4,
 #: div 8 (module docstring).
@@ -65,6 +101,19 @@ CE_CAST_BYTES = 6
 CE_FWD_KERNELS = 16
 #: Kernels per micro-batch of its backward (module docstring).
 CE_BWD_KERNELS = 5
+#: Hugging Face's loss (module docstring), fp32 bytes per logit: ``log_softmax``'s three reads
+#: and one write.
+HF_FWD_BYTES = 16
+#: ... its backward: the zero-filled ``nll_loss`` gradient (4) and ``_log_softmax_backward_data``
+#: (16).
+HF_BWD_BYTES = 20
+#: Its kernels per micro-batch, forward and backward (module docstring, from the H100 traces).
+HF_FWD_KERNELS = 6
+HF_BWD_KERNELS = 5
+#: Bytes per logit ``log_softmax`` saves for backward: its fp32 output.
+HF_SAVED_BYTES = 4
+#: Bytes per logit of the backward's transient: the fp32 ``nll_loss`` gradient and input gradient.
+HF_TRANSIENT_BYTES = 8
 #: ONNX ops that compute a loss inside the graph (then nothing is added).
 LOSS_OPS = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
 
@@ -95,12 +144,27 @@ def logits_outputs(graph: OpGraph) -> tuple[tuple[str, int], ...]:
     return derived(graph, _LogitsKey(), build)
 
 
-def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: float, kernel_s: float) -> tuple[float, float]:
-    """(forward, backward) seconds per micro-batch of Megatron-LM's cross-entropy over
-    ``local_logits`` logits on one GPU: the HBM traffic of the module docstring at
+def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: float, kernel_s: float,
+                    stack: Stack | str = Stack.MEGATRON) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of the training loss over ``local_logits``
+    logits on one GPU: Megatron-LM's vocabulary-parallel cross-entropy, or Hugging Face's
+    ``ForCausalLMLoss`` with ``stack="pytorch"``; the HBM traffic of the module docstring at
     ``hbm_bytes_per_s`` (already times the memory-bound efficiency), or the host's launch time
     (``kernel_s`` per kernel) where that is longer."""
     cast = CE_CAST_BYTES if train_bytes < 4 else 0
-    fwd = local_logits * (CE_FWD_BYTES + cast) / hbm_bytes_per_s
-    bwd = local_logits * (CE_BWD_BYTES + cast) / hbm_bytes_per_s
-    return max(fwd, CE_FWD_KERNELS * kernel_s), max(bwd, CE_BWD_KERNELS * kernel_s)
+    if Stack(stack) is Stack.PYTORCH:
+        fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = HF_FWD_BYTES, HF_BWD_BYTES, HF_FWD_KERNELS, HF_BWD_KERNELS
+    else:
+        fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = CE_FWD_BYTES, CE_BWD_BYTES, CE_FWD_KERNELS, CE_BWD_KERNELS
+    fwd = local_logits * (fwd_bytes + cast) / hbm_bytes_per_s
+    bwd = local_logits * (bwd_bytes + cast) / hbm_bytes_per_s
+    return max(fwd, fwd_kernels * kernel_s), max(bwd, bwd_kernels * kernel_s)
+
+
+def loss_memory_bytes(local_logits: float, stack: Stack | str = Stack.MEGATRON) -> tuple[float, float]:
+    """(saved per micro-batch, transient) bytes of the training loss over ``local_logits``
+    logits on one GPU (module docstring): Hugging Face's fp32 ``log_softmax`` output kept for
+    backward and its backward's two fp32 buffers; none added for Megatron-LM's loss."""
+    if Stack(stack) is Stack.PYTORCH:
+        return local_logits * HF_SAVED_BYTES, local_logits * HF_TRANSIENT_BYTES
+    return 0.0, 0.0

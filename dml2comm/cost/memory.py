@@ -1,12 +1,43 @@
-"""Per-GPU memory: model states, activations from the op graph, buffers, and the fit check.
+"""Per-GPU memory: model states, activations from the op graph, buffers, the step's peak and
+the fit check.
 
-Model states (Rajbhandari et al., "ZeRO", SC'20, arXiv:1910.02054, Sec. 3.1 and Table 1):
-mixed-precision training keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K bytes
-of optimizer state per parameter (Adam: fp32 master weights, momentum, variance, K = 12;
-SGD with momentum: master weights and momentum, K = 8).  ZeRO stage 1 shards the optimizer
-states over the N_d data-parallel ranks, stage 2 also the gradients, stage 3 also the weights:
-16 Psi, 4 Psi + 12 Psi / N_d, 2 Psi + 14 Psi / N_d, 16 Psi / N_d.  In fp32 training there is
-no separate master copy (K - 4) and weights and gradients take 4 bytes.
+Model states by precision mode (:class:`~dml2comm.parallel.config.Precision`,
+:func:`state_bytes_per_param`), bytes per parameter with a 16-bit training dtype:
+
+=========  =======  =====  ===============  ======  =====================================
+mode       weights  grads  optimizer states master  source
+=========  =======  =====  ===============  ======  =====================================
+mixed      2        2      8 (Adam)         4       Rajbhandari et al. 2020 Sec. 3.1, K = 12
+amp        4        4      8 (Adam)         0       torch.autocast: fp32 parameters
+bf16       2        2      4 (Adam)         0       ``model.to(torch.bfloat16)``
+=========  =======  =====  ===============  ======  =====================================
+
+``mixed`` (Rajbhandari et al., "ZeRO", SC'20, arXiv:1910.02054, Sec. 3.1 and Table 1): 16-bit
+weights and gradients and K bytes of optimizer state per parameter (Adam: fp32 master weights,
+momentum, variance, K = 12; SGD with momentum: master weights and momentum, K = 8); in fp32
+training there is no separate master copy (K - 4) and weights and gradients take 4 bytes.
+``amp`` (``torch.autocast``, PyTorch "Automatic Mixed Precision" docs): the parameters stay
+fp32, so do their gradients (``param.grad`` has the parameter's dtype) and the Adam states
+(``torch.optim.AdamW`` creates ``exp_avg``/``exp_avg_sq`` with ``torch.zeros_like(param)``,
+torch/optim/adamw.py), the fp32 parameters being the master copy.  ``bf16``: the same
+``zeros_like`` makes both Adam states bf16.  SGD's momentum buffer is one state of the same
+dtype.  ZeRO stage 1 shards the optimizer states (master copy included) over the N_d
+data-parallel ranks, stage 2 also the gradients, stage 3 also the weights: for ``mixed`` 16 Psi,
+4 Psi + 12 Psi / N_d, 2 Psi + 14 Psi / N_d, 16 Psi / N_d.
+
+AMP's 16-bit weight copies: autocast casts each GEMM weight to the 16-bit dtype in forward
+(``torch.autocast``: "the cast ... is cached" for the region; aten/src/ATen/autocast_mode.cpp,
+``cached_cast``) and autograd saves the cast weight for the data-gradient GEMM of backward, so a
+copy of 2 bytes per GEMM-weight parameter (:func:`amp_weight_copy_bytes`) lives from each
+micro-batch's forward to its backward: counted with the activations of each micro-batch in
+flight.  Measured on the fake-tensor step of GPT-2 small under AMP (``benchmarks/fake_memory.py``):
+2 x 123.5 M parameters of linear layers and the tied LM head.
+
+The step's peak (:func:`step_peak_bytes`) is what ``torch.cuda.max_memory_allocated()``
+reports: the highest count of bytes the caching allocator has handed out during the step
+(PyTorch "CUDA semantics" / ``torch.cuda.max_memory_allocated`` docs: "the maximum GPU memory
+occupied by tensors"), so not the CUDA context (:data:`FRAMEWORK_OVERHEAD_BYTES` is added on top
+for the fit check).
 
 Activations are read off the op graph, not a closed formula: every op keeps what its backward
 needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shard:
@@ -48,14 +79,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
-from dml2comm.parallel.config import Schedule
+from dml2comm.parallel.config import Precision, Schedule, Stack
 
 __all__ = [
     "fusible_regions",
     "FRAMEWORK_OVERHEAD_BYTES",
+    "AMP_COPY_BYTES",
     "ModelStates",
+    "StateBytes",
+    "StepPeak",
+    "amp_weight_copy_bytes",
+    "gradients_live_in_backward",
     "model_state_bytes",
+    "state_bytes_per_param",
+    "step_peak_bytes",
+    "stage_memory_dict",
     "in_flight_micro_batches",
     "ActivationModel",
     "POINTWISE_OPS",
@@ -99,6 +140,45 @@ _RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 
 
 @dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter one precision mode keeps (module docstring's table): ``master`` is
+    the fp32 master copy of ``mixed``, the optimizer's too (ZeRO shards it with the states)."""
+
+    weights: int
+    grads: int
+    optimizer_states: int
+    master: int
+
+    @property
+    def optimizer(self) -> int:
+        """What ZeRO stage 1 shards: the optimizer states and the master copy (ZeRO's K)."""
+        return self.optimizer_states + self.master
+
+
+def state_bytes_per_param(precision: Precision | str = Precision.MIXED, optimizer: str = "adam", dtype_bytes: int = 2) -> StateBytes:
+    """Bytes per parameter of weights, gradients, optimizer states and master copy under
+    ``precision`` with a training dtype of ``dtype_bytes`` (module docstring).
+
+    ``mixed``: 16-bit weights and gradients, K = 12 (Adam) or 8 (SGD with momentum) bytes of
+    fp32 master weight and states (Rajbhandari et al. 2020, Sec. 3.1); in fp32 training the
+    weights are the master copy (K - 4).  ``amp``: fp32 weights, gradients and states, 4 bytes
+    per Adam moment (``torch.zeros_like(param)``, torch/optim/adamw.py ``_init_group``).
+    ``bf16``: every state in the 16-bit dtype of the parameters.
+    """
+    precision = Precision(precision)
+    moments = 2 if optimizer in ("adam", "adamw") else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
+    if precision is Precision.MIXED:
+        k = 12 if moments == 2 else 8
+        if dtype_bytes >= 4:
+            k -= 4  # the fp32 weights are the master copy
+        master = 4 if dtype_bytes < 4 else 0
+        return StateBytes(dtype_bytes, dtype_bytes, k - master, master)
+    if precision is Precision.AMP:
+        return StateBytes(4, 4, 4 * moments, 0)
+    return StateBytes(dtype_bytes, dtype_bytes, dtype_bytes * moments, 0)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelStates:
     weights_bytes: float
     grads_bytes: float
@@ -109,18 +189,92 @@ class ModelStates:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
 
 
-def model_state_bytes(params: float, dp_size: int, zero_stage: int, optimizer: str = "adam", dtype_bytes: int = 2) -> ModelStates:
-    """Weights, gradients and optimizer states of ``params`` parameters on one GPU (see module
-    docstring).  ``params`` is what the GPU holds after tensor and pipeline parallelism."""
-    k = 12 if optimizer in ("adam", "adamw") else 8
-    if dtype_bytes >= 4:
-        k -= 4  # the fp32 weights are the master copy
+def model_state_bytes(params: float, dp_size: int, zero_stage: int, optimizer: str = "adam", dtype_bytes: int = 2,
+                      precision: Precision | str = Precision.MIXED) -> ModelStates:
+    """Weights, gradients and optimizer states (master copy included) of ``params`` parameters
+    on one GPU (module docstring; :func:`state_bytes_per_param`), ZeRO-sharded over ``dp_size``
+    ranks.  ``params`` is what the GPU holds after tensor and pipeline parallelism."""
+    per = state_bytes_per_param(precision, optimizer, dtype_bytes)
     d = dp_size
     return ModelStates(
-        weights_bytes=params * dtype_bytes / (d if zero_stage >= 3 else 1),
-        grads_bytes=params * dtype_bytes / (d if zero_stage >= 2 else 1),
-        optimizer_bytes=params * k / (d if zero_stage >= 1 else 1),
+        weights_bytes=params * per.weights / (d if zero_stage >= 3 else 1),
+        grads_bytes=params * per.grads / (d if zero_stage >= 2 else 1),
+        optimizer_bytes=params * per.optimizer / (d if zero_stage >= 1 else 1),
     )
+
+
+#: Bytes per GEMM-weight parameter of the 16-bit copy autocast makes in forward and autograd
+#: keeps for backward (module docstring): the bf16/fp16 element size.
+AMP_COPY_BYTES = 2
+
+
+def amp_weight_copy_bytes(gemm_params, precision: Precision | str, dtype_bytes: int):
+    """Per micro-batch in flight: the 16-bit copies ``torch.autocast`` makes of ``gemm_params``
+    GEMM weights (the weight matrices of linear layers, a tied LM head included), kept from the
+    forward to the backward of their GEMM (module docstring).  None outside ``amp`` or when the
+    training dtype is fp32 (autocast to fp32 casts nothing)."""
+    copies = Precision(precision) is Precision.AMP and dtype_bytes < 4
+    return gemm_params * (AMP_COPY_BYTES if copies else 0)  # float or per-stage array alike
+
+
+def gradients_live_in_backward(stack: Stack | str, num_micro_batches: int) -> bool:
+    """Whether the gradients exist while activations are held (at the forward/backward peak).
+
+    Megatron-LM keeps them in persistent buffers (``_ParamAndGradBuffer.grad_data``, allocated
+    once and zeroed in place by ``zero_grad_buffer``: megatron/core/distributed/
+    param_and_grad_buffer.py).  PyTorch frees them after each step: ``Optimizer.zero_grad``
+    sets them to ``None`` (``set_to_none=True``, the default since PyTorch 2.0,
+    torch/optim/optimizer.py) and ``AccumulateGrad`` allocates each again in the next backward
+    (torch/csrc/autograd/functions/accumulate_grad.h), so with one micro-batch per step none
+    exists before backward starts; with gradient accumulation they exist from the first
+    micro-batch's backward on, while later micro-batches hold activations."""
+    return Stack(stack) is Stack.MEGATRON or num_micro_batches > 1
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The candidate peaks of one training step on one GPU (:func:`step_peak_bytes`), in bytes
+    the caching allocator hands out (no framework constant); floats or per-stage arrays."""
+
+    forward_backward: float | np.ndarray
+    optimizer_step: float | np.ndarray
+    grads_held: float | np.ndarray  # gradients counted in ``forward_backward``
+
+    @property
+    def peak(self) -> float | np.ndarray:
+        return np.maximum(self.forward_backward, self.optimizer_step)
+
+
+def step_peak_bytes(states: ModelStates, activations, buffers, transient, grads_in_backward: bool = True) -> StepPeak:
+    """The peak within one training step as ``torch.cuda.max_memory_allocated()`` sees it:
+    the larger of two candidates (floats, or numpy arrays per stage).
+
+    - ``forward_backward``: weights + optimizer states + the gradients if they exist then
+      (:func:`gradients_live_in_backward`) + the activations of the micro-batches in flight
+      + communication buffers + the largest transient.  It stands for (a) the end of forward with
+      the loss's forward transient and (b) the start of backward, when the loss's gradient
+      buffers (``cost.loss``: the HF loss's fp32 log-softmax gradient and input gradient) join
+      every activation not yet freed.  Later in backward each layer frees its activations
+      (autograd releases a node's saved tensors once it has run, ``retain_graph=False``:
+      torch/csrc/autograd/engine.cpp) and adds its weights' gradients; both change layer by
+      layer, so the sum is largest at the start or the end of backward -- the end is the
+      optimizer candidate.
+    - ``optimizer_step``: weights + every gradient + optimizer states + buffers, activations
+      freed.  The fused optimizers update in place and allocate no temporaries: PyTorch's
+      ``AdamW(fused=True)`` (aten/src/ATen/native/cuda/fused_adamw_impl.cu, one
+      multi-tensor kernel over param, grad, exp_avg, exp_avg_sq) and Megatron-LM's apex /
+      Transformer Engine ``FusedAdam``.
+
+    Checked on the fake-tensor steps of ``benchmarks/fake_memory.py`` (nine Hugging Face models,
+    bf16 and AMP): every peak falls at the start of backward, with no gradient yet, and the two
+    steps measured on an H100 are reproduced within 1% there.  The ``mixed`` (Megatron) total is
+    the sum it always was: its gradients always exist, so ``forward_backward`` is never below
+    ``optimizer_step``.
+    """
+    grads = states.grads_bytes if grads_in_backward else 0.0
+    forward_backward = (states.weights_bytes + grads + states.optimizer_bytes) + activations + buffers + transient
+    optimizer_step = (states.weights_bytes + states.grads_bytes + states.optimizer_bytes) + buffers
+    return StepPeak(forward_backward, optimizer_step, grads)
 
 
 def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int, stage: int, virtual_stages: int = 1) -> float:
@@ -465,15 +619,24 @@ class ActivationModel:
         return best
 
 
-def stage_memory_dict(states: ModelStates, activations: float, buffers: float, transient: float) -> Mapping[str, float]:
-    total = states.total_bytes + activations + buffers + transient + FRAMEWORK_OVERHEAD_BYTES
+def stage_memory_dict(states: ModelStates, activations: float, buffers: float, transient: float,
+                      grads_in_backward: bool = True) -> Mapping[str, float]:
+    """One stage's memory per GPU at its step's peak (:func:`step_peak_bytes`) plus the framework
+    constant: the parts held at that peak (they sum to ``total_bytes``; gradients not yet
+    allocated, or activations already freed at the optimizer step, count 0), and both candidate
+    peaks (``step_forward_backward_bytes``, ``step_optimizer_bytes``; framework included)."""
+    step = step_peak_bytes(states, activations, buffers, transient, grads_in_backward)
+    at_optimizer = step.optimizer_step > step.forward_backward
+    total = float(step.peak) + FRAMEWORK_OVERHEAD_BYTES
     return {
         "weights_bytes": states.weights_bytes,
-        "grads_bytes": states.grads_bytes,
+        "grads_bytes": states.grads_bytes if at_optimizer else float(step.grads_held),
         "optimizer_bytes": states.optimizer_bytes,
-        "activations_bytes": activations,
+        "activations_bytes": 0.0 if at_optimizer else activations,
         "buffers_bytes": buffers,
-        "transient_bytes": transient,
+        "transient_bytes": 0.0 if at_optimizer else transient,
         "framework_bytes": FRAMEWORK_OVERHEAD_BYTES,
         "total_bytes": total,
+        "step_forward_backward_bytes": float(step.forward_backward) + FRAMEWORK_OVERHEAD_BYTES,
+        "step_optimizer_bytes": float(step.optimizer_step) + FRAMEWORK_OVERHEAD_BYTES,
     }

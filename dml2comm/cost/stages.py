@@ -45,14 +45,15 @@ from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
-from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, in_flight_micro_batches, model_state_bytes
+from dml2comm.cost.memory import (FRAMEWORK_OVERHEAD_BYTES, ModelStates, amp_weight_copy_bytes, gradients_live_in_backward,
+                                  in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
-from dml2comm.parallel.config import ParallelConfig, Recompute
+from dml2comm.parallel.config import ParallelConfig, Precision, Recompute, Stack
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
@@ -180,20 +181,23 @@ def stage_optimizer_params(dense_params: float, expert_params: float, dp_cp_size
 
 
 def stage_optimizer_s(dense_params: float, expert_params: float, dp_cp_size: int, expert_dp_size: int, zero_stage: int,
-                      optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float, loss_scaled: bool = False) -> float:
+                      optimizer: str, dtype_bytes: int, hbm_bytes_per_s: float, loss_scaled: bool = False,
+                      precision: Precision | str = Precision.MIXED) -> float:
     """The memory-bound optimizer step of one GPU of the stage (:func:`dml2comm.cost.compute.optimizer_step_s`;
-    ``loss_scaled``: fp16 training, whose gradients are unscaled first)."""
+    ``loss_scaled``: fp16 training, whose gradients are unscaled first; ``precision``: how the
+    parameters and states are held)."""
     return optimizer_step_s(stage_optimizer_params(dense_params, expert_params, dp_cp_size, expert_dp_size, zero_stage),
-                            optimizer, dtype_bytes, hbm_bytes_per_s, loss_scaled)
+                            optimizer, dtype_bytes, hbm_bytes_per_s, loss_scaled, precision)
 
 
 def stage_model_states(dense_params: float, expert_params: float, dp_cp_size: int, expert_dp_size: int, zero_stage: int,
-                       optimizer: str, dtype_bytes: int) -> ModelStates:
-    """Weights, gradients and optimizer states on one GPU of the stage: the dense ones
-    ZeRO-sharded over the d x c ranks, the expert ones over the expert-data-parallel ranks."""
-    states = model_state_bytes(dense_params, dp_cp_size, zero_stage, optimizer, dtype_bytes)
+                       optimizer: str, dtype_bytes: int, precision: Precision | str = Precision.MIXED) -> ModelStates:
+    """Weights, gradients and optimizer states on one GPU of the stage under ``precision``
+    (:func:`dml2comm.cost.memory.model_state_bytes`): the dense ones ZeRO-sharded over the d x c
+    ranks, the expert ones over the expert-data-parallel ranks."""
+    states = model_state_bytes(dense_params, dp_cp_size, zero_stage, optimizer, dtype_bytes, precision)
     if expert_params:
-        ex = model_state_bytes(expert_params, expert_dp_size, zero_stage, optimizer, dtype_bytes)
+        ex = model_state_bytes(expert_params, expert_dp_size, zero_stage, optimizer, dtype_bytes, precision)
         states = ModelStates(states.weights_bytes + ex.weights_bytes, states.grads_bytes + ex.grads_bytes,
                              states.optimizer_bytes + ex.optimizer_bytes)
     return states
@@ -250,11 +254,12 @@ class StagePlan:
     zero_mb: np.ndarray | None = None  # [p, 3] ZeRO-2/3 per micro-batch: forward all-gather, backward all-gather, reduce-scatter
     # memory per device (the analysis's per-stage memory reports read them)
     states: np.ndarray | None = None  # [p, 3]: weights, gradients, optimizer states (bytes)
-    activations_per_mb: np.ndarray | None = None  # saved activations per micro-batch
+    activations_per_mb: np.ndarray | None = None  # saved activations per micro-batch (the loss's and AMP's weight copies included)
     in_flight: np.ndarray | None = None  # micro-batches whose activations are held at the peak
     buffers: np.ndarray | None = None  # pipeline send/receive buffers and the DP bucket being reduced
     transient: np.ndarray | None = None  # the largest op's transient bytes (+ the rebuilt layer under full recomputation)
-    total_memory: np.ndarray | None = None  # peak bytes per device
+    total_memory: np.ndarray | None = None  # peak bytes per device (cost.memory.step_peak_bytes + the framework constant)
+    grads_in_backward: bool = True  # the gradients exist at the forward/backward peak (cost.memory.gradients_live_in_backward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +268,8 @@ class _StageTableKey(CacheKey):
     network, GPU and placement ids are fixed; its graph too: :meth:`StageCoster._use` empties
     the store): the shard (t, SP, dtype), c and its scheme, ``--seq-len``, the split (p, d, e,
     rank order), the gradient dtype and bucket, the optimizer, the capacity factor (expert op
-    times, EP messages) and the micro-batch size (one flat key: it is built per configuration)."""
+    times, EP messages), the micro-batch size, the stack (the loss) and the precision mode (one
+    flat key: it is built per configuration)."""
 
     tp_size: int
     sequence_parallel: bool
@@ -283,6 +289,8 @@ class _StageTableKey(CacheKey):
     tp_comm_overlap: bool
     async_tp_allreduce: bool
     grad_accumulation_fusion: bool
+    stack: Stack
+    precision: Precision
 
 
 @dataclass
@@ -320,6 +328,9 @@ class StageTable:
     accumulate: np.ndarray | None = None  # per stage: seconds per micro-batch of the gradient-accumulation pass
     loss_f: np.ndarray | None = None  # per stage: seconds per micro-batch of the loss the graph leaves out (cost.loss),
     loss_b: np.ndarray | None = None  # forward and backward, part of compute_f and compute_b
+    loss_saved: np.ndarray | None = None  # per stage: bytes per micro-batch the loss keeps (cost.loss.loss_memory_bytes)
+    loss_transient: np.ndarray | None = None  # per stage: the loss backward's transient bytes
+    amp_copies: np.ndarray | None = None  # per stage: bytes per micro-batch of AMP's 16-bit weight copies (cost.memory)
 
 
 class StageCoster(LayerCoster):
@@ -425,7 +436,7 @@ class StageCoster(LayerCoster):
                              config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
                              config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
                              config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce,
-                             config.grad_accumulation_fusion)
+                             config.grad_accumulation_fusion, config.stack, config.precision)
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
@@ -593,7 +604,9 @@ class StageCoster(LayerCoster):
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
                            params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
                            recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
-                           loss_f=loss_f, loss_b=loss_b)
+                           loss_f=loss_f, loss_b=loss_b, loss_saved=per_stage(layers.loss_saved),
+                           loss_transient=per_stage(layers.loss_transient),
+                           amp_copies=amp_weight_copy_bytes(per_stage(layers.gemm_local), config.precision, config.train_dtype.itemsize))
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
@@ -601,11 +614,11 @@ class StageCoster(LayerCoster):
 
         Non-expert gradients reduce over the d x c ranks, expert gradients over the d x c / e
         expert-data-parallel ranks, one bucket stream after the other (``_device_work``)."""
-        z = config.zero_stage
+        z = config.zero_stage  # the table is per precision already (_StageTableKey)
         if z not in table.by_zero:
             dtype_bytes = config.train_dtype.itemsize
             common = (config.dp_size * config.cp_size, config.expert_dp_size, z, config.grad_bytes, dtype_bytes,
-                      config.bucket_bytes, config.optimizer, config.dtype == "fp16")
+                      config.bucket_bytes, config.optimizer, config.dtype == "fp16", config.precision)
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert
             # stages with equal parameters on alike groups share their part
@@ -627,7 +640,7 @@ class StageCoster(LayerCoster):
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
                           edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str,
-                          loss_scaled: bool = False) -> tuple:
+                          loss_scaled: bool = False, precision: Precision = Precision.MIXED) -> tuple:
         """One stage's ZeRO part (:mod:`dml2comm.cost.stages`, as the analysis): (bucket seconds
         per run, buckets per run, seconds of the collective after the step, optimizer step
         seconds, model-state bytes, ZeRO per-micro-batch seconds: forward all-gather, backward
@@ -641,8 +654,9 @@ class StageCoster(LayerCoster):
         tau, count = np.zeros(_MAX_RUNS), np.zeros(_MAX_RUNS)
         for r, (t, n) in enumerate(dp.bucket_runs):
             tau[r], count[r] = t, n
-        states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes)
-        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled)
+        states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes, precision)
+        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled,
+                                precision)
         return (tau, count, dp.after_step_s, opt, (states.weights_bytes, states.grads_bytes, states.optimizer_bytes),
                 (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s))
 
@@ -693,8 +707,18 @@ class StageCoster(LayerCoster):
         if in_flight is None:
             in_flight = self._in_flight[key] = np.array([in_flight_micro_batches(config.schedule, p, m, st, config.virtual_stages)
                                                          for st in range(p)])
-        # cost.memory.stage_memory_dict's sum, per stage
-        total = (states[:, 0] + states[:, 1] + states[:, 2]) + per_mb * in_flight + table.buffers + extra + FRAMEWORK_OVERHEAD_BYTES
+        # what the loss keeps per micro-batch and AMP's weight copies join the saved activations;
+        # the loss backward's buffers are a transient like the largest op's (cost.memory, cost.loss)
+        if table.loss_saved.any() or table.amp_copies.any():
+            per_mb = per_mb + table.loss_saved + table.amp_copies
+        if table.loss_transient.any():
+            extra = np.maximum(extra, table.loss_transient)
+        # cost.memory.stage_memory_dict's peak, per stage
+        grads_held = gradients_live_in_backward(config.stack, m)
+        step = step_peak_bytes(ModelStates(states[:, 0], states[:, 1], states[:, 2]), per_mb * in_flight, table.buffers, extra,
+                               grads_held)
+        total = step.peak + FRAMEWORK_OVERHEAD_BYTES
         return StagePlan(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
                          runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size,
-                         zero_mb if config.zero_stage >= 2 else None, states, per_mb, in_flight, table.buffers, extra, total)
+                         zero_mb if config.zero_stage >= 2 else None, states, per_mb, in_flight, table.buffers, extra, total,
+                         grads_held)
