@@ -1,0 +1,323 @@
+"""Peak memory of Hugging Face training steps, counted without a GPU: reference points for
+``dml2comm.cost.memory``.  A dev script: it needs torch and transformers, which the tool and its
+tests never import.  Run it from its own virtual environment:
+
+    python3 -m venv /work/fake-venv && /work/fake-venv/bin/pip install torch==2.13.0 transformers
+    /work/fake-venv/bin/python benchmarks/fake_memory.py            # every run, writes the JSON
+    /work/fake-venv/bin/python benchmarks/fake_memory.py gpt2-small  # one run, prints only
+
+What it does.  The training step of ``/work/shared/tools/measure_gpu.py`` (``train_run``, the
+script that measured ``h100/steps.json``) is run under ``torch._subclasses.fake_tensor.
+FakeTensorMode`` on fake tensors (:data:`DEVICE`): every op runs its meta kernel (shapes, dtypes, no
+data, no FLOPs), the model code, autograd and the optimizer run as on the GPU.  A
+``TorchDispatchMode`` (:class:`Tally`) sees every tensor an op returns and counts its storage
+once, rounded up to 512 bytes as the CUDA caching allocator rounds every block
+(``c10/cuda/CUDACachingAllocator.cpp``, ``kMinBlockSize = 512``, ``round_size``), and uncounts
+it when the storage dies (a weak reference's callback: the storage's Python object is kept
+with its ``StorageImpl``).  So the count is the allocator's ``allocated_bytes`` and its maximum
+is what ``torch.cuda.max_memory_allocated()`` reports, except for what the fake run never
+allocates: cuBLAS/cuBLASLt and attention workspaces (tens of MB) and the allocator's splitting
+of blocks (none counted in ``allocated_bytes``).  ``torch.distributed._tools.mem_tracker.
+MemTracker`` does the same with categories; this tally adds the phase of the step at each peak.
+
+The step, as ``train_run``: the model built from a config (random init) under
+``attn_implementation="sdpa"``, in bf16 (mode ``bf16``; built in the dtype rather than by
+``model.to(bfloat16)``, the same parameters) or fp32 under
+``torch.autocast(bfloat16)`` (mode ``amp``; CPU autocast's op lists, which differ from CUDA's
+in a few ops), ``model(input_ids, labels=input_ids).loss
+.backward(); opt.step(); opt.zero_grad(set_to_none=True)``, ``torch.optim.AdamW(fused=True)``.
+Three warm-up steps, then the peak is reset to the current count (``reset_peak_memory_stats``)
+and one step is counted: the optimizer states exist, the gradients do not.
+
+SDPA: on fake CPU tensors it would pick a CPU kernel; on the H100 both traced steps ran cuDNN's
+fused attention (``aten::_scaled_dot_product_cudnn_attention``, GQA key/value heads not
+repeated; no score matrix in memory).  So SDPA is routed to that aten op, whose meta kernel
+returns what the CUDA kernel does (output, log-sum-exp in fp32, RNG state), and the autograd
+function saves what aten's derivative saves.
+
+Output (``benchmarks/data/fake_memory_hf.json``): per run, the peak and the phase it falls in
+(``forward``: the model body; ``head_loss``: from the LM head's input through the loss;
+``backward``; ``optimizer``), each phase's peak and what it holds (weights, gradients, optimizer
+states, the rest: activations and transients), the count at the end of the body, after the
+loss (the logits the script holds until then included), at the start of the optimizer step,
+and the model states; and, for the two runs measured on the H100, the measured
+``peak_alloc_bytes`` beside it (GPT-2 small b=8: 10.248 GB counted, 10.346 measured, -0.9%;
+Llama-1B b=4: 34.403 for 34.471, -0.2%).  Every peak is the start of backward.  Nothing of the
+tool is fitted to these numbers: ``tests/test_step_memory.py`` checks the model states and the
+loss's bytes against them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import weakref
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "data" / "fake_memory_hf.json"
+#: The two steps measured on the H100 (/work/shared/data/gpu_measured/h100/steps.json,
+#: ``peak_alloc_bytes`` = ``torch.cuda.max_memory_allocated()``; the GPT-2 step's first
+#: measurement; its repeat on another machine start read 10,337,111,040).
+MEASURED = {("gpt2-small", 8, 1024, "bf16"): 10346023936, ("llama-1b", 4, 2048, "bf16"): 34471360512}
+#: CUDA caching allocator block rounding (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize).
+BLOCK = 512
+BF = torch.bfloat16
+#: The fake tensors' device: fake CUDA tensors need a CUDA build for autograd (its input metadata
+#: asks the device guard for a stream), so the step runs on fake CPU tensors, every op through
+#: its meta kernel all the same (module docstring).
+DEVICE = "cpu"
+
+# name, kind, dims, micro-batch, seq, mode: measure_gpu.py's RUNS (its first two rows were
+# measured), plus GPT-2 medium.
+RUNS = [
+    ("gpt2-small", "gpt2", dict(L=12, h=768, a=12), 8, 1024, "bf16"),
+    ("llama-1b", "llama", dict(L=16, h=2048, a=32, kv=8, ffn=8192, V=128256, tie=True), 4, 2048, "bf16"),
+    ("gpt2-6l-512", "gpt2", dict(L=6, h=512, a=8), 16, 1024, "bf16"),
+    ("gpt2-small", "gpt2", dict(L=12, h=768, a=12), 4, 1024, "amp"),
+    ("gpt2-medium", "gpt2", dict(L=24, h=1024, a=16), 8, 1024, "bf16"),
+    ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 8, 2048, "bf16"),
+    ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 8, 2048, "amp"),
+    ("qwen2-1.5b", "qwen2", dict(L=12, h=1536, a=12, kv=2, ffn=8960, V=151936, tie=True), 2, 2048, "bf16"),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 64, 128, "bf16"),
+]
+
+
+def hf_config(kind: str, **kw):
+    """The configs of measure_gpu.py's ``hf_config`` (the same arguments)."""
+    import transformers as tf
+    if kind == "gpt2":
+        return tf.GPT2Config(n_layer=kw["L"], n_embd=kw["h"], n_head=kw["a"], vocab_size=kw.get("V", 50257),
+                             n_positions=kw.get("npos", 1024), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if kind == "llama":
+        return tf.LlamaConfig(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
+                              num_key_value_heads=kw["kv"], intermediate_size=kw["ffn"], vocab_size=kw["V"],
+                              tie_word_embeddings=kw.get("tie", False), max_position_embeddings=kw.get("npos", 4096),
+                              head_dim=kw["h"] // kw["a"])
+    if kind == "bert":
+        return tf.BertConfig(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
+                             intermediate_size=4 * kw["h"], max_position_embeddings=512,
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if kind == "qwen2":
+        return tf.Qwen2Config(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
+                              num_key_value_heads=kw["kv"], intermediate_size=kw["ffn"], vocab_size=kw["V"],
+                              tie_word_embeddings=kw.get("tie", True), max_position_embeddings=kw.get("npos", 4096))
+    raise ValueError(kind)
+
+
+class Tally(TorchDispatchMode):
+    """Bytes of live tensor storages (module docstring), with the peak and its phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}  # id(storage) -> counted bytes
+        self._refs: dict[int, weakref.ref] = {}
+        self.now = 0
+        self.peak = 0
+        self.phase = "setup"
+        self.peak_phase = "setup"
+        self.phase_peak: dict[str, int] = {}
+        self.parts: dict[str, dict[str, int]] = {}  # per phase: what its peak holds (``split``)
+        self.split = None  # () -> {weights, grads, optimizer_states}: set while a step is counted
+
+    def held(self, tensors) -> int:
+        """Counted bytes of the distinct live storages of ``tensors``."""
+        keys = {id(t.untyped_storage()) for t in tensors if t is not None}
+        return sum(self.live.get(k, 0) for k in keys)
+
+    def count(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self.live:
+            return
+        n = st.nbytes()
+        n = BLOCK * math.ceil(n / BLOCK) if n else 0
+        self.live[key] = n
+        self.now += n
+
+        def gone(_ref, key=key) -> None:
+            self.now -= self.live.pop(key, 0)
+            self._refs.pop(key, None)
+
+        self._refs[key] = weakref.ref(st, gone)
+        self._seen()
+
+    def enter(self, phase: str) -> None:
+        """A new phase of the step, holding what is live now to begin with."""
+        self.phase = phase
+        self._seen()
+
+    def _seen(self) -> None:
+        if self.now > self.peak:
+            self.peak, self.peak_phase = self.now, self.phase
+        if self.now > self.phase_peak.get(self.phase, 0):
+            self.phase_peak[self.phase] = self.now
+            if self.split is not None:
+                parts = self.split()
+                parts["other"] = self.now - sum(parts.values())
+                self.parts[self.phase] = parts
+
+    def reset_peak(self) -> None:
+        self.peak, self.peak_phase, self.phase_peak, self.parts = self.now, self.phase, {}, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.count(t)
+        return out
+
+
+def _cudnn_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention as the H100 ran it (module docstring): cuDNN's kernel,
+    grouped-query key/value heads passed as they are (the Llama trace's
+    ``aten::_scaled_dot_product_cudnn_attention_backward`` reads k, v of [4, 8, 2048, 64])."""
+    if attn_mask is not None:
+        raise RuntimeError("the fake step routes SDPA to the cuDNN kernel without a mask; the model passed one")
+    return _CudnnAttention.apply(query, key, value, dropout_p, is_causal, scale)
+
+
+class _CudnnAttention(torch.autograd.Function):
+    """aten's cuDNN attention forward/backward pair (torch/_meta_registrations.py gives their
+    meta kernels); saves what aten's derivative formula for it saves (tools/autograd/
+    derivatives.yaml: query, key, value, output, logsumexp, philox seed and offset)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, dropout_p, is_causal, scale):
+        o, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, dropout_p, is_causal, False, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse, seed, offset)
+        ctx.args = (cq, ck, mq, mk, dropout_p, is_causal, scale)
+        return o
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, o, lse, seed, offset = ctx.saved_tensors
+        cq, ck, mq, mk, dropout_p, is_causal, scale = ctx.args
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            grad, q, k, v, o, lse, seed, offset, None, cq, ck, mq, mk, dropout_p, is_causal, scale=scale)
+        return dq, dk, dv, None, None, None
+
+
+def fake_step(name: str, kind: str, dims: dict, b: int, s: int, mode: str) -> dict:
+    """One counted training step (module docstring)."""
+    import transformers as tf
+
+    cfg = hf_config(kind, **dims)
+    task = "mlm" if kind == "bert" else "clm"
+    cls = tf.AutoModelForMaskedLM if task == "mlm" else tf.AutoModelForCausalLM
+    tally = Tally()
+    sdpa = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _cudnn_sdpa
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), tally:
+            # built in its dtype rather than converted (Module.to on fake tensors swaps them,
+            # which their weak references forbid): the same parameters as model.to(bfloat16)
+            model = cls.from_config(cfg, attn_implementation="sdpa", dtype=BF if mode == "bf16" else torch.float32)
+            model.train()
+            params = sum(p.numel() for p in model.parameters())
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+            ids = torch.zeros((b, s), dtype=torch.int64, device=DEVICE)  # token ids: their values never matter
+            marks: dict[str, int] = {}
+            head = model.get_output_embeddings() if task == "clm" else model.cls
+
+            def at_head(_module, _args) -> None:
+                # the LM head and the loss: what the forward holds before them is "forward"
+                if tally.split is not None:
+                    marks["end_of_body_bytes"] = tally.now
+                tally.enter("head_loss")
+
+            head.register_forward_pre_hook(at_head)
+            plist = list(model.parameters())
+
+            def split() -> dict[str, int]:
+                return {"weights": tally.held(plist), "grads": tally.held(p.grad for p in plist),
+                        "optimizer_states": tally.held(t for st in opt.state.values() for t in st.values()
+                                                       if isinstance(t, torch.Tensor))}
+
+            def step(record: bool) -> None:
+                tally.enter("forward")
+                if mode == "amp":
+                    with torch.autocast(DEVICE, dtype=BF):
+                        out = model(input_ids=ids, labels=ids)
+                else:
+                    out = model(input_ids=ids, labels=ids)
+                loss, logits = out.loss, out.logits
+                del out
+                if record:
+                    marks["after_loss_bytes"] = tally.now
+                del logits  # the training loop keeps only the loss
+                tally.enter("backward")
+                loss.backward()
+                del loss
+                if record:
+                    marks["before_optimizer_bytes"] = tally.now
+                tally.enter("optimizer")
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                tally.enter("idle")
+                if record:
+                    marks["after_step_bytes"] = tally.now
+
+            for _ in range(3):
+                step(False)
+            tally.reset_peak()
+            tally.split = split
+            start = tally.now
+            step(True)
+            tally.split = None
+            states = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
+                         if isinstance(t, torch.Tensor))
+            weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    finally:
+        F.scaled_dot_product_attention = sdpa
+    row = dict(name=name, kind=kind, dims=dims, micro_batch=b, seq=s, mode=mode, params=params,
+               peak_alloc_bytes=tally.peak, peak_phase=tally.peak_phase, phase_peak_bytes=dict(sorted(tally.phase_peak.items())),
+               phase_peak_parts=dict(sorted(tally.parts.items())),
+               start_bytes=start, weights_bytes=weights, optimizer_state_bytes=states, **marks)
+    measured = MEASURED.get((name, b, s, mode))
+    if measured is not None:
+        row["measured_h100_peak_alloc_bytes"] = measured
+        row["error_vs_measured"] = tally.peak / measured - 1
+    return row
+
+
+def main(argv: list[str]) -> None:
+    import transformers
+    pick = set(argv)
+    rows = []
+    for run in RUNS:
+        if pick and run[0] not in pick:
+            continue
+        row = fake_step(*run)
+        rows.append(row)
+        extra = f"  measured {row['measured_h100_peak_alloc_bytes'] / 1e9:.3f} GB ({row['error_vs_measured']:+.1%})" \
+            if "measured_h100_peak_alloc_bytes" in row else ""
+        print(f"{row['name']:12s} b={row['micro_batch']:<3d} s={row['seq']:<5d} {row['mode']:4s} peak "
+              f"{row['peak_alloc_bytes'] / 1e9:7.3f} GB in {row['peak_phase']:9s} "
+              + " ".join(f"{k}={v / 1e9:.3f}" for k, v in row["phase_peak_bytes"].items()) + extra, flush=True)
+    if pick:
+        return
+    doc = {
+        "how": "benchmarks/fake_memory.py: measure_gpu.py's train_run step under FakeTensorMode on fake CUDA tensors, "
+               "every tensor storage counted once, rounded to 512 B, uncounted when it dies; 3 warm-up steps, "
+               "peak reset, one step counted (see the script's docstring)",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "not_counted": "cuBLAS/cuBLASLt and attention workspaces (tens of MB on an H100); the CUDA context",
+        "runs": rows,
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
