@@ -62,7 +62,35 @@ def test_every_command_takes_the_flags_and_shows_the_stack(tmp_path):
     run = subprocess.run([sys.executable, "main.py", "compare", MODEL, "--global-batch-size", "8", "--configs", "d=2",
                           "--stack", "pytorch", "--no-site", "--out", str(tmp_path / "c")], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "pytorch stack, amp precision, flash attention" in " ".join(run.stdout.split())
+    assert "training stack: pytorch, amp precision, flash attention" in " ".join(run.stdout.split())
     run = subprocess.run([sys.executable, "main.py", MODEL, "--precision", "bf16", "--dtype", "fp16", "--no-site",
                           "--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.startswith("error: --precision bf16") and not (tmp_path / "bad").exists()
+
+
+def test_eager_parameter_passes_by_precision():
+    from dml2comm.cost.compute import eager_parameter_passes_s
+
+    hbm = 1e12
+    # amp, one micro-batch: weights cast to 16 bits in forward (4 + 2 B), gradients back to fp32 (2 + 4 B)
+    assert eager_parameter_passes_s(100.0, 80.0, "amp", 1, hbm) == pytest.approx((80 * 6 / hbm, 80 * 6 / hbm))
+    # amp, four micro-batches: AccumulateGrad adds fp32 gradients from the second one on (3 x 4 B, 3/4 of the time)
+    assert eager_parameter_passes_s(100.0, 80.0, "amp", 4, hbm)[1] == pytest.approx((80 * 6 + 0.75 * 100 * 12) / hbm)
+    # bf16: no casts; one micro-batch has no pass at all (the fresh gradient is stolen)
+    assert eager_parameter_passes_s(100.0, 80.0, "bf16", 1, hbm) == (0.0, 0.0)
+    assert eager_parameter_passes_s(100.0, 80.0, "bf16", 2, hbm)[1] == pytest.approx(0.5 * 100 * 6 / hbm)
+
+
+def test_the_stack_keys_the_stage_table_and_changes_the_step():
+    """Two stacks of one model on one evaluator do not share a cached stage table."""
+    from dml2comm import zoo
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.search.fast import FastEvaluator
+
+    imported = load_model_proto(zoo.build_gpt(layers=2, hidden=256, heads=4, vocab=1024, seq_len=128), ImportOptions(batch_size=4))
+    evaluator = FastEvaluator(imported, get_cluster("dgx-h100", 1))
+    rows = evaluator.evaluate([ParallelConfig(micro_batch_size=4, global_batch_size=4, seq_len=128, **kw)
+                               for kw in ({}, {"stack": "pytorch", "precision": "amp"}, {"stack": "pytorch", "precision": "bf16"})])
+    times = [r["iteration_time_s"] for r in rows]
+    assert len(set(times)) == 3, times

@@ -586,18 +586,19 @@ def _console():
 
 
 def _stack_of(rows: Sequence[Mapping[str, Any]]) -> str:
-    """``; pytorch stack, bf16 precision, flash attention`` of the rows' (shared) stack, or ``""``."""
+    """``training stack: pytorch, bf16 precision, flash attention`` of the rows' (shared) stack."""
     for row in rows:
         c = row.get("config") or {}
         if c.get("stack"):
-            return f"; {c['stack']} stack, {c.get('precision')} precision, {c.get('attention')} attention"
-    return ""
+            return f"training stack: {c['stack']}, {c.get('precision')} precision, {c.get('attention')} attention"
+    return "training stack: -"
 
 
 def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int, site: Path | None = None) -> None:
     console = _console()
     best = result.top(top)
-    console.print(_table(f"top {top} (fitting configurations, fastest first{_stack_of(best)})", best, console.width))
+    _say(console, _stack_of(best))
+    console.print(_table(f"top {top} (fitting configurations, fastest first)", best, console.width))
     front = result.pareto()
     console.print(_table("Pareto front (iteration time vs peak memory, fastest first)", front[:PARETO_SHOWN], console.width))
     if len(front) > PARETO_SHOWN:
@@ -700,7 +701,8 @@ def run_compare_command(argv: Sequence[str]) -> int:
         print(json.dumps(entries, sort_keys=True))
         return 0
     console = _console()
-    console.print(_table(f"configurations side by side{_stack_of(rows).replace('; ', ' (', 1) + ')' if _stack_of(rows) else ''}", rows, console.width))
+    _say(console, _stack_of(rows))
+    console.print(_table("configurations side by side", rows, console.width))
     _say(console, f"wrote {out / 'compare.csv'}, {out / 'compare.parquet'} and {out / 'data.json'}")
     if site is not None:
         _say(console, f"comparison page: {site}")
