@@ -166,6 +166,29 @@ def analyze(
     return analyze_graph(imported, config, cluster, str(model_path), lenient=lenient)
 
 
+#: Ops that normalise activations between convolutions in a training graph.
+_NORMALIZATIONS = frozenset({"BatchNormalization", "InstanceNormalization", "GroupNormalization", "LayerNormalization",
+                             "RMSNormalization", "SimplifiedLayerNormalization"})
+
+
+def folded_normalization_warning(graph) -> str | None:
+    """A warning when a convolutional export has no normalisation at all but biased convolutions:
+    BatchNorm folded into them at export (the dynamo exporter folds it even for a model in
+    training mode; TorchScript's does in eval mode, its default ``training=TrainingMode.EVAL``).
+    A training step still runs BatchNorm, as separate memory-bound kernels in forward and
+    backward (about half of a ResNet-50 step's GPU time on an H100, measured with
+    ``measure_gpu.py``), so the plan misses that time and those activations.  None otherwise."""
+    convs = [op for op in graph.ops if op.op_type == "Conv"]
+    if len(convs) < 2 or any(op.op_type in _NORMALIZATIONS for op in graph.ops):
+        return None
+    if sum(1 for op in convs if len(op.inputs) >= 3 and op.inputs[2]) < len(convs) // 2 + 1:
+        return None  # mostly bias-free convolutions without normalisation: a network built that way
+    return (f"normalization: {len(convs)} convolutions and no BatchNormalization between them: BatchNorm was likely folded into "
+            "the convolutions at export, so its training-time kernels and saved activations are not costed; export with "
+            "torch.onnx.export(model.train(), args, dynamo=False, training=torch.onnx.TrainingMode.TRAINING, "
+            "do_constant_folding=False) to keep them")
+
+
 def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Cluster, model_path: str = "", lenient: bool = False,
                   advise: bool = True, reimport: Callable[[int], ImportResult] | None = None, timeline: bool = True) -> Analysis:
     """Analyse an imported model.
@@ -353,6 +376,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, group, dc.message_bytes,
                      dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason)
 
+    folded = folded_normalization_warning(graph)
+    if folded:
+        warnings.append(folded)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
     if has_dropout:
         warnings.append("dropout: the model's own Dropout nodes (their masks count as activations)")
@@ -413,11 +439,17 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, point-wise chains fused as Megatron-LM (A100 factor fitted on Narayanan "
         "et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together: python main.py validate)"
     )
-    warnings.append(
-        f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel"
-        + (f" and {fmt_s(host.p2p_s)} per pipeline message" if host.p2p_s else "")
-        + ", fitted on vTrain's single-node runs; small kernels wait for the CPU)" if host.kernel_s > 0 else
-        f"host: {host.name} (kernel time only, as a CUDA-graph captured step; --host-model eager for eager PyTorch)")
+    if host.run_ahead:
+        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
+                     f"{fmt_s(host.gap_s)} of GPU idle per kernel, measured on PyTorch 2.11 traces on an H100; a step waits "
+                     "for the CPU only when its kernels are shorter)")
+    elif host.kernel_s > 0:
+        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel"
+                     + (f" and {fmt_s(host.p2p_s)} per pipeline message" if host.p2p_s else "")
+                     + ", fitted on vTrain's single-node runs; small kernels wait for the CPU)")
+    else:
+        host_text = "host: none (kernel time only, as a CUDA-graph captured step; --host-model eager or pytorch for eager steps)"
+    warnings.append(host_text)
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
     if advise and not memory["fits"]:

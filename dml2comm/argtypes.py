@@ -11,7 +11,7 @@ import difflib
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["OneLineParser", "positive_int", "suggest_options"]
+__all__ = ["OneLineParser", "add_stack_arguments", "positive_int", "stack_kwargs", "suggest_options"]
 
 
 def suggest_options(parser: argparse.ArgumentParser, message: str) -> str:
@@ -48,3 +48,29 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def add_stack_arguments(group) -> None:
+    """``--stack``, ``--precision`` and ``--attention``: the training stack that runs the model
+    (:class:`dml2comm.parallel.config.Stack`), its precision mode and its attention kernel.  One
+    definition for the analysis, ``sweep`` and ``compare``."""
+    from dml2comm.parallel.config import ATTENTION_KERNELS, PRECISIONS, STACKS
+
+    group.add_argument("--stack", choices=STACKS, default=None,
+                       help="what runs the model: megatron (Megatron-LM: fused point-wise kernels, fp32 master weights, "
+                            "vocabulary-parallel fp32 loss; default) or pytorch (eager PyTorch / Hugging Face: one kernel "
+                            "per op, SDPA flash attention, the loss as written)")
+    group.add_argument("--precision", choices=PRECISIONS, default=None,
+                       help="mixed (16-bit passes, fp32 master weights and Adam states: Megatron), amp (torch.autocast: "
+                            "fp32 parameters, 16-bit GEMMs) or bf16 (everything bf16: model.to(torch.bfloat16)); "
+                            "default: mixed with --stack megatron, amp with --stack pytorch")
+    group.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
+                       help="attention kernel: flash (one fused kernel, no score matrix in memory) or unfused (batched "
+                            "GEMMs and softmax through memory); default: flash with --stack pytorch, unfused with "
+                            "--stack megatron (its 2020-2022 runs; Megatron-Core with --use-flash-attn: flash)")
+
+
+def stack_kwargs(args: argparse.Namespace) -> dict[str, str]:
+    """The :class:`~dml2comm.parallel.config.ParallelConfig` keywords of :func:`add_stack_arguments`'s
+    flags that were given (the others keep the config's defaults, which follow the stack)."""
+    return {name: getattr(args, name) for name in ("stack", "precision", "attention") if getattr(args, name, None) is not None}

@@ -19,8 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.argtypes import OneLineParser, positive_int
-from dml2comm.cost.host import HOST_MODELS
+from dml2comm.argtypes import OneLineParser, add_stack_arguments, positive_int, stack_kwargs
+from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.export.files import publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
 
@@ -106,6 +106,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="bind a symbolic input dim by name (--dim seq=512), or a dim without a name by input and axis "
                         "(--dim image:2=32); a name the model lacks is refused with the list of its dims")
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training dtype (default bf16)")
+    add_stack_arguments(b)
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", help="GPU preset (default a100; see: python main.py presets); refused with a --cluster of another GPU")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml from python main.py calibrate): its own GPU, nodes and network")
@@ -115,9 +116,11 @@ def analysis_parser() -> argparse.ArgumentParser:
     h.add_argument("--collective-overhead-us", type=float, default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                         "the presets' fitted value for standalone calls is 51.5)")
-    h.add_argument("--host-model", default="eager", choices=list(HOST_MODELS),
-                   help="host-side (CPU) time per kernel: eager PyTorch's dispatch and launch (default; fitted on vTrain's "
-                        "single-node runs) or none (kernel time only: CUDA-graph captured steps)")
+    h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
+                   help="host-side (CPU) time per kernel: eager (Megatron-DeepSpeed's dispatch and launch, fitted on vTrain's "
+                        "A100 runs; the default with --stack megatron), pytorch (eager PyTorch 2.x measured on an H100: the CPU "
+                        "runs ahead, each kernel leaves the GPU a short gap; the default with --stack pytorch) or none "
+                        "(kernel time only: CUDA-graph captured steps)")
     h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
@@ -255,7 +258,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         overlap_grad_reduce=not args.no_overlap_grad_reduce, grad_reduce_dtype=args.grad_reduce_dtype,
         tp_comm_overlap=args.tp_comm_overlap, async_tp_allreduce=not args.no_async_tp_allreduce,
         grad_accumulation_fusion=not args.no_gradient_accumulation_fusion, cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep,
-        capacity_factor=args.capacity_factor,
+        capacity_factor=args.capacity_factor, **stack_kwargs(args),
     )
     if args.cluster:
         cluster = get_cluster(args.cluster, num_gpus, nics_per_node=args.nics_per_node)
@@ -268,7 +271,8 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
 
     # The presets' fitted per-call overhead is host time of a standalone, timed call; training
     # launches collectives asynchronously, so the analysis uses kernel time unless told otherwise.
-    cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6, host_model=args.host_model)
+    cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6,
+                      host_model=args.host_model or STACK_HOST_MODEL[config.stack])
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)
@@ -347,7 +351,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size}"
         + (f" c={cfg.cp_size} ({cfg.cp_scheme})" if cfg.cp_size > 1 else "") + (f" e={cfg.ep_size}" if cfg.ep_size > 1 else "") + " on "
         f"{analysis.config.num_gpus} x {analysis.cluster.gpu.name} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
-        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype}", width)
+        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype} | {cfg.stack_text()}", width)
     head.stylize("bold", 0, len(mi["name"]))
     console.print(head)
     console.print(kv_table(f"iteration (simulated, {cfg.schedule} schedule)", [

@@ -6,7 +6,7 @@ import pytest
 
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.validate.bands import BandRow, band_rows, expected_error_for, load_bands
+from dml2comm.validate.bands import UNVALIDATED_QUANTILE, BandRow, band_rows, expected_error_for, load_bands, weighted_quantile
 from dml2comm.validate.cases import Case
 
 A100 = get_cluster("dgx-a100", 8).gpu.name
@@ -20,12 +20,43 @@ def _rows():
 
 def test_regime_picks_the_source():
     config = ParallelConfig(dp_size=1, tp_size=8, pp_size=1, micro_batch_size=1, global_batch_size=8)
-    err, src = expected_error_for(config, get_cluster("dgx-a100", 8), 1e9, _rows())
-    assert err == pytest.approx(0.20)  # both single-node runs: (0.10 + 0.30) / 2
-    assert src.startswith("vtrain: mean |error| of the 2 nearest single-node") and "no validated run" not in src
+    err, src = expected_error_for(config, get_cluster("dgx-a100", 8), 1e9, _rows(), min_kind=1)
+    assert err == pytest.approx(0.30)  # both single-node runs: the 90% quantile of 0.10 and 0.30
+    assert src.startswith("vtrain: the 90% quantile of |error| of the 2 nearest single-node")
     config = ParallelConfig(dp_size=16, tp_size=8, pp_size=8, micro_batch_size=1, global_batch_size=128)
-    err, src = expected_error_for(config, get_cluster("dgx-h100", 1024), 1.75e11, _rows())
-    assert err == pytest.approx(0.02) and src.startswith("narayanan2021") and "no validated run on H100-SXM5-80GB" in src
+    err, src = expected_error_for(config, get_cluster("dgx-a100", 1024), 1.75e11, _rows(), min_kind=1)
+    assert err == pytest.approx(0.02) and src.startswith("narayanan2021")
+
+
+def _kind_rows():
+    # 10 A100 megatron runs of one source (1%..10%), 10 of another (all 30%)
+    return ([BandRow("a", f"a{i}", A100, 1e9, 8, 8, 1, 1, (i + 1) / 100) for i in range(10)]
+            + [BandRow("b", f"b{i}", A100, 1e9, 8, 8, 1, 1, 0.30) for i in range(10)])
+
+
+def test_each_source_weighs_the_same_in_the_quantile():
+    # cumulative weight: source a's ten runs reach 1.0 of 2.0 at 10%; b's first run passes 1.8 (90%)
+    assert weighted_quantile(_kind_rows(), 0.9) == pytest.approx(0.30)
+    assert weighted_quantile(_kind_rows(), 0.5) == pytest.approx(0.10)
+    assert weighted_quantile(_kind_rows(), 0.25) == pytest.approx(0.05)
+
+
+def test_a_gpu_or_stack_without_validated_runs_gets_every_sources_quantile_not_its_nearest_neighbours():
+    config = ParallelConfig(dp_size=8, micro_batch_size=1, global_batch_size=8)
+    near, src = expected_error_for(config, get_cluster("dgx-a100", 8), 1e9, _kind_rows())
+    assert near == pytest.approx(0.30) and "megatron runs" in src  # 18 of the 20 nearest are within 30%
+    near, _ = expected_error_for(config, get_cluster("dgx-a100", 8), 1e9, _kind_rows()[:10])
+    assert near == pytest.approx(0.09)  # the ninth of 1%..10%
+    # another GPU, or another stack on the same GPU: no validated run of that kind
+    for cluster, cfg in ((get_cluster("dgx-h100", 8), config),
+                         (get_cluster("dgx-a100", 8), ParallelConfig(dp_size=8, micro_batch_size=1, global_batch_size=8, stack="pytorch"))):
+        err, src = expected_error_for(cfg, cluster, 1e9, _kind_rows())
+        assert err == pytest.approx(weighted_quantile(_kind_rows(), UNVALIDATED_QUANTILE)) and src.startswith("no validated")
+    # a kind with a few runs: their mean where it is above the quantile
+    few = _kind_rows() + [BandRow("h", "h0", get_cluster("dgx-h100", 8).gpu.name, 1e9, 1, 8, 1, 1, 0.5, "pytorch")]
+    cfg = ParallelConfig(stack="pytorch")
+    err, src = expected_error_for(cfg, get_cluster("dgx-h100", 1), 1e9, few)
+    assert err == pytest.approx(0.5) and src.startswith("only 1 validated pytorch run on H100")
 
 
 def test_band_rows_from_cases():
@@ -52,12 +83,12 @@ def test_bundled_bands_cover_both_regimes():
 
 def test_a_model_far_from_every_run_of_its_regime_takes_the_nearest_of_either():
     # 1e8 parameters on 16 GPUs (multi-node): the only multi-node run is 1e11 (3 decades away),
-    # so the two single-node 1e8 runs speak for it (mean (0.10 + 0.30 + 0.02)/3 of all three
-    # nearest: K covers every row), and the source says why
+    # so the two single-node 1e8 runs speak for it (the 90% quantile of all three nearest, 0.10,
+    # 0.30 and 0.02: K covers every row), and the source says why
     config = ParallelConfig(dp_size=2, tp_size=2, pp_size=4, micro_batch_size=1, global_batch_size=8)
-    err, src = expected_error_for(config, get_cluster("dgx-a100", 16), 1e8, _rows())
-    assert err == pytest.approx((0.10 + 0.30 + 0.02) / 3)
+    err, src = expected_error_for(config, get_cluster("dgx-a100", 16), 1e8, _rows(), min_kind=1)
+    assert err == pytest.approx(0.30)
     assert "no validated multi-node run within 10x" in src
     # within a decade of a run of its regime, the regime's runs alone count
-    err, _ = expected_error_for(config, get_cluster("dgx-a100", 16), 2e10, _rows())
+    err, _ = expected_error_for(config, get_cluster("dgx-a100", 16), 2e10, _rows(), min_kind=1)
     assert err == pytest.approx(0.02)

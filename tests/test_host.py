@@ -47,7 +47,7 @@ def test_kernel_counts_views_gemms_and_regions():
 def test_presets_and_bad_values():
     assert host.host_model("Eager") is host.EAGER
     assert host.host_model("none").kernel_s == 0.0 and not host.NONE.active
-    with pytest.raises(ConfigError, match="unknown host model 'cuda'; use one of eager, none"):
+    with pytest.raises(ConfigError, match="unknown host model 'cuda'; use one of eager, pytorch, none"):
         host.host_model("cuda")
     with pytest.raises(ConfigError, match="kernel_s must be a number >= 0"):
         host.HostModel("bad", kernel_s=-1.0)
@@ -164,3 +164,41 @@ def test_unfused_softmax_casts_cost_their_bytes(monkeypatch):
             assert diff == pytest.approx((want, want), rel=1e-9)
         else:
             assert diff == (0.0, 0.0)
+
+
+def test_run_ahead_queue_carries_the_cpus_lead_and_adds_the_gpu_gap():
+    # kernel_s 10 us, four one-kernel ops of 2, 2, 100 and 2 us: issued at 10, 20, 30, 40 us,
+    # ending at 12, 22, 130 and 132 us (module docstring's example)
+    times = [(2e-6, 0.0), (2e-6, 0.0), (100e-6, 0.0), (2e-6, 0.0)]
+    kernels = [(1, 0)] * 4
+    out = host.queue_times(times, kernels, 10e-6)
+    assert [f for f, _ in out] == pytest.approx([12e-6, 10e-6, 108e-6, 2e-6], rel=1e-12)
+    # a long backward after a short forward: the first backward kernel waits for its launch
+    # (issued at 30 us, GPU free at 22 us), the second was issued long before the GPU is free
+    times = [(2e-6, 500e-6), (2e-6, 500e-6)]
+    out = host.queue_times(times, [(1, 1), (1, 1)], 10e-6)
+    assert out[1][1] == pytest.approx(508e-6) and out[0][1] == pytest.approx(500e-6)
+    # the preset adds its GPU gap to every kernel, before the queue
+    m = host.HostModel("q", kernel_s=0.0, gap_s=3e-6, run_ahead=True)
+    assert host.host_bound_times([(5e-6, 7e-6)], [(1, 2)], [True], m) == [pytest.approx((8e-6, 13e-6))]
+
+
+def test_each_stack_runs_its_own_host_model(tmp_path):
+    """``--stack pytorch`` picks the measured eager-PyTorch host model, ``--stack megatron`` vTrain's;
+    ``--host-model`` still wins; data.json records the one used."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    seen = {}
+    for flags in (["--stack", "pytorch"], ["--stack", "megatron"], ["--stack", "pytorch", "--host-model", "none"]):
+        out = tmp_path / "_".join(flags).replace("-", "")
+        run = subprocess.run([sys.executable, "main.py", str(root / "examples" / "gpt2-small.onnx"), *flags, "--no-site",
+                              "--no-advice", "--out", str(out)], cwd=root, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        data = json.loads((out / "data.json").read_text())
+        seen[" ".join(flags)] = (data["cluster"]["network"]["host_model"], data["config"]["stack"])
+    assert seen == {"--stack pytorch": ("pytorch", "pytorch"), "--stack megatron": ("eager", "megatron"),
+                    "--stack pytorch --host-model none": ("none", "pytorch")}

@@ -55,7 +55,7 @@ from typing import Mapping, Sequence
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["DEFAULT", "EAGER", "HOST_MODELS", "NONE", "HostModel", "collective_call_s", "host_bound_times", "host_model",
+__all__ = ["DEFAULT", "EAGER", "HOST_MODELS", "NONE", "PYTORCH", "STACK_HOST_MODEL", "HostModel", "queue_times", "collective_call_s", "host_bound_times", "host_model",
            "pipeline_message_s",
            "iteration_overhead_s", "kernel_counts", "micro_batch_overhead_s"]
 
@@ -95,9 +95,15 @@ class HostModel:
     micro_batch_s: float = 0.0
     iteration_s: float = 0.0
     p2p_s: float = 0.0
+    #: GPU idle time between back-to-back kernels of a full queue (the device's own launch
+    #: latency), added to every kernel's GPU time; 0 in the models fitted without it.
+    gap_s: float = 0.0
+    #: The CPU runs ahead of the GPU across the whole pass (one queue, :func:`queue_times`)
+    #: instead of entering each GEMM window level with it (:func:`host_bound_times`' window rule).
+    run_ahead: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("kernel_s", "collective_call_s", "micro_batch_s", "iteration_s", "p2p_s"):
+        for field in ("kernel_s", "collective_call_s", "micro_batch_s", "iteration_s", "p2p_s", "gap_s"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"host model {self.name!r}: {field} must be a number >= 0 seconds, got {value!r}")
@@ -105,7 +111,7 @@ class HostModel:
     @property
     def active(self) -> bool:
         """Whether any host term is non-zero."""
-        return any((self.kernel_s, self.collective_call_s, self.micro_batch_s, self.iteration_s, self.p2p_s))
+        return any((self.kernel_s, self.collective_call_s, self.micro_batch_s, self.iteration_s, self.p2p_s, self.gap_s))
 
 
 #: Eager PyTorch + Megatron(-DeepSpeed): the default, because nearly every published training
@@ -145,9 +151,24 @@ class HostModel:
 #: kept: within 0.1 point of the optimum and further inside the worst-run target.  It leaves Narayanan's rows within 0.1 point (their
 #: pipeline steps take 40-500 ms).
 EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
+#: Eager PyTorch 2.x / Hugging Face on one GPU (``--stack pytorch``), measured on an H100 with
+#: PyTorch 2.11 (``benchmarks/host_pytorch.py`` on the two profiled steps in
+#: ``benchmarks/data/h100/``).  ``kernel_s``: the CPU time per GPU kernel of the Llama-1B step,
+#: whose GPU is never starved (GPU busy 174.2 of a 180.0 ms span; the CPU issued its 2,025 kernels
+#: in 120.5 ms: 59.5 us each).  It is measured under the profiler, which slows the CPU, so it is an
+#: upper bound; the GPT-2 small step (704 kernels in a 51.5 ms timed step) bounds it from above at
+#: 73 us too.  ``gap_s``: the GPU's idle time per kernel in that GPU-bound step, (span - busy) /
+#: kernels = 5.8 ms / 2,025 = 2.86 us (the median gap between queued kernels is 1.6 us; memsets and
+#: a few longer stalls make up the rest).  ``run_ahead``: PyTorch launches asynchronously and
+#: nothing in a training step waits for the GPU before the optimizer (no ``.item()``), so the CPU
+#: runs ahead over the whole step (the Llama trace: CPU done at 120 ms, GPU at 180 ms).
+PYTORCH = HostModel("pytorch", kernel_s=59.5e-6, gap_s=2.86e-6, run_ahead=True)
 #: No host-side time: kernel time only (CUDA graphs, or to see the GPU-side bound).
 NONE = HostModel("none", kernel_s=0.0)
-HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, NONE)})
+HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, PYTORCH, NONE)})
+#: The host model each stack runs where none is named (``--host-model``): vTrain's fitted eager
+#: Megatron-DeepSpeed for Megatron, the measured eager PyTorch 2.x for PyTorch.
+STACK_HOST_MODEL: Mapping[str, str] = MappingProxyType({"megatron": EAGER.name, "pytorch": PYTORCH.name})
 #: The model used where none is passed.
 DEFAULT = EAGER
 
@@ -240,6 +261,10 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
     us < GPU 106 us, unchanged.  At ``kernel_s`` 50 us: host 200 us, 94 us spread 1/4 to each
     kernel: 123.5, 25.5, 25.5, 25.5 (sum 200).
     """
+    if host.gap_s > 0:  # the GPU's own idle time between queued kernels
+        times = [(f + host.gap_s * kf, b + host.gap_s * kb) for (f, b), (kf, kb) in zip(times, kernels)]
+    if host.run_ahead:
+        return queue_times(times, kernels, host.kernel_s)
     out = [list(t) for t in times]
     if host.kernel_s <= 0:
         return [tuple(t) for t in times]  # type: ignore[misc]
@@ -254,6 +279,37 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
             count = sum(kernels[i][phase] for i in window)
             for i in window:
                 out[i][phase] = times[i][phase] + excess * kernels[i][phase] / count
+    return [(f, b) for f, b in out]
+
+
+def queue_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[int, int]], kernel_s: float) -> list[tuple[float, float]]:
+    """Op times with a CPU that runs ahead of the GPU over a whole pass (one asynchronous queue).
+
+    The CPU issues the kernels in order, ``kernel_s`` each (forward in op order, then backward in
+    reverse op order, the order autograd runs them); a kernel starts when the GPU is free and the
+    CPU has issued it: ``start_i = max(end_{i-1}, issued_i)`` (the two-resource queue the window
+    rule of :func:`host_bound_times` bounds locally).  An op's time is the GPU time from the end
+    of the op before it to its own end, so the ops sum to the pass's time and every op keeps at
+    least its GPU time; the CPU's lead carries from forward into backward.
+
+    Example: ``kernel_s`` 10 us, four one-kernel ops of 2, 2, 100 and 2 us: issued at 10, 20, 30,
+    40; ends 12, 22, 130, 132: times 12, 10, 108, 2 (sum 132 = the last end).
+    """
+    out = [[0.0, 0.0] for _ in times]
+    issued = end = 0.0
+    n = len(times)
+    for phase, order in ((0, range(n)), (1, range(n - 1, -1, -1))):
+        for i in order:
+            count = kernels[i][phase]
+            gpu = times[i][phase]
+            before = end
+            if count <= 0:
+                end += gpu
+            else:
+                for _ in range(count):
+                    issued += kernel_s
+                    end = max(end, issued) + gpu / count
+            out[i][phase] = end - before
     return [(f, b) for f, b in out]
 
 

@@ -42,7 +42,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
-from dml2comm.cost.compute import grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
+from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (FRAMEWORK_OVERHEAD_BYTES, ModelStates, amp_weight_copy_bytes, gradients_live_in_backward,
@@ -289,8 +289,13 @@ class _StageTableKey(CacheKey):
     tp_comm_overlap: bool
     async_tp_allreduce: bool
     grad_accumulation_fusion: bool
-    stack: Stack
-    precision: Precision
+    #: the training stack, precision and attention kernel (what runs; :class:`ParallelConfig`)
+    stack: str = "megatron"
+    precision: str = "mixed"
+    attention: str = "unfused"
+    #: micro-batches per step where the stack's per-micro-batch passes depend on them (eager
+    #: PyTorch's AccumulateGrad from the second micro-batch on), else None
+    eager_micro_batches: int | None = None
 
 
 @dataclass
@@ -436,7 +441,8 @@ class StageCoster(LayerCoster):
                              config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
                              config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
                              config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce,
-                             config.grad_accumulation_fusion, config.stack, config.precision)
+                             config.grad_accumulation_fusion, str(config.stack), str(config.precision), str(config.attention),
+                             config.num_micro_batches if config.stack is Stack.PYTORCH else None)
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
@@ -592,12 +598,17 @@ class StageCoster(LayerCoster):
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
         # Megatron-LM's per-micro-batch gradient accumulation (dml2comm.cost.compute.grad_accumulation_s):
         # every local parameter without gradient-accumulation fusion, else those no GEMM accumulates
-        accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
-        accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes,
-                                         gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu))
+        achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
+        if config.stack is Stack.PYTORCH:  # eager PyTorch's casts and AccumulateGrad (cost.compute.eager_parameter_passes_s)
+            cast_f, accumulate = (np.zeros(p) + x for x in eager_parameter_passes_s(
+                params_local, params_local - per_stage(layers.unfused_local), config.precision, config.num_micro_batches, achieved_hbm))
+        else:
+            accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
+            accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)
+            cast_f = np.zeros(p)
         # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
         loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
-        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f, per_stage(layers.bwd) + accumulate + loss_b,
+        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
                           per_stage(layers.selective),
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,

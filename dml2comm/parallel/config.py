@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "SCHEDULES",
+__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
            "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
@@ -251,6 +251,10 @@ class ParallelConfig:
         """Bytes per gradient element as accumulated and reduced: ``grad_reduce_dtype``'s, else
         the training dtype's."""
         return DTYPES[self.grad_reduce_dtype].itemsize if self.grad_reduce_dtype else self.train_dtype.itemsize
+
+    def stack_text(self) -> str:
+        """The stack in words, for summaries: ``pytorch stack, bf16 precision, flash attention``."""
+        return f"{self.stack} stack, {self.precision} precision, {self.attention} attention"
 
     def to_dict(self) -> dict[str, object]:
         return {

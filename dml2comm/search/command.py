@@ -36,10 +36,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.argtypes import OneLineParser, add_stack_arguments, positive_int, stack_kwargs
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
-from dml2comm.cost.host import HOST_MODELS
+from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
 from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug,
@@ -88,6 +88,11 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _host_model(args: argparse.Namespace) -> str:
+    """``--host-model``, else the one the stack runs (:data:`dml2comm.cost.host.STACK_HOST_MODEL`)."""
+    return args.host_model or STACK_HOST_MODEL[args.stack or "megatron"]
+
+
 def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
@@ -95,13 +100,15 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's); each GPU's inter-node share "
                    "is the node's NICs over its GPUs")
-    h.add_argument("--host-model", default="eager", choices=list(HOST_MODELS),
-                   help="host-side (CPU) time: eager PyTorch's per-kernel dispatch (default) or none (CUDA graphs)")
+    h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
+                   help="host-side (CPU) time: eager (Megatron-DeepSpeed's per-kernel dispatch; default with --stack megatron), "
+                        "pytorch (eager PyTorch 2.x; default with --stack pytorch) or none (CUDA graphs)")
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=_positive, help="global batch B (sweep default: --gpus; compare: required)")
     b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     b.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    add_stack_arguments(b)
     p.add_argument("--out", help="output folder (default: out/sweep or out/compare, beside the analysis's out/)")
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
     p.add_argument("--build-top", type=_non_negative, default=DEFAULT_BUILD_TOP, metavar="N",
@@ -273,7 +280,7 @@ def _constraints(args: argparse.Namespace) -> Constraints:
         recompute=parse_name_list(args.recompute, "--recompute", RECOMPUTE_MODES),
         sequence_parallel=(False,) if args.no_sp else (True,) if args.sp_only else (False, True),
         allow_cross_node_tp=args.allow_cross_node_tp, gpus_per_node=args.gpus_per_node,
-        dtype=args.dtype, optimizer=args.optimizer,
+        dtype=args.dtype, optimizer=args.optimizer, **stack_kwargs(args),
         cp=parse_int_list(args.cp, "--cp"), ep=parse_int_list(args.ep, "--ep"), cp_scheme=args.cp_scheme,
     )
 
@@ -304,7 +311,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model, args.nics_per_node)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node)
     builder(args.gpus)  # an unknown --gpu / --cluster fails here, before anything is written
     partial = out / "sweep.partial.csv"
     stream: CsvStream | None = None
@@ -343,7 +350,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
             "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top)}
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model, args.nics_per_node)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
     ranked = result.ranked()
     commands, jobs, sites = _reproduce(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
                                        0 if args.no_site or result.interrupted else args.build_top)
@@ -371,7 +378,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model, args.nics_per_node)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node)
     for n in counts:
         builder(n)  # an unknown --gpu / --cluster, or a count the cluster cannot hold, fails here
     space = SweepSpace(global_batch_size=plan.batch_for(counts[0]), seq_len=args.seq_len, constraints=constraints)
@@ -388,7 +395,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     for p in points:
         if p.get("best"):
             p["best"] = _entry(p["best"])
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model, args.nics_per_node)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
     commands, jobs, sites = scaling_reproduce(args.model, out, points, hardware,
                                               0 if args.no_site or study.interrupted else args.build_top)
     for p in points:
@@ -578,9 +585,20 @@ def _console():
     return Console(width=console_width(), soft_wrap=True)  # COLUMNS, the terminal, or 160 for files and pipes
 
 
+def _stack_of(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``training stack: pytorch, bf16 precision, flash attention`` of the rows' (shared) stack."""
+    for row in rows:
+        c = row.get("config") or {}
+        if c.get("stack"):
+            return f"training stack: {c['stack']}, {c.get('precision')} precision, {c.get('attention')} attention"
+    return "training stack: -"
+
+
 def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int, site: Path | None = None) -> None:
     console = _console()
-    console.print(_table(f"top {top} (fitting configurations, fastest first)", result.top(top), console.width))
+    best = result.top(top)
+    _say(console, _stack_of(best))
+    console.print(_table(f"top {top} (fitting configurations, fastest first)", best, console.width))
     front = result.pareto()
     console.print(_table("Pareto front (iteration time vs peak memory, fastest first)", front[:PARETO_SHOWN], console.width))
     if len(front) > PARETO_SHOWN:
@@ -600,7 +618,7 @@ def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: 
 
 # ---- compare
 def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: str = "bf16",
-                      optimizer: str = "adam") -> ParallelConfig:
+                      optimizer: str = "adam", stack: Mapping[str, str] | None = None) -> ParallelConfig:
     """``"d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2,c=2,e=2"`` -> :class:`ParallelConfig` (unset keys: defaults)."""
     kwargs: dict[str, Any] = {}
     for part in [x.strip() for x in text.split(",") if x.strip()]:
@@ -628,7 +646,7 @@ def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: 
     if kwargs.get("sequence_parallel") and kwargs.get("tp_size", 1) == 1:
         raise ConfigError(f"--configs {text!r}: sp=1 needs t of 2 or more")
     try:
-        return ParallelConfig(global_batch_size=global_batch, seq_len=seq_len, dtype=dtype, optimizer=optimizer, **kwargs)
+        return ParallelConfig(global_batch_size=global_batch, seq_len=seq_len, dtype=dtype, optimizer=optimizer, **(stack or {}), **kwargs)
     except ConfigError as exc:
         raise ConfigError(f"--configs {text!r}: {exc}") from None
 
@@ -647,10 +665,11 @@ def run_compare_command(argv: Sequence[str]) -> int:
     args = compare_parser().parse_args(argv)
     if args.global_batch_size is None:
         raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, args.host_model, args.nics_per_node)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node)
     evaluator = Evaluator(args.model, builder, seq_len=args.seq_len)
     seq_len = args.seq_len or model_shape(evaluator.imported(1))["seq_len"]
-    configs = [parse_config_spec(s, args.global_batch_size, seq_len, args.dtype, args.optimizer) for s in args.configs]
+    configs = [parse_config_spec(s, args.global_batch_size, seq_len, args.dtype, args.optimizer, stack_kwargs(args))
+               for s in args.configs]
     rows = []
     for i, (spec, config) in enumerate(zip(args.configs, configs)):
         try:
@@ -669,7 +688,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, args.host_model, args.nics_per_node)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
     commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top)
     top_staging = _build_top(out, jobs, args.json)
@@ -682,6 +701,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
         print(json.dumps(entries, sort_keys=True))
         return 0
     console = _console()
+    _say(console, _stack_of(rows))
     console.print(_table("configurations side by side", rows, console.width))
     _say(console, f"wrote {out / 'compare.csv'}, {out / 'compare.parquet'} and {out / 'data.json'}")
     if site is not None:

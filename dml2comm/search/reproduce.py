@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from dml2comm.cost.host import STACK_HOST_MODEL
+from dml2comm.parallel.config import DEFAULT_ATTENTION, DEFAULT_PRECISION, Stack
+
 __all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "scaling_folder", "scaling_reproduce", "build_sites", "DEFAULT_BUILD_TOP"]
 
 #: Analysis sites built by ``sweep`` and ``compare`` unless ``--build-top N`` says otherwise.
@@ -86,13 +89,20 @@ def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out
         argv += ["--dtype", str(config["dtype"])]
     if config.get("optimizer") and config["optimizer"] != "adam":
         argv += ["--optimizer", str(config["optimizer"])]
+    if config.get("stack") and config["stack"] != "megatron":  # the stack, then what differs from its defaults
+        argv += ["--stack", str(config["stack"])]
+    stack = Stack(config.get("stack") or "megatron")
+    if config.get("precision") and config["precision"] != DEFAULT_PRECISION[stack]:
+        argv += ["--precision", str(config["precision"])]
+    if config.get("attention") and config["attention"] != DEFAULT_ATTENTION[stack]:
+        argv += ["--attention", str(config["attention"])]
     if hardware.cluster:
         argv += ["--cluster", hardware.cluster]
     if hardware.gpu:
         argv += ["--gpu", hardware.gpu]
     if hardware.gpus_per_node != 8:
         argv += ["--gpus-per-node", str(hardware.gpus_per_node)]
-    if hardware.host_model != "eager":
+    if hardware.host_model != STACK_HOST_MODEL[stack]:
         argv += ["--host-model", hardware.host_model]
     if hardware.nics_per_node is not None:
         argv += ["--nics-per-node", str(hardware.nics_per_node)]

@@ -85,6 +85,15 @@ class Constraints:
     cp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] = (1,)
     cp_scheme: str = "ulysses"
+    #: the training stack, precision mode and attention kernel of every configuration
+    #: (``--stack/--precision/--attention``; None: the config's default, which follows the stack)
+    stack: str | None = None
+    precision: str | None = None
+    attention: str | None = None
+
+    def stack_kwargs(self) -> dict[str, str]:
+        """The :class:`ParallelConfig` keywords of the stack choices that were given."""
+        return {k: v for k, v in (("stack", self.stack), ("precision", self.precision), ("attention", self.attention)) if v is not None}
 
     def check(self, num_gpus: int) -> None:
         """Raise :class:`ConfigError` for values no configuration of ``num_gpus`` GPUs can take."""
@@ -222,5 +231,5 @@ def _inner(c: Constraints, num_gpus: int, global_batch: int, layers: int, seq_le
                             dp_size=d, tp_size=t, pp_size=p, micro_batch_size=b, global_batch_size=global_batch,
                             seq_len=seq_len, dtype=c.dtype, schedule=schedule, virtual_stages=v,
                             zero_stage=zero, sequence_parallel=sp, recompute=rec, optimizer=c.optimizer,
-                            cp_size=cp, cp_scheme=c.cp_scheme, ep_size=ep,
+                            cp_size=cp, cp_scheme=c.cp_scheme, ep_size=ep, **c.stack_kwargs(),
                         )

@@ -77,6 +77,13 @@ class Page:
     hide_toc: bool = True
 
 
+
+def _band_origin(source: str) -> str:
+    """Where a band comes from, in short: ``nearest validated runs: vtrain`` or ``no validated
+    pytorch run on H100-SXM5-80GB``."""
+    head = source.split(":")[0]
+    return head if head.startswith(("no validated", "only ")) else f"nearest validated runs: {head}"
+
 def _row(**kw: Any) -> dict[str, Any]:
     return kw
 
@@ -197,8 +204,8 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
     # (title, value, note, page the card links to or None, alarm: drawn in red)
     headline = [
         ("Iteration time", fmt_s(iteration), f"one training step of {cfg.global_batch_size} samples"
-         + (f"; expected error ±{s['expected_error']:.1%} (nearest validated runs: "
-           f"{str(s.get('expected_error_source') or '').split(':')[0]}; data.json has why)" if s.get("expected_error") is not None else ""),
+         + (f"; expected error ±{s['expected_error']:.1%} ({_band_origin(str(s.get('expected_error_source') or ''))}; "
+            "data.json has why)" if s.get("expected_error") is not None else ""),
          "timeline", False),
         ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else "", None, False),
         ("Communication (all stages)", fmt_s(s.get("comm_time_s")),
@@ -247,7 +254,8 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                 config=[("d (data)", cfg.dp_size), ("t (tensor)", cfg.tp_size), ("p (pipeline)", cfg.pp_size),
                         ("micro-batch b", cfg.micro_batch_size), ("global batch B", cfg.global_batch_size),
                         ("micro-batches m", cfg.num_micro_batches), ("sequence length", cfg.seq_len or "n/a"),
-                        ("dtype", cfg.dtype), ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule == "interleaved" else "")),
+                        ("dtype", cfg.dtype), ("stack", cfg.stack), ("precision", cfg.precision), ("attention", cfg.attention),
+                        ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule == "interleaved" else "")),
                         ("ZeRO stage", cfg.zero_stage), ("sequence parallel", "yes" if cfg.sequence_parallel else "no"),
                         ("recomputation", cfg.recompute), ("optimizer", cfg.optimizer), ("rank order", cfg.rank_order)],
                 cluster=_row(name=a.cluster.name, gpu=a.cluster.gpu.name, gpus=a.cluster.num_gpus, per_node=a.cluster.gpus_per_node,

@@ -99,7 +99,20 @@ def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = 
                             "refit_as": "a factor s on it: the A100 evaluated with SUSTAINED_FACTOR x s exactly (the GPU's calibrated-factor field)"},
         "loso": [r.to_dict() for r in refits],
     }
+    _add_band_coverage(summary, shipped)
     return [c for src in sources for c in shipped[src.name]], summary
+
+
+def _add_band_coverage(summary: dict[str, Any], shipped: dict[str, list[Case]]) -> None:
+    """Each end-to-end source's share of runs inside the band the tool prints for them
+    (:func:`dml2comm.validate.bands.band_coverage`); None for the others."""
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.validate.bands import band_coverage, band_rows
+
+    a100 = get_cluster("dgx-a100", 8).gpu.name  # the bundled end-to-end runs' GPU (PROVENANCE.md)
+    for name, cases in shipped.items():
+        cover = band_coverage(band_rows(cases, a100)).get(name)
+        summary["sources"][name]["band_coverage"] = None if cover is None else cover[0] / cover[1]
 
 
 def _target(source: str, cases: Sequence[Case]) -> dict[str, Any]:
@@ -141,12 +154,14 @@ def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int, site: boo
     rows = []
     for name, s in summary["sources"].items():
         rows.append([name, str(s["count"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
-                     _pct(s["signed_mean_error"], True), _pct(s["worst_error"], True), str(s["worst_case"]), _verdict(s)])
+                     _pct(s["signed_mean_error"], True), _pct(s["worst_error"], True), _pct(s.get("band_coverage")),
+                     str(s["worst_case"]), _verdict(s)])
         for sub in s["subsets"].values():
             rows.append([f"  {sub['label']}", str(sub["count"]), _pct(sub["mean_abs_error"]), _pct(sub["median_abs_error"]),
-                         _pct(sub["signed_mean_error"], True), _pct(sub["worst_error"], True), str(sub["worst_case"]), ""])
-    console.print(fit_table("error against each source", ("source", "cases", "mean |error|", "median", "signed mean", "worst",
-                                                          "worst case", "target"), rows, console.width, left=(0, 6, 7)))
+                         _pct(sub["signed_mean_error"], True), _pct(sub["worst_error"], True), "", str(sub["worst_case"]), ""])
+    console.print(fit_table("error against each source (in band: the share of its runs inside the expected error the tool "
+                            "prints for them)", ("source", "cases", "mean |error|", "median", "signed mean", "worst", "in band",
+                                                 "worst case", "target"), rows, console.width, left=(0, 7, 8)))
     if summary["loso"]:
         const = summary["fitted_constant"]
         value = const["value"]

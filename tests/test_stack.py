@@ -1,0 +1,96 @@
+"""The training stack, precision mode and attention kernel: choices, defaults, the flags that set
+them on every command, and where they are shown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dml2comm.errors import ConfigError
+from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Precision, Stack
+from dml2comm.search.command import parse_config_spec
+from dml2comm.search.reproduce import Hardware, analysis_argv
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = str(ROOT / "examples" / "gpt2-small.onnx")
+
+
+def test_defaults_follow_the_stack_and_explicit_choices_win():
+    c = ParallelConfig()
+    assert (c.stack, c.precision, c.attention) == (Stack.MEGATRON, Precision.MIXED, AttentionKernel.UNFUSED)
+    c = ParallelConfig(stack="pytorch")
+    assert (c.stack, c.precision, c.attention) == (Stack.PYTORCH, Precision.AMP, AttentionKernel.FLASH)
+    c = ParallelConfig(stack="megatron", attention="flash", precision="bf16")
+    assert (c.precision, c.attention) == (Precision.BF16, AttentionKernel.FLASH)
+    assert c.to_dict()["stack"] == "megatron" and c.to_dict()["attention"] == "flash"
+    assert c.stack_text() == "megatron stack, bf16 precision, flash attention"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"stack": "deepspeed"}, "unknown --stack 'deepspeed'; choose one of megatron, pytorch"),
+    ({"precision": "fp8"}, "unknown --precision 'fp8'; choose one of mixed, amp, bf16"),
+    ({"attention": "sparse"}, "unknown --attention 'sparse'; choose one of flash, unfused"),
+    ({"precision": "bf16", "dtype": "fp16"}, "--precision bf16 holds the whole model in bf16 but --dtype is fp16"),
+])
+def test_bad_choices_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ParallelConfig(**kwargs)
+
+
+def test_compare_specs_and_reproduced_commands_carry_the_stack():
+    config = parse_config_spec("d=2,t=2", 8, 1024, stack={"stack": "pytorch", "precision": "bf16"})
+    assert (config.stack, config.precision, config.attention) == (Stack.PYTORCH, Precision.BF16, AttentionKernel.FLASH)
+    argv = analysis_argv(MODEL, config.to_dict(), Hardware(None, "dgx-h100", 8, None, "pytorch"), "out/x")
+    # the stack, and only what differs from its defaults (flash attention and the pytorch host model are its own)
+    assert argv[argv.index("--stack") + 1] == "pytorch" and argv[argv.index("--precision") + 1] == "bf16"
+    assert "--attention" not in argv and "--host-model" not in argv
+    argv = analysis_argv(MODEL, ParallelConfig().to_dict(), Hardware(None, "dgx-h100", 8, None, "eager"), "out/x")
+    assert not {"--stack", "--precision", "--attention", "--host-model"} & set(argv)
+
+
+def test_every_command_takes_the_flags_and_shows_the_stack(tmp_path):
+    run = subprocess.run([sys.executable, "main.py", MODEL, "--stack", "pytorch", "--precision", "bf16", "--no-site",
+                          "--no-advice", "--out", str(tmp_path / "a")], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "pytorch stack, bf16 precision, flash attention" in " ".join(run.stdout.split())
+    config = json.loads((tmp_path / "a" / "data.json").read_text())["config"]
+    assert (config["stack"], config["precision"], config["attention"]) == ("pytorch", "bf16", "flash")
+    run = subprocess.run([sys.executable, "main.py", "compare", MODEL, "--global-batch-size", "8", "--configs", "d=2",
+                          "--stack", "pytorch", "--no-site", "--out", str(tmp_path / "c")], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "training stack: pytorch, amp precision, flash attention" in " ".join(run.stdout.split())
+    run = subprocess.run([sys.executable, "main.py", MODEL, "--precision", "bf16", "--dtype", "fp16", "--no-site",
+                          "--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.startswith("error: --precision bf16") and not (tmp_path / "bad").exists()
+
+
+def test_eager_parameter_passes_by_precision():
+    from dml2comm.cost.compute import eager_parameter_passes_s
+
+    hbm = 1e12
+    # amp, one micro-batch: weights cast to 16 bits in forward (4 + 2 B), gradients back to fp32 (2 + 4 B)
+    assert eager_parameter_passes_s(100.0, 80.0, "amp", 1, hbm) == pytest.approx((80 * 6 / hbm, 80 * 6 / hbm))
+    # amp, four micro-batches: AccumulateGrad adds fp32 gradients from the second one on (3 x 4 B, 3/4 of the time)
+    assert eager_parameter_passes_s(100.0, 80.0, "amp", 4, hbm)[1] == pytest.approx((80 * 6 + 0.75 * 100 * 12) / hbm)
+    # bf16: no casts; one micro-batch has no pass at all (the fresh gradient is stolen)
+    assert eager_parameter_passes_s(100.0, 80.0, "bf16", 1, hbm) == (0.0, 0.0)
+    assert eager_parameter_passes_s(100.0, 80.0, "bf16", 2, hbm)[1] == pytest.approx(0.5 * 100 * 6 / hbm)
+
+
+def test_the_stack_keys_the_stage_table_and_changes_the_step():
+    """Two stacks of one model on one evaluator do not share a cached stage table."""
+    from dml2comm import zoo
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.search.fast import FastEvaluator
+
+    imported = load_model_proto(zoo.build_gpt(layers=2, hidden=256, heads=4, vocab=1024, seq_len=128), ImportOptions(batch_size=4))
+    evaluator = FastEvaluator(imported, get_cluster("dgx-h100", 1))
+    rows = evaluator.evaluate([ParallelConfig(micro_batch_size=4, global_batch_size=4, seq_len=128, **kw)
+                               for kw in ({}, {"stack": "pytorch", "precision": "amp"}, {"stack": "pytorch", "precision": "bf16"})])
+    times = [r["iteration_time_s"] for r in rows]
+    assert len(set(times)) == 3, times
