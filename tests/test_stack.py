@@ -94,3 +94,14 @@ def test_the_stack_keys_the_stage_table_and_changes_the_step():
                                for kw in ({}, {"stack": "pytorch", "precision": "amp"}, {"stack": "pytorch", "precision": "bf16"})])
     times = [r["iteration_time_s"] for r in rows]
     assert len(set(times)) == 3, times
+
+
+def test_amp_gradients_are_fp32_and_round_trip_through_data_json():
+    from dml2comm.search.sweep import config_from_dict
+
+    amp = ParallelConfig(dp_size=2, global_batch_size=2, stack="pytorch", precision="amp")
+    assert amp.grad_bytes == 4 and amp.to_dict()["grad_reduce_dtype"] == "fp32"
+    assert config_from_dict(amp.to_dict()) == amp
+    bf16 = ParallelConfig(dp_size=2, global_batch_size=2, stack="pytorch", precision="bf16")
+    assert bf16.grad_bytes == 2 and config_from_dict(bf16.to_dict()) == bf16
+    assert ParallelConfig(precision="amp", grad_reduce_dtype="bf16").grad_bytes == 2  # the flag still wins

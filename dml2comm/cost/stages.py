@@ -601,7 +601,7 @@ class StageCoster(LayerCoster):
         achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
         if config.stack is Stack.PYTORCH:  # eager PyTorch's casts and AccumulateGrad (cost.compute.eager_parameter_passes_s)
             cast_f, accumulate = (np.zeros(p) + x for x in eager_parameter_passes_s(
-                params_local, params_local - per_stage(layers.unfused_local), config.precision, config.num_micro_batches, achieved_hbm))
+                params_local, per_stage(layers.gemm_local), config.precision, config.num_micro_batches, achieved_hbm))
         else:
             accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
             accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)

@@ -249,8 +249,11 @@ class ParallelConfig:
     @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element as accumulated and reduced: ``grad_reduce_dtype``'s, else
-        the training dtype's."""
-        return DTYPES[self.grad_reduce_dtype].itemsize if self.grad_reduce_dtype else self.train_dtype.itemsize
+        fp32 under ``--precision amp`` (the gradients of fp32 parameters are fp32: DDP reduces
+        them so), else the training dtype's."""
+        if self.grad_reduce_dtype:
+            return DTYPES[self.grad_reduce_dtype].itemsize
+        return 4 if self.precision is Precision.AMP else self.train_dtype.itemsize
 
     def stack_text(self) -> str:
         """The stack in words, for summaries: ``pytorch stack, bf16 precision, flash attention``."""
@@ -279,7 +282,7 @@ class ParallelConfig:
             "async_tp_allreduce": self.async_tp_allreduce,
             "grad_accumulation_fusion": self.grad_accumulation_fusion,
             "overlap_grad_reduce": self.overlap_grad_reduce,
-            "grad_reduce_dtype": self.grad_reduce_dtype or self.dtype,
+            "grad_reduce_dtype": self.grad_reduce_dtype or ("fp32" if self.precision is Precision.AMP else self.dtype),
             "c": self.cp_size,
             "cp_scheme": self.cp_scheme,
             "e": self.ep_size,

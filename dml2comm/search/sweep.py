@@ -93,7 +93,7 @@ def config_from_dict(data: Mapping[str, Any]) -> ParallelConfig:
     names = {f.name for f in fields(ParallelConfig)}
     kwargs = {k: v for k, v in data.items() if k in names}
     kwargs.update(dp_size=data["d"], tp_size=data["t"], pp_size=data["p"], cp_size=data.get("c", 1), ep_size=data.get("e", 1))
-    if data.get("grad_reduce_dtype") == data.get("dtype"):
+    if data.get("grad_reduce_dtype") == ("fp32" if data.get("precision") == "amp" else data.get("dtype")):
         kwargs["grad_reduce_dtype"] = None
     return ParallelConfig(**kwargs)
 
