@@ -3,7 +3,7 @@ bundled H100 SDPA measurements, and print in-sample and leave-one-shape-out erro
 
     PYTHONPATH=. .venv/bin/python benchmarks/fit_flash_h100.py
 
-Data: ``benchmarks/data/h100_kernels_measured.json`` (a byte-for-byte copy of
+Data: ``benchmarks/data/h100/kernels.json`` (a byte-for-byte copy of
 shared/data/gpu_measured/h100/kernels.json, measured by shared/tools/measure_gpu.py on one H100
 80GB HBM3, PyTorch 2.11, cuDNN 9.19), its ``attn`` rows: ``F.scaled_dot_product_attention(q, k,
 v, is_causal=True)`` in bf16 on ``[b, heads, s, d]``; ``fwd_s`` from a CUDA graph,
@@ -44,7 +44,7 @@ from dml2comm.cost.compute import HBM_EFFICIENCY
 from dml2comm.hardware.gpus import get_gpu
 from dml2comm.ir.graph import DType
 
-DATA = Path(__file__).resolve().parent / "data" / "h100_kernels_measured.json"
+DATA = Path(__file__).resolve().parent / "data" / "h100" / "kernels.json"
 GPU = get_gpu("h100")
 PEAK = GPU.peak_flops("bf16")
 HBM = GPU.hbm_bytes_per_s * HBM_EFFICIENCY

@@ -43,7 +43,7 @@ The kernel (Dao 2023, Sec. 3):
   (Korthikanti et al. 2022, Sec. 5) therefore has nothing left to drop in the core.
 
 Time (:func:`flash_times_s`), a throughput law fitted on the bundled H100 measurements of
-``F.scaled_dot_product_attention`` (``benchmarks/data/h100_kernels_measured.json``, ``attn``:
+``F.scaled_dot_product_attention`` (``benchmarks/data/h100/kernels.json``, ``attn``:
 ten shapes; ``benchmarks/fit_flash_h100.py`` fits it and prints in-sample and leave-one-out
 errors).  Per pass, the work ``W`` (FLOPs, times ``1 + B / s_k`` for a causal core: the diagonal
 blocks of ``B`` = :data:`FLASH_BLOCK` columns are computed whole) runs at a share of the dense
@@ -112,7 +112,7 @@ class FlashLaw(NamedTuple):
 
 
 #: Fitted by ``benchmarks/fit_flash_h100.py`` on the ten bundled H100 SDPA shapes
-#: (``benchmarks/data/h100_kernels_measured.json``, ``attn``, measured by
+#: (``benchmarks/data/h100/kernels.json``, ``attn``, measured by
 #: shared/tools/measure_gpu.py: bf16, causal, head dims 64 and 128, s = 1,024-8,192; the first
 #: row's forward+backward, a warm-up, left out; each forward+backward net of the gradient
 #: accumulation the measurement adds, see the script).  Median |error| in sample / leaving each
