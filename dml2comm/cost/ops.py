@@ -262,7 +262,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             costs[i] = OpCost(0.0, 0.0, 0.0, c.bytes_bwd if keep_bwd else 0.0, "view (attention head split)")
             times[i] = (0.0, times[i][1] if keep_bwd else 0.0)
     if eager:
-        costs, times = eager_costs(graph, tp, train_view, costs, times, is_gemm, hbm * hbm_eff)
+        costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -316,8 +316,7 @@ def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]
 
 
 def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
-                costs: list[OpCost], times: list[tuple[float, float]], is_gemm: Sequence[bool],
-                hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                costs: list[OpCost], times: list[tuple[float, float]], hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels of ops the export split from what PyTorch runs as one, or runs
     without a kernel (module docstring); every other op keeps its own cost.
 
@@ -346,23 +345,23 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
         flops_bwd = float(out.numel) * op.repeat if reduced else 0.0
         c = costs[i]
         fwd = (c.flops_fwd, c.bytes_fwd, times[i][0], c.rule)
-        if _is_linear_bias(graph, op, is_gemm):
+        if _is_linear_bias(graph, op):
             fwd = (0.0, 0.0, 0.0, "bias add in the GEMM's epilogue (addmm)")
         costs[i] = OpCost(fwd[0], fwd[1], flops_bwd, bwd_bytes, f"{fwd[3]}; eager backward (AddBackward0)", c.fallback)
         times[i] = (fwd[2], bwd_bytes / hbm)
     return costs, times
 
 
-def _is_linear_bias(graph: OpGraph, op: Op, is_gemm: Sequence[bool]) -> bool:
-    """``op`` (an Add) adds a 1-D weight to the output of a GEMM that reads a weight, and is that
-    output's only reader (``nn.Linear`` / GPT-2's ``Conv1D`` exported as MatMul + Add)."""
+def _is_linear_bias(graph: OpGraph, op: Op) -> bool:
+    """``op`` (an Add) adds a 1-D weight to the output of a MatMul or Gemm that reads a weight,
+    and is that output's only reader (``nn.Linear`` / GPT-2's ``Conv1D`` exported as MatMul + Add)."""
     names = [n for n in op.inputs if n]
     if len(names) != 2:
         return False
     for gemm_out, bias in (names, names[::-1]):
         b = graph.tensor(bias)
         p = graph.producer(gemm_out)
-        if b is None or not b.is_weight or b.rank != 1 or p is None or not is_gemm[p]:
+        if b is None or not b.is_weight or b.rank != 1 or p is None or graph.ops[p].op_type not in ("MatMul", "Gemm"):
             continue
         product = graph.ops[p]
         if any((t := graph.tensor(n)) is not None and t.is_weight for n in product.inputs[:2] if n) \
