@@ -18,7 +18,7 @@ embedding's backward).
 Modelled: ``examples/gpt2-small.onnx`` (a real legacy export of GPT-2 small) at micro-batch 8 on
 one H100 (``dgx-h100``), GPU time only (host model ``none``), per op from
 :func:`dml2comm.cost.ops.shard_op_costs` with the stack and attention kernel named, the loss from
-:func:`dml2comm.cost.loss.cross_entropy_s`, the optimizer from the stage table's optimizer term.
+:func:`dml2comm.cost.loss.cross_entropy_s` for the stack (Hugging Face's loss with ``pytorch``), the optimizer from the stage table's optimizer term.
 The export carries Dropout nodes; the measured run used p = 0 (no dropout kernel ran), so the
 dropout ops' modelled time is printed apart and left out of the element-wise class.
 """
@@ -106,7 +106,7 @@ def model_classes(stack: str, attention: str) -> tuple[dict[str, float], dict[st
         count[k] += 1
     for name, producer in logits_outputs(graph):
         numel = graph.tensors[name].numel
-        secs["loss"] += sum(cross_entropy_s(numel, 2, gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu), 0.0))
+        secs["loss"] += sum(cross_entropy_s(numel, 2, gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu), 0.0, config.stack))
     coster = StageCoster(imported, cluster, collapse=False)  # the optimizer term has no host part
     secs["optimizer"] += float(coster.prepare(config).optimizer.max())
     return secs, count, dropout
