@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from dml2comm.advice import memory_suggestions, speed_recommendations
-from dml2comm.cost.cache import (attention_sites_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
+from dml2comm.cost.cache import (attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
 from dml2comm.render.fmt import fmt_s
@@ -43,11 +43,11 @@ from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, 
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import ParallelConfig, Schedule
+from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Schedule, Stack
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
-from dml2comm.parallel.tensor import TensorParallelPlan
+from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.levels import compile_schedule
 from dml2comm.validate.bands import expected_error_for
@@ -219,7 +219,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
     host = host_model(cluster.host_model)
     costs, times, full_flops, fallback_types = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
-                                                              lenient, host)
+                                                              lenient, host, config.stack, config.attention)
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
@@ -436,9 +436,20 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     warnings.append(
         f"compute: GEMMs from measured tables or the fitted tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of "
         f"peak sustained on {cluster.gpu.name}, other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, memory-bound ops at "
-        f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, point-wise chains fused as Megatron-LM (A100 factor fitted on Narayanan "
-        "et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together: python main.py validate)"
+        f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, "
+        + ("point-wise chains fused as Megatron-LM" if config.stack is Stack.MEGATRON else
+           "one kernel per op as eager PyTorch runs it (a linear layer's bias add in the GEMM's epilogue)")
+        + " (A100 factor fitted on Narayanan et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together: "
+        "python main.py validate)"
     )
+    if config.attention is AttentionKernel.FLASH:
+        cores, flash = find_attention(graph), flash_cores_of(graph)
+        if cores:
+            warnings.append(
+                f"attention: {len(flash)} of {len(cores)} attention cores run as one flash kernel each "
+                f"({sum(c.causal for c in flash)} causal, read off the mask), its time by a law fitted on H100 SDPA "
+                "(benchmarks/fit_flash_h100.py)"
+                + ("; the others (a learned or per-head bias in the scores) are costed as exported" if len(flash) < len(cores) else ""))
     if host.run_ahead:
         host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
                      f"{fmt_s(host.gap_s)} of GPU idle per kernel, measured on PyTorch 2.11 traces on an H100; a step waits "

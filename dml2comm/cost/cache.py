@@ -29,20 +29,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, MutableMapping, TypeVar
 
-from dml2comm.cost.memory import ActivationModel
+from dml2comm.cost.attention import FlashCore, find_flash_cores
+from dml2comm.cost.memory import ActivationModel, fp32_islands
 from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import LayeredGraph, group_layers
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
-from dml2comm.parallel.config import DTYPES
+from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
 from dml2comm.parallel.context import AttentionSite, find_attention
 from dml2comm.parallel.expert import MoEInfo, find_moe
 from dml2comm.parallel.pipeline import parameter_layers, weight_derived
 from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
 
 __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
-           "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "layers_of",
-           "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of", "weight_derived_of", "moe_of",
-           "attention_sites_of", "activation_model_of"]
+           "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "FlashCoresKey",
+           "Fp32IslandsKey", "layers_of", "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of",
+           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of"]
 
 T = TypeVar("T")
 
@@ -136,12 +137,25 @@ class AttentionSitesKey(CacheKey):
 @dataclass(frozen=True, slots=True)
 class ActivationsKey(CacheKey):
     """Saved-for-backward bytes (:class:`dml2comm.cost.memory.ActivationModel`) on the
-    tensor-parallel shard of (t, SP) in ``dtype``, with or without assumed dropout masks."""
+    tensor-parallel shard of (t, SP) in ``dtype``, with or without assumed dropout masks, for
+    the training stack (eager or fused point-wise ops) and attention kernel."""
 
     tp_size: int
     sequence_parallel: bool
     dtype: str
     assumed_dropout: bool
+    stack: str = Stack.MEGATRON
+    attention: str = AttentionKernel.UNFUSED
+
+
+@dataclass(frozen=True, slots=True)
+class FlashCoresKey(CacheKey):
+    """The attention cores that run as flash kernels (:func:`dml2comm.cost.attention.find_flash_cores`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fp32IslandsKey(CacheKey):
+    """Tensors eager code holds in fp32 (:func:`dml2comm.cost.memory.fp32_islands`)."""
 
 
 # ----------------------------------------------------------------------------- accessors
@@ -189,14 +203,31 @@ def attention_sites_of(graph: OpGraph, layered: LayeredGraph, seq_len: int | Non
 
 
 def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str,
-                        assumed_dropout: bool) -> ActivationModel:
+                        assumed_dropout: bool, stack: str = Stack.MEGATRON,
+                        attention: str = AttentionKernel.UNFUSED) -> ActivationModel:
     """The :class:`~dml2comm.cost.memory.ActivationModel` of ``graph`` on the (t, SP) shard in
-    ``dtype`` (a :data:`~dml2comm.parallel.config.DTYPES` name), once per those inputs."""
+    ``dtype`` (a :data:`~dml2comm.parallel.config.DTYPES` name) for the training ``stack``
+    (``pytorch``: eager, no point-wise fusion, fp32 islands) and ``attention`` kernel
+    (``flash``: the flash cores keep no scores), once per those inputs."""
+    stack, attention = Stack(stack), AttentionKernel(attention)
 
     def build() -> ActivationModel:
         train = DTYPES[dtype]
         tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
+        eager = stack is Stack.PYTORCH
         return ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad_of(graph),
-                               train, assumed_dropout=assumed_dropout)
+                               train, assumed_dropout=assumed_dropout, eager=eager,
+                               flash=flash_cores_of(graph) if attention is AttentionKernel.FLASH else (),
+                               fp32=fp32_islands_of(graph) if eager else frozenset())
 
-    return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout), build)
+    return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout, stack, attention), build)
+
+
+def flash_cores_of(graph: OpGraph) -> tuple[FlashCore, ...]:
+    """:func:`~dml2comm.cost.attention.find_flash_cores` of ``graph``, once."""
+    return derived(graph, FlashCoresKey(), lambda: find_flash_cores(graph))
+
+
+def fp32_islands_of(graph: OpGraph) -> frozenset[str]:
+    """:func:`~dml2comm.cost.memory.fp32_islands` of ``graph``, once."""
+    return derived(graph, Fp32IslandsKey(), lambda: fp32_islands(graph))

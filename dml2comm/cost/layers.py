@@ -148,6 +148,7 @@ class _LayersKey(CacheKey):
     lenient: bool
     host: HostModel
     stack: Stack
+    attention: str = "unfused"  # the attention kernel (ParallelConfig.attention): flash cores, selective recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +221,8 @@ class _LayerActivationsKey(CacheKey):
     sequence_parallel: bool
     dtype: str
     assumed_dropout: bool
+    stack: str = "megatron"
+    attention: str = "unfused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,12 +236,14 @@ class _SavedKey(CacheKey):
     assumed_dropout: bool
     recompute: str
     seq_len: int | None
+    stack: str = "megatron"
+    attention: str = "unfused"
 
 
 @dataclass(frozen=True, slots=True)
 class StageActivationsKey(CacheKey):
     """The table of stage activations already computed, by stage signature, per recomputation
-    mode (and ``--seq-len``, as :class:`_SavedKey`)."""
+    mode (and ``--seq-len``, as :class:`_SavedKey`), stack and attention kernel."""
 
     tp_size: int
     sequence_parallel: bool
@@ -246,6 +251,8 @@ class StageActivationsKey(CacheKey):
     assumed_dropout: bool
     recompute: str
     seq_len: int | None
+    stack: str = "megatron"
+    attention: str = "unfused"
 
 
 class NotRepeating(Exception):
@@ -304,9 +311,10 @@ class LayerCoster:
         self.kinds = [self.layered.layers[r].kind for r in self.layer_map]
 
     # ---- shared parts (computed on the collapsed graph, read per full layer through layer_map)
-    def _core(self, seq_len: int | None) -> list[bool]:
-        """Per op: on the attention scores (what selective recomputation rebuilds)."""
-        return attention_core_flags(self.graph, seq_len)
+    def _core(self, seq_len: int | None, attention: str) -> list[bool]:
+        """Per op: on the attention scores (what selective recomputation rebuilds; nothing in a
+        flash core)."""
+        return attention_core_flags(self.graph, seq_len, attention)
 
     def _tp(self, config: ParallelConfig):
         return tensor_parallel_of(self.graph, config.tp_size, config.sequence_parallel, config.train_dtype.itemsize)
@@ -328,7 +336,7 @@ class LayerCoster:
         cp, cf = self._scale(config)
         gpu = self.gpu
         return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient,
-                          self.host, config.stack)
+                          self.host, config.stack, config.attention)
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
@@ -346,7 +354,8 @@ class LayerCoster:
         gpu = self.gpu
         peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
         tp = self._tp(config)
-        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host)
+        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host,
+                                                     config.stack, config.attention)
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)
@@ -355,7 +364,7 @@ class LayerCoster:
         fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
         bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
         flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
-        core = self._core(seq_len)
+        core = self._core(seq_len, config.attention)
         selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
         by_layer = self._own_weights()
         factor = parameter_shard_factors(graph, tp.weight_factor)
@@ -555,12 +564,14 @@ class LayerCoster:
         return names, prod, last, sizes, replicated
 
     def _activation_model(self, config: ParallelConfig) -> ActivationModel:
-        return activation_model_of(self.graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
+        return activation_model_of(self.graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0,
+                                   config.stack, config.attention)
 
     def _per_layer(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per full layer: saved bytes under full recomputation (the analysis's rule: blocks
         keep their input, other layers everything), saved bytes without recomputation, transient bytes."""
-        key = _LayerActivationsKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0)
+        key = _LayerActivationsKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.stack,
+                                   config.attention)
 
         def build():
             act = self._activation_model(config)
@@ -577,7 +588,8 @@ class LayerCoster:
     def _saved_table(self, config: ParallelConfig) -> dict[tuple[int, int], float]:
         """The saved bytes of collapsed layer ranges already computed for ``config``'s shard and
         recomputation mode, by ``(first, last)`` (:meth:`_saved` fills it)."""
-        key = _SavedKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, config.seq_len)
+        key = _SavedKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, config.seq_len,
+                        config.stack, config.attention)
         return derived(self.graph, key, dict)
 
     def _saved(self, config: ParallelConfig, table: dict[tuple[int, int], float], first: int, last: int) -> float:
@@ -586,7 +598,7 @@ class LayerCoster:
         value = table.get((first, last))
         if value is None:
             seq_len = config.seq_len or infer_seq_len(self.graph)
-            core_flags = self._core(seq_len)
+            core_flags = self._core(seq_len, config.attention)
             op_idx = [i for li in range(first, last) for i in self.layered.layers[li].op_indices]
             core = frozenset(i for i in op_idx if core_flags[i]) if config.recompute is Recompute.SELECTIVE else frozenset()
             value = table[(first, last)] = self._activation_model(config).saved_bytes(op_idx, config.recompute, core)

@@ -52,6 +52,13 @@ needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shar
   and scale-mask-softmax; torch.compile): a connected region of point-wise ops keeps only the
   region inputs that its members' backward needs, and recomputes the rest.  A tanh-GeLU
   written as eight primitives therefore keeps one tensor, its input, as the fused kernel does.
+  Eager PyTorch (``--stack pytorch``, ``eager=True``) fuses nothing: every op keeps what its own
+  backward needs (the eight-op GeLU keeps its input, ``x^3``'s input, the tanh output and the
+  products its multiplies read), and a tensor eager code holds in fp32 (:func:`fp32_islands`:
+  Hugging Face's ``LlamaRMSNorm`` between its two casts) is sized at 4 bytes per element.
+- A flash attention core (``--attention flash``, :mod:`dml2comm.cost.attention`) keeps Q, K, V,
+  its output and the log-sum-exp (``b h s_q`` fp32), nothing of size s^2 and no dropout mask
+  (Dao 2023, Sec. 3.1.2); selective recomputation then has nothing left to drop in it.
 - A tensor kept by several ops is stored once, and views (Reshape, Transpose, Split, ...) share
   their base's storage.
 - A tensor is sized as its producer holds it: with sequence parallelism the input of a
@@ -77,15 +84,20 @@ a framework constant of 1 GB for the CUDA context, cuBLAS/cuDNN workspaces and l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Precision, Schedule, Stack
 
+if TYPE_CHECKING:  # pragma: no cover
+    from dml2comm.cost.attention import FlashCore
+
 __all__ = [
     "fusible_regions",
+    "fp32_islands",
+    "REDUCTION_OPS",
     "FRAMEWORK_OVERHEAD_BYTES",
     "AMP_COPY_BYTES",
     "ModelStates",
@@ -128,6 +140,11 @@ _POINTWISE_NEEDS = {
     "Celu": "out", "Softplus": "in0", "Softsign": "in0", "HardSigmoid": "in0", "HardSwish": "in0",
     "Mish": "in0", "Max": "all", "Min": "all", "Clip": "in0", "PRelu": "all", "ThresholdedRelu": "in0",
 }
+
+#: Reductions an fp32 island (:func:`fp32_islands`) may hold: Hugging Face's RMSNorm takes
+#: ``hidden_states.pow(2).mean(-1, keepdim=True)`` between its casts.
+REDUCTION_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceMax", "ReduceMin", "ReduceL2",
+                           "ReduceL1", "ReduceProd", "ReduceLogSumExp"})
 
 _NORMS = frozenset(
     {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "BatchNormalization",
@@ -289,11 +306,12 @@ def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int,
     return count
 
 
-def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str, int], bool] | None = None) -> dict[int, int]:
+def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str, int], bool] | None = None,
+                    exclude: frozenset[int] = frozenset()) -> dict[int, int]:
     """op index -> region id: connected groups of ops of ``kinds`` joined by a tensor
     (union-find), i.e. what a fusing compiler or Megatron-LM's fused kernels run as one kernel.
     ``joins(tensor, producer)``, when given, says whether that tensor joins its producer's group
-    to its reader's."""
+    to its reader's; ops in ``exclude`` (a flash attention core's) are in no region."""
     parent: dict[int, int] = {}
 
     def find(i: int) -> int:
@@ -303,7 +321,7 @@ def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str,
         return i
 
     for op in graph.ops:
-        if op.op_type in kinds:
+        if op.op_type in kinds and op.index not in exclude:
             parent[op.index] = op.index
     for op in graph.ops:
         if op.index not in parent:
@@ -320,6 +338,74 @@ def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str,
     return {i: find(i) for i in parent}
 
 
+def fp32_islands(graph: OpGraph) -> frozenset[str]:
+    """Float tensors that eager code holds in fp32 while the model trains in 16 bits: those
+    between a ``Cast`` to fp32 and the ``Cast`` that closes it, through point-wise ops and
+    reductions (Hugging Face's ``LlamaRMSNorm``: ``x.to(torch.float32)``, ``pow(2).mean(-1)``,
+    ``rsqrt``, ``x * rsqrt``, ``.to(input_dtype)``; transformers ``modeling_llama.py``; the softmax
+    probabilities between ``softmax(.., dtype=torch.float32)`` and ``.to(query.dtype)``).
+
+    An export made in fp32 writes both casts as ``Cast(to=FLOAT)``, so the pair, not the target
+    type, marks the island: starting from a cast's output, an op joins when every float
+    activation it reads is already in the island (constants, weights and scalars may join it:
+    the ``eps``, the norm's scale), and the island is kept only up to the casts it reaches
+    (none reached: the cast was a no-op ``.to(device)`` or ``.type(value.dtype)``, GPT-2's).  The
+    residual add that reads the upcast input together with another branch does not join.  An
+    export without those casts (torch.export/dynamo drops no-op casts of an fp32 model) shows no
+    island; its norms are costed in the training dtype."""
+    float_kind = 1  # TensorProto.FLOAT
+    kinds = (POINTWISE_OPS - {"Cast", "CastLike"}) | REDUCTION_OPS
+    inputs = set(graph.inputs)
+
+    def free(name: str, island: set[str]) -> bool:  # may join an island without being in it
+        t = graph.tensor(name)
+        return (name in island or t is None or not t.dtype.is_float or t.is_weight or t.numel <= 1
+                or (graph.producer(name) is None and name not in inputs))
+
+    out: set[str] = set()
+    for op in graph.ops:
+        if op.op_type != "Cast" or int(op.attr("to", 0)) != float_kind or not op.outputs or not op.outputs[0]:
+            continue
+        src = graph.tensor(op.inputs[0]) if op.inputs else None
+        if src is None or not src.dtype.is_float:
+            continue
+        island = {op.outputs[0]}
+        producer_of: dict[str, int] = {}
+        closing: list[int] = []
+        pending: set[int] = set()
+        frontier = [op.outputs[0]]
+        while frontier:
+            for c in graph.consumers(frontier.pop()):
+                reader = graph.ops[c]
+                if reader.op_type == "Cast":
+                    closing.append(c)
+                elif reader.op_type in kinds and not set(reader.outputs) & island:
+                    pending.add(c)
+            if not frontier:  # an op joins once all it reads is in (a Mul of x and rsqrt(x))
+                for c in sorted(pending):
+                    reader = graph.ops[c]
+                    if all(free(n, island) for n in reader.inputs if n):
+                        pending.discard(c)
+                        for o in reader.outputs:
+                            if o and o not in island:
+                                island.add(o)
+                                producer_of[o] = c
+                                frontier.append(o)
+        # keep what the closing casts read, back to the opening cast
+        kept: set[str] = set()
+        stack = [graph.ops[c].inputs[0] for c in closing if graph.ops[c].inputs and graph.ops[c].inputs[0] in island]
+        while stack:
+            name = stack.pop()
+            if name in kept:
+                continue
+            kept.add(name)
+            p = producer_of.get(name)
+            if p is not None:
+                stack.extend(n for n in graph.ops[p].inputs if n and n in island)
+        out |= kept
+    return frozenset(out)
+
+
 class ActivationModel:
     """Saved-for-backward bytes per micro-batch, per op set, on one tensor rank.
 
@@ -334,23 +420,33 @@ class ActivationModel:
         needs_grad: frozenset[str],
         train_dtype: DType,
         assumed_dropout: bool = False,
+        eager: bool = False,
+        flash: Sequence[FlashCore] = (),
+        fp32: frozenset[str] = frozenset(),
     ) -> None:
+        """``eager``: no point-wise fusion (``--stack pytorch``); ``flash``: the attention cores
+        that run as flash kernels (:func:`dml2comm.cost.attention.find_flash_cores`); ``fp32``:
+        float tensors held in fp32 (:func:`fp32_islands`; eager only)."""
         self.graph = graph
         self.needs_grad = needs_grad
         self.train_dtype = train_dtype
-        # local (sharded) size of every tensor, in the training dtype for floats
+        # local (sharded) size of every tensor, in the training dtype for floats (fp32 for ``fp32``)
         size: dict[str, float] = {}
         for op, ins, outs in zip(graph.ops, local_inputs, local_outputs):
             for name, t in list(zip(op.inputs, ins)) + list(zip(op.outputs, outs)):
                 if name and t is not None and name not in size:
-                    size[name] = float(t.nbytes_in(train_dtype))
+                    size[name] = float(t.nbytes_in(DType.FLOAT if name in fp32 and t.dtype.is_float else train_dtype))
         self.size = size
         self.base = self._view_bases()
-        self.region = self._pointwise_regions()
+        self.flash_ops = frozenset(i for core in flash for i in core.ops)
+        self.flash_carriers = frozenset(core.context_op for core in flash)  # the op holding each kernel
+        self.region = {} if eager else fusible_regions(self.graph, POINTWISE_OPS, exclude=self.flash_ops)
         self.region_members: dict[int, list[int]] = {}
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
-        self.saved_by_op = [self._saved(op) for op in graph.ops]
+        self.saved_by_op = [() if op.index in self.flash_ops else self._saved(op) for op in graph.ops]
+        for core in flash:
+            self.saved_by_op[core.context_op] = self._flash_saved(core, local_inputs, local_outputs)
         self._inside: dict[tuple[int, ...], frozenset[str]] = {}  # _region_saved: outputs of a region's ops
         self._inputs: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}  # _region_inputs answers
         if assumed_dropout and not any(op.op_type == "Dropout" for op in graph.ops):
@@ -368,8 +464,20 @@ class ActivationModel:
                         base[out] = src
         return base
 
-    def _pointwise_regions(self) -> dict[int, int]:
-        return fusible_regions(self.graph, POINTWISE_OPS)
+    def _flash_saved(self, core: FlashCore, local_inputs: Sequence[tuple[Tensor | None, ...]],
+                     local_outputs: Sequence[tuple[Tensor | None, ...]]) -> tuple[tuple[str, float], ...]:
+        """What a flash kernel keeps (Dao 2023, Sec. 3.1.2): Q, K, V (their storage: a view keeps
+        its base), the output and the log-sum-exp, ``b h s_q`` fp32 on this rank."""
+        from dml2comm.cost.attention import flash_saved_lse_bytes, flash_shape
+
+        kept = {self.base.get(n, n) for n in (core.q, core.k, core.v) if self._is_activation(n)} | {core.out}
+        saved = tuple((b, self.size.get(b, 0.0)) for b in sorted(kept))
+        q = local_inputs[core.scores_op][0]
+        v = local_inputs[core.context_op][1]
+        out = local_outputs[core.context_op][0]
+        if q is None or v is None or out is None:
+            return saved
+        return saved + ((f"lse:{core.context_op}", flash_saved_lse_bytes(flash_shape(q, v, out))),)
 
     def _is_activation(self, name: str) -> bool:
         """Produced by an op or fed as a graph input (not a weight, not a constant)."""
@@ -483,6 +591,8 @@ class ActivationModel:
         g = self.graph
         for op in g.ops:
             extra: list[tuple[str, float]] = []
+            if op.index in self.flash_ops:  # a flash kernel regenerates its dropout mask (Dao et al. 2022, Sec. 3.1)
+                continue
             if op.op_type == "Softmax":
                 t = g.tensor(op.outputs[0])
                 if t is not None and t.rank >= 2 and t.shape[-1] == t.shape[-2]:
@@ -609,11 +719,12 @@ class ActivationModel:
         return sum(stored.values())
 
     def transient_bytes(self, op_indices: Iterable[int]) -> float:
-        """The largest set of outputs one op materialises (its working set while it runs)."""
+        """The largest set of outputs one op materialises (its working set while it runs); a
+        flash kernel materialises its output only."""
         best = 0.0
         for i in op_indices:
             op = self.graph.ops[i]
-            if op.op_type in VIEW_OPS:
+            if op.op_type in VIEW_OPS or (i in self.flash_ops and i not in self.flash_carriers):
                 continue
             best = max(best, sum(self.size.get(o, 0.0) for o in op.outputs if o))
         return best

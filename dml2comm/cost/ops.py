@@ -1,12 +1,26 @@
-"""Every op's cost and time on its tensor-parallel shard, with point-wise chains fused.
+"""Every op's cost and time on its tensor-parallel shard, as the training stack runs it.
 
 One op's FLOPs and bytes come from its rule (:mod:`dml2comm.ops.registry`); a matrix product's
 time (MatMul, Gemm, Conv as implicit GEMM) from the shape-aware GEMM model
 (:func:`dml2comm.cost.gemm.gemm_time_s`), its forward, data-gradient and weight-gradient GEMMs
 each at its own shape (:func:`dml2comm.cost.gemm.training_gemms`); every other op's time from the
-roofline (:mod:`dml2comm.cost.compute`).  Point-wise
-chains then run as fused kernels (:func:`fused_kernels`, :func:`fuse_pointwise`): Megatron-LM's
-fused bias-GeLU, bias-dropout-add and scale-mask-softmax (Narayanan et al. 2021, Sec. 4.2).
+roofline (:mod:`dml2comm.cost.compute`).  Then the kernels the stack runs:
+
+- ``--stack megatron``: point-wise chains run as fused kernels (:func:`fused_kernels`,
+  :func:`fuse_pointwise`): Megatron-LM's fused bias-GeLU, bias-dropout-add and
+  scale-mask-softmax (Narayanan et al. 2021, Sec. 4.2).
+- ``--stack pytorch`` (eager PyTorch 2.x, Hugging Face): one kernel per op, each reading its
+  inputs and writing its output through HBM at the roofline (a tanh-GeLU written as eight ops is
+  eight kernels), with what eager PyTorch does run as one: a linear layer's bias add is the
+  GEMM's epilogue (``addmm`` / ``F.linear`` call cuBLASLt with a bias epilogue: the
+  ``..._bias_...`` GEMM kernels of the bundled H100 traces, and no separate add), and an
+  ``Add``'s backward passes the gradient through without a kernel (``AddBackward0`` returns
+  ``grad``, torch ``derivatives.yaml``), reducing it only onto a broadcast operand
+  (:func:`eager_costs`).  Float tensors eager code holds in fp32 (:func:`~dml2comm.cost.memory.fp32_islands`)
+  are costed at 4 bytes per element.
+- ``--attention flash``: each attention core that SDPA runs fused is one flash kernel
+  (:mod:`dml2comm.cost.attention`), costed on the ``P.V`` op; its other ops cost nothing.
+
 Backward then pays autograd's gradient sums where several kernels read one tensor
 (:func:`gradient_forks`: PyTorch's ``InputBuffer::accumulate``, one add per extra reader).
 
@@ -22,9 +36,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
-from dml2comm.cost.cache import CacheKey, derived, needs_grad_of, tensor_parallel_of, weight_derived_of
+from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
+from dml2comm.cost.cache import (CacheKey, derived, flash_cores_of, fp32_islands_of, needs_grad_of, tensor_parallel_of,
+                                 weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, gemm_time_s, training_gemms
@@ -33,13 +49,13 @@ from dml2comm.cost.memory import POINTWISE_OPS, fusible_regions
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.ops.registry import OpCost, op_cost
-from dml2comm.parallel.config import DTYPES
+from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
 from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
            "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts",
            "GradientFork", "gradient_forks", "gradient_sum_bytes", "GradientForksKey", "OpCostsKey", "OpSignaturesKey",
-           "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey"]
+           "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey", "eager_costs", "flash_core_costs", "kernel_regions"]
 
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
 #: fused bias-GeLU, bias-dropout-add and scale-mask-softmax kernels).
@@ -89,6 +105,9 @@ class OpCostsKey(CacheKey):
     calibration: tuple[float | None, float | None] = (None, None)
     #: the host-side model (:mod:`dml2comm.cost.host`); None: :data:`dml2comm.cost.host.DEFAULT`
     host: HostModel | None = None
+    #: the training stack (eager or fused point-wise kernels) and the attention kernel
+    stack: str = Stack.MEGATRON
+    attention: str = AttentionKernel.UNFUSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +135,10 @@ class FusedGroupsKey(CacheKey):
 
 @dataclass(frozen=True, slots=True)
 class GradientForksKey(CacheKey):
-    """:func:`gradient_forks` (the graph alone)."""
+    """:func:`gradient_forks` with the kernels of the stack and attention kernel (:func:`kernel_regions`)."""
+
+    stack: str = Stack.MEGATRON
+    attention: str = AttentionKernel.UNFUSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,31 +148,36 @@ class HeadViewsKey(CacheKey):
 
 @dataclass(frozen=True, slots=True)
 class AttentionCoreKey(CacheKey):
-    """:func:`attention_core_flags` for one sequence length."""
+    """:func:`attention_core_flags` for one sequence length and attention kernel."""
 
     seq_len: int | None
+    attention: str = AttentionKernel.UNFUSED
 
 
 # ----------------------------------------------------------------------------- op costs
 def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str, gpu: GPU, lenient: bool,
-                   host: HostModel | None = None) -> OpCosts:
+                   host: HostModel | None = None, stack: str = Stack.MEGATRON,
+                   attention: str = AttentionKernel.UNFUSED) -> OpCosts:
     """:func:`op_costs` on the (t, SP) shard in ``dtype`` on ``gpu`` with the host model ``host``
-    (None: :data:`dml2comm.cost.host.DEFAULT`), once per those inputs (cached on the graph; the
-    analysis and the sweep share it)."""
+    (None: :data:`dml2comm.cost.host.DEFAULT`) for the training ``stack`` and ``attention``
+    kernel, once per those inputs (cached on the graph; the analysis and the sweep share it)."""
     peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
     train = DTYPES[dtype]
     host = host_model.DEFAULT if host is None else host
+    stack, attention = Stack(stack), AttentionKernel(attention)
 
     def build() -> OpCosts:
         tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
-        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host)
+        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention)
 
     calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency)
-    return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host), build)
+    return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host,
+                                     stack, attention), build)
 
 
 def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool,
-             host: HostModel | None = None) -> OpCosts:
+             host: HostModel | None = None, stack: str = Stack.MEGATRON,
+             attention: str = AttentionKernel.UNFUSED) -> OpCosts:
     """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs.
 
     Parameters
@@ -168,18 +195,31 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         raising :class:`~dml2comm.errors.UnsupportedOpError`.
     host
         The host-side model (None: :data:`dml2comm.cost.host.DEFAULT`).
+    stack
+        ``megatron``: point-wise chains fused; ``pytorch``: eager, one kernel per op
+        (:func:`eager_costs`), fp32 islands at 4 bytes (module docstring).
+    attention
+        ``flash``: the flash cores as one kernel each (:func:`flash_core_costs`); ``unfused``:
+        the core's ops as exported.
 
     Returns
     -------
     OpCosts
         Times: matrix products by the GEMM model (:func:`gemm_op_times_s`), every other op by
         the roofline (Williams et al. 2009) with ``FLOP_EFFICIENCY`` and ``HBM_EFFICIENCY``; then
-        point-wise chains fused (:func:`fuse_pointwise`); then the host's per-kernel floor
-        (:func:`dml2comm.cost.host.host_bound_times`, kernels by :func:`op_kernel_counts`).
+        point-wise chains fused (:func:`fuse_pointwise`, Megatron only); then flash kernels;
+        then the host's per-kernel floor (:func:`dml2comm.cost.host.host_bound_times`, kernels
+        by :func:`op_kernel_counts`).
     """
+    stack, attention = Stack(stack), AttentionKernel(attention)
+    eager = stack is Stack.PYTORCH
+    fp32 = fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset()
 
-    def train_view(t: Tensor | None) -> Tensor | None:
-        return t.with_dtype(train) if t is not None and t.dtype.is_float and t.dtype is not train else t
+    def train_view(name: str, t: Tensor | None) -> Tensor | None:
+        if t is None or not t.dtype.is_float:
+            return t
+        want = DType.FLOAT if name in fp32 else train
+        return t if t.dtype is want else t.with_dtype(want)
 
     costs: list[OpCost] = []
     times: list[tuple[float, float]] = []
@@ -195,8 +235,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # a calibrated GPU's own memory-bound efficiency (``calibrate``), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     for op, shard in zip(graph.ops, tp.shards):
-        ins = tuple(train_view(t) for t in shard.inputs)
-        outs = tuple(train_view(t) for t in shard.outputs)
+        ins = tuple(train_view(n, t) for n, t in zip(op.inputs, shard.inputs))
+        outs = tuple(train_view(n, t) for n, t in zip(op.outputs, shard.outputs))
         key = (signature[op.index], _operands(ins), _operands(outs))
         hit = known.get(key)
         if hit is None:
@@ -221,8 +261,16 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             keep_bwd = graph.ops[i].op_type == "Split"
             costs[i] = OpCost(0.0, 0.0, 0.0, c.bytes_bwd if keep_bwd else 0.0, "view (attention head split)")
             times[i] = (0.0, times[i][1] if keep_bwd else 0.0)
-    unfused = unfused_softmax_ops(graph, tp, train)
-    times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
+    if eager:
+        costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
+        unfused: frozenset[int] = frozenset()
+    else:
+        unfused = unfused_softmax_ops(graph, tp, train)
+        times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
+    flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
+    if flash:
+        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff)
+        unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
     if unfused and train.itemsize == 2:
         # Megatron's forward_torch_softmax with softmax_in_fp32 (forced by query-key layer scaling,
         # the default of Megatron-DeepSpeed and of Megatron-LM before 2023): the scores are cast to fp32 before and the
@@ -232,7 +280,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             if graph.ops[i].op_type == "Softmax" and tp.shards[i].outputs and tp.shards[i].outputs[0] is not None:
                 extra = tp.shards[i].outputs[0].numel * SOFTMAX_CAST_BYTES / (hbm * hbm_eff)
                 times[i] = (times[i][0] + extra, times[i][1] + extra)
-    forks = derived(graph, GradientForksKey(), lambda: gradient_forks(graph))
+    forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
     sums = [0] * len(costs)
     if forks:
         # autograd adds up the gradients of a tensor that several kernels read (gradient_forks):
@@ -248,11 +296,101 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             sums[i] += fork.extra
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
-        kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2)
+        kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         if forks:
             kernels = [(f, b + extra) for (f, b), extra in zip(kernels, sums)]
         times = host_bound_times(times, kernels, is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]:
+    """op index -> kernel id for the ops that share a kernel: Megatron's fused point-wise
+    regions (:func:`fused_kernels`; none in eager PyTorch), and each flash core (its ops, one
+    kernel, id its ``P.V`` op) with ``attention`` flash."""
+    regions = {} if Stack(stack) is Stack.PYTORCH else dict(fused_kernels(graph))
+    if AttentionKernel(attention) is AttentionKernel.FLASH:
+        for core in flash_cores_of(graph):
+            for i in core.ops:
+                regions[i] = -1 - core.context_op  # negative: never a fused region's id (an op index)
+    return regions
+
+
+def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                costs: list[OpCost], times: list[tuple[float, float]], hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+    """The eager-PyTorch kernels of ops the export split from what PyTorch runs as one, or runs
+    without a kernel (module docstring); every other op keeps its own cost.
+
+    - A linear layer's bias ``Add`` (a 1-D weight added to the output of a MatMul/Gemm that reads
+      a weight, read by nothing else): forward in the GEMM's epilogue (``torch.addmm`` / ``F.linear``
+      with cuBLASLt's bias epilogue), no kernel, no HBM traffic of its own.
+    - An ``Add``'s backward (``AddBackward0``): the gradient passes through to an operand of
+      the output's shape without a kernel; an operand broadcast to it (a bias, a mask) gets
+      the gradient summed onto its shape (autograd's ``sum_to``): one reduction that reads the
+      output gradient and writes the operand's gradient, one add per output element.
+
+    ``view(name, tensor)``: a shard tensor as costed (the training dtype, fp32 islands);
+    ``hbm``: the achieved HBM rate (bytes/s) the reductions are timed with."""
+    needs = needs_grad_of(graph)
+    costs, times = list(costs), list(times)
+    for op in graph.ops:
+        if op.op_type != "Add" or len(op.inputs) != 2 or op.domain not in ("", "ai.onnx") or costs[op.index].fallback:
+            continue
+        i, shard = op.index, tp.shards[op.index]
+        out = view(op.outputs[0], shard.outputs[0]) if op.outputs and shard.outputs else None
+        if out is None or not out.dtype.is_float:
+            continue
+        ins = [view(n, t) for n, t in zip(op.inputs, shard.inputs)]
+        reduced = [t for n, t in zip(op.inputs, ins) if t is not None and n in needs and t.numel < out.numel]
+        bwd_bytes = float(out.nbytes + sum(t.nbytes for t in reduced)) * op.repeat if reduced else 0.0
+        flops_bwd = float(out.numel) * op.repeat if reduced else 0.0
+        c = costs[i]
+        fwd = (c.flops_fwd, c.bytes_fwd, times[i][0], c.rule)
+        if _is_linear_bias(graph, op):
+            fwd = (0.0, 0.0, 0.0, "bias add in the GEMM's epilogue (addmm)")
+        costs[i] = OpCost(fwd[0], fwd[1], flops_bwd, bwd_bytes, f"{fwd[3]}; eager backward (AddBackward0)", c.fallback)
+        times[i] = (fwd[2], bwd_bytes / hbm)
+    return costs, times
+
+
+def _is_linear_bias(graph: OpGraph, op: Op) -> bool:
+    """``op`` (an Add) adds a 1-D weight to the output of a MatMul or Gemm that reads a weight,
+    and is that output's only reader (``nn.Linear`` / GPT-2's ``Conv1D`` exported as MatMul + Add)."""
+    names = [n for n in op.inputs if n]
+    if len(names) != 2:
+        return False
+    for gemm_out, bias in (names, names[::-1]):
+        b = graph.tensor(bias)
+        p = graph.producer(gemm_out)
+        if b is None or not b.is_weight or b.rank != 1 or p is None or graph.ops[p].op_type not in ("MatMul", "Gemm"):
+            continue
+        product = graph.ops[p]
+        if any((t := graph.tensor(n)) is not None and t.is_weight for n in product.inputs[:2] if n) \
+                and list(graph.consumers(gemm_out)) == [op.index] and gemm_out not in graph.outputs:
+            return True
+    return False
+
+
+def flash_core_costs(flash: Sequence[FlashCore], tp: TensorParallelPlan, train: DType, costs: list[OpCost],
+                     times: list[tuple[float, float]], peak: float, hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+    """Each flash core as one kernel (:mod:`dml2comm.cost.attention`) on its tensor-parallel
+    shard: its cost and time on the ``P.V`` op, nothing on its other ops.  ``peak``: the dense
+    peak in ``train``; ``hbm``: the achieved HBM rate."""
+    costs, times = list(costs), list(times)
+    for core in flash:
+        q = tp.shards[core.scores_op].inputs[0]
+        v = tp.shards[core.context_op].inputs[1]
+        out = tp.shards[core.context_op].outputs[0]
+        if q is None or v is None or out is None or q.rank < 2 or v.rank < 2 or out.rank < 2:
+            continue
+        shape = flash_shape(q, v, out)
+        cost = flash_cost(shape, core.causal, train)
+        fwd, bwd = flash_times_s(shape, core.causal, cost, peak, hbm)
+        for i in core.ops:
+            costs[i] = OpCost(0.0, 0.0, 0.0, 0.0, "in the flash attention kernel")
+            times[i] = (0.0, 0.0)
+        costs[core.context_op] = cost
+        times[core.context_op] = (fwd, bwd)
+    return costs, times
 
 
 class GradientFork(NamedTuple):
@@ -268,7 +406,7 @@ class GradientFork(NamedTuple):
     repeat: int  #: times the reader runs (Loop/Scan bodies)
 
 
-def gradient_forks(graph: OpGraph) -> tuple[GradientFork, ...]:
+def gradient_forks(graph: OpGraph, regions: dict[int, int] | None = None) -> tuple[GradientFork, ...]:
     """The activations whose gradient is a sum: read by two or more kernels whose outputs need a
     gradient (:func:`~dml2comm.parallel.tensor.requires_grad`).
 
@@ -283,10 +421,12 @@ def gradient_forks(graph: OpGraph) -> tuple[GradientFork, ...]:
     ``Mul``, ``Pow`` and ``Add`` of one input) have one fused backward that sums in registers and
     count once; readers without a gradient (``Shape``, a comparison) do not count.  Weights and
     tensors derived from weights alone are left out: their gradients go to the parameter's own
-    gradient buffer (``main_grad`` in Megatron-LM), costed with the optimizer terms."""
+    gradient buffer (``main_grad`` in Megatron-LM), costed with the optimizer terms.
+    ``regions``: the kernels (:func:`kernel_regions`; None: Megatron's :func:`fused_kernels`);
+    in eager PyTorch every op is its own kernel, so the tanh-GeLU's readers of one input sum."""
     needs = needs_grad_of(graph)
     weight_derived = weight_derived_of(graph)
-    regions = fused_kernels(graph)
+    regions = fused_kernels(graph) if regions is None else regions
     out = []
     for name, tensor in graph.tensors.items():
         # a tensor that needs a gradient is a weight or an op's output: no graph input reaches here
@@ -356,16 +496,21 @@ def attention_head_views(graph: OpGraph) -> frozenset[int]:
 
 
 def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool],
-                     unfused: frozenset[int] = frozenset(), fp32_casts: bool = False) -> list[tuple[int, int]]:
+                     unfused: frozenset[int] = frozenset(), fp32_casts: bool = False,
+                     regions: dict[int, int] | None = None, flash: Sequence[FlashCore] = ()) -> list[tuple[int, int]]:
     """(forward, backward) kernels each op launches (:func:`dml2comm.cost.host.kernel_counts`):
     one per pass with FLOPs or bytes (two for a GEMM's backward), one per fused region of two or
-    more ops (:func:`fused_kernels`), except the ops in ``unfused`` (:func:`unfused_softmax_ops`),
-    each its own kernel."""
+    more ops (``regions``, :func:`kernel_regions`; None: :func:`fused_kernels`), except the ops in
+    ``unfused`` (:func:`unfused_softmax_ops`), each its own kernel; a flash core (``flash``) one
+    forward and :data:`~dml2comm.cost.attention.BACKWARD_KERNELS` backward kernels, on its ``P.V`` op."""
     work = [(c.flops_fwd > 0 or c.bytes_fwd > 0, c.flops_bwd > 0 or c.bytes_bwd > 0) for c in costs]
-    regions = fused_kernels(graph)
+    regions = fused_kernels(graph) if regions is None else regions
     if unfused:
         regions = {i: r for i, r in regions.items() if i not in unfused}
     counts = kernel_counts(work, is_gemm, regions)
+    for core in flash:
+        for i in core.ops:
+            counts[i] = (1, BACKWARD_KERNELS) if i == core.context_op else (0, 0)
     if unfused and fp32_casts:
         # the two fp32 casts around each unfused attention softmax, in each pass (SOFTMAX_CAST_BYTES)
         counts = [(f + 2, b + 2) if i in unfused and graph.ops[i].op_type == "Softmax" else (f, b)
@@ -570,6 +715,21 @@ def is_attention_core(graph: OpGraph, index: int, seq_len: int | None) -> bool:
     return False
 
 
-def attention_core_flags(graph: OpGraph, seq_len: int | None) -> list[bool]:
-    """:func:`is_attention_core` of every op, once per (graph, sequence length)."""
-    return derived(graph, AttentionCoreKey(seq_len), lambda: [is_attention_core(graph, i, seq_len) for i in range(len(graph.ops))])
+def attention_core_flags(graph: OpGraph, seq_len: int | None, attention: str = AttentionKernel.UNFUSED) -> list[bool]:
+    """:func:`is_attention_core` of every op, once per (graph, sequence length, attention
+    kernel).  With ``attention`` flash the flash cores' ops are not flagged: the kernel keeps
+    no s x s tensor, so selective recomputation has nothing to drop or recompute there
+    (Korthikanti et al. 2022, Sec. 5, recompute the core because it keeps ``5 a s / h`` bytes
+    per token; a flash core keeps Q, K, V, its output and the log-sum-exp, which the layer
+    keeps anyway)."""
+    attention = AttentionKernel(attention)
+
+    def build() -> list[bool]:
+        flags = [is_attention_core(graph, i, seq_len) for i in range(len(graph.ops))]
+        if attention is AttentionKernel.FLASH:
+            for core in flash_cores_of(graph):
+                for i in core.ops:
+                    flags[i] = False
+        return flags
+
+    return derived(graph, AttentionCoreKey(seq_len, attention), build)

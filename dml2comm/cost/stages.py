@@ -677,7 +677,8 @@ class StageCoster(LayerCoster):
         mode = config.recompute
         if mode not in table.by_recompute:
             known = derived(self.graph, StageActivationsKey(config.tp_size, config.sequence_parallel, config.dtype,
-                                                             config.dropout > 0, mode, config.seq_len), dict)
+                                                             config.dropout > 0, mode, config.seq_len, config.stack,
+                                                             config.attention), dict)
             per_layer, saved_table = self._per_layer(config), self._saved_table(config)
             values = []
             for sig, (first, last) in zip(self._signatures(table), table.ranges):
