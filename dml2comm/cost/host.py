@@ -153,16 +153,20 @@ class HostModel:
 EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: Eager PyTorch 2.x / Hugging Face on one GPU (``--stack pytorch``), measured on an H100 with
 #: PyTorch 2.11 (``benchmarks/host_pytorch.py`` on the two profiled steps in
-#: ``benchmarks/data/h100/``).  ``kernel_s``: the CPU time per GPU kernel of the Llama-1B step,
-#: whose GPU is never starved (GPU busy 174.2 of a 180.0 ms span; the CPU issued its 2,025 kernels
-#: in 120.5 ms: 59.5 us each).  It is measured under the profiler, which slows the CPU, so it is an
-#: upper bound; the GPT-2 small step (704 kernels in a 51.5 ms timed step) bounds it from above at
-#: 73 us too.  ``gap_s``: the GPU's idle time per kernel in that GPU-bound step, (span - busy) /
-#: kernels = 5.8 ms / 2,025 = 2.86 us (the median gap between queued kernels is 1.6 us; memsets and
-#: a few longer stalls make up the rest).  ``run_ahead``: PyTorch launches asynchronously and
-#: nothing in a training step waits for the GPU before the optimizer (no ``.item()``), so the CPU
-#: runs ahead over the whole step (the Llama trace: CPU done at 120 ms, GPU at 180 ms).
-PYTORCH = HostModel("pytorch", kernel_s=59.5e-6, gap_s=2.86e-6, run_ahead=True)
+#: ``benchmarks/data/h100/``).  ``kernel_s``: the CPU's issue time per GPU kernel, the intervals
+#: between consecutive launches under 200 us summed over the kernels (longer intervals are the CPU
+#: blocked on a full launch queue or crossing the loss and optimizer: the Llama-1B step's
+#: ``cudaDeviceSynchronize`` and 5 ms ``aten::add_`` calls), 52.3 us in the GPT-2 small step and
+#: 40.6 us in the Llama-1B step, 46.5 us their mean.  Measured under the profiler
+#: (``record_shapes=True``, about five recorded CPU ops per kernel), which slows the CPU side: an
+#: upper bound (the whole CPU span per kernel, waits included, is 84 and 60 us).  ``gap_s``: the
+#: GPU's idle time per kernel in the Llama-1B step, whose GPU is never starved (busy 174.2 of a
+#: 180.0 ms span): (span - busy) / kernels = 5.8 ms / 2,025 = 2.86 us (the median gap between
+#: queued kernels is 1.6 us; memsets and a few longer stalls make up the rest).  ``run_ahead``:
+#: PyTorch launches asynchronously and nothing in a training step waits for the GPU before the
+#: optimizer (no ``.item()``), so the CPU runs ahead over the whole step (the Llama trace: CPU
+#: done at 120 ms, GPU at 180 ms).
+PYTORCH = HostModel("pytorch", kernel_s=46.5e-6, gap_s=2.86e-6, run_ahead=True)
 #: No host-side time: kernel time only (CUDA graphs, or to see the GPU-side bound).
 NONE = HostModel("none", kernel_s=0.0)
 HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, PYTORCH, NONE)})
