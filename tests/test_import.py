@@ -252,6 +252,31 @@ def test_real_exports_have_the_torch_parameter_count(name):
     assert g.num_params == torch["parameter_count"] - bn_channels
 
 
+#: fixtures_expected.json's records of the exports written outside tests/fixtures (``dir``: the
+#: package data folder of the models the validation reads, dml2comm/validate/data/models).
+ROOT = FIXTURES.parents[1]
+ELSEWHERE = [r for r in json.loads((FIXTURES / "fixtures_expected.json").read_text())["files"] if r.get("dir")]
+
+
+def test_exports_kept_elsewhere_are_all_recorded():
+    """Every .onnx of a folder the export script writes to besides this one has its record, and
+    every such record its file (so the parameter-count check below covers all of them)."""
+    folders = {r["dir"] for r in ELSEWHERE}
+    assert folders == {"dml2comm/validate/data/models"}
+    on_disk = sorted(f"{d}/{p.name}" for d in folders for p in (ROOT / d).glob("*.onnx"))
+    assert on_disk == sorted(f"{r['dir']}/{r['file']}" for r in ELSEWHERE)
+
+
+@pytest.mark.parametrize("record", ELSEWHERE, ids=lambda r: r["file"])
+def test_exports_kept_elsewhere_have_the_torch_parameter_count(record):
+    """As test_real_exports_have_the_torch_parameter_count, for the exports of the measured H100
+    steps' models (GPT-2 small: 124,439,808; Llama-1B: 1,235,814,400; h100_steps.json records the
+    same counts from the measured models)."""
+    torch = _torch_record(record["file"])
+    g = load_model(ROOT / record["dir"] / record["file"], ImportOptions(seq_len=16, tie_embeddings=torch["weights_tied"])).graph
+    assert g.num_params == torch["parameter_count"]
+
+
 def test_a_sequence_longer_than_an_offset_position_table_is_refused():
     """OPT-style learned positions: ``Range(0, s) + 2`` looks up a table of 10 rows (8 positions
     plus the offset of 2), so s = 8 fits and s = 9 looks up row 10.  The table's rows are not the
