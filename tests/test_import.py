@@ -147,6 +147,44 @@ def test_tied_copy_in_legacy_gpt2_is_named_and_counted_once_on_request():
     assert tied.graph.num_params == 124_439_808  # GPT2LMHeadModel's parameter count in torch
 
 
+def test_square_weights_shaped_like_a_square_table_are_not_its_tied_copy():
+    """A tied head is one matrix.  Hand-built legacy-style graph: token table [10, 4] and position
+    table [4, 4] (Gather), two [4, 4] projections and a [4, 10] head, all with generated names.
+    The head is the token table's only transposed-shaped weight: with --tie-embeddings it is its
+    copy (40 elements not counted); the projections both have the position table's (square)
+    shape, so neither is a copy.  Parameters: 40 + 16 + 16 + 16 = 88 (before: 56, the two
+    projections dropped as well; the legacy BERT-MLM export with h = 512 and 512 positions lost
+    25 such [512, 512] weights, 6,553,600 parameters)."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 10])
+    pos = helper.make_tensor("pos_ids", TensorProto.INT64, [4], [0, 1, 2, 3])
+    nodes = [helper.make_node("Gather", ["tok.weight", "ids"], ["x0"]),
+             helper.make_node("Gather", ["pos.weight", "pos_ids"], ["p"]),
+             helper.make_node("Add", ["x0", "p"], ["x1"]),
+             helper.make_node("MatMul", ["x1", "onnx::MatMul_1"], ["x2"]),
+             helper.make_node("MatMul", ["x2", "onnx::MatMul_2"], ["x3"]),
+             helper.make_node("MatMul", ["x3", "onnx::MatMul_3"], ["y"])]
+    inits = [weight("tok.weight", [10, 4]), weight("pos.weight", [4, 4]), weight("onnx::MatMul_1", [4, 4]),
+             weight("onnx::MatMul_2", [4, 4]), weight("onnx::MatMul_3", [4, 10]), pos]
+    m = model(nodes, [ids], [y], inits)
+    plain = load_model_proto(m, ImportOptions(batch_size=2))
+    assert plain.graph.num_params == 40 + 16 + 16 + 16 + 40
+    assert [w for w in plain.warnings if "--tie-embeddings" in w] == [
+        "weight 'onnx::MatMul_3' has the shape of 'tok.weight' transposed: if the model ties its LM head to the embedding "
+        "(GPT-2 does), the legacy exporter stored a copy; pass --tie-embeddings to count it once"]
+    tied = load_model_proto(m, ImportOptions(batch_size=2, tie_embeddings=True))
+    assert tied.graph.num_params == 88
+    assert tied.graph.tensors["onnx::MatMul_3"].tied_to == "tok.weight"
+    assert tied.graph.tensors["onnx::MatMul_1"].tied_to is None and tied.graph.tensors["onnx::MatMul_2"].tied_to is None
+    # the real case: DeBERTa-v2 (h = 128, 128 positions, no tied head), whose 12 [128, 128] projections
+    # have the position table's shape; --tie-embeddings took them for copies (418,816 counted)
+    torch = _torch_record("deberta_v2_legacy.onnx")["parameter_count"]
+    for tie in (False, True):
+        r = load_model(FIXTURES / "deberta_v2_legacy.onnx", ImportOptions(seq_len=16, tie_embeddings=tie))
+        assert r.graph.num_params == torch == 615_424
+        assert not any("tie" in w for w in r.warnings)
+
+
 def test_an_untied_head_in_a_dynamo_export_is_not_taken_for_a_tied_copy():
     """GPT-NeoX's untied ``embed_out``: the dynamo exporter folds its transpose into an
     initializer with a generated name and the embedding's transposed shape, as a legacy export's
@@ -250,6 +288,31 @@ def test_real_exports_have_the_torch_parameter_count(name):
     bn_channels = sum(b["shape"][0] for b in torch["buffers"] if b["name"].endswith("running_mean"))
     g = load_model(FIXTURES / name, ImportOptions(seq_len=16, tie_embeddings=torch["weights_tied"])).graph
     assert g.num_params == torch["parameter_count"] - bn_channels
+
+
+#: fixtures_expected.json's records of the exports written outside tests/fixtures (``dir``: the
+#: package data folder of the models the validation reads, dml2comm/validate/data/models).
+ROOT = FIXTURES.parents[1]
+ELSEWHERE = [r for r in json.loads((FIXTURES / "fixtures_expected.json").read_text())["files"] if r.get("dir")]
+
+
+def test_exports_kept_elsewhere_are_all_recorded():
+    """Every .onnx of a folder the export script writes to besides this one has its record, and
+    every such record its file (so the parameter-count check below covers all of them)."""
+    folders = {r["dir"] for r in ELSEWHERE}
+    assert folders == {"dml2comm/validate/data/models"}
+    on_disk = sorted(f"{d}/{p.name}" for d in folders for p in (ROOT / d).glob("*.onnx"))
+    assert on_disk == sorted(f"{r['dir']}/{r['file']}" for r in ELSEWHERE)
+
+
+@pytest.mark.parametrize("record", ELSEWHERE, ids=lambda r: r["file"])
+def test_exports_kept_elsewhere_have_the_torch_parameter_count(record):
+    """As test_real_exports_have_the_torch_parameter_count, for the exports of the measured H100
+    steps' models (GPT-2 small: 124,439,808; Llama-1B: 1,235,814,400; h100_steps.json records the
+    same counts from the measured models)."""
+    torch = _torch_record(record["file"])
+    g = load_model(ROOT / record["dir"] / record["file"], ImportOptions(seq_len=16, tie_embeddings=torch["weights_tied"])).graph
+    assert g.num_params == torch["parameter_count"]
 
 
 def test_a_sequence_longer_than_an_offset_position_table_is_refused():

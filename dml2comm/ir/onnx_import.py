@@ -1496,12 +1496,16 @@ def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool, dynamo: b
 
     A ``dynamo`` export (:func:`_is_dynamo_export`) keeps a tied head as the embedding itself,
     so a transposed table there is an untied head the exporter folded (GPT-NeoX's ``embed_out``):
-    no warning, and ``tie`` leaves it a parameter, with a note saying why."""
+    no warning, and ``tie`` leaves it a parameter, with a note saying why.
+
+    A tied head is one matrix: where several such weights have one table's transposed shape
+    (BERT with h = 512 and 512 positions: every [512, 512] projection looks like the position
+    table transposed), none of them is taken for a copy; they stay parameters, without a note."""
     tables: dict[tuple[int, ...], str] = {}
     for op in ops:
         if op.op_type == "Gather" and op.inputs and (t := tensors.get(op.inputs[0])) is not None and t.is_weight and t.rank == 2:
             tables.setdefault(t.shape[::-1], t.name)
-    notes = []
+    candidates: dict[str, dict[str, Tensor]] = {}  # table -> {weight name: weight}, in graph order
     for op in ops:
         if op.op_type not in ("MatMul", "Gemm") or len(op.inputs) < 2:
             continue
@@ -1511,6 +1515,12 @@ def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool, dynamo: b
         table = tables.get(w.shape)
         if table is None or table == w.name:
             continue
+        candidates.setdefault(table, {})[w.name] = w
+    notes = []
+    for table, by_name in candidates.items():
+        if len(by_name) != 1:
+            continue
+        (w,) = by_name.values()
         if dynamo:
             if tie:
                 notes.append(f"weight {w.name!r} has the shape of {table!r} transposed but is a separate LM head: the dynamo "

@@ -12,7 +12,9 @@ each of its cases exactly as a user would:
 - :mod:`~dml2comm.validate.collectives`: measured NCCL all-reduces (A100, V100) and OpenXLA's
   measured H100 collectives, costed as ``collective --cluster`` costs them;
 - :mod:`~dml2comm.validate.gemm`: OpenXLA's measured H100 bf16 matmuls, costed by the analysis's
-  op costing.
+  op costing;
+- :mod:`~dml2comm.validate.steps`: Hugging Face training steps measured on one H100 (step time
+  and peak memory), analysed from the real exports of the measured models (``data/models/``).
 
 :mod:`~dml2comm.validate.fit` refits the tool's fitted compute constant leave-one-source-out;
 :mod:`~dml2comm.validate.targets` checks each source's accuracy target on its cases;

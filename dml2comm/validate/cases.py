@@ -97,6 +97,8 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("gemm", "measured H100 bf16 matmuls (OpenXLA), held-out half: the analytical GEMM model fitted without them",
            "dml2comm.validate.gemm:cases", compute=False, fit=False, target="median |error| <= 8% over shapes >= 1 GFLOP",
            subsets=((">=1GFLOP", ">= 1 GFLOP"),)),
+    Source("h100-steps", "measured H100 training steps (PyTorch 2.11 / transformers 5.17, pure bf16): GPT-2 small, Llama-1B",
+           "dml2comm.validate.steps:cases", compute=False, fit=False, target="time and peak memory each within 5%"),
 )}
 
 

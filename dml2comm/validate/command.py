@@ -41,7 +41,7 @@ EXAMPLES = """examples:
 
 sources: """ + ", ".join(SOURCES) + """ (data and provenance: dml2comm/validate/data/PROVENANCE.md)
 error = predicted / measured - 1 of the quantity the source publishes (TFLOP/s per GPU for
-narayanan2021, a time for the others).
+narayanan2021, peak memory as well as the step time for h100-steps, a time for the others).
 """
 
 

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dml2comm.render.fmt import fmt_s
+from dml2comm.render.fmt import fmt_bytes, fmt_s
 from dml2comm.render.parity import DEFAULT_BANDS, ParityPoint, parity_chart
 from dml2comm.site.build import MKDOCS_YML, TEMPLATES, build_pages_site, publish
 from dml2comm.validate.cases import Case
@@ -66,6 +66,8 @@ def _value(quantity: str, x: float) -> str:
         return fmt_s(x)
     if quantity == "tflops_per_gpu":
         return f"{x:.1f} TFLOP/s"
+    if quantity.endswith("_bytes"):
+        return fmt_bytes(x)
     return f"{x:.6g}"
 
 

@@ -11,7 +11,8 @@ the summary say so).
 - ``nccl``: every A100 all-reduce within 10%;
 - ``xla_collectives``: mean |error| <= 10% for each (op, group size) over its sizes >= 16 MiB,
   and median |error| <= 15% over all sizes;
-- ``gemm``: median |error| <= 8% over the shapes of at least 1 GFLOP.
+- ``gemm``: median |error| <= 8% over the shapes of at least 1 GFLOP;
+- ``h100-steps`` (issue 32): every step's time and peak memory each within 5%.
 """
 
 from __future__ import annotations
@@ -57,16 +58,20 @@ def _vtrain(cases: Sequence[Case]) -> TargetCheck:
     return TargetCheck(mean <= 0.08 and worst <= 0.25, f"mean |error| {mean:.1%} (<= 8%), worst {worst:.1%} (<= 25%)")
 
 
-def _korthikanti(cases: Sequence[Case]) -> TargetCheck:
-    parts = []
-    met = True
-    for quantity, label in (("layer_forward_time_s", "forward"), ("layer_backward_time_s", "backward")):
-        picked = [c for c in cases if c.quantity == quantity]
-        if picked:
-            ok, text = _within(picked, 0.05, label)
-            met &= ok
-            parts.append(text)
-    return TargetCheck(met if parts else None, "; ".join(parts))
+def _each_quantity_within(bound: float, quantities: Sequence[tuple[str, str]]) -> Callable[[Sequence[Case]], TargetCheck]:
+    """Every case of each (quantity, label) in ``quantities`` within ``bound``, judged and reported
+    per quantity."""
+    def check(cases: Sequence[Case]) -> TargetCheck:
+        parts = []
+        met = True
+        for quantity, label in quantities:
+            picked = [c for c in cases if c.quantity == quantity]
+            if picked:
+                ok, text = _within(picked, bound, label)
+                met &= ok
+                parts.append(text)
+        return TargetCheck(met if parts else None, "; ".join(parts))
+    return check
 
 
 def _nccl(cases: Sequence[Case]) -> TargetCheck:
@@ -107,10 +112,11 @@ def _gemm(cases: Sequence[Case]) -> TargetCheck:
 TARGET_CHECKS: dict[str, Callable[[Sequence[Case]], TargetCheck]] = {
     "narayanan2021": _every_within(0.05),
     "vtrain": _vtrain,
-    "korthikanti2022": _korthikanti,
+    "korthikanti2022": _each_quantity_within(0.05, (("layer_forward_time_s", "forward"), ("layer_backward_time_s", "backward"))),
     "nccl": _nccl,
     "xla_collectives": _xla,
     "gemm": _gemm,
+    "h100-steps": _each_quantity_within(0.05, (("iteration_time_s", "time"), ("peak_memory_bytes", "peak memory"))),
 }
 
 

@@ -1,0 +1,118 @@
+"""Training steps of Hugging Face models measured on one H100 (``data/h100_steps.json``): step
+time and peak allocated memory, measured against the tool run on the real export of each model.
+
+What ran (``data/PROVENANCE.md``; the project's ``tools/measure_gpu.py``): one NVIDIA H100 80GB
+HBM3 (SXM, 700 W), PyTorch 2.11.0+cu130, cuDNN 9.19, Hugging Face transformers 5.17.0.  Each model
+was built from a config with random weights (``AutoModelForCausalLM.from_config(cfg,
+attn_implementation="sdpa")``, dropout 0), held wholly in bf16 (``model.to(torch.bfloat16)``:
+parameters, gradients and both AdamW states bf16, no fp32 master copy), and trained eagerly:
+``model(input_ids, labels=input_ids).loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)``
+with ``torch.optim.AdamW(fused=True)``.  Attention is PyTorch SDPA, which runs the flash kernels
+on sm_90; the loss is transformers' ``ForCausalLMLoss`` (logits upcast to fp32).  Step time is the
+median wall time of 10 steps after 3 warm-ups, each bracketed by ``torch.cuda.synchronize()``;
+peak memory is ``torch.cuda.max_memory_allocated()`` over those steps.
+
+- ``gpt2-small``: GPT-2 small (12 layers, h 768, 12 heads, V 50,257, 1,024 positions), b = 8,
+  s = 1,024; measured twice on two machine starts (51.5 and 51.7 ms, 10.346 and 10.337 GB):
+  the case is the mean of the two;
+- ``llama-1b``: Llama 3.2 1B's shape (16 layers, h 2,048, 32 query / 8 KV heads, FFN 8,192,
+  V 128,256, tied embedding), b = 4, s = 2,048.
+
+How the tool is run, as a user would run it on the export (``python main.py MODEL --cluster
+dgx-h100 --micro-batch-size b --seq-len s --stack pytorch --precision bf16 --optimizer adamw``):
+the model is ``data/models/step_<name>_dynamo.onnx``, the graph-only export of exactly the
+measured config by today's default exporter (``torch.onnx.export(..., dynamo=True)``, opset 18,
+symbolic batch and sequence; made by ``tests/fixtures/export_models.py``, whose README and
+``fixtures_expected.json`` describe each file and record torch's parameter count); d = t = p = 1,
+global batch = micro-batch, the pytorch stack's defaults otherwise (flash attention, its host
+model), collectives at kernel time (none on one GPU).
+
+Nothing is fitted on these steps (``fit=False``), and no fitted constant moves them: the H100's
+GEMMs come from its measured table, which the A100 refit does not scale (``compute=False``;
+``compute_scale`` is accepted and ignored).  Two cases per step: ``iteration_time_s`` and
+``peak_memory_bytes``; the issue's target is each within 5%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from dml2comm.analysis import Analysis, analyze_graph
+from dml2comm.cost.host import STACK_HOST_MODEL
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
+from dml2comm.parallel.config import ParallelConfig, Precision, Stack
+from dml2comm.validate.cases import Case, sample_indices
+from dml2comm.validate.data import read_json
+
+__all__ = ["CLUSTER", "FILE", "MODELS", "cases", "model_path", "predict", "runs"]
+
+FILE = "h100_steps.json"
+CLUSTER = "dgx-h100"
+#: measured run name -> its export in ``data/models/`` (the dynamo export: today's default).
+MODELS = {"gpt2-small": "step_gpt2_small_dynamo.onnx", "llama-1b": "step_llama_1b_dynamo.onnx"}
+
+
+def runs() -> list[dict[str, Any]]:
+    """One entry per measured (model, micro-batch, sequence, precision mode): ``name``, ``model``
+    (the export's file name), ``micro_batch``, ``seq``, ``params`` (torch's count), ``time_s`` and
+    ``peak_bytes`` (the mean over repeated measurements), ``repeats``.  Only the pure-bf16 steps of
+    the models in :data:`MODELS`; a measured step without an export here is refused."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in read_json(FILE)["runs"]:
+        if r["mode"] != "bf16":
+            continue
+        if r["name"] not in MODELS:
+            raise ValueError(f"{FILE}: no export for measured model {r['name']!r}")  # the bundled file is fixed
+        groups.setdefault((r["name"], r["micro_batch"], r["seq"]), []).append(r)
+    out = []
+    for (name, b, s), rows in groups.items():
+        out.append({"name": name, "model": MODELS[name], "micro_batch": b, "seq": s, "params": rows[0]["params"],
+                    "time_s": sum(r["step_s_median"] for r in rows) / len(rows),
+                    "peak_bytes": sum(r["peak_alloc_bytes"] for r in rows) / len(rows), "repeats": len(rows)})
+    return out
+
+
+def model_path(file: str) -> Traversable:
+    """The bundled export ``file`` (``data/models/``), as package data."""
+    return resources.files("dml2comm.validate").joinpath("data", "models", file)
+
+
+def config(run: dict[str, Any]) -> ParallelConfig:
+    """The measured step as the tool's configuration: one GPU, pure bf16 under the pytorch stack,
+    fused AdamW, one micro-batch per step."""
+    b = run["micro_batch"]
+    return ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=run["seq"], dtype="bf16", optimizer="adamw",
+                          stack=Stack.PYTORCH, precision=Precision.BF16)
+
+
+def predict(run: dict[str, Any]) -> Analysis:
+    """The analysis of one measured step (module docstring), as the main command runs it."""
+    cfg = config(run)
+    with resources.as_file(model_path(run["model"])) as path:
+        imported = load_model(path, ImportOptions(batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len))
+        check_seq_len(imported, cfg.seq_len)
+        if imported.graph.num_params != run["params"]:  # the export is of another model than the one measured
+            raise ValueError(f"{run['model']} has {imported.graph.num_params:,} parameters; {run['name']} had {run['params']:,}")
+        cluster = replace(get_cluster(CLUSTER, cfg.num_gpus), collective_overhead_s=0.0, host_model=STACK_HOST_MODEL[cfg.stack])
+        return analyze_graph(imported, cfg, cluster, str(path), advise=False, timeline=False)
+
+
+def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
+    """Two cases per measured step (a deterministic sample of at most ``sample`` steps): the step
+    time and the peak memory.  ``compute_scale`` is ignored (module docstring)."""
+    table = runs()
+    out = []
+    for i in sample_indices(len(table), sample):
+        run = table[i]
+        summary = predict(run).summary
+        cfg = config(run)
+        setup = (f"{CLUSTER} d=t=p=1 b={run['micro_batch']} s={run['seq']} {cfg.stack_text()}, {cfg.optimizer}"
+                 + (f"; mean of {run['repeats']} measurements" if run["repeats"] > 1 else ""))
+        out.append(Case("h100-steps", f"{run['name']}/time", "iteration_time_s", run["time_s"], float(summary["iteration_time_s"]), setup))
+        out.append(Case("h100-steps", f"{run['name']}/memory", "peak_memory_bytes", run["peak_bytes"],
+                        float(summary["peak_memory_bytes"]), setup))
+    return out
