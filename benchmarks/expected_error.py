@@ -3,7 +3,8 @@ dml2comm.validate.bands.expected_error_for reads (the error bands every predicti
 
     PYTHONPATH=. .venv/bin/python benchmarks/expected_error.py
 
-Runs the end-to-end validation sources (Narayanan 2021 Table 1, vTrain's 1,440 single-node runs)
+Runs the end-to-end validation sources (Narayanan 2021 Table 1, vTrain's 1,440 single-node runs,
+the H100 training steps)
 with the shipped cost model, writes one row per run, and prints the expected error the bands give
 at a few configurations.  Rerun after any change to the cost model.
 """
@@ -22,7 +23,7 @@ OUT = Path(__file__).resolve().parent.parent / "dml2comm" / "validate" / "data" 
 
 def main() -> None:
     gpu = get_cluster("dgx-a100", 8).gpu.name  # both sources ran on DGX A100 nodes (PROVENANCE.md)
-    cases = [c for name in ("narayanan2021", "vtrain") for c in SOURCES[name].cases()]
+    cases = [c for name in ("narayanan2021", "vtrain", "h100-steps") for c in SOURCES[name].cases()]
     rows = band_rows(cases, gpu)
     OUT.write_text(bands_csv(rows), encoding="utf-8")
     print(f"wrote {len(rows)} rows to {OUT}")

@@ -88,10 +88,17 @@ def band_rows(cases: Iterable[Case], gpu: str, gpus_per_node: int = 8, vocab: in
     """Rows of the bands file from ``validate`` cases of ``narayanan2021`` (model size from the case
     id, ``narayanan21_t1_1.7B``) and ``vtrain`` (``12 L h^2 + (V + s) h`` parameters: the GPT
     layers' weights, Narayanan et al. 2021 eq. (2) without biases, plus the token and position
-    embeddings); other sources are skipped (not end-to-end runs)."""
+    embeddings), and step-time cases whose tags say where they sit (``params=``, ``gpu=``,
+    ``stack=``, ``gpus=``: ``h100-steps``); other cases are skipped (not end-to-end runs)."""
     out = []
     for c in cases:
         s = _setup(c)
+        tags = dict(t.split("=", 1) for t in c.tags if "=" in t)
+        if c.quantity == "iteration_time_s" and "params" in tags:  # a source that says where its run sits
+            gpus = int(tags.get("gpus", 1))
+            out.append(BandRow(c.source, c.case_id, tags.get("gpu", gpu), float(tags["params"]), gpus, max(gpus, 1),
+                               int(tags.get("t", 1)), int(tags.get("p", 1)), abs(c.error), tags.get("stack", "megatron")))
+            continue
         if c.source == "narayanan2021":
             params = float(c.case_id.rsplit("_", 1)[1].rstrip("B")) * 1e9
         elif c.source == "vtrain":

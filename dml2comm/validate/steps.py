@@ -112,7 +112,10 @@ def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
         cfg = config(run)
         setup = (f"{CLUSTER} d=t=p=1 b={run['micro_batch']} s={run['seq']} {cfg.stack_text()}, {cfg.optimizer}"
                  + (f"; mean of {run['repeats']} measurements" if run["repeats"] > 1 else ""))
-        out.append(Case("h100-steps", f"{run['name']}/time", "iteration_time_s", run["time_s"], float(summary["iteration_time_s"]), setup))
+        # where the run sits, for the expected-error bands (dml2comm.validate.bands.band_rows)
+        where = (f"params={run['params']}", f"gpu={get_cluster(CLUSTER, 1).gpu.name}", f"stack={cfg.stack}", "gpus=1")
+        out.append(Case("h100-steps", f"{run['name']}/time", "iteration_time_s", run["time_s"], float(summary["iteration_time_s"]), setup,
+                        where))
         out.append(Case("h100-steps", f"{run['name']}/memory", "peak_memory_bytes", run["peak_bytes"],
                         float(summary["peak_memory_bytes"]), setup))
     return out
