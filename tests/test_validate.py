@@ -59,8 +59,9 @@ def test_sample_is_deterministic_sorted_and_unique():
 def test_bundled_data_found_as_package_data_with_provenance():
     provenance = data_text("PROVENANCE.md")
     files = sorted(p.name for p in DATA.iterdir() if p.name != "PROVENANCE.md")
-    assert files == ["expected_error.csv", "korthikanti2022_table4.json", "narayanan2021_table1.json", "nccl_allreduce_measured.csv",
-                     "vtrain_ground_truth_single.csv", "xla_collectives_h100.csv", "xla_matmul_h100_bf16.csv"]
+    assert files == ["expected_error.csv", "h100_kernels_measured.json", "korthikanti2022_table4.json", "narayanan2021_table1.json",
+                     "nccl_allreduce_measured.csv", "vtrain_ground_truth_single.csv", "xla_collectives_h100.csv",
+                     "xla_matmul_h100_bf16.csv"]
     for name in files:
         assert f"`{name}`" in provenance
     assert len(vtrain.runs()) == 1440 and len(gemm.shapes()) == 375
