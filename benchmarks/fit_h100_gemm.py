@@ -7,7 +7,8 @@ forward, data-gradient and weight-gradient layouts, as ``training_gemms`` gives 
 :mod:`dml2comm.validate.h100_gemm`).  Prints:
 
 1. how OpenXLA's H100 bf16 table (what the tool used to answer from) compares with the
-   measurement where the two meet (PyTorch time / XLA time at the table's grid);
+   measurement where the two meet (PyTorch time / XLA time at the table's grid), and the
+   shipped H100 model with the whole table;
 2. the fit of :data:`~dml2comm.cost.gemm.H100_SHAPE_LAW` and the H100 sustained factor on the
    402 aligned GEMMs (:func:`~dml2comm.cost.gemm.fit_device_law`, ``latency_s`` and
    ``tail_wave`` free, the other numbers of ``SHAPE_LAW`` kept), next to the factor alone
@@ -68,6 +69,10 @@ def main() -> None:
     large = [ratio for s, ratio in hits if 2 * math.prod(s) >= 30e9]
     print(f"   median ratio below 10 GFLOP {np.median(small):.3f} ({len(small)}), at 30 GFLOP and above "
           f"{np.median(large):.3f} ({len(large)}): no one scale maps the table onto the measurement")
+    grid = [x for x in sorted(table.measured) if 2 * math.prod(x) >= 1e9]
+    off = np.array([gemm.gemm_time_s(H100, "bf16", *x) / table.measured[x] - 1 for x in grid])
+    print(f"   the shipped H100 model against the table's {len(grid)} shapes >= 1 GFLOP: median |e| "
+          f"{np.median(np.abs(off)):.1%}, signed median {np.median(off):+.1%}")
 
     # 2. the aligned law
     idx = np.flatnonzero(aligned)
