@@ -3,7 +3,9 @@
     PYTHONPATH=. .venv/bin/python benchmarks/bench_gemm.py
 
 Prints, per measured GPU and data type: the error of the analytical part alone against the
-table (all shapes and those of at least 1 GFLOP); the error of the interpolation when the K=1024
+table (all shapes and those of at least 1 GFLOP; for H100 bf16 that is the H100 law fitted on
+PyTorch/cuBLAS, which no longer reproduces OpenXLA's table: benchmarks/fit_h100_gemm.py has the
+H100's own residuals); the error of the interpolation when the K=1024
 layer of the grid is left out (interpolated from K=512 and K=2048).  Then a few
 A100 efficiencies and the cost of a call (first call of a shape, then cached).
 """

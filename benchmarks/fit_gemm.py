@@ -4,8 +4,8 @@
 
 Fit: least squares of log(analytical / measured) over the H100 and B200 bf16 tables (their
 monotone lower envelope, 750 shapes), :func:`dml2comm.cost.gemm.fit_shape_law`.  The printed
-numbers are the ones written into ``SHAPE_LAW`` and ``SUSTAINED_FACTOR`` in
-``dml2comm/cost/gemm.py``.  Then the held-out check: fit on B200 and the H100 shapes whose
+numbers are the ones written into ``SHAPE_LAW`` and ``SUSTAINED_FACTOR`` (B200; the H100's only
+into ``DEFAULT_SUSTAINED_FACTOR``) in ``dml2comm/cost/gemm.py``.  Then the held-out check: fit on B200 and the H100 shapes whose
 ``log2(b M N K)`` is even, report the error on the odd ones (shapes of at least 1 GFLOP).
 """
 
@@ -49,8 +49,10 @@ def main() -> None:
     print(f"  SHAPE_LAW = ShapeLaw(epilogue_bytes={law.epilogue_bytes:.4f}, tile_edge={law.tile_edge:.2f}, "
           f"latency_s={law.latency_s:.3e}, hbm_efficiency={law.hbm_efficiency:.3f}, tail_wave={law.tail_wave:.3f})")
     print("  sustained factors: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(fit.sustained.items())))
-    print("  in the module:     " + ", ".join(f"{k} {gemm.SUSTAINED_FACTOR[k]:.3f}" for k in sorted(fit.sustained))
-          + f"; {gemm.SHAPE_LAW}")
+    print(f"  in the module:     B200 {gemm.SUSTAINED_FACTOR['B200']:.3f}; {gemm.SHAPE_LAW}; default factor "
+          f"{gemm.DEFAULT_SUSTAINED_FACTOR} (the mean of the two fits)")
+    print("  (the H100 fit here no longer ships: an H100 gets H100_SHAPE_LAW and its factor, fitted on PyTorch/cuBLAS "
+          "by benchmarks/fit_h100_gemm.py)")
     print("residuals of the analytical part alone (fitted numbers):")
     for device, dtype in ((h100, "bf16"), (gemm.B200, "bf16"), (h100, "tf32"), (gemm.B200, "tf32"), (gemm.B200, "fp8")):
         _, _, shapes, times = gemm.table_samples(device, dtype)

@@ -15,7 +15,8 @@ from dml2comm.hardware.gpus import GPU, get_gpu
 
 H100 = get_gpu("h100")
 A100 = get_gpu("a100")
-TABLES = [(H100, "bf16"), (H100, "tf32"), (gemm.B200, "bf16"), (gemm.B200, "tf32"), (gemm.B200, "fp8")]
+#: The tables gemm_time_s answers from (H100 bf16/fp16 no longer: the H100 law is fitted on PyTorch/cuBLAS)
+TABLES = [(H100, "tf32"), (gemm.B200, "bf16"), (gemm.B200, "tf32"), (gemm.B200, "fp8")]
 
 
 # ------------------------------------------------------------------------------ measured table
@@ -35,13 +36,34 @@ def test_reproduces_the_measured_points_inside_the_grid(device, dtype) -> None:
 
 
 def test_one_measured_point_by_hand() -> None:
-    # H100 bf16, b=1, M=N=K=4096: 780.193877565849 TFLOP/s in the table, so
-    # 2 * 4096^3 / 780.193877565849e12 = 176.1609 us; 989.4 TFLOP/s peak -> efficiency 0.78855.
-    assert gemm.gemm_time_s(H100, "bf16", 1, 4096, 4096, 4096) == pytest.approx(2 * 4096**3 / 780.193877565849e12, rel=1e-12)
-    assert gemm.gemm_efficiency(H100, "bf16", 1, 4096, 4096, 4096) == pytest.approx(780.193877565849 / 989.4, rel=1e-12)
-    # fp16 reads the bf16 table (same tensor-core rate and bytes); H100 has 12 adjusted bf16 points
-    assert gemm.gemm_time_s(H100, "fp16", 1, 4096, 4096, 4096) == gemm.gemm_time_s(H100, "bf16", 1, 4096, 4096, 4096)
-    assert len(gemm.measured_table(H100.name, "bf16").adjusted) == 12
+    # H100 bf16 table, b=1, M=N=K=4096: 780.193877565849 TFLOP/s, so 2 * 4096^3 / 780.19e12 = 176.1609 us
+    # (the table is still read, by fit_shape_law and the gemm validation source); 12 adjusted points
+    table = gemm.measured_table(H100.name, "bf16")
+    assert table.time_s((1, 4096, 4096, 4096)) == pytest.approx(2 * 4096**3 / 780.193877565849e12, rel=1e-12)
+    assert len(table.adjusted) == 12
+    # B200 bf16, b=1, M=N=K=4096: the table's value, and fp16 reads the bf16 table (same rate and bytes)
+    t = gemm.measured_table("B200", "bf16").measured[(1, 4096, 4096, 4096)]
+    assert gemm.gemm_time_s(gemm.B200, "bf16", 1, 4096, 4096, 4096) == t
+    assert gemm.gemm_efficiency(gemm.B200, "bf16", 1, 4096, 4096, 4096) == pytest.approx(2 * 4096**3 / t / 2250e12, rel=1e-12)
+    assert gemm.gemm_time_s(gemm.B200, "fp16", 1, 4096, 4096, 4096) == t
+
+
+def test_h100_bf16_is_the_h100_law_not_the_xla_table() -> None:
+    # 2048 x 4096 x 4096 (68.7 GFLOP), a point of OpenXLA's grid: the table says 759 TFLOP/s
+    # (90.5 us); the H100 law (f = 0.7345, fitted on PyTorch/cuBLAS) says 683 TFLOP/s (100.6 us), and
+    # PyTorch measured 684 / 765 / 676 TFLOP/s (fwd / dgrad / wgrad; h100_kernels_measured.json).
+    t = gemm.gemm_time_s(H100, "bf16", 1, 2048, 4096, 4096)
+    assert t == gemm.analytical_time_s(H100, "bf16", 1, 2048, 4096, 4096)
+    assert t == pytest.approx(float(gemm.analytical_times_s(
+        [1], [2048], [4096], [4096], peak_flops_per_s=989.4e12, sm_count=132, hbm_bytes_per_s=3350e9, in_bytes=2,
+        out_bytes=2, sustained=0.7345, law=gemm.H100_SHAPE_LAW)[0]), rel=1e-12)
+    assert t > 1.05 * gemm.measured_table(H100.name, "bf16").measured[(1, 2048, 4096, 4096)]
+    assert 670e12 < 2 * 2048 * 4096**2 / t < 700e12
+    assert gemm.gemm_time_s(H100, "fp16", 1, 2048, 4096, 4096) == t
+    # the H200 is the same chip: the same law and factor
+    assert gemm.shape_law(get_gpu("h200")) is gemm.H100_SHAPE_LAW is gemm.shape_law(H100)
+    assert gemm.sustained_factor(get_gpu("h200")) == gemm.sustained_factor(H100) == 0.7345
+    assert gemm.shape_law(A100) is gemm.SHAPE_LAW is gemm.shape_law(gemm.B200)
 
 
 def test_the_table_maps_its_n_to_our_rows() -> None:
@@ -89,11 +111,21 @@ BATCH = (1, 3, 4, 8)
                                                (H100, "fp8"), (A100, "fp32")],
                          ids=lambda v: getattr(v, "name", v))
 def test_more_work_of_the_same_shape_never_takes_less_time(device, dtype) -> None:
-    # on and off the grid (100, 300, 3000, 5000, 8192 are off it; b = 3 and 8 too)
+    # on and off the grid (100, 300, 3000, 5000, 8192 are off it; b = 3 and 8 too).  Between two
+    # shapes of the same alignment (gemm.is_aligned): an unaligned N or K runs a slower kernel, so
+    # padding it (1 -> 256, 100 -> 256, 300 -> 1024 for bf16) can take less time, by design
+    # (test_an_unaligned_gemm_is_slower_than_its_padded_neighbour).
     t = np.array([[[[gemm.gemm_time_s(device, dtype, b, m, n, k) for k in DIMS] for n in DIMS] for m in DIMS]
                   for b in BATCH])
+    a = np.array([[[[gemm.is_aligned(dtype, b, m, n, k) for k in DIMS] for n in DIMS] for m in DIMS] for b in BATCH])
+    assert a.any() and (not a.all() if dtype in ("bf16", "fp16") else a.all())  # 16-bit: both kinds compared
     for axis in range(4):
-        assert (np.diff(t, axis=axis) >= -1e-12 * t.max()).all(), axis
+        size = t.shape[axis]
+        for i in range(size):
+            for j in range(i + 1, size):
+                ti, tj = np.take(t, i, axis=axis), np.take(t, j, axis=axis)
+                same = np.take(a, i, axis=axis) == np.take(a, j, axis=axis)
+                assert (tj[same] - ti[same] >= -1e-12 * t.max()).all(), (axis, i, j)
 
 
 @settings(max_examples=200, deadline=None)
@@ -125,15 +157,16 @@ def test_held_out_accuracy_on_h100_bf16() -> None:
 
 
 def test_module_constants_are_the_fit() -> None:
-    # The numbers written into the module are what benchmarks/fit_gemm.py finds (to their rounding).
+    # The numbers written into the module are what benchmarks/fit_gemm.py finds (to their rounding):
+    # the shared law and B200's factor; the H100's factor on its OpenXLA table (0.913) no longer
+    # ships (test_h100_constants_are_the_fit) and lives on only in the default, the mean of the two.
     fit = gemm.fit_shape_law([gemm.table_samples(H100, "bf16"), gemm.table_samples(gemm.B200, "bf16")])
     law = gemm.SHAPE_LAW
     for name in ("epilogue_bytes", "tile_edge", "latency_s", "hbm_efficiency", "tail_wave"):
         assert getattr(fit.law, name) == pytest.approx(getattr(law, name), rel=0.005), name
-    for name, f in fit.sustained.items():
-        assert gemm.SUSTAINED_FACTOR[name] == pytest.approx(f, abs=0.001)
-    assert gemm.DEFAULT_SUSTAINED_FACTOR == pytest.approx((gemm.SUSTAINED_FACTOR["H100-SXM5-80GB"]
-                                                            + gemm.SUSTAINED_FACTOR["B200"]) / 2, abs=0.001)
+    assert gemm.SUSTAINED_FACTOR["B200"] == pytest.approx(fit.sustained["B200"], abs=0.001)
+    assert fit.sustained[H100.name] == pytest.approx(0.913, abs=0.001)
+    assert gemm.DEFAULT_SUSTAINED_FACTOR == pytest.approx((fit.sustained[H100.name] + fit.sustained["B200"]) / 2, abs=0.001)
 
 
 def test_a100_numbers_are_sensible() -> None:
@@ -257,11 +290,11 @@ def test_op_costing_times_linear_and_attention_matmuls_with_the_gemm_model() -> 
     ops = _analyse(nodes, inputs, outputs, [w], batch=2)
     t = lambda *shape: gemm.gemm_time_s(H100, "bf16", *shape)  # noqa: E731
     # linear: the 2 x 1024 tokens flatten into M = 2048 rows; dX = dY W^T (2048, 4096, K=1024);
-    # dW = X^T dY (4096, 1024, K=2048): all on the measured grid, so the table's values
+    # dW = X^T dY (4096, 1024, K=2048): the H100 law's values (fitted on PyTorch/cuBLAS)
     assert ops["linear"].time_fwd_s == t(1, 2048, 1024, 4096)
     assert ops["linear"].time_bwd_s == t(1, 2048, 4096, 1024) + t(1, 4096, 1024, 2048)
-    # attention scores: 2 x 4 products [512, 64] @ [64, 512]; K = 64 and b = 8 are outside the
-    # grid (analytical, bounded by the table); backward dQ (8, 512, 64, 512), dK (8, 64, 512, 512)
+    # attention scores: 2 x 4 products [512, 64] @ [64, 512], the same law;
+    # backward dQ (8, 512, 64, 512), dK (8, 64, 512, 512)
     assert ops["scores"].time_fwd_s == t(8, 512, 512, 64)
     assert ops["scores"].time_bwd_s == t(8, 512, 64, 512) + t(8, 64, 512, 512)
     assert ops["linear"].time_bwd_s != 2 * ops["linear"].time_fwd_s
@@ -302,3 +335,154 @@ def test_a_partial_last_wave_costs_part_of_a_wave() -> None:
     assert shipped[0] == classic[0] and shipped[2] == classic[2]  # whole waves are unchanged
     assert shipped[0] < shipped[1] < classic[1] < shipped[2]
     assert shipped[1] / shipped[0] < 1.1 < classic[1] / classic[0]
+
+
+# ------------------------------------------------------- the H100 law on PyTorch/cuBLAS, alignment
+
+
+def _measured_h100():
+    from dml2comm.validate.h100_gemm import measured_gemms
+
+    rows = measured_gemms()
+    shapes = np.array([r.shape for r in rows], dtype=float)
+    times = np.array([r.seconds for r in rows])
+    aligned = np.array([gemm.is_aligned("bf16", *r.shape) for r in rows])
+    return rows, shapes, times, aligned
+
+
+def test_measured_h100_gemms_within_target() -> None:
+    """Issue 32's target: over the measured H100 GEMMs of >= 1 GFLOP (every one), all three
+    layouts as training_gemms gives them, unaligned included, median |error| <= 8%.  Today 3.5%
+    (alarm at 5%); the unaligned ones 11.3% (alarm at 15%), their three layouts together within
+    3.1% of the measured sum (alarm at 5%)."""
+    rows, shapes, times, aligned = _measured_h100()
+    assert len(rows) == 420 and aligned.sum() == 402
+    assert (2 * shapes.prod(axis=1) >= 1e9).all()
+    err = np.array([gemm.gemm_time_s(H100, "bf16", *r.shape) for r in rows]) / times - 1
+    assert np.median(np.abs(err)) <= 0.05
+    for layout in ("fwd", "dgrad", "wgrad"):
+        assert np.median(np.abs(err[[r.layout == layout for r in rows]])) <= 0.05, layout
+    assert np.median(np.abs(err[~aligned])) <= 0.15
+    pred = np.array([gemm.gemm_time_s(H100, "bf16", *r.shape) for r in rows])
+    for i in np.flatnonzero(~aligned)[::3]:  # the three layouts of one unaligned row
+        assert [rows[j].layer for j in (i, i + 1, i + 2)] == [rows[i].layer] * 3
+        assert abs(pred[i:i + 3].sum() / times[i:i + 3].sum() - 1) <= 0.05
+    # the XLA-fitted factor under the shared law (the tool's law outside the table before): 17.7% off
+    old = gemm.analytical_times_s(*shapes[aligned].T, peak_flops_per_s=989.4e12, sm_count=132, hbm_bytes_per_s=3350e9,
+                                  in_bytes=2, out_bytes=2, sustained=0.913, law=gemm.SHAPE_LAW)
+    assert np.median(np.abs(old / times[aligned] - 1)) > 0.15
+
+
+def test_h100_constants_are_the_fit() -> None:
+    # benchmarks/fit_h100_gemm.py: latency_s and tail_wave refitted with the factor on the 402
+    # aligned GEMMs, the unaligned rate on the 18 others (the module's numbers to their rounding)
+    _, shapes, times, aligned = _measured_h100()
+    fit = gemm.fit_device_law(H100, "bf16", shapes[aligned], times[aligned], free=("latency_s", "tail_wave"))
+    assert fit.sustained[H100.name] == pytest.approx(gemm.SUSTAINED_FACTOR[H100.name], abs=5e-4)
+    assert fit.law.latency_s == pytest.approx(gemm.H100_SHAPE_LAW.latency_s, rel=0.005)
+    assert fit.law.tail_wave == pytest.approx(gemm.H100_SHAPE_LAW.tail_wave, abs=0.001)
+    for name in ("epilogue_bytes", "tile_edge", "hbm_efficiency"):
+        assert getattr(gemm.H100_SHAPE_LAW, name) == getattr(gemm.SHAPE_LAW, name)
+    r = gemm.fit_unaligned_rate(H100, "bf16", shapes[~aligned], times[~aligned], law=gemm.H100_SHAPE_LAW,
+                                sustained=gemm.SUSTAINED_FACTOR[H100.name])
+    assert r == pytest.approx(gemm.UNALIGNED_RATE, abs=5e-4)
+    with pytest.raises(ConfigError, match="not a ShapeLaw field"):
+        gemm.fit_device_law(H100, "bf16", shapes[:3], times[:3], free=("latency",))
+
+
+def test_alignment_rule() -> None:
+    # rows of A [M, K], B [K, N], C [M, N] start on 16-byte boundaries: for 16-bit operands N and
+    # K multiples of 8; M and b are counts, never row lengths
+    assert gemm.is_aligned("bf16", 1, 8192, 50304, 768)
+    assert not gemm.is_aligned("bf16", 1, 8192, 50257, 768)      # N
+    assert not gemm.is_aligned("bf16", 1, 8192, 768, 50257)      # K
+    assert not gemm.is_aligned("fp16", 1, 64, 100, 64)           # 100 = 4 x 25: 8-byte rows only
+    assert gemm.is_aligned("bf16", 3, 197, 768, 768)             # M = 197 tokens: no row length
+    # the fallback's rate is measured on 16-bit operands only: other types count as aligned
+    for dtype in ("tf32", "fp8", "fp32"):
+        assert gemm.is_aligned(dtype, 1, 1, 50257, 5), dtype
+    assert gemm.is_aligned("fp32", 1, 1, 3, 5, allow_tf32=True)
+    assert gemm.gemm_time_s(A100, "tf32", 1, 8192, 50257, 768) <= gemm.gemm_time_s(A100, "tf32", 1, 8192, 50304, 768)
+
+
+@pytest.mark.parametrize("device", [H100, A100, gemm.B200, get_gpu("l40s"), get_gpu("h200")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_an_unaligned_gemm_is_slower_than_its_padded_neighbour(device) -> None:
+    # GPT-2's LM head, 8192 tokens: N = 50,257 runs the fallback kernel; padded to 50,304 it does
+    # 0.09% more work at the aligned rate.  The same with the vocabulary as K (the data gradient).
+    for shape, padded in (((1, 8192, 50257, 768), (1, 8192, 50304, 768)), ((1, 8192, 768, 50257), (1, 8192, 768, 50304))):
+        t, tp = gemm.gemm_time_s(device, "bf16", *shape), gemm.gemm_time_s(device, "bf16", *padded)
+        assert t > 3 * tp
+        # the fallback runs the same law with its main loop at UNALIGNED_RATE of the aligned rate
+        assert t == pytest.approx(gemm.analytical_time_s(device, "bf16", *shape, aligned=False), rel=1e-12)
+        assert t == pytest.approx(gemm.analytical_time_s(device, "bf16", *shape, aligned=True,
+                                                         sustained=gemm.sustained_factor(device) * gemm.UNALIGNED_RATE),
+                                  rel=1e-12)
+    # the rate slows the main loop only, never the memory floor or the latency: at most 1 / rate
+    # slower, less where memory or latency bound (a GEMV, N = 1; a 2-class head, N = 2)
+    for shape in ((1, 8192, 1, 8192), (1, 8192, 2, 768), (8, 197, 197, 64)):
+        t, ta = gemm.gemm_time_s(device, "bf16", *shape), gemm.gemm_time_s(device, "bf16", *shape, aligned=True)
+        assert ta < t < ta / gemm.UNALIGNED_RATE
+    # the override the op costing uses for a Conv's implicit GEMM (same tiles as the padded shape)
+    assert gemm.gemm_time_s(device, "bf16", 1, 8192, 50257, 768, aligned=True) <= gemm.gemm_time_s(
+        device, "bf16", 1, 8192, 50304, 768)
+
+
+def test_padding_advice_helpers() -> None:
+    assert [gemm.aligned_dim(n) for n in (1, 64, 65, 50257)] == [64, 64, 128, 50304]
+    # Megatron-LM pads the vocabulary to 128 t: 50304 (t = 1), 50432 (t = 2)
+    assert gemm.aligned_dim(50257, 128) == 50304 and gemm.aligned_dim(50257, 256) == 50432 and gemm.aligned_dim(768, 128) == 768
+    with pytest.raises(ConfigError, match="aligned_dim"):
+        gemm.aligned_dim(0)
+    padded, saved = gemm.padding_saving_s(H100, "bf16", 1, 8192, 50257, 768)
+    assert padded == (1, 8192, 50304, 768)
+    t = gemm.gemm_time_s(H100, "bf16", 1, 8192, 50257, 768)
+    assert saved == pytest.approx(t - gemm.gemm_time_s(H100, "bf16", *padded), rel=1e-12)
+    assert 0.75 < saved / t < 0.85  # about 80% of the LM head's forward GEMM on an H100
+    # M is not padded (no row length); an aligned shape saves nothing
+    assert gemm.padding_saving_s(H100, "bf16", 1, 8191, 4096, 4096) == ((1, 8191, 4096, 4096), 0.0)
+    # aligned to 8 but not to 64: the tiles (multiples of 64) see no change, so nothing is saved
+    # when compute-bound, and the extra bytes cost a little when memory-bound (M = 1)
+    padded, saved = gemm.padding_saving_s(A100, "bf16", 1, 8192, 4104, 4096)
+    assert padded == (1, 8192, 4160, 4096) and saved == 0.0
+    padded, saved = gemm.padding_saving_s(A100, "bf16", 1, 1, 4104, 4096)
+    assert padded == (1, 1, 4160, 4096) and saved < 0
+
+
+# A100 and B200 times before the H100 refit and the alignment rule (computed on main @90a2b71 with
+# gemm_time_s): aligned shapes, so neither change may move them.
+BEFORE = [
+    ("a100", (1, 8192, 8192, 8192), 0.0049458062108657),
+    ("a100", (1, 2048, 4096, 1024), 0.00010033800336888475),
+    ("a100", (8, 512, 512, 64), 9.462293936974887e-06),
+    ("a100", (1, 4096, 12288, 2048), 0.0009917291738727318),
+    ("a100", (1, 1024, 50304, 4096), 0.0019526234045692782),
+    ("a100", (96, 2048, 2048, 128), 0.0008316418875778588),
+    ("a100-40gb", (1, 8192, 8192, 8192), 0.0049649461044897125),
+    ("a100-40gb", (96, 2048, 2048, 128), 0.0009464812493219282),
+    ("b200", (1, 8192, 8192, 8192), 0.0006970842714649452),
+    ("b200", (1, 2048, 4096, 1024), 1.8800000000000006e-05),
+    ("b200", (2, 512, 1024, 256), 5.936000000000021e-06),
+    ("l40s", (1, 4096, 4096, 4096), 0.0005274562023379835),
+]
+
+
+@pytest.mark.parametrize(("name", "shape", "seconds"), BEFORE, ids=lambda v: str(v))
+def test_a100_and_b200_times_unchanged(name, shape, seconds) -> None:
+    device = gemm.B200 if name == "b200" else get_gpu(name)
+    assert gemm.gemm_time_s(device, "bf16", *shape) == pytest.approx(seconds, rel=1e-12)
+
+
+def test_a_conv_implicit_gemm_is_costed_aligned() -> None:
+    """A Conv's implicit GEMM has K = C R S (3 x 3 x 3 = 27 here), not a row length: the op
+    costing passes aligned=True, so the first layer of a CNN keeps its aligned time."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.zeros((64, 3, 3, 3), dtype=np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    ops = _analyse(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 32, 32])], [w], batch=8)
+    rows = 8 * 32 * 32
+    assert ops["conv"].time_fwd_s == pytest.approx(gemm.gemm_time_s(H100, "bf16", 1, rows, 64, 27, aligned=True), rel=1e-12)
+    assert ops["conv"].time_fwd_s < gemm.gemm_time_s(H100, "bf16", 1, rows, 64, 27)

@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Sequence, TypeVar
 import numpy as np
 
 from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
-from dml2comm.cost.gemm import SHAPE_LAW, analytical_times_s
+from dml2comm.cost.gemm import analytical_times_s, shape_law
 from dml2comm.hardware.gpus import GPU
 
 __all__ = ["Residual", "FitOutcome", "fit_gemm_sustained", "fit_hbm_efficiency", "fit_collective", "split_by_shape",
@@ -131,7 +131,7 @@ def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float) -> np.ndarray:
         in_b, out_b = GEMM_BYTES[dtype]
         out[idx] = analytical_times_s(shp[:, 0], shp[:, 1], shp[:, 2], shp[:, 3], peak_flops_per_s=gpu.peak_flops_per_s[dtype],
                                       sm_count=gpu.sm_count, hbm_bytes_per_s=gpu.hbm_bytes_per_s, in_bytes=in_b,
-                                      out_bytes=out_b, sustained=f, law=SHAPE_LAW)
+                                      out_bytes=out_b, sustained=f, law=shape_law(gpu))
     return out
 
 

@@ -554,8 +554,11 @@ def gemm_op_times_s(op: Op, cost: OpCost, ins: Sequence[Tensor | None], outs: Se
     if gemms is None:
         return None
     label, n = train.label, op.repeat
-    fwd = gemm_time_s(gpu, label, *gemms.forward) * n
-    bwd = (gemm_time_s(gpu, label, *gemms.data_grad) + gemm_time_s(gpu, label, *gemms.weight_grad)) * n
+    # a Conv's implicit-GEMM K (C R S) is no row length of a stored tensor, so the GEMM model's row
+    # alignment rule does not apply; cuDNN's own channel rules are not modelled: costed as aligned
+    kw = {"aligned": True} if op.op_type == "Conv" else {}
+    fwd = gemm_time_s(gpu, label, *gemms.forward, **kw) * n
+    bwd = (gemm_time_s(gpu, label, *gemms.data_grad, **kw) + gemm_time_s(gpu, label, *gemms.weight_grad, **kw)) * n
     rate = peak * FLOP_EFFICIENCY
     extra_fwd = max(0.0, cost.flops_fwd - n * gemms.forward.flops)
     extra_bwd = max(0.0, cost.flops_bwd - n * (gemms.data_grad.flops + gemms.weight_grad.flops))

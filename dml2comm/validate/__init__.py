@@ -11,8 +11,10 @@ each of its cases exactly as a user would:
   and backward time);
 - :mod:`~dml2comm.validate.collectives`: measured NCCL all-reduces (A100, V100) and OpenXLA's
   measured H100 collectives, costed as ``collective --cluster`` costs them;
-- :mod:`~dml2comm.validate.gemm`: OpenXLA's measured H100 bf16 matmuls, costed by the analysis's
-  op costing;
+- :mod:`~dml2comm.validate.gemm`: OpenXLA's measured H100 bf16 matmuls, against the shared
+  analytical GEMM law fitted without them (held out);
+- :mod:`~dml2comm.validate.h100_gemm`: this project's measured H100 GEMMs under PyTorch/cuBLAS
+  (the three layouts of 140 ``nn.Linear`` shapes), costed as the analysis costs a MatMul.
 - :mod:`~dml2comm.validate.steps`: Hugging Face training steps measured on one H100 (step time
   and peak memory), analysed from the real exports of the measured models (``data/models/``).
 
