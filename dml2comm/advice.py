@@ -6,6 +6,10 @@ Two lists sit on the overview and in data.json:
   iteration by at least 1% -- more micro-batches (half the micro-batch size), interleaving (2
   chunks per GPU; Narayanan et al. 2021 Sec. 2.2.2), the tensor group inside one node (Takeaway
   #1), sequence parallelism (Korthikanti et al. 2022), ZeRO-1 (Rajbhandari et al. 2020);
+- :func:`alignment_recommendations`: a matrix product whose row length is not a multiple of 8
+  16-bit elements (GPT-2's vocabulary of 50,257) runs cuBLAS's slow fallback kernel; padding that
+  dimension to a multiple of 64, as Megatron-LM does with its vocabulary, is evaluated by the
+  GEMM model on every GEMM it touches (:func:`dml2comm.cost.gemm.padding_saving_s`);
 - :func:`memory_suggestions`: when the run does not fit, the smallest single changes that make
   it fit -- a higher ZeRO stage, selective or full recomputation, twice the tensor or pipeline
   size at half the data-parallel size.
@@ -27,7 +31,11 @@ from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, Schedule
 from dml2comm.search.fast import FastEvaluator
 
-__all__ = ["memory_suggestions", "speed_recommendations"]
+#: The multiple a dimension is padded to (:func:`dml2comm.cost.gemm.aligned_dim`: 64 16-bit
+#: elements, 128 bytes; nanoGPT pads GPT-2's vocabulary to 50,304, Megatron-LM to 128 x t).
+PAD_MULTIPLE = 64
+
+__all__ = ["alignment_recommendations", "memory_suggestions", "speed_recommendations"]
 
 #: A gain under 1% is within the model's own error (``python main.py validate``): noise, not advice.
 MIN_GAIN = 0.01
@@ -102,4 +110,58 @@ def memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster: 
         else:
             out.append({"change": change, "peak_bytes": row["peak_memory_bytes"], "fits": row["fits_in_memory"],
                         "iteration_time_s": row["iteration_time_s"]})
+    return out
+
+
+def alignment_recommendations(graph, tp, config: ParallelConfig, cluster: Cluster, stage_of_op, stage_busy_s,
+                              base_iteration_s: float, fits_in_memory: bool = True) -> list[dict[str, Any]]:
+    """Padding each unaligned GEMM dimension to a multiple of :data:`PAD_MULTIPLE`, evaluated.
+
+    For every matrix product on its tensor-parallel shard whose forward, data- or weight-gradient
+    GEMM is not aligned (:func:`dml2comm.cost.gemm.is_aligned`), the three GEMMs are timed as
+    they are and padded (:func:`dml2comm.cost.gemm.padding_saving_s`); the savings of the ops that
+    share an unaligned dimension add up per stage and micro-batch.  The iteration gains that times
+    the micro-batches on the stage that holds them when it is the busiest stage (``stage_busy_s``),
+    else only what takes it below the next busiest: a pipeline runs at its slowest stage.  Empty
+    where every GEMM is aligned or padding would not save :data:`MIN_GAIN`, and under ``--stack
+    megatron``, which pads its vocabulary itself (and is costed so).  ``stage_busy_s``: each
+    stage's compute per iteration; ``fits_in_memory``: the run's own (the padded rows add a few
+    parameters, not counted).
+    """
+    from dml2comm.cost.gemm import aligned_dim, is_aligned, padding_saving_s
+    from dml2comm.cost.ops import op_gemms
+    from dml2comm.parallel.config import Stack
+
+    if config.stack is Stack.MEGATRON:  # Megatron-LM pads its vocabulary itself (dml2comm.cost.ops.MEGATRON_PAD)
+        return []
+
+    saving: dict[int, dict[int, float]] = {}  # dimension -> stage -> seconds per micro-batch
+    for op in graph.ops:
+        shard = tp.shards[op.index]
+        gemms = op_gemms(op.op_type, shard.inputs, shard.outputs, op.attrs) if op.op_type != "Conv" else None
+        if gemms is None or all(is_aligned(config.dtype, *g) for g in gemms):
+            continue
+        fwd = gemms[0]
+        dims = sorted({d for d in (fwd.n, fwd.k, fwd.m) if d % 8})
+        if not dims:
+            continue
+        gain = sum(padding_saving_s(cluster.gpu, config.dtype, *g, multiple=PAD_MULTIPLE)[1] for g in gemms)
+        if gain > 0:
+            per_stage = saving.setdefault(dims[0], {})
+            per_stage[stage_of_op[op.index]] = per_stage.get(stage_of_op[op.index], 0.0) + gain
+    out = []
+    busy = list(stage_busy_s)
+    for dim, per_stage in sorted(saving.items()):
+        shortened = list(busy)
+        for stage, gain in per_stage.items():
+            shortened[stage] = busy[stage] - gain * config.num_micro_batches
+        gained = max(busy) - max(shortened)
+        if gained < base_iteration_s * MIN_GAIN:
+            continue
+        t = base_iteration_s - gained
+        out.append({"change": f"pad the dimension {dim:,} to {aligned_dim(dim, PAD_MULTIPLE):,} (a multiple of {PAD_MULTIPLE}: cuBLAS "
+                              f"runs a slow fallback kernel for 16-bit GEMMs whose rows are not a multiple of 8 elements; "
+                              "Megatron-LM pads its vocabulary, Hugging Face: resize_token_embeddings(pad_to_multiple_of=64))",
+                    "iteration_time_s": t, "speedup": base_iteration_s / t, "fits_in_memory": fits_in_memory,
+                    "peak_memory_bytes": None})
     return out

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from dml2comm.advice import memory_suggestions, speed_recommendations
+from dml2comm.advice import alignment_recommendations, memory_suggestions, speed_recommendations
 from dml2comm.cost.cache import (attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
@@ -466,7 +466,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     if advise and not memory["fits"]:
         memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
     recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
-                       if advise else ())
+                       if advise else [])
+    if advise:
+        busy = [config.num_micro_batches * (st.time_fwd_s + st.time_bwd_s) for st in stages]
+        recommendations = sorted(recommendations + alignment_recommendations(
+            graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"])),
+            key=lambda r: r["iteration_time_s"])
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations))
 

@@ -441,12 +441,11 @@ def test_padding_advice_helpers() -> None:
     assert 0.75 < saved / t < 0.85  # about 80% of the LM head's forward GEMM on an H100
     # M is not padded (no row length); an aligned shape saves nothing
     assert gemm.padding_saving_s(H100, "bf16", 1, 8191, 4096, 4096) == ((1, 8191, 4096, 4096), 0.0)
-    # aligned to 8 but not to 64: the tiles (multiples of 64) see no change, so nothing is saved
-    # when compute-bound, and the extra bytes cost a little when memory-bound (M = 1)
-    padded, saved = gemm.padding_saving_s(A100, "bf16", 1, 8192, 4104, 4096)
-    assert padded == (1, 8192, 4160, 4096) and saved == 0.0
-    padded, saved = gemm.padding_saving_s(A100, "bf16", 1, 1, 4104, 4096)
-    assert padded == (1, 1, 4160, 4096) and saved < 0
+    # aligned to 8 but not to 64: already aligned, so it stays (padding would only add work), and
+    # only the unaligned row length of a shape is padded (K = 64 is not raised to 128 with it)
+    assert gemm.padding_saving_s(A100, "bf16", 1, 8192, 4104, 4096) == ((1, 8192, 4104, 4096), 0.0)
+    padded, saved = gemm.padding_saving_s(H100, "bf16", 1, 768, 50257, 64, multiple=128)
+    assert padded == (1, 768, 50304, 64) and saved > 0
 
 
 # A100 and B200 times before the H100 refit and the alignment rule (computed on main @90a2b71 with

@@ -681,13 +681,18 @@ def gemm_efficiency(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k
 
 def padding_saving_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: int, *, multiple: int = 64,
                      allow_tf32: bool = False) -> tuple["GemmShape", float]:
-    """What padding a GEMM's row lengths ``N`` and ``K`` to multiples of ``multiple``
-    (:func:`aligned_dim`) would save: ``(padded shape, seconds saved)``, the saving being
+    """What padding a GEMM's unaligned row lengths ``N`` and ``K`` to multiples of ``multiple``
+    (:func:`aligned_dim`; an aligned one stays) would save: ``(padded shape, seconds saved)``, the saving being
     ``gemm_time_s(shape) - gemm_time_s(padded)`` (negative where the padded GEMM's extra work
     costs more than alignment gains; 0 for a shape already padded).  ``M`` is not a row length
     (:func:`is_aligned`) and stays.  For the advice layer: a vocabulary of 50,257 padded to
     50,304 on an H100 saves about 80% of each LM-head GEMM."""
-    padded = GemmShape(int(b), int(m), aligned_dim(n, multiple), aligned_dim(k, multiple))
+    _, in_bytes, _ = _dtype(dtype, allow_tf32)
+
+    def pad(d: int) -> int:  # an aligned row length stays (padding it would only add work)
+        return d if _row_aligned(d, d, in_bytes) else aligned_dim(d, multiple)
+
+    padded = GemmShape(int(b), int(m), pad(int(n)), pad(int(k)))
     if padded == (b, m, n, k):
         return padded, 0.0
     return padded, (gemm_time_s(gpu, dtype, b, m, n, k, allow_tf32=allow_tf32)

@@ -43,7 +43,7 @@ from dml2comm.cost.cache import (CacheKey, derived, flash_cores_of, fp32_islands
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
-from dml2comm.cost.gemm import GemmShape, TrainingGemms, gemm_time_s, training_gemms
+from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, fusible_regions
 from dml2comm.hardware.gpus import GPU
@@ -57,6 +57,11 @@ __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_point
            "GradientFork", "gradient_forks", "gradient_sum_bytes", "GradientForksKey", "OpCostsKey", "OpSignaturesKey",
            "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey", "eager_costs", "flash_core_costs", "kernel_regions"]
 
+#: Megatron-LM pads its vocabulary to a multiple of ``--make-vocab-size-divisible-by`` (default
+#: 128) times t (megatron/training/tokenizer: ``_vocab_size_with_padding``), so the embedding and
+#: LM-head GEMMs it runs are aligned: under ``--stack megatron`` an unaligned GEMM row length is
+#: timed padded to this multiple (on the tensor-parallel shard, a multiple of 128 too).
+MEGATRON_PAD = 128
 #: Ops a fused kernel absorbs: point-wise chains and the softmax they feed (Megatron-LM's
 #: fused bias-GeLU, bias-dropout-add and scale-mask-softmax kernels).
 FUSED_KINDS = POINTWISE_OPS | frozenset({"Softmax", "LogSoftmax"})
@@ -126,6 +131,9 @@ class OpCostTableKey(CacheKey):
     hbm_bytes_per_s: float
     lenient: bool
     calibration: tuple[float | None, float | None] = (None, None)
+    #: the multiple unaligned GEMM row lengths are padded to before timing (:data:`MEGATRON_PAD`
+    #: under Megatron-LM), None: timed as exported
+    pad: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +237,10 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # (the cost rules read no names): repeated blocks, and the same op under another sharding
     # that leaves its operands alike, are costed once per graph
     signature = derived(graph, OpSignaturesKey(), lambda: _op_signatures(graph))
+    pad = MEGATRON_PAD if stack == Stack.MEGATRON else None
     is_gemm: list[bool] = []
     known: dict[tuple, tuple[OpCost, tuple[float, float], bool]] = derived(
-        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency)), dict)
+        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency), pad), dict)
     # a calibrated GPU's own memory-bound efficiency (``calibrate``), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     for op, shard in zip(graph.ops, tp.shards):
@@ -241,7 +250,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         hit = known.get(key)
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
-            gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak)
+            gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, hbm_eff),
                                 gemm is not None)
         c, t, g = hit
@@ -541,7 +550,7 @@ def op_gemms(op_type: str, ins: Sequence[Tensor | None], outs: Sequence[Tensor |
 
 
 def gemm_op_times_s(op: Op, cost: OpCost, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None], train: DType,
-                    gpu: GPU, peak: float) -> tuple[float, float] | None:
+                    gpu: GPU, peak: float, pad: int | None = None) -> tuple[float, float] | None:
     """(forward, backward) seconds of a matrix product by the GEMM model, or None where
     :func:`op_gemms` has none (the caller uses the roofline).
 
@@ -549,10 +558,17 @@ def gemm_op_times_s(op: Op, cost: OpCost, ins: Sequence[Tensor | None], outs: Se
     gemm_time_s(weight_grad)`` (both gradients, as the 2x-forward FLOP rule counts; Narayanan et
     al. 2021, eq. (3)); each includes the GEMM model's fixed kernel latency.  FLOPs of the op's
     rule (``cost``) beyond the GEMMs (a Gemm's bias, ``alpha``, ``beta``; a Conv's bias) are added
-    at ``peak x FLOP_EFFICIENCY``.  Times ``op.repeat`` (Loop/Scan bodies run once per iteration)."""
+    at ``peak x FLOP_EFFICIENCY``.  Times ``op.repeat`` (Loop/Scan bodies run once per iteration).
+    ``pad``: a GEMM that is not aligned (:func:`dml2comm.cost.gemm.is_aligned`) is timed with its
+    row lengths padded to that multiple (Megatron-LM's padded vocabulary, :data:`MEGATRON_PAD`)."""
     gemms = op_gemms(op.op_type, ins, outs, op.attrs)
     if gemms is None:
         return None
+    if pad and op.op_type != "Conv" and not all(is_aligned(train.label, *g) for g in gemms):
+        def padded(d: int) -> int:  # only the unaligned row lengths (a multiple of 8 elements is aligned)
+            return aligned_dim(d, pad) if d % 8 else d
+
+        gemms = TrainingGemms(*(GemmShape(g.b, g.m, padded(g.n), padded(g.k)) for g in gemms))
     label, n = train.label, op.repeat
     # a Conv's implicit-GEMM K (C R S) is no row length of a stored tensor, so the GEMM model's row
     # alignment rule does not apply; cuDNN's own channel rules are not modelled: costed as aligned
