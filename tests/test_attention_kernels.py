@@ -171,7 +171,10 @@ def test_flash_saves_no_s2_activations(stack):
     kept = dict(acts.saved_by_op[core.context_op])
     assert kept.pop(f"lse:{core.context_op}") == 2 * 8 * 128 * 4
     assert kept.pop(core.out) == 2 * 8 * 128 * 32 * 2
-    assert all(acts.size[name] == 3 * 2 * 128 * 256 * 2 for name in kept)  # the fused QKV output, [b, s, 3h]
+    if stack == "pytorch":  # a causal core's K and V: the KV cache's copies, [b, heads, s, d] each (ActivationModel)
+        assert core.causal
+        assert kept.pop(f"kv:{core.context_op}:k") == kept.pop(f"kv:{core.context_op}:v") == 2 * 8 * 128 * 32 * 2
+    assert kept and all(acts.size[name] == 3 * 2 * 128 * 256 * 2 for name in kept)  # the fused QKV output, [b, s, 3h]
     assert all(acts.saved_by_op[i] == () for i in core.ops - {core.context_op})
 
 
@@ -192,7 +195,8 @@ def test_eager_keeps_what_each_unfused_op_saves():
     graph = _gpt()
     gelu = 2 * 128 * 1024 * 2  # b s 4h bf16
     fused, eager = _saved_per_layer(graph, "megatron", "flash")[0], _saved_per_layer(graph, "pytorch", "flash")[0]
-    assert eager - fused == 3 * gelu
+    kv = 2 * 128 * 256 * 2  # eager's causal core keeps K and V as cache copies, [b, s, h] each, beside the QKV output
+    assert eager - fused == 3 * gelu + 2 * kv
 
 
 # ---- eager kernels

@@ -229,3 +229,29 @@ def test_model_states_and_loss_against_the_fake_tensor_steps():
 def test_hbm_efficiency_default_used_by_the_loss_check():
     """The loss time check above assumes the H100 preset runs memory-bound kernels at 0.85."""
     assert hbm_efficiency_of(make_cluster("h100", 1).gpu) == 0.85
+
+
+def test_eager_llama_block_keeps_what_autograd_saves():
+    """A Llama block of the real dynamo export (tests/fixtures/step_llama_0_3b_dynamo.onnx: h 1024,
+    16 query / 4 KV heads of 64, FFN 2816) at b = 1, s = 128 in bf16 under the pytorch stack, by
+    hand as benchmarks/fake_saved.py lists autograd's saved tensors: each RMSNorm keeps the fp32
+    copy of its input (Pow, Mul), sqrt and rsqrt ([b, s, 1], bf16 here: no cast in the export)
+    and x * rsqrt and its output (bf16); RoPE's Muls keep cos and sin ([1, s, 64]); the flash
+    kernel keeps Q, K and V unrepeated (4 KV heads) as the KV cache's copies, O and the fp32 LSE;
+    SiLU keeps its input only, so the MLP keeps gate, silu(gate), up and their product."""
+    from dml2comm.cost.cache import activation_model_of, layers_of
+    from dml2comm.ir.onnx_import import ImportOptions, load_model
+
+    graph = load_model(Path(__file__).parent / "fixtures" / "step_llama_0_3b_dynamo.onnx", ImportOptions(batch_size=1, seq_len=128)).graph
+    b, s, h, d, heads, kv, f = 1, 128, 1024, 64, 16, 4, 2816
+    norm = b * s * h * 4 + 2 * b * s * 2 + 2 * b * s * h * 2
+    rope = 2 * s * d * 2
+    attention = b * heads * s * d * 2 * 2 + 2 * b * kv * s * d * 2 + b * heads * s * 4
+    mlp = 4 * b * s * f * 2
+    expected = 2 * norm + rope + attention + mlp  # 4,534,272 bytes
+    act = activation_model_of(graph, 1, False, "bf16", False, "pytorch", "flash")
+    block = [layer for layer in layers_of(graph).layers if layer.kind == "block"][1]
+    assert act.saved_bytes(block.op_indices) == expected
+    # Megatron's fused kernels keep SiLU's and the norm's inputs in the training dtype instead
+    fused = activation_model_of(graph, 1, False, "bf16", False, "megatron", "flash")
+    assert fused.saved_bytes(block.op_indices) != expected

@@ -56,6 +56,10 @@ needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shar
   backward needs (the eight-op GeLU keeps its input, ``x^3``'s input, the tanh output and the
   products its multiplies read), and a tensor eager code holds in fp32 (:func:`fp32_islands`:
   Hugging Face's ``LlamaRMSNorm`` between its two casts) is sized at 4 bytes per element.
+  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only; a cast-free RMSNorm keeps the fp32
+  copy of its input; a flash core keeps Q, K, V as SDPA received them (no scale Mul, no
+  ``repeat_kv``), a causal core's K and V as the KV cache's copies (:meth:`ActivationModel.
+  kernel_input`; ``benchmarks/fake_saved.py`` lists what autograd saves).
 - A flash attention core (``--attention flash``, :mod:`dml2comm.cost.attention`) keeps Q, K, V,
   its output and the log-sum-exp (``b h s_q`` fp32), nothing of size s^2 and no dropout mask
   (Dao 2023, Sec. 3.1.2); selective recomputation then has nothing left to drop in it.
@@ -154,6 +158,9 @@ _KEEP_OUTPUT = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
 #: Recurrent layers: keep X, Y and the reserve space of gate activations (ActivationModel).
 _RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+#: Views an exported attention core puts between eager SDPA's operands and its MatMuls
+#: (ActivationModel.kernel_input).
+_HEAD_VIEWS = frozenset({"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Identity", "Flatten"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,6 +437,7 @@ class ActivationModel:
         self.graph = graph
         self.needs_grad = needs_grad
         self.train_dtype = train_dtype
+        self.eager = eager
         # local (sharded) size of every tensor, in the training dtype for floats (fp32 for ``fp32``)
         size: dict[str, float] = {}
         for op, ins, outs in zip(graph.ops, local_inputs, local_outputs):
@@ -437,6 +445,7 @@ class ActivationModel:
                 if name and t is not None and name not in size:
                     size[name] = float(t.nbytes_in(DType.FLOAT if name in fp32 and t.dtype.is_float else train_dtype))
         self.size = size
+        self.fp32 = fp32
         self.base = self._view_bases()
         self.flash_ops = frozenset(i for core in flash for i in core.ops)
         self.flash_carriers = frozenset(core.context_op for core in flash)  # the op holding each kernel
@@ -470,14 +479,67 @@ class ActivationModel:
         its base), the output and the log-sum-exp, ``b h s_q`` fp32 on this rank."""
         from dml2comm.cost.attention import flash_saved_lse_bytes, flash_shape
 
-        kept = {self.base.get(n, n) for n in (core.q, core.k, core.v) if self._is_activation(n)} | {core.out}
-        saved = tuple((b, self.size.get(b, 0.0)) for b in sorted(kept))
+        if self.eager:
+            saved = self._eager_flash_inputs(core)
+        else:
+            kept = {self.base.get(n, n) for n in (core.q, core.k, core.v) if self._is_activation(n)} | {core.out}
+            saved = tuple((b, self.size.get(b, 0.0)) for b in sorted(kept))
         q = local_inputs[core.scores_op][0]
         v = local_inputs[core.context_op][1]
         out = local_outputs[core.context_op][0]
         if q is None or v is None or out is None:
             return saved
         return saved + ((f"lse:{core.context_op}", flash_saved_lse_bytes(flash_shape(q, v, out))),)
+
+    def _eager_flash_inputs(self, core: FlashCore) -> tuple[tuple[str, float], ...]:
+        """What eager SDPA's flash / cuDNN kernel keeps of its operands: Q, K and V as the kernel
+        received them, not as the export's decomposition of SDPA shows them.  derivatives.yaml
+        (``_scaled_dot_product_flash_attention`` / ``_cudnn_attention``) saves ``query, key,
+        value, output, logsumexp``: the arguments of the aten op.  The export writes the kernel
+        as ``Mul(Q, sqrt(scale))``, ``Mul(K^T, sqrt(scale))`` and two MatMuls (torch.onnx's
+        ``aten_scaled_dot_product_attention``), and a grouped-query model's K and V as
+        ``repeat_kv`` (Unsqueeze, Expand, Reshape), whereas eager SDPA scales inside the kernel
+        and, given ``enable_gqa`` (transformers' ``use_gqa_in_sdpa``: no mask), reads the
+        KV heads unrepeated (the H100 Llama trace's cuDNN backward reads K, V of [4, 8, 2048,
+        64]).  So each operand is traced back through a scale Mul and views
+        (:meth:`kernel_input`) and kept as that tensor's storage.
+
+        A causal core's K and V are kept as tensors of their own: a Hugging Face causal LM
+        called in training with its config's ``use_cache=True`` builds a ``DynamicCache`` whose
+        ``update`` stores ``torch.cat([empty, key_states])`` (transformers ``cache_utils.py``,
+        ``DynamicLayer.update``) and attends with those copies, so a fused QKV projection
+        (GPT-2's ``c_attn``) keeps its output for Q and two [b, h_kv, s, d] copies for K and V
+        (``benchmarks/fake_saved.py``)."""
+        q, k, v = (self.kernel_input(n) for n in (core.q, core.k, core.v))
+        kept: dict[str, float] = {self.base.get(core.out, core.out): self.size.get(core.out, 0.0)}
+        if self._is_activation(q):
+            kept[self.base.get(q, q)] = self.size.get(self.base.get(q, q), 0.0)
+        for role, n in (("k", k), ("v", v)):
+            if not self._is_activation(n):
+                continue
+            if core.causal:
+                kept[f"kv:{core.context_op}:{role}"] = self.size.get(n, 0.0)
+            else:
+                kept[self.base.get(n, n)] = self.size.get(self.base.get(n, n), 0.0)
+        return tuple(sorted(kept.items()))
+
+    def kernel_input(self, name: str) -> str:
+        """The tensor an attention operand of the export was made from as eager SDPA receives
+        it: back through one ``Mul`` by a constant scalar (the decomposition's ``sqrt(scale)``)
+        and through Reshape / Transpose / Unsqueeze / Squeeze / Expand / Identity (the
+        decomposition's head folding and ``repeat_kv``), stopping at any other producer (a
+        Split or Slice picks a part of a fused projection: its own size is the operand's)."""
+        g = self.graph
+        prod = g.producer(name)
+        if prod is not None and g.ops[prod].op_type == "Mul":
+            ins = [n for n in g.ops[prod].inputs if n]
+            acts = [n for n in ins if self._is_activation(n)]
+            scalars = [n for n in ins if n not in acts and (t := g.tensor(n)) is not None and t.numel <= 1]
+            if len(acts) == 1 and len(scalars) == len(ins) - 1:
+                name = acts[0]
+        while (prod := g.producer(name)) is not None and g.ops[prod].op_type in _HEAD_VIEWS and g.ops[prod].inputs[0]:
+            name = g.ops[prod].inputs[0]
+        return name
 
     def _is_activation(self, name: str) -> bool:
         """Produced by an op or fed as a graph input (not a weight, not a constant)."""
@@ -525,15 +587,83 @@ class ActivationModel:
             keep.extend(n for n in ins[:1] if self._is_activation(n))  # X, for dW
             keep.extend(o for o in op.outputs[:1] if o)  # Y, the hidden states, for dR
             extra.append((f"reserve:{op.index}", self._recurrent_reserve(op)))
+        elif self.eager and (x := self._silu_input(op)) is not None:
+            keep.extend([x] if kind == "Mul" and self._is_activation(x) else [])
         elif kind in _POINTWISE_NEEDS:
             keep.extend(self._pointwise_needs(op))
         # a kept view retains its base's whole storage (a view of Q keeps the fused QKV alive);
         # an op of an inlined Loop/Scan body (Op.repeat) keeps its tensors once per iteration:
         # those made in the body, and the loop-carried ones (bound to their initial value at
         # import, a new value each iteration)
+        if self.eager and kind in ("Pow", "Mul") and (x := self._rms_input(op)) in keep:
+            keep.remove(x)  # the fp32 copy Hugging Face's RMSNorm makes of its input (_rms_input)
+            extra.append((f"fp32:{x}", self._local_numel(x) * DType.FLOAT.itemsize))
         kept = (self.base.get(n, n) for n in keep if n in self.size)
         return (tuple((b, self.size.get(b, 0.0) * self._copies(b, op.repeat)) for b in kept)
                 + tuple((k, v * op.repeat) for k, v in extra))
+
+    def _rms_input(self, op: Op) -> str | None:
+        """x when ``op`` is the ``Pow(x, 2)`` or the ``Mul(x, rsqrt(...))`` of an RMSNorm written
+        as primitives whose input shows no fp32 cast (:func:`fp32_islands` found none: an export
+        made in fp32 drops ``.to(torch.float32)`` as a no-op) while training is 16-bit.  Hugging
+        Face's RMSNorms (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...; transformers
+        ``modeling_llama.py``) compute ``hidden_states.to(torch.float32)`` first, so eager
+        autograd keeps that fp32 copy for both ops (derivatives.yaml, ``pow.Tensor_Scalar``:
+        ``pow_backward(grad, self, exponent)``; ``mul.Tensor``: ``grad * other``), 4 bytes per
+        element (``benchmarks/fake_saved.py``: Llama-1B's norms keep [4, 2048, 2048] fp32)."""
+        g = self.graph
+        if self.train_dtype.itemsize >= DType.FLOAT.itemsize:
+            return None
+        ins = [n for n in op.inputs if n]
+        for x in ins:
+            if x in self.fp32 or not self._is_activation(x):
+                continue
+            for c in g.consumers(x):
+                pw = g.ops[c]
+                if pw.op_type != "Pow" or len(pw.inputs) < 2 or pw.inputs[0] != x:
+                    continue
+                e = g.tensor(pw.inputs[1])
+                if e is None or e.numel > 1 or self._is_activation(pw.inputs[1]):
+                    continue
+                if not any(g.ops[r].op_type == "ReduceMean" for r in g.consumers(pw.outputs[0])):
+                    continue
+                if op.index == pw.index:
+                    return x
+                if op.op_type == "Mul" and len(ins) == 2:
+                    other = g.tensor(ins[1] if ins[0] == x else ins[0])
+                    tx = g.tensor(x)
+                    if other is not None and tx is not None and other.rank == tx.rank and other.shape[-1] == 1:
+                        return x
+        return None
+
+    def _silu_input(self, op: Op) -> str | None:
+        """x when ``op`` is the Sigmoid or the Mul of ``x * Sigmoid(x)``, the sigmoid read by that
+        Mul alone: how both torch.onnx exporters write ``F.silu`` (torchlib ``aten_silu``,
+        symbolic_opset9 ``silu``: ``Mul(x, Sigmoid(x))``).  Eager PyTorch runs it as one op whose
+        backward reads only its input (derivatives.yaml, ``silu``: ``silu_backward(grad, self)``),
+        where the two ops would keep the sigmoid's output and both factors; a model that writes
+        ``x * torch.sigmoid(x)`` itself is taken as ``F.silu`` too."""
+        g = self.graph
+        if op.op_type == "Sigmoid":
+            sig = op
+        elif op.op_type == "Mul" and len(op.inputs) == 2:
+            prods = [g.producer(n) for n in op.inputs]
+            sigs = [g.ops[p] for p in prods if p is not None and g.ops[p].op_type == "Sigmoid"]
+            if not sigs:
+                return None
+            sig = next((sg for sg in sigs if sg.inputs[0] in op.inputs and sg.outputs[0] in op.inputs), None)
+            if sig is None:
+                return None
+        else:
+            return None
+        x, y = sig.inputs[0], sig.outputs[0]
+        readers = g.consumers(y)
+        if not x or len(readers) != 1:
+            return None
+        mul = g.ops[readers[0]]
+        if mul.op_type != "Mul" or sorted(n for n in mul.inputs if n) != sorted((x, y)) or x == y:
+            return None
+        return x if op.index in (sig.index, mul.index) else None
 
     def _copies(self, name: str, repeat: int) -> int:
         """Copies of ``name`` kept by an op that runs ``repeat`` times per forward pass: one per

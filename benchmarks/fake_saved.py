@@ -1,0 +1,108 @@
+"""Every tensor autograd saves for backward in one Hugging Face training step, by the module and
+the backward node that saved it: the reference for ``dml2comm.cost.memory.ActivationModel``
+under ``--stack pytorch`` (``benchmarks/saved_by_op.py`` prints the tool's side).  A dev script
+that needs torch and transformers (run it as ``benchmarks/fake_memory.py``, whose step, configs
+and cuDNN attention routing it reuses):
+
+    /work/fake-venv/bin/python benchmarks/fake_saved.py gpt2-small   # or llama-1b, any RUNS name
+    /work/fake-venv/bin/python benchmarks/fake_saved.py llama-1b 1   # the layer to list (default 1)
+
+One forward of ``model(input_ids, labels=input_ids)`` under ``FakeTensorMode`` inside
+``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor an autograd node
+saves (``ctx.save_for_backward`` of a custom Function included) and records the module running
+at that moment; then the autograd graph is walked from the loss and each node's ``_saved_*``
+tensors (``saved_tensors`` for a custom Function) are attributed to the node's name.  A storage
+counts once, however many views or nodes keep it; parameters are not activations.  Printed: the
+storages of one block with their bytes (rounded up to 512 as the caching allocator does),
+dtype, shape and keepers, and per module the total.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import fake_memory as fm  # noqa: E402  the step's configs and its SDPA routing
+
+
+def saved_step(name: str, layer: int) -> None:
+    import transformers as tf
+    run = next(r for r in fm.RUNS if r[0] == name and r[5] == "bf16")
+    _, kind, dims, b, s, mode = run
+    cfg = fm.hf_config(kind, **dims)
+    cls = tf.AutoModelForMaskedLM if kind == "bert" else tf.AutoModelForCausalLM
+    sdpa = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = fm._cudnn_sdpa
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = cls.from_config(cfg, attn_implementation="sdpa", dtype=fm.BF)
+            model.train()
+            params = {id(p.untyped_storage()) for p in model.parameters()}
+            stack: list[str] = ["-"]
+            for mname, mod in model.named_modules():
+                mod.register_forward_pre_hook(lambda _m, _a, n=mname: (stack.append(n), None)[1])
+                mod.register_forward_hook(lambda _m, _a, _o: (stack.pop(), None)[1])  # a hook's value would replace the output
+            info: dict[int, dict] = {}
+
+            def pack(t: torch.Tensor):
+                key = id(t.untyped_storage())
+                if key not in params and key not in info:
+                    n = t.untyped_storage().nbytes()
+                    info[key] = dict(module=stack[-1], bytes=fm.BLOCK * math.ceil(n / fm.BLOCK), dtype=str(t.dtype).split(".")[-1],
+                                     shape=list(t.shape), keepers=[], storage=t.untyped_storage())
+                return t
+
+            ids = torch.zeros((b, s), dtype=torch.int64, device=fm.DEVICE)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = model(input_ids=ids, labels=ids)
+            seen, todo = set(), [out.loss.grad_fn]
+            while todo:
+                node = todo.pop()
+                if node is None or node in seen:
+                    continue
+                seen.add(node)
+                todo.extend(f for f, _ in node.next_functions)
+                tensors = []
+                for attr in dir(node):
+                    if attr.startswith("_saved_"):
+                        v = getattr(node, attr)
+                        tensors.extend(v if isinstance(v, (tuple, list)) else [v])
+                if hasattr(node, "saved_tensors"):
+                    tensors.extend(node.saved_tensors)
+                for t in tensors:
+                    if isinstance(t, torch.Tensor):
+                        rec = info.get(id(t.untyped_storage()))
+                        if rec is not None and node.name() not in rec["keepers"]:
+                            rec["keepers"].append(node.name())
+    finally:
+        F.scaled_dot_product_attention = sdpa
+    per_module: dict[str, int] = defaultdict(int)
+    for rec in info.values():
+        per_module[rec["module"]] += rec["bytes"]
+    prefix = {"gpt2": "transformer.h.", "bert": "bert.encoder.layer."}.get(kind, "model.layers.") + f"{layer}"
+    print(f"{name} b={b} s={s} bf16: block {prefix}")
+    block = 0
+    for rec in info.values():
+        if rec["module"] == prefix or rec["module"].startswith(prefix + "."):
+            block += rec["bytes"]
+            print(f"  {rec['bytes'] / 1e6:9.2f} MB {rec['dtype']:9s} {str(rec['shape']):22s} {rec['module'][len(prefix):] or '.':28s} "
+                  f"kept by {', '.join(rec['keepers'])}")
+    print(f"  block total {block / 1e6:.2f} MB")
+    print("per module (not in a block):")
+    blocks = 0
+    for m, n in per_module.items():
+        if m.startswith(prefix.rsplit(".", 1)[0] + "."):
+            blocks += n
+        else:
+            print(f"  {n / 1e6:9.2f} MB {m}")
+    print(f"  all blocks {blocks / 1e9:.3f} GB; everything saved {sum(per_module.values()) / 1e9:.3f} GB")
+
+
+if __name__ == "__main__":
+    saved_step(sys.argv[1] if len(sys.argv) > 1 else "gpt2-small", int(sys.argv[2]) if len(sys.argv) > 2 else 1)
