@@ -31,7 +31,7 @@ from dml2comm.render.fmt import fmt_s
 from dml2comm.cost.gemm import sustained_factor
 from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import per_gpu_op_times
-from dml2comm.cost.memory import ModelStates, stage_memory_dict
+from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, allocator_capacity_bytes, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import Summary, breakdown, summary_of
 from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather, stage_dp_collectives
@@ -476,17 +476,19 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations))
 
 
-_MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes", "framework_bytes")
+_MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")
 
 
 def _memory_report(stages: list[StageInfo], cluster: Cluster, config: ParallelConfig) -> dict[str, Any]:
     """Peak per GPU against the GPU's capacity, and what dominates it."""
     worst = max(stages, key=lambda st: st.memory["total_bytes"])
-    capacity = float(cluster.gpu.hbm_bytes)
+    capacity = allocator_capacity_bytes(cluster.gpu.hbm_bytes)  # the GPU less the CUDA context (cost.memory)
     peak = worst.memory["total_bytes"]
     part = max(_MEMORY_PARTS, key=lambda k: worst.memory[k])
     return {
         "capacity_bytes": capacity,
+        "gpu_memory_bytes": float(cluster.gpu.hbm_bytes),
+        "framework_bytes": FRAMEWORK_OVERHEAD_BYTES,
         "peak_bytes": peak,
         "peak_stage": worst.index,
         "headroom_bytes": capacity - peak,

@@ -103,6 +103,7 @@ __all__ = [
     "fp32_islands",
     "REDUCTION_OPS",
     "FRAMEWORK_OVERHEAD_BYTES",
+    "allocator_capacity_bytes",
     "AMP_COPY_BYTES",
     "ModelStates",
     "StateBytes",
@@ -862,13 +863,15 @@ class ActivationModel:
 
 def stage_memory_dict(states: ModelStates, activations: float, buffers: float, transient: float,
                       grads_in_backward: bool = True) -> Mapping[str, float]:
-    """One stage's memory per GPU at its step's peak (:func:`step_peak_bytes`) plus the framework
-    constant: the parts held at that peak (they sum to ``total_bytes``; gradients not yet
-    allocated, or activations already freed at the optimizer step, count 0), and both candidate
-    peaks (``step_forward_backward_bytes``, ``step_optimizer_bytes``; framework included)."""
+    """One stage's memory per GPU at its step's peak (:func:`step_peak_bytes`), as the caching
+    allocator holds it (``torch.cuda.max_memory_allocated()``): the parts held at that peak (they
+    sum to ``total_bytes``; gradients not yet allocated, or activations already freed at the
+    optimizer step, count 0), and both candidate peaks (``step_forward_backward_bytes``,
+    ``step_optimizer_bytes``).  ``framework_bytes``, the CUDA context and workspaces outside the
+    allocator, is reported beside them and not in the total: it is taken off the GPU's capacity
+    (:func:`allocator_capacity_bytes`)."""
     step = step_peak_bytes(states, activations, buffers, transient, grads_in_backward)
     at_optimizer = step.optimizer_step > step.forward_backward
-    total = float(step.peak) + FRAMEWORK_OVERHEAD_BYTES
     return {
         "weights_bytes": states.weights_bytes,
         "grads_bytes": states.grads_bytes if at_optimizer else float(step.grads_held),
@@ -877,7 +880,15 @@ def stage_memory_dict(states: ModelStates, activations: float, buffers: float, t
         "buffers_bytes": buffers,
         "transient_bytes": 0.0 if at_optimizer else transient,
         "framework_bytes": FRAMEWORK_OVERHEAD_BYTES,
-        "total_bytes": total,
-        "step_forward_backward_bytes": float(step.forward_backward) + FRAMEWORK_OVERHEAD_BYTES,
-        "step_optimizer_bytes": float(step.optimizer_step) + FRAMEWORK_OVERHEAD_BYTES,
+        "total_bytes": float(step.peak),
+        "step_forward_backward_bytes": float(step.forward_backward),
+        "step_optimizer_bytes": float(step.optimizer_step),
     }
+
+
+def allocator_capacity_bytes(hbm_bytes: float) -> float:
+    """What the caching allocator can hand out on a GPU of ``hbm_bytes``: its memory less the
+    framework constant (:data:`FRAMEWORK_OVERHEAD_BYTES`: the CUDA context, cuBLAS/cuDNN
+    workspaces and launch buffers, which ``torch.cuda.max_memory_allocated()`` does not count).
+    A plan fits when its peak (allocated) is at most this."""
+    return float(hbm_bytes) - FRAMEWORK_OVERHEAD_BYTES

@@ -45,7 +45,7 @@ from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
-from dml2comm.cost.memory import (FRAMEWORK_OVERHEAD_BYTES, ModelStates, amp_weight_copy_bytes, gradients_live_in_backward,
+from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, gradients_live_in_backward,
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
@@ -729,7 +729,7 @@ class StageCoster(LayerCoster):
         grads_held = gradients_live_in_backward(config.stack, m)
         step = step_peak_bytes(ModelStates(states[:, 0], states[:, 1], states[:, 2]), per_mb * in_flight, table.buffers, extra,
                                grads_held)
-        total = step.peak + FRAMEWORK_OVERHEAD_BYTES
+        total = step.peak  # the allocator's peak (cost.memory.stage_memory_dict); the context is off the capacity
         return StagePlan(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
                          runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size,
                          zero_mb if config.zero_stage >= 2 else None, states, per_mb, in_flight, table.buffers, extra, total,

@@ -87,7 +87,7 @@ def trace_dict(analysis: Analysis, sim: SimResult) -> dict[str, Any]:
     # memory: model states + activations of the micro-batches in flight
     for stage in analysis.stages:
         mem = stage.memory
-        base = mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"] + mem["framework_bytes"]
+        base = mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]  # allocated (the context is not)
         per = mem["activations_per_micro_batch_bytes"] / v
         level = 0.0
         samples: list[tuple[int, float]] = [(0, base)]

@@ -146,7 +146,6 @@ MEMORY_PARTS: tuple[tuple[str, str, str], ...] = (
     ("activations_bytes", "activations × micro-batches in flight", "#f28e2b"),
     ("buffers_bytes", "communication buffers", "#b07aa1"),
     ("transient_bytes", "transient (largest op's workspace)", "#edc948"),
-    ("framework_bytes", "framework (CUDA context, workspaces)", "#bab0ac"),
 )
 
 

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dml2comm.cost.layers import NotRepeating
+from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.cost.stages import StageCoster, StagePlan
 from dml2comm.cost.ops import infer_seq_len
 from dml2comm.cost.summary import Summary, breakdown, summary_of
@@ -163,7 +164,7 @@ def _finish(sims: list[tuple[_GroupSim, np.ndarray]], cluster: Cluster, seq_len:
     iterations = (reduced + opt + after).max(axis=1)
     free_iterations = (ce_free + opt).max(axis=1)
     parts = breakdown(iterations, free_iterations, ce_free, mv[:, None] * free)
-    hbm = float(cluster.gpu.hbm_bytes)
+    hbm = allocator_capacity_bytes(cluster.gpu.hbm_bytes)  # the GPU less the CUDA context, as the analysis
     peaks: dict[str, float] = {}
     out = []
     for k, (pr, iteration) in enumerate(zip(preps, iterations.tolist())):

@@ -537,7 +537,8 @@ def _memory_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
     fits = not over
     largest = report.get("largest_contributor")
     summary = [
-        ("capacity of one GPU", f"{fmt_bytes(cap)} ({gpu.name}, {gpu.hbm_bytes / 1e9:g} GB)"),
+        ("capacity of one GPU", f"{fmt_bytes(cap)} for the allocator ({gpu.name}, {gpu.hbm_bytes / 1e9:g} GB, less "
+                                f"{fmt_bytes(gpu.hbm_bytes - cap)} for the CUDA context and workspaces)"),
         ("peak", f"{fmt_bytes(peak)} on stage {peak_stage} ({fmt_share(peak / cap) if cap else 'n/a'} of the GPU)"),
         ("headroom" if fits else "over by", fmt_bytes(abs(cap - peak))),
         ("fits", "yes, on every stage" if fits else

@@ -27,10 +27,8 @@ symbolic batch and sequence; made by ``tests/fixtures/export_models.py``, whose 
 global batch = micro-batch, the pytorch stack's defaults otherwise (flash attention, its host
 model), collectives at kernel time (none on one GPU).  The measured peak is the allocator's
 (PyTorch docs, ``torch.cuda.max_memory_allocated``: "the maximum GPU memory occupied by
-tensors"), which holds no CUDA context, so the case compares it with the tool's peak less its
-framework constant (``dml2comm.cost.memory.FRAMEWORK_OVERHEAD_BYTES``, 1 GB for the context
-and workspaces), as ``benchmarks/bench_step_memory.py`` does: the tool's ``total_bytes`` is what
-``nvidia-smi`` would show, not what the allocator counts.
+tensors"), which holds no CUDA context: so is the tool's ``peak_memory_bytes``, whose framework
+constant (``dml2comm.cost.memory.FRAMEWORK_OVERHEAD_BYTES``) is taken off the capacity instead.
 
 Nothing is fitted on these steps (``fit=False``), and no fitted constant moves them: the H100's
 GEMMs come from its measured table, which the A100 refit does not scale (``compute=False``;
@@ -113,11 +111,7 @@ def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
     out = []
     for i in sample_indices(len(table), sample):
         run = table[i]
-        analysis = predict(run)
-        summary = analysis.summary
-        # torch.cuda.max_memory_allocated() counts the caching allocator's blocks, not the CUDA
-        # context: compared with the peak less the tool's framework constant (module docstring)
-        peak = analysis.stages[analysis.memory["peak_stage"]].memory
+        summary = predict(run).summary
         cfg = config(run)
         setup = (f"{CLUSTER} d=t=p=1 b={run['micro_batch']} s={run['seq']} {cfg.stack_text()}, {cfg.optimizer}"
                  + (f"; mean of {run['repeats']} measurements" if run["repeats"] > 1 else ""))
@@ -126,5 +120,5 @@ def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
         out.append(Case("h100-steps", f"{run['name']}/time", "iteration_time_s", run["time_s"], float(summary["iteration_time_s"]), setup,
                         where))
         out.append(Case("h100-steps", f"{run['name']}/memory", "peak_memory_bytes", run["peak_bytes"],
-                        float(peak["total_bytes"] - peak["framework_bytes"]), setup))
+                        float(summary["peak_memory_bytes"]), setup))
     return out
