@@ -256,3 +256,16 @@ def test_eager_llama_block_keeps_what_autograd_saves():
     # Megatron's fused kernels keep SiLU's and the norm's inputs in the training dtype instead
     fused = activation_model_of(graph, 1, False, "bf16", False, "megatron", "flash")
     assert fused.saved_bytes(block.op_indices) != expected
+
+
+def test_hugging_face_loss_upcasts_for_causal_lms_only():
+    """ForCausalLMLoss upcasts the logits to fp32; BertForMaskedLM's CrossEntropyLoss runs on them
+    as they are; autocast runs log_softmax in fp32 whatever the head."""
+    from dml2comm.cost.loss import hf_loss_upcasts, loss_memory_bytes
+
+    assert hf_loss_upcasts(12, 12, "bf16", 2) and not hf_loss_upcasts(0, 12, "bf16", 2)
+    assert not hf_loss_upcasts(2, 6, "bf16", 2)  # an encoder-decoder: CrossEntropyLoss on 16-bit logits
+    assert hf_loss_upcasts(0, 12, "amp", 2) and hf_loss_upcasts(0, 12, "bf16", 4)
+    assert loss_memory_bytes(100.0, "pytorch", True) == (400.0, 800.0)
+    assert loss_memory_bytes(100.0, "pytorch", False, 2) == (200.0, 400.0)
+    assert loss_memory_bytes(100.0, "megatron", False, 2) == (0.0, 0.0)

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, layers_of, moe_of,
+from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, flash_cores_of, layers_of, moe_of,
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of, weight_derived_of)
 from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
-from dml2comm.cost.loss import cross_entropy_s, logits_outputs, loss_memory_bytes
+from dml2comm.cost.loss import cross_entropy_s, hf_loss_upcasts, logits_outputs, loss_memory_bytes
 from dml2comm.cost.memory import ActivationModel
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.hardware.gpus import GPU
@@ -149,6 +149,7 @@ class _LayersKey(CacheKey):
     host: HostModel
     stack: Stack
     attention: str = "unfused"  # the attention kernel (ParallelConfig.attention): flash cores, selective recompute
+    precision: str = "mixed"  # the precision mode (Hugging Face's loss runs in fp32 under amp: cost.loss.hf_loss_upcasts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +337,7 @@ class LayerCoster:
         cp, cf = self._scale(config)
         gpu = self.gpu
         return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient,
-                          self.host, config.stack, config.attention)
+                          self.host, config.stack, config.attention, str(config.precision))
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
@@ -421,11 +422,17 @@ class LayerCoster:
         loss_f, loss_b = np.zeros(n), np.zeros(n)
         loss_saved, loss_transient = np.zeros(n), np.zeros(n)
         achieved_hbm = hbm * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
-        for name, producer in logits_outputs(graph):
+        logits = logits_outputs(graph)
+        if logits and config.stack is Stack.PYTORCH:  # which Hugging Face loss (cost.loss.hf_loss_upcasts)
+            cores = flash_cores_of(graph)
+            upcast = hf_loss_upcasts(sum(c.causal for c in cores), len(cores), config.precision, config.train_dtype.itemsize)
+        else:
+            upcast = True
+        for name, producer in logits:
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
             # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
-            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host.kernel_s, config.stack)
-            saved, transient = loss_memory_bytes(local.numel, config.stack)
+            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host.kernel_s, config.stack, upcast)
+            saved, transient = loss_memory_bytes(local.numel, config.stack, upcast, config.train_dtype.itemsize)
             li = layered.layer_of_op[producer]
             loss_f[li] += f / cp
             loss_b[li] += b / cp

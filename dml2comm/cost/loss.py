@@ -88,7 +88,7 @@ from dml2comm.parallel.tensor import vocab_table
 
 __all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "HF_BWD_BYTES", "HF_BWD_KERNELS",
            "HF_FWD_BYTES", "HF_FWD_KERNELS", "HF_SAVED_BYTES", "HF_TRANSIENT_BYTES", "LOSS_OPS", "cross_entropy_s",
-           "logits_outputs", "loss_memory_bytes"]
+           "hf_loss_upcasts", "logits_outputs", "loss_memory_bytes"]
 
 #: fp32 bytes per local logit of the cross-entropy's forward passes: max 4, sub 8, exp 8, sum 4,
 #: div 8 (module docstring).
@@ -145,15 +145,19 @@ def logits_outputs(graph: OpGraph) -> tuple[tuple[str, int], ...]:
 
 
 def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: float, kernel_s: float,
-                    stack: Stack | str = Stack.MEGATRON) -> tuple[float, float]:
+                    stack: Stack | str = Stack.MEGATRON, upcast: bool = True) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of the training loss over ``local_logits``
     logits on one GPU: Megatron-LM's vocabulary-parallel cross-entropy, or Hugging Face's
     ``ForCausalLMLoss`` with ``stack="pytorch"``; the HBM traffic of the module docstring at
     ``hbm_bytes_per_s`` (already times the memory-bound efficiency), or the host's launch time
-    (``kernel_s`` per kernel) where that is longer."""
+    (``kernel_s`` per kernel) where that is longer.  ``upcast`` False (``stack="pytorch"`` only):
+    the loss runs in the logits' own dtype (:func:`hf_loss_upcasts`), the same passes at
+    ``train_bytes`` per element and no cast."""
     cast = CE_CAST_BYTES if train_bytes < 4 else 0
     if Stack(stack) is Stack.PYTORCH:
         fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = HF_FWD_BYTES, HF_BWD_BYTES, HF_FWD_KERNELS, HF_BWD_KERNELS
+        if not upcast:
+            fwd_bytes, bwd_bytes, cast = fwd_bytes * train_bytes // 4, bwd_bytes * train_bytes // 4, 0
     else:
         fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = CE_FWD_BYTES, CE_BWD_BYTES, CE_FWD_KERNELS, CE_BWD_KERNELS
     fwd = local_logits * (fwd_bytes + cast) / hbm_bytes_per_s
@@ -161,10 +165,28 @@ def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: floa
     return max(fwd, fwd_kernels * kernel_s), max(bwd, bwd_kernels * kernel_s)
 
 
-def loss_memory_bytes(local_logits: float, stack: Stack | str = Stack.MEGATRON) -> tuple[float, float]:
+def loss_memory_bytes(local_logits: float, stack: Stack | str = Stack.MEGATRON, upcast: bool = True,
+                      train_bytes: int = 2) -> tuple[float, float]:
     """(saved per micro-batch, transient) bytes of the training loss over ``local_logits``
     logits on one GPU (module docstring): Hugging Face's fp32 ``log_softmax`` output kept for
-    backward and its backward's two fp32 buffers; none added for Megatron-LM's loss."""
+    backward and its backward's two fp32 buffers, or with ``upcast`` False the same tensors in
+    the logits' dtype (``train_bytes``); none added for Megatron-LM's loss."""
     if Stack(stack) is Stack.PYTORCH:
-        return local_logits * HF_SAVED_BYTES, local_logits * HF_TRANSIENT_BYTES
+        per = HF_SAVED_BYTES if upcast else train_bytes
+        return local_logits * per, local_logits * 2 * per
     return 0.0, 0.0
+
+
+def hf_loss_upcasts(causal_cores: int, cores: int, precision: str, train_bytes: int) -> bool:
+    """Whether Hugging Face's training loss runs on fp32 logits.  Decoder-only causal language
+    models compute it with ``self.loss_function``, ``ForCausalLMLoss``, which upcasts
+    (``logits = logits.float()``, transformers/loss/loss_utils.py); encoder and encoder-decoder
+    heads call ``CrossEntropyLoss()`` on the logits as they are (``BertForMaskedLM``,
+    ``BartForConditionalGeneration``, ``T5ForConditionalGeneration`` in transformers 5.x), in
+    the training dtype under pure 16-bit training; under ``torch.autocast`` ``log_softmax`` and
+    ``nll_loss`` run in fp32 either way (autocast's fp32 op list), and fp32 training has nothing
+    to upcast.  Decoder-only: the graph has attention cores and every one is causal
+    (:class:`dml2comm.cost.attention.FlashCore`)."""
+    if precision == "amp" or train_bytes >= 4:
+        return True
+    return cores > 0 and causal_cores == cores
