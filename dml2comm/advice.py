@@ -114,7 +114,8 @@ def memory_suggestions(imported: ImportResult, config: ParallelConfig, cluster: 
 
 
 def alignment_recommendations(graph, tp, config: ParallelConfig, cluster: Cluster, stage_of_op, stage_busy_s,
-                              base_iteration_s: float, fits_in_memory: bool = True) -> list[dict[str, Any]]:
+                              base_iteration_s: float, fits_in_memory: bool = True,
+                              peak_memory_bytes: float | None = None) -> list[dict[str, Any]]:
     """Padding each unaligned GEMM dimension to a multiple of :data:`PAD_MULTIPLE`, evaluated.
 
     For every matrix product on its tensor-parallel shard whose forward, data- or weight-gradient
@@ -125,8 +126,8 @@ def alignment_recommendations(graph, tp, config: ParallelConfig, cluster: Cluste
     else only what takes it below the next busiest: a pipeline runs at its slowest stage.  Empty
     where every GEMM is aligned or padding would not save :data:`MIN_GAIN`, and under ``--stack
     megatron``, which pads its vocabulary itself (and is costed so).  ``stage_busy_s``: each
-    stage's compute per iteration; ``fits_in_memory``: the run's own (the padded rows add a few
-    parameters, not counted).
+    stage's compute per iteration; ``fits_in_memory`` and ``peak_memory_bytes``: the run's own (the
+    padded rows add a few parameters, not counted).
     """
     from dml2comm.cost.gemm import aligned_dim, is_aligned, padding_saving_s
     from dml2comm.cost.ops import op_gemms
@@ -159,9 +160,10 @@ def alignment_recommendations(graph, tp, config: ParallelConfig, cluster: Cluste
         if gained < base_iteration_s * MIN_GAIN:
             continue
         t = base_iteration_s - gained
-        out.append({"change": f"pad the dimension {dim:,} to {aligned_dim(dim, PAD_MULTIPLE):,} (a multiple of {PAD_MULTIPLE}: cuBLAS "
-                              f"runs a slow fallback kernel for 16-bit GEMMs whose rows are not a multiple of 8 elements; "
-                              "Megatron-LM pads its vocabulary, Hugging Face: resize_token_embeddings(pad_to_multiple_of=64))",
+        out.append({"change": f"pad the dimension {dim:,} to {aligned_dim(dim, PAD_MULTIPLE):,}",
+                    "note": (f"a multiple of {PAD_MULTIPLE}: cuBLAS runs a slow fallback kernel for 16-bit GEMMs whose rows are not "
+                             "a multiple of 8 elements; Megatron-LM pads its vocabulary, in Hugging Face "
+                             f"model.resize_token_embeddings(n, pad_to_multiple_of={PAD_MULTIPLE}); the GEMMs re-timed padded"),
                     "iteration_time_s": t, "speedup": base_iteration_s / t, "fits_in_memory": fits_in_memory,
-                    "peak_memory_bytes": None})
+                    "peak_memory_bytes": peak_memory_bytes})
     return out

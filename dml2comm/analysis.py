@@ -470,7 +470,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     if advise:
         busy = [config.num_micro_batches * (st.time_fwd_s + st.time_bwd_s) for st in stages]
         recommendations = sorted(recommendations + alignment_recommendations(
-            graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"])),
+            graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"]), memory["peak_bytes"]),
             key=lambda r: r["iteration_time_s"])
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations))

@@ -401,6 +401,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
                                 ("dim", "count", "message bytes", "sent per GPU", "time"), comm_rows, width))
     for rec in analysis.recommendations[:3]:
         msg = line(f"{rec['change']}: {fmt_s(rec['iteration_time_s'])} ({rec['speedup']:.2f}x)"
+                   + (f" ({rec['note'].split(';')[0]})" if rec.get("note") else "")
                    + ("" if rec["fits_in_memory"] else " but does not fit"), width, prefix="faster:")
         if not rec["fits_in_memory"]:
             msg.stylize("red", len(msg.plain) - len("but does not fit"))

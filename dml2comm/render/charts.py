@@ -259,7 +259,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
         g.text(left + plot_w / 2, base + 48, "pipeline stage", size=11, anchor="middle", fill=AXIS_COLOUR)
     # capacity
     y_cap = top + 8 if broken else base - capacity_bytes * scale
-    cap_text = f"GPU capacity {fmt_bytes(capacity_bytes)}"
+    cap_text = f"capacity {fmt_bytes(capacity_bytes)}"
     if broken:
         cap_text += f" — axis broken: {capacity_bytes / tallest:.0f}× the tallest bar"
     g.item(f"GPU capacity: {fmt_bytes(capacity_bytes)}" + (f" ({capacity_label})" if capacity_label else "")
@@ -307,7 +307,7 @@ def memory_chart_of(facts: Facts) -> Chart:
             tip=f"GPUs {', '.join(map(str, facts.ranks(0, p)[:8]))}{' …' if facts.tp > 8 else ''} in replica 0",
         ))
     gpu = a.cluster.gpu
-    label = f"{gpu.name}, {gpu.hbm_bytes / 1e9:g} GB"
+    label = f"{gpu.name}, {gpu.hbm_bytes / 1e9:g} GB less the CUDA context"
     return Chart("memory", "Memory per GPU by pipeline stage", memory_chart(bars, facts.capacity_bytes, label))
 
 

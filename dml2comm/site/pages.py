@@ -546,7 +546,7 @@ def _memory_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
     ]
     if largest:
         summary.append(("largest contributor (peak stage)", str(largest)))
-    summary.append(("what shapes it", f"{cfg.dtype} training, {cfg.optimizer}, ZeRO stage {cfg.zero_stage}, recomputation "
+    summary.append(("what shapes it", f"{cfg.dtype} training ({cfg.stack_text()}), {cfg.optimizer}, ZeRO stage {cfg.zero_stage}, recomputation "
                                       f"{cfg.recompute}, sequence parallel {'on' if cfg.sequence_parallel else 'off'}, t = {cfg.tp_size}, "
                                       f"{cfg.schedule} with m = {cfg.num_micro_batches} micro-batches of {cfg.micro_batch_size}"))
     suggestions = []
@@ -589,7 +589,7 @@ def _timeline_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
     for r in a.recommendations or ():
         t = r.get("iteration_time_s")
         speedup = r.get("speedup")
-        recs.append(_row(change=str(r.get("change", "")), time=fmt_s(t) if isinstance(t, (int, float)) else "n/a",
+        recs.append(_row(change=str(r.get("change", "")), note=str(r.get("note", "")), time=fmt_s(t) if isinstance(t, (int, float)) else "n/a",
                          speedup=f"{speedup:.2f}×" if isinstance(speedup, (int, float)) else "n/a",
                          fits="fits" if r.get("fits_in_memory") else "does not fit", ok=bool(r.get("fits_in_memory")),
                          peak=fmt_bytes(r.get("peak_memory_bytes")) if r.get("peak_memory_bytes") is not None else "n/a"))
