@@ -73,7 +73,8 @@ def test_band_rows_from_cases():
 
 def test_bundled_bands_cover_both_regimes():
     rows = load_bands()
-    assert {r.source for r in rows} == {"narayanan2021", "vtrain"} and len(rows) == 1450
+    assert {r.source for r in rows} == {"narayanan2021", "vtrain", "h100-steps"} and len(rows) == 1452
+    assert {r.stack for r in rows if r.source == "h100-steps"} == {"pytorch"}
     config = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=1, global_batch_size=32)
     err, src = expected_error_for(config, get_cluster("dgx-a100", 8), 3.5e8)
     assert 0 < err < 0.25 and src.startswith("vtrain")

@@ -279,15 +279,14 @@ def test_real_exports_have_the_torch_parameter_count(name):
     # folded BatchNorm): tests/test_fixtures_exports.py checks their counts
     """``sum(p.numel() for p in model.parameters())`` as recorded by tests/fixtures/export_models.py.
 
-    Two documented differences: a tied LM head is counted once only with --tie-embeddings (the
-    legacy GPT-2 export stores a transposed copy), and both exporters fold eval-mode BatchNorm
-    into the preceding Conv, so the C-element BN scale and shift become one C-element Conv bias:
-    the graph has sum(C) fewer parameters (ResNet-18: 4,800).
+    A tied LM head is counted once only with --tie-embeddings (the legacy GPT-2 export stores a
+    transposed copy).  Both exporters fold BatchNorm into the preceding Conv (its C-element scale
+    and shift become one C-element Conv bias); the import restores it (ResNet-18's bias-free
+    convolutions: torch's count exactly, where the folded graph had 4,800 fewer).
     """
     torch = _torch_record(name)
-    bn_channels = sum(b["shape"][0] for b in torch["buffers"] if b["name"].endswith("running_mean"))
     g = load_model(FIXTURES / name, ImportOptions(seq_len=16, tie_embeddings=torch["weights_tied"])).graph
-    assert g.num_params == torch["parameter_count"] - bn_channels
+    assert g.num_params == torch["parameter_count"]
 
 
 #: fixtures_expected.json's records of the exports written outside tests/fixtures (``dir``: the

@@ -177,6 +177,11 @@ def _sub_layers(graph: OpGraph, per_op: list[list[tuple[str, str]]], pattern: st
 # ----------------------------------------------------------------------------- structure
 
 
+#: Normalisations of a convolution's output: their scale and shift are weights, but they belong
+#: to the op before them (a transformer's pre-norms open the block they feed, and stay so).
+_NORM_OPS = frozenset({"BatchNormalization", "InstanceNormalization", "GroupNormalization"})
+
+
 def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
     ops = graph.ops
     if len(ops) < 4:
@@ -216,7 +221,12 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
     pending = None
     for a, b in segments:
         a = pending if pending is not None else a
-        if any(_has_weight(graph, ops[j]) for j in range(a, b)):
+        weighted = [j for j in range(a, b) if _has_weight(graph, ops[j])]
+        if weighted and merged and pending is None and all(ops[j].op_type in _NORM_OPS for j in weighted):
+            # a normalisation alone (a BatchNorm after its convolution: the conv's output is the
+            # one live tensor on both sides) belongs to the op it normalises
+            merged[-1] = (merged[-1][0], b)
+        elif weighted:
             merged.append((a, b))
             pending = None
         else:

@@ -237,6 +237,11 @@ def load_model_proto(
             f"inlined {num_functions} model-local function(s) ({num_calls} call(s)); "
             "each inlined op keeps its call's module scope"
         )
+    restored = _restore_folded_batchnorm(model)
+    if restored:
+        warnings.append(
+            f"normalization: BatchNorm was folded into {restored} convolution(s) at export; restored as training "
+            "BatchNormalization after each (a training step runs it: its kernels, parameters and saved activations count)")
     graph = model.graph
     initializer_names = {init.name for init in graph.initializer}
     binding = _bind_input_dims(graph, initializer_names, options)
@@ -263,6 +268,90 @@ def load_model_proto(
     op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options, shapes)
     warnings.extend(more_warnings)
     return ImportResult(op_graph, MappingProxyType(binding.bound), binding.model_batch, tuple(warnings), sequence)
+
+
+# ----------------------------------------------------------------------------- folded BatchNorm
+
+#: The rewrite rule onnxscript's optimizer (the dynamo exporter's) records on a Conv it folded a
+#: BatchNorm into (node ``metadata_props`` ``pkg.onnxscript.rewriter.rule_name``); it folds even
+#: a model exported in training mode.
+_FOLDED_BN_RULE = "FuseBatchNormIntoConv"
+#: Names the TorchScript exporter gives constants it computed by folding (``onnx::Conv_193``): a
+#: Conv whose weight and bias both carry one no longer holds the module's own parameters.
+_FOLDED_CONSTANT = re.compile(r"^onnx::Conv_\d+$")
+#: PyTorch's BatchNorm defaults (``torch.nn.BatchNorm2d``: eps 1e-5, momentum 0.1, i.e. ONNX's
+#: momentum 0.9 on the running statistic).
+_BN_EPSILON, _BN_MOMENTUM = 1e-5, 0.9
+
+
+def _restore_folded_batchnorm(model: onnx.ModelProto) -> int:
+    """Put back the BatchNorm an exporter folded into convolutions; returns how many.
+
+    A folded Conv is one the dynamo exporter marks with :data:`_FOLDED_BN_RULE`, or one whose
+    weight and bias are both TorchScript folding constants (:data:`_FOLDED_CONSTANT`; eval-mode
+    exports fold ``conv -> bn`` into a biased conv).  Each becomes the Conv without its bias
+    (the module had none: torchvision's and Hugging Face's convolutions before a BatchNorm are
+    ``bias=False``; a dynamo export that still names the module's own bias keeps it) followed by a training ``BatchNormalization`` over its output channels,
+    with a learned scale and shift and the two running statistics as buffers: the parameter
+    count becomes torch's (the folded bias stood for the BatchNorm's two vectors), and the step
+    pays the BatchNorm's kernels and saved activations, which a training run has.  A Conv with
+    its own named bias and no such mark is left alone (a network without normalisation, VGG)."""
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    folded = []
+    for node in graph.node:
+        if node.op_type != "Conv" or node.domain not in _ONNX_DOMAINS or len(node.input) < 3 or not node.input[2]:
+            continue
+        marked = any(p.key == "pkg.onnxscript.rewriter.rule_name" and _FOLDED_BN_RULE in p.value for p in node.metadata_props)
+        constants = bool(_FOLDED_CONSTANT.match(node.input[1]) and _FOLDED_CONSTANT.match(node.input[2]))
+        if (marked or constants) and node.input[1] in inits and inits[node.input[1]].dims:
+            folded.append(node)
+    if not folded:
+        return 0
+    taken = set(inits) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    new_nodes, dropped = [], set()
+    bn_of = {id(n): n for n in folded}
+    for node in graph.node:
+        new_nodes.append(node)
+        if id(node) not in bn_of:
+            continue
+        channels = int(inits[node.input[1]].dims[0])
+        base = node.input[1][:-len(".weight")] if node.input[1].endswith(".weight") else (node.name or node.output[0]).strip("/")
+        names = []
+        for part in ("weight", "bias", "running_mean", "running_var"):
+            name, k = f"{base}.restored_bn.{part}", 1
+            while name in taken:
+                name, k = f"{base}.restored_bn{k}.{part}", k + 1
+            taken.add(name)
+            names.append(name)
+            value = 1.0 if part in ("weight", "running_var") else 0.0
+            graph.initializer.append(onnx.helper.make_tensor(name, TensorProto.FLOAT, [channels], [value] * channels))
+        out = node.output[0]
+        pre, k = f"{out}__conv", 1
+        while pre in taken:
+            pre, k = f"{out}__conv{k}", k + 1
+        taken.add(pre)
+        # the dynamo exporter keeps a convolution's own bias under its parameter name
+        # (``features.0.conv.bias``) and names the one folding made up ``<weight>_bias``
+        own_bias = node.input[1].endswith(".weight") and node.input[2] == node.input[1][:-len("weight")] + "bias"
+        if not own_bias:
+            dropped.add(node.input[2])
+            del node.input[2]
+        node.output[0] = pre
+        bn = onnx.helper.make_node("BatchNormalization", [pre, *names], [out], name=f"{node.name}/restored_bn",
+                                   epsilon=_BN_EPSILON, momentum=_BN_MOMENTUM)
+        bn.metadata_props.extend(node.metadata_props)
+        new_nodes.append(bn)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    used = {i for n in graph.node for i in n.input}
+    keep = [init for init in graph.initializer if init.name not in dropped or init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    for vi in list(graph.value_info):
+        if vi.name in dropped:
+            graph.value_info.remove(vi)
+    return len(folded)
 
 
 def _copy_without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:

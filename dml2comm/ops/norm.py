@@ -38,12 +38,14 @@ Conventions
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from typing import Sequence
 
 from dml2comm.errors import ModelError
 from dml2comm.ir.graph import Op, Tensor
-from dml2comm.ops._common import backward_bytes, needs_grad, positive_axis, require, softmax_flops, tensor_at
+from dml2comm.ops._common import backward_bytes, nbytes, needs_grad, positive_axis, require, softmax_flops, tensor_at
 from dml2comm.ops.registry import OpCost, cost_rule, io_bytes
 
 __all__ = [
@@ -167,7 +169,7 @@ def skip_simplified_layer_normalization(op: Op, inputs: Sequence[Tensor | None],
 @cost_rule("BatchNormalization")
 def batch_normalization(op: Op, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor | None]) -> OpCost:
     """Training-mode BatchNorm over ``C`` channels: ``7 n + 3 C`` + ``6 C`` running statistics;
-    backward 2x the normalisation (``7 n + 3 C``)."""
+    backward 2x the normalisation (``7 n + 3 C``); bytes with the statistics' extra passes (below)."""
     x = require(op, inputs, 0, "X")
     scale, bias = tensor_at(inputs, 1), tensor_at(inputs, 2)
     if x.rank < 2:
@@ -175,9 +177,18 @@ def batch_normalization(op: Op, inputs: Sequence[Tensor | None], outputs: Sequen
     channels = x.shape[1]
     normalise = layer_norm_flops(x.numel, channels, True)
     flops = normalise + 6 * channels
-    return _norm_cost(
+    cost = _norm_cost(
         flops, NORM_BWD_FACTOR * normalise, inputs, outputs, grad_out=outputs[:1], saved=(x, scale), grads_of=(x, scale, bias)
     )
+    # Batch statistics need a whole pass over X before any element can be normalised, so a
+    # training BatchNorm reads X twice forward (PyTorch's CUDA batch norm:
+    # batch_norm_collect_statistics_kernel, then batch_norm_transform_input_kernel;
+    # aten/src/ATen/native/cuda/Normalization.cuh) and reads X and dY twice backward
+    # (batch_norm_backward_reduce_kernel for the two channel sums, then
+    # batch_norm_backward_elemt_kernel for dX): one more read of X forward, of X and dY backward.
+    dy = nbytes(outputs[0]) if outputs and outputs[0] is not None else 0
+    extra_bwd = (nbytes(x) + dy) if cost.flops_bwd else 0.0
+    return dataclasses.replace(cost, bytes_fwd=cost.bytes_fwd + nbytes(x), bytes_bwd=cost.bytes_bwd + extra_bwd)
 
 
 @cost_rule("InstanceNormalization")
