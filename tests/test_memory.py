@@ -216,3 +216,28 @@ def test_autocast_saved_bytes_of_a_hand_made_block():
 
     assert saved(True) == 20 * n_el + 8 * b * s == 1344
     assert saved(False) == 12 * n_el + 8 * b * s == 832
+
+
+def test_eager_erf_gelu_keeps_its_input_only():
+    """F.gelu exported as Div(x, sqrt 2), Erf, Add 1, Mul 0.5, Mul x (torchlib aten_gelu): eager
+    PyTorch keeps x alone (gelu_backward(grad, self)), 2 N bytes in bf16 for N = b s f; fused
+    (Megatron) the region keeps its input x too; unfused primitives would keep x / sqrt 2, x and
+    0.5 (1 + erf): 6 N."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    b, s, h, f = 2, 4, 8, 16
+    inits = [numpy_helper.from_array(np.ones((h, f), np.float32), "W1"), numpy_helper.from_array(np.ones((f, h), np.float32), "W2")]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["a"]), helper.make_node("Div", ["a", "sqrt2"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["p"]),
+             helper.make_node("Mul", ["half", "p"], ["q"]), helper.make_node("Mul", ["a", "q"], ["y"]),
+             helper.make_node("MatMul", ["y", "W2"], ["o"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, s, h])],
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [b, s, h])], inits)
+    g = load_model_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ImportOptions(batch_size=b)).graph
+    plan = shard_tensor_parallel(g, 1)
+    n = b * s * f
+    gelu = [op.index for op in g.ops if op.op_type not in ("MatMul",)]
+    eager = ActivationModel(g, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(g), DType.BFLOAT16, eager=True)
+    assert eager.saved_bytes(gelu) == 2 * n

@@ -64,7 +64,8 @@ needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shar
   backward needs (the eight-op GeLU keeps its input, ``x^3``'s input, the tanh output and the
   products its multiplies read), and a tensor eager code holds in fp32 (:func:`fp32_islands`:
   Hugging Face's ``LlamaRMSNorm`` between its two casts) is sized at 4 bytes per element.
-  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only; a cast-free RMSNorm keeps the fp32
+  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only, so does an exact GELU written with
+  ``Erf`` (``F.gelu``; ``ActivationModel._erf_gelus``); a cast-free RMSNorm keeps the fp32
   copy of its input; a flash core keeps Q, K, V as SDPA received them (no scale Mul, no
   ``repeat_kv``), a causal core's K and V as the KV cache's copies (:meth:`ActivationModel.
   kernel_input`; ``benchmarks/fake_saved.py`` lists what autograd saves).
@@ -562,6 +563,7 @@ class ActivationModel:
         self.region_members: dict[int, list[int]] = {}
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
+        self._gelu = self._erf_gelus() if eager else {}
         self.saved_by_op = [() if op.index in self.flash_ops else self._saved(op) for op in graph.ops]
         for core in flash:
             self.saved_by_op[core.context_op] = self._flash_saved(core, local_inputs, local_outputs)
@@ -696,6 +698,9 @@ class ActivationModel:
             keep.extend(n for n in ins[:1] if self._is_activation(n))  # X, for dW
             keep.extend(o for o in op.outputs[:1] if o)  # Y, the hidden states, for dR
             extra.append((f"reserve:{op.index}", self._recurrent_reserve(op)))
+        elif op.index in self._gelu:  # eager F.gelu: its input, once (kept by the Erf)
+            x = self._gelu[op.index]
+            keep.extend([x] if kind == "Erf" and x in grad else [])
         elif self.eager and (x := self._silu_input(op)) is not None:
             keep.extend([x] if kind == "Mul" and self._is_activation(x) else [])
         elif kind in _POINTWISE_NEEDS:
@@ -781,6 +786,51 @@ class ActivationModel:
                     if other is not None and tx is not None and other.rank == tx.rank and other.shape[-1] == 1:
                         return x
         return None
+
+    def _erf_gelus(self) -> dict[int, str]:
+        """op index -> x for the ops of each exact GELU written as primitives: ``Div(x, sqrt 2)``
+        (or ``Mul`` by a scalar), ``Erf``, ``Add``/``Mul`` by scalars, and the ``Mul`` with x (or
+        with ``x * 0.5``): how torch.onnx writes ``F.gelu(x)`` (torchlib ``aten_gelu``, approximate
+        "none": ``0.5 * x * (1 + erf(x / sqrt(2)))``; Hugging Face's ``GELUActivation`` calls
+        ``nn.functional.gelu``, transformers ``activations.py``).  Eager PyTorch runs it as one op
+        whose backward reads only its input (derivatives.yaml, ``gelu``: ``gelu_backward(grad,
+        self, approximate)``), where the primitives would keep ``x / sqrt 2``, x and ``0.5 (1 +
+        erf)``; ``benchmarks/fake_saved.py bert-6l-512``: ``GeluBackward0`` keeps [64, 128, 2048]."""
+        g = self.graph
+
+        def scalars_besides(op: Op, name: str) -> bool:
+            others = [n for n in op.inputs if n and n != name]
+            return len(others) == len([n for n in op.inputs if n]) - 1 and all(
+                (t := g.tensor(n)) is not None and t.numel <= 1 and not self._is_activation(n) for n in others)
+
+        found: dict[int, str] = {}
+        for erf in g.ops:
+            if erf.op_type != "Erf" or not erf.inputs or (p := g.producer(erf.inputs[0])) is None:
+                continue
+            scale = g.ops[p]
+            x = next((n for n in scale.inputs if n and self._is_activation(n)), None)
+            if (scale.op_type not in ("Div", "Mul") or x is None or not scalars_besides(scale, x)
+                    or len(g.consumers(scale.outputs[0])) != 1):
+                continue
+            members, cur = [scale.index, erf.index], erf.outputs[0]
+            while len(cs := g.consumers(cur)) == 1 and g.ops[cs[0]].op_type in ("Add", "Mul") and scalars_besides(g.ops[cs[0]], cur):
+                members.append(cs[0])
+                cur = g.ops[cs[0]].outputs[0]
+            if len(cs := g.consumers(cur)) != 1:
+                continue
+            last = g.ops[cs[0]]
+            if last.op_type != "Mul" or len(last.inputs) != 2:
+                continue
+            other = last.inputs[0] if last.inputs[1] == cur else last.inputs[1]
+            if other != x:  # (x * 0.5) * (1 + erf)
+                po = g.producer(other)
+                if (po is None or g.ops[po].op_type != "Mul" or x not in g.ops[po].inputs or not scalars_besides(g.ops[po], x)
+                        or len(g.consumers(other)) != 1):
+                    continue
+                members.append(po)
+            members.append(last.index)
+            found.update((i, x) for i in members)
+        return found
 
     def _silu_input(self, op: Op) -> str | None:
         """x when ``op`` is the Sigmoid or the Mul of ``x * Sigmoid(x)``, the sigmoid read by that
