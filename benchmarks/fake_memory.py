@@ -23,8 +23,9 @@ MemTracker`` does the same with categories; this tally adds the phase of the ste
 The step, as ``train_run``: the model built from a config (random init) under
 ``attn_implementation="sdpa"``, in bf16 (mode ``bf16``; built in the dtype rather than by
 ``model.to(bfloat16)``, the same parameters) or fp32 under
-``torch.autocast(bfloat16)`` (mode ``amp``; CPU autocast's op lists, which differ from CUDA's
-in a few ops), ``model(input_ids, labels=input_ids).loss
+``torch.autocast(bfloat16)`` (mode ``amp``: CPU autocast, whose fp32 list lacks CUDA's ``pow``,
+``exp``, ``softmax``, ``layer_norm``, ...: :class:`CudaFp32Ops` runs those in fp32 as CUDA does; SDPA's
+operands are cast to bf16 as autocast's SDPA kernel does, :func:`_cudnn_sdpa`), ``model(input_ids, labels=input_ids).loss
 .backward(); opt.step(); opt.zero_grad(set_to_none=True)``, ``torch.optim.AdamW(fused=True)``.
 Three warm-up steps, then the peak is reset to the current count (``reset_peak_memory_stats``)
 and one step is counted: the optimizer states exist, the gradients do not.
@@ -58,6 +59,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -181,7 +183,44 @@ def _cudnn_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
     ``aten::_scaled_dot_product_cudnn_attention_backward`` reads k, v of [4, 8, 2048, 64])."""
     if attn_mask is not None:
         raise RuntimeError("the fake step routes SDPA to the cuDNN kernel without a mask; the model passed one")
+    if torch.is_autocast_enabled(DEVICE):
+        # autocast's SDPA kernel (lower_precision_fp on CUDA and CPU, aten/src/ATen/autocast_mode.cpp)
+        # casts the operands; the cuDNN op this routes to is autocast's fallthrough, so cast here
+        low = torch.get_autocast_dtype(DEVICE)
+        query, key, value = (t.to(low) if t.is_floating_point() else t for t in (query, key, value))
     return _CudnnAttention.apply(query, key, value, dropout_p, is_causal, scale)
+
+
+#: CUDA autocast's fp32 list (PyTorch docs, "Automatic Mixed Precision package": "CUDA Ops that can
+#: autocast to float32"; ``rms_norm`` from autocast_mode.cpp), as the Python functions the models
+#: call.  CPU autocast lacks most of them (its fp32 list is losses, linear algebra, FFTs, pooling),
+#: so :class:`CudaFp32Ops` adds them to the CPU step (GPT-2's ``torch.pow(x, 3.0)`` in its GELU).
+CUDA_FP32_FUNCS = frozenset({
+    torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.Tensor.__rpow__, torch.rsqrt, torch.Tensor.rsqrt,
+    torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log, torch.reciprocal, torch.Tensor.reciprocal,
+    torch.softmax, torch.Tensor.softmax, F.softmax, torch.log_softmax, torch.Tensor.log_softmax, F.log_softmax,
+    F.layer_norm, F.group_norm, F.rms_norm, torch.sum, torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum,
+    torch.prod, torch.Tensor.prod, F.softplus, F.cross_entropy, F.nll_loss, F.normalize, torch.norm, torch.Tensor.norm,
+    torch.tan, torch.Tensor.tan, torch.acos, torch.asin, torch.cosh, torch.sinh, torch.expm1, torch.log1p,
+    torch.log2, torch.log10, torch.erfinv, torch.Tensor.erfinv,
+})
+
+
+class CudaFp32Ops(TorchFunctionMode):
+    """While autocast is on: runs the ops of :data:`CUDA_FP32_FUNCS` on fp32 copies of their
+    16-bit tensor arguments, as CUDA autocast's ``fp32`` policy does (``cached_cast(at::kFloat,
+    ...)`` above Autograd: autograd saves the fp32 copy).  A Python-level stand-in, so only for
+    calls the model makes itself, not for aten ops inside composites."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in CUDA_FP32_FUNCS and torch.is_autocast_enabled(DEVICE):
+            up = lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16) else t  # noqa: E731
+            args = tuple(up(a) for a in args)
+            kwargs = {k: up(v) for k, v in kwargs.items()}
+            with torch.autocast(DEVICE, enabled=False):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 class _CudnnAttention(torch.autograd.Function):
@@ -245,7 +284,7 @@ def fake_step(name: str, kind: str, dims: dict, b: int, s: int, mode: str) -> di
             def step(record: bool) -> None:
                 tally.enter("forward")
                 if mode == "amp":
-                    with torch.autocast(DEVICE, dtype=BF):
+                    with torch.autocast(DEVICE, dtype=BF), CudaFp32Ops():
                         out = model(input_ids=ids, labels=ids)
                 else:
                     out = model(input_ids=ids, labels=ids)

@@ -6,6 +6,7 @@ and cuDNN attention routing it reuses):
 
     /work/fake-venv/bin/python benchmarks/fake_saved.py gpt2-small   # or llama-1b, any RUNS name
     /work/fake-venv/bin/python benchmarks/fake_saved.py llama-1b 1   # the layer to list (default 1)
+    /work/fake-venv/bin/python benchmarks/fake_saved.py llama-0.3b 1 amp  # fp32 model under CPU autocast(bf16)
 
 One forward of ``model(input_ids, labels=input_ids)`` under ``FakeTensorMode`` inside
 ``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor an autograd node
@@ -31,9 +32,11 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import fake_memory as fm  # noqa: E402  the step's configs and its SDPA routing
 
 
-def saved_step(name: str, layer: int) -> None:
+def saved_step(name: str, layer: int, mode: str = "bf16") -> None:
+    import contextlib
+
     import transformers as tf
-    run = next(r for r in fm.RUNS if r[0] == name and r[5] == "bf16")
+    run = next(r for r in fm.RUNS if r[0] == name and r[5] == mode)
     _, kind, dims, b, s, mode = run
     cfg = fm.hf_config(kind, **dims)
     cls = tf.AutoModelForMaskedLM if kind == "bert" else tf.AutoModelForCausalLM
@@ -41,7 +44,7 @@ def saved_step(name: str, layer: int) -> None:
     F.scaled_dot_product_attention = fm._cudnn_sdpa
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model = cls.from_config(cfg, attn_implementation="sdpa", dtype=fm.BF)
+            model = cls.from_config(cfg, attn_implementation="sdpa", dtype=fm.BF if mode == "bf16" else torch.float32)
             model.train()
             params = {id(p.untyped_storage()) for p in model.parameters()}
             stack: list[str] = ["-"]
@@ -59,7 +62,9 @@ def saved_step(name: str, layer: int) -> None:
                 return t
 
             ids = torch.zeros((b, s), dtype=torch.int64, device=fm.DEVICE)
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            amp = torch.autocast(fm.DEVICE, dtype=fm.BF) if mode == "amp" else contextlib.nullcontext()
+            fp32_ops = fm.CudaFp32Ops() if mode == "amp" else contextlib.nullcontext()  # CUDA's fp32 list
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp, fp32_ops:
                 out = model(input_ids=ids, labels=ids)
             seen, todo = set(), [out.loss.grad_fn]
             while todo:
@@ -86,7 +91,7 @@ def saved_step(name: str, layer: int) -> None:
     for rec in info.values():
         per_module[rec["module"]] += rec["bytes"]
     prefix = {"gpt2": "transformer.h.", "bert": "bert.encoder.layer."}.get(kind, "model.layers.") + f"{layer}"
-    print(f"{name} b={b} s={s} bf16: block {prefix}")
+    print(f"{name} b={b} s={s} {mode}: block {prefix}")
     block = 0
     for rec in info.values():
         if rec["module"] == prefix or rec["module"].startswith(prefix + "."):
@@ -105,4 +110,5 @@ def saved_step(name: str, layer: int) -> None:
 
 
 if __name__ == "__main__":
-    saved_step(sys.argv[1] if len(sys.argv) > 1 else "gpt2-small", int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    saved_step(sys.argv[1] if len(sys.argv) > 1 else "gpt2-small", int(sys.argv[2]) if len(sys.argv) > 2 else 1,
+               sys.argv[3] if len(sys.argv) > 3 else "bf16")

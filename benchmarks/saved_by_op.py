@@ -2,7 +2,10 @@
 that keeps it: the tool's side of the comparison with ``benchmarks/fake_saved.py`` (autograd's
 saved tensors of the same step).  Prints only.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/saved_by_op.py [gpt2-small|llama-1b|MODEL.onnx B S] [LAYER]
+    PYTHONPATH=. .venv/bin/python benchmarks/saved_by_op.py [gpt2-small|llama-1b|MODEL.onnx B S] [LAYER] [bf16|amp]
+
+``amp``: the fp32 model under ``torch.autocast(bfloat16)`` (``--precision amp``; its casts' copies
+are keyed ``cast:<op>:<tensor>``), as ``fake_saved.py NAME LAYER amp``.
 
 Each storage is listed once, under the first op (graph order) that keeps it, with the other
 keepers' op types, its producer's op type and its bytes; then the totals per layer kind.
@@ -33,7 +36,8 @@ def main(argv: list[str]) -> None:
         b, s, rest = int(argv[1]), int(argv[2]), argv[3:]
         imported = load_model(Path(name), ImportOptions(batch_size=b, seq_len=s))
     graph = imported.graph
-    act = activation_model_of(graph, 1, False, "bf16", False, "pytorch", "flash")
+    mode = rest[1] if len(rest) > 1 else "bf16"
+    act = activation_model_of(graph, 1, False, "bf16", False, "pytorch", "flash", autocast=mode == "amp")
     layered = layers_of(graph)
     blocks = [l for l in layered.layers if l.kind == "block"]
     pick = int(rest[0]) if rest else 1
@@ -44,7 +48,7 @@ def main(argv: list[str]) -> None:
         for key, n in act.saved_by_op[i]:
             keepers[key].append(i)
             nbytes[key] = max(nbytes.get(key, 0.0), n)
-    print(f"{graph.name} b={b} s={s}: layer {layer.name} ({layer.kind}), {len(layer.op_indices)} ops")
+    print(f"{graph.name} b={b} s={s} {mode}: layer {layer.name} ({layer.kind}), {len(layer.op_indices)} ops")
     by_type: dict[str, float] = defaultdict(float)
     for key in sorted(keepers, key=lambda k: keepers[k][0]):
         ops = [graph.ops[i] for i in keepers[key]]

@@ -166,3 +166,78 @@ def test_real_gpt2_exports_with_assumed_dropout_match_korthikanti(name):
     m = ActivationModel(graph, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(graph),
                         DType.BFLOAT16, assumed_dropout=True)
     assert m.saved_bytes(block.op_indices) == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=0.02)
+
+
+def _autocast_block(b: int = 2, s: int = 4, h: int = 8, vocab: int = 16):
+    """A hand-made block of an fp32 model: e = embedding(ids); n = LayerNorm(e); q = n Wq;
+    k = n Wk; t = tanh(q ** 3); y = t * k + e; o = y Wo."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.ones(shape, np.float32), name) for name, shape in
+             (("W_e", (vocab, h)), ("gamma", (h,)), ("beta", (h,)), ("Wq", (h, h)), ("Wk", (h, h)), ("Wo", (h, h)))]
+    inits.append(numpy_helper.from_array(np.array(3.0, np.float32), "three"))
+    nodes = [helper.make_node("Gather", ["W_e", "ids"], ["e"]),
+             helper.make_node("LayerNormalization", ["e", "gamma", "beta"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "Wq"], ["q"]), helper.make_node("MatMul", ["n", "Wk"], ["k"]),
+             helper.make_node("Pow", ["q", "three"], ["p"]), helper.make_node("Tanh", ["p"], ["t"]),
+             helper.make_node("Mul", ["t", "k"], ["m"]), helper.make_node("Add", ["m", "e"], ["y"]),
+             helper.make_node("MatMul", ["y", "Wo"], ["o"])]
+    graph = helper.make_graph(nodes, "amp_block", [helper.make_tensor_value_info("ids", TensorProto.INT64, [b, s])],
+                              [helper.make_tensor_value_info("o", f, [b, s, h])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return load_model_proto(model, ImportOptions(batch_size=b)).graph
+
+
+def test_autocast_saved_bytes_of_a_hand_made_block():
+    """torch.autocast(bfloat16) on CUDA (memory.autocast_dtypes): e (embedding of an fp32 table),
+    n (layer_norm: fp32 list), t (tanh of pow: fp32 list) and y (fp32 + bf16 promotes) are fp32;
+    q, k, o (GEMMs) bf16.  Kept, N = b s h elements: LayerNorm its input e (4N); each GEMM its
+    own bf16 cast of n (2N + 2N: autocast caches only weight casts) and of y (2N); Pow an fp32
+    copy of its bf16 input q (4N); Tanh its fp32 output (4N); Mul t (already kept) and k (2N);
+    Gather the int64 ids (8 b s).  20 N + 8 b s, against 12 N + 8 b s in pure bf16 (e, n, q, t,
+    k, y at 2N each)."""
+    from dml2comm.cost.memory import autocast_dtypes
+
+    b, s, h = 2, 4, 8
+    n_el = b * s * h
+    graph = _autocast_block(b, s, h)
+    dtypes = autocast_dtypes(graph, DType.BFLOAT16)
+    assert {k: dtypes[k] for k in ("e", "n", "q", "k", "p", "t", "m", "y", "o")} == dict(
+        e=DType.FLOAT, n=DType.FLOAT, q=DType.BFLOAT16, k=DType.BFLOAT16, p=DType.FLOAT, t=DType.FLOAT, m=DType.FLOAT,
+        y=DType.FLOAT, o=DType.BFLOAT16)
+    plan = shard_tensor_parallel(graph, 1)
+
+    def saved(autocast):
+        m = ActivationModel(graph, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(graph),
+                            DType.BFLOAT16, eager=True, autocast=dtypes if autocast else None)
+        return m.saved_bytes(range(len(graph.ops)))
+
+    assert saved(True) == 20 * n_el + 8 * b * s == 1344
+    assert saved(False) == 12 * n_el + 8 * b * s == 832
+
+
+def test_eager_erf_gelu_keeps_its_input_only():
+    """F.gelu exported as Div(x, sqrt 2), Erf, Add 1, Mul 0.5, Mul x (torchlib aten_gelu): eager
+    PyTorch keeps x alone (gelu_backward(grad, self)), 2 N bytes in bf16 for N = b s f; fused
+    (Megatron) the region keeps its input x too; unfused primitives would keep x / sqrt 2, x and
+    0.5 (1 + erf): 6 N."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    b, s, h, f = 2, 4, 8, 16
+    inits = [numpy_helper.from_array(np.ones((h, f), np.float32), "W1"), numpy_helper.from_array(np.ones((f, h), np.float32), "W2")]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["a"]), helper.make_node("Div", ["a", "sqrt2"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["p"]),
+             helper.make_node("Mul", ["half", "p"], ["q"]), helper.make_node("Mul", ["a", "q"], ["y"]),
+             helper.make_node("MatMul", ["y", "W2"], ["o"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, s, h])],
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [b, s, h])], inits)
+    g = load_model_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ImportOptions(batch_size=b)).graph
+    plan = shard_tensor_parallel(g, 1)
+    n = b * s * f
+    gelu = [op.index for op in g.ops if op.op_type not in ("MatMul",)]
+    eager = ActivationModel(g, [x.inputs for x in plan.shards], [x.outputs for x in plan.shards], requires_grad(g), DType.BFLOAT16, eager=True)
+    assert eager.saved_bytes(gelu) == 2 * n

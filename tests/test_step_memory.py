@@ -12,6 +12,7 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.cost.compute import hbm_efficiency_of, optimizer_bytes_per_param, optimizer_step_s
 from dml2comm.cost.loss import HF_BWD_KERNELS, HF_FWD_KERNELS, cross_entropy_s, loss_memory_bytes
+from dml2comm.cost.cache import activation_model_of
 from dml2comm.cost.memory import (FRAMEWORK_OVERHEAD_BYTES, ModelStates, amp_weight_copy_bytes, gradients_live_in_backward,
                                   model_state_bytes, stage_memory_dict, state_bytes_per_param, step_peak_bytes)
 from dml2comm.cost.layers import gemm_parameters
@@ -193,13 +194,19 @@ def test_pytorch_bf16_stage_memory_from_the_graph(gpt):
     assert FastEvaluator(gpt, cluster).evaluate([config])[0]["peak_memory_bytes"] == a.memory["peak_bytes"]
 
 
-def test_amp_adds_the_weight_copies_per_micro_batch_in_flight(gpt):
+def test_amp_adds_the_weight_copies_and_autocast_dtypes_per_micro_batch_in_flight(gpt):
     cluster = make_cluster("h100", 1)
     kw = dict(micro_batch_size=BATCH, global_batch_size=BATCH, seq_len=SEQ, stack="pytorch")
     amp = analyze_graph(gpt, ParallelConfig(precision="amp", **kw), cluster, advise=False, timeline=False).stages[0].memory
     bf16 = analyze_graph(gpt, ParallelConfig(precision="bf16", **kw), cluster, advise=False, timeline=False).stages[0].memory
     gemm = sum(gpt.graph.tensors[w].numel for w in gemm_parameters(gpt.graph))
-    assert amp["activations_per_micro_batch_bytes"] - bf16["activations_per_micro_batch_bytes"] == pytest.approx(2 * gemm)
+    # the activations differ by the weight copies and by autocast's dtypes (memory.autocast_dtypes)
+    ops = range(len(gpt.graph.ops))
+    kernel = ParallelConfig(precision="amp", **kw).attention  # the stack's default: flash
+    autocast = activation_model_of(gpt.graph, 1, False, "bf16", False, "pytorch", kernel, autocast=True).saved_bytes(ops)
+    plain = activation_model_of(gpt.graph, 1, False, "bf16", False, "pytorch", kernel).saved_bytes(ops)
+    assert autocast > plain
+    assert amp["activations_per_micro_batch_bytes"] - bf16["activations_per_micro_batch_bytes"] == pytest.approx(2 * gemm + autocast - plain)
     assert amp["weights_bytes"] == 2 * bf16["weights_bytes"] and amp["optimizer_bytes"] == 2 * bf16["optimizer_bytes"]
 
 

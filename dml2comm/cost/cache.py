@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, MutableMapping, TypeVar
 
 from dml2comm.cost.attention import FlashCore, find_flash_cores
-from dml2comm.cost.memory import ActivationModel, fp32_islands
+from dml2comm.cost.memory import ActivationModel, autocast_dtypes, fp32_islands
 from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import LayeredGraph, group_layers
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
@@ -146,6 +146,7 @@ class ActivationsKey(CacheKey):
     assumed_dropout: bool
     stack: str = Stack.MEGATRON
     attention: str = AttentionKernel.UNFUSED
+    autocast: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,23 +205,26 @@ def attention_sites_of(graph: OpGraph, layered: LayeredGraph, seq_len: int | Non
 
 def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str,
                         assumed_dropout: bool, stack: str = Stack.MEGATRON,
-                        attention: str = AttentionKernel.UNFUSED) -> ActivationModel:
+                        attention: str = AttentionKernel.UNFUSED, autocast: bool = False) -> ActivationModel:
     """The :class:`~dml2comm.cost.memory.ActivationModel` of ``graph`` on the (t, SP) shard in
     ``dtype`` (a :data:`~dml2comm.parallel.config.DTYPES` name) for the training ``stack``
     (``pytorch``: eager, no point-wise fusion, fp32 islands) and ``attention`` kernel
-    (``flash``: the flash cores keep no scores), once per those inputs."""
+    (``flash``: the flash cores keep no scores), an fp32 model under ``torch.autocast(dtype)``
+    when ``autocast`` (:func:`~dml2comm.cost.memory.autocasts_activations`: ``--stack pytorch
+    --precision amp``), once per those inputs."""
     stack, attention = Stack(stack), AttentionKernel(attention)
 
     def build() -> ActivationModel:
         train = DTYPES[dtype]
         tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
         eager = stack is Stack.PYTORCH
+        flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
         return ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad_of(graph),
-                               train, assumed_dropout=assumed_dropout, eager=eager,
-                               flash=flash_cores_of(graph) if attention is AttentionKernel.FLASH else (),
-                               fp32=fp32_islands_of(graph) if eager else frozenset())
+                               train, assumed_dropout=assumed_dropout, eager=eager, flash=flash,
+                               fp32=fp32_islands_of(graph) if eager else frozenset(),
+                               autocast=autocast_dtypes(graph, train, flash) if autocast and eager else None)
 
-    return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout, stack, attention), build)
+    return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout, stack, attention, autocast), build)
 
 
 def flash_cores_of(graph: OpGraph) -> tuple[FlashCore, ...]:

@@ -31,7 +31,7 @@ from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_
 from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
 from dml2comm.cost.loss import cross_entropy_s, hf_loss_upcasts, logits_outputs, loss_memory_bytes
-from dml2comm.cost.memory import ActivationModel
+from dml2comm.cost.memory import ActivationModel, autocasts_activations
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import OpGraph
@@ -103,6 +103,11 @@ class LayerTable:
 #: Ops whose weight operand ``torch.autocast`` casts to the 16-bit dtype (its lower-precision
 #: list: ``linear``, ``matmul``, ``addmm``, ``bmm``, ``conv*``; aten/src/ATen/autocast_mode.cpp).
 _AUTOCAST_GEMMS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+
+
+def _autocast(config: ParallelConfig) -> bool:
+    """Whether ``config``'s activations take autocast's dtypes (:func:`dml2comm.cost.memory.autocasts_activations`)."""
+    return autocasts_activations(config.stack, config.precision, config.train_dtype.itemsize)
 
 
 def gemm_parameters(graph) -> frozenset[str]:
@@ -224,6 +229,7 @@ class _LayerActivationsKey(CacheKey):
     assumed_dropout: bool
     stack: str = "megatron"
     attention: str = "unfused"
+    autocast: bool = False  # memory.autocasts_activations
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +245,7 @@ class _SavedKey(CacheKey):
     seq_len: int | None
     stack: str = "megatron"
     attention: str = "unfused"
+    autocast: bool = False  # memory.autocasts_activations
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +261,7 @@ class StageActivationsKey(CacheKey):
     seq_len: int | None
     stack: str = "megatron"
     attention: str = "unfused"
+    autocast: bool = False  # memory.autocasts_activations
 
 
 class NotRepeating(Exception):
@@ -572,13 +580,13 @@ class LayerCoster:
 
     def _activation_model(self, config: ParallelConfig) -> ActivationModel:
         return activation_model_of(self.graph, config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0,
-                                   config.stack, config.attention)
+                                   config.stack, config.attention, _autocast(config))
 
     def _per_layer(self, config: ParallelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per full layer: saved bytes under full recomputation (the analysis's rule: blocks
         keep their input, other layers everything), saved bytes without recomputation, transient bytes."""
         key = _LayerActivationsKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.stack,
-                                   config.attention)
+                                   config.attention, _autocast(config))
 
         def build():
             act = self._activation_model(config)
@@ -596,7 +604,7 @@ class LayerCoster:
         """The saved bytes of collapsed layer ranges already computed for ``config``'s shard and
         recomputation mode, by ``(first, last)`` (:meth:`_saved` fills it)."""
         key = _SavedKey(config.tp_size, config.sequence_parallel, config.dtype, config.dropout > 0, config.recompute, config.seq_len,
-                        config.stack, config.attention)
+                        config.stack, config.attention, _autocast(config))
         return derived(self.graph, key, dict)
 
     def _saved(self, config: ParallelConfig, table: dict[tuple[int, int], float], first: int, last: int) -> float:

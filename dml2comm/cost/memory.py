@@ -33,6 +33,14 @@ micro-batch's forward to its backward: counted with the activations of each micr
 flight.  Measured on the fake-tensor step of GPT-2 small under AMP (``benchmarks/fake_memory.py``):
 2 x 123.5 M parameters of linear layers and the tied LM head.
 
+AMP's activations (``--stack pytorch --precision amp``): an fp32 model under CUDA autocast holds
+each activation in the dtype autocast's op lists give it (:func:`autocast_dtypes`: GEMM and SDPA
+outputs 16-bit; the residual stream, norms, ``pow``/``exp``/``softmax`` outputs fp32), and autograd
+keeps the casts autocast makes: a 16-bit copy of each fp32 input per GEMM (q, k, v projections of
+one norm output: three copies), an fp32 copy of each 16-bit input of an fp32-list op.  On the
+fake-tensor steps with CUDA's lists (``benchmarks/fake_memory.py``): Llama-0.3B b=8 19.893 GB for
+19.891 counted, GPT-2 small b=4 7.554 for 7.555.
+
 The step's peak (:func:`step_peak_bytes`) is what ``torch.cuda.max_memory_allocated()``
 reports: the highest count of bytes the caching allocator has handed out during the step
 (PyTorch "CUDA semantics" / ``torch.cuda.max_memory_allocated`` docs: "the maximum GPU memory
@@ -56,7 +64,8 @@ needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shar
   backward needs (the eight-op GeLU keeps its input, ``x^3``'s input, the tanh output and the
   products its multiplies read), and a tensor eager code holds in fp32 (:func:`fp32_islands`:
   Hugging Face's ``LlamaRMSNorm`` between its two casts) is sized at 4 bytes per element.
-  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only; a cast-free RMSNorm keeps the fp32
+  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only, so does an exact GELU written with
+  ``Erf`` (``F.gelu``; ``ActivationModel._erf_gelus``); a cast-free RMSNorm keeps the fp32
   copy of its input; a flash core keeps Q, K, V as SDPA received them (no scale Mul, no
   ``repeat_kv``), a causal core's K and V as the KV cache's copies (:meth:`ActivationModel.
   kernel_input`; ``benchmarks/fake_saved.py`` lists what autograd saves).
@@ -101,6 +110,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "fusible_regions",
     "fp32_islands",
+    "AUTOCAST_FP32_OPS",
+    "AUTOCAST_LOWER_OPS",
+    "autocast_dtypes",
+    "autocasts_activations",
     "REDUCTION_OPS",
     "FRAMEWORK_OVERHEAD_BYTES",
     "allocator_capacity_bytes",
@@ -414,6 +427,91 @@ def fp32_islands(graph: OpGraph) -> frozenset[str]:
     return frozenset(out)
 
 
+#: ONNX ops that CUDA autocast runs in its 16-bit dtype: PyTorch docs, "Automatic Mixed Precision
+#: package - torch.amp", "CUDA Ops that can autocast to float16" (``matmul``, ``linear``, ``addmm``,
+#: ``bmm``, ``baddbmm``, ``conv*``, ...; the same list for bfloat16), aten/src/ATen/autocast_mode.cpp
+#: ``KERNEL_CUDA(..., lower_precision_fp)``, which also lists ``scaled_dot_product_attention`` (a
+#: flash core: :func:`autocast_dtypes`).
+AUTOCAST_LOWER_OPS = _LINEAR
+#: ONNX ops that CUDA autocast runs in fp32 whatever their inputs: the same docs, "CUDA Ops that can
+#: autocast to float32" (``pow``, ``exp``, ``log``, ``reciprocal``, ``rsqrt``, ``softmax``,
+#: ``log_softmax``, ``layer_norm``, ``group_norm``, ``sum``, ``prod``, ``cumsum``, ``norm``,
+#: ``softplus``, ``tan``, ``acos``, ``asin``, ``cosh``, ``sinh``, ``nll_loss``, ``cross_entropy``);
+#: autocast_mode.cpp registers ``rms_norm`` there too (``torch._C._dispatch_dump_table(
+#: "aten::rms_norm")`` shows an AutocastCUDA kernel).  ONNX has no Rsqrt: exports write it as
+#: Reciprocal(Sqrt).  Not on the list, so run in their inputs' dtype: ``mean``, ``sqrt``, ``tanh``,
+#: ``erf``, ``gelu``, ``silu``, ``sigmoid``, ``embedding``, element-wise arithmetic.
+AUTOCAST_FP32_OPS = frozenset({
+    "Pow", "Exp", "Log", "Reciprocal", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
+    "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "ReduceSum", "ReduceSumSquare", "ReduceProd", "ReduceL1", "ReduceL2", "CumSum", "Softplus", "Tan", "Acos", "Asin",
+    "Cosh", "Sinh", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss",
+})
+
+
+def autocasts_activations(stack: Stack | str, precision: Precision | str, dtype_bytes: int) -> bool:
+    """Whether activations take ``torch.autocast``'s dtypes (:func:`autocast_dtypes`): eager
+    PyTorch (``--stack pytorch``) under ``--precision amp`` with a 16-bit autocast dtype."""
+    return Stack(stack) is Stack.PYTORCH and Precision(precision) is Precision.AMP and dtype_bytes < 4
+
+
+def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ()) -> dict[str, DType]:
+    """The dtype of every float activation of an fp32 model run under CUDA
+    ``torch.autocast(dtype=low)``, read off an fp32 export (which shows no casts).
+
+    Rules (PyTorch docs, "Automatic Mixed Precision package": "Ops that can autocast to
+    float16/bfloat16" run in ``low`` and return it, ops that "autocast to float32" return fp32,
+    "other ops ... run in the widest input type"), by op, in graph order:
+
+    - GEMMs (:data:`AUTOCAST_LOWER_OPS`) and the flash cores' outputs (SDPA is on the CUDA
+      lower-precision list, autocast_mode.cpp): ``low``.
+    - :data:`AUTOCAST_FP32_OPS`: fp32.
+    - ``Cast``: its target type.
+    - Anything else: PyTorch's type promotion over its float operands ("Tensor Attributes -
+      type promotion": a dimensioned tensor outranks a zero-dim one of the same category), so a
+      ``low`` GEMM output added to the fp32 residual stream is fp32, a Q scaled by an fp32 RoPE
+      ``cos`` is fp32; zero-dim constants (``0.5 * x``) do not promote; a view, a Split, a
+      ``Gather`` of an fp32 embedding table keep their input's dtype.  Parameters and constants
+      keep their exported (fp32) type.
+
+    So the residual stream, norms and their outputs stay fp32 (Hugging Face's embeddings and
+    RMSNorm/LayerNorm run in fp32), GEMM outputs are 16-bit, and a GEMM reading an fp32
+    activation casts it (:class:`ActivationModel` counts that copy)."""
+    out: dict[str, DType] = {}
+    lowered = {core.context_op for core in flash}
+    lowered_names = {core.out for core in flash}
+
+    def dtype_of(name: str) -> DType | None:
+        if name in out:
+            return out[name]
+        t = graph.tensor(name)
+        return t.dtype if t is not None else None
+
+    def promotes(name: str) -> bool:
+        t = graph.tensor(name)
+        if t is None or not t.dtype.is_float:
+            return False
+        return name in out or t.is_input or t.is_weight or t.numel > 1
+
+    for op in graph.ops:
+        floats = [o for o in op.outputs if o and (t := graph.tensor(o)) is not None and t.dtype.is_float]
+        if not floats:
+            continue
+        kind = op.op_type
+        if kind in AUTOCAST_LOWER_OPS or op.index in lowered:
+            dt = low
+        elif kind in AUTOCAST_FP32_OPS:
+            dt = DType.FLOAT
+        elif kind in ("Cast", "CastLike"):
+            dt = None  # its exported target type
+        else:
+            ins = [dtype_of(n) for n in op.inputs if n and promotes(n)]
+            dt = max(ins, key=lambda d: d.itemsize) if ins else None
+        for o in floats:
+            out[o] = low if o in lowered_names else (dt or graph.tensor(o).dtype)
+    return out
+
+
 class ActivationModel:
     """Saved-for-backward bytes per micro-batch, per op set, on one tensor rank.
 
@@ -431,21 +529,32 @@ class ActivationModel:
         eager: bool = False,
         flash: Sequence[FlashCore] = (),
         fp32: frozenset[str] = frozenset(),
+        autocast: Mapping[str, DType] | None = None,
     ) -> None:
         """``eager``: no point-wise fusion (``--stack pytorch``); ``flash``: the attention cores
         that run as flash kernels (:func:`dml2comm.cost.attention.find_flash_cores`); ``fp32``:
-        float tensors held in fp32 (:func:`fp32_islands`; eager only)."""
+        float tensors held in fp32 (:func:`fp32_islands`; eager only); ``autocast``: the dtype
+        of every float activation of an fp32 model under ``torch.autocast(train_dtype)``
+        (:func:`autocast_dtypes`; eager only), with the casts autocast makes (:meth:`_autocast_copies`)."""
         self.graph = graph
         self.needs_grad = needs_grad
         self.train_dtype = train_dtype
         self.eager = eager
-        # local (sharded) size of every tensor, in the training dtype for floats (fp32 for ``fp32``)
+        self.autocast = autocast
+        # local (sharded) size of every tensor, in the training dtype for floats (fp32 for ``fp32``;
+        # its autocast dtype under ``autocast``)
         size: dict[str, float] = {}
+        numel: dict[str, float] = {}
         for op, ins, outs in zip(graph.ops, local_inputs, local_outputs):
             for name, t in list(zip(op.inputs, ins)) + list(zip(op.outputs, outs)):
                 if name and t is not None and name not in size:
-                    size[name] = float(t.nbytes_in(DType.FLOAT if name in fp32 and t.dtype.is_float else train_dtype))
+                    held = DType.FLOAT if name in fp32 and t.dtype.is_float else train_dtype
+                    if autocast is not None and name in autocast:
+                        held = autocast[name]
+                    size[name] = float(t.nbytes_in(held))
+                    numel[name] = float(t.numel)
         self.size = size
+        self._numel = numel
         self.fp32 = fp32
         self.base = self._view_bases()
         self.flash_ops = frozenset(i for core in flash for i in core.ops)
@@ -454,6 +563,7 @@ class ActivationModel:
         self.region_members: dict[int, list[int]] = {}
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
+        self._gelu = self._erf_gelus() if eager else {}
         self.saved_by_op = [() if op.index in self.flash_ops else self._saved(op) for op in graph.ops]
         for core in flash:
             self.saved_by_op[core.context_op] = self._flash_saved(core, local_inputs, local_outputs)
@@ -513,12 +623,12 @@ class ActivationModel:
         (``benchmarks/fake_saved.py``)."""
         q, k, v = (self.kernel_input(n) for n in (core.q, core.k, core.v))
         kept: dict[str, float] = {self.base.get(core.out, core.out): self.size.get(core.out, 0.0)}
-        if self._is_activation(q):
-            kept[self.base.get(q, q)] = self.size.get(self.base.get(q, q), 0.0)
-        for role, n in (("k", k), ("v", v)):
+        for role, n in (("q", q), ("k", k), ("v", v)):
             if not self._is_activation(n):
                 continue
-            if core.causal:
+            if self._autocast_casts(n):  # SDPA's autocast casts an fp32 operand: it keeps the copy
+                kept[f"cast:{core.context_op}:{role}"] = self._local_numel(n) * self.train_dtype.itemsize
+            elif core.causal and role != "q":
                 kept[f"kv:{core.context_op}:{role}"] = self.size.get(n, 0.0)
             else:
                 kept[self.base.get(n, n)] = self.size.get(self.base.get(n, n), 0.0)
@@ -588,6 +698,9 @@ class ActivationModel:
             keep.extend(n for n in ins[:1] if self._is_activation(n))  # X, for dW
             keep.extend(o for o in op.outputs[:1] if o)  # Y, the hidden states, for dR
             extra.append((f"reserve:{op.index}", self._recurrent_reserve(op)))
+        elif op.index in self._gelu:  # eager F.gelu: its input, once (kept by the Erf)
+            x = self._gelu[op.index]
+            keep.extend([x] if kind == "Erf" and x in grad else [])
         elif self.eager and (x := self._silu_input(op)) is not None:
             keep.extend([x] if kind == "Mul" and self._is_activation(x) else [])
         elif kind in _POINTWISE_NEEDS:
@@ -596,12 +709,49 @@ class ActivationModel:
         # an op of an inlined Loop/Scan body (Op.repeat) keeps its tensors once per iteration:
         # those made in the body, and the loop-carried ones (bound to their initial value at
         # import, a new value each iteration)
-        if self.eager and kind in ("Pow", "Mul") and (x := self._rms_input(op)) in keep:
+        if self.eager and kind in ("Pow", "Mul") and (x := self._rms_input(op)) in keep and self._fp32_copy(x):
             keep.remove(x)  # the fp32 copy Hugging Face's RMSNorm makes of its input (_rms_input)
             extra.append((f"fp32:{x}", self._local_numel(x) * DType.FLOAT.itemsize))
+        if self.autocast is not None:
+            keep, copies = self._autocast_copies(op, keep)
+            extra.extend(copies)
         kept = (self.base.get(n, n) for n in keep if n in self.size)
         return (tuple((b, self.size.get(b, 0.0) * self._copies(b, op.repeat)) for b in kept)
                 + tuple((k, v * op.repeat) for k, v in extra))
+
+    def _fp32_copy(self, x: str) -> bool:
+        """Whether ``x.to(torch.float32)`` copies: not for an activation autocast holds in fp32
+        already (the residual stream of an fp32 model: ``Tensor.to`` returns ``self`` when the
+        dtype matches, PyTorch docs ``torch.Tensor.to``)."""
+        return self.autocast is None or self.autocast.get(x) is not DType.FLOAT
+
+    def _autocast_casts(self, name: str) -> bool:
+        """Whether autocast casts activation ``name`` to the 16-bit dtype for a GEMM or SDPA
+        that reads it: it is held in fp32 (:func:`autocast_dtypes`)."""
+        return self.autocast is not None and self.autocast.get(name) is DType.FLOAT and self._is_activation(name)
+
+    def _autocast_copies(self, op: Op, keep: list[str]) -> tuple[list[str], list[tuple[str, float]]]:
+        """What ``op`` keeps under autocast instead of ``keep``: autocast casts an op's operands
+        before the op runs (aten/src/ATen/autocast_mode.cpp, ``cached_cast`` inside the Autocast
+        dispatch key, above Autograd), so autograd saves the cast copy, not the tensor the graph
+        shows.  A GEMM (:data:`AUTOCAST_LOWER_OPS`) keeps a 16-bit copy of each fp32 activation
+        it keeps, one per GEMM: autocast caches casts only of leaf tensors that require grad
+        (``cached_cast``: ``arg.is_leaf() && arg.requires_grad()``, the weights), so the q, k and
+        v projections of one norm output make three copies.  An fp32-list op
+        (:data:`AUTOCAST_FP32_OPS`) keeps an fp32 copy of each 16-bit activation it keeps (GPT-2's
+        ``torch.pow(x, 3.0)`` of its 16-bit ``c_fc`` output).  Keys: ``cast:<op>:<tensor>``."""
+        assert self.autocast is not None
+        rest: list[str] = []
+        copies: list[tuple[str, float]] = []
+        for n in keep:
+            if op.op_type in AUTOCAST_LOWER_OPS and self._autocast_casts(n):
+                copies.append((f"cast:{op.index}:{n}", self._local_numel(n) * self.train_dtype.itemsize))
+            elif (op.op_type in AUTOCAST_FP32_OPS and self._is_activation(n)
+                  and (d := self.autocast.get(n)) is not None and d.itemsize < DType.FLOAT.itemsize):
+                copies.append((f"cast:{op.index}:{n}", self._local_numel(n) * DType.FLOAT.itemsize))
+            else:
+                rest.append(n)
+        return rest, copies
 
     def _rms_input(self, op: Op) -> str | None:
         """x when ``op`` is the ``Pow(x, 2)`` or the ``Mul(x, rsqrt(...))`` of an RMSNorm written
@@ -636,6 +786,51 @@ class ActivationModel:
                     if other is not None and tx is not None and other.rank == tx.rank and other.shape[-1] == 1:
                         return x
         return None
+
+    def _erf_gelus(self) -> dict[int, str]:
+        """op index -> x for the ops of each exact GELU written as primitives: ``Div(x, sqrt 2)``
+        (or ``Mul`` by a scalar), ``Erf``, ``Add``/``Mul`` by scalars, and the ``Mul`` with x (or
+        with ``x * 0.5``): how torch.onnx writes ``F.gelu(x)`` (torchlib ``aten_gelu``, approximate
+        "none": ``0.5 * x * (1 + erf(x / sqrt(2)))``; Hugging Face's ``GELUActivation`` calls
+        ``nn.functional.gelu``, transformers ``activations.py``).  Eager PyTorch runs it as one op
+        whose backward reads only its input (derivatives.yaml, ``gelu``: ``gelu_backward(grad,
+        self, approximate)``), where the primitives would keep ``x / sqrt 2``, x and ``0.5 (1 +
+        erf)``; ``benchmarks/fake_saved.py bert-6l-512``: ``GeluBackward0`` keeps [64, 128, 2048]."""
+        g = self.graph
+
+        def scalars_besides(op: Op, name: str) -> bool:
+            others = [n for n in op.inputs if n and n != name]
+            return len(others) == len([n for n in op.inputs if n]) - 1 and all(
+                (t := g.tensor(n)) is not None and t.numel <= 1 and not self._is_activation(n) for n in others)
+
+        found: dict[int, str] = {}
+        for erf in g.ops:
+            if erf.op_type != "Erf" or not erf.inputs or (p := g.producer(erf.inputs[0])) is None:
+                continue
+            scale = g.ops[p]
+            x = next((n for n in scale.inputs if n and self._is_activation(n)), None)
+            if (scale.op_type not in ("Div", "Mul") or x is None or not scalars_besides(scale, x)
+                    or len(g.consumers(scale.outputs[0])) != 1):
+                continue
+            members, cur = [scale.index, erf.index], erf.outputs[0]
+            while len(cs := g.consumers(cur)) == 1 and g.ops[cs[0]].op_type in ("Add", "Mul") and scalars_besides(g.ops[cs[0]], cur):
+                members.append(cs[0])
+                cur = g.ops[cs[0]].outputs[0]
+            if len(cs := g.consumers(cur)) != 1:
+                continue
+            last = g.ops[cs[0]]
+            if last.op_type != "Mul" or len(last.inputs) != 2:
+                continue
+            other = last.inputs[0] if last.inputs[1] == cur else last.inputs[1]
+            if other != x:  # (x * 0.5) * (1 + erf)
+                po = g.producer(other)
+                if (po is None or g.ops[po].op_type != "Mul" or x not in g.ops[po].inputs or not scalars_besides(g.ops[po], x)
+                        or len(g.consumers(other)) != 1):
+                    continue
+                members.append(po)
+            members.append(last.index)
+            found.update((i, x) for i in members)
+        return found
 
     def _silu_input(self, op: Op) -> str | None:
         """x when ``op`` is the Sigmoid or the Mul of ``x * Sigmoid(x)``, the sigmoid read by that
@@ -690,6 +885,8 @@ class ActivationModel:
         t = self.graph.tensor(name)
         if t is None:
             return 0.0
+        if self.autocast is not None:
+            return self._numel.get(name, float(t.numel))
         full = self.size.get(name)
         return full / (self.train_dtype.itemsize if t.dtype.is_float else t.dtype.itemsize) if full else float(t.numel)
 

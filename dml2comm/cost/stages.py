@@ -45,7 +45,7 @@ from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
-from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, gradients_live_in_backward,
+from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
@@ -678,7 +678,8 @@ class StageCoster(LayerCoster):
         if mode not in table.by_recompute:
             known = derived(self.graph, StageActivationsKey(config.tp_size, config.sequence_parallel, config.dtype,
                                                              config.dropout > 0, mode, config.seq_len, config.stack,
-                                                             config.attention), dict)
+                                                             config.attention, autocasts_activations(
+                                                                 config.stack, config.precision, config.train_dtype.itemsize)), dict)
             per_layer, saved_table = self._per_layer(config), self._saved_table(config)
             values = []
             for sig, (first, last) in zip(self._signatures(table), table.ranges):
