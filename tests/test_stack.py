@@ -105,3 +105,25 @@ def test_amp_gradients_are_fp32_and_round_trip_through_data_json():
     bf16 = ParallelConfig(dp_size=2, global_batch_size=2, stack="pytorch", precision="bf16")
     assert bf16.grad_bytes == 2 and config_from_dict(bf16.to_dict()) == bf16
     assert ParallelConfig(precision="amp", grad_reduce_dtype="bf16").grad_bytes == 2  # the flag still wins
+
+
+def test_autocast_casts_each_products_fp32_activation_input():
+    """Under --precision amp a matrix product reading an fp32 activation (a LayerNorm's output)
+    pays one cast forward (4 + 2 bytes per element) and its gradient's cast back (2 + 4), with a
+    kernel each; pure bf16 has none."""
+    from dml2comm.cost.compute import hbm_efficiency_of
+    from dml2comm.cost.host import NONE
+    from dml2comm.cost.ops import shard_op_costs
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model
+
+    imported = load_model(str(ROOT / "tests" / "fixtures" / "gpt2_dynamo.onnx"), ImportOptions(batch_size=2, seq_len=32))
+    graph, gpu = imported.graph, get_cluster("dgx-h100", 1).gpu
+    costs = {p: shard_op_costs(graph, 1, False, "bf16", gpu, False, NONE, "pytorch", "flash", p) for p in ("bf16", "amp")}
+    # the first block's QKV projection reads ln_1's output (through a view): fp32 under autocast
+    proj = next(op for op in graph.ops if op.op_type == "Gemm" and costs["amp"].costs[op.index].rule.endswith("autocast casts of its fp32 inputs"))
+    numel = graph.tensors[proj.inputs[0]].numel
+    hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
+    (f16, b16), (fa, ba) = costs["bf16"].times[proj.index], costs["amp"].times[proj.index]
+    assert fa - f16 == pytest.approx(numel * 6 / hbm, rel=1e-9) and ba - b16 == pytest.approx(numel * 6 / hbm, rel=1e-9)
+    assert not any(c.rule.endswith("autocast casts of its fp32 inputs") for c in costs["bf16"].costs)

@@ -45,11 +45,11 @@ from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of,
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
-from dml2comm.cost.memory import POINTWISE_OPS, fusible_regions
+from dml2comm.cost.memory import POINTWISE_OPS, autocast_dtypes, autocasts_activations, fusible_regions
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.ops.registry import OpCost, op_cost
-from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
+from dml2comm.parallel.config import DTYPES, AttentionKernel, Precision, Stack
 from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
@@ -113,6 +113,15 @@ class OpCostsKey(CacheKey):
     #: the training stack (eager or fused point-wise kernels) and the attention kernel
     stack: str = Stack.MEGATRON
     attention: str = AttentionKernel.UNFUSED
+    #: activations in torch.autocast's dtypes, with its casts (cost.memory.autocasts_activations)
+    autocast: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AutocastDtypesKey(CacheKey):
+    """:func:`dml2comm.cost.memory.autocast_dtypes` for one autocast dtype (the graph alone)."""
+
+    low: DType
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,27 +174,29 @@ class AttentionCoreKey(CacheKey):
 # ----------------------------------------------------------------------------- op costs
 def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str, gpu: GPU, lenient: bool,
                    host: HostModel | None = None, stack: str = Stack.MEGATRON,
-                   attention: str = AttentionKernel.UNFUSED) -> OpCosts:
+                   attention: str = AttentionKernel.UNFUSED, precision: str = Precision.MIXED) -> OpCosts:
     """:func:`op_costs` on the (t, SP) shard in ``dtype`` on ``gpu`` with the host model ``host``
-    (None: :data:`dml2comm.cost.host.DEFAULT`) for the training ``stack`` and ``attention``
-    kernel, once per those inputs (cached on the graph; the analysis and the sweep share it)."""
+    (None: :data:`dml2comm.cost.host.DEFAULT`) for the training ``stack``, ``attention`` kernel
+    and ``precision`` mode, once per those inputs (cached on the graph; the analysis and the sweep
+    share it)."""
     peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
     train = DTYPES[dtype]
     host = host_model.DEFAULT if host is None else host
     stack, attention = Stack(stack), AttentionKernel(attention)
+    autocast = autocasts_activations(stack, precision, train.itemsize)
 
     def build() -> OpCosts:
         tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
-        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention)
+        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention, autocast)
 
     calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency)
     return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host,
-                                     stack, attention), build)
+                                     stack, attention, autocast), build)
 
 
 def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool,
              host: HostModel | None = None, stack: str = Stack.MEGATRON,
-             attention: str = AttentionKernel.UNFUSED) -> OpCosts:
+             attention: str = AttentionKernel.UNFUSED, autocast: bool = False) -> OpCosts:
     """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs.
 
     Parameters
@@ -222,11 +233,14 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     stack, attention = Stack(stack), AttentionKernel(attention)
     eager = stack is Stack.PYTORCH
     fp32 = fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset()
+    # under torch.autocast every activation has autocast's dtype (cost.memory.autocast_dtypes):
+    # the residual stream, norms and fp32-list ops in fp32, GEMM and SDPA outputs 16-bit
+    amp = derived(graph, AutocastDtypesKey(train), lambda: autocast_dtypes(graph, train, flash_cores_of(graph))) if autocast else {}
 
     def train_view(name: str, t: Tensor | None) -> Tensor | None:
         if t is None or not t.dtype.is_float:
             return t
-        want = DType.FLOAT if name in fp32 else train
+        want = DType.FLOAT if name in fp32 else amp.get(name, train) if not t.is_weight else train
         return t if t.dtype is want else t.with_dtype(want)
 
     costs: list[OpCost] = []
@@ -303,13 +317,68 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
                               f"{c.rule} + gradient sum of its input's {fork.extra + 1} readers", c.fallback)
             times[i] = (times[i][0], times[i][1] + moved / (hbm * hbm_eff))
             sums[i] += fork.extra
+    casts = [(0, 0)] * len(costs)
+    if amp:
+        costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
-        if forks:
-            kernels = [(f, b + extra) for (f, b), extra in zip(kernels, sums)]
+        if forks or amp:
+            kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
         times = host_bound_times(times, kernels, is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], is_gemm: Sequence[bool],
+                        costs: list[OpCost], times: list[tuple[float, float]], hbm: float
+                        ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+    """The casts ``torch.autocast`` makes of a matrix product's fp32 activation inputs: one kernel
+    per product and input forward (read 4, write 2 bytes per element: autocast caches casts of
+    leaf weights only, so each product casts its own copy), and the cast's backward
+    (``ToCopyBackward0``: the 16-bit gradient back to fp32, read 2, write 4) where the input needs
+    a gradient; charged to the product, with the kernels for the host model.  The weights' casts
+    are :func:`dml2comm.cost.compute.eager_parameter_passes_s`'s."""
+    costs, times = list(costs), list(times)
+    kernels = [(0, 0)] * len(costs)
+    grads = needs_grad_of(graph)
+
+    def local_of(name: str) -> Tensor | None:  # a tensor on this rank, as its producer writes it
+        prod = graph.producer(name)
+        if prod is None:
+            return None
+        outs = tp.shards[prod].outputs
+        k = graph.ops[prod].outputs.index(name)
+        return outs[k] if k < len(outs) else None
+
+    # the flash cores' products are one SDPA kernel that casts its Q, K, V (autocast's
+    # lower-precision list); their other operands (the scores) never exist
+    flash = {core.context_op: (core.q, core.k, core.v) for core in flash_cores_of(graph)}
+    in_core = {i for core in flash_cores_of(graph) for i in core.ops}
+    for op in graph.ops:
+        if op.index in flash:
+            operands = [(n, local_of(n)) for n in flash[op.index]]
+        elif is_gemm[op.index] and op.op_type != "Conv" and op.index not in in_core:
+            operands = list(zip(op.inputs, tp.shards[op.index].inputs))
+        else:
+            continue
+        fwd_b = bwd_b = 0.0
+        kf = kb = 0
+        for name, local in operands:
+            t = graph.tensor(name) if name else None
+            if t is None or t.is_weight or local is None or amp.get(name) is not DType.FLOAT:
+                continue
+            fwd_b += local.numel * (4 + 2)
+            kf += 1
+            if name in grads:
+                bwd_b += local.numel * (2 + 4)
+                kb += 1
+        if kf:
+            c = costs[op.index]
+            costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd + fwd_b, c.flops_bwd, c.bytes_bwd + bwd_b,
+                                     f"{c.rule} + autocast casts of its fp32 inputs", c.fallback)
+            times[op.index] = (times[op.index][0] + fwd_b / hbm, times[op.index][1] + bwd_b / hbm)
+            kernels[op.index] = (kf, kb)
+    return costs, times, kernels
 
 
 def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]:
