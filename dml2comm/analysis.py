@@ -217,7 +217,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     hbm = gpu.hbm_bytes_per_s
 
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
-    host = host_model(cluster.host_model)
+    host = host_model(cluster.host_model, config.stack)  # "auto": the stack's (cost.host.STACK_HOST_MODEL)
     costs, times, full_flops, fallback_types = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
                                                               lenient, host, config.stack, config.attention, config.precision)
     if fallback_types:
@@ -322,8 +322,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 local_out[name] = t
     # the framework's host time per pipeline message (cost.host.pipeline_message_s), on the
     # boundary's first tensor in each direction
-    p2p_host = coster.host.p2p_s
-    p2p_note = (f"; with {fmt_s(p2p_host)} of host time for the message (--host-model {coster.host.name})"
+    p2p_host = coster.host_for(config).p2p_s
+    p2p_note = (f"; with {fmt_s(p2p_host)} of host time for the message (--host-model {coster.host_for(config).name})"
                 if p2p_host else "")
     for boundary in boundaries:
         s = boundary.stage

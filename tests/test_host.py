@@ -202,3 +202,24 @@ def test_each_stack_runs_its_own_host_model(tmp_path):
         seen[" ".join(flags)] = (data["cluster"]["network"]["host_model"], data["config"]["stack"])
     assert seen == {"--stack pytorch": ("pytorch", "pytorch"), "--stack megatron": ("eager", "megatron"),
                     "--stack pytorch --host-model none": ("none", "pytorch")}
+
+
+def test_a_cluster_without_a_host_model_runs_its_stacks():
+    """A preset cluster names no host model ("auto"): the analysis and the sweep's evaluator run
+    the stack's (eager PyTorch's for --stack pytorch, vTrain's for Megatron), as the command line
+    does."""
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.hardware.cluster import make_cluster
+    from dml2comm.parallel.config import ParallelConfig
+    from dml2comm.search.fast import FastEvaluator
+
+    imported = load_model_proto(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=512, seq_len=128), ImportOptions(batch_size=1))
+    auto = make_cluster("h100", 1, 1)
+    assert auto.host_model == "auto"
+    for stack, name in (("pytorch", "pytorch"), ("megatron", "eager")):
+        config = ParallelConfig(micro_batch_size=1, global_batch_size=1, seq_len=128, stack=stack)
+        a = analyze_graph(imported, config, auto, advise=False, timeline=False)
+        named = analyze_graph(imported, config, dataclasses.replace(auto, host_model=name), advise=False, timeline=False)
+        assert a.summary["iteration_time_s"] == named.summary["iteration_time_s"]
+        assert any(w.startswith(f"host: {name}") for w in a.warnings)
+        assert FastEvaluator(imported, auto).evaluate([config])[0]["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9)

@@ -55,7 +55,7 @@ from typing import Mapping, Sequence
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["DEFAULT", "EAGER", "HOST_MODELS", "NONE", "PYTORCH", "STACK_HOST_MODEL", "HostModel", "queue_times", "collective_call_s", "host_bound_times", "host_model",
+__all__ = ["AUTO", "DEFAULT", "EAGER", "HOST_MODELS", "NONE", "PYTORCH", "STACK_HOST_MODEL", "HostModel", "queue_times", "collective_call_s", "host_bound_times", "host_model",
            "pipeline_message_s",
            "iteration_overhead_s", "kernel_counts", "micro_batch_overhead_s"]
 
@@ -170,6 +170,9 @@ PYTORCH = HostModel("pytorch", kernel_s=46.5e-6, gap_s=2.86e-6, run_ahead=True)
 #: No host-side time: kernel time only (CUDA graphs, or to see the GPU-side bound).
 NONE = HostModel("none", kernel_s=0.0)
 HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, PYTORCH, NONE)})
+#: The host-model name a cluster carries when it names none: the one its run's stack runs
+#: (:data:`STACK_HOST_MODEL`; :func:`host_model` resolves it with the stack).
+AUTO = "auto"
 #: The host model each stack runs where none is named (``--host-model``): vTrain's fitted eager
 #: Megatron-DeepSpeed for Megatron, the measured eager PyTorch 2.x for PyTorch.
 STACK_HOST_MODEL: Mapping[str, str] = MappingProxyType({"megatron": EAGER.name, "pytorch": PYTORCH.name})
@@ -177,15 +180,19 @@ STACK_HOST_MODEL: Mapping[str, str] = MappingProxyType({"megatron": EAGER.name, 
 DEFAULT = EAGER
 
 
-def host_model(name: str) -> HostModel:
-    """The preset ``name`` (:data:`HOST_MODELS`).
+def host_model(name: str, stack: str | None = None) -> HostModel:
+    """The preset ``name`` (:data:`HOST_MODELS`); :data:`AUTO`: the one ``stack`` runs
+    (:data:`STACK_HOST_MODEL`, Megatron's without a stack).
 
     Raises
     ------
     ConfigError
         Unknown name (the message lists the presets).
     """
-    model = HOST_MODELS.get(str(name).strip().lower())
+    key = str(name).strip().lower()
+    if key == AUTO:
+        key = STACK_HOST_MODEL[str(stack) if stack is not None else "megatron"]
+    model = HOST_MODELS.get(key)
     if model is None:
         raise ConfigError(f"unknown host model {name!r}; use one of {', '.join(HOST_MODELS)}")
     return model

@@ -29,7 +29,7 @@ import numpy as np
 from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, flash_cores_of, layers_of, moe_of,
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of, weight_derived_of)
 from dml2comm.cost.compute import hbm_efficiency_of
-from dml2comm.cost.host import DEFAULT as DEFAULT_HOST, HostModel
+from dml2comm.cost.host import AUTO, DEFAULT as DEFAULT_HOST, HostModel, host_model
 from dml2comm.cost.loss import cross_entropy_s, hf_loss_upcasts, logits_outputs, loss_memory_bytes
 from dml2comm.cost.memory import ActivationModel, autocasts_activations
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
@@ -284,12 +284,13 @@ class LayerCoster:
     """Per-layer tables of one imported model on one GPU (module docstring)."""
 
     def __init__(self, imported: ImportResult, gpu: GPU, collapse: bool = True, collapsed: Collapsed | None = None,
-                 lenient: bool = False, host: HostModel = DEFAULT_HOST) -> None:
+                 lenient: bool = False, host: HostModel | None = DEFAULT_HOST) -> None:
         """``collapsed``: ``imported`` is already the collapsed model (another micro-batch size
         of a model whose collapse was found on a full import); else the collapse is found here
         (``collapse=False``: the whole graph).  ``lenient``: ops without a cost rule are costed
         as memory-bound (``--lenient``) instead of refused.  ``host``: the host-side model the
-        op times include (:mod:`dml2comm.cost.host`)."""
+        op times include (:mod:`dml2comm.cost.host`); None: the one each configuration's stack
+        runs (:meth:`host_for`)."""
         self.imported = imported
         self.gpu = gpu
         self.lenient = lenient
@@ -340,12 +341,17 @@ class LayerCoster:
                 cf = config.capacity_factor
         return config.cp_size, cf
 
+    def host_for(self, config: ParallelConfig) -> HostModel:
+        """The host model of ``config``: the coster's own, else its stack's
+        (:data:`dml2comm.cost.host.STACK_HOST_MODEL`)."""
+        return self.host if self.host is not None else host_model(AUTO, config.stack)
+
     def _layer_key(self, config: ParallelConfig) -> _LayersKey:
         """What the per-layer times depend on (the layers' and the partition's cache key)."""
         cp, cf = self._scale(config)
         gpu = self.gpu
         return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient,
-                          self.host, config.stack, config.attention, str(config.precision))
+                          self.host_for(config), config.stack, config.attention, str(config.precision))
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
@@ -363,7 +369,7 @@ class LayerCoster:
         gpu = self.gpu
         peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
         tp = self._tp(config)
-        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host,
+        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host_for(config),
                                                      config.stack, config.attention, config.precision)
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
@@ -439,7 +445,7 @@ class LayerCoster:
         for name, producer in logits:
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
             # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
-            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host.kernel_s, config.stack, upcast)
+            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast)
             saved, transient = loss_memory_bytes(local.numel, config.stack, upcast, config.train_dtype.itemsize)
             li = layered.layer_of_op[producer]
             loss_f[li] += f / cp

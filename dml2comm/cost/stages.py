@@ -43,7 +43,7 @@ import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
-from dml2comm.cost.host import host_model, pipeline_message_s
+from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
@@ -355,7 +355,8 @@ class StageCoster(LayerCoster):
         self._in_flight: dict[tuple, np.ndarray] = {}
         self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
         self._per_cluster: dict[object, object] = {}
-        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host_model(cluster.host_model))
+        host = None if str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model)
+        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host)
 
     def _use(self, collapsed: Collapsed | None) -> None:
         self._per_cluster.clear()  # stage tables of the graph worked on before
@@ -495,11 +496,11 @@ class StageCoster(LayerCoster):
             fwd = sent.get((ahead, gather_f, key))
             if fwd is None:  # the boundary's tensors, plus the framework's host time for the message
                 fwd = sent[(ahead, gather_f, key)] = pipeline_message_s(
-                    sum(pipeline_send_s(cost_at, ahead, gather_f, x, rep, config.tp_size) for x, rep in sizes), self.host)
+                    sum(pipeline_send_s(cost_at, ahead, gather_f, x, rep, config.tp_size) for x, rep in sizes), self.host_for(config))
             bwd = sent.get((back, gather_b, key))
             if bwd is None:
                 bwd = sent[(back, gather_b, key)] = pipeline_message_s(
-                    sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host)
+                    sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host_for(config))
             send.append(fwd)
             send_back.append(bwd)
         starts = np.array([a for a, _ in ranges])

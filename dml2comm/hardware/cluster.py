@@ -614,9 +614,11 @@ class Cluster:
         ``(file name, sha256)`` of the cluster file it was loaded from (``--cluster FILE``), else None.
     host_model
         The framework's host-side (CPU) model by name (:data:`dml2comm.cost.host.HOST_MODELS`):
-        ``"eager"`` (eager PyTorch, the default: every kernel costs the CPU a dispatch) or
-        ``"none"`` (kernel time only: CUDA-graph captured steps).  Software, like
-        ``collective_library``: the same GPUs run either.
+        ``"auto"`` (the default: the one the run's training stack runs,
+        :data:`dml2comm.cost.host.STACK_HOST_MODEL`), ``"eager"`` (Megatron-DeepSpeed's dispatch
+        per kernel), ``"pytorch"`` (eager PyTorch 2.x, the CPU running ahead) or ``"none"``
+        (kernel time only: CUDA-graph captured steps).  Software, like ``collective_library``:
+        the same GPUs run either.
 
     Raises
     ------
@@ -640,11 +642,11 @@ class Cluster:
     sources: tuple[tuple[str, str], ...] = ()
     collective_fits: tuple[CollectiveFit, ...] = ()
     source_file: tuple[str, str] | None = None
-    host_model: str = "eager"
+    host_model: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host_model, str) or not self.host_model:
-            raise ConfigError(f"cluster {self.name!r}: host_model must be a host model's name (eager, none), got {self.host_model!r}")
+            raise ConfigError(f"cluster {self.name!r}: host_model must be a host model's name (auto, eager, pytorch, none), got {self.host_model!r}")
         object.__setattr__(self, "collective_fits", tuple(self.collective_fits))
         for label, value in (("num_gpus", self.num_gpus), ("gpus_per_node", self.gpus_per_node)):
             if not _is_int(value) or value < 1:

@@ -80,7 +80,7 @@ class ClusterFile:
     calibration: Mapping[str, Any] = field(default_factory=dict)
     file_name: str = ""
     sha256: str = ""
-    host_model: str = "eager"
+    host_model: str = "auto"
     folder: str = ""  # the folder the file was read from ("" when parsed from a document)
 
     def build(self, num_gpus: int | None = None) -> Cluster:
@@ -251,7 +251,7 @@ def parse_cluster_file(data: Any, file_name: str = "", sha256: str = "") -> Clus
             collective_overhead_s=_number(net.get("collective_overhead_s", 0.0), "network.collective_overhead_s"),  # type: ignore[arg-type]
             sources=tuple(sorted(_sources(net.get("sources"), "network.sources").items())),
             collective_fits=fits, calibration=MappingProxyType(calibration), file_name=file_name, sha256=sha256,
-            host_model=_text(net.get("host_model", "eager"), "network.host_model"),
+            host_model=_text(net.get("host_model", "auto"), "network.host_model"),
         )
         spec.build()  # the cluster's own checks (a link matrix of the wrong size...) fail here, at load time
     except ConfigError as exc:
