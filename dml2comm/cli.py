@@ -276,6 +276,10 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)
+    if args.stack is None:  # say the default and the other choice (what runs the model decides the kernels)
+        slips = slips + (f"stack: megatron by default (Megatron-LM's fused kernels, {config.precision} precision, {config.attention} "
+                         "attention); for a model trained in eager PyTorch / Hugging Face pass --stack pytorch "
+                         "(with --precision amp or bf16)",)
     if slips:  # before data.json, the site and the summary are written from it
         analysis = replace(analysis, warnings=tuple(dict.fromkeys(analysis.warnings + slips)))
     from dml2comm.export.chrome_trace import trace_json
