@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Sequence, TypeVar
 import numpy as np
 
 from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
-from dml2comm.cost.gemm import analytical_times_s, shape_law
+from dml2comm.cost.gemm import ALIGNMENT_BYTES, analytical_times_s, shape_law
 from dml2comm.hardware.gpus import GPU
 
 __all__ = ["Residual", "FitOutcome", "fit_gemm_sustained", "fit_hbm_efficiency", "fit_collective", "split_by_shape",
@@ -129,9 +129,14 @@ def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float) -> np.ndarray:
     for dtype, idx in by_dtype.items():
         shp = np.array([keys[i][:4] for i in idx], dtype=float)
         in_b, out_b = GEMM_BYTES[dtype]
+        # a profiled aten::mm gives its operands' shapes, not their strides: a transposed view
+        # (the weight gradient's dY^T) makes M a row length too, so a 16-bit GEMM counts as
+        # aligned only when M, N and K all are (dml2comm.cost.gemm.is_aligned's rule on N and K)
+        dims = shp[:, 1:4].astype(np.int64)
+        aligned = np.ones(len(idx), dtype=bool) if in_b != 2 else np.all(dims % (ALIGNMENT_BYTES // in_b) == 0, axis=1)
         out[idx] = analytical_times_s(shp[:, 0], shp[:, 1], shp[:, 2], shp[:, 3], peak_flops_per_s=gpu.peak_flops_per_s[dtype],
                                       sm_count=gpu.sm_count, hbm_bytes_per_s=gpu.hbm_bytes_per_s, in_bytes=in_b,
-                                      out_bytes=out_b, sustained=f, law=shape_law(gpu))
+                                      out_bytes=out_b, sustained=f, law=shape_law(gpu), aligned=aligned)
     return out
 
 
