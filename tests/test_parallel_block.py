@@ -62,3 +62,23 @@ def test_a_sequential_block_reduces_each_row_parallel_output_at_its_gemm(sp):
         assert all(a.graph.ops[c.after_op].op_type in ("MatMul", "Gemm") for c in forward)
         assert all(c.reason.startswith("row-parallel output") for c in forward)
     assert not any(s.rule.startswith("partial sum + bias") for s in a.tp.shards)
+
+
+@pytest.mark.parametrize("name", ["cohere_tiny_dynamo.onnx", "cohere_tiny_legacy.onnx"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_order_of_a_parallel_blocks_additions_does_not_matter(name, sp):
+    """Cohere sums its parallel block as ``(x + attn) + mlp`` (GPT-NeoX: ``(attn + mlp) + x``).
+    The sum is the same, so it is reduced once per block: x joins after the one reduction of
+    attn + mlp.  Before (issue 34), ``x + attn`` reduced attn and ``+ mlp`` reduced mlp: two
+    forward all-reduces (with sequence parallelism two reduce-scatters) per block."""
+    if not (FIXTURES / name).exists():
+        pytest.skip(f"{name} not exported")
+    a, per_block = _tp_forward(name, sp)
+    reduce = CollectiveKind.REDUCE_SCATTER if sp else CollectiveKind.ALL_REDUCE
+    assert len(per_block) == 2  # two layers
+    for comms in per_block.values():
+        forward = [c for c in comms if c.phase is Phase.FORWARD and c.kind is reduce]
+        assert len(forward) == 1, [(c.kind, c.reason) for c in comms]
+        assert forward[0].reason.startswith("summed row-parallel outputs")
+    rules = [s.rule for s in a.tp.shards]
+    assert rules.count("partial sum + residual (added once, after the reduction)") == len(per_block)

@@ -643,6 +643,12 @@ def _propagate(
               and _bias_operand(graph, op, act_ins[0], weight_of) and _meets_projection(graph, op.outputs[0], weight_of)):
             out_state, rule = _State(P), "partial sum + bias (added once, after the reduction)"
             origin[op.outputs[0]] = origin.get(act_ins[0], graph.producer(act_ins[0]))  # type: ignore[assignment]
+        elif (op.op_type == "Add" and (partial := _residual_partial(graph, op, act_ins, state, sp, t)) is not None
+              and _only_meets_projections(graph, op.outputs[0], weight_of)):
+            # a parallel block summed (x + attn) + mlp (Cohere): x is added once, after the
+            # one reduction of attn + mlp, as when it is summed (attn + mlp) + x (GPT-NeoX)
+            out_state, rule = _State(P), "partial sum + residual (added once, after the reduction)"
+            origin[op.outputs[0]] = origin.get(partial, graph.producer(partial))  # type: ignore[assignment]
         else:
             for n in act_ins:
                 resolve_partial(op, n)
@@ -796,7 +802,7 @@ def _bias_operand(graph: OpGraph, op: Op, partial: str, weight_of) -> bool:
     return all(d == 1 for d in bias.shape[:-1])
 
 
-def _meets_projection(graph: OpGraph, name: str, weight_of) -> bool:
+def _meets_projection(graph: OpGraph, name: str, weight_of, only: Op | None = None) -> bool:
     """Whether ``name`` (a row-parallel output plus its bias) is next added to another
     projection's output (plus its bias): the attention and MLP outputs of a parallel block
     (GPT-J, GPT-NeoX, Phi: ``x + attn(ln(x)) + mlp(ln(x))``).
@@ -808,10 +814,11 @@ def _meets_projection(graph: OpGraph, name: str, weight_of) -> bool:
     Elsewhere (a sequential block's ``x + proj(h) + b``) the partial sum is reduced before its
     bias as Megatron-LM's ``RowParallelLinear`` does, so the bias add runs on the reduced (with
     sequence parallelism, the sequence-sharded) tensor.  The other operand's producer is
-    followed back through bias adds to a weight ``MatMul``/``Gemm``."""
+    followed back through bias adds to a weight ``MatMul``/``Gemm``; ``only``: look at that
+    reader alone."""
     for c in graph.consumers(name):
         op = graph.ops[c]
-        if op.op_type not in ("Add", "Sum"):
+        if op.op_type not in ("Add", "Sum") or (only is not None and op is not only):
             continue
         for other in op.inputs:
             if not other or other == name:
@@ -829,6 +836,47 @@ def _meets_projection(graph: OpGraph, name: str, weight_of) -> bool:
                 other = next((n for n in prod.inputs if n and weight_of(n) is None), "")
                 seen += 1
     return False
+
+
+def _residual_partial(graph: OpGraph, op: Op, act_ins: list[str], state, sp: bool, t: int) -> str | None:
+    """The partial sum of an ``Add`` of a partial sum and a residual stream ``x`` of the output's
+    full shape that every rank holds alike: replicated, or with sequence parallelism split along
+    the sequence axis the reduce-scatter gives (:func:`_only_meets_projections` says whether the
+    sum can stay partial); ``None`` otherwise."""
+    ins = [n for n in op.inputs if n]
+    if len(ins) != 2 or len(act_ins) != 2 or not op.outputs or not op.outputs[0]:
+        return None
+    kinds = [state(n).kind for n in act_ins]
+    if kinds.count(P) != 1:
+        return None
+    partial, x = (act_ins[0], act_ins[1]) if kinds[0] == P else (act_ins[1], act_ins[0])
+    out, xt = graph.tensor(op.outputs[0]), graph.tensor(x)
+    if out is None or xt is None or xt.shape != out.shape:
+        return None
+    st = state(x)
+    if st.kind == R:
+        return partial
+    seq_axis = out.rank - 2
+    if sp and st.kind == "S" and seq_axis >= 0 and st.axis == seq_axis and st.outer == 1 and out.shape[seq_axis] % t == 0:
+        return partial
+    return None
+
+
+def _only_meets_projections(graph: OpGraph, name: str, weight_of) -> bool:
+    """Whether every reader of ``name`` (a partial sum plus the residual stream) adds it to
+    another projection's output: the parallel block ``x + attn(ln(x)) + mlp(ln(x))`` summed in
+    the order ``(x + attn) + mlp`` (Cohere).  The order of additions does not change the sum, so
+    it is reduced once, as ``(attn + mlp) + x`` (GPT-J, GPT-NeoX) is: x joins after the
+    reduction.  A sequential block's ``h = x + attn`` is also read by the next norm, so it is
+    reduced at once there, as before."""
+    readers = graph.consumers(name)
+    if not readers:
+        return False
+    for c in readers:
+        op = graph.ops[c]
+        if op.op_type not in ("Add", "Sum") or not _meets_projection(graph, name, weight_of, only=op):
+            return False
+    return True
 
 
 #: Ops that pass a projection's output on unchanged in layout (its bias add is checked apart).
