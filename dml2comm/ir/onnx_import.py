@@ -56,11 +56,20 @@ CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 # Initializers that are buffers, not trainable parameters (PyTorch ``register_buffer``):
 # BatchNorm running statistics, rotary-embedding tables, position-id ranges, attention masks.
+# Neither exporter records buffer vs parameter (no initializer doc string or metadata; torch
+# 2.13), and a buffer that no gradient reaches is found from the graph (:func:`_gradient_reach`:
+# DeepSeek-V3's ``e_score_correction_bias``), so a name here is the last resort, for buffers a
+# gradient does reach: Gemma's ``embed_scale`` (sqrt(hidden), a rank-0 non-persistent buffer
+# multiplying the embedding) reads exactly like a learned scalar (CLIP's ``logit_scale``).
 _BUFFER_NAME = re.compile(
     r"(running_mean|running_var|num_batches_tracked|inv_freq|cos_cached|sin_cached|_cos_|_sin_|"
-    r"position_ids|token_type_ids|masked_bias|causal_mask|(^|\.)attn\.bias|rotary|final_logits_bias)",
+    r"position_ids|token_type_ids|masked_bias|causal_mask|(^|\.)attn\.bias|rotary|final_logits_bias|"
+    r"(^|\.)embed_scale$)",
     re.IGNORECASE,
 )
+
+#: Ops whose float output has a zero gradient almost everywhere: no gradient flows back through them.
+_ZERO_GRADIENT = frozenset({"Floor", "Ceil", "Round", "Sign"})
 
 # Op types in which a float initializer input is a learned parameter.
 _PARAMETRIC_CONSUMERS = frozenset(
@@ -1752,6 +1761,97 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
     return out
 
 
+def _gradient_reach(graph: onnx.GraphProto, dtype_of: Mapping[str, DType]) -> set[str] | None:
+    """The values a gradient of the graph's float outputs reaches: followed back from each float
+    output through float values only (an index, a mask or a comparison carries none) and never
+    through :data:`_ZERO_GRADIENT` ops.  A float initializer outside it is a buffer, not a
+    parameter, whatever reads it: DeepSeek-V3's router adds ``e_score_correction_bias`` to its
+    scores only to pick the experts (``TopK``'s indices), and torch registers it as a buffer.
+
+    ``None`` (no rule) when no output is float or a control-flow op with subgraphs is left (its
+    subgraphs read outer values implicitly).  A value of unknown type counts as float, and the
+    ops of an ``If`` branch not taken (:func:`_expand_if`: run 0 times) as reaching the loss."""
+    def is_float(name: str) -> bool:
+        dtype = dtype_of.get(name, DType.UNDEFINED)
+        return dtype is DType.UNDEFINED or dtype.is_float
+
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for a in node.attribute):
+        return None
+    reach = {o.name for o in graph.output if is_float(o.name)}
+    if not reach:
+        return None
+    for node in reversed(graph.node):
+        if node.op_type in _ZERO_GRADIENT:
+            continue
+        # an ``If`` branch not taken (run 0 times) keeps its parameters: reached as if it ran
+        if _node_repeat(node) != 0 and not any(o in reach for o in node.output if o):
+            continue
+        reach.update(n for n in node.input if n and is_float(n))
+    return reach
+
+
+def _split_merged_initializers(ops: list[Op], tensors: dict[str, Tensor], initializers: set[str],
+                               warnings: list[str]) -> list[Op]:
+    """Give every module its own copy of a parameter the dynamo exporter merged with equal ones.
+
+    The dynamo exporter stores value-equal initializers once (onnxscript's optimizer, run by
+    ``torch.onnx.export(..., optimize=True)``): in a model built from a config every norm weight
+    is ones and every bias zeros, and one initializer, named after the first of them
+    (``model.layers.0.input_layernorm.weight``), is read by the norms of every layer.  torch
+    counts one parameter per module, each with its own gradient and optimizer state, living
+    with its module on its pipeline stage; read as one weight it would be undercounted and
+    taken for a weight tied across stages.  The readers' ``pkg.torch.onnx.name_scopes`` still
+    name their modules (``Op.scope``).
+
+    An initializer weight is taken as merged when ops of at least two modules read it directly,
+    all with the same op type at the same input (a norm's ``Mul``, a bias ``Add``) and none of
+    them a lookup (``Gather``/``GatherND``), and named like a parameter (:data:`_PARAMETER_PATH`;
+    a value the exporter folded, DeBERTa's ``unsqueeze_8``, is not torch's).  A tied weight is read in different roles (GPT-2's
+    table by the embedding's ``Gather`` and the head's ``Transpose``/``MatMul``), and a table
+    shared by several embeddings (an encoder-decoder's) by lookups, so neither is split.  The
+    module the name belongs to (else the first reader's) keeps the initializer; each other
+    module reads a new weight named ``<module>.<attribute>``, torch's name for its parameter.
+    A merged weight read through a view (a ``Cast``) stays one weight (the README's
+    limitations)."""
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for i, op in enumerate(ops):
+        for slot, n in enumerate(op.inputs):
+            if n in initializers:
+                readers.setdefault(n, []).append((i, slot))
+    renamed: dict[int, dict[int, str]] = {}
+    split: list[str] = []
+    for name, reads in readers.items():
+        t = tensors.get(name)
+        if t is None or not t.is_weight or t.tied_to is not None:
+            continue
+        roles = {(ops[i].op_type, ops[i].domain, slot) for i, slot in reads}
+        scopes = list(dict.fromkeys(ops[i].scope for i, _ in reads))
+        if (len(scopes) < 2 or len(roles) != 1 or "" in scopes or next(iter(roles))[0] in ("Gather", "GatherND")
+                or not _PARAMETER_PATH.match(name)):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        keep = owner if owner in scopes else scopes[0]
+        copies = {scope: f"{scope}.{leaf or name}" for scope in scopes if scope != keep}
+        if any(c in tensors for c in copies.values()):
+            continue
+        for copy in copies.values():
+            tensors[copy] = Tensor(copy, t.shape, t.dtype, is_weight=True)
+        for i, slot in reads:
+            if ops[i].scope != keep:
+                renamed.setdefault(i, {})[slot] = copies[ops[i].scope]
+        split.append(name)
+    if not split:
+        return ops
+    warnings.append(
+        f"{len(split)} initializer(s) the dynamo exporter merged (equal values) read by several modules: each module "
+        f"counts its own parameter, as torch does (e.g. {split[0]!r})"
+    )
+    out = list(ops)
+    for i, slots in renamed.items():
+        out[i] = replace(ops[i], inputs=tuple(slots.get(k, n) for k, n in enumerate(ops[i].inputs)))
+    return out
+
+
 def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
              shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]]) -> tuple[OpGraph, list[str]]:
     graph = model.graph
@@ -1764,11 +1864,22 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
 
     tensors: dict[str, Tensor] = {}
     initializer_names = set()
+    dtype_of = {n: dtype for n, (_, dtype) in shapes.items()}
+    dtype_of.update((init.name, _dtype(init.data_type)) for init in graph.initializer)
+    reach = _gradient_reach(graph, dtype_of)
+    unreached: list[str] = []
     for init in graph.initializer:
         initializer_names.add(init.name)
         shape = tuple(int(d) for d in init.dims)
         dtype = _dtype(init.data_type)
-        tensors[init.name] = Tensor(init.name, shape, dtype, is_weight=_is_parameter(init.name, dtype, shape, consumers))
+        weight = _is_parameter(init.name, dtype, shape, consumers)
+        if weight and reach is not None and init.name not in reach:
+            weight = False
+            unreached.append(init.name)
+        tensors[init.name] = Tensor(init.name, shape, dtype, is_weight=weight)
+    if unreached:
+        warnings.append(f"{len(unreached)} float initializer(s) no gradient reaches (buffers, e.g. {unreached[0]!r}): "
+                        "not counted as parameters")
 
     inputs: list[str] = []
     unknown: dict[str, list[str]] = {}
@@ -1823,6 +1934,8 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node),
                       _node_repeat(node)))
 
+    if _is_dynamo_export(graph):
+        ops = _split_merged_initializers(ops, tensors, initializer_names, warnings)
     ops = _parameter_derived(ops, tensors, consumers, warnings)
     warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings, _is_dynamo_export(graph)))
     if no_shape:
