@@ -266,13 +266,15 @@ def test_find_moe_follows_views_to_the_expert_weights():
         helper.make_node("TopK", ["logits", "k"], ["top_v", "top_i"], name="/model/layers.0/mlp/TopK"),
         helper.make_node("Slice", ["stacked", "s0", "s1", "ax"], ["w_s"], name="/model/layers.0/mlp/Slice"),
         helper.make_node("Squeeze", ["w_s", "ax"], ["w"], name="/model/layers.0/mlp/Squeeze"),
-        helper.make_node("MatMul", ["x", "w"], ["y"], name="/model/layers.0/mlp/experts/MatMul"),
+        helper.make_node("MatMul", ["x", "w"], ["ye"], name="/model/layers.0/mlp/experts/MatMul"),
+        # the routing weights scale the expert's output (so the router gets a gradient)
+        helper.make_node("ReduceSum", ["top_v", "last"], ["r"], name="/model/layers.0/mlp/ReduceSum", keepdims=1),
+        helper.make_node("Mul", ["ye", "r"], ["y"], name="/model/layers.0/mlp/Mul"),
     ]
-    inits = [weight("gate.w", [16, 4]), weight("stacked", [4, 16, 32]), i64("k", [2]), i64("s0", [0]), i64("s1", [1]), i64("ax", [0])]
+    inits = [weight("gate.w", [16, 4]), weight("stacked", [4, 16, 32]), i64("k", [2]), i64("s0", [0]), i64("s1", [1]), i64("ax", [0]),
+             i64("last", [-1])]
     g = load_model_proto(model(nodes, [x], [y], inits)).graph
-    # the router's weight reaches no output in this cut-down graph (only TopK reads its product,
-    # and nothing reads TopK's values): no gradient reaches it, so it counts as a buffer
-    assert g.num_params == 4 * 16 * 32
+    assert g.num_params == 16 * 4 + 4 * 16 * 32
     moe = find_moe(g, [0] * len(g.ops))
     assert moe is not None and (moe.experts, moe.top_k, moe.hidden) == (4, 2, 16)
     assert moe.expert_weights == {"stacked"}
