@@ -559,4 +559,7 @@ def _check_not_a_command_typo(first: str) -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """The error on one line, its control characters (a model's dim name holding ESC) replaced."""
+    from dml2comm.render.fmt import printable
+
+    return " ".join(printable(text).split())
