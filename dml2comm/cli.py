@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_stack_arguments, positive_int, stack_kwargs
+from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.export.files import publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
@@ -71,7 +71,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="context parallelism: ulysses (AllToAll of Q/K/V/output) or ring (K/V Send/Recv ring attention)")
     g.add_argument("--ep", type=_positive, default=1,
                    help="expert-parallel size e for MoE models: experts placed e-way, carved out of d x c (default 1)")
-    g.add_argument("--capacity-factor", type=float, default=1.0,
+    g.add_argument("--capacity-factor", type=finite_float(), default=1.0,
                    help="MoE expert capacity factor: padded expert buffers and AllToAlls (default 1.0, DeepSpeed MoE)")
     g.add_argument("--gpus", type=_positive, help="total GPUs, cross-checked against d*t*p*c")
     g.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
@@ -92,7 +92,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
     g.add_argument("--grad-reduce-dtype", choices=["bf16", "fp16", "fp32"],
                    help="dtype of the gradient all-reduce (default: the training dtype; fp32 = Megatron --accumulate-allreduce-grads-in-fp32)")
-    g.add_argument("--dropout", type=float, default=0.0,
+    g.add_argument("--dropout", type=finite_float(), default=0.0,
                    help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0)")
     g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
     b = p.add_argument_group("batch and precision")
@@ -113,7 +113,7 @@ def analysis_parser() -> argparse.ArgumentParser:
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's, one per GPU on the DGX presets): "
                    "each GPU's inter-node share is the node's NICs over its GPUs")
-    h.add_argument("--collective-overhead-us", type=float, default=0.0,
+    h.add_argument("--collective-overhead-us", type=finite_float(), default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                         "the presets' fitted value for standalone calls is 51.5)")
     h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
