@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
-from dml2comm.export.files import publish_files
+from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
 
 __all__ = ["main"]
@@ -222,6 +222,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     parser = analysis_parser()
     _load_config_defaults(parser, argv)
     args = parser.parse_args(argv)
+    check_output_folder(args.out)  # before any work: an --out that is a file, or cannot be written
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import check_gpu_matches_cluster, get_cluster, make_cluster
     from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
@@ -502,7 +503,28 @@ def run_zoo(argv: Sequence[str]) -> int:
     return 0
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every staging folder's ``finally`` removes it."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
+    own = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
+    try:
+        return _main(argv)
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "zoo":
@@ -541,9 +563,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Dml2CommError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that failed after the up-front checks (disk full, a folder removed meanwhile)
+        where = f" {str(exc.filename)!r}" if exc.filename else ""
+        print(f"error: cannot read or write{where}: {_one_line(exc.strerror or str(exc))}; check the output path, its permissions "
+              "and the free space", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("error: terminated (SIGTERM); nothing was written (the staging folders are removed)", file=sys.stderr)
+        return 143
 
 
 def _check_not_a_command_typo(first: str) -> None:

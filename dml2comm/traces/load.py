@@ -593,6 +593,9 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
         else:
             rank = from_name
     world = _int(info.get("world_size"), -1)
+    if 0 < world <= rank:
+        raise TraceError(f"{path.name!r} is rank {rank} of a world of {world} ranks (distributedInfo), but ranks run 0 to "
+                         f"{world - 1}: the file's distributedInfo (or name) is wrong; pass the traces of one run as written")
     devices = meta.deviceProperties if isinstance(meta.deviceProperties, list) else []
     device = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
     base = meta.baseTimeNanoseconds
