@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 
 from dml2comm.errors import ConfigError
 
@@ -39,15 +40,38 @@ class OneLineParser(argparse.ArgumentParser):
         raise ConfigError(f"{message}{suggest_options(self, message)} (see --help)")
 
 
+#: The largest value a size flag takes (2**53: every integer up to it is exact in a float and
+#: in data.json; ONNX dims are int64).  The plannable sizes are smaller still
+#: (:data:`dml2comm.parallel.config.MAX_GPUS`, ``MAX_SCHEDULE_STEPS``).
+MAX_SIZE = 2**53
+
+
 def positive_int(text: str) -> int:
-    """argparse ``type=`` for sizes: a positive integer."""
+    """argparse ``type=`` for sizes: a positive integer up to :data:`MAX_SIZE`."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**53 = {MAX_SIZE:,}, got {text}")
     return value
+
+
+def finite_float(minimum: float = 0.0):
+    """argparse ``type=`` for a quantity: a finite number of at least ``minimum`` (``nan`` and
+    ``inf`` are refused by the flag's name, not by an internal field's)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a finite number >= {minimum:g}, got {text!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
 
 
 def add_stack_arguments(group) -> None:

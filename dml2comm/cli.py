@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_stack_arguments, positive_int, stack_kwargs
+from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
-from dml2comm.export.files import publish_files
+from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
 
 __all__ = ["main"]
@@ -71,7 +71,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="context parallelism: ulysses (AllToAll of Q/K/V/output) or ring (K/V Send/Recv ring attention)")
     g.add_argument("--ep", type=_positive, default=1,
                    help="expert-parallel size e for MoE models: experts placed e-way, carved out of d x c (default 1)")
-    g.add_argument("--capacity-factor", type=float, default=1.0,
+    g.add_argument("--capacity-factor", type=finite_float(), default=1.0,
                    help="MoE expert capacity factor: padded expert buffers and AllToAlls (default 1.0, DeepSpeed MoE)")
     g.add_argument("--gpus", type=_positive, help="total GPUs, cross-checked against d*t*p*c")
     g.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
@@ -92,7 +92,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
     g.add_argument("--grad-reduce-dtype", choices=["bf16", "fp16", "fp32"],
                    help="dtype of the gradient all-reduce (default: the training dtype; fp32 = Megatron --accumulate-allreduce-grads-in-fp32)")
-    g.add_argument("--dropout", type=float, default=0.0,
+    g.add_argument("--dropout", type=finite_float(), default=0.0,
                    help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0)")
     g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
     b = p.add_argument_group("batch and precision")
@@ -113,7 +113,7 @@ def analysis_parser() -> argparse.ArgumentParser:
     h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
     h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's, one per GPU on the DGX presets): "
                    "each GPU's inter-node share is the node's NICs over its GPUs")
-    h.add_argument("--collective-overhead-us", type=float, default=0.0,
+    h.add_argument("--collective-overhead-us", type=finite_float(), default=0.0,
                    help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                         "the presets' fitted value for standalone calls is 51.5)")
     h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
@@ -222,6 +222,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     parser = analysis_parser()
     _load_config_defaults(parser, argv)
     args = parser.parse_args(argv)
+    check_output_folder(args.out)  # before any work: an --out that is a file, or cannot be written
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import check_gpu_matches_cluster, get_cluster, make_cluster
     from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
@@ -502,7 +503,28 @@ def run_zoo(argv: Sequence[str]) -> int:
     return 0
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every staging folder's ``finally`` removes it."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
+    own = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
+    try:
+        return _main(argv)
+    finally:
+        if own:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "zoo":
@@ -541,9 +563,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Dml2CommError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that failed after the up-front checks (disk full, a folder removed meanwhile)
+        where = f" {str(exc.filename)!r}" if exc.filename else ""
+        print(f"error: cannot read or write{where}: {_one_line(exc.strerror or str(exc))}; check the output path, its permissions "
+              "and the free space", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("error: terminated (SIGTERM); nothing was written (the staging folders are removed)", file=sys.stderr)
+        return 143
 
 
 def _check_not_a_command_typo(first: str) -> None:
@@ -559,4 +589,7 @@ def _check_not_a_command_typo(first: str) -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """The error on one line, its control characters (a model's dim name holding ESC) replaced."""
+    from dml2comm.render.fmt import printable
+
+    return " ".join(printable(text).split())

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.export.files import check_output_file, check_output_folder
 from dml2comm.calibrate.fit import (GEMM_FIT_DTYPES, MIN_COLLECTIVE_SIZES, MIN_GEMM_FLOPS, MIN_GEMM_SHAPES, MIN_MEMORY_BYTES,
                                     MIN_MEMORY_SHAPES, SUSTAINED_BOUNDS, FitOutcome, fit_collective, fit_gemm_sustained,
                                     fit_hbm_efficiency)
@@ -188,6 +189,16 @@ def read_traces(files: Sequence[Path], executor: Executor | None = None,
     return [r for r in results if r is not None], failed
 
 
+#: The longest a profiled kernel may take (one hour): a longer or non-finite duration (a trace
+#: whose dur reads 1e308) is not a measurement, and fitting it gives a zero efficiency.
+MAX_KERNEL_S = 3600.0
+
+
+def _plausible(samples: list[Any]) -> list[Any]:
+    """The samples whose ``time_s`` is a finite duration in (0, :data:`MAX_KERNEL_S`]."""
+    return [x for x in samples if 0.0 < x.time_s <= MAX_KERNEL_S]
+
+
 def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.0, *,
               today: datetime.date | None = None, executor: Executor | None = None,
               on_progress: Callable[[int, int], None] | None = None) -> Calibration:
@@ -227,6 +238,12 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
     gemms: list[GemmSample] = [g for i in infos for g in i.samples.gemms]
     memory: list[MemorySample] = [m for i in infos for m in i.samples.memory]
     colls: list[CollectiveSample] = [c for i in infos for c in classify_collectives(i.samples.collectives, i.world_size, per_node)]
+    before = len(gemms) + len(memory) + len(colls)
+    gemms, memory, colls = _plausible(gemms), _plausible(memory), _plausible(colls)
+    absurd = before - len(gemms) - len(memory) - len(colls)
+    if absurd:
+        warnings.append(f"{absurd} kernel sample(s) left out: a duration that is not a positive number below "
+                        f"{MAX_KERNEL_S:.0f} s (the trace's dur is in microseconds); check how the trace was written")
     shaped = sum(i.samples.shaped_ops for i in infos)
     nccl = sum(i.samples.nccl_kernels for i in infos)
     if not shaped and not colls:
@@ -418,6 +435,9 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
     site = None if args.no_site else Path(args.site) if args.site else default_site_dir(out)
     if site is not None and (site.resolve() == out.resolve() or out.resolve().is_relative_to(site.resolve())):
         raise ConfigError(f"--site {str(site)!r} would hold the cluster file {str(out)!r}; pick another folder")
+    check_output_file(out, "-o")  # before any trace is read or the page is written
+    if site is not None:
+        check_output_folder(site, "--site")
     files = find_trace_files(list(args.traces))  # a missing path is an error before any worker starts
     progress = progress_bar("traces", sys.stderr.isatty())
     try:

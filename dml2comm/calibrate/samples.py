@@ -34,11 +34,10 @@ References: Kineto ``libkineto/src/output_json.cpp``; PyTorch ``torch/csrc/profi
 
 from __future__ import annotations
 
-import gzip
 import hashlib
+import mmap
 import math
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -48,7 +47,7 @@ import numpy as np
 
 from dml2comm.cost.gemm import training_gemms
 from dml2comm.errors import ModelError
-from dml2comm.traces.load import CommRecord, Kind, RankTrace, TraceError, load_trace
+from dml2comm.traces.load import CommRecord, Kind, RankTrace, TraceError, load_trace, read_trace_bytes
 
 __all__ = ["GemmSample", "MemorySample", "CollectiveSample", "RawCollective", "TraceSamples", "TraceFile", "trace_samples",
            "file_samples", "classify_collectives", "collective_kind", "GEMM_KERNEL", "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES",
@@ -295,30 +294,34 @@ def classify_collectives(raw: Sequence[RawCollective], world_size: int | None, g
 
 
 def _metadata(path: Path) -> tuple[str, dict[str, Any]]:
-    """(sha256 of the file as stored, the trace's top-level keys other than ``traceEvents``)."""
+    """(sha256 of the file as stored, the trace's top-level keys other than ``traceEvents``);
+    the text read as :func:`~dml2comm.traces.load.read_trace_bytes` reads it (a gzip inflated
+    under the cap)."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
-        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}") from exc
-    digest = hashlib.sha256(raw).hexdigest()
-    text = raw
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            text = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(f"{path.name!r} is a truncated or corrupt .gz file ({exc}); copy it again from the run") from exc
+        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}; check the path and its permissions") from exc
+    text = read_trace_bytes(path)
+    meta: dict[str, Any] = {}
     try:
         top = msgspec.json.decode(text, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        for key, value in top.items():
+            if key == "traceEvents":
+                continue
+            try:
+                meta[key] = msgspec.json.decode(value)
+            except (msgspec.DecodeError, RecursionError):
+                continue
+        top = value = None  # the Raw views into the mapped text, released before it is closed
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return digest, {}  # a bare event list, or not JSON: load_trace says which
-    meta: dict[str, Any] = {}
-    for key, value in top.items():
-        if key == "traceEvents":
-            continue
-        try:
-            meta[key] = msgspec.json.decode(value)
-        except msgspec.DecodeError:
-            continue
+    finally:
+        if isinstance(text, mmap.mmap):
+            try:
+                text.close()
+            except BufferError:  # a Raw view is still alive (an error's traceback): closed when collected
+                pass
     return digest, meta
 
 
@@ -345,8 +348,8 @@ def file_samples(path: str) -> TraceFile:
         The file is missing, truncated or not a PyTorch-profiler trace.
     """
     p = Path(path)
+    trace = load_trace(p, shapes=True)  # first: it names what is wrong with a file that is not a trace
     digest, meta = _metadata(p)
-    trace = load_trace(p, shapes=True)
     props = meta.get("deviceProperties")
     devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     return TraceFile(p.name, digest, trace.rank, trace.world_size, devices, _versions(meta), trace_samples(trace))

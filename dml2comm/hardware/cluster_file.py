@@ -44,6 +44,10 @@ __all__ = ["FORMAT", "ClusterFile", "load_cluster_file", "loaded_cluster_file", 
 FORMAT = "dml2comm-cluster/1"
 
 _TOP_REQUIRED = ("format", "name", "gpu", "gpus_per_node", "topology", "links")
+#: A cluster file's ``assumptions``: at most this many sentences of at most this many characters
+#: (they are copied into every data.json, summary and page that uses the file).
+MAX_ASSUMPTIONS = 64
+MAX_ASSUMPTION_CHARS = 1000
 _TOP_OPTIONAL = ("base", "assumptions", "network", "collective_fits", "calibration")
 _TOP_DERIVED = ("num_gpus", "num_nodes")
 _GPU_REQUIRED = ("name", "peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
@@ -226,6 +230,11 @@ def parse_cluster_file(data: Any, file_name: str = "", sha256: str = "") -> Clus
     assumptions = top.get("assumptions") or []
     if not isinstance(assumptions, list) or not all(isinstance(a, str) for a in assumptions):
         raise ConfigError("assumptions must be a list of sentences")
+    if len(assumptions) > MAX_ASSUMPTIONS or any(len(a) > MAX_ASSUMPTION_CHARS for a in assumptions):
+        longest = max(map(len, assumptions), default=0)
+        raise ConfigError(f"assumptions: {len(assumptions):,} sentences, the longest {longest:,} characters; keep at most "
+                          f"{MAX_ASSUMPTIONS} of at most {MAX_ASSUMPTION_CHARS:,} characters each (they are copied into "
+                          "every data.json and page)")
     fits_data = top.get("collective_fits") or []
     if not isinstance(fits_data, list):
         raise ConfigError("collective_fits must be a list of {kind, group_size, level, alpha_s, beta_s_per_byte}")

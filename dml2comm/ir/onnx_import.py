@@ -1941,9 +1941,22 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
     if no_shape:
         op_type, (domain, node_name) = next(iter(no_shape.items()))
         where = f" (domain {domain!r})" if domain not in ("", "ai.onnx") else ""
+        if domain not in ("", "ai.onnx"):  # a custom op: only declared, fully numeric shapes size it
+            raise ModelError(
+                f"ONNX shape inference cannot infer the output of custom op {op_type!r}{where} at node {node_name!r}; "
+                "declare its output shapes in the model's value_info with every dim a number for the sizes you bind "
+                "(symbolic dims there are dropped once the inputs are bound), or replace the op with standard ONNX ops"
+            )
+        if op_type == "Reshape":
+            raise ModelError(
+                f"ONNX shape inference cannot apply the target shape of Reshape at node {node_name!r}: a target holds sizes "
+                ">= 0, at most one -1, and multiplies to the input's size (a size below -1 is invalid); fix the target in "
+                "the exporting code"
+            )
         raise ModelError(
-            f"ONNX shape inference cannot infer the output of op {op_type!r}{where} at node {node_name!r}; "
-            "declare its output shapes in the model's value_info, or replace the op with standard ONNX ops"
+            f"ONNX shape inference cannot infer the output of op {op_type!r} at node {node_name!r} from its inputs; "
+            "onnx.shape_inference.infer_shapes(model, strict_mode=True) names the inconsistent input or attribute: "
+            "fix it in the exporting code"
         )
     if unknown:
         # Every input dim is bound by now (load_model_proto refuses unbound ones first), so these

@@ -9,7 +9,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
 __all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
-           "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES"]
+           "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES",
+           "MAX_GPUS", "MAX_SCHEDULE_STEPS", "check_gpu_count"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
 
@@ -110,6 +111,23 @@ CP_SCHEMES = ("ulysses", "ring")
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 
 
+#: The most GPUs a configuration may span, d x t x p x c (4,194,304 = 2**22): four times the
+#: largest clusters planned today (about a million GPUs, which still plan in seconds); the
+#: rank lists of larger products would not fit in memory.
+MAX_GPUS = 2**22
+#: The most micro-batch slots the simulator holds, p x m x v (the pipeline's steps; 131,072 =
+#: 2**17 take about 5 s and 1 GB): real runs have thousands (Megatron's 1T GPT: p=64, m=192).
+MAX_SCHEDULE_STEPS = 2**17
+
+
+def check_gpu_count(gpus: int, flag: str = "--gpus") -> None:
+    """Refuse a GPU count above :data:`MAX_GPUS` (a sweep's ``--gpus``, ``--scaling``) before
+    anything is enumerated."""
+    if gpus > MAX_GPUS:
+        raise ConfigError(f"{flag} {gpus:,} is beyond the {MAX_GPUS:,} GPUs dml2comm plans (far beyond any real cluster); "
+                          f"use at most {MAX_GPUS:,}")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Sizes ``dp_size`` (d), ``tp_size`` (t), ``pp_size`` (p) and the batch.
@@ -195,6 +213,7 @@ class ParallelConfig:
         # flag strings become the enums (frozen: set through object.__setattr__)
         object.__setattr__(self, "schedule", Schedule(self.schedule))
         object.__setattr__(self, "recompute", Recompute(self.recompute))
+        self._check_plannable()
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -222,6 +241,24 @@ class ParallelConfig:
                 f"--ep {self.ep_size} must divide d x c = {self.dp_size} x {self.cp_size} = {self.dp_size * self.cp_size} "
                 "(expert parallelism is carved out of the data- and context-parallel ranks); change --ep or --d"
             )
+
+    def _check_plannable(self) -> None:
+        """Refuse sizes the planner cannot hold (:data:`MAX_GPUS`, :data:`MAX_SCHEDULE_STEPS`)
+        before any rank list or schedule array is built."""
+        gpus = self.dp_size * self.tp_size * self.pp_size * self.cp_size
+        if gpus > MAX_GPUS:
+            raise ConfigError(f"d x t x p x c = {self.dp_size} x {self.tp_size} x {self.pp_size} x {self.cp_size} = {gpus:,} GPUs "
+                              f"is beyond the {MAX_GPUS:,} GPUs dml2comm plans (far beyond any real cluster); use smaller --d/--t/--p/--cp")
+        if self.micro_batch_size * self.dp_size > self.global_batch_size:
+            return  # the divisibility check below says what is wrong
+        m = self.global_batch_size // (self.micro_batch_size * self.dp_size)
+        chunks = self.virtual_stages if self.schedule is Schedule.INTERLEAVED else 1
+        steps = self.pp_size * m * chunks
+        if steps > MAX_SCHEDULE_STEPS:
+            raise ConfigError(f"p x m x v = {self.pp_size} x {m:,} x {chunks} = {steps:,} pipeline steps (m = global batch "
+                              f"{self.global_batch_size:,} / (b {self.micro_batch_size} x d {self.dp_size})) is beyond the "
+                              f"{MAX_SCHEDULE_STEPS:,} the simulator holds; use a smaller --global-batch-size, a larger "
+                              "--micro-batch-size" + (" or fewer --virtual-stages" if chunks > 1 else ""))
 
     @property
     def num_micro_batches(self) -> int:

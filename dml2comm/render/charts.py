@@ -26,13 +26,12 @@ Sizes: the root element carries ``width``/``height`` in points and a ``viewBox``
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from dml2comm.network.kinds import Phase
 from dml2comm.render.facts import Facts
-from dml2comm.render.fmt import fmt_bytes, fmt_num, fmt_s, rank_ranges
+from dml2comm.render.fmt import fmt_bytes, fmt_num, fmt_s, printable, rank_ranges
 
 __all__ = [
     "Chart",
@@ -62,13 +61,10 @@ GRID_COLOUR = "#e8eaed"
 AXIS_COLOUR = "#5f6368"
 TEXT_COLOUR = "#3c4043"
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
-
-
 def xml_text(text: object) -> str:
     """Escape ``text`` for SVG character data and attribute values: ``& < > " '`` become
     entities and control characters (forbidden in XML) become U+FFFD."""
-    s = _CONTROL.sub("\ufffd", str(text))
+    s = printable(text)
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;").replace("'", "&#39;")
 
 

@@ -23,7 +23,6 @@ turned into entities; control characters become U+FFFD (XML forbids them).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -31,6 +30,7 @@ from dml2comm.analysis import CommNode
 from dml2comm.network.kinds import ParallelDim, Phase
 from dml2comm.render.facts import Boundary, Facts, kind_label
 from dml2comm.render.fmt import (
+    printable,
     fmt_bytes,
     fmt_count,
     fmt_flops,
@@ -73,7 +73,6 @@ FONT = "Helvetica"
 COMM_SHAPE = "hexagon"
 _TRUNCATE = 48
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
 
 
 def html_text(text: object, newline: str = "<BR/>") -> str:
@@ -82,7 +81,7 @@ def html_text(text: object, newline: str = "<BR/>") -> str:
     ``\\`` -> ``\\\\`` (Graphviz expands ``\\N`` even in HTML labels), ``& < > " '`` -> XML
     entities, control characters -> U+FFFD, newlines -> ``newline``.
     """
-    s = _CONTROL.sub("\ufffd", str(text)).replace("\r\n", "\n").replace("\r", "\n")
+    s = printable(text).replace("\r\n", "\n").replace("\r", "\n")
     s = s.replace("\\", "\\\\")
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;").replace("'", "&#39;")
     return s.replace("\n", newline)
@@ -90,7 +89,7 @@ def html_text(text: object, newline: str = "<BR/>") -> str:
 
 def dot_quote(text: object) -> str:
     """A DOT double-quoted string: backslashes, quotes and newlines escaped."""
-    s = _CONTROL.sub("\ufffd", str(text)).replace("\r\n", "\n").replace("\r", "\n")
+    s = printable(text).replace("\r\n", "\n").replace("\r", "\n")
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 

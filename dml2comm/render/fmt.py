@@ -17,12 +17,14 @@ everywhere: ``µs``, never ``us``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 __all__ = [
     "UNIT_SPACE",
     "plain",
+    "printable",
     "fmt_s",
     "fmt_bytes",
     "fmt_flops",
@@ -51,6 +53,23 @@ __all__ = [
 #: Between a number and its unit: a no-break space (U+00A0), see the module docstring.
 UNIT_SPACE = "\u00a0"
 _U = UNIT_SPACE
+
+
+#: Control characters: C0 but tab, newline and carriage return; DEL; C1 (``\x9b`` is a CSI to
+#: some terminals); and the non-characters U+FFFE/U+FFFF.  XML 1.0 (Sec. 2.2, ``Char``) forbids
+#: the C0 ones even as character references, and a terminal acts on ESC and BEL.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control character replaced by U+FFFD (the replacement character).
+
+    The one cleaner for strings that come from a model or a trace (names, dims, op types,
+    kernel names) wherever they are shown: the terminal (:mod:`dml2comm.render.terminal`, the
+    ``error:`` line), DOT labels and SVG text (:func:`dml2comm.render.dot.html_text`,
+    :func:`dml2comm.render.charts.xml_text`, :mod:`dml2comm.render.svg`).  An ESC or BEL in a dim
+    name would otherwise drive the terminal, and make an SVG that is not well-formed XML."""
+    return _CONTROL.sub("\ufffd", str(text))
 
 
 def plain(text: str) -> str:

@@ -28,6 +28,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from dml2comm.errors import Dml2CommError
 from dml2comm.render.dot import Annotation, Drawing
+from dml2comm.render.fmt import printable
 
 __all__ = ["GraphvizError", "LayoutCache", "RenderStats", "find_dot", "render", "resolve_links", "DOT_MISSING"]
 
@@ -162,7 +163,7 @@ def annotate(svg: str, drawing: Drawing) -> str:
         if line.startswith(("<?xml", "<!DOCTYPE", ' "http://www.w3.org')):
             continue
         if line == "<title>G</title>":
-            out.append(f"<title>{escape(drawing.title)}</title>")
+            out.append(f"<title>{escape(printable(drawing.title))}</title>")
             continue
         m = _G_OPEN.match(line)
         if not m:
@@ -174,7 +175,7 @@ def annotate(svg: str, drawing: Drawing) -> str:
         if i < len(lines) and _TITLE.match(lines[i]):
             i += 1
             if note is not None and note.tooltip:
-                out.append(f"<title>{escape(note.tooltip)}</title>")
+                out.append(f"<title>{escape(printable(note.tooltip))}</title>")
         body: list[str] = []
         while i < len(lines) and lines[i] != "</g>":
             body.append(lines[i])

@@ -12,7 +12,7 @@ as whitespace too (``rich/_wrap.py``: words are ``\\s*\\S+\\s*``, and ``\\s`` ma
   :mod:`textwrap`, which breaks only at ASCII whitespace, so a number stays with its unit.
 
 Cells are plain strings (not rich markup: model and configuration text reaches the terminal
-as written) or :class:`rich.text.Text` with one style for the whole cell (a red total).
+as written, control characters replaced by :func:`~dml2comm.render.fmt.printable`) or :class:`rich.text.Text` with one style for the whole cell (a red total).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from dml2comm.render.fmt import printable
 
 __all__ = ["Cell", "console_width", "fit_table", "kv_table", "line", "table_width"]
 
@@ -52,7 +54,7 @@ def console_width() -> int:
 
 
 def _text(cell: Cell) -> Text:
-    return cell.copy() if isinstance(cell, Text) else Text(str(cell))
+    return cell.copy() if isinstance(cell, Text) else Text(printable(cell))
 
 
 def _width(cell: Cell) -> int:
@@ -155,7 +157,7 @@ def line(text: str, width: int, prefix: str = "", style: str | None = None, inde
     only, the continuation lines indented by ``indent``; ``style`` colours the prefix
     (``warning:`` in yellow)."""
     head = f"{prefix} " if prefix else ""
-    lines = textwrap.wrap(head + text, width, subsequent_indent=" " * indent, break_on_hyphens=False,
+    lines = textwrap.wrap(head + printable(text), width, subsequent_indent=" " * indent, break_on_hyphens=False,
                           break_long_words=False) or [head]
     out = Text("\n".join(lines))
     if prefix and style:

@@ -36,12 +36,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_stack_arguments, positive_int, stack_kwargs
+from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
-from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
+from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, check_gpu_count
 from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug,
                                        scaling_folder, scaling_reproduce)
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
@@ -239,7 +239,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     s.add_argument("--weak", action="store_true", help="weak scaling: fixed batch per GPU (global batch = per-GPU batch x GPUs)")
     s.add_argument("--per-gpu-batch", type=_positive, help="weak scaling: samples per GPU per iteration (default: "
                                                           "--global-batch-size / the first count, else 1)")
-    s.add_argument("--efficiency-threshold", type=float, default=0.8,
+    s.add_argument("--efficiency-threshold", type=finite_float(), default=0.8,
                    help="parallel efficiency below which scaling breaks down (default 0.8)")
     c = p.add_argument_group("constraints (comma-separated lists)")
     for flag in ("--d", "--t", "--p"):
@@ -306,6 +306,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
         raise ConfigError("--weak and --per-gpu-batch belong to a scaling study; add --scaling N1,N2,...")
     if args.gpus is None:
         raise ConfigError("sweep needs --gpus N (or --scaling N1,N2,... for a scaling study)")
+    check_gpu_count(args.gpus)
     space = SweepSpace(global_batch_size=args.global_batch_size or args.gpus, seq_len=args.seq_len, constraints=constraints)
     constraints.check(args.gpus)  # bad constraints fail before the model is read
     out = Path(args.out or "out/sweep")
@@ -373,6 +374,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     from dml2comm.search.scaling import parse_gpu_counts, plan_scaling, run_scaling, scaling_csv
 
     counts = parse_gpu_counts(args.scaling)
+    check_gpu_count(max(counts), "--scaling")
     plan = plan_scaling(counts, args.weak, args.global_batch_size, args.per_gpu_batch, args.efficiency_threshold)
     dataclasses.replace(constraints, d=None, t=None, p=None).check(counts[0])  # bad constraints fail before the model is read
     out = Path(args.out or "out/sweep")

@@ -44,6 +44,7 @@ from dml2comm.analysis import Analysis
 from dml2comm.errors import Dml2CommError
 from dml2comm.render.dot import Drawing, all_drawings
 from dml2comm.render.facts import Facts
+from dml2comm.render.fmt import printable
 from dml2comm.render.svg import LayoutCache, render, resolve_links
 from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, site_charts
 from dml2comm.site.references import preset_tables, reference_sections
@@ -80,8 +81,16 @@ _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!])")
 def md_text(value: object) -> Markup:
     """Model text for a Markdown paragraph: whitespace collapsed, Markdown punctuation
     backslash-escaped (so ``*`` or ``_`` in a name stays literal), then HTML-escaped."""
-    text = " ".join(str(value).split())
+    text = " ".join(printable(value).split())
     return Markup(escape(_MD_SPECIAL.sub(r"\\\1", text)))
+
+
+def _printable(value: object) -> object:
+    """Jinja ``finalize``: every string a template prints (a model's op or dim name) with its
+    control characters replaced (:func:`dml2comm.render.fmt.printable`), before autoescape."""
+    if isinstance(value, Markup):
+        return Markup(printable(value))
+    return printable(value) if isinstance(value, str) else value
 
 
 def environment(templates: Path = TEMPLATES) -> Environment:
@@ -91,6 +100,7 @@ def environment(templates: Path = TEMPLATES) -> Environment:
         autoescape=True,
         undefined=StrictUndefined,
         keep_trailing_newline=True,
+        finalize=_printable,
     )
     env.filters["md"] = md_text
     return env

@@ -32,6 +32,7 @@ import numpy as np
 
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
+from dml2comm.export.files import check_output_folder
 from dml2comm.render.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
 from dml2comm.traces.classify import DIMS
@@ -494,6 +495,7 @@ def run_trace_command(argv: Sequence[str]) -> int:
     from dml2comm.hardware.cluster import RankMap
 
     refuse_unused_flags(args)
+    check_output_folder(args.out)  # before any trace is read
     flags = ParallelSizes(args.d or 1, args.t or 1, args.p or 1, args.cp or 1, args.rank_order or "tdp")
     RankMap(flags.dp, flags.tp, flags.pp, flags.order, cp=flags.cp)  # a bad --rank-order is an error before any work
     files = find_trace_files(list(args.paths))

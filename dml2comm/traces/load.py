@@ -38,9 +38,11 @@ import msgspec
 import numpy as np
 
 from dml2comm.errors import InputFileError
+from dml2comm.render.fmt import fmt_bytes, plain
 from dml2comm.traces.patterns import COMM_CPU_OPS, P2P_OP, STEP_ANNOTATION
 
-__all__ = ["TraceError", "Kind", "CommRecord", "RankTrace", "load_trace", "find_trace_files", "rank_from_name"]
+__all__ = ["TraceError", "Kind", "CommRecord", "RankTrace", "load_trace", "find_trace_files", "rank_from_name",
+           "read_trace_bytes", "MAX_DECOMPRESSED_TRACE_BYTES"]
 
 
 class TraceError(InputFileError):
@@ -255,26 +257,59 @@ def find_trace_files(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def _read_bytes(path: Path) -> bytes | mmap.mmap:
-    """The file's JSON text: a read-only memory map of a plain file (no copy of a 100 MB file
-    into fresh memory), the decompressed bytes of a gzip file (recognised by its magic bytes)."""
+#: The most bytes a compressed trace may inflate to (2 GiB: a 100k-step Kineto trace of one
+#: rank is a few hundred MB).  A 3 MB ``.json.gz`` can inflate to 3 GiB (a decompression
+#: bomb); the reader stops at this cap instead of holding the whole text in memory.  A plain
+#: ``.json`` is memory-mapped, not read into memory, and has no cap.
+MAX_DECOMPRESSED_TRACE_BYTES = 2 * 1024**3
+_CHUNK = 1 << 20
+
+
+def read_trace_bytes(path: Path, limit: int | None = None) -> bytes | mmap.mmap:
+    """The trace's JSON text: a read-only memory map of a plain file (no copy of a 100 MB file
+    into fresh memory), or the inflated text of a gzip file (recognised by its magic bytes),
+    inflated as a stream and refused past ``limit`` bytes (default
+    :data:`MAX_DECOMPRESSED_TRACE_BYTES`), before more than that is held.
+
+    Raises
+    ------
+    TraceError
+        unreadable file, truncated or corrupt gzip, or a gzip that inflates past the cap."""
+    cap = MAX_DECOMPRESSED_TRACE_BYTES if limit is None else limit
     try:
         with open(path, "rb") as fh:
+            if fh.read(2) == b"\x1f\x8b":
+                fh.seek(0)
+                return _gunzip_capped(fh, path.name, cap)
+            fh.seek(0)
             try:
-                raw: bytes | mmap.mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             except (ValueError, OSError):  # an empty file, or one that cannot be mapped (a pipe)
-                raw = fh.read()
+                return fh.read()
     except OSError as exc:
-        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}") from exc
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(f"{path.name!r} is a truncated or corrupt .gz file ({exc}); copy it again from the run") from exc
-        finally:
-            if isinstance(raw, mmap.mmap):
-                raw.close()
-    return raw
+        if isinstance(exc, TraceError):
+            raise
+        raise TraceError(f"cannot read {path.name!r}: {exc.strerror or exc}; check the path and its permissions") from exc
+
+
+def _gunzip_capped(fh: Any, name: str, cap: int) -> bytes:
+    """Inflate the gzip stream ``fh`` chunk by chunk (every member, as ``gzip.decompress``
+    does); refuse it once more than ``cap`` bytes have come out."""
+    out = bytearray()
+    try:
+        with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
+            while chunk := gz.read(min(_CHUNK, cap + 1 - len(out))):
+                out += chunk
+                if len(out) > cap:
+                    raise TraceError(
+                        f"{name!r} inflates to more than {plain(fmt_bytes(cap))} (the cap on a decompressed trace; "
+                        "refused unread as a possible decompression bomb); if it is a real trace, decompress it yourself "
+                        f"(gunzip -k {name}) and pass the .json, which is read from disk without the cap")
+    except (EOFError, OSError, zlib.error) as exc:
+        if isinstance(exc, TraceError):
+            raise
+        raise TraceError(f"{name!r} is a truncated or corrupt .gz file ({exc}); copy it again from the run") from exc
+    return bytes(out)
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -352,7 +387,7 @@ def load_trace(path: str | Path, *, shapes: bool = False) -> RankTrace:
         truncated gzip, not JSON, JSON that is not a trace, or a trace without events.
     """
     path = Path(path)
-    raw = _read_bytes(path)
+    raw = read_trace_bytes(path)
     enabled = gc.isenabled()
     gc.disable()  # millions of small objects: collections during the decode would only cost time
     try:
@@ -367,6 +402,10 @@ def load_trace(path: str | Path, *, shapes: bool = False) -> RankTrace:
                 doc = msgspec.json.decode(raw, type=_Trace | list[_Event])
             except msgspec.DecodeError as exc:
                 raise TraceError(f"{path.name!r} is not a PyTorch-profiler trace ({exc})") from exc
+            except RecursionError as exc:
+                raise _too_deep(path) from exc
+        except RecursionError as exc:
+            raise _too_deep(path) from exc
         except msgspec.DecodeError as exc:
             reason = "is empty" if not bytes(raw).strip() else f"is not valid JSON ({exc})"
             raise TraceError(f"{path.name!r} {reason}; a PyTorch-profiler trace is a JSON object with traceEvents") from exc
@@ -392,6 +431,11 @@ def load_trace(path: str | Path, *, shapes: bool = False) -> RankTrace:
                 pass
         if enabled:
             gc.enable()
+
+
+def _too_deep(path: Path) -> TraceError:
+    return TraceError(f"{path.name!r} nests JSON arrays or objects too deeply to decode (Python's recursion limit); a "
+                      "PyTorch-profiler trace nests a few levels (traceEvents, each event's args): pass the trace file itself")
 
 
 def _sanitise(events: list[Any]) -> tuple[list[Any], int]:
@@ -469,6 +513,10 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
     if bad:
         problems.append(f"{bad} events without numeric ts/dur were skipped")
     if not xs:
+        if bad:
+            raise TraceError(f"{path.name!r} has no usable complete (ph X) events: {bad} have no numeric ts/dur (e.g. times "
+                             "written as strings); the Trace Event Format gives ts and dur as numbers of microseconds: "
+                             "export the trace with torch.profiler's export_chrome_trace")
         raise TraceError(f"{path.name!r} is an empty trace: no complete (ph X) events; profile at least one step")
     thread_names: dict[tuple[Any, Any], str] = {}
     gpu_pids: set[Any] = set()
@@ -545,6 +593,9 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
         else:
             rank = from_name
     world = _int(info.get("world_size"), -1)
+    if 0 < world <= rank:
+        raise TraceError(f"{path.name!r} is rank {rank} of a world of {world} ranks (distributedInfo), but ranks run 0 to "
+                         f"{world - 1}: the file's distributedInfo (or name) is wrong; pass the traces of one run as written")
     devices = meta.deviceProperties if isinstance(meta.deviceProperties, list) else []
     device = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
     base = meta.baseTimeNanoseconds

@@ -50,12 +50,12 @@ def publish_trace_outputs(out: Path, files: Mapping[str, str | bytes], context: 
                 path.write_bytes(data)
             else:
                 path.write_text(data, encoding="utf-8")
-        svg_dir = staging / "svg_file"
-        svg_dir.mkdir()
-        for name, text in svgs.items():
-            (svg_dir / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + text, encoding="utf-8")
-        names.append("svg_file")
-        if context is not None:
+        if context is not None:  # --no-site: the JSON and Parquet files only, as its help says
+            svg_dir = staging / "svg_file"
+            svg_dir.mkdir()
+            for name, text in svgs.items():
+                (svg_dir / f"{name}.svg").write_text('<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + text, encoding="utf-8")
+            names.append("svg_file")
             build_trace_site(staging, context, svgs)
             names.append("site")
         publish(staging, out, names)
