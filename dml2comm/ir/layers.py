@@ -217,11 +217,13 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
     bounds = [0] + [c + 1 for c in cuts] + [len(ops)]
     segments = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i] < bounds[i + 1]]
     # A segment without a weight op (shape bookkeeping, a lone cast) joins the next one.
+    # (each op asked once: a long run of weightless segments is not rescanned from its start)
+    weighty = [_has_weight(graph, op) for op in ops]
     merged: list[tuple[int, int]] = []
     pending = None
     for a, b in segments:
+        weighted = [j for j in range(a, b) if weighty[j]]  # a pending run before ``a`` has none
         a = pending if pending is not None else a
-        weighted = [j for j in range(a, b) if _has_weight(graph, ops[j])]
         if weighted and merged and pending is None and all(ops[j].op_type in _NORM_OPS for j in weighted):
             # a normalisation alone (a BatchNorm after its convolution: the conv's output is the
             # one live tensor on both sides) belongs to the op it normalises
@@ -239,7 +241,7 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
     segments = merged
     # Compare segments by their weight ops only: bookkeeping ops (masks, shapes) differ
     # between the first block and the rest in real exports.
-    sigs = [tuple(_weight_signature(graph, ops[j]) for j in range(a, b) if _has_weight(graph, ops[j])) for a, b in segments]
+    sigs = [tuple(_weight_signature(graph, ops[j]) for j in range(a, b) if weighty[j]) for a, b in segments]
     start, period, reps = _find_repeats(sigs)
     covered = sum(b - a for a, b in segments[start:start + reps * period]) if reps >= 2 else 0
     keys: list[str | None] = [None] * len(ops)
@@ -261,14 +263,24 @@ def _block_keys_from_structure(graph: OpGraph) -> list[str | None] | None:
 
 
 def _find_repeats(sigs: list[tuple[str, ...]]) -> tuple[int, int, int]:
-    """Longest run of a repeated unit of 1-6 segments: (start, period, repetitions)."""
+    """Longest run of a repeated unit of 1-6 segments: (start, period, repetitions).
+
+    The first (by period, then start) of the runs covering the most segments.  Linear in the
+    number of segments: for a period ``p``, copy ``k`` of the unit at ``start`` equals the unit
+    exactly when every segment from ``start`` to the end of copy ``k`` equals the one ``p``
+    before it (equality is transitive), so the repetitions at ``start`` are one plus the run of
+    such matches from ``start`` (``matching``, counted backwards once), divided by ``p``.
+    """
     best = (0, 1, 0)
     n = len(sigs)
     for period in range(1, 7):
+        if n < 2 * period:
+            break
+        matching = [0] * (n - period + 1)  # matching[i]: segments j >= i in a row with sigs[j] == sigs[j + period]
+        for i in range(n - period - 1, -1, -1):
+            matching[i] = matching[i + 1] + 1 if sigs[i] == sigs[i + period] else 0
         for start in range(0, n - 2 * period + 1):
-            reps = 1
-            while start + (reps + 1) * period <= n and sigs[start + reps * period:start + (reps + 1) * period] == sigs[start:start + period]:
-                reps += 1
+            reps = 1 + matching[start] // period
             if reps >= 2 and reps * period > best[1] * best[2]:
                 best = (start, period, reps)
     return best

@@ -240,8 +240,10 @@ def load_model_proto(
     options = options or ImportOptions()
     warnings: list[str] = []
     model = _copy_without_weight_data(model)
+    _check_topological(model.graph)
     if model.functions:
         model, num_functions, num_calls = _inline_functions(model)
+        _check_topological(model.graph)  # the functions' bodies, now in the graph
         warnings.append(
             f"inlined {num_functions} model-local function(s) ({num_calls} call(s)); "
             "each inlined op keeps its call's module scope"
@@ -277,6 +279,100 @@ def load_model_proto(
     op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options, shapes)
     warnings.extend(more_warnings)
     return ImportResult(op_graph, MappingProxyType(binding.bound), binding.model_batch, tuple(warnings), sequence)
+
+
+# ----------------------------------------------------------------------------- node order
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.name!r} ({node.op_type})" if node.name else f"{node.op_type} #{index}"
+
+
+def _outer_reads(graph: onnx.GraphProto, into: set[str]) -> None:
+    """Add to ``into`` the names a control-flow body reads from its enclosing graphs."""
+    local = {vi.name for vi in graph.input} | {init.name for init in graph.initializer}
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in local:
+                into.add(name)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                inner: set[str] = set()
+                _outer_reads(sub, inner)
+                into.update(inner - local)
+        local.update(o for o in node.output if o)
+
+
+def _check_topological(graph: onnx.GraphProto) -> None:
+    """Refuse a graph whose nodes are not in topological order (ONNX IR spec, "Graphs": "each
+    node ... must be topologically sorted"; ``onnx.checker`` rejects it): a node that reads its
+    own output, a cycle of nodes, or an acyclic graph listed out of order.  The op list, the
+    layer grouping and the schedule all read the node order as the execution order.
+
+    One pass over the nodes (each node's inputs, and the names its control-flow bodies read from
+    the graph, against the index of the node producing them); only a graph that fails it is
+    searched for a cycle (:func:`networkx.find_cycle`, linear too).
+
+    Raises
+    ------
+    ModelError
+        Naming the node that reads its own output, the nodes of a cycle, or the first node
+        that reads a tensor before the node computing it.
+    """
+    available = {vi.name for vi in graph.input} | {init.name for init in graph.initializer}
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out and out not in available:
+                producer.setdefault(out, i)
+    nodes = graph.node
+    late: list[tuple[int, int, str]] = []  # (producer, consumer, tensor) with producer >= consumer
+    body_reads: dict[int, list[str]] = {}  # a control-flow node's inputs and its bodies' outer reads
+    for i, node in enumerate(nodes):
+        reads: Any = node.input
+        if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute):
+            outer: set[str] = set()
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                    _outer_reads(sub, outer)
+            reads = body_reads[i] = [*node.input, *sorted(outer)]
+        for name in reads:
+            j = producer.get(name) if name else None
+            if j is None or j < i:
+                continue
+            if j == i:
+                raise ModelError(
+                    f"node {_node_label(node, i)} reads its own output {name!r}: the graph has a cycle, and an ONNX "
+                    "graph must be acyclic (onnx.checker rejects it); fix the export so no node feeds itself"
+                )
+            late.append((j, i, name))
+    if not late:
+        return
+    import networkx as nx
+
+    edges = nx.DiGraph()
+    for i, node in enumerate(nodes):
+        for name in body_reads.get(i, node.input):
+            j = producer.get(name) if name else None
+            if j is not None:
+                edges.add_edge(j, i)
+    try:
+        cycle = [u for u, _ in nx.find_cycle(edges)]
+        first = cycle.index(min(cycle))  # start from the node listed first
+        cycle = cycle[first:] + cycle[:first]
+    except nx.NetworkXNoCycle:
+        j, i, name = late[0]
+        raise ModelError(
+            f"the graph's nodes are not in topological order: node {_node_label(nodes[i], i)} reads {name!r} before "
+            f"node {_node_label(nodes[j], j)} computes it (ONNX requires topological order; onnx.checker rejects it); "
+            "re-export the model, or sort its nodes (onnx-ir: m = ir.load(PATH); m.graph.sort(); ir.save(m, PATH))"
+        ) from None
+    shown = [_node_label(nodes[k], k) for k in cycle[:6]]
+    more = f" ... ({len(cycle)} nodes)" if len(cycle) > 6 else ""
+    raise ModelError(
+        f"the graph has a cycle: nodes {' -> '.join(shown)}{more} -> {shown[0]} feed each other, and an ONNX graph "
+        "must be acyclic (onnx.checker rejects it); fix the export so no node reads a value computed from its own output"
+    ) from None
 
 
 # ----------------------------------------------------------------------------- folded BatchNorm

@@ -1,0 +1,70 @@
+"""The analysis is linear in the number of ops (issue 36, item 6).
+
+Chains of unscoped ops (``benchmarks/bench_chain.py``'s generator) exposed quadratic loops: in
+the structure-based layer grouping (a weightless run rescanned from its start, every start's
+repeated run re-compared) and in the fused regions' saved inputs (one walk back per tensor).
+A 4,000-op chain took 33 s and 20,000 ops over 4 minutes.  The test compares CPU times rather
+than asserting one: doubling the ops must not triple the time (linear gives about 2x; the old
+code gave over 3x at these sizes).  The best of two runs per size damps a busy machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+
+from dml2comm.cli import main
+from dml2comm.ir.layers import _find_repeats
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_chain", ROOT / "benchmarks" / "bench_chain.py")
+bench_chain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_chain)  # type: ignore[union-attr]
+
+
+def analysis_seconds(tmp_path: Path, capsys, num_ops: int, shape: str) -> float:
+    path = tmp_path / f"{shape}{num_ops}.onnx"
+    onnx.save(bench_chain.chain_model(num_ops, shape), path)
+    best = float("inf")
+    for _ in range(2):
+        gc.collect()
+        start = time.process_time()
+        code = main([str(path), "--no-site", "--no-advice", "--out", str(tmp_path / "out")])
+        best = min(best, time.process_time() - start)
+        assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return best
+
+
+@pytest.mark.parametrize("shape", bench_chain.SHAPES)
+def test_doubling_the_ops_at_most_doubles_the_time(tmp_path, capsys, shape):
+    analysis_seconds(tmp_path, capsys, 200, shape)  # first-call imports and caches
+    small = analysis_seconds(tmp_path, capsys, 1500, shape)
+    large = analysis_seconds(tmp_path, capsys, 3000, shape)
+    assert large / small < 3.0, f"{shape} chain: 1,500 ops {small:.2f} s, 3,000 ops {large:.2f} s"
+
+
+class Counted:
+    """A segment signature that counts its comparisons (equal to every other Counted)."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        Counted.compared += 1
+        return isinstance(other, Counted)
+
+    __hash__ = object.__hash__
+
+
+def test_repeated_unit_search_compares_linearly():
+    # n equal segments: every start repeats to the end; comparing each start's run again was
+    # n^2 / 2 comparisons per period
+    for n in (1000, 2000):
+        Counted.compared = 0
+        assert _find_repeats([(Counted(),) for _ in range(n)]) == (0, 1, n)
+        assert Counted.compared <= 6 * n, (n, Counted.compared)  # one per segment and period (1-6)
