@@ -26,9 +26,9 @@ import numpy as np
 from dml2comm.advice import alignment_recommendations, memory_suggestions, speed_recommendations
 from dml2comm.cost.cache import (attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
                                  weight_derived_of)
-from dml2comm.cost.compute import FLOP_EFFICIENCY, HBM_EFFICIENCY
+from dml2comm.cost.compute import FLOP_EFFICIENCY, hbm_efficiency_of
 from dml2comm.render.fmt import fmt_s
-from dml2comm.cost.gemm import sustained_factor
+from dml2comm.cost.gemm import sustained_factor, sustained_source
 from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import per_gpu_op_times
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, allocator_capacity_bytes, stage_memory_dict
@@ -434,13 +434,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
     warnings.append(
-        f"compute: GEMMs from measured tables or the fitted tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of "
-        f"peak sustained on {cluster.gpu.name}, other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, memory-bound ops at "
-        f"{HBM_EFFICIENCY:.2f} of HBM bandwidth, "
+        f"compute: GEMMs by the tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of peak sustained on "
+        f"{cluster.gpu.name} ({sustained_source(cluster.gpu)}), other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, "
+        f"memory-bound ops at {hbm_efficiency_of(cluster.gpu):.2f} of HBM bandwidth, "
         + ("point-wise chains fused as Megatron-LM" if config.stack is Stack.MEGATRON else
            "one kernel per op as eager PyTorch runs it (a linear layer's bias add in the GEMM's epilogue)")
-        + " (A100 factor fitted on Narayanan et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together: "
-        "python main.py validate)"
     )
     if config.attention is AttentionKernel.FLASH:
         cores, flash = find_attention(graph), flash_cores_of(graph)

@@ -127,3 +127,12 @@ def test_autocast_casts_each_products_fp32_activation_input():
     (f16, b16), (fa, ba) = costs["bf16"].times[proj.index], costs["amp"].times[proj.index]
     assert fa - f16 == pytest.approx(numel * 6 / hbm, rel=1e-9) and ba - b16 == pytest.approx(numel * 6 / hbm, rel=1e-9)
     assert not any(c.rule.endswith("autocast casts of its fp32 inputs") for c in costs["bf16"].costs)
+
+
+def test_the_compute_line_names_where_each_gpus_factor_comes_from():
+    from dml2comm.cost.gemm import sustained_source
+    from dml2comm.hardware.cluster import get_cluster
+
+    assert "measured under PyTorch/cuBLAS on an H100" in sustained_source(get_cluster("dgx-h100", 1).gpu)
+    assert "Narayanan" in sustained_source(get_cluster("dgx-a100", 1).gpu)
+    assert sustained_source(get_cluster("dgx-v100", 1).gpu).startswith("no fit for this GPU")

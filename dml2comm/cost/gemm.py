@@ -160,6 +160,8 @@ __all__ = [
     "shape_law",
     "DEFAULT_SUSTAINED_FACTOR",
     "sustained_factor",
+    "sustained_source",
+    "SUSTAINED_SOURCE",
     "FitResult",
     "GemmDevice",
     "GemmShape",
@@ -359,6 +361,24 @@ class GemmDevice:
 #: Juggernaut Rolling", 2025).
 B200 = GemmDevice(name="B200", peak_flops_per_s=MappingProxyType(
     {"tf32": 1100e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12}), sm_count=148, hbm_bytes_per_s=8000e9)
+
+
+#: Where each fitted sustained factor comes from, for the summary's compute line.
+SUSTAINED_SOURCE: Mapping[str, str] = MappingProxyType({
+    "H100-SXM5-80GB": "fitted on 420 GEMMs measured under PyTorch/cuBLAS on an H100 (python main.py validate --source h100-gemm)",
+    "H200-SXM-141GB": "the H100's, fitted on 420 GEMMs measured under PyTorch/cuBLAS on an H100 (same GH100 silicon)",
+    "B200": "fitted on OpenXLA's measured B200 table",
+    "A100-SXM4-80GB": "fitted on Narayanan et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together (python main.py validate)",
+    "A100-SXM4-40GB": "the A100 80 GB's, fitted on Narayanan et al. 2021 Table 1, vTrain and Korthikanti et al. 2022 together",
+})
+
+
+def sustained_source(gpu: GPU | GemmDevice) -> str:
+    """Where :func:`sustained_factor`'s value for ``gpu`` comes from, in words."""
+    own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
+    if own is not None:
+        return "calibrated on your own kernels (python main.py calibrate)"
+    return SUSTAINED_SOURCE.get(gpu.name, "no fit for this GPU: the mean of the H100 and B200 table fits")
 
 
 def sustained_factor(gpu: GPU | GemmDevice) -> float:

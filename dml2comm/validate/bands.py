@@ -173,7 +173,7 @@ def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: f
     regime = "/".join(kinds)
     gpus = sorted({r.gpu for r in near})
     return error, (f"{', '.join(sources)}: the {BAND_QUANTILE:.0%} quantile of |error| of the {len(near)} nearest {regime} {'/'.join(gpus)} {stack} runs "
-                   f"({lo:.2g}-{hi:.2g} parameters){far}")
+                   f"({_size_range(lo, hi)} parameters){far}")
 
 
 def weighted_quantile(rows: Sequence[BandRow], q: float) -> float:
@@ -216,3 +216,9 @@ def band_coverage(rows: Sequence[BandRow], bands: Sequence[BandRow] | None = Non
         inside, total = out.get(r.source, (0, 0))
         out[r.source] = (inside + (r.abs_error <= band), total + 1)
     return out
+
+
+def _size_range(lo: float, hi: float) -> str:
+    """``1.2e+08`` when both ends print alike, else ``1.2e+08-3.5e+08``."""
+    a, b = f"{lo:.2g}", f"{hi:.2g}"
+    return a if a == b else f"{a}-{b}"
