@@ -150,6 +150,10 @@ class Analysis:
     memory: Mapping[str, Any] = field(default_factory=dict)
     timeline: SimResult | None = None  # the simulated iteration (events per GPU and stream)
     recommendations: tuple[Mapping[str, Any], ...] = ()
+    #: each stage's compute per iteration: its busy time with every collective free (the run the
+    #: summary's breakdown reads), so ``summary["compute_time_s"]`` is the largest of them.  The
+    #: overview's compute card, the timeline's per-stage table and the stage pages all read it.
+    stage_compute_s: tuple[float, ...] = ()
 
 
 def analyze(
@@ -471,7 +475,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"]), memory["peak_bytes"]),
             key=lambda r: r["iteration_time_s"])
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
-                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations))
+                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations),
+                    tuple(float(x) for x in sim_free.compute_busy_s))
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")

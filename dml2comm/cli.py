@@ -364,7 +364,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         ("expected error", f"±{s['expected_error']:.1%} ({s['expected_error_source']})"),
         ("compute (busiest stage)", fmt_s(s["compute_time_s"])),
         ("pipeline bubble", f"{fmt_s(s['bubble_time_s'])} ({s['bubble_fraction']:.1%} of the iteration; "
-                            f"{s['bubble_ratio']:.3f} of the busiest GPU's busy time)"),
+                            f"{s['bubble_ratio']:.3f} of the busiest stage's compute)"),
         ("communication (all stages)", f"{fmt_s(s['comm_time_s'])}, exposed {fmt_s(s['exposed_comm_time_s'])} "
                                        f"(busiest stage {fmt_s(s['comm_time_busiest_stage_s'])})"),
         ("optimizer step", fmt_s(s["optimizer_time_s"])),

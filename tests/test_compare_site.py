@@ -131,3 +131,27 @@ def test_charts_escape_text_and_draw_to_scale():
     thin = pareto_chart(pts, 8e10, max_points=100)
     assert thin.count('class="d2c-pt"') == 100 and "Simplified drawing" in thin
     assert thin.count('data-front="true"') == 6 and 'class="d2c-best"' in thin
+
+
+def test_compare_numbers_each_configuration_once_in_the_table_the_sites_and_the_page(gpt, tmp_path, capsys, monkeypatch):
+    """Issue 35.6: the table's "#1" and "analysis site: #1" were two configurations (the table
+    counts --configs in order, the sites counted by speed).  Now "#K" is the K-th of --configs
+    everywhere: the printed table, the "analysis site: #K" line, top/K and the page."""
+    monkeypatch.setenv("COLUMNS", "250")  # one line per row
+    out = tmp_path / "cmp"
+    specs = ["d=1,t=1,p=4", "d=4,t=1,p=1"]  # the second is the faster: deep pipeline vs pure data parallelism
+    assert run_compare_command([gpt, "--global-batch-size", "16", "--out", str(out), "--build-top", "1", "--configs", *specs]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "data.json").read_text())
+    times = [e["iteration_time_s"] for e in data["compare"]]
+    assert times[1] < times[0]
+    cells = [[c.strip() for c in line.split("\u2502")[1:3]] for line in printed.splitlines() if line.startswith("\u2502")]
+    rows = dict(cells)  # the table's "#" -> config
+    assert rows["1"].startswith("d=1,t=1,p=4") and rows["2"].startswith("d=4,t=1,p=1")
+    site_lines = [line for line in printed.splitlines() if line.startswith("analysis site:")]
+    assert len(site_lines) == 1 and site_lines[0].startswith(f"analysis site: #2 {rows['2']}:"), site_lines
+    assert str(out / "top" / "2" / "site" / "index.html") in site_lines[0]
+    assert (out / "top" / "2" / "site" / "index.html").exists() and not (out / "top" / "1").exists()
+    html = (out / "site" / "index.html").read_text()
+    full = html[html.index("Full analyses"):]
+    assert "<td>2</td><td><code>d=4,t=1,p=1</code>" in full and 'href="../top/2/site/index.html"' in full

@@ -68,3 +68,46 @@ def test_rendered_overview_shows_one_bubble_and_exposed_within_communication(tmp
     assert card and bar, page[:2000]
     assert card.group(1) == bar.group(1) == f"{100 * data['bubble_fraction']:.1f}"
     assert "other:" not in page  # the four parts add up to the iteration
+
+
+def _showcase_args() -> list[str]:
+    """The quick start's showcase, read from quickstart.sh (``SHOWCASE=(...)``), model path absolute."""
+    text = (ROOT / "quickstart.sh").read_text()
+    args = re.search(r"^SHOWCASE=\(([^)]*)\)", text, re.MULTILINE).group(1).split()
+    return [str(ROOT / args[0]), *args[1:]]
+
+
+def _text(path: Path) -> str:
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", path.read_text())))
+
+
+def test_the_showcase_tells_one_story_across_overview_timeline_and_stage_page(tmp_path, capsys):
+    """Issue 35.3: the quick start's showcase fills its pipeline, and its bottleneck reads the same
+    on every page: the overview's compute card, the timeline's per-stage table and the busiest
+    stage's page give one compute time and share for that stage, and the overview and the
+    timeline name the same busiest stage."""
+    args = _showcase_args()
+    data, _ = _run(tmp_path, capsys, args, site=True)
+    full = json.loads((tmp_path / "out" / "data.json").read_text())
+    cfg = full["config"]
+    assert cfg["num_micro_batches"] >= 4 * cfg["p"] and 4 <= cfg["micro_batch_size"] <= 8  # a pipeline that is full
+    crit = data["critical_stage"]
+    site = tmp_path / "out" / "site"
+    overview, timeline = _text(site / "index.html"), _text(site / "timeline.html")
+    stage = _text(site / f"stage_{crit}_data_0.html")
+
+    card = re.search(r"COMPUTE \(BUSIEST STAGE\) (?:› )?([0-9.]+ [µm]?s) ([0-9.]+%) of the iteration: stage (\d+)'s own operators "
+                     r"\(busy ([0-9.]+%)", overview, re.IGNORECASE)
+    assert card, overview[:3000]
+    compute, share, card_stage, busy = card.groups()
+    assert int(card_stage) == crit
+    row = re.search(rf"stage {crit} \(busiest\) ([0-9.]+ [µm]?s) ([0-9.]+%) [0-9.]+ [µm]?s \(([0-9.]+%)\)", timeline)
+    assert row, timeline
+    assert row.groups() == (compute, share, busy)  # one number per quantity
+    assert f"compute {compute} ({share} of the iteration; the busiest stage" in stage
+    assert f"({busy}) with the tensor-parallel collectives" in stage
+    # the bottleneck names the same stage on the overview and the timeline, and the timeline marks it
+    named = {int(n) for page in (overview, timeline) for n in re.findall(r"\(stage (\d+) is the busiest\)", page)}
+    assert named == {crit}
+    assert len(re.findall(r"\(busiest\)", timeline)) == 1
+    assert f"{compute} ({share}" in overview.replace("compute: ", "")  # the breakdown bar: the same compute

@@ -194,11 +194,12 @@ def test_compare_page_links_its_fastest_configuration(gpt, tmp_path):
     assert main(["compare", gpt, "--global-batch-size", "16", "--build-top", "1", "--out", str(out), "--configs", *specs]) == 0
     entries = json.loads((out / "data.json").read_text())["compare"]
     best = min((e for e in entries if e["fits"]), key=lambda e: e["iteration_time_s"])
-    built = json.loads((out / "top" / "1" / "data.json").read_text())
+    number = entries.index(best) + 1  # top/K: K is the configuration's "#" in the table, its place in --configs (issue 35.6)
+    built = json.loads((out / "top" / str(number) / "data.json").read_text())
     assert built["summary"]["iteration_time_s"] == pytest.approx(best["iteration_time_s"], rel=1e-9)
     assert built["config"]["d"] == best["config"]["d"] and built["config"]["micro_batch_size"] == best["config"]["micro_batch_size"]
     page = (out / "site" / "index.html").read_text()
-    assert 'href="../top/1/site/index.html"' in page and page.count("python main.py") >= len(specs)
+    assert f'href="../top/{number}/site/index.html"' in page and page.count("python main.py") >= len(specs)
     assert "1 micro-batches" not in page
 
 

@@ -96,7 +96,7 @@ class Facts:
     dp_by_stage: Mapping[int, tuple[CommNode, ...]]
     boundaries: tuple[Boundary, ...]
     layer_share: tuple[float, ...]
-    stage_share: tuple[float, ...]
+    stage_share: tuple[float, ...]  # stage_busy_s over the iteration
     local_shape: Mapping[str, Tensor] = field(repr=False)
     # context- and expert-parallel collectives per stage (also in tp_by_stage/tp_by_layer: like
     # TP's they sit on the critical path and are drawn at layer level)
@@ -105,6 +105,11 @@ class Facts:
     # tied-weight gradient all-reduces (the embedding group of the first and last stage): one
     # CommNode per stage of each group, keyed by the group's stages
     tied_groups: Mapping[tuple[int, ...], tuple[CommNode, ...]] = field(default_factory=dict)
+    # per stage and iteration (one GPU): its compute (its own operators, every collective free:
+    # the overview's "compute" is the largest) and its busy time (the compute stream, with the
+    # tensor/context/expert-parallel collectives that run in it: the drawings' "% busy")
+    stage_compute_s: tuple[float, ...] = ()
+    stage_busy_s: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, analysis: Analysis) -> "Facts":
@@ -148,7 +153,9 @@ class Facts:
             share(m * (l.time_fwd_s + l.time_bwd_s) + sum(c.time_s * c.count_per_iteration for c in tp_layer.get(l.index, ())))
             for l in analysis.layers
         )
-        stage_share = tuple(share(m * (st.time_fwd_s + st.time_bwd_s)) for st in analysis.stages)
+        stage_busy = tuple(m * (st.time_fwd_s + st.time_bwd_s) for st in analysis.stages)
+        stage_share = tuple(share(b) for b in stage_busy)
+        stage_compute = tuple(analysis.stage_compute_s) or tuple(m * (st.compute_fwd_s + st.compute_bwd_s) for st in analysis.stages)
         local: dict[str, Tensor] = {}
         for op, shard in zip(analysis.graph.ops, analysis.tp.shards):
             for name, t in zip(op.outputs, shard.outputs):
@@ -168,6 +175,8 @@ class Facts:
             cp_by_stage={k: tuple(v) for k, v in other[ParallelDim.CP].items()},
             ep_by_stage={k: tuple(v) for k, v in other[ParallelDim.EP].items()},
             tied_groups={k: tuple(v) for k, v in tied.items()},
+            stage_compute_s=stage_compute,
+            stage_busy_s=stage_busy,
         )
 
     # ------------------------------------------------------------------ shares

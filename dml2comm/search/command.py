@@ -24,7 +24,9 @@ writes ``scaling.csv``, ``sweep.csv``/``sweep.parquet`` (every configuration of 
 scaling page, with each count's command line) and ``top/8-gpus`` ... (``--build-top N``: the
 analysis site of the best configuration of the first N GPU counts that have one, linked from
 the page).  ``compare`` writes ``compare.csv``,
-``compare.parquet``, ``data.json`` (``compare``) and ``site/``.
+``compare.parquet``, ``data.json`` (``compare``), ``site/`` and the analysis sites of the N fastest
+fitting configurations, each in ``top/K`` with K its position in ``--configs``: the "#K" of the
+printed table, of the page and of the "analysis site: #K" lines.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def _host_model(args: argparse.Namespace) -> str:
     return args.host_model or STACK_HOST_MODEL[args.stack or "megatron"]
 
 
-def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
+def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: bool = False) -> None:
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
     h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml); overrides --gpu")
@@ -112,8 +114,10 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False) -> None:
     p.add_argument("--out", help="output folder (default: out/sweep or out/compare, beside the analysis's out/)")
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
     p.add_argument("--build-top", type=_non_negative, default=DEFAULT_BUILD_TOP, metavar="N",
-                   help=f"build the full analysis site of the N fastest fitting configurations into DIR/top/1 ... DIR/top/N, "
-                        f"linked from the page (default {DEFAULT_BUILD_TOP}; 0 skips)"
+                   help=f"build the full analysis site of the N fastest fitting configurations into "
+                        + ("DIR/top/K, K being the configuration's number in the table (its position in --configs)"
+                           if compare else "DIR/top/1 ... DIR/top/N")
+                        + f", linked from the page (default {DEFAULT_BUILD_TOP}; 0 skips)"
                         + ("; with --scaling: of the best configuration of each of the first N GPU counts that have one, into "
                            "DIR/top/COUNT-gpus (every count when N is at least the number of counts)" if scaling else ""))
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
@@ -500,12 +504,15 @@ def _space_view(space: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _reproduce(model: str, out: Path, ranked: Sequence[Mapping[str, Any]], listed: Sequence[Mapping[str, Any]],
-               hardware: Hardware, build_top: int) -> tuple[dict[int, str], list[tuple[int, list[str]]], dict[int, int]]:
+               hardware: Hardware, build_top: int, number: Callable[[Mapping[str, Any], int], int] = lambda row, rank: rank,
+               ) -> tuple[dict[int, str], list[tuple[int, list[str]]], dict[int, int]]:
     """Command lines of the ``listed`` rows and of the ``build_top`` fastest fitting ones
-    (``ranked``): ({row index: command line}, [(rank, argv)] of the sites to build, {row index:
-    rank of its site}).  A built row's ``--out`` is ``out/top/RANK``; the others'
-    ``out/configs/SLUG``."""
-    ranks = {r["index"]: i for i, r in enumerate(ranked[:build_top], 1)}
+    (``ranked``): ({row index: command line}, [(number, argv)] of the sites to build, {row index:
+    number of its site}).  A built row's ``--out`` is ``out/top/NUMBER``; the others'
+    ``out/configs/SLUG``.  ``number(row, rank)`` is the "#" the terminal and the page show for the
+    row: its rank (the sweep, whose tables list the fastest first) or, for ``compare``, whose
+    table keeps the order of ``--configs``, its position there -- one number per configuration."""
+    ranks = {r["index"]: number(r, i) for i, r in enumerate(ranked[:build_top], 1)}
     commands: dict[int, str] = {}
     jobs: list[tuple[int, list[str]]] = []
     for r in [*ranked[:build_top], *listed]:
@@ -659,7 +666,7 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="the ONNX model")
     p.add_argument("--configs", nargs="+", required=True, metavar="SPEC",
                    help="configurations as KEY=VALUE lists: d, t, p, b (micro-batch), zero, recompute, sp, v (virtual stages)")
-    _hardware_args(p)
+    _hardware_args(p, compare=True)
     return p
 
 
@@ -692,7 +699,8 @@ def run_compare_command(argv: Sequence[str]) -> int:
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
     hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
-    commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top)
+    commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top,
+                                       number=lambda row, rank: row["index"] + 1)  # "#K": the K-th of --configs, as in the table
     top_staging = _build_top(out, jobs, args.json)
     site = _publish(out, files, None if args.no_site else dict(
         kind="compare", rows=rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
@@ -713,7 +721,8 @@ def run_compare_command(argv: Sequence[str]) -> int:
 
 
 def _print_sites(out: Path, ranked: Sequence[Mapping[str, Any]], commands: Mapping[int, str], sites: Mapping[int, int]) -> None:
-    """The built analysis sites, each with the command that rebuilds it."""
+    """The built analysis sites (fastest first), each with the command that rebuilds it; "#N" is
+    the number ``sites`` gives the row (the same as in the table printed above it)."""
     from dml2comm.render.terminal import line
 
     console = _console()

@@ -128,6 +128,29 @@ def _comm_rows(facts: Facts, comms: Sequence[CommNode], per_micro_batch: bool = 
     return out
 
 
+def _stage_key(stage: Any) -> str | None:
+    return f"stage_{stage}_data_0" if isinstance(stage, int) else None
+
+
+def _compute_note(facts: Facts) -> str:
+    """The compute card's note: the busiest stage's share, and its busy time (the drawings' "% busy")
+    -- the numbers the timeline's table and the stage page give for that stage."""
+    crit = facts.analysis.summary.get("critical_stage")
+    if not isinstance(crit, int) or crit >= len(facts.stage_compute_s) or not facts.iteration_s:
+        return ""
+    return (f"{fmt_share(facts.share(facts.stage_compute_s[crit]))} of the iteration: stage {crit}'s own operators "
+            f"(busy {fmt_share(facts.stage_share[crit])} with its tensor-parallel collectives)")
+
+
+def _stage_iteration_text(facts: Facts, p: int) -> str:
+    """A stage's compute and busy time per iteration, as the overview and the timeline give them."""
+    compute, busy = facts.stage_compute_s[p], facts.stage_busy_s[p]
+    busiest = facts.analysis.summary.get("critical_stage") == p
+    return (f"compute {fmt_s(compute)} ({fmt_share(facts.share(compute))} of the iteration"
+            + ("; the busiest stage: the overview's compute" if busiest else "") + "); "
+            f"busy {fmt_s(busy)} ({fmt_share(facts.stage_share[p])}) with the tensor-parallel collectives in its compute stream")
+
+
 def _breakdown(facts: Facts) -> list[dict[str, Any]]:
     """The iteration split into compute, exposed communication, pipeline bubble, optimizer step
     (and what is left), as the summary gives them: label, seconds, percent, CSS class."""
@@ -207,7 +230,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
          + (f"; expected error ±{s['expected_error']:.1%} ({_band_origin(str(s.get('expected_error_source') or ''))}; "
             "data.json has why)" if s.get("expected_error") is not None else ""),
          "timeline", False),
-        ("Compute (busiest stage)", fmt_s(compute), fmt_share(compute / iteration) + " of the iteration" if iteration else "", None, False),
+        ("Compute (busiest stage)", fmt_s(compute), _compute_note(facts), _stage_key(s.get("critical_stage")), False),
         ("Communication (all stages)", fmt_s(s.get("comm_time_s")),
          f"exposed: {fmt_s(exposed)} ({fmt_share(exposed / iteration) if iteration else ''} of the iteration); "
          f"busiest stage {fmt_s(s.get('comm_time_busiest_stage_s'))}", None, False),
@@ -322,8 +345,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             *([("loss per micro-batch", f"{fmt_s(st.loss_fwd_s)} forward, {fmt_s(st.loss_bwd_s)} backward (in the compute: "
                  "Megatron-LM's fp32 cross-entropy over the logits the model leaves for the training loop)")]
               if st.loss_fwd_s or st.loss_bwd_s else []),
-            ("per iteration (m = %d)" % facts.m, f"{fmt_s(facts.m * (st.time_fwd_s + st.time_bwd_s))} busy, "
-                                                 f"{fmt_share(facts.stage_share[p])} of the iteration"),
+            ("per iteration (m = %d)" % facts.m, _stage_iteration_text(facts, p)),
             ("data-parallel collectives per iteration", fmt_s(st.dp_time_s)),
             ("optimizer step", fmt_s(st.optimizer_time_s)),
             ("memory per GPU", f"{fmt_bytes(facts.memory_per_gpu(p))} of {fmt_bytes(facts.capacity_bytes)}"
@@ -576,9 +598,10 @@ def _timeline_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
     per_stage = []
     if sim is not None:
         for p in range(facts.pp):
-            busy = sim.compute_busy_s[p] if p < len(sim.compute_busy_s) else None
+            compute, busy = facts.stage_compute_s[p], facts.stage_busy_s[p]  # the overview's and the stage pages' numbers
             per_stage.append(_row(
-                index=p, key=f"stage_{p}_data_0", busy=fmt_s(busy), busy_share=fmt_share(busy / iteration) if busy is not None and iteration else "n/a",
+                index=p, key=f"stage_{p}_data_0", compute=fmt_s(compute), compute_share=fmt_share(facts.share(compute)),
+                busy=fmt_s(busy), busy_share=fmt_share(facts.stage_share[p]),
                 compute_end=fmt_s(sim.compute_end_s[p]) if p < len(sim.compute_end_s) else "n/a",
                 dp_exposed=fmt_s(sim.dp_exposed_s[p]) if p < len(sim.dp_exposed_s) else "n/a",
                 optimizer=fmt_s(a.stages[p].optimizer_time_s),
