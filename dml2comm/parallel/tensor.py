@@ -236,7 +236,8 @@ def _context_matmul(graph: OpGraph, name: str, derived: frozenset[str], depth: i
     return None
 
 
-def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[str]) -> tuple[int | None, int | None, int | None]:
+def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[str],
+                 _depth: int = 0) -> tuple[int | None, int | None, int | None]:
     """(heads, projection op index, head-splitting Reshape op index) of an attention operand,
     walking back from ``name`` to its projection.
 
@@ -248,6 +249,13 @@ def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[st
     ``repeat_kv``) are views of the same heads and are walked through, so the count does not
     depend on the batch size or on how the exporter lays batch and heads out.  With no such
     Reshape the projection's width over ``head_dim`` is the head count.
+
+    A Split or Slice that narrows the last axis (walked back) widens ``head_dim`` to its input's:
+    the head-splitting Reshape before it is ``[.., n*e] -> [.., n, e]`` with each head's parts side
+    by side (DeepSeek's ``kv_b_proj`` viewed as ``[.., n, nope + v]``, then split into the key's
+    no-position part and the value).  A ``ScatterND`` (a slice assignment that assembles the key
+    from parts, ``key[..., :nope] = k_pass``) is followed into its data, else into its updates,
+    whichever reaches a projection first.
     """
     heads: int | None = None
     split_at: int | None = None
@@ -261,8 +269,20 @@ def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[st
             if heads is None and out is not None and out.rank >= 1 and out.shape[-1] % head_dim == 0:
                 heads = out.shape[-1] // head_dim
             return heads, at, split_at
+        if op.op_type == "ScatterND" and _depth < 4:
+            for part in (op.inputs[0], op.inputs[2] if len(op.inputs) > 2 else ""):
+                if part and any(x.name == part for x in _activation_inputs(graph, op, derived)):
+                    found = _trace_heads(graph, part, head_dim, derived, _depth + 1)
+                    if found[1] is not None:
+                        return (heads, found[1], split_at) if heads is not None else found
+            return heads, None, split_at
         if op.op_type not in _HEAD_PATH_OPS:
             return heads, None, split_at
+        if op.op_type in ("Split", "Slice") and heads is None:
+            src, dst = graph.tensor(op.inputs[0]), graph.tensor(name)
+            if (src is not None and dst is not None and src.rank == dst.rank >= 1
+                    and src.shape[:-1] == dst.shape[:-1] and dst.shape[-1] < src.shape[-1]):
+                head_dim = src.shape[-1]
         if op.op_type == "Reshape" and heads is None:
             src, dst = graph.tensor(op.inputs[0]), graph.tensor(op.outputs[0])
             if src is not None and dst is not None and src.rank >= 1 and dst.rank >= 2 and dst.shape[-1] == head_dim:
@@ -301,7 +321,11 @@ def find_attention(graph: OpGraph) -> tuple[AttentionCore, ...]:
         q_heads, q_proj, q_split = _trace_heads(graph, mm.inputs[0], d, derived)
         k_heads, k_proj, k_split = _trace_heads(graph, mm.inputs[1], d, derived)
         v_heads, v_proj, v_split = _trace_heads(graph, v.name, v.shape[-1], derived)
-        sized = _heads_by_size(graph, q, d, v.shape[-1], q_proj, k_proj, v_proj)
+        # one view [.., n, e] of a fused K/V projection with each head's K and V parts side by
+        # side (e neither d nor dv: DeepSeek's kv_b_proj, e = nope + v) counts the heads itself
+        kv_view = (k_heads if k_split is not None and k_split == v_split
+                   and graph.tensor(graph.ops[k_split].outputs[0]).shape[-1] not in (d, v.shape[-1]) else None)
+        sized = _heads_by_size(graph, q, d, v.shape[-1], q_proj, k_proj, v_proj, kv_view)
         if sized is not None:
             q_heads, k_heads, v_heads = sized
         kv = [n for n in (k_heads, v_heads) if n is not None]
@@ -316,7 +340,7 @@ def find_attention(graph: OpGraph) -> tuple[AttentionCore, ...]:
 
 
 def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | None, k_proj: int | None,
-                   v_proj: int | None) -> tuple[int, int, int] | None:
+                   v_proj: int | None, kv_view: int | None = None) -> tuple[int, int, int] | None:
     """(query, key, value heads) from sizes alone, whatever the export's layout, or None where a
     projection is missing or the sizes do not divide.
 
@@ -328,7 +352,14 @@ def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | Non
     fused for K and V ``W / 2d``; one fused for Q, K and V (GPT-2's ``c_attn``, GPT-NeoX's and
     BLOOM's per-head ``[n, 3, d]`` layout, Falcon's ``[n + 2, d]`` multi-query and
     ``[kv, n/kv + 2, d]`` grouped layouts) ``(W / d - n_q) / 2``.  Head-splitting Reshapes cannot
-    tell these layouts apart (a fused ``[.., n + 2, d]`` view reads as ``n + 2`` heads)."""
+    tell these layouts apart (a fused ``[.., n + 2, d]`` view reads as ``n + 2`` heads).
+
+    ``kv_view``: the heads of one Reshape ``[.., n*e] -> [.., n, e]`` of a projection fused for K and
+    V that both operands are split off, each head's parts side by side in ``e`` (neither ``d`` nor
+    ``dv``).  Its ``n`` is the KV head count: the key need not come whole from that projection
+    (multi-head latent attention, Liu et al. 2024, arXiv:2405.04434, Sec. 2.1.3: ``kv_b_proj``
+    gives each head's key without its rotary part, ``e = d - d_rope + dv``, and the rotary part is
+    shared by all heads), so ``W / 2d`` would miscount (3 for DeepSeek-V3's 4 heads)."""
     if q_proj is None or k_proj is None or v_proj is None:
         return None
     widths = {}
@@ -353,6 +384,8 @@ def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | Non
             if rest <= 0 or rest % d or widths[v_proj][0] % dv:
                 return None
             n_k, n_v = rest // d, widths[v_proj][0] // dv
+    elif k_proj == v_proj and kv_view is not None:  # fused K and V, viewed per head
+        n_k = n_v = kv_view
     elif k_proj == v_proj:  # fused K and V
         w = widths[k_proj][0]
         if d != dv or w % (2 * d):
