@@ -41,6 +41,11 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
   ``head_dim``); ``t`` must divide the query heads.  A split that
   some other Reshape cannot keep replicates the op that made it, with a warning naming that
   Reshape (never a grouped-query warning on a model without attention).
+- A low-rank bottleneck stays whole: a GEMM that narrows the features at least two times and
+  whose output is normalised over its features before another GEMM reads it (multi-head latent
+  attention's ``q_a_proj``/``kv_a_proj_with_mqa`` and their norms, DeepSeek-V2/V3) is replicated,
+  as Megatron-Core's MLA keeps its down-projections ("duplicated"); the up-projections are then
+  column-parallel by heads and the output projection row-parallel (:func:`_low_rank_bottleneck`).
 - Anything else that reads a split tensor on its split axis (a norm over the hidden axis, a
   softmax over a split axis) gets an AllGather first, with a warning.
 - Experts stored as one stacked weight ``[E, ..]`` whose matrices a ``Gather``/``GatherND``
