@@ -66,6 +66,7 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     # issue 34: a parallel block summed (x + attn) + mlp; norms left at ones (merged by dynamo); buffers
     "cohere_tiny_dynamo.onnx": {"seq_len": 16},
     "qwen3_init_dynamo.onnx": {"seq_len": 16},
+    "deepseek_v3_tiny_legacy.onnx": {"seq_len": 16},
     "deepseek_v3_tiny_dynamo.onnx": {"seq_len": 16},
     "gemma_tiny_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},
     "gemma_tiny_dynamo.onnx": {"seq_len": 16},

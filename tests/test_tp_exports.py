@@ -390,3 +390,127 @@ def test_experts_picked_from_a_stacked_weight_stay_whole_with_one_warning(export
     # the vocabulary embedding is still a vocab-parallel Gather, and t = 1 says nothing
     assert any(sh.rule == "vocab-parallel embedding" for sh in plan.shards)
     assert not [w for w in shard_tensor_parallel(graph, 1).warnings if "stacked" in w]
+
+
+# ----------------------------------------------------------------------------- multi-head latent attention
+
+
+def _deepseek(exporter: str, batch: int = 2):
+    return load_model(FIXTURES / f"deepseek_v3_tiny_{exporter}.onnx", ImportOptions(batch_size=batch, seq_len=16)).graph
+
+
+def _weight_gemms(graph) -> list[int]:
+    """Op indices of the GEMMs with a 2-D weight operand, in graph order."""
+    return [op.index for op in graph.ops if op.op_type in ("MatMul", "Gemm")
+            and any(graph.tensor(n) is not None and graph.tensor(n).is_weight and graph.tensor(n).rank == 2
+                    for n in op.inputs[:2] if n)]
+
+
+#: DeepSeek-V3's dense block (layer 0) in graph order: q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+#: kv_b_proj, o_proj, the MLP's gate_proj, up_proj, down_proj (both exporters write them so).
+MLA_DENSE_BLOCK = ["replicated (low-rank bottleneck)", "column-parallel", "replicated (low-rank bottleneck)",
+                   "column-parallel", "row-parallel", "column-parallel", "column-parallel", "row-parallel"]
+
+
+@pytest.mark.parametrize("t", [2, 4])
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_mla_dense_block_is_planned_as_megatron_core(exporter, t):
+    """Issue 34: DeepSeek-V3's multi-head latent attention ran out of step (q_a_proj column-parallel,
+    its norm gathered, q_b/kv_b row-parallel, o_proj column-parallel, the MLP's gate/up row-parallel;
+    4 all-reduces and 4 all-gathers forward in the dense block, and a row-parallel LM head reducing
+    the full logits).  Megatron-Core's MLA keeps the low-rank down-projections and their norms
+    whole, splits the up-projections by heads and reduces once after o_proj: with the MLP, 2
+    forward all-reduces and nothing gathered; the LM head is vocabulary-parallel as for Llama."""
+    graph = _deepseek(exporter)
+    plan = shard_tensor_parallel(graph, t)
+    gemms = _weight_gemms(graph)
+    assert [plan.shards[i].rule for i in gemms[:8]] == MLA_DENSE_BLOCK
+    down = gemms[7]
+    forward = Counter(c.kind.value for c in plan.comms if 0 < c.op_index <= down and c.phase.value == "forward")
+    assert forward == {"ALL_REDUCE": 2}, forward
+    assert {c.op_index for c in plan.comms if 0 < c.op_index <= down and c.phase.value == "forward"} == {gemms[4], down}
+    # backward: the input gradients of q_b_proj, kv_b_proj (the latents) and of the MLP (Megatron f)
+    backward = Counter(c.kind.value for c in plan.comms if 0 < c.op_index <= down and c.phase.value == "backward")
+    assert backward == {"ALL_REDUCE": 3}, backward
+    # the down-projections' weights stay whole, the up-projections' are split
+    for i, whole in zip(gemms[:4], (True, False, True, False)):
+        w = next(n for n in graph.ops[i].inputs[:2] if graph.tensor(n).is_weight)
+        assert (plan.weight_factor[w] == 1) is whole, graph.ops[i].name
+    # the LM head is column-parallel over the vocabulary: Megatron's parallel cross-entropy
+    # (three b*s fp32 all-reduces), never an all-reduce of the full logits
+    assert plan.shards[gemms[-1]].rule == "column-parallel"
+    last = [c for c in plan.comms if c.op_index == gemms[-1] and c.phase.value == "forward"]
+    assert [c.reason for c in last] == [f"vocab-parallel cross-entropy: {w} (Megatron)"
+                                        for w in ("max logit", "target logit", "sum of exponentials")]
+    assert not [c for c in plan.comms if c.reason == "partial graph output"]
+    assert not [w for w in plan.warnings if "ScatterND" in w or "gathered" in w]
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_mla_dense_block_with_sequence_parallelism(exporter):
+    """With sequence parallelism the dense MLA block gathers the sequence once before the (whole)
+    down-projections and once before the MLP, and reduce-scatters after o_proj and down_proj."""
+    graph = _deepseek(exporter)
+    plan = shard_tensor_parallel(graph, 2, sequence_parallel=True)
+    down = _weight_gemms(graph)[7]
+    forward = Counter(c.kind.value for c in plan.comms if 0 < c.op_index <= down and c.phase.value == "forward")
+    assert forward == {"ALL_GATHER": 2, "REDUCE_SCATTER": 2}, forward
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_mla_parameters_per_gpu(exporter, batch):
+    """DeepSeek-V3 tiny at t=2: embedding and LM head vocab-split, 2 x 64,000 / 2; per layer the MLA
+    down-projections and norms whole (q_a 2,048 + kv_a 1,536 + 32 + 16 + the block's two norms 128)
+    and q_b 2,048, kv_b 1,536, o_proj 4,096 halved (3,840): 7,600 x 2 layers; the dense MLP
+    24,576 / 2; the MoE layer's router 256 / 2, stacked experts 24,576 whole, shared expert 6,144 / 2;
+    the final norm 64: 64,000 + 15,200 + 12,288 + 128 + 24,576 + 3,072 + 64 = 119,328."""
+    graph = _deepseek(exporter, batch)
+    assert _per_gpu(graph, shard_tensor_parallel(graph, 2)) == 119_328
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_mla_reads_num_attention_heads_for_queries_and_keys(exporter, batch):
+    """MLA is not grouped-query: every core has the config's 4 query and 4 KV heads (the core read 6
+    KV heads off kv_b_proj's width 96 = 4 x (8 + 16) over head_dim 16), whatever the batch."""
+    graph = _deepseek(exporter, batch)
+    cores = find_attention(graph)
+    assert len(cores) == 2
+    assert {(c.q_heads, c.kv_heads, c.head_dim) for c in cores} == {(4, 4, 16)}
+    assert attention_heads(graph) == (4, 4)
+
+
+def _bottleneck(rank: int, norm: bool, hidden: int = 64):
+    """x[b, 8, h] -> MatMul [h, rank] (-> LayerNormalization over its features) -> MatMul [rank, h]
+    -> Relu -> MatMul [h, h] -> + x: a low-rank code expanded again, with or without its norm."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, hidden])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, hidden])
+    nodes = [helper.make_node("MatMul", ["x", "down.w"], ["c"], name="down")]
+    if norm:
+        nodes.append(helper.make_node("LayerNormalization", ["c", "ln.w", "ln.b"], ["cn"], name="norm", axis=-1))
+    nodes += [helper.make_node("MatMul", ["cn" if norm else "c", "up.w"], ["u"], name="up"),
+              helper.make_node("Relu", ["u"], ["r"], name="act"),
+              helper.make_node("MatMul", ["r", "out.w"], ["o"], name="out"),
+              helper.make_node("Add", ["o", "x"], ["y"], name="residual")]
+    inits = [weight("down.w", [hidden, rank]), weight("ln.w", [rank]), weight("ln.b", [rank]),
+             weight("up.w", [rank, hidden]), weight("out.w", [hidden, hidden])]
+    return load_model_proto(model(nodes, [x], [y], inits), ImportOptions(batch_size=2)).graph
+
+
+@pytest.mark.parametrize("rank, norm, expected", [
+    (16, True, ["replicated (low-rank bottleneck)", "column-parallel", "row-parallel"]),  # 4x narrower, normalised
+    (32, True, ["replicated (low-rank bottleneck)", "column-parallel", "row-parallel"]),  # 2x narrower
+    (16, False, ["column-parallel", "row-parallel", "column-parallel"]),  # no norm: a plain column/row pair
+    (48, True, ["column-parallel", "column-parallel", "row-parallel"]),  # under 2x narrower: split, its norm gathers
+])
+def test_a_normalised_low_rank_code_stays_whole_by_its_shape_not_its_name(rank, norm, expected):
+    """The bottleneck rule reads structure only (a GEMM narrowing the features at least 2x whose
+    output is normalised over its features and then read by another GEMM): no DeepSeek names."""
+    graph = _bottleneck(rank, norm)
+    plan = shard_tensor_parallel(graph, 2)
+    by_name = {op.name: sh.rule for op, sh in zip(graph.ops, plan.shards)}
+    assert [by_name[n] for n in ("down", "up", "out")] == expected
+    if norm and expected[0].startswith("replicated"):
+        assert Counter((c.kind.value, c.phase.value) for c in plan.comms) == {("ALL_REDUCE", "forward"): 1,
+                                                                            ("ALL_REDUCE", "backward"): 1}

@@ -41,6 +41,11 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
   ``head_dim``); ``t`` must divide the query heads.  A split that
   some other Reshape cannot keep replicates the op that made it, with a warning naming that
   Reshape (never a grouped-query warning on a model without attention).
+- A low-rank bottleneck stays whole: a GEMM that narrows the features at least two times and
+  whose output is normalised over its features before another GEMM reads it (multi-head latent
+  attention's ``q_a_proj``/``kv_a_proj_with_mqa`` and their norms, DeepSeek-V2/V3) is replicated,
+  as Megatron-Core's MLA keeps its down-projections ("duplicated"); the up-projections are then
+  column-parallel by heads and the output projection row-parallel (:func:`_low_rank_bottleneck`).
 - Anything else that reads a split tensor on its split axis (a norm over the hidden axis, a
   softmax over a split axis) gets an AllGather first, with a warning.
 - Experts stored as one stacked weight ``[E, ..]`` whose matrices a ``Gather``/``GatherND``
@@ -236,7 +241,8 @@ def _context_matmul(graph: OpGraph, name: str, derived: frozenset[str], depth: i
     return None
 
 
-def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[str]) -> tuple[int | None, int | None, int | None]:
+def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[str],
+                 _depth: int = 0) -> tuple[int | None, int | None, int | None]:
     """(heads, projection op index, head-splitting Reshape op index) of an attention operand,
     walking back from ``name`` to its projection.
 
@@ -248,6 +254,13 @@ def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[st
     ``repeat_kv``) are views of the same heads and are walked through, so the count does not
     depend on the batch size or on how the exporter lays batch and heads out.  With no such
     Reshape the projection's width over ``head_dim`` is the head count.
+
+    A Split or Slice that narrows the last axis (walked back) widens ``head_dim`` to its input's:
+    the head-splitting Reshape before it is ``[.., n*e] -> [.., n, e]`` with each head's parts side
+    by side (DeepSeek's ``kv_b_proj`` viewed as ``[.., n, nope + v]``, then split into the key's
+    no-position part and the value).  A ``ScatterND`` (a slice assignment that assembles the key
+    from parts, ``key[..., :nope] = k_pass``) is followed into its data, else into its updates,
+    whichever reaches a projection first.
     """
     heads: int | None = None
     split_at: int | None = None
@@ -261,8 +274,20 @@ def _trace_heads(graph: OpGraph, name: str, head_dim: int, derived: frozenset[st
             if heads is None and out is not None and out.rank >= 1 and out.shape[-1] % head_dim == 0:
                 heads = out.shape[-1] // head_dim
             return heads, at, split_at
+        if op.op_type == "ScatterND" and _depth < 4:
+            for part in (op.inputs[0], op.inputs[2] if len(op.inputs) > 2 else ""):
+                if part and any(x.name == part for x in _activation_inputs(graph, op, derived)):
+                    found = _trace_heads(graph, part, head_dim, derived, _depth + 1)
+                    if found[1] is not None:
+                        return (heads, found[1], split_at) if heads is not None else found
+            return heads, None, split_at
         if op.op_type not in _HEAD_PATH_OPS:
             return heads, None, split_at
+        if op.op_type in ("Split", "Slice") and heads is None:
+            src, dst = graph.tensor(op.inputs[0]), graph.tensor(name)
+            if (src is not None and dst is not None and src.rank == dst.rank >= 1
+                    and src.shape[:-1] == dst.shape[:-1] and dst.shape[-1] < src.shape[-1]):
+                head_dim = src.shape[-1]
         if op.op_type == "Reshape" and heads is None:
             src, dst = graph.tensor(op.inputs[0]), graph.tensor(op.outputs[0])
             if src is not None and dst is not None and src.rank >= 1 and dst.rank >= 2 and dst.shape[-1] == head_dim:
@@ -301,7 +326,11 @@ def find_attention(graph: OpGraph) -> tuple[AttentionCore, ...]:
         q_heads, q_proj, q_split = _trace_heads(graph, mm.inputs[0], d, derived)
         k_heads, k_proj, k_split = _trace_heads(graph, mm.inputs[1], d, derived)
         v_heads, v_proj, v_split = _trace_heads(graph, v.name, v.shape[-1], derived)
-        sized = _heads_by_size(graph, q, d, v.shape[-1], q_proj, k_proj, v_proj)
+        # one view [.., n, e] of a fused K/V projection with each head's K and V parts side by
+        # side (e neither d nor dv: DeepSeek's kv_b_proj, e = nope + v) counts the heads itself
+        kv_view = (k_heads if k_split is not None and k_split == v_split
+                   and graph.tensor(graph.ops[k_split].outputs[0]).shape[-1] not in (d, v.shape[-1]) else None)
+        sized = _heads_by_size(graph, q, d, v.shape[-1], q_proj, k_proj, v_proj, kv_view)
         if sized is not None:
             q_heads, k_heads, v_heads = sized
         kv = [n for n in (k_heads, v_heads) if n is not None]
@@ -316,7 +345,7 @@ def find_attention(graph: OpGraph) -> tuple[AttentionCore, ...]:
 
 
 def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | None, k_proj: int | None,
-                   v_proj: int | None) -> tuple[int, int, int] | None:
+                   v_proj: int | None, kv_view: int | None = None) -> tuple[int, int, int] | None:
     """(query, key, value heads) from sizes alone, whatever the export's layout, or None where a
     projection is missing or the sizes do not divide.
 
@@ -328,7 +357,14 @@ def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | Non
     fused for K and V ``W / 2d``; one fused for Q, K and V (GPT-2's ``c_attn``, GPT-NeoX's and
     BLOOM's per-head ``[n, 3, d]`` layout, Falcon's ``[n + 2, d]`` multi-query and
     ``[kv, n/kv + 2, d]`` grouped layouts) ``(W / d - n_q) / 2``.  Head-splitting Reshapes cannot
-    tell these layouts apart (a fused ``[.., n + 2, d]`` view reads as ``n + 2`` heads)."""
+    tell these layouts apart (a fused ``[.., n + 2, d]`` view reads as ``n + 2`` heads).
+
+    ``kv_view``: the heads of one Reshape ``[.., n*e] -> [.., n, e]`` of a projection fused for K and
+    V that both operands are split off, each head's parts side by side in ``e`` (neither ``d`` nor
+    ``dv``).  Its ``n`` is the KV head count: the key need not come whole from that projection
+    (multi-head latent attention, Liu et al. 2024, arXiv:2405.04434, Sec. 2.1.3: ``kv_b_proj``
+    gives each head's key without its rotary part, ``e = d - d_rope + dv``, and the rotary part is
+    shared by all heads), so ``W / 2d`` would miscount (3 for DeepSeek-V3's 4 heads)."""
     if q_proj is None or k_proj is None or v_proj is None:
         return None
     widths = {}
@@ -353,6 +389,8 @@ def _heads_by_size(graph: OpGraph, q: Tensor, d: int, dv: int, q_proj: int | Non
             if rest <= 0 or rest % d or widths[v_proj][0] % dv:
                 return None
             n_k, n_v = rest // d, widths[v_proj][0] // dv
+    elif k_proj == v_proj and kv_view is not None:  # fused K and V, viewed per head
+        n_k = n_v = kv_view
     elif k_proj == v_proj:  # fused K and V
         w = widths[k_proj][0]
         if d != dv or w % (2 * d):
@@ -684,6 +722,8 @@ def _propagate(
             out_state, rule, factor = _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t)
         elif op.op_type == "GatherElements":
             out_state, rule, factor = _gather_elements(op, graph, t, state, to_replicated)
+        elif op.op_type == "ScatterND":
+            out_state, rule, factor = _scatter_nd(op, graph, t, state, to_replicated)
         elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather",
                             "GatherND", "Tile", "Pad"):
             out_state, rule, factor = _movement(op, graph, t, state, to_replicated, head_reshapes)
@@ -911,6 +951,62 @@ def _feeds_block(graph: OpGraph, name: str, weight_of) -> bool:
     return False
 
 
+#: Ops a normalised low-rank code passes on its way to the up-projection (:func:`_low_rank_bottleneck`).
+_BOTTLENECK_OPS = _VIEWS_PASS | _ELEMENTWISE | frozenset(
+    {"Split", "Slice", "Reshape", "Squeeze", "Unsqueeze", "ReduceMean", "LayerNormalization", "RMSNormalization",
+     "SimplifiedLayerNormalization"})
+#: How many ops after a down-projection :func:`_low_rank_bottleneck` looks at for its norm and up-projection.
+_BOTTLENECK_WINDOW = 48
+
+
+def _low_rank_bottleneck(graph: OpGraph, op: Op, weight_of) -> bool:
+    """Whether ``op`` (a weight GEMM; its caller checks that it narrows the features at least two
+    times) is the down-projection of a low-rank bottleneck ``x -> down -> norm -> up``: multi-head
+    latent attention (DeepSeek-V2/V3, Liu et al. 2024, arXiv:2405.04434, Sec. 2.1.2) compresses the
+    hidden state to a latent ``c = W_down x`` (``q_a_proj``; ``kv_a_proj_with_mqa``, whose output
+    also carries the shared rotary key, split off first), normalises it (``q_a_layernorm``,
+    ``kv_a_layernorm``) and expands it per head (``q_b_proj``, ``kv_b_proj``).
+
+    Read off the ops computed from ``op``'s output alone (with weights and constants) in the next
+    :data:`_BOTTLENECK_WINDOW` ops, through point-wise ops, slices and views that keep the feature
+    axis last: one of them normalises over that last axis (a norm op, or the ``ReduceMean`` of a
+    decomposed RMSNorm/LayerNorm), and a weight GEMM reads one of them.  A residual add or a
+    head-splitting Reshape ends the walk, so a per-head q/k norm (Qwen3) or a block's output
+    projection (whose output meets the residual stream) is not a bottleneck.  Bounded: at most
+    :data:`_BOTTLENECK_WINDOW` ops per GEMM."""
+    reached = {op.outputs[0]}
+    inputs = set(graph.inputs)
+    normalised = False
+    for nxt in graph.ops[op.index + 1: op.index + 1 + _BOTTLENECK_WINDOW]:
+        mine = [n for n in nxt.inputs if n in reached]
+        if not mine:
+            continue
+        if nxt.op_type in ("MatMul", "Gemm") and (slot := _weight_operand(nxt, weight_of)) is not None:
+            if normalised and nxt.inputs[1 - slot] in reached:
+                return True
+            continue
+        if nxt.op_type not in _BOTTLENECK_OPS or not nxt.outputs or not nxt.outputs[0]:
+            continue
+        others = [n for n in nxt.inputs if n and n not in reached and weight_of(n) is None]
+        if any(graph.producer(n) is not None or n in inputs for n in others):
+            continue  # mixes in another activation (a residual add): not the code's own norm
+        x, y = graph.tensor(mine[0]), graph.tensor(nxt.outputs[0])
+        if x is None or y is None or x.rank < 1 or y.rank < 1:
+            continue
+        if nxt.op_type in ("ReduceMean", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"):
+            if nxt.op_type == "ReduceMean":
+                last_only = y.shape[-1] == 1 < x.shape[-1] if y.rank == x.rank else y.shape == x.shape[:-1]
+                if not last_only:
+                    continue
+            elif (_norm_axes(nxt, x.rank) or set()) != {x.rank - 1}:
+                continue
+            normalised = True
+        elif nxt.op_type in ("Reshape", "Squeeze", "Unsqueeze") and y.shape[-1] != x.shape[-1]:
+            continue  # splits the features (heads): no longer one code vector
+        reached.update(o for o in nxt.outputs if o)
+    return False
+
+
 def _stacked_matrices(graph: OpGraph, op: Op, weight_of) -> bool:
     """Whether ``op`` (a Gather or GatherND) picks matrices out of a stacked weight of rank >= 3
     for a matrix product: the experts of a mixture-of-experts layer exported as one ``[E, n, k]``
@@ -984,6 +1080,12 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         warnings.append(f"{op.op_type} {op.name!r} replicated: t={t} does not divide its {n_out} outputs, and it is "
                         "the model's output head (kept whole on every tensor rank, as Megatron-LM keeps its heads)")
         return _State(R), "replicated (output head)", 1
+    if not conv and n_out * 2 <= w.shape[in_axis_w] and _low_rank_bottleneck(graph, op, weight_of):
+        # multi-head latent attention's down-projections (DeepSeek-V2/V3 q_a_proj, kv_a_proj_with_mqa):
+        # a norm over all their outputs comes before the up-projection, so a column split would be
+        # gathered at once and would make the up-projections row-parallel; Megatron-Core keeps them
+        # whole ("duplicated") and splits the up-projections by heads
+        return _State(R), "replicated (low-rank bottleneck)", 1
     if not conv and _feeds_block(graph, op.outputs[0], weight_of):
         # a projection whose output is the input of a block (ELECTRA's and ALBERT's embedding
         # projection): read whole by the block's Q/K/V projections and its residual, so splitting
@@ -1308,6 +1410,53 @@ def _gather_elements(op, graph, t, state, to_replicated):
             to_replicated(op, idx, "GatherElements indices split")
         return _State(R), "replicated", 1
     return sd.moved(sd.axis), "split (gather)", t
+
+
+def _scatter_nd(op, graph, t, state, to_replicated):
+    """``ScatterND(data, indices, updates)``: ``indices [.., k]`` address data's first ``k`` axes and
+    ``updates`` is ``indices.shape[:-1] + data.shape[k:]`` (ONNX ScatterND).  A split of data or
+    updates on an axis the indices do not address stays: each rank writes its own slice (the
+    dynamo export of a slice assignment ``key[..., :d] = k_pass`` with the heads split, DeepSeek's
+    multi-latent attention keys).  Where the indices address every axis element by element
+    (``indices.shape[:-1] == updates.shape``, as the legacy exporter writes a slice assignment),
+    a split axis that updates spans whole (the same extent as data's) also stays: the assignment
+    does not move data along it.  Replicated operands (and the indices every rank computes whole)
+    are read in the rank's slice; anything else is gathered."""
+    data, idx_name, upd = op.inputs[0], op.inputs[1], op.inputs[2]
+    x, idx, u = graph.tensor(data), graph.tensor(idx_name), graph.tensor(upd)
+    sd, su, si = state(data), state(upd), state(idx_name)
+
+    def gathered():
+        for name in (data, idx_name, upd):
+            if state(name).kind == "S":
+                to_replicated(op, name, "ScatterND along the split axis")
+        return _State(R), "replicated", 1
+
+    if sd.kind != "S" and su.kind != "S":
+        return gathered()
+    if x is None or idx is None or u is None or idx.rank < 1 or si.kind != R or sd.kind == P or su.kind == P:
+        return gathered()
+    k = idx.shape[-1]
+    if k == x.rank and idx.shape[:-1] == u.shape and u.rank == x.rank:
+        u_axis = lambda a: a  # noqa: E731 - element-wise indices: updates laid out as data
+        spans = lambda a: u.shape[a] == x.shape[a]  # noqa: E731
+    else:
+        u_axis = lambda a: idx.rank - 1 + a - k  # noqa: E731
+        spans = lambda a: a >= k  # noqa: E731
+    axes = set()
+    if sd.kind == "S":
+        axes.add((sd.axis, sd.outer))
+    if su.kind == "S":
+        a = next((a for a in range(x.rank) if u_axis(a) == su.axis), None)
+        if a is None:
+            return gathered()
+        axes.add((a, su.outer))
+    if len(axes) != 1:
+        return gathered()
+    ax, outer = next(iter(axes))
+    if not spans(ax) or not 0 <= u_axis(ax) < u.rank or u.shape[u_axis(ax)] % t or x.shape[ax] % t:
+        return gathered()
+    return _State("S", ax, (sd if sd.kind == "S" else su).origin, outer), "split (scatter)", t
 
 
 def _match_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int) -> int:
