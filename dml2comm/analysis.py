@@ -146,6 +146,8 @@ class Analysis:
     comms: tuple[CommNode, ...]
     summary: Summary
     model_info: Mapping[str, Any]
+    #: what the user should act on (it does not fit, BatchNorm folded at export, --lenient
+    #: fallbacks, a split the model does not divide); the modelling choices are ``assumptions``
     warnings: tuple[str, ...] = field(default_factory=tuple)
     memory: Mapping[str, Any] = field(default_factory=dict)
     timeline: SimResult | None = None  # the simulated iteration (events per GPU and stream)
@@ -154,6 +156,9 @@ class Analysis:
     #: summary's breakdown reads), so ``summary["compute_time_s"]`` is the largest of them.  The
     #: overview's compute card, the timeline's per-stage table and the stage pages all read it.
     stage_compute_s: tuple[float, ...] = ()
+    #: what the plan assumed, said once per run (dropout, compute efficiencies, attention kernel,
+    #: host model, the training stack by default, vocabulary padding): not for the user to fix
+    assumptions: tuple[str, ...] = ()
 
 
 def analyze(
@@ -215,6 +220,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     dtype_bytes = train.itemsize
     tp = tensor_parallel_of(graph, config.tp_size, config.sequence_parallel, dtype_bytes)
     warnings.extend(tp.warnings)
+    assumptions: list[str] = list(tp.assumptions)
 
     gpu = cluster.gpu
     peak = gpu.peak_flops(config.dtype)
@@ -239,10 +245,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     times = per_gpu_op_times(times, cp, config.capacity_factor if moe is not None else 1.0,
                              moe.expert_ops if moe is not None else frozenset())
     if cp > 1:
-        warnings.append(f"context parallelism: c={cp} ({config.cp_scheme}); per-GPU op times, activations and tensor/pipeline "
+        assumptions.append(f"context parallelism: c={cp} ({config.cp_scheme}); per-GPU op times, activations and tensor/pipeline "
                         "messages are 1/c of the unsplit ones (causal load balancing; GEMM efficiency of the full sequence)")
     if moe is not None and ep > 1:
-        warnings.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
+        assumptions.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
                         f"capacity factor {config.capacity_factor}; balanced routing assumed (every expert gets its even share)")
 
     # ---- layers and stages: the stage tables the sweep reads too (dml2comm.cost.layers / .stages):
@@ -385,12 +391,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         warnings.append(folded)
     has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
     if has_dropout:
-        warnings.append("dropout: the model's own Dropout nodes (their masks count as activations)")
+        assumptions.append("dropout: the model's own Dropout nodes (their masks count as activations)")
     elif config.dropout > 0:
-        warnings.append(f"dropout: assumed p={config.dropout} on attention probabilities and residual branches (--dropout); "
+        assumptions.append(f"dropout: assumed p={config.dropout} on attention probabilities and residual branches (--dropout); "
                         "the export has no Dropout nodes")
     else:
-        warnings.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
+        assumptions.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
 
     # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
     stages: list[StageInfo] = []
@@ -437,7 +443,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     memory = _memory_report(stages, cluster, config)
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
-    warnings.append(
+    assumptions.append(
         f"compute: GEMMs by the tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of peak sustained on "
         f"{cluster.gpu.name} ({sustained_source(cluster.gpu)}), other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, "
         f"memory-bound ops at {hbm_efficiency_of(cluster.gpu):.2f} of HBM bandwidth, "
@@ -447,7 +453,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     if config.attention is AttentionKernel.FLASH:
         cores, flash = find_attention(graph), flash_cores_of(graph)
         if cores:
-            warnings.append(
+            assumptions.append(
                 f"attention: {len(flash)} of {len(cores)} attention cores run as one flash kernel each "
                 f"({sum(c.causal for c in flash)} causal, read off the mask), its time by a law fitted on H100 SDPA "
                 "(benchmarks/fit_flash_h100.py)"
@@ -462,7 +468,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                      + ", fitted on vTrain's single-node runs; small kernels wait for the CPU)")
     else:
         host_text = "host: none (kernel time only, as a CUDA-graph captured step; --host-model eager or pytorch for eager steps)"
-    warnings.append(host_text)
+    assumptions.append(host_text)
     if not any(l.kind == "block" for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
     if advise and not memory["fits"]:
@@ -476,7 +482,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
             key=lambda r: r["iteration_time_s"])
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations),
-                    tuple(float(x) for x in sim_free.compute_busy_s))
+                    tuple(float(x) for x in sim_free.compute_busy_s), tuple(dict.fromkeys(assumptions)))
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")

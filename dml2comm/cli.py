@@ -277,12 +277,12 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)
-    if args.stack is None:  # say the default and the other choice (what runs the model decides the kernels)
-        slips = slips + (f"stack: megatron by default (Megatron-LM's fused kernels, {config.precision} precision, {config.attention} "
-                         "attention); for a model trained in eager PyTorch / Hugging Face pass --stack pytorch "
-                         "(with --precision amp or bf16)",)
     if slips:  # before data.json, the site and the summary are written from it
         analysis = replace(analysis, warnings=tuple(dict.fromkeys(analysis.warnings + slips)))
+    if args.stack is None:  # say the default and the other choice (what runs the model decides the kernels)
+        analysis = replace(analysis, assumptions=analysis.assumptions + (
+            f"stack: megatron by default (Megatron-LM's fused kernels, {config.precision} precision, {config.attention} "
+            "attention); for a model trained in eager PyTorch / Hugging Face pass --stack pytorch (with --precision amp or bf16)",))
     from dml2comm.export.chrome_trace import trace_json
     from dml2comm.export.report import report_json
 
@@ -411,6 +411,10 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         if not rec["fits_in_memory"]:
             msg.stylize("red", len(msg.plain) - len("but does not fit"))
         console.print(msg)
+    if analysis.assumptions:  # the modelling choices, once, apart from what the user should act on
+        console.print(Text("assumptions", style="bold"))
+        for a in analysis.assumptions:
+            console.print(line(a, width, prefix=" ", indent=4))
     for w in analysis.warnings:
         console.print(line(w, width, prefix="warning:", style="yellow"))
     console.print(line(f"wrote {out / 'data.json'} in {elapsed:.2f} s", width))

@@ -108,6 +108,26 @@ def test_runs_and_writes_data_json(workdir):
     assert sorted(p.name for p in out.iterdir()) == ["data.json", "trace.json"]
 
 
+def test_assumptions_are_said_once_apart_from_warnings(workdir):
+    """The modelling choices (dropout, compute, host, the default stack) go to one ``assumptions``
+    block in the terminal and an ``assumptions`` list in data.json; ``warning:`` lines and
+    ``warnings`` keep what the user should act on (here: t=16 wider than a node of 8 GPUs)."""
+    out = workdir / "out"
+    result = run(str(workdir / "mlp.onnx"), "--t", "16", "--out", str(out), "--no-site", "--no-advice", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "data.json").read_text())
+    kinds = [a.split(":")[0] for a in data["assumptions"]]
+    assert kinds == ["dropout", "compute", "host", "stack"], data["assumptions"]
+    assert len(data["warnings"]) == 1 and data["warnings"][0].startswith("tensor parallelism t=16 is wider than a node")
+    lines = result.stdout.splitlines()
+    block = lines.index("assumptions")
+    said = [ln for ln in lines[block + 1:] if ln.startswith("  ") and not ln.startswith("   ")]  # continuation lines: 4 spaces
+    assert [ln.split(":")[0].strip() for ln in said[:4]] == kinds
+    warned = [ln for ln in lines if ln.startswith("warning:")]
+    assert len(warned) == 1 and "tensor parallelism t=16" in warned[0]
+    assert not any(ln.startswith(("warning: dropout", "warning: compute", "warning: host", "warning: stack")) for ln in lines)
+
+
 @pytest.mark.dot
 def test_relative_out_folder_builds_the_site(tmp_path):
     """The README's command uses --out out, relative to the working folder."""

@@ -130,7 +130,7 @@ def test_the_cluster_names_its_host_model_and_both_paths_read_it(tmp_path):
         a = analyze_graph(imported, config, cluster, advise=False, timeline=False)
         row = FastEvaluator(imported, cluster).evaluate([config])[0]
         assert row["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9)
-        assert any(w.startswith(f"host: {name}") for w in a.warnings)
+        assert any(w.startswith(f"host: {name}") for w in a.assumptions)
         times[name] = a.summary["iteration_time_s"]
     assert times["none"] < times["eager"]
     with pytest.raises(ConfigError, match="unknown host model 'lazy'"):
@@ -221,5 +221,5 @@ def test_a_cluster_without_a_host_model_runs_its_stacks():
         a = analyze_graph(imported, config, auto, advise=False, timeline=False)
         named = analyze_graph(imported, config, dataclasses.replace(auto, host_model=name), advise=False, timeline=False)
         assert a.summary["iteration_time_s"] == named.summary["iteration_time_s"]
-        assert any(w.startswith(f"host: {name}") for w in a.warnings)
+        assert any(w.startswith(f"host: {name}") for w in a.assumptions)
         assert FastEvaluator(imported, auto).evaluate([config])[0]["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9)

@@ -114,6 +114,7 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
         "memory": dict(analysis.memory),
         "recommendations": [dict(r) for r in analysis.recommendations],
         "warnings": list(analysis.warnings),
+        "assumptions": list(analysis.assumptions),
     }
     return _clean(data)
 

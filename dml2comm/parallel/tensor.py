@@ -126,7 +126,8 @@ class TensorParallelPlan:
     weight_factor: dict[str, int]  # weight name -> t if split, 1 if replicated
     heads: int | None
     kv_heads: int | None
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # what the user should act on
+    assumptions: tuple[str, ...] = ()  # what the plan assumed as the training framework would (vocabulary padding)
 
 
 @dataclass
@@ -561,8 +562,9 @@ def _propagate(
     bwd_reduced: set[str] = set()
     vocab = vocab_table(graph)
     vocab_rows = graph.tensors[vocab].shape[0] if vocab else None
+    assumptions: list[str] = []
     if vocab_rows and vocab_rows % t:
-        warnings.append(
+        assumptions.append(
             f"vocabulary of {vocab_rows} padded to {padded_vocab(vocab_rows, t)} for t={t} "
             "(Megatron-LM --make-vocab-size-divisible-by 128)"
         )
@@ -775,7 +777,8 @@ def _propagate(
             f"tensor-parallel rank (no expert tensor parallelism from them, costed replicated); --ep splits the experts across ranks"
         )
     weight_factor = {w.name: (t if w.name in weight_split else 1) for w in graph.weights}
-    return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)))
+    return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)),
+                              tuple(assumptions))
 
 
 def _slice_replicated(graph: OpGraph, op: Op, views: tuple, axis: int, t: int, vocab_rows: int | None) -> tuple:

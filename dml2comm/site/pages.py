@@ -287,7 +287,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
                              hbm_bw=fmt_rate(a.cluster.gpu.hbm_bytes_per_s)),
                 links=links, headline=headline, bar=bar, stages=stages_rows, dims=dims, replicas=replicas,
                 dtype=cfg.dtype, zero=cfg.zero_stage, memory_text=memory_text, suggestions=suggestions, fits=fits,
-                collapsed=facts.dp - 1 > replica_pages_max, warnings=list(a.warnings), legend=legend_of("index"),
+                collapsed=facts.dp - 1 > replica_pages_max, warnings=list(a.warnings), assumptions=list(a.assumptions), legend=legend_of("index"),
             ),
         )
     )
