@@ -96,6 +96,7 @@ class CommNode:
     steps: int = 0
     protocol: str = ""
     formula: str = ""  # the cost formula with its symbols filled in
+    host_s: float = 0.0  # the framework's host time for the message, part of time_s (a pipeline Send/Recv's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,11 @@ class StageInfo:
     grad_accumulation_s: float = 0.0  # per micro-batch, part of compute_bwd_s (cost.compute.grad_accumulation_s)
     loss_fwd_s: float = 0.0  # per micro-batch, the loss the graph leaves out (cost.loss), part of compute_fwd_s
     loss_bwd_s: float = 0.0  # ... and of compute_bwd_s
+    #: a copy of parameters an earlier stage owns (a tied word embedding on the LM head's stage):
+    #: counted in ``params`` beside its layers' own, so the layers' parameters + ``held_params`` = ``params``
+    held_params: int = 0
+    held_tensors: tuple[str, ...] = ()  # the held parameters' names
+    held_from: tuple[int, ...] = ()  # the stages owning them
 
 
 @dataclass(frozen=True)
@@ -280,7 +286,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         comms.append(
             CommNode(kind, dim, phase, stage, layer, after_op, tensor, n, tuple(group), float(message_bytes),
                      cc.bytes_sent_per_gpu, cc.time_s + host_s, str(cc.algorithm), cc.link, count, per_mb, reason,
-                     cc.limiting_link, cc.steps, str(cc.protocol), cc.formula)
+                     cc.limiting_link, cc.steps, str(cc.protocol), cc.formula, float(host_s))
         )
 
     # tensor parallel, per micro-batch (forward and backward)
@@ -398,6 +404,15 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     else:
         assumptions.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
 
+    # parameters a stage holds a copy of (held_copies: owned by the first stage reading them)
+    held_names: list[list[str]] = [[] for _ in ranges]
+    held_owner: list[set[int]] = [set() for _ in ranges]
+    for w, readers_of_w in readers.items():
+        holders = sorted({stage_of_layer[li] for li in readers_of_w})
+        for s in holders[1:]:
+            held_names[s].append(w)
+            held_owner[s].add(holders[0])
+
     # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
     stages: list[StageInfo] = []
     works: list[DeviceWork] = []
@@ -427,6 +442,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 loss_bwd_s=float(table.loss_b[s]),
                 memory=memory,
                 ranks=rank_map.tp_group(0, s),
+                held_params=int(copies.extra[s]),
+                held_tensors=tuple(held_names[s]),
+                held_from=tuple(sorted(held_owner[s])),
             )
         )
     sim, sim_free = _simulate(config, works, keep_events=timeline)

@@ -154,6 +154,43 @@ def test_every_link_works_and_nothing_loads_off_the_host(site):
             assert not re.match(r"^(https?:)?//", url), f"{css.name} loads {url}"
 
 
+def test_404_page_loads_its_assets_relative(site):
+    """MkDocs writes 404.html with root-absolute paths; made relative they work under file://."""
+    page = site / "site" / "404.html"
+    html = page.read_text(encoding="utf-8")
+    assert not re.search(r'(?:href|src)="/(?!/)', html), re.findall(r'(?:href|src)="/[^"]*"', html)[:3]
+    assert '"base": "."' in html
+    for url in re.findall(r'(?:href|src)="([^"#]+)"', html):
+        if not re.match(r"^[a-z]+:", url):
+            assert (page.parent / url).is_file(), url
+
+
+def test_stage_page_shows_the_tied_copy_so_parameters_add_up(site):
+    """The tiny GPT ties its LM head to the word embedding: the last stage holds a copy, and its
+    page shows it (drawing and layer table), so the layers' parameters + the copy = the stage's."""
+    data = json.loads((site / "data.json").read_text())
+    last = data["stages"][-1]
+    layers = sum(l["params"] for l in data["layers"] if l["stage"] == last["index"])
+    held = last["params"] - layers
+    assert held == 256 * 64  # vocab x hidden: the word embedding
+    assert data["stages"][0]["params"] == sum(l["params"] for l in data["layers"] if l["stage"] == 0)  # the owner
+    html = (site / "site" / f"stage_{last['index']}_data_0.html").read_text(encoding="utf-8").replace("\xa0", " ")
+    assert "tied copy" in html and "<td>16,384</td>" in html, "the held copy is in the layer table"
+    assert f"{layers:,} in its layers + 16,384 in the tied copy it holds" in html
+
+
+def test_send_recv_tooltips_name_the_host_time(site):
+    """A pipeline message's time is its transfer plus the host model's time per message: the
+    Send/Recv boxes say both, on the box and in the tooltip."""
+    root = ET.parse(site / "svg_file" / "stage_1_data_0_detail.svg").getroot()
+    titles = [(t.text or "").replace("\xa0", " ") for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    recv = [t for t in titles if t.startswith("activations from stage 0")]
+    assert recv and re.search(r"\(\S+ [µm]?s transfer \+ 1\.50 ms host\)", recv[0]), recv
+    assert "CPU time per pipeline message" in recv[0]
+    texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")).replace("\xa0", " ")
+    assert "transfer + 1.50 ms host" in texts
+
+
 def test_pages_levels_and_nav(site):
     site_dir = site / "site"
     index = (site_dir / "index.html").read_text(encoding="utf-8")

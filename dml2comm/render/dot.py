@@ -402,6 +402,20 @@ def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
 # ---------------------------------------------------------------------------------------------
 
 
+#: what a Send/Recv's host part is, for its tooltips
+_HOST_NOTE = "host: the training framework's CPU time per pipeline message (the host model among the assumptions)"
+
+
+def _host_line(b: Boundary) -> str:
+    """The tooltip line naming a boundary's host time, or nothing when the host model has none."""
+    return f"\n{_HOST_NOTE}" if b.host_fwd_s or b.host_bwd_s else ""
+
+
+def _host_label(b: Boundary) -> str:
+    """A box line splitting the forward time into transfer and host time ('' without host time)."""
+    return f"{fmt_s(b.time_fwd_s - b.host_fwd_s)} transfer + {fmt_s(b.host_fwd_s)} host" if b.host_fwd_s else ""
+
+
 def _boundary_node(g: _Dot, facts: Facts, b: Boundary, d: int) -> str:
     src, dst = facts.ranks(d, b.stage), facts.ranks(d, b.stage + 1)
     share = facts.comms_share(b.comms)
@@ -409,8 +423,9 @@ def _boundary_node(g: _Dot, facts: Facts, b: Boundary, d: int) -> str:
     tensors = f"{n} tensors" if n != 1 else "1 tensor"
     tip = (
         f"pipeline boundary stage {b.stage} -> {b.stage + 1} (replica {d}), per micro-batch:\n"
-        f"activation forward: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} ({tensors})\n"
-        f"gradient backward: {fmt_bytes(b.bytes_bwd)} in {fmt_s(b.time_bwd_s)}\n"
+        f"activation forward: {fmt_bytes(b.bytes_fwd)} in {b.time_text()} ({tensors})\n"
+        f"gradient backward: {fmt_bytes(b.bytes_bwd)} in {b.time_text(backward=True)}\n"
+        + _host_line(b).lstrip("\n") + ("\n" if b.host_fwd_s or b.host_bwd_s else "") +
         f"GPUs {rank_ranges(src)} -> {rank_ranges(dst)}, each tensor rank to its peer, over {b.link}\n"
         + (f"scatter/gather (Megatron-LM): each tensor rank sends 1/{b.gather_fwd[0].group_size} of the tensor; the "
            f"receivers all-gather it ({fmt_s(sum(c.time_s for c in b.gather_fwd))} forward, "
@@ -531,9 +546,9 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
     prev = None
     if p > 0:
         b = facts.boundaries[p - 1]
-        prev = g.node(_label(f"Recv ← stage {p - 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch"),
-                      f"activations from stage {p - 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {fmt_s(b.time_fwd_s)}); "
-                      f"gradients go back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
+        prev = g.node(_label(f"Recv ← stage {p - 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch", _host_label(b)),
+                      f"activations from stage {p - 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {b.time_text()}); "
+                      f"gradients go back ({fmt_bytes(b.bytes_bwd)}, {b.time_text(backward=True)}) over {b.link}" + _host_line(b),
                       f"gpu_comm_pp_{p - 1}", **_comm_attrs(facts.comms_share(b.comms)))
     anchor = top[len(top) // 2]  # the chain of layers hangs centred under the row of groups
     if prev is not None:
@@ -558,11 +573,26 @@ def stage_drawing(facts: Facts, p: int) -> Drawing:
         )
         g.edge(prev, node) if prev is not None else g.edge(anchor, node, style="invis")
         prev = node
+    if st.held_params:  # a tied copy (the word embedding on the LM head's stage): its parameters count in the stage's
+        tied = [c for stages, comms in facts.tied_groups.items() if p in stages for c in comms if c.stage == p]
+        owners = ", ".join(map(str, st.held_from))
+        held = g.node(
+            _label("tied copy", _short(", ".join(st.held_tensors), 36), f"{fmt_count(st.held_params)} params · owned by stage {owners}",
+                   f"grad all-reduce {fmt_s(sum(c.time_s for c in tied))} / iteration" if tied else ""),
+            f"a copy of {', '.join(st.held_tensors)} ({fmt_count(st.held_params)} parameters), owned by stage {owners}: "
+            f"this stage's layers read it, so it holds the weight, its gradient and its optimizer states\n"
+            f"the stage's {fmt_count(st.params)} parameters = {fmt_count(st.params - st.held_params)} in its layers + "
+            f"{fmt_count(st.held_params)} in this copy\n"
+            + ("after the backward pass its gradient is all-reduced with the owner's (Megatron-LM's embedding group)"
+               if tied else ""),
+            f"stage_{st.held_from[0]}_data_0" if st.held_from else None,
+            shape="box", style="rounded,dashed,filled", fillcolor="#f3e8fd", color="#6a3d9a")
+        g.edge(held, prev, style="dashed", color="#6a3d9a", arrowhead="none", constraint="false")  # type: ignore[arg-type]
     if p < facts.pp - 1:
         b = facts.boundaries[p]
-        send = g.node(_label(f"Send → stage {p + 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch"),
-                      f"activations to stage {p + 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {fmt_s(b.time_fwd_s)}); "
-                      f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {fmt_s(b.time_bwd_s)}) over {b.link}",
+        send = g.node(_label(f"Send → stage {p + 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch", _host_label(b)),
+                      f"activations to stage {p + 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {b.time_text()}); "
+                      f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {b.time_text(backward=True)}) over {b.link}" + _host_line(b),
                       f"gpu_comm_pp_{p}", **_comm_attrs(facts.comms_share(b.comms)))
         g.edge(prev, send)  # type: ignore[arg-type]
     return Drawing(f"stage_{p}_data_0_detail", f"stage_{p}_data_0", f"Stage {p} (replica 0): layers", g.text(), g.annotations, g.hottest_share)
@@ -640,7 +670,7 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
                 b = facts.boundaries[stage - 1]
                 nid = g.node(_label(f"Recv ← stage {stage - 1}", shape),
                              f"{_tensor_tip(facts, name)}\nreceived from stage {stage - 1} every micro-batch; "
-                             f"its gradient goes back\nboundary: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} over {b.link}",
+                             f"its gradient goes back\nboundary: {fmt_bytes(b.bytes_fwd)} in {b.time_text()} over {b.link}" + _host_line(b),
                              f"gpu_comm_pp_{stage - 1}", **_comm_attrs(facts.comms_share(b.comms)))
             else:
                 # relative wording keeps alike blocks byte-identical (one layout for all of them)
@@ -714,7 +744,7 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
                 b = facts.boundaries[stage]
                 nid = g.node(_label(f"Send → stage {stage + 1}", shape),
                              f"{_tensor_tip(facts, name)}\nsent to stage {stage + 1} every micro-batch; its gradient comes back\n"
-                             f"boundary: {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} over {b.link}",
+                             f"boundary: {fmt_bytes(b.bytes_fwd)} in {b.time_text()} over {b.link}" + _host_line(b),
                              f"gpu_comm_pp_{stage}", **_comm_attrs(facts.comms_share(b.comms)))
             elif outside:
                 first = outside[0]
@@ -767,9 +797,9 @@ def pp_comm_drawing(facts: Facts, s: int) -> Drawing:
     for t in range(shown):
         link = facts.link_between(src[t], dst[t])
         g.edge(top[t], bottom[t],
-               f"GPU {src[t]} -> GPU {dst[t]}: activation {fmt_bytes(b.bytes_fwd)} in {fmt_s(b.time_fwd_s)} per micro-batch\n"
-               f"GPU {dst[t]} -> GPU {src[t]}: gradient {fmt_bytes(b.bytes_bwd)} in {fmt_s(b.time_bwd_s)} per micro-batch\n"
-               f"link: {link}",
+               f"GPU {src[t]} -> GPU {dst[t]}: activation {fmt_bytes(b.bytes_fwd)} in {b.time_text()} per micro-batch\n"
+               f"GPU {dst[t]} -> GPU {src[t]}: gradient {fmt_bytes(b.bytes_bwd)} in {b.time_text(backward=True)} per micro-batch\n"
+               f"link: {link}" + ("\n" + _HOST_NOTE if b.host_fwd_s or b.host_bwd_s else ""),
                label=html_text(f"↓ {fmt_bytes(b.bytes_fwd)} {fmt_s(b.time_fwd_s)}") + "<BR/>" + html_text(f"↑ {fmt_bytes(b.bytes_bwd)} {fmt_s(b.time_bwd_s)}"),
                dir="both", color=link_colour(link), fontcolor=link_colour(link), penwidth=2)
     if len(src) > shown:

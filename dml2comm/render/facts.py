@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 from dml2comm.analysis import Analysis, CommNode
 from dml2comm.ir.graph import Tensor
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
-from dml2comm.render.fmt import fmt_bytes
+from dml2comm.render.fmt import fmt_bytes, fmt_s
 
 __all__ = ["Facts", "Boundary", "KIND_LABEL", "kind_label"]
 
@@ -78,6 +78,20 @@ class Boundary:
     @property
     def time_bwd_s(self) -> float:
         return sum(c.time_s for c in self.backward + self.gather_bwd)
+
+    @property
+    def host_fwd_s(self) -> float:
+        """The framework's host time in :attr:`time_fwd_s` (per pipeline message, not the wire's)."""
+        return sum(c.host_s for c in self.forward + self.gather_fwd)
+
+    @property
+    def host_bwd_s(self) -> float:
+        return sum(c.host_s for c in self.backward + self.gather_bwd)
+
+    def time_text(self, backward: bool = False) -> str:
+        """``1.53 ms (30 µs transfer + 1.50 ms host)``: the boundary's time with its host part named."""
+        total, host = (self.time_bwd_s, self.host_bwd_s) if backward else (self.time_fwd_s, self.host_fwd_s)
+        return f"{fmt_s(total)} ({fmt_s(total - host)} transfer + {fmt_s(host)} host)" if host > 0 else fmt_s(total)
 
     @property
     def link(self) -> str:

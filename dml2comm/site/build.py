@@ -167,6 +167,21 @@ def mkdocs_build(config_path: Path) -> None:
         logger.setLevel(old_level)
     if handler.messages:
         raise SiteError(f"mkdocs warned while building the site: {handler.messages[0]}")
+    _relative_404(Path(cfg["site_dir"]) / "404.html")
+
+
+#: what MkDocs writes root-absolute into ``404.html`` when no ``site_url`` is set: its links and
+#: assets, and Material's ``base`` and search-worker path
+_ROOT_ABSOLUTE = re.compile(r'((?:href|src)="|"(?:base|search)": ")/(?!/)')
+
+
+def _relative_404(page: Path) -> None:
+    """Make ``404.html``'s root-absolute paths relative (``/assets/x`` -> ``./assets/x``): the page
+    sits at the site's root like every other page, so they point to the same files, and they work
+    under ``file://`` and a server's sub-path too."""
+    if page.is_file():
+        html = page.read_text(encoding="utf-8")
+        page.write_text(_ROOT_ABSOLUTE.sub(r"\1./", html).replace('"base": "./"', '"base": "."'), encoding="utf-8")
 
 
 def _site_name(analysis: Analysis) -> str:

@@ -333,7 +333,9 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         pps = [c for b in facts.boundaries if b.stage in (p - 1, p) for c in (b.forward if b.stage == p else b.backward)]
         totals = [
             ("layers", f"{len(st.layers)} ({facts.layer_range(p)[0]}–{facts.layer_range(p)[1]})"),
-            ("parameters", f"{fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU after tensor parallelism)"),
+            ("parameters", f"{fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU after tensor parallelism)"
+             + (f": {fmt_count(st.params - st.held_params)} in its layers + {fmt_count(st.held_params)} in the tied copy it holds"
+                if st.held_params else "")),
             ("forward FLOPs per micro-batch", fmt_flops(st.flops_fwd) + " (all tensor ranks)"),
             ("forward per micro-batch", f"{fmt_s(st.time_fwd_s)} (compute {fmt_s(st.compute_fwd_s)}, communication and input "
                                         f"{fmt_s(st.time_fwd_s - st.compute_fwd_s)})"),
@@ -358,6 +360,9 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
             layers.append(_row(index=li, key=f"layer_{li}_data_0", name=l.name, kind=l.kind, ops=l.num_ops, params=fmt_count(l.params),
                                fwd=fmt_s(l.time_fwd_s), bwd=fmt_s(l.time_bwd_s), tp=len(facts.tp_by_layer.get(li, ())),
                                share=fmt_share(facts.layer_share[li])))
+        held = (_row(names=", ".join(st.held_tensors), params=fmt_count(st.held_params), total=fmt_count(st.params),
+                     owners=[_row(stage=o, key=f"stage_{o}_data_0") for o in st.held_from])
+                if st.held_params else None)
         groups = []
         if tps:
             groups.append(_row(kind="tensor-parallel", key=f"gpu_comm_tp_{p}", ranks=rank_ranges(ranks), link=tps[0].link))
@@ -374,7 +379,7 @@ def page_models(facts: Facts, drawings: Sequence[Drawing], replica_pages_max: in
         pages.append(
             Page(key=f"stage_{p}_data_0", title=f"Stage {p}", section="Stages (replica 0)", template="stage.md.j2",
                  crumbs=[home, r0, Crumb(f"Stage {p}", None)], drawing=drawn.get(f"stage_{p}_data_0"),
-                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, groups=groups, legend=legend_of(f"stage_{p}_data_0"), over=facts.over_memory_text(p),
+                 context=dict(p=p, totals=totals, gpus=gpus, layers=layers, held=held, groups=groups, legend=legend_of(f"stage_{p}_data_0"), over=facts.over_memory_text(p),
                               comms=_comm_rows(facts, list(tps) + list(dps) + pps, per_micro_batch=False),
                               prev_key=f"stage_{p - 1}_data_0" if p > 0 else None,
                               next_key=f"stage_{p + 1}_data_0" if p < facts.pp - 1 else None,
