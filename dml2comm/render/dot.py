@@ -287,7 +287,12 @@ def _tied_tip(facts: Facts, stages: tuple[int, ...], comms: Sequence[CommNode]) 
 
 
 def _tied_label(comms: Sequence[CommNode], where: str = "") -> str:
-    return html_text(f"tied-weight grad all-reduce{where} · {fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}")
+    """The tied-weight edge's label in two lines, held off its edge by an empty cell: Graphviz puts
+    an edge label just right of the edge, which on the overview's curved return edge cut its
+    first letters."""
+    text = (html_text(f"tied-weight grad all-reduce{where}") + '<BR ALIGN="LEFT"/>'
+            + html_text(f"{fmt_bytes(comms[0].message_bytes)} · {fmt_s(comms[0].time_s)}") + '<BR ALIGN="LEFT"/>')
+    return f'<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="0"><TR><TD WIDTH="14"></TD><TD>{text}</TD></TR></TABLE>'
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,9 +60,11 @@
     var full = { x: vb[0], y: vb[1], w: vb[2], h: vb[3] };
     var view = { x: full.x, y: full.y, w: full.w, h: full.h };
     var zoomed = false;
-    // tall drawings (a layer's operators: thousands of px) open fitted into the window, so the
-    // whole graph and its hottest boxes show at once; + / Ctrl + wheel zoom in to read a box
-    if (full.h > 1200 && full.h > 1.5 * full.w) root.classList.add("d2c-tall");
+    // tall drawings (a layer's operators: thousands of px) open at their own scale, where an
+    // operator's text is readable (fitted into the window it was about 4 px); "fit" shows the
+    // whole graph in the window and pressed again goes back; - / Ctrl + wheel zoom out
+    var tall = full.h > 1200 && full.h > 1.5 * full.w;
+    if (tall) root.classList.add("d2c-tall");
 
     function apply() {
       svg.setAttribute("viewBox", [view.x, view.y, view.w, view.h].join(" "));
@@ -95,6 +97,7 @@
     }
 
     function reset() {
+      if (tall && !zoomed) root.classList.toggle("d2c-fit-window");
       view = { x: full.x, y: full.y, w: full.w, h: full.h };
       zoomed = false;
       svg.style.width = "";
