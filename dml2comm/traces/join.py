@@ -46,7 +46,7 @@ import numpy as np
 
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
-__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms"]
+__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms", "token_shape", "block_times"]
 
 
 class Phase:
@@ -499,3 +499,19 @@ def _op_label(name: str) -> str:
 
 def block_times(join: TraceJoin) -> Sequence[float]:
     return [x.total_s for x in join.blocks()]
+
+
+def token_shape(trace: RankTrace) -> tuple[int, int] | None:
+    """(batch, sequence) of the step's token ids: the index input of the first ``aten::embedding``
+    whose indices are 2-D (``Input Dims`` [[vocab, hidden], [batch, seq], ...]); None when the
+    trace has none.  Binds a model's symbolic input dims to the run's."""
+    rows = sorted(trace.inputs, key=lambda i: float(trace.ts[i]))
+    for i in rows:
+        if trace.names[int(trace.name[i])] != "aten::embedding":
+            continue
+        dims = trace.inputs[i][0]
+        if isinstance(dims, list) and len(dims) >= 2 and isinstance(dims[1], list) and len(dims[1]) == 2:
+            b, s = dims[1]
+            if isinstance(b, int) and isinstance(s, int) and b > 0 and s > 0:
+                return b, s
+    return None
