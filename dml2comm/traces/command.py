@@ -8,7 +8,9 @@ Outputs (``--out DIR``, published together): ``trace_analysis.json`` (schema_ver
 ``exposed_comm_s``, ``idle_s``, its ``micro_batches`` with the detection ``method``, and the
 ``problems`` found; the set's problems; the ``layout`` (coordinates and model replicas, with how
 they were found); the HolisticTraceAnalysis-compatible figures; the comparison when a model is
-given),
+given; ``join``: the lowest rank's step's GPU time per operator, phase and, with ``--model``,
+layer, with what stayed unattributed, :mod:`dml2comm.traces.join`; null for a run without GPU
+kernels),
 ``events.parquet`` (every classified event), ``steps.parquet`` (per-step metrics),
 ``comparison.csv`` (with ``--model``), ``svg_file/`` and ``site/`` (unless ``--no-site``).
 
@@ -373,7 +375,10 @@ def _join(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None:
             layered = group_layers(load_model(args.model, ImportOptions(batch_size=batch, seq_len=seq)).graph)
         except Dml2CommError as exc:
             note = f"the model's layers are not used: {exc}"
-    out = join_trace(trace, layered).to_dict()
+    joined = join_trace(trace, layered)
+    if joined.kernels == 0:
+        return None  # a CPU-only (gloo) run: no GPU kernels to place
+    out = joined.to_dict()
     if note:
         out["notes"].insert(0, note)
     return out
@@ -510,7 +515,7 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
             for c in cmp["rows"]]}
     layout = data["layout"]
     join = data.get("join")
-    join_page = {"rows": join_rows(join), "by": "layer" if join["layers"] else "phase", "summary": join_summary(join),
+    join_page = {"rows": join_rows(join), "columns": join_columns(join), "summary": join_summary(join),
                  "notes": join["notes"], "method": join["method"], "rank": join["rank"],
                  "ops": [{"name": o["name"], "phase": o["phase"], "calls": o["calls"], "time": fmt_s(o["gpu_s"]),
                           "share": f"{o['gpu_s'] / join['gpu_s']:.1%}" if join["gpu_s"] > 0 else "n/a"} for o in join["ops"]]} \
@@ -673,7 +678,11 @@ def join_rows(join: dict[str, Any]) -> list[list[str]]:
         return [[x["name"], fmt_s(x["forward_s"]), fmt_s(x["backward_s"]), fmt_s(x["other_s"]), fmt_s(x["total_s"]),
                  f"{x['share']:.1%}"] for x in join["layers"]]
     total = join["gpu_s"]
-    return [[p, fmt_s(v), "", "", fmt_s(v), f"{v / total:.1%}" if total > 0 else "n/a"] for p, v in join["phases_s"].items()]
+    return [[p, fmt_s(v), f"{v / total:.1%}" if total > 0 else "n/a"] for p, v in join["phases_s"].items()]
+
+
+def join_columns(join: dict[str, Any]) -> tuple[str, ...]:
+    return ("layer", "forward", "backward", "other", "total", "share") if join["layers"] else ("phase", "time", "share")
 
 
 def join_summary(join: dict[str, Any]) -> str:
@@ -692,9 +701,8 @@ def _print_join(console: Any, join: dict[str, Any]) -> None:
     from dml2comm.render.terminal import fit_table, line
 
     w = console.width
-    head = "layer" if join["layers"] else "phase"
-    console.print(fit_table(f"GPU time by {head}, rank {join['rank']}'s step", (head, "forward", "backward", "other", "total", "share"),
-                            join_rows(join), w))
+    cols = join_columns(join)
+    console.print(fit_table(f"GPU time by {cols[0]}, rank {join['rank']}'s step", cols, join_rows(join), w))
     console.print(line(join_summary(join), w, prefix="join:"))
     for n in join["notes"]:
         console.print(line(n, w, prefix="join:", style="yellow"))
