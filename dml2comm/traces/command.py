@@ -8,7 +8,9 @@ Outputs (``--out DIR``, published together): ``trace_analysis.json`` (schema_ver
 ``exposed_comm_s``, ``idle_s``, its ``micro_batches`` with the detection ``method``, and the
 ``problems`` found; the set's problems; the ``layout`` (coordinates and model replicas, with how
 they were found); the HolisticTraceAnalysis-compatible figures; the comparison when a model is
-given),
+given; ``join``: the lowest rank's step's GPU time per operator, phase and, with ``--model``,
+layer, with what stayed unattributed, :mod:`dml2comm.traces.join`; null for a run without GPU
+kernels),
 ``events.parquet`` (every classified event), ``steps.parquet`` (per-step metrics),
 ``comparison.csv`` (with ``--model``), ``svg_file/`` and ``site/`` (unless ``--no-site``).
 
@@ -41,7 +43,7 @@ from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
 
 __all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet", "refuse_unused_flags",
-           "run_sizes", "PREDICTION_DEFAULTS"]
+           "run_sizes", "PREDICTION_DEFAULTS", "join_rows", "join_summary"]
 
 EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a folder of rank-N.json[.gz]):
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2 --out out/trace
@@ -348,6 +350,40 @@ def _comparison_csv(comparison: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _join(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None:
+    """The lowest rank's step mapped onto operators, phases and (with ``--model``) the model's
+    layers (:func:`dml2comm.traces.join.join_trace`).  The model's symbolic batch and sequence
+    dims are bound to ``--micro-batch-size``/``--seq-len`` or, unset, to the token ids' shape the
+    trace recorded; a model that cannot be read so gives the join without layers and a note."""
+    from dml2comm.traces.join import join_trace, token_shape
+    from dml2comm.traces.load import load_trace
+
+    if not ts.ranks:
+        return None
+    first = min(ts.ranks, key=lambda r: r.rank)
+    trace = load_trace(first.path, shapes=True)
+    layered, note = None, None
+    if args.model:
+        from dml2comm.errors import Dml2CommError
+        from dml2comm.ir.layers import group_layers
+        from dml2comm.ir.onnx_import import ImportOptions, load_model
+
+        shape = token_shape(trace)
+        batch = args.micro_batch_size or (shape[0] if shape else None)
+        seq = args.seq_len or (shape[1] if shape else None)
+        try:
+            layered = group_layers(load_model(args.model, ImportOptions(batch_size=batch, seq_len=seq)).graph)
+        except Dml2CommError as exc:
+            note = f"the model's layers are not used: {exc}"
+    joined = join_trace(trace, layered)
+    if joined.kernels == 0:
+        return None  # a CPU-only (gloo) run: no GPU kernels to place
+    out = joined.to_dict()
+    if note:
+        out["notes"].insert(0, note)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # drawings and page data
 # ---------------------------------------------------------------------------------------------
@@ -478,7 +514,13 @@ def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[st
              "base": fmt_s(c["predicted_base_s"]) if with_base else "", "base_error": _pct_error(c.get("error_base"))}
             for c in cmp["rows"]]}
     layout = data["layout"]
-    return {"ranks": ranks, "files": files, "failures": len(ts.failures), "problems": problems, "kernel_types": kernel_types,
+    join = data.get("join")
+    join_page = {"rows": join_rows(join), "columns": join_columns(join), "summary": join_summary(join),
+                 "notes": join["notes"], "method": join["method"], "rank": join["rank"],
+                 "ops": [{"name": o["name"], "phase": o["phase"], "calls": o["calls"], "time": fmt_s(o["gpu_s"]),
+                          "share": f"{o['gpu_s'] / join['gpu_s']:.1%}" if join["gpu_s"] > 0 else "n/a"} for o in join["ops"]]} \
+        if join else None
+    return {"ranks": ranks, "join": join_page, "files": files, "failures": len(ts.failures), "problems": problems, "kernel_types": kernel_types,
             "comparison": comparison, "dims": list(DIMS),
             "layout": {"method": layout["method"], "detail": layout["detail"], "replicas": len(layout["replicas"])} if layout else None,
             **extra}
@@ -512,6 +554,7 @@ def run_trace_command(argv: Sequence[str]) -> int:
     run, source = run_sizes(args, ts)  # flags that contradict the traces: an error before anything is written
     comparison = _prediction(args, ts, run, source)
     data = trace_analysis_dict(ts, comparison)
+    data["join"] = _join(args, ts)
     out_files: dict[str, str | bytes] = {
         "trace_analysis.json": json.dumps(data, sort_keys=True, indent=1, default=_json_default) + "\n",
         "events.parquet": events_parquet(ts),
@@ -611,6 +654,8 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
             console.print(line(_file_note(cmp["cluster_file"]), w, prefix="constants:"))
         if cmp.get("caveat"):
             console.print(line(cmp["caveat"], w, prefix="not comparable:", style="yellow"))
+    if data.get("join"):
+        _print_join(console, data["join"])
     if data["layout"]:
         lay = data["layout"]
         console.print(line(f"{len(lay['replicas'])} (from {lay['method']}: {lay['detail']})", w, prefix="model replicas:"))
@@ -624,3 +669,40 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
                        f"({len(ts.ranks)} rank{'s' if len(ts.ranks) != 1 else ''}, {len(ts.failures)} failed)", w))
     if site:
         console.print(line(f"site: open {(out / 'site' / 'index.html').resolve()}", w))
+
+
+def join_rows(join: dict[str, Any]) -> list[list[str]]:
+    """The join's table rows: per layer (then loss, optimizer, unattributed) forward, backward,
+    other and total GPU time and share; without a model, per phase."""
+    if join["layers"]:
+        return [[x["name"], fmt_s(x["forward_s"]), fmt_s(x["backward_s"]), fmt_s(x["other_s"]), fmt_s(x["total_s"]),
+                 f"{x['share']:.1%}"] for x in join["layers"]]
+    total = join["gpu_s"]
+    return [[p, fmt_s(v), f"{v / total:.1%}" if total > 0 else "n/a"] for p, v in join["phases_s"].items()]
+
+
+def join_columns(join: dict[str, Any]) -> tuple[str, ...]:
+    return ("layer", "forward", "backward", "other", "total", "share") if join["layers"] else ("phase", "time", "share")
+
+
+def join_summary(join: dict[str, Any]) -> str:
+    """One line: attributed and unattributed GPU time and the blocks' spread."""
+    text = (f"{fmt_s(join['attributed_s'])} of {fmt_s(join['gpu_s'])} GPU time in {join['kernels']} kernels attributed "
+            f"({join['attributed_share']:.1%}); unattributed {fmt_s(join['unattributed_s'])} "
+            f"({1 - join['attributed_share'] if join['gpu_s'] > 0 else 0:.1%})")
+    blocks = [x["total_s"] for x in join["layers"] if x["kind"] == "block"]
+    if join["block_spread"] is not None:
+        text += (f"; {len(blocks)} blocks, {fmt_s(min(blocks))} to {fmt_s(max(blocks))} each "
+                 f"(spread (max - min) / mean {join['block_spread']:.1%})")
+    return text
+
+
+def _print_join(console: Any, join: dict[str, Any]) -> None:
+    from dml2comm.render.terminal import fit_table, line
+
+    w = console.width
+    cols = join_columns(join)
+    console.print(fit_table(f"GPU time by {cols[0]}, rank {join['rank']}'s step", cols, join_rows(join), w))
+    console.print(line(join_summary(join), w, prefix="join:"))
+    for n in join["notes"]:
+        console.print(line(n, w, prefix="join:", style="yellow"))

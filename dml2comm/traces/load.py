@@ -106,6 +106,9 @@ class _Args(msgspec.Struct, gc=False):
     # only by load_trace(..., shapes=True), for the calibration of dml2comm.calibrate)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
+    # autograd's sequence number: a forward operator that records a graph node and the backward
+    # node it created (on the autograd thread) carry the same one
+    sequence: Any = msgspec.field(name="Sequence number", default=None)
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -219,8 +222,10 @@ class RankTrace:
     #: filled by ``load_trace(path, shapes=True)`` only: every event's ``External id`` (int64,
     #: -1 when absent), the ``Input Dims``/``Input type`` of CPU operators that recorded them
     #: (row -> (dims, types), as the trace writes them), and the collective arguments GPU kernels
-    #: carry in recent PyTorch (row -> CommRecord: ``In msg nelems``, ``Group size``, ``dtype``...)
+    #: carry in recent PyTorch (row -> CommRecord: ``In msg nelems``, ``Group size``, ``dtype``...),
+    #: and every event's autograd ``Sequence number`` (int64, -1 when absent)
     external_id: np.ndarray | None = None
+    sequence: np.ndarray | None = None
     inputs: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     kernel_comms: dict[int, CommRecord] = field(default_factory=dict)
 
@@ -639,7 +644,8 @@ def _shape_columns(args: list[Any], kind: np.ndarray) -> dict[str, Any]:
         kernel_comms[idx] = CommRecord(
             idx, a.collective, str(a.pg_name or ""), str(a.pg_desc or ""), _ranks(a.pg_ranks), max(_int(a.group_size, 0), 0),
             max(_int(a.in_nelems, 0), 0), max(_int(a.out_nelems, 0), 0), str(a.dtype or ""))
-    return {"external_id": external, "inputs": inputs, "kernel_comms": kernel_comms}
+    sequence = _int_column([a.sequence for a in args])
+    return {"external_id": external, "inputs": inputs, "kernel_comms": kernel_comms, "sequence": sequence}
 
 
 def step_names(trace: RankTrace) -> np.ndarray:

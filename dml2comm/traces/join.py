@@ -1,0 +1,517 @@
+"""Map a profiled training step onto the model: which operator and layer every GPU kernel belongs to.
+
+The join, in four links (all read from one rank's Kineto trace, ``record_shapes=True``):
+
+1. **kernel -> launch**: a GPU event's ``args.correlation`` equals the one of the CUDA runtime
+   call that launched it.
+2. **launch -> operator**: the runtime call lies inside a CPU operator on its thread; the
+   outermost one (the *top-level* operator: ``aten::linear``, ``aten::layer_norm``, an
+   ``autograd::engine::evaluate_function: XBackward0``, the ``Optimizer.step#...`` annotation) is
+   the one the kernel is charged to.
+3. **operator -> phase**: ``Optimizer.*`` annotations are the optimizer; operators run by the
+   autograd engine (``autograd::engine::evaluate_function: ...``) are the backward; the rest of
+   the step is the forward, whose tail from the loss operator on (``cross_entropy``, ``nll_loss``...;
+   with a model: everything after the head's last GEMM) is the loss.
+4. **operator -> layer** (with a model, :func:`join_trace`'s ``layered``): the forward GEMMs
+   (``aten::linear``/``addmm``/``mm``/``matmul`` with a 2-D weight, (M, N, K) from ``Input Dims``)
+   are matched in order to the graph's weight MatMul/Gemm ops in topological order, which carry
+   their layer (embedding, block i, head).  The operators between two matched GEMMs of one layer
+   belong to it; in a gap between two layers the first normalisation (``*norm*``, or a decomposed
+   RMSNorm's ``pow``/``rsqrt``, with the ``to`` cast just before it) starts the next layer.  A
+   backward operator's autograd ``Sequence number`` names the forward operator that created its
+   node, hence its layer; one without a number (``AccumulateGrad``, which stores the gradient just
+   produced) goes with the backward operator before it on its thread.
+
+What the links cannot place is *unattributed* and reported as a number: kernels whose launch is
+outside every operator, backward operators whose sequence number no forward operator carries,
+and, without a model, every forward and backward operator's layer.
+
+Module scopes (``with_modules``/``with_stack`` traces, ``nn.Module: ...`` Python events) are not
+read: record_shapes alone gives none, and the GEMM match needs none.
+
+References: PyTorch ``torch/csrc/autograd/function.h`` (sequence_nr and the profiler's
+``Sequence number``/``Fwd thread id``); Kineto ``libkineto/src/output_json.cpp``
+(``correlation``, ``External id``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from dml2comm.traces.load import Kind, RankTrace, step_names
+
+__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms", "token_shape", "block_times"]
+
+
+class Phase:
+    """Where in the step an operator ran (strings: they go to JSON as they are)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    LOSS = "loss"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"
+
+    ALL = (FORWARD, LOSS, BACKWARD, OPTIMIZER, OTHER)
+
+
+#: Top-level forward operators that are GEMMs with a weight (their (M, N, K) is matched to the graph).
+GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul"})
+#: Operators that compute a loss: the forward from the first of them on is the loss (no model).
+LOSS_OPS = re.compile(r"^aten::(cross_entropy(_loss)?|nll_loss(_nd|2d)?(_forward)?|mse_loss|l1_loss|"
+                      r"binary_cross_entropy(_with_logits)?|kl_div|smooth_l1_loss|huber_loss)$")
+_NORM = re.compile(r"norm", re.IGNORECASE)
+_RMS_PARTS = frozenset({"aten::pow", "aten::rsqrt"})
+_BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+_OPTIMIZER_PREFIX = "Optimizer."
+#: At most this many operators are listed (by GPU time) in the join's ``ops``.
+TOP_OPS = 20
+#: Layer names of the rows that are not layers of the graph.
+LOSS, OPTIMIZER, UNATTRIBUTED = "loss", "optimizer", "unattributed"
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """GPU time of one layer (or of the loss, the optimizer, the unattributed rest), seconds."""
+
+    name: str
+    kind: str  # embedding, block, head, other, loss, optimizer, unattributed
+    forward_s: float
+    backward_s: float
+    other_s: float  # optimizer, loss, or time of no phase
+    kernels: int
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.other_s
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """GPU time of one top-level operator name within one phase."""
+
+    name: str
+    phase: str
+    calls: int
+    gpu_s: float
+
+
+@dataclass(frozen=True)
+class TraceJoin:
+    """The step's GPU time, attributed.
+
+    ``gpu_s``: sum of the durations of the step's GPU events (kernels, copies, sets: busy time per
+    event, so concurrent streams count twice); ``attributed_s``: the part charged to a layer, the
+    loss or the optimizer; ``phases``: per phase; ``layers``: per layer in model order, then
+    loss, optimizer, unattributed (empty without a model); ``ops``: the largest operators;
+    ``block_spread``: (max - min) / mean of the blocks' times (None with fewer than two)."""
+
+    file: str
+    rank: int
+    gpu_s: float
+    kernels: int
+    attributed_s: float
+    phases: dict[str, float]
+    layers: tuple[LayerTime, ...]
+    ops: tuple[OpTime, ...]
+    block_spread: float | None
+    method: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def unattributed_s(self) -> float:
+        return self.gpu_s - self.attributed_s
+
+    @property
+    def attributed_share(self) -> float:
+        return self.attributed_s / self.gpu_s if self.gpu_s > 0 else 0.0
+
+    def blocks(self) -> list[LayerTime]:
+        return [x for x in self.layers if x.kind == "block"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file, "rank": self.rank, "gpu_s": self.gpu_s, "kernels": self.kernels,
+            "attributed_s": self.attributed_s, "unattributed_s": self.unattributed_s,
+            "attributed_share": self.attributed_share, "phases_s": dict(self.phases),
+            "layers": [{"name": x.name, "kind": x.kind, "forward_s": x.forward_s, "backward_s": x.backward_s,
+                        "other_s": x.other_s, "total_s": x.total_s, "kernels": x.kernels,
+                        "share": x.total_s / self.gpu_s if self.gpu_s > 0 else 0.0} for x in self.layers],
+            "ops": [{"name": o.name, "phase": o.phase, "calls": o.calls, "gpu_s": o.gpu_s} for o in self.ops],
+            "block_spread": self.block_spread, "method": self.method, "notes": list(self.notes),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# the graph's side
+# ---------------------------------------------------------------------------------------------
+
+
+def _gemm_key(m: int, n: int, k: int) -> tuple[int, ...]:
+    """Order-free (M, N, K): a weight stored transposed (Conv1D, ``Gemm`` with ``transB``) or a
+    GEMM the trace writes as ``addmm(bias, x, w)`` gives the same key."""
+    return tuple(sorted((int(m), int(n), int(k))))
+
+
+def graph_gemms(layered: Any) -> list[tuple[tuple[int, ...], int]]:
+    """The graph's weight GEMMs in topological order: ((M, N, K) key, layer index).
+
+    A weight GEMM is a ``MatMul``/``Gemm`` one of whose inputs is a weight (a parameter or a tied
+    copy): the attention's activation x activation MatMuls are left out (the trace runs them
+    inside ``scaled_dot_product_attention``)."""
+    g = layered.graph
+    out = []
+    for op in g.ops:
+        if op.op_type not in ("MatMul", "Gemm"):
+            continue
+        ins = g.op_inputs(op)
+        if len(ins) < 2 or ins[0] is None or ins[1] is None or not ins[1].is_weight or ins[0].is_weight:
+            continue
+        x, w = ins[0].shape, ins[1].shape
+        if len(w) != 2 or not x:
+            continue
+        k = x[-1]
+        m = math.prod(x[:-1])
+        n = w[1] if w[0] == k else w[0]  # (K, N), or (N, K) stored transposed
+        out.append((_gemm_key(m, n, k), layered.layer_of_op[op.index]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the trace's side
+# ---------------------------------------------------------------------------------------------
+
+
+def _trace_gemm_key(name: str, dims: Any) -> tuple[int, ...] | None:
+    """(M, N, K) of a top-level GEMM operator from its ``Input Dims``, None when it has no 2-D weight."""
+    if not isinstance(dims, list):
+        return None
+    shapes = [d for d in dims if isinstance(d, list) and d and all(isinstance(v, int) for v in d)]
+    try:
+        if name == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2:
+            x, w = shapes[0], shapes[1]
+            return _gemm_key(math.prod(x[:-1]), w[0], x[-1])
+        if name == "aten::addmm" and len(shapes) >= 3 and len(shapes[1]) == 2 and len(shapes[2]) == 2:
+            return _gemm_key(shapes[1][0], shapes[2][1], shapes[1][1])
+        if name in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[1]) == 2:
+            x, w = shapes[0], shapes[1]
+            return _gemm_key(math.prod(x[:-1]), w[1], x[-1])
+    except (TypeError, IndexError):
+        return None
+    return None
+
+
+@dataclass
+class _Tops:
+    """Top-level CPU events (operators and annotations) of the step, per thread and in time order."""
+
+    rows: list[int]  # event row
+    names: list[str]
+    phase: list[str]
+    by_thread: dict[int, tuple[list[float], list[float], list[int]]]  # thread -> (starts, ends, positions)
+
+
+def _step_window(trace: RankTrace) -> tuple[float, float] | None:
+    """The first ``ProfilerStep#N`` annotation's CPU span, None when the trace has none (one step)."""
+    rows = np.flatnonzero(step_names(trace))
+    if rows.size == 0:
+        return None
+    i = int(rows[np.argmin(trace.ts[rows])])
+    return float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])
+
+
+def _top_level(trace: RankTrace, window: tuple[float, float] | None) -> _Tops:
+    step_mask = step_names(trace)
+    cpu = np.flatnonzero(((trace.kind == Kind.CPU_OP) | (trace.kind == Kind.ANNOTATION)) & ~step_mask)
+    if window is not None:
+        cpu = cpu[(trace.ts[cpu] >= window[0]) & (trace.ts[cpu] < window[1])]
+    order = cpu[np.lexsort((-trace.dur[cpu], trace.ts[cpu], trace.thread[cpu]))]
+    rows: list[int] = []
+    end_of: dict[int, float] = {}
+    for i in order.tolist():
+        t = int(trace.thread[i])
+        if trace.ts[i] < end_of.get(t, -math.inf):
+            continue  # inside a top-level event of its thread
+        end_of[t] = float(trace.ts[i] + trace.dur[i])
+        rows.append(i)
+    rows.sort(key=lambda i: (float(trace.ts[i]), int(trace.thread[i])))
+    names = [trace.names[int(trace.name[i])] for i in rows]
+    by_thread: dict[int, tuple[list[float], list[float], list[int]]] = {}
+    for pos, i in enumerate(rows):
+        s, e, p = by_thread.setdefault(int(trace.thread[i]), ([], [], []))
+        s.append(float(trace.ts[i]))
+        e.append(float(trace.ts[i] + trace.dur[i]))
+        p.append(pos)
+    phase = []
+    for nm in names:
+        if nm.startswith(_OPTIMIZER_PREFIX):
+            phase.append(Phase.OPTIMIZER)
+        elif nm.startswith(_BACKWARD_PREFIX):
+            phase.append(Phase.BACKWARD)
+        else:
+            phase.append(Phase.FORWARD)
+    # the forward's tail from the first loss operator on is the loss
+    fwd = [p for p, ph in enumerate(phase) if ph == Phase.FORWARD]
+    first_loss = next((k for k, p in enumerate(fwd) if LOSS_OPS.match(names[p])), None)
+    if first_loss is not None:
+        for p in fwd[first_loss:]:
+            phase[p] = Phase.LOSS
+    return _Tops(rows, names, phase, by_thread)
+
+
+def _enclosing(tops: _Tops, thread: int, ts: float) -> int | None:
+    """Position of the top-level event of ``thread`` that contains time ``ts``."""
+    entry = tops.by_thread.get(thread)
+    if entry is None:
+        return None
+    starts, ends, pos = entry
+    k = bisect.bisect_right(starts, ts) - 1
+    if k >= 0 and ts <= ends[k]:
+        return pos[k]
+    return None
+
+
+def _op_of_gpu_events(trace: RankTrace, tops: _Tops, window: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The step's GPU event rows and, for each, the position of its top-level operator (-1: none)."""
+    gpu = np.flatnonzero(np.isin(trace.kind, Kind.GPU))
+    launches = np.flatnonzero((trace.kind == Kind.RUNTIME) & (trace.correlation >= 0))
+    op_of_corr: dict[int, int] = {}
+    for i in launches.tolist():
+        pos = _enclosing(tops, int(trace.thread[i]), float(trace.ts[i]))
+        if pos is not None:
+            op_of_corr[int(trace.correlation[i])] = pos
+    ops = np.array([op_of_corr.get(int(c), -1) for c in trace.correlation[gpu].tolist()], dtype=np.int64)
+    if window is not None:  # a kernel belongs to the step when its operator does (GPU time lags CPU time)
+        keep = ops >= 0
+        gpu, ops = gpu[keep], ops[keep]
+    return gpu, ops
+
+
+# ---------------------------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------------------------
+
+
+def _starts_norm(names: list[str], positions: list[int]) -> int | None:
+    """Index (into ``positions``) where a normalisation starts, None when the gap has none."""
+    for k, p in enumerate(positions):
+        nm = names[p]
+        if _NORM.search(nm):
+            return k
+        if nm in _RMS_PARTS:
+            return k - 1 if k > 0 and names[positions[k - 1]] == "aten::to" else k
+    return None
+
+
+def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str]) -> dict[int, int]:
+    """Top-level forward operator position -> layer index (see the module docstring, link 4).
+    Positions after the head's last matched GEMM become the loss (their phase is changed)."""
+    wanted = graph_gemms(layered)
+    fwd = [p for p, ph in enumerate(tops.phase) if ph in (Phase.FORWARD, Phase.LOSS)]
+    gemms = []
+    for k, p in enumerate(fwd):
+        nm = tops.names[p]
+        if nm in GEMM_OPS:
+            dims = trace.inputs.get(tops.rows[p], (None, None))[0]
+            key = _trace_gemm_key(nm, dims)
+            if key is not None:
+                gemms.append((k, key))
+    matched: list[tuple[int, int]] = []  # (index into fwd, layer)
+    j = 0
+    for k, key in gemms:
+        if j < len(wanted) and key == wanted[j][0]:
+            matched.append((k, wanted[j][1]))
+            j += 1
+    if len(matched) < len(wanted):
+        notes.append(f"{len(matched)} of the graph's {len(wanted)} weight GEMMs matched a forward GEMM of the trace "
+                     f"(by (M, N, K), in order): the layers after the last match are not placed")
+    if not matched:
+        return {}
+    layer_of: dict[int, int] = {}
+    layers = layered.layers
+    first_k, first_layer = matched[0]
+    lead = list(range(0, first_k))
+    emb = next((x.index for x in layers if x.kind == "embedding"), None)
+    cut = _starts_norm(tops.names, [fwd[k] for k in lead]) if emb is not None else 0
+    for idx, k in enumerate(lead):
+        layer_of[fwd[k]] = emb if (emb is not None and (cut is None or idx < cut)) else first_layer
+    for (ka, la), (kb, lb) in zip(matched, matched[1:]):
+        gap = list(range(ka, kb))
+        if la == lb:
+            for k in gap:
+                layer_of[fwd[k]] = la
+            continue
+        c = _starts_norm(tops.names, [fwd[k] for k in gap[1:]])
+        c = len(gap) if c is None else c + 1
+        for idx, k in enumerate(gap):
+            layer_of[fwd[k]] = la if idx < c else lb
+    last_k, last_layer = matched[-1]
+    layer_of[fwd[last_k]] = last_layer
+    tail = fwd[last_k + 1:]
+    if layers[last_layer].kind == "head" and j == len(wanted):
+        for p in tail:  # the head's output is the logits: what follows computes the loss
+            tops.phase[p] = Phase.LOSS
+    else:
+        for p in tail:
+            if tops.phase[p] == Phase.FORWARD:
+                layer_of[p] = last_layer
+    return layer_of
+
+
+def _backward_layers(trace: RankTrace, tops: _Tops, fwd_layer: dict[int, Any]) -> tuple[dict[int, Any], int]:
+    """Backward top-level position -> what its forward operator is charged to (layer index or a
+    phase name), through the autograd sequence number; and the count of backward operators left
+    unplaced (a number no forward operator carries)."""
+    seq = trace.sequence
+    assert seq is not None
+    by_seq: dict[int, Any] = {}
+    fwd_rows = np.flatnonzero((seq >= 0) & (trace.kind == Kind.CPU_OP))
+    for i in fwd_rows.tolist():
+        pos = _enclosing(tops, int(trace.thread[i]), float(trace.ts[i]))
+        if pos is None or tops.phase[pos] not in (Phase.FORWARD, Phase.LOSS):
+            continue
+        by_seq.setdefault(int(seq[i]), fwd_layer.get(pos, LOSS if tops.phase[pos] == Phase.LOSS else None))
+    out: dict[int, Any] = {}
+    lost = 0
+    prev: dict[int, Any] = {}
+    for pos, ph in enumerate(tops.phase):
+        if ph != Phase.BACKWARD:
+            continue
+        row = tops.rows[pos]
+        t = int(trace.thread[row])
+        s = int(seq[row])
+        if s >= 0:
+            target = by_seq.get(s)
+            if target is None:
+                lost += 1
+        else:
+            target = prev.get(t)  # AccumulateGrad: the gradient the operator before it produced
+        prev[t] = target
+        if target is not None:
+            out[pos] = target
+    return out, lost
+
+
+# ---------------------------------------------------------------------------------------------
+# the join
+# ---------------------------------------------------------------------------------------------
+
+
+def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
+    """Attribute every GPU event of the trace's (first) step to its operator, phase and, with
+    ``layered`` (a :class:`dml2comm.ir.layers.LayeredGraph` of the model the run trained), layer.
+
+    Parameters
+    ----------
+    trace : loaded with ``load_trace(path, shapes=True)`` (shapes and sequence numbers).
+    layered : the model's layers, or None (phases and operators only).
+
+    Raises
+    ------
+    ValueError
+        the trace was loaded without ``shapes=True``."""
+    if trace.sequence is None:
+        raise ValueError("join_trace needs load_trace(path, shapes=True): the sequence numbers and shapes")
+    window = _step_window(trace)
+    tops = _top_level(trace, window)
+    gpu, ops = _op_of_gpu_events(trace, tops, window)
+    notes: list[str] = []
+    fwd_layer: dict[int, Any] = {}
+    bwd_layer: dict[int, Any] = {}
+    if layered is not None:
+        fwd_layer = _forward_layers(trace, tops, layered, notes)
+        bwd_layer, lost = _backward_layers(trace, tops, fwd_layer)
+        if lost:
+            notes.append(f"{lost} backward operators carry a sequence number no forward operator of the step has")
+    else:
+        notes.append("no model: the kernels are attributed to operators and phases, not to layers (pass --model)")
+    dur_s = trace.dur[gpu] * 1e-6
+    total = float(math.fsum(dur_s.tolist()))
+    phases = {p: 0.0 for p in Phase.ALL}
+    by_op: dict[tuple[str, str], list[float]] = {}
+    n_layers = len(layered.layers) if layered is not None else 0
+    lay_f = [0.0] * n_layers
+    lay_b = [0.0] * n_layers
+    lay_n = [0] * n_layers
+    extra = {LOSS: [0.0, 0.0, 0.0, 0], OPTIMIZER: [0.0, 0.0, 0.0, 0], UNATTRIBUTED: [0.0, 0.0, 0.0, 0]}
+    for d, pos in zip(dur_s.tolist(), ops.tolist()):
+        if pos < 0:
+            phases[Phase.OTHER] += d
+            _add(extra[UNATTRIBUTED], 2, d)
+            continue
+        ph = tops.phase[pos]
+        phases[ph] += d
+        acc = by_op.setdefault((_op_label(tops.names[pos]), ph), [0.0, 0])
+        acc[0] += d
+        if layered is None:
+            continue
+        if ph == Phase.OPTIMIZER:
+            _add(extra[OPTIMIZER], 2, d)
+            continue
+        target = fwd_layer.get(pos) if ph == Phase.FORWARD else bwd_layer.get(pos) if ph == Phase.BACKWARD else LOSS
+        col = 1 if ph == Phase.BACKWARD else 0
+        if target is None:
+            _add(extra[UNATTRIBUTED], col, d)
+        elif target == LOSS:
+            _add(extra[LOSS], col, d)
+        else:
+            (lay_b if col else lay_f)[target] += d
+            lay_n[target] += 1
+    calls: dict[tuple[str, str], set[int]] = {}
+    for pos in set(ops.tolist()) - {-1}:
+        calls.setdefault((_op_label(tops.names[pos]), tops.phase[pos]), set()).add(pos)
+    op_rows = sorted((OpTime(nm, ph, len(calls.get((nm, ph), ())), v[0]) for (nm, ph), v in by_op.items()),
+                     key=lambda o: (-o.gpu_s, o.name, o.phase))[:TOP_OPS]
+    layers: list[LayerTime] = []
+    if layered is not None:
+        for x in layered.layers:
+            layers.append(LayerTime(x.name, x.kind, lay_f[x.index], lay_b[x.index], 0.0, lay_n[x.index]))
+        for name in (LOSS, OPTIMIZER, UNATTRIBUTED):
+            f, b, o, n = extra[name]
+            layers.append(LayerTime(name, name, f, b, o, int(n)))
+        attributed = total - extra[UNATTRIBUTED][0] - extra[UNATTRIBUTED][1] - extra[UNATTRIBUTED][2]
+        method = (f"forward GEMMs matched to the graph's {len(graph_gemms(layered))} weight GEMMs by (M, N, K); "
+                  f"backward through autograd sequence numbers; layers from {layered.source}")
+    else:
+        attributed = total - phases[Phase.OTHER]
+        method = "kernel -> launch -> operator only (no model)"
+    blocks = [x.total_s for x in layers if x.kind == "block"]
+    spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
+    return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), tuple(op_rows),
+                     spread, method, tuple(notes))
+
+
+def _add(acc: list[Any], col: int, d: float) -> None:
+    acc[col] += d
+    acc[3] += 1
+
+
+def _op_label(name: str) -> str:
+    """``autograd::engine::evaluate_function: AddmmBackward0`` -> ``AddmmBackward0``."""
+    return name.split(": ", 1)[1] if name.startswith(_BACKWARD_PREFIX) and ": " in name else name
+
+
+def block_times(join: TraceJoin) -> Sequence[float]:
+    return [x.total_s for x in join.blocks()]
+
+
+def token_shape(trace: RankTrace) -> tuple[int, int] | None:
+    """(batch, sequence) of the step's token ids: the index input of the first ``aten::embedding``
+    whose indices are 2-D (``Input Dims`` [[vocab, hidden], [batch, seq], ...]); None when the
+    trace has none.  Binds a model's symbolic input dims to the run's."""
+    rows = sorted(trace.inputs, key=lambda i: float(trace.ts[i]))
+    for i in rows:
+        if trace.names[int(trace.name[i])] != "aten::embedding":
+            continue
+        dims = trace.inputs[i][0]
+        if isinstance(dims, list) and len(dims) >= 2 and isinstance(dims[1], list) and len(dims[1]) == 2:
+            b, s = dims[1]
+            if isinstance(b, int) and isinstance(s, int) and b > 0 and s > 0:
+                return b, s
+    return None
