@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -334,3 +336,44 @@ def test_vtrain_multi_node_heldout_set_is_costed_on_the_nics_a_node_has():
     slowdown = {table[i]["t"]: four[i] / eight[i] for i in picked if table[i]["p"] == 1}
     assert all(four[i] >= eight[i] > 0 for i in picked)
     assert slowdown[16] > 1.2 and max(slowdown[t] for t in (1, 2, 4, 8)) < 1.05, slowdown
+
+
+def test_validate_reports_each_step_to_its_progress_callback():
+    from dml2comm.validate.command import Step, planned_steps, validate
+    from dml2comm.validate.fit import GRID
+
+    sources = [SOURCES["nccl"], SOURCES["korthikanti2022"]]
+    calls = []
+    validate(sources, sample=2, loso=True, on_step=lambda done, total, step: calls.append((done, total, step)))
+    # nccl once; korthikanti2022 (depends on the fitted constant) once, at the 7 other grid scales and its 2 refits
+    assert planned_steps(sources) == 2 + (len(GRID) - 1 + 2) == 11
+    assert calls[0] == (0, 11, Step("nccl", 1.0, None)) and calls[1] == (1, 11, Step("nccl", 1.0, 2))
+    assert calls[2][2] == Step("korthikanti2022", 1.0, None) and calls[3][2].cases > 0
+    assert calls[-1][0] == calls[-1][1] == 11
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)  # never backwards
+    scales = {c[2].compute_scale for c in calls if c[2].source == "korthikanti2022"}
+    assert all(any(math.isclose(g, s) for s in scales) for g in GRID)  # the grid, as 1/(1/g)
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_validate_shows_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch, json_flag):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a fake terminal, as the sweep decides
+    argv = ["validate", "--source", "nccl,h100-gemm", "--no-site", "--out", str(tmp_path)] + (["--json"] if json_flag else [])
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    if json_flag:
+        assert err == ""
+    else:
+        assert re.search(r"  nccl: \d+ cases in \d+\.\d s", err) and "h100-gemm:" in err
+
+
+def test_validate_stays_quiet_when_piped(tmp_path, capsys):
+    assert main(["validate", "--source", "nccl", "--no-site", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_validate_help_states_its_duration(capsys):
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1.5-2 minutes on 2 CPU cores" in text and "--sample N" in text and "--no-loso" in text

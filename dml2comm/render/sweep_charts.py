@@ -8,7 +8,9 @@ elements with a ``<title>`` tooltip, width/height in pt and a viewBox in px).
   split into compute, pipeline bubble, exposed communication and optimizer step
   (``<rect class="d2c-seg" data-row=".." data-part=".." data-seconds="..">``);
 - :func:`memory_bars_chart`: peak memory per GPU per configuration against the GPU's capacity
-  (``<line class="d2c-capacity">``), bars above it outlined in red;
+  (``<line class="d2c-capacity">``), bars above it outlined in red; the axis ends at
+  :data:`MEMORY_AXIS_CLIP` times the capacity, longer bars broken there (``data-clipped``) and
+  labelled with their peak, so that one configuration far over does not squash the others;
 - :func:`pareto_chart`: every evaluated configuration as a point (peak memory, iteration
   time), the Pareto front joined by a line, the best one ringed;
 - :func:`efficiency_chart`: parallel efficiency against the GPU count (log scale) of a scaling
@@ -25,7 +27,7 @@ from dml2comm.render.charts import AXIS_COLOUR, CAPACITY_COLOUR, GRID_COLOUR, OV
 from dml2comm.render.fmt import fmt_bytes, fmt_s
 
 __all__ = ["BREAKDOWN_COLOURS", "BreakdownBar", "breakdown_chart", "MemoryItem", "memory_bars_chart", "ParetoPoint", "pareto_chart",
-           "EfficiencyPoint", "efficiency_chart", "MAX_POINTS"]
+           "EfficiencyPoint", "efficiency_chart", "MAX_POINTS", "MEMORY_AXIS_CLIP"]
 
 #: part key -> (legend label, fill); the order is the stacking order.
 BREAKDOWN_COLOURS: Mapping[str, tuple[str, str]] = {
@@ -38,6 +40,10 @@ BREAKDOWN_COLOURS: Mapping[str, tuple[str, str]] = {
 BEST_COLOUR = "#188038"
 #: At most this many points in the Pareto chart (the front and the best always drawn).
 MAX_POINTS = 4000
+#: The memory bars' axis ends at this multiple of the GPU's capacity: a bar past it is broken
+#: (it does not fit by far; its label gives the peak), and the bars near the capacity, the ones a
+#: choice hangs on, keep two thirds of the width.
+MEMORY_AXIS_CLIP = 1.5
 _BOLD = ' font-weight="bold"'
 
 
@@ -150,13 +156,21 @@ def memory_bars_chart(items: Sequence[MemoryItem], capacity_bytes: float, capaci
     # a GPU far larger than every configuration would flatten the bars: the capacity is then
     # drawn at the right end of the axis, marked off scale (as the single-configuration chart does)
     broken = capacity_bytes > 2 * tallest
-    top_b = tallest if broken else max(tallest, capacity_bytes)
-    step, ticks = _ticks(top_b / 2**30 * 1.04)
+    # one configuration far over the capacity would squash the rest: the axis then ends at
+    # MEMORY_AXIS_CLIP x the capacity and longer bars are broken there (said under the axis)
+    clip = MEMORY_AXIS_CLIP * capacity_bytes if not broken and tallest > MEMORY_AXIS_CLIP * capacity_bytes else None
     left, top, plot_w, row_h, bar_h = label_w, 48.0, 560.0, 26.0, 17.0
-    px = plot_w / (ticks[-1] * 2**30)  # px per byte
+    if clip:  # the axis ends at the clip itself, not at the next tick
+        step, ticks = _ticks(clip / 2**30)
+        ticks = [t for t in ticks if t * 2**30 <= clip * (1 + 1e-9)]
+        px = plot_w / clip  # px per byte
+    else:
+        step, ticks = _ticks((tallest if broken else max(tallest, capacity_bytes)) / 2**30 * 1.04)
+        px = plot_w / (ticks[-1] * 2**30)
     base = top + row_h * len(items)
     width = left + plot_w + 110
-    height = base + 48
+    height = base + (66 if clip else 48)
+    clipped = 0
     g = Svg()
     _legend_row(g, left, 18, [("fits", "#59a14f"), ("does not fit", OVER_COLOUR)])
     for t in ticks:
@@ -174,10 +188,16 @@ def memory_bars_chart(items: Sequence[MemoryItem], capacity_bytes: float, capaci
         tip = f"{it.label}\npeak {fmt_bytes(it.peak_bytes)} of {fmt_bytes(capacity_bytes)}: {status}" + (f"\n{it.tip}" if it.tip else "")
         g.item(tip, f'<text class="d2c-row-label" x="{svg_number(left - 8)}" y="{svg_number(y + bar_h - 4)}" font-size="10.5" text-anchor="end" '
                     f'fill="{colour}"{_BOLD if it.best else ""}>{xml_text(label)}</text>')
-        w = it.peak_bytes * px
+        cut = clip is not None and it.peak_bytes > clip
+        clipped += cut
+        w = (clip if cut else it.peak_bytes) * px
         g.item(tip, g.rect(left, y, max(w, 0.5), bar_h, OVER_COLOUR if over else "#59a14f",
                            f' class="d2c-mem" data-row="{i}" data-bytes="{it.peak_bytes:.17g}"'
-                           + (' fill-opacity="0.85"' if over else "")))
+                           + (' data-clipped="true"' if cut else "") + (' fill-opacity="0.85"' if over else "")))
+        if cut:  # a white double slash across the bar's end: the bar goes on
+            for dx in (-12, -6):
+                g.add(f'<line x1="{svg_number(left + w + dx - 3)}" y1="{svg_number(y + bar_h + 2)}" x2="{svg_number(left + w + dx + 3)}" '
+                      f'y2="{svg_number(y - 2)}" stroke="#ffffff" stroke-width="2.5"/>')
         g.text(left + w + 6, y + bar_h - 4, fmt_bytes(it.peak_bytes) + (" over" if over else ""), size=10, fill=colour,
                weight="bold" if over else None)
     xc = left + plot_w + 14 if broken else left + capacity_bytes * px
@@ -193,6 +213,10 @@ def memory_bars_chart(items: Sequence[MemoryItem], capacity_bytes: float, capaci
                   f'stroke="{AXIS_COLOUR}" stroke-width="1.2"/>')
     g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base + 2)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base + 2)}" '
           f'stroke="{AXIS_COLOUR}" stroke-width="1"/>')
+    if clipped:
+        g.text(left + plot_w / 2, base + 54, f"axis cut at {MEMORY_AXIS_CLIP:g}× the GPU capacity ({fmt_bytes(clip)}): "
+               f"{clipped} longer bar{'s' if clipped > 1 else ''} broken (//), labelled with the peak", size=10.5, anchor="middle",
+               fill=CAPACITY_COLOUR, weight="bold", cls="d2c-clip-note")
     return g.document(width, height, title, {"chart": "memory-per-config", "bars": len(items)})
 
 

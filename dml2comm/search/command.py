@@ -48,7 +48,7 @@ from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_arg
                                        scaling_folder, scaling_reproduce)
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
 from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
-                                   model_shape, run_sweep)
+                                   headroom_caution, model_shape, run_sweep)
 
 __all__ = ["run_sweep_command", "run_compare_command", "parse_config_spec", "sweep_dict"]
 
@@ -184,10 +184,15 @@ def parquet_bytes(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def sweep_dict(result: SweepResult, top: int = 10) -> dict[str, Any]:
-    """The ``sweep`` object of data.json."""
+def sweep_dict(result: SweepResult, top: int = 10, capacity_bytes: float | None = None) -> dict[str, Any]:
+    """The ``sweep`` object of data.json; with ``capacity_bytes`` (what the allocator can hold),
+    ``memory_caution`` when the best leaves too little headroom
+    (:func:`~dml2comm.search.sweep.headroom_caution`), else None."""
     evaluated = result.evaluated
     best = result.best
+    caution = headroom_caution(result.ranked(), capacity_bytes) if capacity_bytes else None
+    if caution is not None and caution["safer"] is not None:
+        caution["safer"] = dict(_entry(caution["safer"]["row"]), rank=caution["safer"]["rank"])
     return {
         "num_configs": result.num_configs,
         "num_evaluated": len(evaluated),
@@ -200,6 +205,7 @@ def sweep_dict(result: SweepResult, top: int = 10) -> dict[str, Any]:
         "best": _entry(best) if best else None,
         "top": [_entry(r) for r in result.top(top)],
         "pareto": [_entry(r) for r in result.pareto()],
+        "memory_caution": caution,
     }
 
 
@@ -351,8 +357,13 @@ def run_sweep_command(argv: Sequence[str]) -> int:
         if stream is not None:
             stream.close()
     cluster = builder(args.gpus)
+    from dml2comm.cost.memory import allocator_capacity_bytes
+
+    allocator = allocator_capacity_bytes(cluster.gpu.hbm_bytes)  # what "fits" is measured against
     data = {"schema_version": 1, "model": result.model, "cluster": _cluster_dict(cluster),
-            "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top)}
+            "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top, allocator)}
+    if not args.json:  # the ranking first: building the analysis sites can take longer than the sweep
+        _print_sweep(result, data["sweep"], args.top)
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
@@ -368,7 +379,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(data["sweep"], sort_keys=True))
     else:
-        _print_sweep(result, data["sweep"], out, args.top, site)
+        _print_written(out, ["sweep.csv", "sweep.parquet", "data.json"], site)
         _print_sites(out, ranked, commands, sites)
     return 130 if result.interrupted else 0
 
@@ -417,6 +428,8 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     files: dict[str, str | bytes] = {"scaling.csv": scaling_csv(points), "sweep.csv": csv_text(rows), "sweep.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     cluster_view = dict(_cluster_dict(builder(counts[-1])), num_gpus=f"{counts[0]}–{counts[-1]}")
+    if not args.json:  # the table first: the analysis sites take longer to build
+        _print_scaling(scaling)
     top_staging = _build_top(out, jobs, args.json, folder=scaling_folder, label=lambda n: f"the best on {n} GPUs")
     site = _publish(out, files, None if args.no_site else dict(
         kind="scaling", rows=rows, capacity_bytes=float(base.gpu.hbm_bytes), capacity_label=_gpu_label(base), model=first.model,
@@ -424,11 +437,12 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     if args.json:
         print(json.dumps(scaling, sort_keys=True))
     else:
-        _print_scaling(scaling, out, site)
+        _print_written(out, ["scaling.csv", "sweep.csv", "sweep.parquet", "data.json"], site)
+        _print_scaling_sites(scaling, out)
     return 130 if study.interrupted else 0
 
 
-def _print_scaling(scaling: Mapping[str, Any], out: Path, site: Path | None) -> None:
+def _print_scaling(scaling: Mapping[str, Any]) -> None:
     from dml2comm.render.fmt import fmt_s
     from dml2comm.render.terminal import fit_table
 
@@ -448,11 +462,12 @@ def _print_scaling(scaling: Mapping[str, Any], out: Path, site: Path | None) -> 
     _say(console, scaling["verdict"])
     if scaling.get("interrupted"):
         _say(console, "interrupted: the outputs hold the GPU counts that finished")
-    _say(console, f"wrote {out / 'scaling.csv'}, {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}")
-    if site is not None:
-        _say(console, f"comparison page: {site}")
+
+
+def _print_scaling_sites(scaling: Mapping[str, Any], out: Path) -> None:
     from dml2comm.render.terminal import line
 
+    console = _console()
     for p in scaling["points"]:  # the built analysis sites, each with the command that rebuilds it
         if p.get("site"):
             console.print(line(f"{p['gpus']} GPUs {_short(p['best']['config'])}: {out / p['site']}", console.width,
@@ -603,15 +618,36 @@ def _stack_of(rows: Sequence[Mapping[str, Any]]) -> str:
     return "training stack: -"
 
 
-def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: int, site: Path | None = None) -> None:
+def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], top: int) -> None:
+    """The ranking: the top table, the memory caution, the Pareto front (the fitting part; the
+    faster configurations on it that do not fit as a count) and the counts."""
+    from dml2comm.render.fmt import fmt_bytes, fmt_s
+
     console = _console()
     best = result.top(top)
     _say(console, _stack_of(best))
     console.print(_table(f"top {top} (fitting configurations, fastest first)", best, console.width))
+    caution = sweep.get("memory_caution")
+    if caution:
+        _say(console, _caution_text(caution, best[0]))
     front = result.pareto()
-    console.print(_table("Pareto front (iteration time vs peak memory, fastest first)", front[:PARETO_SHOWN], console.width))
-    if len(front) > PARETO_SHOWN:
-        _say(console, f"({len(front) - PARETO_SHOWN} more on the front in data.json)")
+    fitting = [r for r in front if r["fits"]]
+    over = [r for r in front if not r["fits"]]
+    if fitting:
+        console.print(_table("Pareto front of the fitting configurations (iteration time vs peak memory, fastest first)",
+                             fitting[:PARETO_SHOWN], console.width))
+        if len(fitting) > PARETO_SHOWN:
+            _say(console, f"({len(fitting) - PARETO_SHOWN} more fitting configurations on the front in data.json)")
+        if over:
+            fastest = over[0]
+            _say(console, f"{len(over)} faster configuration{'s' if len(over) > 1 else ''} on the front do{'' if len(over) > 1 else 'es'} "
+                          f"not fit ({fmt_bytes(over[-1]['peak_memory_bytes'])} to {fmt_bytes(fastest['peak_memory_bytes'])} per GPU; "
+                          f"the fastest, {_short(fastest['config'])}, {fmt_s(fastest['iteration_time_s'])}); all in data.json")
+    elif front:  # nothing fits: the front shows how close the configurations come
+        console.print(_table("Pareto front (iteration time vs peak memory, fastest first; none fits)", front[:PARETO_SHOWN],
+                             console.width))
+        if len(front) > PARETO_SHOWN:
+            _say(console, f"({len(front) - PARETO_SHOWN} more on the front in data.json)")
     rate = sweep["configs_per_s"]
     line = (f"{sweep['num_configs']} configurations, {sweep['num_evaluated']} evaluated, {sweep['num_failed']} failed, "
             f"{sweep['num_fit']} fit, in {sweep['seconds']:.1f} s ({rate:.1f}/s)") if rate else "no configuration evaluated"
@@ -620,7 +656,29 @@ def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], out: Path, top: 
         _say(console, f"  failed ({count}): {reason}")
     if result.interrupted:
         _say(console, "interrupted: the outputs hold the configurations that finished")
-    _say(console, f"wrote {out / 'sweep.csv'}, {out / 'sweep.parquet'} and {out / 'data.json'}")
+
+
+def _caution_text(caution: Mapping[str, Any], best: Mapping[str, Any]) -> str:
+    """The caution line of :func:`~dml2comm.search.sweep.headroom_caution`'s result."""
+    from dml2comm.render.fmt import fmt_bytes, fmt_s
+
+    text = (f"caution: #1 leaves only {fmt_bytes(caution['headroom_bytes'])} ({caution['headroom_fraction']:.1%}) of the "
+            f"{fmt_bytes(caution['capacity_bytes'])} the allocator can hold free; the caching allocator's fragmentation often "
+            f"takes more, and the run fails out of memory. Keep at least {caution['threshold_fraction']:.0%} "
+            f"({fmt_bytes(caution['keep_bytes'])}) free")
+    safer = caution.get("safer")
+    if safer is None:
+        return text + " (no fitting configuration does)"
+    row = safer.get("row", safer)
+    slower = row["iteration_time_s"] / best["iteration_time_s"] - 1
+    return (text + f": the fastest that does is #{safer['rank']} {_short(row['config'])}, {fmt_s(row['iteration_time_s'])} "
+            f"({slower:.1%} slower), {fmt_bytes(row['peak_memory_bytes'])}")
+
+
+def _print_written(out: Path, names: Sequence[str], site: Path | None) -> None:
+    console = _console()
+    paths = [str(out / n) for n in names]
+    _say(console, f"wrote {', '.join(paths[:-1])} and {paths[-1]}" if len(paths) > 1 else f"wrote {paths[0]}")
     if site is not None:
         _say(console, f"comparison page: {site}")
 
@@ -701,6 +759,10 @@ def run_compare_command(argv: Sequence[str]) -> int:
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
     commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top,
                                        number=lambda row, rank: row["index"] + 1)  # "#K": the K-th of --configs, as in the table
+    if not args.json:  # the table first: the analysis sites take longer to build
+        console = _console()
+        _say(console, _stack_of(rows))
+        console.print(_table("configurations side by side", rows, console.width))
     top_staging = _build_top(out, jobs, args.json)
     site = _publish(out, files, None if args.no_site else dict(
         kind="compare", rows=rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
@@ -710,12 +772,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(entries, sort_keys=True))
         return 0
-    console = _console()
-    _say(console, _stack_of(rows))
-    console.print(_table("configurations side by side", rows, console.width))
-    _say(console, f"wrote {out / 'compare.csv'}, {out / 'compare.parquet'} and {out / 'data.json'}")
-    if site is not None:
-        _say(console, f"comparison page: {site}")
+    _print_written(out, ["compare.csv", "compare.parquet", "data.json"], site)
     _print_sites(out, ranked, commands, sites)
     return 0
 

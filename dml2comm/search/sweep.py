@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from dml2comm.executors import Executor
 
 __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape", "pareto_front", "CSV_COLUMNS",
-           "csv_row", "CsvStream", "sweep_evaluator", "evaluate_chunk"]
+           "csv_row", "CsvStream", "sweep_evaluator", "evaluate_chunk", "HEADROOM_CAUTION_FRACTION", "headroom_caution"]
 
 #: Metrics recorded per configuration (besides its config dict).
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fits", "bubble_fraction",
@@ -290,6 +290,41 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             front.append(dict(r))
             best_memory = r["peak_memory_bytes"]
     return front
+
+
+#: Memory headroom (a fraction of what the allocator can hold) below which the best pick gets a
+#: caution.  The model's peak is the bytes the tensors occupy (``torch.cuda.max_memory_allocated``);
+#: PyTorch's caching allocator reserves more than that, the difference being fragmentation, and a
+#: request that no cached block can serve fails out of memory however much is free in pieces.
+#: Measured fragmentation on 80 GB A100s, LLMs trained with recomputation, ZeRO or offloading:
+#: GMLake (Guo et al., ASPLOS 2024, arXiv:2401.08156) removes 15% of it on average and up to 33%,
+#: i.e. the caching allocator wasted at least that much; ZeRO (Rajbhandari et al., SC 2020, §3.2)
+#: reports out-of-memory errors with over 30% of memory still free in extreme cases.  10% keeps
+#: clear of the common case without ruling out the plans that are simply well packed; setting
+#: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (PyTorch >= 2.1) narrows the gap.
+HEADROOM_CAUTION_FRACTION = 0.10
+
+
+def headroom_caution(ranked: Sequence[Mapping[str, Any]], capacity_bytes: float,
+                     fraction: float = HEADROOM_CAUTION_FRACTION) -> dict[str, Any] | None:
+    """A caution when the fastest fitting row (``ranked[0]``) leaves less than ``fraction`` of
+    ``capacity_bytes`` (what the allocator can hold: the GPU's memory less the framework's share)
+    free; None when it leaves enough, or when nothing fits.
+
+    Returns ``headroom_bytes`` and ``headroom_fraction`` of the best, ``threshold_fraction``,
+    ``keep_bytes`` (the headroom to keep) and ``safer``: the rank (1 = fastest) and row of the
+    fastest fitting configuration that keeps it (None when none does)."""
+    if not ranked or capacity_bytes <= 0:
+        return None
+    best = ranked[0]
+    headroom = capacity_bytes - best["peak_memory_bytes"]
+    if headroom >= fraction * capacity_bytes:
+        return None
+    keep = fraction * capacity_bytes
+    safer = next(((i, r) for i, r in enumerate(ranked, 1) if capacity_bytes - r["peak_memory_bytes"] >= keep), None)
+    return {"headroom_bytes": headroom, "headroom_fraction": headroom / capacity_bytes, "threshold_fraction": fraction,
+            "keep_bytes": keep, "capacity_bytes": capacity_bytes,
+            "safer": None if safer is None else {"rank": safer[0], "row": safer[1]}}
 
 
 # ---- chunks on an executor (dml2comm.executors: forked local workers inherit the evaluator; Dask workers build it)

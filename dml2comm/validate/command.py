@@ -7,7 +7,9 @@
 Prints per source the number of cases, the mean / median absolute error, the signed mean and
 the worst error (and its case), whether the source's target is met
 (:mod:`dml2comm.validate.targets`), then the leave-one-source-out refits
-(:mod:`dml2comm.validate.fit`); writes ``validation.csv`` (one row per case),
+(:mod:`dml2comm.validate.fit`); on a terminal (stderr, and not ``--json``) a progress bar
+shows the steps done (a step: one source's cases at one compute scale) and a line per source as
+its cases finish; writes ``validation.csv`` (one row per case),
 ``validation.json`` (the summary) and ``site/`` (the Validation page,
 :mod:`dml2comm.validate.site`; not with ``--no-site``) into ``--out``, all or nothing.  Bad input raises
 :class:`~dml2comm.errors.ConfigError` (one line; ``cli.py`` prints it, exit code 2, nothing
@@ -20,9 +22,10 @@ import argparse
 import csv
 import io
 import json
+import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
@@ -31,9 +34,14 @@ from dml2comm.validate.fit import leave_one_source_out
 from dml2comm.validate.site import publish_validation
 from dml2comm.validate.targets import check_target
 
-__all__ = ["run_validate_command", "validate", "validate_parser"]
+__all__ = ["run_validate_command", "validate", "validate_parser", "Step"]
 
-EXAMPLES = """examples:
+EXAMPLES = """duration: the full sets take about 1.5-2 minutes on 2 CPU cores, most of it the leave-one-source-out
+refits (each source that depends on the fitted constant is rerun at 8 compute scales; --no-loso skips them);
+--sample N runs at most N cases per source, for a quick run (--sample 3: about half a minute).
+On a terminal a progress bar shows the steps done and a line per source its cases.
+
+examples:
   python main.py validate
   python main.py validate --source vtrain --sample 100
   python main.py validate --source narayanan2021,korthikanti2022 --no-loso --out out/validate-two
@@ -75,14 +83,51 @@ def _sources(names: Sequence[str]) -> list[Source]:
     return [s for s in SOURCES.values() if s.name in wanted]
 
 
-def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = True) -> tuple[list[Case], dict[str, Any]]:
-    """(every case, the summary dict written as validation.json) for ``sources``."""
-    shipped = {src.name: src.cases(sample) for src in sources}
+class Step(NamedTuple):
+    """One step of :func:`validate`: ``source``'s cases at ``compute_scale`` (1.0: the shipped
+    constant; others: the leave-one-source-out refits); ``cases``: how many it evaluated, None
+    while it runs."""
 
-    def evaluate(src: Source, scale: float) -> list[Case]:
-        return src.cases(sample, compute_scale=scale)
+    source: str
+    compute_scale: float
+    cases: int | None
 
-    refits = leave_one_source_out(sources, evaluate, shipped) if loso else []
+
+def planned_steps(sources: Sequence[Source], loso: bool = True) -> int:
+    """How many steps :func:`validate` runs: each source once, and with ``loso`` each source
+    whose time depends on the fitted constant at the other scales of the grid and at its two
+    refitted scales (an estimate by at most those two: a refit landing on 1.0 is not rerun)."""
+    from dml2comm.validate.fit import GRID
+
+    compute = sum(1 for s in sources if s.compute) if loso else 0
+    return len(sources) + compute * (len(GRID) - 1 + 2)
+
+
+def validate(sources: Sequence[Source], sample: int | None = None, loso: bool = True,
+             on_step: Callable[[int, int, Step], None] | None = None) -> tuple[list[Case], dict[str, Any]]:
+    """(every case, the summary dict written as validation.json) for ``sources``.
+
+    ``on_step(done, total, step)`` is called before each step (``step.cases`` None) and after it
+    (``done`` counted, ``step.cases`` set); ``total`` is :func:`planned_steps`, and the last call
+    has ``done == total``."""
+    total = planned_steps(sources, loso)
+    done = 0
+
+    def run(src: Source, scale: float) -> list[Case]:
+        nonlocal done, total
+        if on_step is not None:
+            on_step(done, total, Step(src.name, scale, None))
+        cases = src.cases(sample) if scale == 1.0 else src.cases(sample, compute_scale=scale)
+        done += 1
+        total = max(total, done)
+        if on_step is not None:
+            on_step(done, total, Step(src.name, scale, len(cases)))
+        return cases
+
+    shipped = {src.name: run(src, 1.0) for src in sources}
+    refits = leave_one_source_out(sources, run, shipped) if loso else []
+    if on_step is not None and done < total:  # a refitted scale needed no run: the bar ends full
+        on_step(total, total, Step("", 1.0, 0))
     from dml2comm.cost import gemm
 
     constant = gemm.SUSTAINED_FACTOR.get("A100-SXM4-80GB")
@@ -184,6 +229,30 @@ def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int, site: boo
         print(f"wrote {out / 'validation.csv'} and {out / 'validation.json'}")
 
 
+def _progress(enabled: bool) -> Callable[[int, int, Step], None] | None:
+    """The terminal's progress of :func:`validate` (None when not ``enabled``): a bar of the
+    steps with the one running, and a line per source when its shipped cases are done."""
+    from dml2comm.executors import progress_bar
+
+    bar = progress_bar("validate", enabled)
+    if bar is None:
+        return None
+    started = [time.perf_counter()]
+
+    def on_step(done: int, total: int, step: Step) -> None:
+        if step.cases is None:
+            started[0] = time.perf_counter()
+            what = step.source if step.compute_scale == 1.0 else f"{step.source}, refit ×{step.compute_scale:.2f}"
+            bar(done, total, what)
+            return
+        if step.compute_scale == 1.0 and step.source:
+            bar.say(f"  {step.source}: {step.cases} case{'' if step.cases == 1 else 's'} in "  # type: ignore[attr-defined]
+                    f"{time.perf_counter() - started[0]:.1f} s")
+        bar(done, total, "")
+
+    return on_step
+
+
 def run_validate_command(argv: Sequence[str]) -> int:
     args = validate_parser().parse_args(argv)
     sources = _sources(args.source)
@@ -191,7 +260,8 @@ def run_validate_command(argv: Sequence[str]) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
     start = time.perf_counter()
-    cases, summary = validate(sources, args.sample, loso=not args.no_loso)
+    cases, summary = validate(sources, args.sample, loso=not args.no_loso,
+                              on_step=_progress(sys.stderr.isatty() and not args.json))  # as the sweep decides
     elapsed = time.perf_counter() - start
     files = {"validation.csv": cases_csv(cases), "validation.json": json.dumps(summary, sort_keys=True, indent=1) + "\n"}
     if args.no_site:
