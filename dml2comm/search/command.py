@@ -42,6 +42,7 @@ from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, 
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
+from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, check_gpu_count
 from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug,
@@ -357,7 +358,6 @@ def run_sweep_command(argv: Sequence[str]) -> int:
         if stream is not None:
             stream.close()
     cluster = builder(args.gpus)
-    from dml2comm.cost.memory import allocator_capacity_bytes
 
     allocator = allocator_capacity_bytes(cluster.gpu.hbm_bytes)  # what "fits" is measured against
     data = {"schema_version": 1, "model": result.model, "cluster": _cluster_dict(cluster),
@@ -372,7 +372,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
                                        0 if args.no_site or result.interrupted else args.build_top)
     top_staging = _build_top(out, jobs, args.json)  # after the sweep: its speed is the sweep's
     site = _publish(out, files, None if args.no_site else dict(
-        kind="sweep", rows=result.rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster),
+        kind="sweep", rows=result.rows, capacity_bytes=allocator_capacity_bytes(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster),
         model=result.model, cluster=data["cluster"], space=_space_view(data["space"]), sweep=data["sweep"], top=args.top,
         commands=commands, sites=sites), top_staging)
     partial.unlink(missing_ok=True)
@@ -432,7 +432,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
         _print_scaling(scaling)
     top_staging = _build_top(out, jobs, args.json, folder=scaling_folder, label=lambda n: f"the best on {n} GPUs")
     site = _publish(out, files, None if args.no_site else dict(
-        kind="scaling", rows=rows, capacity_bytes=float(base.gpu.hbm_bytes), capacity_label=_gpu_label(base), model=first.model,
+        kind="scaling", rows=rows, capacity_bytes=allocator_capacity_bytes(base.gpu.hbm_bytes), capacity_label=_gpu_label(base), model=first.model,
         cluster=cluster_view, space=_space_view(data["space"]), scaling=scaling, commands=commands, sites=sites), top_staging)
     if args.json:
         print(json.dumps(scaling, sort_keys=True))
@@ -492,7 +492,7 @@ def _space_dict(space: SweepSpace, num_gpus: int) -> dict[str, Any]:
 
 
 def _gpu_label(cluster: Cluster) -> str:
-    return f"{cluster.gpu.name}, {cluster.gpu.hbm_bytes / 1e9:g} GB"
+    return f"{cluster.gpu.name}, {cluster.gpu.hbm_bytes / 1e9:g} GB less the CUDA context"
 
 
 #: Labels of the sweep space's keys on the page (data.json keeps the keys).
@@ -765,7 +765,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
         console.print(_table("configurations side by side", rows, console.width))
     top_staging = _build_top(out, jobs, args.json)
     site = _publish(out, files, None if args.no_site else dict(
-        kind="compare", rows=rows, capacity_bytes=float(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
+        kind="compare", rows=rows, capacity_bytes=allocator_capacity_bytes(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
         cluster={"name": cluster.name, "gpu": cluster.gpu.name, "gpus_per_node": cluster.gpus_per_node,
                  "num_gpus": "/".join(str(n) for n in sorted({c.num_gpus for c in configs}))},
         commands=commands, sites=sites), top_staging)
