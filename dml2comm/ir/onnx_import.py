@@ -5,7 +5,7 @@ What it does, in order:
 1. Loads the model *without* external data (weights are never read: shapes and dtypes are
    enough), so exports whose weight files are absent work, and so do models over 2 GB.
 2. Inlines model-local functions (``onnx.inliner``), each inlined node keeping the module scope
-   of its call (:func:`_inline_functions`).
+   of its call and the chain of calls it came from (:func:`_inline_functions`, ``Op.calls``).
 3. Binds symbolic input dims: ``dims`` by name first, then the batch axis (axis 0 of every
    input) from ``batch_size`` and the sequence axis (axis 1 of token inputs) from ``seq_len``.
 4. Runs ONNX shape inference with data propagation (so ``Shape -> Gather -> Concat -> Reshape``
@@ -28,6 +28,7 @@ Every failure raises a :class:`~dml2comm.errors.Dml2CommError` with a one-line m
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import tempfile
@@ -41,7 +42,7 @@ import onnx
 from onnx import TensorProto
 
 from dml2comm.errors import ConfigError, InputFileError, ModelError, UnboundDimError
-from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+from dml2comm.ir.graph import Call, DType, Op, OpGraph, Tensor
 
 __all__ = ["ImportOptions", "ImportResult", "SequenceInfo", "load_model", "load_model_proto", "check_seq_len", "CONTROL_FLOW_OPS"]
 
@@ -486,6 +487,9 @@ def _mark_external(tensor: TensorProto) -> None:
 #: ``metadata_props`` key carrying the module scope of a model-local function call onto the
 #: nodes inlined from its body (``onnx.inliner`` keeps node metadata, names nodes ``Conv_22__1``).
 _CALL_SCOPE_KEY = "dml2comm.scope"
+#: ``metadata_props`` key carrying the chain of calls (outermost first) a node was inlined from,
+#: as JSON ``[[function, call number, call scope], ...]``; read into ``Op.calls``.
+_CALLS_KEY = "dml2comm.calls"
 
 #: Nesting depth beyond which function calls are refused (ONNX forbids recursion).
 _MAX_CALL_DEPTH = 64
@@ -500,8 +504,10 @@ def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int
     """Inline the model-local functions with ``onnx.inliner``, keeping each call's module scope.
 
     A function body is shared by all its calls, so every call first gets its own copy of the
-    function whose nodes carry the call's scope (:data:`_CALL_SCOPE_KEY`); nested calls extend
-    it.  The scope of a call (:func:`_call_scope`) comes from the call node: the dynamo
+    function whose nodes carry the call's scope (:data:`_CALL_SCOPE_KEY`) and the chain of calls
+    they are in (:data:`_CALLS_KEY`: each call numbered in the model, so layer grouping can
+    take a repeated function's calls as blocks whatever the modules are named); nested calls
+    extend both.  The scope of a call (:func:`_call_scope`) comes from the call node: the dynamo
     exporter's ``name_scopes`` metadata, else its legacy scoped name, else the caller's scope
     plus the function's name (numbered among same-named sibling calls, as ``torch.nn.Sequential``
     numbers its children), so ``export_modules_as_functions`` ResNets keep their residual blocks.
@@ -513,14 +519,14 @@ def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int
     num_functions = len(functions)
     copies: list[onnx.FunctionProto] = []
 
-    def specialise(nodes: Any, prefix: str, depth: int) -> None:
+    def specialise(nodes: Any, prefix: str, depth: int, chain: list[list[Any]]) -> None:
         calls = [n for n in nodes if (n.domain, n.op_type, getattr(n, "overload", "")) in functions]
         same_name = Counter(_function_base(n.op_type) for n in calls)
         seen: Counter[str] = Counter()
         for node in nodes:
             for attr in node.attribute:  # calls inside control-flow bodies keep the caller's scope
                 for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                    specialise(sub.node, prefix, depth)
+                    specialise(sub.node, prefix, depth, chain)
         for node in calls:
             if depth >= _MAX_CALL_DEPTH:
                 raise ModelError(
@@ -533,15 +539,18 @@ def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int
             scope = _call_scope(node, prefix, segment)
             copy = onnx.FunctionProto()
             copy.CopyFrom(functions[(node.domain, node.op_type, getattr(node, "overload", ""))])
+            inner = chain + [[base, len(copies), scope]]
             copy.name = f"{copy.name}__dml2comm{len(copies)}"
             copies.append(copy)
             for body_node in copy.node:
                 prop = body_node.metadata_props.add()
                 prop.key, prop.value = _CALL_SCOPE_KEY, scope
-            specialise(copy.node, scope, depth + 1)
+                prop = body_node.metadata_props.add()
+                prop.key, prop.value = _CALLS_KEY, json.dumps(inner)
+            specialise(copy.node, scope, depth + 1, inner)
             node.op_type = copy.name
 
-    specialise(model.graph.node, "", 0)
+    specialise(model.graph.node, "", 0, [])
     model.functions.extend(copies)
     try:
         from onnx import inliner
@@ -1212,7 +1221,10 @@ def _helper_node(op_type: str, inputs: list[str], outputs: list[str], parent: on
 def _copy_scope(parent: onnx.NodeProto, node: onnx.NodeProto, subgraph: str = "") -> None:
     """Give ``node`` the module scope of ``parent`` (extended by ``<parent>.<subgraph>`` for a
     node of one of its subgraphs) when it has none of its own: the nodes of a branch or loop
-    body then group into one module, as layer grouping expects."""
+    body then group into one module, as layer grouping expects.  A ``node`` without a function
+    call of its own (:data:`_CALLS_KEY`) is in ``parent``'s calls."""
+    if not _calls(node):
+        node.metadata_props.extend(p for p in parent.metadata_props if p.key == _CALLS_KEY)
     if _scope(node):
         return
     scope = _scope(parent)
@@ -1540,6 +1552,21 @@ def _scope(node: onnx.NodeProto) -> str:
         parts = [p for p in name.split("/") if p]
         return _legacy_path(parts[:-1])
     return ""
+
+
+def _calls(node: onnx.NodeProto) -> tuple[Call, ...]:
+    """The model-local function calls a node was inlined from, outermost first
+    (:func:`_inline_functions`); the longest chain recorded on it."""
+    best: tuple[Call, ...] = ()
+    for prop in node.metadata_props:
+        if prop.key == _CALLS_KEY:
+            try:
+                chain = tuple(Call(str(function), int(index), str(scope)) for function, index, scope in json.loads(prop.value))
+            except (ValueError, TypeError):  # not a chain this module wrote
+                continue
+            if len(chain) > len(best):
+                best = chain
+    return best
 
 
 def _legacy_path(parts: list[str]) -> str:
@@ -2028,7 +2055,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node),
-                      _node_repeat(node)))
+                      _node_repeat(node), _calls(node)))
 
     if _is_dynamo_export(graph):
         ops = _split_merged_initializers(ops, tensors, initializer_names, warnings)
