@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["Call", "DType", "Tensor", "Op", "OpGraph"]
+__all__ = ["Call", "DType", "Tensor", "Op", "OpGraph", "vocab_table"]
 
 
 class DType(enum.Enum):
@@ -237,3 +237,14 @@ class OpGraph:
 
     def __repr__(self) -> str:
         return f"OpGraph({self.name!r}, ops={len(self.ops)}, params={self.num_params})"
+
+
+def vocab_table(graph: OpGraph) -> str | None:
+    """The vocabulary: the largest 2-D weight a ``Gather`` on axis 0 reads (the token embedding), or None."""
+    best, rows = None, 0
+    for op in graph.ops:
+        if op.op_type == "Gather" and int(op.attr("axis", 0)) == 0:
+            t = graph.tensor(op.inputs[0])
+            if t is not None and t.is_weight and t.rank == 2 and t.shape[0] > rows:
+                best, rows = t.name, t.shape[0]
+    return best
