@@ -17,8 +17,9 @@ Sources, tried in order:
    sub-layers that never repeat inside their parent (T5's ``block.N.layer.M``).
 2. **Function calls** (``export_modules_as_functions``: ``Op.calls``): the calls of a
    model-local function called at least twice are its blocks, whatever the modules are named
-   (``self.res1 = BasicBlock(...)``), when they cover more ops than the scopes' blocks and at
-   least half of the graph; nested calls as nested containers above.
+   (``self.res1 = BasicBlock(...)``), when they cover at least half of the graph and the
+   scopes' blocks cover under :data:`NESTED_COVERAGE` of their ops; nested calls as nested
+   containers above.
 3. **Structure** (graphs with empty names): cut the topological order wherever a single
    activation tensor carries all live state (small side tensors such as masks and position
    tables are ignored), then merge the repeating unit of segments (attention half + MLP half)
@@ -82,7 +83,9 @@ def group_layers(graph: OpGraph) -> LayeredGraph:
     """Assign every op to a layer (see module docstring)."""
     keys = _block_keys_from_scopes(graph)
     calls = _block_keys_from_calls(graph)
-    if calls is not None and _covered(calls) > (_covered(keys) if keys is not None else 0):
+    # the calls replace the scopes' blocks where those miss some of the calls' ops (blocks that
+    # are no numbered module); the module paths name the same blocks better where they do not
+    if calls is not None and (keys is None or _covered(keys) < NESTED_COVERAGE * _covered(calls)):
         return _assemble(graph, calls, "calls")
     if keys is not None:
         return _assemble(graph, keys, "scopes")
