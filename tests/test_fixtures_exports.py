@@ -25,6 +25,9 @@ EXPECTED = json.loads((FIXTURES / "fixtures_expected.json").read_text())
 #: file -> the ImportOptions a user's command line gives it (``--seq-len 16``, ``--dim``, ...).
 ISSUE16_FIXTURES: dict[str, dict] = {
     "resnet18_functions_legacy.onnx": {},
+    # a Sequential stem (stem.0 conv, stem.2 ReLU numbered) before the residual blocks
+    "resnet_seq_stem_functions_legacy.onnx": {},
+    "resnet_seq_stem_dynamo.onnx": {},
     "bert_shared_legacy.onnx": {"seq_len": 16},
     "minilm_legacy.onnx": {"seq_len": 16},
     "minilm_dynamo.onnx": {"seq_len": 16},
@@ -70,6 +73,8 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     "deepseek_v3_tiny_dynamo.onnx": {"seq_len": 16},
     "gemma_tiny_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},
     "gemma_tiny_dynamo.onnx": {"seq_len": 16},
+    # exported through the model's own forward: logits_to_keep an input, logits of one position
+    "llama_logits_default_legacy.onnx": {"seq_len": 16},
 }
 
 #: Elements that folding eval-mode BatchNorm into the preceding Conv removes (both exporters do
@@ -135,6 +140,26 @@ def test_resnet_blocks_are_model_local_functions():
     convs = {f.name: sum(n.op_type == "Conv" for n in f.node) for f in m.functions}
     assert convs == {"BasicBlock": 2, "BasicBlock.1": 3}
     assert sum(n.op_type == "Conv" for n in m.graph.node) == 1  # only the stem conv is outside
+
+
+def test_seq_stem_resnet_numbers_its_stem_layers_and_calls_its_blocks():
+    m = _load("resnet_seq_stem_functions_legacy.onnx")
+    assert [n.name for n in m.graph.node if n.domain == "" and n.op_type in ("Conv", "Relu")] == [
+        "/stem/stem.0/Conv", "/stem/stem.2/Relu"]
+    calls = [n.name for n in m.graph.node if n.domain == "__main__"]
+    assert calls == ["/layer1/layer1.0/relu/BasicBlock", "/layer1/layer1.1/relu/BasicBlock",
+                     "/layer2/layer2.0/relu/BasicBlock.1", "/layer2/layer2.1/relu/BasicBlock"]
+
+
+def test_llama_own_forward_keeps_one_position_for_the_lm_head():
+    m = _load("llama_logits_default_legacy.onnx")
+    ins = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
+    assert ins == {"input_ids": ["batch", "seq"], "logits_to_keep": []}  # the default 0, now an input
+    (pick,) = [n for n in m.graph.node if "logits_to_keep" in n.input]
+    assert pick.op_type == "Gather" and [a.i for a in pick.attribute if a.name == "axis"] == [1]
+    (head,) = [n for n in m.graph.node if pick.output[0] in n.input]
+    assert (head.name, list(head.output)) == ("/lm_head/MatMul", ["logits"])
+    assert [d.dim_value or d.dim_param for d in m.graph.output[0].type.tensor_type.shape.dim][1:] == [1000]
 
 
 def test_bert_shared_routes_equal_parameters_through_identity():

@@ -95,6 +95,43 @@ def resnet_all_modules_as_functions() -> onnx.ModelProto:
     return m
 
 
+def resnet_named_blocks_as_functions() -> onnx.ModelProto:
+    """A Sequential stem (``/stem/stem.0/Conv``, ``/stem/stem.2/Relu``: numbered children), then
+    4 residual blocks that are attributes of the model (``self.res1 = BasicBlock(...)``: no
+    number in their scope), each a call of ``BasicBlock``, and the head."""
+    _, head, inits = _stem_and_head("s", "h4")
+    stem = [helper.make_node("Conv", ["input", "conv1.weight"], ["c"], name="/stem/stem.0/Conv", kernel_shape=[7, 7],
+                             strides=[4, 4], pads=[3, 3, 3, 3]),
+            helper.make_node("Relu", ["c"], ["s"], name="/stem/stem.2/Relu")]
+    calls, prev = [], "s"
+    for i in range(1, 5):
+        w = [f"res{i}.conv1.weight", f"res{i}.conv2.weight"]
+        inits += [weight(n, [C, C, 3, 3]) for n in w]
+        calls.append(helper.make_node("BasicBlock", [prev, *w], [f"h{i}"], domain="__main__", name=f"/res{i}/relu/BasicBlock"))
+        prev = f"h{i}"
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 4 * HW, 4 * HW])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])
+    graph = helper.make_graph(stem + calls + head, "resnet", [x], [y], inits)
+    m = helper.make_model(graph, opset_imports=OPSETS, functions=[_block_function("BasicBlock")])
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_calls_of_one_function_are_the_blocks_whatever_the_modules_are_named():
+    """The residual blocks have no number in their module paths (``res1`` .. ``res4``); the
+    stem's layers do (``stem.0``, ``stem.2``).  Before, the stem's conv and ReLU were the two
+    blocks and the 4 residual blocks one head; the calls of ``BasicBlock`` are the blocks."""
+    r = load_model_proto(resnet_named_blocks_as_functions())
+    layered = group_layers(r.graph)
+    assert [(layer.name, len(layer.op_indices)) for layer in layered.layers] == [
+        ("embedding", 2), ("res1", 5), ("res2", 5), ("res3", 5), ("res4", 5), ("head", 3)]
+    assert layered.source == "calls"
+    from dml2comm.ir.graph import Call
+
+    # each inlined op knows its call: the function, the call's number and its module scope
+    assert [op.calls for op in r.graph.ops if op.calls][::5] == [(Call("BasicBlock", i, f"res{i + 1}"),) for i in range(4)]
+
+
 def test_block_calls_keep_their_module_scope_and_become_layers():
     r = load_model_proto(resnet_blocks_as_functions())
     # 2 functions before inlining (BasicBlock, BasicBlock.1), called 8 times

@@ -6,6 +6,9 @@ The structures, from ``tests/fixtures/export_models.py``:
   layer, and a ``head`` where the model has ops after the last block;
 - ResNet-18: 8 residual blocks between the stem and the classifier, from both exporters and
   from the legacy export with model-local functions;
+- a small ResNet whose stem is one ``nn.Sequential`` (``stem.0`` conv, ``stem.1`` BatchNorm,
+  ``stem.2`` ReLU): its 4 residual blocks ``layer1.0`` .. ``layer2.1``, not the stem's numbered
+  layers, from the legacy export with model-local functions and from dynamo;
 - the plain CNN: ``features.0..3`` blocks and the ``head`` (both exporters name them alike:
   the legacy exporter's ``/features/features.0/Conv`` is the module ``features.0``);
 - the voice-activity model (``TinyVAD``): two branch modules ``b16k``/``b8k`` (Conv1d +
@@ -34,6 +37,8 @@ EXPECTED = {
     "minilm_dynamo.onnx": (5, 4, [f"encoder.layer.{i}" for i in range(4)]),
     "minilm_dynamo_b2.onnx": (5, 4, [f"encoder.layer.{i}" for i in range(4)]),
     "resnet18_functions_legacy.onnx": (10, 8, [f"layer{s}.{j}" for s in range(1, 5) for j in (0, 1)]),
+    "resnet_seq_stem_functions_legacy.onnx": (6, 4, [f"layer{s}.{j}" for s in (1, 2) for j in (0, 1)]),
+    "resnet_seq_stem_dynamo.onnx": (6, 4, [f"layer{s}.{j}" for s in (1, 2) for j in (0, 1)]),
     "cnn_classifier_legacy.onnx": (5, 4, [f"features.{i}" for i in range(4)]),
     "cnn_classifier_dynamo.onnx": (5, 4, [f"features.{i}" for i in range(4)]),
     "vad_lstm_if.onnx": (3, 2, None),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["DType", "Tensor", "Op", "OpGraph"]
+__all__ = ["Call", "DType", "Tensor", "Op", "OpGraph", "vocab_table"]
 
 
 class DType(enum.Enum):
@@ -103,6 +103,18 @@ class Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a model-local function (``export_modules_as_functions``) that the importer
+    inlined: ``function`` is the function's name without the exporter's variant suffix
+    (``BasicBlock`` for ``BasicBlock.1``), ``index`` numbers the calls of the model (unique),
+    ``scope`` is the call's module path (``layer1.0``)."""
+
+    function: str
+    index: int
+    scope: str
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One ONNX node after shape inference.
 
@@ -112,6 +124,8 @@ class Op:
     ``repeat`` is how many times the op runs per forward pass: 1, or the trip count of the
     ``Loop``/``Scan`` body the importer inlined it from (its cost and the activations it keeps
     are that many times one run's; see :mod:`dml2comm.ir.onnx_import`).
+    ``calls`` are the model-local function calls the op was inlined from, outermost first
+    (``()`` for an op of the main graph): one call of a function is one instance of a module.
     """
 
     index: int
@@ -123,6 +137,7 @@ class Op:
     attrs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     scope: str = ""
     repeat: int = 1
+    calls: tuple[Call, ...] = ()
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -222,3 +237,14 @@ class OpGraph:
 
     def __repr__(self) -> str:
         return f"OpGraph({self.name!r}, ops={len(self.ops)}, params={self.num_params})"
+
+
+def vocab_table(graph: OpGraph) -> str | None:
+    """The vocabulary: the largest 2-D weight a ``Gather`` on axis 0 reads (the token embedding), or None."""
+    best, rows = None, 0
+    for op in graph.ops:
+        if op.op_type == "Gather" and int(op.attr("axis", 0)) == 0:
+            t = graph.tensor(op.inputs[0])
+            if t is not None and t.is_weight and t.rank == 2 and t.shape[0] > rows:
+                best, rows = t.name, t.shape[0]
+    return best

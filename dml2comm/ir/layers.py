@@ -1,20 +1,30 @@
 """Group the ops of an :class:`OpGraph` into layers: embedding, repeated blocks, head.
 
-Three sources, tried in order:
+Sources, tried in order:
 
 1. **Scopes** (dynamo ``pkg.torch.onnx.name_scopes`` metadata or legacy scoped node names,
    both already in ``Op.scope``): the repeated container is the numbered module path
    (``transformer.h.5``, ``model.layers.3``, ``bert.encoder.layer.7``,
-   ``resnet.encoder.stages.1.layers.0``).  Among nested numbered containers the inner one is
+   ``resnet.encoder.stages.1.layers.0``).  Only instances that apply a weight count: the
+   numbered children of an ``nn.Sequential`` of single layers (a stem ``conv, bn, relu``) are
+   one convolution and an activation, not a stack of blocks.  The outermost numbered level
+   wins, counting the numbered components only (``layer1.0`` is one level, as ``stem.0`` is;
+   the digits of ``layer1`` are a name's), and at that level the container covering the most
+   ops.  Among nested numbered containers the inner one is
    preferred only when it covers (almost) the same ops as the outer one: ResNet's
    ``stages.N.layers.M`` residual blocks win over ``stages.N``, but Mixtral's
    ``layers.N.block_sparse_moe.experts.M`` do not win over ``layers.N``; nor do numbered
    sub-layers that never repeat inside their parent (T5's ``block.N.layer.M``).
-2. **Structure** (graphs with empty names): cut the topological order wherever a single
+2. **Function calls** (``export_modules_as_functions``: ``Op.calls``): the calls of a
+   model-local function called at least twice are its blocks, whatever the modules are named
+   (``self.res1 = BasicBlock(...)``), when they cover at least half of the graph and the
+   scopes' blocks cover under :data:`NESTED_COVERAGE` of their ops; nested calls as nested
+   containers above.
+3. **Structure** (graphs with empty names): cut the topological order wherever a single
    activation tensor carries all live state (small side tensors such as masks and position
    tables are ignored), then merge the repeating unit of segments (attention half + MLP half)
    into one block.
-3. Otherwise one layer holding everything, with a warning.
+4. Otherwise one layer holding everything, with a warning.
 
 Ops before the first block form the ``embedding`` layer, ops after the last the ``head``.
 """
@@ -61,7 +71,7 @@ class LayeredGraph:
     graph: OpGraph
     layers: tuple[Layer, ...]
     layer_of_op: tuple[int, ...]  # op index -> layer index
-    source: str  # "scopes", "structure" or "single"
+    source: str  # "scopes", "calls", "structure" or "single"
     warnings: tuple[str, ...] = ()
 
     @property
@@ -72,6 +82,11 @@ class LayeredGraph:
 def group_layers(graph: OpGraph) -> LayeredGraph:
     """Assign every op to a layer (see module docstring)."""
     keys = _block_keys_from_scopes(graph)
+    calls = _block_keys_from_calls(graph)
+    # the calls replace the scopes' blocks where those miss some of the calls' ops (blocks that
+    # are no numbered module); the module paths name the same blocks better where they do not
+    if calls is not None and (keys is None or _covered(keys) < NESTED_COVERAGE * _covered(calls)):
+        return _assemble(graph, calls, "calls")
     if keys is not None:
         return _assemble(graph, keys, "scopes")
     keys = _block_keys_from_structure(graph)
@@ -105,25 +120,36 @@ def _containers(scope: str) -> list[tuple[str, str]]:
     return out
 
 
+def _levels(pattern: str) -> int:
+    """Numbered levels of a container pattern: ``layer*.*`` has one, as ``stem.*`` has (the
+    wildcard in ``layer*`` stands for a name's digits, not for an index)."""
+    return pattern.split(".").count("*")
+
+
 def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
     per_op = [_containers(op.scope) for op in graph.ops]
     coverage: Counter[str] = Counter()
     instances: dict[str, set[str]] = {}
-    for conts in per_op:
+    weighted: dict[str, set[str]] = {}  # instances holding an op that applies a weight
+    for op, conts in zip(graph.ops, per_op):
+        applies = bool(conts) and _has_weight(graph, op)
         for pattern, key in conts:
             coverage[pattern] += 1
             instances.setdefault(pattern, set()).add(key)
-    # A numbered container repeats; a model with one block still has one that covers most ops.
-    candidates = [p for p in coverage if len(instances[p]) >= 2 or coverage[p] >= SINGLE_BLOCK_COVERAGE * len(graph.ops)]
+            if applies:
+                weighted.setdefault(pattern, set()).add(key)
+    # A numbered container repeats blocks that apply weights; a model with one block still has
+    # one that covers most ops.
+    candidates = [p for p in coverage if len(weighted.get(p, ())) >= 2 or coverage[p] >= SINGLE_BLOCK_COVERAGE * len(graph.ops)]
     if not candidates:
         return None
     # The outermost numbered container that covers the most ops, and beside it every other
     # stack at that depth: an encoder-decoder's ``encoder.layers.*`` and ``decoder.layers.*``,
     # CLIP's text and vision towers
-    depth = min(p.count("*") for p in candidates)
-    top = [p for p in candidates if p.count("*") == depth]
+    depth = min(_levels(p) for p in candidates)
+    top = [p for p in candidates if _levels(p) == depth]
     first = max(top, key=lambda p: coverage[p])
-    stacks = [first] + [p for p in top if p != first and len(instances[p]) >= 2
+    stacks = [first] + [p for p in top if p != first and len(weighted.get(p, ())) >= 2
                         and coverage[p] >= STACK_COVERAGE * len(graph.ops)]
     chosen = []
     for best in stacks:
@@ -132,7 +158,7 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
             inner = [
                 p
                 for p in candidates
-                if p.startswith(best + ".") and p.count("*") == best.count("*") + 1
+                if p.startswith(best + ".") and _levels(p) == _levels(best) + 1
                 and coverage[p] >= NESTED_COVERAGE * coverage[best]
             ]
             if not inner:
@@ -146,6 +172,65 @@ def _block_keys_from_scopes(graph: OpGraph) -> list[str | None] | None:
     for conts in per_op:
         key = next((k for p, k in conts if p in chosen), None)
         keys.append(key)
+    return keys
+
+
+def _covered(keys: list[str | None]) -> int:
+    return sum(1 for key in keys if key is not None)
+
+
+# ----------------------------------------------------------------------------- function calls
+
+
+def _block_keys_from_calls(graph: OpGraph) -> list[str | None] | None:
+    """Blocks from the model-local function calls the ops were inlined from (``Op.calls``).
+
+    A function's calls are instances of one module class, so the calls of a function called at
+    least twice (each applying a weight) are blocks, named after the call's module scope.  The
+    outermost such function covering the most ops wins; a nested function replaces it when its
+    calls cover almost the same ops (:data:`NESTED_COVERAGE`: ``Sequential`` stages whose
+    blocks are functions too).  None when there is no such function, or its calls cover less
+    than :data:`STRUCTURE_MIN_COVERAGE` of the ops (functions for a small module class, a
+    ``Linear``, do not make blocks)."""
+    ops = graph.ops
+    if not any(op.calls for op in ops):
+        return None
+    coverage: Counter[tuple[str, ...]] = Counter()
+    weighted: dict[tuple[str, ...], set[int]] = {}
+    for op in ops:
+        applies = bool(op.calls) and _has_weight(graph, op)
+        for level in range(len(op.calls)):
+            path = tuple(call.function for call in op.calls[: level + 1])
+            coverage[path] += 1
+            if applies:
+                weighted.setdefault(path, set()).add(op.calls[level].index)
+    candidates = [path for path in coverage if len(weighted.get(path, ())) >= 2]
+    if not candidates:
+        return None
+    depth = min(len(path) for path in candidates)
+    best = max((path for path in candidates if len(path) == depth), key=lambda path: coverage[path])
+    while True:
+        inner = [path for path in candidates if len(path) == len(best) + 1 and path[: len(best)] == best
+                 and coverage[path] >= NESTED_COVERAGE * coverage[best]]
+        if not inner:
+            break
+        best = max(inner, key=lambda path: coverage[path])
+    if coverage[best] < STRUCTURE_MIN_COVERAGE * len(ops):
+        return None
+    level = len(best) - 1
+    names: dict[int, str] = {}  # call index -> block name: its scope, numbered when calls share one
+    taken: Counter[str] = Counter()
+    keys: list[str | None] = []
+    for op in ops:
+        if len(op.calls) <= level or tuple(call.function for call in op.calls[: level + 1]) != best:
+            keys.append(None)
+            continue
+        call = op.calls[level]
+        if call.index not in names:
+            base = call.scope or call.function
+            names[call.index] = base if not taken[base] else f"{base}#{taken[base]}"
+            taken[base] += 1
+        keys.append(names[call.index])
     return keys
 
 

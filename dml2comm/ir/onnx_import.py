@@ -5,7 +5,7 @@ What it does, in order:
 1. Loads the model *without* external data (weights are never read: shapes and dtypes are
    enough), so exports whose weight files are absent work, and so do models over 2 GB.
 2. Inlines model-local functions (``onnx.inliner``), each inlined node keeping the module scope
-   of its call (:func:`_inline_functions`).
+   of its call and the chain of calls it came from (:func:`_inline_functions`, ``Op.calls``).
 3. Binds symbolic input dims: ``dims`` by name first, then the batch axis (axis 0 of every
    input) from ``batch_size`` and the sequence axis (axis 1 of token inputs) from ``seq_len``.
 4. Runs ONNX shape inference with data propagation (so ``Shape -> Gather -> Concat -> Reshape``
@@ -28,6 +28,7 @@ Every failure raises a :class:`~dml2comm.errors.Dml2CommError` with a one-line m
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import tempfile
@@ -41,7 +42,7 @@ import onnx
 from onnx import TensorProto
 
 from dml2comm.errors import ConfigError, InputFileError, ModelError, UnboundDimError
-from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+from dml2comm.ir.graph import Call, DType, Op, OpGraph, Tensor, vocab_table
 
 __all__ = ["ImportOptions", "ImportResult", "SequenceInfo", "load_model", "load_model_proto", "check_seq_len", "CONTROL_FLOW_OPS"]
 
@@ -277,8 +278,153 @@ def load_model_proto(
         inferred = _expand_control_flow(inferred, path_for_large, warnings)
         shapes = _shapes(inferred.graph)
     op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options, shapes)
+    short = _short_logits(op_graph)
+    if short is not None:
+        widened = _logits_of_every_position(inferred, short, name or graph.name or "model", options, path_for_large)
+        if widened is not None:
+            op_graph, more_warnings = widened
+        warnings.append(_short_logits_warning(short, widened is not None))
     warnings.extend(more_warnings)
     return ImportResult(op_graph, MappingProxyType(binding.bound), binding.model_batch, tuple(warnings), sequence)
+
+
+# ----------------------------------------------------------------------------- short logits
+
+#: Ops that keep some positions of a ``[.., positions, features]`` tensor: the generation-time
+#: pick before an LM head (transformers' ``hidden_states[:, slice_indices, :]``, a ``Gather``
+#: when the legacy exporter made ``logits_to_keep`` a tensor, a ``Slice`` for ``-k:``).
+_POSITION_PICKS = frozenset({"Gather", "Slice"})
+#: How many ops back from the logits the pick is looked for (a norm, a scale or a softcap may
+#: follow the head's projection).
+_PICK_SEARCH_OPS = 8
+
+
+@dataclass(frozen=True)
+class _ShortLogits:
+    """An LM head whose output holds the logits of fewer positions than the model reads."""
+
+    output: str  # the graph output (the logits)
+    positions: int  # positions it holds (its elements / the vocabulary)
+    tokens: int  # positions the token embedding looks up
+    pick: Op | None  # the op keeping those positions, when found
+
+
+def _short_logits(graph: OpGraph) -> _ShortLogits | None:
+    """The LM head output that covers fewer positions than the model's tokens, if any.
+
+    The logits are a float graph output that no op reads whose last dimension is the
+    vocabulary (the rows of :func:`~dml2comm.ir.graph.vocab_table`); the tokens are the rows of
+    the token embedding's lookup (the fewest where several read it: an encoder-decoder's
+    shorter side).  A training step computes the logits of every position; an export for
+    generation (transformers' ``logits_to_keep=1``, or its default 0 that the TorchScript
+    exporter turns into a graph input) keeps one."""
+    vocab = vocab_table(graph)
+    if vocab is None:
+        return None
+    rows = graph.tensors[vocab].shape[0]
+    lookups = [t for op in graph.ops if op.op_type == "Gather" and op.inputs[0] == vocab and int(op.attr("axis", 0)) == 0
+               and (t := graph.tensor(op.outputs[0])) is not None and t.rank >= 2 and t.shape[-1]]
+    if not lookups:
+        return None
+    tokens = min(t.numel // t.shape[-1] for t in lookups)
+    for name in graph.outputs:
+        t = graph.tensor(name)
+        if (t is None or not t.dtype.is_float or not t.shape or t.shape[-1] != rows or graph.consumers(name)
+                or graph.producer(name) is None):
+            continue
+        if t.numel // rows < tokens:
+            return _ShortLogits(name, t.numel // rows, tokens, _position_pick(graph, name, tokens))
+    return None
+
+
+def _position_pick(graph: OpGraph, output: str, tokens: int) -> Op | None:
+    """The op that keeps fewer than ``tokens`` positions on the way to ``output``: walking back
+    along the largest activation input, the first op whose input holds ``tokens`` positions, when
+    it is a :data:`_POSITION_PICKS` op that leaves the features (the last axis) whole."""
+    name = output
+    for _ in range(_PICK_SEARCH_OPS):
+        index = graph.producer(name)
+        if index is None:
+            return None
+        op = graph.ops[index]
+        data = [n for n in op.inputs if (t := graph.tensor(n)) is not None and not t.is_weight and t.dtype.is_float and t.shape]
+        if not data:
+            return None
+        name = max(data, key=lambda n: graph.tensors[n].numel)
+        t = graph.tensors[name]
+        if t.numel // max(t.shape[-1], 1) < tokens:
+            continue
+        out = graph.tensor(op.outputs[0]) if op.outputs else None
+        if op.op_type in _POSITION_PICKS and op.inputs[0] == name and out is not None and out.shape[-1:] == t.shape[-1:]:
+            return op
+        return None
+    return None
+
+
+def _logits_of_every_position(model: onnx.ModelProto, short: _ShortLogits, name: str, options: ImportOptions,
+                              path_for_large: Path | None) -> tuple[OpGraph, list[str]] | None:
+    """The graph with ``short``'s position pick removed (its consumers read all positions) and
+    the shapes after it inferred again, converted: the LM head as a training step runs it.  None
+    when there is no pick, or the graph after it does not take every position."""
+    pick = short.pick
+    if pick is None or not pick.outputs:
+        return None
+    picked, data = pick.outputs[0], pick.inputs[0]
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    graph = wide.graph
+    nodes = [n for n in graph.node if picked not in n.output]
+    if len(nodes) != len(graph.node) - 1:
+        return None
+    after = {picked}  # values computed from the picked positions: their shapes change
+    for node in nodes:
+        if any(i in after for i in node.input):
+            after.update(o for o in node.output if o)
+        node.input[:] = [data if i == picked else i for i in node.input]
+    # the pick's index (a graph input, constants, a small computation) is now read by nothing:
+    # drop what only it read (ops the export left unread before stay as they were)
+    outputs = {o.name for o in graph.output}
+    read_before = {i for node in graph.node for i in node.input}
+    while True:
+        read = {i for node in nodes for i in node.input} | outputs
+        unread = {id(n) for n in nodes if all(o not in read for o in n.output if o) and any(o in read_before for o in n.output)}
+        if not unread:
+            break
+        nodes = [n for n in nodes if id(n) not in unread]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    inputs = [vi for vi in graph.input if vi.name in read or vi.name not in read_before]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    kept = [vi for vi in graph.value_info if vi.name not in after]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    for out in graph.output:
+        if out.name in after and out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    try:
+        inferred = _infer(wide, path_for_large)
+        converted = _convert(inferred, name, options, _shapes(inferred.graph))
+    except ModelError:
+        return None
+    return None if _short_logits(converted[0]) is not None else converted
+
+
+def _short_logits_warning(short: _ShortLogits, widened: bool) -> str:
+    share = (f"1 in {short.tokens // short.positions}" if short.positions and short.tokens % short.positions == 0
+             else f"{short.positions / short.tokens:.1%}")
+    where = f"node {short.pick.name!r} ({short.pick.op_type}) keeps" if short.pick is not None else "the export keeps"
+    cause = (f"the LM head's output {short.output!r} holds the logits of {short.positions} of the {short.tokens} "
+             f"token positions the model reads ({share}): {where} only those, as an export for generation does "
+             "(transformers' logits_to_keep, num_logits_to_keep before 4.50, whose default 0 the TorchScript exporter "
+             "turns into a graph input that keeps one position)")
+    fix = ("re-export it with torch.onnx.export(..., dynamo=True), or through a forward that takes the token inputs "
+           "only and calls the model with logits_to_keep=0")
+    if widened:
+        return (f"{cause}; planned as a training step runs it, with the LM head and its loss over all {short.tokens} "
+                f"positions; to make the file match, {fix}")
+    return (f"{cause}; the LM head and its loss are costed for those {short.positions} positions only, not the "
+            f"{short.tokens} a training step computes: {fix}")
 
 
 # ----------------------------------------------------------------------------- node order
@@ -486,6 +632,9 @@ def _mark_external(tensor: TensorProto) -> None:
 #: ``metadata_props`` key carrying the module scope of a model-local function call onto the
 #: nodes inlined from its body (``onnx.inliner`` keeps node metadata, names nodes ``Conv_22__1``).
 _CALL_SCOPE_KEY = "dml2comm.scope"
+#: ``metadata_props`` key carrying the chain of calls (outermost first) a node was inlined from,
+#: as JSON ``[[function, call number, call scope], ...]``; read into ``Op.calls``.
+_CALLS_KEY = "dml2comm.calls"
 
 #: Nesting depth beyond which function calls are refused (ONNX forbids recursion).
 _MAX_CALL_DEPTH = 64
@@ -500,8 +649,10 @@ def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int
     """Inline the model-local functions with ``onnx.inliner``, keeping each call's module scope.
 
     A function body is shared by all its calls, so every call first gets its own copy of the
-    function whose nodes carry the call's scope (:data:`_CALL_SCOPE_KEY`); nested calls extend
-    it.  The scope of a call (:func:`_call_scope`) comes from the call node: the dynamo
+    function whose nodes carry the call's scope (:data:`_CALL_SCOPE_KEY`) and the chain of calls
+    they are in (:data:`_CALLS_KEY`: each call numbered in the model, so layer grouping can
+    take a repeated function's calls as blocks whatever the modules are named); nested calls
+    extend both.  The scope of a call (:func:`_call_scope`) comes from the call node: the dynamo
     exporter's ``name_scopes`` metadata, else its legacy scoped name, else the caller's scope
     plus the function's name (numbered among same-named sibling calls, as ``torch.nn.Sequential``
     numbers its children), so ``export_modules_as_functions`` ResNets keep their residual blocks.
@@ -513,14 +664,14 @@ def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int
     num_functions = len(functions)
     copies: list[onnx.FunctionProto] = []
 
-    def specialise(nodes: Any, prefix: str, depth: int) -> None:
+    def specialise(nodes: Any, prefix: str, depth: int, chain: list[list[Any]]) -> None:
         calls = [n for n in nodes if (n.domain, n.op_type, getattr(n, "overload", "")) in functions]
         same_name = Counter(_function_base(n.op_type) for n in calls)
         seen: Counter[str] = Counter()
         for node in nodes:
             for attr in node.attribute:  # calls inside control-flow bodies keep the caller's scope
                 for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                    specialise(sub.node, prefix, depth)
+                    specialise(sub.node, prefix, depth, chain)
         for node in calls:
             if depth >= _MAX_CALL_DEPTH:
                 raise ModelError(
@@ -533,15 +684,18 @@ def _inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int
             scope = _call_scope(node, prefix, segment)
             copy = onnx.FunctionProto()
             copy.CopyFrom(functions[(node.domain, node.op_type, getattr(node, "overload", ""))])
+            inner = chain + [[base, len(copies), scope]]
             copy.name = f"{copy.name}__dml2comm{len(copies)}"
             copies.append(copy)
             for body_node in copy.node:
                 prop = body_node.metadata_props.add()
                 prop.key, prop.value = _CALL_SCOPE_KEY, scope
-            specialise(copy.node, scope, depth + 1)
+                prop = body_node.metadata_props.add()
+                prop.key, prop.value = _CALLS_KEY, json.dumps(inner)
+            specialise(copy.node, scope, depth + 1, inner)
             node.op_type = copy.name
 
-    specialise(model.graph.node, "", 0)
+    specialise(model.graph.node, "", 0, [])
     model.functions.extend(copies)
     try:
         from onnx import inliner
@@ -1212,7 +1366,10 @@ def _helper_node(op_type: str, inputs: list[str], outputs: list[str], parent: on
 def _copy_scope(parent: onnx.NodeProto, node: onnx.NodeProto, subgraph: str = "") -> None:
     """Give ``node`` the module scope of ``parent`` (extended by ``<parent>.<subgraph>`` for a
     node of one of its subgraphs) when it has none of its own: the nodes of a branch or loop
-    body then group into one module, as layer grouping expects."""
+    body then group into one module, as layer grouping expects.  A ``node`` without a function
+    call of its own (:data:`_CALLS_KEY`) is in ``parent``'s calls."""
+    if not _calls(node):
+        node.metadata_props.extend(p for p in parent.metadata_props if p.key == _CALLS_KEY)
     if _scope(node):
         return
     scope = _scope(parent)
@@ -1540,6 +1697,21 @@ def _scope(node: onnx.NodeProto) -> str:
         parts = [p for p in name.split("/") if p]
         return _legacy_path(parts[:-1])
     return ""
+
+
+def _calls(node: onnx.NodeProto) -> tuple[Call, ...]:
+    """The model-local function calls a node was inlined from, outermost first
+    (:func:`_inline_functions`); the longest chain recorded on it."""
+    best: tuple[Call, ...] = ()
+    for prop in node.metadata_props:
+        if prop.key == _CALLS_KEY:
+            try:
+                chain = tuple(Call(str(function), int(index), str(scope)) for function, index, scope in json.loads(prop.value))
+            except (ValueError, TypeError):  # not a chain this module wrote
+                continue
+            if len(chain) > len(best):
+                best = chain
+    return best
 
 
 def _legacy_path(parts: list[str]) -> str:
@@ -1948,6 +2120,67 @@ def _split_merged_initializers(ops: list[Op], tensors: dict[str, Tensor], initia
     return out
 
 
+#: Ops whose inputs broadcast against each other (numpy's rules, ONNX "multidirectional").
+_BROADCASTING_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less", "LessOrEqual",
+    "Greater", "GreaterOrEqual", "And", "Or", "Xor", "BitShift", "PRelu", "Expand",
+})
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> bool:
+    """Whether the static ``shapes`` broadcast together: aligned from the last axis, each axis's
+    sizes are one value or 1."""
+    for axis in range(1, max(len(s) for s in shapes) + 1):
+        sizes = {s[-axis] for s in shapes if len(s) >= axis} - {1}
+        if len(sizes) > 1:
+            return False
+    return True
+
+
+def _int_values(graph: onnx.GraphProto, name: str) -> tuple[int, ...] | None:
+    """The values of a small constant integer tensor (an initializer or a ``Constant`` node), else None."""
+    from onnx import numpy_helper
+
+    tensor = next((init for init in graph.initializer if init.name == name), None)
+    if tensor is None:
+        node = next((n for n in graph.node if n.op_type == "Constant" and n.output and n.output[0] == name), None)
+        attr = next((a for a in node.attribute if a.type == onnx.AttributeProto.TENSOR), None) if node is not None else None
+        tensor = attr.t if attr is not None else None
+    if tensor is None or tensor.data_location == TensorProto.EXTERNAL or _dtype(tensor.data_type) not in (DType.INT64, DType.INT32):
+        return None
+    return tuple(int(v) for v in numpy_helper.to_array(tensor).reshape(-1))
+
+
+def _clashing_shapes(node: onnx.NodeProto, shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]],
+                     graph: onnx.GraphProto) -> str | None:
+    """How ``node``'s static input shapes contradict its op (the reason shape inference gave it
+    no output shape), or None when they do not (or are not all known)."""
+    def static(name: str) -> tuple[int, ...] | None:
+        shape = shapes.get(name, (None, DType.UNDEFINED))[0]
+        return shape if shape is not None and all(isinstance(d, int) for d in shape) else None  # type: ignore[return-value]
+
+    def show(shape: tuple[int, ...]) -> str:
+        return "[" + ", ".join(map(str, shape)) + "]"
+
+    if node.domain not in _ONNX_DOMAINS:
+        return None
+    if node.op_type == "Expand" and len(node.input) == 2:
+        data, target = static(node.input[0]), _int_values(graph, node.input[1])
+        if data is not None and target is not None and not _broadcast([data, target]):
+            return f"takes a tensor of shape {show(data)} to shape {show(target)}, which it does not broadcast to"
+        return None
+    if node.op_type in _BROADCASTING_OPS:
+        ins = [static(n) for n in node.input if n]
+        if len(ins) >= 2 and all(s is not None for s in ins) and not _broadcast(ins):  # type: ignore[arg-type]
+            return "combines shapes " + " and ".join(show(s) for s in ins if s is not None) + ", which do not broadcast"
+        return None
+    if node.op_type == "MatMul" and len(node.input) == 2:
+        a, b = static(node.input[0]), static(node.input[1])
+        if a and b and a[-1] != (b[-2] if len(b) >= 2 else b[0]):
+            return f"multiplies shapes {show(a)} and {show(b)}, whose inner sizes differ"
+    return None
+
+
 def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
              shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]]) -> tuple[OpGraph, list[str]]:
     graph = model.graph
@@ -1980,6 +2213,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
     inputs: list[str] = []
     unknown: dict[str, list[str]] = {}
     no_shape: dict[str, tuple[str, str]] = {}
+    unshaped: onnx.NodeProto | None = None  # the first node with an output shape inference left out
     for vi in graph.input:
         if vi.name in initializer_names:
             continue
@@ -2020,6 +2254,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
             shape, dtype = shapes.get(out, (None, DType.UNDEFINED))
             if shape is None:
                 no_shape.setdefault(op_type, (domain, node.name or "(unnamed)"))
+                unshaped = unshaped or node
                 continue
             if not all(type(d) is int for d in shape):
                 unknown.setdefault(out, []).extend(str(d) for d in shape if not isinstance(d, int))
@@ -2028,7 +2263,7 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node),
-                      _node_repeat(node)))
+                      _node_repeat(node), _calls(node)))
 
     if _is_dynamo_export(graph):
         ops = _split_merged_initializers(ops, tensors, initializer_names, warnings)
@@ -2048,6 +2283,16 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
                 f"ONNX shape inference cannot apply the target shape of Reshape at node {node_name!r}: a target holds sizes "
                 ">= 0, at most one -1, and multiplies to the input's size (a size below -1 is invalid); fix the target in "
                 "the exporting code"
+            )
+        clash = _clashing_shapes(unshaped, shapes, graph) if unshaped is not None else None
+        if clash is not None:
+            legacy = model.producer_name == "pytorch" and not _is_dynamo_export(graph)
+            raise ModelError(
+                f"the export is inconsistent at node {node_name!r}: {op_type} {clash}, so no size you bind and no shape "
+                "you declare can make it run (onnxruntime cannot run it either): an op before it computed a wrong shape"
+                + ("; the TorchScript exporter (dynamo=False) writes such graphs for interleaved rotary embeddings "
+                   "(x[..., ::2] and x[..., 1::2] stacked on a new last axis, as Cohere's): re-export with "
+                   "torch.onnx.export(..., dynamo=True)" if legacy else "; fix it in the exporting code")
             )
         raise ModelError(
             f"ONNX shape inference cannot infer the output of op {op_type!r} at node {node_name!r} from its inputs; "

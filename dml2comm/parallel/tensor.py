@@ -61,7 +61,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from dml2comm.errors import ConfigError
-from dml2comm.ir.graph import Op, OpGraph, Tensor
+from dml2comm.ir.graph import Op, OpGraph, Tensor, vocab_table
 from dml2comm.network.kinds import CollectiveKind, Phase
 
 __all__ = ["AttentionCore", "Shard", "TPComm", "TensorParallelPlan", "shard_tensor_parallel", "attention_heads",
@@ -529,17 +529,6 @@ def shard_tensor_parallel(
             if conflict.origin in replicated:  # pragma: no cover - defensive: cannot loop
                 raise ConfigError("tensor-parallel sharding did not converge; report this model") from None
             replicated[conflict.origin] = _replication_warning(graph, conflict, tp_size, cores)
-
-
-def vocab_table(graph: OpGraph) -> str | None:
-    """The vocabulary: the largest 2-D weight a ``Gather`` on axis 0 reads (the token embedding), or None."""
-    best, rows = None, 0
-    for op in graph.ops:
-        if op.op_type == "Gather" and int(op.attr("axis", 0)) == 0:
-            t = graph.tensor(op.inputs[0])
-            if t is not None and t.is_weight and t.rank == 2 and t.shape[0] > rows:
-                best, rows = t.name, t.shape[0]
-    return best
 
 
 def _propagate(
