@@ -66,3 +66,20 @@ def test_kept_batchnorm_and_transformers_are_left_alone():
     assert folded_normalization_warning(resnet.graph) is None
     gpt = load_model(str(FIXTURES / "gpt2_legacy.onnx"), ImportOptions(batch_size=1, seq_len=16))
     assert folded_normalization_warning(gpt.graph) is None
+
+
+def test_a_marked_convolution_whose_zero_bias_was_dropped_is_restored_too():
+    """A model at its initial BatchNorm shift (0) exported by the dynamo exporter: onnxscript folds
+    the BatchNorm (FuseBatchNormIntoConv), then drops the all-zero bias it made
+    (RemoveOptionalBiasFromConv), leaving a bias-free Conv that still carries the mark (seen on a
+    transformers ResNet exported with torch 2.13 at its initial weights)."""
+    w = helper.make_tensor("stem.conv.weight", TensorProto.FLOAT, [8, 3, 3, 3], [0.0] * 216)
+    conv = helper.make_node("Conv", ["x", "stem.conv.weight"], ["a"], pads=[1, 1, 1, 1], name="node_Conv_1")
+    conv.metadata_props.add(key="pkg.onnxscript.rewriter.rule_name",
+                            value="RemoveOptionalBiasFromConv, FuseBatchNormIntoConv, RemoveOptionalBiasFromConv")
+    graph = helper.make_graph([conv, helper.make_node("Relu", ["a"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 16, 16])], [w])
+    imported = load_model_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), ImportOptions())
+    assert [op.op_type for op in imported.graph.ops] == ["Conv", "BatchNormalization", "Relu"]
+    assert imported.graph.num_params == 216 + 2 * 8

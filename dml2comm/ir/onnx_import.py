@@ -551,10 +551,13 @@ def _restore_folded_batchnorm(model: onnx.ModelProto) -> int:
     inits = {init.name: init for init in graph.initializer}
     folded = []
     for node in graph.node:
-        if node.op_type != "Conv" or node.domain not in _ONNX_DOMAINS or len(node.input) < 3 or not node.input[2]:
+        if node.op_type != "Conv" or node.domain not in _ONNX_DOMAINS or len(node.input) < 2:
             continue
+        biased = len(node.input) >= 3 and bool(node.input[2])
+        # the mark stays when the optimizer then drops an all-zero folded bias (a BatchNorm at its
+        # initial shift of 0: RemoveOptionalBiasFromConv), so a marked conv needs no bias
         marked = any(p.key == "pkg.onnxscript.rewriter.rule_name" and _FOLDED_BN_RULE in p.value for p in node.metadata_props)
-        constants = bool(_FOLDED_CONSTANT.match(node.input[1]) and _FOLDED_CONSTANT.match(node.input[2]))
+        constants = biased and bool(_FOLDED_CONSTANT.match(node.input[1]) and _FOLDED_CONSTANT.match(node.input[2]))
         if (marked or constants) and node.input[1] in inits and inits[node.input[1]].dims:
             folded.append(node)
     if not folded:
@@ -584,8 +587,9 @@ def _restore_folded_batchnorm(model: onnx.ModelProto) -> int:
         taken.add(pre)
         # the dynamo exporter keeps a convolution's own bias under its parameter name
         # (``features.0.conv.bias``) and names the one folding made up ``<weight>_bias``
-        own_bias = node.input[1].endswith(".weight") and node.input[2] == node.input[1][:-len("weight")] + "bias"
-        if not own_bias:
+        biased = len(node.input) >= 3 and bool(node.input[2])
+        own_bias = biased and node.input[1].endswith(".weight") and node.input[2] == node.input[1][:-len("weight")] + "bias"
+        if biased and not own_bias:
             dropped.add(node.input[2])
             del node.input[2]
         node.output[0] = pre
