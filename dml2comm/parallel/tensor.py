@@ -558,7 +558,8 @@ def _propagate(
             "(Megatron-LM --make-vocab-size-divisible-by 128)"
         )
     grad = needs_grad if needs_grad is not None else requires_grad(graph)
-    stacked: list[str] = []  # stacked expert weights picked by a Gather (kept whole, one warning)
+    stacked: list[str] = []  # stacked expert weights picked by a Gather (those left whole: one warning)
+    picked: set[str] = set()  # the matrices picked from them, views of the stacked weight
 
     def local(name: str) -> Tensor | None:
         tensor = graph.tensor(name)
@@ -672,6 +673,11 @@ def _propagate(
               and _bias_operand(graph, op, act_ins[0], weight_of) and _meets_projection(graph, op.outputs[0], weight_of)):
             out_state, rule = _State(P), "partial sum + bias (added once, after the reduction)"
             origin[op.outputs[0]] = origin.get(act_ins[0], graph.producer(act_ins[0]))  # type: ignore[assignment]
+        elif (len(p_ins := [n for n in act_ins if state(n).kind == P]) == 1 and _linear_in(graph, op, p_ins[0], state)
+              and _sum_ahead(graph, op, p_ins[0])):
+            # partial sums on their way to a sum that shrinks them (the experts' outputs weighted
+            # and summed over the top-k choices): reduced once after that sum, the smaller tensor
+            out_state, rule = _State(P), "partial sum (reduced after the sum ahead)"
         elif (op.op_type == "Add" and (partial := _residual_partial(graph, op, act_ins, state, sp, t)) is not None
               and _only_meets_projections(graph, op.outputs[0], weight_of)):
             # a parallel block summed (x + attn) + mlp (Cohere): x is added once, after the
@@ -694,11 +700,21 @@ def _propagate(
         elif op.op_type in ("Cast", "Identity") and weight_of(ins[0]) is not None:
             weight_alias[op.outputs[0]] = weight_of(ins[0])  # type: ignore[assignment]
             rule = "weight view"
+        elif op.op_type == "MatMul" and any(n in picked for n in ins[:2]):
+            out_state, rule, factor = _stacked_expert_matmul(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight,
+                                                             weight_of, replicated, picked)
         elif op.op_type in _WEIGHT_OPS and _weight_operand(op, weight_of) is not None:
             out_state, rule, factor = _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings, vocab_rows)
         elif op.op_type in ("Gather", "GatherND") and _stacked_matrices(graph, op, weight_of):
-            stacked.append(weight_of(ins[0])[0])  # type: ignore[index]
-            rule = "replicated (stacked expert weights)"
+            base, perm0 = weight_of(ins[0])  # type: ignore[misc]
+            stacked.append(base)
+            axes = _picked_axes(graph, op)
+            if axes is None:
+                rule = "replicated (stacked expert weights)"
+            else:  # the picked matrices are a view of the stacked weight: split as it is
+                picked.add(op.outputs[0])
+                weight_alias[op.outputs[0]] = (base, tuple(perm0[a] if perm0 else a for a in axes))
+                rule = "stacked expert weights (picked)"
         elif op.op_type == "Gather" and weight_of(ins[0]) is not None:
             base, _ = weight_of(ins[0])  # type: ignore[misc]
             table = graph.tensor(base)
@@ -757,13 +773,15 @@ def _propagate(
         elif st.kind == "S":
             comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, last, name, nbytes(name), "split graph output gathered"))
 
-    if stacked:
-        first = graph.tensor(stacked[0])
-        names = list(dict.fromkeys(stacked))
+    whole = [w for w in dict.fromkeys(stacked) if w not in weight_split]
+    if whole:
+        first = graph.tensor(whole[0])
+        names = whole
         warnings.append(
             f"{len(names)} stacked expert weight(s) ({names[0]!r} {first.shape if first is not None else ''}"
             f"{', ...' if len(names) > 1 else ''}) are picked by Gather for the experts' products: kept whole on every "
-            f"tensor-parallel rank (no expert tensor parallelism from them, costed replicated); --ep splits the experts across ranks"
+            f"tensor-parallel rank (t does not divide the experts' intermediate size, or the products do not read as an "
+            f"expert MLP; costed replicated); --ep splits the experts across ranks"
         )
     weight_factor = {w.name: (t if w.name in weight_split else 1) for w in graph.weights}
     return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)),
@@ -1008,6 +1026,118 @@ def _stacked_matrices(graph: OpGraph, op: Op, weight_of) -> bool:
     out = op.outputs[0] if op.outputs else ""
     return (table is not None and table.rank >= 3 and bool(out)
             and any(graph.ops[c].op_type in ("MatMul", "Einsum") for c in graph.consumers(out)))
+
+
+def _picked_axes(graph: OpGraph, op: Op) -> tuple[int, ...] | None:
+    """For each axis of the matrices ``op`` picks from a stacked weight, the stacked weight's axis
+    it is (the index axes map to the expert axis 0), or None when ``op`` does not pick along the
+    expert axis.  ``Gather(data, idx, axis=0)``: ``idx.shape + data.shape[1:]``; ``GatherND`` with
+    ``batch_dims=0`` and one index per row: ``idx.shape[:-1] + data.shape[1:]`` (ONNX)."""
+    data, out = graph.tensor(op.inputs[0]), graph.tensor(op.outputs[0])
+    if data is None or out is None or out.rank < data.rank - 1:
+        return None
+    if op.op_type == "Gather" and int(op.attr("axis", 0)) % data.rank != 0:
+        return None
+    if op.op_type == "GatherND":
+        idx = graph.tensor(op.inputs[1])
+        if int(op.attr("batch_dims", 0)) or idx is None or not idx.rank or idx.shape[-1] != 1:
+            return None
+    lead = out.rank - (data.rank - 1)
+    return tuple(0 if j < lead else j - lead + 1 for j in range(out.rank))
+
+
+def _is_picked_expert(graph: OpGraph, name: str, weight_of) -> bool:
+    producer = graph.producer(name)
+    return (producer is not None and graph.ops[producer].op_type in ("Gather", "GatherND")
+            and _stacked_matrices(graph, graph.ops[producer], weight_of))
+
+
+def _feeds_expert_product(graph: OpGraph, name: str, weight_of, depth: int = 12) -> bool:
+    """Whether ``name`` (an expert's first projection) reaches, through point-wise ops, slices and
+    views (the gated activation), the activation operand of another expert product: a MatMul with
+    matrices picked from a stacked weight (the expert's down projection)."""
+    frontier, seen = [name], {name}
+    for _ in range(depth):
+        following = []
+        for tensor_name in frontier:
+            for at in graph.consumers(tensor_name):
+                nxt = graph.ops[at]
+                if nxt.op_type == "MatMul":
+                    other = nxt.inputs[0] if nxt.inputs[1] == tensor_name else nxt.inputs[1]
+                    if _is_picked_expert(graph, other, weight_of):
+                        return True
+                    continue
+                if nxt.op_type in _VIEWS_PASS or nxt.op_type in _ELEMENTWISE or nxt.op_type in (
+                        "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice"):
+                    following.extend(o for o in nxt.outputs if o and o not in seen)
+                    seen.update(nxt.outputs)
+        frontier = following
+    return False
+
+
+def _stacked_expert_matmul(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, picked):
+    """Expert tensor parallelism for a product with matrices picked from a stacked weight
+    (Megatron-Core's ``expert_tensor_parallel_size``, equal to t by default): an expert's up/gate
+    projection is column-parallel over its output features, its down projection row-parallel
+    over its input features, so its output is a partial sum reduced once after the combine."""
+    slot = 0 if op.inputs[0] in picked else 1
+    w_name, x_name = op.inputs[slot], op.inputs[1 - slot]
+    w, x, y = graph.tensor(w_name), graph.tensor(x_name), graph.tensor(op.outputs[0])
+    if w is None or x is None or y is None or min(w.rank, x.rank, y.rank) < 2:
+        to_replicated(op, x_name, "expert product of unknown shape")
+        return _State(R), "replicated (stacked expert weights)", 1
+    if slot == 0:  # W[.., n, k] @ x[.., k, m]
+        out_w, in_w, x_red, y_axis = w.rank - 2, w.rank - 1, x.rank - 2, y.rank - 2
+    else:  # x[.., m, k] @ W[.., k, n]
+        out_w, in_w, x_red, y_axis = w.rank - 1, w.rank - 2, x.rank - 1, y.rank - 1
+    xs = state(x_name)
+    if xs.kind == "S" and xs.axis == x_red and w.shape[in_w] % t == 0:
+        split_weight(w_name, in_w, op)
+        return _State(P), "row-parallel (experts)", t
+    if xs.kind == "S":
+        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op",
+                      column=True)
+    if op.index in replicated or w.shape[out_w] % t or not _feeds_expert_product(graph, op.outputs[0], weight_of):
+        return _State(R), "replicated (stacked expert weights)", 1
+    split_weight(w_name, out_w, op)
+    column_input_grad(op, x_name)
+    return _State("S", y_axis, op.index), "column-parallel (experts)", t
+
+
+#: Ops linear in one operand, through which partial sums may pass on the way to a sum.
+_LINEAR_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Cast", "ReduceSum"})
+
+
+def _linear_in(graph: OpGraph, op: Op, name: str, state) -> bool:
+    """Whether ``op`` is linear in ``name`` (a partial sum), every other activation operand
+    replicated: a view, a sum over axes, or a scaling (``Mul``, ``Div`` by it)."""
+    if op.op_type in _LINEAR_VIEWS:
+        return bool(op.inputs) and op.inputs[0] == name
+    if op.op_type in ("Mul", "Div") and len(op.inputs) == 2 and name in op.inputs:
+        other = op.inputs[1] if op.inputs[0] == name else op.inputs[0]
+        return (op.op_type == "Mul" or op.inputs[0] == name) and other != name and state(other).kind == R
+    return False
+
+
+def _sum_ahead(graph: OpGraph, op: Op, name: str, depth: int = 8) -> bool:
+    """Whether ``op`` (linear in the partial sums ``name``), and the single consumers after it
+    that are linear too, reach a ``ReduceSum`` that makes them smaller: reducing after it sends
+    fewer bytes (Megatron-Core reduces the experts' outputs after the combine over top-k)."""
+    current = op
+    for _ in range(depth):
+        if current.op_type not in _LINEAR_VIEWS and current.op_type not in ("Mul", "Div"):
+            return False
+        if current.op_type == "ReduceSum":
+            x, y = graph.tensor(current.inputs[0]), graph.tensor(current.outputs[0])
+            return x is not None and y is not None and y.numel < x.numel
+        if current.op_type == "Div" and current.inputs[0] != name:
+            return False
+        name = current.outputs[0]
+        consumers = graph.consumers(name) if name else ()
+        if len(consumers) != 1 or name in graph.outputs:
+            return False
+        current = graph.ops[consumers[0]]
+    return False
 
 
 def _weight_operand(op: Op, weight_of) -> int | None:
