@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.parallel.tensor import attention_heads, find_attention, shard_tensor_parallel
 from tests.helpers import model, weight
 
@@ -373,23 +374,52 @@ def test_electra_embedding_projection_stays_whole_so_layer_zero_is_planned_like_
         assert set(per_kind) == {"ALL_REDUCE"}
 
 
+#: Tiny Mixtral (tests/fixtures): 350,016 parameters, 196,608 of them in the stacked experts
+#: (2 layers x (gate_up_proj [4, 256, 64] + down_proj [4, 64, 128])).
+MIXTRAL_PARAMS, MIXTRAL_EXPERT_PARAMS = 350_016, 2 * (4 * 256 * 64 + 4 * 64 * 128)
+
+
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
-def test_experts_picked_from_a_stacked_weight_stay_whole_with_one_warning(exporter):
+def test_experts_picked_from_a_stacked_weight_are_expert_tensor_parallel(exporter):
     """Mixtral's experts exported as one [E, n, k] weight per projection, picked by Gather (the
-    legacy exporter) or GatherND (dynamo) for batched products: kept whole on every tensor rank,
-    said once for the model (it was silent), and not called an embedding."""
+    legacy exporter) or GatherND (dynamo) for batched products, are split as Megatron-Core's
+    expert tensor parallelism (ETP = t): gate_up_proj over its 256 output features, down_proj over
+    its 128 input features.  They were kept whole on every rank (273,472 parameters per GPU at
+    t=2, 0.78 of the model)."""
     graph = load_model(FIXTURES / f"mixtral_tiny_{exporter}.onnx", ImportOptions(batch_size=2, seq_len=16)).graph
     plan = shard_tensor_parallel(graph, 2)
-    said = [w for w in plan.warnings if "stacked expert weight" in w]
-    assert len(said) == 1 and said[0].startswith("4 stacked expert weight(s)") and "--ep" in said[0]
-    picks = [(op, sh) for op, sh in zip(graph.ops, plan.shards) if sh.rule == "replicated (stacked expert weights)"]
-    assert len(picks) == 4 and {op.op_type for op, _ in picks} == {"Gather" if exporter == "legacy" else "GatherND"}
-    for op, _ in picks:
-        stacked = graph.tensor(op.inputs[0])
-        assert stacked.is_weight and stacked.rank == 3 and plan.weight_factor[stacked.name] == 1
-    # the vocabulary embedding is still a vocab-parallel Gather, and t = 1 says nothing
+    assert not [w for w in plan.warnings if "stacked expert weight" in w]
+    gate_up = [w for w in graph.weights if w.rank == 3 and w.shape == (4, 256, 64)]
+    down = [w for w in graph.weights if w.rank == 3 and w.shape == (4, 64, 128)]
+    assert len(gate_up) == len(down) == 2
+    assert all(plan.weight_factor[w.name] == 2 for w in gate_up + down)
+    rules = Counter(sh.rule for op, sh in zip(graph.ops, plan.shards) if op.op_type == "MatMul" and "experts" in op.scope)
+    assert rules == {"column-parallel (experts)": 2, "row-parallel (experts)": 2}, rules
+    # the split expert products compute half of each picked matrix: [64, 128, 64] of [64, 256, 64]
+    col = next(sh for sh in plan.shards if sh.rule == "column-parallel (experts)")
+    assert sorted(tuple(v.shape) for v in col.inputs if v is not None and v.rank == 3)[-1] == (64, 128, 64)
+    # params per GPU: every other weight is planned as before, so the whole model loses exactly
+    # half of the expert parameters: 273,472 - 196,608 / 2 = 175,168
+    per_gpu = sum(w.numel / plan.weight_factor[w.name] for w in graph.weights)
+    assert per_gpu == 273_472 - MIXTRAL_EXPERT_PARAMS / 2 == 175_168
+    # the vocabulary embedding is still a vocab-parallel Gather
     assert any(sh.rule == "vocab-parallel embedding" for sh in plan.shards)
-    assert not [w for w in shard_tensor_parallel(graph, 1).warnings if "stacked" in w]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_expert_outputs_are_reduced_once_after_the_combine(exporter, sp):
+    """The row-parallel experts' partial sums pass through the routing weights and the sum over
+    the top-2 choices and are reduced once per MoE layer, on the combined [32 tokens, 64] output
+    (4,096 bytes in bf16), not on the [64 pairs, 64] expert outputs: one all-reduce forward (a
+    reduce-scatter with sequence parallelism), like a dense MLP's."""
+    graph = load_model(FIXTURES / f"mixtral_tiny_{exporter}.onnx", ImportOptions(batch_size=2, seq_len=16)).graph
+    plan = shard_tensor_parallel(graph, 2, sequence_parallel=sp)
+    moe_fwd = [c for c in plan.comms if c.phase is Phase.FORWARD and "experts" in graph.ops[c.op_index].scope
+               and c.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)]
+    kind = CollectiveKind.REDUCE_SCATTER if sp else CollectiveKind.ALL_REDUCE
+    assert [(c.kind, c.message_bytes) for c in moe_fwd] == [(kind, 32 * 64 * 2)] * 2, moe_fwd
+    assert all(graph.ops[c.op_index].op_type == "ReduceSum" for c in moe_fwd)
 
 
 # ----------------------------------------------------------------------------- multi-head latent attention
@@ -463,10 +493,11 @@ def test_mla_parameters_per_gpu(exporter, batch):
     """DeepSeek-V3 tiny at t=2: embedding and LM head vocab-split, 2 x 64,000 / 2; per layer the MLA
     down-projections and norms whole (q_a 2,048 + kv_a 1,536 + 32 + 16 + the block's two norms 128)
     and q_b 2,048, kv_b 1,536, o_proj 4,096 halved (3,840): 7,600 x 2 layers; the dense MLP
-    24,576 / 2; the MoE layer's router 256 / 2, stacked experts 24,576 whole, shared expert 6,144 / 2;
-    the final norm 64: 64,000 + 15,200 + 12,288 + 128 + 24,576 + 3,072 + 64 = 119,328."""
+    24,576 / 2; the MoE layer's router 256 / 2, stacked experts 24,576 / 2 (expert tensor parallel;
+    they were whole), shared expert 6,144 / 2; the final norm 64:
+    64,000 + 15,200 + 12,288 + 128 + 12,288 + 3,072 + 64 = 107,040."""
     graph = _deepseek(exporter, batch)
-    assert _per_gpu(graph, shard_tensor_parallel(graph, 2)) == 119_328
+    assert _per_gpu(graph, shard_tensor_parallel(graph, 2)) == 107_040
 
 
 @pytest.mark.parametrize("batch", [1, 3])
