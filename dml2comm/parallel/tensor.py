@@ -48,10 +48,12 @@ al. 2021, arXiv:2104.04473, Sec. 2.3; Korthikanti et al. 2022, arXiv:2205.05198,
   column-parallel by heads and the output projection row-parallel (:func:`_low_rank_bottleneck`).
 - Anything else that reads a split tensor on its split axis (a norm over the hidden axis, a
   softmax over a split axis) gets an AllGather first, with a warning.
-- Experts stored as one stacked weight ``[E, ..]`` whose matrices a ``Gather``/``GatherND``
-  picks for the batched products (transformers' ``batched_mm`` mixture-of-experts layers) stay
-  whole on every rank, with one warning for the model: no expert tensor parallelism is inferred
-  from them; ``--ep`` splits the experts across ranks instead.
+- Experts stored as one stacked weight ``[E, n, k]`` whose matrices a ``Gather``/``GatherND``
+  picks for the batched products (transformers' ``batched_mm`` mixture-of-experts layers) are
+  split as Megatron-Core's expert tensor parallelism (ETP = t): the up/gate product
+  column-parallel, the down product row-parallel, its partial sums reduced once after the
+  weighted sum over the top-k choices (:func:`_sum_ahead`).  Where t does not divide them, or the
+  products do not read as an expert MLP, they stay whole with one warning for the model.
 """
 
 from __future__ import annotations
