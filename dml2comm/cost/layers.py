@@ -365,6 +365,11 @@ class LayerCoster:
                     raise NotRepeating
 
     def _build_layers(self, config: ParallelConfig) -> LayerTable:
+        if self.collapsed is not None and self.host_for(config).run_ahead:
+            # eager PyTorch's CPU runs ahead over the whole pass (cost.host.queue_times): its lead
+            # carries across blocks, so a block's time depends on how many came before and the
+            # collapsed model does not hold; the caller takes the whole graph
+            raise NotRepeating
         graph, layered = self.graph, self.layered
         gpu = self.gpu
         peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
