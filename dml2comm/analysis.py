@@ -235,7 +235,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
     host = host_model(cluster.host_model, config.stack)  # "auto": the stack's (cost.host.STACK_HOST_MODEL)
     costs, times, full_flops, fallback_types = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
-                                                              lenient, host, config.stack, config.attention, config.precision)
+                                                              lenient, host, config.stack, config.attention, config.precision,
+                                                              cluster.profile_scale, layered)
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 

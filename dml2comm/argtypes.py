@@ -12,7 +12,7 @@ import math
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["OneLineParser", "add_stack_arguments", "positive_int", "stack_kwargs", "suggest_options"]
+__all__ = ["OneLineParser", "add_profile_argument", "add_stack_arguments", "positive_int", "stack_kwargs", "suggest_options"]
 
 
 def suggest_options(parser: argparse.ArgumentParser, message: str) -> str:
@@ -98,3 +98,13 @@ def stack_kwargs(args: argparse.Namespace) -> dict[str, str]:
     """The :class:`~dml2comm.parallel.config.ParallelConfig` keywords of :func:`add_stack_arguments`'s
     flags that were given (the others keep the config's defaults, which follow the stack)."""
     return {name: getattr(args, name) for name in ("stack", "precision", "attention") if getattr(args, name, None) is not None}
+
+
+def add_profile_argument(group: argparse._ActionsContainer) -> None:
+    """``--profile TRACE`` (repeatable): a profiled step of the model whose measured / modelled
+    kernel-time ratios scale the cost model (:mod:`dml2comm.traces.predict`)."""
+    group.add_argument("--profile", action="append", default=[], metavar="TRACE",
+                       help="a profiled training step of this model (a PyTorch-profiler trace with record_shapes=True, "
+                            "d=t=p=1): per layer kind and pass, its measured kernel time over the tool's at the trace's "
+                            "micro-batch, sequence and GPU scales the modelled times of the plan (repeatable: the ratios "
+                            "of the summed times); a trace of another model is refused")

@@ -19,10 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, positive_int, stack_kwargs
+from dml2comm.argtypes import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.traces.predict import profile_from_args
 
 __all__ = ["main"]
 
@@ -122,6 +123,7 @@ def analysis_parser() -> argparse.ArgumentParser:
                         "runs ahead, each kernel leaves the GPU a short gap; the default with --stack pytorch) or none "
                         "(kernel time only: CUDA-graph captured steps)")
     h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
+    add_profile_argument(h)
     o = p.add_argument_group("output")
     o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
                    "out/compare, out/trace, out/validate, so none replaces another's files)")
@@ -273,7 +275,8 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     # The presets' fitted per-call overhead is host time of a standalone, timed call; training
     # launches collectives asynchronously, so the analysis uses kernel time unless told otherwise.
     cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6,
-                      host_model=args.host_model or STACK_HOST_MODEL[config.stack])
+                      host_model=args.host_model or STACK_HOST_MODEL[config.stack],
+                      profile_scale=profile_from_args(args.profile, args.model, config, options, args.lenient))
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)
@@ -336,6 +339,19 @@ def _serve(site_dir: Path) -> int:
     return 0
 
 
+def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
+    """The summary's ``--profile`` row: the share of the compute the measured ratios scaled, and the ratios."""
+    scale = analysis.cluster.profile_scale
+    if scale is None:
+        return []
+    from dml2comm.traces.predict import attributed_share
+
+    ratios = ", ".join(f"{k} x{f:.2f}" + (f"/x{b:.2f}" if k != "optimizer" else "") for k, f, b in scale.ratios)
+    files = ", ".join(f for f, _ in scale.files)
+    return [("measured ratios (--profile)", f"{attributed_share(analysis):.0%} of the compute scaled by {files} "
+                                            f"(measured / modelled, forward/backward: {ratios})")]
+
+
 def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     """The summary on stdout, laid out for the console's width (:mod:`dml2comm.render.terminal`:
     at 80 columns tables split or stack, every value whole)."""
@@ -363,6 +379,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         ("iteration time", fmt_s(s["iteration_time_s"])),
         ("expected error", f"±{s['expected_error']:.1%} ({s['expected_error_source']})"),
         ("compute (busiest stage)", fmt_s(s["compute_time_s"])),
+        *_profile_rows(analysis),
         ("pipeline bubble", f"{fmt_s(s['bubble_time_s'])} ({s['bubble_fraction']:.1%} of the iteration; "
                             f"{s['bubble_ratio']:.3f} of the busiest stage's compute)"),
         ("communication (all stages)", f"{fmt_s(s['comm_time_s'])}, exposed {fmt_s(s['exposed_comm_time_s'])} "

@@ -33,6 +33,7 @@ from dml2comm.cost.host import AUTO, DEFAULT as DEFAULT_HOST, HostModel, host_mo
 from dml2comm.cost.loss import cross_entropy_s, hf_loss_upcasts, logits_outputs, loss_memory_bytes
 from dml2comm.cost.memory import ActivationModel, autocasts_activations
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
+from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.onnx_import import ImportResult
@@ -155,6 +156,7 @@ class _LayersKey(CacheKey):
     stack: Stack
     attention: str = "unfused"  # the attention kernel (ParallelConfig.attention): flash cores, selective recompute
     precision: str = "mixed"  # the precision mode (Hugging Face's loss runs in fp32 under amp: cost.loss.hf_loss_upcasts)
+    profile: ProfileScale | None = None  # measured / modelled ratios per layer kind (--profile: cost.profile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,14 +286,16 @@ class LayerCoster:
     """Per-layer tables of one imported model on one GPU (module docstring)."""
 
     def __init__(self, imported: ImportResult, gpu: GPU, collapse: bool = True, collapsed: Collapsed | None = None,
-                 lenient: bool = False, host: HostModel | None = DEFAULT_HOST) -> None:
+                 lenient: bool = False, host: HostModel | None = DEFAULT_HOST, profile: ProfileScale | None = None) -> None:
         """``collapsed``: ``imported`` is already the collapsed model (another micro-batch size
         of a model whose collapse was found on a full import); else the collapse is found here
         (``collapse=False``: the whole graph).  ``lenient``: ops without a cost rule are costed
         as memory-bound (``--lenient``) instead of refused.  ``host``: the host-side model the
         op times include (:mod:`dml2comm.cost.host`); None: the one each configuration's stack
-        runs (:meth:`host_for`)."""
+        runs (:meth:`host_for`).  ``profile``: measured / modelled kernel-time ratios per layer
+        kind (``--profile``, :mod:`dml2comm.cost.profile`) the op and loss times are scaled by."""
         self.imported = imported
+        self.profile = profile
         self.gpu = gpu
         self.lenient = lenient
         self.host = host
@@ -351,7 +355,7 @@ class LayerCoster:
         cp, cf = self._scale(config)
         gpu = self.gpu
         return _LayersKey(config.tp_size, config.sequence_parallel, config.dtype, gpu, cp, cf, config.cp_scheme if cp > 1 else None, config.seq_len, self.lenient,
-                          self.host_for(config), config.stack, config.attention, str(config.precision))
+                          self.host_for(config), config.stack, config.attention, str(config.precision), self.profile)
 
     def layer_table(self, config: ParallelConfig) -> LayerTable:
         return derived(self.graph, self._layer_key(config), lambda: self._build_layers(config))
@@ -375,7 +379,7 @@ class LayerCoster:
         peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
         tp = self._tp(config)
         costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host_for(config),
-                                                     config.stack, config.attention, config.precision)
+                                                     config.stack, config.attention, config.precision, self.profile, layered)
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)
@@ -450,7 +454,8 @@ class LayerCoster:
         for name, producer in logits:
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
             # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
-            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast)
+            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast,
+                                   self.profile.factor("loss") if self.profile is not None else (1.0, 1.0))
             saved, transient = loss_memory_bytes(local.numel, config.stack, upcast, config.train_dtype.itemsize)
             li = layered.layer_of_op[producer]
             loss_f[li] += f / cp

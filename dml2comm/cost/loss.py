@@ -145,14 +145,17 @@ def logits_outputs(graph: OpGraph) -> tuple[tuple[str, int], ...]:
 
 
 def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: float, kernel_s: float,
-                    stack: Stack | str = Stack.MEGATRON, upcast: bool = True) -> tuple[float, float]:
+                    stack: Stack | str = Stack.MEGATRON, upcast: bool = True,
+                    scale: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of the training loss over ``local_logits``
     logits on one GPU: Megatron-LM's vocabulary-parallel cross-entropy, or Hugging Face's
     ``ForCausalLMLoss`` with ``stack="pytorch"``; the HBM traffic of the module docstring at
     ``hbm_bytes_per_s`` (already times the memory-bound efficiency), or the host's launch time
     (``kernel_s`` per kernel) where that is longer.  ``upcast`` False (``stack="pytorch"`` only):
     the loss runs in the logits' own dtype (:func:`hf_loss_upcasts`), the same passes at
-    ``train_bytes`` per element and no cast."""
+    ``train_bytes`` per element and no cast.  ``scale``: (forward, backward) factors of the
+    kernel time (a profiled step's measured / modelled ratios, :mod:`dml2comm.cost.profile`),
+    applied before the host's launch time."""
     cast = CE_CAST_BYTES if train_bytes < 4 else 0
     if Stack(stack) is Stack.PYTORCH:
         fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = HF_FWD_BYTES, HF_BWD_BYTES, HF_FWD_KERNELS, HF_BWD_KERNELS
@@ -162,7 +165,7 @@ def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: floa
         fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = CE_FWD_BYTES, CE_BWD_BYTES, CE_FWD_KERNELS, CE_BWD_KERNELS
     fwd = local_logits * (fwd_bytes + cast) / hbm_bytes_per_s
     bwd = local_logits * (bwd_bytes + cast) / hbm_bytes_per_s
-    return max(fwd, fwd_kernels * kernel_s), max(bwd, bwd_kernels * kernel_s)
+    return max(fwd * scale[0], fwd_kernels * kernel_s), max(bwd * scale[1], bwd_kernels * kernel_s)
 
 
 def loss_memory_bytes(local_logits: float, stack: Stack | str = Stack.MEGATRON, upcast: bool = True,

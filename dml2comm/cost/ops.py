@@ -39,15 +39,17 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, derived, flash_cores_of, fp32_islands_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, autocast_dtypes, autocasts_activations, fusible_regions
+from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+from dml2comm.ir.layers import LayeredGraph
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES, AttentionKernel, Precision, Stack
 from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
@@ -115,6 +117,8 @@ class OpCostsKey(CacheKey):
     attention: str = AttentionKernel.UNFUSED
     #: activations in torch.autocast's dtypes, with its casts (cost.memory.autocasts_activations)
     autocast: bool = False
+    #: measured / modelled kernel-time ratios per layer kind (``--profile``: cost.profile), None: none
+    profile: ProfileScale | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +178,13 @@ class AttentionCoreKey(CacheKey):
 # ----------------------------------------------------------------------------- op costs
 def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype: str, gpu: GPU, lenient: bool,
                    host: HostModel | None = None, stack: str = Stack.MEGATRON,
-                   attention: str = AttentionKernel.UNFUSED, precision: str = Precision.MIXED) -> OpCosts:
+                   attention: str = AttentionKernel.UNFUSED, precision: str = Precision.MIXED,
+                   profile: ProfileScale | None = None, layered: LayeredGraph | None = None) -> OpCosts:
     """:func:`op_costs` on the (t, SP) shard in ``dtype`` on ``gpu`` with the host model ``host``
     (None: :data:`dml2comm.cost.host.DEFAULT`) for the training ``stack``, ``attention`` kernel
-    and ``precision`` mode, once per those inputs (cached on the graph; the analysis and the sweep
-    share it)."""
+    and ``precision`` mode, its kernel times scaled by ``profile`` per the kind of each op's layer
+    in ``layered`` (None: the graph's own layers), once per those inputs (cached on the graph; the
+    analysis and the sweep share it)."""
     peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
     train = DTYPES[dtype]
     host = host_model.DEFAULT if host is None else host
@@ -187,16 +193,21 @@ def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype:
 
     def build() -> OpCosts:
         tp = tensor_parallel_of(graph, tp_size, sequence_parallel, train.itemsize)
-        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention, autocast)
+        scale = None
+        if profile is not None:
+            lay = layered if layered is not None else layers_of(graph)
+            scale = [profile.factor(lay.layers[lay.layer_of_op[i]].kind) for i in range(len(graph.ops))]
+        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention, autocast, scale)
 
     calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency)
     return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host,
-                                     stack, attention, autocast), build)
+                                     stack, attention, autocast, profile), build)
 
 
 def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool,
              host: HostModel | None = None, stack: str = Stack.MEGATRON,
-             attention: str = AttentionKernel.UNFUSED, autocast: bool = False) -> OpCosts:
+             attention: str = AttentionKernel.UNFUSED, autocast: bool = False,
+             scale: Sequence[tuple[float, float]] | None = None) -> OpCosts:
     """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs.
 
     Parameters
@@ -220,6 +231,9 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     attention
         ``flash``: the flash cores as one kernel each (:func:`flash_core_costs`); ``unfused``:
         the core's ops as exported.
+    scale
+        Per op, (forward, backward) factors of its kernel time (a profiled step's measured /
+        modelled ratios: :mod:`dml2comm.cost.profile`), applied before the host model; None: 1.
 
     Returns
     -------
@@ -320,6 +334,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     casts = [(0, 0)] * len(costs)
     if amp:
         costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
+    if scale is not None:
+        times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)

@@ -356,7 +356,7 @@ class StageCoster(LayerCoster):
         self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
         self._per_cluster: dict[object, object] = {}
         host = None if str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model)
-        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host)
+        super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host, cluster.profile_scale)
 
     def _use(self, collapsed: Collapsed | None) -> None:
         self._per_cluster.clear()  # stage tables of the graph worked on before
@@ -669,6 +669,8 @@ class StageCoster(LayerCoster):
         states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes, precision)
         opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled,
                                 precision)
+        if self.profile is not None:  # a profiled step's measured / modelled ratio (cost.profile)
+            opt *= self.profile.factor("optimizer")[0]
         return (tau, count, dp.after_step_s, opt, (states.weights_bytes, states.grads_bytes, states.optimizer_bytes),
                 (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s))
 

@@ -116,6 +116,10 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
         "warnings": list(analysis.warnings),
         "assumptions": list(analysis.assumptions),
     }
+    if analysis.cluster.profile_scale is not None:  # --profile: the measured ratios the times were scaled by
+        from dml2comm.traces.predict import attributed_share
+
+        data["profile"] = {**analysis.cluster.profile_scale.to_dict(), "attributed_share": attributed_share(analysis)}
     return _clean(data)
 
 

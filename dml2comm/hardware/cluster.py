@@ -60,10 +60,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import GPU, get_gpu
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dml2comm.cost.profile import ProfileScale
 
 __all__ = [
     "COLLECTIVE_KIND_NAMES",
@@ -619,6 +622,10 @@ class Cluster:
         per kernel), ``"pytorch"`` (eager PyTorch 2.x, the CPU running ahead) or ``"none"``
         (kernel time only: CUDA-graph captured steps).  Software, like ``collective_library``:
         the same GPUs run either.
+    profile_scale
+        Measured / modelled kernel-time ratios per layer kind from a profiled step of the model
+        (``--profile``: :class:`dml2comm.cost.profile.ProfileScale`), None: the cost model alone.
+        Part of the cluster's equality and hash, so every table built for one cluster reads it.
 
     Raises
     ------
@@ -643,6 +650,7 @@ class Cluster:
     collective_fits: tuple[CollectiveFit, ...] = ()
     source_file: tuple[str, str] | None = None
     host_model: str = "auto"
+    profile_scale: ProfileScale | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host_model, str) or not self.host_model:

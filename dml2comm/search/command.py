@@ -38,11 +38,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_stack_arguments, finite_float, positive_int, stack_kwargs
+from dml2comm.argtypes import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.cost.memory import allocator_capacity_bytes
+from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, check_gpu_count
 from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug,
@@ -106,6 +107,7 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: b
     h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
                    help="host-side (CPU) time: eager (Megatron-DeepSpeed's per-kernel dispatch; default with --stack megatron), "
                         "pytorch (eager PyTorch 2.x; default with --stack pytorch) or none (CUDA graphs)")
+    add_profile_argument(h)
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=_positive, help="global batch B (sweep default: --gpus; compare: required)")
     b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
@@ -125,10 +127,11 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: b
 
 
 def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int, host_model: str = "eager",
-                    nics_per_node: int | None = None) -> Callable[[int], Cluster]:
-    """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead and
-    the host model ``host_model`` (:mod:`dml2comm.cost.host`); a ``gpu`` that contradicts the
-    ``cluster`` preset's GPU is refused, as by the main command."""
+                    nics_per_node: int | None = None, profile: ProfileScale | None = None) -> Callable[[int], Cluster]:
+    """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead,
+    the host model ``host_model`` (:mod:`dml2comm.cost.host`) and a profile's measured ratios
+    (``--profile``: :mod:`dml2comm.cost.profile`); a ``gpu`` that contradicts the ``cluster``
+    preset's GPU is refused, as by the main command."""
 
     def build(num_gpus: int) -> Cluster:
         if cluster:
@@ -136,7 +139,7 @@ def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int, ho
             check_gpu_matches_cluster(gpu, cluster, built)
         else:
             built = make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus), nics_per_node=nics_per_node)
-        return dataclasses.replace(built, collective_overhead_s=0.0, host_model=host_model)
+        return dataclasses.replace(built, collective_overhead_s=0.0, host_model=host_model, profile_scale=profile)
 
     return build
 
@@ -306,6 +309,19 @@ def _zero_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _profile(args: argparse.Namespace) -> ProfileScale | None:
+    """``--profile``: the traces' measured ratios, modelled with the command's stack, precision,
+    dtype and optimizer (None without the flag)."""
+    if not args.profile:
+        return None
+    from dml2comm.parallel.config import ParallelConfig
+    from dml2comm.traces.predict import profile_from_args
+
+    template = ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=1, global_batch_size=1, seq_len=args.seq_len,
+                              dtype=args.dtype, optimizer=args.optimizer, **stack_kwargs(args))
+    return profile_from_args(args.profile, args.model, template)
+
+
 def run_sweep_command(argv: Sequence[str]) -> int:
     args = sweep_parser().parse_args(argv)
     constraints = _constraints(args)
@@ -323,7 +339,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node, _profile(args))
     builder(args.gpus)  # an unknown --gpu / --cluster fails here, before anything is written
     partial = out / "sweep.partial.csv"
     stream: CsvStream | None = None
@@ -366,7 +382,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
         _print_sweep(result, data["sweep"], args.top)
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node, tuple(args.profile))
     ranked = result.ranked()
     commands, jobs, sites = _reproduce(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
                                        0 if args.no_site or result.interrupted else args.build_top)
@@ -395,7 +411,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node, _profile(args))
     for n in counts:
         builder(n)  # an unknown --gpu / --cluster, or a count the cluster cannot hold, fails here
     space = SweepSpace(global_batch_size=plan.batch_for(counts[0]), seq_len=args.seq_len, constraints=constraints)
@@ -412,7 +428,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     for p in points:
         if p.get("best"):
             p["best"] = _entry(p["best"])
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node, tuple(args.profile))
     commands, jobs, sites = scaling_reproduce(args.model, out, points, hardware,
                                               0 if args.no_site or study.interrupted else args.build_top)
     for p in points:
@@ -732,7 +748,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     args = compare_parser().parse_args(argv)
     if args.global_batch_size is None:
         raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node)
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node, _profile(args))
     evaluator = Evaluator(args.model, builder, seq_len=args.seq_len)
     seq_len = args.seq_len or model_shape(evaluator.imported(1))["seq_len"]
     configs = [parse_config_spec(s, args.global_batch_size, seq_len, args.dtype, args.optimizer, stack_kwargs(args))
@@ -755,7 +771,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node)
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node, tuple(args.profile))
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
     commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top,
                                        number=lambda row, rank: row["index"] + 1)  # "#K": the K-th of --configs, as in the table

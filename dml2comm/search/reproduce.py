@@ -38,6 +38,7 @@ class Hardware:
     seq_len: int | None = None
     host_model: str = "eager"
     nics_per_node: int | None = None
+    profile: tuple[str, ...] = ()  # --profile traces
 
 
 def config_slug(config: Mapping[str, Any]) -> str:
@@ -106,6 +107,8 @@ def analysis_argv(model: str, config: Mapping[str, Any], hardware: Hardware, out
         argv += ["--host-model", hardware.host_model]
     if hardware.nics_per_node is not None:
         argv += ["--nics-per-node", str(hardware.nics_per_node)]
+    for trace in hardware.profile:
+        argv += ["--profile", trace]
     return argv + ["--out", out]
 
 

@@ -1,0 +1,72 @@
+"""--profile figures: each bundled H100 step predicted from its own trace, GPT-2's ratios applied
+at other micro-batches, and GPT-2 predicted from the Llama-1B trace's ratios (the command line
+refuses a trace of another model, so this calls the functions directly).
+
+    PYTHONPATH=. python benchmarks/bench_profile.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from dml2comm.analysis import analyze_graph
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.parallel.config import ParallelConfig
+from dml2comm.traces.predict import attributed_share, measured_and_modelled, profile_scale
+
+MODELS = "dml2comm/validate/data/models"
+TRACES = "benchmarks/data/h100"
+STEPS = "dml2comm/validate/data/h100_steps.json"
+RUNS = {"gpt2-small": (f"{MODELS}/step_gpt2_small_dynamo.onnx", f"{TRACES}/trace_gpt2-small_bf16_b8.json.gz", 8, 1024),
+        "llama-1b": (f"{MODELS}/step_llama_1b_dynamo.onnx", f"{TRACES}/trace_llama-1b_bf16_b4.json.gz", 4, 2048)}
+
+
+def config(b: int, s: int) -> ParallelConfig:
+    return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
+                          precision="bf16", optimizer="adamw")
+
+
+def predict(model: str, b: int, s: int, scale) -> tuple[float, float, float]:
+    """(with the ratios, without, attributed share) on one H100 with the pytorch host model."""
+    imported = load_model(model, ImportOptions(batch_size=b, seq_len=s))
+    cluster = dataclasses.replace(get_cluster("dgx-h100", 1), host_model="pytorch")
+    plain = analyze_graph(imported, config(b, s), cluster, advise=False, timeline=False)
+    scaled = analyze_graph(imported, config(b, s), dataclasses.replace(cluster, profile_scale=scale), advise=False, timeline=False)
+    return scaled.summary["iteration_time_s"], plain.summary["iteration_time_s"], attributed_share(scaled)
+
+
+def main() -> None:
+    runs = json.load(open(STEPS))["runs"]
+    measured = {}  # the mean of the runs' medians at the profiled shape (GPT-2 small was run twice)
+    for name, (_, _, b, s) in RUNS.items():
+        times = [r["step_s_median"] for r in runs if r["name"] == name and r["micro_batch"] == b and r["seq"] == s and r["mode"] == "bf16"]
+        measured[name] = sum(times) / len(times)
+    scales = {}
+    for name, (model, trace, b, s) in RUNS.items():
+        parts = measured_and_modelled(trace, model, config(b, s))
+        scales[name] = profile_scale([parts])
+        print(f"{name} b={b} s={s}: ratios measured / modelled (forward, backward):")
+        for kind, f, bw in scales[name].ratios:
+            print(f"  {kind:10s} {f:6.3f} {bw:6.3f}   measured {parts['measured'][kind][0] * 1e3:8.3f} {parts['measured'][kind][1] * 1e3:8.3f} ms"
+                  f"   modelled {parts['modelled'][kind][0] * 1e3:8.3f} {parts['modelled'][kind][1] * 1e3:8.3f} ms")
+    print("\n(a) each step from its own trace (measured step: h100_steps.json, mean of the runs' medians)")
+    for name, (model, _, b, s) in RUNS.items():
+        with_, without, share = predict(model, b, s, scales[name])
+        m = measured[name]
+        print(f"  {name} b={b}: predicted {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%}), without the profile {without * 1e3:.2f} ms "
+              f"({without / m - 1:+.1%}), measured {m * 1e3:.2f} ms; {share:.1%} of the compute from measured ratios")
+    print("\n(b) GPT-2 small's ratios at other micro-batches (no measurement)")
+    model, _, _, s = RUNS["gpt2-small"]
+    for b in (4, 16):
+        with_, without, share = predict(model, b, s, scales["gpt2-small"])
+        print(f"  b={b}: {with_ * 1e3:.2f} ms with the ratios, {without * 1e3:.2f} ms without ({with_ / without - 1:+.1%})")
+    with_, without, _ = predict(model, 8, s, scales["llama-1b"])
+    m = measured["gpt2-small"]
+    print(f"\n(b) GPT-2 small b=8 from Llama-1B's ratios: {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%} against {m * 1e3:.2f} ms measured; "
+          f"its own ratios: see (a))")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Measured-over-modelled ratios from a profiled step (``--profile TRACE``), as one value the cost
+model reads.
+
+A profiled training step of the model, joined to its layers
+(:func:`dml2comm.traces.join.join_trace`), gives per layer kind and pass the measured kernel time;
+the tool gives its own kernel time for the same layers at the profiled shape and GPU
+(:func:`dml2comm.traces.predict.profile_scale`).  Their ratio, per kind and pass, multiplies the
+modelled kernel times of any plan of the same model: the cost model then supplies only the change
+from the profiled shape to the plan's (micro-batch, sequence, t, recomputation, GPU).  It is
+applied in one place per term, before the host model (:mod:`dml2comm.cost.host`), which stays on
+top:
+
+- op times, per op by its layer's kind (:func:`dml2comm.cost.ops.shard_op_costs`), which the
+  analysis's op nodes and the layer tables (:mod:`dml2comm.cost.layers`) both read;
+- the training loss the graph leaves out (``loss``: :func:`dml2comm.cost.loss.cross_entropy_s`);
+- the optimizer step (``optimizer``: :mod:`dml2comm.cost.stages`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KINDS", "ProfileScale"]
+
+#: Layer kinds a profile gives a ratio for (blocks: one ratio, the mean over the blocks).
+KINDS = ("embedding", "block", "head", "loss", "optimizer")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileScale:
+    """Per layer kind, (forward, backward) ratios measured / modelled kernel time.
+
+    Parameters
+    ----------
+    ratios
+        ``(kind, forward ratio, backward ratio)`` per kind of :data:`KINDS` the profile measured
+        (a kind without a row keeps its modelled time: factor 1).  The optimizer's ratio is its
+        forward one (the step has one pass).
+    files
+        ``(file name, sha256)`` of the traces it came from (data.json ``profile``).
+    detail
+        What the ratios were computed from, for data.json: per kind, measured and modelled
+        seconds, the profiled shape and GPU (left out of equality and hash: the cache keys hold the
+        ratios).
+    """
+
+    ratios: tuple[tuple[str, float, float], ...]
+    files: tuple[tuple[str, str], ...] = ()
+    detail: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
+
+    def factor(self, kind: str) -> tuple[float, float]:
+        """(forward, backward) factor of layers of ``kind`` (1, 1 for a kind it has no row for)."""
+        for k, f, b in self.ratios:
+            if k == kind:
+                return f, b
+        return 1.0, 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"files": [{"file": f, "sha256": h} for f, h in self.files],
+                "ratios": {k: {"forward": f, "backward": b} for k, f, b in self.ratios},
+                **{k: v for k, v in self.detail}}

@@ -1,0 +1,195 @@
+"""Measured / modelled kernel-time ratios of a profiled step (``--profile TRACE``).
+
+A profiled step of the model (one rank's Kineto trace with ``record_shapes=True``) is joined to
+the model's layers (:func:`dml2comm.traces.join.join_trace`); per layer kind (embedding, blocks,
+head, the loss, the optimizer) and pass the measured GPU time is divided by the tool's own kernel
+time for the same layers: the profiled micro-batch and sequence (the token ids' shape the trace
+recorded), the trace's GPU, d = t = p = 1, the plan's stack, precision and optimizer, and no host
+model (:data:`dml2comm.cost.host.NONE`: kernel time, as the trace measures).  The ratios
+(:class:`dml2comm.cost.profile.ProfileScale`) then scale the cost model's kernel times of any
+plan of the same model; its host model stays on top.
+
+Several traces: per kind, the sum of the measured times over the sum of the modelled ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any, Sequence
+
+from dml2comm.cost.profile import KINDS, ProfileScale
+from dml2comm.errors import ConfigError
+
+__all__ = ["attributed_share", "measured_and_modelled", "profile_from_args", "profile_scale", "trace_gpu"]
+
+
+def trace_gpu(device: str) -> str | None:
+    """The GPU preset a trace's device name (``deviceProperties``' ``name``) is, None when none is
+    recognised (``NVIDIA H100 80GB HBM3`` -> ``h100``)."""
+    from dml2comm.hardware.gpus import GPU_ALIASES
+
+    text = device.lower()
+    best = None
+    for alias in GPU_ALIASES:
+        token = alias.split("-")[0]
+        if token and len(token) >= 4 and token in text.split() and (best is None or len(alias) < len(best)):
+            best = alias
+    return best
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def measured_and_modelled(trace_path: str, model_path: str, config: Any, options: Any = None, gpu: str | None = None,
+                          lenient: bool = False, check_model: bool = True) -> dict[str, Any]:
+    """Per kind of :data:`~dml2comm.cost.profile.KINDS`: measured and modelled (forward, backward)
+    seconds of one profiled step (module docstring).
+
+    Parameters
+    ----------
+    trace_path : the profiled step (one rank's trace).
+    model_path : the ONNX model the run trained.
+    config : a :class:`~dml2comm.parallel.config.ParallelConfig` whose stack, precision, attention,
+        dtype and optimizer the modelled times take (its sizes are replaced by the profiled ones).
+    options : :class:`~dml2comm.ir.onnx_import.ImportOptions` of the model (its batch size and
+        sequence length are replaced by the trace's).
+    gpu : the GPU preset to model the step on; None: the trace's own device.
+    check_model : refuse a trace whose forward GEMMs do not match the model's.
+
+    Returns
+    -------
+    dict with ``measured`` and ``modelled`` ({kind: (forward, backward)}: blocks as the mean of
+    the blocks, the optimizer's step as its forward), ``micro_batch``, ``seq_len``, ``gpu``,
+    ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``.
+
+    Raises
+    ------
+    ConfigError
+        The trace has no token ids, its device is not a known GPU (and ``gpu`` is None), or
+        (``check_model``) it is not a step of this model."""
+    from dml2comm.cost.cache import layers_of
+    from dml2comm.cost.stages import StageCoster
+    from dml2comm.hardware.cluster import make_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.parallel.config import Recompute
+    from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemms, join_trace, token_shape
+    from dml2comm.traces.load import load_trace
+
+    name = Path(trace_path).name
+    trace = load_trace(trace_path, shapes=True)
+    shape = token_shape(trace)
+    if shape is None:
+        raise ConfigError(f"--profile {name}: the trace records no token ids (aten::embedding with 2-D indices); "
+                          "profile the step with record_shapes=True")
+    b, s = shape
+    gpu_name = gpu or trace_gpu(trace.device or "")
+    if gpu_name is None:
+        raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows; "
+                          "profile on a known GPU or model it with --gpu")
+    options = options or ImportOptions()
+    imported = load_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient))
+    layered = layers_of(imported.graph)
+    join = join_trace(trace, layered)
+    if check_model:
+        wanted = len(graph_gemms(layered))
+        blocks = [x for x in join.layers if x.kind == "block"]
+        short = [n for n in join.notes if "weight GEMMs matched" in n]
+        empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
+        if short or empty or not blocks:
+            why = short[0].split(":")[0] if short else (f"no kernel of the trace falls in {empty[0]}" if empty else "the model has no blocks")
+            raise ConfigError(f"--profile {name}: not a step of this model at micro-batch {b}, sequence {s}: {why} "
+                              f"(the graph has {wanted} weight GEMMs in {len(blocks)} blocks); profile this model")
+    one = dataclasses.replace(config, dp_size=1, tp_size=1, pp_size=1, cp_size=1, ep_size=1, micro_batch_size=b,
+                              global_batch_size=b, seq_len=s, sequence_parallel=False, zero_stage=0,
+                              recompute=Recompute.NONE, virtual_stages=1, schedule="1f1b", rank_order="tpd",
+                              tp_comm_overlap=False)
+    cluster = make_cluster(gpu_name, 1, 1)
+    cluster = dataclasses.replace(cluster, host_model="none", profile_scale=None)
+    coster = StageCoster(imported, cluster, collapse=False, lenient=lenient)
+    table = coster.layer_table(one)
+    plan = coster.prepare(one)
+    kinds = [x.kind for x in layered.layers]
+    measured: dict[str, tuple[float, float]] = {}
+    modelled: dict[str, tuple[float, float]] = {}
+    for kind in ("embedding", "block", "head"):
+        rows = [x for x in join.layers if x.kind == kind]
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        if not rows or not idx:
+            continue
+        measured[kind] = (sum(x.forward_s for x in rows) / len(rows), sum(x.backward_s for x in rows) / len(rows))
+        modelled[kind] = (float(table.fwd[idx].sum()) / len(idx), float(table.bwd[idx].sum()) / len(idx))
+    by_name = {x.name: x for x in join.layers}
+    if table.loss_f is not None and LOSS in by_name:
+        measured["loss"] = (by_name[LOSS].forward_s, by_name[LOSS].backward_s)
+        modelled["loss"] = (float(table.loss_f.sum()), float(table.loss_b.sum()))
+    if OPTIMIZER in by_name:
+        measured["optimizer"] = (by_name[OPTIMIZER].other_s, 0.0)
+        modelled["optimizer"] = (float(plan.optimizer.sum()), 0.0)
+    return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
+            "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
+            "blocks": len([k for k in kinds if k == "block"])}
+
+
+def profile_scale(parts: Sequence[dict[str, Any]]) -> ProfileScale:
+    """The ratios of one or more :func:`measured_and_modelled` results: per kind and pass, the
+    sum of the measured seconds over the sum of the modelled (a pass either side of which is 0
+    keeps factor 1)."""
+    ratios = []
+    for kind in KINDS:
+        have = [p for p in parts if kind in p["measured"] and kind in p["modelled"]]
+        if not have:
+            continue
+        r = []
+        for k in (0, 1):
+            meas = sum(p["measured"][kind][k] for p in have)
+            model = sum(p["modelled"][kind][k] for p in have)
+            r.append(meas / model if meas > 0 and model > 0 else 1.0)
+        ratios.append((kind, r[0], r[1]))
+    detail = (("traces", tuple({"file": p["file"], "micro_batch": p["micro_batch"], "seq_len": p["seq_len"], "gpu": p["gpu"],
+                                "gpu_s": p["gpu_s"], "unattributed_s": p["unattributed_s"],
+                                "measured_s": {k: list(v) for k, v in p["measured"].items()},
+                                "modelled_s": {k: list(v) for k, v in p["modelled"].items()}} for p in parts)),)
+    return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), detail)
+
+
+def attributed_share(analysis: Any) -> float:
+    """Share of the plan's predicted compute (per-layer forward and backward over the micro-batches,
+    the loss, the optimizer step; every stage summed) whose time a measured ratio scaled."""
+    scale = analysis.cluster.profile_scale
+    if scale is None:
+        return 0.0
+    have = {k for k, _, _ in scale.ratios}
+    m = analysis.config.num_micro_batches
+    scaled = sum((x.time_fwd_s + x.time_bwd_s) * m for x in analysis.layers if x.kind in have)
+    total = 0.0
+    for st in analysis.stages:
+        total += (st.compute_fwd_s + st.compute_bwd_s) * m + st.optimizer_time_s
+        if "loss" in have:
+            scaled += (st.loss_fwd_s + st.loss_bwd_s) * m
+        if "optimizer" in have:
+            scaled += st.optimizer_time_s
+    return scaled / total if total > 0 else 0.0
+
+
+def profile_from_args(paths: Sequence[str], model_path: str, config: Any, options: Any = None,
+                      lenient: bool = False) -> ProfileScale | None:
+    """``--profile`` of the commands: the ratios of the traces ``paths`` (None without any),
+    modelled with ``config``'s stack, precision and optimizer.
+
+    Raises
+    ------
+    ConfigError
+        A path that is not a file, or a trace :func:`measured_and_modelled` refuses."""
+    if not paths:
+        return None
+    for p in paths:
+        if not Path(p).is_file():
+            raise ConfigError(f"--profile {p}: no such file; pass a PyTorch-profiler trace (.json or .json.gz) of this model")
+    return profile_scale([measured_and_modelled(p, model_path, config, options, lenient=lenient) for p in paths])

@@ -1,0 +1,112 @@
+"""--profile: measured / modelled ratios of a profiled step, applied to the plan's modelled times."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from dml2comm.analysis import analyze_graph
+from dml2comm.cli import main
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.parallel.config import ParallelConfig
+from dml2comm.traces.predict import measured_and_modelled, profile_from_args, profile_scale
+
+MODELS = "dml2comm/validate/data/models"
+TRACES = "benchmarks/data/h100"
+GPT2 = (f"{MODELS}/step_gpt2_small_dynamo.onnx", f"{TRACES}/trace_gpt2-small_bf16_b8.json.gz", 8, 1024, 0.05160)
+LLAMA = (f"{MODELS}/step_llama_1b_dynamo.onnx", f"{TRACES}/trace_llama-1b_bf16_b4.json.gz", 4, 2048, 0.17999)
+
+
+def _config(b: int, s: int, **kw) -> ParallelConfig:
+    return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
+                          precision="bf16", optimizer="adamw", **kw)
+
+
+@pytest.fixture(scope="module")
+def gpt2_parts():
+    model, trace, b, s, _ = GPT2
+    return measured_and_modelled(trace, model, _config(b, s))
+
+
+def test_ratios_are_measured_over_modelled_per_kind(gpt2_parts):
+    p = gpt2_parts
+    assert (p["micro_batch"], p["seq_len"], p["gpu"]) == (8, 1024, "H100-SXM5-80GB")
+    assert set(p["measured"]) == {"embedding", "block", "head", "loss", "optimizer"}
+    # every kernel of the step lands in a kind: blocks are a mean, so times the 12 blocks
+    total = sum(f + b for k, (f, b) in p["measured"].items() if k != "block") + 12 * sum(p["measured"]["block"])
+    assert p["unattributed_s"] == pytest.approx(0.0, abs=1e-9)
+    assert total == pytest.approx(p["gpu_s"], rel=1e-9)
+    scale = profile_scale([p])
+    for kind, f, b in scale.ratios:
+        assert f == pytest.approx(p["measured"][kind][0] / p["modelled"][kind][0], rel=1e-12)
+        if kind != "optimizer":
+            assert b == pytest.approx(p["measured"][kind][1] / p["modelled"][kind][1], rel=1e-12)
+    # two copies of one trace give the same ratios as one
+    for r, q in zip(profile_scale([p, p]).ratios, scale.ratios):
+        assert r[0] == q[0] and r[1:] == pytest.approx(q[1:], rel=1e-12)
+
+
+def _run(tmp_path, model: str, trace: str, b: int, s: int, *extra: str) -> dict:
+    out = tmp_path / "out"
+    rc = main([model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", "bf16", "--optimizer", "adamw",
+               "--micro-batch-size", str(b), "--seq-len", str(s), "--profile", trace, "--no-site", "--no-advice",
+               "--out", str(out), *extra])
+    assert rc == 0
+    return json.loads((out / "data.json").read_text())
+
+
+@pytest.mark.parametrize("case", [LLAMA, GPT2], ids=["llama-1b", "gpt2-small"])
+def test_profile_reproduces_the_profiled_step(tmp_path, case):
+    model, trace, b, s, measured = case
+    data = _run(tmp_path, model, trace, b, s)
+    predicted = data["summary"]["iteration_time_s"]
+    # kernel time: the trace's own; the stack's host model on top (the measured steps ran
+    # without the profiler). Llama-1B +0.4%, GPT-2 small +4.1% (the host model's gap per kernel)
+    assert abs(predicted / measured - 1) < (0.03 if b == 4 else 0.05)
+    prof = data["profile"]
+    assert prof["files"][0]["file"] == trace.rsplit("/", 1)[1] and len(prof["files"][0]["sha256"]) == 64
+    assert set(prof["ratios"]) == {"embedding", "block", "head", "loss", "optimizer"}
+    assert prof["attributed_share"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_profile_without_host_gives_the_traced_kernel_time(tmp_path, gpt2_parts):
+    model, trace, b, s, _ = GPT2
+    data = _run(tmp_path, model, trace, b, s, "--host-model", "none")
+    assert data["summary"]["iteration_time_s"] == pytest.approx(gpt2_parts["gpu_s"], rel=1e-3)
+
+
+def test_a_trace_of_another_model_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main([GPT2[0], "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", "bf16",
+               "--micro-batch-size", "8", "--seq-len", "1024", "--profile", LLAMA[1], "--no-site", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --profile trace_llama-1b_bf16_b4.json.gz: not a step of this model")
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="no such file"):
+        profile_from_args([str(tmp_path / "missing.json.gz")], GPT2[0], _config(8, 1024))
+
+
+def test_fast_path_equals_the_analysis_with_a_profile(gpt2_parts):
+    # a small zoo GPT with the GPT-2 step's ratios (per layer kind): the sweep's collapsed tables
+    # and the analysis's whole graph read the same scaled op, loss and optimizer times
+    from dml2comm import zoo
+    from dml2comm.ir.onnx_import import load_model_proto
+    from dml2comm.search.fast import FastEvaluator
+
+    scale = profile_scale([gpt2_parts])
+    imported = load_model_proto(zoo.build_gpt(layers=8, hidden=256, heads=8, vocab=512, seq_len=128), ImportOptions(batch_size=1))
+    cluster = dataclasses.replace(get_cluster("dgx-h100", 8), host_model="pytorch", profile_scale=scale)
+    plain = dataclasses.replace(cluster, profile_scale=None)
+    configs = [ParallelConfig(dp_size=d, tp_size=t, pp_size=p, global_batch_size=8, stack="pytorch", precision="bf16",
+                              optimizer="adamw", recompute=r)
+               for d, t, p in ((8, 1, 1), (2, 2, 2)) for r in ("none", "full")]
+    rows = FastEvaluator(imported, cluster).evaluate(configs)
+    for config, row in zip(configs, rows):
+        full = analyze_graph(imported, config, cluster, advise=False, timeline=False).summary
+        assert row["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9), config
+        without = analyze_graph(imported, config, plain, advise=False, timeline=False).summary
+        assert full["iteration_time_s"] != without["iteration_time_s"]  # the ratios are read, and cached apart
