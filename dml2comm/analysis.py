@@ -233,7 +233,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     hbm = gpu.hbm_bytes_per_s
 
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
-    host = host_model(cluster.host_model, config.stack)  # "auto": the stack's (cost.host.STACK_HOST_MODEL)
+    # "auto": the stack's (cost.host.STACK_HOST_MODEL); --profile: the one measured from the trace
+    host = host_model(cluster.host_model, config.stack, cluster.profile_scale.host if cluster.profile_scale else None)
     costs, times, full_flops, fallback_types = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
                                                               lenient, host, config.stack, config.attention, config.precision,
                                                               cluster.profile_scale, layered)

@@ -124,6 +124,10 @@ def analysis_parser() -> argparse.ArgumentParser:
                         "(kernel time only: CUDA-graph captured steps)")
     h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
     add_profile_argument(h)
+    h.add_argument("--step-time", type=finite_float(), default=None, metavar="SECONDS",
+                   help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
+                        "is host-bound, the trace's CPU issue time per kernel is scaled by this over the profiled step's "
+                        "GPU span (the profiler's slowdown of the CPU side)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
                    "out/compare, out/trace, out/validate, so none replaces another's files)")
@@ -240,6 +244,10 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         raise ConfigError("--serve needs the site; drop --no-site")
     if args.sequence_parallel and args.t == 1:
         raise ConfigError("--sequence-parallel needs tensor parallelism; add --t 2 or more")
+    if args.step_time is not None and not args.profile:
+        raise ConfigError("--step-time scales a profiled step's host figures; add --profile TRACE of that step")
+    if args.step_time is not None and args.host_model is not None:
+        raise ConfigError(f"--step-time scales the host figures of the --profile trace, which --host-model {args.host_model} replaces; drop one")
     options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient,
                             tie_embeddings=args.tie_embeddings)
     imported = load_model(args.model, options)
@@ -276,7 +284,8 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     # launches collectives asynchronously, so the analysis uses kernel time unless told otherwise.
     cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6,
                       host_model=args.host_model or STACK_HOST_MODEL[config.stack],
-                      profile_scale=profile_from_args(args.profile, args.model, config, options, args.lenient))
+                      profile_scale=profile_from_args(args.profile, args.model, config, options, args.lenient, args.step_time,
+                                                      fit_host=args.host_model is None))
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)
@@ -348,8 +357,16 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
 
     ratios = ", ".join(f"{k} x{f:.2f}" + (f"/x{b:.2f}" if k != "optimizer" else "") for k, f, b in scale.ratios)
     files = ", ".join(f for f, _ in scale.files)
-    return [("measured ratios (--profile)", f"{attributed_share(analysis):.0%} of the compute scaled by {files} "
+    rows = [("measured ratios (--profile)", f"{attributed_share(analysis):.0%} of the compute scaled by {files} "
                                             f"(measured / modelled, forward/backward: {ratios})")]
+    host = dict(scale.detail).get("host")
+    if scale.host is not None and host is not None:
+        bound = ", ".join(f"{t['file']} {'host' if t['host_bound'] else 'GPU'}-bound" for t in host["traces"])
+        slow = (f"; CPU side x{host['cpu_slowdown_factor']:.3f} for --step-time {host['step_time_s'] * 1e3:.2f} ms"
+                if host["step_time_s"] is not None else "; as profiled (--step-time scales a host-bound step's CPU side)")
+        rows.append(("host model (--profile)", f"{scale.host.kernel_s * 1e6:.1f} us CPU issue time and {scale.host.gap_s * 1e6:.2f} us "
+                                               f"GPU idle per kernel, from the trace ({bound}){slow}"))
+    return rows
 
 
 def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:

@@ -13,6 +13,9 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
 from dml2comm.parallel.config import ParallelConfig
+from dml2comm.cost.host import PYTORCH
+from dml2comm.traces.host import fitted_host_model, host_figures
+from dml2comm.traces.load import load_trace
 from dml2comm.traces.predict import measured_and_modelled, profile_from_args, profile_scale
 
 MODELS = "dml2comm/validate/data/models"
@@ -62,15 +65,65 @@ def _run(tmp_path, model: str, trace: str, b: int, s: int, *extra: str) -> dict:
 @pytest.mark.parametrize("case", [LLAMA, GPT2], ids=["llama-1b", "gpt2-small"])
 def test_profile_reproduces_the_profiled_step(tmp_path, case):
     model, trace, b, s, measured = case
-    data = _run(tmp_path, model, trace, b, s)
+    data = _run(tmp_path, model, trace, b, s, "--step-time", str(measured))
     predicted = data["summary"]["iteration_time_s"]
-    # kernel time: the trace's own; the stack's host model on top (the measured steps ran
-    # without the profiler). Llama-1B +0.4%, GPT-2 small +4.1% (the host model's gap per kernel)
-    assert abs(predicted / measured - 1) < (0.03 if b == 4 else 0.05)
+    # kernel time and host figures: the trace's own, the CPU side scaled by the profiler's slowdown
+    # where the step is host-bound (GPT-2 small: x 51.60 / 59.59). Llama-1B -1.0% (GPU-bound,
+    # unscaled), GPT-2 small +2.5%
+    assert abs(predicted / measured - 1) < 0.03
+    host = data["profile"]["host"]
+    assert host["step_time_s"] == measured
+    if b == 8:
+        assert host["cpu_slowdown_factor"] == pytest.approx(measured / host["traces"][0]["gpu_span_s"], rel=1e-12)
+        assert host["kernel_s"] == pytest.approx(host["traces"][0]["kernel_s"] * host["cpu_slowdown_factor"], rel=1e-12)
+    else:
+        assert host["cpu_slowdown_factor"] == 1.0 and host["kernel_s"] == host["traces"][0]["kernel_s"]
+    # without --step-time the prediction is of the profiled step's CPU side: Llama-1B unchanged,
+    # GPT-2 small +6.5% (its profiled span is 59.59 ms, the profiler slowing its host-bound CPU)
+    plain = _run(tmp_path, model, trace, b, s)["summary"]["iteration_time_s"]
+    assert abs(plain / measured - 1) < (0.03 if b == 4 else 0.07)
+    assert plain == predicted if b == 4 else plain > predicted
     prof = data["profile"]
     assert prof["files"][0]["file"] == trace.rsplit("/", 1)[1] and len(prof["files"][0]["sha256"]) == 64
     assert set(prof["ratios"]) == {"embedding", "block", "head", "loss", "optimizer"}
     assert prof["attributed_share"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_host_figures_of_the_bundled_traces(gpt2_parts):
+    # benchmarks/host_pytorch.py prints the same figures (the preset pytorch host model's source)
+    g = gpt2_parts["host"]
+    assert (g.kernels, g.gpu_items, g.queued_gaps) == (704, 823, 675)
+    assert g.kernel_s == pytest.approx(52.33e-6, abs=0.01e-6)  # issue time per kernel
+    assert g.gap_s == pytest.approx(1.570e-6, abs=0.001e-6)  # GPU idle per queued kernel
+    assert g.gpu_busy_s == pytest.approx(47.09e-3, abs=0.01e-3) and g.gpu_span_s == pytest.approx(59.59e-3, abs=0.01e-3)
+    assert g.starved_idle_s == pytest.approx(11.44e-3, abs=0.01e-3) and g.host_bound  # 19% of the span
+    llama = host_figures(load_trace(LLAMA[1]))
+    assert (llama.kernels, llama.queued_gaps) == (2025, 2348)
+    assert llama.kernel_s == pytest.approx(40.64e-6, abs=0.01e-6) and llama.gap_s == pytest.approx(1.626e-6, abs=0.001e-6)
+    assert llama.starved_idle_s == pytest.approx(1.97e-3, abs=0.01e-3) and not llama.host_bound  # 1.1% of 180.0 ms
+    # the fitted model: the stack's preset with the trace's figures; --step-time scales the issue
+    # time of a host-bound step only, never up
+    model, factor = fitted_host_model([g], PYTORCH, 0.05160)
+    assert factor == pytest.approx(0.05160 / g.gpu_span_s, rel=1e-12) and model.kernel_s == pytest.approx(g.kernel_s * factor, rel=1e-12)
+    assert (model.name, model.gap_s, model.run_ahead) == ("trace", g.gap_s, True)
+    assert fitted_host_model([llama], PYTORCH, 0.100)[1] == 1.0
+    assert fitted_host_model([g], PYTORCH, 1.0)[1] == 1.0
+    both, _ = fitted_host_model([g, llama], PYTORCH)
+    assert both.kernel_s == pytest.approx((g.issue_s + llama.issue_s) / (704 + 2025), rel=1e-12)
+    with pytest.raises(ConfigError, match="one --profile trace"):
+        fitted_host_model([g, llama], PYTORCH, 0.05)
+
+
+def test_step_time_needs_a_profile(tmp_path, capsys):
+    model, trace, b, s, measured = GPT2
+    base = [model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--micro-batch-size", "8", "--seq-len", "1024",
+            "--no-site", "--out", str(tmp_path / "out"), "--step-time", "0.0516"]
+    for extra, start in (((), "error: --step-time scales a profiled step's host figures; add --profile"),
+                         (("--profile", trace, "--host-model", "none"), "error: --step-time scales the host figures")):
+        rc = main([*base, *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith(start), err
+    assert not (tmp_path / "out").exists()
 
 
 def test_profile_without_host_gives_the_traced_kernel_time(tmp_path, gpt2_parts):
@@ -97,7 +150,8 @@ def test_fast_path_equals_the_analysis_with_a_profile(gpt2_parts):
     from dml2comm.ir.onnx_import import load_model_proto
     from dml2comm.search.fast import FastEvaluator
 
-    scale = profile_scale([gpt2_parts])
+    scale = profile_scale([gpt2_parts], "pytorch")  # with the trace's host model
+    assert scale.host is not None and scale.host.kernel_s == gpt2_parts["host"].kernel_s
     imported = load_model_proto(zoo.build_gpt(layers=8, hidden=256, heads=8, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     cluster = dataclasses.replace(get_cluster("dgx-h100", 8), host_model="pytorch", profile_scale=scale)
     plain = dataclasses.replace(cluster, profile_scale=None)

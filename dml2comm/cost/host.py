@@ -180,15 +180,19 @@ STACK_HOST_MODEL: Mapping[str, str] = MappingProxyType({"megatron": EAGER.name, 
 DEFAULT = EAGER
 
 
-def host_model(name: str, stack: str | None = None) -> HostModel:
+def host_model(name: str, stack: str | None = None, fitted: HostModel | None = None) -> HostModel:
     """The preset ``name`` (:data:`HOST_MODELS`); :data:`AUTO`: the one ``stack`` runs
-    (:data:`STACK_HOST_MODEL`, Megatron's without a stack).
+    (:data:`STACK_HOST_MODEL`, Megatron's without a stack); ``fitted``, where given (the host
+    model measured from a profiled step, ``--profile``: :class:`dml2comm.cost.profile.ProfileScale`'s
+    ``host``), instead of either.
 
     Raises
     ------
     ConfigError
         Unknown name (the message lists the presets).
     """
+    if fitted is not None:
+        return fitted
     key = str(name).strip().lower()
     if key == AUTO:
         key = STACK_HOST_MODEL[str(stack) if stack is not None else "megatron"]

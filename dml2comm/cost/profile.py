@@ -14,12 +14,19 @@ top:
   analysis's op nodes and the layer tables (:mod:`dml2comm.cost.layers`) both read;
 - the training loss the graph leaves out (``loss``: :func:`dml2comm.cost.loss.cross_entropy_s`);
 - the optimizer step (``optimizer``: :mod:`dml2comm.cost.stages`).
+
+It also carries the host model measured from the same traces (``host``:
+:func:`dml2comm.traces.host.fitted_host_model`: the CPU's issue time and the GPU's idle time per
+kernel), which replaces the stack's preset host model wherever the cluster's is resolved
+(:func:`dml2comm.cost.host.host_model`'s ``fitted``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from dml2comm.cost.host import HostModel
 
 __all__ = ["KINDS", "ProfileScale"]
 
@@ -39,6 +46,9 @@ class ProfileScale:
         forward one (the step has one pass).
     files
         ``(file name, sha256)`` of the traces it came from (data.json ``profile``).
+    host
+        The host model fitted on the traces (None: the cluster's named one stays); in equality
+        and hash, so the cost caches keep plans with and without it apart.
     detail
         What the ratios were computed from, for data.json: per kind, measured and modelled
         seconds, the profiled shape and GPU (left out of equality and hash: the cache keys hold the
@@ -47,6 +57,7 @@ class ProfileScale:
 
     ratios: tuple[tuple[str, float, float], ...]
     files: tuple[tuple[str, str], ...] = ()
+    host: HostModel | None = None
     detail: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     def factor(self, kind: str) -> tuple[float, float]:

@@ -355,7 +355,8 @@ class StageCoster(LayerCoster):
         self._in_flight: dict[tuple, np.ndarray] = {}
         self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
         self._per_cluster: dict[object, object] = {}
-        host = None if str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model)
+        fitted = cluster.profile_scale.host if cluster.profile_scale is not None else None  # --profile's measured one
+        host = None if fitted is None and str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model, fitted=fitted)
         super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host, cluster.profile_scale)
 
     def _use(self, collapsed: Collapsed | None) -> None:

@@ -319,7 +319,7 @@ def _profile(args: argparse.Namespace) -> ProfileScale | None:
 
     template = ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=1, global_batch_size=1, seq_len=args.seq_len,
                               dtype=args.dtype, optimizer=args.optimizer, **stack_kwargs(args))
-    return profile_from_args(args.profile, args.model, template)
+    return profile_from_args(args.profile, args.model, template, fit_host=args.host_model is None)
 
 
 def run_sweep_command(argv: Sequence[str]) -> int:

@@ -7,9 +7,15 @@ time for the same layers: the profiled micro-batch and sequence (the token ids' 
 recorded), the trace's GPU, d = t = p = 1, the plan's stack, precision and optimizer, and no host
 model (:data:`dml2comm.cost.host.NONE`: kernel time, as the trace measures).  The ratios
 (:class:`dml2comm.cost.profile.ProfileScale`) then scale the cost model's kernel times of any
-plan of the same model; its host model stays on top.
+plan of the same model.
 
-Several traces: per kind, the sum of the measured times over the sum of the modelled ones.
+The same trace gives the host model (:mod:`dml2comm.traces.host`: the CPU's issue time and the
+GPU's idle time per kernel, the issue time scaled by the profiler's slowdown where ``--step-time``
+gives the step's time without the profiler): it replaces the stack's preset host model on top of
+the scaled kernel times, unless the user names one (``--host-model``).
+
+Several traces: per kind, the sum of the measured times over the sum of the modelled ones; the
+host figures likewise summed.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
+from dml2comm.cost.host import AUTO, host_model
 from dml2comm.cost.profile import KINDS, ProfileScale
 from dml2comm.errors import ConfigError
 
@@ -67,7 +74,8 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     -------
     dict with ``measured`` and ``modelled`` ({kind: (forward, backward)}: blocks as the mean of
     the blocks, the optimizer's step as its forward), ``micro_batch``, ``seq_len``, ``gpu``,
-    ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``.
+    ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``, ``host`` (its
+    :class:`~dml2comm.traces.host.HostFigures`).
 
     Raises
     ------
@@ -79,6 +87,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.ir.onnx_import import ImportOptions, load_model
     from dml2comm.parallel.config import Recompute
+    from dml2comm.traces.host import host_figures
     from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemms, join_trace, token_shape
     from dml2comm.traces.load import load_trace
 
@@ -134,13 +143,17 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
         modelled["optimizer"] = (float(plan.optimizer.sum()), 0.0)
     return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
-            "blocks": len([k for k in kinds if k == "block"])}
+            "blocks": len([k for k in kinds if k == "block"]), "host": host_figures(trace)}
 
 
-def profile_scale(parts: Sequence[dict[str, Any]]) -> ProfileScale:
+def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, step_time_s: float | None = None) -> ProfileScale:
     """The ratios of one or more :func:`measured_and_modelled` results: per kind and pass, the
     sum of the measured seconds over the sum of the modelled (a pass either side of which is 0
-    keeps factor 1)."""
+    keeps factor 1); with a ``stack``, also the host model fitted on them
+    (:func:`dml2comm.traces.host.fitted_host_model` on that stack's preset, ``step_time_s`` the
+    step's time without the profiler)."""
+    from dml2comm.traces.host import fitted_host_model
+
     ratios = []
     for kind in KINDS:
         have = [p for p in parts if kind in p["measured"] and kind in p["modelled"]]
@@ -156,7 +169,13 @@ def profile_scale(parts: Sequence[dict[str, Any]]) -> ProfileScale:
                                 "gpu_s": p["gpu_s"], "unattributed_s": p["unattributed_s"],
                                 "measured_s": {k: list(v) for k, v in p["measured"].items()},
                                 "modelled_s": {k: list(v) for k, v in p["modelled"].items()}} for p in parts)),)
-    return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), detail)
+    host = None
+    if stack is not None:
+        host, factor = fitted_host_model([p["host"] for p in parts], host_model(AUTO, stack), step_time_s)
+        detail += (("host", {"kernel_s": host.kernel_s, "gap_s": host.gap_s, "run_ahead": host.run_ahead,
+                             "step_time_s": step_time_s, "cpu_slowdown_factor": factor,
+                             "traces": [{"file": p["file"], **p["host"].to_dict()} for p in parts]}),)
+    return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), host, detail)
 
 
 def attributed_share(analysis: Any) -> float:
@@ -179,9 +198,11 @@ def attributed_share(analysis: Any) -> float:
 
 
 def profile_from_args(paths: Sequence[str], model_path: str, config: Any, options: Any = None,
-                      lenient: bool = False) -> ProfileScale | None:
+                      lenient: bool = False, step_time_s: float | None = None, fit_host: bool = True) -> ProfileScale | None:
     """``--profile`` of the commands: the ratios of the traces ``paths`` (None without any),
-    modelled with ``config``'s stack, precision and optimizer.
+    modelled with ``config``'s stack, precision and optimizer; with ``fit_host`` (no
+    ``--host-model`` named) also their host model for ``config``'s stack, ``step_time_s``
+    (``--step-time``) the step's time without the profiler.
 
     Raises
     ------
@@ -192,4 +213,5 @@ def profile_from_args(paths: Sequence[str], model_path: str, config: Any, option
     for p in paths:
         if not Path(p).is_file():
             raise ConfigError(f"--profile {p}: no such file; pass a PyTorch-profiler trace (.json or .json.gz) of this model")
-    return profile_scale([measured_and_modelled(p, model_path, config, options, lenient=lenient) for p in paths])
+    parts = [measured_and_modelled(p, model_path, config, options, lenient=lenient) for p in paths]
+    return profile_scale(parts, config.stack if fit_host else None, step_time_s if fit_host else None)

@@ -1,0 +1,157 @@
+"""Host-side figures of one profiled step: the CPU's issue time per GPU kernel and the GPU's idle
+time per kernel while its queue is full, and a host model (:class:`dml2comm.cost.host.HostModel`)
+built from them (``--profile``).
+
+Read from one rank's trace (:func:`dml2comm.traces.load.load_trace`), GPU work being its kernels,
+memsets and copies, each joined to the CUDA runtime or driver call that launched it by its
+``correlation`` id:
+
+- **issue time per kernel** (``kernel_s``): the intervals between consecutive launches shorter
+  than :data:`ISSUE_GAP_S`, summed, over the kernels.  A longer interval is the CPU blocked on a
+  full launch queue or crossing the loss and optimizer (a ``cudaDeviceSynchronize``, a long
+  ``aten::add_``), not issue work.
+- **idle per kernel in GPU-bound stretches** (``gap_s``): the mean idle time between consecutive
+  GPU items where the next one's launch call had returned before the GPU finished the one before
+  (the queue was not empty: the device's own latency between back-to-back kernels).
+- **starved idle**: the other gaps, where the GPU waited for the CPU to launch.  A step whose
+  starved idle is more than :data:`HOST_BOUND_SHARE` of its GPU span is *host-bound*: its span is
+  set by the CPU.
+
+The profiler slows the CPU side (``record_shapes=True`` records about five CPU operators per
+kernel), so the issue time is that of the profiled step.  Where the step's time without the
+profiler is known (``--step-time``) and the profiled step is host-bound, the CPU-side figure is
+scaled by the profiler's slowdown ``timed step / profiled GPU span`` (at most 1): in a host-bound
+step the span is the CPU's, so their ratio is the CPU's speed-up without the profiler (an
+underestimate of it where parts of the step are GPU-bound).  A GPU-bound step's span does not
+show the CPU, so its figures stay as measured (factor 1).  The GPU's idle per kernel is not
+scaled: the profiler does not slow the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dml2comm.cost.host import HostModel
+from dml2comm.errors import ConfigError
+from dml2comm.traces.load import Kind, RankTrace
+
+__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "HostFigures", "fitted_host_model", "host_figures"]
+
+#: Below this a launch-to-launch interval is the CPU issuing, not waiting (seconds).
+ISSUE_GAP_S = 200e-6
+#: A step is host-bound when the GPU waited for launches longer than this share of its span.
+HOST_BOUND_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class HostFigures:
+    """Host-side figures of one profiled step (seconds; module docstring).
+
+    Attributes
+    ----------
+    kernels : GPU kernels (memsets and copies not counted).
+    gpu_items : kernels, memsets and copies.
+    gpu_busy_s : the union of the GPU items' intervals.
+    gpu_span_s : first GPU item's start to the last one's end.
+    cpu_span_s : the CPU operators' span (first start to last end).
+    issue_s : launch-to-launch intervals below :data:`ISSUE_GAP_S`, summed.
+    kernel_s : ``issue_s / kernels``: the CPU's issue time per kernel.
+    queued_gaps : gaps between consecutive GPU items whose launch came before the GPU was free.
+    gap_s : their mean idle time (0 without any).
+    starved_idle_s : idle time of the other gaps (the GPU waiting for the CPU).
+    """
+
+    kernels: int
+    gpu_items: int
+    gpu_busy_s: float
+    gpu_span_s: float
+    cpu_span_s: float
+    issue_s: float
+    kernel_s: float
+    queued_gaps: int
+    gap_s: float
+    starved_idle_s: float
+
+    @property
+    def host_bound(self) -> bool:
+        """The GPU waited for the CPU more than :data:`HOST_BOUND_SHARE` of its span."""
+        return self.gpu_span_s > 0 and self.starved_idle_s > HOST_BOUND_SHARE * self.gpu_span_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "host_bound": self.host_bound}
+
+
+def host_figures(trace: RankTrace) -> HostFigures:
+    """The host-side figures of ``trace`` (module docstring).
+
+    Raises
+    ------
+    ConfigError
+        The trace has no GPU kernel, or none of its GPU items has a launch call (a trace without
+        CUDA runtime events: profile with CPU and CUDA activities).
+    """
+    gpu = np.nonzero(np.isin(trace.kind, Kind.GPU))[0]
+    kernels = int(np.count_nonzero(trace.kind == Kind.KERNEL))
+    name = trace.path.rsplit("/", 1)[-1]
+    if kernels == 0:
+        raise ConfigError(f"{name}: no GPU kernel in the trace; profile the step with CUDA activities")
+    gpu = gpu[np.argsort(trace.ts[gpu], kind="stable")]
+    runtime = np.nonzero((trace.kind == Kind.RUNTIME) & (trace.correlation >= 0))[0]
+    launch_of = dict(zip(trace.correlation[runtime].tolist(), runtime.tolist()))
+    launch = np.array([launch_of.get(c, -1) for c in trace.correlation[gpu].tolist()], dtype=np.int64)
+    if not np.any(launch >= 0):
+        raise ConfigError(f"{name}: no GPU kernel has its launch call in the trace; profile with CPU and CUDA activities")
+    launch_ts = np.sort(trace.ts[launch[launch >= 0]])
+    steps = np.diff(launch_ts)
+    issue_us = float(steps[steps < ISSUE_GAP_S * 1e6].sum())
+    start = trace.ts[gpu]
+    end = np.maximum.accumulate(start + trace.dur[gpu])  # the GPU is free after every item before
+    idle = np.clip(start[1:] - end[:-1], 0.0, None)
+    returned = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)] + trace.dur[np.maximum(launch, 0)], np.inf)
+    queued = returned[1:] <= end[:-1]
+    span_us = float(end[-1] - start[0])
+    cpu = np.nonzero(trace.kind == Kind.CPU_OP)[0]
+    cpu_span_us = float((trace.ts[cpu] + trace.dur[cpu]).max() - trace.ts[cpu].min()) if cpu.size else 0.0
+    n_queued = int(np.count_nonzero(queued))
+    return HostFigures(kernels=kernels, gpu_items=int(gpu.size), gpu_busy_s=(span_us - float(idle.sum())) * 1e-6,
+                       gpu_span_s=span_us * 1e-6, cpu_span_s=cpu_span_us * 1e-6, issue_s=issue_us * 1e-6,
+                       kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
+                       gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
+                       starved_idle_s=float(idle[~queued].sum()) * 1e-6)
+
+
+def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s: float | None = None) -> tuple[HostModel, float]:
+    """The host model of one or more profiled steps: ``preset`` (the stack's) with their issue time
+    per kernel and idle per queued kernel (summed over the traces, over their kernels and queued
+    gaps), named ``trace``; and the slowdown factor applied to the issue time.
+
+    Parameters
+    ----------
+    figures : :func:`host_figures` of each trace.
+    preset : the stack's host model, whose other terms (run-ahead queue, per-message times) stay.
+    step_time_s : the step's time without the profiler (``--step-time``); with one trace that is
+        host-bound, the issue time is scaled by ``min(1, step_time_s / gpu_span_s)`` (module
+        docstring); otherwise the factor is 1.
+
+    Raises
+    ------
+    ConfigError
+        ``step_time_s`` not a positive number, or given with several traces (which step is it?).
+    """
+    kernels = sum(f.kernels for f in figures)
+    queued = sum(f.queued_gaps for f in figures)
+    kernel_s = sum(f.issue_s for f in figures) / kernels
+    gap_s = sum(f.gap_s * f.queued_gaps for f in figures) / queued if queued else 0.0
+    factor = 1.0
+    if step_time_s is not None:
+        if not (step_time_s > 0 and np.isfinite(step_time_s)):
+            raise ConfigError(f"--step-time must be a positive number of seconds, got {step_time_s!r}")
+        if len(figures) != 1:
+            raise ConfigError("--step-time is the time of one profiled step; pass one --profile trace with it")
+        if figures[0].host_bound:
+            factor = min(1.0, step_time_s / figures[0].gpu_span_s)
+    return dataclasses.replace(preset, name="trace", kernel_s=kernel_s * factor, gap_s=gap_s), factor
