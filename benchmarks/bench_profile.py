@@ -43,10 +43,11 @@ def main() -> None:
     for name, (_, _, b, s) in RUNS.items():
         times = [r["step_s_median"] for r in runs if r["name"] == name and r["micro_batch"] == b and r["seq"] == s and r["mode"] == "bf16"]
         measured[name] = sum(times) / len(times)
-    scales = {}
+    scales, parts_of = {}, {}
     for name, (model, trace, b, s) in RUNS.items():
         parts = measured_and_modelled(trace, model, config(b, s))
         scales[name] = profile_scale([parts])
+        parts_of[name] = parts
         print(f"{name} b={b} s={s}: ratios measured / modelled (forward, backward):")
         for kind, f, bw in scales[name].ratios:
             print(f"  {kind:10s} {f:6.3f} {bw:6.3f}   measured {parts['measured'][kind][0] * 1e3:8.3f} {parts['measured'][kind][1] * 1e3:8.3f} ms"
@@ -57,6 +58,11 @@ def main() -> None:
         m = measured[name]
         print(f"  {name} b={b}: predicted {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%}), without the profile {without * 1e3:.2f} ms "
               f"({without / m - 1:+.1%}), measured {m * 1e3:.2f} ms; {share:.1%} of the compute from measured ratios")
+        for label, step in (("the trace's host model", None), ("it and --step-time", m)):
+            fitted = profile_scale([parts_of[name]], "pytorch", step)
+            t = predict(model, b, s, fitted)[0]
+            print(f"    with {label}: {t * 1e3:.2f} ms ({t / m - 1:+.1%}; {fitted.host.kernel_s * 1e6:.1f} us issue, "
+                  f"{fitted.host.gap_s * 1e6:.2f} us idle per kernel)")
     print("\n(b) GPT-2 small's ratios at other micro-batches (no measurement)")
     model, _, _, s = RUNS["gpt2-small"]
     for b in (4, 16):
