@@ -126,7 +126,7 @@ def analysis_parser() -> argparse.ArgumentParser:
     add_profile_argument(h)
     h.add_argument("--step-time", type=finite_float(), default=None, metavar="SECONDS",
                    help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
-                        "is host-bound, the trace's CPU issue time per kernel is scaled by this over the profiled step's "
+                        "is host-bound, the trace's CPU time per kernel is scaled by this over the profiled step's "
                         "GPU span (the profiler's slowdown of the CPU side)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
@@ -364,7 +364,7 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
         bound = ", ".join(f"{t['file']} {'host' if t['host_bound'] else 'GPU'}-bound" for t in host["traces"])
         slow = (f"; CPU side x{host['cpu_slowdown_factor']:.3f} for --step-time {host['step_time_s'] * 1e3:.2f} ms"
                 if host["step_time_s"] is not None else "; as profiled (--step-time scales a host-bound step's CPU side)")
-        rows.append(("host model (--profile)", f"{scale.host.kernel_s * 1e6:.1f} us CPU issue time and {scale.host.gap_s * 1e6:.2f} us "
+        rows.append(("host model (--profile)", f"{scale.host.kernel_s * 1e6:.1f} us CPU time and {scale.host.gap_s * 1e6:.2f} us "
                                                f"GPU idle per kernel, from the trace ({bound}){slow}"))
     return rows
 
