@@ -27,7 +27,7 @@ from dml2comm.advice import alignment_recommendations, memory_suggestions, speed
 from dml2comm.cost.cache import (attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, hbm_efficiency_of
-from dml2comm.render.fmt import fmt_s
+from dml2comm.fmt import fmt_s
 from dml2comm.cost.gemm import sustained_factor, sustained_source
 from dml2comm.cost.host import host_model
 from dml2comm.cost.layers import per_gpu_op_times

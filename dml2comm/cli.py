@@ -376,7 +376,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     from rich.text import Text
 
     from dml2comm.analysis import comm_by_dim
-    from dml2comm.render.fmt import fmt_bytes, fmt_s, fmt_share
+    from dml2comm.fmt import fmt_bytes, fmt_s, fmt_share
     from dml2comm.render.terminal import console_width, fit_table, kv_table, line
 
     width = console_width()
@@ -628,6 +628,6 @@ def _check_not_a_command_typo(first: str) -> None:
 
 def _one_line(text: str) -> str:
     """The error on one line, its control characters (a model's dim name holding ESC) replaced."""
-    from dml2comm.render.fmt import printable
+    from dml2comm.fmt import printable
 
     return " ".join(printable(text).split())

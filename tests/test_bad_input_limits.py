@@ -29,7 +29,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.cluster_file import MAX_ASSUMPTIONS, cluster_file_dict, dump_cluster_file
 from dml2comm.parallel.config import MAX_GPUS, MAX_SCHEDULE_STEPS, ParallelConfig
-from dml2comm.render.fmt import printable
+from dml2comm.fmt import printable
 from dml2comm.traces import load
 from tests.helpers import mlp, model, weight
 from tests.test_calibrate import _synthetic

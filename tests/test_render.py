@@ -26,7 +26,7 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.render import svg as svg_mod
 from dml2comm.render.dot import Annotation, Drawing, all_drawings, dot_quote, html_text, layer_drawing, svg_name
 from dml2comm.render.facts import Facts
-from dml2comm.render.fmt import heat_bin, rank_ranges, rank_set
+from dml2comm.fmt import heat_bin, rank_ranges, rank_set
 from dml2comm.render.svg import DOT_MISSING, GraphvizError, LayoutCache, annotate, render, resolve_links
 from tests.helpers import mlp
 
@@ -141,7 +141,7 @@ def mlp_facts() -> Facts:
 def _mask_times(dot: str) -> str:
     # times come from the network and compute models, which other work refines: the golden
     # pins structure, labels, shapes, colours and escaping, not those numbers
-    # number and unit are joined by a no-break space (render/fmt.py); the golden pins the words
+    # number and unit are joined by a no-break space (dml2comm/fmt.py); the golden pins the words
     return re.sub(r"[0-9.]+ (ns|µs|ms|s)\b", "<time>", dot.replace("\u00a0", " "))
 
 

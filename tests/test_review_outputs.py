@@ -16,7 +16,7 @@ from rich.text import Text
 from dml2comm import zoo
 from dml2comm.cli import main
 from dml2comm.network.units import format_bytes, format_rate, format_seconds
-from dml2comm.render.fmt import UNIT_SPACE, fmt_bytes, fmt_count, fmt_flops, fmt_rate, fmt_s, fmt_share, plain
+from dml2comm.fmt import UNIT_SPACE, fmt_bytes, fmt_count, fmt_flops, fmt_rate, fmt_s, fmt_share, plain
 from dml2comm.render.terminal import fit_table, kv_table, line, table_width
 from dml2comm.search.reproduce import Hardware, analysis_argv, command_line, config_slug
 
@@ -42,7 +42,7 @@ def test_formatters_join_number_and_unit_with_a_no_break_space():
 
 
 def test_collective_units_are_microseconds_never_us():
-    # network/units.py routes through render/fmt.py: 92.79 µs -> 3 significant digits
+    # network/units.py routes through dml2comm/fmt.py: 92.79 µs -> 3 significant digits
     assert format_seconds(92.79e-6) == f"92.8{NB}µs" and format_seconds(8.284e-3) == f"8.28{NB}ms"
     assert format_bytes(2**30) == f"1{NB}GiB" and format_rate(230e9) == f"230.0{NB}GB/s"
 

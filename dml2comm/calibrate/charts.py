@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.render.charts import AXIS_COLOUR, GRID_COLOUR, TEXT_COLOUR, Svg, svg_number
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["ScatterPoint", "Curve", "loglog_chart", "gemm_chart", "memory_chart", "collective_chart", "FIT_COLOUR",
            "BASE_COLOUR"]

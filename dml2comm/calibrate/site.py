@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from markupsafe import Markup
 
 from dml2comm.calibrate.charts import collective_chart, gemm_chart, memory_chart
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "SAMPLES_FILE"]
 

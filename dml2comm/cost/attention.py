@@ -67,7 +67,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from dml2comm.cost.memory import POINTWISE_OPS
+from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, OpGraph, Tensor
 from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.tensor import find_attention, requires_grad

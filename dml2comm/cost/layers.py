@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -44,11 +44,17 @@ from dml2comm.parallel.context import check_context_parallel, context_parallel_c
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import parameter_shard_factors, partition_layers, sent_activations
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dml2comm.cost.stages import StageTable
+__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "StageRanges", "gemm_parameters",
+           "per_gpu_op_times", "shared_parameters"]
 
-__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "gemm_parameters", "per_gpu_op_times",
-           "shared_parameters"]
+
+class StageRanges(Protocol):
+    """What :meth:`LayerCoster._signatures` reads of a stage table
+    (:class:`dml2comm.cost.stages.StageTable`): named here so that this module, which stages.py
+    builds on, does not import stages.py back."""
+
+    ranges: list[tuple[int, int]]  # per stage: its full layers first..last - 1
+    signatures: list[tuple[int, ...]] | None  # filled on first use
 
 
 def shared_parameters(graph: OpGraph, readers: Mapping[str, tuple[int, ...]],
@@ -635,7 +641,7 @@ class LayerCoster:
             value = table[(first, last)] = self._activation_model(config).saved_bytes(op_idx, config.recompute, core)
         return value
 
-    def _signatures(self, table: StageTable) -> list[tuple[int, ...]]:
+    def _signatures(self, table: StageRanges) -> list[tuple[int, ...]]:
         """Per stage, what its activations depend on: each stage's layers map to a contiguous
         collapsed range ``lo..hi - 1`` with each interior block r2 repeated, so (lo, hi, how many
         extra copies of each interior block) determines the answer (vectorised over stages)."""

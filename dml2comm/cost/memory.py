@@ -97,15 +97,14 @@ a framework constant of 1 GB for the CUDA context, cuBLAS/cuDNN workspaces and l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
+from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Precision, Schedule, Stack
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dml2comm.cost.attention import FlashCore
 
 __all__ = [
     "fusible_regions",
@@ -138,16 +137,6 @@ FRAMEWORK_OVERHEAD_BYTES = 1.0e9
 
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Split", "Expand", "Slice"})
 
-POINTWISE_OPS = frozenset(
-    {
-        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Exp", "Log", "Abs", "Tanh",
-        "Sigmoid", "Relu", "LeakyRelu", "Gelu", "Erf", "Sin", "Cos", "Max", "Min", "Clip", "Where",
-        "Cast", "CastLike", "Dropout", "Elu", "Selu", "Celu", "Softplus", "Softsign", "HardSigmoid",
-        "HardSwish", "Mish", "Sign", "Floor", "Ceil", "Round", "Equal", "Less", "Greater",
-        "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "Mod", "PRelu",
-        "ThresholdedRelu", "BitShift",
-    }
-)
 
 # What each point-wise op's backward reads, by operand: "in<i>" input i (only when the other
 # operand needs a gradient for Mul/Div), "out" its output, "self" its inputs that need gradients.
@@ -588,8 +577,6 @@ class ActivationModel:
                      local_outputs: Sequence[tuple[Tensor | None, ...]]) -> tuple[tuple[str, float], ...]:
         """What a flash kernel keeps (Dao 2023, Sec. 3.1.2): Q, K, V (their storage: a view keeps
         its base), the output and the log-sum-exp, ``b h s_q`` fp32 on this rank."""
-        from dml2comm.cost.attention import flash_saved_lse_bytes, flash_shape
-
         if self.eager:
             saved = self._eager_flash_inputs(core)
         else:

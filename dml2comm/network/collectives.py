@@ -67,7 +67,7 @@ from dml2comm.errors import ConfigError, RegistryError
 from dml2comm.hardware.cluster import Link
 from dml2comm.network.kinds import Algorithm, CollectiveKind
 from dml2comm.network.topology import Pattern
-from dml2comm.render.fmt import fmt_s
+from dml2comm.fmt import fmt_s
 
 __all__ = [
     "Algorithm",

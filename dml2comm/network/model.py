@@ -76,7 +76,7 @@ from dml2comm.network.topology import (
     path,
     ring_path,
 )
-from dml2comm.render.fmt import fmt_s
+from dml2comm.fmt import fmt_s
 
 __all__ = [
     "LIBRARIES",

@@ -16,7 +16,7 @@ import math
 import re
 
 from dml2comm.errors import ConfigError
-from dml2comm.render.fmt import fmt_bytes, fmt_gbps, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_gbps, fmt_s
 
 __all__ = ["format_bytes", "format_rate", "format_seconds", "parse_latency", "parse_rate", "parse_size"]
 
@@ -135,15 +135,15 @@ def parse_latency(text: str | float | int) -> float:
 
 
 def format_bytes(x: float) -> str:
-    """``1 GiB``, ``64 MiB``, ``512 B`` (three significant digits; :func:`dml2comm.render.fmt.fmt_bytes`)."""
+    """``1 GiB``, ``64 MiB``, ``512 B`` (three significant digits; :func:`dml2comm.fmt.fmt_bytes`)."""
     return fmt_bytes(x, sig=3)
 
 
 def format_rate(x: float) -> str:
-    """``230.0 GB/s`` (decimal, as nccl-tests prints; :func:`dml2comm.render.fmt.fmt_gbps`)."""
+    """``230.0 GB/s`` (decimal, as nccl-tests prints; :func:`dml2comm.fmt.fmt_gbps`)."""
     return fmt_gbps(x)
 
 
 def format_seconds(x: float) -> str:
-    """``8.28 ms``, ``92.8 µs``, ``1.23 s`` (three significant digits; :func:`dml2comm.render.fmt.fmt_s`)."""
+    """``8.28 ms``, ``92.8 µs``, ``1.23 s`` (three significant digits; :func:`dml2comm.fmt.fmt_s`)."""
     return fmt_s(x, sig=3)

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 from dml2comm.network.kinds import Phase
 from dml2comm.render.facts import Facts
-from dml2comm.render.fmt import fmt_bytes, fmt_num, fmt_s, printable, rank_ranges
+from dml2comm.fmt import fmt_bytes, fmt_num, fmt_s, printable, rank_ranges
 
 __all__ = [
     "Chart",

@@ -29,7 +29,7 @@ from typing import Iterable, Mapping, Sequence
 from dml2comm.analysis import CommNode
 from dml2comm.network.kinds import ParallelDim, Phase
 from dml2comm.render.facts import Boundary, Facts, kind_label
-from dml2comm.render.fmt import (
+from dml2comm.fmt import (
     printable,
     fmt_bytes,
     fmt_count,

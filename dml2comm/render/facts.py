@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 from dml2comm.analysis import Analysis, CommNode
 from dml2comm.ir.graph import Tensor
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["Facts", "Boundary", "KIND_LABEL", "kind_label"]
 

@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from dml2comm.errors import Dml2CommError
 from dml2comm.render.dot import Annotation, Drawing
-from dml2comm.render.fmt import printable
+from dml2comm.fmt import printable
 
 __all__ = ["GraphvizError", "LayoutCache", "RenderStats", "find_dot", "render", "resolve_links", "DOT_MISSING"]
 

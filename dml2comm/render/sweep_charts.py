@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dml2comm.render.charts import AXIS_COLOUR, CAPACITY_COLOUR, GRID_COLOUR, OVER_COLOUR, TEXT_COLOUR, Svg, nice_step, svg_number, xml_text
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["BREAKDOWN_COLOURS", "BreakdownBar", "breakdown_chart", "MemoryItem", "memory_bars_chart", "ParetoPoint", "pareto_chart",
            "EfficiencyPoint", "efficiency_chart", "MAX_POINTS", "MEMORY_AXIS_CLIP"]

@@ -12,7 +12,7 @@ as whitespace too (``rich/_wrap.py``: words are ``\\s*\\S+\\s*``, and ``\\s`` ma
   :mod:`textwrap`, which breaks only at ASCII whitespace, so a number stays with its unit.
 
 Cells are plain strings (not rich markup: model and configuration text reaches the terminal
-as written, control characters replaced by :func:`~dml2comm.render.fmt.printable`) or :class:`rich.text.Text` with one style for the whole cell (a red total).
+as written, control characters replaced by :func:`~dml2comm.fmt.printable`) or :class:`rich.text.Text` with one style for the whole cell (a red total).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dml2comm.render.fmt import printable
+from dml2comm.fmt import printable
 
 __all__ = ["Cell", "console_width", "fit_table", "kv_table", "line", "table_width"]
 

@@ -227,7 +227,7 @@ def _short(config: Mapping[str, Any]) -> str:
 def _table(title: str, rows: Sequence[Mapping[str, Any]], width: int):
     """The ranked rows for the terminal, laid out for ``width`` (split or stacked when narrow,
     every value whole: :func:`dml2comm.render.terminal.fit_table`)."""
-    from dml2comm.render.fmt import fmt_bytes, fmt_s, fmt_share
+    from dml2comm.fmt import fmt_bytes, fmt_s, fmt_share
     from dml2comm.render.terminal import fit_table
 
     cells = []
@@ -459,7 +459,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
 
 
 def _print_scaling(scaling: Mapping[str, Any]) -> None:
-    from dml2comm.render.fmt import fmt_s
+    from dml2comm.fmt import fmt_s
     from dml2comm.render.terminal import fit_table
 
     console = _console()
@@ -637,7 +637,7 @@ def _stack_of(rows: Sequence[Mapping[str, Any]]) -> str:
 def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], top: int) -> None:
     """The ranking: the top table, the memory caution, the Pareto front (the fitting part; the
     faster configurations on it that do not fit as a count) and the counts."""
-    from dml2comm.render.fmt import fmt_bytes, fmt_s
+    from dml2comm.fmt import fmt_bytes, fmt_s
 
     console = _console()
     best = result.top(top)
@@ -676,7 +676,7 @@ def _print_sweep(result: SweepResult, sweep: Mapping[str, Any], top: int) -> Non
 
 def _caution_text(caution: Mapping[str, Any], best: Mapping[str, Any]) -> str:
     """The caution line of :func:`~dml2comm.search.sweep.headroom_caution`'s result."""
-    from dml2comm.render.fmt import fmt_bytes, fmt_s
+    from dml2comm.fmt import fmt_bytes, fmt_s
 
     text = (f"caution: #1 leaves only {fmt_bytes(caution['headroom_bytes'])} ({caution['headroom_fraction']:.1%}) of the "
             f"{fmt_bytes(caution['capacity_bytes'])} the allocator can hold free; the caching allocator's fragmentation often "

@@ -36,7 +36,7 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_diff, config_text
 from dml2comm.search.space import Constraints
 from dml2comm.search.sweep import SweepResult, SweepSpace, config_from_dict, run_sweep
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["DEFAULT_THRESHOLD", "ScalingPlan", "parse_gpu_counts", "plan_scaling", "run_scaling", "scaling_summary",
            "breakdown_reason", "SCALING_COLUMNS", "scaling_csv"]

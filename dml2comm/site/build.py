@@ -44,7 +44,7 @@ from dml2comm.analysis import Analysis
 from dml2comm.errors import Dml2CommError
 from dml2comm.render.dot import Drawing, all_drawings
 from dml2comm.render.facts import Facts
-from dml2comm.render.fmt import printable
+from dml2comm.fmt import printable
 from dml2comm.render.svg import LayoutCache, render, resolve_links
 from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, site_charts
 from dml2comm.site.references import preset_tables, reference_sections
@@ -87,7 +87,7 @@ def md_text(value: object) -> Markup:
 
 def _printable(value: object) -> object:
     """Jinja ``finalize``: every string a template prints (a model's op or dim name) with its
-    control characters replaced (:func:`dml2comm.render.fmt.printable`), before autoescape."""
+    control characters replaced (:func:`dml2comm.fmt.printable`), before autoescape."""
     if isinstance(value, Markup):
         return Markup(printable(value))
     return printable(value) if isinstance(value, str) else value

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dml2comm.render.fmt import fmt_bytes, fmt_plural, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_plural, fmt_s
 from dml2comm.render.sweep_charts import (BreakdownBar, EfficiencyPoint, MemoryItem, ParetoPoint, breakdown_chart,
                                           efficiency_chart, memory_bars_chart, pareto_chart)
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_text, why_best

@@ -29,7 +29,7 @@ from dml2comm.analysis import CommNode, comm_by_dim
 from dml2comm.render.charts import MEMORY_PARTS, Chart, memory_chart_of, timeline_chart_of
 from dml2comm.render.dot import Drawing, replica_page
 from dml2comm.render.facts import Facts, kind_label
-from dml2comm.render.fmt import (
+from dml2comm.fmt import (
     COMM_BINS,
     HEAT_BINS,
     LINK_COLOURS,

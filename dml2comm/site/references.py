@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dml2comm.analysis import Analysis
-from dml2comm.render.fmt import fmt_bytes, fmt_flops, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_flops, fmt_s
 
 __all__ = ["DocEntry", "Section", "reference_sections", "preset_tables", "calibration_table"]
 

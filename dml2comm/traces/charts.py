@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from dml2comm.render.charts import AXIS_COLOUR, GRID_COLOUR, TEXT_COLOUR, Svg, nice_step, xml_text
-from dml2comm.render.fmt import fmt_s
+from dml2comm.fmt import fmt_s
 from dml2comm.traces.classify import DIMS, Activity, Category
 
 __all__ = ["CATEGORY_STYLE", "GanttInput", "pipeline_gantt", "stacked_bars", "replica_bars", "ReplicaRow", "PART_COLOURS",

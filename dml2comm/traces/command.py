@@ -35,7 +35,7 @@ import numpy as np
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
 from dml2comm.export.files import check_output_folder
-from dml2comm.render.fmt import fmt_s
+from dml2comm.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
 from dml2comm.traces.classify import DIMS
 from dml2comm.errors import ConfigError

@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 
 from dml2comm.errors import InputFileError
-from dml2comm.render.fmt import fmt_bytes, plain
+from dml2comm.fmt import fmt_bytes, plain
 from dml2comm.traces.patterns import COMM_CPU_OPS, P2P_OP, STEP_ANNOTATION
 
 __all__ = ["TraceError", "Kind", "CommRecord", "RankTrace", "load_trace", "find_trace_files", "rank_from_name",

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dml2comm.render.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_s
 from dml2comm.render.parity import DEFAULT_BANDS, ParityPoint, parity_chart
 from dml2comm.site.build import MKDOCS_YML, TEMPLATES, build_pages_site, publish
 from dml2comm.validate.cases import Case

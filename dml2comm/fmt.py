@@ -12,6 +12,10 @@ text do not wrap at all.  The terminal (rich) breaks at any whitespace, U+00A0 i
 (``rich/_wrap.py``: ``\\s*\\S+\\s*``), so the terminal tables give every column at least the
 width of its widest value instead (:mod:`dml2comm.render.terminal`).  One unit style
 everywhere: ``µs``, never ``us``.
+
+It lives at the bottom of the package (it imports nothing from dml2comm) so that the cost models
+(:mod:`dml2comm.network`), the analysis and the commands format numbers the same way as the
+drawings without importing :mod:`dml2comm.render` (tests/test_import_layers.py).
 """
 
 from __future__ import annotations
