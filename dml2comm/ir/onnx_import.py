@@ -2056,7 +2056,7 @@ def _gradient_reach(graph: onnx.GraphProto, dtype_of: Mapping[str, DType]) -> se
         if node.op_type in _ZERO_GRADIENT:
             continue
         # an ``If`` branch not taken (run 0 times) keeps its parameters: reached as if it ran
-        if _node_repeat(node) != 0 and not any(o in reach for o in node.output if o):
+        if not any(o in reach for o in node.output if o) and _node_repeat(node) != 0:
             continue
         reach.update(n for n in node.input if n and is_float(n))
     return reach
