@@ -31,7 +31,7 @@ from typing import Callable, MutableMapping, TypeVar
 
 from dml2comm.cost.attention import FlashCore, find_flash_cores
 from dml2comm.cost.memory import ActivationModel, autocast_dtypes, fp32_islands
-from dml2comm.ir.graph import OpGraph
+from dml2comm.ir.graph import DType, OpGraph
 from dml2comm.ir.layers import LayeredGraph, group_layers
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
 from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
@@ -222,9 +222,25 @@ def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, d
         return ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad_of(graph),
                                train, assumed_dropout=assumed_dropout, eager=eager, flash=flash,
                                fp32=fp32_islands_of(graph) if eager else frozenset(),
-                               autocast=autocast_dtypes(graph, train, flash) if autocast and eager else None)
+                               autocast=autocast_dtypes_of(graph, train, bool(flash)) if autocast and eager else None)
 
     return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout, stack, attention, autocast), build)
+
+
+@dataclass(frozen=True, slots=True)
+class AutocastDtypesKey(CacheKey):
+    """:func:`autocast_dtypes_of`: the autocast dtype, and whether the flash cores' outputs count."""
+
+    low: DType
+    flash: bool
+
+
+def autocast_dtypes_of(graph: OpGraph, low: DType, flash: bool) -> dict[str, DType]:
+    """:func:`~dml2comm.cost.memory.autocast_dtypes` of ``graph`` under ``torch.autocast(low)``,
+    with the flash cores' outputs in ``low`` when ``flash``, once (the op costs and the activation
+    model read the same map)."""
+    return derived(graph, AutocastDtypesKey(low, flash),
+                   lambda: autocast_dtypes(graph, low, flash_cores_of(graph) if flash else ()))
 
 
 def flash_cores_of(graph: OpGraph) -> tuple[FlashCore, ...]:

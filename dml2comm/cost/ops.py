@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
-from dml2comm.cost.memory import POINTWISE_OPS, autocast_dtypes, autocasts_activations, fusible_regions
+from dml2comm.cost.memory import POINTWISE_OPS, autocasts_activations, fusible_regions
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -119,13 +119,6 @@ class OpCostsKey(CacheKey):
     autocast: bool = False
     #: measured / modelled kernel-time ratios per layer kind (``--profile``: cost.profile), None: none
     profile: ProfileScale | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AutocastDtypesKey(CacheKey):
-    """:func:`dml2comm.cost.memory.autocast_dtypes` for one autocast dtype (the graph alone)."""
-
-    low: DType
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +242,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     fp32 = fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset()
     # under torch.autocast every activation has autocast's dtype (cost.memory.autocast_dtypes):
     # the residual stream, norms and fp32-list ops in fp32, GEMM and SDPA outputs 16-bit
-    amp = derived(graph, AutocastDtypesKey(train), lambda: autocast_dtypes(graph, train, flash_cores_of(graph))) if autocast else {}
+    amp = autocast_dtypes_of(graph, train, True) if autocast else {}
 
     def train_view(name: str, t: Tensor | None) -> Tensor | None:
         if t is None or not t.dtype.is_float:
