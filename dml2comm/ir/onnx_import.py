@@ -396,12 +396,7 @@ def _logits_of_every_position(model: onnx.ModelProto, short: _ShortLogits, name:
     inputs = [vi for vi in graph.input if vi.name in read or vi.name not in read_before]
     del graph.input[:]
     graph.input.extend(inputs)
-    kept = [vi for vi in graph.value_info if vi.name not in after]
-    del graph.value_info[:]
-    graph.value_info.extend(kept)
-    for out in graph.output:
-        if out.name in after and out.type.HasField("tensor_type"):
-            out.type.tensor_type.ClearField("shape")
+    _forget_declared_shapes(graph, after)
     try:
         inferred = _infer(wide, path_for_large)
         converted = _convert(inferred, name, options, _shapes(inferred.graph))
@@ -447,6 +442,17 @@ def _outer_reads(graph: onnx.GraphProto, into: set[str]) -> None:
                 _outer_reads(sub, inner)
                 into.update(inner - local)
         local.update(o for o in node.output if o)
+
+
+def _forget_declared_shapes(graph: onnx.GraphProto, names) -> None:
+    """Drop the declared shapes of ``names`` (their ``value_info`` entries and, for graph outputs,
+    the output's shape) so that shape inference computes them afresh."""
+    kept = [vi for vi in graph.value_info if vi.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    for out in graph.output:
+        if out.name in names and out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
 
 
 def _check_topological(graph: onnx.GraphProto) -> None:
@@ -603,9 +609,7 @@ def _restore_folded_batchnorm(model: onnx.ModelProto) -> int:
     keep = [init for init in graph.initializer if init.name not in dropped or init.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)
-    for vi in list(graph.value_info):
-        if vi.name in dropped:
-            graph.value_info.remove(vi)
+    _forget_declared_shapes(graph, dropped)
     return len(folded)
 
 
@@ -1235,12 +1239,7 @@ def _expand_control_flow(model: onnx.ModelProto, path_for_large: Path | None, wa
         del graph.node[:]
         graph.node.extend(nodes)
         # the control-flow outputs' declared shapes may be another branch's: infer them afresh
-        keep = [vi for vi in graph.value_info if vi.name not in replaced]
-        del graph.value_info[:]
-        graph.value_info.extend(keep)
-        for out in graph.output:
-            if out.name in replaced and out.type.HasField("tensor_type"):
-                out.type.tensor_type.ClearField("shape")
+        _forget_declared_shapes(graph, replaced)
         _forget_inferred_shapes(graph)
         model = _infer(model, path_for_large)
         if _has_unknown_dims(model):
