@@ -6,7 +6,7 @@ tests never import.  Run it from its own virtual environment:
     /work/fake-venv/bin/python benchmarks/fake_memory.py            # every run, writes the JSON
     /work/fake-venv/bin/python benchmarks/fake_memory.py gpt2-small  # one run, prints only
 
-What it does.  The training step of ``/work/shared/tools/measure_gpu.py`` (``train_run``, the
+What it does.  The training step of ``measure_gpu.py`` (the script of the H100 measurements, dml2comm/validate/data/PROVENANCE.md) (``train_run``, the
 script that measured ``h100/steps.json``) is run under ``torch._subclasses.fake_tensor.
 FakeTensorMode`` on fake tensors (:data:`DEVICE`): every op runs its meta kernel (shapes, dtypes, no
 data, no FLOPs), the model code, autograd and the optimizer run as on the GPU.  A
@@ -64,8 +64,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent / "tests" / "fixtures"))
+from measured_configs import measured_config  # noqa: E402  (the fixture script's copy of measure_gpu.py's configs)
 OUT = ROOT / "data" / "fake_memory_hf.json"
-#: The two steps measured on the H100 (/work/shared/data/gpu_measured/h100/steps.json,
+#: The two steps measured on the H100 (dml2comm/validate/data/h100_steps.json,
 #: ``peak_alloc_bytes`` = ``torch.cuda.max_memory_allocated()``; the GPT-2 step's first
 #: measurement; its repeat on another machine start read 10,337,111,040).
 MEASURED = {("gpt2-small", 8, 1024, "bf16"): 10346023936, ("llama-1b", 4, 2048, "bf16"): 34471360512}
@@ -93,25 +95,9 @@ RUNS = [
 
 
 def hf_config(kind: str, **kw):
-    """The configs of measure_gpu.py's ``hf_config`` (the same arguments)."""
-    import transformers as tf
-    if kind == "gpt2":
-        return tf.GPT2Config(n_layer=kw["L"], n_embd=kw["h"], n_head=kw["a"], vocab_size=kw.get("V", 50257),
-                             n_positions=kw.get("npos", 1024), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    if kind == "llama":
-        return tf.LlamaConfig(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
-                              num_key_value_heads=kw["kv"], intermediate_size=kw["ffn"], vocab_size=kw["V"],
-                              tie_word_embeddings=kw.get("tie", False), max_position_embeddings=kw.get("npos", 4096),
-                              head_dim=kw["h"] // kw["a"])
-    if kind == "bert":
-        return tf.BertConfig(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
-                             intermediate_size=4 * kw["h"], max_position_embeddings=512,
-                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    if kind == "qwen2":
-        return tf.Qwen2Config(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
-                              num_key_value_heads=kw["kv"], intermediate_size=kw["ffn"], vocab_size=kw["V"],
-                              tie_word_embeddings=kw.get("tie", True), max_position_embeddings=kw.get("npos", 4096))
-    raise ValueError(kind)
+    """The configs of measure_gpu.py's ``hf_config`` (the same arguments): the fixture script's
+    copy (``tests/fixtures/measured_configs.py``), so the two dev scripts build one model."""
+    return measured_config(kind, **kw)
 
 
 class Tally(TorchDispatchMode):
