@@ -465,17 +465,26 @@ class _CommDims:
         return {g: max(sorted(v), key=lambda d: v[d]) for g, v in sorted(self.ranks_only.items())}
 
 
+def launch_rows(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
+    """Per GPU event row, the row of the CUDA runtime call that launched it (the same
+    ``correlation`` id; HTA's ``hta/common/trace.py`` links them so), -1 where there is none."""
+    rt = np.flatnonzero((trace.kind == Kind.RUNTIME) & (trace.correlation >= 0))
+    if rt.size == 0:
+        return np.full(rows.size, -1, dtype=np.int64)
+    rt = rt[np.argsort(trace.correlation[rt], kind="stable")]
+    rcorr = trace.correlation[rt]
+    corr = trace.correlation[rows]
+    pos = np.clip(np.searchsorted(rcorr, corr), 0, rcorr.size - 1)
+    linked = (corr >= 0) & (rcorr[pos] == corr)
+    return np.where(linked, rt[pos], -1).astype(np.int64)
+
+
 def _classify_gpu(trace: RankTrace, idx: np.ndarray, problems: list[str]) -> Activity:
     cpu = _cpu_mask(trace)
     end = trace.ts + trace.dur
     # 1. launches: GPU correlation -> the runtime call with the same id
-    rt = np.flatnonzero((trace.kind == Kind.RUNTIME) & (trace.correlation >= 0))
-    rt = rt[np.argsort(trace.correlation[rt], kind="stable")]
-    rcorr = trace.correlation[rt]
-    corr = trace.correlation[idx]
-    pos = np.clip(np.searchsorted(rcorr, corr), 0, max(rcorr.size - 1, 0))
-    linked = (rcorr.size > 0) & (corr >= 0) & (rcorr[pos] == corr) if rcorr.size else np.zeros(idx.size, dtype=bool)
-    launch_row = np.where(linked, rt[pos] if rcorr.size else 0, -1)
+    launch_row = launch_rows(trace, idx)
+    linked = launch_row >= 0
     launch_thread = np.where(linked, trace.thread[np.maximum(launch_row, 0)], -1)
     launch_ts = np.where(linked, trace.ts[np.maximum(launch_row, 0)], trace.ts[idx])
     unlinked = int((~linked).sum())

@@ -37,6 +37,7 @@ import numpy as np
 
 from dml2comm.cost.host import HostModel
 from dml2comm.errors import ConfigError
+from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace
 
 __all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "HostFigures", "fitted_host_model", "host_figures"]
@@ -100,9 +101,7 @@ def host_figures(trace: RankTrace) -> HostFigures:
     if kernels == 0:
         raise ConfigError(f"{name}: no GPU kernel in the trace; profile the step with CUDA activities")
     gpu = gpu[np.argsort(trace.ts[gpu], kind="stable")]
-    runtime = np.nonzero((trace.kind == Kind.RUNTIME) & (trace.correlation >= 0))[0]
-    launch_of = dict(zip(trace.correlation[runtime].tolist(), runtime.tolist()))
-    launch = np.array([launch_of.get(c, -1) for c in trace.correlation[gpu].tolist()], dtype=np.int64)
+    launch = launch_rows(trace, gpu)
     if not np.any(launch >= 0):
         raise ConfigError(f"{name}: no GPU kernel has its launch call in the trace; profile with CPU and CUDA activities")
     launch_ts = np.sort(trace.ts[launch[launch >= 0]])

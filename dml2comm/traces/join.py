@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
 __all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms", "token_shape", "block_times"]
@@ -280,13 +281,11 @@ def _enclosing(tops: _Tops, thread: int, ts: float) -> int | None:
 def _op_of_gpu_events(trace: RankTrace, tops: _Tops, window: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
     """The step's GPU event rows and, for each, the position of its top-level operator (-1: none)."""
     gpu = np.flatnonzero(np.isin(trace.kind, Kind.GPU))
-    launches = np.flatnonzero((trace.kind == Kind.RUNTIME) & (trace.correlation >= 0))
-    op_of_corr: dict[int, int] = {}
-    for i in launches.tolist():
-        pos = _enclosing(tops, int(trace.thread[i]), float(trace.ts[i]))
+    ops = np.full(gpu.size, -1, dtype=np.int64)
+    for k, i in enumerate(launch_rows(trace, gpu).tolist()):
+        pos = _enclosing(tops, int(trace.thread[i]), float(trace.ts[i])) if i >= 0 else None
         if pos is not None:
-            op_of_corr[int(trace.correlation[i])] = pos
-    ops = np.array([op_of_corr.get(int(c), -1) for c in trace.correlation[gpu].tolist()], dtype=np.int64)
+            ops[k] = pos
     if window is not None:  # a kernel belongs to the step when its operator does (GPU time lags CPU time)
         keep = ops >= 0
         gpu, ops = gpu[keep], ops[keep]
