@@ -1,7 +1,7 @@
 """Exception hierarchy.
 
 Every error dml2comm raises on bad input derives from :class:`Dml2CommError`; its message is
-one line that names the problem and how to fix it.  ``cli.py`` prints it and exits with code 2.
+one line that names the problem and how to fix it.  :func:`dml2comm.cli.main` prints it and exits with code 2.
 The subclasses also derive from the matching built-in (``ValueError``, ``LookupError``,
 ``OSError``) so library users can catch them the usual way.
 """

@@ -12,7 +12,7 @@ import pytest
 from dml2comm import zoo
 from dml2comm.render.sweep_charts import (BreakdownBar, MemoryItem, ParetoPoint, breakdown_chart, memory_bars_chart,
                                           pareto_chart)
-from dml2comm.search.command import run_compare_command, run_sweep_command
+from dml2comm.cli.search import run_compare_command, run_sweep_command
 from dml2comm.search.explain import breakdown, why_best
 from dml2comm.search.sweep import CSV_COLUMNS
 

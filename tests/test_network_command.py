@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dml2comm.errors import ConfigError
-from dml2comm.network.command import network_presets, parse_algorithm, parse_op, run_collective
+from dml2comm.cli.collective import network_presets, parse_algorithm, parse_op, run_collective
 from dml2comm.network.kinds import Algorithm
 from dml2comm.network.kinds import CollectiveKind as K
 from dml2comm.network.units import parse_latency, parse_rate, parse_size
@@ -143,7 +143,7 @@ def test_names() -> None:
 
 
 def _wired() -> bool:
-    text = (REPO / "dml2comm" / "cli.py").read_text()
+    text = (REPO / "dml2comm" / "cli" / "__init__.py").read_text()
     return "run_collective" in text
 
 

@@ -18,7 +18,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.cli import main
 from dml2comm.fmt import fmt_s
-from dml2comm.search.command import run_sweep_command
+from dml2comm.cli.search import run_sweep_command
 from dml2comm.search.reproduce import Hardware, scaling_reproduce
 from dml2comm.search.scaling import (SCALING_COLUMNS, breakdown_reason, parse_gpu_counts, plan_scaling, run_scaling,
                                      scaling_summary)

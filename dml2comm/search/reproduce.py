@@ -6,9 +6,9 @@ the same cluster (the sweep builds clusters as the main command does, with no pe
 overhead, which is also the main command's default), so its ``data.json`` iteration time equals
 the row's (the fast path equals the analysis to rounding: ``tests/test_search.py``).
 
-:func:`build_sites` runs that command line through :func:`dml2comm.cli.analyse_and_publish`,
-the main command's own code path, for the best few rows (of a scaling study: the best
-configuration of the first few GPU counts, into ``top/COUNT-gpus``, :func:`scaling_folder`).
+:func:`dml2comm.cli.search.build_sites` runs that command line through the main command's own
+code path for the best few rows (of a scaling study: the best configuration of the first few GPU
+counts, into ``top/COUNT-gpus``, :func:`scaling_folder`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from dml2comm.cost.host import STACK_HOST_MODEL
 from dml2comm.parallel.config import DEFAULT_ATTENTION, DEFAULT_PRECISION, Stack
 
-__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "scaling_folder", "scaling_reproduce", "build_sites", "DEFAULT_BUILD_TOP"]
+__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "scaling_folder", "scaling_reproduce", "DEFAULT_BUILD_TOP"]
 
 #: Analysis sites built by ``sweep`` and ``compare`` unless ``--build-top N`` says otherwise.
 DEFAULT_BUILD_TOP = 3
@@ -137,22 +137,3 @@ def scaling_reproduce(model: str, out: Path, points: Sequence[Mapping[str, Any]]
             jobs.append((n, argv))
             sites[n] = scaling_folder(n)
     return commands, jobs, sites
-
-
-def build_sites(jobs: Sequence[tuple[int, Sequence[str]]], dest: Callable[[int], Path],
-                on_built: Callable[[int, Path], None] | None = None) -> dict[int, Path]:
-    """Run the main command for each ``(rank, argv)`` with ``--out`` replaced by ``dest(rank)``
-    (a staging folder; the caller moves it to the ``--out`` the command line shows).  Returns
-    {rank: the folder written}."""
-    from dml2comm.cli import analyse_and_publish
-
-    built: dict[int, Path] = {}
-    for rank, argv in jobs:
-        folder = dest(rank)
-        args = list(argv)
-        args[args.index("--out") + 1] = str(folder)
-        analyse_and_publish(args)
-        built[rank] = folder
-        if on_built is not None:
-            on_built(rank, folder)
-    return built

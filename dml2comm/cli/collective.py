@@ -20,7 +20,7 @@ import json
 import math
 from typing import Any, Sequence
 
-from dml2comm.argtypes import suggest_options
+from dml2comm.cli.args import suggest_options
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Cluster, Link, cluster_names
 from dml2comm.network.collectives import CollectiveCost, busbw_factor, registered_algorithms

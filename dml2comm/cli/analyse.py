@@ -1,31 +1,26 @@
-"""Command line front end: the only module that prints or sets exit codes.
+"""The main command: ``python main.py MODEL.onnx --d 2 --p 4 --t 2`` analyses one plan, writes
+``--out`` (data.json, trace.json, the site) and prints the summary.
 
-    python main.py MODEL.onnx --d 2 --p 4 --t 2          analyse, write data.json
-    python main.py zoo gpt --layers 12 ... -o gpt.onnx   build a shape-only model
-    python main.py presets                               list GPUs and clusters
-
-Bad input prints one line ``error: ...`` on stderr and exits with code 2; nothing is written.
+:func:`analyse_and_publish` is the command without its printing: ``sweep --build-top`` and
+``compare --build-top`` run it with the command line they show (:mod:`dml2comm.cli.search`).
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
-import shutil
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
+from dml2comm.cli.args import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.export.files import check_output_folder, publish_files
-from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.errors import ConfigError
 from dml2comm.traces.predict import profile_from_args
 
-__all__ = ["main"]
+__all__ = ["EXAMPLES", "SUBCOMMANDS", "analyse_and_publish", "analysis_parser", "run_analysis"]
 
 EXAMPLES = """examples (each runs as written from the repository root; outputs go to out/):
   python main.py examples/gpt2-small.onnx --d 2 --p 4 --t 2
@@ -456,178 +451,3 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         console.print(line(
             f"site: open {(out / 'site' / 'index.html').resolve()} ({site.pages} pages; {site.drawings} drawings "
             f"in {out / 'svg_file'} from {site.layouts_run} Graphviz layouts)", width))
-
-
-# ----------------------------------------------------------------------------- subcommands
-
-
-def run_presets(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="python main.py presets", description="List GPU and cluster presets with their sources.")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    from dml2comm.hardware.cluster import cluster_names, get_cluster
-    from dml2comm.hardware.gpus import GPUS, get_gpu
-
-    from dml2comm.network.command import network_presets
-
-    gpus = {name: get_gpu(name).to_dict() for name in sorted(GPUS)}
-    clusters = {name: get_cluster(name).to_dict() for name in cluster_names()}
-    net = network_presets()
-    if args.json:
-        print(json.dumps({"gpus": gpus, "clusters": clusters, "network": net}, sort_keys=True, indent=1, default=str))
-        return 0
-    print("GPUs:", ", ".join(sorted(GPUS)))
-    print("clusters:", ", ".join(cluster_names()))
-    print("topologies:", ", ".join(net["topologies"]))
-    print("(--json prints every number with its source)")
-    return 0
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def run_zoo(argv: Sequence[str]) -> int:
-    from dml2comm import zoo
-
-    parser = _Parser(
-        prog="python main.py zoo",
-        description="Build a shape-only ONNX model (weights are external references to a file that is not written).",
-        epilog="examples:\n  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx\n"
-        "  python main.py zoo llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn-hidden 28672 --vocab 32000 "
-        "--seq-len 4096 -o llama70b.onnx\n"
-        "  python main.py zoo preset gpt2-small -o gpt2.onnx",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="kind", required=True, parser_class=_Parser)
-    for kind_name, kind in zoo.KINDS.items():
-        sp = sub.add_parser(kind_name, help=kind.help, description=kind.help)
-        for prm in kind.params:
-            kwargs: dict[str, Any] = {"dest": prm.name, "help": prm.help}
-            if prm.type is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            elif prm.many:
-                kwargs["type"] = _int_list if prm.type is int else (lambda s: [x for x in s.split(",") if x])
-            else:
-                kwargs["type"] = prm.type
-            if prm.choices:
-                kwargs["choices"] = list(prm.choices)
-            if prm.required:
-                kwargs["required"] = True
-            else:
-                kwargs["default"] = None
-                kwargs["help"] = f"{prm.help} (default {prm.default!r})"
-            sp.add_argument(prm.flag, **kwargs)
-        sp.add_argument("-o", "--output", required=True, help="where to write the .onnx")
-    pp = sub.add_parser("preset", help="build a named preset: " + ", ".join(sorted(zoo.PRESETS)))
-    pp.add_argument("name", choices=sorted(zoo.PRESETS))
-    pp.add_argument("-o", "--output", required=True)
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    if args.kind == "preset":
-        kind, kwargs = zoo.PRESETS[args.name]
-        model = zoo.build(kind, **kwargs)
-    else:
-        kwargs = {prm.name: getattr(args, prm.name) for prm in zoo.KINDS[args.kind].params if getattr(args, prm.name) is not None}
-        model = zoo.build(args.kind, **kwargs)
-    out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise ConfigError(f"output folder does not exist: {str(out.parent)!r}")
-    zoo.save(model, out)
-    print(f"wrote {out} ({len(model.graph.node)} nodes) in {time.perf_counter() - start:.2f} s")
-    return 0
-
-
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that every staging folder's ``finally`` removes it."""
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import signal
-    import threading
-
-    own = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
-    try:
-        return _main(argv)
-    finally:
-        if own:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "zoo":
-            return run_zoo(argv[1:])
-        if argv and argv[0] == "presets":
-            return run_presets(argv[1:])
-        if argv and argv[0] == "collective":
-            from dml2comm.network.command import run_collective
-
-            return run_collective(argv[1:])
-        if argv and argv[0] == "sweep":
-            from dml2comm.search.command import run_sweep_command
-
-            return run_sweep_command(argv[1:])
-        if argv and argv[0] == "trace":
-            from dml2comm.traces.command import run_trace_command
-
-            return run_trace_command(argv[1:])
-        if argv and argv[0] == "compare":
-            from dml2comm.search.command import run_compare_command
-
-            return run_compare_command(argv[1:])
-        if argv and argv[0] == "calibrate":
-            from dml2comm.calibrate.command import run_calibrate_command
-
-            return run_calibrate_command(argv[1:])
-        if argv and argv[0] == "validate":
-            from dml2comm.validate.command import run_validate_command
-
-            return run_validate_command(argv[1:])
-        if not argv:
-            analysis_parser().print_help()
-            return 2
-        _check_not_a_command_typo(argv[0])
-        return run_analysis(argv)
-    except Dml2CommError as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a write that failed after the up-front checks (disk full, a folder removed meanwhile)
-        where = f" {str(exc.filename)!r}" if exc.filename else ""
-        print(f"error: cannot read or write{where}: {_one_line(exc.strerror or str(exc))}; check the output path, its permissions "
-              "and the free space", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except _Terminated:
-        print("error: terminated (SIGTERM); nothing was written (the staging folders are removed)", file=sys.stderr)
-        return 143
-
-
-def _check_not_a_command_typo(first: str) -> None:
-    """``sweeep model.onnx`` -> ``unknown command 'sweeep'; did you mean 'sweep'?`` instead of
-    argparse's "unrecognized arguments: model.onnx". A first word that is an existing file, names an
-    ``.onnx`` file or is a flag is a model (or an option), never a command."""
-    if first.startswith("-") or first.lower().endswith(".onnx") or Path(first).exists():
-        return
-    close = difflib.get_close_matches(first.lower(), SUBCOMMANDS, n=1, cutoff=0.6)
-    if close:
-        raise ConfigError(f"unknown command {first!r}; did you mean {close[0]!r}? (commands: {', '.join(SUBCOMMANDS)}; "
-                          "or give a model file)")
-
-
-def _one_line(text: str) -> str:
-    """The error on one line, its control characters (a model's dim name holding ESC) replaced."""
-    from dml2comm.fmt import printable
-
-    return " ".join(printable(text).split())

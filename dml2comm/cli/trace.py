@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.cli.args import OneLineParser, positive_int
 from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
 from dml2comm.export.files import check_output_folder
 from dml2comm.fmt import fmt_s

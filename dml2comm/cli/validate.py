@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
-from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.cli.args import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
 from dml2comm.validate.cases import SOURCES, Case, Source, summarize
 from dml2comm.validate.fit import leave_one_source_out

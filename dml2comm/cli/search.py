@@ -38,7 +38,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dml2comm.argtypes import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
+from dml2comm.cli.analyse import analyse_and_publish
+from dml2comm.cli.args import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
 from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
@@ -46,8 +47,8 @@ from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, check_gpu_count
-from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, build_sites, command_line, config_slug,
-                                       scaling_folder, scaling_reproduce)
+from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, command_line, config_slug, scaling_folder,
+                                       scaling_reproduce)
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
 from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
                                    headroom_caution, model_shape, run_sweep)
@@ -586,6 +587,23 @@ def _build_top(out: Path, jobs: Sequence[tuple[int, Sequence[str]]], quiet: bool
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+def build_sites(jobs: Sequence[tuple[int, Sequence[str]]], dest: Callable[[int], Path],
+                on_built: Callable[[int, Path], None] | None = None) -> dict[int, Path]:
+    """Run the main command for each ``(rank, argv)`` with ``--out`` replaced by ``dest(rank)``
+    (a staging folder; the caller moves it to the ``--out`` the command line shows).  Returns
+    {rank: the folder written}."""
+    built: dict[int, Path] = {}
+    for rank, argv in jobs:
+        folder = dest(rank)
+        args = list(argv)
+        args[args.index("--out") + 1] = str(folder)
+        analyse_and_publish(args)
+        built[rank] = folder
+        if on_built is not None:
+            on_built(rank, folder)
+    return built
 
 
 def _publish(out: Path, files: Mapping[str, str | bytes], page: Mapping[str, Any] | None,

@@ -1,0 +1,111 @@
+"""Shared argparse pieces of the commands (:mod:`dml2comm.cli`): the parser, the value types and
+the argument groups more than one command takes, each written once.
+
+Every bad argument becomes one :class:`~dml2comm.errors.ConfigError` line, which the caller
+turns into ``error: ...`` and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+
+from dml2comm.errors import ConfigError
+
+__all__ = ["OneLineParser", "add_profile_argument", "add_stack_arguments", "positive_int", "stack_kwargs", "suggest_options"]
+
+
+def suggest_options(parser: argparse.ArgumentParser, message: str) -> str:
+    """``unrecognized arguments: --pp 2`` -> `` (did you mean --p?)`` for each unknown flag that is
+    close to one of ``parser``'s option strings (:func:`difflib.get_close_matches`); else ``""``."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    options = [o for o in parser._option_string_actions if o.startswith("--")]
+    hints = []
+    for token in message.split(":", 1)[1].split():
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage, so every error is one line; an unknown
+    flag close to a known one gets a suggestion (``--pp 2`` -> did you mean --p?)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message}{suggest_options(self, message)} (see --help)")
+
+
+#: The largest value a size flag takes (2**53: every integer up to it is exact in a float and
+#: in data.json; ONNX dims are int64).  The plannable sizes are smaller still
+#: (:data:`dml2comm.parallel.config.MAX_GPUS`, ``MAX_SCHEDULE_STEPS``).
+MAX_SIZE = 2**53
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for sizes: a positive integer up to :data:`MAX_SIZE`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**53 = {MAX_SIZE:,}, got {text}")
+    return value
+
+
+def finite_float(minimum: float = 0.0):
+    """argparse ``type=`` for a quantity: a finite number of at least ``minimum`` (``nan`` and
+    ``inf`` are refused by the flag's name, not by an internal field's)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a finite number >= {minimum:g}, got {text!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def add_stack_arguments(group) -> None:
+    """``--stack``, ``--precision`` and ``--attention``: the training stack that runs the model
+    (:class:`dml2comm.parallel.config.Stack`), its precision mode and its attention kernel.  One
+    definition for the analysis, ``sweep`` and ``compare``."""
+    from dml2comm.parallel.config import ATTENTION_KERNELS, PRECISIONS, STACKS
+
+    group.add_argument("--stack", choices=STACKS, default=None,
+                       help="what runs the model: megatron (Megatron-LM: fused point-wise kernels, fp32 master weights, "
+                            "vocabulary-parallel fp32 loss; default) or pytorch (eager PyTorch / Hugging Face: one kernel "
+                            "per op, SDPA flash attention, the loss as written)")
+    group.add_argument("--precision", choices=PRECISIONS, default=None,
+                       help="mixed (16-bit passes, fp32 master weights and Adam states: Megatron), amp (torch.autocast: "
+                            "fp32 parameters, 16-bit GEMMs) or bf16 (everything bf16: model.to(torch.bfloat16)); "
+                            "default: mixed with --stack megatron, amp with --stack pytorch")
+    group.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
+                       help="attention kernel: flash (one fused kernel, no score matrix in memory) or unfused (batched "
+                            "GEMMs and softmax through memory); default: flash with --stack pytorch, unfused with "
+                            "--stack megatron (its 2020-2022 runs; Megatron-Core with --use-flash-attn: flash)")
+
+
+def stack_kwargs(args: argparse.Namespace) -> dict[str, str]:
+    """The :class:`~dml2comm.parallel.config.ParallelConfig` keywords of :func:`add_stack_arguments`'s
+    flags that were given (the others keep the config's defaults, which follow the stack)."""
+    return {name: getattr(args, name) for name in ("stack", "precision", "attention") if getattr(args, name, None) is not None}
+
+
+def add_profile_argument(group: argparse._ActionsContainer) -> None:
+    """``--profile TRACE`` (repeatable): a profiled step of the model whose measured / modelled
+    kernel-time ratios scale the cost model (:mod:`dml2comm.traces.predict`)."""
+    group.add_argument("--profile", action="append", default=[], metavar="TRACE",
+                       help="a profiled training step of this model (a PyTorch-profiler trace with record_shapes=True, "
+                            "d=t=p=1): per layer kind and pass, its measured kernel time over the tool's at the trace's "
+                            "micro-batch, sequence and GPU scales the modelled times of the plan (repeatable: the ratios "
+                            "of the summed times); a trace of another model is refused")
