@@ -87,8 +87,8 @@ def test_table_and_csv(capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--op", "all_reduce", "--n", "0", "--size", "1GiB"], "--n: must be a positive integer"),
-        (["--op", "all_reduce", "--n", "-3", "--size", "1GiB"], "--n: must be a positive integer"),
+        (["--op", "all_reduce", "--n", "0", "--size", "1GiB"], "--n: expected a positive integer"),
+        (["--op", "all_reduce", "--n", "-3", "--size", "1GiB"], "--n: expected a positive integer"),
         (["--op", "all_reduce", "--n", "8", "--size", "0"], "size must be a positive number"),
         (["--op", "all_reduce", "--n", "8", "--size", "-1GiB"], "size must be positive"),
         (["--op", "all_reduce", "--n", "8", "--size", "lots"], "cannot read size 'lots'"),

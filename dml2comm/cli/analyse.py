@@ -14,10 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.cli.args import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
-from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
+from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float,
+                               host_model_of, positive_int, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError
+from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES
 from dml2comm.traces.predict import profile_from_args
 
 __all__ = ["EXAMPLES", "SUBCOMMANDS", "analyse_and_publish", "analysis_parser", "run_analysis"]
@@ -39,19 +40,15 @@ EXAMPLES = """examples (each runs as written from the repository root; outputs g
 SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace", "validate", "calibrate")
 
 
-_Parser = OneLineParser
-_positive = positive_int
-
-
 def _dim(text: str) -> tuple[str, int]:
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, _positive(value)
+    return name, positive_int(value)
 
 
 def analysis_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="python main.py",
         description="Plan, cost and draw the distributed training of an ONNX model.",
         epilog=EXAMPLES + "\nsubcommands: " + ", ".join(SUBCOMMANDS) + " (python main.py SUBCOMMAND --help)",
@@ -59,23 +56,23 @@ def analysis_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="the ONNX model (.onnx); weights may be absent external data")
     g = p.add_argument_group("parallelism")
-    g.add_argument("--d", type=_positive, default=1, help="data-parallel size (default 1)")
-    g.add_argument("--t", type=_positive, default=1, help="tensor-parallel size (default 1)")
-    g.add_argument("--p", type=_positive, default=1, help="pipeline-parallel size (default 1)")
-    g.add_argument("--cp", type=_positive, default=1, help="context-parallel size c: the sequence split c-way (default 1)")
-    g.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"],
+    g.add_argument("--d", type=positive_int, default=1, help="data-parallel size (default 1)")
+    g.add_argument("--t", type=positive_int, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--p", type=positive_int, default=1, help="pipeline-parallel size (default 1)")
+    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel size c: the sequence split c-way (default 1)")
+    g.add_argument("--cp-scheme", default="ulysses", choices=CP_SCHEMES,
                    help="context parallelism: ulysses (AllToAll of Q/K/V/output) or ring (K/V Send/Recv ring attention)")
-    g.add_argument("--ep", type=_positive, default=1,
+    g.add_argument("--ep", type=positive_int, default=1,
                    help="expert-parallel size e for MoE models: experts placed e-way, carved out of d x c (default 1)")
     g.add_argument("--capacity-factor", type=finite_float(), default=1.0,
                    help="MoE expert capacity factor: padded expert buffers and AllToAlls (default 1.0, DeepSpeed MoE)")
-    g.add_argument("--gpus", type=_positive, help="total GPUs, cross-checked against d*t*p*c")
-    g.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])
-    g.add_argument("--virtual-stages", type=_positive, default=1, help="model chunks per GPU (interleaved)")
+    g.add_argument("--gpus", type=positive_int, help="total GPUs, cross-checked against d*t*p*c")
+    g.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    g.add_argument("--virtual-stages", type=positive_int, default=1, help="model chunks per GPU (interleaved)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --t)")
-    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (default 0)")
-    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
-    g.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    g.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage (default 0)")
+    g.add_argument("--recompute", default="none", choices=RECOMPUTE_MODES)
+    g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap the sequence-parallel all-gather/reduce-scatter with their GEMMs (Megatron --tp-comm-overlap)")
     g.add_argument("--no-async-tp-allreduce", action="store_true",
@@ -86,43 +83,24 @@ def analysis_parser() -> argparse.ArgumentParser:
                         "weight-gradient GEMM (Megatron --no-gradient-accumulation-fusion; the Megatron-LM of 2021)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
-    g.add_argument("--grad-reduce-dtype", choices=["bf16", "fp16", "fp32"],
+    g.add_argument("--grad-reduce-dtype", choices=DTYPE_CHOICES,
                    help="dtype of the gradient all-reduce (default: the training dtype; fp32 = Megatron --accumulate-allreduce-grads-in-fp32)")
     g.add_argument("--dropout", type=finite_float(), default=0.0,
                    help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0)")
     g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
     b = p.add_argument_group("batch and precision")
-    b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=_positive,
+    b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=positive_int,
                    help="micro-batch size b; binds the model's symbolic batch axis (default: the model's own batch, else 1)")
-    b.add_argument("--global-batch-size", type=_positive, help="global batch B (default: b x d x p, enough micro-batches to fill the pipeline)")
-    b.add_argument("--seq-len", type=_positive,
+    b.add_argument("--global-batch-size", type=positive_int, help="global batch B (default: b x d x p, enough micro-batches to fill the pipeline)")
+    b.add_argument("--seq-len", type=positive_int,
                    help="sequence length; binds the symbolic sequence axis (refused on a fixed-length export unless equal, "
                         "and above the model's position table)")
     b.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=VALUE",
                    help="bind a symbolic input dim by name (--dim seq=512), or a dim without a name by input and axis "
                         "(--dim image:2=32); a name the model lacks is refused with the list of its dims")
-    b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="training dtype (default bf16)")
+    b.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="training dtype (default bf16)")
     add_stack_arguments(b)
-    h = p.add_argument_group("hardware")
-    h.add_argument("--gpu", help="GPU preset (default a100; see: python main.py presets); refused with a --cluster of another GPU")
-    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml from python main.py calibrate): its own GPU, nodes and network")
-    h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
-    h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's, one per GPU on the DGX presets): "
-                   "each GPU's inter-node share is the node's NICs over its GPUs")
-    h.add_argument("--collective-overhead-us", type=finite_float(), default=0.0,
-                   help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
-                        "the presets' fitted value for standalone calls is 51.5)")
-    h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
-                   help="host-side (CPU) time per kernel: eager (Megatron-DeepSpeed's dispatch and launch, fitted on vTrain's "
-                        "A100 runs; the default with --stack megatron), pytorch (eager PyTorch 2.x measured on an H100: the CPU "
-                        "runs ahead, each kernel leaves the GPU a short gap; the default with --stack pytorch) or none "
-                        "(kernel time only: CUDA-graph captured steps)")
-    h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
-    add_profile_argument(h)
-    h.add_argument("--step-time", type=finite_float(), default=None, metavar="SECONDS",
-                   help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
-                        "is host-bound, the trace's CPU time per kernel is scaled by this over the profiled step's "
-                        "GPU span (the profiler's slowdown of the CPU side)")
+    add_hardware_arguments(p, main=True)
     o = p.add_argument_group("output")
     o.add_argument("--out", default="out", help="output folder (default: out/; the other commands write to out/sweep, "
                    "out/compare, out/trace, out/validate, so none replaces another's files)")
@@ -278,7 +256,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     # The presets' fitted per-call overhead is host time of a standalone, timed call; training
     # launches collectives asynchronously, so the analysis uses kernel time unless told otherwise.
     cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6,
-                      host_model=args.host_model or STACK_HOST_MODEL[config.stack],
+                      host_model=host_model_of(args),
                       profile_scale=profile_from_args(args.profile, args.model, config, options, args.lenient, args.step_time,
                                                       fit_host=args.host_model is None))
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,

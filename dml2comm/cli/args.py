@@ -13,7 +13,15 @@ import math
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["OneLineParser", "add_profile_argument", "add_stack_arguments", "positive_int", "stack_kwargs", "suggest_options"]
+__all__ = ["OneLineParser", "add_hardware_arguments", "add_profile_argument", "add_stack_arguments", "finite_float", "host_model_of",
+           "non_negative_int", "positive_int", "stack_kwargs", "suggest_options", "DTYPE_CHOICES", "ZERO_STAGES"]
+
+#: ``--dtype`` (and ``--grad-reduce-dtype``) choices: the training dtypes of
+#: :data:`dml2comm.parallel.config.DTYPES`, in its order (bf16, fp16, fp32).
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+#: ``--zero`` choices: ZeRO stages 0 (off) to 3 (Rajbhandari et al. 2020, "ZeRO: Memory
+#: Optimizations Toward Training Trillion Parameter Models", Sec. 5: P_os, P_os+g, P_os+g+p).
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def suggest_options(parser: argparse.ArgumentParser, message: str) -> str:
@@ -35,9 +43,16 @@ def suggest_options(parser: argparse.ArgumentParser, message: str) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage, so every error is one line; an unknown
-    flag close to a known one gets a suggestion (``--pp 2`` -> did you mean --p?)."""
+    flag close to a known one gets a suggestion (``--pp 2`` -> did you mean --p?).  With
+    ``command`` (``collective``, ``validate``) the line names the command and its ``--help``."""
+
+    def __init__(self, *args, command: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.command = command
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.command:
+            raise ConfigError(f"{self.command}: {message}{suggest_options(self, message)} (see python main.py {self.command} --help)")
         raise ConfigError(f"{message}{suggest_options(self, message)} (see --help)")
 
 
@@ -57,6 +72,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     if value > MAX_SIZE:
         raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**53 = {MAX_SIZE:,}, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type=`` for a count that may be zero (``--build-top 0``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return value
 
 
@@ -109,3 +135,58 @@ def add_profile_argument(group: argparse._ActionsContainer) -> None:
                             "d=t=p=1): per layer kind and pass, its measured kernel time over the tool's at the trace's "
                             "micro-batch, sequence and GPU scales the modelled times of the plan (repeatable: the ratios "
                             "of the summed times); a trace of another model is refused")
+
+
+#: The hardware flags' help: (the main command's, sweep's and compare's) where they differ.
+_HARDWARE_HELP = {
+    "--gpu": ("GPU preset (default a100; see: python main.py presets); refused with a --cluster of another GPU",
+              "GPU preset (default a100; refused with a --cluster of another GPU)"),
+    "--cluster": ("cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml from python main.py calibrate): its own GPU, "
+                  "nodes and network",
+                  "cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml); overrides --gpu"),
+    "--nics-per-node": ("NICs per node (default: the preset's, one per GPU on the DGX presets): each GPU's inter-node share is "
+                        "the node's NICs over its GPUs",
+                        "NICs per node (default: the preset's); each GPU's inter-node share is the node's NICs over its GPUs"),
+    "--host-model": ("host-side (CPU) time per kernel: eager (Megatron-DeepSpeed's dispatch and launch, fitted on vTrain's A100 "
+                     "runs; the default with --stack megatron), pytorch (eager PyTorch 2.x measured on an H100: the CPU runs "
+                     "ahead, each kernel leaves the GPU a short gap; the default with --stack pytorch) or none (kernel time "
+                     "only: CUDA-graph captured steps)",
+                     "host-side (CPU) time: eager (Megatron-DeepSpeed's per-kernel dispatch; default with --stack megatron), "
+                     "pytorch (eager PyTorch 2.x; default with --stack pytorch) or none (CUDA graphs)"),
+}
+
+
+def add_hardware_arguments(parser: argparse.ArgumentParser, *, main: bool) -> argparse._ArgumentGroup:
+    """The ``hardware`` group: ``--gpu``, ``--cluster``, ``--gpus-per-node``, ``--nics-per-node``,
+    ``--host-model`` and ``--profile``, one definition for the main command (``main``: its longer
+    help, and its own ``--collective-overhead-us``, ``--topology`` and ``--step-time`` in their
+    places) and for ``sweep`` and ``compare``.  Returns the group."""
+    from dml2comm.cost.host import HOST_MODELS
+
+    which = 0 if main else 1
+    h = parser.add_argument_group("hardware")
+    h.add_argument("--gpu", help=_HARDWARE_HELP["--gpu"][which])
+    h.add_argument("--cluster", help=_HARDWARE_HELP["--cluster"][which])
+    h.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)")
+    h.add_argument("--nics-per-node", type=positive_int, help=_HARDWARE_HELP["--nics-per-node"][which])
+    if main:
+        h.add_argument("--collective-overhead-us", type=finite_float(), default=0.0,
+                       help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
+                            "the presets' fitted value for standalone calls is 51.5)")
+    h.add_argument("--host-model", default=None, choices=list(HOST_MODELS), help=_HARDWARE_HELP["--host-model"][which])
+    if main:
+        h.add_argument("--topology", help="name recorded for the inter-node network (the full topology library comes later)")
+    add_profile_argument(h)
+    if main:
+        h.add_argument("--step-time", type=finite_float(), default=None, metavar="SECONDS",
+                       help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
+                            "is host-bound, the trace's CPU time per kernel is scaled by this over the profiled step's "
+                            "GPU span (the profiler's slowdown of the CPU side)")
+    return h
+
+
+def host_model_of(args: argparse.Namespace) -> str:
+    """``--host-model``, else the one the ``--stack`` runs (:data:`dml2comm.cost.host.STACK_HOST_MODEL`)."""
+    from dml2comm.cost.host import STACK_HOST_MODEL
+
+    return args.host_model or STACK_HOST_MODEL[args.stack or "megatron"]

@@ -17,10 +17,9 @@ import csv
 import dataclasses
 import io
 import json
-import math
 from typing import Any, Sequence
 
-from dml2comm.cli.args import suggest_options
+from dml2comm.cli.args import OneLineParser, finite_float, positive_int
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Cluster, Link, cluster_names
 from dml2comm.network.collectives import CollectiveCost, busbw_factor, registered_algorithms
@@ -71,39 +70,6 @@ costs the textbook single ring (one direction of each link).
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage, so every error is one line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"collective: {message}{suggest_options(self, message)} (see python main.py collective --help)")
-
-
-def _positive_int(label: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {text!r}")
-        return value
-
-    return parse
-
-
-def _float_at_least(label: str, low: float):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number >= {low:g}, got {text!r}") from None
-        if not (math.isfinite(value) and value >= low):
-            raise argparse.ArgumentTypeError(f"must be a number >= {low:g}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _dims(text: str) -> tuple[int, ...]:
     parts = text.lower().replace("*", "x").replace(",", "x").split("x")
     try:
@@ -140,14 +106,15 @@ def parse_algorithm(text: str, kind: CollectiveKind) -> Algorithm:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
+        command="collective",
         prog="python main.py collective",
         description="Cost one collective (alpha-beta models over a topology, or a cluster preset calibrated to NCCL).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--op", required=True, help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, send_recv")
-    p.add_argument("--n", required=True, type=_positive_int("--n"), help="ranks in the group (>= 1)")
+    p.add_argument("--n", required=True, type=positive_int, help="ranks in the group (>= 1)")
     p.add_argument("--size", help="message size S (nccl-tests convention: AllGather output, ReduceScatter input, ...)")
     p.add_argument("--algorithm", help="force an algorithm (default: the fastest, as NCCL's tuner picks)")
     t = p.add_argument_group("topology (without --cluster)")
@@ -158,23 +125,23 @@ def _parser() -> argparse.ArgumentParser:
                         "single ring) instead of two counter-rotating rings over both")
     t.add_argument("--bandwidth", help="per link and direction, e.g. 100GB/s (default: one A100's NVLink, 300 GB/s)")
     t.add_argument("--latency", help="per message / per hop, e.g. 5us (default 3.4 µs, NCCL's NVLink step latency)")
-    t.add_argument("--links-per-gpu", type=_positive_int("--links-per-gpu"), default=1, help="parallel links per connection (default 1)")
+    t.add_argument("--links-per-gpu", type=positive_int, default=1, help="parallel links per connection (default 1)")
     t.add_argument("--dims", type=_dims, help="mesh2d/torus2d/torus3d dimensions, e.g. 4x4 (default: as square as possible)")
-    t.add_argument("--radix", type=_positive_int("--radix"), help="tree/fat-tree: GPUs per leaf switch and children per switch")
-    t.add_argument("--levels", type=_positive_int("--levels"), help="fat-tree tiers (default: as few as the radix allows)")
-    t.add_argument("--oversubscription", type=_float_at_least("--oversubscription", 1.0), default=1.0,
+    t.add_argument("--radix", type=positive_int, help="tree/fat-tree: GPUs per leaf switch and children per switch")
+    t.add_argument("--levels", type=positive_int, help="fat-tree tiers (default: as few as the radix allows)")
+    t.add_argument("--oversubscription", type=finite_float(1.0), default=1.0,
                    help="fat-tree: per tier above the leaves (default 1: full bisection)")
     t.add_argument("--in-network", action="store_true", help="switches reduce (SHARP / NVLink SHARP)")
     h = p.add_argument_group("cluster (two levels: nodes of GPUs, NICs between nodes)")
     h.add_argument("--cluster", help="preset: " + ", ".join(cluster_names()) + " (calibrated to NCCL)")
-    h.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), help="GPUs per node (hierarchical / overrides the preset)")
-    h.add_argument("--nics-per-node", type=_positive_int("--nics-per-node"), help="NICs per node (default: one per GPU, or the preset's)")
+    h.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (hierarchical / overrides the preset)")
+    h.add_argument("--nics-per-node", type=positive_int, help="NICs per node (default: one per GPU, or the preset's)")
     h.add_argument("--inter-bandwidth", help="per NIC, e.g. 200Gb/s (hierarchical / overrides the preset)")
     h.add_argument("--inter-latency", help="per inter-node step (default 14 µs, NCCL's network step latency)")
     m = p.add_argument_group("model")
     m.add_argument("--library", choices=LIBRARIES, help="textbook formulas, or NCCL's protocols and algorithms (default: nccl with --cluster)")
     m.add_argument("--overhead", help="fixed time per call, e.g. 50us (default: the preset's fitted overhead, 0 without --cluster)")
-    m.add_argument("--gamma", type=_float_at_least("--gamma", 0.0), default=0.0, help="reduction seconds per byte (default 0)")
+    m.add_argument("--gamma", type=finite_float(0.0), default=0.0, help="reduction seconds per byte (default 0)")
     o = p.add_argument_group("output")
     o.add_argument("--verbose", action="store_true", help="the formula with its symbols filled in, every candidate, the levels")
     o.add_argument("--json", action="store_true", help="print one JSON object")
@@ -182,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--csv", action="store_true", help="with --table: CSV (one row per size and algorithm)")
     o.add_argument("--min-bytes", "-b", default="1KiB", help="--table: smallest size (default 1KiB)")
     o.add_argument("--max-bytes", "-e", default="1GiB", help="--table: largest size (default 1GiB)")
-    o.add_argument("--step-factor", "-f", type=_float_at_least("--step-factor", 1.0 + 1e-9), default=4.0,
+    o.add_argument("--step-factor", "-f", type=finite_float(1.0 + 1e-9), default=4.0,
                    help="--table: size multiplier (default 4)")
     return p
 

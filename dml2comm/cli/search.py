@@ -39,14 +39,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.cli.analyse import analyse_and_publish
-from dml2comm.cli.args import OneLineParser, add_profile_argument, add_stack_arguments, finite_float, positive_int, stack_kwargs
+from dml2comm.cli.args import (DTYPE_CHOICES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float, host_model_of,
+                               non_negative_int, positive_int, stack_kwargs)
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
-from dml2comm.cost.host import HOST_MODELS, STACK_HOST_MODEL
 from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
-from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, check_gpu_count
+from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, ParallelConfig, check_gpu_count
 from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, command_line, config_slug, scaling_folder,
                                        scaling_reproduce)
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
@@ -79,45 +79,17 @@ SPEC_KEYS = {"d": "dp_size", "t": "tp_size", "p": "pp_size", "b": "micro_batch_s
              "recompute": "recompute", "sp": "sequence_parallel", "v": "virtual_stages", "c": "cp_size", "e": "ep_size"}
 
 
-_Parser = OneLineParser
-_positive = positive_int
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def _host_model(args: argparse.Namespace) -> str:
-    """``--host-model``, else the one the stack runs (:data:`dml2comm.cost.host.STACK_HOST_MODEL`)."""
-    return args.host_model or STACK_HOST_MODEL[args.stack or "megatron"]
-
-
 def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: bool = False) -> None:
-    h = p.add_argument_group("hardware")
-    h.add_argument("--gpu", help="GPU preset (default a100; refused with a --cluster of another GPU)")
-    h.add_argument("--cluster", help="cluster preset (dgx-a100, dgx-h100, ...) or cluster file (FILE.yaml); overrides --gpu")
-    h.add_argument("--gpus-per-node", type=_positive, default=8, help="GPUs per node (default 8)")
-    h.add_argument("--nics-per-node", type=_positive, help="NICs per node (default: the preset's); each GPU's inter-node share "
-                   "is the node's NICs over its GPUs")
-    h.add_argument("--host-model", default=None, choices=list(HOST_MODELS),
-                   help="host-side (CPU) time: eager (Megatron-DeepSpeed's per-kernel dispatch; default with --stack megatron), "
-                        "pytorch (eager PyTorch 2.x; default with --stack pytorch) or none (CUDA graphs)")
-    add_profile_argument(h)
+    add_hardware_arguments(p, main=False)
     b = p.add_argument_group("batch")
-    b.add_argument("--global-batch-size", type=_positive, help="global batch B (sweep default: --gpus; compare: required)")
-    b.add_argument("--seq-len", type=_positive, help="sequence length; binds the symbolic sequence axis")
-    b.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    b.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+    b.add_argument("--global-batch-size", type=positive_int, help="global batch B (sweep default: --gpus; compare: required)")
+    b.add_argument("--seq-len", type=positive_int, help="sequence length; binds the symbolic sequence axis")
+    b.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
+    b.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     add_stack_arguments(b)
     p.add_argument("--out", help="output folder (default: out/sweep or out/compare, beside the analysis's out/)")
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
-    p.add_argument("--build-top", type=_non_negative, default=DEFAULT_BUILD_TOP, metavar="N",
+    p.add_argument("--build-top", type=non_negative_int, default=DEFAULT_BUILD_TOP, metavar="N",
                    help=f"build the full analysis site of the N fastest fitting configurations into "
                         + ("DIR/top/K, K being the configuration's number in the table (its position in --configs)"
                            if compare else "DIR/top/1 ... DIR/top/N")
@@ -244,15 +216,15 @@ def _table(title: str, rows: Sequence[Mapping[str, Any]], width: int):
 
 
 def sweep_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python main.py sweep", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EXAMPLES,
+    p = OneLineParser(prog="python main.py sweep", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EXAMPLES,
                 description="Evaluate every valid configuration for a GPU count; rank the fitting ones by iteration time.")
     p.add_argument("model", help="the ONNX model")
-    p.add_argument("--gpus", type=_positive, help="GPU count (d*t*p); or --scaling")
+    p.add_argument("--gpus", type=positive_int, help="GPU count (d*t*p); or --scaling")
     s = p.add_argument_group("scaling study (instead of --gpus)")
     s.add_argument("--scaling", metavar="N1,N2,...", help="GPU counts, e.g. 8,16,32,64 or 8,16,...,1024: one sweep each, "
                                                          "the best of each compared (strong scaling: fixed --global-batch-size)")
     s.add_argument("--weak", action="store_true", help="weak scaling: fixed batch per GPU (global batch = per-GPU batch x GPUs)")
-    s.add_argument("--per-gpu-batch", type=_positive, help="weak scaling: samples per GPU per iteration (default: "
+    s.add_argument("--per-gpu-batch", type=positive_int, help="weak scaling: samples per GPU per iteration (default: "
                                                           "--global-batch-size / the first count, else 1)")
     s.add_argument("--efficiency-threshold", type=finite_float(), default=0.8,
                    help="parallel efficiency below which scaling breaks down (default 0.8)")
@@ -260,7 +232,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     for flag in ("--d", "--t", "--p"):
         c.add_argument(flag, help=f"allowed {flag[2:]} sizes, e.g. {flag} 1,2,4 (default: every divisor of --gpus)")
     for flag in ("--max-d", "--max-t", "--max-p"):
-        c.add_argument(flag, type=_positive, help="upper bound")
+        c.add_argument(flag, type=positive_int, help="upper bound")
     c.add_argument("--micro-batch-sizes", default="1,2,4,8", help="micro-batch sizes to try (default 1,2,4,8)")
     c.add_argument("--virtual-stages", default="1,2,4", help="interleaved-schedule chunks to try (default 1,2,4)")
     c.add_argument("--zero", default="0,1", help="ZeRO stages to try (default 0,1)")
@@ -269,13 +241,13 @@ def sweep_parser() -> argparse.ArgumentParser:
     c.add_argument("--sp-only", action="store_true", help="always use sequence parallelism when t > 1")
     c.add_argument("--allow-cross-node-tp", action="store_true", help="allow t larger than the GPUs per node")
     c.add_argument("--cp", default="1", help="context-parallel sizes to try, e.g. --cp 1,2,4 (default 1)")
-    c.add_argument("--cp-scheme", default="ulysses", choices=["ulysses", "ring"], help="context-parallel scheme (default ulysses)")
+    c.add_argument("--cp-scheme", default="ulysses", choices=CP_SCHEMES, help="context-parallel scheme (default ulysses)")
     c.add_argument("--ep", default="1", help="expert-parallel sizes to try on a MoE model, e.g. --ep 1,8 (default 1)")
     r = p.add_argument_group("run")
-    r.add_argument("--workers", type=_positive, default=1,
+    r.add_argument("--workers", type=positive_int, default=1,
                    help="worker processes (default 1; with --executor dask and no --scheduler: LocalCluster workers)")
-    r.add_argument("--top", type=_positive, default=10, help="how many ranked configurations to print and keep (default 10)")
-    r.add_argument("--limit", type=_positive, help="evaluate only the first N configurations of the enumeration")
+    r.add_argument("--top", type=positive_int, default=10, help="how many ranked configurations to print and keep (default 10)")
+    r.add_argument("--limit", type=positive_int, help="evaluate only the first N configurations of the enumeration")
     add_executor_args(p, "--workers")
     _hardware_args(p, scaling=True)
     return p
@@ -340,7 +312,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node, _profile(args))
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, host_model_of(args), args.nics_per_node, _profile(args))
     builder(args.gpus)  # an unknown --gpu / --cluster fails here, before anything is written
     partial = out / "sweep.partial.csv"
     stream: CsvStream | None = None
@@ -383,7 +355,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
         _print_sweep(result, data["sweep"], args.top)
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node, tuple(args.profile))
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, host_model_of(args), args.nics_per_node, tuple(args.profile))
     ranked = result.ranked()
     commands, jobs, sites = _reproduce(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
                                        0 if args.no_site or result.interrupted else args.build_top)
@@ -412,7 +384,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     out = Path(args.out or "out/sweep")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; give a folder")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node, _profile(args))
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, host_model_of(args), args.nics_per_node, _profile(args))
     for n in counts:
         builder(n)  # an unknown --gpu / --cluster, or a count the cluster cannot hold, fails here
     space = SweepSpace(global_batch_size=plan.batch_for(counts[0]), seq_len=args.seq_len, constraints=constraints)
@@ -429,7 +401,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     for p in points:
         if p.get("best"):
             p["best"] = _entry(p["best"])
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node, tuple(args.profile))
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, host_model_of(args), args.nics_per_node, tuple(args.profile))
     commands, jobs, sites = scaling_reproduce(args.model, out, points, hardware,
                                               0 if args.no_site or study.interrupted else args.build_top)
     for p in points:
@@ -753,7 +725,7 @@ def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: 
 
 
 def compare_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python main.py compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMPARE_EXAMPLES,
+    p = OneLineParser(prog="python main.py compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMPARE_EXAMPLES,
                 description="Analyse a few configurations of one model side by side.")
     p.add_argument("model", help="the ONNX model")
     p.add_argument("--configs", nargs="+", required=True, metavar="SPEC",
@@ -766,7 +738,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     args = compare_parser().parse_args(argv)
     if args.global_batch_size is None:
         raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
-    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, _host_model(args), args.nics_per_node, _profile(args))
+    builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, host_model_of(args), args.nics_per_node, _profile(args))
     evaluator = Evaluator(args.model, builder, seq_len=args.seq_len)
     seq_len = args.seq_len or model_shape(evaluator.imported(1))["seq_len"]
     configs = [parse_config_spec(s, args.global_batch_size, seq_len, args.dtype, args.optimizer, stack_kwargs(args))
@@ -789,7 +761,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     files: dict[str, str | bytes] = {"compare.csv": csv_text(rows), "compare.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
-    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, _host_model(args), args.nics_per_node, tuple(args.profile))
+    hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, host_model_of(args), args.nics_per_node, tuple(args.profile))
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
     commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top,
                                        number=lambda row, rank: row["index"] + 1)  # "#K": the K-th of --configs, as in the table

@@ -32,13 +32,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml2comm.cli.args import OneLineParser, positive_int
+from dml2comm.cli.args import DTYPE_CHOICES, ZERO_STAGES, OneLineParser, positive_int
 from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
 from dml2comm.export.files import check_output_folder
 from dml2comm.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
 from dml2comm.traces.classify import DIMS
 from dml2comm.errors import ConfigError
+from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, SCHEDULES
 from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
 
@@ -83,16 +84,16 @@ def trace_parser() -> argparse.ArgumentParser:
     m.add_argument("--rank-order", help="rank order, fastest first (default tdp: Megatron)")
     f = p.add_argument_group("prediction (optional): the model and configuration of the run; these flags need --model")
     f.add_argument("--model", help="the ONNX model the run trained")
-    f.add_argument("--cp-scheme", choices=["ulysses", "ring"], help="default ulysses")
+    f.add_argument("--cp-scheme", choices=CP_SCHEMES, help="default ulysses")
     f.add_argument("--ep", type=positive_int, help="expert-parallel size (carved out of d x cp; default 1)")
     f.add_argument("--micro-batch-size", type=positive_int)
     f.add_argument("--global-batch-size", type=positive_int)
     f.add_argument("--seq-len", type=positive_int)
-    f.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16")
-    f.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], help="default 1f1b")
+    f.add_argument("--dtype", choices=DTYPE_CHOICES, help="default bf16")
+    f.add_argument("--schedule", choices=SCHEDULES, help="default 1f1b")
     f.add_argument("--virtual-stages", type=positive_int, help="default 1")
-    f.add_argument("--recompute", choices=["none", "selective", "full"], help="default none")
-    f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="default 0")
+    f.add_argument("--recompute", choices=RECOMPUTE_MODES, help="default none")
+    f.add_argument("--zero", type=int, choices=ZERO_STAGES, help="default 0")
     f.add_argument("--sequence-parallel", action="store_true", default=None)
     f.add_argument("--gpu", help="default a100")
     f.add_argument("--cluster", help="a cluster preset or file; a file from python main.py calibrate also predicts with its base "

@@ -53,13 +53,8 @@ narayanan2021, peak memory as well as the step time for h100-steps, a time for t
 """
 
 
-class _Parser(OneLineParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"validate: {message} (see python main.py validate --help)")
-
-
 def validate_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python main.py validate", description="Run the tool on the bundled public measurements and report its errors.",
+    p = OneLineParser(command="validate", prog="python main.py validate", description="Run the tool on the bundled public measurements and report its errors.",
                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", action="append", default=[], metavar="NAME[,NAME...]",
                    help="sources to run (repeatable or comma-separated; default: all)")
