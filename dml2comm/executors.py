@@ -306,34 +306,6 @@ def executor_from_args(args: argparse.Namespace, workers: int) -> Executor:
     return LocalExecutor(workers)
 
 
-def progress_bar(label: str, enabled: bool) -> Callable[..., None] | None:
-    """A ``(done, total, note="")`` callback drawing a rich progress bar on stderr, or None when
-    not ``enabled`` (stderr not a terminal: tests and pipes stay clean).  ``note`` is shown after
-    the bar (what is running now).  The bar starts at the first call (after any worker process is
-    forked: no thread is forked with it) and stops when ``done == total``; call ``stop`` on the
-    returned function to stop it early, and ``say(text)`` to print a line that stays above the
-    bar (a finished part)."""
-    if not enabled:
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = Console(stderr=True, highlight=False)
-    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        TextColumn("{task.description}"), console=console, transient=True)
-    task: list[Any] = []
-
-    def update(done: int, total: int, note: str = "") -> None:
-        if not task:
-            progress.start()
-            task.append(progress.add_task(note, total=total))
-        progress.update(task[0], completed=done, total=total, description=note)
-        if done >= total:
-            progress.stop()
-
-    def say(text: str) -> None:
-        (progress.console if task else console).print(text, markup=False)
-
-    update.stop = progress.stop  # type: ignore[attr-defined]
-    update.say = say  # type: ignore[attr-defined]
-    return update
+# The terminal progress bar moved to the front end (dml2comm.cli.progress); re-exported here only for
+# dml2comm/calibrate/command.py until its front end moves into dml2comm.cli (then this line goes).
+from dml2comm.cli.progress import progress_bar  # noqa: E402

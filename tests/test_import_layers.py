@@ -53,6 +53,7 @@ ALLOWED_UPWARD: set[tuple[str, str]] = {
     # the shared argparse pieces' old module, re-exporting them for calibrate/command.py until its
     # front end moves into dml2comm.cli (then the module goes)
     ("dml2comm.argtypes", "dml2comm.cli.args"),
+    ("dml2comm.executors", "dml2comm.cli.progress"),    # re-exports progress_bar for calibrate/command.py (the same)
     ("dml2comm.hardware.cluster", "dml2comm.cost.profile"),  # type of Cluster.profile_scale (TYPE_CHECKING)
     ("dml2comm.ir.onnx_import", "dml2comm.ops.registry"),   # costs an If branch with the op rules
     # the commands' back ends using the output layers (render, export, site) above them: the

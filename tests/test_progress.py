@@ -1,6 +1,6 @@
-"""Issue 19, long work shows progress on a terminal: the site build draws a progress bar over the
-Graphviz layouts and a line before MkDocs on stderr when it is a terminal, and writes nothing when
-it is not (pipes, files and tests stay clean)."""
+"""Issue 19, long work shows progress on a terminal: the site build reports a progress bar over the
+Graphviz layouts and a line before MkDocs, which the command line draws on stderr when it is a
+terminal, and writes nothing when it is not (pipes, files and tests stay clean)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from dml2comm import zoo
 from dml2comm.cli import main
 from dml2comm.render.dot import Drawing
 from dml2comm.render.svg import render
-from dml2comm.site.build import build_and_publish, progress_console
+from dml2comm.cli.progress import progress_console, site_progress
+from dml2comm.site.build import build_and_publish
 from tests.test_render import _analysis
 
 pytestmark = pytest.mark.dot
@@ -45,13 +46,20 @@ def test_build_on_a_terminal_shows_the_layouts_and_the_mkdocs_line(analysis, tmp
     a, _ = analysis
     buf = io.StringIO()
     stats = build_and_publish(a, tmp_path, {"data.json": "{}\n"},
-                              progress=Console(file=buf, force_terminal=True, width=100, color_system=None))
+                              progress=site_progress(Console(file=buf, force_terminal=True, width=100, color_system=None)))
     text = ANSI.sub("", buf.getvalue())
     assert "Graphviz layouts" in text  # the bar, drawn while the layouts run
     assert f"{stats.layouts_run}/{stats.layouts_run}" in text  # it reached the number of layouts run
     assert re.search(rf"Graphviz: \d+ drawings, {stats.layouts_run} distinct layouts in [0-9.]+ s", text)
     assert f"building the site with MkDocs: {stats.pages} pages" in text
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_the_library_builds_silently(analysis, tmp_path, capsys, monkeypatch):
+    a, _ = analysis
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    build_and_publish(a, tmp_path, {"data.json": "{}\n"})  # no progress given: only the command line draws it
+    assert capsys.readouterr().err == ""
 
 
 def test_default_progress_follows_whether_stderr_is_a_terminal(analysis, tmp_path, capsys, monkeypatch):
@@ -61,7 +69,7 @@ def test_default_progress_follows_whether_stderr_is_a_terminal(analysis, tmp_pat
     # (off a terminal the main command writes nothing on stderr: the test below)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert isinstance(progress_console(None), Console)
-    build_and_publish(a, tmp_path / "tty", {"data.json": "{}\n"})
+    build_and_publish(a, tmp_path / "tty", {"data.json": "{}\n"}, progress=site_progress())
     err = ANSI.sub("", capsys.readouterr().err)
     assert "building the site with MkDocs" in err and "distinct layouts" in err
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dml2comm.cli import EXAMPLES, main
+from dml2comm.cli import main
+from dml2comm.cli.analyse import EXAMPLES
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT2 = ROOT / "examples" / "gpt2-small.onnx"

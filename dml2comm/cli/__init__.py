@@ -6,8 +6,9 @@
 
 One module per command (:mod:`~dml2comm.cli.analyse` the main command, :mod:`~dml2comm.cli.zoo`,
 :mod:`~dml2comm.cli.presets`, :mod:`~dml2comm.cli.collective`, :mod:`~dml2comm.cli.search` for
-sweep and compare, :mod:`~dml2comm.cli.trace`, :mod:`~dml2comm.cli.validate`) and the argument
-pieces they share (:mod:`~dml2comm.cli.args`).  The packages below return values and raise
+sweep and compare, :mod:`~dml2comm.cli.trace`, :mod:`~dml2comm.cli.validate`), imported when it
+runs, beside the argument pieces they share (:mod:`~dml2comm.cli.args`) and the terminal's
+progress bars (:mod:`~dml2comm.cli.progress`).  The packages below return values and raise
 :class:`~dml2comm.errors.Dml2CommError`; :func:`main` turns such an error into one line
 ``error: ...`` on stderr and exit code 2; nothing is written.
 """
@@ -19,10 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.cli.analyse import EXAMPLES, SUBCOMMANDS, analysis_parser, run_analysis
 from dml2comm.errors import ConfigError, Dml2CommError
 
-__all__ = ["EXAMPLES", "main"]
+__all__ = ["main"]
 
 
 class _Terminated(BaseException):
@@ -81,6 +81,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             from dml2comm.cli.validate import run_validate_command
 
             return run_validate_command(argv[1:])
+        from dml2comm.cli.analyse import analysis_parser, run_analysis
+
         if not argv:
             analysis_parser().print_help()
             return 2
@@ -108,6 +110,8 @@ def _check_not_a_command_typo(first: str) -> None:
     ``.onnx`` file or is a flag is a model (or an option), never a command."""
     if first.startswith("-") or first.lower().endswith(".onnx") or Path(first).exists():
         return
+    from dml2comm.cli.analyse import SUBCOMMANDS
+
     close = difflib.get_close_matches(first.lower(), SUBCOMMANDS, n=1, cutoff=0.6)
     if close:
         raise ConfigError(f"unknown command {first!r}; did you mean {close[0]!r}? (commands: {', '.join(SUBCOMMANDS)}; "

@@ -276,9 +276,10 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     if args.no_site:
         publish_files(Path(args.out), files)
     else:  # SVGs and site are built beside --out and published together with data.json
+        from dml2comm.cli.progress import site_progress
         from dml2comm.site.build import build_and_publish
 
-        site = build_and_publish(analysis, Path(args.out), files)
+        site = build_and_publish(analysis, Path(args.out), files, progress=site_progress())
     return args, analysis, site
 
 

@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from dml2comm.cli.args import DTYPE_CHOICES, ZERO_STAGES, OneLineParser, positive_int
-from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
+from dml2comm.cli.progress import progress_bar
+from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.export.files import check_output_folder
 from dml2comm.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces

@@ -227,7 +227,7 @@ def _print(summary: dict[str, Any], out: Path, elapsed: float, n: int, site: boo
 def _progress(enabled: bool) -> Callable[[int, int, Step], None] | None:
     """The terminal's progress of :func:`validate` (None when not ``enabled``): a bar of the
     steps with the one running, and a line per source when its shipped cases are done."""
-    from dml2comm.executors import progress_bar
+    from dml2comm.cli.progress import progress_bar
 
     bar = progress_bar("validate", enabled)
     if bar is None:

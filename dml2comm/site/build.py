@@ -18,9 +18,9 @@ outputs intact.
   thousands of boxes would otherwise cost seconds of Markdown and search indexing).
 - ``trace.json`` (the Chrome trace of the simulated iteration) is copied into the site, so the
   timeline page's link works served and from ``file://``.
-- Progress: on a terminal, a large model's build is not silent: a rich progress bar over the
-  Graphviz layouts, then one line before the MkDocs build, on stderr.  When stderr is not a
-  terminal (pipes, files, tests) nothing is written (:func:`progress_console`).
+- Progress: :func:`build` reports the Graphviz layouts and one line before the MkDocs build to
+  the ``progress`` it is given (:class:`SiteProgress`), and writes nothing itself; the command
+  line draws them on stderr when it is a terminal (:mod:`dml2comm.cli.progress`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
@@ -50,7 +49,7 @@ from dml2comm.site.pages import REPLICA_PAGES_MAX, Page, nav_of, page_models, si
 from dml2comm.site.references import preset_tables, reference_sections
 
 __all__ = ["SiteError", "BuildStats", "environment", "md_text", "build", "build_and_publish", "publish", "mkdocs_build", "chart_slot",
-           "build_pages_site", "progress_console", "TEMPLATES", "MKDOCS_YML"]
+           "build_pages_site", "SiteProgress", "TEMPLATES", "MKDOCS_YML"]
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -298,46 +297,29 @@ def _render_pages(env: Environment, pages: Sequence[Page], svgs: Mapping[str, st
     return slots
 
 
-def progress_console(progress: Any = None) -> Any:
-    """Where a build reports progress: ``progress`` itself when it is a rich ``Console``; for
-    ``None`` (the default) a console on stderr when stderr is a terminal; else None (silent)."""
-    if progress is None:
-        if not sys.stderr.isatty():
-            return None
-        from rich.console import Console
+class SiteProgress(Protocol):
+    """What a build reports its progress to (:class:`dml2comm.cli.progress.SiteProgress` draws it on
+    a terminal): ``layout(done, total)`` as the Graphviz layouts finish, ``stop()`` after them,
+    ``say(text)`` for a line (the layouts' time, the MkDocs build)."""
 
-        return Console(stderr=True)
-    return progress or None
+    def layout(self, done: int, total: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def say(self, text: str) -> None: ...
 
 
-class _Progress:
-    """The layouts' progress bar and the MkDocs line on ``console`` (a no-op without one)."""
-
-    def __init__(self, console: Any) -> None:
-        self.console = console
-        self.bar: Any = None
-        self.task: Any = None
+class _Silent:
+    """No progress (the default: the library writes nothing; the front end passes a reporter)."""
 
     def layout(self, done: int, total: int) -> None:
-        if self.console is None:
-            return
-        if self.bar is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("Graphviz layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=self.console, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("layouts", total=total)
-        self.bar.update(self.task, completed=done)
+        pass
 
     def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
+        pass
 
     def say(self, text: str) -> None:
-        if self.console is not None:
-            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        pass
 
 
 def build(
@@ -350,17 +332,17 @@ def build(
     templates: Path = TEMPLATES,
     mkdocs_yml: Path = MKDOCS_YML,
     trace: str | None = None,
-    progress: Any = None,
+    progress: SiteProgress | None = None,
 ) -> BuildStats:
     """Write ``dest/svg_file/`` and ``dest/site/`` (plus the work folder ``dest/.docs``, removed
     at the end).  ``dest`` should be new or empty.  ``trace`` is the text of ``trace.json``
     (copied into the site for the timeline page; made from the analysis when not given).
-    ``progress``: a rich ``Console`` for the progress bar and lines, False for none, None (the
-    default) for stderr when it is a terminal (:func:`progress_console`)."""
+    ``progress``: where the layouts' progress and the build's lines go (:class:`SiteProgress`;
+    None, the default: nowhere)."""
     start = time.perf_counter()
     facts = Facts.of(analysis)
     drawings: list[Drawing] = all_drawings(facts, replica_pages_max)
-    report = _Progress(progress_console(progress))
+    report = progress or _Silent()
     try:
         svgs, stats = render(drawings, jobs=jobs, cache=cache, on_layout=report.layout)
     finally:
