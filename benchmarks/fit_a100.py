@@ -32,7 +32,7 @@ import numpy as np
 
 from dml2comm.cost import gemm
 from dml2comm.validate import SOURCES, narayanan
-from dml2comm.cli.validate import validate
+from dml2comm.validate.run import validate
 
 SCALES = (0.9, 0.95, 1.0, 1.05, 1.1)
 #: Narayanan 2021 Table 1's target: every row within 5%.

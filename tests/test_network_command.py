@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from dml2comm.errors import ConfigError
-from dml2comm.cli.collective import network_presets, parse_algorithm, parse_op, run_collective
+from dml2comm.cli.collective import run_collective
+from dml2comm.network.query import network_presets, parse_algorithm, parse_op
 from dml2comm.network.kinds import Algorithm
 from dml2comm.network.kinds import CollectiveKind as K
 from dml2comm.network.units import parse_latency, parse_rate, parse_size

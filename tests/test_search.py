@@ -18,7 +18,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
-from dml2comm.cli.search import parse_config_spec, run_compare_command, run_sweep_command
+from dml2comm.cli.search import run_compare_command, run_sweep_command
+from dml2comm.search.report import parse_config_spec
 from dml2comm.search.space import Constraints, enumerate_configs, parse_int_list
 from dml2comm.search.sweep import CsvStream, SweepSpace, pareto_front, run_sweep
 

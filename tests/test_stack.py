@@ -12,7 +12,7 @@ import pytest
 
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Precision, Stack
-from dml2comm.cli.search import parse_config_spec
+from dml2comm.search.report import parse_config_spec
 from dml2comm.search.reproduce import Hardware, analysis_argv
 
 ROOT = Path(__file__).resolve().parent.parent

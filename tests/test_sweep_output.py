@@ -10,7 +10,8 @@ import pytest
 
 from dml2comm import zoo
 from dml2comm.cli import search as command
-from dml2comm.cli.search import run_compare_command, run_sweep_command, sweep_dict
+from dml2comm.cli.search import run_compare_command, run_sweep_command
+from dml2comm.search.report import sweep_dict
 from dml2comm.search.sweep import HEADROOM_CAUTION_FRACTION, SweepResult, headroom_caution
 
 GiB = 2**30

@@ -339,7 +339,7 @@ def test_vtrain_multi_node_heldout_set_is_costed_on_the_nics_a_node_has():
 
 
 def test_validate_reports_each_step_to_its_progress_callback():
-    from dml2comm.cli.validate import Step, planned_steps, validate
+    from dml2comm.validate.run import Step, planned_steps, validate
     from dml2comm.validate.fit import GRID
 
     sources = [SOURCES["nccl"], SOURCES["korthikanti2022"]]

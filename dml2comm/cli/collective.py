@@ -5,9 +5,8 @@
     python main.py collective --op all_gather --cluster dgx-h100 --n 8 --table --csv
 
 :func:`run_collective` parses ``argv``, prints, and returns 0; bad input raises
-:class:`~dml2comm.errors.ConfigError` with a one-line message, which ``dml2comm.cli`` prints as
-``error: ...`` with exit code 2.  (This module prints because it *is* a command front end,
-called only from ``cli.py``; everything it calls is pure.)
+:class:`~dml2comm.errors.ConfigError` with a one-line message, which :func:`dml2comm.cli.main`
+prints as ``error: ...`` with exit code 2.  The costs come from :mod:`dml2comm.network.query`.
 """
 
 from __future__ import annotations
@@ -17,42 +16,21 @@ import csv
 import dataclasses
 import io
 import json
-from typing import Any, Sequence
+from typing import Sequence
 
 from dml2comm.cli.args import OneLineParser, finite_float, positive_int
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Cluster, Link, cluster_names
-from dml2comm.network.collectives import CollectiveCost, busbw_factor, registered_algorithms
-from dml2comm.network.kinds import Algorithm, CollectiveKind
-from dml2comm.network.model import LIBRARIES, available_algorithms, collective_cost_for_group, cost_on_topology
-from dml2comm.network.topology import TOPOLOGY_NAMES, Topology, cluster_topology, make_topology
+from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Link, cluster_names
+from dml2comm.network.collectives import CollectiveCost
+from dml2comm.network.kinds import Algorithm
+from dml2comm.network.model import LIBRARIES
+from dml2comm.network.query import (TOPOLOGY_ALIASES, CollectiveSetup, collective_cost, cost_record, faster_elsewhere, nic_share,
+                                    parse_algorithm, parse_op, table_rows, table_sizes)
+from dml2comm.network.topology import TOPOLOGY_NAMES, cluster_topology, make_topology
 from dml2comm.network.units import format_bytes, format_rate, format_seconds, parse_latency, parse_rate, parse_size
 
-__all__ = ["OPS", "network_presets", "parse_algorithm", "parse_op", "run_collective"]
+__all__ = ["run_collective"]
 
-#: ``--op`` spellings (lower case, ``_``/``-`` ignored) -> kind.
-OPS: dict[str, CollectiveKind] = {
-    "allreduce": CollectiveKind.ALL_REDUCE,
-    "allgather": CollectiveKind.ALL_GATHER,
-    "reducescatter": CollectiveKind.REDUCE_SCATTER,
-    "broadcast": CollectiveKind.BROADCAST,
-    "reduce": CollectiveKind.REDUCE,
-    "alltoall": CollectiveKind.ALL_TO_ALL,
-    "sendrecv": CollectiveKind.SEND_RECV,
-}
-
-_ALGORITHM_ALIASES = {
-    "tree": Algorithm.DOUBLE_BINARY_TREE,
-    "dbt": Algorithm.DOUBLE_BINARY_TREE,
-    "halving_doubling": Algorithm.RABENSEIFNER,
-    "nvls": Algorithm.IN_NETWORK,
-    "sharp": Algorithm.IN_NETWORK,
-    "switch": Algorithm.IN_NETWORK,
-    "two_level": Algorithm.HIERARCHICAL,
-}
-
-#: Names users bring from the literature and comparable tools (ASTRA-sim's "Torus2D", "Mesh") -> ours.
-TOPOLOGY_ALIASES = {"torus": "torus2d", "2d-torus": "torus2d", "3d-torus": "torus3d", "mesh": "mesh2d", "2d-mesh": "mesh2d"}
 
 EXAMPLES = """examples:
   python main.py collective --op all_reduce --topology ring --n 8 --size 1GiB --bandwidth 100GB/s --latency 5us
@@ -79,30 +57,6 @@ def _dims(text: str) -> tuple[int, ...]:
     if any(d < 1 for d in dims):
         raise ConfigError(f"--dims must be positive integers, got {text!r}")
     return dims
-
-
-def parse_op(text: str) -> CollectiveKind:
-    """``all_reduce`` / ``ALL_REDUCE`` / ``allreduce`` -> kind; a ConfigError lists the valid ones."""
-    key = text.strip().lower().replace("_", "").replace("-", "")
-    kind = OPS.get(key)
-    if kind is None:
-        valid = ", ".join(k.value.lower() for k in CollectiveKind)
-        raise ConfigError(f"unknown --op {text!r}; valid: {valid}")
-    return kind
-
-
-def parse_algorithm(text: str, kind: CollectiveKind) -> Algorithm:
-    """An algorithm name (or alias: tree, nvls, ...) valid for ``kind``; a ConfigError lists the valid ones."""
-    key = text.strip().lower().replace("-", "_")
-    valid = registered_algorithms(kind)
-    names = ", ".join(a.value for a in valid)
-    try:
-        alg = _ALGORITHM_ALIASES.get(key) or Algorithm(key)
-    except ValueError:
-        raise ConfigError(f"unknown --algorithm {text!r} for {kind.value}; valid: {names}") from None
-    if alg not in valid:
-        raise ConfigError(f"--algorithm {alg.value} is not an algorithm for {kind.value}; valid: {names}")
-    return alg
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -154,25 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-@dataclasses.dataclass(frozen=True)
-class _Setup:
-    kind: CollectiveKind
-    n: int
-    topology: Topology
-    cluster: Cluster | None
-    library: str
-    overhead_s: float
-    gamma: float
-    description: str
-
-
-def _nic_share(nic: Link, nics: int, k: int) -> Link:
-    used = min(nics, k)
-    return dataclasses.replace(nic, bandwidth_bytes_per_s=nic.bandwidth_bytes_per_s * used / k,
-                               name=f"{nic.name} ({nics} per node, {k} GPUs)")
-
-
-def _setup(args: argparse.Namespace) -> _Setup:
+def _setup(args: argparse.Namespace) -> CollectiveSetup:
     kind = parse_op(args.op)
     n = args.n
     overhead = parse_latency(args.overhead) if args.overhead is not None else None
@@ -207,14 +143,14 @@ def _setup(args: argparse.Namespace) -> _Setup:
         cluster = dataclasses.replace(
             cluster,
             intra_node=intra,
-            inter_node=_nic_share(nic, nics, k),
+            inter_node=nic_share(nic, nics, k),
             nics_per_node=nics,
             collective_library=args.library or cluster.collective_library,
             collective_overhead_s=overhead if overhead is not None else cluster.collective_overhead_s,
         )
         topo = cluster_topology(cluster)
         desc = f"{preset.name}: {cluster.num_nodes} node(s) of {k} GPUs, {intra.name} inside, {cluster.inter_node.name} per GPU"
-        return _Setup(kind, n, topo, cluster, cluster.collective_library, cluster.collective_overhead_s, args.gamma, desc)
+        return CollectiveSetup(kind, n, topo, cluster, cluster.collective_library, cluster.collective_overhead_s, args.gamma, desc)
     for flag, value in (("--nics-per-node", args.nics_per_node),):
         if value is not None and (args.topology or "").strip().lower() != "hierarchical":
             raise ConfigError(f"{flag} applies to --topology hierarchical or --cluster")
@@ -253,13 +189,13 @@ def _setup(args: argparse.Namespace) -> _Setup:
         nic_lat = parse_latency(args.inter_latency) if args.inter_latency is not None else 14e-6
         nic = Link(f"NIC {format_rate(nic_bw)}, {format_seconds(nic_lat)}", nic_bw, nic_lat, 1.0,
                    {"bandwidth_bytes_per_s": "--inter-bandwidth", "latency_s": "--inter-latency or NCCL hwLat NET Ring Simple 14 µs"})
-        inter = _nic_share(nic, args.nics_per_node or args.gpus_per_node, args.gpus_per_node)
+        inter = nic_share(nic, args.nics_per_node or args.gpus_per_node, args.gpus_per_node)
     elif args.gpus_per_node is not None or args.inter_bandwidth is not None:
         raise ConfigError("--gpus-per-node and --inter-bandwidth apply to --topology hierarchical or --cluster")
     topo = make_topology(name, n, link, dims=args.dims, radix=args.radix, levels=args.levels,
                          oversubscription=args.oversubscription, in_network=args.in_network,
                          gpus_per_node=args.gpus_per_node, inter_link=inter)
-    return _Setup(kind, n, topo, None, args.library or "textbook", overhead or 0.0, args.gamma, topo.description)
+    return CollectiveSetup(kind, n, topo, None, args.library or "textbook", overhead or 0.0, args.gamma, topo.description)
 
 
 def _check_one_direction(args: argparse.Namespace, topology: str) -> None:
@@ -270,7 +206,7 @@ def _check_one_direction(args: argparse.Namespace, topology: str) -> None:
         raise ConfigError("--one-direction describes the ring algorithm; add --algorithm ring")
 
 
-def _ring_note(setup: _Setup, cost: CollectiveCost, one_direction: bool) -> str:
+def _ring_note(setup: CollectiveSetup, cost: CollectiveCost, one_direction: bool) -> str:
     """How the ring algorithm uses a ring/torus level's links (the formula line alone does not say)."""
     if cost.algorithm != Algorithm.RING.value or not any(lv.kind.value == "ring" for lv in setup.topology.levels):
         return ""
@@ -280,57 +216,7 @@ def _ring_note(setup: _Setup, cost: CollectiveCost, one_direction: bool) -> str:
             "textbook term; --one-direction for the single ring)")
 
 
-def _cost(setup: _Setup, size: float, algorithm: Algorithm | None) -> CollectiveCost:
-    if setup.cluster is not None:
-        return collective_cost_for_group(setup.cluster, setup.kind, range(setup.n), size, algorithm=algorithm,
-                                         gamma_s_per_byte=setup.gamma)
-    return cost_on_topology(setup.topology, setup.kind, size, algorithm=algorithm, library=setup.library,
-                            overhead_s=setup.overhead_s, gamma_s_per_byte=setup.gamma)
-
-
-def _record(setup: _Setup, cost: CollectiveCost) -> dict[str, Any]:
-    return {
-        "kind": cost.kind.value,
-        "n": cost.n,
-        "message_bytes": cost.message_bytes,
-        "time_s": cost.time_s,
-        "bytes_sent_per_gpu": cost.bytes_sent_per_gpu,
-        "steps": cost.steps,
-        "algbw_bytes_per_s": cost.algbw_bytes_per_s,
-        "busbw_bytes_per_s": cost.busbw_bytes_per_s,
-        "busbw_factor": float(busbw_factor(cost.kind, cost.n)) if cost.n > 1 else 0.0,
-        "algorithm": cost.algorithm,
-        "protocol": cost.protocol,
-        "limiting_link": cost.limiting_link,
-        "links": cost.link,
-        "formula": cost.formula,
-        "alternatives": {a: t for a, t in cost.alternatives},
-        "topology": setup.topology.to_dict(),
-        "library": setup.library,
-        "overhead_s": setup.overhead_s,
-    }
-
-
-def _faster_elsewhere(setup: _Setup, cost: CollectiveCost) -> list[tuple[str, float]]:
-    """Algorithms that run here, are not among the library's candidates (NCCL implements only some)
-    and beat its pick: (name, time), fastest first."""
-    if cost.n <= 1:
-        return []
-    candidates = {a for a, _ in cost.alternatives}
-    out = []
-    for alg in available_algorithms(setup.topology, setup.kind, ranks=list(range(setup.n)), library=setup.library):
-        if alg.value in candidates:
-            continue
-        try:
-            other = _cost(setup, cost.message_bytes, alg)
-        except ConfigError:
-            continue
-        if other.time_s < cost.time_s:
-            out.append((alg.value, other.time_s))
-    return sorted(out, key=lambda x: x[1])
-
-
-def _how_chosen(setup: _Setup, cost: CollectiveCost, forced: bool) -> str:
+def _how_chosen(setup: CollectiveSetup, cost: CollectiveCost, forced: bool) -> str:
     if forced:
         return "as requested"
     if not cost.alternatives:
@@ -341,7 +227,7 @@ def _how_chosen(setup: _Setup, cost: CollectiveCost, forced: bool) -> str:
     return f"fastest of {k} candidates"
 
 
-def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool, one_direction: bool = False) -> None:
+def _print_one(setup: CollectiveSetup, cost: CollectiveCost, verbose: bool, forced: bool, one_direction: bool = False) -> None:
     print(f"{cost.kind.value}, {format_bytes(cost.message_bytes)} over {cost.n} rank(s): {setup.description}")
     how = _how_chosen(setup, cost, forced)
     print(f"  algorithm      {cost.algorithm} ({how}; protocol {cost.protocol}, {setup.library} model)")
@@ -354,7 +240,7 @@ def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool,
         print(f"  formula        {cost.formula}{_ring_note(setup, cost, one_direction)}")
         alts = ", ".join(f"{a} {format_seconds(t)}" for a, t in cost.alternatives)
         print(f"  candidates     {alts or '-'}")
-    faster = [] if forced else _faster_elsewhere(setup, cost)
+    faster = [] if forced else faster_elsewhere(setup, cost)
     if faster:
         print(f"  faster         {', '.join(f'{a} {format_seconds(t)}' for a, t in faster)}: not among the {setup.library} "
               "model's candidates, so not the default (--algorithm NAME forces one)")
@@ -364,31 +250,8 @@ def _print_one(setup: _Setup, cost: CollectiveCost, verbose: bool, forced: bool,
                   f"{format_seconds(lv.link.latency_s)}, oversubscription {lv.oversubscription:g})")
 
 
-def _sizes(args: argparse.Namespace) -> list[float]:
-    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
-    if hi < lo:
-        raise ConfigError(f"--max-bytes ({args.max_bytes}) is smaller than --min-bytes ({args.min_bytes})")
-    out, s = [], lo
-    while s <= hi * (1 + 1e-12) and len(out) < 200:
-        out.append(float(round(s)) if s >= 1 else s)
-        s *= args.step_factor
-    return out
-
-
-def _table(setup: _Setup, args: argparse.Namespace) -> None:
-    algs = list(available_algorithms(setup.topology, setup.kind, ranks=list(range(setup.n)), library=setup.library))
-    if args.algorithm:
-        algs = [parse_algorithm(args.algorithm, setup.kind)]
-    rows = []
-    for size in _sizes(args):
-        best = _cost(setup, size, None)
-        per = {}
-        for alg in algs:
-            try:
-                per[alg.value] = _cost(setup, size, alg)
-            except ConfigError:
-                continue
-        rows.append((size, best, per))
+def _table(setup: CollectiveSetup, args: argparse.Namespace) -> None:
+    algs, rows = table_rows(setup, table_sizes(args.min_bytes, args.max_bytes, args.step_factor), args.algorithm)
     names = [a.value for a in algs]
     if args.csv:
         buf = io.StringIO()
@@ -475,31 +338,11 @@ def run_collective(argv: Sequence[str]) -> int:
         raise ConfigError("give --size (e.g. 1GiB), or --table for a range of sizes")
     size = parse_size(args.size)
     algorithm = parse_algorithm(args.algorithm, setup.kind) if args.algorithm else None
-    cost = _cost(setup, size, algorithm)
+    cost = collective_cost(setup, size, algorithm)
     if args.json:
-        print(json.dumps(_record(setup, cost), sort_keys=True))
+        print(json.dumps(cost_record(setup, cost), sort_keys=True))
     else:
         _print_one(setup, cost, args.verbose, algorithm is not None, args.one_direction)
     return 0
 
 
-def network_presets() -> dict[str, object]:
-    """Topologies, algorithms per collective and each cluster preset's network, for ``presets``."""
-    clusters = {}
-    for name in cluster_names():
-        c = CLUSTERS[name].build()
-        clusters[name] = {
-            "intra_topology": c.intra_topology,
-            "intra_node": c.intra_node.name,
-            "inter_node_per_gpu": c.inter_node.name,
-            "nics_per_node": c.nics_per_node,
-            "collective_library": c.collective_library,
-            "collective_overhead_s": c.collective_overhead_s,
-            "allreduce_busbw_8_gpus_bytes_per_s": collective_cost_for_group(c, CollectiveKind.ALL_REDUCE, range(c.gpus_per_node), 2.0**30).busbw_bytes_per_s,
-        }
-    return {
-        "topologies": list(TOPOLOGY_NAMES),
-        "algorithms": {k.value: [a.value for a in registered_algorithms(k)] for k in CollectiveKind},
-        "libraries": list(LIBRARIES),
-        "cluster_networks": clusters,
-    }

@@ -17,7 +17,7 @@ def run_presets(argv: Sequence[str]) -> int:
     from dml2comm.hardware.cluster import cluster_names, get_cluster
     from dml2comm.hardware.gpus import GPUS, get_gpu
 
-    from dml2comm.cli.collective import network_presets
+    from dml2comm.network.query import network_presets
 
     gpus = {name: get_gpu(name).to_dict() for name in sorted(GPUS)}
     clusters = {name: get_cluster(name).to_dict() for name in cluster_names()}

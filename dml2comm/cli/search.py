@@ -5,8 +5,9 @@
 
 :func:`run_sweep_command` and :func:`run_compare_command` parse ``argv``, print, write into
 ``--out`` and return an exit code; bad input raises :class:`~dml2comm.errors.ConfigError` with a
-one-line message, which ``dml2comm.cli`` prints as ``error: ...`` with exit code 2.  (This module
-prints because it *is* a command front end, called only from ``cli.py``.)
+one-line message, which :func:`dml2comm.cli.main` prints as ``error: ...`` with exit code 2.  What
+they report is computed by :mod:`dml2comm.search.report`, :mod:`~dml2comm.search.sweep` and
+:mod:`~dml2comm.search.scaling`.
 
 Outputs of ``sweep`` (``--out DIR``): ``sweep.csv`` and ``sweep.parquet`` (every configuration,
 failed ones with their reason; the same columns, typed in Parquet), ``data.json`` (schema_version
@@ -45,15 +46,14 @@ from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.errors import ConfigError
 from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.cost.profile import ProfileScale
-from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
-from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, ParallelConfig, check_gpu_count
-from dml2comm.search.reproduce import (DEFAULT_BUILD_TOP, Hardware, analysis_argv, command_line, config_slug, scaling_folder,
-                                       scaling_reproduce)
+from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, check_gpu_count
+from dml2comm.search.report import (cluster_builder, cluster_dict, entry, gpu_label, parquet_bytes, parse_config_spec, space_dict,
+                                    space_view, sweep_dict)
+from dml2comm.search.reproduce import DEFAULT_BUILD_TOP, Hardware, listed_commands, scaling_folder, scaling_reproduce
 from dml2comm.search.space import Constraints, parse_int_list, parse_name_list
-from dml2comm.search.sweep import (CONFIG_COLUMNS, CSV_COLUMNS, CsvStream, Evaluator, SweepResult, SweepSpace, csv_text,
-                                   headroom_caution, model_shape, run_sweep)
+from dml2comm.search.sweep import CsvStream, Evaluator, SweepResult, SweepSpace, csv_text, model_shape, run_sweep
 
-__all__ = ["run_sweep_command", "run_compare_command", "parse_config_spec", "sweep_dict"]
+__all__ = ["build_sites", "compare_parser", "run_compare_command", "run_sweep_command", "sweep_parser"]
 
 SWEEP_EXAMPLES = """examples (run as written from the repository root; default output folder out/sweep):
   python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512
@@ -74,10 +74,6 @@ COMPARE_EXAMPLES = """examples (run as written from the repository root; default
 #: Rows of the Pareto front printed (data.json holds all of them).
 PARETO_SHOWN = 20
 
-#: Keys of a ``--configs`` entry.
-SPEC_KEYS = {"d": "dp_size", "t": "tp_size", "p": "pp_size", "b": "micro_batch_size", "zero": "zero_stage",
-             "recompute": "recompute", "sp": "sequence_parallel", "v": "virtual_stages", "c": "cp_size", "e": "ep_size"}
-
 
 def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: bool = False) -> None:
     add_hardware_arguments(p, main=False)
@@ -97,93 +93,6 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: b
                         + ("; with --scaling: of the best configuration of each of the first N GPU counts that have one, into "
                            "DIR/top/COUNT-gpus (every count when N is at least the number of counts)" if scaling else ""))
     p.add_argument("--json", action="store_true", help="print the result object as JSON instead of tables")
-
-
-def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int, host_model: str = "eager",
-                    nics_per_node: int | None = None, profile: ProfileScale | None = None) -> Callable[[int], Cluster]:
-    """``num_gpus -> Cluster`` as the main command builds it, with no per-call host overhead,
-    the host model ``host_model`` (:mod:`dml2comm.cost.host`) and a profile's measured ratios
-    (``--profile``: :mod:`dml2comm.cost.profile`); a ``gpu`` that contradicts the ``cluster``
-    preset's GPU is refused, as by the main command."""
-
-    def build(num_gpus: int) -> Cluster:
-        if cluster:
-            built = get_cluster(cluster, num_gpus, nics_per_node=nics_per_node)
-            check_gpu_matches_cluster(gpu, cluster, built)
-        else:
-            built = make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus), nics_per_node=nics_per_node)
-        return dataclasses.replace(built, collective_overhead_s=0.0, host_model=host_model, profile_scale=profile)
-
-    return build
-
-
-def _entry(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"index": row["index"], "config": row["config"], "iteration_time_s": row["iteration_time_s"],
-            "tflops_per_gpu": row["tflops_per_gpu"], "mfu": row["mfu"], "peak_memory_bytes": row["peak_memory_bytes"],
-            "fits": row["fits"], "bubble_fraction": row["bubble_fraction"],
-            "compute_time_s": row.get("compute_time_s"), "bubble_time_s": row.get("bubble_time_s"),
-            "exposed_comm_time_s": row["exposed_comm_time_s"], "optimizer_time_s": row.get("optimizer_time_s"),
-            "error": row["error"]}
-
-
-_INT_COLUMNS = {"index", "d", "t", "p", "c", "e", "micro_batch_size", "num_micro_batches", "virtual_stages", "zero_stage"}
-_BOOL_COLUMNS = {"sequence_parallel", "fits"}
-_TEXT_COLUMNS = {"schedule", "recompute", "error"}
-
-
-def parquet_bytes(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """The rows as Parquet: the columns of the CSV (:data:`CSV_COLUMNS`), typed (int64 sizes,
-    bool flags, float64 metrics, strings; missing values null)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns: dict[str, Any] = {}
-    for name in CSV_COLUMNS:
-        if name in CONFIG_COLUMNS:
-            values = [r["config"].get(name) for r in rows]
-        else:
-            values = [r.get(name) for r in rows]
-        if name in _INT_COLUMNS:
-            kind = pa.int64()
-        elif name in _BOOL_COLUMNS:
-            kind = pa.bool_()
-        elif name in _TEXT_COLUMNS:
-            kind = pa.string()
-            values = [None if v is None else str(v) for v in values]
-        else:
-            kind = pa.float64()
-        try:
-            columns[name] = pa.array(values, type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column this writer does not know the type of
-            columns[name] = pa.array([None if v is None else str(v) for v in values], type=pa.string())
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table(columns), sink)
-    return sink.getvalue().to_pybytes()
-
-
-def sweep_dict(result: SweepResult, top: int = 10, capacity_bytes: float | None = None) -> dict[str, Any]:
-    """The ``sweep`` object of data.json; with ``capacity_bytes`` (what the allocator can hold),
-    ``memory_caution`` when the best leaves too little headroom
-    (:func:`~dml2comm.search.sweep.headroom_caution`), else None."""
-    evaluated = result.evaluated
-    best = result.best
-    caution = headroom_caution(result.ranked(), capacity_bytes) if capacity_bytes else None
-    if caution is not None and caution["safer"] is not None:
-        caution["safer"] = dict(_entry(caution["safer"]["row"]), rank=caution["safer"]["rank"])
-    return {
-        "num_configs": result.num_configs,
-        "num_evaluated": len(evaluated),
-        "num_failed": len(result.failed),
-        "num_fit": sum(1 for r in evaluated if r["fits"]),
-        "failure_reasons": result.failure_reasons(),
-        "interrupted": result.interrupted,
-        "seconds": result.seconds,
-        "configs_per_s": len(result.rows) / result.seconds if result.seconds else None,
-        "best": _entry(best) if best else None,
-        "top": [_entry(r) for r in result.top(top)],
-        "pareto": [_entry(r) for r in result.pareto()],
-        "memory_caution": caution,
-    }
 
 
 def _short(config: Mapping[str, Any]) -> str:
@@ -349,20 +258,20 @@ def run_sweep_command(argv: Sequence[str]) -> int:
     cluster = builder(args.gpus)
 
     allocator = allocator_capacity_bytes(cluster.gpu.hbm_bytes)  # what "fits" is measured against
-    data = {"schema_version": 1, "model": result.model, "cluster": _cluster_dict(cluster),
-            "space": _space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top, allocator)}
+    data = {"schema_version": 1, "model": result.model, "cluster": cluster_dict(cluster),
+            "space": space_dict(space, args.gpus), "sweep": sweep_dict(result, args.top, allocator)}
     if not args.json:  # the ranking first: building the analysis sites can take longer than the sweep
         _print_sweep(result, data["sweep"], args.top)
     files: dict[str, str | bytes] = {"sweep.csv": csv_text(result.rows), "sweep.parquet": parquet_bytes(result.rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
     hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, host_model_of(args), args.nics_per_node, tuple(args.profile))
     ranked = result.ranked()
-    commands, jobs, sites = _reproduce(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
+    commands, jobs, sites = listed_commands(args.model, out, ranked, ranked[:args.top] + result.pareto(), hardware,
                                        0 if args.no_site or result.interrupted else args.build_top)
     top_staging = _build_top(out, jobs, args.json)  # after the sweep: its speed is the sweep's
     site = _publish(out, files, None if args.no_site else dict(
-        kind="sweep", rows=result.rows, capacity_bytes=allocator_capacity_bytes(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster),
-        model=result.model, cluster=data["cluster"], space=_space_view(data["space"]), sweep=data["sweep"], top=args.top,
+        kind="sweep", rows=result.rows, capacity_bytes=allocator_capacity_bytes(cluster.gpu.hbm_bytes), capacity_label=gpu_label(cluster),
+        model=result.model, cluster=data["cluster"], space=space_view(data["space"]), sweep=data["sweep"], top=args.top,
         commands=commands, sites=sites), top_staging)
     partial.unlink(missing_ok=True)
     if args.json:
@@ -400,7 +309,7 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     points = study.summary["points"]
     for p in points:
         if p.get("best"):
-            p["best"] = _entry(p["best"])
+            p["best"] = entry(p["best"])
     hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, host_model_of(args), args.nics_per_node, tuple(args.profile))
     commands, jobs, sites = scaling_reproduce(args.model, out, points, hardware,
                                               0 if args.no_site or study.interrupted else args.build_top)
@@ -410,19 +319,19 @@ def _run_scaling_command(args: argparse.Namespace, constraints: Constraints) -> 
     first = next(iter(study.sweeps.values()))
     scaling = dict(plan.to_dict(), **study.summary, interrupted=study.interrupted)
     base = builder(counts[0])
-    data = {"schema_version": 1, "model": first.model, "cluster": _cluster_dict(base),
-            "space": dict(_space_dict(space, counts[0]), num_gpus=list(counts), global_batch_size=plan.to_dict()["global_batch_sizes"]),
+    data = {"schema_version": 1, "model": first.model, "cluster": cluster_dict(base),
+            "space": dict(space_dict(space, counts[0]), num_gpus=list(counts), global_batch_size=plan.to_dict()["global_batch_sizes"]),
             "scaling": scaling}
     rows = [r for n in counts if n in study.sweeps for r in study.sweeps[n].rows]
     files: dict[str, str | bytes] = {"scaling.csv": scaling_csv(points), "sweep.csv": csv_text(rows), "sweep.parquet": parquet_bytes(rows),
                                      "data.json": json.dumps(data, sort_keys=True, indent=1) + "\n"}
-    cluster_view = dict(_cluster_dict(builder(counts[-1])), num_gpus=f"{counts[0]}–{counts[-1]}")
+    cluster_view = dict(cluster_dict(builder(counts[-1])), num_gpus=f"{counts[0]}–{counts[-1]}")
     if not args.json:  # the table first: the analysis sites take longer to build
         _print_scaling(scaling)
     top_staging = _build_top(out, jobs, args.json, folder=scaling_folder, label=lambda n: f"the best on {n} GPUs")
     site = _publish(out, files, None if args.no_site else dict(
-        kind="scaling", rows=rows, capacity_bytes=allocator_capacity_bytes(base.gpu.hbm_bytes), capacity_label=_gpu_label(base), model=first.model,
-        cluster=cluster_view, space=_space_view(data["space"]), scaling=scaling, commands=commands, sites=sites), top_staging)
+        kind="scaling", rows=rows, capacity_bytes=allocator_capacity_bytes(base.gpu.hbm_bytes), capacity_label=gpu_label(base), model=first.model,
+        cluster=cluster_view, space=space_view(data["space"]), scaling=scaling, commands=commands, sites=sites), top_staging)
     if args.json:
         print(json.dumps(scaling, sort_keys=True))
     else:
@@ -462,73 +371,6 @@ def _print_scaling_sites(scaling: Mapping[str, Any], out: Path) -> None:
             console.print(line(f"{p['gpus']} GPUs {_short(p['best']['config'])}: {out / p['site']}", console.width,
                                prefix="analysis site:"), highlight=False)
             console.print("  " + p["command"], soft_wrap=True, highlight=False, markup=False)  # one line: copy and run
-
-
-def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": cluster.name, "gpu": cluster.gpu.name, "num_gpus": cluster.num_gpus,
-                           "gpus_per_node": cluster.gpus_per_node}
-    if cluster.source_file is not None:  # --cluster FILE.yaml: which file, by name and hash (issue 20)
-        out["file"] = {"name": cluster.source_file[0], "sha256": cluster.source_file[1]}
-    return out
-
-
-def _space_dict(space: SweepSpace, num_gpus: int) -> dict[str, Any]:
-    c = space.constraints
-    return {"num_gpus": num_gpus, "global_batch_size": space.global_batch_size, "seq_len": space.seq_len,
-            "d": c.d, "t": c.t, "p": c.p, "max_d": c.max_d, "max_t": c.max_t, "max_p": c.max_p,
-            "micro_batch_sizes": c.micro_batch_sizes, "virtual_stages": c.virtual_stages, "zero_stages": c.zero_stages,
-            "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "allow_cross_node_tp": c.allow_cross_node_tp}
-
-
-def _gpu_label(cluster: Cluster) -> str:
-    return f"{cluster.gpu.name}, {cluster.gpu.hbm_bytes / 1e9:g} GB less the CUDA context"
-
-
-#: Labels of the sweep space's keys on the page (data.json keeps the keys).
-_SPACE_LABELS = {"num_gpus": "GPUs", "global_batch_size": "global batch", "d": "data parallel d", "t": "tensor parallel t",
-                 "p": "pipeline stages p", "max_d": "largest d", "max_t": "largest t", "max_p": "largest p",
-                 "micro_batch_sizes": "micro-batch sizes", "virtual_stages": "virtual stages", "zero_stages": "ZeRO stage",
-                 "recompute": "recomputation", "sequence_parallel": "sequence parallel",
-                 "allow_cross_node_tp": "tensor parallel across nodes"}
-
-
-def _space_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_space_value(v) for v in value)
-    return str(value)
-
-
-def _space_view(space: Mapping[str, Any]) -> dict[str, Any]:
-    """The constraints worth showing on the page, in words (``sequence parallel: off, on``, not
-    ``sequence_parallel False, True``); d/t/p left at "every divisor" are left out."""
-    return {_SPACE_LABELS.get(k, k.replace("_", " ")): _space_value(v) for k, v in space.items()
-            if v is not None and k not in ("seq_len",)}
-
-
-def _reproduce(model: str, out: Path, ranked: Sequence[Mapping[str, Any]], listed: Sequence[Mapping[str, Any]],
-               hardware: Hardware, build_top: int, number: Callable[[Mapping[str, Any], int], int] = lambda row, rank: rank,
-               ) -> tuple[dict[int, str], list[tuple[int, list[str]]], dict[int, int]]:
-    """Command lines of the ``listed`` rows and of the ``build_top`` fastest fitting ones
-    (``ranked``): ({row index: command line}, [(number, argv)] of the sites to build, {row index:
-    number of its site}).  A built row's ``--out`` is ``out/top/NUMBER``; the others'
-    ``out/configs/SLUG``.  ``number(row, rank)`` is the "#" the terminal and the page show for the
-    row: its rank (the sweep, whose tables list the fastest first) or, for ``compare``, whose
-    table keeps the order of ``--configs``, its position there -- one number per configuration."""
-    ranks = {r["index"]: number(r, i) for i, r in enumerate(ranked[:build_top], 1)}
-    commands: dict[int, str] = {}
-    jobs: list[tuple[int, list[str]]] = []
-    for r in [*ranked[:build_top], *listed]:
-        if r["index"] in commands or r.get("error"):
-            continue
-        rank = ranks.get(r["index"])
-        target = out / "top" / str(rank) if rank else out / "configs" / config_slug(r["config"])
-        argv = analysis_argv(model, r["config"], hardware, str(target))
-        commands[r["index"]] = command_line(argv)
-        if rank:
-            jobs.append((rank, argv))
-    return commands, sorted(jobs), ranks
 
 
 def _build_top(out: Path, jobs: Sequence[tuple[int, Sequence[str]]], quiet: bool, folder: Callable[[int], str] = str,
@@ -689,41 +531,6 @@ def _print_written(out: Path, names: Sequence[str], site: Path | None) -> None:
         _say(console, f"comparison page: {site}")
 
 
-# ---- compare
-def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: str = "bf16",
-                      optimizer: str = "adam", stack: Mapping[str, str] | None = None) -> ParallelConfig:
-    """``"d=2,t=2,p=4,b=1,zero=1,recompute=full,sp=1,v=2,c=2,e=2"`` -> :class:`ParallelConfig` (unset keys: defaults)."""
-    kwargs: dict[str, Any] = {}
-    for part in [x.strip() for x in text.split(",") if x.strip()]:
-        key, sep, value = part.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in SPEC_KEYS:
-            raise ConfigError(f"--configs {text!r}: cannot read {part!r}; use KEY=VALUE with keys {','.join(SPEC_KEYS)}")
-        name = SPEC_KEYS[key]
-        value = value.strip()
-        if name == "recompute":
-            if value not in RECOMPUTE_MODES:
-                raise ConfigError(f"--configs {text!r}: recompute={value!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
-            kwargs[name] = value
-        elif name == "sequence_parallel":
-            if value.lower() not in ("0", "1", "true", "false", "on", "off"):
-                raise ConfigError(f"--configs {text!r}: sp={value!r}; use sp=1 or sp=0")
-            kwargs[name] = value.lower() in ("1", "true", "on")
-        else:
-            try:
-                kwargs[name] = int(value)
-            except ValueError:
-                raise ConfigError(f"--configs {text!r}: {key}={value!r} is not an integer") from None
-    if kwargs.get("virtual_stages", 1) > 1:
-        kwargs["schedule"] = "interleaved"
-    if kwargs.get("sequence_parallel") and kwargs.get("tp_size", 1) == 1:
-        raise ConfigError(f"--configs {text!r}: sp=1 needs t of 2 or more")
-    try:
-        return ParallelConfig(global_batch_size=global_batch, seq_len=seq_len, dtype=dtype, optimizer=optimizer, **(stack or {}), **kwargs)
-    except ConfigError as exc:
-        raise ConfigError(f"--configs {text!r}: {exc}") from None
-
-
 def compare_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python main.py compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMPARE_EXAMPLES,
                 description="Analyse a few configurations of one model side by side.")
@@ -754,7 +561,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
         row["index"] = i
         row["spec"] = spec
         rows.append(row)
-    entries = [dict(_entry(r), spec=r["spec"]) for r in rows]
+    entries = [dict(entry(r), spec=r["spec"]) for r in rows]
     cluster = builder(max(c.num_gpus for c in configs))
     data = {"schema_version": 1, "model": {"path": str(args.model)}, "compare": entries}
     out = Path(args.out or "out/compare")
@@ -763,7 +570,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
     model = {"path": str(args.model), "name": evaluator.imported(1).graph.name}
     hardware = Hardware(args.gpu, args.cluster, args.gpus_per_node, args.seq_len, host_model_of(args), args.nics_per_node, tuple(args.profile))
     ranked = sorted((r for r in rows if r["fits"]), key=lambda r: (r["iteration_time_s"], r["index"]))
-    commands, jobs, sites = _reproduce(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top,
+    commands, jobs, sites = listed_commands(args.model, out, ranked, rows, hardware, 0 if args.no_site else args.build_top,
                                        number=lambda row, rank: row["index"] + 1)  # "#K": the K-th of --configs, as in the table
     if not args.json:  # the table first: the analysis sites take longer to build
         console = _console()
@@ -771,7 +578,7 @@ def run_compare_command(argv: Sequence[str]) -> int:
         console.print(_table("configurations side by side", rows, console.width))
     top_staging = _build_top(out, jobs, args.json)
     site = _publish(out, files, None if args.no_site else dict(
-        kind="compare", rows=rows, capacity_bytes=allocator_capacity_bytes(cluster.gpu.hbm_bytes), capacity_label=_gpu_label(cluster), model=model,
+        kind="compare", rows=rows, capacity_bytes=allocator_capacity_bytes(cluster.gpu.hbm_bytes), capacity_label=gpu_label(cluster), model=model,
         cluster={"name": cluster.name, "gpu": cluster.gpu.name, "gpus_per_node": cluster.gpus_per_node,
                  "num_gpus": "/".join(str(n) for n in sorted({c.num_gpus for c in configs}))},
         commands=commands, sites=sites), top_staging)

@@ -15,14 +15,13 @@ kernels),
 ``comparison.csv`` (with ``--model``), ``svg_file/`` and ``site/`` (unless ``--no-site``).
 
 Bad files do not stop the others: each is listed with its reason in ``problems`` and on stdout;
-the exit code is 0 when at least one rank was analysed and 2 when none was.  (This module prints
-because it *is* a command front end, called only from ``cli.py``.)
+the exit code is 0 when at least one rank was analysed and 2 when none was.  What it reports is
+computed by :mod:`dml2comm.traces.report` and :mod:`dml2comm.traces.site`.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -30,22 +29,22 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from dml2comm.cli.args import DTYPE_CHOICES, ZERO_STAGES, OneLineParser, positive_int
 from dml2comm.cli.progress import progress_bar
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.export.files import check_output_folder
 from dml2comm.fmt import fmt_s
-from dml2comm.traces.analyze import RankResult, TraceSet, analyze_traces
+from dml2comm.traces.analyze import TraceSet, analyze_traces
 from dml2comm.traces.classify import DIMS
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, SCHEDULES
 from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
+from dml2comm.traces.report import (base_prediction, comparison_csv, events_parquet, file_column, file_note, hta_overlap, join_columns,
+                                    join_rows, join_step, join_summary, json_default, steps_parquet, trace_analysis_dict)
+from dml2comm.traces.site import page_context, publish_trace_outputs, trace_drawings
 
-__all__ = ["trace_parser", "run_trace_command", "trace_analysis_dict", "events_parquet", "steps_parquet", "refuse_unused_flags",
-           "run_sizes", "PREDICTION_DEFAULTS", "join_rows", "join_summary"]
+__all__ = ["trace_parser", "run_trace_command", "refuse_unused_flags", "run_sizes", "PREDICTION_DEFAULTS"]
 
 EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a folder of rank-N.json[.gz]):
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2 --out out/trace
@@ -55,12 +54,6 @@ EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a f
 (--executor dask needs pip install 'dml2comm[dask]'; with --scheduler tcp://HOST:8786 the ranks are analysed on a running Dask
 cluster, whose workers read the trace files from a filesystem they share with this machine)
 """
-
-#: Gantt charts drawn at most (pipeline groups; model replicas), rows per chart at most, ranks in
-#: the replica bar chart at most.
-MAX_GANTTS = 8
-MAX_ROWS = 32
-MAX_BAR_RANKS = 256
 
 
 def trace_parser() -> argparse.ArgumentParser:
@@ -101,101 +94,6 @@ def trace_parser() -> argparse.ArgumentParser:
                    "preset's constants, side by side")
     f.add_argument("--gpus-per-node", type=positive_int, help="default 8")
     return p
-
-
-# ---------------------------------------------------------------------------------------------
-# outputs
-# ---------------------------------------------------------------------------------------------
-
-
-def _mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values) if values else 0.0
-
-
-def rank_summary(r: RankResult) -> dict[str, Any]:
-    """Mean over the rank's steps of each figure."""
-    s = r.steps
-    out = {k: _mean([x[k] for x in s]) for k in ("wall_s", "compute_s", "comm_total_s", "overlap_s", "exposed_comm_s", "idle_s",
-                                                 "forward_s", "backward_s", "recompute_s", "optimizer_s", "memcpy_s")}
-    out["comm_s"] = {d: _mean([x["comm_s"][d] for x in s]) for d in DIMS}
-    out["steps"] = len(s)
-    return out
-
-
-def trace_analysis_dict(ts: TraceSet, comparison: dict[str, Any] | None = None) -> dict[str, Any]:
-    from dml2comm.traces.overlap import percentages
-
-    breakdown = _kernel_types(ts)
-    ranks = []
-    for r in ts.ranks:
-        d = r.to_dict()
-        d["summary"] = rank_summary(r)
-        ranks.append(d)
-    return {
-        "schema_version": 1,
-        "ranks": ranks,
-        "failed_files": [{"file": f.path, "reason": f.reason} for f in ts.failures],
-        "problems": ts.problems,
-        "pipeline_groups": [list(g) for g in ts.pipeline_groups],
-        "layout": _layout_dict(ts, {r["rank"]: r["summary"] for r in ranks}),
-        "hta": {"kernel_type_breakdown_us": breakdown, "kernel_type_percentage": percentages(breakdown),
-                "reference": "holistictraceanalysis 0.5.0 definitions (get_comm_comp_overlap, get_gpu_kernel_breakdown, "
-                             "get_temporal_breakdown)"},
-        "comparison": comparison,
-    }
-
-
-def _layout_dict(ts: TraceSet, summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The layout with, per replica, its step (the slowest of its ranks' mean steps) and that rank."""
-    if ts.layout is None:
-        return None
-    out = ts.layout.to_dict()
-    for rep in out["replicas"]:
-        walls = [(summaries[r]["wall_s"], r) for r in rep["ranks"] if r in summaries and summaries[r]["steps"]]
-        rep["step_s"], rep["slowest_rank"] = max(walls, key=lambda w: (w[0], -w[1])) if walls else (None, None)
-    return out
-
-
-def _kernel_types(ts: TraceSet) -> dict[str, int]:
-    """HTA's kernel-type table over the set: the per-rank tables (computed in the workers) summed."""
-    total: dict[str, int] = {}
-    for r in ts.ranks:
-        for k, v in r.hta["kernel_types_us"].items():
-            total[k] = total.get(k, 0) + v
-    return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-def _parquet(table: Any) -> bytes:
-    import pyarrow.parquet as pq
-
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
-
-
-def events_parquet(ts: TraceSet) -> bytes:
-    """Every classified event (:func:`dml2comm.traces.analyze.activity_events_table`, per rank,
-    computed where the rank was analysed), ranks in order."""
-    import pyarrow as pa
-
-    parts = [r.events_table() for r in ts.ranks]
-    if not parts:
-        return _parquet(pa.table({"rank": pa.array([], pa.int32())}))
-    return _parquet(pa.concat_tables(parts, promote_options="permissive"))
-
-
-def steps_parquet(ts: TraceSet) -> bytes:
-    """Per rank and step: every figure of :func:`dml2comm.traces.metrics.step_metrics`, with
-    ``comm_s`` spread into ``comm_tp_s`` ... ``comm_other_s``."""
-    import pyarrow as pa
-
-    rows = []
-    for r in ts.ranks:
-        for s in r.steps:
-            row = {"rank": r.rank, **{k: v for k, v in s.items() if k != "comm_s"}}
-            row.update({f"comm_{d}_s": v for d, v in s["comm_s"].items()})
-            rows.append(row)
-    return _parquet(pa.Table.from_pylist(rows) if rows else pa.table({"rank": pa.array([], pa.int32())}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,222 +208,10 @@ def _prediction(args: argparse.Namespace, ts: TraceSet, run: dict[str, int], sou
     what = (f"{Path(args.model).name}, {sizes} ({source}), b={config.micro_batch_size} "
             f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
     caveat = comparison_caveat([r.activity.device for r in ts.ranks], {r.backend for r in ts.ranks}, cluster.gpu.name)
-    file_info, base = _base_prediction(args, config, num) if args.cluster and is_cluster_file(args.cluster) else (None, None)
+    file_info, base = base_prediction(args.cluster, args.model, config, num) if args.cluster and is_cluster_file(args.cluster) else (None, None)
     rows = comparison_rows(predicted, measured, comparable=caveat is None, base=base)
     return {"model": str(args.model), "what": what, "rows": rows, "comparable": caveat is None, "caveat": caveat,
             "cluster_file": file_info}
-
-
-def _base_prediction(args: argparse.Namespace, config: Any, num: int) -> tuple[dict[str, Any], dict[str, float | None] | None]:
-    """For ``--cluster FILE.yaml``: the file's identity and, when its ``base`` is a preset (or a
-    cluster file beside it), the prediction per category with the base's constants
-    (:func:`dml2comm.calibrate.base.base_cluster`), so that the table shows what calibrating
-    changed."""
-    from dataclasses import replace
-
-    from dml2comm.analysis import analyze, comm_by_dim
-    from dml2comm.calibrate.base import base_cluster
-    from dml2comm.hardware.cluster_file import load_cluster_file
-    from dml2comm.traces.compare import predicted_per_category
-
-    spec = load_cluster_file(args.cluster)
-    info: dict[str, Any] = {"name": spec.file_name, "sha256": spec.sha256, "calibrated": bool(spec.calibration),
-                            "date": spec.calibration.get("date"), "base": spec.base, "base_gpu": None, "note": None}
-    found = base_cluster(spec, num)
-    if found is None:
-        info["note"] = (f"its base {spec.base!r} is neither a preset nor a cluster file beside it" if spec.base
-                        else "it names no base") + ": no prediction with the base's constants"
-        return info, None
-    cluster = replace(found[0], collective_overhead_s=0.0)
-    info["base_gpu"] = cluster.gpu.name
-    analysis = analyze(args.model, config, cluster)
-    return info, predicted_per_category(analysis.summary, comm_by_dim(analysis))
-
-
-def _comparison_csv(comparison: dict[str, Any]) -> str:
-    keys = ["predicted_s", "measured_s", "error"]
-    if comparison["rows"] and "predicted_base_s" in comparison["rows"][0]:
-        keys += ["predicted_base_s", "error_base"]
-    lines = ["category," + ",".join(keys)]
-    for r in comparison["rows"]:
-        lines.append(",".join([r["category"]] + ["" if r[k] is None else f"{r[k]:.9g}" for k in keys]))
-    return "\n".join(lines) + "\n"
-
-
-def _join(args: argparse.Namespace, ts: TraceSet) -> dict[str, Any] | None:
-    """The lowest rank's step mapped onto operators, phases and (with ``--model``) the model's
-    layers (:func:`dml2comm.traces.join.join_trace`).  The model's symbolic batch and sequence
-    dims are bound to ``--micro-batch-size``/``--seq-len`` or, unset, to the token ids' shape the
-    trace recorded; a model that cannot be read so gives the join without layers and a note."""
-    from dml2comm.traces.join import join_trace, token_shape
-    from dml2comm.traces.load import load_trace
-
-    if not ts.ranks:
-        return None
-    first = min(ts.ranks, key=lambda r: r.rank)
-    trace = load_trace(first.path, shapes=True)
-    layered, note = None, None
-    if args.model:
-        from dml2comm.errors import Dml2CommError
-        from dml2comm.ir.layers import group_layers
-        from dml2comm.ir.onnx_import import ImportOptions, load_model
-
-        shape = token_shape(trace)
-        batch = args.micro_batch_size or (shape[0] if shape else None)
-        seq = args.seq_len or (shape[1] if shape else None)
-        try:
-            layered = group_layers(load_model(args.model, ImportOptions(batch_size=batch, seq_len=seq)).graph)
-        except Dml2CommError as exc:
-            note = f"the model's layers are not used: {exc}"
-    joined = join_trace(trace, layered)
-    if joined.kernels == 0:
-        return None  # a CPU-only (gloo) run: no GPU kernels to place
-    out = joined.to_dict()
-    if note:
-        out["notes"].insert(0, note)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# drawings and page data
-# ---------------------------------------------------------------------------------------------
-
-
-def _drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
-    """The SVGs of the site: a Gantt chart per pipeline group, then one per model replica not
-    already drawn (both on the global clock, step ``segment_step`` of each rank), the ranks'
-    mean steps grouped by replica, and the micro-batch bars."""
-    from dml2comm.traces.charts import GanttInput, ReplicaRow, pipeline_gantt, replica_bars, stacked_bars
-
-    svgs: dict[str, str] = {}
-    by_rank = {r.rank: r for r in ts.ranks}
-    places = ts.layout.places if ts.layout is not None else {}
-
-    def label(rank: int) -> str:
-        return places[rank].label() if rank in places else f"rank {rank}"
-
-    def gantt(ranks: Sequence[int]) -> list[GanttInput]:
-        rows = []
-        for rank in [x for x in ranks if x in by_rank][:MAX_ROWS]:
-            r = by_rank[rank]
-            k = next((i for i, s in enumerate(r.activity.steps) if s[0] == r.segment_step), None)
-            if k is not None:
-                rows.append(GanttInput(label(rank), r.activity, k))
-        return rows
-
-    candidates: list[tuple[str, tuple[int, ...]]] = []
-    groups = [g for g in ts.pipeline_groups if any(x in by_rank for x in g)]
-    for gi, group in enumerate(groups):
-        candidates.append((f"Pipeline group {gi}: ranks {', '.join(map(str, group))}", group))
-    if not groups:
-        candidates.append(("All ranks", tuple(sorted(by_rank))))
-    drawn = [frozenset(x for x in g if x in by_rank) for _, g in candidates]
-    if ts.layout is not None and ts.layout.method != "assumed":
-        for rid, members in zip(ts.layout.replica_ids, ts.layout.replicas):
-            if len(members) > 1 and frozenset(members) not in drawn:
-                candidates.append((f"Model replica {rid}: ranks {', '.join(map(str, members))}", members))
-                drawn.append(frozenset(members))
-    gantts = []
-    n_pipe = n_rep = 0
-    for title, ranks in candidates:
-        replica = title.startswith("Model replica")
-        if (n_rep if replica else n_pipe) >= MAX_GANTTS:
-            continue
-        rows = gantt(ranks)
-        if not rows:
-            continue
-        step = by_rank[[x for x in ranks if x in by_rank][0]].segment_step
-        name = f"trace_replica_{n_rep}" if replica else f"trace_gantt_{n_pipe}"
-        if replica:
-            n_rep += 1
-        else:
-            n_pipe += 1
-        svgs[name] = pipeline_gantt(rows, f"{title}, step {step}")
-        gantts.append({"name": name, "title": f"{title}, step {step}"})
-    has_bars = bool(ts.ranks)
-    if has_bars:
-        if ts.layout is not None:
-            ids, members = ts.layout.replica_ids, ts.layout.replicas
-        else:
-            ids, members = tuple(range(len(ts.ranks))), tuple((r.rank,) for r in ts.ranks)
-        blocks, shown = [], 0
-        for rid, ranks in zip(ids, members):
-            if shown >= MAX_BAR_RANKS:
-                break
-            rows = []
-            for rank in ranks[:MAX_BAR_RANKS - shown]:
-                summ = rank_summary(by_rank[rank])
-                rows.append(ReplicaRow(label(rank), _parts(summ), dict(summ["comm_s"])))
-            shown += len(rows)
-            walls = [(rank_summary(by_rank[x])["wall_s"], x) for x in ranks]
-            wall, slowest = max(walls, key=lambda w: (w[0], -w[1]))
-            head = f"Replica {rid}: step {fmt_s(wall)}" + (f", slowest rank {slowest}" if len(ranks) > 1 else "")
-            blocks.append((head, rows))
-        method = ts.layout.method if ts.layout is not None else "assumed"
-        note = f"replicas from {method}" + (f"; the first {shown} of {len(ts.ranks)} ranks shown" if shown < len(ts.ranks) else "")
-        svgs["rank_bars"] = replica_bars(blocks, "Mean step per rank, by model replica", note)
-    micro = []
-    for r in ts.ranks[:MAX_GANTTS]:
-        if r.segments:
-            name = f"trace_microbatches_rank_{r.rank}"
-            how = "explicit markers" if r.segment_method == "markers" else "kernel-run heuristic (no markers)"
-            svgs[name] = stacked_bars([(s["segment"], _parts(s, idle=False)) for s in r.segments],
-                                      f"Micro-batches of rank {r.rank}, step {r.segment_step} ({how})")
-            micro.append({"name": name, "title": f"Rank {r.rank}, step {r.segment_step}: segments from {how}"})
-    return svgs, {"gantts": gantts, "microbatches": micro, "has_bars": has_bars}
-
-
-def _parts(s: dict[str, Any], idle: bool = True) -> dict[str, float]:
-    """The bar parts of a step or segment (:data:`~dml2comm.traces.charts.PART_COLOURS`), which add
-    up to its window: compute alone = compute - overlap; compute + communication = overlap;
-    exposed communication; copies only = window - idle - |compute ∪ communication| (with
-    |compute ∪ communication| = compute + exposed); idle."""
-    out = {"compute": max(s["compute_s"] - s["overlap_s"], 0.0), "compute + communication": s["overlap_s"],
-           "exposed communication": s["exposed_comm_s"]}
-    if idle:
-        out["copies only"] = max(s["wall_s"] - s["idle_s"] - s["compute_s"] - s["exposed_comm_s"], 0.0)
-        out["idle"] = s["idle_s"]
-    return out
-
-
-def _pct_error(e: float | None) -> str:
-    return f"{e:+.1%}" if e is not None else "n/a"
-
-
-def _page_context(ts: TraceSet, data: dict[str, Any], files: int, extra: dict[str, Any]) -> dict[str, Any]:
-    ranks = []
-    for r in data["ranks"]:
-        s = r["summary"]
-        ranks.append({"rank": r["rank"], "steps": s["steps"], "wall": fmt_s(s["wall_s"]), "compute": fmt_s(s["compute_s"]),
-                      **{d: fmt_s(s["comm_s"][d]) for d in DIMS}, "comm": {d: fmt_s(s["comm_s"][d]) for d in DIMS},
-                      "overlap": fmt_s(s["overlap_s"]), "exposed": fmt_s(s["exposed_comm_s"]), "idle": fmt_s(s["idle_s"]),
-                      "hta_overlap": _hta_overlap(r["hta"]), "file": Path(r["file"]).name})
-    bd = data["hta"]["kernel_type_breakdown_us"]
-    pct = data["hta"]["kernel_type_percentage"]
-    kernel_types = [{"label": k, "time": fmt_s(v * 1e-6), "share": f"{pct.get(k, 0):.1f}%"} for k, v in bd.items()]
-    problems = list(data["problems"]) + [f"rank {r['rank']}: {p}" for r in data["ranks"] for p in r["problems"]]
-    comparison = None
-    if data["comparison"]:
-        cmp = data["comparison"]
-        with_base = bool(cmp["rows"]) and "predicted_base_s" in cmp["rows"][0]
-        comparison = {"what": cmp["what"], "caveat": cmp.get("caveat"), "with_base": with_base, "column": _file_column(cmp),
-                      "constants": _file_note(cmp["cluster_file"]) if cmp.get("cluster_file") else "",
-                      "base": (cmp.get("cluster_file") or {}).get("base") or "", "rows": [
-            {"label": c["label"], "predicted": fmt_s(c["predicted_s"]), "measured": fmt_s(c["measured_s"]),
-             "error": _pct_error(c["error"]),
-             "base": fmt_s(c["predicted_base_s"]) if with_base else "", "base_error": _pct_error(c.get("error_base"))}
-            for c in cmp["rows"]]}
-    layout = data["layout"]
-    join = data.get("join")
-    join_page = {"rows": join_rows(join), "columns": join_columns(join), "summary": join_summary(join),
-                 "notes": join["notes"], "method": join["method"], "rank": join["rank"],
-                 "ops": [{"name": o["name"], "phase": o["phase"], "calls": o["calls"], "time": fmt_s(o["gpu_s"]),
-                          "share": f"{o['gpu_s'] / join['gpu_s']:.1%}" if join["gpu_s"] > 0 else "n/a"} for o in join["ops"]]} \
-        if join else None
-    return {"ranks": ranks, "join": join_page, "files": files, "failures": len(ts.failures), "problems": problems, "kernel_types": kernel_types,
-            "comparison": comparison, "dims": list(DIMS),
-            "layout": {"method": layout["method"], "detail": layout["detail"], "replicas": len(layout["replicas"])} if layout else None,
-            **extra}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,59 +242,24 @@ def run_trace_command(argv: Sequence[str]) -> int:
     run, source = run_sizes(args, ts)  # flags that contradict the traces: an error before anything is written
     comparison = _prediction(args, ts, run, source)
     data = trace_analysis_dict(ts, comparison)
-    data["join"] = _join(args, ts)
+    data["join"] = join_step(ts, args.model, args.micro_batch_size, args.seq_len)
     out_files: dict[str, str | bytes] = {
-        "trace_analysis.json": json.dumps(data, sort_keys=True, indent=1, default=_json_default) + "\n",
+        "trace_analysis.json": json.dumps(data, sort_keys=True, indent=1, default=json_default) + "\n",
         "events.parquet": events_parquet(ts),
         "steps.parquet": steps_parquet(ts),
     }
     if comparison is not None:
-        out_files["comparison.csv"] = _comparison_csv(comparison)
-    svgs, extra = _drawings(ts)
-    context = None if args.no_site else _page_context(ts, data, len(files), extra)
-    from dml2comm.traces.site import publish_trace_outputs
-
+        out_files["comparison.csv"] = comparison_csv(comparison)
+    svgs, extra = trace_drawings(ts)
+    context = None if args.no_site else page_context(ts, data, len(files), extra)
     out = Path(args.out)
     publish_trace_outputs(out, out_files, context, svgs)
     if args.json:
         print(json.dumps({"ranks": [{"rank": r["rank"], "summary": r["summary"], "problems": r["problems"]} for r in data["ranks"]],
-                          "problems": data["problems"]}, sort_keys=True, default=_json_default))
+                          "problems": data["problems"]}, sort_keys=True, default=json_default))
     else:
         _print(ts, data, out, time.perf_counter() - start, site=not args.no_site)
     return 0
-
-
-def _file_column(comparison: dict[str, Any]) -> str:
-    """The heading of the prediction made with ``--cluster FILE``: ``calibrated`` for a file
-    ``calibrate`` wrote, ``cluster file`` for a hand-written one, ``predicted`` for a preset."""
-    info = comparison.get("cluster_file")
-    return "predicted" if not info else "calibrated" if info["calibrated"] else "cluster file"
-
-
-def _file_note(info: dict[str, Any]) -> str:
-    """Which constants the two predictions used, in words."""
-    made = f"calibrated {info['date']}" if info["calibrated"] and info.get("date") else "calibrated" if info["calibrated"] \
-        else "hand-written"
-    text = f"{info['name']} ({made}, sha256 {info['sha256'][:12]})"
-    if info.get("note"):
-        return f"{text}; {info['note']}"
-    return f"{text} against its base {info['base']} ({info['base_gpu']}, preset constants)"
-
-
-def _hta_overlap(hta: dict[str, Any]) -> str:
-    """HTA's overlap in percent, or ``n/a (CPU x%)`` for a CPU-only rank (no GPU kernels)."""
-    if hta.get("comm_comp_overlap_pct") is not None:
-        return f"{hta['comm_comp_overlap_pct']:.2f}%"
-    cpu = hta.get("cpu_comm_comp_overlap_pct")
-    return "n/a" + (f" (CPU {cpu:.2f}%)" if cpu is not None else "")
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating,)):
-        return float(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
 def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: bool) -> None:
@@ -624,7 +275,7 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
         s = r["summary"]
         rank_rows.append([str(r["rank"]), str(s["steps"]), fmt_s(s["wall_s"]), fmt_s(s["compute_s"]),
                           *[fmt_s(s["comm_s"][d]) for d in DIMS], fmt_s(s["overlap_s"]),
-                          fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), _hta_overlap(r["hta"])])
+                          fmt_s(s["exposed_comm_s"]), fmt_s(s["idle_s"]), hta_overlap(r["hta"])])
     console.print(fit_table(f"per rank, mean per step ({clock} time)",
                             ("rank", "steps", "step", "compute", *DIMS, "overlap", "exposed comm", "idle", "HTA overlap"),
                             rank_rows, console.width))
@@ -635,7 +286,7 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
         cmp = data["comparison"]
         comparable = cmp.get("comparable", True)
         with_base = bool(cmp["rows"]) and "predicted_base_s" in cmp["rows"][0]
-        mine = _file_column(cmp)
+        mine = file_column(cmp)
         if with_base:
             cols = ("category", "measured", "base", mine) + (("base error", f"{mine} error") if comparable else ())
         else:
@@ -653,7 +304,7 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
             cmp_rows.append(cells)
         console.print(fit_table(f"predicted vs measured ({cmp['what']})", cols, cmp_rows, console.width))
         if cmp.get("cluster_file"):
-            console.print(line(_file_note(cmp["cluster_file"]), w, prefix="constants:"))
+            console.print(line(file_note(cmp["cluster_file"]), w, prefix="constants:"))
         if cmp.get("caveat"):
             console.print(line(cmp["caveat"], w, prefix="not comparable:", style="yellow"))
     if data.get("join"):
@@ -671,32 +322,6 @@ def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: 
                        f"({len(ts.ranks)} rank{'s' if len(ts.ranks) != 1 else ''}, {len(ts.failures)} failed)", w))
     if site:
         console.print(line(f"site: open {(out / 'site' / 'index.html').resolve()}", w))
-
-
-def join_rows(join: dict[str, Any]) -> list[list[str]]:
-    """The join's table rows: per layer (then loss, optimizer, unattributed) forward, backward,
-    other and total GPU time and share; without a model, per phase."""
-    if join["layers"]:
-        return [[x["name"], fmt_s(x["forward_s"]), fmt_s(x["backward_s"]), fmt_s(x["other_s"]), fmt_s(x["total_s"]),
-                 f"{x['share']:.1%}"] for x in join["layers"]]
-    total = join["gpu_s"]
-    return [[p, fmt_s(v), f"{v / total:.1%}" if total > 0 else "n/a"] for p, v in join["phases_s"].items()]
-
-
-def join_columns(join: dict[str, Any]) -> tuple[str, ...]:
-    return ("layer", "forward", "backward", "other", "total", "share") if join["layers"] else ("phase", "time", "share")
-
-
-def join_summary(join: dict[str, Any]) -> str:
-    """One line: attributed and unattributed GPU time and the blocks' spread."""
-    text = (f"{fmt_s(join['attributed_s'])} of {fmt_s(join['gpu_s'])} GPU time in {join['kernels']} kernels attributed "
-            f"({join['attributed_share']:.1%}); unattributed {fmt_s(join['unattributed_s'])} "
-            f"({1 - join['attributed_share'] if join['gpu_s'] > 0 else 0:.1%})")
-    blocks = [x["total_s"] for x in join["layers"] if x["kind"] == "block"]
-    if join["block_spread"] is not None:
-        text += (f"; {len(blocks)} blocks, {fmt_s(min(blocks))} to {fmt_s(max(blocks))} each "
-                 f"(spread (max - min) / mean {join['block_spread']:.1%})")
-    return text
 
 
 def _print_join(console: Any, join: dict[str, Any]) -> None:

@@ -17,12 +17,13 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.cost.host import STACK_HOST_MODEL
 from dml2comm.parallel.config import DEFAULT_ATTENTION, DEFAULT_PRECISION, Stack
 
-__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "scaling_folder", "scaling_reproduce", "DEFAULT_BUILD_TOP"]
+__all__ = ["Hardware", "analysis_argv", "command_line", "config_slug", "listed_commands", "scaling_folder", "scaling_reproduce",
+           "DEFAULT_BUILD_TOP"]
 
 #: Analysis sites built by ``sweep`` and ``compare`` unless ``--build-top N`` says otherwise.
 DEFAULT_BUILD_TOP = 3
@@ -137,3 +138,27 @@ def scaling_reproduce(model: str, out: Path, points: Sequence[Mapping[str, Any]]
             jobs.append((n, argv))
             sites[n] = scaling_folder(n)
     return commands, jobs, sites
+
+
+def listed_commands(model: str, out: Path, ranked: Sequence[Mapping[str, Any]], listed: Sequence[Mapping[str, Any]],
+               hardware: Hardware, build_top: int, number: Callable[[Mapping[str, Any], int], int] = lambda row, rank: rank,
+               ) -> tuple[dict[int, str], list[tuple[int, list[str]]], dict[int, int]]:
+    """Command lines of the ``listed`` rows and of the ``build_top`` fastest fitting ones
+    (``ranked``): ({row index: command line}, [(number, argv)] of the sites to build, {row index:
+    number of its site}).  A built row's ``--out`` is ``out/top/NUMBER``; the others'
+    ``out/configs/SLUG``.  ``number(row, rank)`` is the "#" the terminal and the page show for the
+    row: its rank (the sweep, whose tables list the fastest first) or, for ``compare``, whose
+    table keeps the order of ``--configs``, its position there -- one number per configuration."""
+    ranks = {r["index"]: number(r, i) for i, r in enumerate(ranked[:build_top], 1)}
+    commands: dict[int, str] = {}
+    jobs: list[tuple[int, list[str]]] = []
+    for r in [*ranked[:build_top], *listed]:
+        if r["index"] in commands or r.get("error"):
+            continue
+        rank = ranks.get(r["index"])
+        target = out / "top" / str(rank) if rank else out / "configs" / config_slug(r["config"])
+        argv = analysis_argv(model, r["config"], hardware, str(target))
+        commands[r["index"]] = command_line(argv)
+        if rank:
+            jobs.append((rank, argv))
+    return commands, sorted(jobs), ranks

@@ -123,7 +123,7 @@ def _loso_rows(loso: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def validation_page(cases: Sequence[Case], summary: Mapping[str, Any], downloads: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, str]]:
     """(template context, charts {name: svg}) of the page, from every case and the summary
-    dict of :func:`dml2comm.cli.validate.validate` (``validation.json``)."""
+    dict of :func:`dml2comm.validate.run.validate` (``validation.json``)."""
     by_source: dict[str, list[Case]] = {name: [] for name in summary["sources"]}
     for c in cases:
         by_source.setdefault(c.source, []).append(c)
