@@ -407,3 +407,15 @@ def test_nics_per_node_is_refused_where_it_cannot_be_honoured(tmp_path):
     # a GPU without a node preset has no NIC to share
     with pytest.raises(ConfigError, match="--nics-per-node needs the NIC of a node preset"):
         make_cluster("a100", 16, 8, nics_per_node=4, inter_node=make_cluster("a100", 16, 8).inter_node)
+
+
+def test_plan_cluster_is_what_the_hardware_flags_build():
+    """One reading of --gpu/--cluster/--gpus-per-node/--nics-per-node for the main command, sweep and compare."""
+    small = cluster_mod.plan_cluster(None, None, 4)  # a plan smaller than a node: one node of its GPUs
+    assert (small.gpu.name, small.gpus_per_node, small.num_nodes) == (cluster_mod.get_gpu("a100").name, 4, 1)
+    nodes = cluster_mod.plan_cluster("h100", None, 32, 8, nics_per_node=4)
+    assert (nodes.gpu.name, nodes.gpus_per_node, nodes.num_nodes, nodes.nics_per_node) == (cluster_mod.get_gpu("h100").name, 8, 4, 4)
+    preset = cluster_mod.plan_cluster("h100", "dgx-h100", 16)  # the preset's own GPU may be named
+    assert preset.name == cluster_mod.get_cluster("dgx-h100", 16).name and preset.num_nodes == 2
+    with pytest.raises(ConfigError, match="--gpu v100 conflicts with --cluster dgx-a100"):
+        cluster_mod.plan_cluster("v100", "dgx-a100", 8)

@@ -203,7 +203,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     args = parser.parse_args(argv)
     check_output_folder(args.out)  # before any work: an --out that is a file, or cannot be written
     from dml2comm.analysis import analyze_graph
-    from dml2comm.hardware.cluster import check_gpu_matches_cluster, get_cluster, make_cluster
+    from dml2comm.hardware.cluster import plan_cluster
     from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
     from dml2comm.parallel.config import ParallelConfig
 
@@ -244,12 +244,8 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         grad_accumulation_fusion=not args.no_gradient_accumulation_fusion, cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep,
         capacity_factor=args.capacity_factor, **stack_kwargs(args),
     )
-    if args.cluster:
-        cluster = get_cluster(args.cluster, num_gpus, nics_per_node=args.nics_per_node)
-        check_gpu_matches_cluster(args.gpu, args.cluster, cluster)
-    else:
-        cluster = make_cluster(args.gpu or "a100", num_gpus, min(args.gpus_per_node, num_gpus) if num_gpus < args.gpus_per_node else args.gpus_per_node,
-                               topology=args.topology, nics_per_node=args.nics_per_node)
+    cluster = plan_cluster(args.gpu, args.cluster, num_gpus, args.gpus_per_node, nics_per_node=args.nics_per_node,
+                           topology=args.topology)
     def reimport(batch: int):  # the same model bound to another micro-batch size (recommendations)
         return load_model(args.model, replace(options, batch_size=batch))
 

@@ -73,6 +73,7 @@ __all__ = [
     "COLLECTIVE_LEVELS",
     "CollectiveFit",
     "check_gpu_matches_cluster",
+    "plan_cluster",
     "default_preset_name",
     "is_cluster_file",
     "COLLECTIVE_LIBRARIES",
@@ -1331,3 +1332,17 @@ def check_gpu_matches_cluster(gpu: str | None, cluster_name: str, cluster: "Clus
     if get_gpu(gpu).name != cluster.gpu.name:
         raise ConfigError(f"--gpu {gpu} conflicts with --cluster {cluster_name}, whose GPU is {cluster.gpu.name}; "
                           f"drop --gpu, or drop --cluster to build nodes of {gpu} (--gpu {gpu} --gpus-per-node N)")
+
+
+def plan_cluster(gpu: str | None, cluster: str | None, num_gpus: int, gpus_per_node: int = 8, *,
+                 nics_per_node: int | None = None, topology: str | None = None) -> "Cluster":
+    """The cluster a plan of ``num_gpus`` GPUs runs on, from the hardware flags (``--gpu``,
+    ``--cluster``, ``--gpus-per-node``, ``--nics-per-node``, ``--topology``) as the main command,
+    ``sweep`` and ``compare`` read them: the ``cluster`` preset or file (a ``gpu`` naming another
+    GPU is refused: :func:`check_gpu_matches_cluster`), else nodes of ``gpus_per_node`` GPUs of
+    ``gpu`` (default a100; one node of ``num_gpus`` when the plan is smaller than a node)."""
+    if cluster:
+        built = get_cluster(cluster, num_gpus, nics_per_node=nics_per_node)
+        check_gpu_matches_cluster(gpu, cluster, built)
+        return built
+    return make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus), topology=topology, nics_per_node=nics_per_node)

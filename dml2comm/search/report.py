@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.errors import ConfigError
 from dml2comm.cost.profile import ProfileScale
-from dml2comm.hardware.cluster import Cluster, check_gpu_matches_cluster, get_cluster, make_cluster
+from dml2comm.hardware.cluster import Cluster, plan_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
 from dml2comm.search.sweep import CONFIG_COLUMNS, CSV_COLUMNS, SweepResult, SweepSpace, headroom_caution
 
@@ -32,11 +32,7 @@ def cluster_builder(gpu: str | None, cluster: str | None, gpus_per_node: int, ho
     preset's GPU is refused, as by the main command."""
 
     def build(num_gpus: int) -> Cluster:
-        if cluster:
-            built = get_cluster(cluster, num_gpus, nics_per_node=nics_per_node)
-            check_gpu_matches_cluster(gpu, cluster, built)
-        else:
-            built = make_cluster(gpu or "a100", num_gpus, min(gpus_per_node, num_gpus), nics_per_node=nics_per_node)
+        built = plan_cluster(gpu, cluster, num_gpus, gpus_per_node, nics_per_node=nics_per_node)
         return dataclasses.replace(built, collective_overhead_s=0.0, host_model=host_model, profile_scale=profile)
 
     return build
