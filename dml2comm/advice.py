@@ -35,7 +35,7 @@ from dml2comm.search.fast import FastEvaluator
 #: elements, 128 bytes; nanoGPT pads GPT-2's vocabulary to 50,304, Megatron-LM to 128 x t).
 PAD_MULTIPLE = 64
 
-__all__ = ["alignment_recommendations", "memory_suggestions", "speed_recommendations"]
+__all__ = ["alignment_recommendations", "config_warnings", "memory_suggestions", "speed_recommendations"]
 
 #: A gain under 1% is within the model's own error (``python main.py validate``): noise, not advice.
 MIN_GAIN = 0.01
@@ -167,3 +167,28 @@ def alignment_recommendations(graph, tp, config: ParallelConfig, cluster: Cluste
                     "iteration_time_s": t, "speedup": base_iteration_s / t, "fits_in_memory": fits_in_memory,
                     "peak_memory_bytes": peak_memory_bytes})
     return out
+
+
+def config_warnings(config: Any, cluster: Any) -> tuple[str, ...]:
+    """Valid configurations a reviewer should be told about (they go to ``warnings`` in data.json,
+    the site and the terminal).
+
+    - Tensor parallelism wider than a node: its all-reduces of every layer cross the NICs, which
+      Megatron-LM avoids (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a
+      multi-GPU server"; the takeaway of their Sec. 5.4 keeps t at or below the GPUs per node).
+    - ZeRO-2/3 with pipeline parallelism: DeepSpeed refuses it (``deepspeed/runtime/pipe/engine.py``,
+      ``PipelineEngine.__init__``: ``assert self.zero_optimization_stage() < 2, "ZeRO-2 and ZeRO-3
+      are incompatible with pipeline parallelism"``; DeepSpeed issue #1110). PyTorch FSDP with a
+      pipeline (torchtitan) does combine them, so this is a warning, not an error.
+    """
+    out = []
+    per_node = cluster.gpus_per_node
+    if config.tp_size > per_node and config.num_gpus > per_node:
+        out.append(f"tensor parallelism t={config.tp_size} is wider than a node of {per_node} GPUs: its per-layer all-reduces "
+                   f"cross the inter-node network (Megatron-LM keeps t <= GPUs per node); try --t {per_node} with more --p or --d")
+    if config.zero_stage >= 2 and config.pp_size > 1:
+        out.append(f"ZeRO-{config.zero_stage} with pipeline parallelism (p={config.pp_size}): DeepSpeed refuses this combination "
+                   "(its PipelineEngine asserts ZeRO stage < 2: gradient/parameter sharding conflicts with per-micro-batch "
+                   "gradient accumulation across stages); the figures assume an FSDP-style implementation (e.g. torchtitan); "
+                   "use --zero 1 for DeepSpeed or Megatron-LM")
+    return tuple(out)

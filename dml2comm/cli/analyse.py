@@ -192,22 +192,8 @@ def run_analysis(argv: Sequence[str]) -> int:
     return 0
 
 
-def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, Any]:
-    """The main command without its printing: parse ``argv`` as ``python main.py`` does, analyse,
-    and write ``--out`` (data.json, trace.json and, unless ``--no-site``, svg_file/ and site/).
-    Returns (arguments, Analysis, site build statistics or None).  ``sweep --build-top`` and
-    ``compare --build-top`` call it with the command line they show, so a linked site is exactly
-    what that command writes."""
-    parser = analysis_parser()
-    _load_config_defaults(parser, argv)
-    args = parser.parse_args(argv)
-    check_output_folder(args.out)  # before any work: an --out that is a file, or cannot be written
-    from dml2comm.analysis import analyze_graph
-    from dml2comm.hardware.cluster import plan_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
-    from dml2comm.parallel.config import ParallelConfig
-
-    num_gpus = args.d * args.t * args.p * args.cp
+def _refuse_contradictions(args: argparse.Namespace, num_gpus: int) -> None:
+    """Flags that contradict each other, refused before the model is read."""
     if args.gpus is not None and args.gpus != num_gpus:
         if args.cp == 1:
             raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p = {args.d}*{args.t}*{args.p} = {num_gpus}; change --d/--t/--p or --gpus")
@@ -221,6 +207,26 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         raise ConfigError("--step-time scales a profiled step's host figures; add --profile TRACE of that step")
     if args.step_time is not None and args.host_model is not None:
         raise ConfigError(f"--step-time scales the host figures of the --profile trace, which --host-model {args.host_model} replaces; drop one")
+
+
+def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, Any]:
+    """The main command without its printing: parse ``argv`` as ``python main.py`` does, analyse,
+    and write ``--out`` (data.json, trace.json and, unless ``--no-site``, svg_file/ and site/).
+    Returns (arguments, Analysis, site build statistics or None).  ``sweep --build-top`` and
+    ``compare --build-top`` call it with the command line they show, so a linked site is exactly
+    what that command writes."""
+    parser = analysis_parser()
+    _load_config_defaults(parser, argv)
+    args = parser.parse_args(argv)
+    check_output_folder(args.out)  # before any work: an --out that is a file, or cannot be written
+    from dml2comm.advice import config_warnings
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.hardware.cluster import plan_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
+    from dml2comm.parallel.config import ParallelConfig
+
+    num_gpus = args.d * args.t * args.p * args.cp
+    _refuse_contradictions(args, num_gpus)
     options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient,
                             tie_embeddings=args.tie_embeddings)
     imported = load_model(args.model, options)
@@ -277,31 +283,6 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
 
         site = build_and_publish(analysis, Path(args.out), files, progress=site_progress())
     return args, analysis, site
-
-
-def config_warnings(config: Any, cluster: Any) -> tuple[str, ...]:
-    """Valid configurations a reviewer should be told about (they go to ``warnings`` in data.json,
-    the site and the terminal).
-
-    - Tensor parallelism wider than a node: its all-reduces of every layer cross the NICs, which
-      Megatron-LM avoids (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a
-      multi-GPU server"; the takeaway of their Sec. 5.4 keeps t at or below the GPUs per node).
-    - ZeRO-2/3 with pipeline parallelism: DeepSpeed refuses it (``deepspeed/runtime/pipe/engine.py``,
-      ``PipelineEngine.__init__``: ``assert self.zero_optimization_stage() < 2, "ZeRO-2 and ZeRO-3
-      are incompatible with pipeline parallelism"``; DeepSpeed issue #1110). PyTorch FSDP with a
-      pipeline (torchtitan) does combine them, so this is a warning, not an error.
-    """
-    out = []
-    per_node = cluster.gpus_per_node
-    if config.tp_size > per_node and config.num_gpus > per_node:
-        out.append(f"tensor parallelism t={config.tp_size} is wider than a node of {per_node} GPUs: its per-layer all-reduces "
-                   f"cross the inter-node network (Megatron-LM keeps t <= GPUs per node); try --t {per_node} with more --p or --d")
-    if config.zero_stage >= 2 and config.pp_size > 1:
-        out.append(f"ZeRO-{config.zero_stage} with pipeline parallelism (p={config.pp_size}): DeepSpeed refuses this combination "
-                   "(its PipelineEngine asserts ZeRO stage < 2: gradient/parameter sharding conflicts with per-micro-batch "
-                   "gradient accumulation across stages); the figures assume an FSDP-style implementation (e.g. torchtitan); "
-                   "use --zero 1 for DeepSpeed or Megatron-LM")
-    return tuple(out)
 
 
 def _serve(site_dir: Path) -> int:

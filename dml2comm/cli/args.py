@@ -62,14 +62,19 @@ class OneLineParser(argparse.ArgumentParser):
 MAX_SIZE = 2**53
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=`` for sizes: a positive integer up to :data:`MAX_SIZE`."""
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for sizes: a positive integer up to :data:`MAX_SIZE`."""
+    value = _int_at_least(text, 1, "a positive integer")
     if value > MAX_SIZE:
         raise argparse.ArgumentTypeError(f"expected a positive integer up to 2**53 = {MAX_SIZE:,}, got {text}")
     return value
@@ -77,13 +82,7 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """argparse ``type=`` for a count that may be zero (``--build-top 0``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+    return _int_at_least(text, 0, "a whole number >= 0")
 
 
 def finite_float(minimum: float = 0.0):

@@ -22,7 +22,7 @@ from dml2comm.cli.args import OneLineParser, finite_float, positive_int
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Link, cluster_names
 from dml2comm.network.collectives import CollectiveCost
-from dml2comm.network.kinds import Algorithm
+from dml2comm.network.kinds import Algorithm, CollectiveKind
 from dml2comm.network.model import LIBRARIES
 from dml2comm.network.query import (TOPOLOGY_ALIASES, CollectiveSetup, collective_cost, cost_record, faster_elsewhere, nic_share,
                                     parse_algorithm, parse_op, table_rows, table_sizes)
@@ -109,48 +109,59 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup(args: argparse.Namespace) -> CollectiveSetup:
+    """The group the flags describe: ``--n`` ranks of a ``--cluster`` preset (two levels, calibrated
+    to NCCL, its links overridable) or of a ``--topology`` built from the link flags."""
     kind = parse_op(args.op)
-    n = args.n
     overhead = parse_latency(args.overhead) if args.overhead is not None else None
     if args.cluster:
-        key = args.cluster.strip().lower().replace("_", "-")
-        preset = CLUSTERS.get(key)
-        if preset is None:
-            raise ConfigError(f"unknown cluster {args.cluster!r}; valid names: {', '.join(cluster_names())}")
-        if args.topology and args.topology.strip().lower() not in ("hierarchical", "cluster"):
-            raise ConfigError(f"--cluster implies its own two-level topology; drop --topology {args.topology}")
-        for flag, value in (("--dims", args.dims), ("--radix", args.radix), ("--levels", args.levels)):
-            if value is not None:
-                raise ConfigError(f"{flag} does not apply to --cluster (a cluster is nodes of GPUs joined by NICs)")
-        k = args.gpus_per_node or preset.gpus_per_node
-        if preset.nvlink_matrix is not None and k > len(preset.nvlink_matrix):
-            raise ConfigError(f"{preset.name} has {len(preset.nvlink_matrix)} GPUs per node; --gpus-per-node {k} is too many")
-        cluster = preset.build(n, k)
-        intra = cluster.intra_node
-        if args.bandwidth is not None:
-            intra = dataclasses.replace(intra, bandwidth_bytes_per_s=parse_rate(args.bandwidth) * args.links_per_gpu,
-                                        name=f"{intra.name} at {args.bandwidth}")
-        if args.latency is not None:
-            intra = dataclasses.replace(intra, latency_s=parse_latency(args.latency))
-        nic = preset.nic
-        if args.inter_bandwidth is not None:
-            nic = dataclasses.replace(nic, bandwidth_bytes_per_s=parse_rate(args.inter_bandwidth), name=f"NIC at {args.inter_bandwidth}")
-        if args.inter_latency is not None:
-            nic = dataclasses.replace(nic, latency_s=parse_latency(args.inter_latency))
-        if args.in_network:
-            intra = dataclasses.replace(intra, in_network_efficiency=intra.in_network_efficiency or intra.efficiency)
-        nics = args.nics_per_node or preset.nics_per_node
-        cluster = dataclasses.replace(
-            cluster,
-            intra_node=intra,
-            inter_node=nic_share(nic, nics, k),
-            nics_per_node=nics,
-            collective_library=args.library or cluster.collective_library,
-            collective_overhead_s=overhead if overhead is not None else cluster.collective_overhead_s,
-        )
-        topo = cluster_topology(cluster)
-        desc = f"{preset.name}: {cluster.num_nodes} node(s) of {k} GPUs, {intra.name} inside, {cluster.inter_node.name} per GPU"
-        return CollectiveSetup(kind, n, topo, cluster, cluster.collective_library, cluster.collective_overhead_s, args.gamma, desc)
+        return _cluster_setup(args, kind, overhead)
+    return _topology_setup(args, kind, overhead)
+
+
+def _cluster_setup(args: argparse.Namespace, kind: CollectiveKind, overhead: float | None) -> CollectiveSetup:
+    n = args.n
+    key = args.cluster.strip().lower().replace("_", "-")
+    preset = CLUSTERS.get(key)
+    if preset is None:
+        raise ConfigError(f"unknown cluster {args.cluster!r}; valid names: {', '.join(cluster_names())}")
+    if args.topology and args.topology.strip().lower() not in ("hierarchical", "cluster"):
+        raise ConfigError(f"--cluster implies its own two-level topology; drop --topology {args.topology}")
+    for flag, value in (("--dims", args.dims), ("--radix", args.radix), ("--levels", args.levels)):
+        if value is not None:
+            raise ConfigError(f"{flag} does not apply to --cluster (a cluster is nodes of GPUs joined by NICs)")
+    k = args.gpus_per_node or preset.gpus_per_node
+    if preset.nvlink_matrix is not None and k > len(preset.nvlink_matrix):
+        raise ConfigError(f"{preset.name} has {len(preset.nvlink_matrix)} GPUs per node; --gpus-per-node {k} is too many")
+    cluster = preset.build(n, k)
+    intra = cluster.intra_node
+    if args.bandwidth is not None:
+        intra = dataclasses.replace(intra, bandwidth_bytes_per_s=parse_rate(args.bandwidth) * args.links_per_gpu,
+                                    name=f"{intra.name} at {args.bandwidth}")
+    if args.latency is not None:
+        intra = dataclasses.replace(intra, latency_s=parse_latency(args.latency))
+    nic = preset.nic
+    if args.inter_bandwidth is not None:
+        nic = dataclasses.replace(nic, bandwidth_bytes_per_s=parse_rate(args.inter_bandwidth), name=f"NIC at {args.inter_bandwidth}")
+    if args.inter_latency is not None:
+        nic = dataclasses.replace(nic, latency_s=parse_latency(args.inter_latency))
+    if args.in_network:
+        intra = dataclasses.replace(intra, in_network_efficiency=intra.in_network_efficiency or intra.efficiency)
+    nics = args.nics_per_node or preset.nics_per_node
+    cluster = dataclasses.replace(
+        cluster,
+        intra_node=intra,
+        inter_node=nic_share(nic, nics, k),
+        nics_per_node=nics,
+        collective_library=args.library or cluster.collective_library,
+        collective_overhead_s=overhead if overhead is not None else cluster.collective_overhead_s,
+    )
+    topo = cluster_topology(cluster)
+    desc = f"{preset.name}: {cluster.num_nodes} node(s) of {k} GPUs, {intra.name} inside, {cluster.inter_node.name} per GPU"
+    return CollectiveSetup(kind, n, topo, cluster, cluster.collective_library, cluster.collective_overhead_s, args.gamma, desc)
+
+
+def _topology_setup(args: argparse.Namespace, kind: CollectiveKind, overhead: float | None) -> CollectiveSetup:
+    n = args.n
     for flag, value in (("--nics-per-node", args.nics_per_node),):
         if value is not None and (args.topology or "").strip().lower() != "hierarchical":
             raise ConfigError(f"{flag} applies to --topology hierarchical or --cluster")
