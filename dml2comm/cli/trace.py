@@ -40,11 +40,12 @@ from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, SCHEDULES
 from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
-from dml2comm.traces.report import (base_prediction, comparison_csv, events_parquet, file_column, file_note, hta_overlap, join_columns,
-                                    join_rows, join_step, join_summary, json_default, steps_parquet, trace_analysis_dict)
+from dml2comm.traces.report import (PREDICTION_DEFAULTS, comparison_csv, events_parquet, file_column, file_note, hta_overlap, join_columns,
+                                    join_rows, join_step, join_summary, json_default, predicted_comparison, steps_parquet,
+                                    trace_analysis_dict)
 from dml2comm.traces.site import page_context, publish_trace_outputs, trace_drawings
 
-__all__ = ["trace_parser", "run_trace_command", "refuse_unused_flags", "run_sizes", "PREDICTION_DEFAULTS"]
+__all__ = ["trace_parser", "run_trace_command", "refuse_unused_flags", "run_sizes"]
 
 EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a folder of rank-N.json[.gz]):
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2 --out out/trace
@@ -100,13 +101,6 @@ def trace_parser() -> argparse.ArgumentParser:
 # flags against the traces
 # ---------------------------------------------------------------------------------------------
 
-#: Flags only the prediction reads, with their defaults: refused without ``--model`` (the
-#: command could not honour them).
-PREDICTION_DEFAULTS: dict[str, Any] = {
-    "cp_scheme": "ulysses", "ep": 1, "micro_batch_size": None, "global_batch_size": None, "seq_len": None, "dtype": "bf16",
-    "schedule": "1f1b", "virtual_stages": 1, "recompute": "none", "zero": 0, "sequence_parallel": False, "gpu": "a100",
-    "cluster": None, "gpus_per_node": 8,
-}
 #: (layout dimension, flag attribute) of the sizes
 _SIZE_FLAGS = (("dp", "d"), ("tp", "t"), ("pp", "p"), ("cp", "cp"))
 #: Layout methods whose sizes come from the traces themselves (flags are checked against them).
@@ -179,41 +173,6 @@ def run_sizes(args: argparse.Namespace, ts: TraceSet) -> tuple[dict[str, int], s
 # ---------------------------------------------------------------------------------------------
 
 
-def _prediction(args: argparse.Namespace, ts: TraceSet, run: dict[str, int], source: str) -> dict[str, Any] | None:
-    if not args.model:
-        return None
-    from dataclasses import replace
-
-    from dml2comm.analysis import analyze, comm_by_dim
-    from dml2comm.hardware.cluster import get_cluster, is_cluster_file, make_cluster
-    from dml2comm.parallel.config import ParallelConfig
-    from dml2comm.traces.compare import comparison_caveat, comparison_rows, measured_per_category, predicted_per_category
-
-    args = argparse.Namespace(**{**vars(args), **{k: v for k, v in PREDICTION_DEFAULTS.items() if getattr(args, k) is None}})
-    d, t, p, cp = run["dp"], run["tp"], run["pp"], run["cp"]
-    num = d * t * p * cp
-    micro = args.micro_batch_size or 1
-    config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro,
-                            global_batch_size=args.global_batch_size or micro * d * p, seq_len=args.seq_len,
-                            dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages, zero_stage=args.zero,
-                            sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-                            rank_order=args.rank_order or "tdp", cp_size=cp, cp_scheme=args.cp_scheme, ep_size=args.ep)
-    cluster = get_cluster(args.cluster, num) if args.cluster else make_cluster(args.gpu, num, min(args.gpus_per_node, num))
-    cluster = replace(cluster, collective_overhead_s=0.0)
-    analysis = analyze(args.model, config, cluster)
-    predicted = predicted_per_category(analysis.summary, comm_by_dim(analysis))
-    measured = measured_per_category([{"steps": r.steps} for r in ts.ranks])
-    sizes = f"d={d} t={t} p={p}" + (f" cp={cp} ({args.cp_scheme})" if cp > 1 else "") + \
-        (f" ep={args.ep}" if args.ep > 1 else "")
-    what = (f"{Path(args.model).name}, {sizes} ({source}), b={config.micro_batch_size} "
-            f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
-    caveat = comparison_caveat([r.activity.device for r in ts.ranks], {r.backend for r in ts.ranks}, cluster.gpu.name)
-    file_info, base = base_prediction(args.cluster, args.model, config, num) if args.cluster and is_cluster_file(args.cluster) else (None, None)
-    rows = comparison_rows(predicted, measured, comparable=caveat is None, base=base)
-    return {"model": str(args.model), "what": what, "rows": rows, "comparable": caveat is None, "caveat": caveat,
-            "cluster_file": file_info}
-
-
 # ---------------------------------------------------------------------------------------------
 # command
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +199,8 @@ def run_trace_command(argv: Sequence[str]) -> int:
         reasons = "; ".join(ts.problems) or "no trace could be read"
         raise TraceError(f"no rank could be analysed: {reasons}")
     run, source = run_sizes(args, ts)  # flags that contradict the traces: an error before anything is written
-    comparison = _prediction(args, ts, run, source)
+    comparison = None if not args.model else predicted_comparison(
+        ts, args.model, run, source, {k: getattr(args, k) for k in PREDICTION_DEFAULTS}, args.rank_order)
     data = trace_analysis_dict(ts, comparison)
     data["join"] = join_step(ts, args.model, args.micro_batch_size, args.seq_len)
     out_files: dict[str, str | bytes] = {

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -16,8 +17,8 @@ from dml2comm.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet
 from dml2comm.traces.classify import DIMS
 
-__all__ = ["base_prediction", "comparison_csv", "events_parquet", "file_column", "file_note", "hta_overlap", "join_columns", "join_rows", "join_step", "join_summary",
-           "json_default", "rank_summary", "steps_parquet", "trace_analysis_dict"]
+__all__ = ["PREDICTION_DEFAULTS", "base_prediction", "comparison_csv", "events_parquet", "file_column", "file_note", "hta_overlap", "join_columns", "join_rows", "join_step", "join_summary",
+           "json_default", "predicted_comparison", "rank_summary", "steps_parquet", "trace_analysis_dict"]
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -239,3 +240,52 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     if note:
         out["notes"].insert(0, note)
     return out
+
+
+#: The prediction's options (``trace``'s flags that only it reads, refused without ``--model``),
+#: with their defaults.
+PREDICTION_DEFAULTS: dict[str, Any] = {
+    "cp_scheme": "ulysses", "ep": 1, "micro_batch_size": None, "global_batch_size": None, "seq_len": None, "dtype": "bf16",
+    "schedule": "1f1b", "virtual_stages": 1, "recompute": "none", "zero": 0, "sequence_parallel": False, "gpu": "a100",
+    "cluster": None, "gpus_per_node": 8,
+}
+
+
+def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], source: str, options: Mapping[str, Any],
+                         rank_order: str | None = None) -> dict[str, Any]:
+    """The run predicted and compared with the traces, category by category
+    (:func:`dml2comm.traces.compare.comparison_rows`): ``model`` at the ``run``'s sizes (``source``:
+    where they come from, for the heading) with ``options`` (keys of :data:`PREDICTION_DEFAULTS`;
+    a missing or None one takes its default); with a cluster file, beside its base's prediction."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from dml2comm.analysis import analyze, comm_by_dim
+    from dml2comm.hardware.cluster import get_cluster, is_cluster_file, make_cluster
+    from dml2comm.parallel.config import ParallelConfig
+    from dml2comm.traces.compare import comparison_caveat, comparison_rows, measured_per_category, predicted_per_category
+
+    o = SimpleNamespace(**{k: options.get(k) if options.get(k) is not None else v for k, v in PREDICTION_DEFAULTS.items()},
+                           model=model, rank_order=rank_order)
+    d, t, p, cp = run["dp"], run["tp"], run["pp"], run["cp"]
+    num = d * t * p * cp
+    micro = o.micro_batch_size or 1
+    config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro,
+                            global_batch_size=o.global_batch_size or micro * d * p, seq_len=o.seq_len,
+                            dtype=o.dtype, schedule=o.schedule, virtual_stages=o.virtual_stages, zero_stage=o.zero,
+                            sequence_parallel=o.sequence_parallel, recompute=o.recompute,
+                            rank_order=o.rank_order or "tdp", cp_size=cp, cp_scheme=o.cp_scheme, ep_size=o.ep)
+    cluster = get_cluster(o.cluster, num) if o.cluster else make_cluster(o.gpu, num, min(o.gpus_per_node, num))
+    cluster = replace(cluster, collective_overhead_s=0.0)
+    analysis = analyze(o.model, config, cluster)
+    predicted = predicted_per_category(analysis.summary, comm_by_dim(analysis))
+    measured = measured_per_category([{"steps": r.steps} for r in ts.ranks])
+    sizes = f"d={d} t={t} p={p}" + (f" cp={cp} ({o.cp_scheme})" if cp > 1 else "") + \
+        (f" ep={o.ep}" if o.ep > 1 else "")
+    what = (f"{Path(o.model).name}, {sizes} ({source}), b={config.micro_batch_size} "
+            f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
+    caveat = comparison_caveat([r.activity.device for r in ts.ranks], {r.backend for r in ts.ranks}, cluster.gpu.name)
+    file_info, base = base_prediction(o.cluster, o.model, config, num) if o.cluster and is_cluster_file(o.cluster) else (None, None)
+    rows = comparison_rows(predicted, measured, comparable=caveat is None, base=base)
+    return {"model": str(o.model), "what": what, "rows": rows, "comparable": caveat is None, "caveat": caveat,
+            "cluster_file": file_info}
