@@ -320,6 +320,30 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
     return rows
 
 
+def _stage_table(analysis: Any, width: int) -> Any:
+    """The summary's per-stage table: layers, parameters, times and memory of one GPU (a memory
+    above the GPU's in red)."""
+    from rich.text import Text
+
+    from dml2comm.fmt import fmt_bytes, fmt_s
+    from dml2comm.render.terminal import fit_table
+
+    capacity = analysis.cluster.gpu.hbm_bytes
+    stage_rows = []
+    for stage in analysis.stages:
+        layers = stage.layers
+        mem = stage.memory
+        total = fmt_bytes(mem["total_bytes"])
+        stage_rows.append([
+            str(stage.index), f"{layers[0]}-{layers[-1]}", f"{stage.params_per_gpu / 1e6:.1f}\u00a0M", fmt_s(stage.time_fwd_s),
+            fmt_s(stage.time_bwd_s), fmt_s(stage.dp_time_s),
+            fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]), fmt_bytes(mem["activations_bytes"]),
+            Text(total, style="red") if mem["total_bytes"] > capacity else total,
+        ])
+    return fit_table("stages (per micro-batch, one GPU)", ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter",
+                                                           "model states", "activations", "memory"), stage_rows, width)
+
+
 def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
     """The summary on stdout, laid out for the console's width (:mod:`dml2comm.render.terminal`:
     at 80 columns tables split or stack, every value whole)."""
@@ -358,20 +382,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         ("tokens/s", f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a"),
         ("bottleneck", s["bottleneck"] or "n/a"),
     ], width))
-    capacity = analysis.cluster.gpu.hbm_bytes
-    stage_rows = []
-    for stage in analysis.stages:
-        layers = stage.layers
-        mem = stage.memory
-        total = fmt_bytes(mem["total_bytes"])
-        stage_rows.append([
-            str(stage.index), f"{layers[0]}-{layers[-1]}", f"{stage.params_per_gpu / 1e6:.1f}\u00a0M", fmt_s(stage.time_fwd_s),
-            fmt_s(stage.time_bwd_s), fmt_s(stage.dp_time_s),
-            fmt_bytes(mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]), fmt_bytes(mem["activations_bytes"]),
-            Text(total, style="red") if mem["total_bytes"] > capacity else total,
-        ])
-    console.print(fit_table("stages (per micro-batch, one GPU)", ("stage", "layers", "params/GPU", "fwd", "bwd", "DP/iter",
-                                                                   "model states", "activations", "memory"), stage_rows, width))
+    console.print(_stage_table(analysis, width))
     memory = analysis.memory
     fits = "fits" if memory["fits"] else "does not fit"
     msg = line(f"peak {fmt_bytes(memory['peak_bytes'])} on stage {memory['peak_stage']} of {fmt_bytes(memory['capacity_bytes'])} "
