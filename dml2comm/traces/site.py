@@ -80,7 +80,7 @@ def trace_drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
     """The SVGs of the site: a Gantt chart per pipeline group, then one per model replica not
     already drawn (both on the global clock, step ``segment_step`` of each rank), the ranks'
     mean steps grouped by replica, and the micro-batch bars."""
-    from dml2comm.traces.charts import GanttInput, ReplicaRow, pipeline_gantt, replica_bars, stacked_bars
+    from dml2comm.traces.charts import GanttInput, pipeline_gantt, stacked_bars
 
     svgs: dict[str, str] = {}
     by_rank = {r.rank: r for r in ts.ranks}
@@ -129,26 +129,7 @@ def trace_drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
         gantts.append({"name": name, "title": f"{title}, step {step}"})
     has_bars = bool(ts.ranks)
     if has_bars:
-        if ts.layout is not None:
-            ids, members = ts.layout.replica_ids, ts.layout.replicas
-        else:
-            ids, members = tuple(range(len(ts.ranks))), tuple((r.rank,) for r in ts.ranks)
-        blocks, shown = [], 0
-        for rid, ranks in zip(ids, members):
-            if shown >= MAX_BAR_RANKS:
-                break
-            rows = []
-            for rank in ranks[:MAX_BAR_RANKS - shown]:
-                summ = rank_summary(by_rank[rank])
-                rows.append(ReplicaRow(label(rank), _parts(summ), dict(summ["comm_s"])))
-            shown += len(rows)
-            walls = [(rank_summary(by_rank[x])["wall_s"], x) for x in ranks]
-            wall, slowest = max(walls, key=lambda w: (w[0], -w[1]))
-            head = f"Replica {rid}: step {fmt_s(wall)}" + (f", slowest rank {slowest}" if len(ranks) > 1 else "")
-            blocks.append((head, rows))
-        method = ts.layout.method if ts.layout is not None else "assumed"
-        note = f"replicas from {method}" + (f"; the first {shown} of {len(ts.ranks)} ranks shown" if shown < len(ts.ranks) else "")
-        svgs["rank_bars"] = replica_bars(blocks, "Mean step per rank, by model replica", note)
+        svgs["rank_bars"] = _rank_bars(ts, by_rank, label)
     micro = []
     for r in ts.ranks[:MAX_GANTTS]:
         if r.segments:
@@ -158,6 +139,33 @@ def trace_drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
                                       f"Micro-batches of rank {r.rank}, step {r.segment_step} ({how})")
             micro.append({"name": name, "title": f"Rank {r.rank}, step {r.segment_step}: segments from {how}"})
     return svgs, {"gantts": gantts, "microbatches": micro, "has_bars": has_bars}
+
+
+def _rank_bars(ts: TraceSet, by_rank: Mapping[int, Any], label: Any) -> str:
+    """The ranks' mean steps as bars, grouped by model replica (at most :data:`MAX_BAR_RANKS`
+    ranks), each replica headed by its step (its slowest rank's)."""
+    from dml2comm.traces.charts import ReplicaRow, replica_bars
+
+    if ts.layout is not None:
+        ids, members = ts.layout.replica_ids, ts.layout.replicas
+    else:
+        ids, members = tuple(range(len(ts.ranks))), tuple((r.rank,) for r in ts.ranks)
+    blocks, shown = [], 0
+    for rid, ranks in zip(ids, members):
+        if shown >= MAX_BAR_RANKS:
+            break
+        rows = []
+        for rank in ranks[:MAX_BAR_RANKS - shown]:
+            summ = rank_summary(by_rank[rank])
+            rows.append(ReplicaRow(label(rank), _parts(summ), dict(summ["comm_s"])))
+        shown += len(rows)
+        walls = [(rank_summary(by_rank[x])["wall_s"], x) for x in ranks]
+        wall, slowest = max(walls, key=lambda w: (w[0], -w[1]))
+        head = f"Replica {rid}: step {fmt_s(wall)}" + (f", slowest rank {slowest}" if len(ranks) > 1 else "")
+        blocks.append((head, rows))
+    method = ts.layout.method if ts.layout is not None else "assumed"
+    note = f"replicas from {method}" + (f"; the first {shown} of {len(ts.ranks)} ranks shown" if shown < len(ts.ranks) else "")
+    return replica_bars(blocks, "Mean step per rank, by model replica", note)
 
 
 def _parts(s: dict[str, Any], idle: bool = True) -> dict[str, float]:
