@@ -42,7 +42,10 @@ def test_ratios_are_measured_over_modelled_per_kind(gpt2_parts):
     # every kernel of the step lands in a kind: blocks are a mean, so times the 12 blocks
     total = sum(f + b for k, (f, b) in p["measured"].items() if k != "block") + 12 * sum(p["measured"]["block"])
     assert p["unattributed_s"] == pytest.approx(0.0, abs=1e-9)
-    assert total == pytest.approx(p["gpu_s"], rel=1e-9)
+    # the tied embedding's gradient sum (run in the embedding's backward) is modelled apart, so it
+    # comes off the embedding's measured time: 3 x 50,257 x 768 bf16 bytes at H100's 0.85 x 3.35 TB/s
+    assert p["shared_sum_s"] == pytest.approx(3 * 50257 * 768 * 2 / (0.85 * 3.35e12), rel=1e-3)
+    assert total + p["shared_sum_s"] == pytest.approx(p["gpu_s"], rel=1e-9)
     scale = profile_scale([p])
     for kind, f, b in scale.ratios:
         assert f == pytest.approx(p["measured"][kind][0] / p["modelled"][kind][0], rel=1e-12)

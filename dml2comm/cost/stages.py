@@ -42,7 +42,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
-from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
+from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, shared_gradient_sum_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
@@ -608,6 +608,7 @@ class StageCoster(LayerCoster):
             accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
             accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)
             cast_f = np.zeros(p)
+        accumulate = accumulate + shared_gradient_sum_s(np.array(copies.summed_local), config, achieved_hbm)
         # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
         loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
         return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,

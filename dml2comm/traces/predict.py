@@ -134,6 +134,10 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             continue
         measured[kind] = (sum(x.forward_s for x in rows) / len(rows), sum(x.backward_s for x in rows) / len(rows))
         modelled[kind] = (float(table.fwd[idx].sum()) / len(idx), float(table.bwd[idx].sum()) / len(idx))
+    shared_s = _shared_sum_s(coster, one, cluster) if "embedding" in measured else 0.0
+    if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
+        f, b_s = measured["embedding"]
+        measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == "embedding"]), 0.0))
     by_name = {x.name: x for x in join.layers}
     if table.loss_f is not None and LOSS in by_name:
         measured["loss"] = (by_name[LOSS].forward_s, by_name[LOSS].backward_s)
@@ -143,7 +147,20 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
         modelled["optimizer"] = (float(plan.optimizer.sum()), 0.0)
     return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
+            "shared_sum_s": shared_s,
             "blocks": len([k for k in kinds if k == "block"]), "host": host_figures(trace)}
+
+
+def _shared_sum_s(coster: Any, config: Any, cluster: Any) -> float:
+    """Seconds of autograd's sums of shared parameters' gradients in the profiled step (a tied
+    embedding: the LM head's and the embedding's, :func:`dml2comm.cost.compute.
+    shared_gradient_sum_s`).  The trace shows that add among the kernels of the backward that
+    ran last, the embedding's; the cost model charges it to the stage, so it comes off the
+    embedding's measured time before the ratio is taken (else it would count twice)."""
+    from dml2comm.cost.compute import hbm_efficiency_of, shared_gradient_sum_s
+
+    summed = sum(coster.stage_table(config).copies.summed_local)
+    return shared_gradient_sum_s(summed, config, cluster.gpu.hbm_bytes_per_s * hbm_efficiency_of(cluster.gpu))
 
 
 def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, step_time_s: float | None = None) -> ProfileScale:
