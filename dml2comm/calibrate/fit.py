@@ -36,7 +36,7 @@ from dml2comm.cost.gemm import ALIGNMENT_BYTES, analytical_times_s, shape_law
 from dml2comm.hardware.gpus import GPU
 
 __all__ = ["Residual", "FitOutcome", "fit_gemm_sustained", "fit_hbm_efficiency", "fit_collective", "split_by_shape",
-           "gemm_predict", "MIN_GEMM_SHAPES", "MIN_MEMORY_SHAPES", "MIN_MEMORY_BYTES", "MIN_COLLECTIVE_SIZES", "MIN_GEMM_FLOPS",
+           "gemm_predict", "golden_min", "medians", "MIN_GEMM_SHAPES", "MIN_MEMORY_SHAPES", "MIN_MEMORY_BYTES", "MIN_COLLECTIVE_SIZES", "MIN_GEMM_FLOPS",
            "GEMM_FIT_DTYPES", "GEMM_BYTES", "SUSTAINED_BOUNDS"]
 
 #: Fewest distinct shapes (sizes) a term is fitted on; fewer -> a warning and the base value.
@@ -105,7 +105,7 @@ def split_by_shape(samples: Sequence[T], key: Callable[[T], Hashable], holdout: 
     return [s for s in samples if key(s) not in held], [s for s in samples if key(s) in held]
 
 
-def _medians(samples: Sequence[T], key: Callable[[T], Hashable], time: Callable[[T], float]) -> tuple[list[Hashable], np.ndarray]:
+def medians(samples: Sequence[T], key: Callable[[T], Hashable], time: Callable[[T], float]) -> tuple[list[Hashable], np.ndarray]:
     groups: dict[Hashable, list[float]] = {}
     for s in samples:
         groups.setdefault(key(s), []).append(time(s))
@@ -120,8 +120,9 @@ def _gemm_key(s: GemmSample) -> tuple:
     return (s.b, s.m, s.n, s.k, s.dtype)
 
 
-def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float) -> np.ndarray:
-    """Analytical times (s) of GEMM keys ``(b, m, n, k, dtype)`` on ``gpu`` at sustained factor ``f``."""
+def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float, aligned: bool | None = None) -> np.ndarray:
+    """Analytical times (s) of GEMM keys ``(b, m, n, k, dtype)`` on ``gpu`` at sustained factor ``f``
+    (``aligned``: every shape aligned, e.g. a convolution's implicit GEMM; None: by the rule below)."""
     out = np.empty(len(keys))
     by_dtype: dict[str, list[int]] = {}
     for i, k in enumerate(keys):
@@ -133,14 +134,15 @@ def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float) -> np.ndarray:
         # (the weight gradient's dY^T) makes M a row length too, so a 16-bit GEMM counts as
         # aligned only when M, N and K all are (dml2comm.cost.gemm.is_aligned's rule on N and K)
         dims = shp[:, 1:4].astype(np.int64)
-        aligned = np.ones(len(idx), dtype=bool) if in_b != 2 else np.all(dims % (ALIGNMENT_BYTES // in_b) == 0, axis=1)
+        rows = (np.ones(len(idx), dtype=bool) if in_b != 2 or aligned
+                else np.all(dims % (ALIGNMENT_BYTES // in_b) == 0, axis=1))
         out[idx] = analytical_times_s(shp[:, 0], shp[:, 1], shp[:, 2], shp[:, 3], peak_flops_per_s=gpu.peak_flops_per_s[dtype],
                                       sm_count=gpu.sm_count, hbm_bytes_per_s=gpu.hbm_bytes_per_s, in_bytes=in_b,
-                                      out_bytes=out_b, sustained=f, law=shape_law(gpu), aligned=aligned)
+                                      out_bytes=out_b, sustained=f, law=shape_law(gpu), aligned=rows)
     return out
 
 
-def _golden_min(fun: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
+def golden_min(fun: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
     """Minimum of a unimodal ``fun`` on [lo, hi] by golden-section search (Kiefer 1953)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
@@ -163,7 +165,7 @@ def fit_gemm_sustained(gpu: GPU, samples: Sequence[GemmSample], holdout: float =
 
     Samples whose data type has no peak on ``gpu`` must be filtered out by the caller."""
     fit_s, held_s = split_by_shape(samples, _gemm_key, holdout)
-    keys, meas = _medians(fit_s, _gemm_key, lambda s: s.time_s)
+    keys, meas = medians(fit_s, _gemm_key, lambda s: s.time_s)
     logm = np.log(meas)
 
     def loss(logf: float) -> float:
@@ -172,7 +174,7 @@ def fit_gemm_sustained(gpu: GPU, samples: Sequence[GemmSample], holdout: float =
     grid = np.linspace(math.log(SUSTAINED_BOUNDS[0]), math.log(SUSTAINED_BOUNDS[1]), 49)
     best = int(np.argmin([loss(x) for x in grid]))
     lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
-    f = math.exp(_golden_min(loss, lo, hi))
+    f = math.exp(golden_min(loss, lo, hi))
     all_keys = [_gemm_key(s) for s in fit_s]
     residual = _residual(gemm_predict(gpu, all_keys, f), np.array([s.time_s for s in fit_s]), len(keys))
     held = None
@@ -193,7 +195,7 @@ def fit_hbm_efficiency(gpu: GPU, samples: Sequence[MemorySample], holdout: float
     """The achieved share ``e`` of ``gpu``'s HBM bandwidth (module docstring); the caller keeps
     samples of at least :data:`MIN_MEMORY_BYTES`."""
     fit_s, held_s = split_by_shape(samples, _memory_key, holdout)
-    keys, meas = _medians(fit_s, _memory_key, lambda s: s.time_s)
+    keys, meas = medians(fit_s, _memory_key, lambda s: s.time_s)
     moved = np.array([k[2] for k in keys])
     e = float(np.exp(np.mean(np.log(moved / (gpu.hbm_bytes_per_s * meas)))))
 
@@ -215,7 +217,7 @@ def fit_collective(samples: Sequence[CollectiveSample], holdout: float = 0.0) ->
     group size, level) (module docstring); None when no positive bandwidth term fits (sizes too
     alike or times too noisy)."""
     fit_s, held_s = split_by_shape(samples, lambda s: s.size_bytes, holdout)
-    sizes, meas = _medians(fit_s, lambda s: s.size_bytes, lambda s: s.time_s)
+    sizes, meas = medians(fit_s, lambda s: s.size_bytes, lambda s: s.time_s)
     size = np.array(sizes, dtype=float)
     # minimise sum ((alpha + beta S - t) / t)^2: rows [1/t, S/t] x [alpha, beta] = 1
     a = np.stack([1.0 / meas, size / meas], axis=1)

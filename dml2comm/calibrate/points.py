@@ -16,7 +16,7 @@ from dml2comm.calibrate.fit import gemm_predict, split_by_shape
 from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
 from dml2comm.hardware.gpus import GPU
 
-__all__ = ["gemm_points", "memory_points", "collective_points", "log_sizes"]
+__all__ = ["gemm_points", "memory_points", "collective_points", "class_points", "log_sizes"]
 
 T = TypeVar("T")
 
@@ -73,3 +73,15 @@ def log_sizes(lo: float, hi: float, count: int = 25) -> list[float]:
     """``count`` sizes evenly spaced in log between ``lo/2`` and ``2 hi`` (the fitted and base
     lines are drawn through them)."""
     return [_f(x) for x in np.geomspace(max(lo / 2, 1.0), max(hi * 2, 2.0), count)]
+
+
+def class_points(spec: Any, value: float, holdout: float) -> list[dict[str, Any]]:
+    """One point per shape of a kernel class (:class:`dml2comm.calibrate.classes.ClassSpec`):
+    its description, median measured time, the class's model at the fitted ``value`` and the
+    base model's time, and which side of the held-out split it fell on."""
+    groups = _grouped(spec.samples, spec.key, holdout)
+    keys = [k for k, _, _ in groups]
+    model, base = spec.predict(keys, value), spec.base_predict(keys)
+    return [{"shape": spec.describe(key), "ops": sorted({s.op for s in ss}), "repeats": len(ss),
+             "measured_s": _f(float(np.median([s.time_s for s in ss]))), "model_s": _f(float(m)), "base_s": _f(float(b)),
+             "held_out": held} for (key, ss, held), m, b in zip(groups, model, base)]

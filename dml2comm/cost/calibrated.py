@@ -37,13 +37,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CLASSES", "GEMM_CLASSES", "MEMORY_CLASSES", "SCALE_CLASSES", "NORM_OPS", "GEMM_SMALL_FLOPS", "class_value",
+from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES
+
+__all__ = ["preset_of", "CLASSES", "GEMM_CLASSES", "MEMORY_CLASSES", "SCALE_CLASSES", "NORM_OPS", "GEMM_SMALL_FLOPS", "class_value",
            "gemm_regime"]
 
 GEMM_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv")
 MEMORY_CLASSES = ("pointwise", "norm")
 SCALE_CLASSES = ("attention_fwd", "attention_bwd", "optimizer")
-CLASSES = GEMM_CLASSES + ("attention_fwd", "attention_bwd") + MEMORY_CLASSES + ("optimizer",)
 
 #: GEMMs below this many FLOPs (``2 b M N K``) form the ``gemm_small`` regime: their time is the
 #: shape law's fixed latency and partial wave, not its rate (the threshold dml2comm/cost/gemm.py
@@ -73,3 +74,11 @@ def gemm_regime(flops: float, aligned: bool, conv: bool = False) -> str:
     if not aligned:
         return "gemm_unaligned"
     return "gemm_small" if flops < GEMM_SMALL_FLOPS else "gemm_large"
+
+
+def preset_of(gpu_name: str) -> str:
+    """The preset a GPU name stands for: ``calibrate`` names a calibrated GPU after its base
+    preset with a hash of its values (``H100-SXM5-80GB cal-1a2b3c4d``), and the per-GPU fitted laws
+    keyed by preset name (the H100's GEMM shape law and sustained factor, its measured tables)
+    still describe that silicon for every class the calibration left at the base."""
+    return gpu_name.split(" cal-")[0]

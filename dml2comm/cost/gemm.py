@@ -144,7 +144,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from dml2comm.cost.calibrated import GEMM_CLASSES, class_value, gemm_regime
+from dml2comm.cost.calibrated import GEMM_CLASSES, class_value, gemm_regime, preset_of
 from dml2comm.errors import ConfigError, ModelError
 from dml2comm.hardware.gpus import GPU
 
@@ -382,7 +382,7 @@ def sustained_source(gpu: GPU | GemmDevice) -> str:
     own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
     if own is not None:
         return "calibrated on your own kernels (python main.py calibrate)"
-    return SUSTAINED_SOURCE.get(gpu.name, "no fit for this GPU: the mean of the H100 and B200 table fits")
+    return SUSTAINED_SOURCE.get(preset_of(gpu.name), "no fit for this GPU: the mean of the H100 and B200 table fits")
 
 
 def sustained_factor(gpu: GPU | GemmDevice) -> float:
@@ -392,12 +392,13 @@ def sustained_factor(gpu: GPU | GemmDevice) -> float:
     own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
     if own is not None:
         return own
-    return SUSTAINED_FACTOR.get(gpu.name, DEFAULT_SUSTAINED_FACTOR)
+    return SUSTAINED_FACTOR.get(preset_of(gpu.name), DEFAULT_SUSTAINED_FACTOR)
 
 
 def shape_law(gpu: GPU | GemmDevice) -> ShapeLaw:
-    """The shape law of a GPU: :data:`SHAPE_LAWS` by its name (H100, H200), else :data:`SHAPE_LAW`."""
-    return SHAPE_LAWS.get(gpu.name, SHAPE_LAW)
+    """The shape law of a GPU: :data:`SHAPE_LAWS` by its name (H100, H200; a calibrated GPU by
+    its preset's, :func:`dml2comm.cost.calibrated.preset_of`), else :data:`SHAPE_LAW`."""
+    return SHAPE_LAWS.get(preset_of(gpu.name), SHAPE_LAW)
 
 
 def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
@@ -689,9 +690,9 @@ def _gemm_time_s(dev: GemmDevice, dtype: str, b: int, m: int, n: int, k: int, al
                  conv: bool = False) -> float:
     # a calibrated class's factor (dml2comm.cost.calibrated, the one place GEMM classes are read)
     own = class_value(dev, gemm_regime(2.0 * b * m * n * k, aligned, conv)) if dev.calibrated_classes else None
-    answers = (dev.sustained is None and not dev.calibrated_classes and aligned
-               and (dev.name, _dtype(dtype, allow_tf32)[0]) in _ANSWERING_TABLES)
-    table = measured_table(dev.name, dtype, allow_tf32) if answers else None
+    answers = (dev.sustained is None and own is None and aligned
+               and (preset_of(dev.name), _dtype(dtype, allow_tf32)[0]) in _ANSWERING_TABLES)
+    table = measured_table(preset_of(dev.name), dtype, allow_tf32) if answers else None
     x = (b, m, n, k)
     if table is not None and table.inside(x):
         return table.time_s(x)

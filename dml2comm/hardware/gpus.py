@@ -44,6 +44,7 @@ from typing import Mapping
 from dml2comm.errors import ConfigError
 
 __all__ = [
+    "CALIBRATED_CLASSES",
     "DTYPE_KEYS",
     "GPU",
     "GPUS",
@@ -73,6 +74,12 @@ _DTYPE_SPELLINGS: Mapping[str, str] = MappingProxyType(
 )
 
 _NUMERIC_FIELDS: tuple[str, ...] = ("hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
+
+
+#: The kernel classes a calibrated GPU may carry a value for (:attr:`GPU.calibrated_classes`;
+#: what each means and which cost term reads it: :mod:`dml2comm.cost.calibrated`).
+CALIBRATED_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv", "attention_fwd", "attention_bwd", "pointwise", "norm",
+                      "optimizer")
 
 
 def _frozen(mapping: Mapping[str, object]) -> Mapping[str, object]:
@@ -154,6 +161,9 @@ class GPU:
                                       or not (math.isfinite(value) and 0 < value <= 1.5)):
                 raise ConfigError(f"GPU {self.name!r}: {field_name} must be a number in (0, 1.5] or absent, got {value!r}")
         for key, value in self.calibrated_classes.items():
+            if key not in CALIBRATED_CLASSES:
+                raise ConfigError(f"GPU {self.name!r}: unknown kernel class {key!r} in calibrated_classes; use one of "
+                                  f"{', '.join(CALIBRATED_CLASSES)}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 < value <= 10):
                 raise ConfigError(f"GPU {self.name!r}: calibrated_classes[{key!r}] must be a number in (0, 10], got {value!r}")
         object.__setattr__(self, "calibrated_classes", _frozen(self.calibrated_classes))
