@@ -179,6 +179,14 @@ def memory_chart(points: Sequence[Mapping[str, Any]], efficiency: float, base_ef
     return _model_chart("Memory-bound kernels", points, describe, "e", efficiency, base_efficiency)
 
 
+def class_chart(record: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> str:
+    """Measured time (x) against the class's model (y) per shape of one kernel class
+    (:func:`dml2comm.calibrate.points.class_points`), at the fitted value and at the base's."""
+    symbols = {"sustained factor": "f", "HBM efficiency": "e", "time scale": "c"}
+    return _model_chart(str(record.get("label", record["class"])), points, lambda p: f"{p['shape']} ({', '.join(p['ops'])})",
+                        symbols.get(str(record.get("quantity")), "v"), record["value"], record["base_value"])
+
+
 def collective_chart(entry: Mapping[str, Any]) -> str:
     """Measured time against message size for one fitted (kind, group size, level)
     (``calibrate``'s ``points["collectives"]`` entry), with the fitted line and the base's curve."""
