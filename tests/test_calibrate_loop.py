@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from dml2comm.calibrate.base import base_cluster, collective_times_s, group_ranks
-from dml2comm.calibrate.charts import ScatterPoint, gemm_chart, loglog_chart
+from dml2comm.calibrate.charts import ScatterPoint, class_chart, loglog_chart
 from dml2comm.cli import main
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file, parse_cluster_file
@@ -153,9 +153,11 @@ def test_loglog_chart_geometry_and_escaping() -> None:
     svg = loglog_chart("t", "x", "y", [ScatterPoint(1e-4, 1e-4, "a"), ScatterPoint(1e-2, 1e-3, "b")], diagonal=True)
     assert '<circle cx="78" cy="368"' in svg and '<circle cx="604" cy="220"' in svg  # 1e-3: half way up = 72 + 148
     assert 'x1="78" y1="368" x2="604" y2="72"' in svg  # y = x
-    evil = [{"b": 1, "m": 64, "n": 64, "k": 64, "dtype": "bf16", "ops": ["<script>alert(1)</script>"], "repeats": 1,
+    evil = [{"shape": "1x[64x64]@[64x64] bf16", "ops": ["<script>alert(1)</script>"], "repeats": 1,
              "measured_s": 1e-5, "model_s": 2e-5, "base_s": 1e-5, "held_out": True}]
-    text = gemm_chart(evil, 0.5, 0.7)
+    text = class_chart({"class": "gemm_small", "label": "<b>GEMM</b>", "quantity": "sustained factor", "value": 0.5,
+                        "base_value": 0.7}, evil)
+    assert "<b>" not in text and "&lt;b&gt;GEMM&lt;/b&gt;" in text
     assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "+100.0%" in text
 
 

@@ -2,39 +2,43 @@
 can be trusted for.
 
 One value per class of :mod:`dml2comm.cost.calibrated` (the classes the cost model reads), each
-fitted on its own samples (:mod:`dml2comm.calibrate.samples`):
+fitted on its own samples (:mod:`dml2comm.calibrate.samples`).  Every fit matches the class's
+**summed time** over its fitted shapes (each shape's median time times its repeats): a step adds
+its kernels' times up, so that is the quantity a value must get right; the per-shape median and
+worst errors are reported beside it.
 
 - **GEMM regimes** (``gemm_large``, ``gemm_small``, ``gemm_unaligned``, ``conv``): the sustained
-  factor ``f`` of the shape law (:func:`dml2comm.cost.gemm.analytical_times_s`), minimising
-  ``sum (log model(f) - log measured)^2`` over the distinct shapes (their median time): the
-  golden-section search of :func:`dml2comm.calibrate.fit.fit_gemm_sustained`.  The regimes are
-  the law's own cases (:func:`dml2comm.cost.calibrated.gemm_regime`): the tiled rate of large
-  aligned GEMMs, the latency and partial-wave time of small ones (below 1 GFLOP), cuBLAS's
-  fallback kernel for unaligned 16-bit rows, cuDNN's implicit GEMMs.  One factor cannot serve
-  all four: the fallback runs at a fitted fraction of the rate and small GEMMs at the law's
-  fixed latency, so a factor fitted on their mix describes none of them.
-- **Memory-bound classes** (``pointwise``, ``norm``): the HBM efficiency ``e`` of
-  ``t = bytes / (HBM e)``, ``log e = mean log(bytes / (HBM t))`` over the distinct shapes of at
-  least :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES`.  Normalisations, softmaxes and
-  reductions run as block-reduction kernels that reach about half the bandwidth of element-wise
-  kernels on the bundled H100 traces (``vectorized_layer_norm_kernel`` 0.39 of 3.35 TB/s, its
-  backward 0.22, ``cunn_SoftMaxForward`` 0.45-0.48, against 0.85-0.95 for large element-wise
-  kernels), so one efficiency for both fits neither (the single fit's 33% median residual on the
-  Llama-1B trace).
-- **Time scales** (``attention_fwd``, ``attention_bwd``, ``optimizer``): ``c`` of
-  ``t = c x law`` with ``log c = mean log(measured / law)`` over the distinct shapes; the law is
-  the base model's: :func:`dml2comm.cost.attention.flash_times_s` (costed causal: the profiler's
-  shapes do not record ``is_causal``), :func:`dml2comm.cost.compute.optimizer_step_s` (AdamW, the
-  parameters' element size: bf16 -> ``bf16``, fp32 -> ``amp``).
+  factor ``f`` of the shape law (:func:`dml2comm.cost.gemm.analytical_times_s`) at which the law's
+  summed time equals the measured one (a golden-section search on ``log f``, Kiefer 1953, the
+  law's time falling as ``f`` grows).  The regimes are the law's own cases
+  (:func:`dml2comm.cost.calibrated.gemm_regime`): the tiled rate of large aligned GEMMs, the
+  latency and partial-wave time of small ones (below 1 GFLOP), cuBLAS's fallback kernel for
+  unaligned 16-bit rows, cuDNN's implicit GEMMs.  One factor cannot serve all four: the fallback
+  runs at a fitted fraction of the rate and small GEMMs at the law's fixed latency, so a factor
+  fitted on their mix describes none of them.
+- **Memory-bound classes** (``pointwise``, ``norm``): the HBM efficiency
+  ``e = sum bytes / (HBM x sum t)`` over the samples of at least
+  :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES` (smaller ones are launch-bound).  Normalisations
+  and reductions run as block-reduction kernels that reach a fraction of the bandwidth
+  element-wise kernels do on the bundled H100 traces (``vectorized_layer_norm_kernel`` 0.39 of
+  3.35 TB/s, its backward 0.22, against 0.85-0.95 for large contiguous element-wise kernels), so
+  one efficiency for both fits neither (the single efficiency's 33% median residual on the
+  Llama-1B trace).  The loss's log-softmax passes are ``pointwise`` samples with the cost model's
+  byte count (:mod:`dml2comm.cost.loss`, which times them at the element-wise efficiency).
+- **Time scales** (``attention_fwd``, ``attention_bwd``, ``optimizer``): ``c = sum t / sum law``;
+  the law is the base model's: :func:`dml2comm.cost.attention.flash_times_s` (costed causal: the
+  profiler's shapes do not record ``is_causal``), :func:`dml2comm.cost.compute.optimizer_step_s`
+  (AdamW, the parameters' element size: bf16 -> ``bf16``, fp32 -> ``amp``).
 
 Verdict: the distinct shapes of a class are split by a hash of the shape
 (:func:`~dml2comm.calibrate.fit.split_by_shape`, ``holdout`` of them held out); the value is
-fitted on the rest and **used only when its median relative error on the held-out shapes is
-below the base model's** on the same shapes (the uncalibrated cost model: the preset's GEMM
-model, tables included, :data:`~dml2comm.cost.compute.HBM_EFFICIENCY`, the flash and optimizer
-laws as they are).  Otherwise the base stays, with the reason.  A class with too few shapes for a
-fit and a held-out shape keeps the base with a warning naming what to record.  With
-``holdout`` = 0 there is no check and every fitted value is used.
+fitted on the rest and **used only when, on the held-out shapes, it beats the base model on
+both their median relative error and the relative error of their summed time** (the base is
+the uncalibrated cost model: the preset's GEMM model, tables included,
+:data:`~dml2comm.cost.compute.HBM_EFFICIENCY`, the flash and optimizer laws as they are).
+Otherwise the base stays, with the reason.  A class with too few shapes for a fit and a held-out
+shape keeps the base with a warning naming what to record.  With ``holdout`` = 0 there is no
+check and every fitted value is used.
 """
 
 from __future__ import annotations

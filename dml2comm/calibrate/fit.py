@@ -35,22 +35,17 @@ from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySampl
 from dml2comm.cost.gemm import ALIGNMENT_BYTES, analytical_times_s, shape_law
 from dml2comm.hardware.gpus import GPU
 
-__all__ = ["Residual", "FitOutcome", "fit_gemm_sustained", "fit_hbm_efficiency", "fit_collective", "split_by_shape",
-           "gemm_predict", "golden_min", "medians", "MIN_GEMM_SHAPES", "MIN_MEMORY_SHAPES", "MIN_MEMORY_BYTES", "MIN_COLLECTIVE_SIZES", "MIN_GEMM_FLOPS",
+__all__ = ["Residual", "FitOutcome", "fit_collective", "split_by_shape",
+           "gemm_predict", "golden_min", "medians", "MIN_MEMORY_BYTES", "MIN_COLLECTIVE_SIZES",
            "GEMM_FIT_DTYPES", "GEMM_BYTES", "SUSTAINED_BOUNDS"]
 
-#: Fewest distinct shapes (sizes) a term is fitted on; fewer -> a warning and the base value.
-MIN_GEMM_SHAPES = 3
-MIN_MEMORY_SHAPES = 3
+#: Fewest distinct message sizes a collective is fitted on; fewer -> a warning and the base value
+#: (the kernel classes' minimums: dml2comm.calibrate.classes.MIN_SHAPES).
 MIN_COLLECTIVE_SIZES = 2
 #: Memory-bound kernels smaller than this are left out of the HBM fit: the model has no latency
 #: term, and a kernel's fixed cost (launch, tail: a few microseconds) would pass for low
 #: bandwidth.  32 MiB streams in about 20 us at 1.7 TB/s (A100), so a 2 us fixed cost is <= 10%.
 MIN_MEMORY_BYTES = 32 * 2**20
-#: GEMMs smaller than this are left out of the sustained-factor fit: their time is the shape
-#: law's fixed per-kernel latency, not its rate (the threshold the GEMM model's own residuals are
-#: reported at, dml2comm/cost/gemm.py).
-MIN_GEMM_FLOPS = 1e9
 #: Data types of the tensor-core law (dml2comm/cost/gemm.py); fp32 on CUDA cores is not modelled by it.
 GEMM_FIT_DTYPES = ("tf32", "bf16", "fp16", "fp8")
 #: Search interval of the sustained factor; a fit at either end is refused (the law does not fit).
@@ -158,55 +153,6 @@ def golden_min(fun: Callable[[float], float], lo: float, hi: float, iters: int =
             d = a + g * (b - a)
             fd = fun(d)
     return (a + b) / 2
-
-
-def fit_gemm_sustained(gpu: GPU, samples: Sequence[GemmSample], holdout: float = 0.0) -> FitOutcome:
-    """The sustained factor ``f_gpu`` of ``gpu`` fitted to GEMM samples (module docstring).
-
-    Samples whose data type has no peak on ``gpu`` must be filtered out by the caller."""
-    fit_s, held_s = split_by_shape(samples, _gemm_key, holdout)
-    keys, meas = medians(fit_s, _gemm_key, lambda s: s.time_s)
-    logm = np.log(meas)
-
-    def loss(logf: float) -> float:
-        return float(np.sum((np.log(gemm_predict(gpu, keys, math.exp(logf))) - logm) ** 2))
-
-    grid = np.linspace(math.log(SUSTAINED_BOUNDS[0]), math.log(SUSTAINED_BOUNDS[1]), 49)
-    best = int(np.argmin([loss(x) for x in grid]))
-    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
-    f = math.exp(golden_min(loss, lo, hi))
-    all_keys = [_gemm_key(s) for s in fit_s]
-    residual = _residual(gemm_predict(gpu, all_keys, f), np.array([s.time_s for s in fit_s]), len(keys))
-    held = None
-    if held_s:
-        hk = [_gemm_key(s) for s in held_s]
-        held = _residual(gemm_predict(gpu, hk, f), np.array([s.time_s for s in held_s]), len(set(hk)))
-    return FitOutcome({"gemm_sustained_factor": f}, residual, held)
-
-
-# -------------------------------------------------------------------------- memory-bound
-
-
-def _memory_key(s: MemorySample) -> tuple:
-    return (s.op, s.shape, s.bytes)
-
-
-def fit_hbm_efficiency(gpu: GPU, samples: Sequence[MemorySample], holdout: float = 0.0) -> FitOutcome:
-    """The achieved share ``e`` of ``gpu``'s HBM bandwidth (module docstring); the caller keeps
-    samples of at least :data:`MIN_MEMORY_BYTES`."""
-    fit_s, held_s = split_by_shape(samples, _memory_key, holdout)
-    keys, meas = medians(fit_s, _memory_key, lambda s: s.time_s)
-    moved = np.array([k[2] for k in keys])
-    e = float(np.exp(np.mean(np.log(moved / (gpu.hbm_bytes_per_s * meas)))))
-
-    def predict(ss: Sequence[MemorySample]) -> np.ndarray:
-        return np.array([s.bytes for s in ss]) / (gpu.hbm_bytes_per_s * e)
-
-    residual = _residual(predict(fit_s), np.array([s.time_s for s in fit_s]), len(keys))
-    held = None
-    if held_s:
-        held = _residual(predict(held_s), np.array([s.time_s for s in held_s]), len({_memory_key(s) for s in held_s}))
-    return FitOutcome({"hbm_efficiency": e}, residual, held)
 
 
 # --------------------------------------------------------------------------- collectives

@@ -16,7 +16,7 @@ from dml2comm.calibrate.fit import gemm_predict, split_by_shape
 from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
 from dml2comm.hardware.gpus import GPU
 
-__all__ = ["gemm_points", "memory_points", "collective_points", "class_points", "log_sizes"]
+__all__ = ["collective_points", "class_points", "log_sizes"]
 
 T = TypeVar("T")
 
@@ -32,35 +32,6 @@ def _grouped(samples: Sequence[T], key: Callable[[T], Hashable], holdout: float)
 
 def _f(x: float) -> float:
     return float(f"{x:.6g}")
-
-
-def gemm_points(gpu: GPU, samples: Sequence[GemmSample], f: float, f_base: float, holdout: float) -> list[dict[str, Any]]:
-    """One point per GEMM shape (b, M, N, K, dtype): median measured time, the shape law's time
-    on ``gpu`` at the fitted factor ``f`` and at the base's ``f_base``."""
-    groups = _grouped(samples, lambda s: (s.b, s.m, s.n, s.k, s.dtype), holdout)
-    keys = [k for k, _, _ in groups]
-    model = gemm_predict(gpu, keys, f)  # type: ignore[arg-type]
-    base = gemm_predict(gpu, keys, f_base)  # type: ignore[arg-type]
-    out = []
-    for (key, ss, held), m, b in zip(groups, model, base):
-        bb, mm, nn, kk, dtype = key  # type: ignore[misc]
-        out.append({"b": bb, "m": mm, "n": nn, "k": kk, "dtype": dtype, "ops": sorted({s.op for s in ss}), "repeats": len(ss),
-                    "measured_s": _f(float(np.median([s.time_s for s in ss]))), "model_s": _f(float(m)), "base_s": _f(float(b)),
-                    "held_out": held})
-    return out
-
-
-def memory_points(gpu: GPU, samples: Sequence[MemorySample], e: float, e_base: float, holdout: float) -> list[dict[str, Any]]:
-    """One point per memory-bound (operator, shape, bytes): median measured time and
-    ``bytes / (HBM x e)`` at the fitted and at the base's efficiency."""
-    out = []
-    for key, ss, held in _grouped(samples, lambda s: (s.op, s.shape, s.bytes), holdout):
-        op, shape, moved = key  # type: ignore[misc]
-        out.append({"op": op, "shape": list(shape), "bytes": moved, "repeats": len(ss),
-                    "measured_s": _f(float(np.median([s.time_s for s in ss]))),
-                    "model_s": _f(moved / (gpu.hbm_bytes_per_s * e)), "base_s": _f(moved / (gpu.hbm_bytes_per_s * e_base)),
-                    "held_out": held})
-    return out
 
 
 def collective_points(samples: Sequence[CollectiveSample], holdout: float) -> list[dict[str, Any]]:

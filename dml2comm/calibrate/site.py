@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from markupsafe import Markup
 
-from dml2comm.calibrate.charts import class_chart, collective_chart, gemm_chart, memory_chart
+from dml2comm.calibrate.charts import class_chart, collective_chart
 from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "class_rows", "SAMPLES_FILE"]
@@ -88,9 +88,7 @@ def fitted_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def calibration_svgs(points: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """The page's charts by name (``class_NAME`` per fitted kernel class; ``gemm``, ``memory`` of
-    files written before the classes; ``collective_N``): (title, SVG)."""
-    fitted = record.get("fitted") or {}
+    """The page's charts by name (``class_NAME`` per fitted kernel class, ``collective_N``): (title, SVG)."""
     svgs: dict[str, tuple[str, str]] = {}
     for c in record.get("classes") or []:
         pts = (points.get("classes") or {}).get(c["class"])
@@ -98,13 +96,6 @@ def calibration_svgs(points: Mapping[str, Any], record: Mapping[str, Any]) -> di
             verdict = "used" if c.get("used") else "base kept"
             svgs[f"class_{c['class']}"] = (f"{c.get('label', c['class'])}: {c.get('quantity', '')} ({verdict})",
                                            class_chart(c, pts))
-    if points.get("gemm") and "gemm_sustained_factor" in fitted:
-        g = fitted["gemm_sustained_factor"]
-        svgs["gemm"] = ("GEMM time by shape", gemm_chart(points["gemm"], g["gemm_sustained_factor"], g.get("base_value") or 0.0))
-    if points.get("memory") and "hbm_efficiency" in fitted:
-        h = fitted["hbm_efficiency"]
-        svgs["memory"] = ("Memory-bound kernels (HBM efficiency)",
-                          memory_chart(points["memory"], h["hbm_efficiency"], h.get("base_value") or 0.0))
     for i, entry in enumerate(points.get("collectives") or []):
         label = f"{entry['kind']} over {entry['group_size']} ranks, {str(entry['level']).replace('_', '-')}"
         svgs[f"collective_{i}"] = (f"Collective time by size: {label}", collective_chart(entry))
