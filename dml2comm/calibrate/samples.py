@@ -470,9 +470,39 @@ def file_samples(path: str) -> TraceFile:
     return TraceFile(p.name, digest, trace.rank, trace.world_size, devices, _versions(meta), trace_samples(trace))
 
 
+def _add_op_sample(out: TraceSamples, op: str, dims: list[Any], types: Any, t: float, knames: list[str]) -> None:
+    """The sample of one shaped operator whose kernels took ``t`` seconds (``knames``), if any."""
+    if op in GEMM_OPS:
+        if not any(GEMM_KERNEL.search(n) for n in knames):
+            return
+        shape = gemm_shape(op, dims)
+        tensor_types = [x for x in (types or []) if x in _GEMM_DTYPES] if isinstance(types, list) else []
+        if shape is None or not tensor_types or min(shape) < 1:
+            return
+        dtype = _GEMM_DTYPES[tensor_types[0]]
+        if dtype == "fp32" and any(_TF32_KERNEL.search(n) for n in knames):
+            dtype = "tf32"
+        out.gemms.append(GemmSample(*shape, dtype, t, op))
+    elif op in MEMORY_OPS:
+        if any(n.lower().startswith("nccl") or GEMM_KERNEL.search(n) for n in knames):
+            return
+        moved = memory_bytes(op, dims, types)
+        if moved is not None and moved[0] > 0:
+            out.memory.append(MemorySample(moved[0], t, op, moved[1], "norm" if op in NORM_ATEN_OPS else "pointwise"))
+    elif op in ATTENTION_OPS:
+        att = attention_sample(op, dims, t)
+        if att is not None:
+            out.attention.append(att)
+    elif op in CONV_OPS:
+        conv = conv_sample(op, dims, types, t)
+        if conv is not None:
+            out.convs.append(conv)
+
+
 def trace_samples(trace: RankTrace) -> TraceSamples:
-    """Every GEMM, memory-bound and collective sample of one trace loaded with ``shapes=True``
-    (collectives raw: :func:`classify_collectives` gives their levels)."""
+    """Every GEMM, memory-bound, flash-attention, convolution, fused-optimizer and collective
+    sample of one trace loaded with ``shapes=True`` (collectives raw: :func:`classify_collectives`
+    gives their levels)."""
     out = TraceSamples(shaped_ops=len(trace.inputs))
     kernels = np.flatnonzero(trace.kind == Kind.KERNEL)
     cpu = np.flatnonzero(trace.kind == Kind.CPU_OP)
@@ -513,38 +543,9 @@ def trace_samples(trace: RankTrace) -> TraceSamples:
                 steps.append((op, t_opt))
             continue
         shapes = trace.inputs.get(row)
-        if shapes is None:
-            continue
-        dims, types = shapes
         t = float(sum(trace.dur[k] for k in ks)) * 1e-6
-        if t <= 0:
-            continue
-        knames = [names[trace.name[k]] for k in ks]
-        if op in GEMM_OPS:
-            if not any(GEMM_KERNEL.search(n) for n in knames):
-                continue
-            shape = gemm_shape(op, dims)
-            tensor_types = [x for x in (types or []) if x in _GEMM_DTYPES] if isinstance(types, list) else []
-            if shape is None or not tensor_types or min(shape) < 1:
-                continue
-            dtype = _GEMM_DTYPES[tensor_types[0]]
-            if dtype == "fp32" and any(_TF32_KERNEL.search(n) for n in knames):
-                dtype = "tf32"
-            out.gemms.append(GemmSample(*shape, dtype, t, op))
-        elif op in MEMORY_OPS:
-            if any(n.lower().startswith("nccl") or GEMM_KERNEL.search(n) for n in knames):
-                continue
-            moved = memory_bytes(op, dims, types)
-            if moved is not None and moved[0] > 0:
-                out.memory.append(MemorySample(moved[0], t, op, moved[1], "norm" if op in NORM_ATEN_OPS else "pointwise"))
-        elif op in ATTENTION_OPS:
-            att = attention_sample(op, dims, t)
-            if att is not None:
-                out.attention.append(att)
-        elif op in CONV_OPS:
-            conv = conv_sample(op, dims, types, t)
-            if conv is not None:
-                out.convs.append(conv)
+        if shapes is not None and t > 0:
+            _add_op_sample(out, op, shapes[0], shapes[1], t, [names[trace.name[k]] for k in ks])
     out.optimizer = optimizer_samples(trace, steps)
     # collectives: the kernel's own arguments, else the record_param_comms operator that launched it
     kernel_owner = dict(zip(kernels.tolist(), owner.tolist()))
