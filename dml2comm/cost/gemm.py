@@ -382,6 +382,11 @@ def sustained_source(gpu: GPU | GemmDevice) -> str:
     own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
     if own is not None:
         return "calibrated on your own kernels (python main.py calibrate)"
+    classes = {k: v for k, v in gpu.calibrated_classes.items() if k in GEMM_CLASSES}
+    if classes:
+        mine = ", ".join(f"{k} {v:.3g}" for k, v in sorted(classes.items()))
+        return (f"{SUSTAINED_SOURCE.get(preset_of(gpu.name), 'the preset')}; calibrated on your own kernels for {mine} "
+                "(python main.py calibrate)")
     return SUSTAINED_SOURCE.get(preset_of(gpu.name), "no fit for this GPU: the mean of the H100 and B200 table fits")
 
 
