@@ -51,7 +51,7 @@ import numpy as np
 
 from dml2comm.calibrate.fit import (GEMM_BYTES, GEMM_FIT_DTYPES, MIN_MEMORY_BYTES, SUSTAINED_BOUNDS, Residual, golden_min,
                                     medians, gemm_predict, split_by_shape)
-from dml2comm.calibrate.samples import AttentionSample, GemmSample, MemorySample, OptimizerSample, TraceSamples
+from dml2comm.calibrate.samples import GemmSample, MemorySample, TraceSamples
 from dml2comm.cost.attention import FlashShape, flash_cost, flash_times_s
 from dml2comm.cost.calibrated import GEMM_CLASSES, gemm_regime
 from dml2comm.cost.compute import hbm_efficiency_of, optimizer_step_s

@@ -1,16 +1,10 @@
-"""Fit the cost models' constants to measured samples, with residuals and held-out errors.
+"""Fitting helpers shared by the kernel classes (:mod:`dml2comm.calibrate.classes`), and the
+collectives' fit, with residuals and held-out errors.
 
-Three fits, each of a term the models really use:
-
-- **GEMM sustained factor** ``f_gpu`` of :func:`dml2comm.cost.gemm.analytical_times_s` (the
-  shape law's other numbers stay as fitted on the published tables): the ``f`` minimising
-  ``sum (log model(f) - log measured)^2`` over the distinct shapes (their median time), the
-  loss of ``fit_shape_law`` with one free number; a bounded golden-section search on ``log f``
-  (Kiefer, "Sequential minimax search for a maximum", Proc. AMS 4, 1953) after a coarse grid.
-- **HBM efficiency** ``e`` of the roofline's memory term ``t = bytes / (HBM x e)``
-  (:mod:`dml2comm.cost.compute`): least squares in log, ``log e = mean log(bytes / (HBM t))``
-  over the distinct shapes of at least :data:`MIN_MEMORY_BYTES` (smaller kernels are launch-bound;
-  the model has no latency term for them).
+- :func:`gemm_predict`: the GEMM shape law (:func:`dml2comm.cost.gemm.analytical_times_s`) on
+  profiled shapes at a sustained factor; :func:`golden_min`: a bounded golden-section search
+  (Kiefer, "Sequential minimax search for a maximum", Proc. AMS 4, 1953); :func:`medians`: the
+  median time per distinct shape.
 - **Collectives** ``t = alpha + beta S`` per (kind, group size, level): weighted least squares of
   the relative error over the distinct sizes (their median time: a collective inside a training
   step also waits for its slowest peer, the median resists those outliers), ``alpha >= 0``,
@@ -31,7 +25,7 @@ from typing import Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
-from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
+from dml2comm.calibrate.samples import CollectiveSample
 from dml2comm.cost.gemm import ALIGNMENT_BYTES, analytical_times_s, shape_law
 from dml2comm.hardware.gpus import GPU
 
@@ -109,10 +103,6 @@ def medians(samples: Sequence[T], key: Callable[[T], Hashable], time: Callable[[
 
 
 # ----------------------------------------------------------------------------------- GEMMs
-
-
-def _gemm_key(s: GemmSample) -> tuple:
-    return (s.b, s.m, s.n, s.k, s.dtype)
 
 
 def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float, aligned: bool | None = None) -> np.ndarray:

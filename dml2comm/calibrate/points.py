@@ -12,9 +12,8 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
-from dml2comm.calibrate.fit import gemm_predict, split_by_shape
-from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
-from dml2comm.hardware.gpus import GPU
+from dml2comm.calibrate.fit import split_by_shape
+from dml2comm.calibrate.samples import CollectiveSample
 
 __all__ = ["collective_points", "class_points", "log_sizes"]
 
