@@ -47,8 +47,9 @@ def class_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
     rows = []
     for c in record.get("classes") or []:
         h, b = c.get("holdout"), c.get("base_holdout")
-        held = "not held out" if not h else (f"{h['shapes']} shapes: {_pct(h['median_rel_error'])} (base {_pct(b['median_rel_error'])})"
-                                              if b else f"{h['shapes']} shapes: {_pct(h['median_rel_error'])}")
+        shapes = "" if not h else f"{h['shapes']} shape{'' if h['shapes'] == 1 else 's'}"
+        held = "not held out" if not h else (f"{shapes}: {_pct(h['median_rel_error'])} (base {_pct(b['median_rel_error'])})"
+                                              if b else f"{shapes}: {_pct(h['median_rel_error'])}")
         res = _res(c)
         rows.append({"constant": f"gpu.calibrated_classes.{c['class']}", "label": str(c.get("label", "")),
                      "quantity": str(c.get("quantity", "")), "value": "not fitted" if c.get("value") is None else f"{c['value']:.4g}",
