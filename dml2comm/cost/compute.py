@@ -26,6 +26,7 @@ by ``benchmarks/bench_heldout.py``.
 
 from __future__ import annotations
 
+from dml2comm.cost.calibrated import class_value
 from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import Precision
 
@@ -45,10 +46,15 @@ FLOP_EFFICIENCY = 0.685
 HBM_EFFICIENCY = 0.85
 
 
-def hbm_efficiency_of(gpu) -> float:
-    """The share of HBM bandwidth memory-bound kernels reach on ``gpu``: its calibrated value
-    (``python main.py calibrate``, :attr:`dml2comm.hardware.gpus.GPU.hbm_efficiency`), else
-    :data:`HBM_EFFICIENCY`."""
+def hbm_efficiency_of(gpu, kind: str = "pointwise") -> float:
+    """The share of HBM bandwidth memory-bound kernels of class ``kind`` (``pointwise`` or
+    ``norm``: :mod:`dml2comm.cost.calibrated`) reach on ``gpu``: the class's calibrated value
+    (``python main.py calibrate``, :attr:`dml2comm.hardware.gpus.GPU.calibrated_classes`), else the
+    GPU's single calibrated value (:attr:`~dml2comm.hardware.gpus.GPU.hbm_efficiency`, files
+    written before the classes), else :data:`HBM_EFFICIENCY`."""
+    own = class_value(gpu, kind)
+    if own is not None:
+        return own
     return gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
 
 

@@ -42,6 +42,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
+from dml2comm.cost.calibrated import class_value
 from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, shared_gradient_sum_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
@@ -671,6 +672,7 @@ class StageCoster(LayerCoster):
         states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes, precision)
         opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled,
                                 precision)
+        opt *= class_value(self.cluster.gpu, "optimizer") or 1.0  # a calibrated time scale (cost.calibrated)
         if self.profile is not None:  # a profiled step's measured / modelled ratio (cost.profile)
             opt *= self.profile.factor("optimizer")[0]
         return (tau, count, dp.after_step_s, opt, (states.weights_bytes, states.grads_bytes, states.optimizer_bytes),
