@@ -40,7 +40,6 @@ ALLOWED_LONG: set[str] = {
     "hardware/cluster.py:make_cluster",
     # the site, the drawings, the IR, the model builders, the parallel plans, the collectives
     "site/compare.py:comparison_page",
-    "parallel/tensor.py:_propagate",
     "parallel/tensor.py:_movement",
     "render/charts.py:memory_chart",
     "render/charts.py:gantt_chart",
