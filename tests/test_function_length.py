@@ -48,8 +48,6 @@ ALLOWED_LONG: set[str] = {
     "render/dot.py:overview_drawing",
     "ir/onnx_import.py:_convert",
     "ir/onnx_import.py:_parameter_derived",
-    "zoo/decoders.py:build_gpt",
-    "zoo/vision.py:build_resnet",
     "network/collectives.py:collective_cost",
 }
 
