@@ -41,8 +41,6 @@ ALLOWED_LONG: set[str] = {
     # the site, the drawings, the IR, the model builders, the parallel plans, the collectives
     "site/compare.py:comparison_page",
     "parallel/tensor.py:_movement",
-    "render/charts.py:memory_chart",
-    "render/charts.py:gantt_chart",
     "render/dot.py:layer_drawing",
     "render/dot.py:stage_drawing",
     "render/dot.py:overview_drawing",
