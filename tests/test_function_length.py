@@ -41,9 +41,6 @@ ALLOWED_LONG: set[str] = {
     # the site, the drawings, the IR, the model builders, the parallel plans, the collectives
     "site/compare.py:comparison_page",
     "parallel/tensor.py:_movement",
-    "render/dot.py:layer_drawing",
-    "render/dot.py:stage_drawing",
-    "render/dot.py:overview_drawing",
     "ir/onnx_import.py:_convert",
     "ir/onnx_import.py:_parameter_derived",
     "network/collectives.py:collective_cost",
