@@ -40,7 +40,6 @@ ALLOWED_LONG: set[str] = {
     "hardware/cluster.py:make_cluster",
     # the site, the drawings, the IR, the model builders, the parallel plans, the collectives
     "parallel/tensor.py:_movement",
-    "ir/onnx_import.py:_parameter_derived",
     "network/collectives.py:collective_cost",
 }
 

@@ -1963,6 +1963,23 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
     the value, not torch.  (A de-duplicated *folded* weight, e.g. two all-zero linear weights
     transposed by constant folding, would be undercounted; see the README's limitations.)
     """
+    kept, produced, restored = _restore_deduplicated(ops, tensors, consumers)
+    if restored:
+        warnings.append(
+            f"{len(restored)} parameter(s) the exporter de-duplicated into Identity nodes (equal values) restored as "
+            f"parameters of their own, as torch counts them (e.g. {restored[0]!r})"
+        )
+    deriving = _mark_views(kept, tensors, produced)
+    if not deriving:
+        return [replace(op, index=i) for i, op in enumerate(kept)] if restored else ops
+    return _place_views(kept, deriving)
+
+
+def _restore_deduplicated(ops: list[Op], tensors: dict[str, Tensor], consumers: Mapping[str, list[onnx.NodeProto]]
+                          ) -> tuple[list[Op], set[str], list[str]]:
+    """Drop the de-duplication ``Identity`` nodes whose output is named like a parameter, making that
+    output a weight (see :func:`_parameter_derived`).  Returns the ops kept, the tensors they
+    produce and the parameters restored."""
     produced = {o for op in ops for o in op.outputs if o}
     restored: list[str] = []
     kept: list[Op] = []
@@ -1978,12 +1995,12 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
                 restored.append(out)
                 continue
         kept.append(op)
-    if restored:
-        warnings.append(
-            f"{len(restored)} parameter(s) the exporter de-duplicated into Identity nodes (equal values) restored as "
-            f"parameters of their own, as torch counts them (e.g. {restored[0]!r})"
-        )
-    # views: in topological order, an op of _DERIVING_OPS reading only weights and constants
+    return kept, produced, restored
+
+
+def _mark_views(kept: list[Op], tensors: dict[str, Tensor], produced: set[str]) -> set[int]:
+    """Views: in topological order, an op of _DERIVING_OPS reading only weights and constants.  Its
+    float outputs become weights tied to the source parameter; returns the views' op positions."""
     deriving: set[int] = set()
     for i, op in enumerate(kept):
         if op.op_type not in _DERIVING_OPS or op.domain not in ("", "ai.onnx"):
@@ -2000,9 +2017,12 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
             t = tensors.get(out) if out else None
             if t is not None and t.dtype.is_float:
                 tensors[out] = Tensor(out, t.shape, t.dtype, True, False, root)
-    if not deriving:
-        return [replace(op, index=i) for i, op in enumerate(kept)] if restored else ops
-    # move each weight-preparing op right before its first consumer, into the consumer's scope
+    return deriving
+
+
+def _place_views(kept: list[Op], deriving: set[int]) -> list[Op]:
+    """Move each weight-preparing op right before its first consumer, into the consumer's scope,
+    and renumber the ops."""
     producer = {o: i for i, op in enumerate(kept) for o in op.outputs if o}
     readers: dict[int, int] = {}
     for i, op in enumerate(kept):
