@@ -1469,59 +1469,22 @@ def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int,
 
 
 def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, int] = MappingProxyType({})):
+    """Data movement on a split tensor: where the split axis goes (views, transposes, broadcasts,
+    slices, gathers), or a gather before the op when it cannot keep the split."""
     x_name = op.inputs[0]
     x = graph.tensor(x_name)
     y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
     s = state(x_name)
     kind = op.op_type
     if kind == "Concat":
-        split = [state(n) for n in op.inputs if n]
-        if all(st.kind == "S" for st in split) and len({(st.axis, st.outer) for st in split}) == 1:
-            return split[0].moved(split[0].axis), "split (concat)", t
-        for n in op.inputs:
-            if n and state(n).kind == "S":
-                to_replicated(op, n, "Concat of mixed splits")
-        return _State(R), "replicated", 1
+        return _concat(op, t, state, to_replicated)
     if x is None or y is None or s.kind != "S":
         return _State(R), "replicated", 1
     ax = s.axis
     if kind in ("Reshape", "Flatten"):
-        if op.index in head_reshapes and ax == x.rank - 1:
-            # [.., n*d] -> [.., n, d] or a fused view ([.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
-            # whole heads per rank.  A head is indivisible, so t must divide the heads this view
-            # carries (the KV heads where it carries K or V: a fused multi-query view holds one K
-            # and one V head, which no t > 1 splits), else the projection is replicated.  The
-            # split goes where the export's own column order puts whole heads per rank (GPT-2's
-            # [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
-            # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron-LM's own
-            # order (fused QKV columns by KV group) is assumed, on the head axis.
-            if head_reshapes[op.index] % t:
-                new = None
-            else:
-                new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
-                if new is None and y.rank >= 2 and y.shape[-2] % t == 0:
-                    new = (y.rank - 2, 1)
-        else:
-            new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
-        if new is None:
-            if kind == "Reshape" and s.origin is not None:
-                raise _Conflict(s.origin, op.index)
-            to_replicated(op, x_name, f"{kind} cannot keep the split")
-            return _State(R), "replicated", 1
-        return _State("S", new[0], s.origin, new[1]), "split (view)", t
+        return _reshape(op, x, y, s, t, to_replicated, head_reshapes)
     if kind in ("Squeeze", "Unsqueeze"):
-        axes = op.attr("axes")
-        if axes is None and len(op.inputs) > 1:
-            # axes given as input (opset 13+): infer from shapes
-            return s.moved(_match_axis(x.shape, y.shape, ax)), "split (view)", t
-        axes = sorted(int(a) % (y.rank if kind == "Unsqueeze" else x.rank) for a in (axes or ()))
-        if kind == "Squeeze":
-            return s.moved(ax - sum(1 for a in axes if a < ax)), "split (view)", t
-        new = ax
-        for a in axes:
-            if a <= new:
-                new += 1
-        return s.moved(new), "split (view)", t
+        return _squeeze(op, x, y, s, t)
     if kind == "Transpose":
         perm = list(op.attr("perm") or reversed(range(x.rank)))
         return s.moved(perm.index(ax)), "split (transpose)", t
@@ -1537,7 +1500,74 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
         # Megatron lays fused QKV out so each rank's columns hold its own q, k and v heads:
         # splitting or slicing along the split axis keeps each output split.
         return s.moved(ax), "split (slice)", t
-    if kind == "Gather":
+    if kind in ("Gather", "GatherND"):
+        return _gather_split(op, graph, x, s, t, to_replicated)
+    to_replicated(op, x_name, f"{kind} on a split tensor")
+    return _State(R), "replicated", 1
+
+
+def _concat(op, t, state, to_replicated):
+    """Concat keeps a split all its inputs share (same axis and outer); else it gathers the split ones."""
+    split = [state(n) for n in op.inputs if n]
+    if all(st.kind == "S" for st in split) and len({(st.axis, st.outer) for st in split}) == 1:
+        return split[0].moved(split[0].axis), "split (concat)", t
+    for n in op.inputs:
+        if n and state(n).kind == "S":
+            to_replicated(op, n, "Concat of mixed splits")
+    return _State(R), "replicated", 1
+
+
+def _reshape(op, x, y, s, t, to_replicated, head_reshapes):
+    """Reshape/Flatten of a split tensor: the split follows the view (heads split or merged), else
+    the split's origin conflicts (a Reshape) or the input is gathered."""
+    ax, kind = s.axis, op.op_type
+    if op.index in head_reshapes and ax == x.rank - 1:
+        # [.., n*d] -> [.., n, d] or a fused view ([.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
+        # whole heads per rank.  A head is indivisible, so t must divide the heads this view
+        # carries (the KV heads where it carries K or V: a fused multi-query view holds one K
+        # and one V head, which no t > 1 splits), else the projection is replicated.  The
+        # split goes where the export's own column order puts whole heads per rank (GPT-2's
+        # [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
+        # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron-LM's own
+        # order (fused QKV columns by KV group) is assumed, on the head axis.
+        if head_reshapes[op.index] % t:
+            new = None
+        else:
+            new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
+            if new is None and y.rank >= 2 and y.shape[-2] % t == 0:
+                new = (y.rank - 2, 1)
+    else:
+        new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
+    if new is None:
+        if kind == "Reshape" and s.origin is not None:
+            raise _Conflict(s.origin, op.index)
+        to_replicated(op, op.inputs[0], f"{kind} cannot keep the split")
+        return _State(R), "replicated", 1
+    return _State("S", new[0], s.origin, new[1]), "split (view)", t
+
+
+def _squeeze(op, x, y, s, t):
+    """Squeeze/Unsqueeze: the split axis shifts by the axes removed or inserted before it."""
+    ax, kind = s.axis, op.op_type
+    axes = op.attr("axes")
+    if axes is None and len(op.inputs) > 1:
+        # axes given as input (opset 13+): infer from shapes
+        return s.moved(_match_axis(x.shape, y.shape, ax)), "split (view)", t
+    axes = sorted(int(a) % (y.rank if kind == "Unsqueeze" else x.rank) for a in (axes or ()))
+    if kind == "Squeeze":
+        return s.moved(ax - sum(1 for a in axes if a < ax)), "split (view)", t
+    new = ax
+    for a in axes:
+        if a <= new:
+            new += 1
+    return s.moved(new), "split (view)", t
+
+
+def _gather_split(op, graph, x, s, t, to_replicated):
+    """Gather/GatherND of a split tensor: the split moves with the axes the gather keeps; a gather
+    along the split axis gathers the tensor first."""
+    x_name, ax = op.inputs[0], s.axis
+    if op.op_type == "Gather":
         gaxis = int(op.attr("axis", 0)) % x.rank
         if gaxis == ax:
             to_replicated(op, x_name, "Gather along the split axis")
@@ -1546,22 +1576,19 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
         idx_rank = idx.rank if idx is not None else 0
         new = ax if ax < gaxis else ax + idx_rank - 1
         return s.moved(new), "split (gather)", t
-    if kind == "GatherND":
-        # indices [.., k] pick along data's k axes after batch_dims b; the output is
-        # data[:b] + indices[b:-1] + data[b + k:] (ONNX GatherND): a split on a batch axis or
-        # on an axis after the picked ones moves with it (Falcon's dynamo export picks K and V
-        # out of a fused view this way)
-        idx = graph.tensor(op.inputs[1])
-        b = int(op.attr("batch_dims", 0))
-        if idx is not None and idx.rank >= 1:
-            k = idx.shape[-1]
-            if ax < b:
-                return s.moved(ax), "split (gather)", t
-            if ax >= b + k:
-                return s.moved(idx.rank - 1 + ax - b - k), "split (gather)", t
-        to_replicated(op, x_name, "GatherND along the split axis")
-        return _State(R), "replicated", 1
-    to_replicated(op, x_name, f"{kind} on a split tensor")
+    # indices [.., k] pick along data's k axes after batch_dims b; the output is
+    # data[:b] + indices[b:-1] + data[b + k:] (ONNX GatherND): a split on a batch axis or
+    # on an axis after the picked ones moves with it (Falcon's dynamo export picks K and V
+    # out of a fused view this way)
+    idx = graph.tensor(op.inputs[1])
+    b = int(op.attr("batch_dims", 0))
+    if idx is not None and idx.rank >= 1:
+        k = idx.shape[-1]
+        if ax < b:
+            return s.moved(ax), "split (gather)", t
+        if ax >= b + k:
+            return s.moved(idx.rank - 1 + ax - b - k), "split (gather)", t
+    to_replicated(op, x_name, "GatherND along the split axis")
     return _State(R), "replicated", 1
 
 
