@@ -39,7 +39,6 @@ ALLOWED_LONG: set[str] = {
     "cli.py:analysis_parser",
     "hardware/cluster.py:make_cluster",
     # the site, the drawings, the IR, the model builders, the parallel plans, the collectives
-    "network/collectives.py:collective_cost",
 }
 
 
