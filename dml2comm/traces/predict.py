@@ -197,7 +197,7 @@ def held_out_shapes(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> di
     from dml2comm.calibrate.fit import split_by_shape
     from dml2comm.traces.join import shape_doublings
 
-    fit, held = split_by_shape(list(gemms), lambda g: g[0], 0.5)
+    fit, held = split_by_shape([g for g in gemms if g[1] > 0 and g[2] > 0], lambda g: g[0], 0.5)
     if not held or not fit:
         return {"shapes": len({g[0] for g in gemms}), "error": 0.0, "doublings": 0.0, "per_doubling": 0.0}
     errors, dists = [], []
@@ -218,16 +218,20 @@ def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = N
     error (:func:`held_out_shapes` over every trace's matched GEMMs), the share of the step the GPU
     waited for the CPU (module :mod:`dml2comm.traces.host`: the profiled starved idle over the
     profiled GPU span; with ``step_time_s``, the step's time without the profiler less the GPU's
-    busy time and its queued idle, over that time) and the profiled GEMM shapes and GPUs."""
+    busy time and its queued idle, over that time), the share of the profiled span the GPU was idle
+    at all (``idle_share``) and the profiled GEMM shapes and GPUs."""
     figures = [p["host"] for p in parts]
     gpu_s = sum(p["gpu_s"] for p in parts)
     queued_idle = sum(f.gap_s * f.queued_gaps for f in figures)
     if step_time_s is not None and len(figures) == 1:
         wait = max(0.0, step_time_s - figures[0].gpu_busy_s - queued_idle) / step_time_s
     else:
-        wait = sum(f.starved_idle_s for f in figures) / sum(f.gpu_span_s for f in figures)
+        span = sum(f.gpu_span_s for f in figures)
+        wait = sum(f.starved_idle_s for f in figures) / span if span > 0 else 0.0
     gemms = [g for p in parts for g in p.get("gemms", ())]
+    span = sum(f.gpu_span_s for f in figures)
     return {"unattributed_share": sum(p["unattributed_s"] for p in parts) / gpu_s if gpu_s > 0 else 0.0,
+            "idle_share": (span - sum(f.gpu_busy_s for f in figures)) / span if span > 0 else 0.0,
             "block_spread": max(p.get("block_spread", 0.0) for p in parts),
             "held_out": held_out_shapes(gemms),
             "host_wait_share": wait, "host_bound": any(f.host_bound for f in figures), "step_time_s": step_time_s,

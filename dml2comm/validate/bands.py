@@ -237,7 +237,9 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
       GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`).  The
       host model predicts that wait; the trace bounds it only by its size.  Without
       ``--step-time`` a host-bound step's wait is inflated by the profiler's CPU slowdown, which
-      the trace cannot tell.
+      the trace cannot tell.  Where the host model is not the trace's (``--host-model`` names one),
+      all of the profiled step's GPU idle (:func:`~dml2comm.traces.predict.error_figures`'
+      ``idle_share``): the idle between queued kernels is then a preset's too.
     - ``noise``: half the spread of the step's identical blocks ((max - min) / mean of their
       measured times: the variation of the same kernels within one step), on the scaled compute.
     - ``join``: the share of the trace's GPU time the join could not attribute to a layer (the
@@ -275,8 +277,9 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     a = scaled * (1.0 - comm)
     doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size)
     other_gpu = cluster.gpu.name not in fig["gpus"]
+    fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
     parts = {
-        "host": fig["host_wait_share"],
+        "host": fig["host_wait_share"] if fitted else fig["idle_share"],
         "noise": fig["block_spread"] / 2 * a,
         "join": fig["unattributed_share"] * a,
         "shapes": fig["held_out"]["per_doubling"] * doublings * a,
@@ -286,8 +289,9 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     }
     total = sum(parts.values())
     files = ", ".join(f for f, _ in scale.files)
-    source = f"from the profile ({files}): " + " + ".join(f"{_PART_NAMES[k]} {v:.1%}" for k, v in parts.items() if v >= 5e-4)
-    if fig["host_bound"] and fig["step_time_s"] is None:
+    names = dict(_PART_NAMES, host="host wait" if fitted else "GPU idle (a host model not the trace's)")
+    source = f"from the profile ({files}): " + " + ".join(f"{names[k]} {v:.1%}" for k, v in parts.items() if v >= 5e-4)
+    if fitted and fig["host_bound"] and fig["step_time_s"] is None:
         source += "; the profiled step is host-bound and the profiler's CPU slowdown is unknown: --step-time narrows it"
     return {"total": total, "source": source, "components": parts, "scaled_share_of_iteration": a, "exposed_comm_share": comm,
             "doublings": doublings, "held_out": fig["held_out"], "host_bound": fig["host_bound"],
