@@ -90,7 +90,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.ir.onnx_import import ImportOptions, load_model
     from dml2comm.parallel.config import Recompute
     from dml2comm.traces.host import host_figures
-    from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemm_ops, graph_gemms, join_trace, token_shape
+    from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemm_ops, join_trace, token_shape
     from dml2comm.traces.load import load_trace
 
     name = Path(trace_path).name
@@ -109,14 +109,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     layered = layers_of(imported.graph)
     join = join_trace(trace, layered)
     if check_model:
-        wanted = len(graph_gemms(layered))
-        blocks = [x for x in join.layers if x.kind == "block"]
-        short = [n for n in join.notes if "weight GEMMs matched" in n]
-        empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
-        if short or empty or not blocks:
-            why = short[0].split(":")[0] if short else (f"no kernel of the trace falls in {empty[0]}" if empty else "the model has no blocks")
-            raise ConfigError(f"--profile {name}: not a step of this model at micro-batch {b}, sequence {s}: {why} "
-                              f"(the graph has {wanted} weight GEMMs in {len(blocks)} blocks); profile this model")
+        _check_model(join, layered, name, b, s)
     one = dataclasses.replace(config, dp_size=1, tp_size=1, pp_size=1, cp_size=1, ep_size=1, micro_batch_size=b,
                               global_batch_size=b, seq_len=s, sequence_parallel=False, zero_stage=0,
                               recompute=Recompute.NONE, virtual_stages=1, schedule="1f1b", rank_order="tpd",
@@ -129,7 +122,6 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     op_times = shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, coster.host_for(one), one.stack,
                               one.attention, one.precision, None, layered).times  # the layer table's own (cached)
     keys = {i: key for key, _, i in graph_gemm_ops(layered)}
-    gemms = [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]
     kinds = [x.kind for x in layered.layers]
     measured: dict[str, tuple[float, float]] = {}
     modelled: dict[str, tuple[float, float]] = {}
@@ -150,7 +142,22 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
             "blocks": len([k for k in kinds if k == "block"]), "host": host_figures(trace),
-            "block_spread": join.block_spread or 0.0, "gemms": gemms}
+            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
+
+
+def _check_model(join: Any, layered: Any, name: str, b: int, s: int) -> None:
+    """Refuse a trace whose forward GEMMs do not all match the model's, or with a block no kernel
+    falls in: a step of another model or shape."""
+    from dml2comm.traces.join import graph_gemms
+
+    wanted = len(graph_gemms(layered))
+    blocks = [x for x in join.layers if x.kind == "block"]
+    short = [n for n in join.notes if "weight GEMMs matched" in n]
+    empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
+    if short or empty or not blocks:
+        why = short[0].split(":")[0] if short else (f"no kernel of the trace falls in {empty[0]}" if empty else "the model has no blocks")
+        raise ConfigError(f"--profile {name}: not a step of this model at micro-batch {b}, sequence {s}: {why} "
+                          f"(the graph has {wanted} weight GEMMs in {len(blocks)} blocks); profile this model")
 
 
 def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, step_time_s: float | None = None) -> ProfileScale:
