@@ -17,7 +17,7 @@ from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.traces.join import shape_doublings
-from dml2comm.traces.predict import expected_error_of, held_out_shapes, measured_and_modelled, profile_scale
+from dml2comm.traces.predict import expected_error_of, held_out_shapes, measured_and_modelled, profile_scale, split_halves
 from dml2comm.validate.bands import expected_error_for, plan_doublings, profile_band
 
 MODELS = "dml2comm/validate/data/models"
@@ -101,6 +101,15 @@ def test_held_out_shapes():
     assert h["per_doubling"] == pytest.approx(0.75)
     assert held_out_shapes(two[:1])["per_doubling"] == 0.0  # one shape: nothing held out
     assert shape_doublings((768, 768, 8192), (2048, 512, 8192)) == pytest.approx(math.log2(768 / 512) + math.log2(2048 / 768))
+
+
+def test_the_split_is_calibrations_shape_split():
+    # the calibration's held-out rule (split_by_shape at 0.5), without importing it on --profile's path
+    from dml2comm.calibrate.fit import split_by_shape
+
+    gemms = [((8, 2 ** k, 2 ** (k % 3)), 1.0, 1.0) for k in range(9)] * 2
+    assert split_halves(gemms) == split_by_shape(gemms, lambda g: g[0], 0.5)
+    assert split_halves(gemms[:1]) == (gemms[:1], [])
 
 
 def test_the_bundled_traces_held_out_errors(parts):
