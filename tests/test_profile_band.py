@@ -163,3 +163,23 @@ def test_what_the_trace_did_not_measure_keeps_the_models_band(parts):
     other = expected_error_of(_analysis(GPT2, 8, scale, gpu="dgx-a100"))
     assert other["components"]["other_gpu"] == pytest.approx(other["model_band"] * other["scaled_share_of_iteration"], rel=1e-12)
     assert other["components"]["other_gpu"] > 0
+
+
+def test_one_profiled_shape_cannot_tell_how_its_ratios_carry(parts):
+    # with a single GEMM shape nothing is held out: off the profiled shape the band takes the
+    # model's own for the scaled compute, at the profiled shape nothing
+    scale = profile_scale([parts["gpt2"]], "pytorch")
+    detail = dict(scale.detail)
+    fig = dict(detail["error"], held_out={"shapes": 1, "error": 0.0, "doublings": 0.0, "per_doubling": 0.0})
+    one = dataclasses.replace(scale, detail=tuple((k, fig if k == "error" else v) for k, v in detail.items()))
+    for b, doublings in ((16, 1.0), (8, 0.0)):
+        a = _analysis(GPT2, b, one)
+        band = expected_error_of(a)
+        assert band["doublings"] == doublings
+        want = band["model_band"] * band["scaled_share_of_iteration"] if doublings else 0.0
+        assert band["components"]["shapes"] == pytest.approx(want, rel=1e-12)
+    # two copies of one trace say what one says
+    two = dict(profile_scale([parts["gpt2"], parts["gpt2"]]).detail)["error"]
+    for k in ("host_wait_share", "idle_share", "block_spread"):
+        assert two[k] == pytest.approx(detail["error"][k], rel=1e-12)
+    assert two["held_out"] == pytest.approx(detail["error"]["held_out"], rel=1e-12)

@@ -247,7 +247,7 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
     - ``shapes``: the held-out shape error per doubling of GEMM shape
       (:func:`dml2comm.traces.predict.held_out_shapes`) times how many doublings the plan's
       GEMMs are from the profiled ones (:func:`plan_doublings`: 0 at the profiled shape), on
-      the scaled compute.
+      the scaled compute (the model's own band where the traces hold one GEMM shape only).
     - ``unscaled``, ``communication``, ``other_gpu``: the compute no ratio scaled, the exposed
       communication (the trace ran d = t = p = 1), and, on a GPU other than the profiled one,
       the scaled compute, each times the model's own validated band (:func:`expected_error_for`).
@@ -282,7 +282,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
         "host": fig["host_wait_share"] if fitted else fig["idle_share"],
         "noise": fig["block_spread"] / 2 * a,
         "join": fig["unattributed_share"] * a,
-        "shapes": fig["held_out"]["per_doubling"] * doublings * a,
+        "shapes": _shape_part(fig["held_out"], doublings, own) * a,
         "unscaled": own * max(0.0, 1.0 - comm - a),
         "communication": own * comm,
         "other_gpu": own * a if other_gpu else 0.0,
@@ -297,6 +297,17 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
             "doublings": doublings, "held_out": fig["held_out"], "host_bound": fig["host_bound"],
             "step_time_s": fig["step_time_s"], "model_band": own, "model_band_source": own_source,
             "rule": "sum of the components (each a share of the iteration time)"}
+
+
+def _shape_part(held_out: dict[str, Any], doublings: float, own: float) -> float:
+    """The ``shapes`` component per unit of scaled compute: the held-out error per doubling times
+    the plan's doublings; where the traces had one GEMM shape (nothing to hold out), the model's
+    own band for a plan off the profiled shape (the trace cannot tell how its ratios carry)."""
+    if doublings <= 0:
+        return 0.0
+    if held_out["shapes"] < 2:
+        return own
+    return held_out["per_doubling"] * doublings
 
 
 _PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattributed", "shapes": "held-out shapes",
