@@ -183,3 +183,16 @@ def test_one_profiled_shape_cannot_tell_how_its_ratios_carry(parts):
     for k in ("host_wait_share", "idle_share", "block_spread"):
         assert two[k] == pytest.approx(detail["error"][k], rel=1e-12)
     assert two["held_out"] == pytest.approx(detail["error"]["held_out"], rel=1e-12)
+
+
+def test_the_overview_card_shows_the_traces_band(parts):
+    # the site's iteration card names where its band comes from: the profile, not validated runs
+    from dml2comm.render.dot import all_drawings
+    from dml2comm.render.facts import Facts
+    from dml2comm.site.pages import page_models
+
+    a = _analysis(GPT2, 8, profile_scale([parts["gpt2"]], "pytorch", 0.05160))
+    facts = Facts.of(a)
+    text = repr([pg.context for pg in page_models(facts, all_drawings(facts, 8), 8)])
+    band = f"expected error ±{a.summary['expected_error']:.1%} (from the profile (trace_gpt2-small_bf16_b8.json.gz); "
+    assert band in text and "nearest validated runs: from the profile" not in text
