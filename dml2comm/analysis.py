@@ -50,7 +50,7 @@ from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.levels import compile_schedule
-from dml2comm.validate.bands import expected_error_for
+from dml2comm.validate.bands import expected_error_for, profile_expected_error
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -463,6 +463,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     memory = _memory_report(stages, cluster, config)
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
+    band = profile_expected_error(config, cluster, graph.num_params, layered, layers_info, stages, summary.iteration_time_s,
+                                  summary.exposed_comm_time_s)  # --profile: the traces' own band replaces the borrowed one
+    if band is not None:
+        summary = replace(summary, expected_error=band["total"], expected_error_source=band["source"])
     assumptions.append(
         f"compute: GEMMs by the tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of peak sustained on "
         f"{cluster.gpu.name} ({sustained_source(cluster.gpu)}), other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, "

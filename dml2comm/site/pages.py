@@ -82,7 +82,7 @@ def _band_origin(source: str) -> str:
     """Where a band comes from, in short: ``nearest validated runs: vtrain`` or ``no validated
     pytorch run on H100-SXM5-80GB``."""
     head = source.split(":")[0]
-    return head if head.startswith(("no validated", "only ")) else f"nearest validated runs: {head}"
+    return head if head.startswith(("no validated", "only ", "from the profile")) else f"nearest validated runs: {head}"
 
 def _row(**kw: Any) -> dict[str, Any]:
     return kw
