@@ -22,7 +22,6 @@ ALLOWED_LONG: set[str] = {
     # all in modules other work is changing now (the orchestration, the cost tables, the simulator,
     # the traces, the sweep, the front ends): split them when it has landed
     "analysis.py:analyze_graph",
-    "calibrate/command.py:calibrate",
     "cost/stages.py:StageCoster._build_stage_table",
     "cost/ops.py:op_costs",
     "cost/layers.py:LayerCoster._build_layers",

@@ -68,7 +68,9 @@ def test_the_band_covers_the_bundled_steps(tmp_path, case, extra, band):
     assert s["expected_error_source"] == err["source"] and err["source"].startswith(f"from the profile ({case[1].rsplit('/', 1)[1]}): ")
     assert max(err["components"], key=err["components"].get) == "host"
     assert err["doublings"] == 0.0 and err["components"]["shapes"] == 0.0  # the profiled shape itself
-    assert err["components"]["unscaled"] == err["components"]["communication"] == err["components"]["other_gpu"] == 0.0
+    assert err["components"]["communication"] == err["components"]["other_gpu"] == 0.0
+    # only the tied embedding's gradient sum is compute no ratio scales (modelled apart: traces.predict)
+    assert 0.0 < err["components"]["unscaled"] < 0.0005
     # the trace's host model: the GPU's wait for the CPU; a named one: all of the GPU's idle
     fig = data["profile"]["error"]
     assert err["components"]["host"] == (fig["idle_share"] if "--host-model" in extra else fig["host_wait_share"])
@@ -140,12 +142,12 @@ def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):
 
 def test_gpt2_from_llamas_ratios_is_covered(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
-    # distance from Llama's GEMM shapes to GPT-2's: -1.4% measured, inside the band
+    # distance from Llama's GEMM shapes to GPT-2's: -2.3% measured, inside the band
     a = _analysis(GPT2, 8, profile_scale([parts["llama"]]))
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.65, abs=0.01) and band["components"]["shapes"] > 0
     error = abs(a.summary["iteration_time_s"] / GPT2[4] - 1)
-    assert error == pytest.approx(0.014, abs=0.001) and error <= band["total"] == a.summary["expected_error"]
+    assert error == pytest.approx(0.023, abs=0.001) and error <= band["total"] == a.summary["expected_error"]
 
 
 def test_what_the_trace_did_not_measure_keeps_the_models_band(parts):
