@@ -18,15 +18,7 @@ from dml2comm.traces.host import fitted_host_model, host_figures
 from dml2comm.traces.load import load_trace
 from dml2comm.traces.predict import measured_and_modelled, profile_from_args, profile_scale
 
-MODELS = "dml2comm/validate/data/models"
-TRACES = "benchmarks/data/h100"
-GPT2 = (f"{MODELS}/step_gpt2_small_dynamo.onnx", f"{TRACES}/trace_gpt2-small_bf16_b8.json.gz", 8, 1024, 0.05160)
-LLAMA = (f"{MODELS}/step_llama_1b_dynamo.onnx", f"{TRACES}/trace_llama-1b_bf16_b4.json.gz", 4, 2048, 0.17999)
-
-
-def _config(b: int, s: int, **kw) -> ParallelConfig:
-    return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
-                          precision="bf16", optimizer="adamw", **kw)
+from tests.h100_steps import GPT2, LLAMA, step_config as _config
 
 
 @pytest.fixture(scope="module")

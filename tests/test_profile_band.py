@@ -15,21 +15,11 @@ from dml2comm.cli import main
 from dml2comm.cost.cache import layers_of
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
-from dml2comm.parallel.config import ParallelConfig
 from dml2comm.traces.join import shape_doublings
 from dml2comm.traces.predict import expected_error_of, held_out_shapes, measured_and_modelled, profile_scale, split_halves
 from dml2comm.validate.bands import expected_error_for, plan_doublings, profile_band
 
-MODELS = "dml2comm/validate/data/models"
-TRACES = "benchmarks/data/h100"
-# measured steps: dml2comm/validate/data/h100_steps.json, the mean of the runs' medians (as benchmarks/bench_profile.py)
-GPT2 = (f"{MODELS}/step_gpt2_small_dynamo.onnx", f"{TRACES}/trace_gpt2-small_bf16_b8.json.gz", 8, 1024, 0.05160)
-LLAMA = (f"{MODELS}/step_llama_1b_dynamo.onnx", f"{TRACES}/trace_llama-1b_bf16_b4.json.gz", 4, 2048, 0.17999)
-
-
-def _config(b: int, s: int, **kw) -> ParallelConfig:
-    return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
-                          precision="bf16", optimizer="adamw", **kw)
+from tests.h100_steps import GPT2, LLAMA, step_config as _config
 
 
 def _run(tmp_path, case, *extra: str) -> dict:
