@@ -34,7 +34,7 @@ from dml2comm.zoo._builder import (
     merge_heads,
     model_metadata,
     resolve_dtype,
-    split_heads,
+    scaled_scores,
 )
 
 __all__ = ["build_bert"]
@@ -202,12 +202,7 @@ def _self_attention(b: GraphBuilder, x: str, ext: str, hidden: int, heads: int) 
             k = b.linear(x, hidden, hidden, bias=True)
         with b.scope("value", _LINEAR):
             v = b.linear(x, hidden, hidden, bias=True)
-        shape = b.const_i64([0, 0, heads, d])
-        q = split_heads(b, q, shape, [0, 2, 1, 3])
-        k = split_heads(b, k, shape, [0, 2, 3, 1])
-        v = split_heads(b, v, shape, [0, 2, 1, 3])
-        scores = b.op("MatMul", q, k)
-        scores = b.op("Div", scores, b.const(math.sqrt(d)))
+        scores, v = scaled_scores(b, q, k, v, heads, d)
         scores = b.op("Add", scores, ext)
         probs = b.op("Softmax", scores, axis=-1)
         return merge_heads(b, b.op("MatMul", probs, v), hidden)

@@ -48,6 +48,7 @@ from dml2comm.zoo._builder import (
     merge_heads,
     model_metadata,
     resolve_dtype,
+    scaled_scores,
     split_heads,
 )
 
@@ -282,12 +283,7 @@ def _gpt_attention(b: GraphBuilder, y: str, hidden: int, heads: int, seq_len: in
         with b.scope("c_attn", _CONV1D):
             qkv = b.linear(y, hidden, 3 * hidden, bias=True)
         q, k, v = b.node("Split", [qkv], n_out=3, axis=2, num_outputs=3)
-        shape = b.const_i64([0, 0, heads, head_dim])
-        q = split_heads(b, q, shape, [0, 2, 1, 3])
-        k = split_heads(b, k, shape, [0, 2, 3, 1])
-        v = split_heads(b, v, shape, [0, 2, 1, 3])
-        scores = b.op("MatMul", q, k)
-        scores = b.op("Div", scores, b.const(math.sqrt(head_dim)))
+        scores, v = scaled_scores(b, q, k, v, heads, head_dim)
         mask = b.causal_mask(seq_len)
         scores = b.op("Where", mask, scores, b.const(b.finfo_min))
         probs = b.dropout(b.op("Softmax", scores, axis=-1), dropout)
