@@ -140,7 +140,8 @@ def test_batched_levels_equal_the_per_schedule_recurrence():
     end times of each schedule simulated alone; the vectorised bucket tail equals the loop."""
     import numpy as np
 
-    from dml2comm.sim.levels import (bucket_tail_end, bucket_tail_end_many, compile_schedule, pipeline_end_times,
+    from tests.oracles import bucket_tail_end, pipeline_end_times
+    from dml2comm.sim.levels import (bucket_tail_end_many, compile_schedule,
                                      pipeline_end_times_many)
 
     rng = np.random.default_rng(7)
@@ -216,7 +217,8 @@ def _levels_step_ends(name, p, m, v, fwd, bwd, send_fwd, send_bwd, others=3, see
     among ``others`` random configurations and a second schedule."""
     import numpy as np
 
-    from dml2comm.sim.levels import compile_schedule, pipeline_end_times, pipeline_end_times_many
+    from dml2comm.sim.levels import compile_schedule, pipeline_end_times_many
+    from tests.oracles import pipeline_end_times
 
     cs = compile_schedule(name, p, m, v)
     row = [np.array([x], dtype=float) for x in (fwd, bwd, send_fwd, send_bwd)]
@@ -408,7 +410,8 @@ def test_iteration_tail_buckets_end_at_the_closed_form(spec):
     equals bucket_tail_end's closed form (the sweep's) to 1e-12."""
     import numpy as np
 
-    from dml2comm.sim.levels import bucket_tail_end, iteration_tail
+    from dml2comm.sim.levels import iteration_tail
+    from tests.oracles import bucket_tail_end
 
     start = np.array([s for s, *_ in spec])
     dur = np.array([d for _, d, *_ in spec])

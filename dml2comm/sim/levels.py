@@ -28,8 +28,9 @@ The sweep evaluates the data-parallel tail (gradient buckets after or overlappin
 device's last backward, then the optimizer step and any collective after it) in closed form:
 for buckets of equal duration ``tau`` becoming ready at linearly spaced times, the stream's
 end is ``max_i(ready_i + sum_{l >= i} tau_l)``, attained at an end of each run of equal
-buckets (:func:`bucket_tail_end`); :func:`iteration_tail` runs the buckets one by one, all
-devices at once, for their start times.
+buckets (:func:`bucket_tail_end_many`); :func:`iteration_tail` runs the buckets one by one, all
+devices at once, for their start times (``tests/oracles.py`` keeps the scalar closed form the
+tests check both against).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
 from dml2comm.sim.schedules import Step, StepKind, check_schedule
 
-__all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps", "pipeline_end_times",
-           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "bucket_tail_end", "bucket_tail_end_many"]
+__all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps",
+           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "bucket_tail_end_many"]
 
 
 @dataclass(frozen=True)
@@ -425,12 +426,6 @@ def pipeline_steps(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, s
     return StepTimes(by_step(st), by_step(end), by_step(queued), by_step(pp), by_step(ag), by_step(rs), by_step(dp))
 
 
-def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
-                       send_bwd_s: np.ndarray) -> np.ndarray:
-    """End time of every step, ``[K, S]``, for ``K`` configurations (:func:`pipeline_steps`)."""
-    return pipeline_steps(cs, fwd_s, bwd_s, send_fwd_s, send_bwd_s).end
-
-
 def pipeline_end_times_zero(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
                             send_bwd_s: np.ndarray, zero_fwd_s: np.ndarray, zero_bwd_pre_s: np.ndarray,
                             zero_bwd_post_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -444,7 +439,7 @@ def pipeline_end_times_zero(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.n
 def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
                             columns: list[np.ndarray] | None = None,
                             zero_terms: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None):
-    """:func:`pipeline_end_times` for several schedules at once: ``items`` are
+    """:func:`pipeline_steps`' end times for several schedules at once: ``items`` are
     ``(schedule, fwd, bwd, send_fwd, send_bwd)``; returns each item's ``[K, S]`` end times, or
     ``[K, len(columns[i])]``, the end times of the steps ``columns[i]`` only.
 
@@ -583,33 +578,10 @@ def _row_width(ks: list[int], steps: list[int]) -> int:
     return min(range(1, min(max(ks), 16) + 1), key=cost)
 
 
-def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
-                    overlap: bool, stream_free: float = 0.0) -> float:
-    """End of the gradient-bucket stream of one device (:func:`iteration_tail`'s loop, in closed form).
-
-    ``buckets``: runs of ``(seconds, count)`` in order.  Bucket ``i`` of ``K`` is ready at
-    ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``.
-    """
-    total = sum(c for _, c in buckets)
-    if total == 0:
-        return stream_free
-    best = stream_free + sum(t * c for t, c in buckets)
-    suffix = best - stream_free
-    i = 0
-    for tau, count in buckets:
-        # candidates: the first and the last bucket of the run (ready times and suffix sums are
-        # linear in the position inside the run, so the maximum is at an end)
-        for pos, rest in ((i, suffix), (i + count - 1, suffix - tau * (count - 1))):
-            ready = start + duration * (pos + 1) / total if overlap else compute_end
-            best = max(best, ready + rest)
-        suffix -= tau * count
-        i += count
-    return best
-
-
 def bucket_tail_end_many(start: np.ndarray, duration: np.ndarray, compute_end: np.ndarray, tau: np.ndarray,
                          count: np.ndarray, overlap: np.ndarray) -> np.ndarray:
-    """:func:`bucket_tail_end` (stream free at 0) for arrays of devices: ``start``,
+    """The closed form of the gradient-bucket stream's end (stream free at 0; the scalar oracle:
+    ``tests/oracles.py``) for arrays of devices: ``start``,
     ``duration``, ``compute_end`` ``[..., p]``; runs ``tau``, ``count`` ``[..., p, R]`` (count 0:
     no run); ``overlap`` broadcasts against ``[..., p]``."""
     total = count.sum(axis=-1)
@@ -649,7 +621,7 @@ def iteration_tail(last_start: np.ndarray, last_dur: np.ndarray, compute_end: np
     device holding a copy has reduced its gradients (Megatron-LM ``finalize_model_grads``:
     data-parallel sync, then ``_allreduce_embedding_grads``); the optimizer step; the collective
     after it (ZeRO-1/2 parameter all-gather).  The buckets' end equals
-    :func:`bucket_tail_end`'s closed form (``tests/test_sim.py``); here the loop runs over bucket
+    :func:`bucket_tail_end_many`'s closed form (``tests/test_sim.py``); here the loop runs over bucket
     positions, all devices at once, because the events need every bucket's start."""
     p = len(buckets)
     count = np.array([len(b) for b in buckets], dtype=np.int64)
