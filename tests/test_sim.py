@@ -16,7 +16,8 @@ from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import StepKind, build_schedule
+from dml2comm.sim.schedules import StepKind
+from tests.oracles import build_schedule
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])
@@ -375,7 +376,7 @@ def test_simulate_takes_the_compiled_schedule_and_refuses_other_step_lists():
         assert simulate(build_schedule(name, 4, m, v), works, v) == simulate(compile_schedule(name, 4, m, v), works)
     swapped = build_schedule("1f1b", 4, 6)
     swapped[3][0], swapped[3][1] = swapped[3][1], swapped[3][0]  # B0 before F0
-    with pytest.raises(ConfigError, match="none of them: build them with build_schedule"):
+    with pytest.raises(ConfigError, match="none of them: compile one with"):
         simulate(swapped, works)
     with pytest.raises(ConfigError, match="interleaved"):  # 1F1B lists run with 2 chunks: no schedule of build_schedule
         simulate(build_schedule("1f1b", 4, 8), works, 2)

@@ -117,16 +117,17 @@ class CompiledSchedule:
 
 @functools.lru_cache(maxsize=256)
 def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
-    """Flat arrays and depth groups of :func:`~dml2comm.sim.schedules.build_schedule`'s order.
+    """Flat arrays and depth groups of a schedule's order (:mod:`dml2comm.sim.schedules`; the one
+    place the simulator computes it: ``tests/oracles.py`` writes the same orders step by step).
 
     Built with array arithmetic rather than from the step lists: every device runs ``T = m v``
     forwards and ``T`` backwards; with ``W`` warm-up forwards (GPipe ``T``; 1F1B
     ``min(p - s - 1, m)``; interleaved ``min(2 (p - s - 1) + (v - 1) p, T)``) the k-th forward
     sits at position ``k`` (``k < W``) or ``2k - W``, the k-th backward at ``W + 2k + 1``
     (``k < T - W``) or ``T + k``.  The k-th op's micro-batch and chunk follow
-    ``schedules._interleaved`` (GPipe runs its backwards last micro-batch first).
+    Megatron-LM's interleaved order (GPipe runs its backwards last micro-batch first).
     """
-    check_schedule(name, p, m, v)  # the same validation (and errors) as build_schedule
+    check_schedule(name, p, m, v)
     name = Schedule(name)
     if name is Schedule.INTERLEAVED and v < 2:
         name = Schedule.ONE_F_ONE_B
@@ -149,7 +150,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     def bwd_pos(w, kk):
         return np.where(kk < total - w, w + 2 * kk + 1, total + kk)
 
-    def fwd_k(mb, chunk):  # inverse of schedules._interleaved's forward(k)
+    def fwd_k(mb, chunk):  # inverse of the interleaved order's k-th forward (mb, chunk)
         if v == 1:
             return mb
         return (mb // p) * p * v + chunk * p + mb % p
@@ -224,14 +225,14 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
 
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
-    """The compiled form of per-device step lists made by :func:`~dml2comm.sim.schedules.build_schedule`
-    (``v`` model chunks per device): the name, ``p`` and ``m`` are read off the lists, and the
+    """The compiled form of per-device step lists of one of the schedules (``v`` model chunks per
+    device; :mod:`dml2comm.sim.schedules`): the name, ``p`` and ``m`` are read off the lists, and the
     lists are checked to be that schedule's, step for step.
 
     Raises
     ------
     ConfigError
-        The lists are not a gpipe, 1f1b or interleaved schedule of ``build_schedule``.
+        The lists are not a gpipe, 1f1b or interleaved schedule.
     """
     p = len(schedule)
     lengths = {len(steps) for steps in schedule}
@@ -248,8 +249,8 @@ def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSch
             if (cs.v == v and np.array_equal(flat[:, 0], cs.forward) and np.array_equal(flat[:, 1], cs.micro_batch)
                     and np.array_equal(flat[:, 2], cs.chunk)):
                 return cs
-    raise ConfigError(f"the simulator runs the schedules of sim.schedules.build_schedule (gpipe, 1f1b, interleaved); "
-                      f"these {p} step lists with {v} model chunks are none of them: build them with build_schedule")
+    raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (sim.schedules); these {p} step lists "
+                      f"with {v} model chunks are none of them: compile one with sim.levels.compile_schedule")
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
@@ -314,7 +315,7 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
                     changed = True
         if not changed:
             return depth
-    raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - build_schedule's orders never do
+    raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - the schedules' orders never do
 
 
 @dataclass(frozen=True)
