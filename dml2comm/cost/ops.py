@@ -682,13 +682,21 @@ def _operands(tensors: Sequence[Tensor | None]) -> tuple:
 def fused_kernels(graph: OpGraph) -> dict[int, int]:
     """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
     (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
-    kernel, and so does an op reading a tensor that another kind of op also reads: that tensor
-    is written to memory anyway, and Megatron-LM's kernels end there (the residual stream
-    leaving a bias-dropout-add feeds the next LayerNorm and, separately, the next block's
-    bias-dropout-add kernel).  Kernels therefore never span blocks."""
+    kernel, and so does an op reading a tensor that another kind of op also reads, or that an op
+    of another layer (:func:`~dml2comm.cost.cache.layers_of`) reads: that tensor is written to
+    memory anyway, and Megatron-LM's kernels end there (the residual stream leaving a
+    bias-dropout-add feeds the next LayerNorm and, separately, the next block's bias-dropout-add
+    kernel; each transformer layer is its own module, ``TransformerLayer.forward``).  Kernels
+    therefore never span layers, also where a norm is exported as point-wise ops that read the
+    residual stream directly (Llama's RMSNorm: ``Pow``, ``Mul``), and a block costs the same
+    wherever it sits in a run of identical blocks (what the collapse, :mod:`dml2comm.ir.repeats`,
+    relies on)."""
+    layer_of = layers_of(graph).layer_of_op
 
     def joins(name: str, producer: int) -> bool:
-        materialized = any(graph.ops[c].op_type not in FUSED_KINDS for c in graph.consumers(name)) or name in graph.outputs
+        layer = layer_of[producer]
+        materialized = name in graph.outputs or any(graph.ops[c].op_type not in FUSED_KINDS or layer_of[c] != layer
+                                                    for c in graph.consumers(name))
         return graph.ops[producer].op_type not in REGION_ENDS and not materialized
 
     return fusible_regions(graph, FUSED_KINDS, joins)
