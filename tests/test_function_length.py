@@ -27,7 +27,6 @@ ALLOWED_LONG: set[str] = {
     "cost/layers.py:LayerCoster._build_layers",
     "sim/levels.py:pipeline_end_times_many",
     "sim/levels.py:compile_schedule",
-    "sim/levels.py:pipeline_steps",
     "traces/load.py:_pack",
     "traces/predict.py:measured_and_modelled",
     "traces/join.py:join_trace",
