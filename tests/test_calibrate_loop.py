@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from dml2comm.calibrate.base import base_cluster, collective_times_s, group_ranks
-from dml2comm.calibrate.charts import ScatterPoint, gemm_chart, loglog_chart
+from dml2comm.calibrate.charts import ScatterPoint, class_chart, loglog_chart
 from dml2comm.cli import main
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file, parse_cluster_file
@@ -107,27 +107,31 @@ def test_base_cluster_of_a_file() -> None:
 def test_calibration_page_and_samples(calibrated: Path) -> None:
     site = calibrated.with_name("a100_site")
     html = (site / "index.html").read_text()
-    assert "Fitted values" in html and "gpu.gemm_sustained_factor" in html and "collective ALL_REDUCE n=2 intra-node" in html
+    assert "Kernel classes" in html and "<code>gemm_large</code>" in html and "collective ALL_REDUCE n=2 intra-node" in html
     # the page's downloads: the cluster file as written, and the samples the charts draw
     assert (site / "a100.yaml").read_bytes() == calibrated.read_bytes()
     points = json.loads((site / "samples.json").read_text())
-    record = yaml.safe_load(calibrated.read_text())["calibration"]["fitted"]
-    gemm = record["gemm_sustained_factor"]
-    # one point per distinct shape, held-out ones flagged as the fit split them
-    assert len(points["gemm"]) == gemm["residual"]["shapes"] + gemm["holdout"]["shapes"] == 73 + 31
-    assert sum(p["held_out"] for p in points["gemm"]) == 31
-    assert len(points["memory"]) == 17 + 7 and sum(p["held_out"] for p in points["memory"]) == 7
+    calibration = yaml.safe_load(calibrated.read_text())["calibration"]
+    record = calibration["fitted"]
+    gemm = next(c for c in calibration["classes"] if c["class"] == "gemm_large")
+    # one point per distinct shape of each fitted class, held-out ones flagged as the fit split them
+    assert len(points["classes"]["gemm_large"]) == gemm["residual"]["shapes"] + gemm["holdout"]["shapes"] == 73 + 31
+    assert sum(p["held_out"] for p in points["classes"]["gemm_large"]) == 31
+    pointwise = points["classes"]["pointwise"]
+    assert len(pointwise) == 16 + 7 and sum(p["held_out"] for p in pointwise) == 7
+    assert sorted(points["classes"]) == ["gemm_large", "gemm_small", "norm", "pointwise"]  # the classes with a fitted value
     (coll,) = points["collectives"]
     assert (coll["kind"], coll["group_size"], coll["level"], len(coll["points"])) == ("ALL_REDUCE", 2, "intra_node", 5)
     # the fitted line is alpha + beta S; the base's curve is NCCL's link model, far below it
     s, t = coll["line"][0]
     assert t == pytest.approx(coll["alpha_s"] + coll["beta_s_per_byte"] * s, rel=1e-5)
     assert all(b < f for (_, b), (_, f) in zip(coll["base_line"], coll["line"]))
-    # three charts; a hoverable point per shape for each model (calibrated, base) and per size
-    for title in ("GEMM time by shape: 104 shapes", "Memory-bound kernels: 24 shapes",
-                  "ALL_REDUCE n=2 intra-node: time by message size"):
+    # a chart per fitted class and per collective; a hoverable point per shape for each model
+    # (calibrated, base) and per size
+    for title in ("GEMM, aligned, &gt;= 1 GFLOP: 104 shapes", "GEMM, aligned, &lt; 1 GFLOP: 56 shapes", "element-wise: 23 shapes",
+                  "normalisation / softmax / reduction: 4 shapes", "ALL_REDUCE n=2 intra-node: time by message size"):
         assert f"<title>{title}</title>" in html
-    assert html.count('class="d2c-item"') == 2 * 104 + 2 * 24 + 5
+    assert html.count('class="d2c-item"') == 2 * (104 + 56 + 23 + 4) + 5
     ref = record["collectives"][0]["reference_times_s"]
     assert [r["size_bytes"] for r in ref] == [2**20, 2**28] and ref[0]["fitted_s"] == pytest.approx(
         coll["alpha_s"] + coll["beta_s_per_byte"] * 2**20, rel=1e-5)
@@ -149,9 +153,11 @@ def test_loglog_chart_geometry_and_escaping() -> None:
     svg = loglog_chart("t", "x", "y", [ScatterPoint(1e-4, 1e-4, "a"), ScatterPoint(1e-2, 1e-3, "b")], diagonal=True)
     assert '<circle cx="78" cy="368"' in svg and '<circle cx="604" cy="220"' in svg  # 1e-3: half way up = 72 + 148
     assert 'x1="78" y1="368" x2="604" y2="72"' in svg  # y = x
-    evil = [{"b": 1, "m": 64, "n": 64, "k": 64, "dtype": "bf16", "ops": ["<script>alert(1)</script>"], "repeats": 1,
+    evil = [{"shape": "1x[64x64]@[64x64] bf16", "ops": ["<script>alert(1)</script>"], "repeats": 1,
              "measured_s": 1e-5, "model_s": 2e-5, "base_s": 1e-5, "held_out": True}]
-    text = gemm_chart(evil, 0.5, 0.7)
+    text = class_chart({"class": "gemm_small", "label": "<b>GEMM</b>", "quantity": "sustained factor", "value": 0.5,
+                        "base_value": 0.7}, evil)
+    assert "<b>" not in text and "&lt;b&gt;GEMM&lt;/b&gt;" in text
     assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "+100.0%" in text
 
 
@@ -163,10 +169,12 @@ def test_references_list_the_calibrated_constants(calibrated: Path, tmp_path: Pa
     assert table is not None and table["file"] == "a100.yaml" and table["base"] == "dgx-a100"
     assert table["sha256"] == hashlib.sha256(calibrated.read_bytes()).hexdigest() and len(table["traces"]) == 3
     rows = {r["constant"]: r for r in table["rows"]}
-    gemm = rows["gpu.gemm_sustained_factor"]
-    assert (gemm["value"], gemm["base"], gemm["samples"], gemm["held"]) == ("0.3978", "0.723", "300", "31 shapes: 27.5% / 106.0%")
+    gemm = rows["gpu.calibrated_classes.gemm_large"]
+    assert (gemm["value"], gemm["base"], gemm["samples"]) == ("0.3994", "0.723", "392")
+    assert gemm["held"].startswith("31 shapes: 27.7% (base 28.9%); used: ")
+    assert rows["gpu.calibrated_classes.pointwise"]["held"].startswith("7 shapes: 30.7% (base 18.5%); base kept: ")
     assert rows["collective ALL_REDUCE n=2 intra-node"]["base"].startswith("1\u00a0MiB: ")
-    assert "gpu.hbm_efficiency" in rows and "links.inter_node" in table["from_base"]
+    assert "links.inter_node" in table["from_base"]
     assert calibration_table(get_cluster("dgx-a100", 8)) is None
     plain = tmp_path / "plain.yaml"
     plain.write_text(dump_cluster_file(cluster_file_dict(get_cluster("dgx-a100"), base="dgx-a100")))
@@ -179,5 +187,5 @@ def test_references_page_of_an_analysis_on_a_calibrated_cluster(calibrated: Path
                  "--out", str(tmp_path / "a")]) == 0
     html = (tmp_path / "a" / "site" / "references.html").read_text()
     assert "Calibrated constants" in html and hashlib.sha256(calibrated.read_bytes()).hexdigest() in html
-    assert "<code>gpu.gemm_sustained_factor</code></td><td>0.3978</td><td>0.723</td>" in html
+    assert "<code>gpu.calibrated_classes.gemm_large</code></td><td>0.3994</td><td>0.723</td>" in html
     assert "nccl_parser_config__nccl_data.json.gz" in html

@@ -69,6 +69,38 @@ def test_drawn_comm_nodes_add_up_to_the_stage_times(gpt, kw):
             assert tp == pytest.approx(plan.tp_f[s], rel=1e-12)
 
 
+@pytest.mark.parametrize("kw", [CONFIGS[1], CONFIGS[3],
+                                dict(dp_size=2, tp_size=2, pp_size=2, cp_size=2, global_batch_size=16, cp_scheme="ulysses",
+                                     zero_stage=1, sequence_parallel=True)])
+def test_comm_nodes_take_the_plans_prices(gpt, kw):
+    """One pricing of communication: every comm node's seconds are the stage coster's price of
+    its collective on its group (the cache the plan's stage times are read from), the
+    data-parallel nodes are the plan's own priced specs (their sums are the plan's bucket runs,
+    the collective after the step and the ZeRO-3 per-micro-batch terms), and with context
+    parallelism the TP and Ulysses nodes add up to the plan's critical-path collectives."""
+    config = ParallelConfig(micro_batch_size=2, **kw)
+    cluster = make_cluster("a100", config.num_gpus, 4)
+    a = analyze_graph(gpt, config, cluster, advise=False)
+    coster = StageCoster(gpt, cluster, collapse=False)
+    plan = coster.prepare(config)
+    for c in a.comms:
+        assert c.time_s == coster.price(c.kind, c.group, c.message_bytes) + c.host_s, c
+    m = config.num_micro_batches
+    for s in range(config.pp_size):
+        dp = [c for c in a.comms if c.stage == s and c.dim is ParallelDim.DP]
+        buckets = sum(c.time_s * c.count_per_iteration for c in dp if not c.per_micro_batch and c.phase is Phase.BACKWARD)
+        assert buckets == pytest.approx(float((plan.runs_tau[s] * plan.runs_count[s]).sum()), rel=1e-12)
+        after = sum(c.time_s * c.count_per_iteration for c in dp if c.phase is Phase.OPTIMIZER)
+        assert after == pytest.approx(float(plan.after_step[s]), rel=1e-12)
+        if plan.zero_mb is not None:
+            fwd = sum(c.time_s * c.count_per_iteration / m for c in dp if c.per_micro_batch and c.phase is Phase.FORWARD)
+            assert fwd == pytest.approx(float(plan.zero_mb[s, 0]), rel=1e-12) and fwd > 0
+        if config.cp_scheme == "ulysses" and config.cp_size > 1:
+            on_path = sum(c.time_s * c.count_per_iteration / m for c in a.comms
+                          if c.stage == s and c.dim in (ParallelDim.TP, ParallelDim.CP) and c.phase is Phase.FORWARD)
+            assert on_path == pytest.approx(float(plan.tp_f[s]), rel=1e-12)
+
+
 def test_equally_busy_stages_name_the_first_as_the_busiest():
     # two stages with the same work up to summation noise (1e-16): stage 0, not whichever
     # rounding happened to make larger; a real difference (1e-6) still wins

@@ -455,7 +455,16 @@ def test_gather_embedding_reads_rows_not_table() -> None:
     assert c.flops_fwd == 0
     assert c.bytes_fwd == 2 * 160 * 4 + 10 * 8  # 160 gathered elements read + written, ids read = 1360
     assert c.flops_bwd == 160  # scatter-add of the output-sized gradient
-    assert c.bytes_bwd == 2 * 160 * 4 + 10 * 8  # dY + ids read, 160 gradient elements written
+    # the whole table's gradient zero-filled (1000 x 16), dY + ids read, 160 rows written, and the
+    # 160 fp32 partial sums of embedding_dense_backward written and read
+    assert c.bytes_bwd == 1000 * 16 * 4 + 2 * 160 * 4 + 10 * 8 + 2 * 160 * 4
+
+
+def test_gather_of_activations_zero_fills_the_input_gradient() -> None:
+    # index_select/gather backward: zeros_like(x).index_add_(...) -- a fill of x, no partial sums
+    x, idx, y = t("x", (4, 50, 8)), t("i", (3,), I64), t("y", (4, 3, 8))
+    c = cost("Gather", [x, idx], [y], axis=1)
+    assert c.bytes_bwd == 4 * 50 * 8 * 4 + 2 * 96 * 4 + 3 * 8
 
 
 def test_gather_on_shapes_has_no_backward() -> None:

@@ -318,10 +318,11 @@ def test_bottleneck_is_the_hottest_box_of_each_drawing(monkeypatch):
         ratio = share / drawing.hottest
         assert fills[nid][0] == heat_bin(ratio).fill
         assert fills[nid][1] == (ratio >= 0.999)  # outline only on the bottleneck (or ties)
-    # stage shares 41.5%, 42.3%, 34.2% of the iteration: stage 1 alone is the bottleneck (stage 0,
-    # with the embedding table's gradient-accumulation pass, is 0.98 of it: the top bin without
-    # the outline; stage 2 is 0.81 of it, bin 75-95%)
-    assert [fills[n][1] for n in stage_ids] == [False, True, False]
+    # stage shares 41.7%, 39.7%, 37.6% of the iteration: stage 0 alone is the bottleneck (the
+    # embedding's backward zero-fills the 50k-row table's gradient every micro-batch,
+    # besides its gradient-accumulation pass); stage 1 is 0.95 of it, the top bin without the
+    # outline; stage 2 is 0.90 of it, bin 75-95%
+    assert [fills[n][1] for n in stage_ids] == [True, False, False]
     assert fills[stage_ids[1]][0] == fills[stage_ids[0]][0] == "#bd0026" and fills[stage_ids[2]][0] == "#f03b20"
     # the page titles and the stage drawing name layers by their module, not their position
     titles = [facts.layer_title(li) for li in range(len(a.layers))]

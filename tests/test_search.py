@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dml2comm import zoo
+from dml2comm.cost.cache import layers_of
 from dml2comm.analysis import analyze_graph
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
@@ -459,6 +460,45 @@ def test_fused_kernels_never_span_blocks():
         regions.setdefault(region, set()).add(layer_of[op])
     assert regions and all(len(layers) == 1 for layers in regions.values())
     assert max(sum(1 for r in fused_kernels(graph).values() if r == k) for k in regions) >= 3  # bias-dropout-add, GeLU chains
+
+
+def test_sweep_rows_equal_their_analyses_on_a_collapsed_llama_70b(tmp_path):
+    """Every row of a sweep of Llama-2-70B on 256 H100s (80 identical blocks: the fast path
+    runs on the collapsed model, and on the collapsed model's own import for the second
+    micro-batch size) equals the analysis of its configuration on the whole graph, to rounding.
+    A decomposed RMSNorm (``Pow``, ``Mul``) reads the residual stream directly: before kernels
+    ended at layer boundaries, every block's norms and residual adds were one fused kernel, and
+    the rows were 2e-4 away from the analyses."""
+    from dml2comm.cost.ops import fused_kernels
+    from dml2comm.search.sweep import config_from_dict
+
+    path = tmp_path / "llama2-70b.onnx"
+    zoo.save(zoo.build_preset("llama2-70b"), path)
+
+    def h100(n):
+        return get_cluster("dgx-h100", n)
+
+    constraints = Constraints(d=(16, 8), t=(2,), p=(8, 16), micro_batch_sizes=(1, 2), virtual_stages=(1, 4), zero_stages=(1,),
+                              recompute=("selective",), sequence_parallel=(True,))
+    result = run_sweep(str(path), 256, h100, SweepSpace(global_batch_size=512, constraints=constraints))
+    assert len(result.rows) == 8 and not any(row["error"] for row in result.rows)
+    imports = {}
+    for row in result.rows:
+        config = config_from_dict(row["config"])
+        b = config.micro_batch_size
+        imported = imports.get(b) or imports.setdefault(b, load_model(str(path), ImportOptions(batch_size=b)))
+        s = analyze_graph(imported, config, h100(256), str(path), advise=False, timeline=False).summary
+        assert row["peak_memory_bytes"] == s["peak_memory_bytes"], config
+        for key in ("iteration_time_s", "compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "mfu",
+                    "tflops_per_gpu"):
+            assert row[key] == pytest.approx(s[key], rel=1e-9, abs=1e-15), (key, config)
+    # no fused kernel holds ops of two layers (what the collapse relies on)
+    graph = imports[1].graph
+    layer_of = layers_of(graph).layer_of_op
+    spans: dict[int, set[int]] = {}
+    for op, region in fused_kernels(graph).items():
+        spans.setdefault(region, set()).add(layer_of[op])
+    assert spans and all(len(layers) == 1 for layers in spans.values())
 
 
 # ---- context and expert parallelism in sweeps (issue 9)

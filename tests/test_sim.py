@@ -16,7 +16,8 @@ from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import StepKind, build_schedule
+from dml2comm.sim.schedules import StepKind
+from tests.oracles import build_schedule
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])
@@ -140,7 +141,8 @@ def test_batched_levels_equal_the_per_schedule_recurrence():
     end times of each schedule simulated alone; the vectorised bucket tail equals the loop."""
     import numpy as np
 
-    from dml2comm.sim.levels import (bucket_tail_end, bucket_tail_end_many, compile_schedule, pipeline_end_times,
+    from tests.oracles import bucket_tail_end, pipeline_end_times
+    from dml2comm.sim.levels import (bucket_tail_end_many, compile_schedule,
                                      pipeline_end_times_many)
 
     rng = np.random.default_rng(7)
@@ -216,7 +218,8 @@ def _levels_step_ends(name, p, m, v, fwd, bwd, send_fwd, send_bwd, others=3, see
     among ``others`` random configurations and a second schedule."""
     import numpy as np
 
-    from dml2comm.sim.levels import compile_schedule, pipeline_end_times, pipeline_end_times_many
+    from dml2comm.sim.levels import compile_schedule, pipeline_end_times_many
+    from tests.oracles import pipeline_end_times
 
     cs = compile_schedule(name, p, m, v)
     row = [np.array([x], dtype=float) for x in (fwd, bwd, send_fwd, send_bwd)]
@@ -373,7 +376,7 @@ def test_simulate_takes_the_compiled_schedule_and_refuses_other_step_lists():
         assert simulate(build_schedule(name, 4, m, v), works, v) == simulate(compile_schedule(name, 4, m, v), works)
     swapped = build_schedule("1f1b", 4, 6)
     swapped[3][0], swapped[3][1] = swapped[3][1], swapped[3][0]  # B0 before F0
-    with pytest.raises(ConfigError, match="none of them: build them with build_schedule"):
+    with pytest.raises(ConfigError, match="none of them: compile one with"):
         simulate(swapped, works)
     with pytest.raises(ConfigError, match="interleaved"):  # 1F1B lists run with 2 chunks: no schedule of build_schedule
         simulate(build_schedule("1f1b", 4, 8), works, 2)
@@ -408,7 +411,8 @@ def test_iteration_tail_buckets_end_at_the_closed_form(spec):
     equals bucket_tail_end's closed form (the sweep's) to 1e-12."""
     import numpy as np
 
-    from dml2comm.sim.levels import bucket_tail_end, iteration_tail
+    from dml2comm.sim.levels import iteration_tail
+    from tests.oracles import bucket_tail_end
 
     start = np.array([s for s, *_ in spec])
     dur = np.array([d for _, d, *_ in spec])

@@ -153,3 +153,35 @@ def test_the_sweeps_fast_path_equals_the_analysis_under_eager_pytorch():
     config = ParallelConfig(dp_size=8, micro_batch_size=2, global_batch_size=16, seq_len=512, stack="pytorch")
     a = analyze_graph(imported, config, cluster, advise=False, timeline=False).summary["iteration_time_s"]
     assert FastEvaluator(imported, cluster).evaluate([config])[0]["iteration_time_s"] == pytest.approx(a, rel=1e-9)
+
+
+def test_a_tied_embeddings_gradient_sum_is_charged_on_the_stage_holding_both_readers():
+    """Autograd sums the LM head's and the embedding's gradients of a tied table in one stage
+    (InputBuffer::add: read 2, write 1), under eager PyTorch and under Megatron without
+    gradient-accumulation fusion; across stages the embedding all-reduce does it instead."""
+    from dml2comm import zoo
+    from dml2comm.cost.compute import hbm_efficiency_of
+    from dml2comm.cost.stages import StageCoster
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+
+    vocab, hidden = 4096, 256
+    imported = load_model_proto(zoo.build_gpt(layers=2, hidden=hidden, heads=4, vocab=vocab, seq_len=128, tied_embeddings=True),
+                                ImportOptions(batch_size=1))
+    cluster = get_cluster("dgx-h100", 2)
+    hbm = cluster.gpu.hbm_bytes_per_s * hbm_efficiency_of(cluster.gpu)
+    coster = StageCoster(imported, cluster, collapse=False)
+
+    def accumulate(p: int, **kw):
+        config = ParallelConfig(pp_size=p, micro_batch_size=1, global_batch_size=1, seq_len=128, **kw)
+        table = coster.stage_table(config)
+        return table.copies.summed_local, table.accumulate
+
+    summed, acc = accumulate(1, stack="pytorch", precision="bf16")
+    assert summed == (vocab * hidden,) and acc[0] == pytest.approx(3 * vocab * hidden * 2 / hbm)  # one micro-batch: nothing else
+    summed, acc = accumulate(1, stack="pytorch", precision="amp")
+    assert acc[0] > 3 * vocab * hidden * 4 / hbm  # fp32 gradients summed, plus the casts' backward
+    assert accumulate(2, stack="pytorch", precision="bf16")[0] == (0.0, 0.0)  # the embedding group all-reduces
+    fused = accumulate(1, stack="megatron")[1][0]
+    unfused = accumulate(1, stack="megatron", grad_accumulation_fusion=False)[1][0]
+    assert fused < unfused  # with fusion the head's GEMM adds into main_grad: no sum

@@ -23,7 +23,7 @@ from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.pipeline import held_copies
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import build_schedule
+from tests.oracles import build_schedule
 from tests.helpers import model, weight
 
 FIXTURES = Path(__file__).parent / "fixtures"

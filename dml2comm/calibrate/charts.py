@@ -1,10 +1,10 @@
 """The calibration page's charts: log-log scatter plots of the fitted samples (pure: data in, SVG
 text out, no I/O).
 
-- :func:`gemm_chart`: one point per GEMM shape, measured time (x) against the shape law's time at
-  the fitted sustained factor (y), with the base preset's model as grey points and the y = x line
-  (a point on it is predicted exactly; above it, over-predicted).
-- :func:`memory_chart`: the same for the memory-bound kernels of the HBM fit.
+- :func:`class_chart`: one point per shape of a kernel class (:mod:`dml2comm.calibrate.classes`),
+  measured time (x) against the class's model at its fitted value (y), with the base preset's
+  model as grey points and the y = x line (a point on it is predicted exactly; above it,
+  over-predicted).
 - :func:`collective_chart`: one (kind, group size, level): measured time against message size,
   the fitted ``alpha + beta S`` line and the base's network model (dashed).
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from dml2comm.render.charts import AXIS_COLOUR, GRID_COLOUR, TEXT_COLOUR, Svg, svg_number
 from dml2comm.fmt import fmt_bytes, fmt_s
 
-__all__ = ["ScatterPoint", "Curve", "loglog_chart", "gemm_chart", "memory_chart", "collective_chart", "FIT_COLOUR",
+__all__ = ["ScatterPoint", "Curve", "loglog_chart", "class_chart", "collective_chart", "FIT_COLOUR",
            "BASE_COLOUR"]
 
 #: Calibrated model and measured points (blue), the base preset's model (grey), held-out points (orange).
@@ -161,22 +161,12 @@ def _model_chart(title: str, points: Sequence[Mapping[str, Any]], describe, symb
                         diagonal=True, legend=legend)
 
 
-def gemm_chart(points: Sequence[Mapping[str, Any]], factor: float, base_factor: float) -> str:
-    """Measured GEMM time (x) against the model's (y) per shape (:func:`dml2comm.calibrate.points.gemm_points`)."""
-
-    def describe(p: Mapping[str, Any]) -> str:
-        return (f"{p['b']}×" if p["b"] != 1 else "") + f"{p['m']}×{p['n']}×{p['k']} {p['dtype']} ({', '.join(p['ops'])})"
-
-    return _model_chart("GEMM time by shape", points, describe, "f", factor, base_factor)
-
-
-def memory_chart(points: Sequence[Mapping[str, Any]], efficiency: float, base_efficiency: float) -> str:
-    """Measured memory-bound kernel time (x) against ``bytes / (HBM x e)`` (y) per shape."""
-
-    def describe(p: Mapping[str, Any]) -> str:
-        return f"{p['op']} [{'×'.join(str(d) for d in p['shape'])}], {fmt_bytes(p['bytes'])} moved"
-
-    return _model_chart("Memory-bound kernels", points, describe, "e", efficiency, base_efficiency)
+def class_chart(record: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> str:
+    """Measured time (x) against the class's model (y) per shape of one kernel class
+    (:func:`dml2comm.calibrate.points.class_points`), at the fitted value and at the base's."""
+    symbols = {"sustained factor": "f", "HBM efficiency": "e", "time scale": "c"}
+    return _model_chart(str(record.get("label", record["class"])), points, lambda p: f"{p['shape']} ({', '.join(p['ops'])})",
+                        symbols.get(str(record.get("quantity")), "v"), record["value"], record["base_value"])
 
 
 def collective_chart(entry: Mapping[str, Any]) -> str:

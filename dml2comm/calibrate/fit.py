@@ -1,16 +1,10 @@
-"""Fit the cost models' constants to measured samples, with residuals and held-out errors.
+"""Fitting helpers shared by the kernel classes (:mod:`dml2comm.calibrate.classes`), and the
+collectives' fit, with residuals and held-out errors.
 
-Three fits, each of a term the models really use:
-
-- **GEMM sustained factor** ``f_gpu`` of :func:`dml2comm.cost.gemm.analytical_times_s` (the
-  shape law's other numbers stay as fitted on the published tables): the ``f`` minimising
-  ``sum (log model(f) - log measured)^2`` over the distinct shapes (their median time), the
-  loss of ``fit_shape_law`` with one free number; a bounded golden-section search on ``log f``
-  (Kiefer, "Sequential minimax search for a maximum", Proc. AMS 4, 1953) after a coarse grid.
-- **HBM efficiency** ``e`` of the roofline's memory term ``t = bytes / (HBM x e)``
-  (:mod:`dml2comm.cost.compute`): least squares in log, ``log e = mean log(bytes / (HBM t))``
-  over the distinct shapes of at least :data:`MIN_MEMORY_BYTES` (smaller kernels are launch-bound;
-  the model has no latency term for them).
+- :func:`gemm_predict`: the GEMM shape law (:func:`dml2comm.cost.gemm.analytical_times_s`) on
+  profiled shapes at a sustained factor; :func:`golden_min`: a bounded golden-section search
+  (Kiefer, "Sequential minimax search for a maximum", Proc. AMS 4, 1953); :func:`medians`: the
+  median time per distinct shape.
 - **Collectives** ``t = alpha + beta S`` per (kind, group size, level): weighted least squares of
   the relative error over the distinct sizes (their median time: a collective inside a training
   step also waits for its slowest peer, the median resists those outliers), ``alpha >= 0``,
@@ -31,26 +25,21 @@ from typing import Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
-from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
+from dml2comm.calibrate.samples import CollectiveSample
 from dml2comm.cost.gemm import ALIGNMENT_BYTES, analytical_times_s, shape_law
 from dml2comm.hardware.gpus import GPU
 
-__all__ = ["Residual", "FitOutcome", "fit_gemm_sustained", "fit_hbm_efficiency", "fit_collective", "split_by_shape",
-           "gemm_predict", "MIN_GEMM_SHAPES", "MIN_MEMORY_SHAPES", "MIN_MEMORY_BYTES", "MIN_COLLECTIVE_SIZES", "MIN_GEMM_FLOPS",
+__all__ = ["Residual", "FitOutcome", "fit_collective", "split_by_shape",
+           "gemm_predict", "golden_min", "medians", "MIN_MEMORY_BYTES", "MIN_COLLECTIVE_SIZES",
            "GEMM_FIT_DTYPES", "GEMM_BYTES", "SUSTAINED_BOUNDS"]
 
-#: Fewest distinct shapes (sizes) a term is fitted on; fewer -> a warning and the base value.
-MIN_GEMM_SHAPES = 3
-MIN_MEMORY_SHAPES = 3
+#: Fewest distinct message sizes a collective is fitted on; fewer -> a warning and the base value
+#: (the kernel classes' minimums: dml2comm.calibrate.classes.MIN_SHAPES).
 MIN_COLLECTIVE_SIZES = 2
 #: Memory-bound kernels smaller than this are left out of the HBM fit: the model has no latency
 #: term, and a kernel's fixed cost (launch, tail: a few microseconds) would pass for low
 #: bandwidth.  32 MiB streams in about 20 us at 1.7 TB/s (A100), so a 2 us fixed cost is <= 10%.
 MIN_MEMORY_BYTES = 32 * 2**20
-#: GEMMs smaller than this are left out of the sustained-factor fit: their time is the shape
-#: law's fixed per-kernel latency, not its rate (the threshold the GEMM model's own residuals are
-#: reported at, dml2comm/cost/gemm.py).
-MIN_GEMM_FLOPS = 1e9
 #: Data types of the tensor-core law (dml2comm/cost/gemm.py); fp32 on CUDA cores is not modelled by it.
 GEMM_FIT_DTYPES = ("tf32", "bf16", "fp16", "fp8")
 #: Search interval of the sustained factor; a fit at either end is refused (the law does not fit).
@@ -105,7 +94,7 @@ def split_by_shape(samples: Sequence[T], key: Callable[[T], Hashable], holdout: 
     return [s for s in samples if key(s) not in held], [s for s in samples if key(s) in held]
 
 
-def _medians(samples: Sequence[T], key: Callable[[T], Hashable], time: Callable[[T], float]) -> tuple[list[Hashable], np.ndarray]:
+def medians(samples: Sequence[T], key: Callable[[T], Hashable], time: Callable[[T], float]) -> tuple[list[Hashable], np.ndarray]:
     groups: dict[Hashable, list[float]] = {}
     for s in samples:
         groups.setdefault(key(s), []).append(time(s))
@@ -116,12 +105,9 @@ def _medians(samples: Sequence[T], key: Callable[[T], Hashable], time: Callable[
 # ----------------------------------------------------------------------------------- GEMMs
 
 
-def _gemm_key(s: GemmSample) -> tuple:
-    return (s.b, s.m, s.n, s.k, s.dtype)
-
-
-def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float) -> np.ndarray:
-    """Analytical times (s) of GEMM keys ``(b, m, n, k, dtype)`` on ``gpu`` at sustained factor ``f``."""
+def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float, aligned: bool | None = None) -> np.ndarray:
+    """Analytical times (s) of GEMM keys ``(b, m, n, k, dtype)`` on ``gpu`` at sustained factor ``f``
+    (``aligned``: every shape aligned, e.g. a convolution's implicit GEMM; None: by the rule below)."""
     out = np.empty(len(keys))
     by_dtype: dict[str, list[int]] = {}
     for i, k in enumerate(keys):
@@ -133,14 +119,15 @@ def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float) -> np.ndarray:
         # (the weight gradient's dY^T) makes M a row length too, so a 16-bit GEMM counts as
         # aligned only when M, N and K all are (dml2comm.cost.gemm.is_aligned's rule on N and K)
         dims = shp[:, 1:4].astype(np.int64)
-        aligned = np.ones(len(idx), dtype=bool) if in_b != 2 else np.all(dims % (ALIGNMENT_BYTES // in_b) == 0, axis=1)
+        rows = (np.ones(len(idx), dtype=bool) if in_b != 2 or aligned
+                else np.all(dims % (ALIGNMENT_BYTES // in_b) == 0, axis=1))
         out[idx] = analytical_times_s(shp[:, 0], shp[:, 1], shp[:, 2], shp[:, 3], peak_flops_per_s=gpu.peak_flops_per_s[dtype],
                                       sm_count=gpu.sm_count, hbm_bytes_per_s=gpu.hbm_bytes_per_s, in_bytes=in_b,
-                                      out_bytes=out_b, sustained=f, law=shape_law(gpu), aligned=aligned)
+                                      out_bytes=out_b, sustained=f, law=shape_law(gpu), aligned=rows)
     return out
 
 
-def _golden_min(fun: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
+def golden_min(fun: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
     """Minimum of a unimodal ``fun`` on [lo, hi] by golden-section search (Kiefer 1953)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
@@ -158,55 +145,6 @@ def _golden_min(fun: Callable[[float], float], lo: float, hi: float, iters: int 
     return (a + b) / 2
 
 
-def fit_gemm_sustained(gpu: GPU, samples: Sequence[GemmSample], holdout: float = 0.0) -> FitOutcome:
-    """The sustained factor ``f_gpu`` of ``gpu`` fitted to GEMM samples (module docstring).
-
-    Samples whose data type has no peak on ``gpu`` must be filtered out by the caller."""
-    fit_s, held_s = split_by_shape(samples, _gemm_key, holdout)
-    keys, meas = _medians(fit_s, _gemm_key, lambda s: s.time_s)
-    logm = np.log(meas)
-
-    def loss(logf: float) -> float:
-        return float(np.sum((np.log(gemm_predict(gpu, keys, math.exp(logf))) - logm) ** 2))
-
-    grid = np.linspace(math.log(SUSTAINED_BOUNDS[0]), math.log(SUSTAINED_BOUNDS[1]), 49)
-    best = int(np.argmin([loss(x) for x in grid]))
-    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
-    f = math.exp(_golden_min(loss, lo, hi))
-    all_keys = [_gemm_key(s) for s in fit_s]
-    residual = _residual(gemm_predict(gpu, all_keys, f), np.array([s.time_s for s in fit_s]), len(keys))
-    held = None
-    if held_s:
-        hk = [_gemm_key(s) for s in held_s]
-        held = _residual(gemm_predict(gpu, hk, f), np.array([s.time_s for s in held_s]), len(set(hk)))
-    return FitOutcome({"gemm_sustained_factor": f}, residual, held)
-
-
-# -------------------------------------------------------------------------- memory-bound
-
-
-def _memory_key(s: MemorySample) -> tuple:
-    return (s.op, s.shape, s.bytes)
-
-
-def fit_hbm_efficiency(gpu: GPU, samples: Sequence[MemorySample], holdout: float = 0.0) -> FitOutcome:
-    """The achieved share ``e`` of ``gpu``'s HBM bandwidth (module docstring); the caller keeps
-    samples of at least :data:`MIN_MEMORY_BYTES`."""
-    fit_s, held_s = split_by_shape(samples, _memory_key, holdout)
-    keys, meas = _medians(fit_s, _memory_key, lambda s: s.time_s)
-    moved = np.array([k[2] for k in keys])
-    e = float(np.exp(np.mean(np.log(moved / (gpu.hbm_bytes_per_s * meas)))))
-
-    def predict(ss: Sequence[MemorySample]) -> np.ndarray:
-        return np.array([s.bytes for s in ss]) / (gpu.hbm_bytes_per_s * e)
-
-    residual = _residual(predict(fit_s), np.array([s.time_s for s in fit_s]), len(keys))
-    held = None
-    if held_s:
-        held = _residual(predict(held_s), np.array([s.time_s for s in held_s]), len({_memory_key(s) for s in held_s}))
-    return FitOutcome({"hbm_efficiency": e}, residual, held)
-
-
 # --------------------------------------------------------------------------- collectives
 
 
@@ -215,7 +153,7 @@ def fit_collective(samples: Sequence[CollectiveSample], holdout: float = 0.0) ->
     group size, level) (module docstring); None when no positive bandwidth term fits (sizes too
     alike or times too noisy)."""
     fit_s, held_s = split_by_shape(samples, lambda s: s.size_bytes, holdout)
-    sizes, meas = _medians(fit_s, lambda s: s.size_bytes, lambda s: s.time_s)
+    sizes, meas = medians(fit_s, lambda s: s.size_bytes, lambda s: s.time_s)
     size = np.array(sizes, dtype=float)
     # minimise sum ((alpha + beta S - t) / t)^2: rows [1/t, S/t] x [alpha, beta] = 1
     a = np.stack([1.0 / meas, size / meas], axis=1)

@@ -12,11 +12,10 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
-from dml2comm.calibrate.fit import gemm_predict, split_by_shape
-from dml2comm.calibrate.samples import CollectiveSample, GemmSample, MemorySample
-from dml2comm.hardware.gpus import GPU
+from dml2comm.calibrate.fit import split_by_shape
+from dml2comm.calibrate.samples import CollectiveSample
 
-__all__ = ["gemm_points", "memory_points", "collective_points", "log_sizes"]
+__all__ = ["collective_points", "class_points", "log_sizes"]
 
 T = TypeVar("T")
 
@@ -34,35 +33,6 @@ def _f(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def gemm_points(gpu: GPU, samples: Sequence[GemmSample], f: float, f_base: float, holdout: float) -> list[dict[str, Any]]:
-    """One point per GEMM shape (b, M, N, K, dtype): median measured time, the shape law's time
-    on ``gpu`` at the fitted factor ``f`` and at the base's ``f_base``."""
-    groups = _grouped(samples, lambda s: (s.b, s.m, s.n, s.k, s.dtype), holdout)
-    keys = [k for k, _, _ in groups]
-    model = gemm_predict(gpu, keys, f)  # type: ignore[arg-type]
-    base = gemm_predict(gpu, keys, f_base)  # type: ignore[arg-type]
-    out = []
-    for (key, ss, held), m, b in zip(groups, model, base):
-        bb, mm, nn, kk, dtype = key  # type: ignore[misc]
-        out.append({"b": bb, "m": mm, "n": nn, "k": kk, "dtype": dtype, "ops": sorted({s.op for s in ss}), "repeats": len(ss),
-                    "measured_s": _f(float(np.median([s.time_s for s in ss]))), "model_s": _f(float(m)), "base_s": _f(float(b)),
-                    "held_out": held})
-    return out
-
-
-def memory_points(gpu: GPU, samples: Sequence[MemorySample], e: float, e_base: float, holdout: float) -> list[dict[str, Any]]:
-    """One point per memory-bound (operator, shape, bytes): median measured time and
-    ``bytes / (HBM x e)`` at the fitted and at the base's efficiency."""
-    out = []
-    for key, ss, held in _grouped(samples, lambda s: (s.op, s.shape, s.bytes), holdout):
-        op, shape, moved = key  # type: ignore[misc]
-        out.append({"op": op, "shape": list(shape), "bytes": moved, "repeats": len(ss),
-                    "measured_s": _f(float(np.median([s.time_s for s in ss]))),
-                    "model_s": _f(moved / (gpu.hbm_bytes_per_s * e)), "base_s": _f(moved / (gpu.hbm_bytes_per_s * e_base)),
-                    "held_out": held})
-    return out
-
-
 def collective_points(samples: Sequence[CollectiveSample], holdout: float) -> list[dict[str, Any]]:
     """One point per message size of one (kind, group size, level): median measured time."""
     return [{"size_bytes": key, "repeats": len(ss), "measured_s": _f(float(np.median([s.time_s for s in ss]))), "held_out": held}
@@ -73,3 +43,15 @@ def log_sizes(lo: float, hi: float, count: int = 25) -> list[float]:
     """``count`` sizes evenly spaced in log between ``lo/2`` and ``2 hi`` (the fitted and base
     lines are drawn through them)."""
     return [_f(x) for x in np.geomspace(max(lo / 2, 1.0), max(hi * 2, 2.0), count)]
+
+
+def class_points(spec: Any, value: float, holdout: float) -> list[dict[str, Any]]:
+    """One point per shape of a kernel class (:class:`dml2comm.calibrate.classes.ClassSpec`):
+    its description, median measured time, the class's model at the fitted ``value`` and the
+    base model's time, and which side of the held-out split it fell on."""
+    groups = _grouped(spec.samples, spec.key, holdout)
+    keys = [k for k, _, _ in groups]
+    model, base = spec.predict(keys, value), spec.base_predict(keys)
+    return [{"shape": spec.describe(key), "ops": sorted({s.op for s in ss}), "repeats": len(ss),
+             "measured_s": _f(float(np.median([s.time_s for s in ss]))), "model_s": _f(float(m)), "base_s": _f(float(b)),
+             "held_out": held} for (key, ss, held), m, b in zip(groups, model, base)]

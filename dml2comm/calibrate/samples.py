@@ -78,12 +78,42 @@ _TF32_KERNEL = re.compile(r"tf32|tensorop_s\d|s1688|s16816", re.I)
 MEMORY_OPS: dict[str, str] = {
     **{f"aten::{n}": "unary" for n in ("relu", "relu_", "gelu", "sigmoid", "tanh", "exp", "exp_", "neg", "log", "log2", "sqrt",
                                         "rsqrt", "silu", "abs", "clamp_min_", "nan_to_num", "_softmax", "softmax",
-                                        "_log_softmax", "dropout")},
+                                        "dropout")},
     **{f"aten::{n}": "binary" for n in ("add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_", "rsub",
                                          "threshold_backward", "gelu_backward", "sigmoid_backward", "copy_")},
     **{f"aten::{n}": "write" for n in ("fill_", "zero_")},
     **{f"aten::{n}": "norm" for n in ("layer_norm", "native_layer_norm")},
+    **{f"aten::{n}": "reduce" for n in ("mean", "sum", "amax", "logsumexp", "norm")},
+    # backward kernels reading the output gradient and one saved tensor of the same shape
+    **{f"aten::{n}": "binary" for n in ("native_layer_norm_backward", "_softmax_backward_data")},
+    # the loss's log-softmax, forward and backward: four passes over the logits each, as
+    # dml2comm.cost.loss counts them (cunn_SoftMaxForward: max, sum of exp and output passes;
+    # cunn_SoftMaxBackward: the gradient read for its sum, then gradient and output read, input
+    # gradient written); the loss term is timed at the element-wise efficiency, so they are
+    # ``pointwise`` samples
+    **{f"aten::{n}": "softmax4" for n in ("_log_softmax", "_log_softmax_backward_data")},
 }
+#: Memory-bound operators of the ``norm`` class (dml2comm.cost.calibrated): normalisations,
+#: softmaxes and reductions, block-reduction kernels; every other one of MEMORY_OPS is ``pointwise``.
+NORM_ATEN_OPS = frozenset({"aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::_softmax",
+                           "aten::softmax", "aten::_softmax_backward_data", "aten::mean", "aten::sum", "aten::amax",
+                           "aten::logsumexp", "aten::norm"})
+#: The fused scaled-dot-product attention operators that launch the flash kernels (cuDNN's and
+#: FlashAttention-2's, PyTorch 2.x ``F.scaled_dot_product_attention``), forward and backward; the
+#: innermost operator around the launch owns the kernels.
+ATTENTION_OPS: dict[str, str] = {
+    **{f"aten::{n}": "fwd" for n in ("_cudnn_attention_forward", "_flash_attention_forward",
+                                      "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention")},
+    **{f"aten::{n}": "bwd" for n in ("_cudnn_attention_backward", "_flash_attention_backward",
+                                      "_scaled_dot_product_cudnn_attention_backward",
+                                      "_scaled_dot_product_flash_attention_backward")},
+}
+#: Fused optimizer steps (``torch.optim.AdamW(fused=True)``: ``aten::_fused_adamw_``); their
+#: tensor lists carry no shapes, so the parameter count is the autograd ``AccumulateGrad`` inputs'.
+OPTIMIZER_OPS = frozenset({"aten::_fused_adamw_", "aten::_fused_adam_"})
+_ACCUMULATE = "torch::autograd::AccumulateGrad"
+#: Convolutions (cuDNN's implicit GEMMs), forward only.
+CONV_OPS = frozenset({"aten::cudnn_convolution", "aten::convolution", "aten::_convolution"})
 _COLLECTIVES = (
     (re.compile(r"coalesced"), None),
     (re.compile(r"^all_?reduce"), "ALL_REDUCE"),
@@ -111,6 +141,31 @@ class MemorySample(NamedTuple):
     time_s: float
     op: str
     shape: tuple[int, ...]
+    cls: str = "pointwise"  # or "norm" (NORM_ATEN_OPS)
+
+
+class AttentionSample(NamedTuple):
+    """One flash kernel (forward: its kernel; backward: the three of its pass) with its problem:
+    ``bh`` = batch x query heads, lengths, head dims (``Input Dims`` of Q, K, V)."""
+
+    pass_: str  # fwd or bwd
+    bh: int
+    s_q: int
+    s_k: int
+    d: int
+    d_v: int
+    time_s: float
+    op: str
+
+
+class OptimizerSample(NamedTuple):
+    """One fused optimizer step: the parameters it updated (the step's ``AccumulateGrad``
+    inputs) and their element size."""
+
+    params: int
+    element_bytes: int
+    time_s: float
+    op: str
 
 
 class CollectiveSample(NamedTuple):
@@ -139,6 +194,9 @@ class TraceSamples:
     gemms: list[GemmSample] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
     collectives: list[RawCollective] = field(default_factory=list)
+    attention: list[AttentionSample] = field(default_factory=list)
+    optimizer: list[OptimizerSample] = field(default_factory=list)
+    convs: list[GemmSample] = field(default_factory=list)
     shaped_ops: int = 0  # CPU operators with recorded shapes
     nccl_kernels: int = 0
     link: str = ""  # "External id" or "enclosure"
@@ -233,6 +291,10 @@ def memory_bytes(op: str, dims: list[Any], types: Any) -> tuple[float, tuple[int
         return 2.0 * n0 * size0, shape0
     if rule == "write":
         return float(n0 * size0), shape0
+    if rule == "reduce":  # read the input once; the reduced output is small
+        return float(n0 * size0), shape0
+    if rule == "softmax4":
+        return 4.0 * n0 * size0, shape0
     if rule == "norm":
         params = [_tensor(dims, types, i) for i in (2, 3)]
         return 2.0 * n0 * size0 + sum(math.prod(t[0]) * t[1] for t in params if t is not None), shape0
@@ -250,6 +312,59 @@ def memory_bytes(op: str, dims: list[Any], types: Any) -> tuple[float, tuple[int
             return None
         read += math.prod(other[0]) * other[1]
     return float(read + math.prod(shape) * size0), shape
+
+
+_OWNERS = frozenset(GEMM_OPS | set(MEMORY_OPS) | set(ATTENTION_OPS) | OPTIMIZER_OPS | CONV_OPS)
+
+
+def attention_sample(op: str, dims: list[Any], t: float) -> AttentionSample | None:
+    """The flash kernel's problem from Q, K, V ``[b, h, s, d]`` (the first three inputs forward;
+    backward: the output gradient first, then Q, K, V).  Causality is not in the shapes (the
+    profiler records ``is_causal`` only among the ``Concrete Inputs``): the fit costs every
+    sample as causal, as a decoder language model runs it (dml2comm.calibrate.classes)."""
+    first = 1 if ATTENTION_OPS[op] == "bwd" else 0
+    try:
+        q, k, v = (dims[first + i] for i in range(3))
+        if len(q) != 4 or len(k) != 4 or len(v) != 4 or q[0] != k[0]:
+            return None
+        return AttentionSample(ATTENTION_OPS[op], int(q[0] * q[1]), int(q[2]), int(k[2]), int(q[3]), int(v[3]), t, op)
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
+def conv_sample(op: str, dims: list[Any], types: Any, t: float) -> GemmSample | None:
+    """A convolution's implicit GEMM ``(groups, N x output pixels, K / groups, C / groups x R x S)``
+    (:func:`dml2comm.cost.compute.gemm_dims`), its output pixels taken as its input's (the
+    profiler records no strides or padding of a convolution: a same-padded, stride-1 one)."""
+    try:
+        x, w = dims[0], dims[1]
+        if len(x) < 3 or len(w) != len(x):
+            return None
+        dtype = _GEMM_DTYPES.get(types[0]) if isinstance(types, list) and types else None
+        groups = max(1, x[1] // w[1]) if w[1] else 1
+        if dtype is None:
+            return None
+        return GemmSample(groups, x[0] * math.prod(x[2:]), w[0] // groups, w[1] * math.prod(w[2:]), dtype, t, op)
+    except (IndexError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def optimizer_samples(trace: RankTrace, steps: Sequence[tuple[str, float]]) -> list[OptimizerSample]:
+    """One sample per fused optimizer step: its kernels' time and the parameters it updated, the
+    numel of the trace's ``AccumulateGrad`` inputs (one per parameter and backward) over the steps."""
+    if not steps:
+        return []
+    numel, size = 0, 0
+    for row, (dims, types) in trace.inputs.items():
+        if trace.names[trace.name[row]] == _ACCUMULATE and dims and isinstance(types, list) and types:
+            n = _numel(dims[0])
+            if n:
+                numel += n
+                size = size or ELEMENT_BYTES.get(types[0], 0)
+    if not numel or not size:
+        return []
+    per_step = numel // len(steps)
+    return [OptimizerSample(per_step, size, t, op) for op, t in steps]
 
 
 def _innermost(trace: RankTrace, rows: np.ndarray, thread: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -355,15 +470,44 @@ def file_samples(path: str) -> TraceFile:
     return TraceFile(p.name, digest, trace.rank, trace.world_size, devices, _versions(meta), trace_samples(trace))
 
 
+def _add_op_sample(out: TraceSamples, op: str, dims: list[Any], types: Any, t: float, knames: list[str]) -> None:
+    """The sample of one shaped operator whose kernels took ``t`` seconds (``knames``), if any."""
+    if op in GEMM_OPS:
+        if not any(GEMM_KERNEL.search(n) for n in knames):
+            return
+        shape = gemm_shape(op, dims)
+        tensor_types = [x for x in (types or []) if x in _GEMM_DTYPES] if isinstance(types, list) else []
+        if shape is None or not tensor_types or min(shape) < 1:
+            return
+        dtype = _GEMM_DTYPES[tensor_types[0]]
+        if dtype == "fp32" and any(_TF32_KERNEL.search(n) for n in knames):
+            dtype = "tf32"
+        out.gemms.append(GemmSample(*shape, dtype, t, op))
+    elif op in MEMORY_OPS:
+        if any(n.lower().startswith("nccl") or GEMM_KERNEL.search(n) for n in knames):
+            return
+        moved = memory_bytes(op, dims, types)
+        if moved is not None and moved[0] > 0:
+            out.memory.append(MemorySample(moved[0], t, op, moved[1], "norm" if op in NORM_ATEN_OPS else "pointwise"))
+    elif op in ATTENTION_OPS:
+        att = attention_sample(op, dims, t)
+        if att is not None:
+            out.attention.append(att)
+    elif op in CONV_OPS:
+        conv = conv_sample(op, dims, types, t)
+        if conv is not None:
+            out.convs.append(conv)
+
+
 def trace_samples(trace: RankTrace) -> TraceSamples:
-    """Every GEMM, memory-bound and collective sample of one trace loaded with ``shapes=True``
-    (collectives raw: :func:`classify_collectives` gives their levels)."""
+    """Every GEMM, memory-bound, flash-attention, convolution, fused-optimizer and collective
+    sample of one trace loaded with ``shapes=True`` (collectives raw: :func:`classify_collectives`
+    gives their levels)."""
     out = TraceSamples(shaped_ops=len(trace.inputs))
     kernels = np.flatnonzero(trace.kind == Kind.KERNEL)
     cpu = np.flatnonzero(trace.kind == Kind.CPU_OP)
     names = trace.names
-    interesting_ids = np.array([i for i, nm in enumerate(names) if nm in GEMM_OPS or nm in MEMORY_OPS or nm == "record_param_comms"],
-                               dtype=np.int32)
+    interesting_ids = np.array([i for i, nm in enumerate(names) if nm in _OWNERS or nm == "record_param_comms"], dtype=np.int32)
     ops = cpu[np.isin(trace.name[cpu], interesting_ids)]
     owner = np.full(kernels.size, -1, dtype=np.int64)
     ext = trace.external_id if trace.external_id is not None else np.full(trace.kind.size, -1, dtype=np.int64)
@@ -390,33 +534,19 @@ def trace_samples(trace: RankTrace) -> TraceSamples:
     comm_by_row = {r.index: r for r in trace.comms}
     nccl = [k for k in kernels.tolist() if names[trace.name[k]].lower().startswith("nccl")]
     out.nccl_kernels = len(nccl)
+    steps: list[tuple[str, float]] = []
     for row, ks in per_op.items():
         op = names[trace.name[row]]
+        if op in OPTIMIZER_OPS:  # tensor lists: no shapes recorded
+            t_opt = float(sum(trace.dur[k] for k in ks)) * 1e-6
+            if t_opt > 0:
+                steps.append((op, t_opt))
+            continue
         shapes = trace.inputs.get(row)
-        if shapes is None:
-            continue
-        dims, types = shapes
         t = float(sum(trace.dur[k] for k in ks)) * 1e-6
-        if t <= 0:
-            continue
-        knames = [names[trace.name[k]] for k in ks]
-        if op in GEMM_OPS:
-            if not any(GEMM_KERNEL.search(n) for n in knames):
-                continue
-            shape = gemm_shape(op, dims)
-            tensor_types = [x for x in (types or []) if x in _GEMM_DTYPES] if isinstance(types, list) else []
-            if shape is None or not tensor_types or min(shape) < 1:
-                continue
-            dtype = _GEMM_DTYPES[tensor_types[0]]
-            if dtype == "fp32" and any(_TF32_KERNEL.search(n) for n in knames):
-                dtype = "tf32"
-            out.gemms.append(GemmSample(*shape, dtype, t, op))
-        elif op in MEMORY_OPS:
-            if any(n.lower().startswith("nccl") or GEMM_KERNEL.search(n) for n in knames):
-                continue
-            moved = memory_bytes(op, dims, types)
-            if moved is not None and moved[0] > 0:
-                out.memory.append(MemorySample(moved[0], t, op, moved[1]))
+        if shapes is not None and t > 0:
+            _add_op_sample(out, op, shapes[0], shapes[1], t, [names[trace.name[k]] for k in ks])
+    out.optimizer = optimizer_samples(trace, steps)
     # collectives: the kernel's own arguments, else the record_param_comms operator that launched it
     kernel_owner = dict(zip(kernels.tolist(), owner.tolist()))
     for k in nccl:

@@ -19,10 +19,10 @@ from typing import Any, Mapping
 
 from markupsafe import Markup
 
-from dml2comm.calibrate.charts import collective_chart, gemm_chart, memory_chart
+from dml2comm.calibrate.charts import class_chart, collective_chart
 from dml2comm.fmt import fmt_bytes, fmt_s
 
-__all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "SAMPLES_FILE"]
+__all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "class_rows", "SAMPLES_FILE"]
 
 #: The fitted samples' file in the site.
 SAMPLES_FILE = "samples.json"
@@ -39,14 +39,37 @@ def _res(term: Mapping[str, Any]) -> dict[str, str]:
             "held": f"{h['shapes']} shapes: {_pct(h['median_rel_error'])} / {_pct(h['worst_rel_error'])}" if h else "not held out"}
 
 
+def class_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
+    """One row per kernel class of a calibration record (``classes``,
+    :class:`dml2comm.calibrate.classes.ClassFit`): ``constant``, ``value``, ``base``, ``samples``,
+    ``shapes``, ``median``, ``worst``, ``held`` (held-out median, and the base's on the same
+    shapes), ``used`` (yes/no) and ``why``."""
+    rows = []
+    for c in record.get("classes") or []:
+        h, b = c.get("holdout"), c.get("base_holdout")
+        shapes = "" if not h else f"{h['shapes']} shape{'' if h['shapes'] == 1 else 's'}"
+        held = "not held out" if not h else (f"{shapes}: {_pct(h['median_rel_error'])} (base {_pct(b['median_rel_error'])})"
+                                              if b else f"{shapes}: {_pct(h['median_rel_error'])}")
+        res = _res(c)
+        rows.append({"constant": f"gpu.calibrated_classes.{c['class']}", "label": str(c.get("label", "")),
+                     "quantity": str(c.get("quantity", "")), "value": "not fitted" if c.get("value") is None else f"{c['value']:.4g}",
+                     "base": f"{c['base_value']:.4g}", "samples": str(c.get("samples", 0)), "shapes": str(c.get("shapes", 0)),
+                     "median": res["median"] if c.get("residual") else "n/a", "worst": res["worst"] if c.get("residual") else "n/a",
+                     "held": held, "used": "used" if c.get("used") else "base kept", "why": str(c.get("why", ""))})
+    return rows
+
+
 def fitted_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
     """One row per fitted value of a calibration record: ``constant``, ``value``, ``base``,
     ``samples``, ``shapes``, ``median``, ``worst`` (relative errors on the fitted samples) and
-    ``held`` (held-out shapes: median / worst).  Collectives give their latency and bus bandwidth,
+    ``held`` (held-out shapes: median / worst).  Kernel classes (:func:`class_rows`) give their
+    value, or the base's with the reason where the base was kept; the single GPU values of files
+    written before the classes give theirs.  Collectives give their latency and bus bandwidth,
     and their time at the reference sizes against the base's
     (:data:`dml2comm.calibrate.base.REFERENCE_SIZES`)."""
     fitted = record.get("fitted") or {}
-    rows = []
+    rows = [{k: r[k] for k in ("constant", "value", "base", "samples", "shapes", "median", "worst")}
+            | {"held": f"{r['held']}; {r['used']}: {r['why']}"} for r in class_rows(record)]
     g = fitted.get("gemm_sustained_factor")
     if g:
         rows.append({"constant": "gpu.gemm_sustained_factor", "value": f"{g['gemm_sustained_factor']:.4g}",
@@ -66,16 +89,14 @@ def fitted_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def calibration_svgs(points: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """The page's charts by name (``gemm``, ``memory``, ``collective_N``): (title, SVG)."""
-    fitted = record.get("fitted") or {}
+    """The page's charts by name (``class_NAME`` per fitted kernel class, ``collective_N``): (title, SVG)."""
     svgs: dict[str, tuple[str, str]] = {}
-    if points.get("gemm") and "gemm_sustained_factor" in fitted:
-        g = fitted["gemm_sustained_factor"]
-        svgs["gemm"] = ("GEMM time by shape", gemm_chart(points["gemm"], g["gemm_sustained_factor"], g.get("base_value") or 0.0))
-    if points.get("memory") and "hbm_efficiency" in fitted:
-        h = fitted["hbm_efficiency"]
-        svgs["memory"] = ("Memory-bound kernels (HBM efficiency)",
-                          memory_chart(points["memory"], h["hbm_efficiency"], h.get("base_value") or 0.0))
+    for c in record.get("classes") or []:
+        pts = (points.get("classes") or {}).get(c["class"])
+        if pts and c.get("value") is not None:
+            verdict = "used" if c.get("used") else "base kept"
+            svgs[f"class_{c['class']}"] = (f"{c.get('label', c['class'])}: {c.get('quantity', '')} ({verdict})",
+                                           class_chart(c, pts))
     for i, entry in enumerate(points.get("collectives") or []):
         label = f"{entry['kind']} over {entry['group_size']} ranks, {str(entry['level']).replace('_', '-')}"
         svgs[f"collective_{i}"] = (f"Collective time by size: {label}", collective_chart(entry))
@@ -95,7 +116,8 @@ def calibration_context(document: Mapping[str, Any], file_name: str, sha256: str
         "gpu": (document.get("gpu") or {}).get("name", ""), "identified_by": gpu.get("identified_by", ""),
         "holdout": f"{100 * record['holdout']:.0f}% of the shapes (sizes) held out of each fit" if record.get("holdout")
         else "none (--holdout 0)",
-        "traces": traces, "rows": fitted_rows(record), "from_base": list(record.get("from_base") or []),
+        "traces": traces, "rows": [r for r in fitted_rows(record) if not r["constant"].startswith("gpu.calibrated_classes.")],
+        "classes": class_rows(record), "from_base": list(record.get("from_base") or []),
         "warnings": list(record.get("warnings") or []), "charts": charts, "samples_file": SAMPLES_FILE,
     }
 

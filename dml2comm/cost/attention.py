@@ -280,7 +280,7 @@ def flash_cost(shape: FlashShape, causal: bool, train: DType) -> OpCost:
 
 
 def flash_times_s(shape: FlashShape, causal: bool, cost: OpCost, peak: float, hbm: float,
-                  law: FlashLaw = H100_FLASH) -> tuple[float, float]:
+                  law: FlashLaw = H100_FLASH, scale: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """(forward, backward) seconds of one flash kernel (module docstring).
 
     Parameters
@@ -293,6 +293,10 @@ def flash_times_s(shape: FlashShape, causal: bool, cost: OpCost, peak: float, hb
         HBM bytes/s memory-bound kernels reach (bandwidth x HBM efficiency).
     law
         The fitted constants (:data:`H100_FLASH`).
+    scale
+        (forward, backward) time scales a calibrated GPU carries (``attention_fwd``,
+        ``attention_bwd``: :mod:`dml2comm.cost.calibrated`, fitted by ``python main.py
+        calibrate`` on the user's own flash kernels); 1 without one.
     """
     d = 0.5 * (shape.d + shape.d_v)
     work = cost.flops_fwd * ((1.0 + FLASH_BLOCK / shape.s_k) if causal else 1.0)
@@ -301,7 +305,7 @@ def flash_times_s(shape: FlashShape, causal: bool, cost: OpCost, peak: float, hb
     fwd = law.fwd_latency_s + max(work / (peak * e_f), cost.bytes_fwd / hbm)
     memory_side = law.bwd_bytes_per_element * shape.bh * shape.s_q * shape.d / hbm
     bwd = max(BACKWARD_FLOP_RATIO * work / (peak * e_b), cost.bytes_bwd / hbm) + memory_side
-    return fwd, bwd
+    return fwd * scale[0], bwd * scale[1]
 
 
 def flash_saved_lse_bytes(shape: FlashShape) -> float:

@@ -168,8 +168,16 @@ def layers_of(graph: OpGraph) -> LayeredGraph:
 
 
 def collapsed_of(graph: OpGraph) -> Collapsed | None:
-    """:func:`~dml2comm.ir.repeats.collapse_repeats` of ``graph`` (None: nothing to collapse), once."""
-    return derived(graph, CollapsedKey(), lambda: collapse_repeats(graph, layers_of(graph)))
+    """:func:`~dml2comm.ir.repeats.collapse_repeats` of ``graph`` (None: nothing to collapse), once;
+    the collapsed graph's :func:`layers_of` is the collapse's own layering (which the fused kernels read)."""
+
+    def build() -> Collapsed | None:
+        collapsed = collapse_repeats(graph, layers_of(graph))
+        if collapsed is not None:
+            derived(collapsed.graph, LayersKey(), lambda: collapsed.layered)
+        return collapsed
+
+    return derived(graph, CollapsedKey(), build)
 
 
 def tensor_parallel_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype_bytes: int) -> TensorParallelPlan:

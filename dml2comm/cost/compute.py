@@ -26,10 +26,11 @@ by ``benchmarks/bench_heldout.py``.
 
 from __future__ import annotations
 
+from dml2comm.cost.calibrated import class_value
 from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import Precision
 
-__all__ = ["eager_parameter_passes_s", "grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
+__all__ = ["eager_parameter_passes_s", "shared_gradient_sum_s", "grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
@@ -45,10 +46,15 @@ FLOP_EFFICIENCY = 0.685
 HBM_EFFICIENCY = 0.85
 
 
-def hbm_efficiency_of(gpu) -> float:
-    """The share of HBM bandwidth memory-bound kernels reach on ``gpu``: its calibrated value
-    (``python main.py calibrate``, :attr:`dml2comm.hardware.gpus.GPU.hbm_efficiency`), else
-    :data:`HBM_EFFICIENCY`."""
+def hbm_efficiency_of(gpu, kind: str = "pointwise") -> float:
+    """The share of HBM bandwidth memory-bound kernels of class ``kind`` (``pointwise`` or
+    ``norm``: :mod:`dml2comm.cost.calibrated`) reach on ``gpu``: the class's calibrated value
+    (``python main.py calibrate``, :attr:`dml2comm.hardware.gpus.GPU.calibrated_classes`), else the
+    GPU's single calibrated value (:attr:`~dml2comm.hardware.gpus.GPU.hbm_efficiency`, files
+    written before the classes), else :data:`HBM_EFFICIENCY`."""
+    own = class_value(gpu, kind)
+    if own is not None:
+        return own
     return gpu.hbm_efficiency if gpu.hbm_efficiency is not None else HBM_EFFICIENCY
 
 
@@ -184,6 +190,27 @@ def grad_accumulation_s(params: float, grad_bytes: int, main_grad_bytes: int, hb
     parameters (layer norms, biases, embedding tables) still take this pass.
     """
     return params * (grad_bytes + 2 * main_grad_bytes) / hbm_bytes_per_s
+
+
+def shared_gradient_sum_s(summed_elements, config, hbm_bytes_per_s: float):
+    """Per micro-batch: autograd summing the gradients of a parameter that several layers of one
+    stage read (a tied embedding: the LM head's weight gradient and the embedding's), read both,
+    write one (3 x the gradient's bytes per element summed).
+
+    The engine adds every later gradient of one input into the first in its ``InputBuffer``
+    before ``AccumulateGrad`` runs (torch/csrc/autograd/input_buffer.cpp, ``InputBuffer::add``).
+    Megatron-LM with gradient-accumulation fusion has no such sum: the LM head's weight-gradient
+    GEMM adds into ``main_grad`` itself and hands autograd no weight gradient
+    (``LinearWithGradAccumulationAndAsyncCommunication``), so the caller charges this under the
+    ``pytorch`` stack and under Megatron without the fusion only (0 otherwise).  The gradient is fp32 under
+    ``amp`` (the embedding reads the fp32 weight; the head's cast returns fp32), else the training
+    dtype.  Measured on H100 (benchmarks/data/h100 traces): the ``CUDAFunctor_add`` of GPT-2
+    small's 50,257 x 768 bf16 table takes 76 us (3.0 TB/s), Llama-1B's 128,256 x 2,048 510 us.
+    """
+    if config.stack != "pytorch" and config.grad_accumulation_fusion:
+        return summed_elements * 0.0
+    element = 4 if config.precision == "amp" else config.train_dtype.itemsize
+    return summed_elements * 3 * element / hbm_bytes_per_s
 
 
 def eager_parameter_passes_s(params: float, gemm_params: float, precision: str, num_micro_batches: int,

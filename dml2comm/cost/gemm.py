@@ -137,13 +137,14 @@ import csv
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from dml2comm.cost.calibrated import GEMM_CLASSES, class_value, gemm_regime, preset_of
 from dml2comm.errors import ConfigError, ModelError
 from dml2comm.hardware.gpus import GPU
 
@@ -340,6 +341,9 @@ class GemmDevice:
     sm_count: int
     hbm_bytes_per_s: float
     sustained: float | None = None
+    #: calibrated sustained factors per GEMM class (:data:`dml2comm.cost.calibrated.GEMM_CLASSES`);
+    #: a class named here replaces ``sustained`` and the table for its GEMMs
+    calibrated_classes: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def __hash__(self) -> int:  # cheap (it keys the per-shape cache); equality still compares the peaks
         return hash((self.name, self.sm_count, self.hbm_bytes_per_s))
@@ -378,7 +382,12 @@ def sustained_source(gpu: GPU | GemmDevice) -> str:
     own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
     if own is not None:
         return "calibrated on your own kernels (python main.py calibrate)"
-    return SUSTAINED_SOURCE.get(gpu.name, "no fit for this GPU: the mean of the H100 and B200 table fits")
+    classes = {k: v for k, v in gpu.calibrated_classes.items() if k in GEMM_CLASSES}
+    if classes:
+        mine = ", ".join(f"{k} {v:.3g}" for k, v in sorted(classes.items()))
+        return (f"{SUSTAINED_SOURCE.get(preset_of(gpu.name), 'the preset')}; calibrated on your own kernels for {mine} "
+                "(python main.py calibrate)")
+    return SUSTAINED_SOURCE.get(preset_of(gpu.name), "no fit for this GPU: the mean of the H100 and B200 table fits")
 
 
 def sustained_factor(gpu: GPU | GemmDevice) -> float:
@@ -388,12 +397,13 @@ def sustained_factor(gpu: GPU | GemmDevice) -> float:
     own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
     if own is not None:
         return own
-    return SUSTAINED_FACTOR.get(gpu.name, DEFAULT_SUSTAINED_FACTOR)
+    return SUSTAINED_FACTOR.get(preset_of(gpu.name), DEFAULT_SUSTAINED_FACTOR)
 
 
 def shape_law(gpu: GPU | GemmDevice) -> ShapeLaw:
-    """The shape law of a GPU: :data:`SHAPE_LAWS` by its name (H100, H200), else :data:`SHAPE_LAW`."""
-    return SHAPE_LAWS.get(gpu.name, SHAPE_LAW)
+    """The shape law of a GPU: :data:`SHAPE_LAWS` by its name (H100, H200; a calibrated GPU by
+    its preset's, :func:`dml2comm.cost.calibrated.preset_of`), else :data:`SHAPE_LAW`."""
+    return SHAPE_LAWS.get(preset_of(gpu.name), SHAPE_LAW)
 
 
 def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
@@ -409,7 +419,9 @@ def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
     if not gpu.sm_count:
         raise ConfigError(f"GPU {gpu.name!r} has no sm_count; the GEMM model needs it "
                           "(build the GPU with sm_count=N and its source)")
-    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s, gpu.gemm_sustained_factor)
+    gemm = {k: v for k, v in gpu.calibrated_classes.items() if k in GEMM_CLASSES}
+    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s, gpu.gemm_sustained_factor,
+                      MappingProxyType(gemm))
 
 
 def _dtype(dtype: str, allow_tf32: bool) -> tuple[str, int, int]:
@@ -642,7 +654,7 @@ def measured_table(device_name: str, dtype: str, allow_tf32: bool = False) -> Me
 
 
 def gemm_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: int, *, allow_tf32: bool = False,
-                aligned: bool | None = None) -> float:
+                aligned: bool | None = None, conv: bool = False) -> float:
     """Seconds one GEMM (``b`` products ``[M, K] @ [K, N]``) takes on one GPU.
 
     The measured table inside its grid, the analytical model elsewhere, combined so that the
@@ -662,6 +674,9 @@ def gemm_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: in
         Override of the alignment rule (:func:`is_aligned`): True for a product whose library
         pads or lays out its operands itself (a cuDNN convolution's implicit GEMM, whose ``K``
         is ``C R S`` and not a row length).
+    conv
+        A convolution's implicit GEMM: timed with the calibrated ``conv`` class's factor where
+        the GPU has one (:mod:`dml2comm.cost.calibrated`).
 
     Raises
     ------
@@ -672,17 +687,21 @@ def gemm_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: in
         raise ConfigError(f"GEMM dimensions must be positive, got b={b} M={m} N={n} K={k}")
     if aligned is None:
         aligned = is_aligned(dtype, b, m, n, k, allow_tf32=allow_tf32)
-    return _gemm_time_s(gemm_device(gpu), dtype, int(b), int(m), int(n), int(k), allow_tf32, bool(aligned))
+    return _gemm_time_s(gemm_device(gpu), dtype, int(b), int(m), int(n), int(k), allow_tf32, bool(aligned), conv)
 
 
 @functools.lru_cache(maxsize=65536)
-def _gemm_time_s(dev: GemmDevice, dtype: str, b: int, m: int, n: int, k: int, allow_tf32: bool, aligned: bool) -> float:
-    answers = dev.sustained is None and aligned and (dev.name, _dtype(dtype, allow_tf32)[0]) in _ANSWERING_TABLES
-    table = measured_table(dev.name, dtype, allow_tf32) if answers else None
+def _gemm_time_s(dev: GemmDevice, dtype: str, b: int, m: int, n: int, k: int, allow_tf32: bool, aligned: bool,
+                 conv: bool = False) -> float:
+    # a calibrated class's factor (dml2comm.cost.calibrated, the one place GEMM classes are read)
+    own = class_value(dev, gemm_regime(2.0 * b * m * n * k, aligned, conv)) if dev.calibrated_classes else None
+    answers = (dev.sustained is None and own is None and aligned
+               and (preset_of(dev.name), _dtype(dtype, allow_tf32)[0]) in _ANSWERING_TABLES)
+    table = measured_table(preset_of(dev.name), dtype, allow_tf32) if answers else None
     x = (b, m, n, k)
     if table is not None and table.inside(x):
         return table.time_s(x)
-    a = analytical_time_s(dev, dtype, b, m, n, k, allow_tf32=allow_tf32, aligned=aligned)
+    a = analytical_time_s(dev, dtype, b, m, n, k, allow_tf32=allow_tf32, aligned=aligned, sustained=own)
     if table is None:
         return a
     if all(v >= lo for v, lo in zip(x, table.lo)):

@@ -41,6 +41,7 @@ from typing import Callable, NamedTuple, Sequence
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
 from dml2comm.cost.cache import (CacheKey, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
+from dml2comm.cost.calibrated import NORM_OPS, class_value
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
@@ -192,7 +193,7 @@ def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype:
             scale = [profile.factor(lay.layers[lay.layer_of_op[i]].kind) for i in range(len(graph.ops))]
         return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention, autocast, scale)
 
-    calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency)
+    calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency, tuple(sorted(gpu.calibrated_classes.items())))
     return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host,
                                      stack, attention, autocast, profile), build)
 
@@ -261,9 +262,12 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     pad = MEGATRON_PAD if stack == Stack.MEGATRON else None
     is_gemm: list[bool] = []
     known: dict[tuple, tuple[OpCost, tuple[float, float], bool]] = derived(
-        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency), pad), dict)
-    # a calibrated GPU's own memory-bound efficiency (``calibrate``), else the preset constant
+        graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency,
+                                                                 tuple(sorted(gpu.calibrated_classes.items()))), pad), dict)
+    # a calibrated GPU's own memory-bound efficiencies (``calibrate``: element-wise, and the
+    # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
+    norm_eff = hbm_efficiency_of(gpu, "norm")
     for op, shard in zip(graph.ops, tp.shards):
         ins = tuple(train_view(n, t) for n, t in zip(op.inputs, shard.inputs))
         outs = tuple(train_view(n, t) for n, t in zip(op.outputs, shard.outputs))
@@ -272,7 +276,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
-            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, hbm_eff),
+            eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
+            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff),
                                 gemm is not None)
         c, t, g = hit
         is_gemm.append(g)
@@ -299,7 +304,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
     flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
     if flash:
-        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff)
+        flash_scale = (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0)
+        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff, flash_scale)
         unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
     if unfused and train.itemsize == 2:
         # Megatron's forward_torch_softmax with softmax_in_fp32 (forced by query-key layer scaling,
@@ -458,10 +464,12 @@ def _is_linear_bias(graph: OpGraph, op: Op) -> bool:
 
 
 def flash_core_costs(flash: Sequence[FlashCore], tp: TensorParallelPlan, train: DType, costs: list[OpCost],
-                     times: list[tuple[float, float]], peak: float, hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                     times: list[tuple[float, float]], peak: float, hbm: float,
+                     scale: tuple[float, float] = (1.0, 1.0)) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """Each flash core as one kernel (:mod:`dml2comm.cost.attention`) on its tensor-parallel
     shard: its cost and time on the ``P.V`` op, nothing on its other ops.  ``peak``: the dense
-    peak in ``train``; ``hbm``: the achieved HBM rate."""
+    peak in ``train``; ``hbm``: the achieved HBM rate; ``scale``: the calibrated (forward,
+    backward) time scales (:mod:`dml2comm.cost.calibrated`)."""
     costs, times = list(costs), list(times)
     for core in flash:
         q = tp.shards[core.scores_op].inputs[0]
@@ -471,7 +479,7 @@ def flash_core_costs(flash: Sequence[FlashCore], tp: TensorParallelPlan, train: 
             continue
         shape = flash_shape(q, v, out)
         cost = flash_cost(shape, core.causal, train)
-        fwd, bwd = flash_times_s(shape, core.causal, cost, peak, hbm)
+        fwd, bwd = flash_times_s(shape, core.causal, cost, peak, hbm, scale=scale)
         for i in core.ops:
             costs[i] = OpCost(0.0, 0.0, 0.0, 0.0, "in the flash attention kernel")
             times[i] = (0.0, 0.0)
@@ -650,7 +658,7 @@ def gemm_op_times_s(op: Op, cost: OpCost, ins: Sequence[Tensor | None], outs: Se
     label, n = train.label, op.repeat
     # a Conv's implicit-GEMM K (C R S) is no row length of a stored tensor, so the GEMM model's row
     # alignment rule does not apply; cuDNN's own channel rules are not modelled: costed as aligned
-    kw = {"aligned": True} if op.op_type == "Conv" else {}
+    kw = {"aligned": True, "conv": True} if op.op_type == "Conv" else {}
     fwd = gemm_time_s(gpu, label, *gemms.forward, **kw) * n
     bwd = (gemm_time_s(gpu, label, *gemms.data_grad, **kw) + gemm_time_s(gpu, label, *gemms.weight_grad, **kw)) * n
     rate = peak * FLOP_EFFICIENCY
@@ -674,13 +682,21 @@ def _operands(tensors: Sequence[Tensor | None]) -> tuple:
 def fused_kernels(graph: OpGraph) -> dict[int, int]:
     """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
     (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
-    kernel, and so does an op reading a tensor that another kind of op also reads: that tensor
-    is written to memory anyway, and Megatron-LM's kernels end there (the residual stream
-    leaving a bias-dropout-add feeds the next LayerNorm and, separately, the next block's
-    bias-dropout-add kernel).  Kernels therefore never span blocks."""
+    kernel, and so does an op reading a tensor that another kind of op also reads, or that an op
+    of another layer (:func:`~dml2comm.cost.cache.layers_of`) reads: that tensor is written to
+    memory anyway, and Megatron-LM's kernels end there (the residual stream leaving a
+    bias-dropout-add feeds the next LayerNorm and, separately, the next block's bias-dropout-add
+    kernel; each transformer layer is its own module, ``TransformerLayer.forward``).  Kernels
+    therefore never span layers, also where a norm is exported as point-wise ops that read the
+    residual stream directly (Llama's RMSNorm: ``Pow``, ``Mul``), and a block costs the same
+    wherever it sits in a run of identical blocks (what the collapse, :mod:`dml2comm.ir.repeats`,
+    relies on)."""
+    layer_of = layers_of(graph).layer_of_op
 
     def joins(name: str, producer: int) -> bool:
-        materialized = any(graph.ops[c].op_type not in FUSED_KINDS for c in graph.consumers(name)) or name in graph.outputs
+        layer = layer_of[producer]
+        materialized = name in graph.outputs or any(graph.ops[c].op_type not in FUSED_KINDS or layer_of[c] != layer
+                                                    for c in graph.consumers(name))
         return graph.ops[producer].op_type not in REGION_ENDS and not materialized
 
     return fusible_regions(graph, FUSED_KINDS, joins)

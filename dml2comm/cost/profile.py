@@ -24,11 +24,11 @@ kernel), which replaces the stack's preset host model wherever the cluster's is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from dml2comm.cost.host import HostModel
 
-__all__ = ["KINDS", "ProfileScale"]
+__all__ = ["KINDS", "ProfileScale", "scaled_share"]
 
 #: Layer kinds a profile gives a ratio for (blocks: one ratio, the mean over the blocks).
 KINDS = ("embedding", "block", "head", "loss", "optimizer")
@@ -71,3 +71,22 @@ class ProfileScale:
         return {"files": [{"file": f, "sha256": h} for f, h in self.files],
                 "ratios": {k: {"forward": f, "backward": b} for k, f, b in self.ratios},
                 **{k: v for k, v in self.detail}}
+
+
+def scaled_share(scale: ProfileScale, layers: Sequence[Any], stages: Sequence[Any], micro_batches: int) -> float:
+    """Share of a plan's predicted compute (per-layer forward and backward over the
+    ``micro_batches``, the loss, the optimizer step; every stage summed) whose time a measured
+    ratio of ``scale`` scaled.  ``layers``: the analysis's layer rows (``kind``, ``time_fwd_s``,
+    ``time_bwd_s``); ``stages``: its stage rows (``compute_fwd_s``, ``compute_bwd_s``,
+    ``loss_fwd_s``, ``loss_bwd_s``, ``optimizer_time_s``)."""
+    have = {k for k, _, _ in scale.ratios}
+    m = micro_batches
+    scaled = sum((x.time_fwd_s + x.time_bwd_s) * m for x in layers if x.kind in have)
+    total = 0.0
+    for st in stages:
+        total += (st.compute_fwd_s + st.compute_bwd_s) * m + st.optimizer_time_s
+        if "loss" in have:
+            scaled += (st.loss_fwd_s + st.loss_bwd_s) * m
+        if "optimizer" in have:
+            scaled += st.optimizer_time_s
+    return scaled / total if total > 0 else 0.0

@@ -29,7 +29,9 @@ its data-parallel, optimizer and memory parts (:meth:`StageCoster.plan`: a :clas
 The analysis reads its stages from it (and expands the collective specs into comm nodes with
 ranks only for the drawings); the sweep simulates many plans at once.  Collective times come
 from :func:`dml2comm.network.model.collective_time_on_placement`, cached per (collective, how the
-group sits on the cluster, bytes), the same model the analysis's comm nodes are costed with.
+group sits on the cluster, bytes); the analysis's comm nodes take their seconds from the same
+cache (:meth:`StageCoster.price`, and the data-parallel ones as the plan priced them:
+:meth:`StageCoster.dp_specs`), so the drawings and the plan have one pricing of communication.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
-from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, hbm_efficiency_of, optimizer_step_s
+from dml2comm.cost.calibrated import class_value
+from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, shared_gradient_sum_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
@@ -608,6 +611,7 @@ class StageCoster(LayerCoster):
             accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
             accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)
             cast_f = np.zeros(p)
+        accumulate = accumulate + shared_gradient_sum_s(np.array(copies.summed_local), config, achieved_hbm)
         # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
         loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
         return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
@@ -648,8 +652,18 @@ class StageCoster(LayerCoster):
             table.by_zero[z] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
                                 np.array([r[2] for r in rows]), np.array([r[3] for r in rows]),
                                 np.array([r[4] for r in rows]).reshape(len(rows), 3),
-                                np.array([r[5] for r in rows]).reshape(len(rows), 3))
+                                np.array([r[5] for r in rows]).reshape(len(rows), 3), [r[6] for r in rows])
         return table.by_zero[z]
+
+    def dp_specs(self, table: StageTable, config: ParallelConfig) -> list[tuple[tuple[StageDPCollective, float], ...]]:
+        """Per stage, its data-parallel collectives with the seconds of one message as the plan
+        priced them (:meth:`zero_part`): what the analysis expands into comm nodes with ranks."""
+        return self.zero_part(table, config)[6]
+
+    def price(self, kind: CollectiveKind, ranks: Sequence[int], size: float) -> float:
+        """Seconds of ``kind`` over the global ``ranks`` with ``size`` bytes, from the cache every
+        stage-table term is priced from (:meth:`_cost_at`: the group's placement on the cluster)."""
+        return self._cost_at(kind, self._where_ranks(ranks), size)
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
                           edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str,
@@ -657,10 +671,10 @@ class StageCoster(LayerCoster):
         """One stage's ZeRO part (:mod:`dml2comm.cost.stages`, as the analysis): (bucket seconds
         per run, buckets per run, seconds of the collective after the step, optimizer step
         seconds, model-state bytes, ZeRO per-micro-batch seconds: forward all-gather, backward
-        all-gather, backward reduce-scatter)."""
-        timed = [Timed(dc.kind, dc.phase, dc.per_micro_batch, dc.count,
-                       self._cost_at(dc.kind, where if dc.group is DPGroup.DENSE else ewhere, dc.message_bytes))
-                 for dc in stage_dp_collectives(dense, expert, grad_bytes, d, edp, z, bucket_bytes)]
+        all-gather, backward reduce-scatter, and the collectives with the seconds of one message)."""
+        specs = tuple((dc, self._cost_at(dc.kind, where if dc.group is DPGroup.DENSE else ewhere, dc.message_bytes))
+                      for dc in stage_dp_collectives(dense, expert, grad_bytes, d, edp, z, bucket_bytes))
+        timed = [Timed(dc.kind, dc.phase, dc.per_micro_batch, dc.count, seconds) for dc, seconds in specs]
         dp = stage_dp_times(timed, 1)  # per micro-batch terms: count x seconds
         if len(dp.bucket_runs) > _MAX_RUNS:  # pragma: no cover - buckets() gives at most two sizes per stream
             raise ConfigError("more gradient-bucket sizes than the fast path handles")
@@ -670,10 +684,11 @@ class StageCoster(LayerCoster):
         states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes, precision)
         opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled,
                                 precision)
+        opt *= class_value(self.cluster.gpu, "optimizer") or 1.0  # a calibrated time scale (cost.calibrated)
         if self.profile is not None:  # a profiled step's measured / modelled ratio (cost.profile)
             opt *= self.profile.factor("optimizer")[0]
         return (tau, count, dp.after_step_s, opt, (states.weights_bytes, states.grads_bytes, states.optimizer_bytes),
-                (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s))
+                (dp.zero_fwd_s, dp.zero_bwd_pre_s, dp.zero_bwd_post_s), specs)
 
     def activation_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for one recomputation mode: saved bytes per micro-batch and the
@@ -716,7 +731,7 @@ class StageCoster(LayerCoster):
             comp_b = table.compute_b + recompute
             times = table.by_mode[config.recompute] = (table.compute_f + table.tp_f + table.reads, comp_b, comp_b + tp_b, tp_b)
         fwd, comp_b, bwd, tp_b = times
-        runs_tau, runs_count, after, opt, states, zero_mb = self.zero_part(table, config)
+        runs_tau, runs_count, after, opt, states, zero_mb, _ = self.zero_part(table, config)
         per_mb, extra = self.activation_part(table, config)
         v = config.chunks
         key = (config.schedule, p, m, v)

@@ -117,9 +117,10 @@ def report_dict(analysis: Analysis) -> dict[str, Any]:
         "assumptions": list(analysis.assumptions),
     }
     if analysis.cluster.profile_scale is not None:  # --profile: the measured ratios the times were scaled by
-        from dml2comm.traces.predict import attributed_share
+        from dml2comm.traces.predict import attributed_share, expected_error_of
 
-        data["profile"] = {**analysis.cluster.profile_scale.to_dict(), "attributed_share": attributed_share(analysis)}
+        data["profile"] = {**analysis.cluster.profile_scale.to_dict(), "attributed_share": attributed_share(analysis),
+                           "expected_error": expected_error_of(analysis)}
     return _clean(data)
 
 

@@ -16,7 +16,9 @@ fit's ``busbw_bytes_per_s``) are accepted and ignored: the run's d x t x p x c s
 Every other unknown key, a missing field or a bad value is refused with a one-line
 :class:`~dml2comm.errors.ConfigError` naming the key and the fix.
 
-A GPU that carries calibrated values (``gemm_sustained_factor``, ``hbm_efficiency``) may not use
+A GPU that carries calibrated values (``calibrated_classes``: one value per kernel class,
+:mod:`dml2comm.cost.calibrated`; or, in files written before the classes, the single
+``gemm_sustained_factor`` and ``hbm_efficiency``, still read) may not use
 a preset's name: the cost caches tell GPUs apart by name, so a calibrated GPU is named apart
 (``calibrate`` writes ``A100-SXM4-80GB cal-1a2b3c4d``, the suffix a hash of the values).
 """
@@ -36,7 +38,7 @@ import yaml
 
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import (COLLECTIVE_LIBRARIES, INTRA_TOPOLOGIES, Cluster, CollectiveFit, Link)
-from dml2comm.hardware.gpus import GPUS, GPU
+from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, GPUS, GPU
 
 __all__ = ["FORMAT", "ClusterFile", "load_cluster_file", "loaded_cluster_file", "parse_cluster_file", "cluster_file_dict", "dump_cluster_file"]
 
@@ -51,7 +53,7 @@ MAX_ASSUMPTION_CHARS = 1000
 _TOP_OPTIONAL = ("base", "assumptions", "network", "collective_fits", "calibration")
 _TOP_DERIVED = ("num_gpus", "num_nodes")
 _GPU_REQUIRED = ("name", "peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
-_GPU_OPTIONAL = ("sm_count", "sources", "gemm_sustained_factor", "hbm_efficiency")
+_GPU_OPTIONAL = ("sm_count", "sources", "gemm_sustained_factor", "hbm_efficiency", "calibrated_classes")
 _LINK_REQUIRED = ("name", "bandwidth_bytes_per_s", "latency_s")
 _LINK_OPTIONAL = ("efficiency", "kernel_s_per_byte", "hw", "links_per_gpu", "in_network_efficiency", "reduce_s_per_byte",
                   "alltoall_latency_s", "sources")
@@ -151,6 +153,21 @@ def _sources(value: Any, where: str) -> dict[str, str]:
     return dict(value)
 
 
+def _classes(value: Any) -> dict[str, float]:
+    """``gpu.calibrated_classes``: kernel class -> calibrated value (:mod:`dml2comm.cost.calibrated`)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError("gpu.calibrated_classes must be a mapping of kernel classes to values "
+                          f"({', '.join(CLASSES)}), as python main.py calibrate writes it")
+    out = {}
+    for key, v in value.items():
+        if key not in CLASSES:
+            raise ConfigError(f"gpu.calibrated_classes: unknown kernel class {key!r}; use one of {', '.join(CLASSES)}")
+        out[key] = _number(v, f"gpu.calibrated_classes.{key}", positive=True)
+    return out
+
+
 def _gpu(data: Any) -> GPU:
     d = _keys(data, "gpu", _GPU_REQUIRED, _GPU_OPTIONAL)
     name = _text(d["name"], "gpu.name")
@@ -158,8 +175,11 @@ def _gpu(data: Any) -> GPU:
     if not isinstance(peaks, dict) or not peaks:
         raise ConfigError("gpu.peak_flops_per_s must be a mapping of dtype keys (bf16, fp16, tf32, fp32, fp8) to FLOP/s")
     peaks = {str(k): _number(v, f"gpu.peak_flops_per_s.{k}", positive=True) for k, v in peaks.items()}
-    calibrated = {k: _number(d.get(k), f"gpu.{k}", positive=True, allow_none=True) for k in ("gemm_sustained_factor", "hbm_efficiency")}
-    if any(v is not None for v in calibrated.values()) and name in GPUS:
+    calibrated: dict[str, Any] = {k: _number(d.get(k), f"gpu.{k}", positive=True, allow_none=True)
+                                  for k in ("gemm_sustained_factor", "hbm_efficiency")}
+    calibrated["calibrated_classes"] = _classes(d.get("calibrated_classes"))
+    if (any(v is not None for k, v in calibrated.items() if k != "calibrated_classes") or calibrated["calibrated_classes"]) \
+            and name in GPUS:
         raise ConfigError(f"gpu.name {name!r} is a preset's name but the GPU carries calibrated values; rename it "
                           f"(e.g. {name + ' (mine)'!r}) so that costs cached for the preset are not reused")
     sm = d.get("sm_count", 0)

@@ -37,13 +37,14 @@ shared/data/hardware_presets_sources.json.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
 from dml2comm.errors import ConfigError
 
 __all__ = [
+    "CALIBRATED_CLASSES",
     "DTYPE_KEYS",
     "GPU",
     "GPUS",
@@ -73,6 +74,12 @@ _DTYPE_SPELLINGS: Mapping[str, str] = MappingProxyType(
 )
 
 _NUMERIC_FIELDS: tuple[str, ...] = ("hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
+
+
+#: The kernel classes a calibrated GPU may carry a value for (:attr:`GPU.calibrated_classes`;
+#: what each means and which cost term reads it: :mod:`dml2comm.cost.calibrated`).
+CALIBRATED_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv", "attention_fwd", "attention_bwd", "pointwise", "norm",
+                      "optimizer")
 
 
 def _frozen(mapping: Mapping[str, object]) -> Mapping[str, object]:
@@ -108,6 +115,11 @@ class GPU:
     hbm_efficiency
         Calibrated achieved / peak HBM bandwidth of memory-bound kernels (``calibrate``);
         ``None`` (every preset): :data:`dml2comm.cost.compute.HBM_EFFICIENCY`.
+    calibrated_classes
+        Calibrated values per kernel class (``calibrate``: :data:`dml2comm.cost.calibrated.CLASSES`,
+        e.g. ``gemm_large`` -> sustained factor, ``norm`` -> HBM efficiency, ``attention_fwd`` ->
+        time scale); a class named here overrides the two single fields above for its kernels
+        (:mod:`dml2comm.cost.calibrated` reads them).  Empty (every preset): none.
 
     Raises
     ------
@@ -125,6 +137,7 @@ class GPU:
     sm_count: int = 0
     gemm_sustained_factor: float | None = None
     hbm_efficiency: float | None = None
+    calibrated_classes: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         for key, value in self.peak_flops_per_s.items():
@@ -147,6 +160,13 @@ class GPU:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not (math.isfinite(value) and 0 < value <= 1.5)):
                 raise ConfigError(f"GPU {self.name!r}: {field_name} must be a number in (0, 1.5] or absent, got {value!r}")
+        for key, value in self.calibrated_classes.items():
+            if key not in CALIBRATED_CLASSES:
+                raise ConfigError(f"GPU {self.name!r}: unknown kernel class {key!r} in calibrated_classes; use one of "
+                                  f"{', '.join(CALIBRATED_CLASSES)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 < value <= 10):
+                raise ConfigError(f"GPU {self.name!r}: calibrated_classes[{key!r}] must be a number in (0, 10], got {value!r}")
+        object.__setattr__(self, "calibrated_classes", _frozen(self.calibrated_classes))
         object.__setattr__(self, "peak_flops_per_s", _frozen(self.peak_flops_per_s))
         object.__setattr__(self, "sources", _frozen(self.sources))
 
@@ -163,6 +183,7 @@ class GPU:
                 self.sm_count,
                 self.gemm_sustained_factor,
                 self.hbm_efficiency,
+                tuple(sorted(self.calibrated_classes.items())),
             )
         )
 
@@ -181,6 +202,7 @@ class GPU:
                 self.sm_count,
                 self.gemm_sustained_factor,
                 self.hbm_efficiency,
+                dict(self.calibrated_classes),
             ),
         )
 
@@ -231,12 +253,16 @@ class GPU:
         wanted = [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s] + list(_NUMERIC_FIELDS)
         wanted += ["sm_count"] if self.sm_count else []
         wanted += [k for k in ("gemm_sustained_factor", "hbm_efficiency") if getattr(self, k) is not None]
+        wanted += ["calibrated_classes"] if self.calibrated_classes else []
         return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
 
     def to_dict(self) -> dict[str, object]:
         """Plain-data view (for ``presets`` output and data.json); the calibrated fields appear
         only when set."""
-        calibrated = {k: getattr(self, k) for k in ("gemm_sustained_factor", "hbm_efficiency") if getattr(self, k) is not None}
+        calibrated: dict[str, object] = {k: getattr(self, k) for k in ("gemm_sustained_factor", "hbm_efficiency")
+                                         if getattr(self, k) is not None}
+        if self.calibrated_classes:
+            calibrated["calibrated_classes"] = dict(sorted(self.calibrated_classes.items()))
         return {
             **calibrated,
             "name": self.name,

@@ -1963,6 +1963,23 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
     the value, not torch.  (A de-duplicated *folded* weight, e.g. two all-zero linear weights
     transposed by constant folding, would be undercounted; see the README's limitations.)
     """
+    kept, produced, restored = _restore_deduplicated(ops, tensors, consumers)
+    if restored:
+        warnings.append(
+            f"{len(restored)} parameter(s) the exporter de-duplicated into Identity nodes (equal values) restored as "
+            f"parameters of their own, as torch counts them (e.g. {restored[0]!r})"
+        )
+    deriving = _mark_views(kept, tensors, produced)
+    if not deriving:
+        return [replace(op, index=i) for i, op in enumerate(kept)] if restored else ops
+    return _place_views(kept, deriving)
+
+
+def _restore_deduplicated(ops: list[Op], tensors: dict[str, Tensor], consumers: Mapping[str, list[onnx.NodeProto]]
+                          ) -> tuple[list[Op], set[str], list[str]]:
+    """Drop the de-duplication ``Identity`` nodes whose output is named like a parameter, making that
+    output a weight (see :func:`_parameter_derived`).  Returns the ops kept, the tensors they
+    produce and the parameters restored."""
     produced = {o for op in ops for o in op.outputs if o}
     restored: list[str] = []
     kept: list[Op] = []
@@ -1978,12 +1995,12 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
                 restored.append(out)
                 continue
         kept.append(op)
-    if restored:
-        warnings.append(
-            f"{len(restored)} parameter(s) the exporter de-duplicated into Identity nodes (equal values) restored as "
-            f"parameters of their own, as torch counts them (e.g. {restored[0]!r})"
-        )
-    # views: in topological order, an op of _DERIVING_OPS reading only weights and constants
+    return kept, produced, restored
+
+
+def _mark_views(kept: list[Op], tensors: dict[str, Tensor], produced: set[str]) -> set[int]:
+    """Views: in topological order, an op of _DERIVING_OPS reading only weights and constants.  Its
+    float outputs become weights tied to the source parameter; returns the views' op positions."""
     deriving: set[int] = set()
     for i, op in enumerate(kept):
         if op.op_type not in _DERIVING_OPS or op.domain not in ("", "ai.onnx"):
@@ -2000,9 +2017,12 @@ def _parameter_derived(ops: list[Op], tensors: dict[str, Tensor], consumers: Map
             t = tensors.get(out) if out else None
             if t is not None and t.dtype.is_float:
                 tensors[out] = Tensor(out, t.shape, t.dtype, True, False, root)
-    if not deriving:
-        return [replace(op, index=i) for i, op in enumerate(kept)] if restored else ops
-    # move each weight-preparing op right before its first consumer, into the consumer's scope
+    return deriving
+
+
+def _place_views(kept: list[Op], deriving: set[int]) -> list[Op]:
+    """Move each weight-preparing op right before its first consumer, into the consumer's scope,
+    and renumber the ops."""
     producer = {o: i for i, op in enumerate(kept) for o in op.outputs if o}
     readers: dict[int, int] = {}
     for i, op in enumerate(kept):
@@ -2186,6 +2206,9 @@ def _clashing_shapes(node: onnx.NodeProto, shapes: dict[str, tuple[tuple[int | s
 
 def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
              shapes: dict[str, tuple[tuple[int | str, ...] | None, DType]]) -> tuple[OpGraph, list[str]]:
+    """The :class:`OpGraph` of a shape-inferred model: its tensors (weights, inputs, every op's
+    outputs) and ops, then the rewrites of parameters (merged initializers, parameter-derived
+    weights, tied copies); refuses a model whose shapes stay unknown."""
     graph = model.graph
     warnings: list[str] = []
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -2193,8 +2216,30 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         for inp in node.input:
             if inp:
                 consumers.setdefault(inp, []).append(node)
-
     tensors: dict[str, Tensor] = {}
+    initializer_names = _initializer_tensors(graph, shapes, consumers, tensors, warnings)
+    unknown: dict[str, list[str]] = {}  # tensor -> its dims that are not numbers
+    inputs = _input_tensors(graph, shapes, initializer_names, tensors, unknown)
+    no_shape: dict[str, tuple[str, str]] = {}  # op type -> (domain, node) of an output shape inference left out
+    ops, unshaped = _node_ops(graph, shapes, consumers, tensors, unknown, no_shape)
+
+    if _is_dynamo_export(graph):
+        ops = _split_merged_initializers(ops, tensors, initializer_names, warnings)
+    ops = _parameter_derived(ops, tensors, consumers, warnings)
+    warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings, _is_dynamo_export(graph)))
+    if no_shape:
+        _refuse_unshaped(model, shapes, no_shape, unshaped)
+    if unknown:
+        _refuse_unknown(ops, unknown)
+    outputs = tuple(o.name for o in graph.output if o.name in tensors)
+    metadata = {p.key: p.value for p in model.metadata_props}
+    return OpGraph(name, tuple(ops), tensors, tuple(inputs), outputs, metadata), warnings
+
+
+def _initializer_tensors(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str, ...] | None, DType]],
+                         consumers: Mapping[str, list[onnx.NodeProto]], tensors: dict[str, Tensor], warnings: list[str]) -> set[str]:
+    """Add a tensor per initializer to ``tensors``, a weight when it is a parameter a gradient
+    reaches; returns the initializers' names."""
     initializer_names = set()
     dtype_of = {n: dtype for n, (_, dtype) in shapes.items()}
     dtype_of.update((init.name, _dtype(init.data_type)) for init in graph.initializer)
@@ -2212,11 +2257,14 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
     if unreached:
         warnings.append(f"{len(unreached)} float initializer(s) no gradient reaches (buffers, e.g. {unreached[0]!r}): "
                         "not counted as parameters")
+    return initializer_names
 
+
+def _input_tensors(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str, ...] | None, DType]],
+                   initializer_names: set[str], tensors: dict[str, Tensor], unknown: dict[str, list[str]]) -> list[str]:
+    """Add a tensor per graph input (initializers excepted) with numeric dims to ``tensors`` and
+    return their names; the others go to ``unknown``."""
     inputs: list[str] = []
-    unknown: dict[str, list[str]] = {}
-    no_shape: dict[str, tuple[str, str]] = {}
-    unshaped: onnx.NodeProto | None = None  # the first node with an output shape inference left out
     for vi in graph.input:
         if vi.name in initializer_names:
             continue
@@ -2226,29 +2274,45 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
             continue
         tensors[vi.name] = Tensor(vi.name, shape, dtype, is_input=True)  # type: ignore[arg-type]
         inputs.append(vi.name)
+    return inputs
 
+
+def _constant_output(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int | str, ...] | None, DType]],
+                     consumers: Mapping[str, list[onnx.NodeProto]], tensors: dict[str, Tensor]) -> None:
+    """A ``Constant`` node's output: a weight when it is a large float parameter (or feeds a recurrent
+    op's weights) that constant folding did not make, else a plain tensor."""
+    const = _constant_tensor(node)
+    out = node.output[0]
+    if const is not None:
+        shape, dtype = const
+        numel = 1
+        for d in shape:
+            numel *= d
+        folded = any(p.key == _FOLDED_KEY for p in node.metadata_props)
+        weight = (not folded and (numel >= CONSTANT_WEIGHT_MIN_ELEMENTS or _feeds_recurrent_weights(out, consumers))
+                  and _is_parameter(out, dtype, shape, consumers))
+        tensors[out] = Tensor(out, shape, dtype, is_weight=weight)
+    else:
+        inferred = shapes.get(out)
+        if inferred and inferred[0] is not None and all(isinstance(d, int) for d in inferred[0]):
+            tensors[out] = Tensor(out, inferred[0], inferred[1])  # type: ignore[arg-type]
+        else:
+            tensors[out] = Tensor(out, (), DType.FLOAT)
+
+
+def _node_ops(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str, ...] | None, DType]],
+              consumers: Mapping[str, list[onnx.NodeProto]], tensors: dict[str, Tensor], unknown: dict[str, list[str]],
+              no_shape: dict[str, tuple[str, str]]) -> tuple[list[Op], onnx.NodeProto | None]:
+    """An :class:`Op` per node (``Constant`` nodes become tensors only), its outputs added to
+    ``tensors``; outputs without a shape go to ``no_shape``, with symbolic dims to ``unknown``.
+    Returns the ops and the first node with an output shape inference left out."""
     ops: list[Op] = []
+    unshaped: onnx.NodeProto | None = None
     no_attrs: Mapping[str, Any] = MappingProxyType({})
     for node in graph.node:
         op_type, domain = node.op_type, node.domain
         if op_type == "Constant" and domain in ("", "ai.onnx"):
-            const = _constant_tensor(node)
-            out = node.output[0]
-            if const is not None:
-                shape, dtype = const
-                numel = 1
-                for d in shape:
-                    numel *= d
-                folded = any(p.key == _FOLDED_KEY for p in node.metadata_props)
-                weight = (not folded and (numel >= CONSTANT_WEIGHT_MIN_ELEMENTS or _feeds_recurrent_weights(out, consumers))
-                          and _is_parameter(out, dtype, shape, consumers))
-                tensors[out] = Tensor(out, shape, dtype, is_weight=weight)
-            else:
-                inferred = shapes.get(out)
-                if inferred and inferred[0] is not None and all(isinstance(d, int) for d in inferred[0]):
-                    tensors[out] = Tensor(out, inferred[0], inferred[1])  # type: ignore[arg-type]
-                else:
-                    tensors[out] = Tensor(out, (), DType.FLOAT)
+            _constant_output(node, shapes, consumers, tensors)
             continue
         outputs = tuple(node.output)
         for out in outputs:
@@ -2267,60 +2331,63 @@ def _convert(model: onnx.ModelProto, name: str, options: ImportOptions,
         index = len(ops)
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node),
                       _node_repeat(node), _calls(node)))
+    return ops, unshaped
 
-    if _is_dynamo_export(graph):
-        ops = _split_merged_initializers(ops, tensors, initializer_names, warnings)
-    ops = _parameter_derived(ops, tensors, consumers, warnings)
-    warnings.extend(_tied_copies(ops, tensors, options.tie_embeddings, _is_dynamo_export(graph)))
-    if no_shape:
-        op_type, (domain, node_name) = next(iter(no_shape.items()))
-        where = f" (domain {domain!r})" if domain not in ("", "ai.onnx") else ""
-        if domain not in ("", "ai.onnx"):  # a custom op: only declared, fully numeric shapes size it
-            raise ModelError(
-                f"ONNX shape inference cannot infer the output of custom op {op_type!r}{where} at node {node_name!r}; "
-                "declare its output shapes in the model's value_info with every dim a number for the sizes you bind "
-                "(symbolic dims there are dropped once the inputs are bound), or replace the op with standard ONNX ops"
-            )
-        if op_type == "Reshape":
-            raise ModelError(
-                f"ONNX shape inference cannot apply the target shape of Reshape at node {node_name!r}: a target holds sizes "
-                ">= 0, at most one -1, and multiplies to the input's size (a size below -1 is invalid); fix the target in "
-                "the exporting code"
-            )
-        clash = _clashing_shapes(unshaped, shapes, graph) if unshaped is not None else None
-        if clash is not None:
-            legacy = model.producer_name == "pytorch" and not _is_dynamo_export(graph)
-            raise ModelError(
-                f"the export is inconsistent at node {node_name!r}: {op_type} {clash}, so no size you bind and no shape "
-                "you declare can make it run (onnxruntime cannot run it either): an op before it computed a wrong shape"
-                + ("; the TorchScript exporter (dynamo=False) writes such graphs for interleaved rotary embeddings "
-                   "(x[..., ::2] and x[..., 1::2] stacked on a new last axis, as Cohere's): re-export with "
-                   "torch.onnx.export(..., dynamo=True)" if legacy else "; fix it in the exporting code")
-            )
+
+def _refuse_unshaped(model: onnx.ModelProto, shapes: Mapping[str, tuple[tuple[int | str, ...] | None, DType]],
+                     no_shape: Mapping[str, tuple[str, str]], unshaped: onnx.NodeProto | None) -> None:
+    """Raise :class:`ModelError` for the first op whose output shape inference left out, naming the
+    fix: declare a custom op's shapes, fix a Reshape target, re-export an inconsistent graph."""
+    graph = model.graph
+    op_type, (domain, node_name) = next(iter(no_shape.items()))
+    where = f" (domain {domain!r})" if domain not in ("", "ai.onnx") else ""
+    if domain not in ("", "ai.onnx"):  # a custom op: only declared, fully numeric shapes size it
         raise ModelError(
-            f"ONNX shape inference cannot infer the output of op {op_type!r} at node {node_name!r} from its inputs; "
-            "onnx.shape_inference.infer_shapes(model, strict_mode=True) names the inconsistent input or attribute: "
-            "fix it in the exporting code"
+            f"ONNX shape inference cannot infer the output of custom op {op_type!r}{where} at node {node_name!r}; "
+            "declare its output shapes in the model's value_info with every dim a number for the sizes you bind "
+            "(symbolic dims there are dropped once the inputs are bound), or replace the op with standard ONNX ops"
         )
-    if unknown:
-        # Every input dim is bound by now (load_model_proto refuses unbound ones first), so these
-        # are computed inside the model; name a few, exporter-named ones before ``unk__N``.
-        dims = sorted({d for ds in unknown.values() for d in ds}, key=lambda d: (d.startswith("unk__") or d == "?", d))
-        named = ", ".join(dims[:3]) + (f" and {len(dims) - 3} more" if len(dims) > 3 else "")
-        first = next(iter(unknown))
-        origin = next((op for op in ops if op.op_type in _DATA_DEPENDENT_SIZE and any(o in unknown for o in op.outputs)), None)
-        if origin is not None:
-            raise UnboundDimError(
-                f"op {origin.op_type} at node {origin.name!r} sizes its output from the data ({len(dims)} internal "
-                f"dimension(s) follow from it, first tensor {first!r}), so no input size fixes them and static "
-                "shapes cannot help; in a mixture of experts this is the token routing: export the experts in "
-                "a fixed-size form (every expert applied to all tokens, e.g. transformers' "
-                "experts_implementation='batched_mm'), or remove the data-dependent op"
-            )
+    if op_type == "Reshape":
+        raise ModelError(
+            f"ONNX shape inference cannot apply the target shape of Reshape at node {node_name!r}: a target holds sizes "
+            ">= 0, at most one -1, and multiplies to the input's size (a size below -1 is invalid); fix the target in "
+            "the exporting code"
+        )
+    clash = _clashing_shapes(unshaped, shapes, graph) if unshaped is not None else None
+    if clash is not None:
+        legacy = model.producer_name == "pytorch" and not _is_dynamo_export(graph)
+        raise ModelError(
+            f"the export is inconsistent at node {node_name!r}: {op_type} {clash}, so no size you bind and no shape "
+            "you declare can make it run (onnxruntime cannot run it either): an op before it computed a wrong shape"
+            + ("; the TorchScript exporter (dynamo=False) writes such graphs for interleaved rotary embeddings "
+               "(x[..., ::2] and x[..., 1::2] stacked on a new last axis, as Cohere's): re-export with "
+               "torch.onnx.export(..., dynamo=True)" if legacy else "; fix it in the exporting code")
+        )
+    raise ModelError(
+        f"ONNX shape inference cannot infer the output of op {op_type!r} at node {node_name!r} from its inputs; "
+        "onnx.shape_inference.infer_shapes(model, strict_mode=True) names the inconsistent input or attribute: "
+        "fix it in the exporting code"
+    )
+
+
+def _refuse_unknown(ops: list[Op], unknown: Mapping[str, list[str]]) -> None:
+    """Raise :class:`UnboundDimError` for internal dims that stay unknown, naming the data-dependent op
+    when one sizes them."""
+    # Every input dim is bound by now (load_model_proto refuses unbound ones first), so these
+    # are computed inside the model; name a few, exporter-named ones before ``unk__N``.
+    dims = sorted({d for ds in unknown.values() for d in ds}, key=lambda d: (d.startswith("unk__") or d == "?", d))
+    named = ", ".join(dims[:3]) + (f" and {len(dims) - 3} more" if len(dims) > 3 else "")
+    first = next(iter(unknown))
+    origin = next((op for op in ops if op.op_type in _DATA_DEPENDENT_SIZE and any(o in unknown for o in op.outputs)), None)
+    if origin is not None:
         raise UnboundDimError(
-            f"{len(dims)} internal dimension(s) stay unknown although every input dim is bound ({named}; first tensor {first!r}): "
-            "the model computes them from data; re-export it with static shapes"
+            f"op {origin.op_type} at node {origin.name!r} sizes its output from the data ({len(dims)} internal "
+            f"dimension(s) follow from it, first tensor {first!r}), so no input size fixes them and static "
+            "shapes cannot help; in a mixture of experts this is the token routing: export the experts in "
+            "a fixed-size form (every expert applied to all tokens, e.g. transformers' "
+            "experts_implementation='batched_mm'), or remove the data-dependent op"
         )
-    outputs = tuple(o.name for o in graph.output if o.name in tensors)
-    metadata = {p.key: p.value for p in model.metadata_props}
-    return OpGraph(name, tuple(ops), tensors, tuple(inputs), outputs, metadata), warnings
+    raise UnboundDimError(
+        f"{len(dims)} internal dimension(s) stay unknown although every input dim is bound ({named}; first tensor {first!r}): "
+        "the model computes them from data; re-export it with static shapes"
+    )

@@ -1127,14 +1127,21 @@ def collective_cost(
         link=link.name,
         steps=int(rule.steps(n)) if n > 1 else 0,
         limiting_link=link.name if n > 1 else "",
-        formula=fill_formula(rule, n, size, alpha, beta, gamma_s_per_byte) + (
-            f" + K d (K = {float(kernel_bytes(kind, n, size)):.6g} B, d = {link.kernel_s_per_byte * 1e12:.4g} ps/B)"
-            if link.kernel_s_per_byte else ""
-        ) + (
-            f" + R r (R = {float(reduced_block_bytes(kind, n, size)):.6g} B, r = {link.reduce_s_per_byte * 1e12:.4g} ps/B)"
-            if link.reduce_s_per_byte and rule.pattern is not Pattern.IN_NETWORK and float(reduced_block_bytes(kind, n, size))
-            else ""
-        ),
+        formula=_formula_text(rule, kind, n, size, alpha, beta, gamma_s_per_byte, link),
+    )
+
+
+def _formula_text(rule: AlgorithmRule, kind: CollectiveKind, n: int, size: float, alpha: float, beta: float, gamma: float,
+                  link: Link) -> str:
+    """:func:`collective_cost`'s formula with the numbers filled in, plus its calibrated kernel
+    (K d) and reduced-block (R r) terms when the link has them."""
+    return fill_formula(rule, n, size, alpha, beta, gamma) + (
+        f" + K d (K = {float(kernel_bytes(kind, n, size)):.6g} B, d = {link.kernel_s_per_byte * 1e12:.4g} ps/B)"
+        if link.kernel_s_per_byte else ""
+    ) + (
+        f" + R r (R = {float(reduced_block_bytes(kind, n, size)):.6g} B, r = {link.reduce_s_per_byte * 1e12:.4g} ps/B)"
+        if link.reduce_s_per_byte and rule.pattern is not Pattern.IN_NETWORK and float(reduced_block_bytes(kind, n, size))
+        else ""
     )
 
 

@@ -232,6 +232,10 @@ class HeldCopies:
     extra: tuple[float, ...]  # per stage: elements held that another (earlier) stage owns
     extra_local: tuple[float, ...]  # the same per GPU, after tensor parallelism
     groups: tuple[tuple[tuple[int, ...], float], ...]  # (stages holding them, elements per GPU to all-reduce)
+    #: per stage: elements per GPU of the gradient sums autograd makes inside the stage, one per
+    #: extra layer reading a shared parameter there (a tied embedding read by the embedding and
+    #: the LM head of one stage: :func:`dml2comm.cost.compute.shared_gradient_sum_s`)
+    summed_local: tuple[float, ...] = ()
 
 
 def held_copies(shared: Sequence[tuple[Sequence[int], float, float]], stage_of_layer: Sequence[int], p: int) -> HeldCopies:
@@ -251,7 +255,12 @@ def held_copies(shared: Sequence[tuple[Sequence[int], float, float]], stage_of_l
     extra = [0.0] * p
     extra_local = [0.0] * p
     groups: dict[tuple[int, ...], float] = {}
+    summed_local = [0.0] * p
     for layers, numel, local in shared:
+        for li in layers:  # every reader after the first on a stage adds one gradient sum there
+            summed_local[stage_of_layer[li]] += local
+        for s in {stage_of_layer[li] for li in layers}:
+            summed_local[s] -= local
         stages = tuple(sorted({stage_of_layer[li] for li in layers}))
         if len(stages) < 2:
             continue
@@ -259,4 +268,4 @@ def held_copies(shared: Sequence[tuple[Sequence[int], float, float]], stage_of_l
             extra[s] += numel
             extra_local[s] += local
         groups[stages] = groups.get(stages, 0.0) + local
-    return HeldCopies(tuple(extra), tuple(extra_local), tuple(sorted(groups.items())))
+    return HeldCopies(tuple(extra), tuple(extra_local), tuple(sorted(groups.items())), tuple(summed_local))

@@ -544,250 +544,301 @@ def _propagate(
     needs_grad: frozenset[str] | None,
     head_reshapes: Mapping[int, int] = MappingProxyType({}),
 ) -> TensorParallelPlan:
-    states: dict[str, _State] = {}
-    weight_split: dict[str, int] = {}  # weight -> split axis (of the weight's own shape)
-    weight_alias: dict[str, tuple[str, tuple[int, ...]]] = {}  # tensor -> (weight, perm to weight)
-    comms: list[TPComm] = []
-    shards: list[Shard] = []
-    warnings: list[str] = []
-    bwd_reduced: set[str] = set()
-    vocab = vocab_table(graph)
-    vocab_rows = graph.tensors[vocab].shape[0] if vocab else None
-    assumptions: list[str] = []
-    if vocab_rows and vocab_rows % t:
-        assumptions.append(
-            f"vocabulary of {vocab_rows} padded to {padded_vocab(vocab_rows, t)} for t={t} "
-            "(Megatron-LM --make-vocab-size-divisible-by 128)"
-        )
-    grad = needs_grad if needs_grad is not None else requires_grad(graph)
-    stacked: list[str] = []  # stacked expert weights picked by a Gather (those left whole: one warning)
-    picked: set[str] = set()  # the matrices picked from them, views of the stacked weight
+    """One pass over ``graph`` in order: each op's rule, then the graph outputs' collectives
+    (raises :class:`_Conflict` when an op must be kept whole: the caller retries without it)."""
+    run = _Propagation(graph, t, sp, dtype_bytes, replicated, needs_grad, head_reshapes)
+    for op in graph.ops:
+        run.step(op)
+    run.graph_outputs()
+    run.warn_whole_stacked()
+    weight_factor = {w.name: (t if w.name in run.weight_split else 1) for w in graph.weights}
+    return TensorParallelPlan(t, tuple(run.shards), tuple(run.comms), weight_factor, heads, kv_heads,
+                              tuple(dict.fromkeys(run.warnings)), tuple(run.assumptions))
 
-    def local(name: str) -> Tensor | None:
-        tensor = graph.tensor(name)
+
+class _Propagation:
+    """The state of one :func:`_propagate` pass: each tensor's ``_State``, the weights' splits, the
+    collectives and shards found so far.  Its bound methods (``state``, ``to_replicated``,
+    ``weight_of``, ...) are what the per-op rules (``_linear``, ``_movement``, ...) receive."""
+
+    def __init__(self, graph: OpGraph, t: int, sp: bool, dtype_bytes: int, replicated: dict[int, str],
+                 needs_grad: frozenset[str] | None, head_reshapes: Mapping[int, int]) -> None:
+        self.graph, self.t, self.sp, self.dtype_bytes = graph, t, sp, dtype_bytes
+        self.replicated, self.head_reshapes = replicated, head_reshapes
+        self.states: dict[str, _State] = {}
+        self.weight_split: dict[str, int] = {}  # weight -> split axis (of the weight's own shape)
+        self.weight_alias: dict[str, tuple[str, tuple[int, ...]]] = {}  # tensor -> (weight, perm to weight)
+        self.comms: list[TPComm] = []
+        self.shards: list[Shard] = []
+        self.warnings: list[str] = []
+        self.bwd_reduced: set[str] = set()
+        self.vocab = vocab_table(graph)
+        self.vocab_rows = graph.tensors[self.vocab].shape[0] if self.vocab else None
+        self.assumptions: list[str] = []
+        if self.vocab_rows and self.vocab_rows % t:
+            self.assumptions.append(
+                f"vocabulary of {self.vocab_rows} padded to {padded_vocab(self.vocab_rows, t)} for t={t} "
+                "(Megatron-LM --make-vocab-size-divisible-by 128)"
+            )
+        self.grad = needs_grad if needs_grad is not None else requires_grad(graph)
+        self.stacked: list[str] = []  # stacked expert weights picked by a Gather (those left whole: one warning)
+        self.picked: set[str] = set()  # the matrices picked from them, views of the stacked weight
+        # partial sums a bias was added to: the op that made them (the reduction belongs to it)
+        self.origin: dict[str, int] = {}
+        self.summed: set[str] = set()  # sums of partial sums (a parallel block's attention + MLP outputs)
+
+    # ------------------------------------------------------------------ tensor views and states
+
+    def local(self, name: str) -> Tensor | None:
+        """The shape one rank holds of ``name``: split weights and split activations cut by t."""
+        tensor = self.graph.tensor(name)
         if tensor is None:
             return None
-        if tensor.is_weight or name in weight_alias:
-            base, perm = weight_alias.get(name, (name, ()))
-            axis = weight_split.get(base)
+        if tensor.is_weight or name in self.weight_alias:
+            base, perm = self.weight_alias.get(name, (name, ()))
+            axis = self.weight_split.get(base)
             if axis is None:
                 return tensor
             own_axis = perm.index(axis) if perm else axis
-            return _split_shape(tensor, own_axis, t, vocab_rows)
-        st = states.get(name)
+            return _split_shape(tensor, own_axis, self.t, self.vocab_rows)
+        st = self.states.get(name)
         if st is None or st.kind != "S":
             return tensor
-        return _split_shape(tensor, st.axis, t, vocab_rows)
+        return _split_shape(tensor, st.axis, self.t, self.vocab_rows)
 
-    def state(name: str) -> _State:
-        return states.get(name) or _State(R)
+    def state(self, name: str) -> _State:
+        return self.states.get(name) or _State(R)
 
-    def nbytes(name: str) -> float:
-        tensor = graph.tensor(name)
-        return float(tensor.numel * dtype_bytes) if tensor is not None else 0.0
+    def nbytes(self, name: str) -> float:
+        tensor = self.graph.tensor(name)
+        return float(tensor.numel * self.dtype_bytes) if tensor is not None else 0.0
 
-    def to_replicated(op: Op, name: str, why: str, column: bool = False) -> None:
-        """Make ``name`` replicated before ``op`` reads it, inserting the collective (``column``:
-        ``op`` is a column-parallel GEMM, whose weight gradient the backward collective overlaps)."""
-        st = state(name)
-        if st.kind == R:
-            return
-        if st.kind == P:
-            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, op.index, name, nbytes(name), why))
-        else:
-            comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, op.index, name, nbytes(name), why))
-            if name in grad:
-                comms.append(
-                    TPComm(CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD, op.index, name, nbytes(name), "gradient of " + why,
-                           overlaps_wgrad=column)
-                )
-                # that reduce-scatter already sums the input gradient: no Megatron-f all-reduce
-                bwd_reduced.add(name)
-        states[name] = _State(R)
-
-    # partial sums a bias was added to: the op that made them (the reduction belongs to it)
-    origin: dict[str, int] = {}
-    summed: set[str] = set()  # sums of partial sums (a parallel block's attention + MLP outputs)
-
-    def resolve_partial(op: Op, name: str) -> None:
-        st = state(name)
-        if st.kind != P:
-            return
-        at = origin.get(name, graph.producer(name))
-        at = op.index if at is None else at  # the reduction belongs to the op that made the partial sums
-        tensor = graph.tensor(name)
-        seq_axis = tensor.rank - 2 if tensor is not None and tensor.rank >= 2 else -1
-        if sp and tensor is not None and seq_axis >= 0 and tensor.shape[seq_axis] % t == 0:
-            comms.append(
-                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, at, name, nbytes(name),
-                       ("summed row-parallel outputs" if name in summed else "row-parallel output") + " (sequence parallel)")
-            )
-            if name in grad:
-                comms.append(
-                    TPComm(CollectiveKind.ALL_GATHER, Phase.BACKWARD, at, name, nbytes(name), "gradient of a sequence-parallel reduce-scatter")
-                )
-            states[name] = _State("S", seq_axis, None, _token_outer(graph, name, t))
-        else:
-            why = "summed row-parallel outputs, reduced once (Megatron g)" if name in summed else "row-parallel output (Megatron g)"
-            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, at, name, nbytes(name), why))
-            states[name] = _State(R)
-
-    def column_input_grad(op: Op, name: str) -> None:
-        if name in bwd_reduced or name not in grad:
-            return
-        bwd_reduced.add(name)
-        comms.append(
-            TPComm(CollectiveKind.ALL_REDUCE, Phase.BACKWARD, op.index, name, nbytes(name), "input gradient of column-parallel ops (Megatron f)",
-                   overlaps_wgrad=True)
-        )
-
-    def weight_of(name: str) -> tuple[str, tuple[int, ...]] | None:
-        if name in weight_alias:  # a view of a weight (itself a parameter-derived weight): split as its source
-            return weight_alias[name]
-        tensor = graph.tensor(name)
+    def weight_of(self, name: str) -> tuple[str, tuple[int, ...]] | None:
+        """``(weight, perm to the weight)`` when ``name`` is a weight or a view of one, else None."""
+        if name in self.weight_alias:  # a view of a weight (itself a parameter-derived weight): split as its source
+            return self.weight_alias[name]
+        tensor = self.graph.tensor(name)
         if tensor is not None and tensor.is_weight:
             return name, ()
         return None
 
-    def split_weight(name: str, axis_in_tensor: int, op: Op) -> None:
-        base, perm = weight_of(name) or (name, ())
+    def split_weight(self, name: str, axis_in_tensor: int, op: Op) -> None:
+        """Split the weight behind ``name`` on ``axis_in_tensor`` (of ``name``'s shape); a second,
+        different split of the same weight is warned about and ignored."""
+        base, perm = self.weight_of(name) or (name, ())
         axis = perm[axis_in_tensor] if perm else axis_in_tensor
-        prev = weight_split.get(base)
+        prev = self.weight_split.get(base)
         if prev is not None and prev != axis:
-            warnings.append(f"weight {base!r} is used with two different splits; costed with the first")
+            self.warnings.append(f"weight {base!r} is used with two different splits; costed with the first")
             return
-        weight_split[base] = axis
+        self.weight_split[base] = axis
 
-    for op in graph.ops:
-        outs = [o for o in op.outputs if o]
+    # ------------------------------------------------------------------ collectives
+
+    def to_replicated(self, op: Op, name: str, why: str, column: bool = False) -> None:
+        """Make ``name`` replicated before ``op`` reads it, inserting the collective (``column``:
+        ``op`` is a column-parallel GEMM, whose weight gradient the backward collective overlaps)."""
+        st = self.state(name)
+        if st.kind == R:
+            return
+        if st.kind == P:
+            self.comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, op.index, name, self.nbytes(name), why))
+        else:
+            self.comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, op.index, name, self.nbytes(name), why))
+            if name in self.grad:
+                self.comms.append(
+                    TPComm(CollectiveKind.REDUCE_SCATTER, Phase.BACKWARD, op.index, name, self.nbytes(name), "gradient of " + why,
+                           overlaps_wgrad=column)
+                )
+                # that reduce-scatter already sums the input gradient: no Megatron-f all-reduce
+                self.bwd_reduced.add(name)
+        self.states[name] = _State(R)
+
+    def resolve_partial(self, op: Op, name: str) -> None:
+        """Reduce the partial sums ``name`` before ``op`` reads it: an all-reduce (Megatron g), or a
+        reduce-scatter onto the sequence axis under sequence parallelism."""
+        st = self.state(name)
+        if st.kind != P:
+            return
+        graph, t = self.graph, self.t
+        at = self.origin.get(name, graph.producer(name))
+        at = op.index if at is None else at  # the reduction belongs to the op that made the partial sums
+        tensor = graph.tensor(name)
+        seq_axis = tensor.rank - 2 if tensor is not None and tensor.rank >= 2 else -1
+        if self.sp and tensor is not None and seq_axis >= 0 and tensor.shape[seq_axis] % t == 0:
+            self.comms.append(
+                TPComm(CollectiveKind.REDUCE_SCATTER, Phase.FORWARD, at, name, self.nbytes(name),
+                       ("summed row-parallel outputs" if name in self.summed else "row-parallel output") + " (sequence parallel)")
+            )
+            if name in self.grad:
+                self.comms.append(
+                    TPComm(CollectiveKind.ALL_GATHER, Phase.BACKWARD, at, name, self.nbytes(name),
+                           "gradient of a sequence-parallel reduce-scatter")
+                )
+            self.states[name] = _State("S", seq_axis, None, _token_outer(graph, name, t))
+        else:
+            why = "summed row-parallel outputs, reduced once (Megatron g)" if name in self.summed else "row-parallel output (Megatron g)"
+            self.comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, at, name, self.nbytes(name), why))
+            self.states[name] = _State(R)
+
+    def column_input_grad(self, op: Op, name: str) -> None:
+        """The backward all-reduce of a column-parallel op's input gradient (Megatron f), once per tensor."""
+        if name in self.bwd_reduced or name not in self.grad:
+            return
+        self.bwd_reduced.add(name)
+        self.comms.append(
+            TPComm(CollectiveKind.ALL_REDUCE, Phase.BACKWARD, op.index, name, self.nbytes(name),
+                   "input gradient of column-parallel ops (Megatron f)", overlaps_wgrad=True)
+        )
+
+    # ------------------------------------------------------------------ one op
+
+    def step(self, op: Op) -> None:
+        """Apply ``op``'s rule: reduce or keep its partial-sum inputs, find its output's state, record its shard."""
         ins = list(op.inputs)
-        act_ins = [n for n in ins if n and weight_of(n) is None and graph.tensor(n) is not None]
-        rule = "replicated"
+        act_ins = [n for n in ins if n and self.weight_of(n) is None and self.graph.tensor(n) is not None]
+        out_state, rule = self._partial_sums(op, ins, act_ins)
         factor = 1
-        out_state: _State = _State(R)
+        if out_state.kind != P:
+            found = self._weight_rule(op, ins)
+            out_state, rule, factor = found if found is not None else self._activation_rule(op, act_ins)
+        for o in (o for o in op.outputs if o):
+            if out_state.kind == "S":
+                self.states[o] = out_state.moved(out_state.axis)
+            elif out_state.kind == P:
+                self.states[o] = _State(P)
+        in_views = tuple(self.local(n) if n else None for n in ins)
+        if out_state.kind == "S" and factor > 1:
+            in_views = _slice_replicated(self.graph, op, in_views, out_state.axis, self.t, self.vocab_rows)
+        self.shards.append(Shard(in_views, tuple(self.local(n) if n else None for n in op.outputs), factor, rule))
 
-        # Every partial sum is reduced before it is read (P + P excepted, and a bias added to a
-        # partial sum that then meets another projection's: see _meets_projection).
+    def _partial_sums(self, op: Op, ins: list[str], act_ins: list[str]) -> tuple[_State, str]:
+        """Every partial sum is reduced before it is read (P + P excepted, and a bias added to a
+        partial sum that then meets another projection's: see _meets_projection).  Returns
+        ``(P, rule)`` when ``op`` keeps the partial sums, else ``(R, "replicated")`` after reducing them."""
+        graph, state, weight_of = self.graph, self.state, self.weight_of
+        outs = [o for o in op.outputs if o]
         if op.op_type in ("Add", "Sub", "Sum") and act_ins and all(state(n).kind == P for n in act_ins) and len(act_ins) == len([n for n in ins if n]):
-            out_state, rule = _State(P), "partial sum"
-            summed.update(o for o in outs)
-        elif (op.op_type == "Add" and len(act_ins) == 1 and state(act_ins[0]).kind == P
-              and _bias_operand(graph, op, act_ins[0], weight_of) and _meets_projection(graph, op.outputs[0], weight_of)):
-            out_state, rule = _State(P), "partial sum + bias (added once, after the reduction)"
-            origin[op.outputs[0]] = origin.get(act_ins[0], graph.producer(act_ins[0]))  # type: ignore[assignment]
-        elif (len(p_ins := [n for n in act_ins if state(n).kind == P]) == 1 and _linear_in(graph, op, p_ins[0], state)
-              and _sum_ahead(graph, op, p_ins[0])):
+            self.summed.update(o for o in outs)
+            return _State(P), "partial sum"
+        if (op.op_type == "Add" and len(act_ins) == 1 and state(act_ins[0]).kind == P
+                and _bias_operand(graph, op, act_ins[0], weight_of) and _meets_projection(graph, op.outputs[0], weight_of)):
+            self.origin[op.outputs[0]] = self.origin.get(act_ins[0], graph.producer(act_ins[0]))  # type: ignore[assignment]
+            return _State(P), "partial sum + bias (added once, after the reduction)"
+        if (len(p_ins := [n for n in act_ins if state(n).kind == P]) == 1 and _linear_in(graph, op, p_ins[0], state)
+                and _sum_ahead(graph, op, p_ins[0])):
             # partial sums on their way to a sum that shrinks them (the experts' outputs weighted
             # and summed over the top-k choices): reduced once after that sum, the smaller tensor
-            out_state, rule = _State(P), "partial sum (reduced after the sum ahead)"
-        elif (op.op_type == "Add" and (partial := _residual_partial(graph, op, act_ins, state, sp, t)) is not None
-              and _only_meets_projections(graph, op.outputs[0], weight_of)):
+            return _State(P), "partial sum (reduced after the sum ahead)"
+        if (op.op_type == "Add" and (partial := _residual_partial(graph, op, act_ins, state, self.sp, self.t)) is not None
+                and _only_meets_projections(graph, op.outputs[0], weight_of)):
             # a parallel block summed (x + attn) + mlp (Cohere): x is added once, after the
             # one reduction of attn + mlp, as when it is summed (attn + mlp) + x (GPT-NeoX)
-            out_state, rule = _State(P), "partial sum + residual (added once, after the reduction)"
-            origin[op.outputs[0]] = origin.get(partial, graph.producer(partial))  # type: ignore[assignment]
-        else:
-            for n in act_ins:
-                resolve_partial(op, n)
+            self.origin[op.outputs[0]] = self.origin.get(partial, graph.producer(partial))  # type: ignore[assignment]
+            return _State(P), "partial sum + residual (added once, after the reduction)"
+        for n in act_ins:
+            self.resolve_partial(op, n)
+        return _State(R), "replicated"
 
-        if out_state.kind == P:
-            pass
-        elif op.op_type in _NO_DATA:
-            rule = "shape"
-        elif op.op_type == "Transpose" and weight_of(ins[0]) is not None:
+    def _weight_rule(self, op: Op, ins: list[str]) -> tuple[_State, str, int] | None:
+        """The rules tried first, in order: shape-only ops, views of weights, GEMMs with a weight
+        (or a picked expert matrix), stacked expert weights, embeddings; None when none applies."""
+        graph, t, weight_of = self.graph, self.t, self.weight_of
+        if op.op_type in _NO_DATA:
+            return _State(R), "shape", 1
+        if op.op_type == "Transpose" and weight_of(ins[0]) is not None:
             base, perm0 = weight_of(ins[0])  # type: ignore[misc]
             perm = tuple(op.attr("perm") or tuple(reversed(range(graph.tensor(ins[0]).rank))))  # type: ignore[union-attr]
-            weight_alias[op.outputs[0]] = (base, tuple(perm0[p] if perm0 else p for p in perm))
-            rule = "weight view"
-        elif op.op_type in ("Cast", "Identity") and weight_of(ins[0]) is not None:
-            weight_alias[op.outputs[0]] = weight_of(ins[0])  # type: ignore[assignment]
-            rule = "weight view"
-        elif op.op_type == "MatMul" and any(n in picked for n in ins[:2]):
-            out_state, rule, factor = _stacked_expert_matmul(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight,
-                                                             weight_of, replicated, picked)
-        elif op.op_type in _WEIGHT_OPS and _weight_operand(op, weight_of) is not None:
-            out_state, rule, factor = _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, warnings, vocab_rows)
-        elif op.op_type in ("Gather", "GatherND") and _stacked_matrices(graph, op, weight_of):
+            self.weight_alias[op.outputs[0]] = (base, tuple(perm0[p] if perm0 else p for p in perm))
+            return _State(R), "weight view", 1
+        if op.op_type in ("Cast", "Identity") and weight_of(ins[0]) is not None:
+            self.weight_alias[op.outputs[0]] = weight_of(ins[0])  # type: ignore[assignment]
+            return _State(R), "weight view", 1
+        if op.op_type == "MatMul" and any(n in self.picked for n in ins[:2]):
+            return _stacked_expert_matmul(op, graph, t, self.sp, self.state, self.to_replicated, self.column_input_grad,
+                                          self.split_weight, weight_of, self.replicated, self.picked)
+        if op.op_type in _WEIGHT_OPS and _weight_operand(op, weight_of) is not None:
+            return _linear(op, graph, t, self.sp, self.state, self.to_replicated, self.column_input_grad, self.split_weight,
+                           weight_of, self.replicated, self.warnings, self.vocab_rows)
+        if op.op_type in ("Gather", "GatherND") and _stacked_matrices(graph, op, weight_of):
             base, perm0 = weight_of(ins[0])  # type: ignore[misc]
-            stacked.append(base)
+            self.stacked.append(base)
             axes = _picked_axes(graph, op)
             if axes is None:
-                rule = "replicated (stacked expert weights)"
-            else:  # the picked matrices are a view of the stacked weight: split as it is
-                picked.add(op.outputs[0])
-                weight_alias[op.outputs[0]] = (base, tuple(perm0[a] if perm0 else a for a in axes))
-                rule = "stacked expert weights (picked)"
-        elif op.op_type == "Gather" and weight_of(ins[0]) is not None:
+                return _State(R), "replicated (stacked expert weights)", 1
+            # the picked matrices are a view of the stacked weight: split as it is
+            self.picked.add(op.outputs[0])
+            self.weight_alias[op.outputs[0]] = (base, tuple(perm0[a] if perm0 else a for a in axes))
+            return _State(R), "stacked expert weights (picked)", 1
+        if op.op_type == "Gather" and weight_of(ins[0]) is not None:
             base, _ = weight_of(ins[0])  # type: ignore[misc]
-            table = graph.tensor(base)
-            if base == vocab and table is not None:
-                split_weight(ins[0], 0, op)
-                out_state, rule, factor = _State(P), "vocab-parallel embedding", t
-            else:
-                rule = "replicated embedding"
-        elif op.op_type == "MatMul":
-            out_state, rule, factor = _batched_matmul(op, graph, t, state, to_replicated)
-        elif op.op_type in _VIEWS_PASS or op.op_type in _ELEMENTWISE:
-            out_state, rule, factor = _elementwise(op, graph, act_ins, state, to_replicated, split_weight, weight_of, t)
-        elif op.op_type == "GatherElements":
-            out_state, rule, factor = _gather_elements(op, graph, t, state, to_replicated)
-        elif op.op_type == "ScatterND":
-            out_state, rule, factor = _scatter_nd(op, graph, t, state, to_replicated)
-        elif op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather",
-                            "GatherND", "Tile", "Pad"):
-            out_state, rule, factor = _movement(op, graph, t, state, to_replicated, head_reshapes)
-        elif op.op_type in ("Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
-                            "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
-                            "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK", "InstanceNormalization", "GroupNormalization"):
-            out_state, rule, factor = _reduction(op, graph, t, state, to_replicated)
-        else:
-            for n in act_ins:
-                if state(n).kind == "S":
-                    to_replicated(op, n, f"{op.op_type} has no sharding rule: gathered")
-                    warnings.append(f"{op.op_type} {op.name!r} reads a tensor-parallel split tensor; gathered and replicated")
+            if base == self.vocab and graph.tensor(base) is not None:
+                self.split_weight(ins[0], 0, op)
+                return _State(P), "vocab-parallel embedding", t
+            return _State(R), "replicated embedding", 1
+        return None
 
-        for o in outs:
-            if out_state.kind == "S":
-                states[o] = out_state.moved(out_state.axis)
-            elif out_state.kind == P:
-                states[o] = _State(P)
-        in_views = tuple(local(n) if n else None for n in ins)
-        if out_state.kind == "S" and factor > 1:
-            in_views = _slice_replicated(graph, op, in_views, out_state.axis, t, vocab_rows)
-        shards.append(Shard(in_views, tuple(local(n) if n else None for n in op.outputs), factor, rule))
+    def _activation_rule(self, op: Op, act_ins: list[str]) -> tuple[_State, str, int]:
+        """The rules for ops on activations only: batched MatMul, elementwise, gathers and scatters,
+        data movement, reductions; any other op gathers its split inputs (with a warning)."""
+        graph, t, state, to_replicated = self.graph, self.t, self.state, self.to_replicated
+        if op.op_type == "MatMul":
+            return _batched_matmul(op, graph, t, state, to_replicated)
+        if op.op_type in _VIEWS_PASS or op.op_type in _ELEMENTWISE:
+            return _elementwise(op, graph, act_ins, state, to_replicated, self.split_weight, self.weight_of, t)
+        if op.op_type == "GatherElements":
+            return _gather_elements(op, graph, t, state, to_replicated)
+        if op.op_type == "ScatterND":
+            return _scatter_nd(op, graph, t, state, to_replicated)
+        if op.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Split", "Slice", "Concat", "Gather",
+                          "GatherND", "Tile", "Pad"):
+            return _movement(op, graph, t, state, to_replicated, self.head_reshapes)
+        if op.op_type in ("Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+                          "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
+                          "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK", "InstanceNormalization", "GroupNormalization"):
+            return _reduction(op, graph, t, state, to_replicated)
+        for n in act_ins:
+            if state(n).kind == "S":
+                to_replicated(op, n, f"{op.op_type} has no sharding rule: gathered")
+                self.warnings.append(f"{op.op_type} {op.name!r} reads a tensor-parallel split tensor; gathered and replicated")
+        return _State(R), "replicated", 1
 
-    # Graph outputs: a vocabulary-split logits tensor -> Megatron's parallel cross-entropy.
-    for name in graph.outputs:
-        st = state(name)
-        tensor = graph.tensor(name)
-        if tensor is None:
-            continue
-        last = graph.producer(name) if graph.producer(name) is not None else len(graph.ops) - 1
-        if st.kind == "S" and st.axis == tensor.rank - 1:
-            tokens = tensor.numel // tensor.shape[-1]
-            for what in ("max logit", "target logit", "sum of exponentials"):
-                comms.append(
-                    TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, last, name, float(tokens * 4),
-                           f"vocab-parallel cross-entropy: {what} (Megatron)")
-                )
-        elif st.kind == P:
-            comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, last, name, nbytes(name), "partial graph output"))
-        elif st.kind == "S":
-            comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, last, name, nbytes(name), "split graph output gathered"))
+    # ------------------------------------------------------------------ the end of the graph
 
-    whole = [w for w in dict.fromkeys(stacked) if w not in weight_split]
-    if whole:
-        first = graph.tensor(whole[0])
-        names = whole
-        warnings.append(
-            f"{len(names)} stacked expert weight(s) ({names[0]!r} {first.shape if first is not None else ''}"
-            f"{', ...' if len(names) > 1 else ''}) are picked by Gather for the experts' products: kept whole on every "
-            f"tensor-parallel rank (t does not divide the experts' intermediate size, or the products do not read as an "
-            f"expert MLP; costed replicated); --ep splits the experts across ranks"
-        )
-    weight_factor = {w.name: (t if w.name in weight_split else 1) for w in graph.weights}
-    return TensorParallelPlan(t, tuple(shards), tuple(comms), weight_factor, heads, kv_heads, tuple(dict.fromkeys(warnings)),
-                              tuple(assumptions))
+    def graph_outputs(self) -> None:
+        """Graph outputs: a vocabulary-split logits tensor -> Megatron's parallel cross-entropy;
+        partial or split outputs are reduced or gathered."""
+        graph = self.graph
+        for name in graph.outputs:
+            st = self.state(name)
+            tensor = graph.tensor(name)
+            if tensor is None:
+                continue
+            last = graph.producer(name) if graph.producer(name) is not None else len(graph.ops) - 1
+            if st.kind == "S" and st.axis == tensor.rank - 1:
+                tokens = tensor.numel // tensor.shape[-1]
+                for what in ("max logit", "target logit", "sum of exponentials"):
+                    self.comms.append(
+                        TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, last, name, float(tokens * 4),
+                               f"vocab-parallel cross-entropy: {what} (Megatron)")
+                    )
+            elif st.kind == P:
+                self.comms.append(TPComm(CollectiveKind.ALL_REDUCE, Phase.FORWARD, last, name, self.nbytes(name), "partial graph output"))
+            elif st.kind == "S":
+                self.comms.append(TPComm(CollectiveKind.ALL_GATHER, Phase.FORWARD, last, name, self.nbytes(name), "split graph output gathered"))
+
+    def warn_whole_stacked(self) -> None:
+        """One warning for the stacked expert weights no rule split (kept whole on every rank)."""
+        whole = [w for w in dict.fromkeys(self.stacked) if w not in self.weight_split]
+        if whole:
+            first = self.graph.tensor(whole[0])
+            names = whole
+            self.warnings.append(
+                f"{len(names)} stacked expert weight(s) ({names[0]!r} {first.shape if first is not None else ''}"
+                f"{', ...' if len(names) > 1 else ''}) are picked by Gather for the experts' products: kept whole on every "
+                f"tensor-parallel rank (t does not divide the experts' intermediate size, or the products do not read as an "
+                f"expert MLP; costed replicated); --ep splits the experts across ranks"
+            )
 
 
 def _slice_replicated(graph: OpGraph, op: Op, views: tuple, axis: int, t: int, vocab_rows: int | None) -> tuple:
@@ -1418,59 +1469,22 @@ def _reshape_axis(src: tuple[int, ...], dst: tuple[int, ...], axis: int, t: int,
 
 
 def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, int] = MappingProxyType({})):
+    """Data movement on a split tensor: where the split axis goes (views, transposes, broadcasts,
+    slices, gathers), or a gather before the op when it cannot keep the split."""
     x_name = op.inputs[0]
     x = graph.tensor(x_name)
     y = graph.tensor(op.outputs[0]) if op.outputs and op.outputs[0] else None
     s = state(x_name)
     kind = op.op_type
     if kind == "Concat":
-        split = [state(n) for n in op.inputs if n]
-        if all(st.kind == "S" for st in split) and len({(st.axis, st.outer) for st in split}) == 1:
-            return split[0].moved(split[0].axis), "split (concat)", t
-        for n in op.inputs:
-            if n and state(n).kind == "S":
-                to_replicated(op, n, "Concat of mixed splits")
-        return _State(R), "replicated", 1
+        return _concat(op, t, state, to_replicated)
     if x is None or y is None or s.kind != "S":
         return _State(R), "replicated", 1
     ax = s.axis
     if kind in ("Reshape", "Flatten"):
-        if op.index in head_reshapes and ax == x.rank - 1:
-            # [.., n*d] -> [.., n, d] or a fused view ([.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
-            # whole heads per rank.  A head is indivisible, so t must divide the heads this view
-            # carries (the KV heads where it carries K or V: a fused multi-query view holds one K
-            # and one V head, which no t > 1 splits), else the projection is replicated.  The
-            # split goes where the export's own column order puts whole heads per rank (GPT-2's
-            # [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
-            # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron-LM's own
-            # order (fused QKV columns by KV group) is assumed, on the head axis.
-            if head_reshapes[op.index] % t:
-                new = None
-            else:
-                new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
-                if new is None and y.rank >= 2 and y.shape[-2] % t == 0:
-                    new = (y.rank - 2, 1)
-        else:
-            new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
-        if new is None:
-            if kind == "Reshape" and s.origin is not None:
-                raise _Conflict(s.origin, op.index)
-            to_replicated(op, x_name, f"{kind} cannot keep the split")
-            return _State(R), "replicated", 1
-        return _State("S", new[0], s.origin, new[1]), "split (view)", t
+        return _reshape(op, x, y, s, t, to_replicated, head_reshapes)
     if kind in ("Squeeze", "Unsqueeze"):
-        axes = op.attr("axes")
-        if axes is None and len(op.inputs) > 1:
-            # axes given as input (opset 13+): infer from shapes
-            return s.moved(_match_axis(x.shape, y.shape, ax)), "split (view)", t
-        axes = sorted(int(a) % (y.rank if kind == "Unsqueeze" else x.rank) for a in (axes or ()))
-        if kind == "Squeeze":
-            return s.moved(ax - sum(1 for a in axes if a < ax)), "split (view)", t
-        new = ax
-        for a in axes:
-            if a <= new:
-                new += 1
-        return s.moved(new), "split (view)", t
+        return _squeeze(op, x, y, s, t)
     if kind == "Transpose":
         perm = list(op.attr("perm") or reversed(range(x.rank)))
         return s.moved(perm.index(ax)), "split (transpose)", t
@@ -1486,7 +1500,74 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
         # Megatron lays fused QKV out so each rank's columns hold its own q, k and v heads:
         # splitting or slicing along the split axis keeps each output split.
         return s.moved(ax), "split (slice)", t
-    if kind == "Gather":
+    if kind in ("Gather", "GatherND"):
+        return _gather_split(op, graph, x, s, t, to_replicated)
+    to_replicated(op, x_name, f"{kind} on a split tensor")
+    return _State(R), "replicated", 1
+
+
+def _concat(op, t, state, to_replicated):
+    """Concat keeps a split all its inputs share (same axis and outer); else it gathers the split ones."""
+    split = [state(n) for n in op.inputs if n]
+    if all(st.kind == "S" for st in split) and len({(st.axis, st.outer) for st in split}) == 1:
+        return split[0].moved(split[0].axis), "split (concat)", t
+    for n in op.inputs:
+        if n and state(n).kind == "S":
+            to_replicated(op, n, "Concat of mixed splits")
+    return _State(R), "replicated", 1
+
+
+def _reshape(op, x, y, s, t, to_replicated, head_reshapes):
+    """Reshape/Flatten of a split tensor: the split follows the view (heads split or merged), else
+    the split's origin conflicts (a Reshape) or the input is gathered."""
+    ax, kind = s.axis, op.op_type
+    if op.index in head_reshapes and ax == x.rank - 1:
+        # [.., n*d] -> [.., n, d] or a fused view ([.., 3, n, d], [.., n, 3, d], [.., n + 2, d]):
+        # whole heads per rank.  A head is indivisible, so t must divide the heads this view
+        # carries (the KV heads where it carries K or V: a fused multi-query view holds one K
+        # and one V head, which no t > 1 splits), else the projection is replicated.  The
+        # split goes where the export's own column order puts whole heads per rank (GPT-2's
+        # [.., n, d], BLOOM's [.., n, 3, d], GPT-NeoX's [.., n, 3d], Falcon's grouped
+        # [.., kv, n/kv + 2, d]); where it does not (timm's [.., 3, n, d]), Megatron-LM's own
+        # order (fused QKV columns by KV group) is assumed, on the head axis.
+        if head_reshapes[op.index] % t:
+            new = None
+        else:
+            new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
+            if new is None and y.rank >= 2 and y.shape[-2] % t == 0:
+                new = (y.rank - 2, 1)
+    else:
+        new = _reshape_axis(x.shape, y.shape, ax, t, s.outer)
+    if new is None:
+        if kind == "Reshape" and s.origin is not None:
+            raise _Conflict(s.origin, op.index)
+        to_replicated(op, op.inputs[0], f"{kind} cannot keep the split")
+        return _State(R), "replicated", 1
+    return _State("S", new[0], s.origin, new[1]), "split (view)", t
+
+
+def _squeeze(op, x, y, s, t):
+    """Squeeze/Unsqueeze: the split axis shifts by the axes removed or inserted before it."""
+    ax, kind = s.axis, op.op_type
+    axes = op.attr("axes")
+    if axes is None and len(op.inputs) > 1:
+        # axes given as input (opset 13+): infer from shapes
+        return s.moved(_match_axis(x.shape, y.shape, ax)), "split (view)", t
+    axes = sorted(int(a) % (y.rank if kind == "Unsqueeze" else x.rank) for a in (axes or ()))
+    if kind == "Squeeze":
+        return s.moved(ax - sum(1 for a in axes if a < ax)), "split (view)", t
+    new = ax
+    for a in axes:
+        if a <= new:
+            new += 1
+    return s.moved(new), "split (view)", t
+
+
+def _gather_split(op, graph, x, s, t, to_replicated):
+    """Gather/GatherND of a split tensor: the split moves with the axes the gather keeps; a gather
+    along the split axis gathers the tensor first."""
+    x_name, ax = op.inputs[0], s.axis
+    if op.op_type == "Gather":
         gaxis = int(op.attr("axis", 0)) % x.rank
         if gaxis == ax:
             to_replicated(op, x_name, "Gather along the split axis")
@@ -1495,22 +1576,19 @@ def _movement(op, graph, t, state, to_replicated, head_reshapes: Mapping[int, in
         idx_rank = idx.rank if idx is not None else 0
         new = ax if ax < gaxis else ax + idx_rank - 1
         return s.moved(new), "split (gather)", t
-    if kind == "GatherND":
-        # indices [.., k] pick along data's k axes after batch_dims b; the output is
-        # data[:b] + indices[b:-1] + data[b + k:] (ONNX GatherND): a split on a batch axis or
-        # on an axis after the picked ones moves with it (Falcon's dynamo export picks K and V
-        # out of a fused view this way)
-        idx = graph.tensor(op.inputs[1])
-        b = int(op.attr("batch_dims", 0))
-        if idx is not None and idx.rank >= 1:
-            k = idx.shape[-1]
-            if ax < b:
-                return s.moved(ax), "split (gather)", t
-            if ax >= b + k:
-                return s.moved(idx.rank - 1 + ax - b - k), "split (gather)", t
-        to_replicated(op, x_name, "GatherND along the split axis")
-        return _State(R), "replicated", 1
-    to_replicated(op, x_name, f"{kind} on a split tensor")
+    # indices [.., k] pick along data's k axes after batch_dims b; the output is
+    # data[:b] + indices[b:-1] + data[b + k:] (ONNX GatherND): a split on a batch axis or
+    # on an axis after the picked ones moves with it (Falcon's dynamo export picks K and V
+    # out of a fused view this way)
+    idx = graph.tensor(op.inputs[1])
+    b = int(op.attr("batch_dims", 0))
+    if idx is not None and idx.rank >= 1:
+        k = idx.shape[-1]
+        if ax < b:
+            return s.moved(ax), "split (gather)", t
+        if ax >= b + k:
+            return s.moved(idx.rank - 1 + ax - b - k), "split (gather)", t
+    to_replicated(op, x_name, "GatherND along the split axis")
     return _State(R), "replicated", 1
 
 

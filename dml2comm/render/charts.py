@@ -164,15 +164,33 @@ def _gib_ticks(top: float) -> tuple[float, list[float]]:
     return step, ticks
 
 
-def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_label: str = "",
-                 title: str = "Memory per GPU by pipeline stage") -> str:
-    """Stacked bars (bytes to scale on a GiB axis), the capacity line and the legend.
+@dataclass(frozen=True)
+class _MemoryFrame:
+    """Where :func:`memory_chart` draws: the plot's box, the bars' width and gap, the byte scale."""
+    left: float
+    top: float
+    plot_w: float
+    plot_h: float
+    lin_h: float         # the part of the axis drawn to scale
+    scale: float         # px per byte
+    bar_w: float
+    gap: float
+    ticks: list[float]
+    broken: bool         # the axis is broken below the capacity line
+    tallest: float
+    label_words: bool    # bars wide enough for "stage 3" (else "3" and an axis title)
 
-    Every segment is a ``<rect class="d2c-seg" data-stage=".." data-part=".." data-bytes="..">``;
-    a bar above ``capacity_bytes`` gets a ``<rect class="d2c-over">`` outline and a red label;
-    the capacity line is ``<line class="d2c-capacity">``; the plot's base line is
-    ``<line class="d2c-base">`` (so tests can check the scale).
-    """
+    @property
+    def base(self) -> float:
+        return self.top + self.plot_h
+
+    @property
+    def legend_x(self) -> float:
+        return self.left + self.plot_w + 40
+
+
+def _memory_frame(bars: Sequence[MemoryBar], capacity_bytes: float) -> _MemoryFrame:
+    """The frame of the memory chart: GiB ticks above the tallest bar (or the capacity)."""
     n = max(len(bars), 1)
     tallest = max([b.total_bytes for b in bars] + [1.0])
     # A GPU far larger than the model would flatten the bars: above 2x the tallest bar the
@@ -184,89 +202,125 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
     ticks = [k * step for k in range(int(round(top_bytes / step)) + 1)]
     bar_w = max(12.0, min(56.0, 540.0 / n))
     gap = bar_w * 0.55
-    left, top, plot_h = 70.0, 30.0, 320.0
-    plot_w = max(n * (bar_w + gap) + gap, 300.0)
-    legend_x = left + plot_w + 40
-    width = legend_x + 250
-    base = top + plot_h
-    lin_h = plot_h - 46 if broken else plot_h  # the part of the axis drawn to scale
-    scale = lin_h / top_bytes  # px per byte
-    label_words = bar_w >= 40
-    height = base + (54 if label_words else 62)
-    used = [key for key, _, _ in MEMORY_PARTS if any((b.parts.get(key) or 0) > 0 for b in bars)]
+    plot_h = 320.0
+    lin_h = plot_h - 46 if broken else plot_h
+    return _MemoryFrame(left=70.0, top=30.0, plot_w=max(n * (bar_w + gap) + gap, 300.0), plot_h=plot_h, lin_h=lin_h,
+                        scale=lin_h / top_bytes, bar_w=bar_w, gap=gap, ticks=ticks, broken=broken, tallest=tallest,
+                        label_words=bar_w >= 40)
+
+
+def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_label: str = "",
+                 title: str = "Memory per GPU by pipeline stage") -> str:
+    """Stacked bars (bytes to scale on a GiB axis), the capacity line and the legend.
+
+    Every segment is a ``<rect class="d2c-seg" data-stage=".." data-part=".." data-bytes="..">``;
+    a bar above ``capacity_bytes`` gets a ``<rect class="d2c-over">`` outline and a red label;
+    the capacity line is ``<line class="d2c-capacity">``; the plot's base line is
+    ``<line class="d2c-base">`` (so tests can check the scale).
+    """
+    f = _memory_frame(bars, capacity_bytes)
     g = Svg()
-    # grid and axis
-    for t in ticks:
-        y = base - t * scale
-        g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(y)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+    _memory_axis(g, f)
+    for i, b in enumerate(bars):
+        _memory_bar(g, f, i, b, capacity_bytes)
+    if not f.label_words:
+        g.text(f.left + f.plot_w / 2, f.base + 48, "pipeline stage", size=11, anchor="middle", fill=AXIS_COLOUR)
+    _memory_capacity(g, f, capacity_bytes, capacity_label)
+    ly = _memory_legend(g, f, bars, capacity_bytes, capacity_label)
+    height = max(f.base + (54 if f.label_words else 62), ly + 8)
+    return g.document(f.legend_x + 250, height, title, {"chart": "memory", "stages": len(bars)})
+
+
+def _memory_axis(g: Svg, f: _MemoryFrame) -> None:
+    """The grid, the GiB axis (with two slashes where it is broken) and the base line."""
+    left, base = f.left, f.base
+    for t in f.ticks:
+        y = base - t * f.scale
+        g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(y)}" x2="{svg_number(left + f.plot_w)}" y2="{svg_number(y)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
         g.text(left - 8, y + 4, f"{t / 2**30:g}", size=11, anchor="end", fill=AXIS_COLOUR)
-    g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(base - lin_h)}" stroke="{AXIS_COLOUR}" stroke-width="1"/>')
-    if broken:  # two short slashes on the axis mark the break
-        yb = base - lin_h - 14
+    g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(base - f.lin_h)}" stroke="{AXIS_COLOUR}" stroke-width="1"/>')
+    if f.broken:  # two short slashes on the axis mark the break
+        yb = base - f.lin_h - 14
         for dy in (0, 6):
             g.add(f'<line x1="{svg_number(left - 6)}" y1="{svg_number(yb + dy + 4)}" x2="{svg_number(left + 6)}" y2="{svg_number(yb + dy - 2)}" stroke="{AXIS_COLOUR}" '
                   f'stroke-width="1.2"/>')
-    g.text(18, top + plot_h / 2, "GiB per GPU", size=11, anchor="middle", fill=AXIS_COLOUR,
-           extra=f' transform="rotate(-90 18 {svg_number(top + plot_h / 2)})"')
-    g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}" '
+    g.text(18, f.top + f.plot_h / 2, "GiB per GPU", size=11, anchor="middle", fill=AXIS_COLOUR,
+           extra=f' transform="rotate(-90 18 {svg_number(f.top + f.plot_h / 2)})"')
+    g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + f.plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}" '
           f'stroke-width="1"/>')
-    # bars
-    for i, b in enumerate(bars):
-        x = left + gap + i * (bar_w + gap)
-        over = b.total_bytes > capacity_bytes
-        y = base
-        for key, name, fill in MEMORY_PARTS:
-            v = b.parts.get(key)
-            if not v or v <= 0:
-                continue
-            h = v * scale
-            y -= h
-            tip = f"{b.label}: {name.split(' (')[0].split(' ×')[0]} {fmt_bytes(v)}"
-            if key == "activations_bytes" and b.in_flight is not None and b.per_micro_batch_bytes is not None:
-                tip += f" = {fmt_bytes(b.per_micro_batch_bytes)} per micro-batch × {fmt_num(b.in_flight)} micro-batches in flight"
-            tip += f" ({v / b.total_bytes:.0%} of the stage's {fmt_bytes(b.total_bytes)})" if b.total_bytes > 0 else ""
-            body = g.rect(x, y, bar_w, h, fill, f' class="d2c-seg" data-stage="{i}" data-part="{key.removesuffix("_bytes")}" '
-                                              f'data-bytes="{v:.17g}"')
-            flight = f"×{fmt_num(b.in_flight)}" if key == "activations_bytes" and b.in_flight is not None else ""
-            if flight and h >= 14 and bar_w >= 6 * len(flight) + 2:
-                body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(y + h / 2 + 4)}" font-size="11" text-anchor="middle" '
-                         f'fill="#1a1a1a" pointer-events="none">{xml_text(flight)}</text>')
-            g.item(tip, body)
-        bar_top = base - b.total_bytes * scale
-        status = (f"over memory: {fmt_bytes(b.total_bytes)} of {fmt_bytes(capacity_bytes)}" if over
-                  else f"fits: {fmt_bytes(b.total_bytes)} of {fmt_bytes(capacity_bytes)}, {fmt_bytes(capacity_bytes - b.total_bytes)} free")
-        tip = f"{b.label}: {status}" + (f"\n{b.tip}" if b.tip else "")
-        if over:
-            g.item(tip, g.rect(x - 1.5, bar_top - 1.5, bar_w + 3, b.total_bytes * scale + 3, "none",
-                               f' class="d2c-over" data-stage="{i}" stroke="{OVER_COLOUR}" stroke-width="3"'))
-        colour = OVER_COLOUR if over else TEXT_COLOUR
-        if bar_w + gap >= 50:
-            g.text(x + bar_w / 2, bar_top - 5, fmt_bytes(b.total_bytes), size=11, anchor="middle", fill=colour,
-                   weight="bold" if over else None)
-        label = b.label if label_words else b.label.split()[-1]
-        bold = ' font-weight="bold"' if over else ""
-        body = (f'<text class="d2c-stage-label{" d2c-over-label" if over else ""}" x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 16)}" '
-                f'font-size="11" text-anchor="middle" fill="{colour}"{bold}>{xml_text(label)}</text>')
-        if over and label_words:
-            body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 30)}" font-size="11" text-anchor="middle" fill="{OVER_COLOUR}">'
-                     f"over</text>")
+
+
+def _memory_segments(g: Svg, f: _MemoryFrame, i: int, b: MemoryBar, x: float) -> None:
+    """Bar ``i``'s stacked parts, bottom up, each with its tooltip (activations: per micro-batch × in flight)."""
+    y = f.base
+    for key, name, fill in MEMORY_PARTS:
+        v = b.parts.get(key)
+        if not v or v <= 0:
+            continue
+        h = v * f.scale
+        y -= h
+        tip = f"{b.label}: {name.split(' (')[0].split(' ×')[0]} {fmt_bytes(v)}"
+        if key == "activations_bytes" and b.in_flight is not None and b.per_micro_batch_bytes is not None:
+            tip += f" = {fmt_bytes(b.per_micro_batch_bytes)} per micro-batch × {fmt_num(b.in_flight)} micro-batches in flight"
+        tip += f" ({v / b.total_bytes:.0%} of the stage's {fmt_bytes(b.total_bytes)})" if b.total_bytes > 0 else ""
+        body = g.rect(x, y, f.bar_w, h, fill, f' class="d2c-seg" data-stage="{i}" data-part="{key.removesuffix("_bytes")}" '
+                                               f'data-bytes="{v:.17g}"')
+        flight = f"×{fmt_num(b.in_flight)}" if key == "activations_bytes" and b.in_flight is not None else ""
+        if flight and h >= 14 and f.bar_w >= 6 * len(flight) + 2:
+            body += (f'<text x="{svg_number(x + f.bar_w / 2)}" y="{svg_number(y + h / 2 + 4)}" font-size="11" text-anchor="middle" '
+                     f'fill="#1a1a1a" pointer-events="none">{xml_text(flight)}</text>')
         g.item(tip, body)
-    if not label_words:
-        g.text(left + plot_w / 2, base + 48, "pipeline stage", size=11, anchor="middle", fill=AXIS_COLOUR)
-    # capacity
-    y_cap = top + 8 if broken else base - capacity_bytes * scale
+
+
+def _memory_bar(g: Svg, f: _MemoryFrame, i: int, b: MemoryBar, capacity_bytes: float) -> None:
+    """Bar ``i``: its segments, a red outline when over capacity, its total above and its label below."""
+    bar_w, base = f.bar_w, f.base
+    x = f.left + f.gap + i * (bar_w + f.gap)
+    over = b.total_bytes > capacity_bytes
+    _memory_segments(g, f, i, b, x)
+    bar_top = base - b.total_bytes * f.scale
+    status = (f"over memory: {fmt_bytes(b.total_bytes)} of {fmt_bytes(capacity_bytes)}" if over
+              else f"fits: {fmt_bytes(b.total_bytes)} of {fmt_bytes(capacity_bytes)}, {fmt_bytes(capacity_bytes - b.total_bytes)} free")
+    tip = f"{b.label}: {status}" + (f"\n{b.tip}" if b.tip else "")
+    if over:
+        g.item(tip, g.rect(x - 1.5, bar_top - 1.5, bar_w + 3, b.total_bytes * f.scale + 3, "none",
+                           f' class="d2c-over" data-stage="{i}" stroke="{OVER_COLOUR}" stroke-width="3"'))
+    colour = OVER_COLOUR if over else TEXT_COLOUR
+    if bar_w + f.gap >= 50:
+        g.text(x + bar_w / 2, bar_top - 5, fmt_bytes(b.total_bytes), size=11, anchor="middle", fill=colour,
+               weight="bold" if over else None)
+    label = b.label if f.label_words else b.label.split()[-1]
+    bold = ' font-weight="bold"' if over else ""
+    body = (f'<text class="d2c-stage-label{" d2c-over-label" if over else ""}" x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 16)}" '
+            f'font-size="11" text-anchor="middle" fill="{colour}"{bold}>{xml_text(label)}</text>')
+    if over and f.label_words:
+        body += (f'<text x="{svg_number(x + bar_w / 2)}" y="{svg_number(base + 30)}" font-size="11" text-anchor="middle" fill="{OVER_COLOUR}">'
+                 f"over</text>")
+    g.item(tip, body)
+
+
+def _memory_capacity(g: Svg, f: _MemoryFrame, capacity_bytes: float, capacity_label: str) -> None:
+    """The dashed capacity line and its label (just above the break when the axis is broken)."""
+    left, plot_w = f.left, f.plot_w
+    y_cap = f.top + 8 if f.broken else f.base - capacity_bytes * f.scale
     cap_text = f"capacity {fmt_bytes(capacity_bytes)}"
-    if broken:
-        cap_text += f" — axis broken: {capacity_bytes / tallest:.0f}× the tallest bar"
+    if f.broken:
+        cap_text += f" — axis broken: {capacity_bytes / f.tallest:.0f}× the tallest bar"
     g.item(f"GPU capacity: {fmt_bytes(capacity_bytes)}" + (f" ({capacity_label})" if capacity_label else "")
-           + ("\nthe axis is broken below this line: the bars are drawn to the scale on the left" if broken else ""),
+           + ("\nthe axis is broken below this line: the bars are drawn to the scale on the left" if f.broken else ""),
            f'<line class="d2c-capacity" x1="{svg_number(left)}" y1="{svg_number(y_cap)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(y_cap)}" '
            f'stroke="{CAPACITY_COLOUR}" stroke-width="2" stroke-dasharray="7 4" data-bytes="{capacity_bytes:.17g}"'
-           f' data-broken="{"true" if broken else "false"}"/>'
+           f' data-broken="{"true" if f.broken else "false"}"/>'
            f'<text x="{svg_number(left + plot_w)}" y="{svg_number(y_cap - 6)}" font-size="12" text-anchor="end" fill="{CAPACITY_COLOUR}" '
            f'font-weight="bold">{xml_text(cap_text)}</text>')
-    # legend
-    ly = top + 4
+
+
+def _memory_legend(g: Svg, f: _MemoryFrame, bars: Sequence[MemoryBar], capacity_bytes: float, capacity_label: str) -> float:
+    """The legend right of the plot: the parts drawn (top first), the capacity line, the over outline.
+    Returns the y below its last line."""
+    legend_x = f.legend_x
+    used = [key for key, _, _ in MEMORY_PARTS if any((b.parts.get(key) or 0) > 0 for b in bars)]
+    ly = f.top + 4
     g.text(legend_x, ly, "per GPU of each stage", size=11, weight="bold")
     ly += 18
     for key, name, fill in reversed(MEMORY_PARTS):  # as the segments stack: top first
@@ -284,8 +338,7 @@ def memory_chart(bars: Sequence[MemoryBar], capacity_bytes: float, capacity_labe
         g.add(g.rect(legend_x + 1, ly - 9, 12, 10, "none", f' stroke="{OVER_COLOUR}" stroke-width="2.5"'))
         g.text(legend_x + 20, ly, "over capacity: does not fit", size=11, fill=OVER_COLOUR, weight="bold")
         ly += 17
-    height = max(height, ly + 8)
-    return g.document(width, height, title, {"chart": "memory", "stages": len(bars)})
+    return ly
 
 
 def memory_chart_of(facts: Facts) -> Chart:
@@ -474,15 +527,29 @@ def merge_boxes(boxes: Sequence[GanttBox], max_boxes: int, span_s: float) -> tup
                   f"as one box ({len(best):,} boxes; \u201cseveral steps\u201d where kinds mix){also}; trace.json has every step")
 
 
-def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: float, plot_w: float = PLOT_WIDTH,
-                title: str = "Timeline of one training iteration", note: str = "") -> str:
-    """Rows of boxes on a time axis in ms from 0 to ``span_s``.
+@dataclass(frozen=True)
+class _GanttFrame:
+    """Where :func:`gantt_chart` draws: the rows' tops, the plot's box and the time scale."""
+    left: float
+    top: float
+    ys: list[float]      # each row's top
+    bottom: float
+    plot_w: float
+    span: float          # seconds the axis spans (span_s, or 1 when it is 0)
+    px: float            # px per second
+    main_h: float = 24.0
+    thin_h: float = 9.0
 
-    Every box is a ``<rect class="d2c-box" data-kind=".." data-row=".." data-count="..">``; the
-    axis is ``<line class="d2c-time-axis" data-span-s="..">`` from ``x(0)`` to ``x(span_s)``.
-    """
-    left = 130.0
-    legend_h = 30.0
+    def x_of(self, t: float) -> float:
+        return self.left + t * self.px
+
+    def row_h(self, row: GanttRow) -> float:
+        return self.thin_h if row.thin else self.main_h
+
+
+def _gantt_frame(rows: Sequence[GanttRow], span_s: float, plot_w: float) -> _GanttFrame:
+    """The rows stacked under the legend, a small gap before each main (not thin) row."""
+    left, legend_h = 130.0, 30.0
     top = legend_h + 14
     main_h, thin_h, group_gap = 24.0, 9.0, 7.0
     ys: list[float] = []
@@ -492,19 +559,34 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
             y += group_gap
         ys.append(y)
         y += (thin_h if r.thin else main_h) + 2
-    bottom = y + 2
-    width = left + plot_w + 24
-    height = bottom + 46 + (18 if note else 0)
     span = span_s if span_s > 0 else 1.0
-    px = plot_w / span
+    return _GanttFrame(left, top, ys, y + 2, plot_w, span, plot_w / span, main_h, thin_h)
 
-    def x_of(t: float) -> float:
-        return left + t * px
 
+def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: float, plot_w: float = PLOT_WIDTH,
+                title: str = "Timeline of one training iteration", note: str = "") -> str:
+    """Rows of boxes on a time axis in ms from 0 to ``span_s``.
+
+    Every box is a ``<rect class="d2c-box" data-kind=".." data-row=".." data-count="..">``; the
+    axis is ``<line class="d2c-time-axis" data-span-s="..">`` from ``x(0)`` to ``x(span_s)``.
+    """
+    f = _gantt_frame(rows, span_s, plot_w)
     g = Svg()
-    # legend
+    _gantt_legend(g, f, boxes)
+    _gantt_grid(g, f)
+    for i, r in enumerate(rows):
+        _gantt_row(g, f, i, r)
+    for b in boxes:
+        _gantt_box(g, f, rows[b.row], b)
+    _gantt_axis(g, f, span_s, note)
+    height = f.bottom + 46 + (18 if note else 0)
+    return g.document(f.left + plot_w + 24, height, title, {"chart": "timeline", "rows": len(rows), "boxes": len(boxes)})
+
+
+def _gantt_legend(g: Svg, f: _GanttFrame, boxes: Sequence[GanttBox]) -> None:
+    """A swatch per kind of box drawn, in :data:`GANTT_KINDS` order, then idle."""
     present = list(dict.fromkeys(b.kind for b in boxes))
-    lx = left
+    lx = f.left
     for kind in [k for k in GANTT_KINDS if k in present]:
         name, fill, _ = GANTT_KINDS[kind]
         g.add(g.rect(lx, 10, 14, 11, fill, ' stroke="#ffffff" stroke-width="0.5" class="d2c-legend-swatch"'))
@@ -512,57 +594,66 @@ def gantt_chart(rows: Sequence[GanttRow], boxes: Sequence[GanttBox], span_s: flo
         lx += 19 + 5.4 * len(name) + 20
     g.add(g.rect(lx, 10, 14, 11, "#ffffff", f' stroke="{AXIS_COLOUR}" stroke-width="0.7"'))
     g.text(lx + 19, 20, "idle (pipeline bubble, waiting)", size=11)
-    # time grid
-    step_ms = nice_step(span * 1e3, 10)
-    ticks = [k * step_ms for k in range(int(math.floor(span * 1e3 / step_ms + 1e-9)) + 1)]
+
+
+def _gantt_grid(g: Svg, f: _GanttFrame) -> None:
+    """Vertical lines at round milliseconds, labelled under the rows."""
+    step_ms = nice_step(f.span * 1e3, 10)
+    ticks = [k * step_ms for k in range(int(math.floor(f.span * 1e3 / step_ms + 1e-9)) + 1)]
     # as many decimals as the step needs: 0.25 ms -> 2, 2.5 ms -> 1, 20 ms -> 0
     decimals = next((d for d in range(7) if abs(round(step_ms, d) - step_ms) < step_ms * 1e-6), 6)
     for t in ticks:
-        x = x_of(t / 1e3)
-        g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(top - 4)}" x2="{svg_number(x)}" y2="{svg_number(bottom + 4)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
-        g.text(x, bottom + 18, f"{t:.{decimals}f}", size=11, anchor="middle", fill=AXIS_COLOUR, cls="d2c-tick")
-    # row backgrounds and labels
-    for i, r in enumerate(rows):
-        h = thin_h if r.thin else main_h
-        g.add(g.rect(left, ys[i], plot_w, h, "#f8f9fa" if not r.thin else "#fbfbfc"))
-        colour = OVER_COLOUR if r.over else (AXIS_COLOUR if r.thin else TEXT_COLOUR)
-        if r.thin:
-            body = (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + h - 1)}" font-size="11" text-anchor="end" fill="{colour}">'
-                    f"{xml_text(r.label)}</text>")
-        else:
-            body = (f'<text class="d2c-row-label{" d2c-over-label" if r.over else ""}" x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 11)}" '
-                    f'font-size="11" text-anchor="end" fill="{colour}" font-weight="bold">{xml_text(r.label)}</text>')
-            if r.sub:
-                body += (f'<text x="{svg_number(left - 8)}" y="{svg_number(ys[i] + 22)}" font-size="11" text-anchor="end" fill="{colour}">'
-                         f"{xml_text(r.sub)}</text>")
-        g.item(r.tip, body)
-    # boxes
-    for b in boxes:
-        r = rows[b.row]
-        h = thin_h if r.thin else main_h
-        x = x_of(b.start_s)
-        w = max(b.dur_s * px, 0.6)
-        name, fill, font = GANTT_KINDS[b.kind]
-        edge = ' stroke="#ffffff" stroke-width="0.4"' if w >= 4 else ""  # a white edge would wash out a sliver
-        body = g.rect(x, ys[b.row] + 1, w, h - 2, fill,
-                      f' class="d2c-box" data-kind="{b.kind}" data-row="{b.row}" data-count="{b.count}"{edge}')
-        # the micro-batch number, in a smaller font where the box is narrow: readable once zoomed in
-        size = min(9.5, (w - 1.5) / (0.6 * len(b.text))) if b.text else 0.0
-        if size >= 2.5 and not r.thin:
-            body += (f'<text x="{svg_number(x + w / 2)}" y="{svg_number(ys[b.row] + h / 2 + size * 0.36)}" font-size="{svg_number(size)}" '
-                     f'text-anchor="middle" fill="{font}" pointer-events="none">{xml_text(b.text)}</text>')
-        g.item(b.tip, body)
-    # axis and the end of the iteration
-    g.add(f'<line class="d2c-time-axis" x1="{svg_number(x_of(0))}" y1="{svg_number(bottom + 4)}" x2="{svg_number(x_of(span))}" y2="{svg_number(bottom + 4)}" '
+        x = f.x_of(t / 1e3)
+        g.add(f'<line x1="{svg_number(x)}" y1="{svg_number(f.top - 4)}" x2="{svg_number(x)}" y2="{svg_number(f.bottom + 4)}" stroke="{GRID_COLOUR}" stroke-width="1"/>')
+        g.text(x, f.bottom + 18, f"{t:.{decimals}f}", size=11, anchor="middle", fill=AXIS_COLOUR, cls="d2c-tick")
+
+
+def _gantt_row(g: Svg, f: _GanttFrame, i: int, r: GanttRow) -> None:
+    """Row ``i``'s background and its label (bold with a second line, or small for a thin row; red when over memory)."""
+    left, y, h = f.left, f.ys[i], f.row_h(r)
+    g.add(g.rect(left, y, f.plot_w, h, "#f8f9fa" if not r.thin else "#fbfbfc"))
+    colour = OVER_COLOUR if r.over else (AXIS_COLOUR if r.thin else TEXT_COLOUR)
+    if r.thin:
+        body = (f'<text x="{svg_number(left - 8)}" y="{svg_number(y + h - 1)}" font-size="11" text-anchor="end" fill="{colour}">'
+                f"{xml_text(r.label)}</text>")
+    else:
+        body = (f'<text class="d2c-row-label{" d2c-over-label" if r.over else ""}" x="{svg_number(left - 8)}" y="{svg_number(y + 11)}" '
+                f'font-size="11" text-anchor="end" fill="{colour}" font-weight="bold">{xml_text(r.label)}</text>')
+        if r.sub:
+            body += (f'<text x="{svg_number(left - 8)}" y="{svg_number(y + 22)}" font-size="11" text-anchor="end" fill="{colour}">'
+                     f"{xml_text(r.sub)}</text>")
+    g.item(r.tip, body)
+
+
+def _gantt_box(g: Svg, f: _GanttFrame, r: GanttRow, b: GanttBox) -> None:
+    """One box on its row, at least 0.6 px wide, with its text when it fits."""
+    h = f.row_h(r)
+    x = f.x_of(b.start_s)
+    w = max(b.dur_s * f.px, 0.6)
+    name, fill, font = GANTT_KINDS[b.kind]
+    edge = ' stroke="#ffffff" stroke-width="0.4"' if w >= 4 else ""  # a white edge would wash out a sliver
+    body = g.rect(x, f.ys[b.row] + 1, w, h - 2, fill,
+                  f' class="d2c-box" data-kind="{b.kind}" data-row="{b.row}" data-count="{b.count}"{edge}')
+    # the micro-batch number, in a smaller font where the box is narrow: readable once zoomed in
+    size = min(9.5, (w - 1.5) / (0.6 * len(b.text))) if b.text else 0.0
+    if size >= 2.5 and not r.thin:
+        body += (f'<text x="{svg_number(x + w / 2)}" y="{svg_number(f.ys[b.row] + h / 2 + size * 0.36)}" font-size="{svg_number(size)}" '
+                 f'text-anchor="middle" fill="{font}" pointer-events="none">{xml_text(b.text)}</text>')
+    g.item(b.tip, body)
+
+
+def _gantt_axis(g: Svg, f: _GanttFrame, span_s: float, note: str) -> None:
+    """The time axis, the dashed end of the iteration with its time, and the note on simplification."""
+    left, bottom = f.left, f.bottom
+    g.add(f'<line class="d2c-time-axis" x1="{svg_number(f.x_of(0))}" y1="{svg_number(bottom + 4)}" x2="{svg_number(f.x_of(f.span))}" y2="{svg_number(bottom + 4)}" '
           f'stroke="{AXIS_COLOUR}" stroke-width="1" data-span-s="{span_s:.17g}"/>')
-    end = x_of(span)
-    g.add(f'<line class="d2c-iteration-end" x1="{svg_number(end)}" y1="{svg_number(top - 8)}" x2="{svg_number(end)}" y2="{svg_number(bottom + 4)}" '
+    end = f.x_of(f.span)
+    g.add(f'<line class="d2c-iteration-end" x1="{svg_number(end)}" y1="{svg_number(f.top - 8)}" x2="{svg_number(end)}" y2="{svg_number(bottom + 4)}" '
           f'stroke="#202124" stroke-width="1.2" stroke-dasharray="4 3"/>')
     g.text(left - 8, bottom + 18, "ms", size=11, anchor="end", fill=AXIS_COLOUR)
     g.text(end, bottom + 34, f"iteration: {fmt_s(span_s)}", size=12, anchor="end", fill="#202124", weight="bold")
     if note:
         g.text(left, bottom + 52, f"Simplified drawing: {note}.", size=11, fill=AXIS_COLOUR, cls="d2c-chart-note")
-    return g.document(width, height, title, {"chart": "timeline", "rows": len(rows), "boxes": len(boxes)})
 
 
 def _recompute_per_step(facts: Facts, p: int, v: int) -> float:

@@ -315,91 +315,105 @@ def replica_page(dp: int, d: int, replica_pages_max: int) -> str:
 
 
 def overview_drawing(facts: Facts, replica_pages_max: int) -> Drawing:
-    a = facts.analysis
+    """A column per replica (alike replicas folded into one), each the chain of its stages, with the
+    data-parallel collectives between the columns and the tied-embedding group on the last column."""
     g = _Dot(rankdir="TB", nodesep=0.35, ranksep=0.45)
     columns = replica_columns(facts.dp)
     headers: list[str] = []
     boxes: list[list[str]] = []  # [column][stage]
     for col in columns:
-        first = col[0]
-        ranks = [r for d in col for r in facts.replica_ranks(d)]
-        if len(col) == 1:
-            title = f"replica {first}"
-            page = replica_page(facts.dp, first, replica_pages_max)
-        else:
-            title = f"replicas {col[0]}–{col[-1]}"
-            page = replica_page(facts.dp, col[0], replica_pages_max)
-        subs = [f"{len(col)} alike replicas", _brief(ranks)] if len(col) > 1 else [_brief(ranks)]
-        tip = f"{title}: {len(ranks)} GPUs ({rank_ranges(ranks)}), nodes {rank_ranges(facts.nodes_of(ranks))}"
-        if len(col) > 1:
-            tip += "\nreplicas are identical up to GPU ids; replica 0 is drawn in detail"
-        headers.append(g.node(_label(title, *subs), tip, page, shape="box", style="filled", fillcolor="#e8eaed", color="#e8eaed"))
-        column_boxes = []
-        for p, st in enumerate(a.stages):
-            lo, hi = facts.layer_range(p)
-            ranks_p = [r for d in col for r in facts.ranks(d, p)]
-            layers = facts.layer_span(p)
-            share = facts.stage_share[p]
-            tip = (
-                f"stage {p} of {title}: {layers} ({len(st.layers)} layers)\n"
-                f"GPUs {rank_ranges(ranks_p)} on node(s) {rank_ranges(facts.nodes_of(ranks_p))}\n"
-                f"per micro-batch: forward {fmt_s(st.time_fwd_s)}, backward {fmt_s(st.time_bwd_s)}\n"
-                f"parameters {fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU)\n"
-                f"{fmt_share(share)} of the iteration busy per GPU"
-                + _over_tip(facts, p)
-            )
-            target = f"stage_{p}_data_0" if first == 0 else page
-            column_boxes.append(
-                g.node(_label(f"stage {p}", layers, _brief(ranks_p), f"{fmt_share(share)} busy",
-                              "over memory" if facts.over_capacity(p) else ""),
-                       tip, target, **_heat(share), **_over(facts, p))
-            )
+        header, column_boxes = _overview_column(g, facts, col, replica_pages_max)
+        headers.append(header)
         boxes.append(column_boxes)
-        g.edge(headers[-1], column_boxes[0], style="invis")
-        for p in range(len(a.stages) - 1):
-            b = facts.boundaries[p]
-            g.edge(column_boxes[p], column_boxes[p + 1],
-                   f"pipeline Send/Recv stage {p} -> {p + 1}: {fmt_bytes(b.bytes_fwd)} forward, "
-                   f"{fmt_bytes(b.bytes_bwd)} backward per micro-batch over {b.link}",
-                   color="#08519c")
         if col is columns[-1]:
-            # every replica has the same embedding group: drawn once, on the last column, where
-            # the edge runs down the drawing's free right side (Graphviz routes it across the
-            # other columns from any inner one), its label outside the columns
-            each = " (each replica)" if len(columns) > 1 or len(col) > 1 else ""
-            for stages, comms in sorted(facts.tied_groups.items()):
-                if len(stages) > 1 and all(0 <= s < len(column_boxes) for s in stages):
-                    g.edge(column_boxes[stages[-1]], column_boxes[stages[0]], _tied_tip(facts, stages, comms),
-                           label=_tied_label(comms, each), dir="both", style="dashed", color="#6a3d9a",
-                           fontcolor="#6a3d9a", fontsize=8, constraint="false", tailport="e", headport="e")
+            _overview_tied(g, facts, column_boxes, each=len(columns) > 1 or len(col) > 1)
     g.same_rank(headers)
     if len(columns) > 1:
-        for p in range(len(a.stages)):
-            dps = facts.dp_by_stage.get(p, ())
-            row = [boxes[0][p]]
-            if dps:
-                total = sum(c.message_bytes * c.count_per_iteration for c in dps)
-                t = sum(c.time_s * c.count_per_iteration for c in dps)
-                kinds = "/".join(dict.fromkeys(kind_label(c.kind) for c in dps))
-                share = facts.comms_share(dps)
-                tip = (
-                    f"data-parallel {kinds} of stage {p}'s gradients across the {facts.dp} replicas\n"
-                    + "\n".join(f"{c.count_per_iteration} x {fmt_bytes(c.message_bytes)} {kind_label(c.kind)} ({c.phase.value}): "
-                                f"{fmt_s(c.time_s)} each, {c.algorithm} over {c.link}" for c in dps)
-                    + f"\nper iteration: {fmt_bytes(total)}, {fmt_s(t)} ({fmt_share(share)} of the iteration)"
-                )
-                dp_node = g.node(_label(f"DP {kinds}", f"{fmt_bytes(total)} / iteration", fmt_s(t)), tip, f"gpu_comm_dp_{p}",
-                                 **_comm_attrs(share))
-                # flat edges inside a rank order it left to right: replica 0, DP node, replica 1
-                g.edge(boxes[0][p], dp_node, dir="none", style="dashed", color="#08519c")
-                g.edge(dp_node, boxes[1][p], dir="none", style="dashed", color="#08519c")
-                row.append(dp_node)
-            for ci in range(1, len(columns)):
-                row.append(boxes[ci][p])
-                if ci >= 2 or not dps:
-                    g.edge(boxes[ci - 1][p], boxes[ci][p], dir="none", style="dashed", color="#08519c")
-            g.same_rank(row)
+        for p in range(len(facts.analysis.stages)):
+            _overview_dp_row(g, facts, [column[p] for column in boxes], p)
     return Drawing("overview", "index", "Overview: replicas and stages", g.text(), g.annotations, g.hottest_share)
+
+
+def _overview_column(g: _Dot, facts: Facts, col: tuple[int, ...], replica_pages_max: int) -> tuple[str, list[str]]:
+    """One column: a header naming its replicas, then a box per stage joined by the pipeline Send/Recv."""
+    a = facts.analysis
+    first = col[0]
+    ranks = [r for d in col for r in facts.replica_ranks(d)]
+    title = f"replica {first}" if len(col) == 1 else f"replicas {col[0]}–{col[-1]}"
+    page = replica_page(facts.dp, first, replica_pages_max)
+    subs = [f"{len(col)} alike replicas", _brief(ranks)] if len(col) > 1 else [_brief(ranks)]
+    tip = f"{title}: {len(ranks)} GPUs ({rank_ranges(ranks)}), nodes {rank_ranges(facts.nodes_of(ranks))}"
+    if len(col) > 1:
+        tip += "\nreplicas are identical up to GPU ids; replica 0 is drawn in detail"
+    header = g.node(_label(title, *subs), tip, page, shape="box", style="filled", fillcolor="#e8eaed", color="#e8eaed")
+    column_boxes = []
+    for p, st in enumerate(a.stages):
+        ranks_p = [r for d in col for r in facts.ranks(d, p)]
+        layers = facts.layer_span(p)
+        share = facts.stage_share[p]
+        tip = (
+            f"stage {p} of {title}: {layers} ({len(st.layers)} layers)\n"
+            f"GPUs {rank_ranges(ranks_p)} on node(s) {rank_ranges(facts.nodes_of(ranks_p))}\n"
+            f"per micro-batch: forward {fmt_s(st.time_fwd_s)}, backward {fmt_s(st.time_bwd_s)}\n"
+            f"parameters {fmt_count(st.params)} ({fmt_count(st.params_per_gpu)} per GPU)\n"
+            f"{fmt_share(share)} of the iteration busy per GPU"
+            + _over_tip(facts, p)
+        )
+        target = f"stage_{p}_data_0" if first == 0 else page
+        column_boxes.append(
+            g.node(_label(f"stage {p}", layers, _brief(ranks_p), f"{fmt_share(share)} busy",
+                          "over memory" if facts.over_capacity(p) else ""),
+                   tip, target, **_heat(share), **_over(facts, p))
+        )
+    g.edge(header, column_boxes[0], style="invis")
+    for p in range(len(a.stages) - 1):
+        b = facts.boundaries[p]
+        g.edge(column_boxes[p], column_boxes[p + 1],
+               f"pipeline Send/Recv stage {p} -> {p + 1}: {fmt_bytes(b.bytes_fwd)} forward, "
+               f"{fmt_bytes(b.bytes_bwd)} backward per micro-batch over {b.link}",
+               color="#08519c")
+    return header, column_boxes
+
+
+def _overview_tied(g: _Dot, facts: Facts, column_boxes: list[str], each: bool) -> None:
+    """Every replica has the same embedding group: drawn once, on the last column, where the edge
+    runs down the drawing's free right side (Graphviz routes it across the other columns from any
+    inner one), its label outside the columns."""
+    where = " (each replica)" if each else ""
+    for stages, comms in sorted(facts.tied_groups.items()):
+        if len(stages) > 1 and all(0 <= s < len(column_boxes) for s in stages):
+            g.edge(column_boxes[stages[-1]], column_boxes[stages[0]], _tied_tip(facts, stages, comms),
+                   label=_tied_label(comms, where), dir="both", style="dashed", color="#6a3d9a",
+                   fontcolor="#6a3d9a", fontsize=8, constraint="false", tailport="e", headport="e")
+
+
+def _overview_dp_row(g: _Dot, facts: Facts, row_boxes: list[str], p: int) -> None:
+    """Stage ``p``'s boxes of every column in one rank, joined by dashed lines; between the first two
+    a node for the stage's data-parallel collectives."""
+    dps = facts.dp_by_stage.get(p, ())
+    row = [row_boxes[0]]
+    if dps:
+        total = sum(c.message_bytes * c.count_per_iteration for c in dps)
+        t = sum(c.time_s * c.count_per_iteration for c in dps)
+        kinds = "/".join(dict.fromkeys(kind_label(c.kind) for c in dps))
+        share = facts.comms_share(dps)
+        tip = (
+            f"data-parallel {kinds} of stage {p}'s gradients across the {facts.dp} replicas\n"
+            + "\n".join(f"{c.count_per_iteration} x {fmt_bytes(c.message_bytes)} {kind_label(c.kind)} ({c.phase.value}): "
+                        f"{fmt_s(c.time_s)} each, {c.algorithm} over {c.link}" for c in dps)
+            + f"\nper iteration: {fmt_bytes(total)}, {fmt_s(t)} ({fmt_share(share)} of the iteration)"
+        )
+        dp_node = g.node(_label(f"DP {kinds}", f"{fmt_bytes(total)} / iteration", fmt_s(t)), tip, f"gpu_comm_dp_{p}",
+                         **_comm_attrs(share))
+        # flat edges inside a rank order it left to right: replica 0, DP node, replica 1
+        g.edge(row_boxes[0], dp_node, dir="none", style="dashed", color="#08519c")
+        g.edge(dp_node, row_boxes[1], dir="none", style="dashed", color="#08519c")
+        row.append(dp_node)
+    for ci in range(1, len(row_boxes)):
+        row.append(row_boxes[ci])
+        if ci >= 2 or not dps:
+            g.edge(row_boxes[ci - 1], row_boxes[ci], dir="none", style="dashed", color="#08519c")
+    g.same_rank(row)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,102 +518,131 @@ def _group_summary(comms: Sequence[CommNode], per_micro_batch: bool, m: int) -> 
     return ", ".join(f"{n}× {k}" for k, n in counts.items())
 
 
-def stage_drawing(facts: Facts, p: int) -> Drawing:
-    a = facts.analysis
-    st = a.stages[p]
-    g = _Dot(rankdir="TB", ranksep=0.28)
+def _stage_gpus_node(g: _Dot, facts: Facts, p: int) -> str:
+    """The box of stage ``p``'s GPUs (replica 0, the first 8 listed), red-outlined when over memory."""
+    st = facts.analysis.stages[p]
     ranks = facts.ranks(0, p)
     gpu_lines = [f"GPU {r} · node {facts.node_of(r)} · t={t}" for t, r in enumerate(ranks[:8])]
     if len(ranks) > 8:
         gpu_lines.append(f"… {len(ranks) - 8} more (GPUs {rank_ranges(ranks)})")
     over = facts.over_memory_text(p)
-    gpus = g.node(_label(f"GPUs of stage {p}", *gpu_lines, over), f"replica 0, stage {p}: GPUs {rank_ranges(ranks)}; each holds 1/{facts.tp} "
+    return g.node(_label(f"GPUs of stage {p}", *gpu_lines, over), f"replica 0, stage {p}: GPUs {rank_ranges(ranks)}; each holds 1/{facts.tp} "
                   f"of the stage's tensor-parallel weights ({fmt_count(st.params_per_gpu)} parameters)\n"
                   f"memory per GPU: {fmt_bytes(facts.memory_per_gpu(p))} of {fmt_bytes(facts.capacity_bytes)}" + _over_tip(facts, p),
                   None, shape="box", style="filled", fillcolor="#e8eaed", **({"color": "#bdc1c6"} | _over(facts, p)))
-    top = [gpus]
+
+
+def _stage_group_nodes(g: _Dot, facts: Facts, p: int) -> list[str]:
+    """The stage's communication groups beside its GPUs: context-, expert-, tensor-, data-parallel
+    (each when it has collectives), linking to their pages."""
+    a = facts.analysis
+    ranks = facts.ranks(0, p)
+    nodes = []
     tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim is ParallelDim.TP)
     for key, title, comms, group in (("cp", "CP group", facts.cp_by_stage.get(p, ()), a.rank_map.cp_group(0, p, 0)),
                                      ("ep", "EP group", facts.ep_by_stage.get(p, ()), a.rank_map.ep_group(p, 0, 0))):
         if comms:
             share = facts.comms_share(comms)
             link = comms[0].link
-            top.append(g.node(_label(title, f"{_group_summary(comms, True, facts.m)} / µbatch", f"GPUs {rank_ranges(group)} · {link_short(link)}"),
-                              f"{'context' if key == 'cp' else 'expert'}-parallel collectives of stage {p}: "
-                              f"{len(comms)} per micro-batch kinds listed on the page\n"
-                              f"group of tensor rank 0: GPUs {rank_ranges(group)} over {link}\n{fmt_share(share)} of the iteration",
-                              f"gpu_comm_{key}_{p}", **_comm_attrs(share)))
+            nodes.append(g.node(_label(title, f"{_group_summary(comms, True, facts.m)} / µbatch", f"GPUs {rank_ranges(group)} · {link_short(link)}"),
+                                f"{'context' if key == 'cp' else 'expert'}-parallel collectives of stage {p}: "
+                                f"{len(comms)} per micro-batch kinds listed on the page\n"
+                                f"group of tensor rank 0: GPUs {rank_ranges(group)} over {link}\n{fmt_share(share)} of the iteration",
+                                f"gpu_comm_{key}_{p}", **_comm_attrs(share)))
     if tps:
         share = facts.comms_share(tps)
         link = tps[0].link
-        tp = g.node(_label("TP group", f"{_group_summary(tps, True, facts.m)} / µbatch", f"GPUs {rank_ranges(ranks)} · {link_short(link)}"),
-                    f"tensor-parallel collectives of stage {p}: {len(tps)} per micro-batch kinds listed on the page\n"
-                    f"group: GPUs {rank_ranges(ranks)} over {link}\n{fmt_share(share)} of the iteration",
-                    f"gpu_comm_tp_{p}", **_comm_attrs(share))
-        top.append(tp)
+        nodes.append(g.node(_label("TP group", f"{_group_summary(tps, True, facts.m)} / µbatch", f"GPUs {rank_ranges(ranks)} · {link_short(link)}"),
+                            f"tensor-parallel collectives of stage {p}: {len(tps)} per micro-batch kinds listed on the page\n"
+                            f"group: GPUs {rank_ranges(ranks)} over {link}\n{fmt_share(share)} of the iteration",
+                            f"gpu_comm_tp_{p}", **_comm_attrs(share)))
     dps = facts.dp_by_stage.get(p, ())
     if dps:
         share = facts.comms_share(dps)
         group = a.rank_map.dp_group(p, 0)
         total = sum(c.message_bytes * c.count_per_iteration for c in dps)
-        dp = g.node(_label("DP groups", f"{_group_summary(dps, False, facts.m)} / iteration", f"{fmt_bytes(total)} · {link_short(dps[0].link)}"),
-                    f"data-parallel collectives of stage {p}: {facts.tp} groups of {facts.dp} GPUs (e.g. {rank_ranges(group)})\n"
-                    f"{fmt_bytes(total)} per iteration over {dps[0].link}\n{fmt_share(share)} of the iteration",
-                    f"gpu_comm_dp_{p}", **_comm_attrs(share))
-        top.append(dp)
-    g.same_rank(top)
-    prev = None
-    if p > 0:
-        b = facts.boundaries[p - 1]
-        prev = g.node(_label(f"Recv ← stage {p - 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch", _host_label(b)),
-                      f"activations from stage {p - 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {b.time_text()}); "
+        nodes.append(g.node(_label("DP groups", f"{_group_summary(dps, False, facts.m)} / iteration", f"{fmt_bytes(total)} · {link_short(dps[0].link)}"),
+                            f"data-parallel collectives of stage {p}: {facts.tp} groups of {facts.dp} GPUs (e.g. {rank_ranges(group)})\n"
+                            f"{fmt_bytes(total)} per iteration over {dps[0].link}\n{fmt_share(share)} of the iteration",
+                            f"gpu_comm_dp_{p}", **_comm_attrs(share)))
+    return nodes
+
+
+def _stage_layer_node(g: _Dot, facts: Facts, li: int) -> str:
+    """A layer's box in its stage's chain: name, kind, ops, parameters, times and its collectives."""
+    layer = facts.analysis.layers[li]
+    tps_l = facts.tp_by_layer.get(li, ())
+    share = facts.layer_share[li]
+    tip = (
+        f"layer {li}: {layer.name} ({layer.kind})\n{layer.num_ops} ops, {fmt_count(layer.params)} parameters, "
+        f"{fmt_flops(layer.flops_fwd)} forward per micro-batch (unsharded)\n"
+        f"compute per micro-batch on one GPU: forward {fmt_s(layer.time_fwd_s)}, backward {fmt_s(layer.time_bwd_s)}\n"
+        + (f"tensor-parallel: {_group_summary(tps_l, True, facts.m)} per micro-batch\n" if tps_l else "")
+        + f"{fmt_share(share)} of the iteration"
+    )
+    return g.node(
+        _label(_short(layer.name, 36), f"{layer.kind} · {layer.num_ops} ops · {fmt_count(layer.params)} params",
+               f"fwd {fmt_s(layer.time_fwd_s)} · bwd {fmt_s(layer.time_bwd_s)}",
+               f"{'/'.join(sorted({c.dim.value.upper() for c in tps_l}, key=('TP', 'CP', 'EP').index))}: "
+               f"{_group_summary(tps_l, True, facts.m)} / µbatch" if tps_l else ""),
+        tip, f"layer_{li}_data_0", **_heat(share),
+    )
+
+
+def _stage_tied_copy(g: _Dot, facts: Facts, p: int, last: str | None) -> None:
+    """A tied copy the stage holds (the word embedding on the LM head's stage), beside its last layer:
+    its parameters count in the stage's."""
+    st = facts.analysis.stages[p]
+    tied = [c for stages, comms in facts.tied_groups.items() if p in stages for c in comms if c.stage == p]
+    owners = ", ".join(map(str, st.held_from))
+    held = g.node(
+        _label("tied copy", _short(", ".join(st.held_tensors), 36), f"{fmt_count(st.held_params)} params · owned by stage {owners}",
+               f"grad all-reduce {fmt_s(sum(c.time_s for c in tied))} / iteration" if tied else ""),
+        f"a copy of {', '.join(st.held_tensors)} ({fmt_count(st.held_params)} parameters), owned by stage {owners}: "
+        f"this stage's layers read it, so it holds the weight, its gradient and its optimizer states\n"
+        f"the stage's {fmt_count(st.params)} parameters = {fmt_count(st.params - st.held_params)} in its layers + "
+        f"{fmt_count(st.held_params)} in this copy\n"
+        + ("after the backward pass its gradient is all-reduced with the owner's (Megatron-LM's embedding group)"
+           if tied else ""),
+        f"stage_{st.held_from[0]}_data_0" if st.held_from else None,
+        shape="box", style="rounded,dashed,filled", fillcolor="#f3e8fd", color="#6a3d9a")
+    g.edge(held, last, style="dashed", color="#6a3d9a", arrowhead="none", constraint="false")  # type: ignore[arg-type]
+
+
+def _stage_pp_node(g: _Dot, facts: Facts, b: Boundary, receive: bool) -> str:
+    """The Recv box at the top (``receive``) or the Send box at the bottom of a stage's chain."""
+    if receive:
+        s = b.stage
+        return g.node(_label(f"Recv ← stage {s}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch", _host_label(b)),
+                      f"activations from stage {s} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {b.time_text()}); "
                       f"gradients go back ({fmt_bytes(b.bytes_bwd)}, {b.time_text(backward=True)}) over {b.link}" + _host_line(b),
-                      f"gpu_comm_pp_{p - 1}", **_comm_attrs(facts.comms_share(b.comms)))
+                      f"gpu_comm_pp_{s}", **_comm_attrs(facts.comms_share(b.comms)))
+    s = b.stage + 1
+    return g.node(_label(f"Send → stage {s}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch", _host_label(b)),
+                  f"activations to stage {s} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {b.time_text()}); "
+                  f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {b.time_text(backward=True)}) over {b.link}" + _host_line(b),
+                  f"gpu_comm_pp_{b.stage}", **_comm_attrs(facts.comms_share(b.comms)))
+
+
+def stage_drawing(facts: Facts, p: int) -> Drawing:
+    """A stage of replica 0: its GPUs and groups in a row, under them the chain Recv -> layers -> Send."""
+    st = facts.analysis.stages[p]
+    g = _Dot(rankdir="TB", ranksep=0.28)
+    top = [_stage_gpus_node(g, facts, p)]
+    top += _stage_group_nodes(g, facts, p)
+    g.same_rank(top)
+    prev = _stage_pp_node(g, facts, facts.boundaries[p - 1], receive=True) if p > 0 else None
     anchor = top[len(top) // 2]  # the chain of layers hangs centred under the row of groups
     if prev is not None:
         g.edge(anchor, prev, style="invis")
     for li in st.layers:
-        layer = a.layers[li]
-        tps_l = facts.tp_by_layer.get(li, ())
-        share = facts.layer_share[li]
-        tip = (
-            f"layer {li}: {layer.name} ({layer.kind})\n{layer.num_ops} ops, {fmt_count(layer.params)} parameters, "
-            f"{fmt_flops(layer.flops_fwd)} forward per micro-batch (unsharded)\n"
-            f"compute per micro-batch on one GPU: forward {fmt_s(layer.time_fwd_s)}, backward {fmt_s(layer.time_bwd_s)}\n"
-            + (f"tensor-parallel: {_group_summary(tps_l, True, facts.m)} per micro-batch\n" if tps_l else "")
-            + f"{fmt_share(share)} of the iteration"
-        )
-        node = g.node(
-            _label(_short(layer.name, 36), f"{layer.kind} · {layer.num_ops} ops · {fmt_count(layer.params)} params",
-                   f"fwd {fmt_s(layer.time_fwd_s)} · bwd {fmt_s(layer.time_bwd_s)}",
-                   f"{'/'.join(sorted({c.dim.value.upper() for c in tps_l}, key=('TP', 'CP', 'EP').index))}: "
-                   f"{_group_summary(tps_l, True, facts.m)} / µbatch" if tps_l else ""),
-            tip, f"layer_{li}_data_0", **_heat(share),
-        )
+        node = _stage_layer_node(g, facts, li)
         g.edge(prev, node) if prev is not None else g.edge(anchor, node, style="invis")
         prev = node
-    if st.held_params:  # a tied copy (the word embedding on the LM head's stage): its parameters count in the stage's
-        tied = [c for stages, comms in facts.tied_groups.items() if p in stages for c in comms if c.stage == p]
-        owners = ", ".join(map(str, st.held_from))
-        held = g.node(
-            _label("tied copy", _short(", ".join(st.held_tensors), 36), f"{fmt_count(st.held_params)} params · owned by stage {owners}",
-                   f"grad all-reduce {fmt_s(sum(c.time_s for c in tied))} / iteration" if tied else ""),
-            f"a copy of {', '.join(st.held_tensors)} ({fmt_count(st.held_params)} parameters), owned by stage {owners}: "
-            f"this stage's layers read it, so it holds the weight, its gradient and its optimizer states\n"
-            f"the stage's {fmt_count(st.params)} parameters = {fmt_count(st.params - st.held_params)} in its layers + "
-            f"{fmt_count(st.held_params)} in this copy\n"
-            + ("after the backward pass its gradient is all-reduced with the owner's (Megatron-LM's embedding group)"
-               if tied else ""),
-            f"stage_{st.held_from[0]}_data_0" if st.held_from else None,
-            shape="box", style="rounded,dashed,filled", fillcolor="#f3e8fd", color="#6a3d9a")
-        g.edge(held, prev, style="dashed", color="#6a3d9a", arrowhead="none", constraint="false")  # type: ignore[arg-type]
+    if st.held_params:
+        _stage_tied_copy(g, facts, p, prev)
     if p < facts.pp - 1:
-        b = facts.boundaries[p]
-        send = g.node(_label(f"Send → stage {p + 1}", f"{fmt_bytes(b.bytes_fwd)} · {fmt_s(b.time_fwd_s)} / µbatch", _host_label(b)),
-                      f"activations to stage {p + 1} ({fmt_bytes(b.bytes_fwd)} per micro-batch, {b.time_text()}); "
-                      f"gradients come back ({fmt_bytes(b.bytes_bwd)}, {b.time_text(backward=True)}) over {b.link}" + _host_line(b),
-                      f"gpu_comm_pp_{p}", **_comm_attrs(facts.comms_share(b.comms)))
-        g.edge(prev, send)  # type: ignore[arg-type]
+        g.edge(prev, _stage_pp_node(g, facts, facts.boundaries[p], receive=False))  # type: ignore[arg-type]
     return Drawing(f"stage_{p}_data_0_detail", f"stage_{p}_data_0", f"Stage {p} (replica 0): layers", g.text(), g.annotations, g.hottest_share)
 
 
@@ -646,32 +689,42 @@ def _tensor_tip(facts: Facts, name: str) -> str:
     return f"tensor {name}\n{fmt_shape(t.shape)} {t.dtype.label} on one GPU ({fmt_bytes(t.nbytes)})"
 
 
-def layer_drawing(facts: Facts, li: int) -> Drawing:
-    a = facts.analysis
-    graph = a.graph
-    layer = a.layered.layers[li]
-    stage = a.layers[li].stage
-    in_layer = set(layer.op_indices)
-    g = _Dot(rankdir="TB", nodesep=0.22, ranksep=0.26)
-    node_of_op: dict[int, str] = {}
-    source: dict[str, str] = {}  # tensor -> node that currently provides it
-    externals: dict[str, str] = {}
-    layer_of_op = a.layered.layer_of_op
-    pp_fwd = {c.tensor: c for b in facts.boundaries for c in b.forward}
+_PLAIN_BOX = dict(shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
 
-    def external(name: str) -> str:
-        if name in externals:
-            return externals[name]
-        t = facts.local_shape.get(name) or graph.tensors.get(name)
-        shape = fmt_shape(t.shape) if t is not None else ""
-        prod = graph.producer(name)
+
+class _LayerDrawing:
+    """The drawing of one layer: its operators, the collectives on the tensors they act on, and a
+    box for every tensor that enters or leaves the layer."""
+
+    def __init__(self, facts: Facts, li: int) -> None:
+        a = facts.analysis
+        self.facts, self.li, self.graph = facts, li, a.graph
+        self.layer = a.layered.layers[li]
+        self.stage = a.layers[li].stage
+        self.in_layer = set(self.layer.op_indices)
+        self.g = _Dot(rankdir="TB", nodesep=0.22, ranksep=0.26)
+        self.node_of_op: dict[int, str] = {}
+        self.source: dict[str, str] = {}  # tensor -> node that currently provides it
+        self.externals: dict[str, str] = {}
+        self.comm_nodes: dict[str, str] = {}
+
+    def _shape(self, name: str) -> str:
+        t = self.facts.local_shape.get(name) or self.graph.tensors.get(name)
+        return fmt_shape(t.shape) if t is not None else ""
+
+    def external(self, name: str) -> str:
+        """The box of a tensor from outside the layer (drawn once): a model input, a Recv from the
+        previous stage, or a tensor from another layer."""
+        if name in self.externals:
+            return self.externals[name]
+        facts, g, stage = self.facts, self.g, self.stage
+        shape = self._shape(name)
+        prod = self.graph.producer(name)
         if prod is None:
-            nid = g.node(_label("model input", shape), _tensor_tip(facts, name), None, shape="box", style="rounded,filled",
-                         fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
+            nid = g.node(_label("model input", shape), _tensor_tip(facts, name), None, **_PLAIN_BOX)
         else:
-            src_layer = layer_of_op[prod]
-            src_stage = a.layers[src_layer].stage
-            if src_stage != stage:
+            src_layer = facts.analysis.layered.layer_of_op[prod]
+            if facts.analysis.layers[src_layer].stage != stage:
                 b = facts.boundaries[stage - 1]
                 nid = g.node(_label(f"Recv ← stage {stage - 1}", shape),
                              f"{_tensor_tip(facts, name)}\nreceived from stage {stage - 1} every micro-batch; "
@@ -679,91 +732,107 @@ def layer_drawing(facts: Facts, li: int) -> Drawing:
                              f"gpu_comm_pp_{stage - 1}", **_comm_attrs(facts.comms_share(b.comms)))
             else:
                 # relative wording keeps alike blocks byte-identical (one layout for all of them)
-                where = "previous layer" if src_layer == li - 1 else f"layer {src_layer}"
+                where = "previous layer" if src_layer == self.li - 1 else f"layer {src_layer}"
                 nid = g.node(_label(f"from {where}", shape), f"{_tensor_tip(facts, name)}\nfrom layer {src_layer}", f"layer_{src_layer}_data_0",
-                             shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
-        externals[name] = nid
+                             **_PLAIN_BOX)
+        self.externals[name] = nid
         return nid
 
-    for i in layer.op_indices:
-        info = a.ops[i]
-        op = graph.ops[i]
-        share = facts.op_share(i)
-        node_of_op[i] = g.node(_label(op.op_type, fmt_shape(info.output_shape), _op_time(info.time_fwd_s, info.time_bwd_s)),
-                               _op_tooltip(facts, i), None, **_heat(share))
-    # collectives sit on the tensor they act on: producer -> collective -> consumers
-    comm_after: dict[str, list[CommNode]] = {}
-    for c in facts.tp_by_layer.get(li, ()):
-        comm_after.setdefault(c.tensor, []).append(c)
-    for i in layer.op_indices:
-        op = graph.ops[i]
-        for name in op.outputs:
-            if name:
-                source[name] = node_of_op[i]
-    comm_nodes: dict[str, str] = {}
-    for name, comms in comm_after.items():
-        for c in comms:
-            src = source.get(name) or external(name)
-            backward = c.phase is Phase.BACKWARD
-            phase = "bwd" if backward else "fwd"
-            nid = g.node(_label(kind_label(c.kind), f"{phase} · {fmt_bytes(c.message_bytes)} · {fmt_s(c.time_s)}"),
-                         _comm_tooltip(facts, c, "forward: identity; backward: AllReduce of the input gradient" if backward else ""),
-                         f"gpu_comm_tp_{stage}", **_comm_attrs(facts.comm_share(c), backward))
-            g.edge(src, nid, _tensor_tip(facts, name), color="#08519c")
-            source[name] = nid
-            comm_nodes[name] = nid
-    edges_done: set[tuple[str, str]] = set()
-    for i in layer.op_indices:
-        op = graph.ops[i]
-        for name in op.inputs:
-            if not name:
-                continue
-            t = graph.tensors.get(name)
-            if t is not None and t.is_weight:
-                continue
-            prod = graph.producer(name)
-            if prod is None and name not in graph.inputs:
-                continue  # constants and initializers that are not weights
-            src = source.get(name) if prod in in_layer or name in comm_nodes else None
-            if src is None:
-                src = external(name)
-            key = (src, node_of_op[i])
-            if key in edges_done:
-                continue
-            edges_done.add(key)
-            g.edge(src, node_of_op[i], _tensor_tip(facts, name), color="#08519c" if name in comm_nodes else None)
-    # outputs leaving the layer
-    for i in layer.op_indices:
-        op = graph.ops[i]
-        for name in op.outputs:
-            if not name:
-                continue
-            outside = sorted({layer_of_op[k] for k in graph.consumers(name) if k not in in_layer})
-            is_output = name in graph.outputs
-            if not outside and not is_output:
-                continue
-            t = facts.local_shape.get(name) or graph.tensors.get(name)
-            shape = fmt_shape(t.shape) if t is not None else ""
-            src = source[name]
-            if name in pp_fwd and pp_fwd[name].stage == stage:
-                b = facts.boundaries[stage]
-                nid = g.node(_label(f"Send → stage {stage + 1}", shape),
-                             f"{_tensor_tip(facts, name)}\nsent to stage {stage + 1} every micro-batch; its gradient comes back\n"
-                             f"boundary: {fmt_bytes(b.bytes_fwd)} in {b.time_text()} over {b.link}" + _host_line(b),
-                             f"gpu_comm_pp_{stage}", **_comm_attrs(facts.comms_share(b.comms)))
-            elif outside:
-                first = outside[0]
-                more = f" (+{len(outside) - 1})" if len(outside) > 1 else ""
-                where = "next layer" if first == li + 1 else f"layer {first}"
-                nid = g.node(_label(f"to {where}{more}", shape), f"{_tensor_tip(facts, name)}\nread by layer(s) {', '.join(map(str, outside))}",
-                             f"layer_{first}_data_0",
-                             shape="box", style="rounded,filled", fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
-            else:
-                nid = g.node(_label("model output", shape), _tensor_tip(facts, name), None, shape="box", style="rounded,filled",
-                             fillcolor="#f1f3f4", color="#bdc1c6", fontcolor="#3c4043")
-            g.edge(src, nid, _tensor_tip(facts, name))
-    return Drawing(f"layer_{li}_data_0_detail", f"layer_{li}_data_0", f"Layer {li} (replica 0): operators", g.text(), g.annotations,
-                   g.hottest_share)
+    def operators(self) -> None:
+        """A box per operator, heat-coloured by its share of the iteration."""
+        a = self.facts.analysis
+        for i in self.layer.op_indices:
+            info = a.ops[i]
+            self.node_of_op[i] = self.g.node(_label(self.graph.ops[i].op_type, fmt_shape(info.output_shape),
+                                                    _op_time(info.time_fwd_s, info.time_bwd_s)),
+                                             _op_tooltip(self.facts, i), None, **_heat(self.facts.op_share(i)))
+        for i in self.layer.op_indices:
+            for name in self.graph.ops[i].outputs:
+                if name:
+                    self.source[name] = self.node_of_op[i]
+
+    def collectives(self) -> None:
+        """Collectives sit on the tensor they act on: producer -> collective -> consumers."""
+        facts, g = self.facts, self.g
+        comm_after: dict[str, list[CommNode]] = {}
+        for c in facts.tp_by_layer.get(self.li, ()):
+            comm_after.setdefault(c.tensor, []).append(c)
+        for name, comms in comm_after.items():
+            for c in comms:
+                src = self.source.get(name) or self.external(name)
+                backward = c.phase is Phase.BACKWARD
+                phase = "bwd" if backward else "fwd"
+                nid = g.node(_label(kind_label(c.kind), f"{phase} · {fmt_bytes(c.message_bytes)} · {fmt_s(c.time_s)}"),
+                             _comm_tooltip(facts, c, "forward: identity; backward: AllReduce of the input gradient" if backward else ""),
+                             f"gpu_comm_tp_{self.stage}", **_comm_attrs(facts.comm_share(c), backward))
+                g.edge(src, nid, _tensor_tip(facts, name), color="#08519c")
+                self.source[name] = nid
+                self.comm_nodes[name] = nid
+
+    def inputs(self) -> None:
+        """An edge per activation an operator reads (weights and constants left out), once per pair of boxes."""
+        graph = self.graph
+        edges_done: set[tuple[str, str]] = set()
+        for i in self.layer.op_indices:
+            for name in graph.ops[i].inputs:
+                if not name:
+                    continue
+                t = graph.tensors.get(name)
+                if t is not None and t.is_weight:
+                    continue
+                prod = graph.producer(name)
+                if prod is None and name not in graph.inputs:
+                    continue  # constants and initializers that are not weights
+                src = self.source.get(name) if prod in self.in_layer or name in self.comm_nodes else None
+                if src is None:
+                    src = self.external(name)
+                key = (src, self.node_of_op[i])
+                if key in edges_done:
+                    continue
+                edges_done.add(key)
+                self.g.edge(src, self.node_of_op[i], _tensor_tip(self.facts, name), color="#08519c" if name in self.comm_nodes else None)
+
+    def outputs(self) -> None:
+        """A box per tensor leaving the layer: a Send to the next stage, the layer(s) reading it, or a model output."""
+        graph = self.graph
+        layer_of_op = self.facts.analysis.layered.layer_of_op
+        pp_fwd = {c.tensor: c for b in self.facts.boundaries for c in b.forward}
+        for i in self.layer.op_indices:
+            for name in graph.ops[i].outputs:
+                if not name:
+                    continue
+                outside = sorted({layer_of_op[k] for k in graph.consumers(name) if k not in self.in_layer})
+                if not outside and name not in graph.outputs:
+                    continue
+                sends = name in pp_fwd and pp_fwd[name].stage == self.stage
+                self.g.edge(self.source[name], self._exit(name, outside, sends), _tensor_tip(self.facts, name))
+
+    def _exit(self, name: str, outside: list[int], sends: bool) -> str:
+        facts, g, stage, shape = self.facts, self.g, self.stage, self._shape(name)
+        if sends:
+            b = facts.boundaries[stage]
+            return g.node(_label(f"Send → stage {stage + 1}", shape),
+                          f"{_tensor_tip(facts, name)}\nsent to stage {stage + 1} every micro-batch; its gradient comes back\n"
+                          f"boundary: {fmt_bytes(b.bytes_fwd)} in {b.time_text()} over {b.link}" + _host_line(b),
+                          f"gpu_comm_pp_{stage}", **_comm_attrs(facts.comms_share(b.comms)))
+        if outside:
+            first = outside[0]
+            more = f" (+{len(outside) - 1})" if len(outside) > 1 else ""
+            where = "next layer" if first == self.li + 1 else f"layer {first}"
+            return g.node(_label(f"to {where}{more}", shape), f"{_tensor_tip(facts, name)}\nread by layer(s) {', '.join(map(str, outside))}",
+                          f"layer_{first}_data_0", **_PLAIN_BOX)
+        return g.node(_label("model output", shape), _tensor_tip(facts, name), None, **_PLAIN_BOX)
+
+
+def layer_drawing(facts: Facts, li: int) -> Drawing:
+    """Layer ``li`` of replica 0: its operators, their tensor-parallel collectives and the tensors crossing its edge."""
+    d = _LayerDrawing(facts, li)
+    d.operators()
+    d.collectives()
+    d.inputs()
+    d.outputs()
+    return Drawing(f"layer_{li}_data_0_detail", f"layer_{li}_data_0", f"Layer {li} (replica 0): operators", d.g.text(), d.g.annotations,
+                   d.g.hottest_share)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ class Evaluator:
     def fast_evaluator(self, micro_batch: int, num_gpus: int):
         """The fast path's evaluator for ``micro_batch``: on the collapsed model when
         :meth:`prepare_fast` found one and its import groups into the same layers."""
-        from dml2comm.ir.layers import group_layers
+        from dml2comm.cost.cache import layers_of
         from dml2comm.ir.repeats import matches, rebind
         from dml2comm.search.fast import FastEvaluator
 
@@ -155,7 +155,7 @@ class Evaluator:
             options = ImportOptions(batch_size=micro_batch, seq_len=self.seq_len, dims=dict(self.dims))
             try:
                 imported = load_model_proto(proto, options, name=Path(self.model_path).stem)
-                layered = group_layers(imported.graph)
+                layered = layers_of(imported.graph)  # the fused kernels read it too (cost.ops.fused_kernels)
             except Dml2CommError:
                 imported = None
             if imported is not None and matches(collapsed, layered):

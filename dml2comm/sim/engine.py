@@ -95,8 +95,8 @@ def simulate(schedule: Sequence[Sequence[Step]] | CompiledSchedule, work: Sequen
     :func:`dml2comm.sim.levels.pipeline_steps` and :func:`~dml2comm.sim.levels.iteration_tail`
     for one configuration, turned into events.
 
-    ``schedule``: the per-device step lists of :func:`~dml2comm.sim.schedules.build_schedule`
-    (``virtual_stages`` model chunks per device), or their
+    ``schedule``: the per-device step lists of one of the schedules (:mod:`~dml2comm.sim.schedules`;
+    ``virtual_stages`` model chunks per device), or their
     :func:`~dml2comm.sim.levels.compile_schedule` (which carries its own chunk count, and
     saves reading the lists).  Events come in the order of
     :attr:`~dml2comm.sim.levels.CompiledSchedule.scan_order`, each step's ZeRO-3 all-gather,
@@ -106,7 +106,7 @@ def simulate(schedule: Sequence[Sequence[Step]] | CompiledSchedule, work: Sequen
     Raises
     ------
     ConfigError
-        The step lists are not a schedule of ``build_schedule``, or ``work`` has not one entry per device.
+        The step lists are not one of the schedules, or ``work`` has not one entry per device.
     """
     cs = schedule if isinstance(schedule, CompiledSchedule) else compile_steps(schedule, virtual_stages)
     p = cs.p

@@ -28,8 +28,9 @@ The sweep evaluates the data-parallel tail (gradient buckets after or overlappin
 device's last backward, then the optimizer step and any collective after it) in closed form:
 for buckets of equal duration ``tau`` becoming ready at linearly spaced times, the stream's
 end is ``max_i(ready_i + sum_{l >= i} tau_l)``, attained at an end of each run of equal
-buckets (:func:`bucket_tail_end`); :func:`iteration_tail` runs the buckets one by one, all
-devices at once, for their start times.
+buckets (:func:`bucket_tail_end_many`); :func:`iteration_tail` runs the buckets one by one, all
+devices at once, for their start times (``tests/oracles.py`` keeps the scalar closed form the
+tests check both against).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
 from dml2comm.sim.schedules import Step, StepKind, check_schedule
 
-__all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps", "pipeline_end_times",
-           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "bucket_tail_end", "bucket_tail_end_many"]
+__all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps",
+           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "bucket_tail_end_many"]
 
 
 @dataclass(frozen=True)
@@ -116,16 +117,17 @@ class CompiledSchedule:
 
 @functools.lru_cache(maxsize=256)
 def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
-    """Flat arrays and depth groups of :func:`~dml2comm.sim.schedules.build_schedule`'s order.
+    """Flat arrays and depth groups of a schedule's order (:mod:`dml2comm.sim.schedules`; the one
+    place the simulator computes it: ``tests/oracles.py`` writes the same orders step by step).
 
     Built with array arithmetic rather than from the step lists: every device runs ``T = m v``
     forwards and ``T`` backwards; with ``W`` warm-up forwards (GPipe ``T``; 1F1B
     ``min(p - s - 1, m)``; interleaved ``min(2 (p - s - 1) + (v - 1) p, T)``) the k-th forward
     sits at position ``k`` (``k < W``) or ``2k - W``, the k-th backward at ``W + 2k + 1``
     (``k < T - W``) or ``T + k``.  The k-th op's micro-batch and chunk follow
-    ``schedules._interleaved`` (GPipe runs its backwards last micro-batch first).
+    Megatron-LM's interleaved order (GPipe runs its backwards last micro-batch first).
     """
-    check_schedule(name, p, m, v)  # the same validation (and errors) as build_schedule
+    check_schedule(name, p, m, v)
     name = Schedule(name)
     if name is Schedule.INTERLEAVED and v < 2:
         name = Schedule.ONE_F_ONE_B
@@ -148,7 +150,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     def bwd_pos(w, kk):
         return np.where(kk < total - w, w + 2 * kk + 1, total + kk)
 
-    def fwd_k(mb, chunk):  # inverse of schedules._interleaved's forward(k)
+    def fwd_k(mb, chunk):  # inverse of the interleaved order's k-th forward (mb, chunk)
         if v == 1:
             return mb
         return (mb // p) * p * v + chunk * p + mb % p
@@ -223,14 +225,14 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
 
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
-    """The compiled form of per-device step lists made by :func:`~dml2comm.sim.schedules.build_schedule`
-    (``v`` model chunks per device): the name, ``p`` and ``m`` are read off the lists, and the
+    """The compiled form of per-device step lists of one of the schedules (``v`` model chunks per
+    device; :mod:`dml2comm.sim.schedules`): the name, ``p`` and ``m`` are read off the lists, and the
     lists are checked to be that schedule's, step for step.
 
     Raises
     ------
     ConfigError
-        The lists are not a gpipe, 1f1b or interleaved schedule of ``build_schedule``.
+        The lists are not a gpipe, 1f1b or interleaved schedule.
     """
     p = len(schedule)
     lengths = {len(steps) for steps in schedule}
@@ -247,8 +249,8 @@ def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSch
             if (cs.v == v and np.array_equal(flat[:, 0], cs.forward) and np.array_equal(flat[:, 1], cs.micro_batch)
                     and np.array_equal(flat[:, 2], cs.chunk)):
                 return cs
-    raise ConfigError(f"the simulator runs the schedules of sim.schedules.build_schedule (gpipe, 1f1b, interleaved); "
-                      f"these {p} step lists with {v} model chunks are none of them: build them with build_schedule")
+    raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (sim.schedules); these {p} step lists "
+                      f"with {v} model chunks are none of them: compile one with sim.levels.compile_schedule")
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
@@ -313,7 +315,7 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
                     changed = True
         if not changed:
             return depth
-    raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - build_schedule's orders never do
+    raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - the schedules' orders never do
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,41 @@ class StepTimes:
     gather_start: np.ndarray  # the ZeRO-3 all-gather before the step (where it has one)
     scatter_start: np.ndarray  # the ZeRO-2/3 reduce-scatter after the step (a backward with one)
     dp: np.ndarray  # when the device's dp stream is free after the step
+
+
+def _advance(end_prev: np.ndarray, pp_need: np.ndarray, pp_prev: np.ndarray, dur: np.ndarray, send: np.ndarray,
+             end_out: np.ndarray, pp_out: np.ndarray, start_out: np.ndarray | None = None,
+             queued_out: np.ndarray | None = None, zero: tuple | None = None) -> None:
+    """One depth of the recurrence (:func:`pipeline_steps`' docstring), for every step of the
+    depth and every configuration at once, whatever the layout: the inputs are the gathered
+    values of each step's previous step on its device (``end_prev``, ``pp_prev``; copies, which
+    it overwrites) and of its needed step (``pp_need``), its duration and send; it writes the
+    steps' end and pp-stream times (``end_out``, ``pp_out``) and, when given, their start and
+    the time their send leaves (``start_out``, ``queued_out``).
+
+    ``zero``: the dp stream, ``(dp_prev, st_prev, pre, pre_mask, post, post_mask, dp_out,
+    gather_out, scatter_out)``: the previous step's dp-stream time and start (copies), the
+    all-gather before and reduce-scatter after the step with their masks (0, or -inf where the
+    step has none: added before a maximum, so that a term of 0 leaves the step and the stream
+    alone without a branch), and the outputs (the dp stream after the step; when given, the
+    all-gather's and the reduce-scatter's starts)."""
+    maximum, add = np.maximum, np.add
+    if zero is None:
+        started = maximum(end_prev, pp_need, out=end_prev if start_out is None else start_out)  # device free, input arrived
+    else:
+        dp_prev, st_prev, pre, pre_mask, post, post_mask, dp_out, gather_out, scatter_out = zero
+        ready = maximum(end_prev, pp_need, out=end_prev)
+        gather = maximum(dp_prev, st_prev, out=st_prev if gather_out is None else gather_out)  # prefetched when j started
+        gathered = add(gather, pre, out=st_prev if gather_out is None else None)
+        gathered += pre_mask  # -inf: no all-gather
+        started = maximum(ready, gathered, out=start_out)
+    ended = add(started, dur, out=end_out)
+    if zero is not None:
+        stream = maximum(dp_prev, gathered, out=dp_prev)
+        scatter = maximum(stream, ended + post_mask, out=stream if scatter_out is None else scatter_out)  # -inf: none
+        add(scatter, post, out=dp_out)
+    queued = maximum(ended, pp_prev, out=pp_prev if queued_out is None else queued_out)  # ended, and the stream free
+    add(queued, send, out=pp_out)
 
 
 def pipeline_steps(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray, send_bwd_s: np.ndarray,
@@ -365,7 +402,6 @@ def pipeline_steps(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, s
     send = by_position(np.where(cs.has_send_o, np.where(fw, send_fwd_s[:, dev], send_bwd_s[:, dev]), 0.0))
     end, pp, st, queued = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
     prev, need = cs.prev_o, cs.need_o
-    maximum, add = np.maximum, np.add
     pos = cs.position
 
     def by_step(values: np.ndarray) -> np.ndarray:  # [S + 1, K] -> [K, S]
@@ -374,52 +410,21 @@ def pipeline_steps(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, s
     if zero is None:
         for a, b in cs.level_bounds:
             before = prev[a:b]
-            started = st[a:b]
-            maximum(end[before], pp[need[a:b]], out=started)  # the device free and the input arrived
-            ended = end[a:b]
-            add(started, dur[a:b], out=ended)
-            q = queued[a:b]
-            maximum(ended, pp[before], out=q)  # the send leaves when the step has ended and the stream is free
-            add(q, send[a:b], out=pp[a:b])
+            _advance(end[before], pp[need[a:b]], pp[before], dur[a:b], send[a:b], end[a:b], pp[a:b], st[a:b], queued[a:b])
         nothing = np.zeros((k, cs.num_steps))
         return StepTimes(by_step(st), by_step(end), by_step(queued), by_step(pp), nothing, nothing, nothing)
     zero_fwd_s, zero_bwd_pre_s, zero_bwd_post_s = zero
     pre = np.where(fw, zero_fwd_s[:, dev], zero_bwd_pre_s[:, dev])
     post = np.where(fw, 0.0, zero_bwd_post_s[:, dev])
-    # a term of 0 is carried by a mask of -inf added before a maximum (no branch): without an
-    # all-gather max(ready, ag + pre - inf) = ready and max(dp[j], ag + pre - inf) = dp[j];
-    # with one, ag + pre >= dp[j], so the stream becomes ag + pre; without a reduce-scatter
-    # max(stream, end - inf) + 0 = stream
-    no_pre = by_position(np.where(pre > 0, 0.0, -np.inf))
+    no_pre = by_position(np.where(pre > 0, 0.0, -np.inf))  # _advance's masks
     no_post = by_position(np.where(post > 0, 0.0, -np.inf))
     pre, post = by_position(pre), by_position(post)
     dp, ag, rs = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     for a, b in cs.level_bounds:
         before = prev[a:b]
-        ready = maximum(end[before], pp[need[a:b]])
-        stream = dp[before]
-        gather = ag[a:b]
-        maximum(stream, st[before], out=gather)  # prefetched when the previous step started
-        gathered = gather + pre[a:b]
-        gathered += no_pre[a:b]
-        started = st[a:b]
-        maximum(ready, gathered, out=started)
-        ended = end[a:b]
-        add(started, dur[a:b], out=ended)
-        maximum(stream, gathered, out=stream)
-        scatter = rs[a:b]
-        maximum(stream, ended + no_post[a:b], out=scatter)
-        add(scatter, post[a:b], out=dp[a:b])
-        q = queued[a:b]
-        maximum(ended, pp[before], out=q)
-        add(q, send[a:b], out=pp[a:b])
+        _advance(end[before], pp[need[a:b]], pp[before], dur[a:b], send[a:b], end[a:b], pp[a:b], st[a:b], queued[a:b],
+                 (dp[before], st[before], pre[a:b], no_pre[a:b], post[a:b], no_post[a:b], dp[a:b], ag[a:b], rs[a:b]))
     return StepTimes(by_step(st), by_step(end), by_step(queued), by_step(pp), by_step(ag), by_step(rs), by_step(dp))
-
-
-def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
-                       send_bwd_s: np.ndarray) -> np.ndarray:
-    """End time of every step, ``[K, S]``, for ``K`` configurations (:func:`pipeline_steps`)."""
-    return pipeline_steps(cs, fwd_s, bwd_s, send_fwd_s, send_bwd_s).end
 
 
 def pipeline_end_times_zero(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
@@ -435,17 +440,14 @@ def pipeline_end_times_zero(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.n
 def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
                             columns: list[np.ndarray] | None = None,
                             zero_terms: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None):
-    """:func:`pipeline_end_times` for several schedules at once: ``items`` are
+    """:func:`pipeline_steps`' end times for several schedules at once: ``items`` are
     ``(schedule, fwd, bwd, send_fwd, send_bwd)``; returns each item's ``[K, S]`` end times, or
     ``[K, len(columns[i])]``, the end times of the steps ``columns[i]`` only.
 
     ``zero_terms``: per item, its ZeRO-2/3 terms ``(zero_fwd, zero_bwd_pre, zero_bwd_post)`` (``[K, p]``
     each): the recurrence of :func:`pipeline_end_times_zero`, and the result is a pair, the end
-    times and the dp-stream times of the same steps.  A term of 0 must leave the step and the
-    stream alone (:func:`pipeline_steps`); it is carried by a mask of 0 or -inf added before a
-    maximum, so the update needs no branch: ``ag = max(dp[j], st[j]) + pre + mask_pre``
-    (-inf without an all-gather), ``st = max(ready, ag)``, ``dp = max(dp[j], ag)`` (an
-    all-gather ends after the stream was free), then ``dp = max(dp, end + mask_post) + post``.
+    times and the dp-stream times of the same steps.  Every depth is one call of
+    :func:`_advance`, the update :func:`pipeline_steps` runs too (a term of 0 carried by a mask).
 
     Each item's configurations are cut into groups of ``w`` (zero-padded), and a group's steps
     become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array of end times laid out
@@ -535,13 +537,8 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
                           [np.ascontiguousarray(np.concatenate(t), dtype=np.float64).view(row_type).ravel() for t in zero_tables])
     for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
         before, at = prev[a:b_], cost_at[a:b_]
-        start = end_rows[before].view(f8)  # the device free
-        maximum(start, pp_rows[need[a:b_]].view(f8), out=start)  # and the input arrived
-        ended = end[a * w:b_ * w]
-        add(start, durs[at].view(f8), out=ended)
-        queued = pp_rows[before].view(f8)  # the send leaves when the step has ended and the stream is free
-        maximum(ended, queued, out=queued)
-        add(queued, sends[at].view(f8), out=pp[a * w:b_ * w])
+        _advance(end_rows[before].view(f8), pp_rows[need[a:b_]].view(f8), pp_rows[before].view(f8), durs[at].view(f8),
+                 sends[at].view(f8), end[a * w:b_ * w], pp[a * w:b_ * w])
     end = end.reshape(rows, w)
     out = []
     for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
@@ -556,27 +553,13 @@ def _many_zero(items, columns, rows_of, w, rows, row_type, durs, sends, prev, ne
     pre_t, pre_mask, post_t, post_mask = tables
     end, pp, dp, st = (np.zeros(rows * w) for _ in range(4))
     end_rows, pp_rows, dp_rows, st_rows = (x.view(row_type) for x in (end, pp, dp, st))
-    maximum, add, f8 = np.maximum, np.add, np.float64
+    f8 = np.float64
     for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
         before, at = prev[a:b_], cost_at[a:b_]
-        ready = end_rows[before].view(f8)  # the device free
-        maximum(ready, pp_rows[need[a:b_]].view(f8), out=ready)  # and the input arrived
-        stream = dp_rows[before].view(f8)  # the dp stream after the previous step
-        gathered = st_rows[before].view(f8)  # the all-gather starts when the previous step started
-        maximum(gathered, stream, out=gathered)
-        add(gathered, pre_t[at].view(f8), out=gathered)
-        add(gathered, pre_mask[at].view(f8), out=gathered)  # -inf: no all-gather
-        started = st[a * w:b_ * w]
-        maximum(ready, gathered, out=started)
-        ended = end[a * w:b_ * w]
-        add(started, durs[at].view(f8), out=ended)
-        maximum(stream, gathered, out=stream)
-        after = add(ended, post_mask[at].view(f8))  # -inf: no reduce-scatter
-        maximum(stream, after, out=stream)
-        add(stream, post_t[at].view(f8), out=dp[a * w:b_ * w])
-        queued = pp_rows[before].view(f8)  # the send leaves when the step has ended and the stream is free
-        maximum(ended, queued, out=queued)
-        add(queued, sends[at].view(f8), out=pp[a * w:b_ * w])
+        _advance(end_rows[before].view(f8), pp_rows[need[a:b_]].view(f8), pp_rows[before].view(f8), durs[at].view(f8),
+                 sends[at].view(f8), end[a * w:b_ * w], pp[a * w:b_ * w], st[a * w:b_ * w], None,
+                 (dp_rows[before].view(f8), st_rows[before].view(f8), pre_t[at].view(f8), pre_mask[at].view(f8),
+                  post_t[at].view(f8), post_mask[at].view(f8), dp[a * w:b_ * w], None, None))
     end, dp = end.reshape(rows, w), dp.reshape(rows, w)
     out_end, out_dp = [], []
     for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
@@ -596,33 +579,10 @@ def _row_width(ks: list[int], steps: list[int]) -> int:
     return min(range(1, min(max(ks), 16) + 1), key=cost)
 
 
-def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
-                    overlap: bool, stream_free: float = 0.0) -> float:
-    """End of the gradient-bucket stream of one device (:func:`iteration_tail`'s loop, in closed form).
-
-    ``buckets``: runs of ``(seconds, count)`` in order.  Bucket ``i`` of ``K`` is ready at
-    ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``.
-    """
-    total = sum(c for _, c in buckets)
-    if total == 0:
-        return stream_free
-    best = stream_free + sum(t * c for t, c in buckets)
-    suffix = best - stream_free
-    i = 0
-    for tau, count in buckets:
-        # candidates: the first and the last bucket of the run (ready times and suffix sums are
-        # linear in the position inside the run, so the maximum is at an end)
-        for pos, rest in ((i, suffix), (i + count - 1, suffix - tau * (count - 1))):
-            ready = start + duration * (pos + 1) / total if overlap else compute_end
-            best = max(best, ready + rest)
-        suffix -= tau * count
-        i += count
-    return best
-
-
 def bucket_tail_end_many(start: np.ndarray, duration: np.ndarray, compute_end: np.ndarray, tau: np.ndarray,
                          count: np.ndarray, overlap: np.ndarray) -> np.ndarray:
-    """:func:`bucket_tail_end` (stream free at 0) for arrays of devices: ``start``,
+    """The closed form of the gradient-bucket stream's end (stream free at 0; the scalar oracle:
+    ``tests/oracles.py``) for arrays of devices: ``start``,
     ``duration``, ``compute_end`` ``[..., p]``; runs ``tau``, ``count`` ``[..., p, R]`` (count 0:
     no run); ``overlap`` broadcasts against ``[..., p]``."""
     total = count.sum(axis=-1)
@@ -662,7 +622,7 @@ def iteration_tail(last_start: np.ndarray, last_dur: np.ndarray, compute_end: np
     device holding a copy has reduced its gradients (Megatron-LM ``finalize_model_grads``:
     data-parallel sync, then ``_allreduce_embedding_grads``); the optimizer step; the collective
     after it (ZeRO-1/2 parameter all-gather).  The buckets' end equals
-    :func:`bucket_tail_end`'s closed form (``tests/test_sim.py``); here the loop runs over bucket
+    :func:`bucket_tail_end_many`'s closed form (``tests/test_sim.py``); here the loop runs over bucket
     positions, all devices at once, because the events need every bucket's start."""
     p = len(buckets)
     count = np.array([len(b) for b in buckets], dtype=np.int64)

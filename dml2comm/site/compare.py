@@ -111,7 +111,6 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
     cluster = {"name": None, "gpu": None, "num_gpus": None, "gpus_per_node": None, **(cluster or {})}
     ctx: dict[str, Any] = {"kind": kind, "model": model, "cluster": cluster, "downloads": list(downloads),
                            "capacity": fmt_bytes(capacity_bytes) if capacity_bytes else "-", "labels": [l for _, l in BREAKDOWN]}
-    charts: dict[str, str] = {}
     evaluated = [r for r in rows if r.get("error") is None and r.get("iteration_time_s")]
     ranked = sorted((r for r in evaluated if r.get("fits")), key=lambda r: (r["iteration_time_s"], r["index"]))
     best = ranked[0] if ranked else None
@@ -120,59 +119,9 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
                     for k, v in (space or {}).items() if v is not None]
     if kind == "scaling":
         assert scaling is not None
-        points = scaling["points"]
-        ctx["verdict"] = scaling["verdict"]
-        ctx["mode"] = scaling["mode"]
-        ctx["threshold"] = f"{scaling['threshold']:.0%}"
-        ctx["baseline"] = scaling["baseline_gpus"]
-        broken = (scaling.get("breakdown") or {}).get("gpus")
-        ctx["points"] = [{
-            "gpus": p["gpus"], "batch": p["global_batch_size"], "status": p["status"],
-            "config": config_text(p["best"]["config"]) if p.get("best") else "-",
-            "m": p["best"]["config"].get("num_micro_batches") if p.get("best") else "-",
-            "time": fmt_s(p["best"]["iteration_time_s"]) if p.get("best") else "-",
-            "samples": _num(p.get("samples_per_s"), "{:,.1f}"), "tokens": _num(p.get("tokens_per_s"), "{:,.0f}"),
-            "speedup": _num(p.get("speedup"), "{:.2f}×"), "ideal": _num(p.get("ideal_speedup"), "{:.2f}×"),
-            "efficiency": _pct(p.get("efficiency")), "below": p.get("efficiency") is not None and p["efficiency"] < scaling["threshold"],
-            "memory": fmt_bytes(p["best"]["peak_memory_bytes"]) if p.get("best") else "-",
-            "broken": p["gpus"] == broken, "note": p.get("reason") or p.get("limit") or "",
-            "command": commands.get(p["gpus"], ""), "site": site_href(sites[p["gpus"]]) if p["gpus"] in sites else "",
-        } for p in points]
-        ctx["runs"] = [q for q in ctx["points"] if q["command"]]
-        ctx["built"] = sum(1 for q in ctx["runs"] if q["site"])
-        eff = [EfficiencyPoint(p["gpus"], p.get("efficiency"), p.get("speedup"), p["gpus"] == broken,
-                               f"{p['gpus']} GPUs, global batch {p['global_batch_size']}\n"
-                               + (f"best {config_text(p['best']['config'])}: {fmt_s(p['best']['iteration_time_s'])}\n"
-                                  f"efficiency {p['efficiency']:.1%}, speed-up {p['speedup']:.2f}× of {p['ideal_speedup']:.2f}×"
-                                  if p.get("best") and p.get("efficiency") is not None else (p.get("reason") or "")))
-               for p in points]
-        charts["efficiency"] = efficiency_chart(eff, scaling["threshold"], mode=scaling["mode"])
-        labelled = [(f"{p['gpus']} GPU{'' if p['gpus'] == 1 else 's'}: {config_text(p['best']['config'])}", p["best"], False) for p in points if p.get("best")]
-        bars, mems = _bars(labelled)
-        if bars:
-            charts["breakdown"] = breakdown_chart(bars, "Iteration time by part, best configuration per GPU count")
-            charts["memory"] = memory_bars_chart(mems, capacity_bytes or max(m.peak_bytes for m in mems), capacity_label,
-                                                 "Peak memory per GPU, best configuration per GPU count")
-        return ctx, charts
-    # sweep / compare
+        return ctx, _scaling_context(ctx, scaling, capacity_bytes, capacity_label, commands, sites)
     if kind == "sweep":
-        shown: list[tuple[str, Mapping[str, Any], bool]] = [(f"#{i} {config_text(r['config'])}", r, i == 1)
-                                                            for i, r in enumerate(ranked[:BARS_MAX], 1)]
-        if len(ranked) > BARS_MAX:
-            med = ranked[(len(ranked) - 1) // 2]
-            shown.append((f"median #{(len(ranked) - 1) // 2 + 1} {config_text(med['config'])}", med, False))
-        faster = [r for r in evaluated if not r.get("fits") and best and r["iteration_time_s"] < best["iteration_time_s"]]
-        if faster:
-            f = min(faster, key=lambda r: r["iteration_time_s"])
-            shown.append((f"fastest overall {config_text(f['config'])}", f, False))
-        ctx["top"] = [_table_row(i, r, capacity_bytes, commands, sites) for i, r in enumerate(ranked[:top], 1)]
-        ctx["pareto"] = [_table_row(i, r, capacity_bytes, commands, sites) for i, r in enumerate(pareto_front(evaluated), 1)]
-        s = sweep or {}
-        ctx["counts"] = [("configurations", s.get("num_configs")), ("evaluated", s.get("num_evaluated")),
-                         ("failed", s.get("num_failed")), ("fit in memory", s.get("num_fit")),
-                         ("seconds", f"{s['seconds']:.1f}" if s.get("seconds") is not None else "-"),
-                         ("interrupted", "yes" if s.get("interrupted") else "no")]
-        ctx["failures"] = list((s.get("failure_reasons") or {}).items())
+        shown = _sweep_context(ctx, ranked, evaluated, best, sweep or {}, top, capacity_bytes, commands, sites)
     else:
         shown = [(f"{r.get('spec') or config_text(r['config'])}", r, best is not None and r["index"] == best["index"]) for r in evaluated]
         ctx["all"] = [_table_row(i + 1, r, capacity_bytes, commands, sites) for i, r in enumerate(rows)]
@@ -182,14 +131,8 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
     ctx["sites"] = [{"rank": rank, "config": by_index[i].get("spec") or config_text(by_index[i]["config"]),
                      "time": fmt_s(by_index[i]["iteration_time_s"]), "href": site_href(rank), "command": commands.get(i, "")}
                     for i, rank in sorted(sites.items(), key=lambda kv: kv[1]) if i in by_index]
-    if best:
-        ctx["cards"] = [("best configuration", config_text(best["config"]), f"{micro_batches(best['config'].get('num_micro_batches'))}, "
-                         f"{best['config'].get('schedule')}"),
-                        ("iteration time", fmt_s(best["iteration_time_s"]), "of the best that fits"),
-                        ("TFLOP/s per GPU", _num(best.get("tflops_per_gpu")), f"MFU {_pct(best.get('mfu'))}"),
-                        ("peak memory per GPU", fmt_bytes(best["peak_memory_bytes"]), f"of {ctx['capacity']}")]
-    else:
-        ctx["cards"] = []
+    ctx["cards"] = _best_cards(best, ctx["capacity"]) if best else []
+    charts: dict[str, str] = {}
     bars, mems = _bars(shown)
     if bars:
         charts["breakdown"] = breakdown_chart(bars)
@@ -197,6 +140,87 @@ def comparison_page(kind: str, rows: Sequence[Mapping[str, Any]], *, capacity_by
     if evaluated:
         charts["pareto"] = pareto_chart(_pareto_points(rows, best), capacity_bytes)
     return ctx, charts
+
+
+def _best_cards(best: Mapping[str, Any], capacity: str) -> list[tuple[str, str, str]]:
+    """The cards at the top: the best configuration that fits, its time, its throughput and its memory."""
+    return [("best configuration", config_text(best["config"]), f"{micro_batches(best['config'].get('num_micro_batches'))}, "
+             f"{best['config'].get('schedule')}"),
+            ("iteration time", fmt_s(best["iteration_time_s"]), "of the best that fits"),
+            ("TFLOP/s per GPU", _num(best.get("tflops_per_gpu")), f"MFU {_pct(best.get('mfu'))}"),
+            ("peak memory per GPU", fmt_bytes(best["peak_memory_bytes"]), f"of {capacity}")]
+
+
+def _sweep_context(ctx: dict[str, Any], ranked: list[Mapping[str, Any]], evaluated: list[Mapping[str, Any]],
+                   best: Mapping[str, Any] | None, s: Mapping[str, Any], top: int, capacity_bytes: float | None,
+                   commands: Mapping[int, str], sites: Mapping[int, int | str]) -> list[tuple[str, Mapping[str, Any], bool]]:
+    """A sweep's tables (top, Pareto front, counts, failures) into ``ctx``; returns the bars to draw:
+    the first :data:`BARS_MAX`, the median and the fastest that does not fit (when faster than the best)."""
+    shown: list[tuple[str, Mapping[str, Any], bool]] = [(f"#{i} {config_text(r['config'])}", r, i == 1)
+                                                        for i, r in enumerate(ranked[:BARS_MAX], 1)]
+    if len(ranked) > BARS_MAX:
+        med = ranked[(len(ranked) - 1) // 2]
+        shown.append((f"median #{(len(ranked) - 1) // 2 + 1} {config_text(med['config'])}", med, False))
+    faster = [r for r in evaluated if not r.get("fits") and best and r["iteration_time_s"] < best["iteration_time_s"]]
+    if faster:
+        f = min(faster, key=lambda r: r["iteration_time_s"])
+        shown.append((f"fastest overall {config_text(f['config'])}", f, False))
+    ctx["top"] = [_table_row(i, r, capacity_bytes, commands, sites) for i, r in enumerate(ranked[:top], 1)]
+    ctx["pareto"] = [_table_row(i, r, capacity_bytes, commands, sites) for i, r in enumerate(pareto_front(evaluated), 1)]
+    ctx["counts"] = [("configurations", s.get("num_configs")), ("evaluated", s.get("num_evaluated")),
+                     ("failed", s.get("num_failed")), ("fit in memory", s.get("num_fit")),
+                     ("seconds", f"{s['seconds']:.1f}" if s.get("seconds") is not None else "-"),
+                     ("interrupted", "yes" if s.get("interrupted") else "no")]
+    ctx["failures"] = list((s.get("failure_reasons") or {}).items())
+    return shown
+
+
+def _scaling_point(p: Mapping[str, Any], scaling: Mapping[str, Any], broken: Any, commands: Mapping[int, str],
+                   sites: Mapping[int, int | str]) -> dict[str, Any]:
+    """One GPU count's row of the scaling table (its best configuration, speed-up and efficiency)."""
+    best = p.get("best")
+    return {
+        "gpus": p["gpus"], "batch": p["global_batch_size"], "status": p["status"],
+        "config": config_text(best["config"]) if best else "-",
+        "m": best["config"].get("num_micro_batches") if best else "-",
+        "time": fmt_s(best["iteration_time_s"]) if best else "-",
+        "samples": _num(p.get("samples_per_s"), "{:,.1f}"), "tokens": _num(p.get("tokens_per_s"), "{:,.0f}"),
+        "speedup": _num(p.get("speedup"), "{:.2f}×"), "ideal": _num(p.get("ideal_speedup"), "{:.2f}×"),
+        "efficiency": _pct(p.get("efficiency")), "below": p.get("efficiency") is not None and p["efficiency"] < scaling["threshold"],
+        "memory": fmt_bytes(best["peak_memory_bytes"]) if best else "-",
+        "broken": p["gpus"] == broken, "note": p.get("reason") or p.get("limit") or "",
+        "command": commands.get(p["gpus"], ""), "site": site_href(sites[p["gpus"]]) if p["gpus"] in sites else "",
+    }
+
+
+def _scaling_context(ctx: dict[str, Any], scaling: Mapping[str, Any], capacity_bytes: float | None, capacity_label: str,
+                     commands: Mapping[int, str], sites: Mapping[int, int | str]) -> dict[str, str]:
+    """A scaling study's verdict and table into ``ctx``; returns its charts (efficiency, and the
+    best configuration's time and memory per GPU count)."""
+    points = scaling["points"]
+    ctx["verdict"] = scaling["verdict"]
+    ctx["mode"] = scaling["mode"]
+    ctx["threshold"] = f"{scaling['threshold']:.0%}"
+    ctx["baseline"] = scaling["baseline_gpus"]
+    broken = (scaling.get("breakdown") or {}).get("gpus")
+    ctx["points"] = [_scaling_point(p, scaling, broken, commands, sites) for p in points]
+    ctx["runs"] = [q for q in ctx["points"] if q["command"]]
+    ctx["built"] = sum(1 for q in ctx["runs"] if q["site"])
+    eff = [EfficiencyPoint(p["gpus"], p.get("efficiency"), p.get("speedup"), p["gpus"] == broken,
+                           f"{p['gpus']} GPUs, global batch {p['global_batch_size']}\n"
+                           + (f"best {config_text(p['best']['config'])}: {fmt_s(p['best']['iteration_time_s'])}\n"
+                              f"efficiency {p['efficiency']:.1%}, speed-up {p['speedup']:.2f}× of {p['ideal_speedup']:.2f}×"
+                              if p.get("best") and p.get("efficiency") is not None else (p.get("reason") or "")))
+           for p in points]
+    charts = {"efficiency": efficiency_chart(eff, scaling["threshold"], mode=scaling["mode"])}
+    labelled = [(f"{p['gpus']} GPU{'' if p['gpus'] == 1 else 's'}: {config_text(p['best']['config'])}", p["best"], False)
+                for p in points if p.get("best")]
+    bars, mems = _bars(labelled)
+    if bars:
+        charts["breakdown"] = breakdown_chart(bars, "Iteration time by part, best configuration per GPU count")
+        charts["memory"] = memory_bars_chart(mems, capacity_bytes or max(m.peak_bytes for m in mems), capacity_label,
+                                             "Peak memory per GPU, best configuration per GPU count")
+    return charts
 
 
 def _side_by_side(rows: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | None, capacity: float | None) -> dict[str, Any]:

@@ -47,7 +47,7 @@ import numpy as np
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
-__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms", "token_shape", "block_times"]
+__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms", "graph_gemm_ops", "shape_doublings", "token_shape", "block_times"]
 
 
 class Phase:
@@ -124,6 +124,8 @@ class TraceJoin:
     block_spread: float | None
     method: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: (graph op index, forward GPU seconds) of each weight GEMM matched to the graph (with a model)
+    gemms: tuple[tuple[int, float], ...] = ()
 
     @property
     def unattributed_s(self) -> float:
@@ -160,8 +162,20 @@ def _gemm_key(m: int, n: int, k: int) -> tuple[int, ...]:
     return tuple(sorted((int(m), int(n), int(k))))
 
 
+def shape_doublings(a: Sequence[int], b: Sequence[int]) -> float:
+    """Distance of two GEMM shapes in doublings: the sum over their sorted (M, N, K) of
+    ``|log2(a_i / b_i)|`` (a GEMM twice as tall is one doubling away)."""
+    return float(sum(abs(math.log2(x / y)) for x, y in zip(sorted(a), sorted(b))))
+
+
 def graph_gemms(layered: Any) -> list[tuple[tuple[int, ...], int]]:
-    """The graph's weight GEMMs in topological order: ((M, N, K) key, layer index).
+    """The graph's weight GEMMs in topological order: ((M, N, K) key, layer index) (see
+    :func:`graph_gemm_ops`)."""
+    return [(key, layer) for key, layer, _ in graph_gemm_ops(layered)]
+
+
+def graph_gemm_ops(layered: Any) -> list[tuple[tuple[int, ...], int, int]]:
+    """The graph's weight GEMMs in topological order: ((M, N, K) key, layer index, op index).
 
     A weight GEMM is a ``MatMul``/``Gemm`` one of whose inputs is a weight (a parameter or a tied
     copy): the attention's activation x activation MatMuls are left out (the trace runs them
@@ -180,7 +194,7 @@ def graph_gemms(layered: Any) -> list[tuple[tuple[int, ...], int]]:
         k = x[-1]
         m = math.prod(x[:-1])
         n = w[1] if w[0] == k else w[0]  # (K, N), or (N, K) stored transposed
-        out.append((_gemm_key(m, n, k), layered.layer_of_op[op.index]))
+        out.append((_gemm_key(m, n, k), layered.layer_of_op[op.index], op.index))
     return out
 
 
@@ -308,10 +322,12 @@ def _starts_norm(names: list[str], positions: list[int]) -> int | None:
     return None
 
 
-def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str]) -> dict[int, int]:
+def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str],
+                    gemm_ops: dict[int, int] | None = None) -> dict[int, int]:
     """Top-level forward operator position -> layer index (see the module docstring, link 4).
-    Positions after the head's last matched GEMM become the loss (their phase is changed)."""
-    wanted = graph_gemms(layered)
+    Positions after the head's last matched GEMM become the loss (their phase is changed).
+    ``gemm_ops`` receives each matched GEMM's position -> the graph op index it matched."""
+    wanted = graph_gemm_ops(layered)
     fwd = [p for p, ph in enumerate(tops.phase) if ph in (Phase.FORWARD, Phase.LOSS)]
     gemms = []
     for k, p in enumerate(fwd):
@@ -326,6 +342,8 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
     for k, key in gemms:
         if j < len(wanted) and key == wanted[j][0]:
             matched.append((k, wanted[j][1]))
+            if gemm_ops is not None:
+                gemm_ops[fwd[k]] = wanted[j][2]
             j += 1
     if len(matched) < len(wanted):
         notes.append(f"{len(matched)} of the graph's {len(wanted)} weight GEMMs matched a forward GEMM of the trace "
@@ -423,8 +441,9 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     notes: list[str] = []
     fwd_layer: dict[int, Any] = {}
     bwd_layer: dict[int, Any] = {}
+    gemm_ops: dict[int, int] = {}
     if layered is not None:
-        fwd_layer = _forward_layers(trace, tops, layered, notes)
+        fwd_layer = _forward_layers(trace, tops, layered, notes, gemm_ops)
         bwd_layer, lost = _backward_layers(trace, tops, fwd_layer)
         if lost:
             notes.append(f"{lost} backward operators carry a sequence number no forward operator of the step has")
@@ -439,7 +458,10 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     lay_b = [0.0] * n_layers
     lay_n = [0] * n_layers
     extra = {LOSS: [0.0, 0.0, 0.0, 0], OPTIMIZER: [0.0, 0.0, 0.0, 0], UNATTRIBUTED: [0.0, 0.0, 0.0, 0]}
+    gemm_s = dict.fromkeys(gemm_ops, 0.0)
     for d, pos in zip(dur_s.tolist(), ops.tolist()):
+        if pos in gemm_s:
+            gemm_s[pos] += d
         if pos < 0:
             phases[Phase.OTHER] += d
             _add(extra[UNATTRIBUTED], 2, d)
@@ -483,7 +505,7 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     blocks = [x.total_s for x in layers if x.kind == "block"]
     spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
     return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), tuple(op_rows),
-                     spread, method, tuple(notes))
+                     spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)))
 
 
 def _add(acc: list[Any], col: int, d: float) -> None:

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.cost.host import AUTO, host_model
-from dml2comm.cost.profile import KINDS, ProfileScale
+from dml2comm.cost.profile import KINDS, ProfileScale, scaled_share
 from dml2comm.errors import ConfigError
 
-__all__ = ["attributed_share", "measured_and_modelled", "profile_from_args", "profile_scale", "trace_gpu"]
+__all__ = ["attributed_share", "error_figures", "expected_error_of", "held_out_shapes", "split_halves", "measured_and_modelled", "profile_from_args", "profile_scale", "trace_gpu"]
 
 
 def trace_gpu(device: str) -> str | None:
@@ -75,7 +75,8 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     dict with ``measured`` and ``modelled`` ({kind: (forward, backward)}: blocks as the mean of
     the blocks, the optimizer's step as its forward), ``micro_batch``, ``seq_len``, ``gpu``,
     ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``, ``host`` (its
-    :class:`~dml2comm.traces.host.HostFigures`).
+    :class:`~dml2comm.traces.host.HostFigures`), ``block_spread`` (the join's) and ``gemms``
+    ((M, N, K) key, measured, modelled forward seconds) of each weight GEMM the join matched.
 
     Raises
     ------
@@ -83,12 +84,13 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
         The trace has no token ids, its device is not a known GPU (and ``gpu`` is None), or
         (``check_model``) it is not a step of this model."""
     from dml2comm.cost.cache import layers_of
+    from dml2comm.cost.ops import shard_op_costs
     from dml2comm.cost.stages import StageCoster
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.ir.onnx_import import ImportOptions, load_model
     from dml2comm.parallel.config import Recompute
     from dml2comm.traces.host import host_figures
-    from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemms, join_trace, token_shape
+    from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemm_ops, join_trace, token_shape
     from dml2comm.traces.load import load_trace
 
     name = Path(trace_path).name
@@ -107,14 +109,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     layered = layers_of(imported.graph)
     join = join_trace(trace, layered)
     if check_model:
-        wanted = len(graph_gemms(layered))
-        blocks = [x for x in join.layers if x.kind == "block"]
-        short = [n for n in join.notes if "weight GEMMs matched" in n]
-        empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
-        if short or empty or not blocks:
-            why = short[0].split(":")[0] if short else (f"no kernel of the trace falls in {empty[0]}" if empty else "the model has no blocks")
-            raise ConfigError(f"--profile {name}: not a step of this model at micro-batch {b}, sequence {s}: {why} "
-                              f"(the graph has {wanted} weight GEMMs in {len(blocks)} blocks); profile this model")
+        _check_model(join, layered, name, b, s)
     one = dataclasses.replace(config, dp_size=1, tp_size=1, pp_size=1, cp_size=1, ep_size=1, micro_batch_size=b,
                               global_batch_size=b, seq_len=s, sequence_parallel=False, zero_stage=0,
                               recompute=Recompute.NONE, virtual_stages=1, schedule="1f1b", rank_order="tpd",
@@ -124,6 +119,9 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     coster = StageCoster(imported, cluster, collapse=False, lenient=lenient)
     table = coster.layer_table(one)
     plan = coster.prepare(one)
+    op_times = shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, coster.host_for(one), one.stack,
+                              one.attention, one.precision, None, layered).times  # the layer table's own (cached)
+    keys = {i: key for key, _, i in graph_gemm_ops(layered)}
     kinds = [x.kind for x in layered.layers]
     measured: dict[str, tuple[float, float]] = {}
     modelled: dict[str, tuple[float, float]] = {}
@@ -134,6 +132,10 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             continue
         measured[kind] = (sum(x.forward_s for x in rows) / len(rows), sum(x.backward_s for x in rows) / len(rows))
         modelled[kind] = (float(table.fwd[idx].sum()) / len(idx), float(table.bwd[idx].sum()) / len(idx))
+    shared_s = _shared_sum_s(coster, one, cluster) if "embedding" in measured else 0.0
+    if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
+        f, b_s = measured["embedding"]
+        measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == "embedding"]), 0.0))
     by_name = {x.name: x for x in join.layers}
     if table.loss_f is not None and LOSS in by_name:
         measured["loss"] = (by_name[LOSS].forward_s, by_name[LOSS].backward_s)
@@ -143,7 +145,36 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
         modelled["optimizer"] = (float(plan.optimizer.sum()), 0.0)
     return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
-            "blocks": len([k for k in kinds if k == "block"]), "host": host_figures(trace)}
+            "shared_sum_s": shared_s,
+            "blocks": len([k for k in kinds if k == "block"]), "host": host_figures(trace),
+            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
+
+
+def _check_model(join: Any, layered: Any, name: str, b: int, s: int) -> None:
+    """Refuse a trace whose forward GEMMs do not all match the model's, or with a block no kernel
+    falls in: a step of another model or shape."""
+    from dml2comm.traces.join import graph_gemms
+
+    wanted = len(graph_gemms(layered))
+    blocks = [x for x in join.layers if x.kind == "block"]
+    short = [n for n in join.notes if "weight GEMMs matched" in n]
+    empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
+    if short or empty or not blocks:
+        why = short[0].split(":")[0] if short else (f"no kernel of the trace falls in {empty[0]}" if empty else "the model has no blocks")
+        raise ConfigError(f"--profile {name}: not a step of this model at micro-batch {b}, sequence {s}: {why} "
+                          f"(the graph has {wanted} weight GEMMs in {len(blocks)} blocks); profile this model")
+
+
+def _shared_sum_s(coster: Any, config: Any, cluster: Any) -> float:
+    """Seconds of autograd's sums of shared parameters' gradients in the profiled step (a tied
+    embedding: the LM head's and the embedding's, :func:`dml2comm.cost.compute.
+    shared_gradient_sum_s`).  The trace shows that add among the kernels of the backward that
+    ran last, the embedding's; the cost model charges it to the stage, so it comes off the
+    embedding's measured time before the ratio is taken (else it would count twice)."""
+    from dml2comm.cost.compute import hbm_efficiency_of, shared_gradient_sum_s
+
+    summed = sum(coster.stage_table(config).copies.summed_local)
+    return shared_gradient_sum_s(summed, config, cluster.gpu.hbm_bytes_per_s * hbm_efficiency_of(cluster.gpu))
 
 
 def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, step_time_s: float | None = None) -> ProfileScale:
@@ -169,6 +200,7 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
                                 "gpu_s": p["gpu_s"], "unattributed_s": p["unattributed_s"],
                                 "measured_s": {k: list(v) for k, v in p["measured"].items()},
                                 "modelled_s": {k: list(v) for k, v in p["modelled"].items()}} for p in parts)),)
+    detail += (("error", error_figures(parts, step_time_s)),)
     host = None
     if stack is not None:
         host, factor = fitted_host_model([p["host"] for p in parts], host_model(AUTO, stack), step_time_s)
@@ -178,23 +210,88 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
     return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), host, detail)
 
 
+def held_out_shapes(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> dict[str, Any]:
+    """How well a measured / modelled ratio carries to GEMM shapes it was not measured on: the
+    distinct (M, N, K) keys of ``gemms`` ((key, measured s, modelled s)) split in two halves by a
+    hash of the key (:func:`split_halves`); each half's
+    ratio (sum measured / sum modelled) predicts the other half's measured time.  ``error`` is the
+    mean of the two relative errors; ``doublings`` the mean distance of a held-out key to the
+    nearest key of the other half (:func:`dml2comm.traces.join.shape_doublings`, weighted by measured time);
+    ``per_doubling`` their quotient (0 with fewer than two keys)."""
+    from dml2comm.traces.join import shape_doublings
+
+    fit, held = split_halves([g for g in gemms if g[1] > 0 and g[2] > 0])
+    if not held or not fit:
+        return {"shapes": len({g[0] for g in gemms}), "error": 0.0, "doublings": 0.0, "per_doubling": 0.0}
+    errors, dists = [], []
+    for a, b in ((fit, held), (held, fit)):
+        ratio = sum(g[1] for g in a) / sum(g[2] for g in a)
+        errors.append(abs(ratio * sum(g[2] for g in b) / sum(g[1] for g in b) - 1.0))
+        near = [(min(shape_doublings(g[0], h[0]) for h in a), g[1]) for g in b]
+        dists.append(sum(d * w for d, w in near) / sum(w for _, w in near))
+    error, doublings = sum(errors) / 2, sum(dists) / 2
+    return {"shapes": len({g[0] for g in gemms}), "error": error, "doublings": doublings,
+            "per_doubling": error / doublings if doublings > 0 else 0.0}
+
+
+def split_halves(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> tuple[list, list]:
+    """(fit, held out): the distinct keys ordered by the sha256 of their ``repr``, the first
+    ``round(keys / 2)`` (at least one, at most all but one) held out: the rule of
+    :func:`dml2comm.calibrate.fit.split_by_shape` at ``holdout=0.5``, here without importing the
+    calibration's fitting (its import is a third of a second; ``--profile`` stays interactive)."""
+    keys = sorted({g[0] for g in gemms}, key=lambda k: hashlib.sha256(repr(k).encode()).hexdigest())
+    if len(keys) < 2:
+        return list(gemms), []
+    held = set(keys[:min(max(1, round(0.5 * len(keys))), len(keys) - 1)])
+    return [g for g in gemms if g[0] not in held], [g for g in gemms if g[0] in held]
+
+
+def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = None) -> dict[str, Any]:
+    """What the traces say about the error of a prediction scaled by their ratios (data.json
+    ``profile.error``; :func:`dml2comm.validate.bands.profile_expected_error` turns them into a
+    band): the join's unattributed share of the GPU time, the blocks' spread, the held-out shape
+    error (:func:`held_out_shapes` over every trace's matched GEMMs), the share of the step the GPU
+    waited for the CPU (module :mod:`dml2comm.traces.host`: the profiled starved idle over the
+    profiled GPU span; with ``step_time_s``, the step's time without the profiler less the GPU's
+    busy time and its queued idle, over that time), the share of the profiled span the GPU was idle
+    at all (``idle_share``) and the profiled GEMM shapes and GPUs."""
+    figures = [p["host"] for p in parts]
+    gpu_s = sum(p["gpu_s"] for p in parts)
+    queued_idle = sum(f.gap_s * f.queued_gaps for f in figures)
+    if step_time_s is not None and len(figures) == 1:
+        wait = max(0.0, step_time_s - figures[0].gpu_busy_s - queued_idle) / step_time_s
+    else:
+        span = sum(f.gpu_span_s for f in figures)
+        wait = sum(f.starved_idle_s for f in figures) / span if span > 0 else 0.0
+    gemms = [g for p in parts for g in p.get("gemms", ())]
+    span = sum(f.gpu_span_s for f in figures)
+    return {"unattributed_share": sum(p["unattributed_s"] for p in parts) / gpu_s if gpu_s > 0 else 0.0,
+            "idle_share": (span - sum(f.gpu_busy_s for f in figures)) / span if span > 0 else 0.0,
+            "block_spread": max(p.get("block_spread", 0.0) for p in parts),
+            "held_out": held_out_shapes(gemms),
+            "host_wait_share": wait, "host_bound": any(f.host_bound for f in figures), "step_time_s": step_time_s,
+            "shapes": sorted({tuple(g[0]) for g in gemms}), "gpus": sorted({p["gpu"] for p in parts}),
+            "tokens": sorted({p["micro_batch"] * p["seq_len"] for p in parts})}
+
+
 def attributed_share(analysis: Any) -> float:
-    """Share of the plan's predicted compute (per-layer forward and backward over the micro-batches,
-    the loss, the optimizer step; every stage summed) whose time a measured ratio scaled."""
+    """Share of the plan's predicted compute whose time a measured ratio scaled
+    (:func:`dml2comm.cost.profile.scaled_share` of the analysis's layers and stages)."""
     scale = analysis.cluster.profile_scale
     if scale is None:
         return 0.0
-    have = {k for k, _, _ in scale.ratios}
-    m = analysis.config.num_micro_batches
-    scaled = sum((x.time_fwd_s + x.time_bwd_s) * m for x in analysis.layers if x.kind in have)
-    total = 0.0
-    for st in analysis.stages:
-        total += (st.compute_fwd_s + st.compute_bwd_s) * m + st.optimizer_time_s
-        if "loss" in have:
-            scaled += (st.loss_fwd_s + st.loss_bwd_s) * m
-        if "optimizer" in have:
-            scaled += st.optimizer_time_s
-    return scaled / total if total > 0 else 0.0
+    return scaled_share(scale, analysis.layers, analysis.stages, analysis.config.num_micro_batches)
+
+
+def expected_error_of(analysis: Any) -> dict[str, Any] | None:
+    """The analysis's trace-derived band and its components
+    (:func:`dml2comm.validate.bands.profile_expected_error`, the one its summary's
+    ``expected_error`` holds); None without ``--profile``."""
+    from dml2comm.validate.bands import profile_expected_error
+
+    s = analysis.summary
+    return profile_expected_error(analysis.config, analysis.cluster, analysis.graph.num_params, analysis.layered,
+                                  analysis.layers, analysis.stages, s["iteration_time_s"], s["exposed_comm_time_s"])
 
 
 def profile_from_args(paths: Sequence[str], model_path: str, config: Any, options: Any = None,

@@ -31,14 +31,14 @@ import io
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate.cases import Case
 from dml2comm.validate.data import read_csv
 
-__all__ = ["BANDS_FILE", "BAND_QUANTILE", "K", "band_coverage", "MIN_KIND", "UNVALIDATED_QUANTILE", "weighted_quantile", "BandRow", "band_rows", "bands_csv", "expected_error_for", "load_bands"]
+__all__ = ["BANDS_FILE", "plan_doublings", "profile_band", "profile_expected_error", "BAND_QUANTILE", "K", "band_coverage", "MIN_KIND", "UNVALIDATED_QUANTILE", "weighted_quantile", "BandRow", "band_rows", "bands_csv", "expected_error_for", "load_bands"]
 
 BANDS_FILE = "expected_error.csv"
 #: Nearest runs averaged.
@@ -222,3 +222,111 @@ def _size_range(lo: float, hi: float) -> str:
     """``1.2e+08`` when both ends print alike, else ``1.2e+08-3.5e+08``."""
     a, b = f"{lo:.2g}", f"{hi:.2g}"
     return a if a == b else f"{a}-{b}"
+
+
+# ----------------------------------------------------------------------------- --profile band
+def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any,
+                           layers: Sequence[Any], stages: Sequence[Any], iteration_s: float,
+                           exposed_comm_s: float) -> dict[str, Any] | None:
+    """The expected relative error of an iteration time predicted with a profile's measured
+    ratios (``--profile``; None without one), from what the traces measured rather than from the
+    validated runs nearest this one.  Components, each a share of the iteration time:
+
+    - ``host``: the share of the step in which the GPU waited for the CPU (the profiled step's
+      starved idle over its span; with ``--step-time``, the step without the profiler less the
+      GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`).  The
+      host model predicts that wait; the trace bounds it only by its size.  Without
+      ``--step-time`` a host-bound step's wait is inflated by the profiler's CPU slowdown, which
+      the trace cannot tell.  Where the host model is not the trace's (``--host-model`` names one),
+      all of the profiled step's GPU idle (:func:`~dml2comm.traces.predict.error_figures`'
+      ``idle_share``): the idle between queued kernels is then a preset's too.
+    - ``noise``: half the spread of the step's identical blocks ((max - min) / mean of their
+      measured times: the variation of the same kernels within one step), on the scaled compute.
+    - ``join``: the share of the trace's GPU time the join could not attribute to a layer (the
+      ratios miss it), on the scaled compute.
+    - ``shapes``: the held-out shape error per doubling of GEMM shape
+      (:func:`dml2comm.traces.predict.held_out_shapes`) times how many doublings the plan's
+      GEMMs are from the profiled ones (:func:`plan_doublings`: 0 at the profiled shape), on
+      the scaled compute (the model's own band where the traces hold one GEMM shape only).
+    - ``unscaled``, ``communication``, ``other_gpu``: the compute no ratio scaled, the exposed
+      communication (the trace ran d = t = p = 1), and, on a GPU other than the profiled one,
+      the scaled compute, each times the model's own validated band (:func:`expected_error_for`).
+
+    The band is their sum: the components are errors of separate parts of the step, which may add
+    (no constant is fitted)."""
+    scale = cluster.profile_scale
+    if scale is None:
+        return None
+    from dml2comm.cost.profile import scaled_share
+
+    return profile_band(config, cluster, num_params, layered, scaled_share(scale, layers, stages, config.num_micro_batches),
+                        iteration_s, exposed_comm_s)
+
+
+def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any, scaled: float,
+                 iteration_s: float, exposed_comm_s: float) -> dict[str, Any] | None:
+    """:func:`profile_expected_error` given the share of the plan's compute the ratios scaled
+    (``scaled``: :func:`dml2comm.cost.profile.scaled_share`), for a caller without the analysis's
+    layer and stage rows (a sweep's row)."""
+    scale = cluster.profile_scale
+    fig = dict(scale.detail).get("error") if scale is not None else None
+    if fig is None:
+        return None
+    own, own_source = expected_error_for(config, cluster, float(max(num_params, 1)))
+    comm = min(1.0, exposed_comm_s / iteration_s) if iteration_s > 0 else 0.0
+    a = scaled * (1.0 - comm)
+    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size)
+    other_gpu = cluster.gpu.name not in fig["gpus"]
+    fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
+    parts = {
+        "host": fig["host_wait_share"] if fitted else fig["idle_share"],
+        "noise": fig["block_spread"] / 2 * a,
+        "join": fig["unattributed_share"] * a,
+        "shapes": _shape_part(fig["held_out"], doublings, own) * a,
+        "unscaled": own * max(0.0, 1.0 - comm - a),
+        "communication": own * comm,
+        "other_gpu": own * a if other_gpu else 0.0,
+    }
+    total = sum(parts.values())
+    files = ", ".join(f for f, _ in scale.files)
+    names = dict(_PART_NAMES, host="host wait" if fitted else "GPU idle (a host model not the trace's)")
+    source = f"from the profile ({files}): " + " + ".join(f"{names[k]} {v:.1%}" for k, v in parts.items() if v >= 5e-4)
+    if fitted and fig["host_bound"] and fig["step_time_s"] is None:
+        source += "; the profiled step is host-bound and the profiler's CPU slowdown is unknown: --step-time narrows it"
+    return {"total": total, "source": source, "components": parts, "scaled_share_of_iteration": a, "exposed_comm_share": comm,
+            "doublings": doublings, "held_out": fig["held_out"], "host_bound": fig["host_bound"],
+            "step_time_s": fig["step_time_s"], "model_band": own, "model_band_source": own_source,
+            "rule": "sum of the components (each a share of the iteration time)"}
+
+
+def _shape_part(held_out: dict[str, Any], doublings: float, own: float) -> float:
+    """The ``shapes`` component per unit of scaled compute: the held-out error per doubling times
+    the plan's doublings; where the traces had one GEMM shape (nothing to hold out), the model's
+    own band for a plan off the profiled shape (the trace cannot tell how its ratios carry)."""
+    if doublings <= 0:
+        return 0.0
+    if held_out["shapes"] < 2:
+        return own
+    return held_out["per_doubling"] * doublings
+
+
+_PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattributed", "shapes": "held-out shapes",
+               "unscaled": "unscaled compute", "communication": "communication", "other_gpu": "other GPU"}
+
+
+def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int = 1, cp_size: int = 1) -> float:
+    """How far a plan's GEMMs are from the profiled ones, in doublings: per weight GEMM of the
+    plan's graph ((M, N, K) at its micro-batch and sequence), the distance to the nearest profiled
+    shape (:func:`dml2comm.traces.join.shape_doublings`), averaged weighting each by its FLOPs;
+    plus ``log2 t`` and ``log2 c`` (tensor and context parallelism split N or K and M of every
+    GEMM, which the unsharded graph does not show).  0 at the profiled shape itself."""
+    from dml2comm.traces.join import graph_gemms, shape_doublings
+
+    if not profiled:
+        return 0.0
+    flops: dict[tuple[int, ...], float] = {}
+    for key, _ in graph_gemms(layered):
+        flops[key] = flops.get(key, 0.0) + float(math.prod(key))
+    total = sum(flops.values())
+    near = sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items()) / total if total > 0 else 0.0
+    return near + math.log2(max(tp_size, 1)) + math.log2(max(cp_size, 1))

@@ -69,6 +69,7 @@ __all__ = [
     "resolve_dtype",
     "model_metadata",
     "split_heads",
+    "scaled_scores",
     "merge_heads",
 ]
 
@@ -464,6 +465,17 @@ class GraphBuilder:
         model.doc_string = doc
         helper.set_model_props(model, metadata)
         return model
+
+
+def scaled_scores(b: GraphBuilder, q: str, k: str, v: str, heads: int, head_dim: int) -> tuple[str, str]:
+    """Split Q, K and V into heads (K transposed for the product) and form ``Q K^T / sqrt(d)``:
+    the score tensor and V's heads, as GPT-2's and BERT's eager attention write them."""
+    shape = b.const_i64([0, 0, heads, head_dim])
+    q = split_heads(b, q, shape, [0, 2, 1, 3])
+    k = split_heads(b, k, shape, [0, 2, 3, 1])
+    v = split_heads(b, v, shape, [0, 2, 1, 3])
+    scores = b.op("MatMul", q, k)
+    return b.op("Div", scores, b.const(math.sqrt(head_dim))), v
 
 
 def split_heads(b: GraphBuilder, x: str, shape: str, perm: list[int]) -> str:

@@ -48,6 +48,7 @@ from dml2comm.zoo._builder import (
     merge_heads,
     model_metadata,
     resolve_dtype,
+    scaled_scores,
     split_heads,
 )
 
@@ -219,6 +220,31 @@ def build_gpt(
     """
     ffn = 4 * hidden if ffn_hidden is None else ffn_hidden
     positions = seq_len if max_positions is None else max_positions
+    _check_gpt(layers, hidden, heads, vocab, seq_len, ffn, positions, tied_embeddings, final_norm, dropout, name)
+    dt = resolve_dtype(dtype)
+    config = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len, ffn_hidden=ffn,
+                  tied_embeddings=tied_embeddings, final_norm=final_norm, max_positions=positions, dropout=dropout, dtype=dtype)
+    b = GraphBuilder(name, f"{_GPT2}.GPT2LMHeadModel", dt)
+    ids = _io(b, seq_len, vocab)
+
+    with b.scope("transformer", f"{_GPT2}.GPT2Model"):
+        wte, x = _gpt_embeddings(b, ids, vocab, hidden, positions, seq_len, dropout)
+        for i in range(layers):
+            with b.scope(f"h.{i}", f"{_GPT2}.GPT2Block"):
+                x = _gpt_block(b, x, hidden, heads, ffn, seq_len, dropout)
+        if final_norm:
+            with b.scope("ln_f", _LAYER_NORM):
+                x = b.layer_norm(x, hidden, GPT2_LN_EPS)
+
+    _lm_head(b, x, hidden, vocab, wte if tied_embeddings else None)
+    doc = (f"GPT decoder L={layers} h={hidden} a={heads} V={vocab} s={seq_len} f={ffn}; "
+           "shape-only zoo model, weights are external data that is never written.")
+    return b.model(doc, model_metadata("gpt", config))
+
+
+def _check_gpt(layers: int, hidden: int, heads: int, vocab: int, seq_len: int, ffn: int, positions: int,
+               tied_embeddings: bool, final_norm: bool, dropout: float, name: str) -> None:
+    """Refuse what :func:`build_gpt` cannot build (see its Raises)."""
     check_positive(
         layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len,
         ffn_hidden=ffn, max_positions=positions,
@@ -233,71 +259,57 @@ def build_gpt(
             f"pass max_positions >= {seq_len} or leave it unset"
         )
     check_name(name)
-    dt = resolve_dtype(dtype)
-    config = dict(
-        layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len,
-        ffn_hidden=ffn, tied_embeddings=tied_embeddings, final_norm=final_norm,
-        max_positions=positions, dropout=dropout, dtype=dtype,
+
+
+def _gpt_embeddings(b: GraphBuilder, ids: str, vocab: int, hidden: int, positions: int, seq_len: int,
+                    dropout: float) -> tuple[str, str]:
+    """``wte`` + ``wpe`` and the embedding dropout.  Returns the token table (the tied head's
+    weight) and the embedded tokens."""
+    with b.scope("wte", _EMBEDDING):
+        wte = b.weight("weight", (vocab, hidden))
+        tok = b.op("Gather", wte, ids, axis=0)
+    pos_ids = b.op(
+        "Range", b.const_i64(0), b.const_i64(seq_len), b.const_i64(1)
     )
+    with b.scope("wpe", _EMBEDDING):
+        pos = b.op("Gather", b.weight("weight", (positions, hidden)), pos_ids, axis=0)
+    return wte, b.dropout(b.op("Add", tok, pos), dropout)
+
+
+def _gpt_attention(b: GraphBuilder, y: str, hidden: int, heads: int, seq_len: int, dropout: float) -> str:
+    """``attn`` (GPT2Attention): fused QKV ``c_attn``, causal softmax with dropout, ``c_proj``, dropout."""
     head_dim = hidden // heads
-    b = GraphBuilder(name, f"{_GPT2}.GPT2LMHeadModel", dt)
-    ids = _io(b, seq_len, vocab)
+    with b.scope("attn", f"{_GPT2}.GPT2Attention"):
+        with b.scope("c_attn", _CONV1D):
+            qkv = b.linear(y, hidden, 3 * hidden, bias=True)
+        q, k, v = b.node("Split", [qkv], n_out=3, axis=2, num_outputs=3)
+        scores, v = scaled_scores(b, q, k, v, heads, head_dim)
+        mask = b.causal_mask(seq_len)
+        scores = b.op("Where", mask, scores, b.const(b.finfo_min))
+        probs = b.dropout(b.op("Softmax", scores, axis=-1), dropout)
+        ctx = merge_heads(b, b.op("MatMul", probs, v), hidden)
+        with b.scope("c_proj", _CONV1D):
+            attn = b.linear(ctx, hidden, hidden, bias=True)
+        return b.dropout(attn, dropout)
 
-    with b.scope("transformer", f"{_GPT2}.GPT2Model"):
-        with b.scope("wte", _EMBEDDING):
-            wte = b.weight("weight", (vocab, hidden))
-            tok = b.op("Gather", wte, ids, axis=0)
-        pos_ids = b.op(
-            "Range", b.const_i64(0), b.const_i64(seq_len), b.const_i64(1)
-        )
-        with b.scope("wpe", _EMBEDDING):
-            pos = b.op("Gather", b.weight("weight", (positions, hidden)), pos_ids, axis=0)
-        x = b.dropout(b.op("Add", tok, pos), dropout)
 
-        for i in range(layers):
-            with b.scope(f"h.{i}", f"{_GPT2}.GPT2Block"):
-                with b.scope("ln_1", _LAYER_NORM):
-                    y = b.layer_norm(x, hidden, GPT2_LN_EPS)
-                with b.scope("attn", f"{_GPT2}.GPT2Attention"):
-                    with b.scope("c_attn", _CONV1D):
-                        qkv = b.linear(y, hidden, 3 * hidden, bias=True)
-                    q, k, v = b.node("Split", [qkv], n_out=3, axis=2, num_outputs=3)
-                    shape = b.const_i64([0, 0, heads, head_dim])
-                    q = split_heads(b, q, shape, [0, 2, 1, 3])
-                    k = split_heads(b, k, shape, [0, 2, 3, 1])
-                    v = split_heads(b, v, shape, [0, 2, 1, 3])
-                    scores = b.op("MatMul", q, k)
-                    scores = b.op("Div", scores, b.const(math.sqrt(head_dim)))
-                    mask = b.causal_mask(seq_len)
-                    scores = b.op("Where", mask, scores, b.const(b.finfo_min))
-                    probs = b.dropout(b.op("Softmax", scores, axis=-1), dropout)
-                    ctx = merge_heads(b, b.op("MatMul", probs, v), hidden)
-                    with b.scope("c_proj", _CONV1D):
-                        attn = b.linear(ctx, hidden, hidden, bias=True)
-                    attn = b.dropout(attn, dropout)
-                x = b.op("Add", attn, x)
-                with b.scope("ln_2", _LAYER_NORM):
-                    y = b.layer_norm(x, hidden, GPT2_LN_EPS)
-                with b.scope("mlp", f"{_GPT2}.GPT2MLP"):
-                    with b.scope("c_fc", _CONV1D):
-                        y = b.linear(y, hidden, ffn, bias=True)
-                    with b.scope("act", "transformers.activations.NewGELUActivation"):
-                        y = _gelu_tanh(b, y)
-                    with b.scope("c_proj", _CONV1D):
-                        y = b.linear(y, ffn, hidden, bias=True)
-                    y = b.dropout(y, dropout)
-                x = b.op("Add", x, y)
-
-        if final_norm:
-            with b.scope("ln_f", _LAYER_NORM):
-                x = b.layer_norm(x, hidden, GPT2_LN_EPS)
-
-    _lm_head(b, x, hidden, vocab, wte if tied_embeddings else None)
-    doc = (
-        f"GPT decoder L={layers} h={hidden} a={heads} V={vocab} s={seq_len} f={ffn}; "
-        "shape-only zoo model, weights are external data that is never written."
-    )
-    return b.model(doc, model_metadata("gpt", config))
+def _gpt_block(b: GraphBuilder, x: str, hidden: int, heads: int, ffn: int, seq_len: int, dropout: float) -> str:
+    """One pre-LN ``h.{i}`` block: ln_1, attention, residual; ln_2, GELU MLP with dropout, residual."""
+    with b.scope("ln_1", _LAYER_NORM):
+        y = b.layer_norm(x, hidden, GPT2_LN_EPS)
+    attn = _gpt_attention(b, y, hidden, heads, seq_len, dropout)
+    x = b.op("Add", attn, x)
+    with b.scope("ln_2", _LAYER_NORM):
+        y = b.layer_norm(x, hidden, GPT2_LN_EPS)
+    with b.scope("mlp", f"{_GPT2}.GPT2MLP"):
+        with b.scope("c_fc", _CONV1D):
+            y = b.linear(y, hidden, ffn, bias=True)
+        with b.scope("act", "transformers.activations.NewGELUActivation"):
+            y = _gelu_tanh(b, y)
+        with b.scope("c_proj", _CONV1D):
+            y = b.linear(y, ffn, hidden, bias=True)
+        y = b.dropout(y, dropout)
+    return b.op("Add", x, y)
 
 
 # --------------------------------------------------------------------------------------------

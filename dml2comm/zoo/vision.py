@@ -167,17 +167,7 @@ def build_resnet(
     x = b.add_input("pixel_values", dt, ["batch", 3, image_size, image_size])
     b.add_output("logits", dt, ["batch", num_classes])
 
-    with b.scope("conv1", _CONV):
-        x = _conv(b, x, 3, 64, 7, 2, 3)
-    with b.scope("bn1", _BN):
-        x = _bn(b, x, 64)
-    with b.scope("relu", _RELU):
-        x = b.op("Relu", x)
-    with b.scope("maxpool", "torch.nn.modules.pooling.MaxPool2d"):
-        x = b.op(
-            "MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
-            dilations=[1, 1], ceil_mode=0,
-        )
+    x = _stem(b, x)
     channels = 64
     for stage, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks), start=1):
         with b.scope(f"layer{stage}", _SEQ):
@@ -198,6 +188,21 @@ def build_resnet(
         "model, weights are external data that is never written."
     )
     return b.model(doc, model_metadata("resnet", config))
+
+
+def _stem(b: GraphBuilder, x: str) -> str:
+    """The stem: 7x7 stride-2 ``conv1`` to 64 channels, ``bn1``, ReLU, 3x3 stride-2 max pool."""
+    with b.scope("conv1", _CONV):
+        x = _conv(b, x, 3, 64, 7, 2, 3)
+    with b.scope("bn1", _BN):
+        x = _bn(b, x, 64)
+    with b.scope("relu", _RELU):
+        x = b.op("Relu", x)
+    with b.scope("maxpool", "torch.nn.modules.pooling.MaxPool2d"):
+        return b.op(
+            "MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+            dilations=[1, 1], ceil_mode=0,
+        )
 
 
 def build_mlp(

@@ -1,0 +1,18 @@
+"""The two bundled H100 training steps the --profile tests read: (model, trace, micro-batch,
+sequence, measured step seconds).  Measured steps: dml2comm/validate/data/h100_steps.json, the
+mean of the runs' medians (as benchmarks/bench_profile.py)."""
+
+from __future__ import annotations
+
+from dml2comm.parallel.config import ParallelConfig
+
+MODELS = "dml2comm/validate/data/models"
+TRACES = "benchmarks/data/h100"
+GPT2 = (f"{MODELS}/step_gpt2_small_dynamo.onnx", f"{TRACES}/trace_gpt2-small_bf16_b8.json.gz", 8, 1024, 0.05160)
+LLAMA = (f"{MODELS}/step_llama_1b_dynamo.onnx", f"{TRACES}/trace_llama-1b_bf16_b4.json.gz", 4, 2048, 0.17999)
+
+
+def step_config(b: int, s: int, **kw) -> ParallelConfig:
+    """One GPU, the profiled steps' stack: eager PyTorch, pure bf16, AdamW."""
+    return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
+                          precision="bf16", optimizer="adamw", **kw)

@@ -1,0 +1,252 @@
+"""Per-kernel-class calibration (``python main.py calibrate``): one value per kernel class, each
+judged on held-out shapes against the base model, stored in the cluster file and read by the
+cost model in one place per term.
+
+Real data: the bundled H100 traces of one training step each (benchmarks/data/h100: GPT-2 small
+b=8 s=1024 and Llama-3.2-1B shape b=4 s=2048; PyTorch 2.11, bf16, SDPA flash attention, fused
+AdamW).  The step-time figures across models are benchmarks/bench_calibrate_models.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from dml2comm.calibrate.calibration import calibrate
+from dml2comm.calibrate.classes import ClassSpec, fit_class
+from dml2comm.cli import main
+from dml2comm.cost.attention import FlashShape, flash_cost, flash_times_s
+from dml2comm.cost.calibrated import CLASSES, class_value, gemm_regime, preset_of
+from dml2comm.cost.compute import HBM_EFFICIENCY, hbm_efficiency_of
+from dml2comm.cost.gemm import gemm_time_s
+from dml2comm.errors import ConfigError
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file
+from dml2comm.hardware.gpus import GPUS
+from dml2comm.ir.graph import DType
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "benchmarks" / "data" / "h100"
+GPT2_TRACE = H100 / "trace_gpt2-small_bf16_b8.json.gz"
+LLAMA_TRACE = H100 / "trace_llama-1b_bf16_b4.json.gz"
+
+
+@pytest.fixture(scope="module")
+def both():
+    """``calibrate`` on both bundled H100 traces, 30% of each class's shapes held out."""
+    return calibrate([str(GPT2_TRACE), str(LLAMA_TRACE)], "dgx-h100", 0.3)
+
+
+def _cls(result, name: str) -> dict:
+    return next(c for c in result.document["calibration"]["classes"] if c["class"] == name)
+
+
+# ------------------------------------------------------------------------- the per-class table
+
+
+def test_every_class_has_a_row_with_value_base_samples_residuals_and_a_verdict(both) -> None:
+    record = both.document["calibration"]
+    assert [c["class"] for c in record["classes"]] == list(CLASSES)
+    for c in record["classes"]:
+        assert set(c) >= {"value", "base_value", "samples", "shapes", "residual", "holdout", "base_holdout", "used", "why"}
+    gemm = _cls(both, "gemm_large")
+    # 20 aligned GEMM shapes of at least 1 GFLOP over the two steps (483 kernels), 6 held out
+    assert (gemm["samples"], gemm["shapes"], gemm["holdout"]["shapes"], gemm["residual"]["shapes"]) == (483, 20, 6, 14)
+    # the steps' GEMMs run faster than the back-to-back measurement the H100 law was fitted on
+    # (f = 0.7345): the fitted factor beats the base on the held-out shapes and is used
+    assert 0.80 < gemm["value"] < 0.88 and gemm["base_value"] == 0.7345 and gemm["used"]
+    assert gemm["holdout"]["median_rel_error"] < gemm["base_holdout"]["median_rel_error"]
+    assert both.cluster.gpu.calibrated_classes["gemm_large"] == gemm["value"]
+    # no convolution in a transformer step: no value, the base stays, no warning about it
+    conv = _cls(both, "conv")
+    assert conv["samples"] == 0 and conv["value"] is None and not conv["used"]
+    assert not any(w.startswith("conv") for w in both.warnings)
+
+
+def test_a_class_is_judged_on_its_held_out_shape(both) -> None:
+    """Flash attention: one shape per step (GPT-2's 96 x 1024 x 64 heads, Llama's 128 x 2048 x 64),
+    so one is fitted and the other held out; the flash law already predicts the held-out one
+    better than the scale fitted on the other, and the base stays with that reason."""
+    for name in ("attention_fwd", "attention_bwd"):
+        att = _cls(both, name)
+        assert (att["shapes"], att["holdout"]["shapes"], att["residual"]["shapes"]) == (2, 1, 1)
+        assert att["value"] is not None and not att["used"]
+        assert att["holdout"]["median_rel_error"] > att["base_holdout"]["median_rel_error"]
+        assert att["why"].endswith("; the base stays") and "held out: median" in att["why"]
+        assert name not in both.cluster.gpu.calibrated_classes
+        assert any(f.startswith(f"gpu.calibrated_classes.{name} (held out") for f in both.document["calibration"]["from_base"])
+
+
+def test_too_few_shapes_keep_the_base_with_a_warning_naming_what_to_record() -> None:
+    result = calibrate([str(GPT2_TRACE)], "dgx-h100", 0.3)
+    att = _cls(result, "attention_fwd")
+    assert att["value"] is None and att["shapes"] == 1 and att["samples"] == 12
+    assert att["why"] == ("1 shape(s), 2 needed: the base stays (profile steps at two or more sequence lengths or head counts "
+                          "(SDPA flash attention))")
+    assert any(w.startswith("attention_fwd (flash attention forward): 1 shape(s), 2 needed") for w in result.warnings)
+    opt = _cls(result, "optimizer")  # one fused AdamW step of GPT-2's 124.4 M parameters
+    assert (opt["samples"], opt["shapes"], opt["value"]) == (1, 1, None)
+    assert "torch.optim.AdamW(fused=True)" in opt["why"]
+
+
+# ---------------------------------------------------------------------------- verdict logic
+
+
+def _spec(meas_scale: float, base: float) -> tuple[ClassSpec, list]:
+    """A time-scale class over 6 shapes whose times are ``meas_scale`` x a law, the base at ``base``."""
+    Sample = type("Sample", (), {})
+    samples = []
+    for i in range(6):
+        s = Sample()
+        s.key, s.time_s, s.op = i, meas_scale * (1.0 + i), "op"
+        samples.append(s)
+    spec = ClassSpec("optimizer", samples, lambda s: s.key, lambda keys, c: c * (1.0 + np.array(keys, dtype=float)),
+                     lambda keys: base * (1.0 + np.array(keys, dtype=float)), lambda k, m, r: float(np.sum(r * m) / np.sum(
+                         r * (1.0 + np.array(k, dtype=float)))), base, (0.2, 5.0), str)
+    return spec, samples
+
+
+def test_verdict_uses_a_value_only_when_it_beats_the_base_on_held_out_shapes() -> None:
+    better = fit_class(_spec(1.2, 1.0)[0], 0.3)  # measured 1.2 x the law; the base says 1.0
+    assert better.value == pytest.approx(1.2) and better.used
+    assert better.holdout.median_rel_error < 1e-9 and better.base_holdout.median_rel_error == pytest.approx(1 / 6)
+    assert better.why.endswith("better on both")
+    same = fit_class(_spec(1.0, 1.0)[0], 0.3)  # the base is exact: a fitted 1.0 ties it and is not used
+    assert same.value == pytest.approx(1.0) and not same.used and same.why.endswith("; the base stays")
+    unchecked = fit_class(_spec(1.0, 1.0)[0], 0.0)  # --holdout 0: no check, the value is used
+    assert unchecked.used and unchecked.holdout is None and unchecked.why == "no held-out check (--holdout 0): used"
+    bound = fit_class(_spec(50.0, 1.0)[0], 0.3)  # a scale beyond its bounds: the law does not describe these kernels
+    assert bound.value is None and not bound.used and "ran to its bound" in bound.why
+
+
+# ---------------------------------------------------------- the cost model reads each class once
+
+
+def test_each_class_moves_only_its_own_term() -> None:
+    h100 = GPUS["H100-SXM5-80GB"]
+
+    def cal(**values: float):
+        return dataclasses.replace(h100, name=f"H100-SXM5-80GB cal-{sorted(values)}", calibrated_classes=values)
+
+    # GEMM regimes: a large aligned GEMM moves with gemm_large, a small one and an unaligned one do not
+    g = cal(gemm_large=0.9)
+    assert gemm_time_s(g, "bf16", 1, 4096, 4096, 4096) < gemm_time_s(h100, "bf16", 1, 4096, 4096, 4096)
+    assert gemm_time_s(g, "bf16", 1, 256, 256, 256) == gemm_time_s(h100, "bf16", 1, 256, 256, 256)
+    assert gemm_time_s(g, "bf16", 1, 8192, 50257, 768) == gemm_time_s(h100, "bf16", 1, 8192, 50257, 768)
+    assert gemm_regime(2 * 256**3, True) == "gemm_small" and gemm_regime(1e12, False) == "gemm_unaligned"
+    assert gemm_regime(1e12, True, conv=True) == "conv"
+    # a calibrated GPU keeps its preset's fitted GEMM law for the classes it leaves at the base
+    assert preset_of(g.name) == "H100-SXM5-80GB"
+    # memory-bound: norm and element-wise efficiencies apart; the single field of older files below both
+    n = cal(norm=0.4)
+    assert hbm_efficiency_of(n, "norm") == 0.4 and hbm_efficiency_of(n) == HBM_EFFICIENCY
+    old = dataclasses.replace(h100, name="H100 old", hbm_efficiency=0.7)
+    assert hbm_efficiency_of(old, "norm") == hbm_efficiency_of(old) == 0.7
+    # flash attention: the scales multiply the law's forward and backward
+    shape = FlashShape(96, 1024, 1024, 64, 64)
+    cost = flash_cost(shape, True, DType.BFLOAT16)
+    f0, b0 = flash_times_s(shape, True, cost, 989e12, 2.8e12)
+    f1, b1 = flash_times_s(shape, True, cost, 989e12, 2.8e12, scale=(1.1, 0.9))
+    assert (f1, b1) == (pytest.approx(1.1 * f0), pytest.approx(0.9 * b0))
+    assert class_value(h100, "optimizer") is None and class_value(cal(optimizer=1.2), "optimizer") == 1.2
+
+
+def test_the_analysis_sees_the_norm_class_on_layer_norms_only() -> None:
+    """GPT-2 (the bundled legacy export) on a GPU whose ``norm`` class is 0.425: its LayerNorm ops'
+    forward takes 0.85 / 0.425 = 2x as long, its MatMuls and element-wise ops do not move."""
+    from dml2comm.cost import host as host_model
+    from dml2comm.cost.ops import shard_op_costs
+    from dml2comm.ir.onnx_import import ImportOptions, load_model
+
+    graph = load_model(str(ROOT / "tests" / "fixtures" / "gpt2_legacy.onnx"), ImportOptions(batch_size=1, seq_len=128)).graph
+    h100 = GPUS["H100-SXM5-80GB"]
+    norm = dataclasses.replace(h100, name="H100-SXM5-80GB cal-norm", calibrated_classes={"norm": HBM_EFFICIENCY / 2})
+    no_host = dataclasses.replace(host_model.DEFAULT, kernel_s=0.0)  # GPU times alone, no per-kernel host floor
+    base = shard_op_costs(graph, 1, False, "bf16", h100, True, no_host).times
+    cal = shard_op_costs(graph, 1, False, "bf16", norm, True, no_host).times
+    kinds = {op.op_type for op in graph.ops}
+    assert "LayerNormalization" in kinds
+    for op, t0, t1 in zip(graph.ops, base, cal):
+        if op.op_type == "LayerNormalization" and t0[0] > 0:
+            # forward exactly 2x; the backward also carries autograd's gradient sum of the residual
+            # stream it reads (cost.ops.gradient_forks), an element-wise add that stays at 0.85
+            assert t1[0] == pytest.approx(2 * t0[0]) and t0[1] < t1[1] <= 2 * t0[1]
+        elif op.op_type in ("MatMul", "Gemm", "Add", "Mul"):
+            assert t1 == t0
+
+
+# ------------------------------------------------------------------------------ cluster files
+
+
+def test_cluster_file_round_trips_the_classes(both, tmp_path: Path) -> None:
+    path = tmp_path / "h100.yaml"
+    path.write_text(dump_cluster_file(both.document))
+    loaded = get_cluster(str(path), 1)
+    assert dict(loaded.gpu.calibrated_classes) == dict(both.cluster.gpu.calibrated_classes) != {}
+    assert loaded.gpu.name == both.cluster.gpu.name and loaded.gpu.name.startswith("H100-SXM5-80GB cal-")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["gpu"]["calibrated_classes"] == dict(both.cluster.gpu.calibrated_classes)
+    assert "gemm_sustained_factor" not in doc["gpu"] and "hbm_efficiency" not in doc["gpu"]
+    # the page's points and the record travel with it
+    assert doc["calibration"]["classes"][0]["class"] == "gemm_large"
+
+
+def test_old_cluster_files_with_the_single_fields_still_load_and_apply(tmp_path: Path) -> None:
+    """A file written before the classes: ``gpu.gemm_sustained_factor`` for every GEMM and
+    ``gpu.hbm_efficiency`` for every memory-bound kernel, as before."""
+    h100 = get_cluster("dgx-h100")
+    gpu = dataclasses.replace(h100.gpu, name="H100-SXM5-80GB cal-0123abcd", gemm_sustained_factor=0.8, hbm_efficiency=0.7)
+    doc = cluster_file_dict(dataclasses.replace(h100, gpu=gpu), base="dgx-h100")
+    assert "calibrated_classes" not in doc["gpu"]
+    path = tmp_path / "old.yaml"
+    path.write_text(dump_cluster_file(doc))
+    loaded = get_cluster(str(path), 8).gpu
+    assert (loaded.gemm_sustained_factor, loaded.hbm_efficiency, dict(loaded.calibrated_classes)) == (0.8, 0.7, {})
+    for shape in ((1, 4096, 4096, 4096), (1, 256, 256, 256)):  # both regimes at the one factor
+        assert gemm_time_s(loaded, "bf16", *shape) < gemm_time_s(h100.gpu, "bf16", *shape)
+    assert hbm_efficiency_of(loaded, "norm") == hbm_efficiency_of(loaded, "pointwise") == 0.7
+
+
+@pytest.mark.parametrize("classes, message", [
+    ({"gemm_huge": 0.8}, "gpu.calibrated_classes: unknown kernel class 'gemm_huge'; use one of gemm_large"),
+    ({"norm": -1}, "gpu.calibrated_classes.norm must be a positive number"),
+    ([0.8], "gpu.calibrated_classes must be a mapping of kernel classes to values"),
+])
+def test_bad_class_values_are_one_line_errors(tmp_path: Path, capsys, classes, message: str) -> None:
+    doc = cluster_file_dict(get_cluster("dgx-h100"), base="dgx-h100")
+    doc["gpu"]["name"] = "H100 mine"
+    doc["gpu"]["calibrated_classes"] = classes
+    path = tmp_path / "bad.yaml"
+    path.write_text(dump_cluster_file(doc))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as info:
+        get_cluster(str(path), 8)
+    assert "\n" not in str(info.value)
+    assert main([str(ROOT / "tests" / "fixtures" / "gpt2_legacy.onnx"), "--cluster", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+def test_calibrate_on_a_bad_trace_writes_nothing(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "t.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "pid": 0, "tid": 1}]}')
+    out = tmp_path / "o" / "c.yaml"
+    assert main(["calibrate", str(bad), "--cluster", "dgx-h100", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: nothing to fit in 1 trace(s): no operator shapes") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_terminal_report_shows_the_class_table(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "c.yaml"
+    assert main(["calibrate", str(GPT2_TRACE), str(LLAMA_TRACE), "-o", str(out), "--no-site"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(printed) if line.strip().startswith("class "))
+    assert printed[header].split()[:4] == ["class", "value", "base", "samples/shapes"]
+    rows = {line.split()[0]: line for line in printed[header + 1: header + 1 + len(CLASSES)]}
+    assert list(rows) == list(CLASSES)
+    assert "used: held out: median" in rows["gemm_large"] and "base: held out: median" in rows["attention_fwd"]
+    assert "base: 0 shape(s), 4 needed" in rows["conv"]
