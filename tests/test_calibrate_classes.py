@@ -26,7 +26,7 @@ from dml2comm.cost.gemm import gemm_time_s
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file
-from dml2comm.hardware.gpus import GPUS
+from dml2comm.hardware.gpus import GPUS, parse_class_key
 from dml2comm.ir.graph import DType
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -309,9 +309,10 @@ def test_gemm_regimes_are_octaves_of_the_smallest_dimension_merged_until_each_ha
 def _fit(key: str, measured: float, base: float, calibrated: float | None, used: bool) -> ClassFit:
     """A class outcome for the step guard: its kernels' measured seconds, the base's and the
     fitted value's predicted / measured on its held-out shapes (and, the base's, on all)."""
-    name = key.split("@")[0]
-    return ClassFit(name, None if calibrated is None else 1.0, 1.0, 10, 5, None, None, None, used, "own check", measured_s=measured,
-                    holdout_ratio=calibrated, base_holdout_ratio=base if calibrated is not None else None, base_ratio=base)
+    name, regime = parse_class_key(key)
+    return ClassFit(name, None if calibrated is None else 1.0, 1.0, 10, 5, None, None, None, used, "own check", regime=regime,
+                    measured_s=measured, holdout_ratio=calibrated, base_holdout_ratio=base if calibrated is not None else None,
+                    base_ratio=base)
 
 
 def test_step_guard_keeps_the_set_of_values_that_brings_the_summed_time_nearest() -> None:
@@ -388,3 +389,15 @@ def test_a_gpt2_calibration_leaves_llamas_wider_gemms_at_the_base() -> None:
     llama = {(g.b, g.m, g.n, g.k) for g in file_samples(str(LLAMA_TRACE)).samples.gemms}
     assert len(llama) >= 11 and all(gemm_time_s(gpu, "bf16", *s) == gemm_time_s(base, "bf16", *s) for s in llama)
     assert gemm_time_s(gpu, "bf16", 1, 8192, 3072, 768) < gemm_time_s(base, "bf16", 1, 8192, 3072, 768)
+
+
+def test_step_guard_searches_greedily_beyond_twelve_values() -> None:
+    """Fourteen GEMM regimes each 1 ms too slow at the base and fixed by their value, and an
+    element-wise class 10 ms too fast: the sum (4 ms too slow) is nearest the measured one with four
+    of the fixes."""
+    from dml2comm.calibrate.classes import step_guard
+
+    fits = [_fit(f"gemm_large@{2**i}..{2**i}", 0.005, 1.2, 1.0, True) for i in range(14)]
+    fits.append(_fit("pointwise", 0.010, 0.0, None, False))  # predicted 0: 10 ms short
+    guard = step_guard(GPUS["H100-SXM5-80GB"], fits, [])
+    assert len(guard.dropped) == 10 and guard.used_s == pytest.approx(guard.measured_s)

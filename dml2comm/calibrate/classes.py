@@ -66,8 +66,8 @@ the class's efficiency also times): the measured sum; the base's prediction of i
 value's change to it, estimated on its held-out shapes (the class's measured time x the held-out
 ratio predicted / measured at the value, less the same at the base; a class's held-out shapes
 stand for all its kernels).  Of the values that passed their own check it keeps the set that
-brings the sum nearest the measured one (every subset tried, up to 12 values; the larger set on
-a tie); the others go back to the base, with the reason and their change in the report.  No
+brings the sum nearest the measured one (every subset tried, up to 12 values, else a greedy
+search; the larger set on a tie); the others go back to the base, with the reason and their change in the report.  No
 step time enters it: only the traces' kernels.  On the bundled H100 traces this is what keeps
 calibration from making either model's step worse: Llama-1B's GEMMs run 6-16% faster in its
 step than the same shapes measured back to back (``kernels.json``: e.g. 8192 x 8192 x 2048, 363
@@ -468,7 +468,7 @@ def step_guard(gpu: GPU, fits: list[ClassFit], small: Sequence[LaunchBound]) -> 
     base = (sum(f.measured_s * f.base_ratio for f in fits if f.base_ratio is not None)
             + sum(lb.ideal_s / hbm_efficiency_of(gpu, lb.name) for lb in small))
     effects = {f.key: _effect(f, hbm_efficiency_of(gpu, f.name), small) for f in candidates}
-    best = min(_subsets(list(effects)), key=lambda ks: (abs(base + sum(effects[k] for k in ks) - measured), -len(ks)))
+    best = min(_subsets(effects, measured - base), key=lambda ks: (abs(base + sum(effects[k] for k in ks) - measured), -len(ks)))
     used = base + sum(effects[k] for k in best)
     dropped = [k for k in effects if k not in best]
     for f in candidates:
@@ -484,8 +484,19 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:+.2f} ms"
 
 
-def _subsets(keys: list[str]) -> list[tuple[str, ...]]:
-    """Every subset of ``keys`` (at most 2^12; beyond, the nested sets of keys in order: greedy)."""
+def _subsets(effects: dict[str, float], gap: float) -> list[tuple[str, ...]]:
+    """The sets of keys to try for a sum of ``effects`` nearest ``gap``: every subset of up to 12
+    keys; beyond, the sets a greedy search passes through (add the key that brings the sum
+    nearest, while one does)."""
+    keys = list(effects)
     if len(keys) <= 12:
         return [tuple(k for i, k in enumerate(keys) if mask >> i & 1) for mask in range(1 << len(keys))]
-    return [tuple(keys[:i]) for i in range(len(keys) + 1)]
+    path: list[tuple[str, ...]] = [()]
+    total = 0.0
+    while rest := [k for k in keys if k not in path[-1]]:
+        k = min(rest, key=lambda x: abs(total + effects[x] - gap))
+        if abs(total + effects[k] - gap) >= abs(total - gap):
+            break
+        total += effects[k]
+        path.append(path[-1] + (k,))
+    return path
