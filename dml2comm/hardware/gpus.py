@@ -36,6 +36,7 @@ shared/data/hardware_presets_sources.json.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -91,6 +92,7 @@ def regime_key(name: str, lo: int, hi: int) -> str:
     return f"{name}@{lo}..{hi}"
 
 
+@functools.lru_cache(maxsize=1024)  # read on every GEMM shape the per-shape cache has not seen
 def parse_class_key(key: str) -> tuple[str, tuple[int, int] | None]:
     """(class, its ``(lo, hi)`` range of ``min(M, N, K)`` or None) of a :attr:`GPU.calibrated_classes`
     key: a class name (its value applies to every kernel of the class) or :func:`regime_key`'s.
