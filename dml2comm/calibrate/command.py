@@ -85,8 +85,9 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
                         help="cluster file to write (default out/calibrate/cluster.yaml)")
     parser.add_argument("--holdout", type=_fraction, default=0.3,
                         help="share of the shapes (sizes) held out of each fit and scored alone; a kernel class's value is "
-                             "used only when it beats the base model on its held-out shapes (default 0.3; 0: no check, "
-                             "every fitted value used)")
+                             "used only when it beats the base model on its held-out shapes and the step guard keeps it "
+                             "(the set of values that brings every class's summed kernel time nearest the measured one) "
+                             "(default 0.3; 0: no checks, every fitted value used)")
     parser.add_argument("--site", metavar="DIR",
                         help="folder of the calibration page (default: beside the file, OUTPUT_STEM_site/, e.g. cluster_site/)")
     parser.add_argument("--no-site", action="store_true", help="write the cluster file only")
