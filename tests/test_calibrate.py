@@ -108,7 +108,8 @@ def _synthetic(tmp_path: Path, by_external_id: bool = True, noise: float = 0.0) 
 def test_synthetic_constants_are_recovered_within_2_percent(tmp_path: Path, by_external_id: bool) -> None:
     result = calibrate([str(_synthetic(tmp_path, by_external_id, noise=0.05))])
     gpu = result.cluster.gpu
-    assert gpu.calibrated_classes["gemm_large"] == pytest.approx(F_TRUE, rel=0.02)
+    # the six shapes' smallest dimensions (1,024-4,096) form one regime: no octave has the 3 shapes alone
+    assert gpu.calibrated_classes["gemm_large@1024..4096"] == pytest.approx(F_TRUE, rel=0.02)
     assert gpu.calibrated_classes["pointwise"] == pytest.approx(E_TRUE, rel=0.02)
     assert gpu.gemm_sustained_factor is None and gpu.hbm_efficiency is None  # the single fields of older files
     fits = {(f.kind, f.group_size, f.level): f for f in result.cluster.collective_fits}
@@ -119,16 +120,16 @@ def test_synthetic_constants_are_recovered_within_2_percent(tmp_path: Path, by_e
     assert record["gpu"]["preset"] == "A100-SXM4-80GB" and record["base"] == "dgx-a100"
     assert record["traces"][0]["versions"] == {"cuda_runtime_version": "12040", "kineto_schema_version": "1", "nccl_version": "2.21.5"}
     # every repeat is off by at most 5% of a median the fit meets: the residuals say so
-    assert _cls(record, "gemm_large")["residual"]["worst_rel_error"] == pytest.approx(0.05, abs=0.01)
+    assert _cls(record, "gemm_large@1024..4096")["residual"]["worst_rel_error"] == pytest.approx(0.05, abs=0.01)
     assert gpu.name.startswith("A100-SXM4-80GB cal-")
 
 
 def test_holdout_splits_by_shape_and_scores_the_rest(tmp_path: Path) -> None:
     result = calibrate([str(_synthetic(tmp_path))], holdout=0.3)
-    gemm = _cls(result.document["calibration"], "gemm_large")
+    gemm = _cls(result.document["calibration"], "gemm_large@1024..4096")
     # 6 shapes: round(0.3 x 6) = 2 held out with their 3 repeats each; exact data -> no error
     assert gemm["holdout"]["shapes"] == 2 and gemm["holdout"]["samples"] == 6 and gemm["residual"]["shapes"] == 4
-    assert gemm["holdout"]["worst_rel_error"] < 1e-6 and result.cluster.gpu.calibrated_classes["gemm_large"] == pytest.approx(F_TRUE, rel=1e-3)
+    assert gemm["holdout"]["worst_rel_error"] < 1e-6 and result.cluster.gpu.calibrated_classes["gemm_large@1024..4096"] == pytest.approx(F_TRUE, rel=1e-3)
     # the base (A100's shape law at its own factor, 0.72) is off on the same held-out shapes: the value is used
     assert gemm["base_holdout"]["median_rel_error"] > 0.05 and gemm["used"] and gemm["why"].endswith("better on both")
 
@@ -165,19 +166,31 @@ def test_real_hta_nccl_trace_fits_the_all_reduce() -> None:
 
 def test_real_hta_shaped_traces_fit_per_kernel_class_with_a_verdict() -> None:
     """HTA's trace_filter rank-0/1 (record_shapes, no deviceProperties: the base names the GPU):
-    the A100 tf32/bf16 GEMMs of a small model, large and small, and memory-bound kernels.  Both
-    GEMM regimes beat the base on their held-out shapes and are used; the element-wise and
-    normalisation efficiencies do not (their held-out shapes are better served by the base's
-    0.85) and the base stays, with the reason in the record."""
+    the A100 tf32/bf16 GEMMs of a small model, large and small, and memory-bound kernels.  The
+    GEMMs fall in regimes of their smallest dimension (7 to 1,024: eight of large GEMMs, four of
+    small); eleven beat the base on their held-out shapes and are used (the step guard keeps all:
+    each brings the summed kernel time nearer the measured one, from 44% too fast to 16%), the
+    large GEMMs of 512-742 do not and keep the base.  The element-wise and normalisation
+    efficiencies do not either (their held-out shapes are better served by the base's 0.85) and
+    the base stays, with the reason in the record."""
     result = calibrate([str(HTA / "trace_filter__sampled_rank-0.json.gz"), str(HTA / "trace_filter__sampled_rank-1.json.gz")],
                        "dgx-a100", holdout=0.3)
     record = result.document["calibration"]
-    assert dict(result.cluster.gpu.calibrated_classes) == {"gemm_large": 0.384323, "gemm_small": 0.402985}
-    large, small = _cls(record, "gemm_large"), _cls(record, "gemm_small")
-    assert large["residual"] == {"samples": 300, "shapes": 73, "median_rel_error": 0.275565, "worst_rel_error": 1.055396}
-    assert large["holdout"] == {"samples": 92, "shapes": 31, "median_rel_error": 0.246693, "worst_rel_error": 1.077461}
-    assert large["base_holdout"]["median_rel_error"] == 0.38802 and large["used"]
-    assert small["holdout"]["shapes"] == 17 and small["used"]
+    used = dict(result.cluster.gpu.calibrated_classes)
+    assert set(used) == {c["class"] for c in record["classes"] if c["used"]}
+    assert len(used) == 11 and all(k.startswith(("gemm_large@", "gemm_small@")) for k in used)
+    assert used["gemm_large@256..256"] == 0.492298 and used["gemm_small@64..125"] == 0.10537
+    assert sum(c["shapes"] for c in record["classes"] if c["kernel_class"] == "gemm_large") == 104
+    mid = _cls(record, "gemm_large@512..742")
+    assert (mid["shapes"], mid["holdout"]["shapes"], mid["used"]) == (38, 11, False)
+    assert mid["why"].endswith("not better on the median and total; the base stays")
+    large = _cls(record, "gemm_large@256..256")
+    assert large["holdout"] == {"samples": 23, "shapes": 7, "median_rel_error": 0.075741, "worst_rel_error": 0.430939}
+    assert large["base_holdout"]["median_rel_error"] == 0.259866 and large["used"]
+    guard = record["step_guard"]
+    assert guard["dropped"] == [] and len(guard["effects_s"]) == 11
+    assert (guard["base_s"] / guard["measured_s"] - 1, guard["used_s"] / guard["measured_s"] - 1) == (
+        pytest.approx(-0.440, abs=5e-4), pytest.approx(-0.159, abs=5e-4))
     pointwise = _cls(record, "pointwise")
     assert pointwise["value"] == 0.587691 and not pointwise["used"]
     assert pointwise["why"] == ("held out: median 30.7% against the base's 9.6%, total 26.8% against 12.3%: not better on the "
@@ -208,7 +221,7 @@ def test_cluster_file_round_trips_and_changes_costs(tmp_path: Path) -> None:
     gpu = spec.gpu
     assert gemm_time_s(gpu, "bf16", 1, 4096, 4096, 4096) == pytest.approx(float(analytical_times_s(
         [1], [4096], [4096], [4096], peak_flops_per_s=312e12, sm_count=108, hbm_bytes_per_s=2039e9, in_bytes=2, out_bytes=2,
-        sustained=gpu.calibrated_classes["gemm_large"])[0]))
+        sustained=gpu.calibrated_classes["gemm_large@1024..4096"])[0]))
     # a small GEMM (no value for its class) keeps the base GPU's model
     assert gemm_time_s(gpu, "bf16", 1, 256, 256, 256) == gemm_time_s(GPUS["A100-SXM4-80GB"], "bf16", 1, 256, 256, 256)
     cluster = get_cluster(str(out), 16)
@@ -362,12 +375,12 @@ def test_too_few_samples_warn_per_term_and_keep_the_base(tmp_path: Path) -> None
                "dtype": "Float", "Process Group Ranks": "[0, 1]"})
     tr.op("aten::mm", [[64, 64], [64, 64]], ["c10::BFloat16", "c10::BFloat16"], "sm80_xmma_gemm_bf16", 5e-6)
     path = tr.write(tmp_path / "rank-0.json")
-    with pytest.raises(CalibrationError, match=r"nothing could be fitted: .*gemm_small \(GEMM, aligned, < 1 GFLOP\): 1 shape\(s\), "
+    with pytest.raises(CalibrationError, match=r"nothing could be fitted: .*gemm_small@64\.\.64 \(GEMM, aligned, < 1 GFLOP, smallest dimension 64\): 1 shape\(s\), "
                                                  r"4 needed: the base stays \(profile steps with small matrix products"):
         calibrate([str(path)], holdout=0.3)
     result = calibrate([str(path)])
     assert not result.cluster.gpu.calibrated_classes and result.cluster.gpu.name == "A100-SXM4-80GB"
-    assert any(f.startswith("gpu.calibrated_classes.gemm_small (1 shape(s), 3 needed")
+    assert any(f.startswith("gpu.calibrated_classes.gemm_small@64..64 (1 shape(s), 3 needed")
                for f in result.document["calibration"]["from_base"])
     # a class without any sample keeps the base silently (a transformer has no convolution to record)
     assert not any(w.startswith(("conv", "pointwise")) for w in result.warnings)
@@ -428,8 +441,8 @@ def test_h100_trace_gemms_count_a_transposed_unaligned_row_as_unaligned():
 
     trace = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h100" / "trace_gpt2-small_bf16_b8.json.gz"
     gpu = get_cluster("dgx-h100", 1).gpu
-    specs = {s.name: s for s in class_specs(gpu, file_samples(str(trace)).samples)}
-    unaligned = {(g.m, g.n, g.k) for g in specs["gemm_unaligned"].samples}
+    specs = {s.key_name: s for s in class_specs(gpu, file_samples(str(trace)).samples)}
+    unaligned = {(g.m, g.n, g.k) for g in specs["gemm_unaligned@768..768"].samples}
     assert (50257, 768, 8192) in unaligned and len(unaligned) == 3 and all(50257 in shape for shape in unaligned)
-    large = fit_class(specs["gemm_large"], 0.0)
+    large = fit_class(specs["gemm_large@768..768"], 0.0)  # every aligned GEMM of GPT-2 small has min(M, N, K) = 768
     assert 1.0 < large.value / sustained_factor(gpu) < 1.15 and large.residual.median_rel_error < 0.10

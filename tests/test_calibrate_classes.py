@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from dml2comm.calibrate.calibration import calibrate
-from dml2comm.calibrate.classes import ClassSpec, fit_class
+from dml2comm.calibrate.classes import ClassFit, ClassSpec, fit_class
 from dml2comm.cli import main
 from dml2comm.cost.attention import FlashShape, flash_cost, flash_times_s
 from dml2comm.cost.calibrated import CLASSES, class_value, gemm_regime, preset_of
@@ -26,7 +26,7 @@ from dml2comm.cost.gemm import gemm_time_s
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file
-from dml2comm.hardware.gpus import GPUS
+from dml2comm.hardware.gpus import GPUS, parse_class_key
 from dml2comm.ir.graph import DType
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,20 +50,32 @@ def _cls(result, name: str) -> dict:
 
 def test_every_class_has_a_row_with_value_base_samples_residuals_and_a_verdict(both) -> None:
     record = both.document["calibration"]
-    assert [c["class"] for c in record["classes"]] == list(CLASSES)
+    assert list(dict.fromkeys(c["kernel_class"] for c in record["classes"])) == list(CLASSES)
     for c in record["classes"]:
-        assert set(c) >= {"value", "base_value", "samples", "shapes", "residual", "holdout", "base_holdout", "used", "why"}
-    gemm = _cls(both, "gemm_large")
-    # 20 aligned GEMM shapes of at least 1 GFLOP over the two steps (483 kernels), 6 held out
-    assert (gemm["samples"], gemm["shapes"], gemm["holdout"]["shapes"], gemm["residual"]["shapes"]) == (483, 20, 6, 14)
+        assert set(c) >= {"value", "base_value", "samples", "shapes", "residual", "holdout", "base_holdout", "used", "why", "regime"}
+    assert [c["class"] for c in record["classes"]][:2] == ["gemm_large@512..768", "gemm_large@2048..2048"]
+    narrow, wide = _cls(both, "gemm_large@512..768"), _cls(both, "gemm_large@2048..2048")
+    # 20 aligned GEMM shapes of at least 1 GFLOP over the two steps (483 kernels) in two regimes of
+    # min(M, N, K): GPT-2's nine at 768 with Llama's three at 512 (one octave), Llama's eight at 2048
+    assert (narrow["samples"], narrow["shapes"], wide["samples"], wide["shapes"]) == (240, 12, 243, 8)
+    assert narrow["regime"] == {"feature": "min(M, N, K)", "lo": 512, "hi": 768}
+    assert wide["holdout"]["shapes"] == 2 and wide["residual"]["shapes"] == 6
     # the steps' GEMMs run faster than the back-to-back measurement the H100 law was fitted on
-    # (f = 0.7345): the fitted factor beats the base on the held-out shapes and is used
-    assert 0.80 < gemm["value"] < 0.88 and gemm["base_value"] == 0.7345 and gemm["used"]
-    assert gemm["holdout"]["median_rel_error"] < gemm["base_holdout"]["median_rel_error"]
-    assert both.cluster.gpu.calibrated_classes["gemm_large"] == gemm["value"]
+    # (f = 0.7345): the 2048 regime's factor beats the base on its held-out shapes, median and total ...
+    assert 0.80 < wide["value"] < 0.88 and wide["base_value"] == 0.7345
+    assert wide["holdout"]["median_rel_error"] < wide["base_holdout"]["median_rel_error"]
+    assert wide["holdout_total_rel_error"] < wide["base_holdout_total_rel_error"]
+    # ... but the step guard keeps the base: the other classes' kernels are predicted too fast
+    # (element-wise, normalisation), and the GEMMs' excess was offsetting them
+    assert not wide["used"] and "the step guard keeps the base" in wide["why"]
+    guard = record["step_guard"]
+    assert guard["dropped"] == ["gemm_large@2048..2048"] and guard["effects_s"]["gemm_large@2048..2048"] < 0
+    assert abs(guard["used_s"] / guard["measured_s"] - 1) < abs((guard["used_s"] + guard["effects_s"]["gemm_large@2048..2048"])
+                                                                / guard["measured_s"] - 1)
+    assert not both.cluster.gpu.calibrated_classes
     # no convolution in a transformer step: no value, the base stays, no warning about it
     conv = _cls(both, "conv")
-    assert conv["samples"] == 0 and conv["value"] is None and not conv["used"]
+    assert conv["samples"] == 0 and conv["value"] is None and not conv["used"] and conv["regime"] is None
     assert not any(w.startswith("conv") for w in both.warnings)
 
 
@@ -182,17 +194,19 @@ def test_the_analysis_sees_the_norm_class_on_layer_norms_only() -> None:
 # ------------------------------------------------------------------------------ cluster files
 
 
-def test_cluster_file_round_trips_the_classes(both, tmp_path: Path) -> None:
+def test_cluster_file_round_trips_the_classes(tmp_path: Path) -> None:
+    unchecked = calibrate([str(GPT2_TRACE), str(LLAMA_TRACE)], "dgx-h100", 0.0)  # every fitted value used
     path = tmp_path / "h100.yaml"
-    path.write_text(dump_cluster_file(both.document))
+    path.write_text(dump_cluster_file(unchecked.document))
     loaded = get_cluster(str(path), 1)
-    assert dict(loaded.gpu.calibrated_classes) == dict(both.cluster.gpu.calibrated_classes) != {}
-    assert loaded.gpu.name == both.cluster.gpu.name and loaded.gpu.name.startswith("H100-SXM5-80GB cal-")
+    assert dict(loaded.gpu.calibrated_classes) == dict(unchecked.cluster.gpu.calibrated_classes) != {}
+    assert {"gemm_large@512..768", "gemm_large@2048..2048", "pointwise"} <= set(loaded.gpu.calibrated_classes)
+    assert loaded.gpu.name == unchecked.cluster.gpu.name and loaded.gpu.name.startswith("H100-SXM5-80GB cal-")
     doc = yaml.safe_load(path.read_text())
-    assert doc["gpu"]["calibrated_classes"] == dict(both.cluster.gpu.calibrated_classes)
+    assert doc["gpu"]["calibrated_classes"] == dict(unchecked.cluster.gpu.calibrated_classes)
     assert "gemm_sustained_factor" not in doc["gpu"] and "hbm_efficiency" not in doc["gpu"]
     # the page's points and the record travel with it
-    assert doc["calibration"]["classes"][0]["class"] == "gemm_large"
+    assert doc["calibration"]["classes"][0]["class"] == "gemm_large@512..768"
 
 
 def test_old_cluster_files_with_the_single_fields_still_load_and_apply(tmp_path: Path) -> None:
@@ -213,6 +227,9 @@ def test_old_cluster_files_with_the_single_fields_still_load_and_apply(tmp_path:
 
 @pytest.mark.parametrize("classes, message", [
     ({"gemm_huge": 0.8}, "gpu.calibrated_classes: unknown kernel class 'gemm_huge'; use one of gemm_large"),
+    ({"norm@1..2": 0.8}, "gpu.calibrated_classes: key 'norm@1..2': a range is CLASS@LO..HI on a GEMM class"),
+    ({"gemm_large@2048..768": 0.8}, "gpu.calibrated_classes: key 'gemm_large@2048..768': a range is CLASS@LO..HI"),
+    ({"gemm_large@768": 0.8}, "gpu.calibrated_classes: key 'gemm_large@768': a range is CLASS@LO..HI"),
     ({"norm": -1}, "gpu.calibrated_classes.norm must be a positive number"),
     ([0.8], "gpu.calibrated_classes must be a mapping of kernel classes to values"),
 ])
@@ -246,7 +263,141 @@ def test_terminal_report_shows_the_class_table(tmp_path: Path, capsys) -> None:
     printed = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(printed) if line.strip().startswith("class "))
     assert printed[header].split()[:4] == ["class", "value", "base", "samples/shapes"]
-    rows = {line.split()[0]: line for line in printed[header + 1: header + 1 + len(CLASSES)]}
-    assert list(rows) == list(CLASSES)
-    assert "used: held out: median" in rows["gemm_large"] and "base: held out: median" in rows["attention_fwd"]
+    end = next(i for i in range(header, len(printed)) if printed[i].strip().startswith("("))
+    rows = {line.split()[0]: line for line in printed[header + 1: end]}
+    assert list(rows) == ["gemm_large@512..768", "gemm_large@2048..2048", "gemm_small", "gemm_unaligned@768..768", *CLASSES[3:]]
+    assert "the step guard keeps the base" in rows["gemm_large@2048..2048"] and "base: held out: median" in rows["attention_fwd"]
     assert "base: 0 shape(s), 4 needed" in rows["conv"]
+    guard = printed[end + 1]
+    assert guard.startswith("step guard (summed kernel time of every class, held-out estimate): measured 209.98 ms, base +0.1%")
+    assert guard.endswith("gemm_large@2048..2048 (-11.12 ms)")
+
+
+# ------------------------------------------------------------------- GEMM regimes, step guard
+
+
+def test_a_gemm_regime_applies_only_inside_its_range_of_shapes() -> None:
+    """``gemm_large@768..768``: a factor fitted on GPT-2 small's GEMMs (min(M, N, K) = 768) times
+    a 768-wide GEMM and leaves a 2,048-wide one (Llama-1B's) at the base law; a plain class value
+    (files written before the regimes) answers outside every range."""
+    h100 = GPUS["H100-SXM5-80GB"]
+    g = dataclasses.replace(h100, name="H100-SXM5-80GB cal-768", calibrated_classes={"gemm_large@768..768": 0.9})
+    assert gemm_time_s(g, "bf16", 1, 8192, 3072, 768) < gemm_time_s(h100, "bf16", 1, 8192, 3072, 768)
+    assert gemm_time_s(g, "bf16", 1, 8192, 8192, 2048) == gemm_time_s(h100, "bf16", 1, 8192, 8192, 2048)
+    assert class_value(g, "gemm_large", 768) == 0.9 and class_value(g, "gemm_large", 769) is None
+    assert class_value(g, "gemm_large") is None  # no shape, no regime
+    both_kinds = {"gemm_large@512..1024": 0.9, "gemm_large": 0.8}
+    assert class_value(dataclasses.replace(h100, name="x", calibrated_classes=both_kinds), "gemm_large", 600) == 0.9
+    assert class_value(dataclasses.replace(h100, name="x", calibrated_classes=both_kinds), "gemm_large", 2048) == 0.8
+
+
+def test_gemm_regimes_are_octaves_of_the_smallest_dimension_merged_until_each_has_enough_shapes() -> None:
+    from dml2comm.calibrate.classes import gemm_regimes
+    from dml2comm.calibrate.samples import GemmSample
+
+    def g(m: int, n: int, k: int) -> GemmSample:
+        return GemmSample(1, m, n, k, "bf16", 1e-4, "aten::mm")
+
+    narrow = [g(8192, 768, 768 * i) for i in (1, 2, 3)]  # octave 9 (512-1023): three shapes
+    wide = [g(8192, 2048, 2048 * i) for i in (1, 2, 3)]  # octave 11: three shapes
+    lone = [g(8192, 4096, 4096)]  # octave 12: one shape, nearer the 2048 octave than the 768 one
+    assert gemm_regimes(narrow + wide, 3) == [narrow, wide]
+    assert gemm_regimes(narrow + wide + lone, 3) == [narrow, wide + lone]
+    assert gemm_regimes(narrow + wide, 4) == [narrow + wide]  # neither octave alone has four
+
+
+def _fit(key: str, measured: float, base: float, calibrated: float | None, used: bool) -> ClassFit:
+    """A class outcome for the step guard: its kernels' measured seconds, the base's and the
+    fitted value's predicted / measured on its held-out shapes (and, the base's, on all)."""
+    name, regime = parse_class_key(key)
+    return ClassFit(name, None if calibrated is None else 1.0, 1.0, 10, 5, None, None, None, used, "own check", regime=regime,
+                    measured_s=measured, holdout_ratio=calibrated, base_holdout_ratio=base if calibrated is not None else None,
+                    base_ratio=base)
+
+
+def test_step_guard_keeps_the_set_of_values_that_brings_the_summed_time_nearest() -> None:
+    """The base times GEMMs 20% too slow and the element-wise kernels 20% too fast: the sum is
+    right.  A GEMM factor that fixes its own kernels alone moves the sum 2 ms too fast, and the
+    guard keeps the base; with the element-wise efficiency fixed too, both are used."""
+    from dml2comm.calibrate.classes import step_guard
+
+    h100 = GPUS["H100-SXM5-80GB"]
+    gemm, pointwise = _fit("gemm_large", 0.010, 1.2, 1.0, True), _fit("pointwise", 0.010, 0.8, 0.95, False)
+    guard = step_guard(h100, [gemm, pointwise], [])
+    assert (guard.measured_s, guard.base_s, guard.used_s) == (pytest.approx(0.020), pytest.approx(0.020), pytest.approx(0.020))
+    assert guard.dropped == ["gemm_large"] and guard.effects["gemm_large"] == pytest.approx(-0.002)
+    assert not gemm.used and "the step guard keeps the base" in gemm.why and "(+0.0% without it, -10.0% with it)" in gemm.why
+    gemm, pointwise = _fit("gemm_large", 0.010, 1.2, 1.0, True), _fit("pointwise", 0.010, 0.8, 1.0, True)
+    pointwise.value = 0.85 * 0.8  # what an efficiency that fixes them would be: their launch-bound kernels follow
+    guard = step_guard(h100, [gemm, pointwise], [])
+    assert guard.dropped == [] and gemm.used and pointwise.used and guard.used_s == pytest.approx(0.020)
+
+
+STEP_MODELS = ROOT / "dml2comm" / "validate" / "data" / "models"
+STEPS = {"gpt2-small": ("step_gpt2_small_dynamo.onnx", GPT2_TRACE, 8, 1024), "llama-1b": ("step_llama_1b_dynamo.onnx", LLAMA_TRACE, 4, 2048)}
+
+
+@pytest.fixture(scope="module")
+def step_errors():
+    """Each bundled model's step predicted uncalibrated and from ``calibrate`` (default held-out
+    check) on GPT-2's trace, on Llama's and on both, as relative errors against its measured
+    step (``dml2comm/validate/data/h100_steps.json``, the mean of the runs' medians)."""
+    import json
+
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.parallel.config import ParallelConfig
+
+    runs = json.loads((ROOT / "dml2comm" / "validate" / "data" / "h100_steps.json").read_text())["runs"]
+    errors: dict[tuple[str, str], float] = {}
+    fitted_on = {"none": None, "gpt2-small": [GPT2_TRACE], "llama-1b": [LLAMA_TRACE], "both": [GPT2_TRACE, LLAMA_TRACE]}
+    clusters = {k: get_cluster("dgx-h100", 1) if v is None else calibrate([str(p) for p in v], "dgx-h100", 0.3).cluster
+                for k, v in fitted_on.items()}
+    for name, (model, _, b, s) in STEPS.items():
+        measured = np.mean([r["step_s_median"] for r in runs if r["name"] == name and r["micro_batch"] == b and r["seq"] == s
+                            and r["mode"] == "bf16"])
+        imported = load_model(str(STEP_MODELS / model), ImportOptions(batch_size=b, seq_len=s))
+        config = ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s,
+                                stack="pytorch", precision="bf16", optimizer="adamw")
+        for k, cluster in clusters.items():
+            one = dataclasses.replace(cluster, num_gpus=1, host_model="pytorch")
+            t = analyze_graph(imported, config, one, advise=False, timeline=False).summary["iteration_time_s"]
+            errors[(k, name)] = t / measured - 1
+    return errors
+
+
+def test_calibration_from_one_model_never_makes_the_other_worse(step_errors) -> None:
+    """Leave-one-trace-out on the bundled H100 steps: calibrated on one model's trace, the other
+    model's step is never further from its measured time than uncalibrated; nor is a model's own
+    step, calibrated on its trace or on both.  (Nothing here is fitted to the step times: the
+    values are what ``calibrate`` fits on the traces' kernels.)"""
+    for fitted, predicted in (("gpt2-small", "llama-1b"), ("llama-1b", "gpt2-small"), ("gpt2-small", "gpt2-small"),
+                              ("llama-1b", "llama-1b"), ("both", "gpt2-small"), ("both", "llama-1b")):
+        assert abs(step_errors[(fitted, predicted)]) <= abs(step_errors[("none", predicted)]) + 1e-9, (fitted, predicted)
+    # the uncalibrated model is within 2.5% of both steps (what there is to keep)
+    assert all(abs(step_errors[("none", n)]) < 0.025 for n in STEPS)
+
+
+def test_a_gpt2_calibration_leaves_llamas_wider_gemms_at_the_base() -> None:
+    """Every fitted value used (--holdout 0): GPT-2's GEMM factor is stored for min(M, N, K) = 768
+    only, so none of Llama-1B's GEMMs (512, 2,048) moves."""
+    from dml2comm.calibrate.samples import file_samples
+
+    gpu = calibrate([str(GPT2_TRACE)], "dgx-h100", 0.0).cluster.gpu
+    assert "gemm_large@768..768" in gpu.calibrated_classes and "gemm_large" not in gpu.calibrated_classes
+    base = GPUS["H100-SXM5-80GB"]
+    llama = {(g.b, g.m, g.n, g.k) for g in file_samples(str(LLAMA_TRACE)).samples.gemms}
+    assert len(llama) >= 11 and all(gemm_time_s(gpu, "bf16", *s) == gemm_time_s(base, "bf16", *s) for s in llama)
+    assert gemm_time_s(gpu, "bf16", 1, 8192, 3072, 768) < gemm_time_s(base, "bf16", 1, 8192, 3072, 768)
+
+
+def test_step_guard_searches_greedily_beyond_twelve_values() -> None:
+    """Fourteen GEMM regimes each 1 ms too slow at the base and fixed by their value, and an
+    element-wise class 10 ms too fast: the sum (4 ms too slow) is nearest the measured one with four
+    of the fixes."""
+    from dml2comm.calibrate.classes import step_guard
+
+    fits = [_fit(f"gemm_large@{2**i}..{2**i}", 0.005, 1.2, 1.0, True) for i in range(14)]
+    fits.append(_fit("pointwise", 0.010, 0.0, None, False))  # predicted 0: 10 ms short
+    guard = step_guard(GPUS["H100-SXM5-80GB"], fits, [])
+    assert len(guard.dropped) == 10 and guard.used_s == pytest.approx(guard.measured_s)

@@ -5,8 +5,8 @@ calibrated constants against the base's.
 
 The calibration is made once per module from the real HTA traces bundled in
 tests/fixtures/traces/hta/ (provenance in ORIGIN.txt): ``nccl_parser_config`` (A100-PG509-200,
-all-reduces with message sizes) and ``trace_filter`` rank 0/1 (recorded shapes): 104 GEMM shapes,
-24 memory-bound shapes and one fitted collective (ALL_REDUCE n=2 intra-node, 5 sizes).
+all-reduces with message sizes) and ``trace_filter`` rank 0/1 (recorded shapes): 104 large GEMM
+shapes in eight regimes of min(M, N, K), 56 small ones in four, 27 memory-bound shapes and one fitted collective (ALL_REDUCE n=2 intra-node, 5 sizes).
 """
 
 from __future__ import annotations
@@ -107,19 +107,21 @@ def test_base_cluster_of_a_file() -> None:
 def test_calibration_page_and_samples(calibrated: Path) -> None:
     site = calibrated.with_name("a100_site")
     html = (site / "index.html").read_text()
-    assert "Kernel classes" in html and "<code>gemm_large</code>" in html and "collective ALL_REDUCE n=2 intra-node" in html
+    assert "Kernel classes" in html and "<code>gemm_large@256..256</code>" in html and "collective ALL_REDUCE n=2 intra-node" in html
     # the page's downloads: the cluster file as written, and the samples the charts draw
     assert (site / "a100.yaml").read_bytes() == calibrated.read_bytes()
     points = json.loads((site / "samples.json").read_text())
     calibration = yaml.safe_load(calibrated.read_text())["calibration"]
     record = calibration["fitted"]
-    gemm = next(c for c in calibration["classes"] if c["class"] == "gemm_large")
-    # one point per distinct shape of each fitted class, held-out ones flagged as the fit split them
-    assert len(points["classes"]["gemm_large"]) == gemm["residual"]["shapes"] + gemm["holdout"]["shapes"] == 73 + 31
-    assert sum(p["held_out"] for p in points["classes"]["gemm_large"]) == 31
+    gemm = next(c for c in calibration["classes"] if c["class"] == "gemm_large@256..256")
+    # one point per distinct shape of each fitted class (GEMM regime), held-out ones flagged as the fit split them
+    assert len(points["classes"]["gemm_large@256..256"]) == gemm["residual"]["shapes"] + gemm["holdout"]["shapes"] == 16 + 7
+    assert sum(p["held_out"] for p in points["classes"]["gemm_large@256..256"]) == 7
     pointwise = points["classes"]["pointwise"]
     assert len(pointwise) == 16 + 7 and sum(p["held_out"] for p in pointwise) == 7
-    assert sorted(points["classes"]) == ["gemm_large", "gemm_small", "norm", "pointwise"]  # the classes with a fitted value
+    fitted = [c["class"] for c in calibration["classes"] if c["value"] is not None]  # the classes with a fitted value
+    assert sorted(points["classes"]) == sorted(fitted) and len(fitted) == 8 + 4 + 2
+    assert sum(len(points["classes"][k]) for k in fitted if k.startswith("gemm_large@")) == 104
     (coll,) = points["collectives"]
     assert (coll["kind"], coll["group_size"], coll["level"], len(coll["points"])) == ("ALL_REDUCE", 2, "intra_node", 5)
     # the fitted line is alpha + beta S; the base's curve is NCCL's link model, far below it
@@ -128,7 +130,8 @@ def test_calibration_page_and_samples(calibrated: Path) -> None:
     assert all(b < f for (_, b), (_, f) in zip(coll["base_line"], coll["line"]))
     # a chart per fitted class and per collective; a hoverable point per shape for each model
     # (calibrated, base) and per size
-    for title in ("GEMM, aligned, &gt;= 1 GFLOP: 104 shapes", "GEMM, aligned, &lt; 1 GFLOP: 56 shapes", "element-wise: 23 shapes",
+    for title in ("GEMM, aligned, &gt;= 1 GFLOP, smallest dimension 256: 23 shapes",
+                  "GEMM, aligned, &lt; 1 GFLOP, smallest dimension 128-240: 22 shapes", "element-wise: 23 shapes",
                   "normalisation / softmax / reduction: 4 shapes", "ALL_REDUCE n=2 intra-node: time by message size"):
         assert f"<title>{title}</title>" in html
     assert html.count('class="d2c-item"') == 2 * (104 + 56 + 23 + 4) + 5
@@ -169,9 +172,9 @@ def test_references_list_the_calibrated_constants(calibrated: Path, tmp_path: Pa
     assert table is not None and table["file"] == "a100.yaml" and table["base"] == "dgx-a100"
     assert table["sha256"] == hashlib.sha256(calibrated.read_bytes()).hexdigest() and len(table["traces"]) == 3
     rows = {r["constant"]: r for r in table["rows"]}
-    gemm = rows["gpu.calibrated_classes.gemm_large"]
-    assert (gemm["value"], gemm["base"], gemm["samples"]) == ("0.3994", "0.723", "392")
-    assert gemm["held"].startswith("31 shapes: 27.7% (base 28.9%); used: ")
+    gemm = rows["gpu.calibrated_classes.gemm_large@256..256"]
+    assert (gemm["value"], gemm["base"], gemm["samples"]) == ("0.5145", "0.723", "96")
+    assert gemm["held"].startswith("7 shapes: 4.6% (base 25.0%); used: ")
     assert rows["gpu.calibrated_classes.pointwise"]["held"].startswith("7 shapes: 30.7% (base 18.5%); base kept: ")
     assert rows["collective ALL_REDUCE n=2 intra-node"]["base"].startswith("1\u00a0MiB: ")
     assert "links.inter_node" in table["from_base"]
@@ -187,5 +190,5 @@ def test_references_page_of_an_analysis_on_a_calibrated_cluster(calibrated: Path
                  "--out", str(tmp_path / "a")]) == 0
     html = (tmp_path / "a" / "site" / "references.html").read_text()
     assert "Calibrated constants" in html and hashlib.sha256(calibrated.read_bytes()).hexdigest() in html
-    assert "<code>gpu.calibrated_classes.gemm_large</code></td><td>0.3994</td><td>0.723</td>" in html
+    assert "<code>gpu.calibrated_classes.gemm_large@256..256</code></td><td>0.5145</td><td>0.723</td>" in html
     assert "nccl_parser_config__nccl_data.json.gz" in html

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dml2comm.calibrate.base import REFERENCE_SIZES, collective_times_s
-from dml2comm.calibrate.classes import LABELS, ClassFit, class_specs, fit_class
+from dml2comm.calibrate.classes import ClassFit, StepGuard, class_specs, fit_class, launch_bound, step_guard
 from dml2comm.calibrate.fit import MIN_COLLECTIVE_SIZES, FitOutcome, fit_collective
 from dml2comm.calibrate.points import class_points, collective_points, log_sizes
 from dml2comm.calibrate.samples import CollectiveSample, TraceFile, TraceSamples, classify_collectives, file_samples
@@ -70,6 +70,8 @@ class Calibration:
     collectives: list[tuple[str, CollectiveFit, FitOutcome]] = field(default_factory=list)
     #: the GPU, how it was identified, the base's label, files read and files left out
     header: dict[str, Any] = field(default_factory=dict)
+    #: the step-level check over every class together (None: --holdout 0, or no kernel classes)
+    guard: StepGuard | None = None
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -201,24 +203,26 @@ def _pool(infos: list[TraceFile], per_node: int, warnings: list[str]) -> tuple[T
 
 
 def _fit_classes(cluster: Cluster, pooled: TraceSamples, holdout: float, warnings: list[str]
-                 ) -> tuple[list[ClassFit], dict[str, Any]]:
-    """Every kernel class's fit and verdict (:mod:`dml2comm.calibrate.classes`), and its points."""
+                 ) -> tuple[list[ClassFit], dict[str, Any], StepGuard | None]:
+    """Every kernel class's fit and verdict (:mod:`dml2comm.calibrate.classes`), its points, and
+    the step guard over them all (with held-out shapes only)."""
     if not pooled.shaped_ops:
         warnings.append(f"kernel classes: no operator shapes in the traces; every class kept from the base ({RECORD_SHAPES})")
-        return [], {}
+        return [], {}, None
     if not cluster.gpu.sm_count:
         warnings.append(f"GEMM classes: {cluster.gpu.name} has no SM count for the GEMM shape law; kept from the base")
     fits, points = [], {}
-    for spec in class_specs(cluster.gpu, pooled):
+    for spec in class_specs(cluster.gpu, pooled, holdout):
         if spec.name.startswith(("gemm", "conv")) and not cluster.gpu.sm_count:
             continue
         fit = fit_class(spec, holdout)
         fits.append(fit)
         if fit.value is not None:
-            points[spec.name] = class_points(spec, fit.value, holdout)
+            points[fit.key] = class_points(spec, fit.value, holdout)
         if fit.value is None and fit.samples:  # too few shapes, or no fit: what to record is in the reason
-            warnings.append(f"{spec.name} ({LABELS[spec.name]}): {fit.why}")
-    return fits, points
+            warnings.append(f"{fit.key} ({fit.label}): {fit.why}")
+    guard = step_guard(cluster.gpu, fits, launch_bound(cluster.gpu, pooled)) if holdout else None
+    return fits, points, guard
 
 
 def _fit_collectives(cluster: Cluster, colls: list[CollectiveSample], holdout: float, nccl: int, warnings: list[str]
@@ -285,7 +289,7 @@ def _calibrated_cluster(cluster: Cluster, base_name: str, classes: list[ClassFit
     """The base cluster with the used class values on its GPU (renamed apart: the cost caches
     tell GPUs apart by name) and the fitted collectives."""
     gpu = cluster.gpu
-    values = {c.name: _round(c.value) for c in classes if c.used and c.value is not None}
+    values = {c.key: _round(c.value) for c in classes if c.used and c.value is not None}
     if values:
         sources = dict(gpu.sources)
         sources["calibrated_classes"] = f"calibrated by python main.py calibrate on {files} (see calibration)"
@@ -297,7 +301,7 @@ def _calibrated_cluster(cluster: Cluster, base_name: str, classes: list[ClassFit
 
 
 def _from_base(classes: list[ClassFit], fitted: list[Any]) -> list[str]:
-    out = [f"gpu.calibrated_classes.{c.name} ({c.why})" for c in classes if not c.used]
+    out = [f"gpu.calibrated_classes.{c.key} ({c.why})" for c in classes if not c.used]
     out += ["gpu (peaks, memory, link line rates)", "links.intra_node", "links.inter_node", "network (library, per-call overhead)"]
     out.append("collectives of other kinds and levels (the link model answers)" if fitted
                else "collectives (none fitted: the link model answers)")
@@ -328,7 +332,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
     cluster, header = _identify(infos, base, warnings)
     header.update(traces=len(infos), unreadable=len(failed))
     pooled, colls = _pool(infos, header["per_node"], warnings)
-    classes, class_pts = _fit_classes(cluster, pooled, holdout, warnings)
+    classes, class_pts, guard = _fit_classes(cluster, pooled, holdout, warnings)
     fitted, coll_pts = _fit_collectives(cluster, colls, holdout, pooled.nccl_kernels, warnings)
     if not any(c.value is not None for c in classes) and not fitted:
         raise CalibrationError("nothing could be fitted: " + "; ".join(warnings))
@@ -342,10 +346,11 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
         "traces": [{"file": i.file, "sha256": i.sha256, "rank": i.rank, "world_size": i.world_size, "versions": i.versions}
                    for i in infos],
         "classes": [c.to_dict() for c in classes],
+        "step_guard": None if guard is None else guard.to_dict(),
         "fitted": {"collectives": _collective_records(cluster, fitted)} if fitted else {},
         "from_base": _from_base(classes, fitted),
         "warnings": warnings,
     }
     doc = cluster_file_dict(calibrated, base=header["base"], calibration=record)
     points = {"classes": class_pts, "collectives": coll_pts}
-    return Calibration(calibrated, doc, warnings, points, classes, fitted, header)
+    return Calibration(calibrated, doc, warnings, points, classes, fitted, header, guard)

@@ -16,6 +16,24 @@ worst errors are reported beside it.
   unaligned 16-bit rows, cuDNN's implicit GEMMs.  One factor cannot serve all four: the fallback
   runs at a fitted fraction of the rate and small GEMMs at the law's fixed latency, so a factor
   fitted on their mix describes none of them.
+- **GEMM regimes by shape** (:func:`gemm_regimes`): each GEMM class is split further by the
+  octave of the GEMM's smallest dimension ``min(M, N, K)``, each regime with its own factor,
+  verdict and **validity range** (the smallest and largest ``min(M, N, K)`` of its samples, the
+  key ``gemm_large@768..2048``): the cost model applies a regime's factor only to GEMMs inside
+  that range, and a GEMM outside every range keeps the base law
+  (:func:`dml2comm.cost.calibrated.class_value`).  An octave with too few shapes for a fit and
+  its check is merged into its nearer neighbour.  Why this feature: of the shape features, the
+  octave of ``min(M, N, K)`` explains the largest share of the law's residual for the fewest
+  groups.  On the 402 aligned GEMMs of ``benchmarks/data/h100/kernels.json`` (the H100 law's own
+  fit data, so the residuals are small) the between-octave share of the variance of
+  ``log(measured / law)`` (adjusted R^2) is 0.14 for ``min(M, N, K)`` in 5 octaves, against 0.09
+  for K, 0.07 for N, 0.06 for M (0.17 for the FLOPs, in 11 octaves; the FLOPs already split
+  ``gemm_small`` off).  On the 20 aligned shapes of the two bundled step traces it is 0.21 in 2
+  octaves (measured / law 0.944 at 512-1,023, GPT-2 small's 768 and Llama-1B's 512; 0.872 at
+  2,048, Llama's), against 0.03 for K and 0.06 for N.  It is also what tells models apart: a
+  transformer's linear layers have the hidden or feed-forward width (or the token count) as
+  their smallest dimension, so a factor fitted on a 768-wide model says nothing about a
+  2,048-wide one, and the range keeps it off.
 - **Memory-bound classes** (``pointwise``, ``norm``): the HBM efficiency
   ``e = sum bytes / (HBM x sum t)`` over the samples of at least
   :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES` (smaller ones are launch-bound).  Normalisations
@@ -39,6 +57,25 @@ the uncalibrated cost model: the preset's GEMM model, tables included,
 Otherwise the base stays, with the reason.  A class with too few shapes for a fit and a held-out
 shape keeps the base with a warning naming what to record.  With ``holdout`` = 0 there is no
 check and every fitted value is used.
+
+**Step guard** (:func:`step_guard`, with held-out shapes only): a value can fix its own kernels
+and still make a step's prediction worse, when the base's error on its class was offsetting
+other classes' errors.  The guard adds up the kernel time of every class together (every sample,
+and the launch-bound memory kernels below :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES`, which
+the class's efficiency also times): the measured sum; the base's prediction of it; and each
+value's change to it, estimated on its held-out shapes (the class's measured time x the held-out
+ratio predicted / measured at the value, less the same at the base; a class's held-out shapes
+stand for all its kernels).  Of the values that passed their own check it keeps the set that
+brings the sum nearest the measured one (every subset tried, up to 12 values, else a greedy
+search; the larger set on a tie); the others go back to the base, with the reason and their change in the report.  No
+step time enters it: only the traces' kernels.  On the bundled H100 traces this is what keeps
+calibration from making either model's step worse: Llama-1B's GEMMs run 6-16% faster in its
+step than the same shapes measured back to back (``kernels.json``: e.g. 8192 x 8192 x 2048, 363
+us in the step, 375-431 us measured alone, 417 us by the law), so a fitted GEMM factor is right
+for them (0.842 on the 2,048-wide ones, held-out total 2.8% against the base's 17.7%); but the
+base's excess on them was offsetting the element-wise kernels (10% too fast on Llama's trace)
+and the normalisations (1.5-2.8x too fast on both), and the guard sees the sum of both traces
+move from +0.1% to -5.2% and keeps the base.
 """
 
 from __future__ import annotations
@@ -56,7 +93,7 @@ from dml2comm.cost.attention import FlashShape, flash_cost, flash_times_s
 from dml2comm.cost.calibrated import GEMM_CLASSES, gemm_regime
 from dml2comm.cost.compute import hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.gemm import ALIGNMENT_BYTES, gemm_time_s, sustained_factor
-from dml2comm.hardware.gpus import GPU
+from dml2comm.hardware.gpus import GPU, regime_key
 from dml2comm.ir.graph import DType
 
 __all__ = ["ClassSpec", "ClassFit", "class_specs", "fit_class", "MIN_SHAPES", "SCALE_BOUNDS", "LABELS", "QUANTITIES"]
@@ -102,6 +139,13 @@ class ClassSpec:
     base: float  # the base's value of the quantity
     bounds: tuple[float, float]
     describe: Callable[[Hashable], str]  # a shape in words, for the page
+    #: the range of the GEMMs' smallest dimension this spec's samples cover (a GEMM regime), else None
+    regime: tuple[int, int] | None = None
+
+    @property
+    def key_name(self) -> str:
+        """The :attr:`dml2comm.hardware.gpus.GPU.calibrated_classes` key its value is stored under."""
+        return self.name if self.regime is None else regime_key(self.name, *self.regime)
 
 
 @dataclass
@@ -122,10 +166,33 @@ class ClassFit:
     #: relative error of the held-out shapes' summed time (every repeat), calibrated and base
     holdout_total: float | None = None
     base_holdout_total: float | None = None
+    #: the GEMM regime's range of min(M, N, K) (None: the whole class)
+    regime: tuple[int, int] | None = None
+    #: for the step guard (:func:`step_guard`): the measured time of every sample of the class,
+    #: and predicted / measured summed time of its held-out samples at the value and at the base
+    #: (of every sample at the base where nothing was held out)
+    measured_s: float = 0.0
+    holdout_ratio: float | None = None
+    base_holdout_ratio: float | None = None
+    base_ratio: float | None = None  # the base's predicted / measured over every sample
+
+    @property
+    def key(self) -> str:
+        """The :attr:`dml2comm.hardware.gpus.GPU.calibrated_classes` key of its value."""
+        return self.name if self.regime is None else regime_key(self.name, *self.regime)
+
+    @property
+    def label(self) -> str:
+        if self.regime is None:
+            return LABELS[self.name]
+        lo, hi = self.regime
+        return f"{LABELS[self.name]}, smallest dimension {lo}" + ("" if lo == hi else f"-{hi}")
 
     def to_dict(self) -> dict[str, Any]:
         r = lambda x: None if x is None else float(f"{x:.6g}")  # noqa: E731
-        return {"class": self.name, "label": LABELS[self.name], "quantity": QUANTITIES[self.name], "value": r(self.value),
+        regime = None if self.regime is None else {"feature": "min(M, N, K)", "lo": self.regime[0], "hi": self.regime[1]}
+        return {"class": self.key, "kernel_class": self.name, "regime": regime, "label": self.label,
+                "quantity": QUANTITIES[self.name], "value": r(self.value),
                 "base_value": r(self.base), "samples": self.samples, "shapes": self.shapes,
                 "residual": None if self.residual is None else self.residual.to_dict(),
                 "holdout": None if self.holdout is None else self.holdout.to_dict(),
@@ -150,7 +217,11 @@ def fit_class(spec: ClassSpec, holdout: float) -> ClassFit:
     """Fit ``spec`` on its fit-side shapes and judge it on the held-out ones (module docstring)."""
     shapes = len({spec.key(s) for s in spec.samples})
     need = MIN_SHAPES[spec.name] + (1 if holdout else 0)
-    empty = ClassFit(spec.name, None, spec.base, len(spec.samples), shapes, None, None, None, False, "")
+    every = np.array([s.time_s for s in spec.samples])
+    empty = ClassFit(spec.name, None, spec.base, len(spec.samples), shapes, None, None, None, False, "", regime=spec.regime,
+                     measured_s=float(every.sum()))
+    if spec.samples:
+        empty.base_ratio = float(_per_sample(spec.base_predict, [spec.key(s) for s in spec.samples]).sum() / every.sum())
     if shapes < need:
         empty.why = f"{shapes} shape(s), {need} needed: the base stays ({_RECORD[spec.name]})"
         return empty
@@ -165,7 +236,8 @@ def fit_class(spec: ClassSpec, holdout: float) -> ClassFit:
     fk = [spec.key(s) for s in fit_s]
     residual = _rel(_per_sample(lambda k: spec.predict(k, value), fk), np.array([s.time_s for s in fit_s]), len(keys))
     out = ClassFit(spec.name, value, spec.base, len(spec.samples), shapes, residual, None, None, True,
-                   "no held-out check (--holdout 0): used", [spec.describe(k) for k in keys[:4]])
+                   "no held-out check (--holdout 0): used", [spec.describe(k) for k in keys[:4]], regime=spec.regime,
+                   measured_s=empty.measured_s, base_ratio=empty.base_ratio)
     if held_s:
         _judge(out, spec, value, held_s)
     return out
@@ -179,8 +251,8 @@ def _judge(out: ClassFit, spec: ClassSpec, value: float, held_s: Sequence[Any]) 
     pred, base = _per_sample(lambda k: spec.predict(k, value), hk), _per_sample(spec.base_predict, hk)
     out.holdout = _rel(pred, hm, len(set(hk)))
     out.base_holdout = _rel(base, hm, len(set(hk)))
-    out.holdout_total = abs(float(pred.sum() / hm.sum()) - 1.0)
-    out.base_holdout_total = abs(float(base.sum() / hm.sum()) - 1.0)
+    out.holdout_ratio, out.base_holdout_ratio = float(pred.sum() / hm.sum()), float(base.sum() / hm.sum())
+    out.holdout_total, out.base_holdout_total = abs(out.holdout_ratio - 1.0), abs(out.base_holdout_ratio - 1.0)
     median_ok = out.holdout.median_rel_error < out.base_holdout.median_rel_error
     total_ok = out.holdout_total < out.base_holdout_total
     out.used = median_ok and total_ok
@@ -214,7 +286,45 @@ def gemm_class_of(s: GemmSample, conv: bool = False) -> str:
     return gemm_regime(2.0 * s.b * s.m * s.n * s.k, _gemm_aligned(s), conv)
 
 
-def _gemm_spec(name: str, gpu: GPU, samples: list[GemmSample]) -> ClassSpec:
+def smallest_dim(s: GemmSample) -> int:
+    """The regime feature of a GEMM: ``min(M, N, K)`` (module docstring)."""
+    return min(s.m, s.n, s.k)
+
+
+def gemm_regimes(samples: Sequence[GemmSample], need: int) -> list[list[GemmSample]]:
+    """The samples by octave of their smallest dimension (``floor(log2 min(M, N, K))``), in
+    order; an octave with fewer than ``need`` distinct shapes is merged into its neighbour nearer
+    in ``log2 min(M, N, K)`` (the nearer range's edge) until every regime has ``need`` or only one
+    is left."""
+    octaves: dict[int, list[GemmSample]] = {}
+    for g in samples:
+        octaves.setdefault(int(math.log2(smallest_dim(g))), []).append(g)
+    groups = [octaves[o] for o in sorted(octaves)]
+
+    def shapes(ss: list[GemmSample]) -> int:
+        return len({(g.b, g.m, g.n, g.k, g.dtype) for g in ss})
+
+    def gap(a: list[GemmSample], b: list[GemmSample]) -> float:  # a's range lies below b's
+        return math.log2(min(map(smallest_dim, b))) - math.log2(max(map(smallest_dim, a)))
+
+    while len(groups) > 1 and (i := next((j for j, ss in enumerate(groups) if shapes(ss) < need), -1)) >= 0:
+        below = gap(groups[i - 1], groups[i]) if i > 0 else math.inf
+        above = gap(groups[i], groups[i + 1]) if i + 1 < len(groups) else math.inf
+        j = i - 1 if below <= above else i + 1
+        lo, hi = min(i, j), max(i, j)
+        groups[lo:hi + 1] = [groups[lo] + groups[hi]]
+    return groups
+
+
+def _gemm_regime_specs(name: str, gpu: GPU, samples: list[GemmSample], need: int) -> list[ClassSpec]:
+    """One spec per regime (:func:`gemm_regimes`), its range the smallest and largest ``min(M, N,
+    K)`` among its samples; one spec without a range for no samples."""
+    if not samples:
+        return [_gemm_spec(name, gpu, [])]
+    return [_gemm_spec(name, gpu, ss, (min(map(smallest_dim, ss)), max(map(smallest_dim, ss)))) for ss in gemm_regimes(samples, need)]
+
+
+def _gemm_spec(name: str, gpu: GPU, samples: list[GemmSample], regime: tuple[int, int] | None = None) -> ClassSpec:
     conv = name == "conv"
 
     def predict(keys: Sequence[Hashable], f: float) -> np.ndarray:
@@ -233,7 +343,7 @@ def _gemm_spec(name: str, gpu: GPU, samples: list[GemmSample]) -> ClassSpec:
                            SUSTAINED_BOUNDS)
 
     return ClassSpec(name, samples, lambda s: (s.b, s.m, s.n, s.k, s.dtype), predict, base_predict, fit, sustained_factor(gpu),
-                     SUSTAINED_BOUNDS, lambda k: f"{k[0]}x[{k[1]}x{k[3]}]@[{k[3]}x{k[2]}] {k[4]}")  # type: ignore[index]
+                     SUSTAINED_BOUNDS, lambda k: f"{k[0]}x[{k[1]}x{k[3]}]@[{k[3]}x{k[2]}] {k[4]}", regime)  # type: ignore[index]
 
 
 def _memory_spec(name: str, gpu: GPU, samples: list[MemorySample]) -> ClassSpec:
@@ -278,14 +388,17 @@ def _optimizer_law(gpu: GPU) -> Callable[[Hashable], float]:
     return law
 
 
-def class_specs(gpu: GPU, samples: TraceSamples) -> list[ClassSpec]:
+def class_specs(gpu: GPU, samples: TraceSamples, holdout: float = 0.0) -> list[ClassSpec]:
     """Every class's spec on ``gpu`` (the base's GPU) from the pooled samples of the traces, in
-    the order of :data:`dml2comm.cost.calibrated.CLASSES`."""
+    the order of :data:`dml2comm.cost.calibrated.CLASSES`, a GEMM class's one per regime (with
+    the shapes a fit and its held-out check need at ``holdout``, :func:`gemm_regimes`)."""
+    extra = 1 if holdout else 0
     gemms = [g for g in samples.gemms if g.dtype in GEMM_FIT_DTYPES and g.dtype in gpu.peak_flops_per_s]
     convs = [g for g in samples.convs if g.dtype in GEMM_FIT_DTYPES and g.dtype in gpu.peak_flops_per_s]
     big = [m for m in samples.memory if m.bytes >= MIN_MEMORY_BYTES]
-    specs = [_gemm_spec(c, gpu, [g for g in gemms if gemm_class_of(g) == c]) for c in ("gemm_large", "gemm_small", "gemm_unaligned")]
-    specs.append(_gemm_spec("conv", gpu, convs))
+    specs = [sp for c in ("gemm_large", "gemm_small", "gemm_unaligned")
+             for sp in _gemm_regime_specs(c, gpu, [g for g in gemms if gemm_class_of(g) == c], MIN_SHAPES[c] + extra)]
+    specs += _gemm_regime_specs("conv", gpu, convs, MIN_SHAPES["conv"] + extra)
     for pass_ in ("fwd", "bwd"):
         att = [a for a in samples.attention if a.pass_ == pass_] if "bf16" in gpu.peak_flops_per_s else []
         specs.append(_scale_spec(f"attention_{pass_}", att, lambda a: (a.bh, a.s_q, a.s_k, a.d, a.d_v), _attention_law(gpu, pass_),
@@ -294,3 +407,96 @@ def class_specs(gpu: GPU, samples: TraceSamples) -> list[ClassSpec]:
     specs.append(_scale_spec("optimizer", list(samples.optimizer), lambda o: (o.params, o.element_bytes), _optimizer_law(gpu),
                              lambda k: f"{k[0] / 1e6:.1f} M params x {k[1]} B"))  # type: ignore[index]
     return specs
+
+
+# ------------------------------------------------------------------------------ step guard
+
+
+@dataclass(frozen=True)
+class LaunchBound:
+    """The memory-bound kernels of a class below :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES`
+    (never fitted: launch-bound), which the class's efficiency still times: their measured time
+    and ``bytes / HBM`` (their time at efficiency 1)."""
+
+    name: str
+    measured_s: float
+    ideal_s: float
+
+
+def launch_bound(gpu: GPU, samples: TraceSamples) -> list[LaunchBound]:
+    """The :class:`LaunchBound` kernels of ``pointwise`` and ``norm``."""
+    small = [m for m in samples.memory if m.bytes < MIN_MEMORY_BYTES]
+    return [LaunchBound(c, sum(m.time_s for m in small if m.cls == c), sum(m.bytes for m in small if m.cls == c) / gpu.hbm_bytes_per_s)
+            for c in ("pointwise", "norm") if any(m.cls == c for m in small)]
+
+
+@dataclass
+class StepGuard:
+    """The step-level check (module docstring): the summed kernel time of every class together,
+    measured, at the base, and with the set of values used."""
+
+    measured_s: float
+    base_s: float
+    used_s: float
+    #: key -> the change its value makes to the summed time (s), for every value that passed its own check
+    effects: dict[str, float]
+    #: the keys the guard left at the base although their own check passed
+    dropped: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        r = lambda x: float(f"{x:.6g}")  # noqa: E731
+        return {"measured_s": r(self.measured_s), "base_s": r(self.base_s), "used_s": r(self.used_s),
+                "effects_s": {k: r(v) for k, v in self.effects.items()}, "dropped": list(self.dropped)}
+
+
+def _effect(fit: ClassFit, base_eff: float, small: Sequence[LaunchBound]) -> float:
+    """The change fit's value makes to the summed time: its held-out change scaled to the class's
+    measured time, and its launch-bound kernels retimed at the fitted efficiency."""
+    assert fit.value is not None and fit.holdout_ratio is not None and fit.base_holdout_ratio is not None
+    change = fit.measured_s * (fit.holdout_ratio - fit.base_holdout_ratio)
+    if QUANTITIES[fit.name] == "HBM efficiency":
+        change += sum(lb.ideal_s / fit.value - lb.ideal_s / base_eff for lb in small if lb.name == fit.name)
+    return change
+
+
+def step_guard(gpu: GPU, fits: list[ClassFit], small: Sequence[LaunchBound]) -> StepGuard:
+    """Keep the set of values (of those that passed their own held-out check) that brings the
+    summed kernel time of every class nearest the measured one; the others go back to the base
+    with the reason."""
+    candidates = [f for f in fits if f.used and f.holdout_ratio is not None]
+    measured = sum(f.measured_s for f in fits) + sum(lb.measured_s for lb in small)
+    base = (sum(f.measured_s * f.base_ratio for f in fits if f.base_ratio is not None)
+            + sum(lb.ideal_s / hbm_efficiency_of(gpu, lb.name) for lb in small))
+    effects = {f.key: _effect(f, hbm_efficiency_of(gpu, f.name), small) for f in candidates}
+    best = min(_subsets(effects, measured - base), key=lambda ks: (abs(base + sum(effects[k] for k in ks) - measured), -len(ks)))
+    used = base + sum(effects[k] for k in best)
+    dropped = [k for k in effects if k not in best]
+    for f in candidates:
+        if f.key in dropped:
+            f.used = False
+            f.why += (f"; but the step guard keeps the base: it moves the summed kernel time of every class "
+                      f"{_ms(effects[f.key])}, away from the measured {measured * 1e3:.2f} ms ({used / measured - 1:+.1%} "
+                      f"without it, {(used + effects[f.key]) / measured - 1:+.1%} with it)")
+    return StepGuard(measured, base, used, effects, dropped)
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:+.2f} ms"
+
+
+def _subsets(effects: dict[str, float], gap: float) -> list[tuple[str, ...]]:
+    """The sets of keys to try for a sum of ``effects`` nearest ``gap``: every subset of up to 12
+    keys; beyond, the sets a greedy search passes through (add the key that brings the sum
+    nearest, while one does)."""
+    keys = list(effects)
+    if len(keys) <= 12:
+        return [tuple(k for i, k in enumerate(keys) if mask >> i & 1) for mask in range(1 << len(keys))]
+    path: list[tuple[str, ...]] = [()]
+    total = 0.0
+    while rest := [k for k in keys if k not in path[-1]]:
+        k = min(rest, key=lambda x: abs(total + effects[x] - gap))
+        if abs(total + effects[k] - gap) >= abs(total - gap):
+            break
+        total += effects[k]
+        path.append(path[-1] + (k,))
+    return path

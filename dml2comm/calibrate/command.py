@@ -3,9 +3,11 @@ front end (arguments, the page, the file, the terminal report) of
 :mod:`dml2comm.calibrate.calibration`, which reads the traces and fits one value per kernel class
 and per measured collective.
 
-The report: one line for the GPU and base, then the per-class table (value, base, samples and
-shapes, residual, held-out error against the base's on the same shapes, used or not and why),
-then one line per fitted collective, then the warnings.  Bad input is one ``error:`` line (exit
+The report: one line for the GPU and base, then the per-class table (one row per class, or per
+GEMM regime: value, base, samples and shapes, residual, held-out error against the base's on the
+same shapes, used or not and why), the step guard's line (the summed kernel time of every class
+together: measured, base, with the values used, and the values it left at the base), then one
+line per fitted collective, then the warnings.  Bad input is one ``error:`` line (exit
 2) and nothing is written; the page is built before the file, so a failed build leaves neither.
 """
 
@@ -22,7 +24,7 @@ from typing import Sequence
 from dml2comm.argtypes import OneLineParser, positive_int
 from dml2comm.calibrate.calibration import (MAX_KERNEL_S, Calibration, CalibrationError, calibrate, identify_gpu,
                                             read_traces)
-from dml2comm.calibrate.classes import LABELS, QUANTITIES, ClassFit
+from dml2comm.calibrate.classes import QUANTITIES, ClassFit, StepGuard
 from dml2comm.errors import ConfigError
 from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
 from dml2comm.export.files import check_output_file, check_output_folder
@@ -83,8 +85,9 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
                         help="cluster file to write (default out/calibrate/cluster.yaml)")
     parser.add_argument("--holdout", type=_fraction, default=0.3,
                         help="share of the shapes (sizes) held out of each fit and scored alone; a kernel class's value is "
-                             "used only when it beats the base model on its held-out shapes (default 0.3; 0: no check, "
-                             "every fitted value used)")
+                             "used only when it beats the base model on its held-out shapes and the step guard keeps it "
+                             "(the set of values that brings every class's summed kernel time nearest the measured one) "
+                             "(default 0.3; 0: no checks, every fitted value used)")
     parser.add_argument("--site", metavar="DIR",
                         help="folder of the calibration page (default: beside the file, OUTPUT_STEM_site/, e.g. cluster_site/)")
     parser.add_argument("--no-site", action="store_true", help="write the cluster file only")
@@ -141,8 +144,19 @@ def _class_row(c: ClassFit) -> list[str]:
     res = "-" if c.residual is None else f"{_pct(c.residual.median_rel_error)} / {_pct(c.residual.worst_rel_error)}"
     held = "-" if c.holdout is None else f"{_pct(c.holdout.median_rel_error)} ({c.holdout.shapes})"
     base_held = "-" if c.base_holdout is None else _pct(c.base_holdout.median_rel_error)
-    return [c.name, "-" if c.value is None else f"{c.value:.4g}", f"{c.base:.4g}", f"{c.samples}/{c.shapes}", res, held,
+    return [c.key, "-" if c.value is None else f"{c.value:.4g}", f"{c.base:.4g}", f"{c.samples}/{c.shapes}", res, held,
             base_held, ("used: " if c.used else "base: ") + c.why]
+
+
+def guard_line(g: StepGuard) -> str:
+    """The step guard in one line: the summed kernel time of every class, measured, at the base and
+    with the values used, and the values it left at the base."""
+    text = (f"step guard (summed kernel time of every class, held-out estimate): measured {g.measured_s * 1e3:.2f} ms, "
+            f"base {g.base_s / g.measured_s - 1:+.1%}, with the values used {g.used_s / g.measured_s - 1:+.1%}")
+    if g.dropped:
+        text += ("; left at the base although better on their own shapes (they move the sum away from the measured one: "
+                 "other classes' errors were offsetting theirs): " + ", ".join(f"{k} ({g.effects[k] * 1e3:+.2f} ms)" for k in g.dropped))
+    return text
 
 
 def report_lines(result: Calibration) -> list[str]:
@@ -155,10 +169,12 @@ def report_lines(result: Calibration) -> list[str]:
                  "verdict"]] + [_class_row(c) for c in result.classes]
         widths = [max(len(r[i]) for r in rows) for i in range(7)]
         lines.append("kernel classes (value: " + "; ".join(sorted({f"{QUANTITIES[c.name]} for "
-                     + ", ".join(x.name for x in result.classes if QUANTITIES[x.name] == QUANTITIES[c.name])
+                     + ", ".join(dict.fromkeys(x.name for x in result.classes if QUANTITIES[x.name] == QUANTITIES[c.name]))
                      for c in result.classes})) + "):")
         lines += ["  " + "  ".join(r[i].ljust(widths[i]) for i in range(7)) + "  " + r[7] for r in rows]
-        lines.append("  (" + "; ".join(f"{c.name}: {LABELS[c.name]}" for c in result.classes) + ")")
+        lines.append("  (" + "; ".join(f"{c.key}: {c.label}" for c in result.classes) + ")")
+        if result.guard is not None:
+            lines.append(guard_line(result.guard))
     for label, fit, out in result.collectives:
         r = out.residual
         text = f"{r.samples} samples / {r.shapes} sizes, error median {_pct(r.median_rel_error)} worst {_pct(r.worst_rel_error)}"

@@ -22,7 +22,8 @@ from markupsafe import Markup
 from dml2comm.calibrate.charts import class_chart, collective_chart
 from dml2comm.fmt import fmt_bytes, fmt_s
 
-__all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "class_rows", "SAMPLES_FILE"]
+__all__ = ["calibration_context", "calibration_svgs", "publish_calibration_site", "fitted_rows", "class_rows", "guard_text",
+           "SAMPLES_FILE"]
 
 #: The fitted samples' file in the site.
 SAMPLES_FILE = "samples.json"
@@ -51,12 +52,26 @@ def class_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
         held = "not held out" if not h else (f"{shapes}: {_pct(h['median_rel_error'])} (base {_pct(b['median_rel_error'])})"
                                               if b else f"{shapes}: {_pct(h['median_rel_error'])}")
         res = _res(c)
-        rows.append({"constant": f"gpu.calibrated_classes.{c['class']}", "label": str(c.get("label", "")),
+        rows.append({"constant": f"gpu.calibrated_classes.{c['class']}", "key": str(c["class"]), "label": str(c.get("label", "")),
                      "quantity": str(c.get("quantity", "")), "value": "not fitted" if c.get("value") is None else f"{c['value']:.4g}",
                      "base": f"{c['base_value']:.4g}", "samples": str(c.get("samples", 0)), "shapes": str(c.get("shapes", 0)),
                      "median": res["median"] if c.get("residual") else "n/a", "worst": res["worst"] if c.get("residual") else "n/a",
                      "held": held, "used": "used" if c.get("used") else "base kept", "why": str(c.get("why", ""))})
     return rows
+
+
+def guard_text(guard: Mapping[str, Any] | None) -> str:
+    """The step guard of a calibration record (:class:`dml2comm.calibrate.classes.StepGuard`) in
+    one sentence, or "" (none: ``--holdout 0``, or a record written before the guard)."""
+    if not guard:
+        return ""
+    m = guard["measured_s"]
+    text = (f"Summed kernel time of every class: measured {m * 1e3:.2f} ms, the base {guard['base_s'] / m - 1:+.1%}, "
+            f"with the values used {guard['used_s'] / m - 1:+.1%}.")
+    if guard.get("dropped"):
+        text += (" Left at the base although better on their own held-out shapes (each moves the sum away from the "
+                 "measured one): " + ", ".join(f"{k} ({guard['effects_s'][k] * 1e3:+.2f} ms)" for k in guard["dropped"]) + ".")
+    return text
 
 
 def fitted_rows(record: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -117,7 +132,7 @@ def calibration_context(document: Mapping[str, Any], file_name: str, sha256: str
         "holdout": f"{100 * record['holdout']:.0f}% of the shapes (sizes) held out of each fit" if record.get("holdout")
         else "none (--holdout 0)",
         "traces": traces, "rows": [r for r in fitted_rows(record) if not r["constant"].startswith("gpu.calibrated_classes.")],
-        "classes": class_rows(record), "from_base": list(record.get("from_base") or []),
+        "classes": class_rows(record), "guard": guard_text(record.get("step_guard")), "from_base": list(record.get("from_base") or []),
         "warnings": list(record.get("warnings") or []), "charts": charts, "samples_file": SAMPLES_FILE,
     }
 

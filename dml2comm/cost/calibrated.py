@@ -29,7 +29,10 @@ The GEMM regimes are the ones the shape law (:mod:`dml2comm.cost.gemm`) itself t
 below about 1 GFLOP a GEMM's time is the law's fixed latency and partial last wave rather than
 its rate (the threshold the GEMM model reports its residuals at), an unaligned GEMM runs cuBLAS's
 fallback kernel at a fitted fraction of the rate, and a convolution is cuDNN's implicit GEMM.  A
-class without a value falls back to the GPU's single calibrated field (``gemm_sustained_factor``,
+GEMM class's value applies only inside the range of GEMM shapes it was fitted on (its key names
+the range of ``min(M, N, K)``, ``gemm_large@768..2048``; :func:`class_value`): a factor fitted
+on a 768-wide model says nothing about a 2,048-wide one, and a GEMM outside every fitted range
+keeps the base law.  A class without a value falls back to the GPU's single calibrated field (``gemm_sustained_factor``,
 ``hbm_efficiency``: files written before the classes) and then to the preset's model.
 """
 
@@ -37,10 +40,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES
+from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, parse_class_key, regime_key
 
 __all__ = ["preset_of", "CLASSES", "GEMM_CLASSES", "MEMORY_CLASSES", "SCALE_CLASSES", "NORM_OPS", "GEMM_SMALL_FLOPS", "class_value",
-           "gemm_regime"]
+           "gemm_regime", "regime_key", "parse_class_key"]
 
 GEMM_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv")
 MEMORY_CLASSES = ("pointwise", "norm")
@@ -60,11 +63,23 @@ NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMS
                       "ReduceLogSumExp", "CumSum", "ArgMax", "ArgMin"})
 
 
-def class_value(gpu: Any, name: str) -> float | None:
+def class_value(gpu: Any, name: str, smallest_dim: int | None = None) -> float | None:
     """The calibrated value of kernel class ``name`` on ``gpu`` (a preset, a calibrated GPU or a
-    :class:`dml2comm.cost.gemm.GemmDevice`), None when it has none."""
+    :class:`dml2comm.cost.gemm.GemmDevice`), None when it has none.
+
+    A GEMM class's values may be per regime (key ``gemm_large@768..2048``,
+    :func:`dml2comm.hardware.gpus.regime_key`): the value whose range holds the GEMM's smallest
+    dimension ``smallest_dim`` answers; a GEMM outside every range gets the class's plain value
+    (files written before the regimes) or None (the base law)."""
     values = getattr(gpu, "calibrated_classes", None)
-    return values.get(name) if values else None
+    if not values:
+        return None
+    if smallest_dim is not None:
+        for key, value in values.items():
+            cls, rng = parse_class_key(key)
+            if cls == name and rng is not None and rng[0] <= smallest_dim <= rng[1]:
+                return value
+    return values.get(name)
 
 
 def gemm_regime(flops: float, aligned: bool, conv: bool = False) -> str:

@@ -144,7 +144,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from dml2comm.cost.calibrated import GEMM_CLASSES, class_value, gemm_regime, preset_of
+from dml2comm.cost.calibrated import GEMM_CLASSES, class_value, gemm_regime, parse_class_key, preset_of
 from dml2comm.errors import ConfigError, ModelError
 from dml2comm.hardware.gpus import GPU
 
@@ -382,7 +382,7 @@ def sustained_source(gpu: GPU | GemmDevice) -> str:
     own = gpu.sustained if isinstance(gpu, GemmDevice) else gpu.gemm_sustained_factor
     if own is not None:
         return "calibrated on your own kernels (python main.py calibrate)"
-    classes = {k: v for k, v in gpu.calibrated_classes.items() if k in GEMM_CLASSES}
+    classes = {k: v for k, v in gpu.calibrated_classes.items() if parse_class_key(k)[0] in GEMM_CLASSES}
     if classes:
         mine = ", ".join(f"{k} {v:.3g}" for k, v in sorted(classes.items()))
         return (f"{SUSTAINED_SOURCE.get(preset_of(gpu.name), 'the preset')}; calibrated on your own kernels for {mine} "
@@ -419,7 +419,7 @@ def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
     if not gpu.sm_count:
         raise ConfigError(f"GPU {gpu.name!r} has no sm_count; the GEMM model needs it "
                           "(build the GPU with sm_count=N and its source)")
-    gemm = {k: v for k, v in gpu.calibrated_classes.items() if k in GEMM_CLASSES}
+    gemm = {k: v for k, v in gpu.calibrated_classes.items() if parse_class_key(k)[0] in GEMM_CLASSES}
     return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s, gpu.gemm_sustained_factor,
                       MappingProxyType(gemm))
 
@@ -694,7 +694,7 @@ def gemm_time_s(gpu: GPU | GemmDevice, dtype: str, b: int, m: int, n: int, k: in
 def _gemm_time_s(dev: GemmDevice, dtype: str, b: int, m: int, n: int, k: int, allow_tf32: bool, aligned: bool,
                  conv: bool = False) -> float:
     # a calibrated class's factor (dml2comm.cost.calibrated, the one place GEMM classes are read)
-    own = class_value(dev, gemm_regime(2.0 * b * m * n * k, aligned, conv)) if dev.calibrated_classes else None
+    own = class_value(dev, gemm_regime(2.0 * b * m * n * k, aligned, conv), min(m, n, k)) if dev.calibrated_classes else None
     answers = (dev.sustained is None and own is None and aligned
                and (preset_of(dev.name), _dtype(dtype, allow_tf32)[0]) in _ANSWERING_TABLES)
     table = measured_table(preset_of(dev.name), dtype, allow_tf32) if answers else None

@@ -38,7 +38,7 @@ import yaml
 
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import (COLLECTIVE_LIBRARIES, INTRA_TOPOLOGIES, Cluster, CollectiveFit, Link)
-from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, GPUS, GPU
+from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, GPUS, GPU, parse_class_key
 
 __all__ = ["FORMAT", "ClusterFile", "load_cluster_file", "loaded_cluster_file", "parse_cluster_file", "cluster_file_dict", "dump_cluster_file"]
 
@@ -162,8 +162,10 @@ def _classes(value: Any) -> dict[str, float]:
                           f"({', '.join(CLASSES)}), as python main.py calibrate writes it")
     out = {}
     for key, v in value.items():
-        if key not in CLASSES:
-            raise ConfigError(f"gpu.calibrated_classes: unknown kernel class {key!r}; use one of {', '.join(CLASSES)}")
+        try:
+            parse_class_key(key)
+        except ConfigError as e:
+            raise ConfigError(f"gpu.calibrated_classes: {e}") from None
         out[key] = _number(v, f"gpu.calibrated_classes.{key}", positive=True)
     return out
 

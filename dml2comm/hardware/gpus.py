@@ -36,6 +36,7 @@ shared/data/hardware_presets_sources.json.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -80,6 +81,38 @@ _NUMERIC_FIELDS: tuple[str, ...] = ("hbm_bytes", "hbm_bytes_per_s", "nvlink_byte
 #: what each means and which cost term reads it: :mod:`dml2comm.cost.calibrated`).
 CALIBRATED_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv", "attention_fwd", "attention_bwd", "pointwise", "norm",
                       "optimizer")
+#: Classes whose value may be limited to a shape regime: the GEMM classes, by the GEMM's smallest
+#: dimension ``min(M, N, K)`` (why that feature: :mod:`dml2comm.calibrate.classes`).
+REGIME_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv")
+
+
+def regime_key(name: str, lo: int, hi: int) -> str:
+    """The :attr:`GPU.calibrated_classes` key of class ``name``'s value for GEMMs whose smallest
+    dimension lies in ``[lo, hi]`` (``gemm_large@768..2048``)."""
+    return f"{name}@{lo}..{hi}"
+
+
+@functools.lru_cache(maxsize=1024)  # read on every GEMM shape the per-shape cache has not seen
+def parse_class_key(key: str) -> tuple[str, tuple[int, int] | None]:
+    """(class, its ``(lo, hi)`` range of ``min(M, N, K)`` or None) of a :attr:`GPU.calibrated_classes`
+    key: a class name (its value applies to every kernel of the class) or :func:`regime_key`'s.
+
+    Raises
+    ------
+    ConfigError
+        Not a class, or a range that is not ``CLASS@LO..HI`` with integers 1 <= LO <= HI on a GEMM class.
+    """
+    name, at, rng = str(key).partition("@")
+    if name not in CALIBRATED_CLASSES:
+        raise ConfigError(f"unknown kernel class {key!r}; use one of {', '.join(CALIBRATED_CLASSES)} "
+                          f"(a GEMM class may carry a range: {regime_key('gemm_large', 768, 2048)})")
+    if not at:
+        return name, None
+    lo, dots, hi = rng.partition("..")
+    if name not in REGIME_CLASSES or not dots or not (lo.isdigit() and hi.isdigit()) or not 1 <= int(lo) <= int(hi):
+        raise ConfigError(f"key {key!r}: a range is CLASS@LO..HI on a GEMM class ({', '.join(REGIME_CLASSES)}) "
+                          "with whole numbers 1 <= LO <= HI (the GEMMs' smallest dimension)")
+    return name, (int(lo), int(hi))
 
 
 def _frozen(mapping: Mapping[str, object]) -> Mapping[str, object]:
@@ -119,7 +152,10 @@ class GPU:
         Calibrated values per kernel class (``calibrate``: :data:`dml2comm.cost.calibrated.CLASSES`,
         e.g. ``gemm_large`` -> sustained factor, ``norm`` -> HBM efficiency, ``attention_fwd`` ->
         time scale); a class named here overrides the two single fields above for its kernels
-        (:mod:`dml2comm.cost.calibrated` reads them).  Empty (every preset): none.
+        (:mod:`dml2comm.cost.calibrated` reads them).  A GEMM class's value may be limited to a
+        range of the GEMMs' smallest dimension (key ``gemm_large@768..2048``,
+        :func:`regime_key`): it then applies only to GEMMs inside that range, the shapes it was
+        fitted on.  Empty (every preset): none.
 
     Raises
     ------
@@ -161,9 +197,10 @@ class GPU:
                                       or not (math.isfinite(value) and 0 < value <= 1.5)):
                 raise ConfigError(f"GPU {self.name!r}: {field_name} must be a number in (0, 1.5] or absent, got {value!r}")
         for key, value in self.calibrated_classes.items():
-            if key not in CALIBRATED_CLASSES:
-                raise ConfigError(f"GPU {self.name!r}: unknown kernel class {key!r} in calibrated_classes; use one of "
-                                  f"{', '.join(CALIBRATED_CLASSES)}")
+            try:
+                parse_class_key(key)
+            except ConfigError as e:
+                raise ConfigError(f"GPU {self.name!r}: calibrated_classes: {e}") from None
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 < value <= 10):
                 raise ConfigError(f"GPU {self.name!r}: calibrated_classes[{key!r}] must be a number in (0, 10], got {value!r}")
         object.__setattr__(self, "calibrated_classes", _frozen(self.calibrated_classes))
