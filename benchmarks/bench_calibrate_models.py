@@ -21,7 +21,7 @@ import json
 
 from dml2comm.analysis import analyze_graph
 from dml2comm.calibrate.calibration import calibrate
-from dml2comm.calibrate.command import guard_line
+from dml2comm.cli.calibrate import guard_line
 from dml2comm.hardware.cluster import Cluster, get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
 from dml2comm.parallel.config import ParallelConfig

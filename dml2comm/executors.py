@@ -305,7 +305,3 @@ def executor_from_args(args: argparse.Namespace, workers: int) -> Executor:
         return DaskExecutor(workers, scheduler=args.scheduler)
     return LocalExecutor(workers)
 
-
-# The terminal progress bar moved to the front end (dml2comm.cli.progress); re-exported here only for
-# dml2comm/calibrate/command.py until its front end moves into dml2comm.cli (then this line goes).
-from dml2comm.cli.progress import progress_bar  # noqa: E402

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from dml2comm.calibrate.command import MAX_KERNEL_S
+from dml2comm.calibrate.calibration import MAX_KERNEL_S
 from dml2comm.cli import main
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster

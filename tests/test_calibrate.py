@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dml2comm.calibrate.command import CalibrationError, calibrate, identify_gpu, report_lines
+from dml2comm.calibrate.calibration import CalibrationError, calibrate, identify_gpu
+from dml2comm.cli.calibrate import report_lines
 from dml2comm.cli import main
 from dml2comm.cost.gemm import SHAPE_LAW, analytical_times_s, gemm_time_s
 from dml2comm.errors import ConfigError

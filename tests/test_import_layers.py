@@ -23,10 +23,8 @@ from tests.test_architecture import PACKAGE, ROOT, _is_module, _module_name, _re
 # package prefix covers the package's modules), and may import only from its own layer or a lower one.
 # Each row is one layer; the prefixes in one row are peers that may import each other (without a circle).
 LAYERS: list[tuple[str, ...]] = [
-    # foundations: the package, the exception hierarchy, the old home of the shared argparse pieces
-    # (a re-export of dml2comm.cli.args for calibrate/command.py), the stdlib-only launcher, number
-    # formatting
-    ("dml2comm", "dml2comm.errors", "dml2comm.argtypes", "dml2comm.bootstrap", "dml2comm.fmt"),
+    # foundations: the package, the exception hierarchy, the stdlib-only launcher, number formatting
+    ("dml2comm", "dml2comm.errors", "dml2comm.bootstrap", "dml2comm.fmt"),
     ("dml2comm.ir",),                                   # the graph read from ONNX
     ("dml2comm.ops", "dml2comm.hardware", "dml2comm.zoo"),  # op rules; GPUs and clusters; model builders
     ("dml2comm.network",),                              # collectives on a topology
@@ -50,17 +48,11 @@ ALLOWED_UPWARD: set[tuple[str, str]] = {
     ("dml2comm.advice", "dml2comm.search.fast"),        # advice evaluates candidates with the sweep's FastEvaluator
     ("dml2comm.analysis", "dml2comm.validate.bands"),   # the expected-error band of the headline number
     # below the model: config helpers and the IR reaching up (lazy imports)
-    # the shared argparse pieces' old module, re-exporting them for calibrate/command.py until its
-    # front end moves into dml2comm.cli (then the module goes)
-    ("dml2comm.argtypes", "dml2comm.cli.args"),
-    ("dml2comm.executors", "dml2comm.cli.progress"),    # re-exports progress_bar for calibrate/command.py (the same)
     ("dml2comm.hardware.cluster", "dml2comm.cost.profile"),  # type of Cluster.profile_scale (TYPE_CHECKING)
     ("dml2comm.ir.onnx_import", "dml2comm.ops.registry"),   # costs an If branch with the op rules
     # the commands' back ends using the output layers (render, export, site) above them: the
-    # ``*/site.py`` modules build pages, and calibrate/command.py is a front end still living in its
-    # back-end package (it moves into dml2comm.cli next)
+    # ``*/site.py`` modules build pages
     ("dml2comm.calibrate.charts", "dml2comm.render.charts"),
-    ("dml2comm.calibrate.command", "dml2comm.export.files"),
     ("dml2comm.calibrate.site", "dml2comm.site.build"),
     ("dml2comm.traces.charts", "dml2comm.render.charts"),
     ("dml2comm.traces.site", "dml2comm.site.build"),

@@ -8,7 +8,7 @@ the base preset's fields, the used class values on the GPU (``gpu.calibrated_cla
 measured collectives (``collective_fits``), and a ``calibration`` record with every class's
 value, samples, residual, held-out error, base error and verdict, the collectives' fits and the
 provenance (trace file names and sha256, the PyTorch/CUDA/NCCL versions the traces record, the
-date).  :mod:`dml2comm.calibrate.command` parses the arguments, prints and writes.
+date).  :mod:`dml2comm.cli.calibrate` parses the arguments, prints and writes.
 
 The GPU is identified from the traces' ``deviceProperties`` (name, else compute capability, SM
 count and memory); ``base`` names the base (a preset or a cluster file), by default the

@@ -74,7 +74,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
             return run_compare_command(argv[1:])
         if argv and argv[0] == "calibrate":
-            from dml2comm.calibrate.command import run_calibrate_command
+            from dml2comm.cli.calibrate import run_calibrate_command
 
             return run_calibrate_command(argv[1:])
         if argv and argv[0] == "validate":

@@ -21,12 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from dml2comm.argtypes import OneLineParser, positive_int
+from dml2comm.cli.args import OneLineParser, positive_int
 from dml2comm.calibrate.calibration import (MAX_KERNEL_S, Calibration, CalibrationError, calibrate, identify_gpu,
                                             read_traces)
 from dml2comm.calibrate.classes import QUANTITIES, ClassFit, StepGuard
 from dml2comm.errors import ConfigError
-from dml2comm.executors import add_executor_args, executor_from_args, progress_bar
+from dml2comm.cli.progress import progress_bar
+from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.export.files import check_output_file, check_output_folder
 from dml2comm.hardware.cluster_file import dump_cluster_file
 from dml2comm.traces.load import find_trace_files
