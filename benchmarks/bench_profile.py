@@ -8,24 +8,13 @@ refuses a trace of another model, so this calls the functions directly).
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
-from dml2comm.parallel.config import ParallelConfig
 from dml2comm.traces.predict import attributed_share, expected_error_of, measured_and_modelled, profile_scale
 
-MODELS = "dml2comm/validate/data/models"
-TRACES = "benchmarks/data/h100"
-STEPS = "dml2comm/validate/data/h100_steps.json"
-RUNS = {"gpt2-small": (f"{MODELS}/step_gpt2_small_dynamo.onnx", f"{TRACES}/trace_gpt2-small_bf16_b8.json.gz", 8, 1024),
-        "llama-1b": (f"{MODELS}/step_llama_1b_dynamo.onnx", f"{TRACES}/trace_llama-1b_bf16_b4.json.gz", 4, 2048)}
-
-
-def config(b: int, s: int) -> ParallelConfig:
-    return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
-                          precision="bf16", optimizer="adamw")
+from h100_steps import RUNS, config, measured_steps  # noqa: E402 (benchmarks/, the script's folder)
 
 
 def predict(model: str, b: int, s: int, scale) -> tuple[float, float, float, dict]:
@@ -44,11 +33,7 @@ def band_text(band: dict) -> str:
 
 
 def main() -> None:
-    runs = json.load(open(STEPS))["runs"]
-    measured = {}  # the mean of the runs' medians at the profiled shape (GPT-2 small was run twice)
-    for name, (_, _, b, s) in RUNS.items():
-        times = [r["step_s_median"] for r in runs if r["name"] == name and r["micro_batch"] == b and r["seq"] == s and r["mode"] == "bf16"]
-        measured[name] = sum(times) / len(times)
+    measured = measured_steps()
     scales, parts_of = {}, {}
     for name, (model, trace, b, s) in RUNS.items():
         parts = measured_and_modelled(trace, model, config(b, s))
