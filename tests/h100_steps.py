@@ -16,3 +16,17 @@ def step_config(b: int, s: int, **kw) -> ParallelConfig:
     """One GPU, the profiled steps' stack: eager PyTorch, pure bf16, AdamW."""
     return ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch",
                           precision="bf16", optimizer="adamw", **kw)
+
+
+def run_profiled(tmp_path, model: str, trace: str, b: int, s: int, *extra: str) -> dict:
+    """data.json of the command-line analysis of one step on one H100 with ``--profile trace``."""
+    import json
+
+    from dml2comm.cli import main
+
+    out = tmp_path / "out"
+    rc = main([model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", "bf16", "--optimizer", "adamw",
+               "--micro-batch-size", str(b), "--seq-len", str(s), "--profile", trace, "--no-site", "--no-advice",
+               "--out", str(out), *extra])
+    assert rc == 0
+    return json.loads((out / "data.json").read_text())

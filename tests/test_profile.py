@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -18,7 +17,7 @@ from dml2comm.traces.host import fitted_host_model, host_figures
 from dml2comm.traces.load import load_trace
 from dml2comm.traces.predict import measured_and_modelled, profile_from_args, profile_scale
 
-from tests.h100_steps import GPT2, LLAMA, step_config as _config
+from tests.h100_steps import GPT2, LLAMA, run_profiled as _run, step_config as _config
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +47,6 @@ def test_ratios_are_measured_over_modelled_per_kind(gpt2_parts):
         assert r[0] == q[0] and r[1:] == pytest.approx(q[1:], rel=1e-12)
 
 
-def _run(tmp_path, model: str, trace: str, b: int, s: int, *extra: str) -> dict:
-    out = tmp_path / "out"
-    rc = main([model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", "bf16", "--optimizer", "adamw",
-               "--micro-batch-size", str(b), "--seq-len", str(s), "--profile", trace, "--no-site", "--no-advice",
-               "--out", str(out), *extra])
-    assert rc == 0
-    return json.loads((out / "data.json").read_text())
 
 
 @pytest.mark.parametrize("case", [LLAMA, GPT2], ids=["llama-1b", "gpt2-small"])

@@ -5,13 +5,11 @@ and whether it covers the bundled H100 steps."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import pytest
 
 from dml2comm.analysis import analyze_graph
-from dml2comm.cli import main
 from dml2comm.cost.cache import layers_of
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, load_model
@@ -19,17 +17,11 @@ from dml2comm.traces.join import shape_doublings
 from dml2comm.traces.predict import expected_error_of, held_out_shapes, measured_and_modelled, profile_scale, split_halves
 from dml2comm.validate.bands import expected_error_for, plan_doublings, profile_band
 
-from tests.h100_steps import GPT2, LLAMA, step_config as _config
+from tests.h100_steps import GPT2, LLAMA, run_profiled, step_config as _config
 
 
 def _run(tmp_path, case, *extra: str) -> dict:
-    model, trace, b, s, _ = case
-    out = tmp_path / "out"
-    rc = main([model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", "bf16", "--optimizer", "adamw",
-               "--micro-batch-size", str(b), "--seq-len", str(s), "--profile", trace, "--no-site", "--no-advice",
-               "--out", str(out), *extra])
-    assert rc == 0
-    return json.loads((out / "data.json").read_text())
+    return run_profiled(tmp_path, *case[:4], *extra)
 
 
 @pytest.fixture(scope="module")
