@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from dml2comm.calibrate.base import base_cluster, collective_times_s, group_ranks
-from dml2comm.calibrate.charts import ScatterPoint, class_chart, loglog_chart
+from dml2comm.render.calibration_charts import ScatterPoint, class_chart, loglog_chart
 from dml2comm.cli import main
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.cluster_file import cluster_file_dict, dump_cluster_file, parse_cluster_file

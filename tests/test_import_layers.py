@@ -50,19 +50,8 @@ ALLOWED_UPWARD: set[tuple[str, str]] = {
     # below the model: config helpers and the IR reaching up (lazy imports)
     ("dml2comm.hardware.cluster", "dml2comm.cost.profile"),  # type of Cluster.profile_scale (TYPE_CHECKING)
     ("dml2comm.ir.onnx_import", "dml2comm.ops.registry"),   # costs an If branch with the op rules
-    # the commands' back ends using the output layers (render, export, site) above them: the
-    # ``*/site.py`` modules build pages
-    ("dml2comm.calibrate.charts", "dml2comm.render.charts"),
-    ("dml2comm.calibrate.site", "dml2comm.site.build"),
-    ("dml2comm.traces.charts", "dml2comm.render.charts"),
-    ("dml2comm.traces.site", "dml2comm.site.build"),
-    ("dml2comm.validate.site", "dml2comm.render.parity"),
-    ("dml2comm.validate.site", "dml2comm.site.build"),
 }
 ALLOWED_CYCLES: list[set[str]] = [
-    # the site's reference page shows a cluster file's calibration (calibrate.site.fitted_rows), and
-    # calibrate.site builds its page with site.build
-    {"dml2comm.calibrate.site", "dml2comm.site.build", "dml2comm.site.references"},
     # get_cluster reads a cluster file (lazily) and the file format builds on Cluster
     {"dml2comm.hardware.cluster", "dml2comm.hardware.cluster_file"},
     # ops/__init__ imports the rule modules, which import registry, which imports the package

@@ -19,7 +19,7 @@ from dml2comm.render.parity import BAND_COLOURS, ParityPoint, log_ticks, parity_
 from dml2comm.site.build import SiteError
 from dml2comm.validate import Case, summarize
 from dml2comm.site import build as site_build
-from dml2comm.validate.site import build_validation_site, chart_name, publish_validation, quantity_unit, validation_page
+from dml2comm.site.validate import build_validation_site, chart_name, publish_validation, quantity_unit, validation_page
 from dml2comm.validate.targets import check_target
 
 EVIL = "<script>alert(\"x\")</script> 'q' & &lt; a:b\nline2 \\N *_[x]"

@@ -3,7 +3,7 @@ median measured time, its model times (calibrated and base) and which side of th
 it fell on (:func:`dml2comm.calibrate.fit.split_by_shape`, the same split the fits used).
 
 Plain JSON-able dicts: ``calibrate`` writes them beside the page (``samples.json`` in the site)
-and :mod:`dml2comm.calibrate.charts` draws them.
+and :mod:`dml2comm.render.calibration_charts` draws them.
 """
 
 from __future__ import annotations

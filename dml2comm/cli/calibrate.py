@@ -118,7 +118,7 @@ def run_calibrate_command(argv: Sequence[str]) -> int:
             progress.stop()  # type: ignore[attr-defined]
     text = dump_cluster_file(result.document)
     if site is not None:  # the page first: a failed build leaves neither
-        from dml2comm.calibrate.site import publish_calibration_site
+        from dml2comm.site.calibrate import publish_calibration_site
 
         publish_calibration_site(site, result.document, result.points, out.name, text, hashlib.sha256(text.encode()).hexdigest())
     write_atomic(out, text)

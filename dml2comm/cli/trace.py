@@ -16,7 +16,7 @@ kernels),
 
 Bad files do not stop the others: each is listed with its reason in ``problems`` and on stdout;
 the exit code is 0 when at least one rank was analysed and 2 when none was.  What it reports is
-computed by :mod:`dml2comm.traces.report` and :mod:`dml2comm.traces.site`.
+computed by :mod:`dml2comm.traces.report` and :mod:`dml2comm.site.traces`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dml2comm.traces.load import TraceError, find_trace_files
 from dml2comm.traces.report import (PREDICTION_DEFAULTS, comparison_csv, events_parquet, file_column, file_note, hta_overlap, join_columns,
                                     join_rows, join_step, join_summary, json_default, predicted_comparison, steps_parquet,
                                     trace_analysis_dict)
-from dml2comm.traces.site import page_context, publish_trace_outputs, trace_drawings
+from dml2comm.site.traces import page_context, publish_trace_outputs, trace_drawings
 
 __all__ = ["trace_parser", "run_trace_command", "refuse_unused_flags", "run_sizes"]
 

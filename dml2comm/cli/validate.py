@@ -11,7 +11,7 @@ the worst error (and its case), whether the source's target is met
 shows the steps done (a step: one source's cases at one compute scale) and a line per source as
 its cases finish; writes ``validation.csv`` (one row per case),
 ``validation.json`` (the summary) and ``site/`` (the Validation page,
-:mod:`dml2comm.validate.site`; not with ``--no-site``) into ``--out``, all or nothing.  Bad input raises
+:mod:`dml2comm.site.validate`; not with ``--no-site``) into ``--out``, all or nothing.  Bad input raises
 :class:`~dml2comm.errors.ConfigError` (one line; :func:`dml2comm.cli.main` prints it, exit code 2,
 nothing written).  The run itself is :func:`dml2comm.validate.run.validate`.
 """
@@ -29,7 +29,7 @@ from dml2comm.cli.args import OneLineParser, positive_int
 from dml2comm.errors import ConfigError
 from dml2comm.validate.cases import SOURCES
 from dml2comm.validate.run import Step, cases_csv, sources_named, validate
-from dml2comm.validate.site import publish_validation
+from dml2comm.site.validate import publish_validation
 
 __all__ = ["run_validate_command", "validate_parser"]
 

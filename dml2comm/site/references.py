@@ -205,8 +205,8 @@ def calibration_table(cluster: Any) -> dict[str, Any] | None:
     """For a cluster loaded from a cluster file (``--cluster FILE.yaml``): the file (name,
     sha256), its calibration (date, base, traces) and one row per calibrated constant with its
     value, the base preset's, its residuals and held-out errors
-    (:func:`dml2comm.calibrate.site.fitted_rows`); None for a preset."""
-    from dml2comm.calibrate.site import fitted_rows
+    (:func:`dml2comm.calibrate.rows.fitted_rows`); None for a preset."""
+    from dml2comm.calibrate.rows import fitted_rows
     from dml2comm.hardware.cluster_file import loaded_cluster_file
 
     if cluster.source_file is None:

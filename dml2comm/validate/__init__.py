@@ -20,7 +20,7 @@ each of its cases exactly as a user would:
 
 :mod:`~dml2comm.validate.fit` refits the tool's fitted compute constant leave-one-source-out;
 :mod:`~dml2comm.validate.targets` checks each source's accuracy target on its cases;
-:mod:`~dml2comm.validate.site` builds the Validation page (``DIR/site``);
+:mod:`~dml2comm.site.validate` builds the Validation page (``DIR/site``);
 :mod:`~dml2comm.validate.run` runs them; :mod:`~dml2comm.cli.validate` is the command front end.
 """
 

@@ -80,7 +80,7 @@ def trace_drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
     """The SVGs of the site: a Gantt chart per pipeline group, then one per model replica not
     already drawn (both on the global clock, step ``segment_step`` of each rank), the ranks'
     mean steps grouped by replica, and the micro-batch bars."""
-    from dml2comm.traces.charts import GanttInput, pipeline_gantt, stacked_bars
+    from dml2comm.render.trace_charts import GanttInput, pipeline_gantt, stacked_bars
 
     svgs: dict[str, str] = {}
     by_rank = {r.rank: r for r in ts.ranks}
@@ -144,7 +144,7 @@ def trace_drawings(ts: TraceSet) -> tuple[dict[str, str], dict[str, Any]]:
 def _rank_bars(ts: TraceSet, by_rank: Mapping[int, Any], label: Any) -> str:
     """The ranks' mean steps as bars, grouped by model replica (at most :data:`MAX_BAR_RANKS`
     ranks), each replica headed by its step (its slowest rank's)."""
-    from dml2comm.traces.charts import ReplicaRow, replica_bars
+    from dml2comm.render.trace_charts import ReplicaRow, replica_bars
 
     if ts.layout is not None:
         ids, members = ts.layout.replica_ids, ts.layout.replicas
@@ -169,7 +169,7 @@ def _rank_bars(ts: TraceSet, by_rank: Mapping[int, Any], label: Any) -> str:
 
 
 def _parts(s: dict[str, Any], idle: bool = True) -> dict[str, float]:
-    """The bar parts of a step or segment (:data:`~dml2comm.traces.charts.PART_COLOURS`), which add
+    """The bar parts of a step or segment (:data:`~dml2comm.render.trace_charts.PART_COLOURS`), which add
     up to its window: compute alone = compute - overlap; compute + communication = overlap;
     exposed communication; copies only = window - idle - |compute ∪ communication| (with
     |compute ∪ communication| = compute + exposed); idle."""
