@@ -17,6 +17,7 @@ from dml2comm.hardware.cluster import (
     make_cluster,
 )
 from dml2comm.hardware.gpus import DTYPE_KEYS, GPU, GPU_ALIASES, GPUS, get_gpu, gpu_names
+from dml2comm.hardware import cluster_file as _cluster_file  # noqa: F401 (registers get_cluster's file reader)
 
 __all__ = [
     "CLUSTERS",

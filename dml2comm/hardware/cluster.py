@@ -1006,6 +1006,19 @@ def cluster_names() -> tuple[str, ...]:
     return tuple(sorted(CLUSTERS))
 
 
+#: The cluster-file reader :func:`get_cluster` calls for a ``.yaml`` name.  The file format builds on
+#: this module, so :mod:`dml2comm.hardware.cluster_file` registers its reader here when it is imported
+#: (:func:`register_cluster_file_loader`), and the package's ``__init__`` imports it: any import of
+#: ``dml2comm.hardware.cluster`` has it in place, and this module never imports the file format.
+_CLUSTER_FILE_LOADER: list = []
+
+
+def register_cluster_file_loader(load) -> None:
+    """Install the reader of cluster files (``load(path)`` returning an object with
+    ``build(num_gpus) -> Cluster``): :func:`dml2comm.hardware.cluster_file.load_cluster_file`."""
+    _CLUSTER_FILE_LOADER[:] = [load]
+
+
 def is_cluster_file(name: str) -> bool:
     """Whether a ``--cluster`` value names a cluster file (``.yaml``/``.yml``) rather than a preset."""
     return name.strip().lower().endswith((".yaml", ".yml"))
@@ -1029,12 +1042,10 @@ def get_cluster(name: str, num_gpus: int | None = None, nics_per_node: int | Non
         that is missing or invalid (the message names the key and the fix).
     """
     if is_cluster_file(name):
-        from dml2comm.hardware.cluster_file import load_cluster_file  # the file format builds on this module
-
         if nics_per_node is not None:
             raise ConfigError("--nics-per-node works with a preset or --gpu; a cluster file gives its own per-GPU inter_node "
                               "link: edit the file's links.inter_node instead")
-        return load_cluster_file(name).build(num_gpus)
+        return _CLUSTER_FILE_LOADER[0](name).build(num_gpus)
     preset = CLUSTERS.get(name.strip().lower().replace("_", "-"))
     if preset is None:
         raise ConfigError(

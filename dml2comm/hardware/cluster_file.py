@@ -37,7 +37,8 @@ from typing import Any, Mapping
 import yaml
 
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import (COLLECTIVE_LIBRARIES, INTRA_TOPOLOGIES, Cluster, CollectiveFit, Link)
+from dml2comm.hardware.cluster import (COLLECTIVE_LIBRARIES, INTRA_TOPOLOGIES, Cluster, CollectiveFit, Link,
+                                       register_cluster_file_loader)
 from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, GPUS, GPU, parse_class_key
 
 __all__ = ["FORMAT", "ClusterFile", "load_cluster_file", "loaded_cluster_file", "parse_cluster_file", "cluster_file_dict", "dump_cluster_file"]
@@ -377,3 +378,6 @@ def dump_cluster_file(doc: Mapping[str, Any]) -> str:
     rest = yaml.safe_dump({k: v for k, v in doc.items() if k != "format"}, sort_keys=True, allow_unicode=True,
                           default_flow_style=False, width=100)
     return head + rest
+
+
+register_cluster_file_loader(load_cluster_file)  # get_cluster reads cluster files through it

@@ -73,18 +73,13 @@ def cost_rule(*op_types: str) -> Callable[[Rule], Rule]:
     return register
 
 
-def _load_families() -> None:
-    # Importing the package registers every family module (see dml2comm/ops/__init__.py).
-    import dml2comm.ops  # noqa: F401
-
-
 def lookup(op_type: str) -> Rule | None:
-    _load_families()
+    """The rule for ``op_type`` (None: no rule).  Every family is registered by then: importing this
+    module first runs the package's ``__init__``, which imports every family module."""
     return _RULES.get(op_type)
 
 
 def registered_op_types() -> tuple[str, ...]:
-    _load_families()
     return tuple(sorted(_RULES))
 
 
