@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dml2comm.cost.calibrated import class_value
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import Precision
+from dml2comm.parallel.config import Optimizer, Precision
 
 __all__ = ["eager_parameter_passes_s", "shared_gradient_sum_s", "grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
@@ -115,15 +115,15 @@ def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int, precision: Preci
     3), i.e. 7 elements: 28 bytes in fp32 (``amp``), 14 in bf16.  SGD with momentum: param,
     grad, momentum read, param and momentum written, 5 elements.
     """
-    precision = Precision(precision)
+    precision, adam = Precision(precision), Optimizer(optimizer).is_adam
     if precision is Precision.MIXED:
         copy = dtype_bytes if dtype_bytes < 4 else 0
         grad = dtype_bytes
-        if optimizer in ("adam", "adamw"):
+        if adam:
             return grad + 12 + 12 + copy
         return grad + 8 + 8 + copy
     element = 4 if precision is Precision.AMP else dtype_bytes
-    return element * (7 if optimizer in ("adam", "adamw") else 5)
+    return element * (7 if adam else 5)
 
 
 #: Megatron-LM's optimizer step besides the update (``MixedPrecisionOptimizer.step`` /

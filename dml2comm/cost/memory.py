@@ -104,7 +104,7 @@ import numpy as np
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
-from dml2comm.parallel.config import Precision, Schedule, Stack
+from dml2comm.parallel.config import Optimizer, Precision, Schedule, Stack
 
 __all__ = [
     "fusible_regions",
@@ -193,7 +193,7 @@ def state_bytes_per_param(precision: Precision | str = Precision.MIXED, optimize
     ``bf16``: every state in the 16-bit dtype of the parameters.
     """
     precision = Precision(precision)
-    moments = 2 if optimizer in ("adam", "adamw") else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
+    moments = 2 if Optimizer(optimizer).is_adam else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
     if precision is Precision.MIXED:
         k = 12 if moments == 2 else 8
         if dtype_bytes >= 4:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dml2comm.analysis import CommNode, comm_by_dim
+from dml2comm.parallel.config import CpScheme
 from dml2comm.render.charts import MEMORY_PARTS, Chart, memory_chart_of, timeline_chart_of
 from dml2comm.render.dot import Drawing, replica_page
 from dml2comm.render.facts import Facts, kind_label
@@ -523,7 +524,7 @@ def _cp_page(site: _Site, p: int, comms: Sequence[CommNode]) -> Page:
     intro = (f"The sequence of each sample is split into {cfg.cp_size} chunks over these GPUs. "
              + ("Ulysses: before attention an AllToAll turns Q, K and V from sequence-sharded into head-sharded, "
                 "after it one more turns the output back; the backward pass mirrors the four. "
-                if cfg.cp_scheme == "ulysses" else
+                if cfg.cp_scheme is CpScheme.ULYSSES else
                 f"Ring attention: each GPU passes its K/V block to the next GPU of the ring, {cfg.cp_size - 1} steps per layer, "
                 "overlapped with the attention of the block in hand; backward passes K/V with dK/dV. ")
              + "Their gradients are reduced with the data-parallel group (d × c GPUs). Counts are per micro-batch; times per call.")
