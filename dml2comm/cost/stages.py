@@ -52,6 +52,7 @@ from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
+from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
@@ -584,7 +585,7 @@ class StageCoster(LayerCoster):
         # Full recomputation re-runs the forward of transformer layers only, never the embedding
         # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
         # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
-        blocks = np.array([kind == "block" for kind in self.kinds], dtype=float)
+        blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
         if blocks.all():
             recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
         else:
