@@ -70,7 +70,7 @@ from typing import Callable, Sequence
 
 from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import Cluster, Link
+from dml2comm.hardware.cluster import Cluster, IntraTopology, Link
 
 __all__ = [
     "LevelKind",
@@ -699,7 +699,7 @@ def cluster_topology(cluster: Cluster) -> Topology:
     """
     k = cluster.gpus_per_node
     intra = cluster.intra_node
-    if cluster.intra_topology == "hybrid-cube-mesh":
+    if cluster.intra_topology is IntraTopology.HYBRID_CUBE_MESH:
         one = Link(
             name=f"{intra.name}, one link",
             bandwidth_bytes_per_s=intra.per_link_bytes_per_s,
