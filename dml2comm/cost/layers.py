@@ -614,7 +614,7 @@ class LayerCoster:
         def build():
             act = self._activation_model(config)
             layers = self.layered.layers
-            full = np.array([act.saved_bytes(l.op_indices, "full" if l.kind is LayerKind.BLOCK else "none") for l in layers])
+            full = np.array([act.saved_bytes(l.op_indices, Recompute.FULL if l.kind is LayerKind.BLOCK else Recompute.NONE) for l in layers])
             plain = np.array([act.saved_bytes(l.op_indices) for l in layers])
             transient = np.array([act.transient_bytes(l.op_indices) for l in layers])
             self._check_interior(full, plain, transient)

@@ -104,7 +104,7 @@ import numpy as np
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
-from dml2comm.parallel.config import Optimizer, Precision, Schedule, Stack
+from dml2comm.parallel.config import Optimizer, Precision, Recompute, Schedule, Stack
 
 __all__ = [
     "fusible_regions",
@@ -947,7 +947,7 @@ class ActivationModel:
 
     # -- queries -------------------------------------------------------------------------
 
-    def saved_bytes(self, op_indices: Iterable[int], recompute: str = "none", attention_core: frozenset[int] = frozenset()) -> float:
+    def saved_bytes(self, op_indices: Iterable[int], recompute: Recompute | str = Recompute.NONE, attention_core: frozenset[int] = frozenset()) -> float:
         """Bytes kept for backward by ``op_indices`` for one micro-batch.
 
         ``recompute``: ``none``; ``selective`` drops what the ops in ``attention_core`` keep
@@ -955,11 +955,12 @@ class ActivationModel:
         """
         ops = list(op_indices)
         members = set(ops)
-        if recompute == "full":
+        recompute = Recompute(recompute)
+        if recompute is Recompute.FULL:
             return self.boundary_bytes(members)
         stored: dict[str, float] = {}
         regions_seen: set[int] = set()
-        core = attention_core if recompute == "selective" else frozenset()
+        core = attention_core if recompute is Recompute.SELECTIVE else frozenset()
         for i in ops:
             region = self.region.get(i)
             if region is not None:

@@ -57,7 +57,7 @@ from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
-from dml2comm.parallel.config import ParallelConfig, Precision, Recompute, Stack
+from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recompute, Stack
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
@@ -636,7 +636,7 @@ class StageCoster(LayerCoster):
         if z not in table.by_zero:
             dtype_bytes = config.train_dtype.itemsize
             common = (config.dp_size * config.cp_size, config.expert_dp_size, z, config.grad_bytes, dtype_bytes,
-                      config.bucket_bytes, config.optimizer, config.dtype == "fp16", config.precision)
+                      config.bucket_bytes, config.optimizer, config.dtype is DTypeName.FP16, config.precision)
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert
             # stages with equal parameters on alike groups share their part

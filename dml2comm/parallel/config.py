@@ -8,11 +8,19 @@ from dml2comm.choices import Choice as _Choice
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "Optimizer", "CpScheme", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
+__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "Optimizer", "CpScheme", "DTypeName", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
            "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES",
            "MAX_GPUS", "MAX_SCHEDULE_STEPS", "check_gpu_count"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
+
+
+class DTypeName(_Choice):
+    """The training dtypes (``--dtype``), by their flag names: the keys of :data:`DTYPES`."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
 
 
 class Schedule(_Choice):
@@ -158,7 +166,7 @@ class ParallelConfig:
     micro_batch_size: int = 1
     global_batch_size: int = 1
     seq_len: int | None = None
-    dtype: str = "bf16"
+    dtype: DTypeName = DTypeName.BF16
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     zero_stage: int = 0
@@ -209,6 +217,7 @@ class ParallelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        object.__setattr__(self, "dtype", DTypeName(self.dtype))
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown --schedule {str(self.schedule)!r}; choose one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE_MODES:
@@ -223,7 +232,7 @@ class ParallelConfig:
         object.__setattr__(self, "stack", stack)
         object.__setattr__(self, "precision", Precision(self.precision) if self.precision is not None else DEFAULT_PRECISION[stack])
         object.__setattr__(self, "attention", AttentionKernel(self.attention) if self.attention is not None else DEFAULT_ATTENTION[stack])
-        if self.precision is Precision.BF16 and self.dtype != "bf16":
+        if self.precision is Precision.BF16 and self.dtype is not DTypeName.BF16:
             raise ConfigError(f"--precision bf16 holds the whole model in bf16 but --dtype is {self.dtype}; use --dtype bf16 "
                               "or --precision amp/mixed")
         # flag strings become the enums (frozen: set through object.__setattr__)

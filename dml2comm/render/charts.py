@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from dml2comm.network.kinds import Phase
+from dml2comm.parallel.config import Recompute
 from dml2comm.render.facts import Facts
 from dml2comm.sim.engine import Stream
 from dml2comm.fmt import fmt_bytes, fmt_num, fmt_s, printable, rank_ranges
@@ -665,12 +666,12 @@ def _recompute_per_step(facts: Facts, p: int, v: int) -> float:
     recomputation) the repeated forward tensor-parallel collectives, split over the ``v`` model
     chunks."""
     a = facts.analysis
-    if a.config.recompute == "none":
+    if a.config.recompute is Recompute.NONE:
         return 0.0
     st = a.stages[p]
     own = sum(a.ops[i].time_bwd_s for li in st.layers for i in a.layered.layers[li].op_indices)
     extra = max(st.compute_bwd_s - st.grad_accumulation_s - st.loss_bwd_s - own, 0.0)
-    if a.config.recompute == "full":
+    if a.config.recompute is Recompute.FULL:
         extra += sum(c.time_s * c.count_per_iteration for c in facts.tp_by_stage.get(p, ())
                      if c.per_micro_batch and c.phase is Phase.FORWARD) / max(facts.m, 1)
     return extra / v

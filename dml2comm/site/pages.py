@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dml2comm.analysis import CommNode, comm_by_dim
+from dml2comm.network.kinds import ParallelDim
 from dml2comm.parallel.config import CpScheme
 from dml2comm.render.charts import MEMORY_PARTS, Chart, memory_chart_of, timeline_chart_of
 from dml2comm.render.dot import Drawing, replica_page
@@ -588,7 +589,7 @@ def _group_pages(site: _Site, p: int) -> list[Page]:
         pages.append(_cp_page(site, p, cp))
     if ep := facts.ep_by_stage.get(p, ()):
         pages.append(_ep_page(site, p, ep))
-    tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim.value == "tp")
+    tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim is ParallelDim.TP)
     if facts.tp > 1 and tps:
         pages.append(_tp_page(site, p, tps))
     dps = facts.dp_by_stage.get(p, ())
