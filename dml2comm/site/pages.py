@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from dml2comm.analysis import CommNode, comm_by_dim
 from dml2comm.network.kinds import ParallelDim
-from dml2comm.parallel.config import CpScheme
+from dml2comm.parallel.config import CpScheme, Schedule
 from dml2comm.render.charts import MEMORY_PARTS, Chart, memory_chart_of, timeline_chart_of
 from dml2comm.render.dot import Drawing, replica_page
 from dml2comm.render.facts import Facts, kind_label
@@ -327,7 +327,7 @@ def _overview_page(site: _Site) -> Page:
                     ("micro-batch b", cfg.micro_batch_size), ("global batch B", cfg.global_batch_size),
                     ("micro-batches m", cfg.num_micro_batches), ("sequence length", cfg.seq_len or "n/a"),
                     ("dtype", cfg.dtype), ("stack", cfg.stack), ("precision", cfg.precision), ("attention", cfg.attention),
-                    ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule == "interleaved" else "")),
+                    ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule is Schedule.INTERLEAVED else "")),
                     ("ZeRO stage", cfg.zero_stage), ("sequence parallel", "yes" if cfg.sequence_parallel else "no"),
                     ("recomputation", cfg.recompute), ("optimizer", cfg.optimizer), ("rank order", cfg.rank_order)],
             cluster=_row(name=a.cluster.name, gpu=a.cluster.gpu.name, gpus=a.cluster.num_gpus, per_node=a.cluster.gpus_per_node,

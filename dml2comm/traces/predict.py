@@ -133,7 +133,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             continue
         measured[kind] = (sum(x.forward_s for x in rows) / len(rows), sum(x.backward_s for x in rows) / len(rows))
         modelled[kind] = (float(table.fwd[idx].sum()) / len(idx), float(table.bwd[idx].sum()) / len(idx))
-    shared_s = _shared_sum_s(coster, one, cluster) if "embedding" in measured else 0.0
+    shared_s = _shared_sum_s(coster, one, cluster) if LayerKind.EMBEDDING in measured else 0.0
     if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
         f, b_s = measured["embedding"]
         measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == LayerKind.EMBEDDING]), 0.0))
