@@ -773,10 +773,10 @@ class Cluster:
             "links": {"intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict()},
             "assumptions": list(self.assumptions),
             "network": {
-                "intra_topology": self.intra_topology,
+                "intra_topology": self.intra_topology.value,  # plain strings: cluster files are YAML
                 "nvlink_matrix": [list(r) for r in self.nvlink_matrix] if self.nvlink_matrix is not None else None,
                 "nics_per_node": self.nics_per_node,
-                "collective_library": self.collective_library,
+                "collective_library": self.collective_library.value,
                 "collective_overhead_s": self.collective_overhead_s,
                 "host_model": self.host_model,
                 "sources": dict(self.sources),
