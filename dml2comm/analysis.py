@@ -39,7 +39,7 @@ from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
-from dml2comm.ir.layers import LayeredGraph
+from dml2comm.ir.layers import LayerKind, LayeredGraph
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
@@ -495,7 +495,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     else:
         host_text = "host: none (kernel time only, as a CUDA-graph captured step; --host-model eager or pytorch for eager steps)"
     assumptions.append(host_text)
-    if not any(l.kind == "block" for l in layered.layers):
+    if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
     if advise and not memory["fits"]:
         memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)

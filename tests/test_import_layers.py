@@ -23,8 +23,9 @@ from tests.test_architecture import PACKAGE, ROOT, _is_module, _module_name, _re
 # package prefix covers the package's modules), and may import only from its own layer or a lower one.
 # Each row is one layer; the prefixes in one row are peers that may import each other (without a circle).
 LAYERS: list[tuple[str, ...]] = [
-    # foundations: the package, the exception hierarchy, the stdlib-only launcher, number formatting
-    ("dml2comm", "dml2comm.errors", "dml2comm.bootstrap", "dml2comm.fmt"),
+    # foundations: the package, the exception hierarchy, the stdlib-only launcher, number formatting,
+    # the closed sets' enum base
+    ("dml2comm", "dml2comm.errors", "dml2comm.choices", "dml2comm.bootstrap", "dml2comm.fmt"),
     ("dml2comm.ir",),                                   # the graph read from ONNX
     ("dml2comm.ops", "dml2comm.hardware", "dml2comm.zoo"),  # op rules; GPUs and clusters; model builders
     ("dml2comm.network",),                              # collectives on a topology

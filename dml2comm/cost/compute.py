@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dml2comm.cost.calibrated import class_value
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import Precision
+from dml2comm.parallel.config import Optimizer, Precision, Stack
 
 __all__ = ["eager_parameter_passes_s", "shared_gradient_sum_s", "grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
@@ -115,15 +115,15 @@ def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int, precision: Preci
     3), i.e. 7 elements: 28 bytes in fp32 (``amp``), 14 in bf16.  SGD with momentum: param,
     grad, momentum read, param and momentum written, 5 elements.
     """
-    precision = Precision(precision)
+    precision, adam = Precision(precision), Optimizer(optimizer).is_adam
     if precision is Precision.MIXED:
         copy = dtype_bytes if dtype_bytes < 4 else 0
         grad = dtype_bytes
-        if optimizer in ("adam", "adamw"):
+        if adam:
             return grad + 12 + 12 + copy
         return grad + 8 + 8 + copy
     element = 4 if precision is Precision.AMP else dtype_bytes
-    return element * (7 if optimizer in ("adam", "adamw") else 5)
+    return element * (7 if adam else 5)
 
 
 #: Megatron-LM's optimizer step besides the update (``MixedPrecisionOptimizer.step`` /
@@ -207,9 +207,9 @@ def shared_gradient_sum_s(summed_elements, config, hbm_bytes_per_s: float):
     dtype.  Measured on H100 (benchmarks/data/h100 traces): the ``CUDAFunctor_add`` of GPT-2
     small's 50,257 x 768 bf16 table takes 76 us (3.0 TB/s), Llama-1B's 128,256 x 2,048 510 us.
     """
-    if config.stack != "pytorch" and config.grad_accumulation_fusion:
+    if config.stack is not Stack.PYTORCH and config.grad_accumulation_fusion:
         return summed_elements * 0.0
-    element = 4 if config.precision == "amp" else config.train_dtype.itemsize
+    element = 4 if config.precision is Precision.AMP else config.train_dtype.itemsize
     return summed_elements * 3 * element / hbm_bytes_per_s
 
 
@@ -231,10 +231,11 @@ def eager_parameter_passes_s(params: float, gemm_params: float, precision: str, 
       Averaged over the ``num_micro_batches`` micro-batches of a step.
     """
     later = (num_micro_batches - 1) / num_micro_batches if num_micro_batches > 1 else 0.0
-    if precision == "amp":
+    precision = Precision(precision)
+    if precision is Precision.AMP:
         fwd = gemm_params * (4 + 2)
         bwd = gemm_params * (2 + 4) + later * params * 3 * 4
-    elif precision == "bf16":
+    elif precision is Precision.BF16:
         fwd, bwd = 0.0, later * params * 3 * 2
     else:  # mixed: 16-bit gradients into fp32 main gradients
         fwd, bwd = 0.0, later * params * (2 + 2 * 4)

@@ -36,6 +36,7 @@ from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_cost
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import OpGraph
+from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
@@ -613,7 +614,7 @@ class LayerCoster:
         def build():
             act = self._activation_model(config)
             layers = self.layered.layers
-            full = np.array([act.saved_bytes(l.op_indices, "full" if l.kind == "block" else "none") for l in layers])
+            full = np.array([act.saved_bytes(l.op_indices, Recompute.FULL if l.kind is LayerKind.BLOCK else Recompute.NONE) for l in layers])
             plain = np.array([act.saved_bytes(l.op_indices) for l in layers])
             transient = np.array([act.transient_bytes(l.op_indices) for l in layers])
             self._check_interior(full, plain, transient)
@@ -672,7 +673,7 @@ class LayerCoster:
         transient = float(transient_l[first:last].max(initial=0.0))
         if config.recompute is Recompute.FULL:
             per_mb = float(full[first:last].sum())
-            blocks = [li for li in range(first, last) if self.kinds[li] == "block"]
+            blocks = [li for li in range(first, last) if self.kinds[li] is LayerKind.BLOCK]
             rebuilt = float(plain[blocks].max(initial=0.0)) if blocks else 0.0
             return per_mb, rebuilt, transient
         # every interior block beyond the first adds what one more interior block adds (blocks

@@ -83,7 +83,7 @@ from dataclasses import dataclass
 
 from dml2comm.cost.cache import CacheKey, derived
 from dml2comm.ir.graph import OpGraph
-from dml2comm.parallel.config import Stack
+from dml2comm.parallel.config import Precision, Stack
 from dml2comm.parallel.tensor import vocab_table
 
 __all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "HF_BWD_BYTES", "HF_BWD_KERNELS",
@@ -190,6 +190,6 @@ def hf_loss_upcasts(causal_cores: int, cores: int, precision: str, train_bytes: 
     ``nll_loss`` run in fp32 either way (autocast's fp32 op list), and fp32 training has nothing
     to upcast.  Decoder-only: the graph has attention cores and every one is causal
     (:class:`dml2comm.cost.attention.FlashCore`)."""
-    if precision == "amp" or train_bytes >= 4:
+    if Precision(precision) is Precision.AMP or train_bytes >= 4:
         return True
     return cores > 0 and causal_cores == cores

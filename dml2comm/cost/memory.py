@@ -104,7 +104,7 @@ import numpy as np
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
-from dml2comm.parallel.config import Precision, Schedule, Stack
+from dml2comm.parallel.config import Optimizer, Precision, Recompute, Schedule, Stack
 
 __all__ = [
     "fusible_regions",
@@ -193,7 +193,7 @@ def state_bytes_per_param(precision: Precision | str = Precision.MIXED, optimize
     ``bf16``: every state in the 16-bit dtype of the parameters.
     """
     precision = Precision(precision)
-    moments = 2 if optimizer in ("adam", "adamw") else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
+    moments = 2 if Optimizer(optimizer).is_adam else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
     if precision is Precision.MIXED:
         k = 12 if moments == 2 else 8
         if dtype_bytes >= 4:
@@ -947,7 +947,7 @@ class ActivationModel:
 
     # -- queries -------------------------------------------------------------------------
 
-    def saved_bytes(self, op_indices: Iterable[int], recompute: str = "none", attention_core: frozenset[int] = frozenset()) -> float:
+    def saved_bytes(self, op_indices: Iterable[int], recompute: Recompute | str = Recompute.NONE, attention_core: frozenset[int] = frozenset()) -> float:
         """Bytes kept for backward by ``op_indices`` for one micro-batch.
 
         ``recompute``: ``none``; ``selective`` drops what the ops in ``attention_core`` keep
@@ -955,11 +955,12 @@ class ActivationModel:
         """
         ops = list(op_indices)
         members = set(ops)
-        if recompute == "full":
+        recompute = Recompute(recompute)
+        if recompute is Recompute.FULL:
             return self.boundary_bytes(members)
         stored: dict[str, float] = {}
         regions_seen: set[int] = set()
-        core = attention_core if recompute == "selective" else frozenset()
+        core = attention_core if recompute is Recompute.SELECTIVE else frozenset()
         for i in ops:
             region = self.region.get(i)
             if region is not None:

@@ -52,11 +52,12 @@ from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
+from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
-from dml2comm.parallel.config import ParallelConfig, Precision, Recompute, Stack
+from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recompute, Stack
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
@@ -584,7 +585,7 @@ class StageCoster(LayerCoster):
         # Full recomputation re-runs the forward of transformer layers only, never the embedding
         # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
         # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
-        blocks = np.array([kind == "block" for kind in self.kinds], dtype=float)
+        blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
         if blocks.all():
             recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
         else:
@@ -635,7 +636,7 @@ class StageCoster(LayerCoster):
         if z not in table.by_zero:
             dtype_bytes = config.train_dtype.itemsize
             common = (config.dp_size * config.cp_size, config.expert_dp_size, z, config.grad_bytes, dtype_bytes,
-                      config.bucket_bytes, config.optimizer, config.dtype == "fp16", config.precision)
+                      config.bucket_bytes, config.optimizer, config.dtype is DTypeName.FP16, config.precision)
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert
             # stages with equal parameters on alike groups share their part

@@ -25,11 +25,11 @@ import json
 from typing import Any
 
 from dml2comm.analysis import Analysis
-from dml2comm.sim.engine import SimResult
+from dml2comm.sim.engine import SimResult, Stream
 
 __all__ = ["trace_dict", "trace_json", "STREAMS"]
 
-STREAMS = ("compute", "pp", "dp", "optimizer")
+STREAMS = tuple(Stream)
 
 
 def _ns(seconds: float) -> int:
@@ -72,7 +72,7 @@ def trace_dict(analysis: Analysis, sim: SimResult) -> dict[str, Any]:
         start_ns, end_ns = _ns(ev.start_s), _ns(ev.start_s + ev.dur_s)
         events.append({"ph": "X", "name": ev.name, "cat": ev.stream, "pid": ev.device, "tid": tid,
                        "ts": _us(start_ns), "dur": _us(max(end_ns - start_ns, 0)), "args": args})
-        if ev.stream == "compute":
+        if ev.stream is Stream.COMPUTE:
             starts[(ev.device, ev.name)] = ev.start_s
     flow = 0
     for ev in sim.events:
@@ -80,7 +80,7 @@ def trace_dict(analysis: Analysis, sim: SimResult) -> dict[str, Any]:
             continue
         flow += 1
         dest, _ = ev.flow_to
-        events.append({"ph": "s", "name": "send", "cat": "pp", "id": flow, "pid": ev.device, "tid": STREAMS.index("pp"),
+        events.append({"ph": "s", "name": "send", "cat": "pp", "id": flow, "pid": ev.device, "tid": STREAMS.index(Stream.PP),
                        "ts": _us(_ns(ev.start_s + ev.dur_s * 0.5))})
         events.append({"ph": "f", "bp": "e", "name": "send", "cat": "pp", "id": flow, "pid": dest, "tid": 0,
                        "ts": _us(_ns(starts[ev.flow_to]))})
@@ -92,7 +92,7 @@ def trace_dict(analysis: Analysis, sim: SimResult) -> dict[str, Any]:
         level = 0.0
         samples: list[tuple[int, float]] = [(0, base)]
         for ev in sim.events:
-            if ev.device != stage.index or ev.stream != "compute":
+            if ev.device != stage.index or ev.stream is not Stream.COMPUTE:
                 continue
             if ev.name.startswith("F"):
                 level += per

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
+from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import GPU, get_gpu
 
@@ -77,6 +78,8 @@ __all__ = [
     "default_preset_name",
     "is_cluster_file",
     "COLLECTIVE_LIBRARIES",
+    "CollectiveLibrary",
+    "IntraTopology",
     "DGX1_V100_NVLINK_MATRIX",
     "INTRA_TOPOLOGIES",
     "LINK_HW_CLASSES",
@@ -296,6 +299,22 @@ class Link:
             "alltoall_latency_s": self.alltoall_latency_s,
             "sources": dict(self.sources),
         }
+
+
+class IntraTopology(Choice):
+    """How GPUs of a node are joined (:attr:`Cluster.intra_topology`); :data:`INTRA_TOPOLOGIES`
+    spells the values out (for the site's reference page; tests/test_closed_sets.py checks they agree)."""
+
+    SWITCH = "switch"
+    HYBRID_CUBE_MESH = "hybrid-cube-mesh"
+
+
+class CollectiveLibrary(Choice):
+    """How collectives are costed (:attr:`Cluster.collective_library`); :data:`COLLECTIVE_LIBRARIES`
+    spells the values out (for the site's reference page; tests/test_closed_sets.py checks they agree)."""
+
+    TEXTBOOK = "textbook"
+    NCCL = "nccl"
 
 
 #: Hardware classes of :attr:`Link.hw` ("" = generic, textbook alpha-beta only).
@@ -642,10 +661,10 @@ class Cluster:
     topology: str
     name: str
     assumptions: tuple[str, ...] = ()
-    intra_topology: str = "switch"
+    intra_topology: IntraTopology = IntraTopology.SWITCH
     nvlink_matrix: tuple[tuple[int, ...], ...] | None = None
     nics_per_node: int | None = None
-    collective_library: str = "textbook"
+    collective_library: CollectiveLibrary = CollectiveLibrary.TEXTBOOK
     collective_overhead_s: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()
     collective_fits: tuple[CollectiveFit, ...] = ()
@@ -671,11 +690,13 @@ class Cluster:
                 f"cluster {self.name!r}: collective_library must be one of {', '.join(COLLECTIVE_LIBRARIES)}, "
                 f"got {self.collective_library!r}"
             )
+        object.__setattr__(self, "intra_topology", IntraTopology(self.intra_topology))
+        object.__setattr__(self, "collective_library", CollectiveLibrary(self.collective_library))
         if not (math.isfinite(self.collective_overhead_s) and self.collective_overhead_s >= 0):
             raise ConfigError(f"cluster {self.name!r}: collective_overhead_s must be >= 0, got {self.collective_overhead_s!r}")
         if self.nics_per_node is not None and (not _is_int(self.nics_per_node) or self.nics_per_node < 1):
             raise ConfigError(f"cluster {self.name!r}: nics_per_node must be a positive integer, got {self.nics_per_node!r}")
-        if self.intra_topology == "hybrid-cube-mesh":
+        if self.intra_topology is IntraTopology.HYBRID_CUBE_MESH:
             matrix = self.nvlink_matrix
             k = self.gpus_per_node
             if matrix is None:
@@ -752,10 +773,10 @@ class Cluster:
             "links": {"intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict()},
             "assumptions": list(self.assumptions),
             "network": {
-                "intra_topology": self.intra_topology,
+                "intra_topology": self.intra_topology.value,  # plain strings: cluster files are YAML
                 "nvlink_matrix": [list(r) for r in self.nvlink_matrix] if self.nvlink_matrix is not None else None,
                 "nics_per_node": self.nics_per_node,
-                "collective_library": self.collective_library,
+                "collective_library": self.collective_library.value,
                 "collective_overhead_s": self.collective_overhead_s,
                 "host_model": self.host_model,
                 "sources": dict(self.sources),

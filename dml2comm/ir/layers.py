@@ -36,9 +36,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from dml2comm.choices import Choice
 from dml2comm.ir.graph import OpGraph
 
-__all__ = ["Layer", "LayeredGraph", "group_layers"]
+__all__ = ["Layer", "LayerKind", "LayeredGraph", "group_layers"]
 
 #: An inner numbered container replaces an outer one when it covers this share of its ops.
 NESTED_COVERAGE = 0.9
@@ -56,14 +57,28 @@ _NUMBERED = re.compile(r"^\d+$")
 _TRAILING_DIGITS = re.compile(r"\d+$")
 
 
+class LayerKind(Choice):
+    """What a layer is (the module docstring): the ops before the first block, a repeated block,
+    the ops after the last block, or the whole graph when no blocks were found."""
+
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    HEAD = "head"
+    OTHER = "other"
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
-    """A contiguous group of ops.  ``kind`` is ``embedding``, ``block``, ``head`` or ``other``."""
+    """A contiguous group of ops.  ``kind`` is ``embedding``, ``block``, ``head`` or ``other``
+    (a :class:`LayerKind`; a string is converted)."""
 
     index: int
     name: str
-    kind: str
+    kind: LayerKind
     op_indices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LayerKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,7 @@ class LayeredGraph:
 
     @property
     def num_blocks(self) -> int:
-        return sum(1 for layer in self.layers if layer.kind == "block")
+        return sum(1 for layer in self.layers if layer.kind is LayerKind.BLOCK)
 
 
 def group_layers(graph: OpGraph) -> LayeredGraph:
@@ -92,7 +107,7 @@ def group_layers(graph: OpGraph) -> LayeredGraph:
     keys = _block_keys_from_structure(graph)
     if keys is not None:
         return _assemble(graph, keys, "structure")
-    layer = Layer(0, graph.name or "model", "other", tuple(range(len(graph.ops))))
+    layer = Layer(0, graph.name or "model", LayerKind.OTHER, tuple(range(len(graph.ops))))
     return LayeredGraph(
         graph,
         (layer,),
@@ -448,7 +463,7 @@ def _assemble(graph: OpGraph, keys: list[str | None], source: str) -> LayeredGra
     layers = []
     layer_of_op = [0] * n
     for idx, key in enumerate(layer_names):
-        kind = "embedding" if key == "#embedding" else "head" if key == "#head" else "block"
+        kind = LayerKind.EMBEDDING if key == "#embedding" else LayerKind.HEAD if key == "#head" else LayerKind.BLOCK
         name = {"#embedding": "embedding", "#head": "head"}.get(key, key)
         layers.append(Layer(idx, name, kind, tuple(members[key])))
         for i in members[key]:

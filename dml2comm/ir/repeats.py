@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dml2comm.ir.graph import OpGraph
-from dml2comm.ir.layers import Layer, LayeredGraph
+from dml2comm.ir.layers import Layer, LayerKind, LayeredGraph
 
 if TYPE_CHECKING:
     import onnx
@@ -109,7 +109,7 @@ def collapse_repeats(graph: OpGraph, layered: LayeredGraph, min_run: int = MIN_R
     a = 0
     while a < len(layers):
         b = a
-        while b + 1 < len(layers) and layers[a].kind == "block" and sigs[b + 1] == sigs[a]:
+        while b + 1 < len(layers) and layers[a].kind is LayerKind.BLOCK and sigs[b + 1] == sigs[a]:
             b += 1
         # the first block of a run reads another kind of layer: its signature may differ from
         # the second's ("P" refs into the embedding); a run starts at the block after it

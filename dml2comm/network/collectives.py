@@ -65,7 +65,7 @@ import numpy as np
 
 from dml2comm.errors import ConfigError, RegistryError
 from dml2comm.hardware.cluster import Link
-from dml2comm.network.kinds import Algorithm, CollectiveKind
+from dml2comm.network.kinds import Algorithm, AlgorithmFamily, CollectiveKind
 from dml2comm.network.topology import Pattern
 from dml2comm.fmt import fmt_s
 
@@ -138,8 +138,8 @@ class AlgorithmRule:
     formula
         The formula as text, in the symbols of the module docstring.
     family
-        ``"ring"``, ``"tree"`` or ``"nvls"`` where NCCL runs the algorithm (its protocol and
-        latency tables apply), ``"other"`` otherwise.
+        :class:`~dml2comm.network.kinds.AlgorithmFamily`: ``ring``, ``tree`` or ``nvls`` where NCCL runs the algorithm (its protocol and
+        latency tables apply), ``other`` otherwise.
     """
 
     kind: CollectiveKind
@@ -150,7 +150,7 @@ class AlgorithmRule:
     steps: StepsFn = field(default=lambda n: 0)
     pattern: Pattern | None = Pattern.RING
     formula: str = ""
-    family: str = "other"
+    family: AlgorithmFamily = AlgorithmFamily.OTHER
 
 
 _RULES: dict[tuple[CollectiveKind, Algorithm], AlgorithmRule] = {}
@@ -164,7 +164,7 @@ def collective_time(
     steps: StepsFn | None = None,
     pattern: Pattern | None = Pattern.RING,
     formula: str = "",
-    family: str = "other",
+    family: AlgorithmFamily = AlgorithmFamily.OTHER,
 ) -> Callable[[TimeFn], TimeFn]:
     """Register ``fn(n, S, alpha, beta, gamma) -> seconds`` for (kind, algorithm).
 
@@ -192,7 +192,7 @@ def collective_time(
                 f"({_RULES[key].home} and {home}); keep one"
             )
         _RULES[key] = AlgorithmRule(
-            kind, algorithm, fn, bytes_sent, home, steps or (lambda n: 0), pattern, formula, family
+            kind, algorithm, fn, bytes_sent, home, steps or (lambda n: 0), pattern, formula, AlgorithmFamily(family)
         )
         return fn
 
@@ -270,7 +270,7 @@ def _frac(n: Num) -> Num:
 
 @collective_time(
     CollectiveKind.ALL_REDUCE, Algorithm.RING, bytes_sent=lambda n, s: 2 * _frac(n) * s, steps=lambda n: 2 * (n - 1),
-    pattern=Pattern.RING, formula="2(n-1) a + 2((n-1)/n) S b + ((n-1)/n) S g", family="ring",
+    pattern=Pattern.RING, formula="2(n-1) a + 2((n-1)/n) S b + ((n-1)/n) S g", family=AlgorithmFamily.RING,
 )
 def allreduce_ring(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """Ring AllReduce (a ring ReduceScatter followed by a ring AllGather).
@@ -354,7 +354,7 @@ def allreduce_rabenseifner(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_
 
 @collective_time(
     CollectiveKind.ALL_REDUCE, Algorithm.DOUBLE_BINARY_TREE, bytes_sent=lambda n, s: _multi(n, 2.0 * s),
-    steps=lambda n: 2 * _ceil_log2(n), pattern=Pattern.LOG_EQUAL, formula="2 ceil(log2 n) a + 2 S b + S g", family="tree",
+    steps=lambda n: 2 * _ceil_log2(n), pattern=Pattern.LOG_EQUAL, formula="2 ceil(log2 n) a + 2 S b + S g", family=AlgorithmFamily.TREE,
 )
 def allreduce_double_binary_tree(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """Double-binary-tree AllReduce (pipelined reduce up and broadcast down two complementary trees).
@@ -373,7 +373,7 @@ def allreduce_double_binary_tree(n: Num, message_bytes: Num, alpha_s: Num, beta_
 
 @collective_time(
     CollectiveKind.ALL_REDUCE, Algorithm.IN_NETWORK, bytes_sent=lambda n, s: _multi(n, 1.0 * s), steps=lambda n: 2,
-    pattern=Pattern.IN_NETWORK, formula="2 a + S b", family="nvls",
+    pattern=Pattern.IN_NETWORK, formula="2 a + S b", family=AlgorithmFamily.NVLS,
 )
 def allreduce_in_network(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """In-network AllReduce (the switch reduces: NVLink SHARP, InfiniBand SHARP).
@@ -435,7 +435,7 @@ def allreduce_hierarchical(
 
 @collective_time(
     CollectiveKind.ALL_GATHER, Algorithm.RING, bytes_sent=lambda n, s: _frac(n) * s, steps=lambda n: n - 1,
-    pattern=Pattern.RING, formula="(n-1) a + ((n-1)/n) S b", family="ring",
+    pattern=Pattern.RING, formula="(n-1) a + ((n-1)/n) S b", family=AlgorithmFamily.RING,
 )
 def allgather_ring(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """Ring AllGather: ``t = (n-1) alpha + ((n-1)/n) S beta`` (no reduction, gamma unused).
@@ -528,7 +528,7 @@ def allgather_hierarchical(
 
 @collective_time(
     CollectiveKind.REDUCE_SCATTER, Algorithm.RING, bytes_sent=lambda n, s: _frac(n) * s, steps=lambda n: n - 1,
-    pattern=Pattern.RING, formula="(n-1) a + ((n-1)/n) S (b + g)", family="ring",
+    pattern=Pattern.RING, formula="(n-1) a + ((n-1)/n) S (b + g)", family=AlgorithmFamily.RING,
 )
 def reducescatter_ring(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """Ring ReduceScatter: ``t = (n-1) alpha + ((n-1)/n) S (beta + gamma)``.
@@ -628,7 +628,7 @@ def _whole_buffer(n: Num, s: Num) -> Num:
 
 @collective_time(
     CollectiveKind.BROADCAST, Algorithm.RING, bytes_sent=_whole_buffer, steps=lambda n: n - 1, pattern=Pattern.RING,
-    formula="(n-1) a + S b", family="ring",
+    formula="(n-1) a + S b", family=AlgorithmFamily.RING,
 )
 def broadcast_ring(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """Pipelined ring (chain) Broadcast, NCCL's algorithm: ``t = (n-1) alpha + S beta``.
@@ -698,7 +698,7 @@ def broadcast_hierarchical(
 
 @collective_time(
     CollectiveKind.REDUCE, Algorithm.RING, bytes_sent=_whole_buffer, steps=lambda n: n - 1, pattern=Pattern.RING,
-    formula="(n-1) a + S (b + g)", family="ring",
+    formula="(n-1) a + S (b + g)", family=AlgorithmFamily.RING,
 )
 def reduce_ring(n: Num, message_bytes: Num, alpha_s: Num, beta_s_per_byte: Num, gamma_s_per_byte: Num = 0.0) -> Num:
     """Pipelined ring (chain) Reduce toward the root: ``t = (n-1) alpha + S (beta + gamma)``.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Algorithm", "CollectiveKind", "ParallelDim", "Phase", "Protocol"]
+from dml2comm.choices import Choice
+
+__all__ = ["Algorithm", "AlgorithmFamily", "CollectiveKind", "ParallelDim", "Phase", "Protocol"]
 
 
 class CollectiveKind(enum.Enum):
@@ -61,6 +63,16 @@ class Algorithm(enum.Enum):
     SCATTER_ALLGATHER = "scatter_allgather"
     HIERARCHICAL = "hierarchical"
     IN_NETWORK = "in_network"
+
+
+class AlgorithmFamily(Choice):
+    """Where NCCL runs an algorithm (its protocol and latency tables' rows, src/graph/tuning.cc):
+    the ring, tree or NVLS family; ``other`` for the algorithms NCCL does not have."""
+
+    RING = "ring"
+    TREE = "tree"
+    NVLS = "nvls"
+    OTHER = "other"
 
 
 class Protocol(enum.Enum):

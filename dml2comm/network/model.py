@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import Cluster, Link
+from dml2comm.hardware.cluster import Cluster, CollectiveLibrary, Link
 from dml2comm.network import nccl
 from dml2comm.network.collectives import (
     AlgorithmRule,
@@ -64,7 +64,7 @@ from dml2comm.network.collectives import (
     reduced_block_bytes,
     registered_algorithms,
 )
-from dml2comm.network.kinds import Algorithm, CollectiveKind, Protocol
+from dml2comm.network.kinds import Algorithm, AlgorithmFamily, CollectiveKind, Protocol
 from dml2comm.network.topology import (
     LevelKind,
     LevelUse,
@@ -89,6 +89,7 @@ __all__ = [
 
 #: How collectives are costed: the plain formulas, or NCCL's protocols, latencies and algorithms.
 LIBRARIES: tuple[str, ...] = ("textbook", "nccl")
+_TEXTBOOK, _NCCL = CollectiveLibrary.TEXTBOOK, CollectiveLibrary.NCCL  # compared by identity below
 
 K = CollectiveKind
 A = Algorithm
@@ -106,7 +107,7 @@ class _Unavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Ctx:
-    library: str
+    library: CollectiveLibrary
     protocol: Protocol
     multi_node: bool
     ranks_per_node: int
@@ -158,12 +159,12 @@ def _phase_bandwidth_time(ph: _Phase, gamma: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _alpha(link: Link, family: str, ctx: _Ctx) -> float:
-    if ctx.library == "textbook":
+def _alpha(link: Link, family: AlgorithmFamily, ctx: _Ctx) -> float:
+    if ctx.library is _TEXTBOOK:
         if ctx.protocol is not Protocol.SIMPLE:
             raise _Unavailable("the textbook model has one protocol")
         return link.latency_s
-    if ctx.protocol is not Protocol.SIMPLE and family not in ("ring", "tree"):
+    if ctx.protocol is not Protocol.SIMPLE and family not in (AlgorithmFamily.RING, AlgorithmFamily.TREE):
         raise _Unavailable(f"NCCL runs {family} algorithms with the Simple protocol only")
     lat = nccl.hop_latency_s(link.hw, family, ctx.protocol, link.latency_s)
     if lat is None:
@@ -174,13 +175,13 @@ def _alpha(link: Link, family: str, ctx: _Ctx) -> float:
 def _alltoall_latency(kind: CollectiveKind, rule: AlgorithmRule, links: Sequence[Link], ctx: _Ctx) -> float:
     """The fitted fixed time of NCCL's grouped point-to-point AllToAll on these links
     (:attr:`Link.alltoall_latency_s`, the largest; 0 for other kinds, algorithms or libraries)."""
-    if ctx.library != "nccl" or kind is not K.ALL_TO_ALL or rule.algorithm is not A.DIRECT:
+    if ctx.library is not _NCCL or kind is not K.ALL_TO_ALL or rule.algorithm is not A.DIRECT:
         return 0.0
     return max(link.alltoall_latency_s for link in links)
 
 
-def _factor(family: str, kind: CollectiveKind, ctx: _Ctx) -> float:
-    if ctx.library == "textbook":
+def _factor(family: AlgorithmFamily, kind: CollectiveKind, ctx: _Ctx) -> float:
+    if ctx.library is _TEXTBOOK:
         return 1.0
     return nccl.protocol_bandwidth_factor(family, ctx.protocol, kind, ctx.multi_node, ctx.ranks_per_node)
 
@@ -256,7 +257,7 @@ class _Slot:
 
 
 def _inner_candidates(kind: CollectiveKind, use: LevelUse, top: bool, level_index: int, ctx: _Ctx) -> tuple[Algorithm, ...]:
-    if ctx.library == "nccl":
+    if ctx.library is _NCCL:
         algs = list(nccl.default_algorithms(kind, levels=1, spans_nodes=level_index > 0, in_network=use.level.in_network,
                                             ranks=use.extent))
         return tuple(a for a in algs if a is not A.HIERARCHICAL)
@@ -376,10 +377,10 @@ class _Result:
     time_s: float
 
 
-def _candidates(kind: CollectiveKind, uses: Sequence[LevelUse], library: str) -> tuple[Algorithm, ...]:
+def _candidates(kind: CollectiveKind, uses: Sequence[LevelUse], library: CollectiveLibrary) -> tuple[Algorithm, ...]:
     active = [u for u in uses if u.extent > 1]
     in_network = all(u.level.in_network for u in active)
-    if library == "nccl":
+    if library is _NCCL:
         spans_nodes = any(u.extent > 1 for u in uses[1:])
         return nccl.default_algorithms(kind, levels=len(active), spans_nodes=spans_nodes, in_network=in_network,
                                        ranks=math.prod(u.extent for u in active))
@@ -389,12 +390,12 @@ def _candidates(kind: CollectiveKind, uses: Sequence[LevelUse], library: str) ->
     return tuple(algs)
 
 
-def _evaluate(kind: CollectiveKind, algorithm: Algorithm, uses: tuple[LevelUse, ...], size: float, library: str,
+def _evaluate(kind: CollectiveKind, algorithm: Algorithm, uses: tuple[LevelUse, ...], size: float, library: CollectiveLibrary,
               overhead_s: float, gamma: float) -> _Result:
     active = [u for u in uses if u.extent > 1]
     multi_node = any(u.extent > 1 for u in uses[1:])
     ranks_per_node = uses[0].extent if uses else 1
-    if library == "nccl":
+    if library is _NCCL:
         protocols = nccl.available_protocols(u.level.link.hw for u in active)
     else:
         protocols = (Protocol.SIMPLE,)
@@ -408,7 +409,7 @@ def _evaluate(kind: CollectiveKind, algorithm: Algorithm, uses: tuple[LevelUse, 
             reasons.append(str(exc))
             continue
         base = 0.0
-        if library == "nccl":
+        if library is _NCCL:
             base = max(nccl.base_latency_s(ph.rule.family, protocol) for ph in phases)
         total = overhead_s + base + sum(_phase_time(ph, gamma) for ph in phases)
         if best is None or total < best.time_s:
@@ -422,11 +423,11 @@ def _fmt_s(t: float) -> str:
     return fmt_s(t, sig=4)  # one unit style with the site: µs, never us
 
 
-def _describe(result: _Result, overhead_s: float, gamma: float, library: str) -> str:
+def _describe(result: _Result, overhead_s: float, gamma: float, library: CollectiveLibrary) -> str:
     parts = []
     if overhead_s:
         parts.append(f"overhead {_fmt_s(overhead_s)}")
-    if library == "nccl":
+    if library is _NCCL:
         parts.append(f"base latency {_fmt_s(result.base_s)} ({result.protocol.value})")
     for ph in result.phases:
         text = fill_formula(ph.rule, ph.m, ph.size, ph.alpha, ph.beta, gamma)
@@ -441,7 +442,7 @@ def _describe(result: _Result, overhead_s: float, gamma: float, library: str) ->
 
 @functools.lru_cache(maxsize=65536)
 def _cost_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size: float, algorithm: Algorithm | None,
-                 library: str, overhead_s: float, gamma: float) -> CollectiveCost:
+                 library: CollectiveLibrary, overhead_s: float, gamma: float) -> CollectiveCost:
     active = [u for u in uses if u.extent > 1]
     if n <= 1 or not active:
         chosen = algorithm or (nccl.default_algorithms(kind, levels=1, spans_nodes=False, in_network=False)[0])
@@ -491,7 +492,7 @@ def _cost_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size:
     )
 
 
-def _valid(kind: CollectiveKind, uses: tuple[LevelUse, ...], size: float, library: str, overhead_s: float, gamma: float) -> list[Algorithm]:
+def _valid(kind: CollectiveKind, uses: tuple[LevelUse, ...], size: float, library: CollectiveLibrary, overhead_s: float, gamma: float) -> list[Algorithm]:
     out = []
     levels = sum(1 for u in uses if u.extent > 1)
     for alg in registered_algorithms(kind):
@@ -511,7 +512,7 @@ def available_algorithms(topology: Topology, kind: CollectiveKind, *, ranks: Seq
     uses = topology.uses(ranks)
     if not any(u.extent > 1 for u in uses):
         return registered_algorithms(kind)
-    return tuple(_valid(kind, uses, 1.0, library, 0.0, 0.0))
+    return tuple(_valid(kind, uses, 1.0, CollectiveLibrary(library), 0.0, 0.0))
 
 
 def _check_common(kind: CollectiveKind, message_bytes: float, algorithm: Algorithm | None, library: str, overhead_s: float,
@@ -569,6 +570,7 @@ def cost_on_topology(
         outside the topology.
     """
     size = _check_common(kind, message_bytes, algorithm, library, overhead_s, gamma_s_per_byte)
+    library = CollectiveLibrary(library)  # a flag's string becomes the member the model compares by identity
     uses = topology.uses(ranks)
     n = topology.num_ranks if ranks is None else len(set(ranks))
     if ranks is not None and len(set(ranks)) != len(ranks):
@@ -711,7 +713,7 @@ def collective_time_on_placement(cluster: Cluster, kind: CollectiveKind, placeme
 
 
 @functools.lru_cache(maxsize=65536)
-def _time_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size: float, library: str, overhead_s: float,
+def _time_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size: float, library: CollectiveLibrary, overhead_s: float,
                  gamma: float) -> float:
     """``_cost_cached(...).time_s`` with the library's choice of algorithm, without building
     the description (a sweep asks for times only, at many sizes): the same phases from
@@ -733,7 +735,7 @@ def _time_cached(kind: CollectiveKind, uses: tuple[LevelUse, ...], n: int, size:
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: str, gamma: float) -> list[list[tuple[Protocol, list[_Slot]]]]:
+def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: CollectiveLibrary, gamma: float) -> list[list[tuple[Protocol, list[_Slot]]]]:
     """Per candidate algorithm (:func:`_candidates`), per protocol that can run it (in
     :func:`_evaluate`'s order), its slots (:func:`_slots`)."""
     key = (kind, id(uses), library, gamma)
@@ -743,7 +745,7 @@ def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: str, gamma:
     active = [u for u in uses if u.extent > 1]
     multi_node = any(u.extent > 1 for u in uses[1:])
     ranks_per_node = uses[0].extent if uses else 1
-    protocols = nccl.available_protocols(u.level.link.hw for u in active) if library == "nccl" else (Protocol.SIMPLE,)
+    protocols = nccl.available_protocols(u.level.link.hw for u in active) if library is _NCCL else (Protocol.SIMPLE,)
     plan = []
     for algorithm in _candidates(kind, uses, library):
         by_protocol = []
@@ -758,7 +760,7 @@ def _plan(kind: CollectiveKind, uses: tuple[LevelUse, ...], library: str, gamma:
     return plan
 
 
-def _plan_time(by_protocol: list[tuple[Protocol, list[_Slot]]], size: float, library: str, overhead_s: float,
+def _plan_time(by_protocol: list[tuple[Protocol, list[_Slot]]], size: float, library: CollectiveLibrary, overhead_s: float,
                gamma: float) -> float | None:
     """:func:`_evaluate`'s time of one algorithm (None: no protocol can run it)."""
     best: float | None = None
@@ -766,7 +768,7 @@ def _plan_time(by_protocol: list[tuple[Protocol, list[_Slot]]], size: float, lib
         chosen = [_pick(slot, size, gamma) for slot in slots]
         if any(c is None for c in chosen):  # _phases finds no algorithm for a level
             continue
-        base = max(nccl.base_latency_s(ph.rule.family, protocol) for ph, _, _ in chosen) if library == "nccl" else 0.0
+        base = max(nccl.base_latency_s(ph.rule.family, protocol) for ph, _, _ in chosen) if library is _NCCL else 0.0
         total = overhead_s + base + sum(t for _, _, t in chosen)
         if best is None or total < best:
             best = total

@@ -114,7 +114,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from dml2comm.network.kinds import Algorithm, CollectiveKind, Protocol
+from dml2comm.network.kinds import Algorithm, AlgorithmFamily, CollectiveKind, Protocol
 
 __all__ = [
     "BASE_LATENCY_S",
@@ -166,23 +166,27 @@ HW_LATENCY_S: Mapping[str, Mapping[str, Mapping[Protocol, float]]] = MappingProx
 )
 
 
-def _row(family: str) -> str:
-    return family if family in ("ring", "tree", "nvls") else "ring"
+_F = AlgorithmFamily
 
 
-def base_latency_s(family: str, protocol: Protocol) -> float:
+def _row(family: AlgorithmFamily) -> AlgorithmFamily:
+    family = _F(family)
+    return family if family in (_F.RING, _F.TREE, _F.NVLS) else _F.RING
+
+
+def base_latency_s(family: AlgorithmFamily, protocol: Protocol) -> float:
     """NCCL baseLat for the algorithm family (``"other"`` algorithms use the ring row)."""
-    return BASE_LATENCY_S[_row(family)].get(protocol, BASE_LATENCY_S["ring"][protocol])
+    return BASE_LATENCY_S[_row(family)].get(protocol, BASE_LATENCY_S[_F.RING][protocol])
 
 
-def hop_latency_s(hw: str, family: str, protocol: Protocol, simple_latency_s: float) -> float | None:
+def hop_latency_s(hw: str, family: AlgorithmFamily, protocol: Protocol, simple_latency_s: float) -> float | None:
     """Per-step latency on a link of class ``hw``; ``None`` if NCCL has no such protocol there.
 
     Simple on the ring row returns ``simple_latency_s`` (the link's own ``latency_s``), so a
     user's latency override applies; a generic link (``hw == ""``) knows only that.
     """
     row = _row(family)
-    if protocol is _SIMPLE and row == "ring":
+    if protocol is _SIMPLE and row is _F.RING:
         return simple_latency_s
     table = HW_LATENCY_S.get(hw)
     if table is None:
@@ -206,7 +210,7 @@ def available_protocols(hws: Iterable[str]) -> tuple[Protocol, ...]:
     return tuple(out)
 
 
-def protocol_bandwidth_factor(family: str, protocol: Protocol, kind: CollectiveKind, multi_node: bool, ranks_per_node: int) -> float:
+def protocol_bandwidth_factor(family: AlgorithmFamily, protocol: Protocol, kind: CollectiveKind, multi_node: bool, ranks_per_node: int) -> float:
     """Share of the link bandwidth a protocol delivers, NCCL's "various model refinements".
 
     Ring: LL 1/4 (AllReduce, Reduce or several nodes) else 1/3; LL128 0.92 (0.7 with one rank per
@@ -214,14 +218,14 @@ def protocol_bandwidth_factor(family: str, protocol: Protocol, kind: CollectiveK
     Simple 1).  NVLS and the other algorithms: 1 (Simple only).
     """
     row = _row(family)
-    if row == "tree":
+    if row is _F.TREE:
         factor = 0.92
         if protocol is _LL:
             factor /= 3.8
         elif protocol is _LL128:
             factor *= 120.0 / 128.0 if multi_node else 7.0 / 9.0
         return factor
-    if family != "ring" or protocol is _SIMPLE:
+    if _F(family) is not _F.RING or protocol is _SIMPLE:
         return 1.0
     if protocol is _LL:
         return 1.0 / 4.0 if (multi_node or kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE)) else 1.0 / 3.0

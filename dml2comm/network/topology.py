@@ -68,8 +68,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import Cluster, Link
+from dml2comm.hardware.cluster import Cluster, IntraTopology, Link
 
 __all__ = [
     "LevelKind",
@@ -79,6 +80,7 @@ __all__ = [
     "Pattern",
     "Topology",
     "TOPOLOGY_NAMES",
+    "TopologyName",
     "cluster_topology",
     "direct_path",
     "in_network_path",
@@ -502,6 +504,21 @@ class Topology:
         return {"name": self.name, "description": self.description, "levels": [lv.to_dict() for lv in self.levels]}
 
 
+class TopologyName(Choice):
+    """The topologies :func:`make_topology` builds; :data:`TOPOLOGY_NAMES` spells the values out
+    (for the site's reference page; tests/test_closed_sets.py checks they agree)."""
+
+    RING = "ring"
+    TREE = "tree"
+    SWITCH = "switch"
+    FAT_TREE = "fat-tree"
+    MESH2D = "mesh2d"
+    TORUS2D = "torus2d"
+    TORUS3D = "torus3d"
+    FULLY_CONNECTED = "fully-connected"
+    HIERARCHICAL = "hierarchical"
+
+
 #: Names accepted by :func:`make_topology` (and ``collective --topology``).
 TOPOLOGY_NAMES: tuple[str, ...] = (
     "ring",
@@ -682,7 +699,7 @@ def cluster_topology(cluster: Cluster) -> Topology:
     """
     k = cluster.gpus_per_node
     intra = cluster.intra_node
-    if cluster.intra_topology == "hybrid-cube-mesh":
+    if cluster.intra_topology is IntraTopology.HYBRID_CUBE_MESH:
         one = Link(
             name=f"{intra.name}, one link",
             bandwidth_bytes_per_s=intra.per_link_bytes_per_s,
@@ -724,25 +741,27 @@ def make_topology(
     key = name.strip().lower().replace("_", "-")
     if key not in TOPOLOGY_NAMES:
         raise ConfigError(f"unknown topology {name!r}; valid topologies: {', '.join(TOPOLOGY_NAMES)}")
-    if dims is not None and key not in ("mesh2d", "torus2d", "torus3d"):
+    T = TopologyName
+    key = T(key)
+    if dims is not None and key not in (T.MESH2D, T.TORUS2D, T.TORUS3D):
         raise ConfigError(f"--dims applies to mesh2d, torus2d and torus3d, not {key}")
-    if in_network and key not in ("switch", "fat-tree", "hierarchical"):
+    if in_network and key not in (T.SWITCH, T.FAT_TREE, T.HIERARCHICAL):
         raise ConfigError(f"in-network reduction needs a switch: use switch, fat-tree or hierarchical, not {key}")
-    if key == "ring":
+    if key is T.RING:
         return ring(n, link)
-    if key == "switch":
+    if key is T.SWITCH:
         return switch(n, link, in_network=in_network)
-    if key == "fully-connected":
+    if key is T.FULLY_CONNECTED:
         return fully_connected(n, link)
-    if key == "tree":
+    if key is T.TREE:
         return tree(n, link, radix=radix or 2)
-    if key == "fat-tree":
+    if key is T.FAT_TREE:
         return fat_tree(n, link, radix=radix or 8, levels=levels, oversubscription=oversubscription, in_network=in_network)
-    if key == "mesh2d":
+    if key is T.MESH2D:
         return mesh2d(n, link, dims)
-    if key == "torus2d":
+    if key is T.TORUS2D:
         return torus2d(n, link, dims)
-    if key == "torus3d":
+    if key is T.TORUS3D:
         return torus3d(n, link, dims)
     if gpus_per_node is None or inter_link is None:
         raise ConfigError("hierarchical needs --gpus-per-node and an inter-node link (--inter-bandwidth), or use --cluster NAME")

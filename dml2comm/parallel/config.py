@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from dml2comm.choices import Choice as _Choice
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
+__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "Optimizer", "CpScheme", "DTypeName", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
            "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES",
            "MAX_GPUS", "MAX_SCHEDULE_STEPS", "check_gpu_count"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
 
 
-class _Choice(str, enum.Enum):
-    """A closed set of flag values: a ``str`` (it equals, hashes and prints as its flag value,
-    so data.json and messages are unchanged) that the code compares by identity."""
+class DTypeName(_Choice):
+    """The training dtypes (``--dtype``), by their flag names: the keys of :data:`DTYPES`."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
 
 
 class Schedule(_Choice):
@@ -87,6 +87,30 @@ class AttentionKernel(_Choice):
     UNFUSED = "unfused"
 
 
+class Optimizer(_Choice):
+    """The optimizer (``--optimizer``): Adam (Kingma & Ba 2015), AdamW (Loshchilov & Hutter
+    2019; the same two moment states as Adam) or plain SGD (no state)."""
+
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+    @property
+    def is_adam(self) -> bool:
+        """Adam and AdamW: two fp32 moment states per parameter and the same update kernels."""
+        return self is not Optimizer.SGD
+
+
+class CpScheme(_Choice):
+    """Context-parallel schemes: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509:
+    AllToAll of Q, K, V and the output, heads split c-way) and ring attention (Liu et al. 2023,
+    arXiv:2310.01889; Megatron-Core ``--cp-comm-type p2p``: K/V blocks passed around the group).  :data:`CP_SCHEMES` spells the values out (for the
+    site's reference page; tests/test_closed_sets.py checks they agree)."""
+
+    ULYSSES = "ulysses"
+    RING = "ring"
+
+
 #: The precision each stack runs by default: Megatron's fp32 master weights; torch AMP for
 #: PyTorch / Hugging Face (``Trainer(bf16=True)`` runs the model under ``torch.autocast``).
 DEFAULT_PRECISION = {Stack.MEGATRON: Precision.MIXED, Stack.PYTORCH: Precision.AMP}
@@ -100,7 +124,7 @@ STACKS = tuple(s.value for s in Stack)
 PRECISIONS = tuple(p.value for p in Precision)
 ATTENTION_KERNELS = tuple(a.value for a in AttentionKernel)
 RECOMPUTE_MODES = tuple(r.value for r in Recompute)
-OPTIMIZERS = ("adam", "adamw", "sgd")
+OPTIMIZERS = tuple(o.value for o in Optimizer)
 #: Context-parallel schemes: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509: AllToAll
 #: of Q, K, V and the output, heads split c-way) and ring attention (Liu et al. 2023,
 #: arXiv:2310.01889; Megatron-Core ``--cp-comm-type p2p``: K/V blocks passed around the group).
@@ -142,13 +166,13 @@ class ParallelConfig:
     micro_batch_size: int = 1
     global_batch_size: int = 1
     seq_len: int | None = None
-    dtype: str = "bf16"
+    dtype: DTypeName = DTypeName.BF16
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     zero_stage: int = 0
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.NONE
-    optimizer: str = "adam"
+    optimizer: Optimizer = Optimizer.ADAM
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     rank_order: str = "tdp"
     dropout: float = 0.0  # assumed training dropout for exports that carry no Dropout nodes
@@ -170,7 +194,7 @@ class ParallelConfig:
     # --accumulate-allreduce-grads-in-fp32 (fp32 main grads, reduced in fp32)
     # Context parallelism (c): the sequence split into c chunks; num_gpus = d*t*p*c.
     cp_size: int = 1
-    cp_scheme: str = "ulysses"
+    cp_scheme: CpScheme = CpScheme.ULYSSES
     # Expert parallelism (e): carved out of the d*c data-and-context ranks as in Megatron-Core
     # (megatron/core/parallel_state.py, MoE "parallel folding": expert_data_parallel_size =
     # world / (expert_tensor_parallel_size * ep * pp), i.e. d*c/e here with ETP = t); adds no GPUs.
@@ -193,6 +217,7 @@ class ParallelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        object.__setattr__(self, "dtype", DTypeName(self.dtype))
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown --schedule {str(self.schedule)!r}; choose one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE_MODES:
@@ -207,7 +232,7 @@ class ParallelConfig:
         object.__setattr__(self, "stack", stack)
         object.__setattr__(self, "precision", Precision(self.precision) if self.precision is not None else DEFAULT_PRECISION[stack])
         object.__setattr__(self, "attention", AttentionKernel(self.attention) if self.attention is not None else DEFAULT_ATTENTION[stack])
-        if self.precision is Precision.BF16 and self.dtype != "bf16":
+        if self.precision is Precision.BF16 and self.dtype is not DTypeName.BF16:
             raise ConfigError(f"--precision bf16 holds the whole model in bf16 but --dtype is {self.dtype}; use --dtype bf16 "
                               "or --precision amp/mixed")
         # flag strings become the enums (frozen: set through object.__setattr__)
@@ -216,6 +241,7 @@ class ParallelConfig:
         self._check_plannable()
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         per_step = self.micro_batch_size * self.dp_size
@@ -234,6 +260,7 @@ class ParallelConfig:
             raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
         if self.cp_scheme not in CP_SCHEMES:
             raise ConfigError(f"unknown --cp-scheme {self.cp_scheme!r}; choose one of {', '.join(CP_SCHEMES)}")
+        object.__setattr__(self, "cp_scheme", CpScheme(self.cp_scheme))
         if not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
             raise ConfigError(f"--capacity-factor must be positive, got {self.capacity_factor!r}")
         if (self.dp_size * self.cp_size) % self.ep_size:

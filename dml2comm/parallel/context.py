@@ -35,6 +35,7 @@ from typing import Sequence
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import OpGraph
 from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.parallel.config import CpScheme
 
 __all__ = ["AttentionSite", "CPComm", "find_attention", "check_context_parallel", "context_parallel_comms"]
 
@@ -97,7 +98,7 @@ def find_attention(graph: OpGraph, layer_of_op: Sequence[int], seq_len: int | No
     return tuple(out)
 
 
-def check_context_parallel(sites: Sequence[AttentionSite], cp: int, tp: int, scheme: str, seq_len: int | None) -> None:
+def check_context_parallel(sites: Sequence[AttentionSite], cp: int, tp: int, scheme: CpScheme | str, seq_len: int | None) -> None:
     """One-line :class:`ConfigError` when c does not divide the sequence or (Ulysses) the heads."""
     if cp <= 1:
         return
@@ -107,7 +108,7 @@ def check_context_parallel(sites: Sequence[AttentionSite], cp: int, tp: int, sch
         raise ConfigError(f"--cp {cp} does not divide the sequence length {seq_len}; choose a --cp that divides it or change --seq-len")
     if not sites:
         raise ConfigError(f"--cp {cp}: the model has no attention (MatMul to [.., s, s] scores) to split by sequence; drop --cp")
-    if scheme == "ulysses":
+    if CpScheme(scheme) is CpScheme.ULYSSES:
         for site in sites:
             if site.heads is not None and site.heads % (tp * cp):
                 raise ConfigError(
@@ -116,7 +117,7 @@ def check_context_parallel(sites: Sequence[AttentionSite], cp: int, tp: int, sch
                 )
 
 
-def context_parallel_comms(sites: Sequence[AttentionSite], cp: int, tp: int, scheme: str, dtype_bytes: int) -> tuple[CPComm, ...]:
+def context_parallel_comms(sites: Sequence[AttentionSite], cp: int, tp: int, scheme: CpScheme | str, dtype_bytes: int) -> tuple[CPComm, ...]:
     """Per micro-batch collectives of one GPU's CP group, per attention layer.
 
     Ulysses: 4 AllToAlls forward (Q, K, V before attention, the output after) and 4 backward,
@@ -126,9 +127,9 @@ def context_parallel_comms(sites: Sequence[AttentionSite], cp: int, tp: int, sch
     if cp <= 1:
         return ()
     out: list[CPComm] = []
-    share = dtype_bytes / (tp * cp)
+    share, ulysses = dtype_bytes / (tp * cp), CpScheme(scheme) is CpScheme.ULYSSES
     for site in sites:
-        if scheme == "ulysses":
+        if ulysses:
             before = ((site.q_elems, "Q"), (site.k_elems, "K"), (site.v_elems, "V"))
             for elems, name in before:
                 out.append(CPComm(CollectiveKind.ALL_TO_ALL, Phase.FORWARD, site.layer, site.scores_op, name, elems * share, 1,

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from dml2comm.network.kinds import Phase
+from dml2comm.parallel.config import Recompute
 from dml2comm.render.facts import Facts
+from dml2comm.sim.engine import Stream
 from dml2comm.fmt import fmt_bytes, fmt_num, fmt_s, printable, rank_ranges
 
 __all__ = [
@@ -664,12 +666,12 @@ def _recompute_per_step(facts: Facts, p: int, v: int) -> float:
     recomputation) the repeated forward tensor-parallel collectives, split over the ``v`` model
     chunks."""
     a = facts.analysis
-    if a.config.recompute == "none":
+    if a.config.recompute is Recompute.NONE:
         return 0.0
     st = a.stages[p]
     own = sum(a.ops[i].time_bwd_s for li in st.layers for i in a.layered.layers[li].op_indices)
     extra = max(st.compute_bwd_s - st.grad_accumulation_s - st.loss_bwd_s - own, 0.0)
-    if a.config.recompute == "full":
+    if a.config.recompute is Recompute.FULL:
         extra += sum(c.time_s * c.count_per_iteration for c in facts.tp_by_stage.get(p, ())
                      if c.per_micro_batch and c.phase is Phase.FORWARD) / max(facts.m, 1)
     return extra / v
@@ -684,8 +686,8 @@ def timeline_chart_of(facts: Facts, max_boxes: int = MAX_BOXES) -> Chart | None:
         return None
     v = a.config.chunks
     streams = {(ev.device, ev.stream) for ev in sim.events}
-    has_pp = any(s == "pp" for _, s in streams)
-    has_dp = any(s == "dp" for _, s in streams)
+    has_pp = any(s is Stream.PP for _, s in streams)
+    has_dp = any(s is Stream.DP for _, s in streams)
     crit = a.summary.get("critical_stage")
     rows: list[GanttRow] = []
     row_of: dict[tuple[int, str], int] = {}
@@ -701,24 +703,24 @@ def timeline_chart_of(facts: Facts, max_boxes: int = MAX_BOXES) -> Chart | None:
         gpus = rank_ranges(ranks)
         gpus = ("GPUs " if len(ranks) > 1 else "GPU ") + (gpus if len(gpus) <= 14 else f"{ranks[0]}…{ranks[-1]}")
         sub = "over memory" if over else ("busiest stage" if crit == p else gpus)
-        row_of[(p, "compute")] = row_of[(p, "optimizer")] = len(rows)
+        row_of[(p, Stream.COMPUTE)] = row_of[(p, Stream.OPTIMIZER)] = len(rows)
         rows.append(GanttRow(f"stage {p}", sub, over=over, tip=tip))
         if has_pp:
-            row_of[(p, "pp")] = len(rows)
+            row_of[(p, Stream.PP)] = len(rows)
             rows.append(GanttRow("pp send", thin=True, tip=f"stage {p}: pipeline sends (activations forward, gradients backward)"))
         if has_dp:
-            row_of[(p, "dp")] = len(rows)
+            row_of[(p, Stream.DP)] = len(rows)
             rows.append(GanttRow("dp", thin=True, tip=f"stage {p}: data-parallel collectives (gradient buckets overlapping the "
                                                       f"last backward, ZeRO gathers and reduce-scatters)"))
     recompute = [_recompute_per_step(facts, p, v) for p in range(facts.pp)]
     boxes: list[GanttBox] = []
     for ev in sim.events:
-        row = row_of.get((ev.device, ev.stream), row_of[(ev.device, "compute")])
+        row = row_of.get((ev.device, ev.stream), row_of[(ev.device, Stream.COMPUTE)])
         mb = str(ev.micro_batch) if ev.micro_batch >= 0 else ""
         chunk = f", model chunk {ev.chunk}" if v > 1 else ""
         when = f"{fmt_s(ev.start_s)} – {fmt_s(ev.start_s + ev.dur_s)} ({fmt_s(ev.dur_s)})"
         where = f"stage {ev.device}"
-        if ev.stream == "compute":
+        if ev.stream is Stream.COMPUTE:
             fwd = ev.name.startswith("F")
             what = "forward" if fwd else "backward"
             r = 0.0 if fwd else min(recompute[ev.device], ev.dur_s)
@@ -729,19 +731,19 @@ def timeline_chart_of(facts: Facts, max_boxes: int = MAX_BOXES) -> Chart | None:
             boxes.append(GanttBox(row, ev.start_s + r, ev.dur_s - r, what, mb,
                                   f"{where}: {what} of micro-batch {mb}{chunk} ({ev.name})\n{when}"
                                   + (", including its tensor-parallel collectives" if facts.tp > 1 else "")))
-        elif ev.stream == "pp" and not ev.name.startswith("send"):  # the tied-weight gradient all-reduce
+        elif ev.stream is Stream.PP and not ev.name.startswith("send"):  # the tied-weight gradient all-reduce
             boxes.append(GanttBox(row, ev.start_s, ev.dur_s, "pp", "",
                                   f"{where}: {ev.name} with the other stages holding the tied weight "
                                   f"(Megatron-LM embedding group), before the optimizer step\n{when}"))
-        elif ev.stream == "pp":
+        elif ev.stream is Stream.PP:
             dest = f" to stage {ev.flow_to[0]}" if ev.flow_to else ""
             what = "activation" if ev.name.startswith("send F") else "gradient"
             boxes.append(GanttBox(row, ev.start_s, ev.dur_s, "pp", mb,
                                   f"{where}: send the {what} of micro-batch {mb}{chunk}{dest}\n{when}"))
-        elif ev.stream == "dp":
+        elif ev.stream is Stream.DP:
             boxes.append(GanttBox(row, ev.start_s, ev.dur_s, "dp", "",
                                   f"{where}: {ev.name}" + (f" (micro-batch {mb}{chunk})" if mb else "") + f"\n{when}"))
-        elif ev.stream == "optimizer":
+        elif ev.stream is Stream.OPTIMIZER:
             boxes.append(GanttBox(row, ev.start_s, ev.dur_s, "optimizer", "opt", f"{where}: {ev.name}\n{when}"))
         else:  # a stream this chart does not know yet: drawn on the compute row, grey
             boxes.append(GanttBox(row, ev.start_s, ev.dur_s, "other", "", f"{where}, {ev.stream}: {ev.name}\n{when}"))

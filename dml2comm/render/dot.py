@@ -28,6 +28,7 @@ from typing import Iterable, Mapping, Sequence
 
 from dml2comm.analysis import CommNode
 from dml2comm.network.kinds import ParallelDim, Phase
+from dml2comm.parallel.config import CpScheme
 from dml2comm.render.facts import Boundary, Facts, kind_label
 from dml2comm.fmt import (
     printable,
@@ -943,7 +944,7 @@ def cp_comm_drawing(facts: Facts, s: int) -> Drawing:
     g = _Dot(rankdir="TB", nodesep=0.5, ranksep=0.7)
     scheme = facts.analysis.config.cp_scheme
     tip = (f"context-parallel group of stage {s} ({scheme}): the sequence is split {c}-way; "
-           + ("each AllToAll sends (c-1)/c of Q, K, V or the output to the others" if scheme == "ulysses"
+           + ("each AllToAll sends (c-1)/c of Q, K, V or the output to the others" if scheme is CpScheme.ULYSSES
               else f"each GPU passes its K/V block to the next, {c - 1} steps per layer")
            + f"; {len(cps)} collectives per micro-batch")
     _ring(g, facts, facts.analysis.rank_map.cp_group(0, s, 0), tip)

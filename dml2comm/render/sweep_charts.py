@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dml2comm.render.charts import AXIS_COLOUR, CAPACITY_COLOUR, GRID_COLOUR, OVER_COLOUR, TEXT_COLOUR, Svg, nice_step, svg_number, xml_text
+from dml2comm.search.scaling import ScalingMode
 from dml2comm.fmt import fmt_bytes, fmt_s
 
 __all__ = ["BREAKDOWN_COLOURS", "BreakdownBar", "breakdown_chart", "MemoryItem", "memory_bars_chart", "ParetoPoint", "pareto_chart",
@@ -330,7 +331,7 @@ class EfficiencyPoint:
 
 
 def efficiency_chart(points: Sequence[EfficiencyPoint], threshold: float, title: str = "Parallel efficiency against GPU count",
-                     mode: str = "strong") -> str:
+                     mode: ScalingMode | str = ScalingMode.STRONG) -> str:
     """Efficiency (0 to max(1.05, highest)) on a log2 GPU axis; the threshold as a dashed line;
     points below it red; the breakdown point labelled; counts without a result as a red ×."""
     counts = [p.gpus for p in points]
@@ -362,7 +363,7 @@ def efficiency_chart(points: Sequence[EfficiencyPoint], threshold: float, title:
     g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}"/>')
     g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(top)}" stroke="{AXIS_COLOUR}"/>')
     g.text(left + plot_w / 2, base + 34, "GPUs (log scale)", size=11, anchor="middle", fill=AXIS_COLOUR)
-    what = "T1·N1 / (TN·N)" if mode == "strong" else "T1 / TN"
+    what = "T1·N1 / (TN·N)" if ScalingMode(mode) is ScalingMode.STRONG else "T1 / TN"
     g.text(18, top + plot_h / 2, f"efficiency {what}", size=11, anchor="middle", fill=AXIS_COLOUR,
            extra=f' transform="rotate(-90 18 {svg_number(top + plot_h / 2)})"')
     yt = py(threshold)

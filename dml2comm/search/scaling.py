@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_diff, config_text
@@ -88,18 +89,28 @@ def parse_gpu_counts(text: str, flag: str = "--scaling") -> tuple[int, ...]:
     return tuple(counts)
 
 
+class ScalingMode(Choice):
+    """Strong scaling (the global batch fixed) or weak scaling (the batch per GPU fixed)."""
+
+    STRONG = "strong"
+    WEAK = "weak"
+
+
 @dataclass(frozen=True)
 class ScalingPlan:
     """The GPU counts and the global batch at each: fixed (strong) or per GPU x N (weak)."""
 
     counts: tuple[int, ...]
-    mode: str  # "strong" | "weak"
+    mode: ScalingMode
     global_batch_size: int | None = None  # strong
     per_gpu_batch: int | None = None  # weak: samples per GPU per iteration
     threshold: float = DEFAULT_THRESHOLD
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", ScalingMode(self.mode))
+
     def batch_for(self, num_gpus: int) -> int:
-        if self.mode == "weak":
+        if self.mode is ScalingMode.WEAK:
             assert self.per_gpu_batch is not None
             return self.per_gpu_batch * num_gpus
         assert self.global_batch_size is not None
@@ -126,7 +137,7 @@ def plan_scaling(counts: Sequence[int], weak: bool = False, global_batch_size: i
     if not weak:
         if per_gpu_batch is not None:
             raise ConfigError("--per-gpu-batch is for weak scaling; add --weak, or give --global-batch-size for strong scaling")
-        return ScalingPlan(counts, "strong", global_batch_size or max(counts), None, float(threshold))
+        return ScalingPlan(counts, ScalingMode.STRONG, global_batch_size or max(counts), None, float(threshold))
     if per_gpu_batch is not None and global_batch_size is not None:
         raise ConfigError("--weak takes --per-gpu-batch or --global-batch-size (divided by the first GPU count), not both")
     if per_gpu_batch is None:
@@ -137,7 +148,7 @@ def plan_scaling(counts: Sequence[int], weak: bool = False, global_batch_size: i
                               f"{counts[0]}, so the batch per GPU is not whole; give a multiple of {counts[0]} or --per-gpu-batch")
         else:
             per_gpu_batch = global_batch_size // counts[0]
-    return ScalingPlan(counts, "weak", None, per_gpu_batch, float(threshold))
+    return ScalingPlan(counts, ScalingMode.WEAK, None, per_gpu_batch, float(threshold))
 
 
 def _narrowed(constraints: Constraints, num_gpus: int) -> Constraints | None:
@@ -309,7 +320,7 @@ def _mb(m: Any) -> str:
     return f"{m} micro-batch" if m == 1 else f"{m} micro-batches"
 
 
-def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: str, gpus_per_node: int = 8) -> tuple[str, str]:
+def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: ScalingMode | str, gpus_per_node: int = 8) -> tuple[str, str]:
     """``(kind, words)``: which part of the iteration grew most beyond the ideal between the
     baseline and ``point`` (kind: ``bubble``, ``exposed_comm``, ``compute``, ``optimizer``).
 
@@ -317,7 +328,8 @@ def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: st
     part with the largest excess over it is named, with its share of the time lost."""
     b, q = base["best"], point["best"]
     n1, n = base["gpus"], point["gpus"]
-    ideal = n1 / n if mode == "strong" else 1.0
+    strong = ScalingMode(mode) is ScalingMode.STRONG
+    ideal = n1 / n if strong else 1.0
     pb, pq = breakdown(b), breakdown(q)
     excess = {k: pq[k] - ideal * pb[k] for k, _ in BREAKDOWN}
     key = max(excess, key=lambda k: excess[k])
@@ -329,9 +341,9 @@ def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: st
         words = (f"pipeline bubble {fmt_s(pq[key])} ({q.get('bubble_fraction') or 0:.0%} of the iteration, was "
                  f"{b.get('bubble_fraction') or 0:.0%} on {_gpus(n1)}; {loss}): p={cq['p']} stages with "
                  f"{_mb(cq.get('num_micro_batches'))} per pipeline (was p={cb['p']} with {cb.get('num_micro_batches')})")
-        if mode == "strong" and (cq.get("num_micro_batches") or 0) < (cb.get("num_micro_batches") or 0):
+        if strong and (cq.get("num_micro_batches") or 0) < (cb.get("num_micro_batches") or 0):
             words += "; the fixed global batch leaves fewer micro-batches per pipeline"
-        elif mode == "strong" and cq["p"] > cb["p"]:
+        elif strong and cq["p"] > cb["p"]:
             words += (f"; the fixed global batch of {point['global_batch_size']} allows at most d="
                       f"{point['global_batch_size'] // cq['micro_batch_size']} replicas at b={cq['micro_batch_size']}, so the "
                       f"added GPUs become pipeline stages with too few micro-batches to fill them")
@@ -353,7 +365,7 @@ def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: st
                              f"only with the model shard per GPU (t={cq['t']}, p={cq['p']}, ZeRO {cq['zero_stage']}), not with the batch")
     changed = config_diff(cq, cb)
     return "compute", (f"compute per GPU {fmt_s(pq[key])} against an ideal {fmt_s(ideal * pb[key])} ({loss}): "
-                       + ("smaller matrices per GPU run less efficiently" if mode == "strong" else "the work per GPU grew")
+                       + ("smaller matrices per GPU run less efficiently" if strong else "the work per GPU grew")
                        + (f" ({', '.join(changed)} than on {_gpus(n1)})" if changed else ""))
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from dml2comm.errors import ConfigError
-from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
+from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, CpScheme, ParallelConfig
 
 __all__ = ["Constraints", "divisors", "enumerate_configs", "parse_int_list", "parse_name_list"]
 
@@ -125,7 +125,7 @@ class Constraints:
             bad = [v for v in values if num_gpus % v]
             if bad:
                 raise ConfigError(f"{flag} {bad[0]} does not divide --gpus {num_gpus}; choose from {divisors(num_gpus)}")
-        if self.cp_scheme not in ("ulysses", "ring"):
+        if self.cp_scheme not in CP_SCHEMES:
             raise ConfigError(f"--cp-scheme must be ulysses or ring, got {self.cp_scheme!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
@@ -177,6 +177,7 @@ def enumerate_configs(
     if layers < 1:
         raise ConfigError(f"the model has {layers} layers; nothing to place on a pipeline")
     c = constraints
+    ulysses = CpScheme(c.cp_scheme) is CpScheme.ULYSSES
     if experts is None and any(e > 1 for e in c.ep):
         raise ConfigError(f"--ep {max(c.ep)}: the model has no experts (no mixture-of-experts layers); drop --ep")
     count = 0
@@ -190,7 +191,7 @@ def enumerate_configs(
                 if (num_gpus // (d * t)) % cp:
                     continue
                 if cp > 1 and ((seq_len is not None and seq_len % cp)
-                               or (c.cp_scheme == "ulysses" and heads is not None and heads % (t * cp))):
+                               or (ulysses and heads is not None and heads % (t * cp))):
                     continue
                 p = num_gpus // (d * t * cp)
                 if c.p is not None and p not in c.p:

@@ -37,11 +37,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
 from dml2comm.sim.levels import CompiledSchedule, StepTimes, Tail, compile_steps, iteration_tail, pipeline_steps
 from dml2comm.sim.schedules import Step
 
-__all__ = ["DeviceWork", "Event", "SimResult", "simulate"]
+__all__ = ["DeviceWork", "Event", "SimResult", "Stream", "simulate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +65,23 @@ class DeviceWork:
     tied_s: float = 0.0  # tied-weight gradient all-reduce with the other devices that have one, before the step
 
 
+class Stream(Choice):
+    """The streams of a simulated device, one timeline row (and trace.json thread) each: its
+    compute (the steps, with their tensor-parallel collectives), its pipeline sends and the
+    tied-weight all-reduce, its data-parallel collectives, and its optimizer step."""
+
+    COMPUTE = "compute"
+    PP = "pp"
+    DP = "dp"
+    OPTIMIZER = "optimizer"
+
+
 class Event(NamedTuple):
     """One slice of the timeline (a named tuple: a long schedule has hundreds of thousands, and
     a tuple is built in a fraction of a frozen dataclass's time)."""
 
     device: int
-    stream: str  # compute, pp, dp, optimizer
+    stream: Stream
     name: str
     start_s: float
     dur_s: float
@@ -157,34 +169,34 @@ def _events(cs: CompiledSchedule, times: StepTimes, dur: np.ndarray, send_fwd: n
     make = tuple.__new__
     parts, keys = [], []
 
-    def kind(steps: np.ndarray, slot: int, stream: str, names, at: np.ndarray, length: np.ndarray, flows=repeat(None)) -> None:
+    def kind(steps: np.ndarray, slot: int, stream: Stream, names, at: np.ndarray, length: np.ndarray, flows=repeat(None)) -> None:
         rows = zip(dev[steps].tolist(), repeat(stream), names, at[steps].tolist(), length[steps].tolist(),
                    cs.micro_batch[steps].tolist(), cs.chunk[steps].tolist(), flows)
         parts.extend(map(make, repeat(Event), rows))
         keys.append(4 * rank[steps] + slot)
 
     steps = order
-    kind(steps, 1, "compute", [labels[i] for i in steps.tolist()], times.start[0], dur)
+    kind(steps, 1, Stream.COMPUTE, [labels[i] for i in steps.tolist()], times.start[0], dur)
     steps = np.nonzero(pre > 0)[0]
-    kind(steps, 0, "dp", repeat("ZeRO-3 all-gather"), times.gather_start[0], pre)
+    kind(steps, 0, Stream.DP, repeat("ZeRO-3 all-gather"), times.gather_start[0], pre)
     steps = np.nonzero(post > 0)[0]
-    kind(steps, 2, "dp", repeat("ZeRO reduce-scatter"), times.scatter_start[0], post)
+    kind(steps, 2, Stream.DP, repeat("ZeRO reduce-scatter"), times.scatter_start[0], post)
     steps = np.nonzero(send > 0)[0]
     receiver = cs.receiver[steps]
-    kind(steps, 3, "pp", ["send " + labels[i] for i in steps.tolist()], times.send_start[0], send,
+    kind(steps, 3, Stream.PP, ["send " + labels[i] for i in steps.tolist()], times.send_start[0], send,
          zip(dev[receiver].tolist(), [labels[r] for r in receiver.tolist()]))
     key = np.concatenate(keys)
     events = parts if len(parts) == cs.num_steps else [parts[i] for i in np.argsort(key).tolist()]
     buckets = tail.bucket_start.tolist()
     for d, w in enumerate(work):
         for i, bucket in enumerate(w.dp_buckets_s):
-            events.append(Event(d, "dp", f"gradient bucket {i}", buckets[d][i], bucket))
+            events.append(Event(d, Stream.DP, f"gradient bucket {i}", buckets[d][i], bucket))
     step_start = tail.step_start.tolist()
     for d, w in enumerate(work):
         if w.tied_s > 0:
-            events.append(Event(d, "pp", "tied-weight gradient all-reduce", tail.tied_start, w.tied_s))
+            events.append(Event(d, Stream.PP, "tied-weight gradient all-reduce", tail.tied_start, w.tied_s))
         if w.optimizer_s > 0:
-            events.append(Event(d, "optimizer", "optimizer step", step_start[d], w.optimizer_s))
+            events.append(Event(d, Stream.OPTIMIZER, "optimizer step", step_start[d], w.optimizer_s))
         if w.after_step_s > 0:
-            events.append(Event(d, "dp", "parameter all-gather", step_start[d] + w.optimizer_s, w.after_step_s))
+            events.append(Event(d, Stream.DP, "parameter all-gather", step_start[d] + w.optimizer_s, w.after_step_s))
     return tuple(events)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dml2comm.analysis import CommNode, comm_by_dim
+from dml2comm.network.kinds import ParallelDim
+from dml2comm.parallel.config import CpScheme, Schedule
 from dml2comm.render.charts import MEMORY_PARTS, Chart, memory_chart_of, timeline_chart_of
 from dml2comm.render.dot import Drawing, replica_page
 from dml2comm.render.facts import Facts, kind_label
@@ -325,7 +327,7 @@ def _overview_page(site: _Site) -> Page:
                     ("micro-batch b", cfg.micro_batch_size), ("global batch B", cfg.global_batch_size),
                     ("micro-batches m", cfg.num_micro_batches), ("sequence length", cfg.seq_len or "n/a"),
                     ("dtype", cfg.dtype), ("stack", cfg.stack), ("precision", cfg.precision), ("attention", cfg.attention),
-                    ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule == "interleaved" else "")),
+                    ("schedule", cfg.schedule + (f" (v={cfg.virtual_stages})" if cfg.schedule is Schedule.INTERLEAVED else "")),
                     ("ZeRO stage", cfg.zero_stage), ("sequence parallel", "yes" if cfg.sequence_parallel else "no"),
                     ("recomputation", cfg.recompute), ("optimizer", cfg.optimizer), ("rank order", cfg.rank_order)],
             cluster=_row(name=a.cluster.name, gpu=a.cluster.gpu.name, gpus=a.cluster.num_gpus, per_node=a.cluster.gpus_per_node,
@@ -523,7 +525,7 @@ def _cp_page(site: _Site, p: int, comms: Sequence[CommNode]) -> Page:
     intro = (f"The sequence of each sample is split into {cfg.cp_size} chunks over these GPUs. "
              + ("Ulysses: before attention an AllToAll turns Q, K and V from sequence-sharded into head-sharded, "
                 "after it one more turns the output back; the backward pass mirrors the four. "
-                if cfg.cp_scheme == "ulysses" else
+                if cfg.cp_scheme is CpScheme.ULYSSES else
                 f"Ring attention: each GPU passes its K/V block to the next GPU of the ring, {cfg.cp_size - 1} steps per layer, "
                 "overlapped with the attention of the block in hand; backward passes K/V with dK/dV. ")
              + "Their gradients are reduced with the data-parallel group (d × c GPUs). Counts are per micro-batch; times per call.")
@@ -587,7 +589,7 @@ def _group_pages(site: _Site, p: int) -> list[Page]:
         pages.append(_cp_page(site, p, cp))
     if ep := facts.ep_by_stage.get(p, ()):
         pages.append(_ep_page(site, p, ep))
-    tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim.value == "tp")
+    tps = tuple(c for c in facts.tp_by_stage.get(p, ()) if c.dim is ParallelDim.TP)
     if facts.tp > 1 and tps:
         pages.append(_tp_page(site, p, tps))
     dps = facts.dp_by_stage.get(p, ())

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dml2comm.ir.layers import LayerKind
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
@@ -136,7 +137,7 @@ class TraceJoin:
         return self.attributed_s / self.gpu_s if self.gpu_s > 0 else 0.0
 
     def blocks(self) -> list[LayerTime]:
-        return [x for x in self.layers if x.kind == "block"]
+        return [x for x in self.layers if x.kind == LayerKind.BLOCK]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -354,7 +355,7 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
     layers = layered.layers
     first_k, first_layer = matched[0]
     lead = list(range(0, first_k))
-    emb = next((x.index for x in layers if x.kind == "embedding"), None)
+    emb = next((x.index for x in layers if x.kind is LayerKind.EMBEDDING), None)
     cut = _starts_norm(tops.names, [fwd[k] for k in lead]) if emb is not None else 0
     for idx, k in enumerate(lead):
         layer_of[fwd[k]] = emb if (emb is not None and (cut is None or idx < cut)) else first_layer
@@ -371,7 +372,7 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
     last_k, last_layer = matched[-1]
     layer_of[fwd[last_k]] = last_layer
     tail = fwd[last_k + 1:]
-    if layers[last_layer].kind == "head" and j == len(wanted):
+    if layers[last_layer].kind is LayerKind.HEAD and j == len(wanted):
         for p in tail:  # the head's output is the logits: what follows computes the loss
             tops.phase[p] = Phase.LOSS
     else:
@@ -502,7 +503,7 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     else:
         attributed = total - phases[Phase.OTHER]
         method = "kernel -> launch -> operator only (no model)"
-    blocks = [x.total_s for x in layers if x.kind == "block"]
+    blocks = [x.total_s for x in layers if x.kind == LayerKind.BLOCK]
     spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
     return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), tuple(op_rows),
                      spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)))

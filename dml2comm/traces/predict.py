@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from dml2comm.cost.host import AUTO, host_model
 from dml2comm.cost.profile import KINDS, ProfileScale, scaled_share
 from dml2comm.errors import ConfigError
+from dml2comm.ir.layers import LayerKind
 
 __all__ = ["attributed_share", "error_figures", "expected_error_of", "held_out_shapes", "split_halves", "measured_and_modelled", "profile_from_args", "profile_scale", "trace_gpu"]
 
@@ -125,17 +126,17 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     kinds = [x.kind for x in layered.layers]
     measured: dict[str, tuple[float, float]] = {}
     modelled: dict[str, tuple[float, float]] = {}
-    for kind in ("embedding", "block", "head"):
+    for kind in (LayerKind.EMBEDDING, LayerKind.BLOCK, LayerKind.HEAD):
         rows = [x for x in join.layers if x.kind == kind]
         idx = [i for i, k in enumerate(kinds) if k == kind]
         if not rows or not idx:
             continue
         measured[kind] = (sum(x.forward_s for x in rows) / len(rows), sum(x.backward_s for x in rows) / len(rows))
         modelled[kind] = (float(table.fwd[idx].sum()) / len(idx), float(table.bwd[idx].sum()) / len(idx))
-    shared_s = _shared_sum_s(coster, one, cluster) if "embedding" in measured else 0.0
+    shared_s = _shared_sum_s(coster, one, cluster) if LayerKind.EMBEDDING in measured else 0.0
     if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
         f, b_s = measured["embedding"]
-        measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == "embedding"]), 0.0))
+        measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == LayerKind.EMBEDDING]), 0.0))
     by_name = {x.name: x for x in join.layers}
     if table.loss_f is not None and LOSS in by_name:
         measured["loss"] = (by_name[LOSS].forward_s, by_name[LOSS].backward_s)
@@ -146,7 +147,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
             "shared_sum_s": shared_s,
-            "blocks": len([k for k in kinds if k == "block"]), "host": host_figures(trace),
+            "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
             "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
 
 
@@ -156,7 +157,7 @@ def _check_model(join: Any, layered: Any, name: str, b: int, s: int) -> None:
     from dml2comm.traces.join import graph_gemms
 
     wanted = len(graph_gemms(layered))
-    blocks = [x for x in join.layers if x.kind == "block"]
+    blocks = [x for x in join.layers if x.kind == LayerKind.BLOCK]
     short = [n for n in join.notes if "weight GEMMs matched" in n]
     empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
     if short or empty or not blocks:
