@@ -114,7 +114,7 @@ def test_every_yielded_config_is_valid(n, batch, layers, heads):
 @pytest.mark.parametrize("kwargs, words", [
     ({"t": (3,)}, ["--t 3", "does not divide --gpus 8", "[1, 2, 4, 8]"]),
     ({"p": (16,)}, ["--p 16", "does not divide"]),
-    ({"zero_stages": (4,)}, ["--zero", "0,1,2,3"]),
+    ({"zero_stages": (4,)}, ["--zero must be 0, 1, 2 or 3, got 4"]),
     ({"recompute": ("some",)}, ["--recompute"]),
     ({"micro_batch_sizes": ()}, ["--micro-batch-sizes"]),
     ({"max_p": 0}, ["--max-p"]),
@@ -245,7 +245,7 @@ def test_sweep_command_writes_csv_and_data_json(gpt, tmp_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--t", "1,x"], "--t expects comma-separated positive integers"),
     (["--t", "3"], "--t 3 does not divide --gpus 8"),
-    (["--zero", "5"], "--zero expects stages from 0,1,2,3"),
+    (["--zero", "5"], "--zero must be 0, 1, 2 or 3, got 5"),
     (["--recompute", "sometimes"], "--recompute got 'sometimes'"),
     (["--t", "8", "--max-t", "4"], "no valid configuration"),
 ])

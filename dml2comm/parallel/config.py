@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from dml2comm.choices import Choice as _Choice
 from dml2comm.errors import ConfigError
 from dml2comm.ir.graph import DType
 
-__all__ = ["ParallelConfig", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "Optimizer", "CpScheme", "DTypeName", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
+__all__ = ["ParallelConfig", "check_choice", "check_zero_stage", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "Optimizer", "CpScheme", "DTypeName", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
            "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES",
            "MAX_GPUS", "MAX_SCHEDULE_STEPS", "check_gpu_count"]
 
@@ -144,6 +145,19 @@ MAX_GPUS = 2**22
 MAX_SCHEDULE_STEPS = 2**17
 
 
+def check_choice(flag: str, value, choices: Sequence[str]) -> None:
+    """Refuse a value outside a closed set, in the one wording every command uses (a
+    configuration here, the sweep's space in :mod:`dml2comm.search.space`)."""
+    if value not in choices:
+        raise ConfigError(f"unknown {flag} {str(value)!r}; choose one of {', '.join(choices)}")
+
+
+def check_zero_stage(stage) -> None:
+    """Refuse a ZeRO stage other than 0-3 (Rajbhandari et al. 2020: stages 1-3; 0 is plain DP)."""
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {stage!r}")
+
+
 def check_gpu_count(gpus: int, flag: str = "--gpus") -> None:
     """Refuse a GPU count above :data:`MAX_GPUS` (a sweep's ``--gpus``, ``--scaling``) before
     anything is enumerated."""
@@ -215,19 +229,15 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        check_choice("--dtype", self.dtype, DTYPES)
         object.__setattr__(self, "dtype", DTypeName(self.dtype))
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"unknown --schedule {str(self.schedule)!r}; choose one of {', '.join(SCHEDULES)}")
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ConfigError(f"unknown --recompute {str(self.recompute)!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
-        if self.stack not in STACKS:
-            raise ConfigError(f"unknown --stack {str(self.stack)!r}; choose one of {', '.join(STACKS)}")
-        if self.precision is not None and self.precision not in PRECISIONS:
-            raise ConfigError(f"unknown --precision {str(self.precision)!r}; choose one of {', '.join(PRECISIONS)}")
-        if self.attention is not None and self.attention not in ATTENTION_KERNELS:
-            raise ConfigError(f"unknown --attention {str(self.attention)!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+        check_choice("--schedule", self.schedule, SCHEDULES)
+        check_choice("--recompute", self.recompute, RECOMPUTE_MODES)
+        check_choice("--stack", self.stack, STACKS)
+        if self.precision is not None:
+            check_choice("--precision", self.precision, PRECISIONS)
+        if self.attention is not None:
+            check_choice("--attention", self.attention, ATTENTION_KERNELS)
         stack = Stack(self.stack)
         object.__setattr__(self, "stack", stack)
         object.__setattr__(self, "precision", Precision(self.precision) if self.precision is not None else DEFAULT_PRECISION[stack])
@@ -239,11 +249,9 @@ class ParallelConfig:
         object.__setattr__(self, "schedule", Schedule(self.schedule))
         object.__setattr__(self, "recompute", Recompute(self.recompute))
         self._check_plannable()
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        check_choice("--optimizer", self.optimizer, OPTIMIZERS)
         object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        check_zero_stage(self.zero_stage)
         per_step = self.micro_batch_size * self.dp_size
         if self.global_batch_size % per_step:
             raise ConfigError(
@@ -258,8 +266,7 @@ class ParallelConfig:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
         if self.schedule is Schedule.INTERLEAVED and self.virtual_stages < 2:
             raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
-        if self.cp_scheme not in CP_SCHEMES:
-            raise ConfigError(f"unknown --cp-scheme {self.cp_scheme!r}; choose one of {', '.join(CP_SCHEMES)}")
+        check_choice("--cp-scheme", self.cp_scheme, CP_SCHEMES)
         object.__setattr__(self, "cp_scheme", CpScheme(self.cp_scheme))
         if not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
             raise ConfigError(f"--capacity-factor must be positive, got {self.capacity_factor!r}")

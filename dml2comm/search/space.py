@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from dml2comm.errors import ConfigError
-from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, CpScheme, ParallelConfig
+from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, CpScheme, ParallelConfig, check_choice, check_zero_stage
 
 __all__ = ["Constraints", "divisors", "enumerate_configs", "parse_int_list", "parse_name_list"]
 
@@ -113,10 +113,14 @@ class Constraints:
         for flag, values in (("--micro-batch-sizes", self.micro_batch_sizes), ("--virtual-stages", self.virtual_stages)):
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ConfigError(f"{flag} expects positive integers, got {values!r}; e.g. {flag} 1,2,4")
-        if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
-            raise ConfigError(f"--zero expects stages from 0,1,2,3, got {self.zero_stages!r}; e.g. --zero 0,1")
-        if not self.recompute or any(r not in RECOMPUTE_MODES for r in self.recompute):
-            raise ConfigError(f"--recompute expects a subset of {','.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
+        if not self.zero_stages:
+            raise ConfigError("--zero is empty; give at least one stage, e.g. --zero 0,1")
+        for z in self.zero_stages:  # the configuration's own checks and words (parallel.config)
+            check_zero_stage(z)
+        if not self.recompute:
+            raise ConfigError(f"--recompute is empty; give a subset of {','.join(RECOMPUTE_MODES)}")
+        for r in self.recompute:
+            check_choice("--recompute", r, RECOMPUTE_MODES)
         if not self.sequence_parallel:
             raise ConfigError("sequence parallelism must allow on, off or both")
         for flag, values in (("--cp", self.cp), ("--ep", self.ep)):
@@ -125,8 +129,7 @@ class Constraints:
             bad = [v for v in values if num_gpus % v]
             if bad:
                 raise ConfigError(f"{flag} {bad[0]} does not divide --gpus {num_gpus}; choose from {divisors(num_gpus)}")
-        if self.cp_scheme not in CP_SCHEMES:
-            raise ConfigError(f"--cp-scheme must be ulysses or ring, got {self.cp_scheme!r}")
+        check_choice("--cp-scheme", self.cp_scheme, CP_SCHEMES)
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
 
