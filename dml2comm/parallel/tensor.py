@@ -154,6 +154,10 @@ class _State:
         return _State("S", axis, self.origin, self.outer)
 
 
+#: The state of every tensor no rule split (states are never mutated: one shared instance).
+_REPLICATED = _State(R)
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionCore:
     """One scaled-dot-product attention ``softmax(Q.K^T [+ mask]) . V`` found in the graph.
@@ -586,6 +590,9 @@ class _Propagation:
         # partial sums a bias was added to: the op that made them (the reduction belongs to it)
         self.origin: dict[str, int] = {}
         self.summed: set[str] = set()  # sums of partial sums (a parallel block's attention + MLP outputs)
+        # (tensor, split axis) -> the rank's view: one Tensor per split, not one per read (a
+        # tensor is read as an output and by each consumer; _split_shape is pure in its inputs)
+        self.views: dict[tuple[str, int], Tensor] = {}
 
     # ------------------------------------------------------------------ tensor views and states
 
@@ -599,15 +606,22 @@ class _Propagation:
             axis = self.weight_split.get(base)
             if axis is None:
                 return tensor
-            own_axis = perm.index(axis) if perm else axis
-            return _split_shape(tensor, own_axis, self.t, self.vocab_rows)
+            return self._split_view(tensor, perm.index(axis) if perm else axis)
         st = self.states.get(name)
         if st is None or st.kind != "S":
             return tensor
-        return _split_shape(tensor, st.axis, self.t, self.vocab_rows)
+        return self._split_view(tensor, st.axis)
+
+    def _split_view(self, tensor: Tensor, axis: int) -> Tensor:
+        """:func:`_split_shape` of ``tensor`` on ``axis``, once per (tensor, axis)."""
+        key = (tensor.name, axis)
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = _split_shape(tensor, axis, self.t, self.vocab_rows)
+        return view
 
     def state(self, name: str) -> _State:
-        return self.states.get(name) or _State(R)
+        return self.states.get(name) or _REPLICATED
 
     def nbytes(self, name: str) -> float:
         tensor = self.graph.tensor(name)
