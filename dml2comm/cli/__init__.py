@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.gc_tuning import collect_rarely
 
 __all__ = ["main"]
 
@@ -33,28 +34,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-#: The cyclic garbage collector's thresholds while a command runs.  An analysis allocates
-#: millions of small objects that live to the end (the graph, its shards, the op costs) and
-#: almost no cycles, so CPython's default young-generation threshold of 700 allocations runs
-#: some 400 collections, each walking the survivors, for nothing: 50,000 cuts the 70B
-#: analysis's CPU time by about 8% (benchmarks/bench_analysis.py; min CPU seconds of five runs,
-#: 1.08 -> 0.99 in-process), outputs unchanged.  Cycles are still collected, later.
-GC_THRESHOLDS = (50_000, 10, 10)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    import gc
     import signal
     import threading
 
     own = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
-    thresholds = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
     try:
-        return _main(argv)
+        with collect_rarely():  # dml2comm.gc_tuning: fewer needless collections of the analysis's objects
+            return _main(argv)
     finally:
-        gc.set_threshold(*thresholds)
         if own:
             signal.signal(signal.SIGTERM, previous)
 
