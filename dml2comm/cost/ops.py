@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.calibrated import NORM_OPS, class_value
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
@@ -53,7 +53,7 @@ from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES, AttentionKernel, Precision, Stack
-from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
+from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
            "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts",
@@ -563,7 +563,7 @@ def attention_head_views(graph: OpGraph) -> frozenset[int]:
     and so does the tool.  The Split's backward, assembling the projection's gradient from the
     three, stays a copy (``SplitBackward``); the Transposes' backward are views."""
     def build() -> frozenset[int]:
-        cores = find_attention(graph)
+        cores = attention_cores_of(graph)
         targets = {c.scores_op for c in cores} | {c.context_op for c in cores}
         # every layout op reachable backwards from the cores' operands (P.V: its V operand only)
         chain: set[int] = set()

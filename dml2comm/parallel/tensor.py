@@ -506,15 +506,19 @@ def shard_tensor_parallel(
     sequence_parallel: bool = False,
     dtype_bytes: int = 2,
     needs_grad: frozenset[str] | None = None,
+    cores: tuple[AttentionCore, ...] | None = None,
 ) -> TensorParallelPlan:
     """Propagate tensor-parallel sharding through ``graph`` (see module docstring).
+
+    ``needs_grad`` (:func:`requires_grad`) and ``cores`` (:func:`find_attention`) depend on the
+    graph alone: a caller sharding one graph several ways passes them once computed (None: found here).
 
     Raises
     ------
     ConfigError
         ``tp_size`` does not divide the attention heads or a column-parallel output size.
     """
-    cores = find_attention(graph)
+    cores = find_attention(graph) if cores is None else cores
     heads, kv_heads = _heads_of(cores)
     if tp_size == 1:
         shards = tuple(
