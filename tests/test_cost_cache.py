@@ -107,8 +107,9 @@ def test_shardings_of_one_graph_share_its_attention_cores_and_gradient_set(monke
         calls["grad"] += 1
         return needs(graph)
 
+    monkeypatch.setattr(cache, "find_attention_cores", counted_find)
+    monkeypatch.setattr(tensor, "find_attention", counted_find)
     for module in (cache, tensor):
-        monkeypatch.setattr(module, "find_attention", counted_find)
         monkeypatch.setattr(module, "requires_grad", counted_needs)
     zoo.save(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=128, seq_len=16), tmp_path / "gpt.onnx")
     graph = load_model(str(tmp_path / "gpt.onnx"), ImportOptions(batch_size=1)).graph

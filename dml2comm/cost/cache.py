@@ -38,7 +38,7 @@ from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
 from dml2comm.parallel.context import AttentionSite, find_attention
 from dml2comm.parallel.expert import MoEInfo, find_moe
 from dml2comm.parallel.pipeline import parameter_layers, weight_derived
-from dml2comm.parallel.tensor import AttentionCore, TensorParallelPlan, find_attention, requires_grad, shard_tensor_parallel
+from dml2comm.parallel.tensor import AttentionCore, TensorParallelPlan, find_attention as find_attention_cores, requires_grad, shard_tensor_parallel
 
 __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
            "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "FlashCoresKey",
@@ -196,7 +196,7 @@ class AttentionCoresKey(CacheKey):
 
 def attention_cores_of(graph: OpGraph) -> tuple[AttentionCore, ...]:
     """:func:`~dml2comm.parallel.tensor.find_attention` of ``graph``, once."""
-    return derived(graph, AttentionCoresKey(), lambda: tuple(find_attention(graph)))
+    return derived(graph, AttentionCoresKey(), lambda: tuple(find_attention_cores(graph)))
 
 
 def needs_grad_of(graph: OpGraph) -> frozenset[str]:
