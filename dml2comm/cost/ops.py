@@ -36,7 +36,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
 from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
@@ -146,6 +147,11 @@ class OpCostTableKey(CacheKey):
 @dataclass(frozen=True, slots=True)
 class FusedGroupsKey(CacheKey):
     """Fused kernels of two or more ops with their crossing tensors (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FusedKernelsKey(CacheKey):
+    """:func:`fused_kernels` (the graph and its layers, which the graph fixes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,7 +507,7 @@ class GradientFork(NamedTuple):
     repeat: int  #: times the reader runs (Loop/Scan bodies)
 
 
-def gradient_forks(graph: OpGraph, regions: dict[int, int] | None = None) -> tuple[GradientFork, ...]:
+def gradient_forks(graph: OpGraph, regions: Mapping[int, int] | None = None) -> tuple[GradientFork, ...]:
     """The activations whose gradient is a sum: read by two or more kernels whose outputs need a
     gradient (:func:`~dml2comm.parallel.tensor.requires_grad`).
 
@@ -592,7 +598,7 @@ def attention_head_views(graph: OpGraph) -> frozenset[int]:
 
 def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool],
                      unfused: frozenset[int] = frozenset(), fp32_casts: bool = False,
-                     regions: dict[int, int] | None = None, flash: Sequence[FlashCore] = ()) -> list[tuple[int, int]]:
+                     regions: Mapping[int, int] | None = None, flash: Sequence[FlashCore] = ()) -> list[tuple[int, int]]:
     """(forward, backward) kernels each op launches (:func:`dml2comm.cost.host.kernel_counts`):
     one per pass with FLOPs or bytes (two for a GEMM's backward), one per fused region of two or
     more ops (``regions``, :func:`kernel_regions`; None: :func:`fused_kernels`), except the ops in
@@ -679,7 +685,7 @@ def _operands(tensors: Sequence[Tensor | None]) -> tuple:
 
 
 # ----------------------------------------------------------------------------- fused kernels
-def fused_kernels(graph: OpGraph) -> dict[int, int]:
+def fused_kernels(graph: OpGraph) -> Mapping[int, int]:
     """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
     (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
     kernel, and so does an op reading a tensor that another kind of op also reads, or that an op
@@ -690,7 +696,13 @@ def fused_kernels(graph: OpGraph) -> dict[int, int]:
     therefore never span layers, also where a norm is exported as point-wise ops that read the
     residual stream directly (Llama's RMSNorm: ``Pow``, ``Mul``), and a block costs the same
     wherever it sits in a run of identical blocks (what the collapse, :mod:`dml2comm.ir.repeats`,
-    relies on)."""
+    relies on).  Found once per graph (read-only: the op costs, kernel counts and gradient forks
+    of every configuration read it)."""
+    return derived(graph, FusedKernelsKey(), lambda: MappingProxyType(_fused_kernels(graph)))
+
+
+def _fused_kernels(graph: OpGraph) -> dict[int, int]:
+    """:func:`fused_kernels`, computed."""
     layer_of = layers_of(graph).layer_of_op
 
     def joins(name: str, producer: int) -> bool:
