@@ -274,10 +274,24 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     norm_eff = hbm_efficiency_of(gpu, "norm")
+    # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operands):
+    # once per tensor, not per read (the shards share their tensors; they outlive this loop)
+    seen: dict[tuple[str, int], tuple[Tensor | None, tuple | None]] = {}
+
+    def operands(names: Sequence[str], tensors: Sequence[Tensor | None]) -> tuple[tuple, tuple]:
+        found = []
+        for name, t in zip(names, tensors):
+            got = seen.get((name, id(t)))
+            if got is None:
+                view = train_view(name, t)
+                got = seen[(name, id(t))] = (view, None if view is None else (view.shape, view.dtype, view.is_weight, view.is_input))
+            found.append(got)
+        return tuple([v for v, _ in found]), tuple([o for _, o in found])
+
     for op, shard in zip(graph.ops, tp.shards):
-        ins = tuple(train_view(n, t) for n, t in zip(op.inputs, shard.inputs))
-        outs = tuple(train_view(n, t) for n, t in zip(op.outputs, shard.outputs))
-        key = (signature[op.index], _operands(ins), _operands(outs))
+        ins, read_ins = operands(op.inputs, shard.inputs)
+        outs, read_outs = operands(op.outputs, shard.outputs)
+        key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
