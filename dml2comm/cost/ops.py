@@ -274,7 +274,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     norm_eff = hbm_efficiency_of(gpu, "norm")
-    # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operands):
+    # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
     # once per tensor, not per read (the shards share their tensors; they outlive this loop)
     seen: dict[tuple[str, int], tuple[Tensor | None, tuple | None]] = {}
 
@@ -284,7 +284,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             got = seen.get((name, id(t)))
             if got is None:
                 view = train_view(name, t)
-                got = seen[(name, id(t))] = (view, None if view is None else (view.shape, view.dtype, view.is_weight, view.is_input))
+                got = seen[(name, id(t))] = (view, _operand(view))
             found.append(got)
         return tuple([v for v, _ in found]), tuple([o for _, o in found])
 
@@ -693,9 +693,9 @@ def _op_signatures(graph: OpGraph) -> list[str]:
     return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}:x{op.repeat}" for op in graph.ops]
 
 
-def _operands(tensors: Sequence[Tensor | None]) -> tuple:
-    """What a cost rule reads of an op's operands: shapes, element types and kinds."""
-    return tuple(None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input) for t in tensors)
+def _operand(t: Tensor | None) -> tuple | None:
+    """What a cost rule reads of an operand: its shape, element type and kind."""
+    return None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input)
 
 
 # ----------------------------------------------------------------------------- fused kernels
