@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from dml2comm.advice import alignment_recommendations, memory_suggestions, speed_recommendations
-from dml2comm.cost.cache import (attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
+from dml2comm.cost.cache import (attention_cores_of, attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, hbm_efficiency_of
 from dml2comm.fmt import fmt_s
@@ -48,7 +48,7 @@ from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Schedule, 
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
-from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
+from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.levels import compile_schedule
 from dml2comm.validate.bands import expected_error_for, profile_expected_error
@@ -477,7 +477,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
            "one kernel per op as eager PyTorch runs it (a linear layer's bias add in the GEMM's epilogue)")
     )
     if config.attention is AttentionKernel.FLASH:
-        cores, flash = find_attention(graph), flash_cores_of(graph)
+        cores, flash = attention_cores_of(graph), flash_cores_of(graph)
         if cores:
             assumptions.append(
                 f"attention: {len(flash)} of {len(cores)} attention cores run as one flash kernel each "

@@ -88,3 +88,31 @@ def test_every_value_on_a_graph_is_under_a_typed_key(gpt):
     FastEvaluator(gpt, cluster).evaluate([config])
     assert gpt.graph.derived and all(isinstance(k, CacheKey) for k in gpt.graph.derived)
     assert derived(gpt.graph, LayersKey(), lambda: None) is not None  # filled by the analysis
+
+
+def test_shardings_of_one_graph_share_its_attention_cores_and_gradient_set(monkeypatch, tmp_path):
+    """What every tensor-parallel sharding reads but no sharding changes (the attention cores, the
+    tensors that need a gradient) is found once per graph, however many (t, SP) it is sharded by."""
+    import dml2comm.cost.cache as cache
+    import dml2comm.parallel.tensor as tensor
+
+    calls = {"cores": 0, "grad": 0}
+    find, needs = tensor.find_attention, tensor.requires_grad
+
+    def counted_find(graph):
+        calls["cores"] += 1
+        return find(graph)
+
+    def counted_needs(graph):
+        calls["grad"] += 1
+        return needs(graph)
+
+    monkeypatch.setattr(cache, "find_attention_cores", counted_find)
+    monkeypatch.setattr(tensor, "find_attention", counted_find)
+    for module in (cache, tensor):
+        monkeypatch.setattr(module, "requires_grad", counted_needs)
+    zoo.save(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=128, seq_len=16), tmp_path / "gpt.onnx")
+    graph = load_model(str(tmp_path / "gpt.onnx"), ImportOptions(batch_size=1)).graph
+    plans = [cache.tensor_parallel_of(graph, t, sp, 2) for t in (2, 4) for sp in (False, True)]
+    assert len({id(p) for p in plans}) == 4 and all(p.heads == 4 for p in plans)
+    assert calls == {"cores": 1, "grad": 1}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.gc_tuning import collect_rarely
 
 __all__ = ["main"]
 
@@ -40,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if own else None
     try:
-        return _main(argv)
+        with collect_rarely():  # dml2comm.gc_tuning: fewer needless collections of the analysis's objects
+            return _main(argv)
     finally:
         if own:
             signal.signal(signal.SIGTERM, previous)

@@ -38,12 +38,13 @@ from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
 from dml2comm.parallel.context import AttentionSite, find_attention
 from dml2comm.parallel.expert import MoEInfo, find_moe
 from dml2comm.parallel.pipeline import parameter_layers, weight_derived
-from dml2comm.parallel.tensor import TensorParallelPlan, requires_grad, shard_tensor_parallel
+from dml2comm.parallel.tensor import AttentionCore, TensorParallelPlan, find_attention as find_attention_cores, requires_grad, shard_tensor_parallel
 
 __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
            "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "FlashCoresKey",
            "Fp32IslandsKey", "layers_of", "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of",
-           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of"]
+           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of",
+           "AttentionCoresKey", "attention_cores_of"]
 
 T = TypeVar("T")
 
@@ -181,9 +182,21 @@ def collapsed_of(graph: OpGraph) -> Collapsed | None:
 
 
 def tensor_parallel_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype_bytes: int) -> TensorParallelPlan:
-    """:func:`~dml2comm.parallel.tensor.shard_tensor_parallel` of ``graph``, once per (t, SP, bytes per element)."""
+    """:func:`~dml2comm.parallel.tensor.shard_tensor_parallel` of ``graph``, once per (t, SP, bytes per element);
+    the tensors that need a gradient and the attention cores, which every sharding reads, once per graph."""
     return derived(graph, TensorParallelKey(tp_size, sequence_parallel, dtype_bytes),
-                   lambda: shard_tensor_parallel(graph, tp_size, sequence_parallel, dtype_bytes))
+                   lambda: shard_tensor_parallel(graph, tp_size, sequence_parallel, dtype_bytes, needs_grad_of(graph),
+                                                 attention_cores_of(graph)))
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCoresKey(CacheKey):
+    """The attention cores (:func:`dml2comm.parallel.tensor.find_attention`): the graph alone."""
+
+
+def attention_cores_of(graph: OpGraph) -> tuple[AttentionCore, ...]:
+    """:func:`~dml2comm.parallel.tensor.find_attention` of ``graph``, once."""
+    return derived(graph, AttentionCoresKey(), lambda: tuple(find_attention_cores(graph)))
 
 
 def needs_grad_of(graph: OpGraph) -> frozenset[str]:

@@ -36,10 +36,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.calibrated import NORM_OPS, class_value
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
@@ -53,7 +54,7 @@ from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES, AttentionKernel, Precision, Stack
-from dml2comm.parallel.tensor import TensorParallelPlan, find_attention
+from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
            "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts",
@@ -146,6 +147,11 @@ class OpCostTableKey(CacheKey):
 @dataclass(frozen=True, slots=True)
 class FusedGroupsKey(CacheKey):
     """Fused kernels of two or more ops with their crossing tensors (the graph alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FusedKernelsKey(CacheKey):
+    """:func:`fused_kernels` (the graph and its layers, which the graph fixes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,10 +274,24 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     norm_eff = hbm_efficiency_of(gpu, "norm")
+    # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
+    # once per tensor, not per read (the shards share their tensors; they outlive this loop)
+    seen: dict[tuple[str, int], tuple[Tensor | None, tuple | None]] = {}
+
+    def operands(names: Sequence[str], tensors: Sequence[Tensor | None]) -> tuple[tuple, tuple]:
+        found = []
+        for name, t in zip(names, tensors):
+            got = seen.get((name, id(t)))
+            if got is None:
+                view = train_view(name, t)
+                got = seen[(name, id(t))] = (view, _operand(view))
+            found.append(got)
+        return tuple([v for v, _ in found]), tuple([o for _, o in found])
+
     for op, shard in zip(graph.ops, tp.shards):
-        ins = tuple(train_view(n, t) for n, t in zip(op.inputs, shard.inputs))
-        outs = tuple(train_view(n, t) for n, t in zip(op.outputs, shard.outputs))
-        key = (signature[op.index], _operands(ins), _operands(outs))
+        ins, read_ins = operands(op.inputs, shard.inputs)
+        outs, read_outs = operands(op.outputs, shard.outputs)
+        key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
@@ -501,7 +521,7 @@ class GradientFork(NamedTuple):
     repeat: int  #: times the reader runs (Loop/Scan bodies)
 
 
-def gradient_forks(graph: OpGraph, regions: dict[int, int] | None = None) -> tuple[GradientFork, ...]:
+def gradient_forks(graph: OpGraph, regions: Mapping[int, int] | None = None) -> tuple[GradientFork, ...]:
     """The activations whose gradient is a sum: read by two or more kernels whose outputs need a
     gradient (:func:`~dml2comm.parallel.tensor.requires_grad`).
 
@@ -563,7 +583,7 @@ def attention_head_views(graph: OpGraph) -> frozenset[int]:
     and so does the tool.  The Split's backward, assembling the projection's gradient from the
     three, stays a copy (``SplitBackward``); the Transposes' backward are views."""
     def build() -> frozenset[int]:
-        cores = find_attention(graph)
+        cores = attention_cores_of(graph)
         targets = {c.scores_op for c in cores} | {c.context_op for c in cores}
         # every layout op reachable backwards from the cores' operands (P.V: its V operand only)
         chain: set[int] = set()
@@ -592,7 +612,7 @@ def attention_head_views(graph: OpGraph) -> frozenset[int]:
 
 def op_kernel_counts(graph: OpGraph, costs: Sequence[OpCost], is_gemm: Sequence[bool],
                      unfused: frozenset[int] = frozenset(), fp32_casts: bool = False,
-                     regions: dict[int, int] | None = None, flash: Sequence[FlashCore] = ()) -> list[tuple[int, int]]:
+                     regions: Mapping[int, int] | None = None, flash: Sequence[FlashCore] = ()) -> list[tuple[int, int]]:
     """(forward, backward) kernels each op launches (:func:`dml2comm.cost.host.kernel_counts`):
     one per pass with FLOPs or bytes (two for a GEMM's backward), one per fused region of two or
     more ops (``regions``, :func:`kernel_regions`; None: :func:`fused_kernels`), except the ops in
@@ -673,13 +693,13 @@ def _op_signatures(graph: OpGraph) -> list[str]:
     return [f"{op.domain}:{op.op_type}:{sorted(op.attrs.items())!r}:x{op.repeat}" for op in graph.ops]
 
 
-def _operands(tensors: Sequence[Tensor | None]) -> tuple:
-    """What a cost rule reads of an op's operands: shapes, element types and kinds."""
-    return tuple(None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input) for t in tensors)
+def _operand(t: Tensor | None) -> tuple | None:
+    """What a cost rule reads of an operand: its shape, element type and kind."""
+    return None if t is None else (t.shape, t.dtype, t.is_weight, t.is_input)
 
 
 # ----------------------------------------------------------------------------- fused kernels
-def fused_kernels(graph: OpGraph) -> dict[int, int]:
+def fused_kernels(graph: OpGraph) -> Mapping[int, int]:
     """op index -> kernel id: connected groups of :data:`FUSED_KINDS` ops joined by a tensor
     (union-find), except that an op reading a :data:`REGION_ENDS` op's output starts a new
     kernel, and so does an op reading a tensor that another kind of op also reads, or that an op
@@ -690,7 +710,13 @@ def fused_kernels(graph: OpGraph) -> dict[int, int]:
     therefore never span layers, also where a norm is exported as point-wise ops that read the
     residual stream directly (Llama's RMSNorm: ``Pow``, ``Mul``), and a block costs the same
     wherever it sits in a run of identical blocks (what the collapse, :mod:`dml2comm.ir.repeats`,
-    relies on)."""
+    relies on).  Found once per graph (read-only: the op costs, kernel counts and gradient forks
+    of every configuration read it)."""
+    return derived(graph, FusedKernelsKey(), lambda: MappingProxyType(_fused_kernels(graph)))
+
+
+def _fused_kernels(graph: OpGraph) -> dict[int, int]:
+    """:func:`fused_kernels`, computed."""
     layer_of = layers_of(graph).layer_of_op
 
     def joins(name: str, producer: int) -> bool:

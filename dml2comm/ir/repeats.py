@@ -96,7 +96,8 @@ def _signatures(graph: OpGraph, layered: LayeredGraph) -> list[tuple]:
                     refs.append(("X", name))
             outs = tuple((graph.tensors[o].shape, graph.tensors[o].dtype) if o and o in graph.tensors else None
                          for o in op.outputs)
-            ops.append((op.op_type, op.domain, _freeze(dict(op.attrs)), tuple(refs), outs))
+            attrs = tuple(sorted((k, _freeze(v)) for k, v in op.attrs.items())) if op.attrs else ()  # _freeze(dict(op.attrs))
+            ops.append((op.op_type, op.domain, attrs, tuple(refs), outs))
         out.append((layer.kind, tuple(ops)))
     return out
 

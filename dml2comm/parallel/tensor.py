@@ -154,6 +154,10 @@ class _State:
         return _State("S", axis, self.origin, self.outer)
 
 
+#: The state of every tensor no rule split (states are never mutated: one shared instance).
+_REPLICATED = _State(R)
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionCore:
     """One scaled-dot-product attention ``softmax(Q.K^T [+ mask]) . V`` found in the graph.
@@ -502,15 +506,19 @@ def shard_tensor_parallel(
     sequence_parallel: bool = False,
     dtype_bytes: int = 2,
     needs_grad: frozenset[str] | None = None,
+    cores: tuple[AttentionCore, ...] | None = None,
 ) -> TensorParallelPlan:
     """Propagate tensor-parallel sharding through ``graph`` (see module docstring).
+
+    ``needs_grad`` (:func:`requires_grad`) and ``cores`` (:func:`find_attention`) depend on the
+    graph alone: a caller sharding one graph several ways passes them once computed (None: found here).
 
     Raises
     ------
     ConfigError
         ``tp_size`` does not divide the attention heads or a column-parallel output size.
     """
-    cores = find_attention(graph)
+    cores = find_attention(graph) if cores is None else cores
     heads, kv_heads = _heads_of(cores)
     if tp_size == 1:
         shards = tuple(
@@ -586,12 +594,15 @@ class _Propagation:
         # partial sums a bias was added to: the op that made them (the reduction belongs to it)
         self.origin: dict[str, int] = {}
         self.summed: set[str] = set()  # sums of partial sums (a parallel block's attention + MLP outputs)
+        # (tensor, split axis) -> the rank's view: one Tensor per split, not one per read (a
+        # tensor is read as an output and by each consumer; _split_shape is pure in its inputs)
+        self.views: dict[tuple[str, int], Tensor] = {}
 
     # ------------------------------------------------------------------ tensor views and states
 
     def local(self, name: str) -> Tensor | None:
         """The shape one rank holds of ``name``: split weights and split activations cut by t."""
-        tensor = self.graph.tensor(name)
+        tensor = self.graph.tensors.get(name) if name else None  # graph.tensor(name), without the call
         if tensor is None:
             return None
         if tensor.is_weight or name in self.weight_alias:
@@ -599,15 +610,23 @@ class _Propagation:
             axis = self.weight_split.get(base)
             if axis is None:
                 return tensor
-            own_axis = perm.index(axis) if perm else axis
-            return _split_shape(tensor, own_axis, self.t, self.vocab_rows)
+            return self._split_view(tensor, perm.index(axis) if perm else axis)
         st = self.states.get(name)
         if st is None or st.kind != "S":
             return tensor
-        return _split_shape(tensor, st.axis, self.t, self.vocab_rows)
+        view = self.views.get((name, st.axis))  # _split_view's cache, read inline: the common case
+        return view if view is not None else self._split_view(tensor, st.axis)
+
+    def _split_view(self, tensor: Tensor, axis: int) -> Tensor:
+        """:func:`_split_shape` of ``tensor`` on ``axis``, once per (tensor, axis)."""
+        key = (tensor.name, axis)
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = _split_shape(tensor, axis, self.t, self.vocab_rows)
+        return view
 
     def state(self, name: str) -> _State:
-        return self.states.get(name) or _State(R)
+        return self.states.get(name) or _REPLICATED
 
     def nbytes(self, name: str) -> float:
         tensor = self.graph.tensor(name)
@@ -696,21 +715,28 @@ class _Propagation:
     def step(self, op: Op) -> None:
         """Apply ``op``'s rule: reduce or keep its partial-sum inputs, find its output's state, record its shard."""
         ins = list(op.inputs)
-        act_ins = [n for n in ins if n and self.weight_of(n) is None and self.graph.tensor(n) is not None]
-        out_state, rule = self._partial_sums(op, ins, act_ins)
+        tensors, alias = self.graph.tensors, self.weight_alias
+        # activations: not a weight, nor a view of one (weight_of None), and known to the graph
+        act_ins = [n for n in ins if n and n not in alias and (t := tensors.get(n)) is not None and not t.is_weight]
+        states = self.states
+        if any((st := states.get(n)) is not None and st.kind == P for n in act_ins):
+            out_state, rule = self._partial_sums(op, ins, act_ins)
+        else:  # no partial sums read: nothing to keep or reduce (_partial_sums' every branch needs one)
+            out_state, rule = _REPLICATED, "replicated"
         factor = 1
         if out_state.kind != P:
             found = self._weight_rule(op, ins)
             out_state, rule, factor = found if found is not None else self._activation_rule(op, act_ins)
-        for o in (o for o in op.outputs if o):
-            if out_state.kind == "S":
-                self.states[o] = out_state.moved(out_state.axis)
-            elif out_state.kind == P:
-                self.states[o] = _State(P)
-        in_views = tuple(self.local(n) if n else None for n in ins)
-        if out_state.kind == "S" and factor > 1:
+        kind = out_state.kind
+        if kind == "S" or kind == P:
+            for o in op.outputs:
+                if o:
+                    states[o] = out_state.moved(out_state.axis) if kind == "S" else _State(P)
+        local = self.local
+        in_views = tuple([local(n) for n in ins])  # local("") is None, as an omitted input's view
+        if kind == "S" and factor > 1:
             in_views = _slice_replicated(self.graph, op, in_views, out_state.axis, self.t, self.vocab_rows)
-        self.shards.append(Shard(in_views, tuple(self.local(n) if n else None for n in op.outputs), factor, rule))
+        self.shards.append(Shard(in_views, tuple([local(n) for n in op.outputs]), factor, rule))
 
     def _partial_sums(self, op: Op, ins: list[str], act_ins: list[str]) -> tuple[_State, str]:
         """Every partial sum is reduced before it is read (P + P excepted, and a bias added to a

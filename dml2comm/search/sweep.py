@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 import onnx
 
 from dml2comm.errors import Dml2CommError
+from dml2comm.gc_tuning import collect_rarely
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
@@ -514,7 +515,8 @@ def run_sweep(
     # in forked workers, from copying its pages by touching them)
     gc.freeze()
     try:
-        interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
+        with collect_rarely():  # the tables the evaluation builds live to its end too (dml2comm.gc_tuning)
+            interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()
     rows.sort(key=lambda r: r["index"])
