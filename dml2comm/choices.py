@@ -19,3 +19,11 @@ class Choice(str, enum.Enum):
 
     __str__ = str.__str__
     __format__ = str.__format__
+
+    @classmethod
+    def of(cls, value):
+        """The member for ``value`` (a member already, or its flag value) by one dict look-up:
+        ``cls(value)`` goes through ``EnumType.__call__``, which a sweep pays once per set per
+        configuration.  Anything else raises as ``cls(value)`` does."""
+        member = cls._value2member_map_.get(value)
+        return member if member is not None else cls(value)

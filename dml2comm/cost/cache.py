@@ -233,7 +233,7 @@ def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, d
     (``flash``: the flash cores keep no scores), an fp32 model under ``torch.autocast(dtype)``
     when ``autocast`` (:func:`~dml2comm.cost.memory.autocasts_activations`: ``--stack pytorch
     --precision amp``), once per those inputs."""
-    stack, attention = Stack(stack), AttentionKernel(attention)
+    stack, attention = Stack.of(stack), AttentionKernel.of(attention)
 
     def build() -> ActivationModel:
         train = DTYPES[dtype]

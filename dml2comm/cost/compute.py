@@ -115,7 +115,7 @@ def optimizer_bytes_per_param(optimizer: str, dtype_bytes: int, precision: Preci
     3), i.e. 7 elements: 28 bytes in fp32 (``amp``), 14 in bf16.  SGD with momentum: param,
     grad, momentum read, param and momentum written, 5 elements.
     """
-    precision, adam = Precision(precision), Optimizer(optimizer).is_adam
+    precision, adam = Precision.of(precision), Optimizer.of(optimizer).is_adam
     if precision is Precision.MIXED:
         copy = dtype_bytes if dtype_bytes < 4 else 0
         grad = dtype_bytes
@@ -164,7 +164,7 @@ def optimizer_step_s(params_local: float, optimizer: str, dtype_bytes: int, hbm_
     gradient clipping (a bare ``opt.step()``, as the measured steps ran; Hugging Face's
     ``Trainer`` clips at ``max_grad_norm=1.0`` with one more pass over the gradients).
     """
-    precision = Precision(precision)
+    precision = Precision.of(precision)
     update = optimizer_bytes_per_param(optimizer, dtype_bytes, precision)
     if precision is Precision.MIXED:
         per_param = update + GRAD_NORM_BYTES_PER_PARAM + (UNSCALE_BYTES_PER_PARAM if loss_scaled else 0)
@@ -231,7 +231,7 @@ def eager_parameter_passes_s(params: float, gemm_params: float, precision: str, 
       Averaged over the ``num_micro_batches`` micro-batches of a step.
     """
     later = (num_micro_batches - 1) / num_micro_batches if num_micro_batches > 1 else 0.0
-    precision = Precision(precision)
+    precision = Precision.of(precision)
     if precision is Precision.AMP:
         fwd = gemm_params * (4 + 2)
         bwd = gemm_params * (2 + 4) + later * params * 3 * 4

@@ -157,7 +157,7 @@ def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: floa
     kernel time (a profiled step's measured / modelled ratios, :mod:`dml2comm.cost.profile`),
     applied before the host's launch time."""
     cast = CE_CAST_BYTES if train_bytes < 4 else 0
-    if Stack(stack) is Stack.PYTORCH:
+    if Stack.of(stack) is Stack.PYTORCH:
         fwd_bytes, bwd_bytes, fwd_kernels, bwd_kernels = HF_FWD_BYTES, HF_BWD_BYTES, HF_FWD_KERNELS, HF_BWD_KERNELS
         if not upcast:
             fwd_bytes, bwd_bytes, cast = fwd_bytes * train_bytes // 4, bwd_bytes * train_bytes // 4, 0
@@ -174,7 +174,7 @@ def loss_memory_bytes(local_logits: float, stack: Stack | str = Stack.MEGATRON, 
     logits on one GPU (module docstring): Hugging Face's fp32 ``log_softmax`` output kept for
     backward and its backward's two fp32 buffers, or with ``upcast`` False the same tensors in
     the logits' dtype (``train_bytes``); none added for Megatron-LM's loss."""
-    if Stack(stack) is Stack.PYTORCH:
+    if Stack.of(stack) is Stack.PYTORCH:
         per = HF_SAVED_BYTES if upcast else train_bytes
         return local_logits * per, local_logits * 2 * per
     return 0.0, 0.0
@@ -190,6 +190,6 @@ def hf_loss_upcasts(causal_cores: int, cores: int, precision: str, train_bytes: 
     ``nll_loss`` run in fp32 either way (autocast's fp32 op list), and fp32 training has nothing
     to upcast.  Decoder-only: the graph has attention cores and every one is causal
     (:class:`dml2comm.cost.attention.FlashCore`)."""
-    if Precision(precision) is Precision.AMP or train_bytes >= 4:
+    if Precision.of(precision) is Precision.AMP or train_bytes >= 4:
         return True
     return cores > 0 and causal_cores == cores

@@ -192,8 +192,8 @@ def state_bytes_per_param(precision: Precision | str = Precision.MIXED, optimize
     per Adam moment (``torch.zeros_like(param)``, torch/optim/adamw.py ``_init_group``).
     ``bf16``: every state in the 16-bit dtype of the parameters.
     """
-    precision = Precision(precision)
-    moments = 2 if Optimizer(optimizer).is_adam else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
+    precision = Precision.of(precision)
+    moments = 2 if Optimizer.of(optimizer).is_adam else 1  # Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer
     if precision is Precision.MIXED:
         k = 12 if moments == 2 else 8
         if dtype_bytes >= 4:
@@ -240,7 +240,7 @@ def amp_weight_copy_bytes(gemm_params, precision: Precision | str, dtype_bytes: 
     GEMM weights (the weight matrices of linear layers, a tied LM head included), kept from the
     forward to the backward of their GEMM (module docstring).  None outside ``amp`` or when the
     training dtype is fp32 (autocast to fp32 casts nothing)."""
-    copies = Precision(precision) is Precision.AMP and dtype_bytes < 4
+    copies = Precision.of(precision) is Precision.AMP and dtype_bytes < 4
     return gemm_params * (AMP_COPY_BYTES if copies else 0)  # float or per-stage array alike
 
 
@@ -255,7 +255,7 @@ def gradients_live_in_backward(stack: Stack | str, num_micro_batches: int) -> bo
     (torch/csrc/autograd/functions/accumulate_grad.h), so with one micro-batch per step none
     exists before backward starts; with gradient accumulation they exist from the first
     micro-batch's backward on, while later micro-batches hold activations."""
-    return Stack(stack) is Stack.MEGATRON or num_micro_batches > 1
+    return Stack.of(stack) is Stack.MEGATRON or num_micro_batches > 1
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ def step_peak_bytes(states: ModelStates, activations, buffers, transient, grads_
 def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int, stage: int, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak (module docstring)."""
     p, m = pp_size, num_micro_batches
-    schedule = Schedule(schedule)
+    schedule = Schedule.of(schedule)
     if schedule is Schedule.GPIPE:
         return float(m)
     count = float(min(p - stage, m))
@@ -441,7 +441,7 @@ AUTOCAST_FP32_OPS = frozenset({
 def autocasts_activations(stack: Stack | str, precision: Precision | str, dtype_bytes: int) -> bool:
     """Whether activations take ``torch.autocast``'s dtypes (:func:`autocast_dtypes`): eager
     PyTorch (``--stack pytorch``) under ``--precision amp`` with a 16-bit autocast dtype."""
-    return Stack(stack) is Stack.PYTORCH and Precision(precision) is Precision.AMP and dtype_bytes < 4
+    return Stack.of(stack) is Stack.PYTORCH and Precision.of(precision) is Precision.AMP and dtype_bytes < 4
 
 
 def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ()) -> dict[str, DType]:
@@ -955,7 +955,7 @@ class ActivationModel:
         """
         ops = list(op_indices)
         members = set(ops)
-        recompute = Recompute(recompute)
+        recompute = Recompute.of(recompute)
         if recompute is Recompute.FULL:
             return self.boundary_bytes(members)
         stored: dict[str, float] = {}

@@ -188,7 +188,7 @@ def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype:
     peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
     train = DTYPES[dtype]
     host = host_model.DEFAULT if host is None else host
-    stack, attention = Stack(stack), AttentionKernel(attention)
+    stack, attention = Stack.of(stack), AttentionKernel.of(attention)
     autocast = autocasts_activations(stack, precision, train.itemsize)
 
     def build() -> OpCosts:
@@ -244,7 +244,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         then the host's per-kernel floor (:func:`dml2comm.cost.host.host_bound_times`, kernels
         by :func:`op_kernel_counts`).
     """
-    stack, attention = Stack(stack), AttentionKernel(attention)
+    stack, attention = Stack.of(stack), AttentionKernel.of(attention)
     eager = stack is Stack.PYTORCH
     fp32 = fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset()
     # under torch.autocast every activation has autocast's dtype (cost.memory.autocast_dtypes):
@@ -420,8 +420,8 @@ def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]
     """op index -> kernel id for the ops that share a kernel: Megatron's fused point-wise
     regions (:func:`fused_kernels`; none in eager PyTorch), and each flash core (its ops, one
     kernel, id its ``P.V`` op) with ``attention`` flash."""
-    regions = {} if Stack(stack) is Stack.PYTORCH else dict(fused_kernels(graph))
-    if AttentionKernel(attention) is AttentionKernel.FLASH:
+    regions = {} if Stack.of(stack) is Stack.PYTORCH else dict(fused_kernels(graph))
+    if AttentionKernel.of(attention) is AttentionKernel.FLASH:
         for core in flash_cores_of(graph):
             for i in core.ops:
                 regions[i] = -1 - core.context_op  # negative: never a fused region's id (an op index)
@@ -861,7 +861,7 @@ def attention_core_flags(graph: OpGraph, seq_len: int | None, attention: str = A
     (Korthikanti et al. 2022, Sec. 5, recompute the core because it keeps ``5 a s / h`` bytes
     per token; a flash core keeps Q, K, V, its output and the log-sum-exp, which the layer
     keeps anyway)."""
-    attention = AttentionKernel(attention)
+    attention = AttentionKernel.of(attention)
 
     def build() -> list[bool]:
         flags = [is_attention_core(graph, i, seq_len) for i in range(len(graph.ops))]

@@ -690,8 +690,8 @@ class Cluster:
                 f"cluster {self.name!r}: collective_library must be one of {', '.join(COLLECTIVE_LIBRARIES)}, "
                 f"got {self.collective_library!r}"
             )
-        object.__setattr__(self, "intra_topology", IntraTopology(self.intra_topology))
-        object.__setattr__(self, "collective_library", CollectiveLibrary(self.collective_library))
+        object.__setattr__(self, "intra_topology", IntraTopology.of(self.intra_topology))
+        object.__setattr__(self, "collective_library", CollectiveLibrary.of(self.collective_library))
         if not (math.isfinite(self.collective_overhead_s) and self.collective_overhead_s >= 0):
             raise ConfigError(f"cluster {self.name!r}: collective_overhead_s must be >= 0, got {self.collective_overhead_s!r}")
         if self.nics_per_node is not None and (not _is_int(self.nics_per_node) or self.nics_per_node < 1):

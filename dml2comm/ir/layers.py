@@ -78,7 +78,7 @@ class Layer:
     op_indices: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", LayerKind(self.kind))
+        object.__setattr__(self, "kind", LayerKind.of(self.kind))
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,7 @@ def collective_time(
                 f"({_RULES[key].home} and {home}); keep one"
             )
         _RULES[key] = AlgorithmRule(
-            kind, algorithm, fn, bytes_sent, home, steps or (lambda n: 0), pattern, formula, AlgorithmFamily(family)
+            kind, algorithm, fn, bytes_sent, home, steps or (lambda n: 0), pattern, formula, AlgorithmFamily.of(family)
         )
         return fn
 

@@ -512,7 +512,7 @@ def available_algorithms(topology: Topology, kind: CollectiveKind, *, ranks: Seq
     uses = topology.uses(ranks)
     if not any(u.extent > 1 for u in uses):
         return registered_algorithms(kind)
-    return tuple(_valid(kind, uses, 1.0, CollectiveLibrary(library), 0.0, 0.0))
+    return tuple(_valid(kind, uses, 1.0, CollectiveLibrary.of(library), 0.0, 0.0))
 
 
 def _check_common(kind: CollectiveKind, message_bytes: float, algorithm: Algorithm | None, library: str, overhead_s: float,
@@ -570,7 +570,7 @@ def cost_on_topology(
         outside the topology.
     """
     size = _check_common(kind, message_bytes, algorithm, library, overhead_s, gamma_s_per_byte)
-    library = CollectiveLibrary(library)  # a flag's string becomes the member the model compares by identity
+    library = CollectiveLibrary.of(library)  # a flag's string becomes the member the model compares by identity
     uses = topology.uses(ranks)
     n = topology.num_ranks if ranks is None else len(set(ranks))
     if ranks is not None and len(set(ranks)) != len(ranks):

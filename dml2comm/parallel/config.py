@@ -230,7 +230,7 @@ class ParallelConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         check_choice("--dtype", self.dtype, DTYPES)
-        object.__setattr__(self, "dtype", DTypeName(self.dtype))
+        object.__setattr__(self, "dtype", DTypeName.of(self.dtype))
         check_choice("--schedule", self.schedule, SCHEDULES)
         check_choice("--recompute", self.recompute, RECOMPUTE_MODES)
         check_choice("--stack", self.stack, STACKS)
@@ -238,19 +238,19 @@ class ParallelConfig:
             check_choice("--precision", self.precision, PRECISIONS)
         if self.attention is not None:
             check_choice("--attention", self.attention, ATTENTION_KERNELS)
-        stack = Stack(self.stack)
+        stack = Stack.of(self.stack)
         object.__setattr__(self, "stack", stack)
-        object.__setattr__(self, "precision", Precision(self.precision) if self.precision is not None else DEFAULT_PRECISION[stack])
-        object.__setattr__(self, "attention", AttentionKernel(self.attention) if self.attention is not None else DEFAULT_ATTENTION[stack])
+        object.__setattr__(self, "precision", Precision.of(self.precision) if self.precision is not None else DEFAULT_PRECISION[stack])
+        object.__setattr__(self, "attention", AttentionKernel.of(self.attention) if self.attention is not None else DEFAULT_ATTENTION[stack])
         if self.precision is Precision.BF16 and self.dtype is not DTypeName.BF16:
             raise ConfigError(f"--precision bf16 holds the whole model in bf16 but --dtype is {self.dtype}; use --dtype bf16 "
                               "or --precision amp/mixed")
         # flag strings become the enums (frozen: set through object.__setattr__)
-        object.__setattr__(self, "schedule", Schedule(self.schedule))
-        object.__setattr__(self, "recompute", Recompute(self.recompute))
+        object.__setattr__(self, "schedule", Schedule.of(self.schedule))
+        object.__setattr__(self, "recompute", Recompute.of(self.recompute))
         self._check_plannable()
         check_choice("--optimizer", self.optimizer, OPTIMIZERS)
-        object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
+        object.__setattr__(self, "optimizer", Optimizer.of(self.optimizer))
         check_zero_stage(self.zero_stage)
         per_step = self.micro_batch_size * self.dp_size
         if self.global_batch_size % per_step:
@@ -267,7 +267,7 @@ class ParallelConfig:
         if self.schedule is Schedule.INTERLEAVED and self.virtual_stages < 2:
             raise ConfigError("--schedule interleaved needs --virtual-stages of 2 or more")
         check_choice("--cp-scheme", self.cp_scheme, CP_SCHEMES)
-        object.__setattr__(self, "cp_scheme", CpScheme(self.cp_scheme))
+        object.__setattr__(self, "cp_scheme", CpScheme.of(self.cp_scheme))
         if not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
             raise ConfigError(f"--capacity-factor must be positive, got {self.capacity_factor!r}")
         if (self.dp_size * self.cp_size) % self.ep_size:

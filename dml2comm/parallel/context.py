@@ -108,7 +108,7 @@ def check_context_parallel(sites: Sequence[AttentionSite], cp: int, tp: int, sch
         raise ConfigError(f"--cp {cp} does not divide the sequence length {seq_len}; choose a --cp that divides it or change --seq-len")
     if not sites:
         raise ConfigError(f"--cp {cp}: the model has no attention (MatMul to [.., s, s] scores) to split by sequence; drop --cp")
-    if CpScheme(scheme) is CpScheme.ULYSSES:
+    if CpScheme.of(scheme) is CpScheme.ULYSSES:
         for site in sites:
             if site.heads is not None and site.heads % (tp * cp):
                 raise ConfigError(
@@ -127,7 +127,7 @@ def context_parallel_comms(sites: Sequence[AttentionSite], cp: int, tp: int, sch
     if cp <= 1:
         return ()
     out: list[CPComm] = []
-    share, ulysses = dtype_bytes / (tp * cp), CpScheme(scheme) is CpScheme.ULYSSES
+    share, ulysses = dtype_bytes / (tp * cp), CpScheme.of(scheme) is CpScheme.ULYSSES
     for site in sites:
         if ulysses:
             before = ((site.q_elems, "Q"), (site.k_elems, "K"), (site.v_elems, "V"))

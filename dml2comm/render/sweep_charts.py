@@ -363,7 +363,7 @@ def efficiency_chart(points: Sequence[EfficiencyPoint], threshold: float, title:
     g.add(f'<line class="d2c-base" x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left + plot_w)}" y2="{svg_number(base)}" stroke="{AXIS_COLOUR}"/>')
     g.add(f'<line x1="{svg_number(left)}" y1="{svg_number(base)}" x2="{svg_number(left)}" y2="{svg_number(top)}" stroke="{AXIS_COLOUR}"/>')
     g.text(left + plot_w / 2, base + 34, "GPUs (log scale)", size=11, anchor="middle", fill=AXIS_COLOUR)
-    what = "T1·N1 / (TN·N)" if ScalingMode(mode) is ScalingMode.STRONG else "T1 / TN"
+    what = "T1·N1 / (TN·N)" if ScalingMode.of(mode) is ScalingMode.STRONG else "T1 / TN"
     g.text(18, top + plot_h / 2, f"efficiency {what}", size=11, anchor="middle", fill=AXIS_COLOUR,
            extra=f' transform="rotate(-90 18 {svg_number(top + plot_h / 2)})"')
     yt = py(threshold)

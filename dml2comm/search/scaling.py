@@ -107,7 +107,7 @@ class ScalingPlan:
     threshold: float = DEFAULT_THRESHOLD
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", ScalingMode(self.mode))
+        object.__setattr__(self, "mode", ScalingMode.of(self.mode))
 
     def batch_for(self, num_gpus: int) -> int:
         if self.mode is ScalingMode.WEAK:
@@ -328,7 +328,7 @@ def breakdown_reason(base: Mapping[str, Any], point: Mapping[str, Any], mode: Sc
     part with the largest excess over it is named, with its share of the time lost."""
     b, q = base["best"], point["best"]
     n1, n = base["gpus"], point["gpus"]
-    strong = ScalingMode(mode) is ScalingMode.STRONG
+    strong = ScalingMode.of(mode) is ScalingMode.STRONG
     ideal = n1 / n if strong else 1.0
     pb, pq = breakdown(b), breakdown(q)
     excess = {k: pq[k] - ideal * pb[k] for k, _ in BREAKDOWN}

@@ -128,7 +128,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     Megatron-LM's interleaved order (GPipe runs its backwards last micro-batch first).
     """
     check_schedule(name, p, m, v)
-    name = Schedule(name)
+    name = Schedule.of(name)
     if name is Schedule.INTERLEAVED and v < 2:
         name = Schedule.ONE_F_ONE_B
     if name is not Schedule.INTERLEAVED:

@@ -47,7 +47,7 @@ def check_schedule(name: str, p: int, m: int, v: int = 1) -> None:
     """Raise :class:`ConfigError` when schedule ``name`` cannot run ``m`` micro-batches on ``p`` stages."""
     if name not in SCHEDULES:
         raise ConfigError(f"unknown schedule {str(name)!r}; choose gpipe, 1f1b or interleaved")
-    if Schedule(name) is Schedule.INTERLEAVED and v >= 2 and m % p:
+    if Schedule.of(name) is Schedule.INTERLEAVED and v >= 2 and m % p:
         raise ConfigError(
             f"the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of --p {p} "
             "(Megatron-LM requires it); change --global-batch-size"
