@@ -89,32 +89,18 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.cost.stages import StageCoster
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.ir.onnx_import import ImportOptions, load_model
-    from dml2comm.parallel.config import Recompute
     from dml2comm.traces.host import host_figures
-    from dml2comm.traces.join import LOSS, OPTIMIZER, graph_gemm_ops, join_trace, token_shape
-    from dml2comm.traces.load import load_trace
+    from dml2comm.traces.join import graph_gemm_ops, join_trace
 
     name = Path(trace_path).name
-    trace = load_trace(trace_path, shapes=True)
-    shape = token_shape(trace)
-    if shape is None:
-        raise ConfigError(f"--profile {name}: the trace records no token ids (aten::embedding with 2-D indices); "
-                          "profile the step with record_shapes=True")
-    b, s = shape
-    gpu_name = gpu or trace_gpu(trace.device or "")
-    if gpu_name is None:
-        raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows; "
-                          "profile on a known GPU or model it with --gpu")
+    trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
     options = options or ImportOptions()
     imported = load_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient))
     layered = layers_of(imported.graph)
     join = join_trace(trace, layered)
     if check_model:
         _check_model(join, layered, name, b, s)
-    one = dataclasses.replace(config, dp_size=1, tp_size=1, pp_size=1, cp_size=1, ep_size=1, micro_batch_size=b,
-                              global_batch_size=b, seq_len=s, sequence_parallel=False, zero_stage=0,
-                              recompute=Recompute.NONE, virtual_stages=1, schedule="1f1b", rank_order="tpd",
-                              tp_comm_overlap=False)
+    one = _one_gpu(config, b, s)
     cluster = make_cluster(gpu_name, 1, 1)
     cluster = dataclasses.replace(cluster, host_model="none", profile_scale=None)
     coster = StageCoster(imported, cluster, collapse=False, lenient=lenient)
@@ -124,6 +110,53 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
                               one.attention, one.precision, None, layered).times  # the layer table's own (cached)
     keys = {i: key for key, _, i in graph_gemm_ops(layered)}
     kinds = [x.kind for x in layered.layers]
+    measured, modelled = _per_kind(join, kinds, table, plan)
+    shared_s = _shared_sum_s(coster, one, cluster) if LayerKind.EMBEDDING in measured else 0.0
+    if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
+        f, b_s = measured["embedding"]
+        measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == LayerKind.EMBEDDING]), 0.0))
+    return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
+            "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
+            "shared_sum_s": shared_s,
+            "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
+            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
+
+
+def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int, str]:
+    """(the trace, its micro-batch and sequence from the token ids, the GPU preset to model it on:
+    ``gpu`` or the trace's device); a one-line :class:`ConfigError` when either is missing."""
+    from dml2comm.traces.join import token_shape
+    from dml2comm.traces.load import load_trace
+
+    name = Path(trace_path).name
+    trace = load_trace(trace_path, shapes=True)
+    shape = token_shape(trace)
+    if shape is None:
+        raise ConfigError(f"--profile {name}: the trace records no token ids (aten::embedding with 2-D indices); "
+                          "profile the step with record_shapes=True")
+    gpu_name = gpu or trace_gpu(trace.device or "")
+    if gpu_name is None:
+        raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows; "
+                          "profile on a known GPU or model it with --gpu")
+    return trace, shape[0], shape[1], gpu_name
+
+
+def _one_gpu(config: Any, b: int, s: int) -> Any:
+    """``config``'s stack, precision, attention, dtype and optimizer on one GPU at the profiled
+    micro-batch ``b`` and sequence ``s``, nothing parallel, recomputed or overlapped."""
+    from dml2comm.parallel.config import Recompute
+
+    return dataclasses.replace(config, dp_size=1, tp_size=1, pp_size=1, cp_size=1, ep_size=1, micro_batch_size=b,
+                               global_batch_size=b, seq_len=s, sequence_parallel=False, zero_stage=0,
+                               recompute=Recompute.NONE, virtual_stages=1, schedule="1f1b", rank_order="tpd",
+                               tp_comm_overlap=False)
+
+
+def _per_kind(join: Any, kinds: list[Any], table: Any, plan: Any) -> tuple[dict, dict]:
+    """Measured and modelled (forward, backward) seconds per layer kind (blocks: the mean of the
+    blocks), the loss and the optimizer step (its forward)."""
+    from dml2comm.traces.join import LOSS, OPTIMIZER
+
     measured: dict[str, tuple[float, float]] = {}
     modelled: dict[str, tuple[float, float]] = {}
     for kind in (LayerKind.EMBEDDING, LayerKind.BLOCK, LayerKind.HEAD):
@@ -133,10 +166,6 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             continue
         measured[kind] = (sum(x.forward_s for x in rows) / len(rows), sum(x.backward_s for x in rows) / len(rows))
         modelled[kind] = (float(table.fwd[idx].sum()) / len(idx), float(table.bwd[idx].sum()) / len(idx))
-    shared_s = _shared_sum_s(coster, one, cluster) if LayerKind.EMBEDDING in measured else 0.0
-    if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
-        f, b_s = measured["embedding"]
-        measured["embedding"] = (f, max(b_s - shared_s / len([x for x in join.layers if x.kind == LayerKind.EMBEDDING]), 0.0))
     by_name = {x.name: x for x in join.layers}
     if table.loss_f is not None and LOSS in by_name:
         measured["loss"] = (by_name[LOSS].forward_s, by_name[LOSS].backward_s)
@@ -144,11 +173,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     if OPTIMIZER in by_name:
         measured["optimizer"] = (by_name[OPTIMIZER].other_s, 0.0)
         modelled["optimizer"] = (float(plan.optimizer.sum()), 0.0)
-    return {"file": name, "sha256": _sha256(trace_path), "micro_batch": b, "seq_len": s, "gpu": cluster.gpu.name,
-            "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
-            "shared_sum_s": shared_s,
-            "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
-            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
+    return measured, modelled
 
 
 def _check_model(join: Any, layered: Any, name: str, b: int, s: int) -> None:
