@@ -30,7 +30,6 @@ ALLOWED_LONG: set[str] = {
     "traces/load.py:_pack",
     "traces/join.py:join_trace",
     "search/sweep.py:run_sweep",
-    "hardware/cluster.py:make_cluster",
 }
 
 

@@ -1076,6 +1076,22 @@ def get_cluster(name: str, num_gpus: int | None = None, nics_per_node: int | Non
     return preset.build(num_gpus, nics_per_node=nics_per_node)
 
 
+def _node_fields(base: Cluster, own_intra: bool) -> dict[str, object]:
+    """The fields :func:`make_cluster` takes from the GPU's usual node ``base`` besides its links:
+    its NICs, collective costing and sources, and (``own_intra``: the intra-node link is the
+    node's) its intra-node topology and NVLink matrix."""
+    extra: dict[str, object] = {
+        "nics_per_node": base.nics_per_node,
+        "collective_library": base.collective_library,
+        "collective_overhead_s": base.collective_overhead_s,
+        "sources": base.sources,
+    }
+    if own_intra:
+        extra["intra_topology"] = base.intra_topology
+        extra["nvlink_matrix"] = base.nvlink_matrix
+    return extra
+
+
 def make_cluster(
     gpu_name: str,
     num_gpus: int,
@@ -1128,16 +1144,7 @@ def make_cluster(
     extra: dict[str, object] = {}
     if preset_name is not None:
         base = CLUSTERS[preset_name].build(num_gpus, gpus_per_node, gpu=gpu, nics_per_node=nics_per_node)
-        assumptions, default_topology = base.assumptions, base.topology
-        extra = {
-            "nics_per_node": base.nics_per_node,
-            "collective_library": base.collective_library,
-            "collective_overhead_s": base.collective_overhead_s,
-            "sources": base.sources,
-        }
-        if intra_node is None:
-            extra["intra_topology"] = base.intra_topology
-            extra["nvlink_matrix"] = base.nvlink_matrix
+        assumptions, default_topology, extra = base.assumptions, base.topology, _node_fields(base, intra_node is None)
         intra_node = intra_node if intra_node is not None else base.intra_node
         inter_node = inter_node if inter_node is not None else base.inter_node
     if collective_library is not None:
