@@ -485,28 +485,38 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
         else:
             (lay_b if col else lay_f)[target] += d
             lay_n[target] += 1
+    op_rows = _op_rows(tops, ops, by_op)
+    layers, attributed, method = _layer_rows(layered, lay_f, lay_b, lay_n, extra, total, phases)
+    blocks = [x.total_s for x in layers if x.kind == LayerKind.BLOCK]
+    spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
+    return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), op_rows,
+                     spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)))
+
+
+def _op_rows(tops: _Tops, ops: np.ndarray, by_op: dict[tuple[str, str], list[float]]) -> tuple[OpTime, ...]:
+    """The :data:`TOP_OPS` operators (by label and phase) with the most GPU time, each with its
+    number of calls in the step."""
     calls: dict[tuple[str, str], set[int]] = {}
     for pos in set(ops.tolist()) - {-1}:
         calls.setdefault((_op_label(tops.names[pos]), tops.phase[pos]), set()).add(pos)
-    op_rows = sorted((OpTime(nm, ph, len(calls.get((nm, ph), ())), v[0]) for (nm, ph), v in by_op.items()),
-                     key=lambda o: (-o.gpu_s, o.name, o.phase))[:TOP_OPS]
-    layers: list[LayerTime] = []
-    if layered is not None:
-        for x in layered.layers:
-            layers.append(LayerTime(x.name, x.kind, lay_f[x.index], lay_b[x.index], 0.0, lay_n[x.index]))
-        for name in (LOSS, OPTIMIZER, UNATTRIBUTED):
-            f, b, o, n = extra[name]
-            layers.append(LayerTime(name, name, f, b, o, int(n)))
-        attributed = total - extra[UNATTRIBUTED][0] - extra[UNATTRIBUTED][1] - extra[UNATTRIBUTED][2]
-        method = (f"forward GEMMs matched to the graph's {len(graph_gemms(layered))} weight GEMMs by (M, N, K); "
-                  f"backward through autograd sequence numbers; layers from {layered.source}")
-    else:
-        attributed = total - phases[Phase.OTHER]
-        method = "kernel -> launch -> operator only (no model)"
-    blocks = [x.total_s for x in layers if x.kind == LayerKind.BLOCK]
-    spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
-    return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), tuple(op_rows),
-                     spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)))
+    return tuple(sorted((OpTime(nm, ph, len(calls.get((nm, ph), ())), v[0]) for (nm, ph), v in by_op.items()),
+                        key=lambda o: (-o.gpu_s, o.name, o.phase))[:TOP_OPS])
+
+
+def _layer_rows(layered: Any, lay_f: list[float], lay_b: list[float], lay_n: list[int], extra: dict[str, list[Any]],
+                total: float, phases: dict[str, float]) -> tuple[list[LayerTime], float, str]:
+    """(one row per layer, then the loss, the optimizer and what was left unattributed; the GPU
+    seconds attributed; how the join was made); without a model, no rows."""
+    if layered is None:
+        return [], total - phases[Phase.OTHER], "kernel -> launch -> operator only (no model)"
+    layers = [LayerTime(x.name, x.kind, lay_f[x.index], lay_b[x.index], 0.0, lay_n[x.index]) for x in layered.layers]
+    for name in (LOSS, OPTIMIZER, UNATTRIBUTED):
+        f, b, o, n = extra[name]
+        layers.append(LayerTime(name, name, f, b, o, int(n)))
+    attributed = total - extra[UNATTRIBUTED][0] - extra[UNATTRIBUTED][1] - extra[UNATTRIBUTED][2]
+    method = (f"forward GEMMs matched to the graph's {len(graph_gemms(layered))} weight GEMMs by (M, N, K); "
+              f"backward through autograd sequence numbers; layers from {layered.source}")
+    return layers, attributed, method
 
 
 def _add(acc: list[Any], col: int, d: float) -> None:
