@@ -28,7 +28,6 @@ ALLOWED_LONG: set[str] = {
     "sim/levels.py:pipeline_end_times_many",
     "sim/levels.py:compile_schedule",
     "traces/load.py:_pack",
-    "search/sweep.py:run_sweep",
 }
 
 

@@ -422,6 +422,38 @@ def _work_of(configs: Sequence[ParallelConfig], chunk: list[int]) -> int:
     return _BLOCK_WEIGHT * len(blocks) + sum(_STEP_WEIGHT + _steps(configs[i]) for i in chunk)
 
 
+def _prepare(evaluator: "Evaluator", num_gpus: int, space: SweepSpace, limit: int | None, fast: bool):
+    """Import the model at the first micro-batch size, enumerate the configurations (the model's
+    fixed batch and the cluster's node size constrain them) and prepare the fast path, with the
+    garbage collector off: the import builds many objects and keeps them all.  Returns (the first
+    import, its micro-batch, the model's shape, the sequence length, the configurations to run,
+    how many the space has)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        first_batch = min(space.constraints.micro_batch_sizes or (1,))
+        first = evaluator.imported(first_batch)
+        shape = model_shape(first)
+        seq_len = space.seq_len or shape["seq_len"]
+        constraints = space.constraints
+        if first.model_batch is not None:  # the model fixes its batch: that is the only micro-batch size
+            constraints = replace(constraints, micro_batch_sizes=(first.model_batch,))
+        cluster = evaluator.cluster(num_gpus)
+        if constraints.gpus_per_node != cluster.gpus_per_node:
+            constraints = replace(constraints, gpus_per_node=cluster.gpus_per_node)
+        configs = list(enumerate_configs(num_gpus, space.global_batch_size, shape["layers"], shape["heads"],
+                                         shape["kv_heads"], seq_len, constraints, shape["experts"]))
+        num_configs = len(configs)
+        if limit is not None:
+            configs = configs[:limit]
+        if fast:
+            evaluator.prepare_fast(first.model_batch or first_batch)
+    finally:
+        if collecting:
+            gc.enable()
+    return first, first_batch, shape, seq_len, configs, num_configs
+
+
 def run_sweep(
     model_path: str,
     num_gpus: int,
@@ -466,31 +498,9 @@ def run_sweep(
         the model cannot be imported (InputFileError / ModelError).
     """
     start = time.perf_counter()
-    collecting = gc.isenabled()
-    gc.disable()  # the import builds many objects and keeps them all: no collector passes over them
-    try:
-        evaluator = Evaluator(model_path, cluster_builder, space.dims, space.seq_len)
-        first_batch = min(space.constraints.micro_batch_sizes or (1,))
-        first = evaluator.imported(first_batch)
-        shape = model_shape(first)
-        seq_len = space.seq_len or shape["seq_len"]
-        constraints = space.constraints
-        if first.model_batch is not None:  # the model fixes its batch: that is the only micro-batch size
-            constraints = replace(constraints, micro_batch_sizes=(first.model_batch,))
-        cluster = evaluator.cluster(num_gpus)
-        if constraints.gpus_per_node != cluster.gpus_per_node:
-            constraints = replace(constraints, gpus_per_node=cluster.gpus_per_node)
-        configs = list(enumerate_configs(num_gpus, space.global_batch_size, shape["layers"], shape["heads"],
-                                         shape["kv_heads"], seq_len, constraints, shape["experts"]))
-        num_configs = len(configs)
-        if limit is not None:
-            configs = configs[:limit]
-        chunks = _chunks(configs)
-        if fast:
-            evaluator.prepare_fast(first.model_batch or first_batch)
-    finally:
-        if collecting:
-            gc.enable()
+    evaluator = Evaluator(model_path, cluster_builder, space.dims, space.seq_len)
+    first, first_batch, shape, seq_len, configs, num_configs = _prepare(evaluator, num_gpus, space, limit, fast)
+    chunks = _chunks(configs)
     total = len(configs)
     rows: list[dict[str, Any]] = []
     interrupted = False
