@@ -27,7 +27,6 @@ ALLOWED_LONG: set[str] = {
     "cost/layers.py:LayerCoster._build_layers",
     "sim/levels.py:pipeline_end_times_many",
     "sim/levels.py:compile_schedule",
-    "traces/load.py:_pack",
 }
 
 

@@ -523,16 +523,7 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
                              "written as strings); the Trace Event Format gives ts and dur as numbers of microseconds: "
                              "export the trace with torch.profiler's export_chrome_trace")
         raise TraceError(f"{path.name!r} is an empty trace: no complete (ph X) events; profile at least one step")
-    thread_names: dict[tuple[Any, Any], str] = {}
-    gpu_pids: set[Any] = set()
-    for e in meta_events:
-        a = e.args
-        if a is None:
-            continue
-        if e.name == "thread_name" and isinstance(a.name, str):
-            thread_names[(e.pid, e.tid)] = a.name
-        elif e.name == "process_labels" and isinstance(a.labels, str) and a.labels.startswith("GPU"):
-            gpu_pids.add(e.pid)
+    thread_names, gpu_pids = _thread_metadata(meta_events)
     cats, cat_id = _ids(list(map(_CAT, xs)))
     kind = np.array([_CATS.get(c.lower(), Kind.OTHER) if isinstance(c, str) else Kind.OTHER for c in cats], dtype=np.int8)[cat_id]
     names, name = _ids(list(map(_NAME, xs)))
@@ -560,6 +551,48 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
     comm_rows = np.flatnonzero(np.isin(name, comm_ids) & ((kind == Kind.CPU_OP) | (kind == Kind.ANNOTATION)))
     info = meta.distributedInfo if isinstance(meta.distributedInfo, dict) else {}
     pg_config = [pg for pg in info.get("pg_config", []) if isinstance(pg, dict)] if isinstance(info.get("pg_config"), list) else []
+    comms = _comm_records(comm_rows, args, names, name, pg_config)
+    extra = _shape_columns(args, kind) if shapes else {}
+    del args
+    rank = _rank_of(info, path, problems)
+    world = _int(info.get("world_size"), -1)
+    if 0 < world <= rank:
+        raise TraceError(f"{path.name!r} is rank {rank} of a world of {world} ranks (distributedInfo), but ranks run 0 to "
+                         f"{world - 1}: the file's distributedInfo (or name) is wrong; pass the traces of one run as written")
+    devices = meta.deviceProperties if isinstance(meta.deviceProperties, list) else []
+    device = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
+    base = meta.baseTimeNanoseconds
+    base_us = float(base) / 1e3 if isinstance(base, (int, float)) and not isinstance(base, bool) else 0.0
+    thread_index = {k: i for i, k in enumerate(threads)}
+    return RankTrace(
+        path=str(path), rank=rank, world_size=world if world > 0 else None, backend=str(info.get("backend") or ""),
+        schema_version=meta.schemaVersion, device=device, base_us=base_us, pg_config=pg_config,
+        names=names, threads=threads, thread_names={thread_index[k]: v for k, v in thread_names.items() if k in thread_index},
+        gpu_pids=gpu_pids, kind=kind, name=name, thread=thread, ts=ts, dur=dur, correlation=corr, stream=stream, comms=comms,
+        ts_float=ts_float, problems=problems, **extra,
+    )
+
+
+def _thread_metadata(meta_events: list[Any]) -> tuple[dict[tuple[Any, Any], str], set[Any]]:
+    """The metadata events' thread names per (pid, tid) and the pids Kineto labels as GPUs."""
+    thread_names: dict[tuple[Any, Any], str] = {}
+    gpu_pids: set[Any] = set()
+    for e in meta_events:
+        a = e.args
+        if a is None:
+            continue
+        if e.name == "thread_name" and isinstance(a.name, str):
+            thread_names[(e.pid, e.tid)] = a.name
+        elif e.name == "process_labels" and isinstance(a.labels, str) and a.labels.startswith("GPU"):
+            gpu_pids.add(e.pid)
+    return thread_names, gpu_pids
+
+
+def _comm_records(comm_rows: np.ndarray, args: list[Any], names: list[Any], name: np.ndarray,
+                  pg_config: list[dict[str, Any]]) -> list[CommRecord]:
+    """One :class:`CommRecord` per communication CPU op or annotation row: its collective, process
+    group (a group known only by its name takes description and ranks from ``pg_config``), sizes,
+    dtype and peer."""
     # a group known only by its name ("Process Group Name": "5") takes description and ranks from pg_config
     by_pg_name = {str(pg.get("pg_name")): (str(pg.get("pg_desc") or ""), _ranks(pg.get("ranks"))) for pg in pg_config
                   if pg.get("pg_name") is not None}
@@ -587,32 +620,19 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
         comms.append(CommRecord(
             idx, coll or nm, pg_name, pg_desc, ranks, max(_int(a.group_size, 0), 0),
             max(_int(a.in_nelems, 0), 0), max(_int(a.out_nelems, 0), 0), str(a.dtype or ""), peer, peer_global))
-    extra = _shape_columns(args, kind) if shapes else {}
-    del args
+    return comms
+
+
+def _rank_of(info: dict[str, Any], path: Path, problems: list[str]) -> int:
+    """The trace's rank: distributedInfo's, else the file name's, else 0 (said in ``problems``)."""
     rank = _int(info.get("rank"), -1)
-    if rank < 0:
-        from_name = rank_from_name(path)
-        if from_name is None:
-            problems.append("no distributedInfo.rank and no rank in the file name; taken as rank 0")
-            rank = 0
-        else:
-            rank = from_name
-    world = _int(info.get("world_size"), -1)
-    if 0 < world <= rank:
-        raise TraceError(f"{path.name!r} is rank {rank} of a world of {world} ranks (distributedInfo), but ranks run 0 to "
-                         f"{world - 1}: the file's distributedInfo (or name) is wrong; pass the traces of one run as written")
-    devices = meta.deviceProperties if isinstance(meta.deviceProperties, list) else []
-    device = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
-    base = meta.baseTimeNanoseconds
-    base_us = float(base) / 1e3 if isinstance(base, (int, float)) and not isinstance(base, bool) else 0.0
-    thread_index = {k: i for i, k in enumerate(threads)}
-    return RankTrace(
-        path=str(path), rank=rank, world_size=world if world > 0 else None, backend=str(info.get("backend") or ""),
-        schema_version=meta.schemaVersion, device=device, base_us=base_us, pg_config=pg_config,
-        names=names, threads=threads, thread_names={thread_index[k]: v for k, v in thread_names.items() if k in thread_index},
-        gpu_pids=gpu_pids, kind=kind, name=name, thread=thread, ts=ts, dur=dur, correlation=corr, stream=stream, comms=comms,
-        ts_float=ts_float, problems=problems, **extra,
-    )
+    if rank >= 0:
+        return rank
+    from_name = rank_from_name(path)
+    if from_name is None:
+        problems.append("no distributedInfo.rank and no rank in the file name; taken as rank 0")
+        return 0
+    return from_name
 
 
 def _raw_value(value: Any) -> Any:
