@@ -20,7 +20,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -399,16 +399,96 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     folded = folded_normalization_warning(graph)
     if folded:
         warnings.append(folded)
-    has_dropout = any(op.op_type == "Dropout" for op in graph.ops)
-    if has_dropout:
-        assumptions.append("dropout: the model's own Dropout nodes (their masks count as activations)")
-    elif config.dropout > 0:
-        assumptions.append(f"dropout: assumed p={config.dropout} on attention probabilities and residual branches (--dropout); "
-                        "the export has no Dropout nodes")
-    else:
-        assumptions.append("dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)")
+    assumptions.append(_dropout_assumption(graph, config))
 
-    # parameters a stage holds a copy of (held_copies: owned by the first stage reading them)
+    # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
+    stages, works = _stage_infos(plan, table, comms, rank_map, copies, readers, stage_of_layer)
+    sim, sim_free = _simulate(config, works, keep_events=timeline)
+    layers_info = tuple(
+        LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
+        for l in layered.layers
+    )
+    ops_info = tuple(
+        OpInfo(op.index, op.name, op.op_type, layered.layer_of_op[op.index], stage_of_op[op.index], costs[op.index],
+               times[op.index][0], times[op.index][1], tp.shards[op.index].factor, tp.shards[op.index].rule,
+               _shape(tp.shards[op.index].outputs))
+        for op in graph.ops
+    )
+    memory = _memory_report(stages, cluster, config)
+    summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
+                                     model_path, memory)
+    band = profile_expected_error(config, cluster, graph.num_params, layered, layers_info, stages, summary.iteration_time_s,
+                                  summary.exposed_comm_time_s)  # --profile: the traces' own band replaces the borrowed one
+    if band is not None:
+        summary = replace(summary, expected_error=band["total"], expected_error_source=band["source"])
+    assumptions.extend(_cost_assumptions(graph, config, cluster, host))
+    if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
+        warnings.append("no repeated blocks found; pipeline stages split whole layers only")
+    if advise and not memory["fits"]:
+        memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
+    recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
+                       if advise else [])
+    if advise:
+        busy = [config.num_micro_batches * (st.time_fwd_s + st.time_bwd_s) for st in stages]
+        recommendations = sorted(recommendations + alignment_recommendations(
+            graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"]), memory["peak_bytes"]),
+            key=lambda r: r["iteration_time_s"])
+    return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
+                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations),
+                    tuple(float(x) for x in sim_free.compute_busy_s), tuple(dict.fromkeys(assumptions)))
+
+
+_MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")
+
+
+def _dropout_assumption(graph: OpGraph, config: ParallelConfig) -> str:
+    """How dropout is counted: the export's own Dropout nodes, else ``--dropout``'s assumed rate."""
+    if any(op.op_type == "Dropout" for op in graph.ops):
+        return "dropout: the model's own Dropout nodes (their masks count as activations)"
+    if config.dropout > 0:
+        return (f"dropout: assumed p={config.dropout} on attention probabilities and residual branches (--dropout); "
+                "the export has no Dropout nodes")
+    return "dropout: none (the export has no Dropout nodes; pass --dropout 0.1 to count a training run's masks)"
+
+
+def _cost_assumptions(graph: OpGraph, config: ParallelConfig, cluster: Cluster, host: Any) -> list[str]:
+    """The compute, attention and host models the times rest on, one sentence each."""
+    out: list[str] = []
+    out.append(
+        f"compute: GEMMs by the tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of peak sustained on "
+        f"{cluster.gpu.name} ({sustained_source(cluster.gpu)}), other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, "
+        f"memory-bound ops at {hbm_efficiency_of(cluster.gpu):.2f} of HBM bandwidth, "
+        + ("point-wise chains fused as Megatron-LM" if config.stack is Stack.MEGATRON else
+           "one kernel per op as eager PyTorch runs it (a linear layer's bias add in the GEMM's epilogue)")
+    )
+    if config.attention is AttentionKernel.FLASH:
+        cores, flash = attention_cores_of(graph), flash_cores_of(graph)
+        if cores:
+            out.append(
+                f"attention: {len(flash)} of {len(cores)} attention cores run as one flash kernel each "
+                f"({sum(c.causal for c in flash)} causal, read off the mask), its time by a law fitted on H100 SDPA "
+                "(benchmarks/fit_flash_h100.py)"
+                + ("; the others (a learned or per-head bias in the scores) are costed as exported" if len(flash) < len(cores) else ""))
+    if host.run_ahead:
+        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
+                     f"{fmt_s(host.gap_s)} of GPU idle per kernel, measured on PyTorch 2.11 traces on an H100; a step waits "
+                     "for the CPU only when its kernels are shorter)")
+    elif host.kernel_s > 0:
+        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel"
+                     + (f" and {fmt_s(host.p2p_s)} per pipeline message" if host.p2p_s else "")
+                     + ", fitted on vTrain's single-node runs; small kernels wait for the CPU)")
+    else:
+        host_text = "host: none (kernel time only, as a CUDA-graph captured step; --host-model eager or pytorch for eager steps)"
+    out.append(host_text)
+    return out
+
+
+def _stage_infos(plan: Any, table: Any, comms: Sequence[CommNode], rank_map: Any, copies: Any,
+                 readers: Mapping[str, Any], stage_of_layer: Sequence[int]) -> tuple[list[StageInfo], list[DeviceWork]]:
+    """Per stage its :class:`StageInfo` (every number from the stage plan: the sweep's, by
+    construction) and the :class:`DeviceWork` the simulator runs; a stage's held copies are the
+    parameters it reads that an earlier stage owns (:func:`dml2comm.parallel.pipeline.held_copies`)."""
+    ranges = table.ranges
     held_names: list[list[str]] = [[] for _ in ranges]
     held_owner: list[set[int]] = [set() for _ in ranges]
     for w, readers_of_w in readers.items():
@@ -416,8 +496,6 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         for s in holders[1:]:
             held_names[s].append(w)
             held_owner[s].add(holders[0])
-
-    # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
     stages: list[StageInfo] = []
     works: list[DeviceWork] = []
     for s, (a, b) in enumerate(ranges):
@@ -451,67 +529,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
                 held_from=tuple(sorted(held_owner[s])),
             )
         )
-    sim, sim_free = _simulate(config, works, keep_events=timeline)
-    layers_info = tuple(
-        LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
-        for l in layered.layers
-    )
-    ops_info = tuple(
-        OpInfo(op.index, op.name, op.op_type, layered.layer_of_op[op.index], stage_of_op[op.index], costs[op.index],
-               times[op.index][0], times[op.index][1], tp.shards[op.index].factor, tp.shards[op.index].rule,
-               _shape(tp.shards[op.index].outputs))
-        for op in graph.ops
-    )
-    memory = _memory_report(stages, cluster, config)
-    summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
-                                     model_path, memory)
-    band = profile_expected_error(config, cluster, graph.num_params, layered, layers_info, stages, summary.iteration_time_s,
-                                  summary.exposed_comm_time_s)  # --profile: the traces' own band replaces the borrowed one
-    if band is not None:
-        summary = replace(summary, expected_error=band["total"], expected_error_source=band["source"])
-    assumptions.append(
-        f"compute: GEMMs by the tile/split-K shape law at {sustained_factor(cluster.gpu):.3f} of peak sustained on "
-        f"{cluster.gpu.name} ({sustained_source(cluster.gpu)}), other FLOP-bound kernels at {FLOP_EFFICIENCY:.3f} of peak, "
-        f"memory-bound ops at {hbm_efficiency_of(cluster.gpu):.2f} of HBM bandwidth, "
-        + ("point-wise chains fused as Megatron-LM" if config.stack is Stack.MEGATRON else
-           "one kernel per op as eager PyTorch runs it (a linear layer's bias add in the GEMM's epilogue)")
-    )
-    if config.attention is AttentionKernel.FLASH:
-        cores, flash = attention_cores_of(graph), flash_cores_of(graph)
-        if cores:
-            assumptions.append(
-                f"attention: {len(flash)} of {len(cores)} attention cores run as one flash kernel each "
-                f"({sum(c.causal for c in flash)} causal, read off the mask), its time by a law fitted on H100 SDPA "
-                "(benchmarks/fit_flash_h100.py)"
-                + ("; the others (a learned or per-head bias in the scores) are costed as exported" if len(flash) < len(cores) else ""))
-    if host.run_ahead:
-        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
-                     f"{fmt_s(host.gap_s)} of GPU idle per kernel, measured on PyTorch 2.11 traces on an H100; a step waits "
-                     "for the CPU only when its kernels are shorter)")
-    elif host.kernel_s > 0:
-        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel"
-                     + (f" and {fmt_s(host.p2p_s)} per pipeline message" if host.p2p_s else "")
-                     + ", fitted on vTrain's single-node runs; small kernels wait for the CPU)")
-    else:
-        host_text = "host: none (kernel time only, as a CUDA-graph captured step; --host-model eager or pytorch for eager steps)"
-    assumptions.append(host_text)
-    if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
-        warnings.append("no repeated blocks found; pipeline stages split whole layers only")
-    if advise and not memory["fits"]:
-        memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
-    recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
-                       if advise else [])
-    if advise:
-        busy = [config.num_micro_batches * (st.time_fwd_s + st.time_bwd_s) for st in stages]
-        recommendations = sorted(recommendations + alignment_recommendations(
-            graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"]), memory["peak_bytes"]),
-            key=lambda r: r["iteration_time_s"])
-    return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
-                    summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations),
-                    tuple(float(x) for x in sim_free.compute_busy_s), tuple(dict.fromkeys(assumptions)))
-
-
-_MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")
+    return stages, works
 
 
 def _memory_report(stages: list[StageInfo], cluster: Cluster, config: ParallelConfig) -> dict[str, Any]:
