@@ -212,15 +212,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     ``advise`` adds memory suggestions when it does not fit and speed recommendations, each
     re-analysed; ``reimport(b)`` (the model bound to micro-batch ``b``) lets them try smaller
     micro-batches.  ``timeline=False`` skips the per-event timeline (sweeps need only the numbers)."""
+    _check_plan(imported, config, cluster)
     graph = imported.graph
     warnings: list[str] = list(imported.warnings)
-    if imported.model_batch is not None and imported.model_batch != config.micro_batch_size:
-        raise ConfigError(
-            f"the model fixes its batch dimension at {imported.model_batch}, but --micro-batch-size is "
-            f"{config.micro_batch_size}; use --micro-batch-size {imported.model_batch} or export with a dynamic batch axis"
-        )
-    if cluster.num_gpus != config.num_gpus:
-        raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p*c = {config.num_gpus}; make them equal")
     layered = layers_of(graph)
     warnings.extend(layered.warnings)
     train = config.train_dtype
@@ -231,7 +225,6 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
 
     gpu = cluster.gpu
     peak = gpu.peak_flops(config.dtype)
-    hbm = gpu.hbm_bytes_per_s
 
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
     # "auto": the stack's (cost.host.STACK_HOST_MODEL); --profile: the one measured from the trace
@@ -243,22 +236,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
     # ---- context and expert parallelism (dml2comm.parallel.context / .expert)
-    cp, ep = config.cp_size, config.ep_size
-    seq_len = config.seq_len or infer_seq_len(graph)
-    attn_sites = attention_sites_of(graph, layered, seq_len) if cp > 1 else ()
-    check_context_parallel(attn_sites, cp, config.tp_size, config.cp_scheme, seq_len)
-    moe = moe_of(graph, layered) if ep > 1 or config.capacity_factor != 1.0 else None
-    check_expert_parallel(moe, ep)
-    expert_weights = moe.expert_weights if moe is not None and ep > 1 else frozenset()
-    # per-GPU op times: 1/c of each op, expert ops on capacity-padded buffers (one rule: cost.layers)
-    times = per_gpu_op_times(times, cp, config.capacity_factor if moe is not None else 1.0,
-                             moe.expert_ops if moe is not None else frozenset())
-    if cp > 1:
-        assumptions.append(f"context parallelism: c={cp} ({config.cp_scheme}); per-GPU op times, activations and tensor/pipeline "
-                        "messages are 1/c of the unsplit ones (causal load balancing; GEMM efficiency of the full sequence)")
-    if moe is not None and ep > 1:
-        assumptions.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
-                        f"capacity factor {config.capacity_factor}; balanced routing assumed (every expert gets its even share)")
+    times, seq_len, attn_sites, moe = _context_and_experts(graph, layered, config, times, assumptions)
 
     # ---- layers and stages: the stage tables the sweep reads too (dml2comm.cost.layers / .stages):
     # per-layer times and parameters, the min-max partition, every stage-level term
@@ -267,12 +245,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     layer_table = coster.layer_table(config)
     table = coster.stage_table(config)
     ranges = table.ranges
-    layer_params = [int(x) for x in layer_table.params]
-    layer_fwd, layer_bwd, layer_flops = layer_table.fwd.tolist(), layer_table.bwd.tolist(), layer_table.flops.tolist()
-    stage_of_layer = [0] * len(layered.layers)
-    for s, (a, b) in enumerate(ranges):
-        for li in range(a, b):
-            stage_of_layer[li] = s
+    stage_of_layer = [s for s, (a, b) in enumerate(ranges) for _ in range(a, b)]
     stage_of_op = [stage_of_layer[layered.layer_of_op[i]] for i in range(len(graph.ops))]
     # A parameter read on several stages (a tied embedding: the LM head on the last stage) is
     # held by each of them, and their gradients are all-reduced (Megatron-LM's embedding group)
@@ -296,16 +269,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
     stages, works = _stage_infos(plan, table, comms, rank_map, copies, readers, stage_of_layer)
     sim, sim_free = _simulate(config, works, keep_events=timeline)
-    layers_info = tuple(
-        LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
-        for l in layered.layers
-    )
-    ops_info = tuple(
-        OpInfo(op.index, op.name, op.op_type, layered.layer_of_op[op.index], stage_of_op[op.index], costs[op.index],
-               times[op.index][0], times[op.index][1], tp.shards[op.index].factor, tp.shards[op.index].rule,
-               _shape(tp.shards[op.index].outputs))
-        for op in graph.ops
-    )
+    layers_info, ops_info = _rows(graph, layered, layer_table, tp, costs, times, stage_of_layer, stage_of_op)
     memory = _memory_report(stages, cluster, config)
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
@@ -316,21 +280,80 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     assumptions.extend(_cost_assumptions(graph, config, cluster, host))
     if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
-    if advise and not memory["fits"]:
-        memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
-    recommendations = (speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
-                       if advise else [])
-    if advise:
-        busy = [config.num_micro_batches * (st.time_fwd_s + st.time_bwd_s) for st in stages]
-        recommendations = sorted(recommendations + alignment_recommendations(
-            graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"]), memory["peak_bytes"]),
-            key=lambda r: r["iteration_time_s"])
+    recommendations = _advice(imported, config, cluster, tp, stage_of_op, stages, summary, memory, lenient, reimport) if advise else []
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations),
                     tuple(float(x) for x in sim_free.compute_busy_s), tuple(dict.fromkeys(assumptions)))
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")
+
+
+def _rows(graph: OpGraph, layered: Any, layer_table: Any, tp: Any, costs: Any, times: Any, stage_of_layer: Sequence[int],
+          stage_of_op: Sequence[int]) -> tuple[tuple[LayerInfo, ...], tuple[OpInfo, ...]]:
+    """The layer rows (the layer table's times, parameters and FLOPs) and the operator rows (each
+    op's cost and per-GPU times on its tensor-parallel shard)."""
+    layer_params = [int(x) for x in layer_table.params]
+    layer_fwd, layer_bwd, layer_flops = layer_table.fwd.tolist(), layer_table.bwd.tolist(), layer_table.flops.tolist()
+    layers_info = tuple(
+        LayerInfo(l.index, l.name, l.kind, stage_of_layer[l.index], len(l.op_indices), layer_params[l.index], layer_flops[l.index], layer_fwd[l.index], layer_bwd[l.index])
+        for l in layered.layers
+    )
+    ops_info = tuple(
+        OpInfo(op.index, op.name, op.op_type, layered.layer_of_op[op.index], stage_of_op[op.index], costs[op.index],
+               times[op.index][0], times[op.index][1], tp.shards[op.index].factor, tp.shards[op.index].rule,
+               _shape(tp.shards[op.index].outputs))
+        for op in graph.ops
+    )
+    return layers_info, ops_info
+
+
+def _check_plan(imported: ImportResult, config: ParallelConfig, cluster: Cluster) -> None:
+    """Refuse a micro-batch the export fixed otherwise, and a cluster of another size than d t p c."""
+    if imported.model_batch is not None and imported.model_batch != config.micro_batch_size:
+        raise ConfigError(
+            f"the model fixes its batch dimension at {imported.model_batch}, but --micro-batch-size is "
+            f"{config.micro_batch_size}; use --micro-batch-size {imported.model_batch} or export with a dynamic batch axis"
+        )
+    if cluster.num_gpus != config.num_gpus:
+        raise ConfigError(f"the cluster has {cluster.num_gpus} GPUs but d*t*p*c = {config.num_gpus}; make them equal")
+
+
+def _context_and_experts(graph: OpGraph, layered: Any, config: ParallelConfig, times: Any,
+                         assumptions: list[str]) -> tuple[Any, Any, Any, Any]:
+    """Context and expert parallelism (:mod:`dml2comm.parallel.context` / ``.expert``): their
+    checks, the per-GPU op times (1/c of each op, expert ops on capacity-padded buffers: one rule,
+    :func:`dml2comm.cost.layers.per_gpu_op_times`) and their assumptions.  Returns (the per-GPU
+    times, the sequence length, the attention sites, the MoE layers or None)."""
+    cp, ep = config.cp_size, config.ep_size
+    seq_len = config.seq_len or infer_seq_len(graph)
+    attn_sites = attention_sites_of(graph, layered, seq_len) if cp > 1 else ()
+    check_context_parallel(attn_sites, cp, config.tp_size, config.cp_scheme, seq_len)
+    moe = moe_of(graph, layered) if ep > 1 or config.capacity_factor != 1.0 else None
+    check_expert_parallel(moe, ep)
+    times = per_gpu_op_times(times, cp, config.capacity_factor if moe is not None else 1.0,
+                             moe.expert_ops if moe is not None else frozenset())
+    if cp > 1:
+        assumptions.append(f"context parallelism: c={cp} ({config.cp_scheme}); per-GPU op times, activations and tensor/pipeline "
+                           "messages are 1/c of the unsplit ones (causal load balancing; GEMM efficiency of the full sequence)")
+    if moe is not None and ep > 1:
+        assumptions.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
+                           f"capacity factor {config.capacity_factor}; balanced routing assumed (every expert gets its even share)")
+    return times, seq_len, attn_sites, moe
+
+
+def _advice(imported: ImportResult, config: ParallelConfig, cluster: Cluster, tp: Any, stage_of_op: Sequence[int],
+            stages: Sequence[StageInfo], summary: Any, memory: dict[str, Any], lenient: bool,
+            reimport: Callable[[int], ImportResult] | None) -> list[dict[str, Any]]:
+    """Memory suggestions when the plan does not fit (into ``memory``), and the speed and
+    alignment recommendations, each re-analysed, fastest first."""
+    if not memory["fits"]:
+        memory["suggestions"] = memory_suggestions(imported, config, cluster, lenient=lenient)
+    recommendations = speed_recommendations(imported, config, cluster, summary["iteration_time_s"], lenient=lenient, reimport=reimport)
+    busy = [config.num_micro_batches * (st.time_fwd_s + st.time_bwd_s) for st in stages]
+    return sorted(recommendations + alignment_recommendations(
+        imported.graph, tp, config, cluster, stage_of_op, busy, summary["iteration_time_s"], bool(memory["fits"]), memory["peak_bytes"]),
+        key=lambda r: r["iteration_time_s"])
 
 
 class _CommNodes:

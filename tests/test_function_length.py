@@ -21,7 +21,6 @@ MAX_LINES = 80
 ALLOWED_LONG: set[str] = {
     # the orchestration, the cost tables, the simulator, the trace join and the sweep: the next to
     # split into named steps (each entry goes when its function is short)
-    "analysis.py:analyze_graph",
     "cost/stages.py:StageCoster._build_stage_table",
     "cost/ops.py:op_costs",
     "cost/layers.py:LayerCoster._build_layers",
