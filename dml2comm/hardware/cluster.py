@@ -60,14 +60,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import GPU, get_gpu
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dml2comm.cost.profile import ProfileScale
+
+
+class MeasuredScale(Protocol):
+    """What a cluster carries from a profiled step: :class:`dml2comm.cost.profile.ProfileScale`
+    (the cost layer's type; the hardware layer only stores it, compares and hashes it)."""
+
+    host: Any
+
+    def factor(self, kind: str) -> tuple[float, float]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 __all__ = [
     "COLLECTIVE_KIND_NAMES",
@@ -670,7 +679,7 @@ class Cluster:
     collective_fits: tuple[CollectiveFit, ...] = ()
     source_file: tuple[str, str] | None = None
     host_model: str = "auto"
-    profile_scale: ProfileScale | None = None
+    profile_scale: MeasuredScale | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host_model, str) or not self.host_model:
