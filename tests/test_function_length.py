@@ -25,7 +25,6 @@ ALLOWED_LONG: set[str] = {
     "cost/ops.py:op_costs",
     "cost/layers.py:LayerCoster._build_layers",
     "sim/levels.py:pipeline_end_times_many",
-    "sim/levels.py:compile_schedule",
 }
 
 

@@ -162,16 +162,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
             return mb
         return (mb // p) * p * v + (v - 1 - chunk) * p + mb % p
 
-    if v == 1:
-        mb_f = k
-        chunk_f = np.zeros_like(k)
-        mb_b = m - 1 - k if name is Schedule.GPIPE else k
-        chunk_b = np.zeros_like(k)
-    else:
-        mb_f = (k // (p * v)) * p + k % p
-        chunk_f = (k // p) % v
-        mb_b = mb_f
-        chunk_b = v - 1 - (k // p) % v
+    mb_f, chunk_f, mb_b, chunk_b = _kth_ops(name, k, p, m, v)
     n = p * two
     device = np.repeat(s, two)
     forward = np.zeros(n, dtype=bool)
@@ -200,11 +191,43 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     depth = _one_f_one_b_depths(p, m) if name is Schedule.ONE_F_ONE_B and m >= p else None
     if depth is None or not _is_layering(depth, prev, need):
         depth = _depths(pos.reshape(p, two)[0], need, p)
+    micro_batch = _by_step(n, pf, pb, mb_f, mb_b)
+    chunk = _by_step(n, pf, pb, chunk_f, chunk_b)
+    return _grouped(p, v, device, forward, prev, need, depth, micro_batch, chunk)
+
+
+def _kth_ops(name: Schedule, k: np.ndarray, p: int, m: int, v: int) -> tuple[np.ndarray, ...]:
+    """(micro-batch, chunk) of every device's k-th forward and k-th backward: in order for one
+    chunk (GPipe runs its backwards last micro-batch first); with ``v`` chunks, Megatron-LM's
+    interleaved order (``p`` micro-batches per chunk in turn, backwards from the last chunk)."""
+    if v == 1:
+        zeros = np.zeros_like(k)
+        return k, zeros, (m - 1 - k if name is Schedule.GPIPE else k), zeros
+    mb_f = (k // (p * v)) * p + k % p
+    return mb_f, (k // p) % v, mb_f, v - 1 - (k // p) % v
+
+
+def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
+    """A per-step array from the k-th forward's and k-th backward's values (``pf``/``pb``: the
+    [p, T] positions of those steps)."""
+    out = np.empty(n, dtype=np.int64)
+    out[pf.ravel()] = np.broadcast_to(forward_values, pf.shape).ravel()
+    out[pb.ravel()] = np.broadcast_to(backward_values, pb.shape).ravel()
+    return out
+
+
+def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.ndarray, need: np.ndarray, depth: np.ndarray,
+             micro_batch: np.ndarray, chunk: np.ndarray) -> CompiledSchedule:
+    """A schedule's steps (``p`` devices of ``2 m v`` steps each, in device order) grouped by
+    depth: the order the recurrence visits them, each depth's size and start, the positions of
+    each step's predecessor and of the step it needs, and which steps send their output."""
+    n = device.size
+    two = n // p
     order = np.argsort(depth, kind="stable")
     sizes = np.bincount(depth)
     starts = np.zeros(len(sizes), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    last_step = s * two + two - 1
+    last_step = np.arange(p) * two + two - 1
     last_backward = last_step.copy()  # every order ends with a backward
     position = np.empty(n + 1, dtype=np.int64)
     position[order] = np.arange(n)
@@ -213,12 +236,6 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     has_send = np.zeros(n + 1, dtype=bool)
     has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
     has_send = has_send[:n]
-    micro_batch = np.empty(n, dtype=np.int64)
-    chunk = np.empty(n, dtype=np.int64)
-    micro_batch[pf.ravel()] = np.broadcast_to(mb_f, pf.shape).ravel()
-    chunk[pf.ravel()] = np.broadcast_to(chunk_f, pf.shape).ravel()
-    micro_batch[pb.ravel()] = np.broadcast_to(mb_b, pb.shape).ravel()
-    chunk[pb.ravel()] = np.broadcast_to(chunk_b, pb.shape).ravel()
     return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
                             order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
                             forward[order], has_send, has_send[order], micro_batch, chunk)
