@@ -1154,6 +1154,21 @@ def _feeds_expert_product(graph: OpGraph, name: str, weight_of, depth: int = 12)
     return False
 
 
+def _row_or_gathered(op, x_name, w_name, in_size, red_axis, in_axis, t, sp, state, to_replicated, split_weight, label):
+    """A weight product whose input is split on its reduction axis runs row-parallel (the weight
+    split on its input axis, a partial sum out: Megatron-LM's RowParallelLinear); an input split
+    any other way is gathered first, as a column-parallel op reads it whole.  Returns the
+    row-parallel state, else None (the caller goes on to the column-parallel rule)."""
+    xs = state(x_name)
+    if xs.kind == "S" and xs.axis == red_axis and in_size % t == 0:
+        split_weight(w_name, in_axis, op)
+        return _State(P), label, t
+    if xs.kind == "S":
+        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op",
+                      column=True)
+    return None
+
+
 def _stacked_expert_matmul(op, graph, t, sp, state, to_replicated, column_input_grad, split_weight, weight_of, replicated, picked):
     """Expert tensor parallelism for a product with matrices picked from a stacked weight
     (Megatron-Core's ``expert_tensor_parallel_size``, equal to t by default): an expert's up/gate
@@ -1169,13 +1184,10 @@ def _stacked_expert_matmul(op, graph, t, sp, state, to_replicated, column_input_
         out_w, in_w, x_red, y_axis = w.rank - 2, w.rank - 1, x.rank - 2, y.rank - 2
     else:  # x[.., m, k] @ W[.., k, n]
         out_w, in_w, x_red, y_axis = w.rank - 1, w.rank - 2, x.rank - 1, y.rank - 1
-    xs = state(x_name)
-    if xs.kind == "S" and xs.axis == x_red and w.shape[in_w] % t == 0:
-        split_weight(w_name, in_w, op)
-        return _State(P), "row-parallel (experts)", t
-    if xs.kind == "S":
-        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op",
-                      column=True)
+    row = _row_or_gathered(op, x_name, w_name, w.shape[in_w], x_red, in_w, t, sp, state, to_replicated, split_weight,
+                           "row-parallel (experts)")
+    if row is not None:
+        return row
     if op.index in replicated or w.shape[out_w] % t or not _feeds_expert_product(graph, op.outputs[0], weight_of):
         return _State(R), "replicated (stacked expert weights)", 1
     split_weight(w_name, out_w, op)
@@ -1264,13 +1276,10 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         x_red_axis = x.rank - 1
         y_axis = max(x.rank, 2) - 1
         n_out = w.shape[1]
-    xs = state(x_name)
-    if xs.kind == "S" and xs.axis == x_red_axis and w.shape[in_axis_w] % t == 0:
-        split_weight(w_name, in_axis_w, op)
-        return _State(P), "row-parallel", t
-    if xs.kind == "S":
-        to_replicated(op, x_name, "sequence-parallel input of a column-parallel op" if sp else "split input of a column-parallel op",
-                      column=True)
+    row = _row_or_gathered(op, x_name, w_name, w.shape[in_axis_w], x_red_axis, in_axis_w, t, sp, state, to_replicated, split_weight,
+                           "row-parallel")
+    if row is not None:
+        return row
     if op.index in replicated:
         warnings.append(replicated[op.index])
         gqa = "grouped-query" in replicated[op.index]
