@@ -16,11 +16,13 @@ progress bars (:mod:`~dml2comm.cli.progress`).  The packages below return values
 from __future__ import annotations
 
 import difflib
+import importlib
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.cli.commands import COMMANDS
 from dml2comm.gc_tuning import collect_rarely
 
 __all__ = ["main"]
@@ -51,38 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] == "zoo":
-            from dml2comm.cli.zoo import run_zoo
-
-            return run_zoo(argv[1:])
-        if argv and argv[0] == "presets":
-            from dml2comm.cli.presets import run_presets
-
-            return run_presets(argv[1:])
-        if argv and argv[0] == "collective":
-            from dml2comm.cli.collective import run_collective
-
-            return run_collective(argv[1:])
-        if argv and argv[0] == "sweep":
-            from dml2comm.cli.search import run_sweep_command
-
-            return run_sweep_command(argv[1:])
-        if argv and argv[0] == "trace":
-            from dml2comm.cli.trace import run_trace_command
-
-            return run_trace_command(argv[1:])
-        if argv and argv[0] == "compare":
-            from dml2comm.cli.search import run_compare_command
-
-            return run_compare_command(argv[1:])
-        if argv and argv[0] == "calibrate":
-            from dml2comm.cli.calibrate import run_calibrate_command
-
-            return run_calibrate_command(argv[1:])
-        if argv and argv[0] == "validate":
-            from dml2comm.cli.validate import run_validate_command
-
-            return run_validate_command(argv[1:])
+        if argv and argv[0] in COMMANDS:  # each command's module is imported when it runs
+            module, function = COMMANDS[argv[0]]
+            return getattr(importlib.import_module(module), function)(argv[1:])
         from dml2comm.cli.analyse import analysis_parser, run_analysis
 
         if not argv:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from dml2comm.cli.commands import COMMANDS
 from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float,
                                host_model_of, positive_int, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
@@ -37,7 +38,7 @@ EXAMPLES = """examples (each runs as written from the repository root; outputs g
   python main.py presets
 """
 
-SUBCOMMANDS = ("zoo", "presets", "collective", "sweep", "compare", "trace", "validate", "calibrate")
+SUBCOMMANDS = tuple(COMMANDS)
 
 
 def _dim(text: str) -> tuple[str, int]:
