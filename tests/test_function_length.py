@@ -24,7 +24,6 @@ ALLOWED_LONG: set[str] = {
     "cost/stages.py:StageCoster._build_stage_table",
     "cost/ops.py:op_costs",
     "cost/layers.py:LayerCoster._build_layers",
-    "sim/levels.py:pipeline_end_times_many",
 }
 
 
