@@ -22,7 +22,6 @@ ALLOWED_LONG: set[str] = {
     # the orchestration, the cost tables, the simulator, the trace join and the sweep: the next to
     # split into named steps (each entry goes when its function is short)
     "cost/stages.py:StageCoster._build_stage_table",
-    "cost/layers.py:LayerCoster._build_layers",
 }
 
 
