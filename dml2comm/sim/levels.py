@@ -545,7 +545,9 @@ def _row_items(tables: list[np.ndarray], row_type: np.dtype) -> np.ndarray:
 
 def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
     """The rows of every item's groups of steps, depth by depth, with their previous, needed
-    and cost rows, and the cost tables (:func:`pipeline_end_times_many`)."""
+    and cost rows, and the cost tables (:func:`pipeline_end_times_many`).  Each item's rows are
+    written in place (a scatter to their rows), so the setup holds three integers per row and
+    no per-item copies of them."""
     w = _row_width([f.shape[0] for _, f, *_ in items], [cs.num_steps for cs, *_ in items])
     groups = [-(-f.shape[0] // w) for _, f, *_ in items]
     level_start = _level_starts(items, groups)
@@ -556,42 +558,33 @@ def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
     # its own send, the send 0 in the rows of steps whose output stays on the device
     dur_table, send_table = [], []
     zero_tables: tuple[list, list, list, list] = ([], [], [], [])  # pre, its mask, post, its mask
-    prev_parts, need_parts, cost_parts, rows_of = [], [], [], []
-    seg_dst, seg_src, seg_len = [], [], []
-    offset = base = 0
+    prev, need, cost_at = (np.empty(total, dtype=np.int64) for _ in range(3))
+    rows_of = []
+    base = 0
     for item_index, ((cs, f, b, sf, sb), g) in enumerate(zip(items, groups)):
         n, p = cs.num_steps, cs.p
-        depths = len(cs.level_sizes)
         lev = cs.depth[cs.order]
         # the row of (position j, group 0); group q is q rows further; a missing step reads the
         # zero rows after the last one
         row = level_start[lev] + prior[lev] + (np.arange(n) - cs.level_starts[lev]) * g
         ext = np.append(row, total)
         q = np.arange(g)
-        prev_parts.append((ext[cs.prev_o][:, None] + q).ravel())
-        need_parts.append((ext[cs.need_o][:, None] + q).ravel())
+        at = (row[:, None] + q).ravel()
+        prev[at] = (ext[cs.prev_o][:, None] + q).ravel()
+        need[at] = (ext[cs.need_o][:, None] + q).ravel()
+        slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
+        cost_at[at] = (base + slot[:, None] + 4 * p * q).ravel()
         zero = np.zeros_like(f)
         dur_table.append(_cost_block(g, w, b, f, b, f))
         send_table.append(_cost_block(g, w, zero, zero, sb, sf))
         if zero_terms is not None:
             for table, block in zip(zero_tables, _zero_blocks(g, w, zero, zero_terms[item_index])):
                 table.append(block)
-        slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
-        cost_parts.append((base + slot[:, None] + 4 * p * q).ravel())
-        seg_dst.append(level_start[:depths] + prior[:depths])
-        seg_src.append(offset + cs.level_starts * g)
-        seg_len.append(cs.level_sizes * g)
-        prior[:depths] += cs.level_sizes * g
+        prior[:len(cs.level_sizes)] += cs.level_sizes * g
         rows_of.append((row, g, f.shape[0]))
-        offset += n * g
         base += g * p * 4
-    # row r of the layout comes from row r - dst + src of its (depth, item) segment
-    dst = np.concatenate(seg_dst)
-    by_dst = np.argsort(dst, kind="stable")
-    src = np.repeat((np.concatenate(seg_src) - dst)[by_dst], np.concatenate(seg_len)[by_dst]) + np.arange(total)
     row_type = np.dtype((np.void, 8 * w))
-    return _ManyLayout(w, total + max(groups), row_type, level_start, np.concatenate(prev_parts)[src],
-                       np.concatenate(need_parts)[src], np.concatenate(cost_parts)[src], _row_items(dur_table, row_type),
+    return _ManyLayout(w, total + max(groups), row_type, level_start, prev, need, cost_at, _row_items(dur_table, row_type),
                        _row_items(send_table, row_type),
                        None if zero_terms is None else [_row_items(t, row_type) for t in zero_tables], rows_of)
 
@@ -599,16 +592,29 @@ def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
 def _many_plain(lay: _ManyLayout) -> np.ndarray:
     """The depth loop of :func:`pipeline_end_times_many`: every row's end time, ``[rows, w]``
     (the zero rows after the last step: what a missing step reads)."""
-    w, row_type, prev, need, cost_at, durs, sends = lay.w, lay.row_type, lay.prev, lay.need, lay.cost_at, lay.durs, lay.sends
-    end = np.zeros(lay.rows * w)
-    pp = np.zeros(lay.rows * w)  # when the step's device's pp stream is free after it (its output arrived)
-    end_rows, pp_rows = end.view(row_type), pp.view(row_type)
+    w, row_type, prev, need, cost_at = lay.w, lay.row_type, lay.prev, lay.need, lay.cost_at
+    end, pp = _many_state(lay, 2)  # pp: when the step's device's pp stream is free after it (its output arrived)
+    # ``take`` of the 1-d row items: the cheapest gather numpy has for them
+    end_at, pp_at, dur_at, send_at = end.view(row_type).take, pp.view(row_type).take, lay.durs.take, lay.sends.take
     f8 = np.float64
     for a, b_ in zip(lay.level_start[:-1].tolist(), lay.level_start[1:].tolist()):
         before, at = prev[a:b_], cost_at[a:b_]
-        _advance(end_rows[before].view(f8), pp_rows[need[a:b_]].view(f8), pp_rows[before].view(f8), durs[at].view(f8),
-                 sends[at].view(f8), end[a * w:b_ * w], pp[a * w:b_ * w])
+        _advance(end_at(before).view(f8), pp_at(need[a:b_]).view(f8), pp_at(before).view(f8), dur_at(at).view(f8),
+                 send_at(at).view(f8), end[a * w:b_ * w], pp[a * w:b_ * w])
     return end.reshape(lay.rows, w)
+
+
+def _many_state(lay: _ManyLayout, count: int) -> list[np.ndarray]:
+    """``count`` arrays of ``rows x w`` floats for the depth loops, zero in the rows after the
+    last step (what a missing step reads); the other rows are left unset: each depth writes its
+    own rows before a deeper one reads them (a step's depth exceeds its previous and needed
+    steps' depths)."""
+    out = []
+    for _ in range(count):
+        x = np.empty(lay.rows * lay.w)
+        x[int(lay.level_start[-1]) * lay.w:] = 0.0
+        out.append(x)
+    return out
 
 
 def _many_zero(lay: _ManyLayout) -> tuple[np.ndarray, np.ndarray]:
@@ -616,7 +622,7 @@ def _many_zero(lay: _ManyLayout) -> tuple[np.ndarray, np.ndarray]:
     docstring): every row's end time and dp-stream time, ``[rows, w]`` each."""
     w, row_type, prev, need, cost_at, durs, sends = lay.w, lay.row_type, lay.prev, lay.need, lay.cost_at, lay.durs, lay.sends
     pre_t, pre_mask, post_t, post_mask = lay.zero
-    end, pp, dp, st = (np.zeros(lay.rows * w) for _ in range(4))
+    end, pp, dp, st = _many_state(lay, 4)
     end_rows, pp_rows, dp_rows, st_rows = (x.view(row_type) for x in (end, pp, dp, st))
     f8 = np.float64
     for a, b_ in zip(lay.level_start[:-1].tolist(), lay.level_start[1:].tolist()):
