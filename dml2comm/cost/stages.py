@@ -61,7 +61,7 @@ from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recom
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
-__all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "Pricing", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
 
 
@@ -372,22 +372,48 @@ class _StageGroups(NamedTuple):
     ring: dict[float, list[float]]
 
 
+class Pricing:
+    """The prices a cluster fixes, shared by every :class:`StageCoster` on it (a sweep's
+    evaluators, one per micro-batch size, price the same data-parallel groups): where each
+    group sits on the cluster (placement ids), each collective's seconds on a placement, and one
+    stage's ZeRO part by its parameters and groups (:meth:`StageCoster.zero_part`).  None of
+    them depends on the model or the micro-batch: only on the cluster (its GPU, network and
+    ``--profile`` scale)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.costs: dict[tuple, float] = {}
+        self.placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
+        self.rank_placements: dict[tuple[int, ...], tuple[int, int]] = {}  # groups that are no progression, by their ranks
+        self.period = placement_period(cluster)
+        self.placement_list: list[tuple] = []
+        self.placement_ids: dict[tuple, int] = {}
+        self.stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
+
+
 class StageCoster(LayerCoster):
     """The stage tables of one imported model on one cluster (module docstring).  Values that
     depend on the cluster (send, TP/CP/EP and tied-weight times, placement ids) are kept here,
     never on the graph, which other clusters share."""
 
     def __init__(self, imported: ImportResult, cluster: Cluster, collapse: bool = True, collapsed: Collapsed | None = None,
-                 lenient: bool = False) -> None:
+                 lenient: bool = False, pricing: Pricing | None = None) -> None:
+        """``pricing``: the cluster's prices to share with other costers on ``cluster``
+        (:class:`Pricing`); None: this coster's own."""
+        if pricing is None:
+            pricing = Pricing(cluster)
+        elif pricing.cluster is not cluster:
+            raise ValueError("the pricing given to StageCoster is another cluster's")
         self.cluster = cluster
-        self._costs: dict[tuple, float] = {}
-        self._placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
-        self._rank_placements: dict[tuple[int, ...], tuple[int, int]] = {}  # groups that are no progression, by their ranks
-        self._period = placement_period(cluster)
-        self._placement_list: list[tuple] = []
-        self._placement_ids: dict[tuple, int] = {}
+        self.pricing = pricing
+        self._costs = pricing.costs
+        self._placements = pricing.placements
+        self._rank_placements = pricing.rank_placements
+        self._period = pricing.period
+        self._placement_list = pricing.placement_list
+        self._placement_ids = pricing.placement_ids
         self._in_flight: dict[tuple, np.ndarray] = {}
-        self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
+        self._stage_states = pricing.stage_states
         self._per_cluster: dict[object, object] = {}
         fitted = cluster.profile_scale.host if cluster.profile_scale is not None else None  # --profile's measured one
         host = None if fitted is None and str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model, fitted=fitted)
