@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 import onnx
 
 from dml2comm.errors import Dml2CommError
-from dml2comm.gc_tuning import collect_rarely
+from dml2comm.gc_tuning import collect_rarely, small_pages
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
@@ -538,7 +538,9 @@ def run_sweep(
     # in forked workers, from copying its pages by touching them)
     gc.freeze()
     try:
-        with collect_rarely():  # the tables the evaluation builds live to its end too (dml2comm.gc_tuning)
+        # the tables the evaluation builds live to its end too; the simulation's arrays are
+        # written once: no huge pages for them (dml2comm.gc_tuning)
+        with collect_rarely(), small_pages():
             interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()
