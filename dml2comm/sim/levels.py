@@ -298,16 +298,20 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
     chain ``depth[i] >= depth[i - 1] + 1``).  Sweeping the devices first to last carries
     forward chains across the whole pipeline in one sweep, last to first the backward ones;
     alternating sweeps converge after a few (as many as the longest chain changes direction).
+    A step that needs none reads slot ``n``, a depth below every other, so each relaxation is a
+    few whole-row array operations.
     """
     n = len(need)
     two = len(pos)
-    depth = np.tile(pos, p)
-    rows = depth.reshape(p, two)
+    depth = np.empty(n + 1, dtype=np.int64)
+    depth[:n] = np.tile(pos, p)
+    depth[n] = -n - 1  # no step: below every depth - position
+    rows = depth[:n].reshape(p, two)
+    below = pos - 1  # depth - position from a needed step's depth: depth[need] + 1 - position
     needs = []
     for d in range(p):
         nd = need[d * two:(d + 1) * two]
-        at = np.nonzero(nd < n)[0]
-        needs.append((at, nd[at], set((nd[at] // two).tolist())))
+        needs.append((nd, set((nd[nd < n] // two).tolist())))
     stamp = [0] * p  # when each device's depths last changed
     seen = [-1] * p  # the time each device was last relaxed
     clock = 0
@@ -315,15 +319,15 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
         changed = False
         for devices in (range(p), range(p - 1, -1, -1)):
             for d in devices:
-                at, src, sources = needs[d]
+                src, sources = needs[d]
                 clock += 1
                 if seen[d] >= 0 and all(stamp[e] < seen[d] for e in sources):
                     continue  # nothing it reads changed since it was last relaxed
                 seen[d] = clock
                 row = rows[d]
-                new = row.copy()
-                new[at] = np.maximum(row[at], depth[src] + 1)
-                new -= pos
+                new = depth[src]
+                new -= below
+                np.maximum(new, row - pos, out=new)
                 np.maximum.accumulate(new, out=new)
                 new += pos
                 if (new != row).any():  # it only rises: any difference is a change
@@ -331,7 +335,7 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
                     stamp[d] = clock
                     changed = True
         if not changed:
-            return depth
+            return depth[:n]
     raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - the schedules' orders never do
 
 
