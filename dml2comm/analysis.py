@@ -51,7 +51,7 @@ from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import DeviceWork, SimResult, simulate
 from dml2comm.sim.levels import compile_schedule
-from dml2comm.validate.bands import expected_error_for, profile_expected_error
+from dml2comm.cost.bands import expected_error_for, profile_expected_error
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 

@@ -47,7 +47,6 @@ LAYERS: list[tuple[str, ...]] = [
 ALLOWED_UPWARD: set[tuple[str, str]] = {
     # analysis/advice reaching up into the search and validation back ends
     ("dml2comm.advice", "dml2comm.search.fast"),        # advice evaluates candidates with the sweep's FastEvaluator
-    ("dml2comm.analysis", "dml2comm.validate.bands"),   # the expected-error band of the headline number
     # below the model: config helpers and the IR reaching up (lazy imports)
     ("dml2comm.ir.onnx_import", "dml2comm.ops.registry"),   # costs an If branch with the op rules
 }
