@@ -40,7 +40,8 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayerKind, LayeredGraph
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
+from dml2comm.load import load_model
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost

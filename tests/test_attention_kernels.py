@@ -23,7 +23,8 @@ from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.gpus import get_gpu
 from dml2comm.ir.graph import DType
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,8 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph, comm_by_dim
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import RankMap, get_cluster, make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.expert import expert_flops_per_gpu

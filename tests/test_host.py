@@ -11,7 +11,8 @@ from dml2comm.cost import host
 from dml2comm.cost.ops import op_kernel_counts, shard_op_costs
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 
 
 def test_window_spreads_host_excess_over_kernels():

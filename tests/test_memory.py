@@ -14,7 +14,8 @@ from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model
 from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.graph import DType
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
 from tests.test_cli import ROOT, assert_bad, run
@@ -157,7 +158,7 @@ def test_assumed_dropout_on_an_export_matches_the_zoo_graph_with_dropout():
 @pytest.mark.parametrize("name", ["gpt2_legacy.onnx", "gpt2_dynamo.onnx"])
 def test_real_gpt2_exports_with_assumed_dropout_match_korthikanti(name):
     """Real exports (no Dropout nodes) + --dropout: one GPT-2 block keeps s b h (34 + 5 a s / h)."""
-    from dml2comm.ir.onnx_import import load_model
+    from dml2comm.load import load_model
 
     s, b, h, a = 1024, 1, 768, 12
     graph = load_model(Path(__file__).parent / "fixtures" / name, ImportOptions(batch_size=b, seq_len=s)).graph

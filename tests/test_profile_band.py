@@ -14,7 +14,8 @@ from dml2comm.cost.bands import expected_error_for, plan_doublings, profile_band
 from dml2comm.cost.cache import layers_of
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.gemms import shape_doublings
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.traces.predict import expected_error_of, held_out_shapes, measured_and_modelled, profile_scale, split_halves
 
 from tests.h100_steps import GPT2, LLAMA, run_profiled, step_config as _config

@@ -17,7 +17,8 @@ from dml2comm.cost.cache import layers_of
 from dml2comm.analysis import analyze_graph
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
 from dml2comm.cli.search import run_compare_command, run_sweep_command
 from dml2comm.search.report import parse_config_spec
@@ -351,7 +352,8 @@ def test_fast_path_on_a_real_export_matches_main_py(tmp_path):
     configuration the fast path evaluates."""
     from dml2comm.search.fast import FastEvaluator
     from dml2comm.analysis import analyze
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
     from dml2comm.parallel.config import ParallelConfig
 
     model = Path(__file__).resolve().parents[1] / "examples" / "gpt2-small.onnx"

@@ -13,7 +13,8 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.errors import ConfigError
 from dml2comm.export.chrome_trace import trace_dict
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
 from dml2comm.sim.schedules import StepKind

@@ -21,7 +21,8 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.cli import main
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate import SOURCES, Case, scaled_cluster, summarize
 from dml2comm.validate import gemm, narayanan, steps, vtrain

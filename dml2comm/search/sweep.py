@@ -36,7 +36,8 @@ import onnx
 from dml2comm.errors import Dml2CommError
 from dml2comm.gc_tuning import collect_rarely
 from dml2comm.hardware.cluster import Cluster
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
 

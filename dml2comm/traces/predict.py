@@ -89,7 +89,8 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.cost.stages import StageCoster
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.ir.gemms import graph_gemm_ops
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
     from dml2comm.traces.host import host_figures
     from dml2comm.traces.join import join_trace
 

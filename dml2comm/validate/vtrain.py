@@ -31,7 +31,8 @@ from typing import Iterable
 
 from dml2comm import zoo
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.fast import FastEvaluator, NotRepeating
 from dml2comm.validate.cases import Case, sample_indices, scaled_cluster
