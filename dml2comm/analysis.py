@@ -669,7 +669,7 @@ def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, s
     stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s`` (removing all collectives
     shortens the critical path by at most the collective time on it);
     ``comm_time_busiest_stage_s`` is the busiest stage's own share of it; the bottleneck in words;
-    the expected error of the validated runs nearest this one (:mod:`dml2comm.validate.bands`).
+    the expected error of the validated runs nearest this one (:mod:`dml2comm.cost.bands`).
     """
     iteration = sim.iteration_time_s
     parts = breakdown(np.array([iteration]), np.array([sim_free.iteration_time_s]), np.array([sim_free.compute_end_s]),
