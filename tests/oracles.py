@@ -19,7 +19,7 @@ def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarra
 def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
                     overlap: bool, stream_free: float = 0.0) -> float:
     """End of the gradient-bucket stream of one device (:func:`dml2comm.sim.levels.iteration_tail`'s
-    loop, in closed form; :func:`dml2comm.sim.levels.bucket_tail_end_many` vectorises it).
+    bucket-by-bucket loop, in closed form: equal to it to rounding).
 
     ``buckets``: runs of ``(seconds, count)`` in order.  Bucket ``i`` of ``K`` is ready at
     ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``.  For buckets of
