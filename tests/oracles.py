@@ -88,3 +88,18 @@ def _interleaved(p: int, m: int, v: int, s: int) -> list[Step]:
         steps.append(backward(i))
     steps.extend(backward(k) for k in range(total - warmup, total))
     return steps
+
+
+def bucket_stream(start: float, duration: float, compute_end: float, buckets: list[float], overlap: bool,
+                  stream_free: float = 0.0) -> tuple[float, list[float]]:
+    """The gradient-bucket stream of one device bucket by bucket, as Python floats: its end and
+    every bucket's start (``t = max(t, ready_i) + tau_i``; bucket ``i`` of ``K`` ready at
+    ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``): the order of
+    additions :func:`dml2comm.sim.levels.iteration_tail` reproduces to the last bit."""
+    t, starts = stream_free, []
+    n = len(buckets)
+    for i, tau in enumerate(buckets):
+        ready = start + duration * (i + 1) / n if overlap else compute_end
+        starts.append(max(t, ready))
+        t = starts[-1] + tau
+    return t, starts
