@@ -641,9 +641,10 @@ def iteration_tail(compute_end: np.ndarray, last_dur: np.ndarray, stream_free: n
     optimizer step; the collective after it (ZeRO-1/2 parameter all-gather).  ``starts``: keep
     every bucket's start (the timeline's events).
 
-    The buckets run one by one (:func:`_bucket_stream`), so a sum is the same whatever the batch;
-    their end equals the closed form ``max_i(ready_i + sum_{l >= i} tau_l)`` to rounding
-    (``tests/oracles.py``, ``tests/test_sim.py``)."""
+    The stream's end is the bucket-by-bucket loop's (:func:`_bucket_stream`) to the last bit,
+    taken a run of equal buckets at a time (:func:`_bucket_end`), so it is the same whatever the
+    batch and however many buckets a device has (``tests/test_model.py``); it equals the closed
+    form ``max_i(ready_i + sum_{l >= i} tau_l)`` to rounding (``tests/oracles.py``, ``tests/test_sim.py``)."""
     last_start = compute_end - last_dur
     t = _bucket_end(last_start, last_dur, compute_end, stream_free, tau, count, overlap)
     bucket_start = _bucket_stream(last_start, last_dur, compute_end, stream_free, tau, count, overlap, True)[1] if starts else None
@@ -692,6 +693,8 @@ def _bucket_end(start: np.ndarray, dur: np.ndarray, compute_end: np.ndarray, str
             continue
         now, last = ready(i), ready(i + c - 1)
         gap = d / safe  # the backward share between two buckets' ready times
+        # far above the few ulps (2^-52 relative) by which the rounded ready times and sums can
+        # stray from the exact ones over a run: a closer call goes bucket by bucket
         margin = 1e-12 * (np.abs(t) + np.abs(x0) + d + x * c)
         behind = (c == 0) | ~on | (t >= last) | ((t >= now) & (x - gap > margin))
         keeps = ~behind & (t < now) & (gap - x > margin)
