@@ -281,7 +281,7 @@ def test_default_costs_are_megatron_unfused_and_caches_never_mix():
 
 
 def test_fast_path_equals_the_analysis_for_every_stack_and_kernel():
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=4, hidden=256, heads=8, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     cluster = get_cluster("dgx-h100", 8)

@@ -14,7 +14,7 @@ from dml2comm.hardware.cluster import get_cluster, make_cluster
 from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.search.fast import FastEvaluator
+from dml2comm.model import FastEvaluator
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,7 +121,7 @@ def test_the_cluster_names_its_host_model_and_both_paths_read_it(tmp_path):
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.parallel.config import ParallelConfig
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     config = ParallelConfig(pp_size=2, micro_batch_size=1, global_batch_size=4, seq_len=128)
@@ -212,7 +212,7 @@ def test_a_cluster_without_a_host_model_runs_its_stacks():
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.parallel.config import ParallelConfig
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     auto = make_cluster("h100", 1, 1)

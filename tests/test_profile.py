@@ -136,7 +136,7 @@ def test_fast_path_equals_the_analysis_with_a_profile(gpt2_parts):
     # and the analysis's whole graph read the same scaled op, loss and optimizer times
     from dml2comm import zoo
     from dml2comm.load import load_model_proto
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     scale = profile_scale([gpt2_parts], "pytorch")  # with the trace's host model
     assert scale.host is not None and scale.host.kernel_s == gpt2_parts["host"].kernel_s

@@ -87,7 +87,7 @@ def test_the_stack_keys_the_stage_table_and_changes_the_step():
     from dml2comm.hardware.cluster import get_cluster
     from dml2comm.ir.onnx_import import ImportOptions
     from dml2comm.load import load_model_proto
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=256, heads=4, vocab=1024, seq_len=128), ImportOptions(batch_size=4))
     evaluator = FastEvaluator(imported, get_cluster("dgx-h100", 1))
@@ -148,7 +148,7 @@ def test_the_sweeps_fast_path_equals_the_analysis_under_eager_pytorch():
     from dml2comm.hardware.cluster import get_cluster
     from dml2comm.ir.onnx_import import ImportOptions
     from dml2comm.load import load_model
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model(str(ROOT / "dml2comm" / "validate" / "data" / "models" / "step_gpt2_small_dynamo.onnx"),
                           ImportOptions(batch_size=2, seq_len=512))

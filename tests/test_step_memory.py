@@ -21,7 +21,7 @@ from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.search.fast import FastEvaluator
+from dml2comm.model import FastEvaluator
 
 FAKE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fake_memory_hf.json"
 VOCAB, HIDDEN, SEQ, BATCH = 500, 128, 64, 2

@@ -25,7 +25,7 @@ Backward then pays autograd's gradient sums where several kernels read one tenso
 (:func:`gradient_forks`: PyTorch's ``InputBuffer::accumulate``, one add per extra reader).
 
 The analysis (:func:`dml2comm.analysis.analyze_graph`) and the sweep's fast path
-(:mod:`dml2comm.search.fast`) both read op times through :func:`shard_op_costs`, cached per graph
+(:mod:`dml2comm.model`) both read op times through :func:`shard_op_costs`, cached per graph
 under typed keys (:mod:`dml2comm.cost.cache`).  Also here: what selective recomputation
 recomputes (:func:`is_attention_core`, Korthikanti et al. 2022, Sec. 5) and the model's own
 sequence length (:func:`infer_seq_len`).

@@ -4,7 +4,7 @@ A pipeline stage's data-parallel part depends only on its parameters per GPU (de
 expert parallelism, expert), the sizes of its data-parallel groups, the ZeRO stage, the bucket
 size and the optimizer.  :func:`dml2comm.analysis.analyze_graph` calls these functions for one
 configuration (and expands the collectives into comm nodes with ranks for the drawings);
-:class:`dml2comm.search.fast.FastEvaluator` calls the same functions once per distinct stage of
+:class:`dml2comm.model.FastEvaluator` calls the same functions once per distinct stage of
 a sweep and caches the result per (parameters, group placement, ZeRO stage, ...):
 
 - :func:`stage_dp_collectives`: the gradient and parameter collectives of one stage
