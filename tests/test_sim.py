@@ -17,7 +17,7 @@ from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import StepKind
+from dml2comm.parallel.schedule import StepKind
 from tests.oracles import build_schedule
 
 
