@@ -7,7 +7,7 @@ import numpy as np
 
 from dml2comm.parallel.config import Schedule
 from dml2comm.sim.levels import CompiledSchedule, pipeline_steps
-from dml2comm.sim.schedules import Step, StepKind, check_schedule
+from dml2comm.parallel.schedule import Step, StepKind, check_schedule
 
 
 def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
@@ -45,7 +45,7 @@ def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Step]]:
     """Per-device step lists for schedule ``name`` (``gpipe``, ``1f1b``, ``interleaved``), step by
-    step as :mod:`dml2comm.sim.schedules` describes them (the reference for
+    step as :mod:`dml2comm.parallel.schedule` describes them (the reference for
     :func:`dml2comm.sim.levels.compile_schedule`)."""
     check_schedule(name, p, m, v)
     name = Schedule(name)

@@ -17,7 +17,8 @@ from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import StepKind
+from dml2comm.sim.levels import compile_schedule
+from dml2comm.parallel.schedule import StepKind
 from tests.oracles import build_schedule
 
 
@@ -38,6 +39,21 @@ def test_every_step_runs_once():
             fwd = sorted((s.micro_batch, s.chunk) for s in steps if s.kind is StepKind.FORWARD)
             bwd = sorted((s.micro_batch, s.chunk) for s in steps if s.kind is StepKind.BACKWARD)
             assert fwd == bwd == sorted((mb, c) for mb in range(6) for c in range(v))
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (4, 2), (4, 3), (8, 2)])
+def test_interleaved_warm_up_is_megatron_cores(p, v):
+    """Each device's forwards before its first backward, in the compiled schedule, are
+    Megatron-Core's ``num_warmup_microbatches`` (megatron/core/pipeline_parallel/schedules.py):
+    ``(p - rank - 1) * 2 + (v - 1) * microbatch_group_size_per_vp_stage`` (default p), capped at
+    the m v chunk forwards, and the forward that opens its steady state (one forward, then one
+    backward); m = p, where the cap cuts the early stages' warm-up, included."""
+    for m in (p, 2 * p, 3 * p):
+        cs = compile_schedule("interleaved", p, m, v)
+        for rank in range(p):
+            forward = cs.forward[cs.device == rank]
+            leading = int(forward.argmin())  # forwards before the first backward (every device ends with one)
+            assert leading == min(min((p - rank - 1) * 2 + (v - 1) * p, m * v) + 1, m * v)
 
 
 def test_interleaved_needs_m_multiple_of_p():

@@ -356,7 +356,6 @@ class StageCoster(LayerCoster):
         self._period = placement_period(cluster)
         self._placement_list: list[tuple] = []
         self._placement_ids: dict[tuple, int] = {}
-        self._in_flight: dict[tuple, np.ndarray] = {}
         self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
         self._per_cluster: dict[object, object] = {}
         fitted = cluster.profile_scale.host if cluster.profile_scale is not None else None  # --profile's measured one
@@ -735,11 +734,7 @@ class StageCoster(LayerCoster):
         runs_tau, runs_count, after, opt, states, zero_mb, _ = self.zero_part(table, config)
         per_mb, extra = self.activation_part(table, config)
         v = config.chunks
-        key = (config.schedule, p, m, v)
-        in_flight = self._in_flight.get(key)
-        if in_flight is None:
-            in_flight = self._in_flight[key] = np.array([in_flight_micro_batches(config.schedule, p, m, st, config.virtual_stages)
-                                                         for st in range(p)])
+        in_flight = in_flight_micro_batches(config.schedule, p, m, v)
         # what the loss keeps per micro-batch and AMP's weight copies join the saved activations;
         # the loss backward's buffers are a transient like the largest op's (cost.memory, cost.loss)
         if table.loss_saved.any() or table.amp_copies.any():

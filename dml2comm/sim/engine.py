@@ -40,7 +40,7 @@ import numpy as np
 from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
 from dml2comm.sim.levels import CompiledSchedule, StepTimes, Tail, compile_steps, device_sums, iteration_tail, pipeline_steps
-from dml2comm.sim.schedules import Step
+from dml2comm.parallel.schedule import Step
 
 __all__ = ["DeviceWork", "Event", "SimResult", "Stream", "simulate"]
 
@@ -107,7 +107,7 @@ def simulate(schedule: Sequence[Sequence[Step]] | CompiledSchedule, work: Sequen
     :func:`dml2comm.sim.levels.pipeline_steps` and :func:`~dml2comm.sim.levels.iteration_tail`
     for one configuration, turned into events.
 
-    ``schedule``: the per-device step lists of one of the schedules (:mod:`~dml2comm.sim.schedules`;
+    ``schedule``: the per-device step lists of one of the schedules (:mod:`~dml2comm.parallel.schedule`;
     ``virtual_stages`` model chunks per device), or their
     :func:`~dml2comm.sim.levels.compile_schedule` (which carries its own chunk count, and
     saves reading the lists).  Events come in the order of

@@ -45,7 +45,8 @@ import numpy as np
 
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
-from dml2comm.sim.schedules import Step, StepKind, check_schedule
+from dml2comm.parallel.schedule import (Step, StepKind, backward_index, backward_position, device_order, forward_index,
+                                        forward_position)
 
 __all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps",
            "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "device_sums"]
@@ -119,52 +120,15 @@ class CompiledSchedule:
 
 @functools.lru_cache(maxsize=256)
 def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
-    """Flat arrays and depth groups of a schedule's order (:mod:`dml2comm.sim.schedules`; the one
-    place the simulator computes it: ``tests/oracles.py`` writes the same orders step by step).
-
-    Built with array arithmetic rather than from the step lists: every device runs ``T = m v``
-    forwards and ``T`` backwards; with ``W`` warm-up forwards (GPipe ``T``; 1F1B
-    ``min(p - s - 1, m)``; interleaved ``min(2 (p - s - 1) + (v - 1) p, T)``) the k-th forward
-    sits at position ``k`` (``k < W``) or ``2k - W``, the k-th backward at ``W + 2k + 1``
-    (``k < T - W``) or ``T + k``.  The k-th op's micro-batch and chunk follow
-    Megatron-LM's interleaved order (GPipe runs its backwards last micro-batch first).
-    """
-    check_schedule(name, p, m, v)
-    name = Schedule.of(name)
-    if name is Schedule.INTERLEAVED and v < 2:
-        name = Schedule.ONE_F_ONE_B
-    if name is not Schedule.INTERLEAVED:
-        v = 1
-    total = m * v
+    """Flat arrays and depth groups of a schedule's order (:func:`dml2comm.parallel.schedule.device_order`,
+    the one place the order is written; ``tests/oracles.py`` writes the same orders step by step):
+    every device's k-th forward and backward placed in its list, and each step's dependency on
+    the neighbouring virtual stage's step with the same micro-batch."""
+    order = device_order(name, p, m, v)
+    name, v, warm, total = order.name, order.v, order.warm, order.total
     two = 2 * total
     s = np.arange(p)
-    if name is Schedule.GPIPE:
-        warm = np.full(p, total)
-    elif name is Schedule.ONE_F_ONE_B:
-        warm = np.minimum(p - s - 1, m)
-    else:
-        warm = np.minimum((p - s - 1) * 2 + (v - 1) * p, total)
-    k = np.arange(total)
-
-    def fwd_pos(w, kk):
-        return np.where(kk < w, kk, 2 * kk - w)
-
-    def bwd_pos(w, kk):
-        return np.where(kk < total - w, w + 2 * kk + 1, total + kk)
-
-    def fwd_k(mb, chunk):  # inverse of the interleaved order's k-th forward (mb, chunk)
-        if v == 1:
-            return mb
-        return (mb // p) * p * v + chunk * p + mb % p
-
-    def bwd_k(mb, chunk):
-        if name is Schedule.GPIPE:
-            return m - 1 - mb
-        if v == 1:
-            return mb
-        return (mb // p) * p * v + (v - 1 - chunk) * p + mb % p
-
-    mb_f, chunk_f, mb_b, chunk_b = _kth_ops(name, k, p, m, v)
+    mb_f, chunk_f, mb_b, chunk_b = order.forward_micro_batch, order.forward_chunk, order.backward_micro_batch, order.backward_chunk
     n = p * two
     device = np.repeat(s, two)
     forward = np.zeros(n, dtype=bool)
@@ -172,22 +136,21 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     last_vs = p * v - 1
     # [p, T]: device d's k-th forward and backward (all devices at once)
     d = s[:, None]
-    w = warm[:, None]
-    pf = d * two + fwd_pos(w, k)
-    pb = d * two + bwd_pos(w, k)
+    pf = d * two + order.forward_at
+    pb = d * two + order.backward_at
     forward[pf.ravel()] = True
     vs = chunk_f * p + d
     up = vs - 1  # forward needs the previous virtual stage's output
     ok = vs > 0
     dev = up % p
-    kk = fwd_k(mb_f, up // p)
-    need[pf[ok]] = (dev * two + fwd_pos(warm[dev], kk))[ok]
+    kk = forward_index(mb_f, up // p, p, v)
+    need[pf[ok]] = (dev * two + forward_position(warm[dev], kk))[ok]
     vs = chunk_b * p + d
     down = vs + 1  # backward needs the next virtual stage's gradient
     ok = vs < last_vs
     dev = down % p
-    kk = bwd_k(mb_b, down // p)
-    need[pb[ok]] = (dev * two + bwd_pos(warm[dev], kk))[ok]
+    kk = backward_index(name, mb_b, down // p, p, m, v)
+    need[pb[ok]] = (dev * two + backward_position(warm[dev], kk, total))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
     depth = _one_f_one_b_depths(p, m) if name is Schedule.ONE_F_ONE_B and m >= p else None
@@ -196,17 +159,6 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     micro_batch = _by_step(n, pf, pb, mb_f, mb_b)
     chunk = _by_step(n, pf, pb, chunk_f, chunk_b)
     return _grouped(p, v, device, forward, prev, need, depth, micro_batch, chunk)
-
-
-def _kth_ops(name: Schedule, k: np.ndarray, p: int, m: int, v: int) -> tuple[np.ndarray, ...]:
-    """(micro-batch, chunk) of every device's k-th forward and k-th backward: in order for one
-    chunk (GPipe runs its backwards last micro-batch first); with ``v`` chunks, Megatron-LM's
-    interleaved order (``p`` micro-batches per chunk in turn, backwards from the last chunk)."""
-    if v == 1:
-        zeros = np.zeros_like(k)
-        return k, zeros, (m - 1 - k if name is Schedule.GPIPE else k), zeros
-    mb_f = (k // (p * v)) * p + k % p
-    return mb_f, (k // p) % v, mb_f, v - 1 - (k // p) % v
 
 
 def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
@@ -245,7 +197,7 @@ def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.n
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
     """The compiled form of per-device step lists of one of the schedules (``v`` model chunks per
-    device; :mod:`dml2comm.sim.schedules`): the name, ``p`` and ``m`` are read off the lists, and the
+    device; :mod:`dml2comm.parallel.schedule`): the name, ``p`` and ``m`` are read off the lists, and the
     lists are checked to be that schedule's, step for step.
 
     Raises
@@ -268,7 +220,7 @@ def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSch
             if (cs.v == v and np.array_equal(flat[:, 0], cs.forward) and np.array_equal(flat[:, 1], cs.micro_batch)
                     and np.array_equal(flat[:, 2], cs.chunk)):
                 return cs
-    raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (sim.schedules); these {p} step lists "
+    raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (parallel.schedule); these {p} step lists "
                       f"with {v} model chunks are none of them: compile one with sim.levels.compile_schedule")
 
 

@@ -35,7 +35,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("Per-layer tables", "dml2comm.cost.layers"),
     ("Stage tables: every stage-level term", "dml2comm.cost.stages"),
     ("Memory per GPU", "dml2comm.cost.memory"),
-    ("Pipeline schedules", "dml2comm.sim.schedules"),
+    ("Pipeline schedules", "dml2comm.parallel.schedule"),
     ("Iteration simulation", "dml2comm.sim.engine"),
     ("Operator FLOPs and bytes", "dml2comm.ops.registry"),
     ("Tensor parallelism", "dml2comm.parallel.tensor"),
