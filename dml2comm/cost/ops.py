@@ -48,6 +48,7 @@ from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, autocasts_activations, fusible_regions
+from dml2comm.cost.norm import EAGER_NORM_OPS, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -274,6 +275,10 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     norm_eff = hbm_efficiency_of(gpu, "norm")
+    # eager LayerNorm/RMSNorm: PyTorch's kernels' own law (cost.norm), unless calibrated; the
+    # table key tells the stacks apart by ``pad`` (set under Megatron only)
+    norm_law = eager and class_value(gpu, "norm") is None
+    norm_kernels: dict[int, int] = {}
     # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
     # once per tensor, not per read (the shards share their tensors; they outlive this loop)
     seen: dict[tuple[str, int], tuple[Tensor | None, tuple | None]] = {}
@@ -293,13 +298,18 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         outs, read_outs = operands(op.outputs, shard.outputs)
         key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
+        law = _eager_norm(op, ins, gpu, hbm) if norm_law and op.op_type in EAGER_NORM_OPS else None
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
-            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff),
-                                gemm is not None)
+            t = None if law is None else (law[0][0] * op.repeat, law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
+            if gemm is None and t is None:
+                t = op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff)
+            hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None)
         c, t, g = hit
+        if law is not None and c.bytes_bwd > 0 and law[1]:
+            norm_kernels[op.index] = law[1]
         is_gemm.append(g)
         if c.fallback:
             fallback_types.add(op.op_type)
@@ -360,8 +370,19 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         if forks or amp:
             kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
+        for i, extra in norm_kernels.items():
+            kernels[i] = (kernels[i][0], kernels[i][1] + extra)
         times = host_bound_times(times, kernels, is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def _eager_norm(op: Op, ins: Sequence[Tensor | None], gpu: GPU, hbm: float) -> tuple[tuple[float, float], int] | None:
+    """An eager LayerNorm/RMSNorm's (forward, backward) seconds and extra backward kernels by
+    :func:`dml2comm.cost.norm.op_norm_times_s` on its shard's input, or None (another op)."""
+    x = ins[0] if ins else None
+    if x is None or not x.dtype.is_float:
+        return None
+    return op_norm_times_s(op.op_type, int(op.attr("axis", -1)), tuple(x.shape), x.dtype.itemsize, gpu, hbm)
 
 
 def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], is_gemm: Sequence[bool],

@@ -30,6 +30,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("Compute time (roofline)", "dml2comm.cost.compute"),
     ("GEMM time: measured tables and the shape law", "dml2comm.cost.gemm"),
     ("Op costs and fused kernels", "dml2comm.cost.ops"),
+    ("Eager LayerNorm and RMSNorm kernels", "dml2comm.cost.norm"),
     ("Host-side time", "dml2comm.cost.host"),
     ("Training loss (cross-entropy)", "dml2comm.cost.loss"),
     ("Per-layer tables", "dml2comm.cost.layers"),
