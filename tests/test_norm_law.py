@@ -14,7 +14,8 @@ from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import NONE
 from dml2comm.cost.ops import shard_op_costs
 from dml2comm.hardware.gpus import get_gpu
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.validate.h100_norm import GPT2_TRACE_KERNELS_S, GPT2_TRACE_SHAPE, measured_norms
 
 ROOT = Path(__file__).resolve().parent.parent
