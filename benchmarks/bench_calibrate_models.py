@@ -22,7 +22,8 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.calibrate.calibration import calibrate
 from dml2comm.cli.calibrate import guard_line
 from dml2comm.hardware.cluster import Cluster, get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 
 from h100_steps import RUNS, config, measured_steps  # noqa: E402 (benchmarks/, the script's folder)
 

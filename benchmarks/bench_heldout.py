@@ -48,7 +48,8 @@ from bench_narayanan import model_chunks, predict  # noqa: E402
 from dml2comm import zoo  # noqa: E402
 from dml2comm.analysis import analyze_graph  # noqa: E402
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto  # noqa: E402
+from dml2comm.ir.onnx_import import ImportOptions  # noqa: E402
+from dml2comm.load import load_model_proto  # noqa: E402
 from dml2comm.parallel.config import ParallelConfig  # noqa: E402
 from dml2comm.validate import vtrain  # noqa: E402
 

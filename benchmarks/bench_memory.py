@@ -11,7 +11,8 @@ import time
 import dml2comm.analysis as analysis
 from dml2comm import zoo
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 
 

@@ -11,7 +11,8 @@ import dataclasses
 
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.traces.predict import attributed_share, expected_error_of, measured_and_modelled, profile_scale
 
 from h100_steps import RUNS, config, measured_steps  # noqa: E402 (benchmarks/, the script's folder)

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
 from tests.oracles import build_schedule  # the step lists simulate() also takes (the schedules step by step)

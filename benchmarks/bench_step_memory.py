@@ -24,7 +24,8 @@ from pathlib import Path
 from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ global batch 2240 on 2,240 A100s (``dgx-a100``), as Narayanan et al. 2021 (Table
 run is t=8, p=35, d=8).  The full default space: every valid d, t, p, micro-batch 1/2/4/8,
 virtual stages 1/2/4, ZeRO 0/1, recomputation none/selective/full, SP on/off (4,686
 configurations), through :func:`dml2comm.search.sweep.run_sweep` with the fast path
-(:mod:`dml2comm.search.fast`; the model's 105 identical blocks collapsed to four by
+(:mod:`dml2comm.model`; the model's 105 identical blocks collapsed to four by
 :mod:`dml2comm.ir.repeats`), with 1 and ``--workers`` processes.  The rate counts the whole
 call: the first import of the model, the collapsed imports of the other micro-batch sizes,
 forking the workers, evaluation and ranking.  Each run is a fresh process with the modules
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dml2comm import zoo  # noqa: E402
 from fresh import in_fresh_process  # noqa: E402
 import dml2comm.analysis  # noqa: E402,F401 - imported before timing: a sweep run from the command line has them loaded
-import dml2comm.search.fast  # noqa: E402,F401
+import dml2comm.model  # noqa: E402,F401
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
 from dml2comm.search.space import Constraints  # noqa: E402
 from dml2comm.search.sweep import SweepSpace, run_sweep  # noqa: E402

@@ -29,7 +29,7 @@ from dml2comm import zoo  # noqa: E402
 from fresh import in_fresh_process  # noqa: E402
 import dml2comm.analysis  # noqa: E402,F401 - imported before timing, as a command-line run has it
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
-from dml2comm.search.fast import supports  # noqa: E402
+from dml2comm.model import supports  # noqa: E402
 from dml2comm.search.space import Constraints  # noqa: E402
 from dml2comm.search.sweep import SweepSpace, config_from_dict, run_sweep  # noqa: E402
 

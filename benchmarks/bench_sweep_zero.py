@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dml2comm import zoo  # noqa: E402
 from fresh import in_fresh_process  # noqa: E402
 import dml2comm.analysis  # noqa: E402,F401 - imported before timing: a sweep run from the command line has them loaded
-import dml2comm.search.fast  # noqa: E402,F401
+import dml2comm.model  # noqa: E402,F401
 from dml2comm.hardware.cluster import get_cluster  # noqa: E402
 from dml2comm.search.space import Constraints  # noqa: E402
 from dml2comm.search.sweep import SweepSpace, run_sweep  # noqa: E402

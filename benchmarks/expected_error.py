@@ -1,5 +1,5 @@
-"""Regenerate dml2comm/validate/data/expected_error.csv: the per-run absolute errors that
-dml2comm.validate.bands.expected_error_for reads (the error bands every prediction states).
+"""Regenerate dml2comm/cost/data/expected_error.csv: the per-run absolute errors that
+dml2comm.cost.bands.expected_error_for reads (the error bands every prediction states).
 
     PYTHONPATH=. .venv/bin/python benchmarks/expected_error.py
 
@@ -11,14 +11,13 @@ at a few configurations.  Rerun after any change to the cost model.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from dml2comm.cost.bands import BANDS_PATH, expected_error_for
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate import SOURCES
-from dml2comm.validate.bands import BANDS_FILE, band_rows, bands_csv, expected_error_for
+from dml2comm.validate.bands import band_rows, bands_csv
 
-OUT = Path(__file__).resolve().parent.parent / "dml2comm" / "validate" / "data" / BANDS_FILE
+OUT = BANDS_PATH
 
 
 def main() -> None:

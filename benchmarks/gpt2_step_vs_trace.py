@@ -38,7 +38,8 @@ from dml2comm.cost.cache import flash_cores_of
 from dml2comm.cost.ops import op_gemms, shard_op_costs
 from dml2comm.cost.stages import StageCoster
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,8 @@ from importlib import resources
 from pathlib import Path
 
 from dml2comm.cost.cache import activation_model_of, layers_of
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.validate import steps
 
 STEPS = {"gpt2-small": ("step_gpt2_small_dynamo.onnx", 8, 1024), "llama-1b": ("step_llama_1b_dynamo.onnx", 4, 2048)}

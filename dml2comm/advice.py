@@ -14,7 +14,7 @@ Two lists sit on the overview and in data.json:
   it fit -- a higher ZeRO stage, selective or full recomputation, twice the tensor or pipeline
   size at half the data-parallel size.
 
-Each candidate is evaluated, not guessed, by :class:`dml2comm.search.fast.FastEvaluator` -- the
+Each candidate is evaluated, not guessed, by :class:`dml2comm.model.FastEvaluator` -- the
 stage plans of :mod:`dml2comm.cost.stages` the analysis itself reads, simulated without the
 drawings' comm nodes and events -- so a recommendation's time is the time the analysis of that
 command prints (to the collapse's 1e-12).
@@ -30,7 +30,7 @@ from dml2comm.errors import Dml2CommError
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig, Schedule
-from dml2comm.search.fast import FastEvaluator
+from dml2comm.model import FastEvaluator
 
 #: The multiple a dimension is padded to (:func:`dml2comm.cost.gemm.aligned_dim`: 64 16-bit
 #: elements, 128 bytes; nanoGPT pads GPT-2's vocabulary to 50,304, Megatron-LM to 128 x t).

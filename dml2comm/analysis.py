@@ -2,7 +2,8 @@
 
 import -> layers -> tensor-parallel shards -> per-op costs (for the drawings' op boxes) ->
 stage plan (:class:`dml2comm.cost.stages.StageCoster`, the cost model the sweep reads too) ->
-simulation (:mod:`dml2comm.sim.engine`: the events of the timeline) -> summary
+the plan's run (:func:`dml2comm.model.run.run`, the sweep's: the iteration, the same without
+communication, and the timeline's events) -> summary
 (:mod:`dml2comm.cost.summary`).  For the drawings only, the collective specs (tensor, context,
 expert, pipeline, tied-weight and data-parallel) are expanded into comm nodes with ranks,
 algorithms, links and formulas, each priced by the stage coster that priced the plan
@@ -35,12 +36,14 @@ from dml2comm.cost.layers import per_gpu_op_times
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, allocator_capacity_bytes, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import Summary, breakdown, summary_of
-from dml2comm.cost.stages import DPGroup, StageCoster, StagePlan, scatter_gather
+from dml2comm.cost.stages import DPGroup, StageCoster, scatter_gather
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayerKind, LayeredGraph
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
+from dml2comm.load import load_model
+from dml2comm.model.run import FreeRun, run
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
@@ -49,9 +52,8 @@ from dml2comm.parallel.context import check_context_parallel, context_parallel_c
 from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
 from dml2comm.parallel.tensor import TensorParallelPlan
-from dml2comm.sim.engine import DeviceWork, SimResult, simulate
-from dml2comm.sim.levels import compile_schedule
-from dml2comm.validate.bands import expected_error_for, profile_expected_error
+from dml2comm.sim.engine import SimResult
+from dml2comm.cost.bands import expected_error_for, profile_expected_error
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -267,8 +269,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     assumptions.append(_dropout_assumption(graph, config))
 
     # ---- stages: every number from the stage plan (the sweep's numbers, by construction)
-    stages, works = _stage_infos(plan, table, comms, rank_map, copies, readers, stage_of_layer)
-    sim, sim_free = _simulate(config, works, keep_events=timeline)
+    stages = _stage_infos(plan, table, comms, rank_map, copies, readers, stage_of_layer)
+    ran = run([plan], events=timeline)[0]  # the sweep's run of the same plan (dml2comm.model)
+    sim, sim_free = ran.timeline, ran.free
     layers_info, ops_info = _rows(graph, layered, layer_table, tp, costs, times, stage_of_layer, stage_of_op)
     memory = _memory_report(stages, cluster, config)
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
@@ -540,9 +543,9 @@ def _cost_assumptions(graph: OpGraph, config: ParallelConfig, cluster: Cluster, 
 
 
 def _stage_infos(plan: Any, table: Any, comms: Sequence[CommNode], rank_map: Any, copies: Any,
-                 readers: Mapping[str, Any], stage_of_layer: Sequence[int]) -> tuple[list[StageInfo], list[DeviceWork]]:
+                 readers: Mapping[str, Any], stage_of_layer: Sequence[int]) -> list[StageInfo]:
     """Per stage its :class:`StageInfo` (every number from the stage plan: the sweep's, by
-    construction) and the :class:`DeviceWork` the simulator runs; a stage's held copies are the
+    construction); a stage's held copies are the
     parameters it reads that an earlier stage owns (:func:`dml2comm.parallel.pipeline.held_copies`)."""
     ranges = table.ranges
     held_names: list[list[str]] = [[] for _ in ranges]
@@ -553,11 +556,9 @@ def _stage_infos(plan: Any, table: Any, comms: Sequence[CommNode], rank_map: Any
             held_names[s].append(w)
             held_owner[s].add(holders[0])
     stages: list[StageInfo] = []
-    works: list[DeviceWork] = []
     for s, (a, b) in enumerate(ranges):
         mine = [c for c in comms if c.stage == s]
         dp_once = sum(c.time_s * c.count_per_iteration for c in mine if c.dim is ParallelDim.DP and not c.per_micro_batch)
-        works.append(_stage_work(plan, s))
         weights, grads, optimizer_states = plan.states[s].tolist()
         memory = dict(stage_memory_dict(ModelStates(weights, grads, optimizer_states), float(plan.activations_per_mb[s] * plan.in_flight[s]),
                                         float(plan.buffers[s]), float(plan.transient[s]), plan.grads_in_backward),
@@ -585,7 +586,7 @@ def _stage_infos(plan: Any, table: Any, comms: Sequence[CommNode], rank_map: Any
                 held_from=tuple(sorted(held_owner[s])),
             )
         )
-    return stages, works
+    return stages
 
 
 def _memory_report(stages: list[StageInfo], cluster: Cluster, config: ParallelConfig) -> dict[str, Any]:
@@ -608,50 +609,6 @@ def _memory_report(stages: list[StageInfo], cluster: Cluster, config: ParallelCo
     }
 
 
-def _stage_work(plan: StagePlan, s: int) -> DeviceWork:
-    """What the engine needs of device ``s`` of ``plan`` (the sweep's ``_GroupSim`` reads the
-    same arrays for many plans at once)."""
-    taus, counts = plan.runs_tau[s].tolist(), plan.runs_count[s].tolist()
-    zero = plan.zero_mb[s].tolist() if plan.zero_mb is not None else [0.0, 0.0, 0.0]
-    return DeviceWork(
-        fwd_s=float(plan.fwd[s]),
-        bwd_s=float(plan.bwd[s]),
-        tp_fwd_s=float(plan.tp_f[s]),
-        tp_bwd_s=float(plan.tp_b[s]),
-        send_fwd_s=float(plan.send_f[s]),
-        send_bwd_s=float(plan.send_b[s]),
-        zero_fwd_s=zero[0],
-        zero_bwd_pre_s=zero[1],
-        zero_bwd_post_s=zero[2],
-        dp_buckets_s=tuple(tau for tau, n in zip(taus, counts) for _ in range(int(n))),
-        optimizer_s=float(plan.optimizer[s]),
-        after_step_s=float(plan.after_step[s]),
-        overlap_dp=plan.config.overlap_grad_reduce,
-        tied_s=float(plan.tied[s]),
-    )
-
-
-def _simulate(config: ParallelConfig, works: list[DeviceWork], keep_events: bool = True) -> tuple[SimResult, SimResult]:
-    """The iteration, and the same iteration with every collective free (for the breakdown).
-
-    Interleaved: each device's work is split evenly over its v model chunks, and every chunk
-    boundary sends the stage's activation (the wrap-around from the last device to the first
-    uses the largest send of the other stages)."""
-    v = config.chunks
-    p = config.pp_size
-    if v > 1:
-        wrap = max((w.send_fwd_s for w in works[:-1]), default=0.0)
-        wrap_b = max((w.send_bwd_s for w in works[1:]), default=0.0)
-        works = [replace(w, fwd_s=w.fwd_s / v, bwd_s=w.bwd_s / v, tp_fwd_s=w.tp_fwd_s / v, tp_bwd_s=w.tp_bwd_s / v,
-                         send_fwd_s=w.send_fwd_s or wrap, send_bwd_s=w.send_bwd_s or wrap_b,
-                         zero_fwd_s=w.zero_fwd_s / v, zero_bwd_pre_s=w.zero_bwd_pre_s / v, zero_bwd_post_s=w.zero_bwd_post_s / v)
-                 for w in works]
-    schedule = compile_schedule(config.schedule, p, config.num_micro_batches, v)  # the sweep's compiled schedule
-    sim = simulate(schedule, works, keep_events=keep_events)
-    free = [DeviceWork(w.fwd_s - w.tp_fwd_s, w.bwd_s - w.tp_bwd_s, optimizer_s=w.optimizer_s) for w in works]
-    return sim, simulate(schedule, free, keep_events=False)
-
-
 def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
     for t in outputs:
         if t is not None:
@@ -659,7 +616,7 @@ def _shape(outputs: tuple[Tensor | None, ...]) -> tuple[int, ...]:
     return ()
 
 
-def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, sim_free: SimResult, full_flops, peak, seq_len,
+def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, sim_free: FreeRun, full_flops, peak, seq_len,
                model_path, memory) -> tuple[Summary, dict[str, Any]]:
     """The :class:`~dml2comm.cost.summary.Summary` of the simulated iteration (the four parts of
     the iteration, the bubble's two ratios and the busiest stage as
@@ -668,7 +625,7 @@ def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, s
     stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s`` (removing all collectives
     shortens the critical path by at most the collective time on it);
     ``comm_time_busiest_stage_s`` is the busiest stage's own share of it; the bottleneck in words;
-    the expected error of the validated runs nearest this one (:mod:`dml2comm.validate.bands`).
+    the expected error of the validated runs nearest this one (:mod:`dml2comm.cost.bands`).
     """
     iteration = sim.iteration_time_s
     parts = breakdown(np.array([iteration]), np.array([sim_free.iteration_time_s]), np.array([sim_free.compute_end_s]),

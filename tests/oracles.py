@@ -7,7 +7,7 @@ import numpy as np
 
 from dml2comm.parallel.config import Schedule
 from dml2comm.sim.levels import CompiledSchedule, pipeline_steps
-from dml2comm.sim.schedules import Step, StepKind, check_schedule
+from dml2comm.parallel.schedule import Step, StepKind, check_schedule
 
 
 def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray, send_fwd_s: np.ndarray,
@@ -19,7 +19,7 @@ def pipeline_end_times(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarra
 def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: list[tuple[float, int]],
                     overlap: bool, stream_free: float = 0.0) -> float:
     """End of the gradient-bucket stream of one device (:func:`dml2comm.sim.levels.iteration_tail`'s
-    loop, in closed form; :func:`dml2comm.sim.levels.bucket_tail_end_many` vectorises it).
+    bucket-by-bucket loop, in closed form: equal to it to rounding).
 
     ``buckets``: runs of ``(seconds, count)`` in order.  Bucket ``i`` of ``K`` is ready at
     ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``.  For buckets of
@@ -45,7 +45,7 @@ def bucket_tail_end(start: float, duration: float, compute_end: float, buckets: 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Step]]:
     """Per-device step lists for schedule ``name`` (``gpipe``, ``1f1b``, ``interleaved``), step by
-    step as :mod:`dml2comm.sim.schedules` describes them (the reference for
+    step as :mod:`dml2comm.parallel.schedule` describes them (the reference for
     :func:`dml2comm.sim.levels.compile_schedule`)."""
     check_schedule(name, p, m, v)
     name = Schedule(name)
@@ -88,3 +88,18 @@ def _interleaved(p: int, m: int, v: int, s: int) -> list[Step]:
         steps.append(backward(i))
     steps.extend(backward(k) for k in range(total - warmup, total))
     return steps
+
+
+def bucket_stream(start: float, duration: float, compute_end: float, buckets: list[float], overlap: bool,
+                  stream_free: float = 0.0) -> tuple[float, list[float]]:
+    """The gradient-bucket stream of one device bucket by bucket, as Python floats: its end and
+    every bucket's start (``t = max(t, ready_i) + tau_i``; bucket ``i`` of ``K`` ready at
+    ``start + duration * (i + 1) / K`` with overlap, else at ``compute_end``): the order of
+    additions :func:`dml2comm.sim.levels.iteration_tail` reproduces to the last bit."""
+    t, starts = stream_free, []
+    n = len(buckets)
+    for i, tau in enumerate(buckets):
+        ready = start + duration * (i + 1) / n if overlap else compute_end
+        starts.append(max(t, ready))
+        t = starts[-1] + tau
+    return t, starts

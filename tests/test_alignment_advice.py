@@ -11,7 +11,8 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.cost.gemm import gemm_time_s, training_gemms
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 
 GPT2 = Path(__file__).resolve().parent.parent / "dml2comm" / "validate" / "data" / "models" / "step_gpt2_small_dynamo.onnx"

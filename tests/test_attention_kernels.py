@@ -23,7 +23,8 @@ from dml2comm.hardware.cluster import get_cluster
 from dml2comm.hardware.gpus import get_gpu
 from dml2comm.ir.graph import DType
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -280,7 +281,7 @@ def test_default_costs_are_megatron_unfused_and_caches_never_mix():
 
 
 def test_fast_path_equals_the_analysis_for_every_stack_and_kernel():
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=4, hidden=256, heads=8, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     cluster = get_cluster("dgx-h100", 8)

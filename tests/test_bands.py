@@ -1,12 +1,13 @@
-"""Expected-error bands (dml2comm.validate.bands)."""
+"""Expected-error bands (dml2comm.cost.bands) and their rows from validation (dml2comm.validate.bands)."""
 
 from __future__ import annotations
 
 import pytest
 
+from dml2comm.cost.bands import UNVALIDATED_QUANTILE, BandRow, expected_error_for, load_bands, weighted_quantile
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.validate.bands import UNVALIDATED_QUANTILE, BandRow, band_rows, expected_error_for, load_bands, weighted_quantile
+from dml2comm.validate.bands import band_rows
 from dml2comm.validate.cases import Case
 
 A100 = get_cluster("dgx-a100", 8).gpu.name

@@ -172,7 +172,8 @@ def test_the_analysis_sees_the_norm_class_on_layer_norms_only() -> None:
     forward takes 0.85 / 0.425 = 2x as long, its MatMuls and element-wise ops do not move."""
     from dml2comm.cost import host as host_model
     from dml2comm.cost.ops import shard_op_costs
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
 
     graph = load_model(str(ROOT / "tests" / "fixtures" / "gpt2_legacy.onnx"), ImportOptions(batch_size=1, seq_len=128)).graph
     h100 = GPUS["H100-SXM5-80GB"]
@@ -345,7 +346,8 @@ def step_errors():
     import json
 
     from dml2comm.analysis import analyze_graph
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
     from dml2comm.parallel.config import ParallelConfig
 
     runs = json.loads((ROOT / "dml2comm" / "validate" / "data" / "h100_steps.json").read_text())["runs"]

@@ -244,7 +244,8 @@ def test_placeholder_dim_names_are_bound_by_input_and_axis(tmp_path, capsys):
 def test_a_static_leading_axis_of_a_state_input_is_not_the_batch():
     """Silero VAD: ``input[batch, sequence]`` and an LSTM state ``state[2, batch, 128]``; the
     static 2 in front of the state is the layers x directions axis, not a fixed batch."""
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model_proto
 
     x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "sequence"])
     state = helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 128])

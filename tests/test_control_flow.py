@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from dml2comm.analysis import analyze_graph
 from dml2comm.errors import ModelError
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions, read_model_proto
+from dml2comm.load import load_model_proto
 from dml2comm.ops.registry import op_cost
 from dml2comm.parallel.config import ParallelConfig
 
@@ -154,6 +155,20 @@ def test_if_with_different_ranks_is_costed_as_its_heavier_branch_without_lenient
     assert g.num_params == 12
     note = next(w for w in r.warnings if "'choose'" in w)
     assert "heavier branch, then_branch" in note and "different ranks" in note
+
+
+def test_if_branch_choice_reads_the_cost_it_is_given():
+    """The reader (ir, below the op rules) decides by the forward cost its caller passes in
+    (``dml2comm.load`` passes the op rules'): cost the else branch's ReduceSum above the then
+    branch's MatMul and the else branch is kept; the reader has no cost of its own to fall back on."""
+    def reduce_heavy(op, inputs, outputs):
+        return (1e9, 0.0) if op.op_type == "ReduceSum" else (1.0, 0.0)
+
+    r = read_model_proto(_if_model(), op_cost=reduce_heavy)
+    assert [(o.op_type, o.repeat) for o in r.graph.ops][:2] == [("ReduceSum", 1), ("Identity", 1)]
+    assert "heavier branch, else_branch (1e+09 forward FLOPs" in next(w for w in r.warnings if "'choose'" in w)
+    with pytest.raises(TypeError, match="op_cost"):
+        read_model_proto(_if_model())  # type: ignore[call-arg]
 
 
 def test_if_with_a_constant_condition_takes_that_branch():

@@ -11,9 +11,10 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.cost.cache import CacheKey, LayersKey, NeedsGradKey, cached, derived
 from dml2comm.hardware.cluster import get_cluster, make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.search.fast import FastEvaluator
+from dml2comm.model import FastEvaluator
 
 
 @dataclass(frozen=True, slots=True)

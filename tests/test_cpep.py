@@ -25,11 +25,12 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph, comm_by_dim
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import RankMap, get_cluster, make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.expert import expert_flops_per_gpu
-from dml2comm.search.fast import FastEvaluator, supports
+from dml2comm.model import FastEvaluator, supports
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -316,7 +317,7 @@ def test_cp_group_inside_a_node_uses_nvlink(gpt):
     assert cp_links and cp_links != dp_links  # CP (2 GPUs, adjacent ranks) stays in the node, DP (8) crosses nodes
 
 
-# ---- the sweep's fast path (dml2comm.search.fast) with context and expert parallelism
+# ---- the sweep's fast path (dml2comm.model) with context and expert parallelism
 #
 # The batched simulation the fast path uses (dml2comm.sim.levels) queues a device's sends on its
 # pp stream as the engine does (tests/test_sim.py; a send-bound sweep in tests/test_search.py),

@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.pipeline import weight_derived

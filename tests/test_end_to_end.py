@@ -12,7 +12,8 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.cli import main
 from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir import onnx_import
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from tests.test_cli import ROOT, assert_bad, run

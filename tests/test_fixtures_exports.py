@@ -17,7 +17,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = json.loads((FIXTURES / "fixtures_expected.json").read_text())

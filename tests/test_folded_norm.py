@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 from dml2comm import zoo
 from dml2comm.analysis import folded_normalization_warning
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

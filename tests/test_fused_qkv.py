@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dml2comm.errors import ConfigError
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.parallel.tensor import attention_heads, shard_tensor_parallel
 

@@ -259,7 +259,8 @@ def _analyse(nodes, inputs, outputs, initializers=(), cluster_name="dgx-h100", b
 
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model_proto
     from dml2comm.parallel.config import ParallelConfig
 
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))

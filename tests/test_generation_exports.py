@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dml2comm.cost.loss import logits_outputs
 from dml2comm.errors import ModelError
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from tests.helpers import model, weight
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import op_cost
 from dml2comm.parallel.config import ParallelConfig

@@ -19,7 +19,8 @@ from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import NONE
 from dml2comm.cost.ops import gradient_forks, gradient_sum_bytes, op_costs
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import DTYPES
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from dml2comm import zoo
 from dml2comm.cost.ops import attention_head_views, shard_op_costs
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

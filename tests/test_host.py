@@ -11,7 +11,8 @@ from dml2comm.cost import host
 from dml2comm.cost.ops import op_kernel_counts, shard_op_costs
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 
 
 def test_window_spreads_host_excess_over_kernels():
@@ -120,7 +121,7 @@ def test_the_cluster_names_its_host_model_and_both_paths_read_it(tmp_path):
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.parallel.config import ParallelConfig
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     config = ParallelConfig(pp_size=2, micro_batch_size=1, global_batch_size=4, seq_len=128)
@@ -211,7 +212,7 @@ def test_a_cluster_without_a_host_model_runs_its_stacks():
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.parallel.config import ParallelConfig
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=512, seq_len=128), ImportOptions(batch_size=1))
     auto = make_cluster("h100", 1, 1)

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from dml2comm.errors import InputFileError, ModelError, UnboundDimError
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from tests.helpers import mlp, model, weight
 from tests.test_fixtures_exports import ISSUE16_FIXTURES
 

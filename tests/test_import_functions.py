@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import load_model, load_model_proto
+from dml2comm.load import load_model, load_model_proto
 from tests.helpers import weight
 
 FIXTURES = Path(__file__).parent / "fixtures"

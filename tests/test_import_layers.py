@@ -28,10 +28,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("dml2comm", "dml2comm.errors", "dml2comm.choices", "dml2comm.bootstrap", "dml2comm.fmt"),
     ("dml2comm.ir",),                                   # the graph read from ONNX
     ("dml2comm.ops", "dml2comm.hardware", "dml2comm.zoo"),  # op rules; GPUs and clusters; model builders
+    ("dml2comm.load",),                                 # the model loader: the ONNX reader given the op rules' costs
     ("dml2comm.network",),                              # collectives on a topology
     ("dml2comm.parallel",),                             # data/tensor/pipeline/expert parallelism
     ("dml2comm.cost",),                                 # per-op, per-layer, per-stage costs
     ("dml2comm.sim",),                                  # the pipeline simulation
+    ("dml2comm.model",),                                # priced plans run once: the analysis's and the sweep's evaluator
     ("dml2comm.analysis", "dml2comm.advice"),           # one plan's analysis and its advice
     # the commands' back ends, and the executors their parallel work runs on
     ("dml2comm.search", "dml2comm.traces", "dml2comm.calibrate", "dml2comm.validate", "dml2comm.executors"),
@@ -42,15 +44,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("dml2comm.cli",),
 ]
 
-# Known violations left for later (issue 37 item 3), each ``(importer, imported)``: the test fails on
-# any other one, and on an entry here that no longer occurs (so the lists only shrink).
-ALLOWED_UPWARD: set[tuple[str, str]] = {
-    # analysis/advice reaching up into the search and validation back ends
-    ("dml2comm.advice", "dml2comm.search.fast"),        # advice evaluates candidates with the sweep's FastEvaluator
-    ("dml2comm.analysis", "dml2comm.validate.bands"),   # the expected-error band of the headline number
-    # below the model: config helpers and the IR reaching up (lazy imports)
-    ("dml2comm.ir.onnx_import", "dml2comm.ops.registry"),   # costs an If branch with the op rules
-}
+# Known violations, each ``(importer, imported)``: none left. The test fails on any upward import, and
+# on an entry here that no longer occurs (so the list only shrinks).
+ALLOWED_UPWARD: set[tuple[str, str]] = set()
 ALLOWED_CYCLES: list[set[str]] = []  # none left: the test fails on any circle
 
 
@@ -132,6 +128,53 @@ def test_no_import_circles():
     assert not new, "import circles (each block is one strongly connected set):\n" + "\n\n".join(detail)
     gone = [c for c in ALLOWED_CYCLES if c not in found]
     assert not gone, f"fixed, so drop from ALLOWED_CYCLES: {gone}"
+
+
+#: The ONNX reader's entry points, which take the op rules' forward cost (an ``If``'s heavier
+#: branch), and the one module that may call them (it passes the op rules in).
+BARE_READERS = frozenset({"read_model", "read_model_proto"})
+LOADER = "dml2comm/load.py"
+
+
+def bare_reader_uses(root: Path = ROOT) -> list[str]:
+    """``path:line`` of each use of :data:`BARE_READERS` (imported from ``dml2comm.ir.onnx_import``
+    or read as an attribute) in the package, the tests and the benchmarks, outside the reader and
+    :data:`LOADER`."""
+    found = []
+    for folder in (PACKAGE, "tests", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in (LOADER, f"{PACKAGE}/ir/onnx_import.py"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module == f"{PACKAGE}.ir.onnx_import":
+                    hit = any(a.name in BARE_READERS for a in node.names)
+                elif isinstance(node, ast.Attribute):
+                    hit = node.attr in BARE_READERS
+                else:
+                    continue
+                if hit:
+                    found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_models_are_loaded_through_the_one_loader():
+    """Every caller loads through ``dml2comm.load`` (which passes the op rules' costs to the reader
+    for ``If`` branches), never through the bare reader (``tests/test_control_flow.py`` calls it on
+    purpose, with a cost of its own)."""
+    found = [u for u in bare_reader_uses() if not u.startswith("tests/test_control_flow.py:")]
+    assert not found, "load models with dml2comm.load.load_model / load_model_proto:\n  " + "\n  ".join(found)
+
+
+def test_the_loader_check_finds_imports_and_attributes(tmp_path):
+    _write(tmp_path, {
+        "dml2comm/__init__.py": "",
+        "dml2comm/load.py": "from dml2comm.ir.onnx_import import read_model\n",
+        "dml2comm/cost/x.py": "from dml2comm.ir.onnx_import import ImportOptions, read_model_proto\n",
+        "tests/test_y.py": "from dml2comm.ir import onnx_import\nonnx_import.read_model('m.onnx')\n",
+        "benchmarks/z.py": "from dml2comm.load import load_model\n",
+    })
+    assert bare_reader_uses(tmp_path) == ["dml2comm/cost/x.py:1", "tests/test_y.py:2"]
 
 
 def test_the_check_finds_lazy_upward_imports_and_circles(tmp_path):

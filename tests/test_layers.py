@@ -10,7 +10,8 @@ from onnx import TensorProto, helper
 
 from dml2comm import zoo
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from tests.helpers import model, weight
 
 FIXTURES = Path(__file__).parent / "fixtures"

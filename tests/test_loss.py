@@ -16,7 +16,8 @@ from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import DEFAULT as HOST
 from dml2comm.cost.loss import CE_BWD_KERNELS, CE_FWD_KERNELS, cross_entropy_s, logits_outputs
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.tensor import padded_vocab
 from tests.helpers import model, weight

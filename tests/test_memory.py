@@ -14,9 +14,12 @@ from dml2comm.cost.memory import ActivationModel, in_flight_micro_batches, model
 from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.graph import DType
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
+from dml2comm.parallel.schedule import StepKind
 from dml2comm.parallel.tensor import requires_grad, shard_tensor_parallel
+from tests.oracles import build_schedule
 from tests.test_cli import ROOT, assert_bad, run
 
 ZERO_TABLE = Path(__file__).resolve().parent / "fixtures" / "published" / "zero2020_table1.json"
@@ -109,12 +112,89 @@ def test_1f1b_first_stage_holds_L_layers_whatever_p(p):
     assert first.memory["activations_bytes"] - non_blocks * p == pytest.approx(L * per_block, rel=1e-9)
 
 
-def test_in_flight_per_schedule():
-    assert in_flight_micro_batches("gpipe", 4, 16, 0) == 16
-    assert [in_flight_micro_batches("1f1b", 4, 16, s) for s in range(4)] == [4, 3, 2, 1]
-    assert in_flight_micro_batches("1f1b", 4, 2, 0) == 2
-    # interleaved: 1 + (p-1)/(p m) = 1 + 3/64
-    assert in_flight_micro_batches("interleaved", 4, 16, 0, 2) == pytest.approx(4 * (1 + 3 / 64))
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_in_flight_gpipe_and_1f1b(p):
+    """GPipe holds every micro-batch; 1F1B's stage s holds min(p - s, m) (Narayanan et al. 2021,
+    Sec. 2.2.1: p - s - 1 warm-up forwards, then one more before the first backward), fewer
+    micro-batches than stages (m < p) included."""
+    for m in range(1, 2 * p + 2):
+        assert in_flight_micro_batches("gpipe", p, m).tolist() == [m] * p
+        assert in_flight_micro_batches("1f1b", p, m).tolist() == [min(p - s, m) for s in range(p)]
+        # --virtual-stages is ignored by the other schedules (ParallelConfig.chunks)
+        assert in_flight_micro_batches("1f1b", p, m, 4).tolist() == [min(p - s, m) for s in range(p)]
+
+
+def test_in_flight_interleaved_worked_example():
+    """p=4, v=2, m=8: stage 0 runs (p-1)*2 + (v-1)*p = 10 warm-up chunk forwards and one more
+    before its first backward, 11 chunk forwards = 5.5 micro-batches = 4 (1 + 3/8)."""
+    assert in_flight_micro_batches("interleaved", 4, 8, 2).tolist() == [5.5, 4.5, 3.5, 2.5]
+    assert in_flight_micro_batches("interleaved", 4, 8, 2)[0] == 4 * (1 + 3 / 8)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_in_flight_interleaved_first_stage_is_megatrons_penalty(p, v):
+    """Stage 0 holds p (1 + (p - 1) / (p v)) micro-batches: Megatron-LM's
+    ``interleaved_schedule_memory_penalty`` (megatron/training/theoretical_memory_usage.py) and
+    Korthikanti et al. 2022 Sec. 4.2.3, with v (not the micro-batch count) in the denominator."""
+    for m in (2 * p, 4 * p, 8 * p):
+        assert in_flight_micro_batches("interleaved", p, m, v)[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("v", [2, 3])
+def test_in_flight_interleaved_every_stage_follows_megatrons_warm_up(p, v):
+    """Stage s holds Megatron-Core's warm-up forwards plus the first steady-state one, in chunk
+    forwards of 1/v micro-batch: (min((p - s - 1) * 2 + (v - 1) * p, m v) + 1, at most m v) / v
+    (``num_warmup_microbatches``, megatron/core/pipeline_parallel/schedules.py, capped at the
+    total); m = p, where later stages' warm-up is cut short by the total, included."""
+    for m in (p, 2 * p, 3 * p):
+        expected = [min((p - s - 1) * 2 + (v - 1) * p + 1, m * v) / v for s in range(p)]
+        assert in_flight_micro_batches("interleaved", p, m, v).tolist() == pytest.approx(expected)
+
+
+def _held_by_stepping(steps, v):
+    """The most forwards run whose backward has not, walking one device's step list."""
+    held, most = set(), 0
+    for step in steps:
+        key = (step.micro_batch, step.chunk)
+        if step.kind is StepKind.FORWARD:
+            held.add(key)
+            most = max(most, len(held))
+        else:
+            assert key in held, "a backward before its forward"
+            held.remove(key)
+    assert not held
+    return most / v
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), [("gpipe", 3, 5, 1), ("1f1b", 4, 2, 1), ("1f1b", 4, 9, 1),
+                                                   ("interleaved", 4, 4, 2), ("interleaved", 3, 9, 3),
+                                                   ("interleaved", 2, 6, 4)])
+def test_in_flight_is_the_count_over_the_step_lists(name, p, m, v):
+    """The count over the schedule's arrays equals the count over the step lists that
+    ``tests/oracles.py`` writes out step by step."""
+    lists = build_schedule(name, p, m, v)
+    assert in_flight_micro_batches(name, p, m, v).tolist() == [_held_by_stepping(steps, v) for steps in lists]
+
+
+def test_in_flight_is_cached_and_read_only():
+    first = in_flight_micro_batches("interleaved", 8, 64, 4)
+    assert in_flight_micro_batches("interleaved", 8, 64, 4) is first
+    with pytest.raises(ValueError):
+        first[0] = 0.0
+
+
+def test_interleaved_analysis_reads_the_schedules_count():
+    """An interleaved analysis's stage memory uses the schedule's count: p=2, v=2 holds
+    2 + 1/2 micro-batches on stage 0 and 1.5 on stage 1."""
+    model = zoo.build_gpt(layers=8, hidden=256, heads=8, vocab=256, seq_len=128)
+    imported = load_model_proto(model, ImportOptions(batch_size=2))
+    config = ParallelConfig(pp_size=2, micro_batch_size=2, global_batch_size=16, seq_len=128, schedule="interleaved",
+                            virtual_stages=2)
+    a = analyze_graph(imported, config, make_cluster("a100", 2, 2))
+    assert [st.memory["in_flight_micro_batches"] for st in a.stages] == [2.5, 1.5]
+    assert a.stages[0].memory["activations_bytes"] == pytest.approx(2.5 * a.stages[0].memory["activations_per_micro_batch_bytes"])
 
 
 def test_fit_check_and_suggestions_are_reanalysed():
@@ -157,7 +237,7 @@ def test_assumed_dropout_on_an_export_matches_the_zoo_graph_with_dropout():
 @pytest.mark.parametrize("name", ["gpt2_legacy.onnx", "gpt2_dynamo.onnx"])
 def test_real_gpt2_exports_with_assumed_dropout_match_korthikanti(name):
     """Real exports (no Dropout nodes) + --dropout: one GPT-2 block keeps s b h (34 + 5 a s / h)."""
-    from dml2comm.ir.onnx_import import load_model
+    from dml2comm.load import load_model
 
     s, b, h, a = 1024, 1, 768, 12
     graph = load_model(Path(__file__).parent / "fixtures" / name, ImportOptions(batch_size=b, seq_len=s)).graph

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from dml2comm.cli import main
 from dml2comm.errors import ModelError
-from dml2comm.ir.onnx_import import load_model_proto
+from dml2comm.load import load_model_proto
 
 
 def graph(nodes: list[onnx.NodeProto], *, checked: bool = False) -> onnx.ModelProto:

@@ -14,7 +14,8 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.cost.stages import StageCoster
 from dml2comm.cost.summary import breakdown
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.network.kinds import ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig, Recompute, Schedule
 
@@ -128,7 +129,7 @@ def test_one_typed_summary_for_the_analysis_the_sweep_and_data_json(gpt):
 
     from dml2comm.cost.summary import Summary
     from dml2comm.export.report import report_json
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     config = ParallelConfig(micro_batch_size=2, dp_size=2, tp_size=2, pp_size=2, global_batch_size=16)
     cluster = make_cluster("a100", config.num_gpus, 4)

@@ -560,7 +560,8 @@ def test_gpt2_export_matmul_flops_match_narayanan(exporter: str) -> None:
     """
     from pathlib import Path
 
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
 
     path = Path(__file__).parent / "fixtures" / f"gpt2_{exporter}.onnx"
     graph = load_model(path, ImportOptions(batch_size=2, seq_len=16)).graph
@@ -593,7 +594,8 @@ def test_an_unavailable_fused_softmax_costs_its_ops_as_separate_kernels():
     from dml2comm.cost.ops import fused_kernels, shard_op_costs, unfused_softmax_ops
     from dml2comm.hardware.cluster import get_cluster
     from dml2comm.ir.graph import DType
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model_proto
 
     graph = load_model_proto(zoo.build_gpt(layers=2, hidden=256, heads=8, vocab=512, seq_len=1024), ImportOptions(batch_size=1)).graph
     gpu = get_cluster("dgx-a100", 8).gpu
@@ -622,7 +624,8 @@ def test_sequence_parallel_bias_dropout_add_reads_the_reduce_scattered_slice():
     from dml2comm.cost import host
     from dml2comm.cost.ops import fused_kernels, shard_op_costs
     from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model_proto
 
     graph = load_model_proto(zoo.build_gpt(layers=1, hidden=1024, heads=8, vocab=512, seq_len=1024),
                              ImportOptions(batch_size=4)).graph

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dml2comm.errors import ConfigError
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.pipeline import partition_layers
 from dml2comm.parallel.tensor import shard_tensor_parallel

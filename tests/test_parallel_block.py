@@ -16,7 +16,8 @@ import pytest
 
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 

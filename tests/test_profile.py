@@ -10,7 +10,8 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.cli import main
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.cost.host import PYTORCH
 from dml2comm.traces.host import fitted_host_model, host_figures
@@ -134,8 +135,8 @@ def test_fast_path_equals_the_analysis_with_a_profile(gpt2_parts):
     # a small zoo GPT with the GPT-2 step's ratios (per layer kind): the sweep's collapsed tables
     # and the analysis's whole graph read the same scaled op, loss and optimizer times
     from dml2comm import zoo
-    from dml2comm.ir.onnx_import import load_model_proto
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.load import load_model_proto
+    from dml2comm.model import FastEvaluator
 
     scale = profile_scale([gpt2_parts], "pytorch")  # with the trace's host model
     assert scale.host is not None and scale.host.kernel_s == gpt2_parts["host"].kernel_s

@@ -10,12 +10,13 @@ import math
 import pytest
 
 from dml2comm.analysis import analyze_graph
+from dml2comm.cost.bands import expected_error_for, plan_doublings, profile_band
 from dml2comm.cost.cache import layers_of
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
-from dml2comm.traces.join import shape_doublings
+from dml2comm.ir.gemms import shape_doublings
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.traces.predict import expected_error_of, held_out_shapes, measured_and_modelled, profile_scale, split_halves
-from dml2comm.validate.bands import expected_error_for, plan_doublings, profile_band
 
 from tests.h100_steps import GPT2, LLAMA, run_profiled, step_config as _config
 
@@ -124,12 +125,13 @@ def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):
 
 def test_gpt2_from_llamas_ratios_is_covered(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
-    # distance from Llama's GEMM shapes to GPT-2's: -2.3% measured, inside the band
+    # distance from Llama's GEMM shapes to GPT-2's: 0.2% off the measured step, inside the band (2.3% before
+    # eager LayerNorm's own law, cost.norm: Llama's trace has no LayerNorm to scale it)
     a = _analysis(GPT2, 8, profile_scale([parts["llama"]]))
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.65, abs=0.01) and band["components"]["shapes"] > 0
     error = abs(a.summary["iteration_time_s"] / GPT2[4] - 1)
-    assert error == pytest.approx(0.023, abs=0.001) and error <= band["total"] == a.summary["expected_error"]
+    assert error == pytest.approx(0.0017, abs=0.001) and error <= band["total"] == a.summary["expected_error"]
 
 
 def test_what_the_trace_did_not_measure_keeps_the_models_band(parts):

@@ -9,7 +9,8 @@ import pytest
 from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 
 # (layers, hidden, heads, vocab, seq): GPT-2 small, Narayanan Table 1's 1.7B and 18.4B, GPT-3 175B

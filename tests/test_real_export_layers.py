@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

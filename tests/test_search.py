@@ -17,7 +17,8 @@ from dml2comm.cost.cache import layers_of
 from dml2comm.analysis import analyze_graph
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
 from dml2comm.cli.search import run_compare_command, run_sweep_command
 from dml2comm.search.report import parse_config_spec
@@ -280,7 +281,7 @@ def test_compare_command(gpt, tmp_path, capsys):
         run_compare_command([gpt, "--global-batch-size", "16", "--out", str(out), "--configs", "d=1,t=8,p=7"])
 
 
-# ---- the fast path (dml2comm/search/fast.py) against the full analysis
+# ---- the fast path (dml2comm/model/) against the full analysis
 def _full_vs_fast(path, gpus, batch, constraints, limit=None):
     space = SweepSpace(global_batch_size=batch, constraints=constraints)
     full = run_sweep(path, gpus, _builder, space, fast=False, limit=limit)
@@ -294,7 +295,7 @@ def test_fast_path_equals_the_full_analysis_on_every_config(gpt):
     configuration of the space (1F1B and interleaved, ZeRO 0-3, every recomputation, SP) is
     checked.  Issue 17: ZeRO-2/3 run on the fast path too (their per-micro-batch collectives on
     the dp stream of the batched recurrence, sim.levels.pipeline_end_times_zero)."""
-    from dml2comm.search.fast import supports
+    from dml2comm.model import supports
 
     constraints = dataclasses.replace(SMALL, zero_stages=(0, 1, 2, 3), virtual_stages=(1, 2))
     full, quick = _full_vs_fast(gpt, 8, 16, constraints)
@@ -322,7 +323,7 @@ def test_fast_path_equals_the_analysis_with_zero_2_3_and_tp_comm_overlap(gpt):
     analyze_graph: time and breakdown to 1e-9, memory exactly.  ZeRO-3's all-gathers delay
     the steps (prefetched when the previous step starts), ZeRO-2/3's reduce-scatters queue on
     the dp stream and end the iteration when they outlast the compute."""
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model(gpt, ImportOptions(batch_size=1))
     cluster = _builder(8)
@@ -349,9 +350,10 @@ def test_fast_path_equals_the_analysis_with_zero_2_3_and_tp_comm_overlap(gpt):
 def test_fast_path_on_a_real_export_matches_main_py(tmp_path):
     """The GPT-2 export bundled with the quick start, through the real command line, at the
     configuration the fast path evaluates."""
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
     from dml2comm.analysis import analyze
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
     from dml2comm.parallel.config import ParallelConfig
 
     model = Path(__file__).resolve().parents[1] / "examples" / "gpt2-small.onnx"
@@ -407,7 +409,7 @@ def test_collapsed_fast_path_equals_the_whole_graph(deep_gpt):
     """The fast path on the collapsed model gives the numbers of the fast path on the whole
     graph (which equals the full analysis, above) for every recomputation, SP, ZeRO stage and
     schedule, and pipeline splits that cut inside the run of identical blocks."""
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     imported = load_model(deep_gpt, ImportOptions(batch_size=2))
     configs = [ParallelConfig(dp_size=16 // (t * p), tp_size=t, pp_size=p, micro_batch_size=2, global_batch_size=64,
@@ -431,7 +433,7 @@ def test_collapsed_fast_path_equals_the_whole_graph(deep_gpt):
 def test_other_micro_batches_import_only_the_collapsed_model(deep_gpt):
     """After the first import, the sweep imports the collapsed ONNX model for other micro-batch
     sizes; its numbers equal those of the whole model's import."""
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
     from dml2comm.search.sweep import Evaluator
 
     evaluator = Evaluator(deep_gpt, _builder)
@@ -602,7 +604,7 @@ def test_fast_path_equals_the_analysis_with_a_tied_embedding_at_p_over_1(name):
     Transpose of it in the dynamo export, a stored copy with --tie-embeddings in the legacy
     one): both stages hold it and all-reduce its gradient before the optimizer step.  The fast
     path reads the same held copies and simulates the same all-reduce."""
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
 
     path = Path(__file__).parent / "fixtures" / name
     imported = load_model(path, ImportOptions(batch_size=1, seq_len=64, tie_embeddings=True))
@@ -669,7 +671,7 @@ def test_evaluators_of_one_cluster_share_its_prices(gpt):
     evaluator finds the data-parallel parts the first priced, and its numbers are those of an
     evaluator with prices of its own; a pricing of another cluster is refused."""
     from dml2comm.cost.stages import Pricing
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.model import FastEvaluator
     from dml2comm.search.sweep import Evaluator
 
     configs = {b: [ParallelConfig(dp_size=d, tp_size=2, pp_size=4 // d, micro_batch_size=b, global_batch_size=16, seq_len=None,

@@ -13,10 +13,12 @@ from dml2comm.analysis import analyze_graph
 from dml2comm.errors import ConfigError
 from dml2comm.export.chrome_trace import trace_dict
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.sim.engine import DeviceWork, simulate
-from dml2comm.sim.schedules import StepKind
+from dml2comm.sim.levels import compile_schedule
+from dml2comm.parallel.schedule import StepKind
 from tests.oracles import build_schedule
 
 
@@ -37,6 +39,21 @@ def test_every_step_runs_once():
             fwd = sorted((s.micro_batch, s.chunk) for s in steps if s.kind is StepKind.FORWARD)
             bwd = sorted((s.micro_batch, s.chunk) for s in steps if s.kind is StepKind.BACKWARD)
             assert fwd == bwd == sorted((mb, c) for mb in range(6) for c in range(v))
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (4, 2), (4, 3), (8, 2)])
+def test_interleaved_warm_up_is_megatron_cores(p, v):
+    """Each device's forwards before its first backward, in the compiled schedule, are
+    Megatron-Core's ``num_warmup_microbatches`` (megatron/core/pipeline_parallel/schedules.py):
+    ``(p - rank - 1) * 2 + (v - 1) * microbatch_group_size_per_vp_stage`` (default p), capped at
+    the m v chunk forwards, and the forward that opens its steady state (one forward, then one
+    backward); m = p, where the cap cuts the early stages' warm-up, included."""
+    for m in (p, 2 * p, 3 * p):
+        cs = compile_schedule("interleaved", p, m, v)
+        for rank in range(p):
+            forward = cs.forward[cs.device == rank]
+            leading = int(forward.argmin())  # forwards before the first backward (every device ends with one)
+            assert leading == min(min((p - rank - 1) * 2 + (v - 1) * p, m * v) + 1, m * v)
 
 
 def test_interleaved_needs_m_multiple_of_p():
@@ -142,8 +159,7 @@ def test_batched_levels_equal_the_per_schedule_recurrence():
     import numpy as np
 
     from tests.oracles import bucket_tail_end, pipeline_end_times
-    from dml2comm.sim.levels import (bucket_tail_end_many, compile_schedule,
-                                     pipeline_end_times_many)
+    from dml2comm.sim.levels import compile_schedule, iteration_tail, pipeline_end_times_many
 
     rng = np.random.default_rng(7)
     items = []
@@ -158,15 +174,16 @@ def test_batched_levels_equal_the_per_schedule_recurrence():
     for item, cols, end in zip(items, columns, pipeline_end_times_many(items, columns)):
         assert np.array_equal(end, pipeline_end_times(*item)[:, cols])
     tau = rng.random((5, 3, 2))
-    count = rng.integers(0, 4, (5, 3, 2)).astype(float)
+    count = rng.integers(0, 4, (5, 3, 2))
     start, dur = rng.random((5, 3)), rng.random((5, 3))
+    none = np.zeros((5, 3))
     for overlap in (True, False):
-        many = bucket_tail_end_many(start, dur, start + dur, tau, count, overlap)
+        many = iteration_tail(start + dur, dur, none, tau, count, overlap, none, none, none).reduced
         for i in range(5):
             for d in range(3):
                 runs = [(tau[i, d, r], int(count[i, d, r])) for r in range(2) if count[i, d, r] > 0]
-                assert many[i, d] == pytest.approx(bucket_tail_end(start[i, d], dur[i, d], start[i, d] + dur[i, d], runs, overlap),
-                                                   rel=1e-12, abs=0)
+                closed = bucket_tail_end(start[i, d], dur[i, d], start[i, d] + dur[i, d], runs, overlap)
+                assert many[i, d] == pytest.approx(max(closed, start[i, d] + dur[i, d]), rel=1e-12, abs=0)
 
 
 def test_compiled_depths_are_the_longest_chains():
@@ -417,12 +434,17 @@ def test_iteration_tail_buckets_end_at_the_closed_form(spec):
     start = np.array([s for s, *_ in spec])
     dur = np.array([d for _, d, *_ in spec])
     buckets = [tuple(tau * (1 + i % 2) for i in range(k)) for _, _, k, tau, _ in spec]
-    overlap = np.array([o for *_, o in spec])
-    free = np.full(len(spec), 0.25)
-    tail = iteration_tail(start, dur, start + dur, free, buckets, overlap, np.zeros(len(spec)), np.zeros(len(spec)), np.zeros(len(spec)))
+    overlap = np.array([o for *_, o in spec])[None]
+    free = np.full((1, len(spec)), 0.25)
+    width = max(len(b) for b in buckets)
+    tau = np.array([[list(b) + [0.0] * (width - len(b)) for b in buckets]])
+    count = np.array([[[1] * len(b) + [0] * (width - len(b)) for b in buckets]], dtype=np.int64)
+    none = np.zeros((1, len(spec)))
+    tail = iteration_tail((start + dur)[None], dur[None], free, tau, count, overlap, none, none, none, starts=True)
+    tail = type(tail)(tail.bucket_start[0], tail.reduced[0], tail.tied_start[0], tail.step_start[0], tail.end[0])
     for d, b in enumerate(buckets):
         runs = [(t, 1) for t in b]
-        closed = bucket_tail_end(start[d], dur[d], start[d] + dur[d], runs, bool(overlap[d]), stream_free=0.25)
+        closed = bucket_tail_end(start[d], dur[d], start[d] + dur[d], runs, bool(overlap[0, d]), stream_free=0.25)
         assert tail.reduced[d] == pytest.approx(max(closed, start[d] + dur[d]), rel=1e-12, abs=1e-15)
         for i in range(1, len(b)):  # a bucket starts once the one before it has ended
             assert tail.bucket_start[d, i] >= tail.bucket_start[d, i - 1] + b[i - 1] - 1e-12

@@ -85,8 +85,9 @@ def test_the_stack_keys_the_stage_table_and_changes_the_step():
     """Two stacks of one model on one evaluator do not share a cached stage table."""
     from dml2comm import zoo
     from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model_proto
+    from dml2comm.model import FastEvaluator
 
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=256, heads=4, vocab=1024, seq_len=128), ImportOptions(batch_size=4))
     evaluator = FastEvaluator(imported, get_cluster("dgx-h100", 1))
@@ -115,7 +116,8 @@ def test_autocast_casts_each_products_fp32_activation_input():
     from dml2comm.cost.host import NONE
     from dml2comm.cost.ops import shard_op_costs
     from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
 
     imported = load_model(str(ROOT / "tests" / "fixtures" / "gpt2_dynamo.onnx"), ImportOptions(batch_size=2, seq_len=32))
     graph, gpu = imported.graph, get_cluster("dgx-h100", 1).gpu
@@ -144,8 +146,9 @@ def test_the_sweeps_fast_path_equals_the_analysis_under_eager_pytorch():
     (it gave 31.65 ms against 38.01 ms on GPT-2 small at d=8, b=2)."""
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
-    from dml2comm.search.fast import FastEvaluator
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+    from dml2comm.model import FastEvaluator
 
     imported = load_model(str(ROOT / "dml2comm" / "validate" / "data" / "models" / "step_gpt2_small_dynamo.onnx"),
                           ImportOptions(batch_size=2, seq_len=512))
@@ -163,7 +166,8 @@ def test_a_tied_embeddings_gradient_sum_is_charged_on_the_stage_holding_both_rea
     from dml2comm.cost.compute import hbm_efficiency_of
     from dml2comm.cost.stages import StageCoster
     from dml2comm.hardware.cluster import get_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model_proto
 
     vocab, hidden = 4096, 256
     imported = load_model_proto(zoo.build_gpt(layers=2, hidden=hidden, heads=4, vocab=vocab, seq_len=128, tied_embeddings=True),

@@ -18,9 +18,10 @@ from dml2comm.cost.memory import (FRAMEWORK_OVERHEAD_BYTES, ModelStates, amp_wei
 from dml2comm.cost.layers import gemm_parameters
 from dml2comm.cost.stages import StageCoster
 from dml2comm.hardware.cluster import make_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.search.fast import FastEvaluator
+from dml2comm.model import FastEvaluator
 
 FAKE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fake_memory_hf.json"
 VOCAB, HIDDEN, SEQ, BATCH = 500, 128, 64, 2
@@ -248,7 +249,8 @@ def test_eager_llama_block_keeps_what_autograd_saves():
     kernel keeps Q, K and V unrepeated (4 KV heads) as the KV cache's copies, O and the fp32 LSE;
     SiLU keeps its input only, so the MLP keeps gate, silu(gate), up and their product."""
     from dml2comm.cost.cache import activation_model_of, layers_of
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
 
     graph = load_model(Path(__file__).parent / "fixtures" / "step_llama_0_3b_dynamo.onnx", ImportOptions(batch_size=1, seq_len=128)).graph
     b, s, h, d, heads, kv, f = 1, 128, 1024, 64, 16, 4, 2816

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.parallel.tensor import attention_heads, find_attention, shard_tensor_parallel
 from tests.helpers import model, weight

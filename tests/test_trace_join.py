@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
 from dml2comm.traces.join import join_trace, token_shape
 from dml2comm.traces.load import load_trace
 

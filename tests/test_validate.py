@@ -21,7 +21,8 @@ from dml2comm import zoo
 from dml2comm.analysis import analyze_graph
 from dml2comm.cli import main
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate import SOURCES, Case, scaled_cluster, summarize
 from dml2comm.validate import gemm, narayanan, steps, vtrain
@@ -62,7 +63,7 @@ def test_sample_is_deterministic_sorted_and_unique():
 def test_bundled_data_found_as_package_data_with_provenance():
     provenance = data_text("PROVENANCE.md")
     files = sorted(p.name for p in DATA.iterdir() if p.is_file() and p.name != "PROVENANCE.md")
-    assert files == ["expected_error.csv", "h100_kernels_measured.json", "h100_steps.json", "korthikanti2022_table4.json",
+    assert files == ["h100_kernels_measured.json", "h100_steps.json", "korthikanti2022_table4.json",
                      "narayanan2021_table1.json", "nccl_allreduce_measured.csv", "vtrain_ground_truth_single.csv",
                      "xla_collectives_h100.csv", "xla_matmul_h100_bf16.csv"]
     for name in files:

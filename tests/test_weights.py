@@ -18,7 +18,8 @@ from dml2comm.analysis import analyze_graph, comm_by_dim
 from dml2comm.errors import Dml2CommError
 from dml2comm.hardware.cluster import make_cluster
 from dml2comm.ir.layers import group_layers
-from dml2comm.ir.onnx_import import ImportOptions, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.pipeline import held_copies

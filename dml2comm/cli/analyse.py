@@ -223,7 +223,8 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     from dml2comm.advice import config_warnings
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import plan_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
+    from dml2comm.ir.onnx_import import ImportOptions, check_seq_len
+    from dml2comm.load import load_model
     from dml2comm.parallel.config import ParallelConfig
 
     num_gpus = args.d * args.t * args.p * args.cp

@@ -245,7 +245,7 @@ def run_sweep_command(argv: Sequence[str]) -> int:
                 task = progress.add_task("sweep", total=total)
             progress.update(task, completed=done)
 
-    import dml2comm.search.fast  # noqa: F401 - loaded before the sweep's clock starts: the rate it reports is evaluation's
+    import dml2comm.model  # noqa: F401 - loaded before the sweep's clock starts: the rate it reports is evaluation's
 
     try:
         with executor_from_args(args, args.workers) as executor:

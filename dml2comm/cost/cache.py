@@ -11,7 +11,7 @@ string tuples invited).
 
 Values that depend on the cluster (its network and topology, not only its GPU) are not stored
 on the graph: they live in the cache of the one object that holds the cluster
-(:class:`dml2comm.search.fast.FastEvaluator` keeps its stage tables in its own store), so one
+(:class:`dml2comm.model.FastEvaluator` keeps its stage tables in its own store), so one
 imported model evaluated on two clusters gets each cluster's own numbers.
 
 Usage::
@@ -21,7 +21,7 @@ Usage::
 
 The keys below are those read by more than one module (the analysis, the sweep and its fast
 path); a module's own cached quantities declare their key classes beside their builders
-(:mod:`dml2comm.cost.ops`, :mod:`dml2comm.search.fast`).
+(:mod:`dml2comm.cost.ops`, :mod:`dml2comm.model`).
 """
 
 from __future__ import annotations

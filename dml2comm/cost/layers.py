@@ -1,7 +1,7 @@
 """Per-layer tables: what every configuration with the same shard reads, built once.
 
 The analysis of one configuration (:func:`dml2comm.analysis.analyze_graph`) and the sweep
-(:class:`dml2comm.search.fast.FastEvaluator`) both read a model through :class:`LayerCoster`:
+(:class:`dml2comm.model.FastEvaluator`) both read a model through :class:`LayerCoster`:
 
 - the model with long runs of identical blocks collapsed to four (:mod:`dml2comm.ir.repeats`):
   everything below is computed on it and read per full layer through a layer map (when the

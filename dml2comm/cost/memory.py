@@ -83,9 +83,20 @@ s b h (34 + 5 a s / h) bytes without parallelism, (10 + 24/t + 5 a s/(h t)) with
 parallelism, (34/t + 5 a s/(h t)) with sequence parallelism; selective recomputation drops the
 attention core (the 5 a s / h terms); full recomputation keeps the layer input, 2 s b h.
 
-In-flight micro-batches per stage s of p (Narayanan et al. 2021, Sec. 2.2; Korthikanti et al.
-2022, Sec. 4.3): GPipe m; 1F1B min(p - s, m); interleaved 1F1B multiplies the 1F1B count by
-1 + (p - 1) / (p m).  The first stage under 1F1B therefore holds L layers' worth whatever p.
+In-flight micro-batches per stage s of p (:func:`in_flight_micro_batches`): a forward keeps its
+activations until its backward has run, so a device holds at its peak the most forwards it has
+run whose backward has not, counted over the schedule's own order
+(:mod:`dml2comm.parallel.schedule`, the order the simulator runs), not a separate formula.  With
+``W`` warm-up forwards of ``T = m v``, that is ``min(W + 1, T)`` forwards: GPipe m; 1F1B
+min(p - s, m) (Narayanan et al. 2021, Sec. 2.2.1); interleaved 1F1B
+min(2 (p - s - 1) + (v - 1) p + 1, m v) chunk forwards, each ``1 / v`` of a micro-batch's
+activations (the device's layers split evenly over its v chunks), so the first stage holds
+p + (p - 1) / v = p (1 + (p - 1) / (p v)) micro-batches when m v is large enough: Korthikanti
+et al. 2022, Sec. 4.2.3 (who write 1 + (p - 1) / (p m) with m the number of interleaving stages,
+our v, not the micro-batches), and Megatron-LM's ``interleaved_schedule_memory_penalty = 1 +
+(pp - 1) / (pp * virtual_pipeline_model_parallel_size)`` (megatron/training/
+theoretical_memory_usage.py).  The first stage under 1F1B therefore holds L layers' worth
+whatever p, and interleaving adds (p - 1) / v micro-batches of its layers on top.
 
 Other memory: pipeline receive buffers (one activation and one gradient per boundary), one
 data-parallel gradient bucket for NCCL, the largest transient of one op (its outputs while
@@ -96,6 +107,7 @@ a framework constant of 1 GB for the CUDA context, cuBLAS/cuDNN workspaces and l
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -104,7 +116,8 @@ import numpy as np
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
-from dml2comm.parallel.config import Optimizer, Precision, Recompute, Schedule, Stack
+from dml2comm.parallel.config import Optimizer, Precision, Recompute, Stack
+from dml2comm.parallel.schedule import device_order
 
 __all__ = [
     "fusible_regions",
@@ -304,16 +317,20 @@ def step_peak_bytes(states: ModelStates, activations, buffers, transient, grads_
     return StepPeak(forward_backward, optimizer_step, grads)
 
 
-def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int, stage: int, virtual_stages: int = 1) -> float:
-    """Micro-batches whose activations stage ``stage`` holds at its peak (module docstring)."""
-    p, m = pp_size, num_micro_batches
-    schedule = Schedule.of(schedule)
-    if schedule is Schedule.GPIPE:
-        return float(m)
-    count = float(min(p - stage, m))
-    if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
-        count *= 1 + (p - 1) / (p * m)
-    return count
+@functools.lru_cache(maxsize=1024)
+def in_flight_micro_batches(schedule: str, pp_size: int, num_micro_batches: int, virtual_stages: int = 1) -> np.ndarray:
+    """[p] micro-batches whose activations each stage holds at its peak (module docstring):
+    counted over the schedule's order (:func:`dml2comm.parallel.schedule.device_order`), the most
+    forwards a device has run whose backward has not, a chunk's forward being ``1 / v`` of a
+    micro-batch.  Cached (the sweep asks once per stage plan); the array is read-only."""
+    order = device_order(schedule, pp_size, num_micro_batches, virtual_stages)
+    rows = np.arange(order.p)[:, None]
+    step = np.zeros((order.p, 2 * order.total), dtype=np.int32)
+    step[rows, order.forward_at] = 1  # a forward saves its activations
+    step[rows, order.backward_at] = -1  # its backward frees them
+    held = np.cumsum(step, axis=1).max(axis=1) / order.v
+    held.flags.writeable = False
+    return held
 
 
 def fusible_regions(graph: OpGraph, kinds: frozenset[str], joins: Callable[[str, int], bool] | None = None,

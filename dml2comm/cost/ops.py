@@ -25,7 +25,7 @@ Backward then pays autograd's gradient sums where several kernels read one tenso
 (:func:`gradient_forks`: PyTorch's ``InputBuffer::accumulate``, one add per extra reader).
 
 The analysis (:func:`dml2comm.analysis.analyze_graph`) and the sweep's fast path
-(:mod:`dml2comm.search.fast`) both read op times through :func:`shard_op_costs`, cached per graph
+(:mod:`dml2comm.model`) both read op times through :func:`shard_op_costs`, cached per graph
 under typed keys (:mod:`dml2comm.cost.cache`).  Also here: what selective recomputation
 recomputes (:func:`is_attention_core`, Korthikanti et al. 2022, Sec. 5) and the model's own
 sequence length (:func:`infer_seq_len`).
@@ -48,6 +48,7 @@ from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, autocasts_activations, fusible_regions
+from dml2comm.cost.norm import EAGER_NORM_OPS, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -253,7 +254,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     train_view = _train_view(fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset(), amp, train)
     # a calibrated GPU's own memory-bound efficiency (``calibrate``: element-wise), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
-    costs, times, full_flops, fallback_types, is_gemm = _shard_costs(graph, tp, train, gpu, peak, hbm, lenient, stack, train_view)
+    costs, times, full_flops, fallback_types, is_gemm, norm_kernels = _shard_costs(graph, tp, train, gpu, peak, hbm, lenient, stack,
+                                                                                 train_view)
     _head_split_views(graph, costs, times)
     if eager:
         costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
@@ -280,10 +282,23 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
-        if forks or amp:
-            kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
-        times = host_bound_times(times, kernels, is_gemm, host)
+        times = host_bound_times(times, _more_kernels(kernels, sums if forks else None, casts if amp else None, norm_kernels),
+                                 is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts: list[tuple[int, int]] | None,
+                  norm_kernels: Mapping[int, int]) -> list[tuple[int, int]]:
+    """Per op, its (forward, backward) kernels (:func:`op_kernel_counts`) with the ones added
+    after it: autograd's gradient sums (``sums``, backward), autocast's casts (``casts``) and an
+    eager norm's extra backward kernels (``norm_kernels``); None: none of that kind."""
+    if sums is not None or casts is not None:
+        sums = sums if sums is not None else [0] * len(kernels)
+        casts = casts if casts is not None else [(0, 0)] * len(kernels)
+        kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
+    for i, extra in norm_kernels.items():
+        kernels[i] = (kernels[i][0], kernels[i][1] + extra)
+    return kernels
 
 
 def _train_view(fp32: frozenset[str], amp: Mapping[str, DType], train: DType) -> Callable[[str, Tensor | None], Tensor | None]:
@@ -304,8 +319,10 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
                  stack: Stack, train_view: Callable[[str, Tensor | None], Tensor | None]):
     """Every op alone on its shard: its cost (:func:`~dml2comm.ops.registry.op_cost`), its
     (forward, backward) seconds (:func:`gemm_op_times_s` for a matrix product, else the
-    roofline :func:`~dml2comm.cost.compute.op_times_s`), its unsharded forward FLOPs, the
-    fallback types and whether it is a GEMM: ``(costs, times, full_flops, fallback_types, is_gemm)``."""
+    roofline :func:`~dml2comm.cost.compute.op_times_s`; an eager LayerNorm/RMSNorm by
+    :func:`_eager_norm`), its unsharded forward FLOPs, the fallback types, whether it is a GEMM
+    and the eager norms' extra backward kernels: ``(costs, times, full_flops, fallback_types,
+    is_gemm, norm_kernels)``."""
     costs: list[OpCost] = []
     times: list[tuple[float, float]] = []
     fallback_types: set[str] = set()
@@ -323,6 +340,10 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     norm_eff = hbm_efficiency_of(gpu, "norm")
+    # eager LayerNorm/RMSNorm: PyTorch's kernels' own law (cost.norm), unless calibrated; the
+    # table key tells the stacks apart by ``pad`` (set under Megatron only)
+    norm_law = stack is Stack.PYTORCH and class_value(gpu, "norm") is None
+    norm_kernels: dict[int, int] = {}
     # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
     # once per tensor, not per read (the shards share their tensors; they outlive this loop)
     seen: dict[tuple[str, int], tuple[Tensor | None, tuple | None]] = {}
@@ -342,20 +363,25 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
         outs, read_outs = operands(op.outputs, shard.outputs)
         key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
+        law = _eager_norm(op, ins, gpu, hbm) if norm_law and op.op_type in EAGER_NORM_OPS else None
         if hit is None:
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
-            hit = known[key] = (c, gemm if gemm is not None else op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff),
-                                gemm is not None)
+            t = None if law is None else (law[0][0] * op.repeat, law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
+            if gemm is None and t is None:
+                t = op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff)
+            hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None)
         c, t, g = hit
+        if law is not None and c.bytes_bwd > 0 and law[1]:
+            norm_kernels[op.index] = law[1]
         is_gemm.append(g)
         if c.fallback:
             fallback_types.add(op.op_type)
         costs.append(c)
         times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
-    return costs, times, full_flops, fallback_types, is_gemm
+    return costs, times, full_flops, fallback_types, is_gemm, norm_kernels
 
 
 def _head_split_views(graph: OpGraph, costs: list[OpCost], times: list[tuple[float, float]]) -> None:
@@ -402,6 +428,15 @@ def _gradient_sums(forks: Sequence[GradientFork], tp: TensorParallelPlan, train:
         times[i] = (times[i][0], times[i][1] + moved / bandwidth)
         sums[i] += fork.extra
     return costs, times, sums
+
+
+def _eager_norm(op: Op, ins: Sequence[Tensor | None], gpu: GPU, hbm: float) -> tuple[tuple[float, float], int] | None:
+    """An eager LayerNorm/RMSNorm's (forward, backward) seconds and extra backward kernels by
+    :func:`dml2comm.cost.norm.op_norm_times_s` on its shard's input, or None (another op)."""
+    x = ins[0] if ins else None
+    if x is None or not x.dtype.is_float:
+        return None
+    return op_norm_times_s(op.op_type, int(op.attr("axis", -1)), tuple(x.shape), x.dtype.itemsize, gpu, hbm)
 
 
 def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], is_gemm: Sequence[bool],

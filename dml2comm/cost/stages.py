@@ -4,7 +4,7 @@ A pipeline stage's data-parallel part depends only on its parameters per GPU (de
 expert parallelism, expert), the sizes of its data-parallel groups, the ZeRO stage, the bucket
 size and the optimizer.  :func:`dml2comm.analysis.analyze_graph` calls these functions for one
 configuration (and expands the collectives into comm nodes with ranks for the drawings);
-:class:`dml2comm.search.fast.FastEvaluator` calls the same functions once per distinct stage of
+:class:`dml2comm.model.FastEvaluator` calls the same functions once per distinct stage of
 a sweep and caches the result per (parameters, group placement, ZeRO stage, ...):
 
 - :func:`stage_dp_collectives`: the gradient and parameter collectives of one stage
@@ -412,7 +412,6 @@ class StageCoster(LayerCoster):
         self._period = pricing.period
         self._placement_list = pricing.placement_list
         self._placement_ids = pricing.placement_ids
-        self._in_flight: dict[tuple, np.ndarray] = {}
         self._stage_states = pricing.stage_states
         self._per_cluster: dict[object, object] = {}
         fitted = cluster.profile_scale.host if cluster.profile_scale is not None else None  # --profile's measured one
@@ -836,11 +835,7 @@ class StageCoster(LayerCoster):
         runs_tau, runs_count, after, opt, states, zero_mb, _ = self.zero_part(table, config)
         per_mb, extra = self.activation_part(table, config)
         v = config.chunks
-        key = (config.schedule, p, m, v)
-        in_flight = self._in_flight.get(key)
-        if in_flight is None:
-            in_flight = self._in_flight[key] = np.array([in_flight_micro_batches(config.schedule, p, m, st, config.virtual_stages)
-                                                         for st in range(p)])
+        in_flight = in_flight_micro_batches(config.schedule, p, m, v)
         # what the loss keeps per micro-batch and AMP's weight copies join the saved activations;
         # the loss backward's buffers are a transient like the largest op's (cost.memory, cost.loss)
         if table.loss_saved.any() or table.amp_copies.any():

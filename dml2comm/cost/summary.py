@@ -15,7 +15,7 @@ The iteration splits into four named parts that add up to it (issue 19's one def
 
 :func:`breakdown` computes them for K configurations at once from the simulations' end and busy
 times; :func:`dml2comm.analysis.analyze_graph` calls it with K = 1 (engine results),
-:func:`dml2comm.search.fast.FastEvaluator.evaluate` for many (the batched recurrence).
+:func:`dml2comm.model.FastEvaluator.evaluate` for many (the batched recurrence).
 :func:`model_flops` / :func:`mfu` / :func:`tflops_per_gpu` are the throughput figures of both
 and of the sweep's rows, and :func:`summary_of` assembles the one typed :class:`Summary` that
 data.json, the terminal, the site and the sweep's rows read.

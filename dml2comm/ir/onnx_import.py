@@ -23,6 +23,11 @@ What it does, in order:
    placed in their consumer's layer.
 
 Every failure raises a :class:`~dml2comm.errors.Dml2CommError` with a one-line message.
+
+The readers here (:func:`read_model`, :func:`read_model_proto`) take the op rules' forward cost
+(:class:`OpForwardCost`), with which an ``If`` whose condition is known only at run time keeps its
+heavier branch (:func:`_expand_if`): the rules sit above this layer, so the caller passes them in.
+Everything else loads models through :func:`dml2comm.load.load_model`, which passes them.
 """
 
 from __future__ import annotations
@@ -36,15 +41,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 import onnx
 from onnx import TensorProto
 
-from dml2comm.errors import ConfigError, InputFileError, ModelError, UnboundDimError
+from dml2comm.errors import ConfigError, Dml2CommError, InputFileError, ModelError, UnboundDimError
 from dml2comm.ir.graph import Call, DType, Op, OpGraph, Tensor, vocab_table
 
-__all__ = ["ImportOptions", "ImportResult", "SequenceInfo", "load_model", "load_model_proto", "check_seq_len", "CONTROL_FLOW_OPS"]
+__all__ = ["ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "CONTROL_FLOW_OPS"]
 
 #: Protobuf refuses messages over 2 GiB; such models are inferred from their path instead.
 PROTO_LIMIT_BYTES = 2**31
@@ -156,6 +161,14 @@ class ImportOptions:
     tie_embeddings: bool = False
 
 
+class OpForwardCost(Protocol):
+    """Forward ``(FLOPs, bytes)`` of one op on its input and output tensors (None where a shape is
+    unknown), under the same cost rules as the analysis (:func:`dml2comm.load.forward_cost`);
+    it may raise when a rule needs a shape it was not given (the op then counts zero)."""
+
+    def __call__(self, op: Op, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor | None]) -> tuple[float, float]: ...
+
+
 @dataclass(frozen=True)
 class SequenceInfo:
     """What the import learnt about the sequence axis, to check ``--seq-len`` (:func:`check_seq_len`).
@@ -186,8 +199,9 @@ class ImportResult:
 Dml2CommErrorTypes = (InputFileError, ModelError, UnboundDimError)
 
 
-def load_model(path: str | os.PathLike[str], options: ImportOptions | None = None) -> ImportResult:
-    """Read ``path`` and return the shape-inferred op graph.
+def read_model(path: str | os.PathLike[str], options: ImportOptions | None = None, *, op_cost: OpForwardCost) -> ImportResult:
+    """Read ``path`` and return the shape-inferred op graph; ``op_cost`` costs the ops of an ``If``'s
+    branches (:func:`_expand_if`).  Callers load through :func:`dml2comm.load.load_model`.
 
     Raises
     ------
@@ -223,7 +237,7 @@ def load_model(path: str | os.PathLike[str], options: ImportOptions | None = Non
         raise ModelError(
             f"{p.name!r} has no graph nodes: it is empty, truncated or not an ONNX model; re-export it"
         )
-    return load_model_proto(model, options, name=p.stem, path_for_large=p if size >= PROTO_LIMIT_BYTES else None)
+    return read_model_proto(model, options, name=p.stem, path_for_large=p if size >= PROTO_LIMIT_BYTES else None, op_cost=op_cost)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -231,13 +245,16 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def load_model_proto(
+def read_model_proto(
     model: onnx.ModelProto,
     options: ImportOptions | None = None,
     name: str | None = None,
     path_for_large: Path | None = None,
+    *,
+    op_cost: OpForwardCost,
 ) -> ImportResult:
-    """Like :func:`load_model` for an in-memory proto (tests build these with onnx.helper)."""
+    """Like :func:`read_model` for an in-memory proto (tests build these with onnx.helper); callers
+    load through :func:`dml2comm.load.load_model_proto`."""
     options = options or ImportOptions()
     warnings: list[str] = []
     model = _copy_without_weight_data(model)
@@ -275,7 +292,7 @@ def load_model_proto(
             _check_table_lookups(inferred.graph, sequence.positions[0] if sequence.positions else None, binding.seq_bound)
         shapes = _shapes(inferred.graph)
     if any(n.op_type in CONTROL_FLOW_OPS and n.domain in _ONNX_DOMAINS for n in inferred.graph.node):
-        inferred = _expand_control_flow(inferred, path_for_large, warnings)
+        inferred = _expand_control_flow(inferred, path_for_large, warnings, op_cost)
         shapes = _shapes(inferred.graph)
     op_graph, more_warnings = _convert(inferred, name or graph.name or "model", options, shapes)
     short = _short_logits(op_graph)
@@ -1178,7 +1195,8 @@ _TRIP_COUNT_SENTINEL = 2**31 - 1
 _ONNX_DOMAINS = ("", "ai.onnx")
 
 
-def _expand_control_flow(model: onnx.ModelProto, path_for_large: Path | None, warnings: list[str]) -> onnx.ModelProto:
+def _expand_control_flow(model: onnx.ModelProto, path_for_large: Path | None, warnings: list[str],
+                         op_cost: OpForwardCost) -> onnx.ModelProto:
     """Replace every ``If``, ``Loop`` and ``Scan`` by the nodes of its subgraph, so that the
     rest of dml2comm sees ordinary ops.
 
@@ -1189,8 +1207,8 @@ def _expand_control_flow(model: onnx.ModelProto, path_for_large: Path | None, wa
     opaque op would carry a cost computed before sharding and the dtype were known.
 
     - ``If``: the branch taken when the condition is a constant, else the **heavier** branch (the
-      larger forward FLOPs, then bytes, of its ops under the same cost rules as the analysis;
-      :func:`_subgraph_cost`).  The If's outputs take that branch's shapes: ONNX shape inference
+      larger forward FLOPs, then bytes, of its ops under the same cost rules as the analysis,
+      ``op_cost``; :func:`_subgraph_cost`).  The If's outputs take that branch's shapes: ONNX shape inference
       leaves them unknown when the branches return different ranks.  A warning names the choice.
     - ``Loop``: the body is inlined once and each of its ops runs ``M`` times (``Op.repeat``),
       ``M`` being the trip-count input when it is a constant (an initializer, a ``Constant`` or a
@@ -1235,7 +1253,7 @@ def _expand_control_flow(model: onnx.ModelProto, path_for_large: Path | None, wa
                     f"{node.op_type} at node {node.name or '(unnamed)'!r} is not supported: it maps over ONNX sequences, "
                     "which have no tensor shape; re-export the model without sequence ops"
                 )
-            nodes.extend(expand(node, graph, shapes, constants, opset, notes))
+            nodes.extend(expand(node, graph, shapes, constants, opset, notes, op_cost))
         del graph.node[:]
         graph.node.extend(nodes)
         # the control-flow outputs' declared shapes may be another branch's: infer them afresh
@@ -1479,7 +1497,7 @@ def _stacked(value: str, axis: int, trips: int, out: str, parent: onnx.NodeProto
 
 
 def _expand_if(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, constants: Mapping[str, Any], opset: int,
-               notes: dict[str, list[str]]) -> list[onnx.NodeProto]:
+               notes: dict[str, list[str]], op_cost: OpForwardCost) -> list[onnx.NodeProto]:
     """The nodes of the ``If``'s chosen branch (:func:`_expand_control_flow`)."""
     repeat = _node_repeat(node)
     where = node.name or "(unnamed)"
@@ -1490,7 +1508,7 @@ def _expand_if(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, const
         _note(notes, "if-constant", f"If at node {where!r}: its condition is the constant {bool(cond)}; {chosen} inlined, the other "
               "branch kept run 0 times for its parameters")
     else:
-        costs = {name: _subgraph_cost(g, shapes, constants) for name, g in branches.items()}
+        costs = {name: _subgraph_cost(g, shapes, constants, op_cost) for name, g in branches.items()}
         chosen = max(branches, key=lambda b: (costs[b], len(branches[b].node), b == "then_branch"))
         other = "else_branch" if chosen == "then_branch" else "then_branch"
         ranks = {name: ", ".join("?" if (shape := _shape_of(o.type)[0]) is None else str(len(shape)) for o in g.output)
@@ -1515,7 +1533,7 @@ def _expand_if(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, const
 
 
 def _expand_loop(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, constants: Mapping[str, Any], opset: int,
-                 notes: dict[str, list[str]]) -> list[onnx.NodeProto]:
+                 notes: dict[str, list[str]], op_cost: OpForwardCost) -> list[onnx.NodeProto]:
     """The ``Loop``'s body, inlined once, its nodes repeated ``M`` times (:func:`_expand_control_flow`)."""
     repeat = _node_repeat(node)
     where = node.name or "(unnamed)"
@@ -1558,7 +1576,7 @@ def _expand_loop(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, con
 
 
 def _expand_scan(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, constants: Mapping[str, Any], opset: int,
-                 notes: dict[str, list[str]]) -> list[onnx.NodeProto]:
+                 notes: dict[str, list[str]], op_cost: OpForwardCost) -> list[onnx.NodeProto]:
     """The ``Scan``'s body, inlined once, its nodes repeated once per element of the scanned
     axis (:func:`_expand_control_flow`)."""
     repeat = _node_repeat(node)
@@ -1608,18 +1626,17 @@ def _expand_scan(node: onnx.NodeProto, graph: onnx.GraphProto, shapes: dict, con
     return pre + nodes + post
 
 
-def _subgraph_cost(graph: onnx.GraphProto, outer: Mapping[str, tuple[Any, DType]], constants: Mapping[str, Any]) -> tuple[float, float]:
+def _subgraph_cost(graph: onnx.GraphProto, outer: Mapping[str, tuple[Any, DType]], constants: Mapping[str, Any],
+                   op_cost: OpForwardCost) -> tuple[float, float]:
     """Forward ``(FLOPs, bytes)`` of a subgraph's ops, for choosing an ``If``'s heavier branch.
 
-    Each node is costed by the same registered cost rule as in the analysis
-    (:func:`dml2comm.ops.registry.op_cost`, lenient: an op without a rule counts its bytes),
-    on the shapes ONNX inference wrote into the subgraph; an op whose shapes are unknown counts
-    zero.  A nested ``If`` counts its heavier branch, a nested ``Loop``/``Scan`` its body once
-    per known trip (else once).  The ops package sits above ``ir`` in the layering; it is
-    imported here, lazily, so that the choice uses the one cost model rather than a second one.
+    Each node is costed by ``op_cost``, the same registered cost rules as in the analysis
+    (:func:`dml2comm.load.forward_cost`: lenient, an op without a rule counts its bytes), on the
+    shapes ONNX inference wrote into the subgraph; an op whose shapes are unknown counts zero.  A
+    nested ``If`` counts its heavier branch, a nested ``Loop``/``Scan`` its body once per known
+    trip (else once).  The op rules sit above ``ir`` in the layering, so the caller passes them
+    in (:func:`dml2comm.load.load_model`): the choice uses the one cost model, not a second one.
     """
-    from dml2comm.errors import Dml2CommError
-    from dml2comm.ops.registry import op_cost
 
     shapes = dict(outer)
     for vi in (*graph.input, *graph.value_info, *graph.output):
@@ -1642,10 +1659,10 @@ def _subgraph_cost(graph: onnx.GraphProto, outer: Mapping[str, tuple[Any, DType]
         if node.op_type == "Constant":
             continue
         if node.op_type == "If" and node.domain in _ONNX_DOMAINS:
-            costs = [_subgraph_cost(a.g, shapes, constants) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+            costs = [_subgraph_cost(a.g, shapes, constants, op_cost) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
             f, b = max(costs, default=(0.0, 0.0))
         elif node.op_type in ("Loop", "Scan") and node.domain in _ONNX_DOMAINS:
-            f, b = _subgraph_cost(_subgraph(node, "body"), shapes, constants)
+            f, b = _subgraph_cost(_subgraph(node, "body"), shapes, constants, op_cost)
             trips = _scalar(constants, node.input[0] if node.input else "") if node.op_type == "Loop" else None
             scale = trips if trips is not None and 0 <= trips < _TRIP_COUNT_SENTINEL else 1
             f, b = f * scale, b * scale
@@ -1655,10 +1672,9 @@ def _subgraph_cost(graph: onnx.GraphProto, outer: Mapping[str, tuple[Any, DType]
             ins = [tensor(n) for n in node.input]
             outs = [tensor(n) for n in node.output]
             try:
-                c = op_cost(op, ins, outs, lenient=True)
+                f, b = op_cost(op, ins, outs)
             except (Dml2CommError, TypeError, AttributeError, IndexError, KeyError, ZeroDivisionError):
                 continue  # a rule that needs a shape inference could not give: counts zero
-            f, b = c.flops_fwd, c.bytes_fwd
         flops += f
         bytes_ += b
     return flops, bytes_
@@ -2373,7 +2389,7 @@ def _refuse_unshaped(model: onnx.ModelProto, shapes: Mapping[str, tuple[tuple[in
 def _refuse_unknown(ops: list[Op], unknown: Mapping[str, list[str]]) -> None:
     """Raise :class:`UnboundDimError` for internal dims that stay unknown, naming the data-dependent op
     when one sizes them."""
-    # Every input dim is bound by now (load_model_proto refuses unbound ones first), so these
+    # Every input dim is bound by now (read_model_proto refuses unbound ones first), so these
     # are computed inside the model; name a few, exporter-named ones before ``unk__N``.
     dims = sorted({d for ds in unknown.values() for d in ds}, key=lambda d: (d.startswith("unk__") or d == "?", d))
     named = ", ".join(dims[:3]) + (f" and {len(dims) - 3} more" if len(dims) > 3 else "")

@@ -1,6 +1,6 @@
 """Evaluate many configurations of one model: ``run_sweep`` and its ranking.
 
-Configurations are evaluated by the fast path (:mod:`dml2comm.search.fast`: the analysis's
+Configurations are evaluated by the fast path (:mod:`dml2comm.model`: the analysis's
 numbers from per-layer parts shared across configurations, simulated in batches) where it
 applies, else by :func:`dml2comm.analysis.analyze_graph` (``advise=False``) as the
 single-configuration command does; either way a sweep's number for a configuration is the number
@@ -36,7 +36,8 @@ import onnx
 from dml2comm.errors import Dml2CommError
 from dml2comm.gc_tuning import collect_rarely, small_pages
 from dml2comm.hardware.cluster import Cluster
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len, load_model, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
+from dml2comm.load import load_model, load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
 
@@ -147,7 +148,7 @@ class Evaluator:
         :meth:`prepare_fast` found one and its import groups into the same layers."""
         from dml2comm.cost.cache import layers_of
         from dml2comm.ir.repeats import matches, rebind
-        from dml2comm.search.fast import FastEvaluator
+        from dml2comm.model import FastEvaluator
 
         fe = self._fast.get(micro_batch)
         if fe is not None:
@@ -192,8 +193,8 @@ class Evaluator:
 
     def evaluate_many(self, configs: Sequence[ParallelConfig], fast: bool = True) -> list[dict[str, Any]]:
         """Result rows for ``configs`` (one micro-batch size or several): the fast path
-        (:mod:`dml2comm.search.fast`) for what it covers, the full analysis for the rest."""
-        from dml2comm.search.fast import FastEvaluator, NotRepeating, supports
+        (:mod:`dml2comm.model`) for what it covers, the full analysis for the rest."""
+        from dml2comm.model import FastEvaluator, NotRepeating, supports
 
         rows: list[dict[str, Any] | None] = [None] * len(configs)
         by_batch: dict[int, list[int]] = {}
@@ -376,7 +377,7 @@ CHUNK = 512
 
 
 def _block(config: ParallelConfig) -> tuple:
-    """What the fast path builds once and configurations then share (:mod:`dml2comm.search.fast`):
+    """What the fast path builds once and configurations then share (:mod:`dml2comm.model`):
     per micro-batch size an import, per (t, c, e) the layer tables (both SP settings: they
     share the schedules)."""
     return (config.micro_batch_size, config.tp_size, config.cp_size, config.cp_scheme, config.ep_size)
@@ -493,7 +494,7 @@ def run_sweep(
     limit
         Evaluate only the first ``limit`` configurations of the enumeration (benchmarks).
     fast
-        Use the fast path (:mod:`dml2comm.search.fast`, same numbers) where it applies;
+        Use the fast path (:mod:`dml2comm.model`, same numbers) where it applies;
         ``False`` runs the full analysis for every configuration.
     executor
         Where the chunks run (:mod:`dml2comm.executors`; default: local, ``workers``
@@ -538,9 +539,7 @@ def run_sweep(
     # in forked workers, from copying its pages by touching them)
     gc.freeze()
     try:
-        # the tables the evaluation builds live to its end too; the simulation's arrays are
-        # written once: no huge pages for them (dml2comm.gc_tuning)
-        with collect_rarely(), small_pages():
+        with collect_rarely(), small_pages():  # the tables live to the end; the simulation's arrays do not (dml2comm.gc_tuning)
             interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()

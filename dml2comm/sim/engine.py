@@ -32,15 +32,15 @@ step's times into the events of the timeline and of ``trace.json``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import groupby, repeat
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from dml2comm.choices import Choice
 from dml2comm.errors import ConfigError
-from dml2comm.sim.levels import CompiledSchedule, StepTimes, Tail, compile_steps, iteration_tail, pipeline_steps
-from dml2comm.sim.schedules import Step
+from dml2comm.sim.levels import CompiledSchedule, StepTimes, Tail, compile_steps, device_sums, iteration_tail, pipeline_steps
+from dml2comm.parallel.schedule import Step
 
 __all__ = ["DeviceWork", "Event", "SimResult", "Stream", "simulate"]
 
@@ -107,7 +107,7 @@ def simulate(schedule: Sequence[Sequence[Step]] | CompiledSchedule, work: Sequen
     :func:`dml2comm.sim.levels.pipeline_steps` and :func:`~dml2comm.sim.levels.iteration_tail`
     for one configuration, turned into events.
 
-    ``schedule``: the per-device step lists of one of the schedules (:mod:`~dml2comm.sim.schedules`;
+    ``schedule``: the per-device step lists of one of the schedules (:mod:`~dml2comm.parallel.schedule`;
     ``virtual_stages`` model chunks per device), or their
     :func:`~dml2comm.sim.levels.compile_schedule` (which carries its own chunk count, and
     saves reading the lists).  Events come in the order of
@@ -130,35 +130,35 @@ def simulate(schedule: Sequence[Sequence[Step]] | CompiledSchedule, work: Sequen
     fwd, bwd, send_fwd, send_bwd = costs[0:1], costs[1:2], costs[2:3], costs[3:4]  # [1, p] each
     zero = (costs[4:5], costs[5:6], costs[6:7])
     times = pipeline_steps(cs, fwd, bwd, send_fwd, send_bwd, zero if costs[4:7].any() else None)
-    dev, forward, last = cs.device, cs.forward, cs.last_step
-    dur = np.where(forward, fwd[0, dev], bwd[0, dev])
-    tp = np.where(forward, costs[7, dev], costs[8, dev])
-    start, end = times.start[0], times.end[0]
-    compute_end = end[last]
-    lb = cs.last_backward
-    tail = iteration_tail(start[lb], dur[lb], compute_end, times.dp[0, last], [w.dp_buckets_s for w in work],
-                          np.array([w.overlap_dp for w in work]), costs[9], costs[10], costs[11])
-    # per-device sums in program order (a running sum, as the steps run)
-    busy = np.cumsum(dur.reshape(p, -1), axis=1)[:, -1]
-    tp_sum = np.cumsum(tp.reshape(p, -1), axis=1)[:, -1]
+    last = cs.last_step
+    compute_end = times.end[:, last]
+    runs = [[(t, len(list(same))) for t, same in groupby(w.dp_buckets_s)] for w in work]  # runs of equal buckets
+    width = max(map(len, runs), default=0)
+    tau, count = np.zeros((1, p, width)), np.zeros((1, p, width), dtype=np.int64)
+    for d, device_runs in enumerate(runs):
+        for r, (t, n) in enumerate(device_runs):
+            tau[0, d, r], count[0, d, r] = t, n
+    tail = iteration_tail(compute_end, bwd, times.dp[:, last], tau, count, np.array([w.overlap_dp for w in work]),
+                          costs[9:10], costs[10:11], costs[11:12], starts=keep_events)
     return SimResult(
         iteration_time_s=float(tail.end.max()),
-        device_end_s=tuple(tail.end.tolist()),
-        compute_end_s=tuple(compute_end.tolist()),
-        compute_busy_s=tuple(busy.tolist()),
-        tp_s=tuple(tp_sum.tolist()),
-        dp_exposed_s=tuple((tail.reduced - compute_end).tolist()),
-        events=_events(cs, times, dur, send_fwd[0], send_bwd[0], zero, tail, work) if keep_events else (),
+        device_end_s=tuple(tail.end[0].tolist()),
+        compute_end_s=tuple(compute_end[0].tolist()),
+        compute_busy_s=tuple(device_sums(cs, fwd, bwd)[0].tolist()),
+        tp_s=tuple(device_sums(cs, costs[7:8], costs[8:9])[0].tolist()),
+        dp_exposed_s=tuple((tail.reduced - compute_end)[0].tolist()),
+        events=_events(cs, times, fwd[0], bwd[0], send_fwd[0], send_bwd[0], zero, tail, work) if keep_events else (),
     )
 
 
-def _events(cs: CompiledSchedule, times: StepTimes, dur: np.ndarray, send_fwd: np.ndarray, send_bwd: np.ndarray,
+def _events(cs: CompiledSchedule, times: StepTimes, fwd: np.ndarray, bwd: np.ndarray, send_fwd: np.ndarray, send_bwd: np.ndarray,
             zero: tuple[np.ndarray, ...], tail: Tail, work: Sequence[DeviceWork]) -> tuple[Event, ...]:
     """The events of one simulated iteration (:func:`simulate`'s docstring gives their order).
 
     Built a kind at a time over the steps that have one, then put in order by the key
     ``4 * (the step's place in the scan) + (0 all-gather, 1 step, 2 reduce-scatter, 3 send)``."""
     dev, forward = cs.device, cs.forward
+    dur = np.where(forward, fwd[dev], bwd[dev])
     order = cs.scan_order
     rank = np.empty(cs.num_steps, dtype=np.int64)
     rank[order] = np.arange(cs.num_steps)
@@ -187,14 +187,15 @@ def _events(cs: CompiledSchedule, times: StepTimes, dur: np.ndarray, send_fwd: n
          zip(dev[receiver].tolist(), [labels[r] for r in receiver.tolist()]))
     key = np.concatenate(keys)
     events = parts if len(parts) == cs.num_steps else [parts[i] for i in np.argsort(key).tolist()]
-    buckets = tail.bucket_start.tolist()
+    buckets = tail.bucket_start[0].tolist()
     for d, w in enumerate(work):
         for i, bucket in enumerate(w.dp_buckets_s):
             events.append(Event(d, Stream.DP, f"gradient bucket {i}", buckets[d][i], bucket))
-    step_start = tail.step_start.tolist()
+    step_start = tail.step_start[0].tolist()
+    tied_start = float(tail.tied_start[0])
     for d, w in enumerate(work):
         if w.tied_s > 0:
-            events.append(Event(d, Stream.PP, "tied-weight gradient all-reduce", tail.tied_start, w.tied_s))
+            events.append(Event(d, Stream.PP, "tied-weight gradient all-reduce", tied_start, w.tied_s))
         if w.optimizer_s > 0:
             events.append(Event(d, Stream.OPTIMIZER, "optimizer step", step_start[d], w.optimizer_s))
         if w.after_step_s > 0:

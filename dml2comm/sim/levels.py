@@ -17,20 +17,22 @@ the stream is not busy in between, and every later send leaves after ``end[i]`` 
 (durations are not negative).  Per-micro-batch data-parallel collectives (ZeRO-2/3) add the
 device's dp stream per step (:func:`pipeline_steps` with ``zero``).
 
-Three users: :func:`dml2comm.sim.engine.simulate` runs :func:`pipeline_steps` and
-:func:`iteration_tail` for one configuration (``K = 1``) and turns every step's start and end,
-every send, the ZeRO traffic and the tail into the events of the timeline and ``trace.json``;
-a sweep (:mod:`dml2comm.search.fast`) runs :func:`pipeline_end_times_many`, the same update for
-many schedules and configurations in one pass, reading only the end times; and
-``tests/test_sim.py`` checks the two against each other and against schedules worked by hand.
+Three users: :func:`dml2comm.sim.engine.simulate` runs :func:`pipeline_steps` for one
+configuration (``K = 1``) and turns every step's start and end, every send, the ZeRO traffic and
+the tail into the events of the timeline and ``trace.json``; the run of priced plans
+(:mod:`dml2comm.model.run`, the analysis's and the sweep's) runs :func:`pipeline_end_times_many`,
+the same update for many schedules and configurations in one pass, reading only the end times;
+and ``tests/test_sim.py`` checks the two against each other and against schedules worked by hand.
 
-The sweep evaluates the data-parallel tail (gradient buckets after or overlapping the
-device's last backward, then the optimizer step and any collective after it) in closed form:
-for buckets of equal duration ``tau`` becoming ready at linearly spaced times, the stream's
-end is ``max_i(ready_i + sum_{l >= i} tau_l)``, attained at an end of each run of equal
-buckets (:func:`bucket_tail_end_many`); :func:`iteration_tail` runs the buckets one by one, all
-devices at once, for their start times (``tests/oracles.py`` keeps the scalar closed form the
-tests check both against).
+Both then run one tail, :func:`iteration_tail`, on ``[K, p]`` arrays (the engine with
+``K = 1``): the gradient buckets after or overlapping the device's last backward, the
+tied-weight all-reduce, the optimizer step and any collective after it.  The buckets' end is the
+bucket-by-bucket loop's to the last bit (:func:`_bucket_stream`, which the timeline's bucket
+events read), computed a run of equal buckets at a time (:func:`_bucket_end`), so a sweep with
+tens of thousands of buckets per device costs what the closed form
+``max_i(ready_i + sum_{l >= i} tau_l)`` did (``tests/oracles.py`` keeps that closed form, which
+the tests check the tail against to rounding).  :func:`device_sums` is the one order in which a
+device's step times are summed (its busy and tensor-parallel time).
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ import numpy as np
 
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
-from dml2comm.sim.schedules import Step, StepKind, check_schedule
+from dml2comm.parallel.schedule import (Step, StepKind, backward_index, backward_position, device_order, forward_index,
+                                        forward_position)
 
 __all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps",
-           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "bucket_tail_end_many"]
+           "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "device_sums"]
 
 
 @dataclass(frozen=True)
@@ -117,52 +120,15 @@ class CompiledSchedule:
 
 @functools.lru_cache(maxsize=256)
 def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
-    """Flat arrays and depth groups of a schedule's order (:mod:`dml2comm.sim.schedules`; the one
-    place the simulator computes it: ``tests/oracles.py`` writes the same orders step by step).
-
-    Built with array arithmetic rather than from the step lists: every device runs ``T = m v``
-    forwards and ``T`` backwards; with ``W`` warm-up forwards (GPipe ``T``; 1F1B
-    ``min(p - s - 1, m)``; interleaved ``min(2 (p - s - 1) + (v - 1) p, T)``) the k-th forward
-    sits at position ``k`` (``k < W``) or ``2k - W``, the k-th backward at ``W + 2k + 1``
-    (``k < T - W``) or ``T + k``.  The k-th op's micro-batch and chunk follow
-    Megatron-LM's interleaved order (GPipe runs its backwards last micro-batch first).
-    """
-    check_schedule(name, p, m, v)
-    name = Schedule.of(name)
-    if name is Schedule.INTERLEAVED and v < 2:
-        name = Schedule.ONE_F_ONE_B
-    if name is not Schedule.INTERLEAVED:
-        v = 1
-    total = m * v
+    """Flat arrays and depth groups of a schedule's order (:func:`dml2comm.parallel.schedule.device_order`,
+    the one place the order is written; ``tests/oracles.py`` writes the same orders step by step):
+    every device's k-th forward and backward placed in its list, and each step's dependency on
+    the neighbouring virtual stage's step with the same micro-batch."""
+    order = device_order(name, p, m, v)
+    name, v, warm, total = order.name, order.v, order.warm, order.total
     two = 2 * total
     s = np.arange(p)
-    if name is Schedule.GPIPE:
-        warm = np.full(p, total)
-    elif name is Schedule.ONE_F_ONE_B:
-        warm = np.minimum(p - s - 1, m)
-    else:
-        warm = np.minimum((p - s - 1) * 2 + (v - 1) * p, total)
-    k = np.arange(total)
-
-    def fwd_pos(w, kk):
-        return np.where(kk < w, kk, 2 * kk - w)
-
-    def bwd_pos(w, kk):
-        return np.where(kk < total - w, w + 2 * kk + 1, total + kk)
-
-    def fwd_k(mb, chunk):  # inverse of the interleaved order's k-th forward (mb, chunk)
-        if v == 1:
-            return mb
-        return (mb // p) * p * v + chunk * p + mb % p
-
-    def bwd_k(mb, chunk):
-        if name is Schedule.GPIPE:
-            return m - 1 - mb
-        if v == 1:
-            return mb
-        return (mb // p) * p * v + (v - 1 - chunk) * p + mb % p
-
-    mb_f, chunk_f, mb_b, chunk_b = _kth_ops(name, k, p, m, v)
+    mb_f, chunk_f, mb_b, chunk_b = order.forward_micro_batch, order.forward_chunk, order.backward_micro_batch, order.backward_chunk
     n = p * two
     device = np.repeat(s, two)
     forward = np.zeros(n, dtype=bool)
@@ -170,22 +136,21 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     last_vs = p * v - 1
     # [p, T]: device d's k-th forward and backward (all devices at once)
     d = s[:, None]
-    w = warm[:, None]
-    pf = d * two + fwd_pos(w, k)
-    pb = d * two + bwd_pos(w, k)
+    pf = d * two + order.forward_at
+    pb = d * two + order.backward_at
     forward[pf.ravel()] = True
     vs = chunk_f * p + d
     up = vs - 1  # forward needs the previous virtual stage's output
     ok = vs > 0
     dev = up % p
-    kk = fwd_k(mb_f, up // p)
-    need[pf[ok]] = (dev * two + fwd_pos(warm[dev], kk))[ok]
+    kk = forward_index(mb_f, up // p, p, v)
+    need[pf[ok]] = (dev * two + forward_position(warm[dev], kk))[ok]
     vs = chunk_b * p + d
     down = vs + 1  # backward needs the next virtual stage's gradient
     ok = vs < last_vs
     dev = down % p
-    kk = bwd_k(mb_b, down // p)
-    need[pb[ok]] = (dev * two + bwd_pos(warm[dev], kk))[ok]
+    kk = backward_index(name, mb_b, down // p, p, m, v)
+    need[pb[ok]] = (dev * two + backward_position(warm[dev], kk, total))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
     depth = _one_f_one_b_depths(p, m) if name is Schedule.ONE_F_ONE_B and m >= p else None
@@ -194,17 +159,6 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     micro_batch = _by_step(n, pf, pb, mb_f, mb_b)
     chunk = _by_step(n, pf, pb, chunk_f, chunk_b)
     return _grouped(p, v, device, forward, prev, need, depth, micro_batch, chunk)
-
-
-def _kth_ops(name: Schedule, k: np.ndarray, p: int, m: int, v: int) -> tuple[np.ndarray, ...]:
-    """(micro-batch, chunk) of every device's k-th forward and k-th backward: in order for one
-    chunk (GPipe runs its backwards last micro-batch first); with ``v`` chunks, Megatron-LM's
-    interleaved order (``p`` micro-batches per chunk in turn, backwards from the last chunk)."""
-    if v == 1:
-        zeros = np.zeros_like(k)
-        return k, zeros, (m - 1 - k if name is Schedule.GPIPE else k), zeros
-    mb_f = (k // (p * v)) * p + k % p
-    return mb_f, (k // p) % v, mb_f, v - 1 - (k // p) % v
 
 
 def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
@@ -243,7 +197,7 @@ def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.n
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
     """The compiled form of per-device step lists of one of the schedules (``v`` model chunks per
-    device; :mod:`dml2comm.sim.schedules`): the name, ``p`` and ``m`` are read off the lists, and the
+    device; :mod:`dml2comm.parallel.schedule`): the name, ``p`` and ``m`` are read off the lists, and the
     lists are checked to be that schedule's, step for step.
 
     Raises
@@ -266,7 +220,7 @@ def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSch
             if (cs.v == v and np.array_equal(flat[:, 0], cs.forward) and np.array_equal(flat[:, 1], cs.micro_batch)
                     and np.array_equal(flat[:, 2], cs.chunk)):
                 return cs
-    raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (sim.schedules); these {p} step lists "
+    raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (parallel.schedule); these {p} step lists "
                       f"with {v} model chunks are none of them: compile one with sim.levels.compile_schedule")
 
 
@@ -658,66 +612,232 @@ def _row_width(ks: list[int], steps: list[int]) -> int:
     return min(range(1, min(max(ks), 16) + 1), key=cost)
 
 
-def bucket_tail_end_many(start: np.ndarray, duration: np.ndarray, compute_end: np.ndarray, tau: np.ndarray,
-                         count: np.ndarray, overlap: np.ndarray) -> np.ndarray:
-    """The closed form of the gradient-bucket stream's end (stream free at 0; the scalar oracle:
-    ``tests/oracles.py``) for arrays of devices: ``start``,
-    ``duration``, ``compute_end`` ``[..., p]``; runs ``tau``, ``count`` ``[..., p, R]`` (count 0:
-    no run); ``overlap`` broadcasts against ``[..., p]``."""
-    total = count.sum(axis=-1)
-    best = (tau * count).sum(axis=-1)
-    suffix = best.copy()
-    safe = np.where(total > 0, total, 1)
-    i = np.zeros_like(total)
-    for r in range(tau.shape[-1]):
-        t, c = tau[..., r], count[..., r]
-        for pos, rest in ((i, suffix), (i + c - 1, suffix - t * (c - 1))):
-            ready = np.where(overlap, start + duration * (pos + 1) / safe, compute_end)
-            best = np.where(c > 0, np.maximum(best, ready + rest), best)
-        suffix = suffix - t * c
-        i = i + c
-    return np.where(total > 0, best, 0.0)
+def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> np.ndarray:
+    """Per device, the sum of its steps' durations (``fwd_s``/``bwd_s``: ``[K, p]``, per step) in
+    program order, a running sum as the steps run: ``[K, p]``.  The one order every caller sums
+    in (the timeline's busy and tensor-parallel times, the breakdown's compute), so that the
+    sweep's numbers are the analysis's to the last bit."""
+    forward = cs.forward.reshape(cs.p, -1)
+    dur = np.where(forward, fwd_s[:, :, None], bwd_s[:, :, None])
+    return np.cumsum(dur, axis=-1)[..., -1]
 
 
 @dataclass(frozen=True)
 class Tail:
-    """One configuration's iteration after its pipeline, per device (``[p]``; buckets ``[p, B]``)."""
+    """``K`` configurations' iterations after their pipelines, per device (``[K, p]``)."""
 
-    bucket_start: np.ndarray  # [p, B] start of each gradient bucket (B: the most buckets of a device)
+    bucket_start: np.ndarray | None  # [K, p, B] start of each gradient bucket (when asked for; B: the most buckets of a device)
     reduced: np.ndarray  # gradients reduced: the dp stream's end, at least the compute's
-    tied_start: float  # the tied-weight all-reduce (one collective of every device with a copy)
+    tied_start: np.ndarray  # [K] the tied-weight all-reduce (one collective of every device with a copy; 0 if none)
     step_start: np.ndarray  # the optimizer step
     end: np.ndarray  # the device's iteration end (after any collective that follows the step)
 
 
-def iteration_tail(last_start: np.ndarray, last_dur: np.ndarray, compute_end: np.ndarray, stream_free: np.ndarray,
-                   buckets: Sequence[Sequence[float]], overlap: np.ndarray, tied_s: np.ndarray, optimizer_s: np.ndarray,
-                   after_step_s: np.ndarray) -> Tail:
-    """The data-parallel tail of one configuration, device by device (``[p]`` arrays): gradient
-    buckets on the dp stream (free at ``stream_free``, after any ZeRO traffic), bucket ``i`` of
-    ``K`` ready at ``last_start + last_dur (i + 1) / K`` during the last backward with
-    ``overlap`` (PyTorch DDP / Megatron ``--overlap-grad-reduce``), else at ``compute_end``, each
-    starting at ``max(previous bucket's end, ready)``; the tied-weight all-reduce once every
-    device holding a copy has reduced its gradients (Megatron-LM ``finalize_model_grads``:
-    data-parallel sync, then ``_allreduce_embedding_grads``); the optimizer step; the collective
-    after it (ZeRO-1/2 parameter all-gather).  The buckets' end equals
-    :func:`bucket_tail_end_many`'s closed form (``tests/test_sim.py``); here the loop runs over bucket
-    positions, all devices at once, because the events need every bucket's start."""
-    p = len(buckets)
-    count = np.array([len(b) for b in buckets], dtype=np.int64)
-    width = int(count.max()) if p else 0
-    tau = np.zeros((p, width))
-    for d, b in enumerate(buckets):
-        tau[d, :len(b)] = b
-    safe = np.maximum(count, 1)
-    starts = np.zeros((p, width))
-    t = stream_free
-    for i in range(width):
-        ready = np.where(overlap, last_start + last_dur * (i + 1) / safe, compute_end)
-        starts[:, i] = np.maximum(t, ready)
-        t = np.where(i < count, starts[:, i] + tau[:, i], t)
+#: Floats per array of :func:`_bucket_stream`'s chunks (bucket positions x devices), and how many
+#: alternations of a chunk are taken as whole runs before the rest goes position by position.
+_CHUNK_FLOATS = 1 << 19
+_MAX_ROUNDS = 8
+
+
+def iteration_tail(compute_end: np.ndarray, last_dur: np.ndarray, stream_free: np.ndarray, tau: np.ndarray, count: np.ndarray,
+                   overlap: np.ndarray, tied_s: np.ndarray, optimizer_s: np.ndarray, after_step_s: np.ndarray,
+                   starts: bool = False) -> Tail:
+    """The data-parallel tail of ``K`` configurations, device by device (``[K, p]`` arrays; the
+    gradient buckets as runs ``tau``, ``count`` ``[K, p, R]`` of equal buckets, in order; ``overlap``
+    broadcasts against ``[K, p]``): the one tail the timeline and the sweep both run.
+
+    The buckets go on the dp stream (free at ``stream_free``, after any ZeRO traffic), bucket
+    ``i`` of ``n`` ready at ``compute_end - last_dur + last_dur (i + 1) / n`` during the last
+    backward with ``overlap`` (PyTorch DDP / Megatron ``--overlap-grad-reduce``), else at
+    ``compute_end``, each starting at ``max(previous bucket's end, ready)``; then the tied-weight
+    all-reduce once every device holding a copy has reduced its gradients (Megatron-LM
+    ``finalize_model_grads``: data-parallel sync, then ``_allreduce_embedding_grads``); the
+    optimizer step; the collective after it (ZeRO-1/2 parameter all-gather).  ``starts``: keep
+    every bucket's start (the timeline's events).
+
+    The stream's end is the bucket-by-bucket loop's (:func:`_bucket_stream`) to the last bit,
+    taken a run of equal buckets at a time (:func:`_bucket_end`), so it is the same whatever the
+    batch and however many buckets a device has (``tests/test_model.py``); it equals the closed
+    form ``max_i(ready_i + sum_{l >= i} tau_l)`` to rounding (``tests/oracles.py``, ``tests/test_sim.py``)."""
+    last_start = compute_end - last_dur
+    t = _bucket_end(last_start, last_dur, compute_end, stream_free, tau, count, overlap)
+    bucket_start = _bucket_stream(last_start, last_dur, compute_end, stream_free, tau, count, overlap, True)[1] if starts else None
     reduced = np.maximum(t, compute_end)
     holders = tied_s > 0
-    tied_start = float(reduced[holders].max()) if holders.any() else 0.0
-    step_start = np.where(holders, tied_start + tied_s, reduced)
-    return Tail(starts, reduced, tied_start, step_start, step_start + optimizer_s + after_step_s)
+    tied_start = np.where(holders, reduced, -np.inf).max(axis=-1, initial=-np.inf)
+    tied_start = np.where(holders.any(axis=-1), tied_start, 0.0)
+    step_start = np.where(holders, tied_start[..., None] + tied_s, reduced)
+    return Tail(bucket_start, reduced, tied_start, step_start, step_start + optimizer_s + after_step_s)
+
+
+def _bucket_end(start: np.ndarray, dur: np.ndarray, compute_end: np.ndarray, stream_free: np.ndarray, tau: np.ndarray,
+                count: np.ndarray, overlap: np.ndarray) -> np.ndarray:
+    """The dp stream's time after every device's buckets: :func:`_bucket_stream`'s end, to the
+    last bit, without visiting every bucket.
+
+    A run of ``c`` equal buckets after its first: while the stream is behind (``t >= ready``, as
+    it stays when a bucket takes longer than the backward that fills the next one, or without
+    overlap), ``t`` is ``t + tau`` repeated (:func:`_repeated_sum`, exact); while it keeps up
+    (a bucket shorter than that), ``t`` after the run is ``ready_last + tau``.  A device whose
+    run is neither (a bucket as long as its backward share, to within rounding, or a stream
+    that catches up inside a run) goes bucket by bucket (:func:`_bucket_stream`)."""
+    count = np.asarray(count, dtype=np.int64)
+    total = count.sum(axis=-1)
+    shape = total.shape
+    t = np.array(np.broadcast_to(stream_free, shape), dtype=np.float64).ravel()
+    if not t.size or not total.any():
+        return t.reshape(shape)
+    rows = t.size
+    safe = np.maximum(total, 1).ravel()
+    on = np.broadcast_to(overlap, shape).ravel()
+    x0, d, ce = (np.broadcast_to(v, shape).ravel() for v in (start, dur, compute_end))
+    taus, counts = np.asarray(tau, dtype=np.float64).reshape(rows, -1), count.reshape(rows, -1)
+    slow = np.zeros(rows, dtype=bool)
+    i = np.zeros(rows, dtype=np.int64)
+
+    def ready(at: np.ndarray) -> np.ndarray:  # bucket ``at``'s ready time, as _bucket_stream computes it
+        return np.where(on, x0 + d * (at + 1) / safe, ce)
+
+    for r in range(taus.shape[1]):
+        x, c = taus[:, r], counts[:, r]
+        first = c > 0
+        t = np.where(first, np.maximum(t, ready(i)) + x, t)  # the run's first bucket as the loop takes it
+        i, c = i + first, c - first
+        if not c.any():
+            continue
+        now, last = ready(i), ready(i + c - 1)
+        gap = d / safe  # the backward share between two buckets' ready times
+        # far above the few ulps (2^-52 relative) by which the rounded ready times and sums can
+        # stray from the exact ones over a run: a closer call goes bucket by bucket
+        margin = 1e-12 * (np.abs(t) + np.abs(x0) + d + x * c)
+        behind = (c == 0) | ~on | (t >= last) | ((t >= now) & (x - gap > margin))
+        keeps = ~behind & (t < now) & (gap - x > margin)
+        t, tied = _repeated_sum(t, x, np.where(behind, c, 0))
+        t = np.where(keeps, last + x, t)
+        slow |= tied | ~(behind | keeps)
+        i = i + c
+    if slow.any():
+        k = np.flatnonzero(slow)
+        t[k] = _bucket_stream(x0[k], d[k], ce[k], np.broadcast_to(stream_free, shape).ravel()[k], taus[k], counts[k],
+                              on[k], False)[0]
+    return t.reshape(shape)
+
+
+def _repeated_sum(t: np.ndarray, x: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``t + x + x + ... + x`` (``n`` additions, in order, each rounded) for arrays, in a few
+    steps: while the sum stays in one binade ``[2^e, 2^(e+1))`` (ulp ``u``) every addition of
+    ``x`` adds the same multiple of ``u`` (``x / u`` rounded to the nearest integer), so ``k``
+    additions are one multiplication; the addition that leaves the binade is made as it is.
+    Also returns where an addition falls on a tie (``x / u`` ending in exactly one half, whose
+    rounding goes to even and so alternates): those entries are not summed here."""
+    t, n = t.copy(), np.where(x == 0, 0, n)
+    tied = np.zeros(t.shape, dtype=bool)
+    while True:
+        go = (n > 0) & ~tied
+        if not go.any():
+            return t, tied
+        if (t[go] <= 0).any():  # only positive sums are stepped by binades: the rest one at a time
+            at = go & (t <= 0)
+            t[at] += x[at]
+            n[at] -= 1
+            continue
+        _, e = np.frexp(np.where(go, t, 1.0))
+        u = np.ldexp(1.0, e - 53)  # the ulp of [2^(e-1), 2^e)
+        q = x / u  # exact: a power-of-two scaling
+        whole = np.floor(q)
+        frac = q - whole
+        tied |= go & (frac == 0.5)
+        step = whole + (frac > 0.5)  # ulps added per addition
+        m = t / u  # an integer in [2^52, 2^53)
+        room = np.where(step > 0, np.floor((2.0 ** 53 - 1 - m) / np.maximum(step, 1)), 0.0)
+        room = np.where(m + room * step > 2.0 ** 53 - 1, room - 1, room)  # the division may have rounded up
+        room[step == 0] = np.inf
+        k = np.where(go & ~tied, np.minimum(n, room), 0)
+        t = np.where(k > 0, (m + k * step) * u, t)
+        n = n - k.astype(np.int64)
+        cross = go & ~tied & (n > 0) & (step > 0)
+        t[cross] += x[cross]  # the addition that leaves the binade
+        n[cross] -= 1
+        n[go & ~tied & (step == 0)] = 0  # x below half an ulp: the sum no longer moves
+
+
+def _bucket_stream(start: np.ndarray, dur: np.ndarray, compute_end: np.ndarray, stream_free: np.ndarray, tau: np.ndarray,
+                   count: np.ndarray, overlap: np.ndarray, keep: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The dp stream's time after every device's buckets (:func:`iteration_tail`), and each
+    bucket's start when ``keep``: ``t_(i+1) = max(t_i, ready_i) + tau_i``, bucket after bucket.
+
+    Taken a chunk of bucket positions at a time, for every device at once, in runs rather than
+    position by position: while the stream is behind (``t_i >= ready_i``), ``t`` is a running
+    sum from the run's first value (one ``cumsum``, the same additions in the same order); while
+    it keeps up (``ready_i > t_i``), ``t_(i+1) = ready_i + tau_i`` for every position at once.
+    A device alternates between the two a few times (:func:`_chunk_runs`), so the work is a few
+    array passes however many buckets it has (tens of thousands for a large stage)."""
+    count = np.asarray(count, dtype=np.int64)
+    total = count.sum(axis=-1)
+    shape = total.shape
+    width = int(total.max()) if total.size else 0
+    t = np.array(np.broadcast_to(stream_free, shape), dtype=np.float64).ravel()
+    if width == 0:
+        return t.reshape(shape), (np.zeros(shape + (0,)) if keep else None)
+    rows = t.size
+    safe = np.maximum(total, 1).reshape(rows, 1)
+    flat_total = total.reshape(rows, 1)
+    overlap = np.broadcast_to(overlap, shape).reshape(rows, 1)
+    start, dur = (np.broadcast_to(x, shape).reshape(rows, 1) for x in (start, dur))
+    compute_end = np.broadcast_to(compute_end, shape).reshape(rows, 1)
+    cum = np.cumsum(count, axis=-1).reshape(rows, 1, -1)
+    padded = np.concatenate([np.asarray(tau, dtype=np.float64).reshape(rows, -1), np.zeros((rows, 1))], axis=-1)
+    out = np.zeros((rows, width)) if keep else None
+    step = max(8, _CHUNK_FLOATS // rows)
+    for a in range(0, width, step):
+        pos = np.arange(a, min(a + step, width))
+        run = (cum <= pos[:, None]).sum(axis=-1)  # [rows, C]: the run of each position (R past the last)
+        taus = np.take_along_axis(padded, run, axis=-1)  # 0 past a device's last bucket
+        ready = np.where(pos < flat_total, np.where(overlap, start + dur * (pos + 1) / safe, compute_end), -np.inf)
+        times = _chunk_runs(t, ready, taus)  # [rows, C + 1]: t before each position, and after the last
+        if keep:
+            out[:, a:a + len(pos)] = np.maximum(times[:, :-1], ready)
+        t = times[:, -1]
+    return t.reshape(shape), (out.reshape(shape + (width,)) if keep else None)
+
+
+def _chunk_runs(t: np.ndarray, ready: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """``t`` before every position of a chunk and after its last (``[rows, C + 1]``), from ``t``
+    at its start, the buckets' ready times (``-inf`` past a device's last) and durations.
+
+    A round takes each device's run behind the stream from its current position ``i0`` (the
+    running sum ``S``, valid up to the first ``j`` with ``ready_j > S_j``), then its run keeping
+    up from ``j`` (``t_(i+1) = ready_i + tau_i``, valid up to the first ``k`` with
+    ``t_k > ready_k``), and starts the next round at ``k``; after :data:`_MAX_ROUNDS` rounds the
+    devices still going finish position by position."""
+    rows, c = ready.shape
+    times = np.zeros((rows, c + 1))
+    times[:, 0] = t
+    up = ready + taus  # t after position i if the bucket waited for its gradients
+    cols = np.arange(c + 1)
+    live = np.arange(rows)
+    i0 = np.zeros(rows, dtype=np.int64)
+    for _ in range(_MAX_ROUNDS):
+        if not live.size:
+            return times
+        first = i0[:, None]
+        seq = np.where(cols == first, times[live, i0][:, None], 0.0)
+        seq[:, 1:] += np.where(cols[1:] > first, taus[live], 0.0)
+        behind = np.cumsum(seq, axis=1)  # exact: 0 + x = x before i0, then the sums in order
+        late = (ready[live] > behind[:, :-1]) & (cols[:-1] >= first)
+        has = late.any(axis=1)
+        j = np.where(has, late.argmax(axis=1), c)
+        mine = (cols >= first) & (cols <= j[:, None])
+        times[live] = np.where(mine, behind, times[live])
+        kept = np.zeros((live.size, c), dtype=bool)  # at k = column + 1: t_k > ready_k (the last column: none)
+        kept[:, :-1] = (up[live, :-1] > ready[live, 1:]) & (cols[1:-1] > j[:, None])
+        more = kept.any(axis=1) & has
+        k = np.where(more, kept.argmax(axis=1) + 1, c)
+        keeps = (cols > j[:, None]) & (cols <= k[:, None]) & has[:, None]
+        times[live] = np.where(keeps, np.concatenate([np.zeros((live.size, 1)), up[live]], axis=1), times[live])
+        live, i0 = live[more], k[more]
+    for i in range(int(i0.min()) if live.size else c, c):  # what is left, position by position
+        go = i0 <= i
+        step_t = np.maximum(times[live, i], ready[live, i]) + taus[live, i]
+        times[live, i + 1] = np.where(go, step_t, times[live, i + 1])
+    return times

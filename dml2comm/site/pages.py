@@ -615,7 +615,8 @@ def _memory_parts_text(mem: Mapping[str, Any]) -> str:
 _IN_FLIGHT = {
     "gpipe": "GPipe keeps the activations of all m micro-batches until the backward pass starts",
     "1f1b": "1F1B keeps min(p − s, m) micro-batches in flight on stage s (p − s warm-up forwards before its first backward)",
-    "interleaved": "interleaved 1F1B keeps 1F1B's micro-batches in flight times (1 + (p − 1)/(p m)) of a full stage's activations",
+    "interleaved": ("interleaved 1F1B keeps min(2(p − s − 1) + (v − 1)p + 1, m v) chunk forwards in flight on stage s, "
+                    "each 1/v of a micro-batch: p(1 + (p − 1)/(p v)) micro-batches on stage 0 (Megatron-LM's interleaving penalty)"),
 }
 
 

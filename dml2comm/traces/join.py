@@ -44,11 +44,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dml2comm.ir.gemms import gemm_key, graph_gemm_ops
 from dml2comm.ir.layers import LayerKind
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
-__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "graph_gemms", "graph_gemm_ops", "shape_doublings", "token_shape", "block_times"]
+__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "token_shape", "block_times"]
 
 
 class Phase:
@@ -153,53 +154,6 @@ class TraceJoin:
 
 
 # ---------------------------------------------------------------------------------------------
-# the graph's side
-# ---------------------------------------------------------------------------------------------
-
-
-def _gemm_key(m: int, n: int, k: int) -> tuple[int, ...]:
-    """Order-free (M, N, K): a weight stored transposed (Conv1D, ``Gemm`` with ``transB``) or a
-    GEMM the trace writes as ``addmm(bias, x, w)`` gives the same key."""
-    return tuple(sorted((int(m), int(n), int(k))))
-
-
-def shape_doublings(a: Sequence[int], b: Sequence[int]) -> float:
-    """Distance of two GEMM shapes in doublings: the sum over their sorted (M, N, K) of
-    ``|log2(a_i / b_i)|`` (a GEMM twice as tall is one doubling away)."""
-    return float(sum(abs(math.log2(x / y)) for x, y in zip(sorted(a), sorted(b))))
-
-
-def graph_gemms(layered: Any) -> list[tuple[tuple[int, ...], int]]:
-    """The graph's weight GEMMs in topological order: ((M, N, K) key, layer index) (see
-    :func:`graph_gemm_ops`)."""
-    return [(key, layer) for key, layer, _ in graph_gemm_ops(layered)]
-
-
-def graph_gemm_ops(layered: Any) -> list[tuple[tuple[int, ...], int, int]]:
-    """The graph's weight GEMMs in topological order: ((M, N, K) key, layer index, op index).
-
-    A weight GEMM is a ``MatMul``/``Gemm`` one of whose inputs is a weight (a parameter or a tied
-    copy): the attention's activation x activation MatMuls are left out (the trace runs them
-    inside ``scaled_dot_product_attention``)."""
-    g = layered.graph
-    out = []
-    for op in g.ops:
-        if op.op_type not in ("MatMul", "Gemm"):
-            continue
-        ins = g.op_inputs(op)
-        if len(ins) < 2 or ins[0] is None or ins[1] is None or not ins[1].is_weight or ins[0].is_weight:
-            continue
-        x, w = ins[0].shape, ins[1].shape
-        if len(w) != 2 or not x:
-            continue
-        k = x[-1]
-        m = math.prod(x[:-1])
-        n = w[1] if w[0] == k else w[0]  # (K, N), or (N, K) stored transposed
-        out.append((_gemm_key(m, n, k), layered.layer_of_op[op.index], op.index))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # the trace's side
 # ---------------------------------------------------------------------------------------------
 
@@ -212,12 +166,12 @@ def _trace_gemm_key(name: str, dims: Any) -> tuple[int, ...] | None:
     try:
         if name == "aten::linear" and len(shapes) >= 2 and len(shapes[1]) == 2:
             x, w = shapes[0], shapes[1]
-            return _gemm_key(math.prod(x[:-1]), w[0], x[-1])
+            return gemm_key(math.prod(x[:-1]), w[0], x[-1])
         if name == "aten::addmm" and len(shapes) >= 3 and len(shapes[1]) == 2 and len(shapes[2]) == 2:
-            return _gemm_key(shapes[1][0], shapes[2][1], shapes[1][1])
+            return gemm_key(shapes[1][0], shapes[2][1], shapes[1][1])
         if name in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[1]) == 2:
             x, w = shapes[0], shapes[1]
-            return _gemm_key(math.prod(x[:-1]), w[1], x[-1])
+            return gemm_key(math.prod(x[:-1]), w[1], x[-1])
     except (TypeError, IndexError):
         return None
     return None
@@ -514,7 +468,7 @@ def _layer_rows(layered: Any, lay_f: list[float], lay_b: list[float], lay_n: lis
         f, b, o, n = extra[name]
         layers.append(LayerTime(name, name, f, b, o, int(n)))
     attributed = total - extra[UNATTRIBUTED][0] - extra[UNATTRIBUTED][1] - extra[UNATTRIBUTED][2]
-    method = (f"forward GEMMs matched to the graph's {len(graph_gemms(layered))} weight GEMMs by (M, N, K); "
+    method = (f"forward GEMMs matched to the graph's {len(graph_gemm_ops(layered))} weight GEMMs by (M, N, K); "
               f"backward through autograd sequence numbers; layers from {layered.source}")
     return layers, attributed, method
 

@@ -88,9 +88,11 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.cost.ops import shard_op_costs
     from dml2comm.cost.stages import StageCoster
     from dml2comm.hardware.cluster import make_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, load_model
+    from dml2comm.ir.gemms import graph_gemm_ops
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
     from dml2comm.traces.host import host_figures
-    from dml2comm.traces.join import graph_gemm_ops, join_trace
+    from dml2comm.traces.join import join_trace
 
     name = Path(trace_path).name
     trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
@@ -179,7 +181,7 @@ def _per_kind(join: Any, kinds: list[Any], table: Any, plan: Any) -> tuple[dict,
 def _check_model(join: Any, layered: Any, name: str, b: int, s: int) -> None:
     """Refuse a trace whose forward GEMMs do not all match the model's, or with a block no kernel
     falls in: a step of another model or shape."""
-    from dml2comm.traces.join import graph_gemms
+    from dml2comm.ir.gemms import graph_gemms
 
     wanted = len(graph_gemms(layered))
     blocks = [x for x in join.layers if x.kind == LayerKind.BLOCK]
@@ -242,9 +244,9 @@ def held_out_shapes(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> di
     hash of the key (:func:`split_halves`); each half's
     ratio (sum measured / sum modelled) predicts the other half's measured time.  ``error`` is the
     mean of the two relative errors; ``doublings`` the mean distance of a held-out key to the
-    nearest key of the other half (:func:`dml2comm.traces.join.shape_doublings`, weighted by measured time);
+    nearest key of the other half (:func:`dml2comm.ir.gemms.shape_doublings`, weighted by measured time);
     ``per_doubling`` their quotient (0 with fewer than two keys)."""
-    from dml2comm.traces.join import shape_doublings
+    from dml2comm.ir.gemms import shape_doublings
 
     fit, held = split_halves([g for g in gemms if g[1] > 0 and g[2] > 0])
     if not held or not fit:
@@ -274,7 +276,7 @@ def split_halves(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> tuple
 
 def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = None) -> dict[str, Any]:
     """What the traces say about the error of a prediction scaled by their ratios (data.json
-    ``profile.error``; :func:`dml2comm.validate.bands.profile_expected_error` turns them into a
+    ``profile.error``; :func:`dml2comm.cost.bands.profile_expected_error` turns them into a
     band): the join's unattributed share of the GPU time, the blocks' spread, the held-out shape
     error (:func:`held_out_shapes` over every trace's matched GEMMs), the share of the step the GPU
     waited for the CPU (module :mod:`dml2comm.traces.host`: the profiled starved idle over the
@@ -311,9 +313,9 @@ def attributed_share(analysis: Any) -> float:
 
 def expected_error_of(analysis: Any) -> dict[str, Any] | None:
     """The analysis's trace-derived band and its components
-    (:func:`dml2comm.validate.bands.profile_expected_error`, the one its summary's
+    (:func:`dml2comm.cost.bands.profile_expected_error`, the one its summary's
     ``expected_error`` holds); None without ``--profile``."""
-    from dml2comm.validate.bands import profile_expected_error
+    from dml2comm.cost.bands import profile_expected_error
 
     s = analysis.summary
     return profile_expected_error(analysis.config, analysis.cluster, analysis.graph.num_params, analysis.layered,

@@ -224,7 +224,8 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     if model:
         from dml2comm.errors import Dml2CommError
         from dml2comm.ir.layers import group_layers
-        from dml2comm.ir.onnx_import import ImportOptions, load_model
+        from dml2comm.ir.onnx_import import ImportOptions
+        from dml2comm.load import load_model
 
         shape = token_shape(trace)
         batch = micro_batch_size or (shape[0] if shape else None)

@@ -1,83 +1,23 @@
-"""Expected error of a prediction, from the validation residuals of the nearest published runs.
+"""The expected-error bands from the validation side: the rows of the bands file from
+``validate``'s end-to-end cases (:func:`band_rows`), the file's text (:func:`bands_csv`;
+``benchmarks/expected_error.py`` writes it to ``dml2comm/cost/data/expected_error.csv``), and how
+often the band holds on each source's own runs (:func:`band_coverage`, printed by ``validate``).
 
-Every iteration time the tool predicts comes with the error it made on the bundled end-to-end
-runs closest to it: :func:`expected_error_for` reads ``data/expected_error.csv`` (one row per
-end-to-end validation case: Narayanan et al. 2021 Table 1 and vTrain's single-node runs, with the
-run's GPU, model size, GPU count and t, p, and the tool's absolute error on it), precomputed by
-``benchmarks/expected_error.py`` from ``validate`` (never at analysis time; rerun it after a cost
-model change).
-
-Kinds: a run's kind is its GPU and training stack (``--stack``).  A prediction for a kind with
-at least :data:`MIN_KIND` validated runs is banded by its nearest runs of that kind (below).  A
-kind with fewer (a GPU or a stack the bundled sets did not run, or only a handful of runs) gets
-the :data:`UNVALIDATED_QUANTILE` quantile of the absolute errors of every validated source, each
-source weighing the same (its runs share its weight), and never less than the mean error of the
-few runs it has: the tool's error on kinds it was checked on, not the error of the A100 runs that
-happen to be nearest in size (those were fitted there, so they say how well the fit holds, not how
-well it carries).
-
-Nearest: runs in the same regime first (one node, or several), then by distance
-``|log10(params / params_i)| + 0.5 |log2(t / t_i)| + 0.5 |log2(p / p_i)|``; the expected error is
-the :data:`BAND_QUANTILE` (0.9) quantile of the absolute errors of the :data:`K` nearest (fewer
-where the regime has fewer), so that the band holds for about nine predictions in ten
-(``validate`` prints each source's share of runs inside their own band).  
+The band itself, which the analysis, the sweep and ``--profile`` read, is computed below the back
+ends, in :mod:`dml2comm.cost.bands`.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
-import math
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
-from dml2comm.hardware.cluster import Cluster
+from dml2comm.cost.bands import FIELDS, BandRow, expected_error_for
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate.cases import Case
-from dml2comm.validate.data import read_csv
 
-__all__ = ["BANDS_FILE", "plan_doublings", "profile_band", "profile_expected_error", "BAND_QUANTILE", "K", "band_coverage", "MIN_KIND", "UNVALIDATED_QUANTILE", "weighted_quantile", "BandRow", "band_rows", "bands_csv", "expected_error_for", "load_bands"]
-
-BANDS_FILE = "expected_error.csv"
-#: Nearest runs averaged.
-K = 20
-#: Validated runs of a kind (GPU and stack) below which its own residuals do not band it alone.
-MIN_KIND = 10
-#: Quantile of the validated sources' absolute errors (each source weighing the same) that bands
-#: a prediction of a kind with fewer than :data:`MIN_KIND` runs: 0.9, so that about nine of ten
-#: predictions of a new kind fall inside it if the tool errs there as it does on the kinds it was
-#: checked on.
-UNVALIDATED_QUANTILE = 0.9
-#: Quantile of the nearest runs' absolute errors that bands a prediction of a validated kind: the
-#: same 0.9, so that a band holds for about nine predictions in ten (the mean of the nearest runs'
-#: errors, the band until 2026-11, held for only 55% of vTrain's runs and 70% of Narayanan's).
-BAND_QUANTILE = UNVALIDATED_QUANTILE
-#: Decades of model size beyond which the nearest run of the same regime is too far to speak
-#: for this one (a factor of 10 in parameters).
-FAR = 1.0
-_FIELDS = ("source", "case", "gpu", "params", "num_gpus", "gpus_per_node", "t", "p", "abs_error", "stack")
-
-
-@dataclass(frozen=True)
-class BandRow:
-    """One end-to-end validation run: where it sits and the tool's absolute error on it."""
-
-    source: str
-    case: str
-    gpu: str
-    params: float
-    num_gpus: int
-    gpus_per_node: int
-    t: int
-    p: int
-    abs_error: float
-    stack: str = "megatron"
-
-    @property
-    def single_node(self) -> bool:
-        return self.num_gpus <= self.gpus_per_node
+__all__ = ["band_coverage", "band_rows", "bands_csv"]
 
 
 def _setup(case: Case) -> dict[str, int]:
@@ -112,99 +52,15 @@ def band_rows(cases: Iterable[Case], gpu: str, gpus_per_node: int = 8, vocab: in
 def bands_csv(rows: Sequence[BandRow]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(_FIELDS)
+    w.writerow(FIELDS)
     for r in rows:
         w.writerow([r.source, r.case, r.gpu, f"{r.params:.6g}", r.num_gpus, r.gpus_per_node, r.t, r.p, f"{r.abs_error:.6f}", r.stack])
     return buf.getvalue()
 
 
-@lru_cache(maxsize=1)
-def load_bands() -> tuple[BandRow, ...]:
-    """The bundled rows (``data/expected_error.csv``)."""
-    return tuple(BandRow(r["source"], r["case"], r["gpu"], float(r["params"]), int(r["num_gpus"]), int(r["gpus_per_node"]),
-                         int(r["t"]), int(r["p"]), float(r["abs_error"]), r.get("stack") or "megatron") for r in read_csv(BANDS_FILE))
-
-
-def _distance(row: BandRow, params: float, t: int, p: int) -> float:
-    return abs(math.log10(params / row.params)) + 0.5 * abs(math.log2(t / row.t)) + 0.5 * abs(math.log2(p / row.p))
-
-
-def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: float,
-                       rows: Sequence[BandRow] | None = None, min_kind: int = MIN_KIND) -> tuple[float, str]:
-    """(expected relative error, where it comes from) of an iteration time predicted for
-    ``config`` on ``cluster`` for a model of ``model_params`` parameters (module docstring).
-
-    ``rows`` defaults to the bundled file; ``min_kind``: :data:`MIN_KIND`.  The source reads like ``"vtrain: mean |error| of the
-    20 nearest single-node A100-SXM4-80GB runs (1.3e+08-3.5e+08 parameters)"``.
-
-    Raises
-    ------
-    ValueError
-        ``model_params`` not positive, or no rows (programming errors: the bundled file is fixed).
-    """
-    if not (model_params > 0):
-        raise ValueError(f"model_params must be positive, got {model_params!r}")
-    rows = load_bands() if rows is None else rows
-    if not rows:
-        raise ValueError("no validation rows to derive an expected error from")
-    stack = str(getattr(config, "stack", "megatron"))
-    kind = [r for r in rows if r.gpu == cluster.gpu.name and r.stack == stack]
-    if len(kind) < min_kind:
-        return _unvalidated(rows, kind, cluster.gpu.name, stack)
-    rows = kind
-    single = cluster.num_gpus <= cluster.gpus_per_node
-    pool = [r for r in rows if r.single_node == single] or list(rows)
-
-    def distance(r: BandRow) -> float:
-        return _distance(r, model_params, config.tp_size, config.pp_size)
-
-    far = ""
-    if min(abs(math.log10(model_params / r.params)) for r in pool) > FAR:
-        # no run of this regime within a decade of this one (a small model on many GPUs): the
-        # nearest runs of either regime say more than distant runs of the same one
-        pool = list(rows)
-        regime_runs = "single-node" if single else "multi-node"
-        far = f"; no validated {regime_runs} run within 10x of this model's size: nearest runs of either kind"
-    near = sorted(pool, key=lambda r: (distance(r), r.source, r.case))[:K]
-    error = weighted_quantile([dataclasses.replace(r, source="near") for r in near], BAND_QUANTILE)
-    sources = sorted({r.source for r in near})
-    lo, hi = min(r.params for r in near), max(r.params for r in near)
-    kinds = sorted({"single-node" if r.single_node else "multi-node" for r in near})
-    regime = "/".join(kinds)
-    gpus = sorted({r.gpu for r in near})
-    return error, (f"{', '.join(sources)}: the {BAND_QUANTILE:.0%} quantile of |error| of the {len(near)} nearest {regime} {'/'.join(gpus)} {stack} runs "
-                   f"({_size_range(lo, hi)} parameters){far}")
-
-
-def weighted_quantile(rows: Sequence[BandRow], q: float) -> float:
-    """The ``q`` quantile of the rows' absolute errors with each source weighing the same (a
-    source's runs share its weight): the smallest error whose cumulative weight reaches ``q``."""
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.source] = counts.get(r.source, 0) + 1
-    ranked = sorted(rows, key=lambda r: r.abs_error)
-    total, need = 0.0, q * len(counts)
-    for r in ranked:
-        total += 1.0 / counts[r.source]
-        if total >= need - 1e-12:
-            return r.abs_error
-    return ranked[-1].abs_error
-
-
-def _unvalidated(rows: Sequence[BandRow], kind: Sequence[BandRow], gpu: str, stack: str) -> tuple[float, str]:
-    error = weighted_quantile(rows, UNVALIDATED_QUANTILE)
-    own = sum(r.abs_error for r in kind) / len(kind) if kind else 0.0
-    sources = sorted({r.source for r in rows})
-    have = f"only {len(kind)} validated {stack} run{'s' if len(kind) != 1 else ''} on {gpu}" if kind else f"no validated {stack} run on {gpu}"
-    if own > error:
-        return own, f"{have}: their mean |error|, above the {UNVALIDATED_QUANTILE:.0%} quantile of every validated source's"
-    return error, (f"{have}: the {UNVALIDATED_QUANTILE:.0%} quantile of |error| over every validated source, each weighing the same "
-                   f"({', '.join(sources)})")
-
-
 def band_coverage(rows: Sequence[BandRow], bands: Sequence[BandRow] | None = None) -> dict[str, tuple[int, int]]:
     """Per source, (runs inside the band the tool prints for them, runs): each run's own
-    :func:`expected_error_for` (from ``bands``, default the bundled file) against its error."""
+    :func:`~dml2comm.cost.bands.expected_error_for` (from ``bands``, default the bundled file) against its error."""
     from types import SimpleNamespace
 
     out: dict[str, tuple[int, int]] = {}
@@ -216,117 +72,3 @@ def band_coverage(rows: Sequence[BandRow], bands: Sequence[BandRow] | None = Non
         inside, total = out.get(r.source, (0, 0))
         out[r.source] = (inside + (r.abs_error <= band), total + 1)
     return out
-
-
-def _size_range(lo: float, hi: float) -> str:
-    """``1.2e+08`` when both ends print alike, else ``1.2e+08-3.5e+08``."""
-    a, b = f"{lo:.2g}", f"{hi:.2g}"
-    return a if a == b else f"{a}-{b}"
-
-
-# ----------------------------------------------------------------------------- --profile band
-def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any,
-                           layers: Sequence[Any], stages: Sequence[Any], iteration_s: float,
-                           exposed_comm_s: float) -> dict[str, Any] | None:
-    """The expected relative error of an iteration time predicted with a profile's measured
-    ratios (``--profile``; None without one), from what the traces measured rather than from the
-    validated runs nearest this one.  Components, each a share of the iteration time:
-
-    - ``host``: the share of the step in which the GPU waited for the CPU (the profiled step's
-      starved idle over its span; with ``--step-time``, the step without the profiler less the
-      GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`).  The
-      host model predicts that wait; the trace bounds it only by its size.  Without
-      ``--step-time`` a host-bound step's wait is inflated by the profiler's CPU slowdown, which
-      the trace cannot tell.  Where the host model is not the trace's (``--host-model`` names one),
-      all of the profiled step's GPU idle (:func:`~dml2comm.traces.predict.error_figures`'
-      ``idle_share``): the idle between queued kernels is then a preset's too.
-    - ``noise``: half the spread of the step's identical blocks ((max - min) / mean of their
-      measured times: the variation of the same kernels within one step), on the scaled compute.
-    - ``join``: the share of the trace's GPU time the join could not attribute to a layer (the
-      ratios miss it), on the scaled compute.
-    - ``shapes``: the held-out shape error per doubling of GEMM shape
-      (:func:`dml2comm.traces.predict.held_out_shapes`) times how many doublings the plan's
-      GEMMs are from the profiled ones (:func:`plan_doublings`: 0 at the profiled shape), on
-      the scaled compute (the model's own band where the traces hold one GEMM shape only).
-    - ``unscaled``, ``communication``, ``other_gpu``: the compute no ratio scaled, the exposed
-      communication (the trace ran d = t = p = 1), and, on a GPU other than the profiled one,
-      the scaled compute, each times the model's own validated band (:func:`expected_error_for`).
-
-    The band is their sum: the components are errors of separate parts of the step, which may add
-    (no constant is fitted)."""
-    scale = cluster.profile_scale
-    if scale is None:
-        return None
-    from dml2comm.cost.profile import scaled_share
-
-    return profile_band(config, cluster, num_params, layered, scaled_share(scale, layers, stages, config.num_micro_batches),
-                        iteration_s, exposed_comm_s)
-
-
-def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any, scaled: float,
-                 iteration_s: float, exposed_comm_s: float) -> dict[str, Any] | None:
-    """:func:`profile_expected_error` given the share of the plan's compute the ratios scaled
-    (``scaled``: :func:`dml2comm.cost.profile.scaled_share`), for a caller without the analysis's
-    layer and stage rows (a sweep's row)."""
-    scale = cluster.profile_scale
-    fig = dict(scale.detail).get("error") if scale is not None else None
-    if fig is None:
-        return None
-    own, own_source = expected_error_for(config, cluster, float(max(num_params, 1)))
-    comm = min(1.0, exposed_comm_s / iteration_s) if iteration_s > 0 else 0.0
-    a = scaled * (1.0 - comm)
-    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size)
-    other_gpu = cluster.gpu.name not in fig["gpus"]
-    fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
-    parts = {
-        "host": fig["host_wait_share"] if fitted else fig["idle_share"],
-        "noise": fig["block_spread"] / 2 * a,
-        "join": fig["unattributed_share"] * a,
-        "shapes": _shape_part(fig["held_out"], doublings, own) * a,
-        "unscaled": own * max(0.0, 1.0 - comm - a),
-        "communication": own * comm,
-        "other_gpu": own * a if other_gpu else 0.0,
-    }
-    total = sum(parts.values())
-    files = ", ".join(f for f, _ in scale.files)
-    names = dict(_PART_NAMES, host="host wait" if fitted else "GPU idle (a host model not the trace's)")
-    source = f"from the profile ({files}): " + " + ".join(f"{names[k]} {v:.1%}" for k, v in parts.items() if v >= 5e-4)
-    if fitted and fig["host_bound"] and fig["step_time_s"] is None:
-        source += "; the profiled step is host-bound and the profiler's CPU slowdown is unknown: --step-time narrows it"
-    return {"total": total, "source": source, "components": parts, "scaled_share_of_iteration": a, "exposed_comm_share": comm,
-            "doublings": doublings, "held_out": fig["held_out"], "host_bound": fig["host_bound"],
-            "step_time_s": fig["step_time_s"], "model_band": own, "model_band_source": own_source,
-            "rule": "sum of the components (each a share of the iteration time)"}
-
-
-def _shape_part(held_out: dict[str, Any], doublings: float, own: float) -> float:
-    """The ``shapes`` component per unit of scaled compute: the held-out error per doubling times
-    the plan's doublings; where the traces had one GEMM shape (nothing to hold out), the model's
-    own band for a plan off the profiled shape (the trace cannot tell how its ratios carry)."""
-    if doublings <= 0:
-        return 0.0
-    if held_out["shapes"] < 2:
-        return own
-    return held_out["per_doubling"] * doublings
-
-
-_PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattributed", "shapes": "held-out shapes",
-               "unscaled": "unscaled compute", "communication": "communication", "other_gpu": "other GPU"}
-
-
-def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int = 1, cp_size: int = 1) -> float:
-    """How far a plan's GEMMs are from the profiled ones, in doublings: per weight GEMM of the
-    plan's graph ((M, N, K) at its micro-batch and sequence), the distance to the nearest profiled
-    shape (:func:`dml2comm.traces.join.shape_doublings`), averaged weighting each by its FLOPs;
-    plus ``log2 t`` and ``log2 c`` (tensor and context parallelism split N or K and M of every
-    GEMM, which the unsharded graph does not show).  0 at the profiled shape itself."""
-    from dml2comm.traces.join import graph_gemms, shape_doublings
-
-    if not profiled:
-        return 0.0
-    flops: dict[tuple[int, ...], float] = {}
-    for key, _ in graph_gemms(layered):
-        flops[key] = flops.get(key, 0.0) + float(math.prod(key))
-    total = sum(flops.values())
-    near = sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items()) / total if total > 0 else 0.0
-    return near + math.log2(max(tp_size, 1)) + math.log2(max(cp_size, 1))

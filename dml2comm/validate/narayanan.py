@@ -51,7 +51,8 @@ from dml2comm import zoo
 from dml2comm.analysis import Analysis, analyze_graph
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.validate.cases import Case, sample_indices, scaled_cluster
 from dml2comm.validate.data import read_json

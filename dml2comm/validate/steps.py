@@ -46,7 +46,8 @@ from typing import Any
 from dml2comm.analysis import Analysis, analyze_graph
 from dml2comm.cost.host import STACK_HOST_MODEL
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, check_seq_len, load_model
+from dml2comm.ir.onnx_import import ImportOptions, check_seq_len
+from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig, Precision, Stack
 from dml2comm.validate.cases import Case, sample_indices
 from dml2comm.validate.data import read_json

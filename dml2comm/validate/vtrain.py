@@ -18,7 +18,7 @@ How each run is modelled (its config file: ``max_length`` 1024, ``use_checkpoint
 - one DGX A100 node (``dgx-a100``, t d p GPUs), collectives at kernel time (overhead 0, as the
   main command and the sweep).
 
-The runs are evaluated by the sweep's fast evaluator (:class:`~dml2comm.search.fast.FastEvaluator`):
+The runs are evaluated by the sweep's fast evaluator (:class:`~dml2comm.model.FastEvaluator`):
 one import per (shape, t, micro-batch), all its runs of one GPU count in one call.
 """
 
@@ -31,9 +31,10 @@ from typing import Iterable
 
 from dml2comm import zoo
 from dml2comm.hardware.cluster import get_cluster
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, load_model_proto
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult
+from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
-from dml2comm.search.fast import FastEvaluator, NotRepeating
+from dml2comm.model import FastEvaluator, NotRepeating
 from dml2comm.validate.cases import Case, sample_indices, scaled_cluster
 from dml2comm.validate.data import read_csv
 
@@ -97,7 +98,7 @@ def predict(table: list[dict[str, int | float]], indices: Iterable[int], *, nics
     modelled as the module docstring says, on DGX A100 nodes (``nics_per_node``: the cluster's
     NICs per node where it is not the preset's 8, as ``--nics-per-node``).  Runs of one shape,
     t, micro-batch, sequence length and GPU count share one import and one
-    :class:`~dml2comm.search.fast.FastEvaluator` call."""
+    :class:`~dml2comm.model.FastEvaluator` call."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i in indices:
         r = table[i]
