@@ -38,6 +38,7 @@ device's step times are summed (its busy and tensor-parallel time).
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -566,13 +567,30 @@ def _many_state(lay: _ManyLayout, count: int) -> list[np.ndarray]:
     """``count`` arrays of ``rows x w`` floats for the depth loops, zero in the rows after the
     last step (what a missing step reads); the other rows are left unset: each depth writes its
     own rows before a deeper one reads them (a step's depth exceeds its previous and needed
-    steps' depths)."""
-    out = []
-    for _ in range(count):
-        x = np.empty(lay.rows * lay.w)
+    steps' depths).  They are views of this thread's scratch (:func:`_scratch`), valid until the
+    next call: the loops' results are copied out (:func:`_many_picked`) before it."""
+    size = lay.rows * lay.w
+    flat = _scratch(count * size)
+    out = [flat[i * size:(i + 1) * size] for i in range(count)]
+    for x in out:
         x[int(lay.level_start[-1]) * lay.w:] = 0.0
-        out.append(x)
     return out
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray:
+    """``size`` floats of this thread's scratch, kept between calls of
+    :func:`pipeline_end_times_many`: a sweep's chunks each need tens of MB for their depth
+    loops, and fresh memory costs a page fault per 4 KiB on first touch (the 530B sweep: about
+    23,000 of them, a tenth of a second of system time on a shared 2-core machine) where reused
+    memory costs none.  It grows to the largest call's need and is held by the thread (a
+    sweep's first chunk is its largest: ``search.sweep._chunks``)."""
+    held = getattr(_SCRATCH, "floats", None)
+    if held is None or held.size < size:
+        held = _SCRATCH.floats = np.empty(size)
+    return held[:size]
 
 
 def _many_zero(lay: _ManyLayout) -> tuple[np.ndarray, np.ndarray]:
