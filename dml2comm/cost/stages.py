@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -342,6 +342,36 @@ class StageTable:
     amp_copies: np.ndarray | None = None  # per stage: bytes per micro-batch of AMP's 16-bit weight copies (cost.memory)
 
 
+class _PerStage:
+    """Sums of per-layer values over each stage's layers (``ranges``: ``[start, end)`` per stage)."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.starts = np.array([a for a, _ in ranges])
+        self.ends = np.array([b for _, b in ranges])
+        self.stage_of_layer = np.repeat(np.arange(len(ranges)), self.ends - self.starts)  # the stage of each full layer
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Per stage, the sum of ``x`` (per layer) over its layers (a difference of prefix sums)."""
+        cum = np.zeros(len(x) + 1)
+        np.cumsum(x, out=cum[1:])
+        return cum[self.ends] - cum[self.starts]
+
+
+class _StageGroups(NamedTuple):
+    """Where each stage's groups sit (:meth:`StageCoster._stage_groups`): per stage its residue
+    and the residue's position ``at`` in the distinct residues; per distinct residue the tensor,
+    context and expert-parallel groups' (placement id, ranks) and the ring-attention step costs
+    by message size; per stage its (d x c, ep, expert-dp) groups (:meth:`StageCoster._dp_wheres`)."""
+
+    residue: list[int]
+    at: np.ndarray
+    tp: list[tuple[int, int]]
+    cp: list[tuple[int, int]]
+    dp: list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]
+    ep: list[tuple[int, int]]
+    ring: dict[float, list[float]]
+
+
 class StageCoster(LayerCoster):
     """The stage tables of one imported model on one cluster (module docstring).  Values that
     depend on the cluster (send, TP/CP/EP and tied-weight times, placement ids) are kept here,
@@ -452,24 +482,60 @@ class StageCoster(LayerCoster):
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
+        """The :class:`StageTable` of ``config``'s split: the layers' sums per stage
+        (:class:`_PerStage`), the groups' placements (:meth:`_stage_groups`), the pipeline sends
+        (:meth:`_pipeline_sends`), the tied-weight all-reduces (:meth:`_tied_allreduces`), the
+        collectives on the critical path (:meth:`_critical_path`), the input reads and buffers
+        (:func:`_stage_buffers`) and the per-micro-batch parameter passes (:meth:`_parameter_passes`)."""
         layers = self.layer_table(config)
         ranges = self.partition(config, layers)
-        p, d = config.pp_size, config.dp_size
-        cp, ep = config.cp_size, config.ep_size
+        p, d, cp = config.pp_size, config.dp_size, config.cp_size
         expert_params = self._expert_params(config)  # raises the analysis's --ep errors
         ep_counts = self._ep_counts(config)
-        rank_map = RankMap(d, config.tp_size, p, config.rank_order, cp=cp, ep=ep)
-        _, sp, stt, sc = rank_map.strides
-        gpu = self.cluster.gpu
-        pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
-        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
+        rank_map = RankMap(d, config.tp_size, p, config.rank_order, cp=cp, ep=config.ep_size)
         crossing = self._boundary_bytes(config, ranges)
         if cp > 1:  # each GPU sends 1/c of every boundary tensor
             crossing = [[(x / cp, rep) for x, rep in sizes] for sizes in crossing]
-        boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])
-        # stage s's first rank is s * sp; its send partner is sp further (or back).  Groups placed
-        # alike cost alike, and a stage's groups are placed as those of the first stage whose
-        # first rank has the same residue mod placement_period: find each placement once
+        groups = self._stage_groups(config, rank_map, layers)
+        send, send_back = self._pipeline_sends(config, crossing, groups, rank_map.strides[1])
+        per_stage = _PerStage(ranges)
+        copies = held_copies(layers.shared, per_stage.stage_of_layer.tolist(), p)
+        tied = self._tied_allreduces(copies, rank_map, config)
+        layer_f, layer_b = self._critical_path(config, layers, ep_counts, groups, per_stage.stage_of_layer)
+        tp_f, tp_b = per_stage(layer_f), per_stage(layer_b)
+        # Full recomputation re-runs the forward of transformer layers only, never the embedding
+        # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
+        # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
+        blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
+        if blocks.all():
+            recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
+        else:
+            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), per_stage(layer_f * blocks)
+        reads, buffers = self._stage_buffers(config, layers, per_stage, crossing)
+        none = (-1, 1)
+        dp_where = [w[0] for w in groups.dp] if d * cp > 1 else [none] * p
+        edp_where = [w[2] for w in groups.dp] if config.expert_dp_size > 1 else [none] * p
+        params_local, expert_local, cast_f, accumulate = self._parameter_passes(config, layers, expert_params, copies, per_stage)
+        # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
+        loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
+        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
+                          per_stage(layers.selective),
+                           tp_f, tp_b, reads, params_local, buffers,
+                           np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
+                           expert_local, edp_where, flops_fwd=layers.flops_fwd,
+                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
+                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
+                           loss_f=loss_f, loss_b=loss_b, loss_saved=per_stage(layers.loss_saved),
+                           loss_transient=per_stage(layers.loss_transient),
+                           amp_copies=amp_weight_copy_bytes(per_stage(layers.gemm_local), config.precision, config.train_dtype.itemsize))
+
+    def _stage_groups(self, config: ParallelConfig, rank_map: RankMap, layers) -> _StageGroups:
+        """Where each stage's groups sit on the cluster, found once per placement: stage s's
+        first rank is s * sp, groups placed alike cost alike, and a stage's groups are placed
+        as those of the first stage whose first rank has the same residue mod placement_period
+        (:meth:`_where`)."""
+        p, cp = config.pp_size, config.cp_size
+        _, sp, stt, sc = rank_map.strides
         period = self._period
         residue = [(st * sp) % period for st in range(p)]
         first: dict[int, int] = {}
@@ -477,13 +543,27 @@ class StageCoster(LayerCoster):
             first.setdefault(r, st)
         uniq = list(first)
         at = np.array([uniq.index(r) for r in residue])  # per stage: its residue's position in uniq
-
-        def per_residue(values: list) -> list:
-            return [values[i] for i in at.tolist()]
-
-        cost_at, where, sr = self._cost_at, self._where, CollectiveKind.SEND_RECV
         base = {r: first[r] * sp for r in uniq}  # a stage of each residue (its actual first rank)
         tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
+        cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
+        wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
+        # ring attention: each step on the slower hop of the ring (the first rank's two neighbours)
+        ring_costs = {size: [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
+                                 self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                             for r in uniq]
+                      for (_, size) in layers.ring}
+        return _StageGroups(residue, at, tp_groups, cp_groups, [wheres_u[i] for i in at.tolist()], [w[1] for w in wheres_u],
+                            ring_costs)
+
+    def _pipeline_sends(self, config: ParallelConfig, crossing: list[list[tuple[float, bool]]], groups: _StageGroups,
+                        sp: int) -> tuple[list[float], list[float]]:
+        """Per boundary (stages st and st + 1): seconds of the forward send of its tensors from
+        stage st's first rank to the one sp further, and of the backward send back, each
+        tensor scattered and gathered over the receivers' tensor group where it pays
+        (:func:`pipeline_send_s`), plus the framework's host time for the message
+        (:func:`dml2comm.cost.host.pipeline_message_s`); priced once per (pair, group, tensors)."""
+        residue, at, tp_groups = groups.residue, groups.at, groups.tp
+        cost_at, where = self._cost_at, self._where
         ahead_of: dict[int, tuple[int, int]] = {}
         back_of: dict[int, tuple[int, int]] = {}
         sent: dict[tuple, float] = {}
@@ -508,34 +588,25 @@ class StageCoster(LayerCoster):
                     sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host_for(config))
             send.append(fwd)
             send_back.append(bwd)
-        starts = np.array([a for a, _ in ranges])
-        ends = np.array([b for _, b in ranges])
+        return send, send_back
 
-        def per_stage(x: np.ndarray) -> np.ndarray:
-            cum = np.zeros(len(x) + 1)
-            np.cumsum(x, out=cum[1:])
-            return cum[ends] - cum[starts]
+    def _tied_allreduces(self, copies: HeldCopies, rank_map: RankMap, config: ParallelConfig) -> np.ndarray:
+        """Per stage, seconds of its tied-weight gradient all-reduces: as the analysis, one
+        all-reduce per group of stages holding a copy, on each of its stages."""
+        tied = np.zeros(config.pp_size)
+        for held_by, local_numel in copies.groups:
+            cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
+                                 local_numel * config.grad_bytes)
+            tied[list(held_by)] += cost
+        return tied
 
-        stage_of_layer = np.repeat(np.arange(p), ends - starts)
-        copies = held_copies(layers.shared, stage_of_layer.tolist(), p)
-        tied_local = np.array(copies.extra_local)
-        tied = np.zeros(p)
-        if copies.groups:  # analysis: one all-reduce per group of stages, on each of its stages
-            for held_by, local_numel in copies.groups:
-                cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
-                                     local_numel * config.grad_bytes)
-                tied[list(held_by)] += cost
-        cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
-        wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
-        wheres = per_residue(wheres_u)
-        ep_groups = [w[1] for w in wheres_u]
-        ring_costs = {size: [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
-                                 self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
-                             for r in uniq]
-                      for (_, size) in layers.ring}
-
-        # the stage of each full layer, to read a stage's collective cost per layer
-        layer_stage = stage_of_layer
+    def _critical_path(self, config: ParallelConfig, layers, ep_counts: dict, groups: _StageGroups,
+                       layer_stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer and micro-batch: forward and backward seconds of the tensor-, context- and
+        expert-parallel collectives on the critical path (summed per stage by the caller, and
+        per stage of the transformer layers alone for full recomputation), each layer's count of
+        a collective times its cost on its stage's group."""
+        cp, at = config.cp_size, groups.at
         layer_f, layer_b = np.zeros(len(layer_stage)), np.zeros(len(layer_stage))
 
         def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
@@ -544,9 +615,26 @@ class StageCoster(LayerCoster):
             cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at][layer_stage]
             (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * cost
 
-        # per layer and micro-batch: seconds of the tensor-, context- and expert-parallel
-        # collectives on the critical path (summed per stage below, and per stage of the
-        # transformer layers alone for full recomputation)
+        self._tp_on_path(config, layers, groups, layer_stage, layer_f, layer_b, on_path)
+        # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
+        # dispatch/combine) block the next op
+        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
+            on_path(phase, counts, kind, groups.cp, size)
+        for (phase, size), counts in layers.ring.items():
+            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
+            # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
+            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
+            cost = np.array(groups.ring[size])[at][layer_stage]
+            (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * (np.maximum(cost - core, 0.0) * (cp - 1))
+        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
+            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, groups.ep, size)
+        return layer_f, layer_b
+
+    def _tp_on_path(self, config: ParallelConfig, layers, groups: _StageGroups, layer_stage: np.ndarray, layer_f: np.ndarray,
+                    layer_b: np.ndarray, on_path) -> None:
+        """Add the tensor-parallel collectives' critical-path seconds to ``layer_f`` and
+        ``layer_b`` (in place; ``on_path``: :meth:`_critical_path`'s)."""
+        cp, at, tp_groups = config.cp_size, groups.at, groups.tp
         if config.tp_comm_overlap:
             # Wang et al. (ASPLOS'23) / Megatron --tp-comm-overlap: the all-gather before a
             # column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
@@ -558,54 +646,52 @@ class StageCoster(LayerCoster):
                     cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
                     exposed = np.maximum(cost - gemm, cost / t)[at][layer_stage]
                     (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * exposed
-        else:
-            for (kind, phase, size), counts in layers.tp.items():
-                if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    on_path(phase, counts, kind, tp_groups, size / cp)
-            if config.async_tp_allreduce:
-                # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
-                # input-gradient collective of a column-parallel GEMM runs while its weight
-                # gradient is computed; the part that GEMM hides leaves the critical path
-                for (kind, size, wgrad), counts in layers.tp_wgrad.items():
-                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
-                    layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
-        # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
-        # dispatch/combine) block the next op
-        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
-            on_path(phase, counts, kind, cp_groups, size)
-        for (phase, size), counts in layers.ring.items():
-            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
-            # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
-            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
-            cost = np.array(ring_costs[size])[at][layer_stage]
-            (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * (np.maximum(cost - core, 0.0) * (cp - 1))
-        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
-            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
-        tp_f, tp_b = per_stage(layer_f), per_stage(layer_b)
-        # Full recomputation re-runs the forward of transformer layers only, never the embedding
-        # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
-        # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
-        blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
-        if blocks.all():
-            recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
-        else:
-            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), per_stage(layer_f * blocks)
-        reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
+            return
+        for (kind, phase, size), counts in layers.tp.items():
+            if phase in (Phase.FORWARD, Phase.BACKWARD):
+                on_path(phase, counts, kind, tp_groups, size / cp)
+        if config.async_tp_allreduce:
+            # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
+            # input-gradient collective of a column-parallel GEMM runs while its weight
+            # gradient is computed; the part that GEMM hides leaves the critical path
+            for (kind, size, wgrad), counts in layers.tp_wgrad.items():
+                cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
+
+    def _stage_buffers(self, config: ParallelConfig, layers, per_stage: _PerStage,
+                       crossing: list[list[tuple[float, bool]]]) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage: seconds of its input reads (the graph's inputs, 1/c of them, over the
+        host-to-device link: the GPU's PCIe bandwidth, else :data:`PCIE4_X16_BYTES_PER_S`) where
+        a layer reads a graph input, and its buffers: the pipeline send and receive buffers of
+        its boundaries and the DP bucket being reduced (:func:`dp_bucket_buffer_bytes`)."""
+        p, cp = config.pp_size, config.cp_size
+        pcie = getattr(self.cluster.gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
+        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
+        reads = np.logical_or.reduceat(layers.reads_input, per_stage.starts) * (input_bytes / pcie)
+        boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])
         buffers = np.zeros(p)
         buffers[1:] += boundary
         buffers[:-1] += boundary
-        buffers += dp_bucket_buffer_bytes(config.bucket_bytes, d * cp)  # the DP bucket being reduced
-        none = (-1, 1)
-        dp_where = [w[0] for w in wheres] if d * cp > 1 else [none] * p
-        edp_where = [w[2] for w in wheres] if config.expert_dp_size > 1 else [none] * p
+        buffers += dp_bucket_buffer_bytes(config.bucket_bytes, config.dp_size * cp)  # the DP bucket being reduced
+        return reads, buffers
+
+    def _parameter_passes(self, config: ParallelConfig, layers, expert_params: tuple[np.ndarray, np.ndarray] | None,
+                          copies: HeldCopies, per_stage: _PerStage) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per stage: parameters per GPU (tied copies included) and the expert part of them,
+        then the per-micro-batch passes over them: eager PyTorch's weight casts in the forward
+        and its AccumulateGrad (:func:`~dml2comm.cost.compute.eager_parameter_passes_s`), or
+        Megatron-LM's gradient accumulation (:func:`~dml2comm.cost.compute.grad_accumulation_s`:
+        every local parameter without gradient-accumulation fusion, else those no GEMM
+        accumulates), plus autograd's sum of a tied table's gradients
+        (:func:`~dml2comm.cost.compute.shared_gradient_sum_s`)."""
+        p, gpu = config.pp_size, self.cluster.gpu
+        tied_local = np.array(copies.extra_local)
         if expert_params is None:
             params_local, expert_local = per_stage(layers.params_local) + tied_local, np.zeros(p)
         else:
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
-        # Megatron-LM's per-micro-batch gradient accumulation (dml2comm.cost.compute.grad_accumulation_s):
-        # every local parameter without gradient-accumulation fusion, else those no GEMM accumulates
         achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
-        if config.stack is Stack.PYTORCH:  # eager PyTorch's casts and AccumulateGrad (cost.compute.eager_parameter_passes_s)
+        if config.stack is Stack.PYTORCH:
             cast_f, accumulate = (np.zeros(p) + x for x in eager_parameter_passes_s(
                 params_local, per_stage(layers.gemm_local), config.precision, config.num_micro_batches, achieved_hbm))
         else:
@@ -613,18 +699,7 @@ class StageCoster(LayerCoster):
             accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)
             cast_f = np.zeros(p)
         accumulate = accumulate + shared_gradient_sum_s(np.array(copies.summed_local), config, achieved_hbm)
-        # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
-        loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
-        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
-                          per_stage(layers.selective),
-                           tp_f, tp_b, reads, params_local, buffers,
-                           np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
-                           expert_local, edp_where, flops_fwd=layers.flops_fwd,
-                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
-                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
-                           loss_f=loss_f, loss_b=loss_b, loss_saved=per_stage(layers.loss_saved),
-                           loss_transient=per_stage(layers.loss_transient),
-                           amp_copies=amp_weight_copy_bytes(per_stage(layers.gemm_local), config.precision, config.train_dtype.itemsize))
+        return params_local, expert_local, cast_f, accumulate
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
