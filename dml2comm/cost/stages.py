@@ -51,17 +51,18 @@ from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import fmt_s
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
-from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recompute, Stack
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
-__all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["CommSpec", "PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
 
 
@@ -264,6 +265,31 @@ class StagePlan:
     transient: np.ndarray | None = None  # the largest op's transient bytes (+ the rebuilt layer under full recomputation)
     total_memory: np.ndarray | None = None  # peak bytes per device (cost.memory.step_peak_bytes + the framework constant)
     grads_in_backward: bool = True  # the gradients exist at the forward/backward peak (cost.memory.gradients_live_in_backward)
+
+
+@dataclass(frozen=True, slots=True)
+class CommSpec:
+    """One collective of a configuration as the stage table prices it
+    (:meth:`StageCoster.comm_specs`; the analysis's ``CommNode`` adds only its description):
+    ``count`` calls per iteration (the micro-batches' included when ``per_micro_batch``),
+    ``seconds`` of one call (:meth:`StageCoster.price` on ``group``; the data-parallel ones as
+    the plan priced them), ``host_s`` the framework's host time added to it (a pipeline
+    message's, :func:`dml2comm.cost.host.pipeline_message_s`)."""
+
+    kind: CollectiveKind
+    dim: ParallelDim
+    phase: Phase
+    stage: int
+    layer: int | None
+    after_op: int | None
+    tensor: str
+    group: tuple[int, ...]
+    message_bytes: float
+    count: int
+    per_micro_batch: bool
+    reason: str
+    seconds: float
+    host_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -643,19 +669,19 @@ class StageCoster(LayerCoster):
             t = config.tp_size
             for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
                 if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    cost = np.array([self._cost_at(kind, w, size) for w in tp_groups])
                     exposed = np.maximum(cost - gemm, cost / t)[at][layer_stage]
                     (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * exposed
             return
         for (kind, phase, size), counts in layers.tp.items():
             if phase in (Phase.FORWARD, Phase.BACKWARD):
-                on_path(phase, counts, kind, tp_groups, size / cp)
+                on_path(phase, counts, kind, tp_groups, size)
         if config.async_tp_allreduce:
             # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
             # input-gradient collective of a column-parallel GEMM runs while its weight
             # gradient is computed; the part that GEMM hides leaves the critical path
             for (kind, size, wgrad), counts in layers.tp_wgrad.items():
-                cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                cost = np.array([self._cost_at(kind, w, size) for w in tp_groups])
                 layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
 
     def _stage_buffers(self, config: ParallelConfig, layers, per_stage: _PerStage,
@@ -740,6 +766,116 @@ class StageCoster(LayerCoster):
         """Seconds of ``kind`` over the global ``ranks`` with ``size`` bytes, from the cache every
         stage-table term is priced from (:meth:`_cost_at`: the group's placement on the cluster)."""
         return self._cost_at(kind, self._where_ranks(ranks), size)
+
+    def comm_specs(self, config: ParallelConfig) -> tuple[CommSpec, ...]:
+        """Every collective of ``config`` (one GPU's view, replica 0, tensor rank 0) as a
+        :class:`CommSpec`, read off the tables the stage times are summed from: the tensor-,
+        context- and expert-parallel collectives of each layer (:attr:`LayerTable.comms`,
+        :meth:`ep_comms`: :meth:`_critical_path` counts them), the pipeline messages of each
+        boundary (:meth:`boundary_tensors`: :meth:`_pipeline_sends`), the tied-weight
+        all-reduces (:attr:`StageTable.copies`: :meth:`_tied_allreduces`) and the data-parallel
+        collectives (:meth:`dp_specs`: :meth:`zero_part`), in that order.  Per op and layer, so
+        on the whole graph only (``collapse=False``: the analysis's coster); the sweep reads the
+        sums alone."""
+        if self.collapsed is not None:
+            raise ValueError("comm_specs needs the whole graph: a StageCoster built with collapse=False")
+        table = self.stage_table(config)
+        stage_of_layer = _PerStage(table.ranges).stage_of_layer.tolist()
+        m = config.num_micro_batches
+        return (self._layer_specs(config, table, stage_of_layer, m) + self._pipeline_specs(config, table, m)
+                + self._tied_specs(config, table, stage_of_layer) + self._dp_comm_specs(config, table, m))
+
+    def _layer_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int],
+                     m: int) -> tuple[CommSpec, ...]:
+        """The per-micro-batch collectives inside a stage: tensor parallel (on the stage's tensor
+        group), context parallel (Ulysses AllToAlls over its context group; a ring step on the
+        slower of the ring's two hops from the first rank, as :meth:`_stage_groups` prices it)
+        and expert parallel (MoE dispatch and combine AllToAlls over its first expert group)."""
+        rank_map, out = table.rank_map, []
+        hidden = ("; runs during the op's weight-gradient GEMM, which hides up to its length "
+                  "(Megatron-LM's asynchronous TP all-reduce)")
+        for c in self.layer_table(config).comms + self.ep_comms(config):
+            s = stage_of_layer[c.layer]
+            reason = c.reason
+            if c.dim is ParallelDim.TP:
+                group = rank_map.tp_group(0, s)
+                if c.wgrad_s is not None and config.async_tp_allreduce and not config.tp_comm_overlap:
+                    reason += hidden
+            elif c.dim is ParallelDim.CP:
+                group = rank_map.cp_group(0, s, 0)
+                if c.kind is CollectiveKind.SEND_RECV:  # a ring step lasts as long as its slowest hop
+                    group = max(((group[0], group[1]), (group[-1], group[0])),
+                                key=lambda pair: self.price(c.kind, pair, c.message_bytes))
+            else:
+                group = rank_map.ep_group(s, 0, 0)
+            out.append(CommSpec(c.kind, c.dim, c.phase, s, c.layer, c.after_op, c.tensor, tuple(group), c.message_bytes,
+                                c.count * m, True, reason, self.price(c.kind, group, c.message_bytes)))
+        return tuple(out)
+
+    def _pipeline_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
+        """Between pipeline stages: each boundary's activations forward and their gradients
+        backward (:meth:`boundary_tensors`, 1/c per GPU), split 1/t with Megatron-LM's
+        scatter/gather where every tensor rank holds them whole (:func:`scatter_gather`; the
+        receivers' all-gather costed with the send that feeds them); the framework's host time
+        per message (:func:`dml2comm.cost.host.pipeline_message_s`) on the boundary's first tensor
+        in each direction."""
+        rank_map, cp, t = table.rank_map, config.cp_size, config.tp_size
+        host = self.host_for(config)
+        p2p_note = f"; with {fmt_s(host.p2p_s)} of host time for the message (--host-model {host.name})" if host.p2p_s else ""
+        out = []
+        for s, tensors in enumerate(self.boundary_tensors(config, table.ranges)):
+            pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
+            for k, (name, whole, rep) in enumerate(tensors):
+                host_s, host_note = (host.p2p_s, p2p_note) if k == 0 else (0.0, "")
+                size = whole / cp
+                prod = self.graph.producer(name)
+                split = scatter_gather(rep, t)
+                sent = size / t if split else size
+                note = f" (1/{t} per tensor rank: scatter/gather)" if split else ""
+                send = self.price(CollectiveKind.SEND_RECV, pair, sent)
+                out += [CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
+                                 f"activation from stage {s} to stage {s + 1}{note}{host_note}", send, host_s),
+                        CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m,
+                                 True, f"gradient from stage {s + 1} to stage {s}{note}{host_note}",
+                                 self.price(CollectiveKind.SEND_RECV, pair[::-1], sent), host_s)]
+                if split:
+                    for phase, at, to, what in ((Phase.FORWARD, s, s + 1, "activation"), (Phase.BACKWARD, s + 1, s, "gradient")):
+                        group = rank_map.tp_group(0, to)
+                        out.append(CommSpec(CollectiveKind.ALL_GATHER, ParallelDim.PP, phase, at, None, prod, name, group, size, m,
+                                            True, f"stage {to} all-gathers the {what} from its {t} tensor ranks (scatter/gather)",
+                                            self.price(CollectiveKind.ALL_GATHER, group, size)))
+        return tuple(out)
+
+    def _tied_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int]) -> tuple[CommSpec, ...]:
+        """After the backward pass, the gradient of each parameter held by several stages
+        all-reduced between them (one GPU per stage, same data and tensor rank), before the
+        optimizer step (Megatron-LM finalize_model_grads -> _allreduce_word_embedding_grads),
+        on each of its stages, named by the parameters it carries."""
+        out = []
+        readers = self._readers()
+        for held_by, local_numel in table.copies.groups:
+            group = tuple(table.rank_map.rank(0, s, 0) for s in held_by)
+            names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
+                              and tuple(sorted({stage_of_layer[li] for li in layers})) == held_by)
+            size = local_numel * config.grad_bytes
+            seconds = self.price(CollectiveKind.ALL_REDUCE, group, size)
+            for s in held_by:
+                out.append(CommSpec(CollectiveKind.ALL_REDUCE, ParallelDim.PP, Phase.OPTIMIZER, s, None, None, names, group, size,
+                                    1, False, f"tied-weight gradient all-reduce between stages {', '.join(map(str, held_by))} "
+                                    "(Megatron-LM embedding group, after the backward pass, before the optimizer step)", seconds))
+        return tuple(out)
+
+    def _dp_comm_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
+        """Per stage, its data-parallel collectives as the plan priced them (:meth:`dp_specs`):
+        non-expert gradients over the stage's d x c ranks (CP ranks reduce with DP), expert
+        gradients over its d x c / e expert-data-parallel ranks."""
+        out = []
+        for s, specs in enumerate(self.dp_specs(table, config)):
+            for dc, seconds in specs:
+                group = table.rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else table.rank_map.expert_dp_group(s, 0, 0)
+                out.append(CommSpec(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, tuple(group), dc.message_bytes,
+                                    dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason, seconds))
+        return tuple(out)
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
                           edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str,
