@@ -4,11 +4,12 @@ import -> layers -> tensor-parallel shards -> per-op costs (for the drawings' op
 stage plan (:class:`dml2comm.cost.stages.StageCoster`, the cost model the sweep reads too) ->
 the plan's run (:func:`dml2comm.model.run.run`, the sweep's: the iteration, the same without
 communication, and the timeline's events) -> summary
-(:mod:`dml2comm.cost.summary`).  For the drawings only, the collective specs (tensor, context,
-expert, pipeline, tied-weight and data-parallel) are expanded into comm nodes with ranks,
-algorithms, links and formulas, each priced by the stage coster that priced the plan
-(:meth:`~dml2comm.cost.stages.StageCoster.price`; the data-parallel ones are the plan's own priced
-specs); their per-stage sums equal the plan's stage times (``tests/test_one_path.py``).
+(:mod:`dml2comm.cost.summary`).  The comm nodes are the stage coster's collective specs
+(tensor, context, expert, pipeline, tied-weight and data-parallel:
+:meth:`~dml2comm.cost.stages.StageCoster.comm_specs`, read off the tables the plan's stage times
+are summed from, each priced by :meth:`~dml2comm.cost.stages.StageCoster.price`), described with
+the algorithms, links and formulas of those prices for the drawings and data.json; their
+per-stage sums equal the plan's stage times (``tests/test_one_path.py``).
 
 Symmetry: replicas and tensor ranks are identical up to GPU ids, so every op is costed once
 (on its tensor-parallel shard) and every stage once; per-GPU views are derived on demand.

@@ -3,7 +3,7 @@
 A pipeline stage's data-parallel part depends only on its parameters per GPU (dense and, with
 expert parallelism, expert), the sizes of its data-parallel groups, the ZeRO stage, the bucket
 size and the optimizer.  :func:`dml2comm.analysis.analyze_graph` calls these functions for one
-configuration (and expands the collectives into comm nodes with ranks for the drawings);
+configuration (its comm nodes are their specs with ranks: :meth:`StageCoster.comm_specs`);
 :class:`dml2comm.model.FastEvaluator` calls the same functions once per distinct stage of
 a sweep and caches the result per (parameters, group placement, ZeRO stage, ...):
 
@@ -26,12 +26,19 @@ stage-level term is read from -- compute, tensor/context/expert-parallel time on
 path (``--tp-comm-overlap`` and ring attention's overlap included), pipeline sends, input
 reads, tied-weight all-reduces, parameters, buffers -- and per ZeRO stage and recomputation mode
 its data-parallel, optimizer and memory parts (:meth:`StageCoster.plan`: a :class:`StagePlan`).
-The analysis reads its stages from it (and expands the collective specs into comm nodes with
-ranks only for the drawings); the sweep simulates many plans at once.  Collective times come
-from :func:`dml2comm.network.model.collective_time_on_placement`, cached per (collective, how the
-group sits on the cluster, bytes); the analysis's comm nodes take their seconds from the same
-cache (:meth:`StageCoster.price`, and the data-parallel ones as the plan priced them:
-:meth:`StageCoster.dp_specs`), so the drawings and the plan have one pricing of communication.
+The analysis reads its stages from it; the sweep simulates many plans at once.  Collective
+times come from :func:`dml2comm.network.model.collective_time_on_placement`, cached per
+(collective, how the group sits on the cluster, bytes).
+
+Every collective of a configuration is enumerated in one place, :meth:`StageCoster.comm_specs`
+(a :class:`CommSpec` each: kind, parallel dimension, phase, stage, layer, the op it follows,
+tensor, group, bytes, count per iteration, per micro-batch or not, reason, host time and its
+seconds from the same cache, :meth:`StageCoster.price`), read off the very tables the stage
+times are summed from: the layers' tensor-, context- and expert-parallel collectives
+(:class:`dml2comm.cost.layers.LayerComm` records, which the per-layer count tables aggregate),
+the tensors crossing each boundary, the held copies and the priced data-parallel specs
+(:meth:`StageCoster.dp_specs`).  The analysis's comm nodes are those specs, described; the
+sweep, on collapsed graphs, reads only the sums and never builds the per-op list.
 """
 
 from __future__ import annotations
