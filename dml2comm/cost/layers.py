@@ -88,7 +88,7 @@ class LayerTable:
     core_f: np.ndarray | None = None
     core_b: np.ndarray | None = None
     # --tp-comm-overlap: per-layer counts of each TP collective by (kind, phase, bytes, seconds
-    # of the GEMM it overlaps: analysis._tp_overlapped_per_mb)
+    # of the GEMM it overlaps: LayerComm.gemm_s)
     tp_gemm: dict[tuple[CollectiveKind, Phase, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
     # Megatron's asynchronous TP all-reduce: per-layer counts of each backward collective on a
     # column-parallel GEMM's input gradient by (kind, bytes, seconds of that GEMM's weight
@@ -329,10 +329,10 @@ class LayerComm:
 
 def _tp_comms(comms, layered, times: list[tuple[float, float]], cp: int) -> tuple[LayerComm, ...]:
     """The tensor-parallel collectives (:class:`dml2comm.parallel.tensor.TPComm`) as
-    :class:`LayerComm` records: 1/c of the message per GPU, the adjacent GEMM's seconds (its
-    input-gradient half in backward, analysis._tp_overlapped_per_mb) and, for a collective on a
-    column-parallel GEMM's input gradient, that GEMM's weight-gradient seconds (its backward is
-    the data and weight gradients, of equal FLOPs: half)."""
+    :class:`LayerComm` records: 1/c of the message per GPU, the adjacent GEMM's seconds (in
+    backward its input-gradient half) and, for a collective on a column-parallel GEMM's input
+    gradient, that GEMM's weight-gradient seconds: a GEMM's backward is its data and weight
+    gradients, of equal FLOPs, half each."""
     out = []
     for c in comms:
         f, b = times[c.op_index]

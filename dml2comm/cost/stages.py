@@ -69,7 +69,7 @@ from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recom
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
-__all__ = ["CommSpec", "PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["CommSpec", "PCIE4_X16_BYTES_PER_S", "pipeline_messages", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
 
 
@@ -229,13 +229,21 @@ def scatter_gather(replicated: bool, tp_size: int, sequence_parallel: bool = Fal
     return replicated and tp_size > 1 and not sequence_parallel
 
 
-def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
-    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``:
-    with scatter/gather (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of
-    the whole tensor over the placed ``receivers`` group (``cost_at(kind, placement, bytes)``)."""
+def pipeline_messages(size: float, replicated: bool, tp_size: int) -> tuple[tuple[CollectiveKind, bool, float], ...]:
+    """The collectives of one pipeline message of ``size`` bytes per GPU, each as (kind, over the
+    receivers' tensor group rather than the sending pair, bytes): with scatter/gather
+    (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of the whole tensor
+    over the receivers' tensor group; else the whole of it point-to-point."""
     if scatter_gather(replicated, tp_size):
-        return cost_at(CollectiveKind.SEND_RECV, pair, size / tp_size) + cost_at(CollectiveKind.ALL_GATHER, receivers, size)
-    return cost_at(CollectiveKind.SEND_RECV, pair, size)
+        return (CollectiveKind.SEND_RECV, False, size / tp_size), (CollectiveKind.ALL_GATHER, True, size)
+    return ((CollectiveKind.SEND_RECV, False, size),)
+
+
+def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
+    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``
+    (:func:`pipeline_messages`, the all-gather over the placed ``receivers`` group;
+    ``cost_at(kind, placement, bytes)``)."""
+    return sum(cost_at(kind, receivers if gathered else pair, b) for kind, gathered, b in pipeline_messages(size, replicated, tp_size))
 
 
 #: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
@@ -822,8 +830,9 @@ class StageCoster(LayerCoster):
     def _pipeline_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
         """Between pipeline stages: each boundary's activations forward and their gradients
         backward (:meth:`boundary_tensors`, 1/c per GPU), split 1/t with Megatron-LM's
-        scatter/gather where every tensor rank holds them whole (:func:`scatter_gather`; the
-        receivers' all-gather costed with the send that feeds them); the framework's host time
+        scatter/gather where every tensor rank holds them whole (:func:`pipeline_messages`, as
+        :meth:`_pipeline_sends` prices them: the receivers' all-gather costed with the send that
+        feeds them); the framework's host time
         per message (:func:`dml2comm.cost.host.pipeline_message_s`) on the boundary's first tensor
         in each direction."""
         rank_map, cp, t = table.rank_map, config.cp_size, config.tp_size
@@ -834,23 +843,21 @@ class StageCoster(LayerCoster):
             pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
             for k, (name, whole, rep) in enumerate(tensors):
                 host_s, host_note = (host.p2p_s, p2p_note) if k == 0 else (0.0, "")
-                size = whole / cp
                 prod = self.graph.producer(name)
-                split = scatter_gather(rep, t)
-                sent = size / t if split else size
-                note = f" (1/{t} per tensor rank: scatter/gather)" if split else ""
-                send = self.price(CollectiveKind.SEND_RECV, pair, sent)
+                (_, _, sent), *gathers = pipeline_messages(whole / cp, rep, t)
+                note = f" (1/{t} per tensor rank: scatter/gather)" if gathers else ""
                 out += [CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
-                                 f"activation from stage {s} to stage {s + 1}{note}{host_note}", send, host_s),
+                                 f"activation from stage {s} to stage {s + 1}{note}{host_note}",
+                                 self.price(CollectiveKind.SEND_RECV, pair, sent), host_s),
                         CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m,
                                  True, f"gradient from stage {s + 1} to stage {s}{note}{host_note}",
                                  self.price(CollectiveKind.SEND_RECV, pair[::-1], sent), host_s)]
-                if split:
+                for kind, _, size in gathers:  # the receivers rebuild the whole tensor
                     for phase, at, to, what in ((Phase.FORWARD, s, s + 1, "activation"), (Phase.BACKWARD, s + 1, s, "gradient")):
                         group = rank_map.tp_group(0, to)
-                        out.append(CommSpec(CollectiveKind.ALL_GATHER, ParallelDim.PP, phase, at, None, prod, name, group, size, m,
-                                            True, f"stage {to} all-gathers the {what} from its {t} tensor ranks (scatter/gather)",
-                                            self.price(CollectiveKind.ALL_GATHER, group, size)))
+                        out.append(CommSpec(kind, ParallelDim.PP, phase, at, None, prod, name, group, size, m, True,
+                                            f"stage {to} all-gathers the {what} from its {t} tensor ranks (scatter/gather)",
+                                            self.price(kind, group, size)))
         return tuple(out)
 
     def _tied_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int]) -> tuple[CommSpec, ...]:
