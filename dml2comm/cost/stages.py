@@ -632,14 +632,21 @@ class StageCoster(LayerCoster):
         return send, send_back
 
     def _tied_allreduces(self, copies: HeldCopies, rank_map: RankMap, config: ParallelConfig) -> np.ndarray:
-        """Per stage, seconds of its tied-weight gradient all-reduces: as the analysis, one
-        all-reduce per group of stages holding a copy, on each of its stages."""
+        """Per stage, seconds of its tied-weight gradient all-reduces (:meth:`_tied_groups`), each
+        on every stage of its group."""
         tied = np.zeros(config.pp_size)
-        for held_by, local_numel in copies.groups:
-            cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
-                                 local_numel * config.grad_bytes)
-            tied[list(held_by)] += cost
+        for held_by, group, size in self._tied_groups(copies, rank_map, config):
+            tied[list(held_by)] += self.price(CollectiveKind.ALL_REDUCE, group, size)
         return tied
+
+    @staticmethod
+    def _tied_groups(copies: HeldCopies, rank_map: RankMap,
+                     config: ParallelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...], float]]:
+        """One all-reduce per group of stages holding a copy of a tied parameter: (the stages,
+        the ranks: one GPU per stage, same data and tensor rank, the gradient bytes), what the
+        stage times (:meth:`_tied_allreduces`) and the specs (:meth:`_tied_specs`) read."""
+        return [(held_by, tuple(rank_map.rank(0, s, 0) for s in held_by), local_numel * config.grad_bytes)
+                for held_by, local_numel in copies.groups]
 
     def _critical_path(self, config: ParallelConfig, layers, ep_counts: dict, groups: _StageGroups,
                        layer_stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -867,11 +874,9 @@ class StageCoster(LayerCoster):
         on each of its stages, named by the parameters it carries."""
         out = []
         readers = self._readers()
-        for held_by, local_numel in table.copies.groups:
-            group = tuple(table.rank_map.rank(0, s, 0) for s in held_by)
+        for held_by, group, size in self._tied_groups(table.copies, table.rank_map, config):
             names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
                               and tuple(sorted({stage_of_layer[li] for li in layers})) == held_by)
-            size = local_numel * config.grad_bytes
             seconds = self.price(CollectiveKind.ALL_REDUCE, group, size)
             for s in held_by:
                 out.append(CommSpec(CollectiveKind.ALL_REDUCE, ParallelDim.PP, Phase.OPTIMIZER, s, None, None, names, group, size,
