@@ -51,7 +51,7 @@ from dml2comm.parallel.context import check_context_parallel
 from dml2comm.parallel.expert import check_expert_parallel
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import SimResult
-from dml2comm.cost.bands import expected_error_for, profile_expected_error
+from dml2comm.cost.bands import summary_band
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -268,10 +268,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     memory = _memory_report(stages, cluster, config)
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
-    band = profile_expected_error(config, cluster, graph.num_params, layered, layers_info, stages, summary.iteration_time_s,
-                                  summary.exposed_comm_time_s)  # --profile: the traces' own band replaces the borrowed one
-    if band is not None:
-        summary = replace(summary, expected_error=band["total"], expected_error_source=band["source"])
+    # the expected error the sweep's row states too (--profile: the traces' own band replaces the borrowed one)
+    error, error_source = summary_band(config, cluster, coster, plan, summary.iteration_time_s, summary.exposed_comm_time_s)
+    summary = replace(summary, expected_error=error, expected_error_source=error_source)
     assumptions.extend(_cost_assumptions(graph, config, cluster, host))
     if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
@@ -488,12 +487,12 @@ def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, s
                model_path, memory) -> tuple[Summary, dict[str, Any]]:
     """The :class:`~dml2comm.cost.summary.Summary` of the simulated iteration (the four parts of
     the iteration, the bubble's two ratios and the busiest stage as
-    :func:`dml2comm.cost.summary.breakdown` defines them for the sweep's rows too), plus what only
-    the analysis has: ``comm_time_s`` is the collective time of every stage of one replica (each
-    stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s`` (removing all collectives
+    :func:`dml2comm.cost.summary.breakdown` defines them for the sweep's rows too; the expected
+    error is set after it, by :func:`dml2comm.cost.bands.summary_band` as on the sweep's rows),
+    plus what only the analysis has: ``comm_time_s`` is the collective time of every stage of one
+    replica (each stage's GPU), so that ``exposed_comm_time_s`` <= ``comm_time_s`` (removing all collectives
     shortens the critical path by at most the collective time on it);
-    ``comm_time_busiest_stage_s`` is the busiest stage's own share of it; the bottleneck in words;
-    the expected error of the validated runs nearest this one (:mod:`dml2comm.cost.bands`).
+    ``comm_time_busiest_stage_s`` is the busiest stage's own share of it; the bottleneck in words.
     """
     iteration = sim.iteration_time_s
     parts = breakdown(np.array([iteration]), np.array([sim_free.iteration_time_s]), np.array([sim_free.compute_end_s]),
@@ -510,7 +509,6 @@ def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, s
     if name == "exposed communication":
         dim = max(comm_by_stage_dim, key=comm_by_stage_dim.get)
         name = f"exposed communication (mostly {dim.value})"
-    error, error_source = expected_error_for(config, cluster, float(max(graph.num_params, 1)))
     flops_fwd_per_sample = sum(full_flops) / config.micro_batch_size
     summary = summary_of(
         parts, 0, iteration, flops_fwd_per_sample=flops_fwd_per_sample, global_batch_size=config.global_batch_size,
@@ -519,7 +517,6 @@ def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, s
         comm_time_s=sum(c.time_s * c.count_per_iteration for c in comms),
         comm_time_busiest_stage_s=sum(comm_by_stage_dim.values()),
         bottleneck=f"{name}: {share / iteration:.0%} of the iteration (stage {crit} is the busiest)" if iteration else None,
-        expected_error=error, expected_error_source=error_source,
     )
     model_info = {
         "path": model_path,

@@ -30,6 +30,7 @@ __all__ = [
     "plain",
     "printable",
     "fmt_s",
+    "fmt_s_band",
     "fmt_bytes",
     "fmt_flops",
     "fmt_rate",
@@ -149,6 +150,14 @@ def fmt_count(x: float | None) -> str:
 def fmt_capacity(hbm_bytes: float) -> str:
     """A GPU's memory as its datasheet writes it, decimal: ``80 GB``."""
     return f"{hbm_bytes / 1e9:g}{_U}GB"
+
+
+def fmt_s_band(x: float | None, error: float | None) -> str:
+    """Seconds and their expected relative error: ``382.51 ms ± 8.3%`` (:func:`fmt_s` alone
+    without an error: a row of an older data.json)."""
+    if error is None or x is None or not math.isfinite(error):
+        return fmt_s(x)
+    return f"{fmt_s(x)} ± {error:.1%}"
 
 
 def fmt_share(x: float | None) -> str:

@@ -109,7 +109,7 @@ def _short(config: Mapping[str, Any]) -> str:
 def _table(title: str, rows: Sequence[Mapping[str, Any]], width: int):
     """The ranked rows for the terminal, laid out for ``width`` (split or stacked when narrow,
     every value whole: :func:`dml2comm.render.terminal.fit_table`)."""
-    from dml2comm.fmt import fmt_bytes, fmt_s, fmt_share
+    from dml2comm.fmt import fmt_bytes, fmt_s, fmt_s_band, fmt_share
     from dml2comm.render.terminal import fit_table
 
     cells = []
@@ -117,10 +117,10 @@ def _table(title: str, rows: Sequence[Mapping[str, Any]], width: int):
         if r["error"]:
             cells.append([str(i), _short(r["config"]), "failed", "", "", "", "", "", r["error"]])
             continue
-        cells.append([str(i), _short(r["config"]), fmt_s(r["iteration_time_s"]), f"{r['tflops_per_gpu']:.1f}",
+        cells.append([str(i), _short(r["config"]), fmt_s_band(r["iteration_time_s"], r.get("expected_error")), f"{r['tflops_per_gpu']:.1f}",
                       fmt_share(r["mfu"]) if r["mfu"] is not None else "-", fmt_bytes(r["peak_memory_bytes"]),
                       "yes" if r["fits"] else "NO", fmt_share(r["bubble_fraction"]), fmt_s(r["exposed_comm_time_s"])])
-    return fit_table(title, ("#", "config", "iteration", "TFLOP/s/GPU", "MFU", "peak memory", "fits", "bubble", "exposed comm"),
+    return fit_table(title, ("#", "config", "iteration ± error", "TFLOP/s/GPU", "MFU", "peak memory", "fits", "bubble", "exposed comm"),
                      cells, width, left=(0, 1))
 
 

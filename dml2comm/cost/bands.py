@@ -37,12 +37,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.cost.profile import scaled_share
+import numpy as np
+
+from dml2comm.cost.cache import CacheKey, derived
+from dml2comm.cost.profile import scaled_share, scaled_share_of
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.gemms import graph_gemms, shape_doublings
 from dml2comm.parallel.config import ParallelConfig
 
-__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "MIN_KIND", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "weighted_quantile"]
+__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "MIN_KIND", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
+           "weighted_quantile"]
 
 BANDS_FILE = "expected_error.csv"
 #: The bundled bands file (``benchmarks/expected_error.py`` writes it).
@@ -115,19 +119,35 @@ def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: f
     """
     if not (model_params > 0):
         raise ValueError(f"model_params must be positive, got {model_params!r}")
-    rows = load_bands() if rows is None else rows
+    stack = str(getattr(config, "stack", "megatron"))
+    single = cluster.num_gpus <= cluster.gpus_per_node
+    if rows is None and min_kind == MIN_KIND:  # the bundled file: one answer per what it depends on
+        return _bundled_error(cluster.gpu.name, stack, single, config.tp_size, config.pp_size, float(model_params))
+    return _error_of(load_bands() if rows is None else rows, cluster.gpu.name, stack, single, config.tp_size, config.pp_size,
+                     float(model_params), min_kind)
+
+
+@lru_cache(maxsize=4096)
+def _bundled_error(gpu: str, stack: str, single: bool, t: int, p: int, model_params: float) -> tuple[float, str]:
+    """:func:`expected_error_for` on the bundled rows, cached per the inputs it reads (a sweep
+    asks for the same few (t, p) many times: about 2 ms each uncached)."""
+    return _error_of(load_bands(), gpu, stack, single, t, p, model_params, MIN_KIND)
+
+
+def _error_of(rows: Sequence[BandRow], gpu: str, stack: str, single: bool, t: int, p: int, model_params: float,
+              min_kind: int) -> tuple[float, str]:
+    """:func:`expected_error_for` of a ``gpu``/``stack`` prediction at ``t``, ``p``, one node or
+    several (``single``), for ``model_params`` parameters."""
     if not rows:
         raise ValueError("no validation rows to derive an expected error from")
-    stack = str(getattr(config, "stack", "megatron"))
-    kind = [r for r in rows if r.gpu == cluster.gpu.name and r.stack == stack]
+    kind = [r for r in rows if r.gpu == gpu and r.stack == stack]
     if len(kind) < min_kind:
-        return _unvalidated(rows, kind, cluster.gpu.name, stack)
+        return _unvalidated(rows, kind, gpu, stack)
     rows = kind
-    single = cluster.num_gpus <= cluster.gpus_per_node
     pool = [r for r in rows if r.single_node == single] or list(rows)
 
     def distance(r: BandRow) -> float:
-        return _distance(r, model_params, config.tp_size, config.pp_size)
+        return _distance(r, model_params, t, p)
 
     far = ""
     if min(abs(math.log10(model_params / r.params)) for r in pool) > FAR:
@@ -217,10 +237,12 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
 
 
 def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any, scaled: float,
-                 iteration_s: float, exposed_comm_s: float) -> dict[str, Any] | None:
+                 iteration_s: float, exposed_comm_s: float, copies: Sequence[int] | None = None) -> dict[str, Any] | None:
     """:func:`profile_expected_error` given the share of the plan's compute the ratios scaled
     (``scaled``: :func:`dml2comm.cost.profile.scaled_share`), for a caller without the analysis's
-    layer and stage rows (a sweep's row)."""
+    layer and stage rows (:func:`summary_band`); ``copies``: per layer of ``layered``, how many
+    layers of the full model it stands for (:func:`plan_doublings`; None: ``layered`` is the
+    full model)."""
     scale = cluster.profile_scale
     fig = dict(scale.detail).get("error") if scale is not None else None
     if fig is None:
@@ -228,7 +250,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     own, own_source = expected_error_for(config, cluster, float(max(num_params, 1)))
     comm = min(1.0, exposed_comm_s / iteration_s) if iteration_s > 0 else 0.0
     a = scaled * (1.0 - comm)
-    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size)
+    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size, copies)
     other_gpu = cluster.gpu.name not in fig["gpus"]
     fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
     parts = {
@@ -267,17 +289,67 @@ _PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattribut
                "unscaled": "unscaled compute", "communication": "communication", "other_gpu": "other GPU"}
 
 
-def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int = 1, cp_size: int = 1) -> float:
+def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int = 1, cp_size: int = 1,
+                   copies: Sequence[int] | None = None) -> float:
     """How far a plan's GEMMs are from the profiled ones, in doublings: per weight GEMM of the
     plan's graph ((M, N, K) at its micro-batch and sequence), the distance to the nearest profiled
     shape (:func:`dml2comm.ir.gemms.shape_doublings`), averaged weighting each by its FLOPs;
     plus ``log2 t`` and ``log2 c`` (tensor and context parallelism split N or K and M of every
-    GEMM, which the unsharded graph does not show).  0 at the profiled shape itself."""
+    GEMM, which the unsharded graph does not show).  0 at the profiled shape itself.
+
+    ``copies``: per layer of ``layered``, how many layers of the full model it stands for (a
+    collapsed graph's layer map counted: :mod:`dml2comm.ir.repeats`), each GEMM's FLOPs weighing
+    that many times; None: one each.  The FLOPs are integers (exact in floats), so a collapsed
+    graph gives the full graph's figure exactly.  The average is cached on the graph per
+    profiled shapes and copies (a sweep asks for it per configuration)."""
     if not profiled:
         return 0.0
-    flops: dict[tuple[int, ...], float] = {}
-    for key, _ in graph_gemms(layered):
-        flops[key] = flops.get(key, 0.0) + float(math.prod(key))
-    total = sum(flops.values())
-    near = sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items()) / total if total > 0 else 0.0
+    key = _DoublingsKey(tuple(tuple(int(x) for x in p) for p in profiled), None if copies is None else tuple(int(c) for c in copies))
+    near = derived(layered.graph, key, lambda: _mean_doublings(layered, key.profiled, key.copies))
     return near + math.log2(max(tp_size, 1)) + math.log2(max(cp_size, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class _DoublingsKey(CacheKey):
+    """:func:`plan_doublings`' FLOPs-weighted mean distance: the graph, the profiled shapes and the layer copies."""
+
+    profiled: tuple[tuple[int, ...], ...]
+    copies: tuple[int, ...] | None
+
+
+def _mean_doublings(layered: Any, profiled: Sequence[Sequence[int]], copies: Sequence[int] | None) -> float:
+    flops: dict[tuple[int, ...], float] = {}
+    for key, layer in graph_gemms(layered):
+        flops[key] = flops.get(key, 0.0) + float(math.prod(key)) * (1 if copies is None else copies[layer])
+    total = sum(flops.values())
+    return sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items()) / total if total > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------- one band per summary
+def summary_band(config: ParallelConfig, cluster: Cluster, coster: Any, plan: Any, iteration_s: float,
+                 exposed_comm_s: float) -> tuple[float, str]:
+    """(expected relative error, where it comes from) of the iteration time predicted for
+    ``config``: what the analysis's summary and the sweep's row both state.  With a profile
+    (``cluster.profile_scale``, ``--profile``), the trace-derived band (:func:`profile_band`),
+    else the validated runs nearest this one (:func:`expected_error_for`).
+
+    ``coster``: the :class:`~dml2comm.cost.stages.StageCoster` that priced ``plan`` (its
+    :class:`~dml2comm.cost.stages.StagePlan` for ``config``), on the whole graph (the analysis)
+    or a collapsed one (the sweep): it gives the full model's parameter count
+    (``model_params``), per full layer its kind (``kinds``) and forward/backward time
+    (``layer_table``), per stage the loss (``stage_table``), and the graph (``layered``,
+    ``layer_map``) whose GEMMs :func:`plan_doublings` reads, each collapsed layer counted as many
+    times as the full layers it stands for."""
+    params = float(max(coster.model_params, 1))
+    scale = cluster.profile_scale
+    if scale is not None and dict(scale.detail).get("error") is not None:
+        layers = coster.layer_table(config)
+        table = coster.stage_table(config)
+        scaled = scaled_share_of(scale, coster.kinds, layers.fwd.tolist(), layers.bwd.tolist(), plan.compute_f.tolist(),
+                                 plan.compute_b.tolist(), table.loss_f.tolist(), table.loss_b.tolist(), plan.optimizer.tolist(),
+                                 config.num_micro_batches)
+        copies = None if coster.collapsed is None else np.bincount(coster.layer_map, minlength=len(coster.layered.layers))
+        band = profile_band(config, cluster, params, coster.layered, scaled, iteration_s, exposed_comm_s, copies)
+        if band is not None:
+            return band["total"], band["source"]
+    return expected_error_for(config, cluster, params)

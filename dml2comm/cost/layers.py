@@ -408,6 +408,8 @@ class LayerCoster:
         self.lenient = lenient
         self.host = host
         self.pre_collapsed = collapsed is not None
+        #: The full model's trainable parameters (``imported`` may be the collapsed model)
+        self.model_params = collapsed.full_params if collapsed is not None else imported.graph.num_params
         if collapsed is None:
             full = imported.graph
             self.full_layered = layers_of(full)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from dml2comm.cost.host import HostModel
 
-__all__ = ["KINDS", "ProfileScale", "scaled_share"]
+__all__ = ["KINDS", "ProfileScale", "scaled_share", "scaled_share_of"]
 
 #: Layer kinds a profile gives a ratio for (blocks: one ratio, the mean over the blocks).
 KINDS = ("embedding", "block", "head", "loss", "optimizer")
@@ -78,15 +78,28 @@ def scaled_share(scale: ProfileScale, layers: Sequence[Any], stages: Sequence[An
     ``micro_batches``, the loss, the optimizer step; every stage summed) whose time a measured
     ratio of ``scale`` scaled.  ``layers``: the analysis's layer rows (``kind``, ``time_fwd_s``,
     ``time_bwd_s``); ``stages``: its stage rows (``compute_fwd_s``, ``compute_bwd_s``,
-    ``loss_fwd_s``, ``loss_bwd_s``, ``optimizer_time_s``)."""
+    ``loss_fwd_s``, ``loss_bwd_s``, ``optimizer_time_s``): :func:`scaled_share_of` of their columns."""
+    return scaled_share_of(scale, [x.kind for x in layers], [x.time_fwd_s for x in layers], [x.time_bwd_s for x in layers],
+                           [st.compute_fwd_s for st in stages], [st.compute_bwd_s for st in stages],
+                           [st.loss_fwd_s for st in stages], [st.loss_bwd_s for st in stages],
+                           [st.optimizer_time_s for st in stages], micro_batches)
+
+
+def scaled_share_of(scale: ProfileScale, kinds: Sequence[str], fwd: Sequence[float], bwd: Sequence[float],
+                    compute_f: Sequence[float], compute_b: Sequence[float], loss_f: Sequence[float], loss_b: Sequence[float],
+                    optimizer: Sequence[float], micro_batches: int) -> float:
+    """:func:`scaled_share` from columns: per full layer its kind and forward and backward
+    seconds per micro-batch (a layer table's ``fwd``, ``bwd``); per stage its compute per
+    micro-batch (a stage plan's ``compute_f``, ``compute_b``), the loss's part of it (a stage
+    table's ``loss_f``, ``loss_b``) and its optimizer step (``optimizer``)."""
     have = {k for k, _, _ in scale.ratios}
     m = micro_batches
-    scaled = sum((x.time_fwd_s + x.time_bwd_s) * m for x in layers if x.kind in have)
+    scaled = sum((f + b) * m for kind, f, b in zip(kinds, fwd, bwd) if kind in have)
     total = 0.0
-    for st in stages:
-        total += (st.compute_fwd_s + st.compute_bwd_s) * m + st.optimizer_time_s
+    for cf, cb, lf, lb, opt in zip(compute_f, compute_b, loss_f, loss_b, optimizer):
+        total += (cf + cb) * m + opt
         if "loss" in have:
-            scaled += (st.loss_fwd_s + st.loss_bwd_s) * m
+            scaled += (lf + lb) * m
         if "optimizer" in have:
-            scaled += st.optimizer_time_s
+            scaled += opt
     return scaled / total if total > 0 else 0.0

@@ -51,6 +51,7 @@ class Collapsed:
     full_index: tuple[int, ...]  # reduced layer -> the full layer it is a copy of
     runs: tuple[tuple[int, int, int], ...]  # (first full block, last full block, reduced index of the first)
     interior: tuple[tuple[int, int], ...]  # per run: (reduced index of i + 1, of i + 2)
+    full_params: int = 0  # the full graph's trainable parameters (OpGraph.num_params): what the reduced one stands for
 
 
 def _freeze(value: Any) -> Any:
@@ -170,7 +171,7 @@ def collapse_repeats(graph: OpGraph, layered: LayeredGraph, min_run: int = MIN_R
         layer_map.append(reduced_of[rep])
     return Collapsed(reduced, new_layered, tuple(layer_map), tuple(kept),
                      tuple((i, j, reduced_of[i]) for i, j in runs),
-                     tuple((reduced_of[i + 1], reduced_of[i + 2]) for i, j in runs))
+                     tuple((reduced_of[i + 1], reduced_of[i + 2]) for i, j in runs), graph.num_params)
 
 
 def reduced_model(model: "onnx.ModelProto", full: OpGraph, collapsed: Collapsed) -> "onnx.ModelProto | None":

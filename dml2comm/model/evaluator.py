@@ -18,13 +18,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
+from dml2comm.cost.bands import summary_band
 from dml2comm.cost.layers import NotRepeating
 from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.cost.ops import infer_seq_len
 from dml2comm.cost.stages import StageCoster, StagePlan
 from dml2comm.cost.summary import Summary, breakdown, summary_of
 from dml2comm.errors import ConfigError
-from dml2comm.hardware.cluster import Cluster
 from dml2comm.model.run import Batch, run_batches
 from dml2comm.parallel.config import ParallelConfig
 
@@ -61,13 +61,15 @@ class FastEvaluator(StageCoster):
                 continue
             where.append(i)
         for batch in run_batches(plans):
-            for j, summary in zip(batch.index, _summaries(batch, self.cluster, self.seq_len)):
+            for j, summary in zip(batch.index, _summaries(batch, self, self.seq_len)):
                 out[where[j]] = summary
         return out  # type: ignore[return-value]
 
 
-def _summaries(batch: Batch, cluster: Cluster, seq_len: int | None) -> list[Summary]:
-    """Each plan's summary from its batch's run: the breakdown of the analysis's summary, vectorised."""
+def _summaries(batch: Batch, coster: StageCoster, seq_len: int | None) -> list[Summary]:
+    """Each plan's summary from its batch's run: the breakdown of the analysis's summary,
+    vectorised, and the expected error its analysis states (:func:`dml2comm.cost.bands.summary_band`)."""
+    cluster = coster.cluster
     parts = breakdown(batch.iteration_s, batch.free_iteration_s, batch.free_compute_end_s, batch.free_busy_s)
     hbm = allocator_capacity_bytes(cluster.gpu.hbm_bytes)  # the GPU less the CUDA context, as the analysis
     peaks: dict[str, float] = {}
@@ -77,7 +79,9 @@ def _summaries(batch: Batch, cluster: Cluster, seq_len: int | None) -> list[Summ
         peak = peaks.get(config.dtype)
         if peak is None:
             peak = peaks[config.dtype] = cluster.gpu.peak_flops(config.dtype)
+        error, source = summary_band(config, cluster, coster, pr, iteration, float(parts.exposed_comm_s[k]))
         out.append(summary_of(parts, k, iteration, flops_fwd_per_sample=pr.flops_fwd_per_sample,
                               global_batch_size=config.global_batch_size, num_gpus=config.num_gpus, peak_flops=peak,
-                              seq_len=config.seq_len or seq_len, peak_memory_bytes=pr.peak_memory, capacity_bytes=hbm))
+                              seq_len=config.seq_len or seq_len, peak_memory_bytes=pr.peak_memory, capacity_bytes=hbm,
+                              expected_error=error, expected_error_source=source))
     return out

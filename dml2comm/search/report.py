@@ -44,7 +44,7 @@ def entry(row: Mapping[str, Any]) -> dict[str, Any]:
             "fits": row["fits"], "bubble_fraction": row["bubble_fraction"],
             "compute_time_s": row.get("compute_time_s"), "bubble_time_s": row.get("bubble_time_s"),
             "exposed_comm_time_s": row["exposed_comm_time_s"], "optimizer_time_s": row.get("optimizer_time_s"),
-            "error": row["error"]}
+            "expected_error": row.get("expected_error"), "error": row["error"]}
 
 
 _INT_COLUMNS = {"index", "d", "t", "p", "c", "e", "micro_batch_size", "num_micro_batches", "virtual_stages", "zero_stage"}

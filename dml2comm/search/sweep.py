@@ -50,7 +50,7 @@ __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape",
 
 #: Metrics recorded per configuration (besides its config dict).
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fits", "bubble_fraction",
-           "exposed_comm_time_s", "compute_time_s", "bubble_time_s", "optimizer_time_s")
+           "exposed_comm_time_s", "compute_time_s", "bubble_time_s", "optimizer_time_s", "expected_error")
 #: Configuration fields shown in tables and the CSV.
 CONFIG_COLUMNS = ("d", "t", "p", "c", "e", "micro_batch_size", "num_micro_batches", "schedule", "virtual_stages",
                   "zero_stage", "recompute", "sequence_parallel")

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dml2comm.fmt import fmt_bytes, fmt_plural, fmt_s
+from dml2comm.fmt import fmt_bytes, fmt_plural, fmt_s, fmt_s_band
 from dml2comm.render.sweep_charts import (BreakdownBar, EfficiencyPoint, MemoryItem, ParetoPoint, breakdown_chart,
                                           efficiency_chart, memory_bars_chart, pareto_chart)
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_text, why_best
@@ -65,6 +65,7 @@ def _table_row(rank: Any, r: Mapping[str, Any], capacity: float | None, commands
         "rank": rank, "config": config_text(c), "m": c.get("num_micro_batches"), "schedule": c.get("schedule"),
         "error": r.get("error") or "",
         "time": fmt_s(r.get("iteration_time_s")),
+        "band": f"{r['expected_error']:.1%}" if r.get("expected_error") is not None else "",  # expected error: time ± band
         **{k: fmt_s(parts.get(k)) if parts else "-" for k, _ in BREAKDOWN},
         "tflops": _num(r.get("tflops_per_gpu")), "mfu": _pct(r.get("mfu")),
         "memory": fmt_bytes(r.get("peak_memory_bytes")), "fits": bool(r.get("fits")),
@@ -146,7 +147,8 @@ def _best_cards(best: Mapping[str, Any], capacity: str) -> list[tuple[str, str, 
     """The cards at the top: the best configuration that fits, its time, its throughput and its memory."""
     return [("best configuration", config_text(best["config"]), f"{micro_batches(best['config'].get('num_micro_batches'))}, "
              f"{best['config'].get('schedule')}"),
-            ("iteration time", fmt_s(best["iteration_time_s"]), "of the best that fits"),
+            ("iteration time", fmt_s(best["iteration_time_s"]), "of the best that fits"
+             + (f", ± {best['expected_error']:.1%} expected error" if best.get("expected_error") is not None else "")),
             ("TFLOP/s per GPU", _num(best.get("tflops_per_gpu")), f"MFU {_pct(best.get('mfu'))}"),
             ("peak memory per GPU", fmt_bytes(best["peak_memory_bytes"]), f"of {capacity}")]
 
@@ -233,7 +235,7 @@ def _side_by_side(rows: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | N
             ("virtual stages v", lambda r, c: r["config"]["virtual_stages"]), ("ZeRO stage", lambda r, c: r["config"]["zero_stage"]),
             ("recomputation", lambda r, c: r["config"]["recompute"]),
             ("sequence parallel", lambda r, c: "on" if r["config"]["sequence_parallel"] else "off"),
-            ("iteration time", lambda r, c: c["time"])]
+            ("iteration time ± expected error", lambda r, c: fmt_s_band(r.get("iteration_time_s"), r.get("expected_error")))]
     keys += [(label, (lambda k: lambda r, c: c[k])(k)) for k, label in BREAKDOWN]
     keys += [("bubble fraction", lambda r, c: c["bubble"]), ("TFLOP/s per GPU", lambda r, c: c["tflops"]),
              ("MFU", lambda r, c: c["mfu"]), ("peak memory per GPU", lambda r, c: c["memory"]),
