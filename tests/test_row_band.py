@@ -5,16 +5,22 @@ with ``--profile`` the trace-derived one, on the sweep's collapsed graphs as on 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from dml2comm.analysis import analyze_graph
-from dml2comm.cost.bands import plan_doublings
+from dml2comm.cli.search import _table, run_compare_command
+from dml2comm.cost.bands import expected_error_for, load_bands, plan_doublings
 from dml2comm.cost.cache import layers_of
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.parallel.config import ParallelConfig
+from dml2comm.search.explain import why_best
 from dml2comm.search.sweep import CSV_COLUMNS, Evaluator, csv_text
+from dml2comm.site.build import environment
+from dml2comm.site.compare import comparison_page
 from dml2comm.traces.predict import measured_and_modelled, profile_scale
 
 from tests.h100_steps import GPT2, step_config
@@ -96,3 +102,51 @@ def test_collapsed_layers_count_as_the_layers_they_stand_for(parts):
     full = plan_doublings(layers_of(ev.imported(16).graph), shapes)
     assert full > 0 and plan_doublings(fe.layered, shapes, copies=copies) == full
     assert plan_doublings(fe.layered, shapes) != full
+
+
+def test_the_tables_show_the_time_with_its_band(tmp_path):
+    # compare: the terminal table, the page's side-by-side row and its table read "x ± y%"
+    out = tmp_path / "cmp"
+    assert run_compare_command(["examples/gpt2-small.onnx", "--global-batch-size", "64", "--configs", "d=2,t=2,p=4", "d=4,t=2,p=2",
+                                "--out", str(out), "--no-site", "--json"]) == 0
+    entries = json.loads((out / "data.json").read_text())["compare"]
+    assert all(0 < e["expected_error"] < 1 for e in entries)
+    rows = [dict(e, error=None) for e in entries]
+    want = [f"± {e['expected_error']:.1%}" for e in entries]
+    table = _table("t", rows, 200)
+    console = Console(width=200, record=True)
+    console.print(table)
+    printed = console.export_text()
+    assert "iteration ± error" in printed and all(w in printed for w in want)
+    ctx, charts = comparison_page("compare", rows, capacity_bytes=8e10)
+    side = dict(ctx["side"]["rows"])["iteration time ± expected error"]
+    assert [s.split(" ± ")[1] for s in side] == [w[2:] for w in want]
+    text = environment().get_template("compare.md.j2").render(**ctx, title="Compare", charts={k: "" for k in charts})
+    assert all(f"</b> {w}</td>" in text for w in want)
+    # a row without a band (an older data.json) shows the time alone
+    bare = [dict(r, expected_error=None) for r in rows]
+    assert "±" not in dict(comparison_page("compare", bare, capacity_bytes=8e10)[0]["side"]["rows"])["iteration time ± expected error"][0]
+
+
+def test_the_cached_band_is_the_bands_own():
+    # expected_error_for on the bundled file is cached per (GPU, stack, one node, t, p, parameters):
+    # the same answer as computed from the rows passed in
+    for gpus, t, p, params in ((8, 2, 4, 1.2e8), (64, 8, 8, 7e10), (2240, 8, 35, 5.3e11), (1, 1, 1, 1e9)):
+        config = ParallelConfig(dp_size=gpus // (t * p) or 1, tp_size=t, pp_size=p, micro_batch_size=1, global_batch_size=4096)
+        for cluster in (get_cluster("dgx-a100", gpus), get_cluster("dgx-h100", gpus)):
+            assert expected_error_for(config, cluster, params) == expected_error_for(config, cluster, params, list(load_bands()))
+
+
+def test_why_best_says_when_the_runner_up_is_inside_the_bands():
+    def row(index: int, time_s: float, error: float | None) -> dict:
+        config = {"d": 1, "t": 1, "p": 1 + index, "micro_batch_size": 1, "num_micro_batches": 1, "schedule": "1f1b",
+                  "virtual_stages": 1, "zero_stage": 0, "recompute": "none", "sequence_parallel": False}
+        return {"index": index, "config": config, "iteration_time_s": time_s, "compute_time_s": time_s, "bubble_time_s": 0.0,
+                "exposed_comm_time_s": 0.0, "optimizer_time_s": 0.0, "fits": True, "error": None, "expected_error": error,
+                "peak_memory_bytes": 1e9}
+
+    close = why_best([row(0, 1.00, 0.05), row(1, 1.08, 0.05)])  # 1.05 > 1.08 * 0.95: the bands overlap
+    assert "inside their expected errors (±5.0%, ±5.0%)" in close[1]
+    far = why_best([row(0, 1.00, 0.05), row(1, 1.20, 0.05)])  # 1.05 < 1.14: apart
+    assert "expected errors" not in far[1]
+    assert "expected errors" not in why_best([row(0, 1.00, None), row(1, 1.01, None)])[1]

@@ -83,7 +83,17 @@ def _versus(best: Mapping[str, Any], other: Mapping[str, Any], name: str) -> str
     others = sorted(((k, v) for k, v in diffs.items() if k != key and abs(v) >= 0.05 * saved), key=lambda kv: -abs(kv[1]))
     rest = "".join(f", {fmt_s(abs(v))} {'less' if v > 0 else 'more'} {_label(k)}" for k, v in others)
     return (f"Against {name} {config_text(other['config'])}{what} it is {fmt_s(saved)} faster ({saved / to:.0%} of "
-            f"{fmt_s(to)}): {lead}{rest}.")
+            f"{fmt_s(to)}): {lead}{rest}.{_overlap(best, other)}")
+
+
+def _overlap(best: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    """A clause when the two times' expected-error bands overlap (``expected_error``: each row's
+    :func:`dml2comm.cost.bands.summary_band`): the validated runs bound each time's error, so a
+    difference inside both bands is not established by them."""
+    eb, eo = best.get("expected_error"), other.get("expected_error")
+    if eb is None or eo is None or best["iteration_time_s"] * (1 + eb) < other["iteration_time_s"] * (1 - eo):
+        return ""
+    return f" The difference is inside their expected errors (±{eb:.1%}, ±{eo:.1%}): measure both to tell them apart."
 
 
 def why_best(rows: Sequence[Mapping[str, Any]], capacity_bytes: float | None = None) -> list[str]:
