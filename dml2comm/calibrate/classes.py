@@ -36,12 +36,12 @@ worst errors are reported beside it.
   2,048-wide one, and the range keeps it off.
 - **Memory-bound classes** (``pointwise``, ``norm``): the HBM efficiency
   ``e = sum bytes / (HBM x sum t)`` over the samples of at least
-  :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES` (smaller ones are launch-bound).  Normalisations
+  :data:`~dml2comm.calibrate.fit.MIN_MEMORY_BYTES` (smaller ones are launch-bound).  Softmaxes
   and reductions run as block-reduction kernels that reach a fraction of the bandwidth
-  element-wise kernels do on the bundled H100 traces (``vectorized_layer_norm_kernel`` 0.39 of
-  3.35 TB/s, its backward 0.22, against 0.85-0.95 for large contiguous element-wise kernels), so
-  one efficiency for both fits neither (the single efficiency's 33% median residual on the
-  Llama-1B trace).  The loss's log-softmax passes are ``pointwise`` samples with the cost model's
+  element-wise kernels do on the bundled H100 traces (the reductions of at least 32 MiB 0.43 of
+  3.35 TB/s on GPT-2's, 0.57 on Llama-1B's; eager LayerNorm 0.39, its backward 0.22; against
+  0.85-0.95 for large contiguous element-wise kernels), so one efficiency for both fits neither
+  (the single efficiency's 33% median residual on the Llama-1B trace).  The loss's log-softmax passes are ``pointwise`` samples with the cost model's
   byte count (:mod:`dml2comm.cost.loss`, which times them at the element-wise efficiency).
   Eager LayerNorm/RMSNorm kernels are not ``norm`` samples: they have their own law and class
   (``layer_norm`` below), and ``norm`` is fitted on the softmaxes and reductions.
