@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
+from dml2comm.cost.stages import Pricing
 from dml2comm.errors import Dml2CommError
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportResult
@@ -71,13 +72,14 @@ def speed_recommendations(imported: ImportResult, config: ParallelConfig, cluste
     if config.dp_size > 1 and config.zero_stage == 0:
         tries.append(("--zero 1", replace(config, zero_stage=1), imported))
     evaluators: dict[int, FastEvaluator] = {}
+    pricing = Pricing(cluster)  # one cluster: the evaluators of the imports share its prices
     out = []
     for change, cfg, imp in tries:
         if cfg.global_batch_size % (cfg.micro_batch_size * cfg.dp_size):
             continue
         ev = evaluators.get(id(imp))
         if ev is None:
-            ev = evaluators[id(imp)] = FastEvaluator(imp, cluster, lenient=lenient)
+            ev = evaluators[id(imp)] = FastEvaluator(imp, cluster, lenient=lenient, pricing=pricing)
         row = _evaluate(ev, cfg)
         if row.get("error"):
             continue

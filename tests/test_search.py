@@ -663,3 +663,28 @@ def test_fast_path_equals_the_full_analysis_on_send_bound_pipelines(tmp_path, mo
         for key in ("compute_time_s", "bubble_time_s", "exposed_comm_time_s", "optimizer_time_s", "bubble_fraction", "mfu"):
             assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (key, a["config"])
     assert {("1f1b", 8), ("interleaved", 4)} <= seen
+
+
+def test_evaluators_of_one_cluster_share_its_prices(gpt):
+    """The fast evaluators of a sweep's micro-batch sizes share the cluster's prices
+    (cost.stages.Pricing: placements, collective seconds, a stage's ZeRO part): a second
+    evaluator finds the data-parallel parts the first priced, and its numbers are those of an
+    evaluator with prices of its own; a pricing of another cluster is refused."""
+    from dml2comm.cost.stages import Pricing
+    from dml2comm.model import FastEvaluator
+    from dml2comm.search.sweep import Evaluator
+
+    configs = {b: [ParallelConfig(dp_size=d, tp_size=2, pp_size=4 // d, micro_batch_size=b, global_batch_size=16, seq_len=None,
+                                  zero_stage=z) for d in (1, 2, 4) for z in (0, 1, 2)] for b in (1, 2)}
+    evaluator = Evaluator(gpt, _builder)
+    fe1, fe2 = evaluator.fast_evaluator(1, 8), evaluator.fast_evaluator(2, 8)
+    assert fe1.pricing is fe2.pricing is evaluator.pricing(8)
+    shared = [fe1.evaluate(configs[1])]
+    states = dict(fe1.pricing.stage_states)
+    assert states  # the ZeRO parts priced for micro-batch 1 are the ones micro-batch 2's evaluator reads
+    shared.append(fe2.evaluate(configs[2]))
+    assert fe2.pricing.stage_states == states
+    own = [FastEvaluator(load_model(gpt, ImportOptions(batch_size=b)), evaluator.cluster(8)).evaluate(configs[b]) for b in (1, 2)]
+    assert shared == own
+    with pytest.raises(ValueError, match="another cluster"):
+        FastEvaluator(load_model(gpt, ImportOptions(batch_size=1)), _builder(8), pricing=Pricing(evaluator.cluster(8)))

@@ -153,6 +153,26 @@ def test_tp_comm_overlap_hides_part_of_the_tensor_parallel_time_never_all():
         ParallelConfig(tp_size=8, tp_comm_overlap=True)
 
 
+def test_batched_levels_do_not_read_a_previous_calls_memory():
+    """pipeline_end_times_many reuses its memory between calls (sim.levels._scratch) and leaves
+    the rows a depth writes unset until then: a call's end times, ZeRO's dp stream included, are
+    the same after a larger call with other values as before it."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule, pipeline_end_times_many
+
+    rng = np.random.default_rng(3)
+    small = [(compile_schedule("1f1b", 3, 5), *(rng.random((4, 3)) for _ in range(4)))]
+    zero = [tuple(rng.random((4, 3)) for _ in range(3))]
+    first = pipeline_end_times_many(small), pipeline_end_times_many(small, zero_terms=zero)
+    big = [(compile_schedule("interleaved", 4, 8, 2), *(1e6 * rng.random((40, 4)) for _ in range(4)))]
+    pipeline_end_times_many(big)
+    pipeline_end_times_many(big, zero_terms=[tuple(1e6 * rng.random((40, 4)) for _ in range(3))])
+    again = pipeline_end_times_many(small), pipeline_end_times_many(small, zero_terms=zero)
+    assert np.array_equal(first[0][0], again[0][0])
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(first[1], again[1]))
+
+
 def test_batched_levels_equal_the_per_schedule_recurrence():
     """sim.levels: one pass over every schedule's depth levels (the sweep's fast path) gives the
     end times of each schedule simulated alone; the vectorised bucket tail equals the loop."""

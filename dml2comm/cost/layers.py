@@ -39,13 +39,13 @@ from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
-from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig, Recompute, Stack
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import parameter_shard_factors, partition_layers, sent_activations
 
-__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "StageRanges", "gemm_parameters",
+__all__ = ["LayerComm", "LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "StageRanges", "gemm_parameters",
            "per_gpu_op_times", "shared_parameters"]
 
 
@@ -77,7 +77,7 @@ class LayerTable:
     params: np.ndarray
     params_local: np.ndarray
     reads_input: np.ndarray  # bool: the layer has an op that reads a graph input
-    tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective
+    tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective (bytes per GPU: 1/c)
     shared: list[tuple[tuple[int, ...], float, float]]  # parameters read by several full layers (analysis.shared_parameters)
     flops_fwd: float  # unsharded forward FLOPs of the model per micro-batch
     flops: np.ndarray  # per layer: unsharded forward FLOPs per micro-batch
@@ -88,7 +88,7 @@ class LayerTable:
     core_f: np.ndarray | None = None
     core_b: np.ndarray | None = None
     # --tp-comm-overlap: per-layer counts of each TP collective by (kind, phase, bytes, seconds
-    # of the GEMM it overlaps: analysis._tp_overlapped_per_mb)
+    # of the GEMM it overlaps: LayerComm.gemm_s)
     tp_gemm: dict[tuple[CollectiveKind, Phase, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
     # Megatron's asynchronous TP all-reduce: per-layer counts of each backward collective on a
     # column-parallel GEMM's input gradient by (kind, bytes, seconds of that GEMM's weight
@@ -106,6 +106,9 @@ class LayerTable:
     loss_transient: np.ndarray | None = None
     # per layer: parameters per GPU that a GEMM reads as a weight matrix (gemm_parameters; AMP's cast copies)
     gemm_local: np.ndarray | None = None
+    # the tensor- then context-parallel collectives the counts above count, in the order the
+    # graph inserts them, on the coster's graph (:class:`LayerComm`; StageCoster.comm_specs)
+    comms: tuple[LayerComm, ...] = ()
 
 
 #: Ops whose weight operand ``torch.autocast`` casts to the 16-bit dtype (its lower-precision
@@ -289,6 +292,104 @@ def per_gpu_op_times(times: list[tuple[float, float]], cp: int, capacity_factor:
             for i, (f, b) in enumerate(times)]
 
 
+def _op_sums(layered, times: list[tuple[float, float]], full_flops: list[float],
+             core: list[bool]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer: forward and backward seconds of its ops (per GPU), their unsharded forward
+    FLOPs, and the forward seconds of its attention-core ops (``core``: what selective
+    recomputation rebuilds, Korthikanti et al. 2022 Sec. 5), each summed in op order."""
+    fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
+    bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
+    flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
+    selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
+    return fwd, bwd, flops, selective
+
+
+@dataclass(frozen=True, slots=True)
+class LayerComm:
+    """One collective inside a layer, per micro-batch, as the per-layer tables count it and as
+    the analysis draws it (:meth:`dml2comm.cost.stages.StageCoster.comm_specs`): ``layer`` and
+    ``after_op`` on the coster's graph (the collapsed one in a sweep), ``message_bytes`` per GPU
+    as it is priced (1/c of a tensor-parallel message with context parallelism), ``count`` calls
+    per micro-batch; ``gemm_s``: a TP collective's adjacent GEMM seconds it can overlap
+    (``--tp-comm-overlap``), ``wgrad_s``: a backward TP collective on a column-parallel GEMM's
+    input gradient, its weight-gradient seconds (Megatron's asynchronous TP all-reduce), else None."""
+
+    kind: CollectiveKind
+    dim: ParallelDim
+    phase: Phase
+    layer: int
+    after_op: int
+    tensor: str
+    message_bytes: float
+    count: int
+    reason: str
+    gemm_s: float = 0.0
+    wgrad_s: float | None = None
+
+
+def _tp_comms(comms, layered, times: list[tuple[float, float]], cp: int) -> tuple[LayerComm, ...]:
+    """The tensor-parallel collectives (:class:`dml2comm.parallel.tensor.TPComm`) as
+    :class:`LayerComm` records: 1/c of the message per GPU, the adjacent GEMM's seconds (in
+    backward its input-gradient half) and, for a collective on a column-parallel GEMM's input
+    gradient, that GEMM's weight-gradient seconds: a GEMM's backward is its data and weight
+    gradients, of equal FLOPs, half each."""
+    out = []
+    for c in comms:
+        f, b = times[c.op_index]
+        wgrad = b / 2 if c.overlaps_wgrad and c.phase is Phase.BACKWARD else None
+        out.append(LayerComm(c.kind, ParallelDim.TP, c.phase, layered.layer_of_op[c.op_index], c.op_index, c.tensor,
+                             c.message_bytes / cp, 1, c.reason, f if c.phase is Phase.FORWARD else b / 2, wgrad))
+    return tuple(out)
+
+
+def _tp_tables(comms: tuple[LayerComm, ...], n: int) -> tuple[dict, dict, dict]:
+    """Per-layer counts of each tensor-parallel collective (:func:`_tp_comms`): by (kind,
+    phase, bytes); by (kind, phase, bytes, seconds of the adjacent GEMM it can overlap, for
+    ``--tp-comm-overlap``); and of each backward collective that overlaps its GEMM's weight
+    gradient (Megatron's asynchronous TP all-reduce, TPComm.overlaps_wgrad) by (kind, bytes,
+    seconds of that weight gradient)."""
+    tp_counts: dict[tuple, np.ndarray] = {}
+    tp_gemm: dict[tuple, np.ndarray] = {}
+    tp_wgrad: dict[tuple, np.ndarray] = {}
+    for c in comms:
+        key = (c.kind, c.phase, float(c.message_bytes))
+        tp_counts.setdefault(key, np.zeros(n))[c.layer] += 1
+        tp_gemm.setdefault(key + (c.gemm_s,), np.zeros(n))[c.layer] += 1
+        if c.wgrad_s is not None:
+            tp_wgrad.setdefault((c.kind, float(c.message_bytes), c.wgrad_s), np.zeros(n))[c.layer] += 1
+    return tp_counts, tp_gemm, tp_wgrad
+
+
+def _cp_tables(config: ParallelConfig, graph: OpGraph, layered, seq_len: int | None, times: list[tuple[float, float]],
+               cp: int) -> tuple[dict, dict, np.ndarray, np.ndarray, tuple[LayerComm, ...]]:
+    """With context parallelism (c > 1; else empty): per-layer counts of each Ulysses AllToAll
+    by (kind, phase, bytes), of ring-attention sites by (phase, bytes) (one entry per site and
+    phase: c - 1 steps each), each layer's attention-core forward and backward seconds (the
+    analysis's attn_core: a layer's last site wins), :mod:`dml2comm.parallel.context`, and the
+    collectives they count as :class:`LayerComm` records."""
+    n = len(layered.layers)
+    cp_counts: dict[tuple, np.ndarray] = {}
+    ring: dict[tuple, np.ndarray] = {}
+    core_f, core_b = np.zeros(n), np.zeros(n)
+    if cp <= 1:
+        return cp_counts, ring, core_f, core_b, ()
+    sites = attention_sites_of(graph, layered, seq_len)
+    check_context_parallel(sites, cp, config.tp_size, config.cp_scheme, seq_len)
+    for site in sites:
+        ops = [i for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer]
+        core_f[site.layer] = sum(times[i][0] for i in ops)
+        core_b[site.layer] = sum(times[i][1] for i in ops)
+    comms = tuple(LayerComm(cc.kind, ParallelDim.CP, cc.phase, cc.layer, cc.after_op, cc.tensor, cc.message_bytes, cc.count,
+                            cc.reason)
+                  for cc in context_parallel_comms(sites, cp, config.tp_size, config.cp_scheme, config.train_dtype.itemsize))
+    for cc in comms:
+        if cc.kind is CollectiveKind.SEND_RECV:
+            ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
+        else:
+            cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
+    return cp_counts, ring, core_f, core_b, comms
+
+
 class LayerCoster:
     """Per-layer tables of one imported model on one GPU (module docstring)."""
 
@@ -376,33 +477,54 @@ class LayerCoster:
                     raise NotRepeating
 
     def _build_layers(self, config: ParallelConfig) -> LayerTable:
+        """The :class:`LayerTable` of ``config``'s shard: the op times summed per layer
+        (:func:`_op_sums`), parameters (:meth:`_parameter_sums`), the parameters several layers
+        read (:meth:`_shared`), the tensor- and context-parallel collectives
+        (:func:`_tp_tables`, :func:`_cp_tables`) and the loss (:meth:`_loss_tables`), checked
+        on the collapsed blocks (:meth:`_check_interior`) and read per full layer."""
         if self.collapsed is not None and self.host_for(config).run_ahead:
             # eager PyTorch's CPU runs ahead over the whole pass (cost.host.queue_times): its lead
             # carries across blocks, so a block's time depends on how many came before and the
             # collapsed model does not hold; the caller takes the whole graph
             raise NotRepeating
         graph, layered = self.graph, self.layered
-        gpu = self.gpu
-        peak, hbm = gpu.peak_flops(config.dtype), gpu.hbm_bytes_per_s
         tp = self._tp(config)
-        costs, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, self.lenient, self.host_for(config),
-                                                     config.stack, config.attention, config.precision, self.profile, layered)
+        _, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu, self.lenient,
+                                                 self.host_for(config), config.stack, config.attention, config.precision, self.profile, layered)
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)
         moe = self._moe() if cf != 1.0 else None
         times = per_gpu_op_times(times, cp, cf, moe.expert_ops if moe is not None else frozenset())
-        fwd = np.array([sum(times[i][0] for i in layer.op_indices) for layer in layered.layers])
-        bwd = np.array([sum(times[i][1] for i in layer.op_indices) for layer in layered.layers])
-        flops = np.array([sum(full_flops[i] for i in layer.op_indices) for layer in layered.layers])
-        core = self._core(seq_len, config.attention)
-        selective = np.array([sum(times[i][0] for i in layer.op_indices if core[i]) for layer in layered.layers])
-        by_layer = self._own_weights()
+        fwd, bwd, flops, selective = _op_sums(layered, times, full_flops, self._core(seq_len, config.attention))
         factor = parameter_shard_factors(graph, tp.weight_factor)
-        params = np.zeros(n)
-        params_local = np.zeros(n)
-        unfused_local = np.zeros(n)
-        gemm_local = np.zeros(n)
+        params, params_local, unfused_local, gemm_local = self._parameter_sums(factor)
+        shared = self._shared(factor)
+        inputs = set(graph.inputs)
+        reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
+                          for layer in layered.layers], dtype=bool)
+        tp_comms = _tp_comms(tp.comms, layered, times, cp) if config.tp_size > 1 else ()
+        tp_counts, tp_gemm, tp_wgrad = _tp_tables(tp_comms, n)
+        cp_counts, ring, core_f, core_b, cp_comms = _cp_tables(config, graph, layered, seq_len, times, cp)
+        loss_f, loss_b, loss_saved, loss_transient = self._loss_tables(config, tp, cp)
+        self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, gemm_local, flops, *tp_counts.values(),
+                             *cp_counts.values(), *ring.values(), core_f, core_b, loss_f, loss_b, loss_saved, loss_transient)
+        m = self.layer_map
+        return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
+                       {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
+                       {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
+                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m],
+                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m], tp_comms + cp_comms)
+
+    def _parameter_sums(self, factor: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per (collapsed) layer, the parameters it owns (:meth:`_own_weights`): elements, and
+        per GPU (after the shard ``factor``) all of them, those gradient-accumulation fusion does
+        not take (:func:`unfused_parameters`) and those a GEMM reads as a weight matrix
+        (:func:`gemm_parameters`)."""
+        graph = self.graph
+        by_layer = self._own_weights()
+        n = len(self.layered.layers)
+        params, params_local, unfused_local, gemm_local = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
         unfused = unfused_parameters(graph)
         gemm = gemm_parameters(graph)
         for li in range(n):
@@ -410,48 +532,31 @@ class LayerCoster:
             params_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li])
             unfused_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li] if w in unfused)
             gemm_local[li] = sum(graph.tensors[w].numel / factor.get(w, 1) for w in by_layer[li] if w in gemm)
+        return params, params_local, unfused_local, gemm_local
+
+    def _shared(self, factor: Mapping[str, int]) -> list[tuple[tuple[int, ...], float, float]]:
+        """The parameters read by several layers (:func:`shared_parameters`) with their full
+        layers; :class:`NotRepeating` when one is shared across collapsed blocks (ALBERT-style:
+        the whole graph counts them)."""
         shared = []
         if self.collapsed is not None:
-            copies = np.bincount(self.layer_map, minlength=n)
-        for layers_read, numel, local in shared_parameters(graph, self._readers(), factor):
+            copies = np.bincount(self.layer_map, minlength=len(self.layered.layers))
+        for layers_read, numel, local in shared_parameters(self.graph, self._readers(), factor):
             if self.collapsed is not None and any(copies[li] != 1 for li in layers_read):
-                raise NotRepeating  # shared across collapsed blocks (ALBERT-style): the whole graph counts them
+                raise NotRepeating
             shared.append((tuple(self.full_index[li] for li in layers_read), numel, local))
-        inputs = set(graph.inputs)
-        reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
-                          for layer in layered.layers], dtype=bool)
-        tp_counts: dict[tuple, np.ndarray] = {}
-        tp_gemm: dict[tuple, np.ndarray] = {}
-        tp_wgrad: dict[tuple, np.ndarray] = {}
-        if config.tp_size > 1:
-            for c in tp.comms:
-                key = (c.kind, c.phase, float(c.message_bytes))
-                li = layered.layer_of_op[c.op_index]
-                tp_counts.setdefault(key, np.zeros(n))[li] += 1
-                # the adjacent GEMM (its input-gradient half in backward): analysis._tp_overlapped_per_mb
-                gemm = times[c.op_index][0] if c.phase is Phase.FORWARD else times[c.op_index][1] / 2
-                tp_gemm.setdefault(key + (gemm,), np.zeros(n))[li] += 1
-                if c.overlaps_wgrad and c.phase is Phase.BACKWARD:
-                    # the GEMM's backward is its data and weight gradients, of equal FLOPs: half is the wgrad
-                    tp_wgrad.setdefault((c.kind, float(c.message_bytes), times[c.op_index][1] / 2), np.zeros(n))[li] += 1
-        cp_counts: dict[tuple, np.ndarray] = {}
-        ring: dict[tuple, np.ndarray] = {}
-        core_f, core_b = np.zeros(n), np.zeros(n)
-        if cp > 1:
-            sites = attention_sites_of(graph, layered, seq_len)
-            check_context_parallel(sites, cp, config.tp_size, config.cp_scheme, seq_len)
-            for site in sites:  # the analysis's attn_core: a layer's last site wins
-                ops = [i for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer]
-                core_f[site.layer] = sum(times[i][0] for i in ops)
-                core_b[site.layer] = sum(times[i][1] for i in ops)
-            for cc in context_parallel_comms(sites, cp, config.tp_size, config.cp_scheme, config.train_dtype.itemsize):
-                if cc.kind is CollectiveKind.SEND_RECV:  # one entry per site and phase: cc.count = c - 1 steps
-                    ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
-                else:
-                    cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
+        return shared
+
+    def _loss_tables(self, config: ParallelConfig, tp, cp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer, the training loss the graph leaves out (Megatron-LM's or Hugging Face's
+        cross-entropy over the logits the layer produces, :mod:`dml2comm.cost.loss`): forward
+        and backward seconds per micro-batch, the bytes it keeps and its transient, per GPU 1/c
+        of the unsplit loss, as the op times (:func:`per_gpu_op_times`)."""
+        graph, gpu = self.graph, self.gpu
+        n = len(self.layered.layers)
         loss_f, loss_b = np.zeros(n), np.zeros(n)
         loss_saved, loss_transient = np.zeros(n), np.zeros(n)
-        achieved_hbm = hbm * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
+        achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
         logits = logits_outputs(graph)
         if logits and config.stack is Stack.PYTORCH:  # which Hugging Face loss (cost.loss.hf_loss_upcasts)
             cores = flash_cores_of(graph)
@@ -460,23 +565,15 @@ class LayerCoster:
             upcast = True
         for name, producer in logits:
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
-            # per GPU 1/c of the unsplit loss, as the op times (per_gpu_op_times)
             f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast,
                                    self.profile.factor("loss") if self.profile is not None else (1.0, 1.0))
             saved, transient = loss_memory_bytes(local.numel, config.stack, upcast, config.train_dtype.itemsize)
-            li = layered.layer_of_op[producer]
+            li = self.layered.layer_of_op[producer]
             loss_f[li] += f / cp
             loss_b[li] += b / cp
             loss_saved[li] += saved / cp
             loss_transient[li] += transient / cp
-        self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, gemm_local, flops, *tp_counts.values(),
-                             *cp_counts.values(), *ring.values(), core_f, core_b, loss_f, loss_b, loss_saved, loss_transient)
-        m = self.layer_map
-        return LayerTable(fwd[m], bwd[m], selective[m], params[m], params_local[m], reads[m],
-                       {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
-                       {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
-                       {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m],
-                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m])
+        return loss_f, loss_b, loss_saved, loss_transient
 
     def _readers(self) -> dict[str, tuple[int, ...]]:
         """Per parameter, the (collapsed) layers reading it: the analysis's ``parameter_layers``."""
@@ -522,9 +619,20 @@ class LayerCoster:
         return derived(self.graph, key, build)
 
     def _ep_counts(self, config: ParallelConfig) -> dict[tuple[Phase, float], np.ndarray]:
-        """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch."""
+        """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch
+        (of :meth:`ep_comms`)."""
+        return self._ep_tables(config)[1]
+
+    def ep_comms(self, config: ParallelConfig) -> tuple[LayerComm, ...]:
+        """With e > 1: the MoE dispatch and combine AllToAlls
+        (:func:`dml2comm.parallel.expert.expert_parallel_comms`) as :class:`LayerComm` records on
+        the coster's graph, in the order of the graph; else none."""
+        return self._ep_tables(config)[0]
+
+    def _ep_tables(self, config: ParallelConfig) -> tuple[tuple[LayerComm, ...], dict[tuple[Phase, float], np.ndarray]]:
+        """:meth:`ep_comms` and, per full layer, their counts per (phase, bytes) (:meth:`_ep_counts`)."""
         if config.ep_size <= 1:
-            return {}
+            return (), {}
         moe = self._moe()
         check_expert_parallel(moe, config.ep_size)
         assert moe is not None
@@ -535,11 +643,14 @@ class LayerCoster:
 
         def build():
             n = len(self.layered.layers)
+            comms = tuple(LayerComm(ec.kind, ParallelDim.EP, ec.phase, ec.layer, ec.after_op, ec.tensor, ec.message_bytes, ec.count,
+                                    ec.reason)
+                          for ec in expert_parallel_comms(moe, tokens, config.ep_size, dtype_bytes, config.capacity_factor))
             counts: dict[tuple, np.ndarray] = {}
-            for ec in expert_parallel_comms(moe, tokens, config.ep_size, dtype_bytes, config.capacity_factor):
+            for ec in comms:
                 counts.setdefault((ec.phase, float(ec.message_bytes)), np.zeros(n))[ec.layer] += ec.count
             self._check_interior(*counts.values())
-            return {k: v[self.layer_map] for k, v in counts.items()}
+            return comms, {k: v[self.layer_map] for k, v in counts.items()}
 
         return derived(self.graph, key, build)
 
@@ -556,18 +667,24 @@ class LayerCoster:
     def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[tuple[float, bool]]]:
         """A tensor crosses the boundary after full layer k when it is produced at or before
         and read after it; on the collapsed graph, after ``layer_map[k]``."""
+        return [[(size, rep) for _, size, rep in tensors] for tensors in self.boundary_tensors(config, ranges)]
+
+    def boundary_tensors(self, config: ParallelConfig, ranges) -> list[list[tuple[str, float, bool]]]:
+        """Per stage boundary, the activations crossing it per micro-batch by name: (name, bytes
+        per GPU before 1/c, replicated over the tensor ranks), the sends' table
+        (:meth:`_boundary_bytes`) with the tensors' names."""
         per_boundary = derived(self.graph, _CrossingKey(config.tp_size, config.sequence_parallel, config.dtype),
                                lambda: self._crossing(config))
         return [per_boundary[int(self.layer_map[b - 1])] for _, b in ranges[:-1]]
 
-    def _crossing(self, config: ParallelConfig) -> list[list[tuple[float, bool]]]:
-        """Per boundary after each (collapsed) layer: the crossing tensors' bytes per GPU and
-        whether every tensor rank holds the whole tensor (replicated), by name."""
+    def _crossing(self, config: ParallelConfig) -> list[list[tuple[str, float, bool]]]:
+        """Per boundary after each (collapsed) layer: the crossing tensors' names, bytes per GPU
+        and whether every tensor rank holds the whole tensor (replicated), by name."""
         names, prod, last, sizes, replicated = self._tensor_table(config)
         out = []
         for rb in range(len(self.layered.layers)):
             sel = np.nonzero((prod <= rb) & (last > rb))[0]
-            out.append([(size, rep) for _, size, rep in sorted((names[i], sizes[i], replicated[i]) for i in sel)])
+            out.append(sorted((names[i], sizes[i], replicated[i]) for i in sel))
         return out
 
     def _tensor_table(self, config: ParallelConfig):

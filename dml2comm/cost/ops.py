@@ -243,14 +243,68 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         the roofline (Williams et al. 2009) with ``FLOP_EFFICIENCY`` and ``HBM_EFFICIENCY``; then
         point-wise chains fused (:func:`fuse_pointwise`, Megatron only); then flash kernels;
         then the host's per-kernel floor (:func:`dml2comm.cost.host.host_bound_times`, kernels
-        by :func:`op_kernel_counts`).
+        by :func:`op_kernel_counts`).  Steps: :func:`_shard_costs`, :func:`_head_split_views`,
+        the stack's kernels, :func:`_softmax_fp32_casts`, :func:`_gradient_sums`, casts, host.
     """
     stack, attention = Stack.of(stack), AttentionKernel.of(attention)
     eager = stack is Stack.PYTORCH
-    fp32 = fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset()
     # under torch.autocast every activation has autocast's dtype (cost.memory.autocast_dtypes):
     # the residual stream, norms and fp32-list ops in fp32, GEMM and SDPA outputs 16-bit
     amp = autocast_dtypes_of(graph, train, True) if autocast else {}
+    train_view = _train_view(fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset(), amp, train)
+    # a calibrated GPU's own memory-bound efficiency (``calibrate``: element-wise), else the preset constant
+    hbm_eff = hbm_efficiency_of(gpu)
+    costs, times, full_flops, fallback_types, is_gemm, norm_kernels = _shard_costs(graph, tp, train, gpu, peak, hbm, lenient, stack,
+                                                                                 train_view)
+    _head_split_views(graph, costs, times)
+    if eager:
+        costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
+        unfused: frozenset[int] = frozenset()
+    else:
+        unfused = unfused_softmax_ops(graph, tp, train)
+        times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
+    flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
+    if flash:
+        flash_scale = (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0)
+        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff, flash_scale)
+        unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
+    if unfused and train.itemsize == 2:
+        times = _softmax_fp32_casts(graph, tp, unfused, times, hbm * hbm_eff)
+    forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
+    sums = [0] * len(costs)
+    if forks:
+        costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff)
+    casts = [(0, 0)] * len(costs)
+    if amp:
+        costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
+    if scale is not None:
+        times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
+    host = host_model.DEFAULT if host is None else host
+    if host.kernel_s > 0:
+        kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
+        times = host_bound_times(times, _more_kernels(kernels, sums if forks else None, casts if amp else None, norm_kernels),
+                                 is_gemm, host)
+    return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts: list[tuple[int, int]] | None,
+                  norm_kernels: Mapping[int, int]) -> list[tuple[int, int]]:
+    """Per op, its (forward, backward) kernels (:func:`op_kernel_counts`) with the ones added
+    after it: autograd's gradient sums (``sums``, backward), autocast's casts (``casts``) and an
+    eager norm's extra backward kernels (``norm_kernels``); None: none of that kind."""
+    if sums is not None or casts is not None:
+        sums = sums if sums is not None else [0] * len(kernels)
+        casts = casts if casts is not None else [(0, 0)] * len(kernels)
+        kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
+    for i, extra in norm_kernels.items():
+        kernels[i] = (kernels[i][0], kernels[i][1] + extra)
+    return kernels
+
+
+def _train_view(fp32: frozenset[str], amp: Mapping[str, DType], train: DType) -> Callable[[str, Tensor | None], Tensor | None]:
+    """A float tensor as the stack holds it: in fp32 in eager code's fp32 islands
+    (:func:`~dml2comm.cost.memory.fp32_islands`), in autocast's dtype under ``torch.autocast``
+    (``amp``; weights in ``train``), else in ``train``."""
 
     def train_view(name: str, t: Tensor | None) -> Tensor | None:
         if t is None or not t.dtype.is_float:
@@ -258,6 +312,17 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         want = DType.FLOAT if name in fp32 else amp.get(name, train) if not t.is_weight else train
         return t if t.dtype is want else t.with_dtype(want)
 
+    return train_view
+
+
+def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool,
+                 stack: Stack, train_view: Callable[[str, Tensor | None], Tensor | None]):
+    """Every op alone on its shard: its cost (:func:`~dml2comm.ops.registry.op_cost`), its
+    (forward, backward) seconds (:func:`gemm_op_times_s` for a matrix product, else the
+    roofline :func:`~dml2comm.cost.compute.op_times_s`; an eager LayerNorm/RMSNorm by
+    :func:`_eager_norm`), its unsharded forward FLOPs, the fallback types, whether it is a GEMM
+    and the eager norms' extra backward kernels: ``(costs, times, full_flops, fallback_types,
+    is_gemm, norm_kernels)``."""
     costs: list[OpCost] = []
     times: list[tuple[float, float]] = []
     fallback_types: set[str] = set()
@@ -278,7 +343,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # eager LayerNorm/RMSNorm: PyTorch's kernels' own law (cost.norm) times the calibrated
     # ``layer_norm`` scale (a calibrated ``norm`` efficiency is the other NORM_OPS'); the table
     # key tells the stacks apart by ``pad`` (set under Megatron only)
-    norm_law, ln_scale = eager, class_value(gpu, "layer_norm") or 1.0
+    norm_law, ln_scale = stack is Stack.PYTORCH, class_value(gpu, "layer_norm") or 1.0
     norm_kernels: dict[int, int] = {}
     # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
     # once per tensor, not per read (the shards share their tensors; they outlive this loop)
@@ -304,7 +369,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
-            t = None if law is None else (ln_scale * law[0][0] * op.repeat, ln_scale * law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
+            t = None if law is None else (ln_scale * law[0][0] * op.repeat,
+                                          ln_scale * law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
             if gemm is None and t is None:
                 t = op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff)
             hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None)
@@ -317,64 +383,53 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         costs.append(c)
         times.append(t)
         full_flops.append(c.flops_fwd * shard.factor)
-    views = attention_head_views(graph)
-    if views:
-        # Megatron's attention head split: Q, K and V are strided views of the projection's output
-        # read by the batched GEMMs (attention_head_views); the Split's backward still assembles
-        # the projection's input gradient from the three gradients (one copy)
-        for i in views:
-            c = costs[i]
-            keep_bwd = graph.ops[i].op_type == "Split"
-            costs[i] = OpCost(0.0, 0.0, 0.0, c.bytes_bwd if keep_bwd else 0.0, "view (attention head split)")
-            times[i] = (0.0, times[i][1] if keep_bwd else 0.0)
-    if eager:
-        costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
-        unfused: frozenset[int] = frozenset()
-    else:
-        unfused = unfused_softmax_ops(graph, tp, train)
-        times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
-    flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
-    if flash:
-        flash_scale = (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0)
-        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff, flash_scale)
-        unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
-    if unfused and train.itemsize == 2:
-        # Megatron's forward_torch_softmax with softmax_in_fp32 (forced by query-key layer scaling,
-        # the default of Megatron-DeepSpeed and of Megatron-LM before 2023): the scores are cast to fp32 before and the
-        # probabilities back after the softmax, two more kernels per pass (SOFTMAX_CAST_BYTES)
-        times = list(times)
-        for i in unfused:
-            if graph.ops[i].op_type == "Softmax" and tp.shards[i].outputs and tp.shards[i].outputs[0] is not None:
-                extra = tp.shards[i].outputs[0].numel * SOFTMAX_CAST_BYTES / (hbm * hbm_eff)
-                times[i] = (times[i][0] + extra, times[i][1] + extra)
-    forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
+    return costs, times, full_flops, fallback_types, is_gemm, norm_kernels
+
+
+def _head_split_views(graph: OpGraph, costs: list[OpCost], times: list[tuple[float, float]]) -> None:
+    """Megatron's attention head split, in place: Q, K and V are strided views of the
+    projection's output read by the batched GEMMs (:func:`attention_head_views`), at no cost;
+    the Split's backward still assembles the projection's input gradient from the three
+    gradients (one copy)."""
+    for i in attention_head_views(graph):
+        c = costs[i]
+        keep_bwd = graph.ops[i].op_type == "Split"
+        costs[i] = OpCost(0.0, 0.0, 0.0, c.bytes_bwd if keep_bwd else 0.0, "view (attention head split)")
+        times[i] = (0.0, times[i][1] if keep_bwd else 0.0)
+
+
+def _softmax_fp32_casts(graph: OpGraph, tp: TensorParallelPlan, unfused: frozenset[int], times: list[tuple[float, float]],
+                        bandwidth: float) -> list[tuple[float, float]]:
+    """``times`` with the casts around each unfused 16-bit softmax: Megatron's
+    forward_torch_softmax with softmax_in_fp32 (forced by query-key layer scaling, the default of
+    Megatron-DeepSpeed and of Megatron-LM before 2023) casts the scores to fp32 before and the
+    probabilities back after the softmax, two more kernels per pass (:data:`SOFTMAX_CAST_BYTES`
+    per score element at ``bandwidth``, the achieved HBM bytes/s)."""
+    times = list(times)
+    for i in unfused:
+        if graph.ops[i].op_type == "Softmax" and tp.shards[i].outputs and tp.shards[i].outputs[0] is not None:
+            extra = tp.shards[i].outputs[0].numel * SOFTMAX_CAST_BYTES / bandwidth
+            times[i] = (times[i][0] + extra, times[i][1] + extra)
+    return times
+
+
+def _gradient_sums(forks: Sequence[GradientFork], tp: TensorParallelPlan, train: DType, costs: list[OpCost],
+                   times: list[tuple[float, float]], bandwidth: float) -> tuple[list[OpCost], list[tuple[float, float]], list[int]]:
+    """Autograd's sums of the gradients of a tensor that several kernels read
+    (:func:`gradient_forks`): one add per extra reader (:func:`gradient_sum_bytes` at
+    ``bandwidth``, the achieved HBM bytes/s), charged to the backward of its first reader (the
+    last to run).  Returns the costs, the times and per op its extra backward kernels."""
+    times = list(times)
     sums = [0] * len(costs)
-    if forks:
-        # autograd adds up the gradients of a tensor that several kernels read (gradient_forks):
-        # one add per extra reader, charged to the backward of its first reader (the last to run)
-        times = list(times)
-        for fork in forks:
-            moved = gradient_sum_bytes(fork, tp, train)
-            i = fork.reader
-            c = costs[i]
-            costs[i] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + moved,
-                              f"{c.rule} + gradient sum of its input's {fork.extra + 1} readers", c.fallback)
-            times[i] = (times[i][0], times[i][1] + moved / (hbm * hbm_eff))
-            sums[i] += fork.extra
-    casts = [(0, 0)] * len(costs)
-    if amp:
-        costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
-    if scale is not None:
-        times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
-    host = host_model.DEFAULT if host is None else host
-    if host.kernel_s > 0:
-        kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
-        if forks or amp:
-            kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
-        for i, extra in norm_kernels.items():
-            kernels[i] = (kernels[i][0], kernels[i][1] + extra)
-        times = host_bound_times(times, kernels, is_gemm, host)
-    return OpCosts(costs, times, full_flops, fallback_types)
+    for fork in forks:
+        moved = gradient_sum_bytes(fork, tp, train)
+        i = fork.reader
+        c = costs[i]
+        costs[i] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + moved,
+                          f"{c.rule} + gradient sum of its input's {fork.extra + 1} readers", c.fallback)
+        times[i] = (times[i][0], times[i][1] + moved / bandwidth)
+        sums[i] += fork.extra
+    return costs, times, sums
 
 
 def _eager_norm(op: Op, ins: Sequence[Tensor | None], gpu: GPU, hbm: float) -> tuple[tuple[float, float], int] | None:

@@ -3,7 +3,7 @@
 A pipeline stage's data-parallel part depends only on its parameters per GPU (dense and, with
 expert parallelism, expert), the sizes of its data-parallel groups, the ZeRO stage, the bucket
 size and the optimizer.  :func:`dml2comm.analysis.analyze_graph` calls these functions for one
-configuration (and expands the collectives into comm nodes with ranks for the drawings);
+configuration (its comm nodes are their specs with ranks: :meth:`StageCoster.comm_specs`);
 :class:`dml2comm.model.FastEvaluator` calls the same functions once per distinct stage of
 a sweep and caches the result per (parameters, group placement, ZeRO stage, ...):
 
@@ -26,12 +26,19 @@ stage-level term is read from -- compute, tensor/context/expert-parallel time on
 path (``--tp-comm-overlap`` and ring attention's overlap included), pipeline sends, input
 reads, tied-weight all-reduces, parameters, buffers -- and per ZeRO stage and recomputation mode
 its data-parallel, optimizer and memory parts (:meth:`StageCoster.plan`: a :class:`StagePlan`).
-The analysis reads its stages from it (and expands the collective specs into comm nodes with
-ranks only for the drawings); the sweep simulates many plans at once.  Collective times come
-from :func:`dml2comm.network.model.collective_time_on_placement`, cached per (collective, how the
-group sits on the cluster, bytes); the analysis's comm nodes take their seconds from the same
-cache (:meth:`StageCoster.price`, and the data-parallel ones as the plan priced them:
-:meth:`StageCoster.dp_specs`), so the drawings and the plan have one pricing of communication.
+The analysis reads its stages from it; the sweep simulates many plans at once.  Collective
+times come from :func:`dml2comm.network.model.collective_time_on_placement`, cached per
+(collective, how the group sits on the cluster, bytes).
+
+Every collective of a configuration is enumerated in one place, :meth:`StageCoster.comm_specs`
+(a :class:`CommSpec` each: kind, parallel dimension, phase, stage, layer, the op it follows,
+tensor, group, bytes, count per iteration, per micro-batch or not, reason, host time and its
+seconds from the same cache, :meth:`StageCoster.price`), read off the very tables the stage
+times are summed from: the layers' tensor-, context- and expert-parallel collectives
+(:class:`dml2comm.cost.layers.LayerComm` records, which the per-layer count tables aggregate),
+the tensors crossing each boundary, the held copies and the priced data-parallel specs
+(:meth:`StageCoster.dp_specs`).  The analysis's comm nodes are those specs, described; the
+sweep, on collapsed graphs, reads only the sums and never builds the per-op list.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -51,17 +58,18 @@ from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import fmt_s
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
-from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recompute, Stack
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
-__all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["CommSpec", "PCIE4_X16_BYTES_PER_S", "pipeline_messages", "pipeline_send_s", "scatter_gather", "Pricing", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
 
 
@@ -221,13 +229,21 @@ def scatter_gather(replicated: bool, tp_size: int, sequence_parallel: bool = Fal
     return replicated and tp_size > 1 and not sequence_parallel
 
 
-def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
-    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``:
-    with scatter/gather (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of
-    the whole tensor over the placed ``receivers`` group (``cost_at(kind, placement, bytes)``)."""
+def pipeline_messages(size: float, replicated: bool, tp_size: int) -> tuple[tuple[CollectiveKind, bool, float], ...]:
+    """The collectives of one pipeline message of ``size`` bytes per GPU, each as (kind, over the
+    receivers' tensor group rather than the sending pair, bytes): with scatter/gather
+    (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of the whole tensor
+    over the receivers' tensor group; else the whole of it point-to-point."""
     if scatter_gather(replicated, tp_size):
-        return cost_at(CollectiveKind.SEND_RECV, pair, size / tp_size) + cost_at(CollectiveKind.ALL_GATHER, receivers, size)
-    return cost_at(CollectiveKind.SEND_RECV, pair, size)
+        return (CollectiveKind.SEND_RECV, False, size / tp_size), (CollectiveKind.ALL_GATHER, True, size)
+    return ((CollectiveKind.SEND_RECV, False, size),)
+
+
+def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
+    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``
+    (:func:`pipeline_messages`, the all-gather over the placed ``receivers`` group;
+    ``cost_at(kind, placement, bytes)``)."""
+    return sum(cost_at(kind, receivers if gathered else pair, b) for kind, gathered, b in pipeline_messages(size, replicated, tp_size))
 
 
 #: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
@@ -264,6 +280,31 @@ class StagePlan:
     transient: np.ndarray | None = None  # the largest op's transient bytes (+ the rebuilt layer under full recomputation)
     total_memory: np.ndarray | None = None  # peak bytes per device (cost.memory.step_peak_bytes + the framework constant)
     grads_in_backward: bool = True  # the gradients exist at the forward/backward peak (cost.memory.gradients_live_in_backward)
+
+
+@dataclass(frozen=True, slots=True)
+class CommSpec:
+    """One collective of a configuration as the stage table prices it
+    (:meth:`StageCoster.comm_specs`; the analysis's ``CommNode`` adds only its description):
+    ``count`` calls per iteration (the micro-batches' included when ``per_micro_batch``),
+    ``seconds`` of one call (:meth:`StageCoster.price` on ``group``; the data-parallel ones as
+    the plan priced them), ``host_s`` the framework's host time added to it (a pipeline
+    message's, :func:`dml2comm.cost.host.pipeline_message_s`)."""
+
+    kind: CollectiveKind
+    dim: ParallelDim
+    phase: Phase
+    stage: int
+    layer: int | None
+    after_op: int | None
+    tensor: str
+    group: tuple[int, ...]
+    message_bytes: float
+    count: int
+    per_micro_batch: bool
+    reason: str
+    seconds: float
+    host_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,21 +383,77 @@ class StageTable:
     amp_copies: np.ndarray | None = None  # per stage: bytes per micro-batch of AMP's 16-bit weight copies (cost.memory)
 
 
+class _PerStage:
+    """Sums of per-layer values over each stage's layers (``ranges``: ``[start, end)`` per stage)."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.starts = np.array([a for a, _ in ranges])
+        self.ends = np.array([b for _, b in ranges])
+        self.stage_of_layer = np.repeat(np.arange(len(ranges)), self.ends - self.starts)  # the stage of each full layer
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Per stage, the sum of ``x`` (per layer) over its layers (a difference of prefix sums)."""
+        cum = np.zeros(len(x) + 1)
+        np.cumsum(x, out=cum[1:])
+        return cum[self.ends] - cum[self.starts]
+
+
+class _StageGroups(NamedTuple):
+    """Where each stage's groups sit (:meth:`StageCoster._stage_groups`): per stage its residue
+    and the residue's position ``at`` in the distinct residues; per distinct residue the tensor,
+    context and expert-parallel groups' (placement id, ranks) and the ring-attention step costs
+    by message size; per stage its (d x c, ep, expert-dp) groups (:meth:`StageCoster._dp_wheres`)."""
+
+    residue: list[int]
+    at: np.ndarray
+    tp: list[tuple[int, int]]
+    cp: list[tuple[int, int]]
+    dp: list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]
+    ep: list[tuple[int, int]]
+    ring: dict[float, list[float]]
+
+
+class Pricing:
+    """The prices a cluster fixes, shared by every :class:`StageCoster` on it (a sweep's
+    evaluators, one per micro-batch size, price the same data-parallel groups): where each
+    group sits on the cluster (placement ids), each collective's seconds on a placement, and one
+    stage's ZeRO part by its parameters and groups (:meth:`StageCoster.zero_part`).  None of
+    them depends on the model or the micro-batch: only on the cluster (its GPU, network and
+    ``--profile`` scale)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.costs: dict[tuple, float] = {}
+        self.placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
+        self.rank_placements: dict[tuple[int, ...], tuple[int, int]] = {}  # groups that are no progression, by their ranks
+        self.period = placement_period(cluster)
+        self.placement_list: list[tuple] = []
+        self.placement_ids: dict[tuple, int] = {}
+        self.stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
+
+
 class StageCoster(LayerCoster):
     """The stage tables of one imported model on one cluster (module docstring).  Values that
     depend on the cluster (send, TP/CP/EP and tied-weight times, placement ids) are kept here,
     never on the graph, which other clusters share."""
 
     def __init__(self, imported: ImportResult, cluster: Cluster, collapse: bool = True, collapsed: Collapsed | None = None,
-                 lenient: bool = False) -> None:
+                 lenient: bool = False, pricing: Pricing | None = None) -> None:
+        """``pricing``: the cluster's prices to share with other costers on ``cluster``
+        (:class:`Pricing`); None: this coster's own."""
+        if pricing is None:
+            pricing = Pricing(cluster)
+        elif pricing.cluster is not cluster:
+            raise ValueError("the pricing given to StageCoster is another cluster's")
         self.cluster = cluster
-        self._costs: dict[tuple, float] = {}
-        self._placements: dict[tuple[int, int, int], tuple[int, int]] = {}  # (base mod period, stride, n) -> (placement id, ranks)
-        self._rank_placements: dict[tuple[int, ...], tuple[int, int]] = {}  # groups that are no progression, by their ranks
-        self._period = placement_period(cluster)
-        self._placement_list: list[tuple] = []
-        self._placement_ids: dict[tuple, int] = {}
-        self._stage_states: dict[tuple, tuple] = {}  # one stage's ZeRO part (StageCoster.zero_part)
+        self.pricing = pricing
+        self._costs = pricing.costs
+        self._placements = pricing.placements
+        self._rank_placements = pricing.rank_placements
+        self._period = pricing.period
+        self._placement_list = pricing.placement_list
+        self._placement_ids = pricing.placement_ids
+        self._stage_states = pricing.stage_states
         self._per_cluster: dict[object, object] = {}
         fitted = cluster.profile_scale.host if cluster.profile_scale is not None else None  # --profile's measured one
         host = None if fitted is None and str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model, fitted=fitted)
@@ -451,24 +548,60 @@ class StageCoster(LayerCoster):
         return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
+        """The :class:`StageTable` of ``config``'s split: the layers' sums per stage
+        (:class:`_PerStage`), the groups' placements (:meth:`_stage_groups`), the pipeline sends
+        (:meth:`_pipeline_sends`), the tied-weight all-reduces (:meth:`_tied_allreduces`), the
+        collectives on the critical path (:meth:`_critical_path`), the input reads and buffers
+        (:func:`_stage_buffers`) and the per-micro-batch parameter passes (:meth:`_parameter_passes`)."""
         layers = self.layer_table(config)
         ranges = self.partition(config, layers)
-        p, d = config.pp_size, config.dp_size
-        cp, ep = config.cp_size, config.ep_size
+        p, d, cp = config.pp_size, config.dp_size, config.cp_size
         expert_params = self._expert_params(config)  # raises the analysis's --ep errors
         ep_counts = self._ep_counts(config)
-        rank_map = RankMap(d, config.tp_size, p, config.rank_order, cp=cp, ep=ep)
-        _, sp, stt, sc = rank_map.strides
-        gpu = self.cluster.gpu
-        pcie = getattr(gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
-        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
+        rank_map = RankMap(d, config.tp_size, p, config.rank_order, cp=cp, ep=config.ep_size)
         crossing = self._boundary_bytes(config, ranges)
         if cp > 1:  # each GPU sends 1/c of every boundary tensor
             crossing = [[(x / cp, rep) for x, rep in sizes] for sizes in crossing]
-        boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])
-        # stage s's first rank is s * sp; its send partner is sp further (or back).  Groups placed
-        # alike cost alike, and a stage's groups are placed as those of the first stage whose
-        # first rank has the same residue mod placement_period: find each placement once
+        groups = self._stage_groups(config, rank_map, layers)
+        send, send_back = self._pipeline_sends(config, crossing, groups, rank_map.strides[1])
+        per_stage = _PerStage(ranges)
+        copies = held_copies(layers.shared, per_stage.stage_of_layer.tolist(), p)
+        tied = self._tied_allreduces(copies, rank_map, config)
+        layer_f, layer_b = self._critical_path(config, layers, ep_counts, groups, per_stage.stage_of_layer)
+        tp_f, tp_b = per_stage(layer_f), per_stage(layer_b)
+        # Full recomputation re-runs the forward of transformer layers only, never the embedding
+        # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
+        # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
+        blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
+        if blocks.all():
+            recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
+        else:
+            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), per_stage(layer_f * blocks)
+        reads, buffers = self._stage_buffers(config, layers, per_stage, crossing)
+        none = (-1, 1)
+        dp_where = [w[0] for w in groups.dp] if d * cp > 1 else [none] * p
+        edp_where = [w[2] for w in groups.dp] if config.expert_dp_size > 1 else [none] * p
+        params_local, expert_local, cast_f, accumulate = self._parameter_passes(config, layers, expert_params, copies, per_stage)
+        # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
+        loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
+        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
+                          per_stage(layers.selective),
+                           tp_f, tp_b, reads, params_local, buffers,
+                           np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
+                           expert_local, edp_where, flops_fwd=layers.flops_fwd,
+                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
+                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
+                           loss_f=loss_f, loss_b=loss_b, loss_saved=per_stage(layers.loss_saved),
+                           loss_transient=per_stage(layers.loss_transient),
+                           amp_copies=amp_weight_copy_bytes(per_stage(layers.gemm_local), config.precision, config.train_dtype.itemsize))
+
+    def _stage_groups(self, config: ParallelConfig, rank_map: RankMap, layers) -> _StageGroups:
+        """Where each stage's groups sit on the cluster, found once per placement: stage s's
+        first rank is s * sp, groups placed alike cost alike, and a stage's groups are placed
+        as those of the first stage whose first rank has the same residue mod placement_period
+        (:meth:`_where`)."""
+        p, cp = config.pp_size, config.cp_size
+        _, sp, stt, sc = rank_map.strides
         period = self._period
         residue = [(st * sp) % period for st in range(p)]
         first: dict[int, int] = {}
@@ -476,13 +609,27 @@ class StageCoster(LayerCoster):
             first.setdefault(r, st)
         uniq = list(first)
         at = np.array([uniq.index(r) for r in residue])  # per stage: its residue's position in uniq
-
-        def per_residue(values: list) -> list:
-            return [values[i] for i in at.tolist()]
-
-        cost_at, where, sr = self._cost_at, self._where, CollectiveKind.SEND_RECV
         base = {r: first[r] * sp for r in uniq}  # a stage of each residue (its actual first rank)
         tp_groups = [self._where(base[r], stt, config.tp_size) for r in uniq]
+        cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
+        wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
+        # ring attention: each step on the slower hop of the ring (the first rank's two neighbours)
+        ring_costs = {size: [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
+                                 self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
+                             for r in uniq]
+                      for (_, size) in layers.ring}
+        return _StageGroups(residue, at, tp_groups, cp_groups, [wheres_u[i] for i in at.tolist()], [w[1] for w in wheres_u],
+                            ring_costs)
+
+    def _pipeline_sends(self, config: ParallelConfig, crossing: list[list[tuple[float, bool]]], groups: _StageGroups,
+                        sp: int) -> tuple[list[float], list[float]]:
+        """Per boundary (stages st and st + 1): seconds of the forward send of its tensors from
+        stage st's first rank to the one sp further, and of the backward send back, each
+        tensor scattered and gathered over the receivers' tensor group where it pays
+        (:func:`pipeline_send_s`), plus the framework's host time for the message
+        (:func:`dml2comm.cost.host.pipeline_message_s`); priced once per (pair, group, tensors)."""
+        residue, at, tp_groups = groups.residue, groups.at, groups.tp
+        cost_at, where = self._cost_at, self._where
         ahead_of: dict[int, tuple[int, int]] = {}
         back_of: dict[int, tuple[int, int]] = {}
         sent: dict[tuple, float] = {}
@@ -507,34 +654,32 @@ class StageCoster(LayerCoster):
                     sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host_for(config))
             send.append(fwd)
             send_back.append(bwd)
-        starts = np.array([a for a, _ in ranges])
-        ends = np.array([b for _, b in ranges])
+        return send, send_back
 
-        def per_stage(x: np.ndarray) -> np.ndarray:
-            cum = np.zeros(len(x) + 1)
-            np.cumsum(x, out=cum[1:])
-            return cum[ends] - cum[starts]
+    def _tied_allreduces(self, copies: HeldCopies, rank_map: RankMap, config: ParallelConfig) -> np.ndarray:
+        """Per stage, seconds of its tied-weight gradient all-reduces (:meth:`_tied_groups`), each
+        on every stage of its group."""
+        tied = np.zeros(config.pp_size)
+        for held_by, group, size in self._tied_groups(copies, rank_map, config):
+            tied[list(held_by)] += self.price(CollectiveKind.ALL_REDUCE, group, size)
+        return tied
 
-        stage_of_layer = np.repeat(np.arange(p), ends - starts)
-        copies = held_copies(layers.shared, stage_of_layer.tolist(), p)
-        tied_local = np.array(copies.extra_local)
-        tied = np.zeros(p)
-        if copies.groups:  # analysis: one all-reduce per group of stages, on each of its stages
-            for held_by, local_numel in copies.groups:
-                cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
-                                     local_numel * config.grad_bytes)
-                tied[list(held_by)] += cost
-        cp_groups = [self._where(base[r], sc, cp) for r in uniq] if layers.cp else []
-        wheres_u = [self._dp_wheres(rank_map, first[r]) for r in uniq]
-        wheres = per_residue(wheres_u)
-        ep_groups = [w[1] for w in wheres_u]
-        ring_costs = {size: [max(self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r], sc, 2), size),
-                                 self._cost_at(CollectiveKind.SEND_RECV, self._where(base[r] + (cp - 1) * sc, -(cp - 1) * sc, 2), size))
-                             for r in uniq]
-                      for (_, size) in layers.ring}
+    @staticmethod
+    def _tied_groups(copies: HeldCopies, rank_map: RankMap,
+                     config: ParallelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...], float]]:
+        """One all-reduce per group of stages holding a copy of a tied parameter: (the stages,
+        the ranks: one GPU per stage, same data and tensor rank, the gradient bytes), what the
+        stage times (:meth:`_tied_allreduces`) and the specs (:meth:`_tied_specs`) read."""
+        return [(held_by, tuple(rank_map.rank(0, s, 0) for s in held_by), local_numel * config.grad_bytes)
+                for held_by, local_numel in copies.groups]
 
-        # the stage of each full layer, to read a stage's collective cost per layer
-        layer_stage = stage_of_layer
+    def _critical_path(self, config: ParallelConfig, layers, ep_counts: dict, groups: _StageGroups,
+                       layer_stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer and micro-batch: forward and backward seconds of the tensor-, context- and
+        expert-parallel collectives on the critical path (summed per stage by the caller, and
+        per stage of the transformer layers alone for full recomputation), each layer's count of
+        a collective times its cost on its stage's group."""
+        cp, at = config.cp_size, groups.at
         layer_f, layer_b = np.zeros(len(layer_stage)), np.zeros(len(layer_stage))
 
         def on_path(phase: Phase, counts: np.ndarray, kind: CollectiveKind, wheres: list[tuple[int, int]], size: float) -> None:
@@ -543,9 +688,26 @@ class StageCoster(LayerCoster):
             cost = np.array([self._cost_at(kind, w, size) for w in wheres])[at][layer_stage]
             (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * cost
 
-        # per layer and micro-batch: seconds of the tensor-, context- and expert-parallel
-        # collectives on the critical path (summed per stage below, and per stage of the
-        # transformer layers alone for full recomputation)
+        self._tp_on_path(config, layers, groups, layer_stage, layer_f, layer_b, on_path)
+        # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
+        # dispatch/combine) block the next op
+        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
+            on_path(phase, counts, kind, groups.cp, size)
+        for (phase, size), counts in layers.ring.items():
+            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
+            # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
+            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
+            cost = np.array(groups.ring[size])[at][layer_stage]
+            (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * (np.maximum(cost - core, 0.0) * (cp - 1))
+        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
+            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, groups.ep, size)
+        return layer_f, layer_b
+
+    def _tp_on_path(self, config: ParallelConfig, layers, groups: _StageGroups, layer_stage: np.ndarray, layer_f: np.ndarray,
+                    layer_b: np.ndarray, on_path) -> None:
+        """Add the tensor-parallel collectives' critical-path seconds to ``layer_f`` and
+        ``layer_b`` (in place; ``on_path``: :meth:`_critical_path`'s)."""
+        cp, at, tp_groups = config.cp_size, groups.at, groups.tp
         if config.tp_comm_overlap:
             # Wang et al. (ASPLOS'23) / Megatron --tp-comm-overlap: the all-gather before a
             # column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
@@ -554,57 +716,55 @@ class StageCoster(LayerCoster):
             t = config.tp_size
             for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
                 if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    cost = np.array([self._cost_at(kind, w, size) for w in tp_groups])
                     exposed = np.maximum(cost - gemm, cost / t)[at][layer_stage]
                     (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * exposed
-        else:
-            for (kind, phase, size), counts in layers.tp.items():
-                if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    on_path(phase, counts, kind, tp_groups, size / cp)
-            if config.async_tp_allreduce:
-                # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
-                # input-gradient collective of a column-parallel GEMM runs while its weight
-                # gradient is computed; the part that GEMM hides leaves the critical path
-                for (kind, size, wgrad), counts in layers.tp_wgrad.items():
-                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
-                    layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
-        # CP and EP collectives sit on the critical path like TP's: AllToAlls (Ulysses, MoE
-        # dispatch/combine) block the next op
-        for (kind, phase, size), counts in layers.cp.items():  # Ulysses AllToAlls over cp_group(0, s, 0)
-            on_path(phase, counts, kind, cp_groups, size)
-        for (phase, size), counts in layers.ring.items():
-            # c - 1 ring steps per site, each on the slower hop of the ring, exposing what 1/c of
-            # the layer's attention core does not hide (Liu et al. 2023, Sec. 3)
-            core = (layers.core_f if phase is Phase.FORWARD else layers.core_b) / cp
-            cost = np.array(ring_costs[size])[at][layer_stage]
-            (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * (np.maximum(cost - core, 0.0) * (cp - 1))
-        for (phase, size), counts in ep_counts.items():  # MoE AllToAlls over ep_group(s, 0, 0)
-            on_path(phase, counts, CollectiveKind.ALL_TO_ALL, ep_groups, size)
-        tp_f, tp_b = per_stage(layer_f), per_stage(layer_b)
-        # Full recomputation re-runs the forward of transformer layers only, never the embedding
-        # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
-        # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
-        blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
-        if blocks.all():
-            recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
-        else:
-            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), per_stage(layer_f * blocks)
-        reads = np.logical_or.reduceat(layers.reads_input, starts) * (input_bytes / pcie)
+            return
+        for (kind, phase, size), counts in layers.tp.items():
+            if phase in (Phase.FORWARD, Phase.BACKWARD):
+                on_path(phase, counts, kind, tp_groups, size)
+        if config.async_tp_allreduce:
+            # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
+            # input-gradient collective of a column-parallel GEMM runs while its weight
+            # gradient is computed; the part that GEMM hides leaves the critical path
+            for (kind, size, wgrad), counts in layers.tp_wgrad.items():
+                cost = np.array([self._cost_at(kind, w, size) for w in tp_groups])
+                layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
+
+    def _stage_buffers(self, config: ParallelConfig, layers, per_stage: _PerStage,
+                       crossing: list[list[tuple[float, bool]]]) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage: seconds of its input reads (the graph's inputs, 1/c of them, over the
+        host-to-device link: the GPU's PCIe bandwidth, else :data:`PCIE4_X16_BYTES_PER_S`) where
+        a layer reads a graph input, and its buffers: the pipeline send and receive buffers of
+        its boundaries and the DP bucket being reduced (:func:`dp_bucket_buffer_bytes`)."""
+        p, cp = config.pp_size, config.cp_size
+        pcie = getattr(self.cluster.gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
+        input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
+        reads = np.logical_or.reduceat(layers.reads_input, per_stage.starts) * (input_bytes / pcie)
+        boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])
         buffers = np.zeros(p)
         buffers[1:] += boundary
         buffers[:-1] += boundary
-        buffers += dp_bucket_buffer_bytes(config.bucket_bytes, d * cp)  # the DP bucket being reduced
-        none = (-1, 1)
-        dp_where = [w[0] for w in wheres] if d * cp > 1 else [none] * p
-        edp_where = [w[2] for w in wheres] if config.expert_dp_size > 1 else [none] * p
+        buffers += dp_bucket_buffer_bytes(config.bucket_bytes, config.dp_size * cp)  # the DP bucket being reduced
+        return reads, buffers
+
+    def _parameter_passes(self, config: ParallelConfig, layers, expert_params: tuple[np.ndarray, np.ndarray] | None,
+                          copies: HeldCopies, per_stage: _PerStage) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per stage: parameters per GPU (tied copies included) and the expert part of them,
+        then the per-micro-batch passes over them: eager PyTorch's weight casts in the forward
+        and its AccumulateGrad (:func:`~dml2comm.cost.compute.eager_parameter_passes_s`), or
+        Megatron-LM's gradient accumulation (:func:`~dml2comm.cost.compute.grad_accumulation_s`:
+        every local parameter without gradient-accumulation fusion, else those no GEMM
+        accumulates), plus autograd's sum of a tied table's gradients
+        (:func:`~dml2comm.cost.compute.shared_gradient_sum_s`)."""
+        p, gpu = config.pp_size, self.cluster.gpu
+        tied_local = np.array(copies.extra_local)
         if expert_params is None:
             params_local, expert_local = per_stage(layers.params_local) + tied_local, np.zeros(p)
         else:
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
-        # Megatron-LM's per-micro-batch gradient accumulation (dml2comm.cost.compute.grad_accumulation_s):
-        # every local parameter without gradient-accumulation fusion, else those no GEMM accumulates
         achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
-        if config.stack is Stack.PYTORCH:  # eager PyTorch's casts and AccumulateGrad (cost.compute.eager_parameter_passes_s)
+        if config.stack is Stack.PYTORCH:
             cast_f, accumulate = (np.zeros(p) + x for x in eager_parameter_passes_s(
                 params_local, per_stage(layers.gemm_local), config.precision, config.num_micro_batches, achieved_hbm))
         else:
@@ -612,18 +772,7 @@ class StageCoster(LayerCoster):
             accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)
             cast_f = np.zeros(p)
         accumulate = accumulate + shared_gradient_sum_s(np.array(copies.summed_local), config, achieved_hbm)
-        # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
-        loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
-        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
-                          per_stage(layers.selective),
-                           tp_f, tp_b, reads, params_local, buffers,
-                           np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
-                           expert_local, edp_where, flops_fwd=layers.flops_fwd,
-                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
-                           recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
-                           loss_f=loss_f, loss_b=loss_b, loss_saved=per_stage(layers.loss_saved),
-                           loss_transient=per_stage(layers.loss_transient),
-                           amp_copies=amp_weight_copy_bytes(per_stage(layers.gemm_local), config.precision, config.train_dtype.itemsize))
+        return params_local, expert_local, cast_f, accumulate
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
@@ -664,6 +813,113 @@ class StageCoster(LayerCoster):
         """Seconds of ``kind`` over the global ``ranks`` with ``size`` bytes, from the cache every
         stage-table term is priced from (:meth:`_cost_at`: the group's placement on the cluster)."""
         return self._cost_at(kind, self._where_ranks(ranks), size)
+
+    def comm_specs(self, config: ParallelConfig) -> tuple[CommSpec, ...]:
+        """Every collective of ``config`` (one GPU's view, replica 0, tensor rank 0) as a
+        :class:`CommSpec`, read off the tables the stage times are summed from: the tensor-,
+        context- and expert-parallel collectives of each layer (:attr:`LayerTable.comms`,
+        :meth:`ep_comms`: :meth:`_critical_path` counts them), the pipeline messages of each
+        boundary (:meth:`boundary_tensors`: :meth:`_pipeline_sends`), the tied-weight
+        all-reduces (:attr:`StageTable.copies`: :meth:`_tied_allreduces`) and the data-parallel
+        collectives (:meth:`dp_specs`: :meth:`zero_part`), in that order.  Per op and layer, so
+        on the whole graph only (``collapse=False``: the analysis's coster); the sweep reads the
+        sums alone."""
+        if self.collapsed is not None:
+            raise ValueError("comm_specs needs the whole graph: a StageCoster built with collapse=False")
+        table = self.stage_table(config)
+        stage_of_layer = _PerStage(table.ranges).stage_of_layer.tolist()
+        m = config.num_micro_batches
+        return (self._layer_specs(config, table, stage_of_layer, m) + self._pipeline_specs(config, table, m)
+                + self._tied_specs(config, table, stage_of_layer) + self._dp_comm_specs(config, table, m))
+
+    def _layer_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int],
+                     m: int) -> tuple[CommSpec, ...]:
+        """The per-micro-batch collectives inside a stage: tensor parallel (on the stage's tensor
+        group), context parallel (Ulysses AllToAlls over its context group; a ring step on the
+        slower of the ring's two hops from the first rank, as :meth:`_stage_groups` prices it)
+        and expert parallel (MoE dispatch and combine AllToAlls over its first expert group)."""
+        rank_map, out = table.rank_map, []
+        hidden = ("; runs during the op's weight-gradient GEMM, which hides up to its length "
+                  "(Megatron-LM's asynchronous TP all-reduce)")
+        for c in self.layer_table(config).comms + self.ep_comms(config):
+            s = stage_of_layer[c.layer]
+            reason = c.reason
+            if c.dim is ParallelDim.TP:
+                group = rank_map.tp_group(0, s)
+                if c.wgrad_s is not None and config.async_tp_allreduce and not config.tp_comm_overlap:
+                    reason += hidden
+            elif c.dim is ParallelDim.CP:
+                group = rank_map.cp_group(0, s, 0)
+                if c.kind is CollectiveKind.SEND_RECV:  # a ring step lasts as long as its slowest hop
+                    group = max(((group[0], group[1]), (group[-1], group[0])),
+                                key=lambda pair: self.price(c.kind, pair, c.message_bytes))
+            else:
+                group = rank_map.ep_group(s, 0, 0)
+            out.append(CommSpec(c.kind, c.dim, c.phase, s, c.layer, c.after_op, c.tensor, tuple(group), c.message_bytes,
+                                c.count * m, True, reason, self.price(c.kind, group, c.message_bytes)))
+        return tuple(out)
+
+    def _pipeline_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
+        """Between pipeline stages: each boundary's activations forward and their gradients
+        backward (:meth:`boundary_tensors`, 1/c per GPU), split 1/t with Megatron-LM's
+        scatter/gather where every tensor rank holds them whole (:func:`pipeline_messages`, as
+        :meth:`_pipeline_sends` prices them: the receivers' all-gather costed with the send that
+        feeds them); the framework's host time
+        per message (:func:`dml2comm.cost.host.pipeline_message_s`) on the boundary's first tensor
+        in each direction."""
+        rank_map, cp, t = table.rank_map, config.cp_size, config.tp_size
+        host = self.host_for(config)
+        p2p_note = f"; with {fmt_s(host.p2p_s)} of host time for the message (--host-model {host.name})" if host.p2p_s else ""
+        out = []
+        for s, tensors in enumerate(self.boundary_tensors(config, table.ranges)):
+            pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
+            for k, (name, whole, rep) in enumerate(tensors):
+                host_s, host_note = (host.p2p_s, p2p_note) if k == 0 else (0.0, "")
+                prod = self.graph.producer(name)
+                (_, _, sent), *gathers = pipeline_messages(whole / cp, rep, t)
+                note = f" (1/{t} per tensor rank: scatter/gather)" if gathers else ""
+                out += [CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
+                                 f"activation from stage {s} to stage {s + 1}{note}{host_note}",
+                                 self.price(CollectiveKind.SEND_RECV, pair, sent), host_s),
+                        CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m,
+                                 True, f"gradient from stage {s + 1} to stage {s}{note}{host_note}",
+                                 self.price(CollectiveKind.SEND_RECV, pair[::-1], sent), host_s)]
+                for kind, _, size in gathers:  # the receivers rebuild the whole tensor
+                    for phase, at, to, what in ((Phase.FORWARD, s, s + 1, "activation"), (Phase.BACKWARD, s + 1, s, "gradient")):
+                        group = rank_map.tp_group(0, to)
+                        out.append(CommSpec(kind, ParallelDim.PP, phase, at, None, prod, name, group, size, m, True,
+                                            f"stage {to} all-gathers the {what} from its {t} tensor ranks (scatter/gather)",
+                                            self.price(kind, group, size)))
+        return tuple(out)
+
+    def _tied_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int]) -> tuple[CommSpec, ...]:
+        """After the backward pass, the gradient of each parameter held by several stages
+        all-reduced between them (one GPU per stage, same data and tensor rank), before the
+        optimizer step (Megatron-LM finalize_model_grads -> _allreduce_word_embedding_grads),
+        on each of its stages, named by the parameters it carries."""
+        out = []
+        readers = self._readers()
+        for held_by, group, size in self._tied_groups(table.copies, table.rank_map, config):
+            names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
+                              and tuple(sorted({stage_of_layer[li] for li in layers})) == held_by)
+            seconds = self.price(CollectiveKind.ALL_REDUCE, group, size)
+            for s in held_by:
+                out.append(CommSpec(CollectiveKind.ALL_REDUCE, ParallelDim.PP, Phase.OPTIMIZER, s, None, None, names, group, size,
+                                    1, False, f"tied-weight gradient all-reduce between stages {', '.join(map(str, held_by))} "
+                                    "(Megatron-LM embedding group, after the backward pass, before the optimizer step)", seconds))
+        return tuple(out)
+
+    def _dp_comm_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
+        """Per stage, its data-parallel collectives as the plan priced them (:meth:`dp_specs`):
+        non-expert gradients over the stage's d x c ranks (CP ranks reduce with DP), expert
+        gradients over its d x c / e expert-data-parallel ranks."""
+        out = []
+        for s, specs in enumerate(self.dp_specs(table, config)):
+            for dc, seconds in specs:
+                group = table.rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else table.rank_map.expert_dp_group(s, 0, 0)
+                out.append(CommSpec(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, tuple(group), dc.message_bytes,
+                                    dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason, seconds))
+        return tuple(out)
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
                           edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str,

@@ -34,8 +34,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-import yaml
-
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import (COLLECTIVE_LIBRARIES, INTRA_TOPOLOGIES, Cluster, CollectiveFit, Link,
                                        register_cluster_file_loader)
@@ -298,6 +296,8 @@ _LOADED: dict[str, ClusterFile] = {}
 
 @functools.lru_cache(maxsize=32)
 def _load(path: str, mtime_ns: int, size: int) -> ClusterFile:
+    import yaml  # here, not at import: only a cluster file needs the YAML parser (it costs every command ~10 ms to import)
+
     raw = Path(path).read_bytes()
     name = Path(path).name
     try:
@@ -374,6 +374,8 @@ def cluster_file_dict(cluster: Cluster, *, base: str | None, calibration: Mappin
 def dump_cluster_file(doc: Mapping[str, Any]) -> str:
     """YAML text of a cluster-file document (keys sorted, ``format`` first; floats written so
     that they read back equal)."""
+    import yaml  # as in _load
+
     head = yaml.safe_dump({"format": doc["format"]}, sort_keys=True, allow_unicode=True, width=100)
     rest = yaml.safe_dump({k: v for k, v in doc.items() if k != "format"}, sort_keys=True, allow_unicode=True,
                           default_flow_style=False, width=100)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 import onnx
 
 from dml2comm.errors import Dml2CommError
-from dml2comm.gc_tuning import collect_rarely
+from dml2comm.gc_tuning import collect_rarely, small_pages
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
 from dml2comm.load import load_model, load_model_proto
@@ -42,6 +42,7 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.search.space import Constraints, enumerate_configs
 
 if TYPE_CHECKING:
+    from dml2comm.cost.stages import Pricing
     from dml2comm.executors import Executor
 
 __all__ = ["SweepSpace", "SweepResult", "Evaluator", "run_sweep", "model_shape", "pareto_front", "CSV_COLUMNS",
@@ -111,6 +112,7 @@ class Evaluator:
         self.seq_len = seq_len
         self._imports: dict[int, ImportResult] = {}
         self._clusters: dict[int, Cluster] = {}
+        self._pricings: dict[int, Pricing] = {}  # per cluster size: its prices, shared by the micro-batch sizes' evaluators
         self._fast: dict[int, Any] = {}
         self._reduced: tuple[Any, Any] | None = None  # (collapsed ONNX model, Collapsed) from prepare_fast
 
@@ -161,9 +163,10 @@ class Evaluator:
             except Dml2CommError:
                 imported = None
             if imported is not None and matches(collapsed, layered):
-                fe = FastEvaluator(imported, cluster, collapsed=rebind(collapsed, imported.graph, layered))
+                fe = FastEvaluator(imported, cluster, collapsed=rebind(collapsed, imported.graph, layered),
+                                   pricing=self.pricing(num_gpus))
         if fe is None:
-            fe = FastEvaluator(self.imported(micro_batch), cluster)
+            fe = FastEvaluator(self.imported(micro_batch), cluster, pricing=self.pricing(num_gpus))
         self._fast[micro_batch] = fe
         return fe
 
@@ -171,6 +174,15 @@ class Evaluator:
         if num_gpus not in self._clusters:
             self._clusters[num_gpus] = self.cluster_builder(num_gpus)
         return self._clusters[num_gpus]
+
+    def pricing(self, num_gpus: int) -> Pricing:
+        """The prices of the cluster of ``num_gpus`` (:class:`~dml2comm.cost.stages.Pricing`),
+        one for every micro-batch size's fast evaluator."""
+        from dml2comm.cost.stages import Pricing
+
+        if num_gpus not in self._pricings:
+            self._pricings[num_gpus] = Pricing(self.cluster(num_gpus))
+        return self._pricings[num_gpus]
 
     def analyze(self, config: ParallelConfig):
         """The full :class:`~dml2comm.analysis.Analysis` (no advice); raises on an invalid config."""
@@ -198,7 +210,8 @@ class Evaluator:
                 try:
                     summaries = fe.evaluate(batch)
                 except NotRepeating:  # the collapsed model does not hold: the whole model
-                    fe = self._fast[b] = FastEvaluator(self.imported(b), self.cluster(batch[0].num_gpus), collapse=False)
+                    fe = self._fast[b] = FastEvaluator(self.imported(b), self.cluster(batch[0].num_gpus), collapse=False,
+                                                       pricing=self.pricing(batch[0].num_gpus))
                     summaries = fe.evaluate(batch)
             except Dml2CommError as exc:  # the model cannot be bound to this micro-batch
                 for i in indices:
@@ -526,7 +539,7 @@ def run_sweep(
     # in forked workers, from copying its pages by touching them)
     gc.freeze()
     try:
-        with collect_rarely():  # the tables the evaluation builds live to its end too (dml2comm.gc_tuning)
+        with collect_rarely(), small_pages():  # the tables live to the end; the simulation's arrays do not (dml2comm.gc_tuning)
             interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()

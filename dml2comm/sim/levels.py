@@ -38,8 +38,9 @@ device's step times are summed (its busy and tensor-parallel time).
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -252,16 +253,20 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
     chain ``depth[i] >= depth[i - 1] + 1``).  Sweeping the devices first to last carries
     forward chains across the whole pipeline in one sweep, last to first the backward ones;
     alternating sweeps converge after a few (as many as the longest chain changes direction).
+    A step that needs none reads slot ``n``, a depth below every other, so each relaxation is a
+    few whole-row array operations.
     """
     n = len(need)
     two = len(pos)
-    depth = np.tile(pos, p)
-    rows = depth.reshape(p, two)
+    depth = np.empty(n + 1, dtype=np.int64)
+    depth[:n] = np.tile(pos, p)
+    depth[n] = -n - 1  # no step: below every depth - position
+    rows = depth[:n].reshape(p, two)
+    below = pos - 1  # depth - position from a needed step's depth: depth[need] + 1 - position
     needs = []
     for d in range(p):
         nd = need[d * two:(d + 1) * two]
-        at = np.nonzero(nd < n)[0]
-        needs.append((at, nd[at], set((nd[at] // two).tolist())))
+        needs.append((nd, set((nd[nd < n] // two).tolist())))
     stamp = [0] * p  # when each device's depths last changed
     seen = [-1] * p  # the time each device was last relaxed
     clock = 0
@@ -269,15 +274,15 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
         changed = False
         for devices in (range(p), range(p - 1, -1, -1)):
             for d in devices:
-                at, src, sources = needs[d]
+                src, sources = needs[d]
                 clock += 1
                 if seen[d] >= 0 and all(stamp[e] < seen[d] for e in sources):
                     continue  # nothing it reads changed since it was last relaxed
                 seen[d] = clock
                 row = rows[d]
-                new = row.copy()
-                new[at] = np.maximum(row[at], depth[src] + 1)
-                new -= pos
+                new = depth[src]
+                new -= below
+                np.maximum(new, row - pos, out=new)
                 np.maximum.accumulate(new, out=new)
                 new += pos
                 if (new != row).any():  # it only rises: any difference is a change
@@ -285,7 +290,7 @@ def _depths(pos: np.ndarray, need: np.ndarray, p: int) -> np.ndarray:
                     stamp[d] = clock
                     changed = True
         if not changed:
-            return depth
+            return depth[:n]
     raise ValueError("the pipeline schedule deadlocks")  # pragma: no cover - the schedules' orders never do
 
 
@@ -424,121 +429,196 @@ def pipeline_end_times_many(items: list[tuple[CompiledSchedule, np.ndarray, np.n
     become rows of ``w`` floats.  All rows go into one ``[rows, w]`` array of end times laid out
     depth by depth (a counting sort: depth ``L`` of every item, then depth ``L + 1``), beside
     one of pp-stream times, so one pass over the deepest schedule's depths updates every item,
-    each depth with a few numpy calls on contiguous rows.  Durations and sends are read from
-    small per-(item, group, device) tables through row indices: the setup builds three integers
-    per row, no per-step floats.
+    each depth with a few numpy calls on contiguous rows (:func:`_many_layout` builds the
+    layout, :func:`_many_plain` / :func:`_many_zero` run the depths, :func:`_many_picked` reads
+    the results back).  Durations and sends are read from small per-(item, group, device)
+    tables through row indices: the setup builds three integers per row, no per-step floats.
     """
     if not items:
         return []
-    w = _row_width([f.shape[0] for _, f, *_ in items], [cs.num_steps for cs, *_ in items])
+    lay = _many_layout(items, zero_terms)
+    if zero_terms is not None:
+        end, dp = _many_zero(lay)
+        return _many_picked(items, columns, lay, end), _many_picked(items, columns, lay, dp)
+    return _many_picked(items, columns, lay, _many_plain(lay))
+
+
+class _ManyLayout(NamedTuple):
+    """The row layout of :func:`pipeline_end_times_many` (its docstring): row ``r`` (depth by
+    depth) reads its previous step's row ``prev[r]``, its needed step's ``need[r]`` and its costs'
+    row ``cost_at[r]`` of the tables (``w``-float void items: :func:`_row_items`); ``rows_of``:
+    per item, (the row of each position's group 0, groups, configurations)."""
+
+    w: int
+    rows: int  # rows of the end and pp arrays: the laid-out steps, then the zero rows
+    row_type: np.dtype
+    level_start: np.ndarray  # [depths + 1]: the first row of each depth
+    prev: np.ndarray
+    need: np.ndarray
+    cost_at: np.ndarray
+    durs: np.ndarray
+    sends: np.ndarray
+    zero: list[np.ndarray] | None  # the ZeRO tables: pre, its mask, post, its mask
+    rows_of: list[tuple[np.ndarray, int, int]]
+
+
+def _level_starts(items: list, groups: list[int]) -> np.ndarray:
+    """The first row of each depth (and the total after the last): every item's groups of a
+    depth's steps, counted over items (the counting sort's offsets)."""
     levels = max(len(cs.level_sizes) for cs, *_ in items)
-    groups = [-(-f.shape[0] // w) for _, f, *_ in items]
     per_level = np.zeros(levels, dtype=np.int64)
     for (cs, *_), g in zip(items, groups):
         per_level[:len(cs.level_sizes)] += cs.level_sizes * g
     level_start = np.zeros(levels + 1, dtype=np.int64)
     np.cumsum(per_level, out=level_start[1:])
+    return level_start
+
+
+def _cost_block(g: int, w: int, *per_slot: np.ndarray) -> np.ndarray:
+    """One item's per-device costs as a table ``w`` configurations wide: four ``[K, p]`` arrays,
+    one per slot ``2 (sends?) + forward``, to ``[g p 4, w]``, row ``4 (device) + slot`` of group
+    ``q`` at ``4 p q`` (configurations past ``K`` zero)."""
+    k, p = per_slot[0].shape
+    both = np.stack(per_slot, axis=-1)  # [K, p, 4]
+    if g * w > k:
+        both = np.concatenate([both, np.zeros((g * w - k, p, 4))])
+    return both.reshape(g, w, p * 4).transpose(0, 2, 1).reshape(g * p * 4, w)
+
+
+def _zero_blocks(g: int, w: int, zero: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """One item's ZeRO tables (:func:`_cost_block`): the all-gather before a step, its mask (0
+    where there is one, else -inf: :func:`_advance`), the reduce-scatter after a backward and its mask."""
+    zf, zb, zr = terms
+    no_ag_b, no_ag_f, no_rs = (np.where(x > 0, 0.0, -np.inf) for x in (zb, zf, zr))
+    return [_cost_block(g, w, *values) for values in ((zb, zf, zb, zf), (no_ag_b, no_ag_f, no_ag_b, no_ag_f),
+                                                      (zr, zero, zr, zero), (no_rs, zero - np.inf, no_rs, zero - np.inf))]
+
+
+def _row_items(tables: list[np.ndarray], row_type: np.dtype) -> np.ndarray:
+    """Tables' rows as single elements of a ``w``-float void type: numpy gathers 1-d items in
+    about half the time it takes for rows of a 2-d array, and the element-wise calls see
+    contiguous memory (np.concatenate keeps the inputs' memory order, which a transposed block
+    can make Fortran's)."""
+    return np.ascontiguousarray(np.concatenate(tables), dtype=np.float64).view(row_type).ravel()
+
+
+def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
+    """The rows of every item's groups of steps, depth by depth, with their previous, needed
+    and cost rows, and the cost tables (:func:`pipeline_end_times_many`).  Each item's rows are
+    written in place (a scatter to their rows), so the setup holds three integers per row and
+    no per-item copies of them."""
+    w = _row_width([f.shape[0] for _, f, *_ in items], [cs.num_steps for cs, *_ in items])
+    groups = [-(-f.shape[0] // w) for _, f, *_ in items]
+    level_start = _level_starts(items, groups)
     total = int(level_start[-1])
-    prior = np.zeros(levels, dtype=np.int64)  # rows of earlier items already placed per depth
+    prior = np.zeros(len(level_start) - 1, dtype=np.int64)  # rows of earlier items already placed per depth
     # per-device costs of every (item, group) as small tables, w configurations wide: row
     # ``4 (device) + 2 (sends?) + forward`` of the item's block holds the step's duration and
     # its own send, the send 0 in the rows of steps whose output stays on the device
     dur_table, send_table = [], []
     zero_tables: tuple[list, list, list, list] = ([], [], [], [])  # pre, its mask, post, its mask
-    prev_parts, need_parts, cost_parts, rows_of = [], [], [], []
-    seg_dst, seg_src, seg_len = [], [], []
-    offset = base = 0
+    prev, need, cost_at = (np.empty(total, dtype=np.int64) for _ in range(3))
+    rows_of = []
+    base = 0
     for item_index, ((cs, f, b, sf, sb), g) in enumerate(zip(items, groups)):
-        k, n, p = f.shape[0], cs.num_steps, cs.p
-        depths = len(cs.level_sizes)
+        n, p = cs.num_steps, cs.p
         lev = cs.depth[cs.order]
         # the row of (position j, group 0); group q is q rows further; a missing step reads the
         # zero rows after the last one
         row = level_start[lev] + prior[lev] + (np.arange(n) - cs.level_starts[lev]) * g
         ext = np.append(row, total)
         q = np.arange(g)
-        prev_parts.append((ext[cs.prev_o][:, None] + q).ravel())
-        need_parts.append((ext[cs.need_o][:, None] + q).ravel())
-        zero = np.zeros_like(f)
-
-        def block(*per_slot: np.ndarray) -> np.ndarray:  # 4 x [K, p] -> [g p 4, w]
-            both = np.stack(per_slot, axis=-1)  # [K, p, 4]
-            if g * w > k:
-                both = np.concatenate([both, np.zeros((g * w - k, p, 4))])
-            return both.reshape(g, w, p * 4).transpose(0, 2, 1).reshape(g * p * 4, w)
-
-        dur_table.append(block(b, f, b, f))
-        send_table.append(block(zero, zero, sb, sf))
-        if zero_terms is not None:
-            zf, zb, zr = zero_terms[item_index]
-            no_ag_b, no_ag_f, no_rs = (np.where(x > 0, 0.0, -np.inf) for x in (zb, zf, zr))
-            for table, values in zip(zero_tables, ((zb, zf, zb, zf), (no_ag_b, no_ag_f, no_ag_b, no_ag_f),
-                                                   (zr, zero, zr, zero), (no_rs, zero - np.inf, no_rs, zero - np.inf))):
-                table.append(block(*values))
+        at = (row[:, None] + q).ravel()
+        prev[at] = (ext[cs.prev_o][:, None] + q).ravel()
+        need[at] = (ext[cs.need_o][:, None] + q).ravel()
         slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
-        cost_parts.append((base + slot[:, None] + 4 * p * q).ravel())
-        seg_dst.append(level_start[:depths] + prior[:depths])
-        seg_src.append(offset + cs.level_starts * g)
-        seg_len.append(cs.level_sizes * g)
-        prior[:depths] += cs.level_sizes * g
-        rows_of.append((row, g, k))
-        offset += n * g
+        cost_at[at] = (base + slot[:, None] + 4 * p * q).ravel()
+        zero = np.zeros_like(f)
+        dur_table.append(_cost_block(g, w, b, f, b, f))
+        send_table.append(_cost_block(g, w, zero, zero, sb, sf))
+        if zero_terms is not None:
+            for table, block in zip(zero_tables, _zero_blocks(g, w, zero, zero_terms[item_index])):
+                table.append(block)
+        prior[:len(cs.level_sizes)] += cs.level_sizes * g
+        rows_of.append((row, g, f.shape[0]))
         base += g * p * 4
-    # row r of the layout comes from row r - dst + src of its (depth, item) segment
-    dst = np.concatenate(seg_dst)
-    by_dst = np.argsort(dst, kind="stable")
-    src = np.repeat((np.concatenate(seg_src) - dst)[by_dst], np.concatenate(seg_len)[by_dst]) + np.arange(total)
-    prev = np.concatenate(prev_parts)[src]
-    need = np.concatenate(need_parts)[src]
-    cost_at = np.concatenate(cost_parts)[src]
-    # Rows are gathered as single elements of a w-float void type and the arithmetic runs on
-    # flat float views: numpy gathers 1-d items in about half the time it takes for rows of a
-    # 2-d array, and the element-wise calls see contiguous memory.
     row_type = np.dtype((np.void, 8 * w))
-    # (np.concatenate keeps the inputs' memory order, which a transposed block can make Fortran's)
-    durs = np.ascontiguousarray(np.concatenate(dur_table), dtype=np.float64).view(row_type).ravel()
-    sends = np.ascontiguousarray(np.concatenate(send_table), dtype=np.float64).view(row_type).ravel()
-    rows = total + max(groups)  # the zero rows after the last one: what a missing step reads
-    end = np.zeros(rows * w)
-    pp = np.zeros(rows * w)  # when the step's device's pp stream is free after it (its output arrived)
-    end_rows, pp_rows = end.view(row_type), pp.view(row_type)
-    maximum, add, f8 = np.maximum, np.add, np.float64
-    if zero_terms is not None:
-        return _many_zero(items, columns, rows_of, w, rows, row_type, durs, sends, prev, need, cost_at, level_start,
-                          [np.ascontiguousarray(np.concatenate(t), dtype=np.float64).view(row_type).ravel() for t in zero_tables])
-    for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
+    return _ManyLayout(w, total + max(groups), row_type, level_start, prev, need, cost_at, _row_items(dur_table, row_type),
+                       _row_items(send_table, row_type),
+                       None if zero_terms is None else [_row_items(t, row_type) for t in zero_tables], rows_of)
+
+
+def _many_plain(lay: _ManyLayout) -> np.ndarray:
+    """The depth loop of :func:`pipeline_end_times_many`: every row's end time, ``[rows, w]``
+    (the zero rows after the last step: what a missing step reads)."""
+    w, row_type, prev, need, cost_at = lay.w, lay.row_type, lay.prev, lay.need, lay.cost_at
+    end, pp = _many_state(lay, 2)  # pp: when the step's device's pp stream is free after it (its output arrived)
+    # ``take`` of the 1-d row items: the cheapest gather numpy has for them
+    end_at, pp_at, dur_at, send_at = end.view(row_type).take, pp.view(row_type).take, lay.durs.take, lay.sends.take
+    f8 = np.float64
+    for a, b_ in zip(lay.level_start[:-1].tolist(), lay.level_start[1:].tolist()):
         before, at = prev[a:b_], cost_at[a:b_]
-        _advance(end_rows[before].view(f8), pp_rows[need[a:b_]].view(f8), pp_rows[before].view(f8), durs[at].view(f8),
-                 sends[at].view(f8), end[a * w:b_ * w], pp[a * w:b_ * w])
-    end = end.reshape(rows, w)
-    out = []
-    for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
-        pos = cs.position if columns is None else cs.position[columns[i]]
-        picked = end[row[pos][:, None] + np.arange(g)]  # [c, g, w]
-        out.append(np.ascontiguousarray(picked.reshape(len(pos), g * w)[:, :k].T))
+        _advance(end_at(before).view(f8), pp_at(need[a:b_]).view(f8), pp_at(before).view(f8), dur_at(at).view(f8),
+                 send_at(at).view(f8), end[a * w:b_ * w], pp[a * w:b_ * w])
+    return end.reshape(lay.rows, w)
+
+
+def _many_state(lay: _ManyLayout, count: int) -> list[np.ndarray]:
+    """``count`` arrays of ``rows x w`` floats for the depth loops, zero in the rows after the
+    last step (what a missing step reads); the other rows are left unset: each depth writes its
+    own rows before a deeper one reads them (a step's depth exceeds its previous and needed
+    steps' depths).  They are views of this thread's scratch (:func:`_scratch`), valid until the
+    next call: the loops' results are copied out (:func:`_many_picked`) before it."""
+    size = lay.rows * lay.w
+    flat = _scratch(count * size)
+    out = [flat[i * size:(i + 1) * size] for i in range(count)]
+    for x in out:
+        x[int(lay.level_start[-1]) * lay.w:] = 0.0
     return out
 
 
-def _many_zero(items, columns, rows_of, w, rows, row_type, durs, sends, prev, need, cost_at, level_start, tables):
-    """The level loop of :func:`pipeline_end_times_many` with the ZeRO dp stream (its docstring)."""
-    pre_t, pre_mask, post_t, post_mask = tables
-    end, pp, dp, st = (np.zeros(rows * w) for _ in range(4))
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray:
+    """``size`` floats of this thread's scratch, kept between calls of
+    :func:`pipeline_end_times_many`: a sweep's chunks each need tens of MB for their depth
+    loops, and fresh memory costs a page fault per 4 KiB on first touch (the 530B sweep: about
+    23,000 of them, a tenth of a second of system time on a shared 2-core machine) where reused
+    memory costs none.  It grows to the largest call's need and is held by the thread (a
+    sweep's first chunk is its largest: ``search.sweep._chunks``)."""
+    held = getattr(_SCRATCH, "floats", None)
+    if held is None or held.size < size:
+        held = _SCRATCH.floats = np.empty(size)
+    return held[:size]
+
+
+def _many_zero(lay: _ManyLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The depth loop of :func:`pipeline_end_times_many` with the ZeRO dp stream (its
+    docstring): every row's end time and dp-stream time, ``[rows, w]`` each."""
+    w, row_type, prev, need, cost_at, durs, sends = lay.w, lay.row_type, lay.prev, lay.need, lay.cost_at, lay.durs, lay.sends
+    pre_t, pre_mask, post_t, post_mask = lay.zero
+    end, pp, dp, st = _many_state(lay, 4)
     end_rows, pp_rows, dp_rows, st_rows = (x.view(row_type) for x in (end, pp, dp, st))
     f8 = np.float64
-    for a, b_ in zip(level_start[:-1].tolist(), level_start[1:].tolist()):
+    for a, b_ in zip(lay.level_start[:-1].tolist(), lay.level_start[1:].tolist()):
         before, at = prev[a:b_], cost_at[a:b_]
         _advance(end_rows[before].view(f8), pp_rows[need[a:b_]].view(f8), pp_rows[before].view(f8), durs[at].view(f8),
                  sends[at].view(f8), end[a * w:b_ * w], pp[a * w:b_ * w], st[a * w:b_ * w], None,
                  (dp_rows[before].view(f8), st_rows[before].view(f8), pre_t[at].view(f8), pre_mask[at].view(f8),
                   post_t[at].view(f8), post_mask[at].view(f8), dp[a * w:b_ * w], None, None))
-    end, dp = end.reshape(rows, w), dp.reshape(rows, w)
-    out_end, out_dp = [], []
-    for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, rows_of)):
+    return end.reshape(lay.rows, w), dp.reshape(lay.rows, w)
+
+
+def _many_picked(items: list, columns: list[np.ndarray] | None, lay: _ManyLayout, values: np.ndarray) -> list[np.ndarray]:
+    """Per item, ``values`` (``[rows, w]``, a depth loop's result) of its steps (``columns[i]``,
+    or all) for its configurations: ``[K, steps]``."""
+    out = []
+    for i, ((cs, *_), (row, g, k)) in enumerate(zip(items, lay.rows_of)):
         pos = cs.position if columns is None else cs.position[columns[i]]
-        at_rows = row[pos][:, None] + np.arange(g)
-        out_end.append(np.ascontiguousarray(end[at_rows].reshape(len(pos), g * w)[:, :k].T))
-        out_dp.append(np.ascontiguousarray(dp[at_rows].reshape(len(pos), g * w)[:, :k].T))
-    return out_end, out_dp
+        picked = values[row[pos][:, None] + np.arange(g)]  # [c, g, w]
+        out.append(np.ascontiguousarray(picked.reshape(len(pos), g * lay.w)[:, :k].T))
+    return out
 
 
 def _row_width(ks: list[int], steps: list[int]) -> int:
