@@ -127,10 +127,13 @@ class Evaluator:
     def prepare_fast(self, micro_batch: int) -> None:
         """Find the collapsed model (:mod:`dml2comm.ir.repeats`) on the import of ``micro_batch``
         so that other micro-batch sizes import only the collapsed model (called before the
-        workers fork: they inherit it)."""
+        workers fork: they inherit it, and the validation runs every row's expected error reads:
+        :func:`dml2comm.cost.bands.load_bands`, about 13 ms to parse per process)."""
+        from dml2comm.cost.bands import load_bands
         from dml2comm.cost.cache import collapsed_of
         from dml2comm.ir.repeats import reduced_model
 
+        load_bands()
         full = self.imported(micro_batch).graph
         collapsed = collapsed_of(full)
         if collapsed is None:
