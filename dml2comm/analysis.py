@@ -4,11 +4,12 @@ import -> layers -> tensor-parallel shards -> per-op costs (for the drawings' op
 stage plan (:class:`dml2comm.cost.stages.StageCoster`, the cost model the sweep reads too) ->
 the plan's run (:func:`dml2comm.model.run.run`, the sweep's: the iteration, the same without
 communication, and the timeline's events) -> summary
-(:mod:`dml2comm.cost.summary`).  For the drawings only, the collective specs (tensor, context,
-expert, pipeline, tied-weight and data-parallel) are expanded into comm nodes with ranks,
-algorithms, links and formulas, each priced by the stage coster that priced the plan
-(:meth:`~dml2comm.cost.stages.StageCoster.price`; the data-parallel ones are the plan's own priced
-specs); their per-stage sums equal the plan's stage times (``tests/test_one_path.py``).
+(:mod:`dml2comm.cost.summary`).  The comm nodes are the stage coster's collective specs
+(tensor, context, expert, pipeline, tied-weight and data-parallel:
+:meth:`~dml2comm.cost.stages.StageCoster.comm_specs`, read off the tables the plan's stage times
+are summed from, each priced by :meth:`~dml2comm.cost.stages.StageCoster.price`), described with
+the algorithms, links and formulas of those prices for the drawings and data.json; their
+per-stage sums equal the plan's stage times (``tests/test_one_path.py``).
 
 Symmetry: replicas and tensor ranks are identical up to GPU ids, so every op is costed once
 (on its tensor-parallel shard) and every stage once; per-GPU views are derived on demand.
@@ -19,15 +20,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from dml2comm.advice import alignment_recommendations, memory_suggestions, speed_recommendations
-from dml2comm.cost.cache import (attention_cores_of, attention_sites_of, flash_cores_of, layers_of, moe_of, needs_grad_of, parameter_readers_of, tensor_parallel_of,
-                                 weight_derived_of)
+from dml2comm.cost.cache import (attention_cores_of, attention_sites_of, flash_cores_of, layers_of, moe_of, parameter_readers_of, tensor_parallel_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, hbm_efficiency_of
 from dml2comm.fmt import fmt_s
 from dml2comm.cost.gemm import sustained_factor, sustained_source
@@ -36,7 +35,7 @@ from dml2comm.cost.layers import per_gpu_op_times
 from dml2comm.cost.memory import FRAMEWORK_OVERHEAD_BYTES, ModelStates, allocator_capacity_bytes, stage_memory_dict
 from dml2comm.cost.ops import infer_seq_len, shard_op_costs
 from dml2comm.cost.summary import Summary, breakdown, summary_of
-from dml2comm.cost.stages import DPGroup, StageCoster, scatter_gather
+from dml2comm.cost.stages import StageCoster
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
@@ -48,9 +47,8 @@ from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Schedule, Stack
-from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
-from dml2comm.parallel.expert import check_expert_parallel, expert_parallel_comms
-from dml2comm.parallel.pipeline import sent_activations, stage_boundaries
+from dml2comm.parallel.context import check_context_parallel
+from dml2comm.parallel.expert import check_expert_parallel
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import SimResult
 from dml2comm.cost.bands import expected_error_for, profile_expected_error
@@ -238,7 +236,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 
     # ---- context and expert parallelism (dml2comm.parallel.context / .expert)
-    times, seq_len, attn_sites, moe = _context_and_experts(graph, layered, config, times, assumptions)
+    times, seq_len = _context_and_experts(graph, layered, config, times, assumptions)
 
     # ---- layers and stages: the stage tables the sweep reads too (dml2comm.cost.layers / .stages):
     # per-layer times and parameters, the min-max partition, every stage-level term
@@ -255,13 +253,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     copies = table.copies  # the stage table's (on the whole graph: the analysis's own layers)
 
     rank_map = table.rank_map
-    m = config.num_micro_batches
-    nodes = _CommNodes(coster, cluster)
-    _parallel_comms(nodes.add, config, tp, layered, stage_of_op, stage_of_layer, rank_map, coster, attn_sites, moe, seq_len,
-                    dtype_bytes, m)
-    _pipeline_comms(nodes.add, graph, tp, config, stage_of_op, rank_map, coster, train, m)
-    _tied_and_dp_comms(nodes.add, config, table, coster, rank_map, readers, stage_of_layer, m)
-    comms = nodes.nodes
+    comms = _comm_nodes(coster, config, cluster)
 
     folded = folded_normalization_warning(graph)
     if folded:
@@ -323,11 +315,11 @@ def _check_plan(imported: ImportResult, config: ParallelConfig, cluster: Cluster
 
 
 def _context_and_experts(graph: OpGraph, layered: Any, config: ParallelConfig, times: Any,
-                         assumptions: list[str]) -> tuple[Any, Any, Any, Any]:
+                         assumptions: list[str]) -> tuple[Any, Any]:
     """Context and expert parallelism (:mod:`dml2comm.parallel.context` / ``.expert``): their
     checks, the per-GPU op times (1/c of each op, expert ops on capacity-padded buffers: one rule,
     :func:`dml2comm.cost.layers.per_gpu_op_times`) and their assumptions.  Returns (the per-GPU
-    times, the sequence length, the attention sites, the MoE layers or None)."""
+    times, the sequence length); their collectives are the stage coster's (:meth:`StageCoster.comm_specs`)."""
     cp, ep = config.cp_size, config.ep_size
     seq_len = config.seq_len or infer_seq_len(graph)
     attn_sites = attention_sites_of(graph, layered, seq_len) if cp > 1 else ()
@@ -342,7 +334,7 @@ def _context_and_experts(graph: OpGraph, layered: Any, config: ParallelConfig, t
     if moe is not None and ep > 1:
         assumptions.append(f"expert parallelism: e={ep}, {moe.experts} experts per layer ({moe.experts // ep} per GPU), top-{moe.top_k}, "
                            f"capacity factor {config.capacity_factor}; balanced routing assumed (every expert gets its even share)")
-    return times, seq_len, attn_sites, moe
+    return times, seq_len
 
 
 def _advice(imported: ImportResult, config: ParallelConfig, cluster: Cluster, tp: Any, stage_of_op: Sequence[int],
@@ -359,145 +351,21 @@ def _advice(imported: ImportResult, config: ParallelConfig, cluster: Cluster, tp
         key=lambda r: r["iteration_time_s"])
 
 
-class _CommNodes:
-    """The analysis's communication nodes, in the order they are added: each one's seconds as the
-    stage plan priced them (``seconds``, else :meth:`StageCoster.price` on its group: one pricing
-    for the plan and the drawings); the algorithm, links, steps and formula describe that price
-    (:mod:`dml2comm.network.model`)."""
-
-    def __init__(self, coster: StageCoster, cluster: Cluster) -> None:
-        self.coster, self.cluster = coster, cluster
-        self.nodes: list[CommNode] = []
-
-    def add(self, kind, dim, phase, stage, layer, after_op, tensor, group, message_bytes, count, per_mb, reason, host_s=0.0,
-            seconds=None) -> None:
-        n = len(group)
-        time_s = self.coster.price(kind, group, message_bytes) if seconds is None else seconds
-        cc = collective_cost_for_group(self.cluster, kind, group, message_bytes)
-        self.nodes.append(
-            CommNode(kind, dim, phase, stage, layer, after_op, tensor, n, tuple(group), float(message_bytes),
-                     cc.bytes_sent_per_gpu, time_s + host_s, str(cc.algorithm), cc.link, count, per_mb, reason,
-                     cc.limiting_link, cc.steps, str(cc.protocol), cc.formula, float(host_s))
+def _comm_nodes(coster: StageCoster, config: ParallelConfig, cluster: Cluster) -> list[CommNode]:
+    """The analysis's communication nodes: the stage coster's collectives of ``config``
+    (:meth:`StageCoster.comm_specs`: the very specs its stage times are summed from, each with the
+    seconds it was priced at), described for the drawings and data.json: the algorithm, links,
+    steps and formula of that price (:func:`dml2comm.network.model.collective_cost_for_group`)."""
+    nodes: list[CommNode] = []
+    for spec in coster.comm_specs(config):
+        cc = collective_cost_for_group(cluster, spec.kind, spec.group, spec.message_bytes)
+        nodes.append(
+            CommNode(spec.kind, spec.dim, spec.phase, spec.stage, spec.layer, spec.after_op, spec.tensor, len(spec.group), spec.group,
+                     float(spec.message_bytes), cc.bytes_sent_per_gpu, spec.seconds + spec.host_s, str(cc.algorithm), cc.link,
+                     spec.count, spec.per_micro_batch, spec.reason, cc.limiting_link, cc.steps, str(cc.protocol), cc.formula,
+                     float(spec.host_s))
         )
-
-
-def _parallel_comms(add: Callable[..., None], config: ParallelConfig, tp: Any, layered: Any, stage_of_op: Sequence[int],
-                    stage_of_layer: Sequence[int], rank_map: Any, coster: StageCoster, attn_sites: Any, moe: Any, seq_len: Any,
-                    dtype_bytes: int, m: int) -> None:
-    """The per-micro-batch collectives inside a stage: tensor parallel (forward and backward),
-    context parallel (Ulysses AllToAlls or ring K/V Send/Recv) and expert parallel (MoE dispatch
-    and combine AllToAlls)."""
-    cp, ep = config.cp_size, config.ep_size
-    # tensor parallel, per micro-batch (forward and backward)
-    if config.tp_size > 1:
-        for c in tp.comms:
-            s = stage_of_op[c.op_index]
-            hidden = c.overlaps_wgrad and config.async_tp_allreduce and not config.tp_comm_overlap
-            add(c.kind, ParallelDim.TP, c.phase, s, layered.layer_of_op[c.op_index], c.op_index, c.tensor,
-                     rank_map.tp_group(0, s), c.message_bytes / cp, m, True,
-                     c.reason + ("; runs during the op's weight-gradient GEMM, which hides up to its length "
-                                 "(Megatron-LM's asynchronous TP all-reduce)" if hidden else ""))
-
-    # context parallel, per micro-batch: Ulysses AllToAlls or ring-attention K/V Send/Recv
-    for cc in context_parallel_comms(attn_sites, cp, config.tp_size, config.cp_scheme, dtype_bytes):
-        s = stage_of_layer[cc.layer]
-        group = rank_map.cp_group(0, s, 0)
-        if cc.kind is CollectiveKind.SEND_RECV:  # a ring step lasts as long as its slowest hop
-            group = max(((group[0], group[1]), (group[-1], group[0])),
-                        key=lambda pair: coster.price(cc.kind, pair, cc.message_bytes))
-        add(cc.kind, ParallelDim.CP, cc.phase, s, cc.layer, cc.after_op, cc.tensor, group, cc.message_bytes,
-                 cc.count * m, True, cc.reason)
-
-    # expert parallel, per micro-batch: MoE dispatch and combine AllToAlls
-    if moe is not None and ep > 1:
-        tokens = config.micro_batch_size * (seq_len or 1) / cp
-        for ec in expert_parallel_comms(moe, tokens, ep, dtype_bytes, config.capacity_factor):
-            s = stage_of_layer[ec.layer]
-            add(ec.kind, ParallelDim.EP, ec.phase, s, ec.layer, ec.after_op, ec.tensor, rank_map.ep_group(s, 0, 0),
-                     ec.message_bytes, ec.count * m, True, ec.reason)
-
-
-def _pipeline_comms(add: Callable[..., None], graph: OpGraph, tp: Any, config: ParallelConfig, stage_of_op: Sequence[int],
-                    rank_map: Any, coster: StageCoster, train: Any, m: int) -> None:
-    """Between pipeline stages: each boundary's activations forward and their gradients backward,
-    split 1/t with Megatron-LM's scatter/gather where every tensor rank holds them whole."""
-    cp = config.cp_size
-    # pipeline parallel: boundary activations forward, their gradients backward
-    producer_stage: dict[str, int] = {}
-    consumer_stages: dict[str, set[int]] = defaultdict(set)
-    for op in graph.ops:
-        s = stage_of_op[op.index]
-        for name in op.outputs:
-            if name:
-                producer_stage[name] = s
-        for name in op.inputs:
-            if name:
-                consumer_stages[name].add(s)
-    needs_grad = needs_grad_of(graph)
-    sent_names = sent_activations(graph, needs_grad, weight_derived_of(graph))
-    boundaries = stage_boundaries(producer_stage, consumer_stages, sent_names, config.pp_size)
-    local_out: dict[str, Tensor] = {}
-    for op, shard in zip(graph.ops, tp.shards):
-        for name, t in zip(op.outputs, shard.outputs):
-            if name and t is not None:
-                local_out[name] = t
-    # the framework's host time per pipeline message (cost.host.pipeline_message_s), on the
-    # boundary's first tensor in each direction
-    p2p_host = coster.host_for(config).p2p_s
-    p2p_note = (f"; with {fmt_s(p2p_host)} of host time for the message (--host-model {coster.host_for(config).name})"
-                if p2p_host else "")
-    for boundary in boundaries:
-        s = boundary.stage
-        pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
-        for k, name in enumerate(boundary.tensors):
-            host_s, host_note = (p2p_host, p2p_note) if k == 0 else (0.0, "")
-            t = local_out.get(name) or graph.tensors[name]
-            size = t.nbytes_in(train) / cp
-            prod = graph.producer(name)
-            # Megatron-LM's scatter/gather (dml2comm.cost.stages.scatter_gather): a tensor every
-            # tensor rank holds whole goes 1/t per rank, then is all-gathered by the receivers
-            split = scatter_gather(config.tp_size > 1 and t.nbytes_in(train) == graph.tensors[name].nbytes_in(train), config.tp_size)
-            sent = size / config.tp_size if split else size
-            note = f" (1/{config.tp_size} per tensor rank: scatter/gather)" if split else ""
-            add(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
-                     f"activation from stage {s} to stage {s + 1}{note}{host_note}", host_s)
-            add(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m, True,
-                     f"gradient from stage {s + 1} to stage {s}{note}{host_note}", host_s)
-            if split:  # the receivers rebuild the whole tensor (costed with the send that feeds them)
-                add(CollectiveKind.ALL_GATHER, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, rank_map.tp_group(0, s + 1),
-                         size, m, True, f"stage {s + 1} all-gathers the activation from its {config.tp_size} tensor ranks (scatter/gather)")
-                add(CollectiveKind.ALL_GATHER, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, rank_map.tp_group(0, s),
-                         size, m, True, f"stage {s} all-gathers the gradient from its {config.tp_size} tensor ranks (scatter/gather)")
-
-
-def _tied_and_dp_comms(add: Callable[..., None], config: ParallelConfig, table: Any, coster: StageCoster, rank_map: Any,
-                       readers: Mapping[str, Any], stage_of_layer: Sequence[int], m: int) -> None:
-    """After the backward pass: the tied weights' gradient all-reduce between the stages holding
-    them, and the data-parallel gradient collectives of every stage (the plan's own priced specs)."""
-    copies = table.copies
-    # tied weights: after the backward pass, the gradient of each parameter held by several
-    # stages is all-reduced between them (one GPU per stage, same data and tensor rank), before
-    # the optimizer step (Megatron-LM finalize_model_grads -> _allreduce_word_embedding_grads)
-    tied_grad_bytes = config.grad_bytes
-    for held_by, local_numel in copies.groups:
-        group = tuple(rank_map.rank(0, s, 0) for s in held_by)
-        names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
-                          and tuple(sorted({stage_of_layer[li] for li in layers})) == held_by)
-        for s in held_by:
-            add(CollectiveKind.ALL_REDUCE, ParallelDim.PP, Phase.OPTIMIZER, s, None, None, names, group,
-                     local_numel * tied_grad_bytes, 1, False,
-                     f"tied-weight gradient all-reduce between stages {', '.join(map(str, held_by))} "
-                     "(Megatron-LM embedding group, after the backward pass, before the optimizer step)")
-
-    # data parallel, per stage: non-expert gradients over the d x c ranks (CP ranks reduce with
-    # DP), expert gradients over the d x c / e expert-data-parallel ranks
-    # (the stage-level terms: dml2comm.cost.stages, shared with the sweep's fast path)
-    # the plan's own priced specs (StageCoster.dp_specs), expanded with the ranks of each group
-    for s, specs in enumerate(coster.dp_specs(table, config)):
-        for dc, seconds in specs:
-            group = rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else rank_map.expert_dp_group(s, 0, 0)
-            add(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, group, dc.message_bytes,
-                     dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason, seconds=seconds)
+    return nodes
 
 
 def _dropout_assumption(graph: OpGraph, config: ParallelConfig) -> str:

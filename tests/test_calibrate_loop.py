@@ -121,6 +121,7 @@ def test_calibration_page_and_samples(calibrated: Path) -> None:
     assert len(pointwise) == 16 + 7 and sum(p["held_out"] for p in pointwise) == 7
     fitted = [c["class"] for c in calibration["classes"] if c["value"] is not None]  # the classes with a fitted value
     assert sorted(points["classes"]) == sorted(fitted) and len(fitted) == 8 + 4 + 2
+    assert "layer_norm" in fitted and "norm" not in fitted  # the LayerNorms are the layer_norm class's shapes
     assert sum(len(points["classes"][k]) for k in fitted if k.startswith("gemm_large@")) == 104
     (coll,) = points["collectives"]
     assert (coll["kind"], coll["group_size"], coll["level"], len(coll["points"])) == ("ALL_REDUCE", 2, "intra_node", 5)
@@ -132,9 +133,9 @@ def test_calibration_page_and_samples(calibrated: Path) -> None:
     # (calibrated, base) and per size
     for title in ("GEMM, aligned, &gt;= 1 GFLOP, smallest dimension 256: 23 shapes",
                   "GEMM, aligned, &lt; 1 GFLOP, smallest dimension 128-240: 22 shapes", "element-wise: 23 shapes",
-                  "normalisation / softmax / reduction: 4 shapes", "ALL_REDUCE n=2 intra-node: time by message size"):
+                  "LayerNorm / RMSNorm (eager PyTorch kernels): 11 shapes", "ALL_REDUCE n=2 intra-node: time by message size"):
         assert f"<title>{title}</title>" in html
-    assert html.count('class="d2c-item"') == 2 * (104 + 56 + 23 + 4) + 5
+    assert html.count('class="d2c-item"') == 2 * (104 + 56 + 23 + 11) + 5
     ref = record["collectives"][0]["reference_times_s"]
     assert [r["size_bytes"] for r in ref] == [2**20, 2**28] and ref[0]["fitted_s"] == pytest.approx(
         coll["alpha_s"] + coll["beta_s_per_byte"] * 2**20, rel=1e-5)

@@ -85,10 +85,21 @@ def test_wide_rows_spill_the_l2_and_fp32_doubles_the_bytes():
     assert _law(8192, 1024, itemsize=4)[1] == pytest.approx(2 * _law(8192, 1024)[1], rel=1e-9)
 
 
-def _ln_times(stack: str, gpu=H100) -> list[tuple[float, float]]:
+def _times(stack: str, gpu=H100, attention: str = "flash") -> dict[str, list[tuple[float, float]]]:
     graph = load_model(ROOT / "examples" / "gpt2-small.onnx", ImportOptions(batch_size=8, seq_len=1024)).graph
-    costs = shard_op_costs(graph, 1, False, "bf16", gpu, False, NONE, stack, "flash")
-    return [costs.times[op.index] for op in graph.ops if op.op_type == "LayerNormalization"]
+    costs = shard_op_costs(graph, 1, False, "bf16", gpu, False, NONE, stack, attention)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for op in graph.ops:
+        out.setdefault(op.op_type, []).append(costs.times[op.index])
+    return out
+
+
+def _ln_times(stack: str, gpu=H100) -> list[tuple[float, float]]:
+    return _times(stack, gpu)["LayerNormalization"]
+
+
+def _calibrated(**values: float):
+    return dataclasses.replace(H100, name="H100-SXM5-80GB cal-test", calibrated_classes=MappingProxyType(values))
 
 
 def test_the_eager_stack_times_layernorm_by_the_law_and_megatron_keeps_the_roofline():
@@ -108,8 +119,28 @@ def test_the_eager_stack_times_layernorm_by_the_law_and_megatron_keeps_the_roofl
     assert megatron[0] == pytest.approx((roofline, 1.5 * roofline + gradient_sum), rel=0.01)
 
 
-def test_a_calibrated_norm_class_wins_over_the_law():
-    calibrated = dataclasses.replace(H100, name="H100-SXM5-80GB cal-test", calibrated_classes=MappingProxyType({"norm": 0.5}))
-    times = _ln_times("pytorch", calibrated)
+def test_a_calibrated_norm_class_leaves_the_eager_law_on():
+    """``calibrate``'s ``norm`` efficiency (softmaxes, reductions) does not switch the eager
+    LayerNorm law off: the LayerNorms keep the law's times; it still times the other NORM_OPS
+    (the unfused attention's Softmax) and, under Megatron, the fused LayerNorm's roofline."""
+    norm_half = _calibrated(norm=0.5)
+    assert _ln_times("pytorch", norm_half) == _ln_times("pytorch")
+    base, cal = _times("pytorch", H100, "unfused")["Softmax"], _times("pytorch", norm_half, "unfused")["Softmax"]
+    assert len(cal) == 12 and all(c[0] == pytest.approx(b[0] * hbm_efficiency_of(H100, "norm") / 0.5, rel=1e-9)
+                                  for b, c in zip(base, cal))
     roofline = 2 * 8192 * 768 * 2 / (H100.hbm_bytes_per_s * 0.5)
-    assert times[0][0] == pytest.approx(roofline, rel=0.01)
+    assert _ln_times("megatron", norm_half)[0][0] == pytest.approx(roofline, rel=0.01)
+
+
+def test_the_layer_norm_scale_multiplies_the_law():
+    """A calibrated ``layer_norm`` time scale multiplies the law's forward and backward (the
+    residual stream's gradient sum charged to the norm is element-wise and does not move); under
+    Megatron (the roofline of a fused LayerNorm) it changes nothing."""
+    scaled = _calibrated(layer_norm=1.3, norm=0.5)
+    fwd, bwd = _law(8192, 768)
+    gradient_sum = 3 * 8192 * 768 * 2 / (H100.hbm_bytes_per_s * hbm_efficiency_of(H100))
+    eager = _ln_times("pytorch", scaled)
+    assert all(f == pytest.approx(1.3 * fwd, rel=1e-9) for f, _ in eager)
+    assert sorted(b for _, b in eager)[0] == pytest.approx(1.3 * bwd, rel=1e-9)
+    assert sorted(b for _, b in eager)[-1] == pytest.approx(1.3 * bwd + gradient_sum, rel=1e-9)
+    assert _ln_times("megatron", scaled) == _ln_times("megatron", _calibrated(norm=0.5))

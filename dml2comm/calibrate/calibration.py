@@ -177,7 +177,7 @@ def _plausible(samples: list[Any]) -> list[Any]:
     return [x for x in samples if 0.0 < x.time_s <= MAX_KERNEL_S]
 
 
-_KINDS = ("gemms", "memory", "attention", "optimizer", "convs")
+_KINDS = ("gemms", "memory", "layer_norm", "attention", "optimizer", "convs")
 
 
 def _pool(infos: list[TraceFile], per_node: int, warnings: list[str]) -> tuple[TraceSamples, list[CollectiveSample]]:

@@ -49,7 +49,7 @@ from dml2comm.cost.gemm import training_gemms
 from dml2comm.errors import ModelError
 from dml2comm.traces.load import CommRecord, Kind, RankTrace, TraceError, load_trace, read_trace_bytes
 
-__all__ = ["GemmSample", "MemorySample", "CollectiveSample", "RawCollective", "TraceSamples", "TraceFile", "trace_samples",
+__all__ = ["GemmSample", "MemorySample", "NormSample", "LAYER_NORM_OPS", "norm_sample", "CollectiveSample", "RawCollective", "TraceSamples", "TraceFile", "trace_samples",
            "file_samples", "classify_collectives", "collective_kind", "GEMM_KERNEL", "GEMM_OPS", "MEMORY_OPS", "ELEMENT_BYTES",
            "COMM_DTYPE_BYTES"]
 
@@ -73,8 +73,8 @@ GEMM_KERNEL = re.compile(r"gemm|cutlass|xmma|cublas|nvjet|splitKreduce|ampere_|v
 _TF32_KERNEL = re.compile(r"tf32|tensorop_s\d|s1688|s16816", re.I)
 #: Memory-bound operators whose bytes follow from their inputs: ``unary`` read one tensor and
 #: write one like it; ``binary`` read every tensor input and write their broadcast shape;
-#: ``write`` only write their first input; ``norm`` read their input and parameters and write an
-#: output like the input.
+#: ``write`` only write their first input.  LayerNorm and RMSNorm are not among them: their
+#: kernels have their own law (:data:`LAYER_NORM_OPS`).
 MEMORY_OPS: dict[str, str] = {
     **{f"aten::{n}": "unary" for n in ("relu", "relu_", "gelu", "sigmoid", "tanh", "exp", "exp_", "neg", "log", "log2", "sqrt",
                                         "rsqrt", "silu", "abs", "clamp_min_", "nan_to_num", "_softmax", "softmax",
@@ -82,10 +82,9 @@ MEMORY_OPS: dict[str, str] = {
     **{f"aten::{n}": "binary" for n in ("add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_", "rsub",
                                          "threshold_backward", "gelu_backward", "sigmoid_backward", "copy_")},
     **{f"aten::{n}": "write" for n in ("fill_", "zero_")},
-    **{f"aten::{n}": "norm" for n in ("layer_norm", "native_layer_norm")},
     **{f"aten::{n}": "reduce" for n in ("mean", "sum", "amax", "logsumexp", "norm")},
     # backward kernels reading the output gradient and one saved tensor of the same shape
-    **{f"aten::{n}": "binary" for n in ("native_layer_norm_backward", "_softmax_backward_data")},
+    **{f"aten::{n}": "binary" for n in ("_softmax_backward_data",)},
     # the loss's log-softmax, forward and backward: four passes over the logits each, as
     # dml2comm.cost.loss counts them (cunn_SoftMaxForward: max, sum of exp and output passes;
     # cunn_SoftMaxBackward: the gradient read for its sum, then gradient and output read, input
@@ -95,9 +94,19 @@ MEMORY_OPS: dict[str, str] = {
 }
 #: Memory-bound operators of the ``norm`` class (dml2comm.cost.calibrated): normalisations,
 #: softmaxes and reductions, block-reduction kernels; every other one of MEMORY_OPS is ``pointwise``.
-NORM_ATEN_OPS = frozenset({"aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::_softmax",
-                           "aten::softmax", "aten::_softmax_backward_data", "aten::mean", "aten::sum", "aten::amax",
+NORM_ATEN_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_softmax_backward_data", "aten::mean", "aten::sum", "aten::amax",
                            "aten::logsumexp", "aten::norm"})
+#: Eager LayerNorm/RMSNorm operators, the kernels of ``layer_norm_kernel.cu`` whose time law is
+#: :mod:`dml2comm.cost.norm` (the ``layer_norm`` class): op -> (pass, RMSNorm?).  The forward
+#: operator owns ``vectorized_layer_norm_kernel``; the backward one owns
+#: ``layer_norm_grad_input_kernel*`` and ``GammaBetaBackward*`` (the bundled GPT-2 trace, joined
+#: by External id), so a backward sample's time is both kernels'.  ``aten::layer_norm`` is the
+#: composite around ``native_layer_norm`` (it owns kernels only when the inner one is not recorded).
+LAYER_NORM_OPS: dict[str, tuple[str, bool]] = {
+    "aten::layer_norm": ("fwd", False), "aten::native_layer_norm": ("fwd", False),
+    "aten::native_layer_norm_backward": ("bwd", False),
+    "aten::_fused_rms_norm": ("fwd", True), "aten::_fused_rms_norm_backward": ("bwd", True),
+}
 #: The fused scaled-dot-product attention operators that launch the flash kernels (cuDNN's and
 #: FlashAttention-2's, PyTorch 2.x ``F.scaled_dot_product_attention``), forward and backward; the
 #: innermost operator around the launch owns the kernels.
@@ -142,6 +151,19 @@ class MemorySample(NamedTuple):
     op: str
     shape: tuple[int, ...]
     cls: str = "pointwise"  # or "norm" (NORM_ATEN_OPS)
+
+
+class NormSample(NamedTuple):
+    """One eager LayerNorm/RMSNorm pass (:data:`LAYER_NORM_OPS`): its kernels' time over ``rows``
+    rows of ``width`` normalised elements of ``itemsize`` bytes."""
+
+    pass_: str  # fwd or bwd
+    rows: int
+    width: int
+    itemsize: int
+    rms: bool
+    time_s: float
+    op: str
 
 
 class AttentionSample(NamedTuple):
@@ -197,6 +219,7 @@ class TraceSamples:
     attention: list[AttentionSample] = field(default_factory=list)
     optimizer: list[OptimizerSample] = field(default_factory=list)
     convs: list[GemmSample] = field(default_factory=list)
+    layer_norm: list[NormSample] = field(default_factory=list)
     shaped_ops: int = 0  # CPU operators with recorded shapes
     nccl_kernels: int = 0
     link: str = ""  # "External id" or "enclosure"
@@ -295,9 +318,6 @@ def memory_bytes(op: str, dims: list[Any], types: Any) -> tuple[float, tuple[int
         return float(n0 * size0), shape0
     if rule == "softmax4":
         return 4.0 * n0 * size0, shape0
-    if rule == "norm":
-        params = [_tensor(dims, types, i) for i in (2, 3)]
-        return 2.0 * n0 * size0 + sum(math.prod(t[0]) * t[1] for t in params if t is not None), shape0
     other = _tensor(dims, types, 1)
     if op == "aten::copy_":
         if other is None:
@@ -314,7 +334,30 @@ def memory_bytes(op: str, dims: list[Any], types: Any) -> tuple[float, tuple[int
     return float(read + math.prod(shape) * size0), shape
 
 
-_OWNERS = frozenset(GEMM_OPS | set(MEMORY_OPS) | set(ATTENTION_OPS) | OPTIMIZER_OPS | CONV_OPS)
+_OWNERS = frozenset(GEMM_OPS | set(MEMORY_OPS) | set(LAYER_NORM_OPS) | set(ATTENTION_OPS) | OPTIMIZER_OPS | CONV_OPS)
+
+
+def norm_sample(op: str, dims: list[Any], types: Any, t: float) -> NormSample | None:
+    """The rows and width of a LayerNorm/RMSNorm operator (:data:`LAYER_NORM_OPS`): its input
+    ``x`` is the first input forward, the second backward (after the output gradient:
+    ``native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+    output_mask)``, ``native_functions.yaml``); its width is the numel of its weight, the first
+    later tensor input whose shape is a proper trailing part of ``x``'s (``normalized_shape``:
+    schema-independent, ``mean``/``rstd`` keep ``x``'s rank).  An operator without a weight is
+    left out: the law prices the weight gradient's GammaBeta kernel, which it does not run."""
+    pass_, rms = LAYER_NORM_OPS[op]
+    first = 0 if pass_ == "fwd" else 1
+    x = _tensor(dims, types, first)
+    if x is None or not x[0]:
+        return None
+    shape = x[0]
+    for i in range(first + 1, len(dims)):
+        w = _tensor(dims, types, i)
+        if w is not None and 0 < len(w[0]) < len(shape) and tuple(w[0]) == shape[len(shape) - len(w[0]):]:
+            width = math.prod(w[0])
+            rows = math.prod(shape) // width if width else 0
+            return NormSample(pass_, rows, width, x[1], rms, t, op) if rows > 0 else None
+    return None
 
 
 def attention_sample(op: str, dims: list[Any], t: float) -> AttentionSample | None:
@@ -489,6 +532,12 @@ def _add_op_sample(out: TraceSamples, op: str, dims: list[Any], types: Any, t: f
         moved = memory_bytes(op, dims, types)
         if moved is not None and moved[0] > 0:
             out.memory.append(MemorySample(moved[0], t, op, moved[1], "norm" if op in NORM_ATEN_OPS else "pointwise"))
+    elif op in LAYER_NORM_OPS:
+        if any(GEMM_KERNEL.search(n) for n in knames):
+            return
+        norm = norm_sample(op, dims, types, t)
+        if norm is not None:
+            out.layer_norm.append(norm)
     elif op in ATTENTION_OPS:
         att = attention_sample(op, dims, t)
         if att is not None:
@@ -500,7 +549,7 @@ def _add_op_sample(out: TraceSamples, op: str, dims: list[Any], types: Any, t: f
 
 
 def trace_samples(trace: RankTrace) -> TraceSamples:
-    """Every GEMM, memory-bound, flash-attention, convolution, fused-optimizer and collective
+    """Every GEMM, memory-bound, LayerNorm/RMSNorm, flash-attention, convolution, fused-optimizer and collective
     sample of one trace loaded with ``shapes=True`` (collectives raw: :func:`classify_collectives`
     gives their levels)."""
     out = TraceSamples(shaped_ops=len(trace.inputs))

@@ -21,7 +21,11 @@ class               value                                read by
 ``attention_bwd``   time scale of the flash backward     (:func:`dml2comm.cost.attention.flash_times_s`)
 ``pointwise``       HBM efficiency of element-wise ops   :func:`dml2comm.cost.compute.hbm_efficiency_of`
 ``norm``            HBM efficiency of normalisation,     the roofline of those ops
-                    softmax, reductions, the loss        (:data:`NORM_OPS`) and the loss
+                    softmax, reductions, the loss        (:data:`NORM_OPS`) and the loss; under
+                                                         ``--stack pytorch`` not LayerNorm/RMSNorm
+``layer_norm``      time scale of eager PyTorch's        :func:`dml2comm.cost.ops.op_costs`
+                    LayerNorm/RMSNorm kernels            (:func:`dml2comm.cost.norm.op_norm_times_s`,
+                                                         ``--stack pytorch``)
 ``optimizer``       time scale of the fused optimizer    :func:`dml2comm.cost.compute.optimizer_step_s`
 ==================  ===================================  ==========================================
 
@@ -47,7 +51,7 @@ __all__ = ["preset_of", "CLASSES", "GEMM_CLASSES", "MEMORY_CLASSES", "SCALE_CLAS
 
 GEMM_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv")
 MEMORY_CLASSES = ("pointwise", "norm")
-SCALE_CLASSES = ("attention_fwd", "attention_bwd", "optimizer")
+SCALE_CLASSES = ("attention_fwd", "attention_bwd", "layer_norm", "optimizer")
 
 #: GEMMs below this many FLOPs (``2 b M N K``) form the ``gemm_small`` regime: their time is the
 #: shape law's fixed latency and partial wave, not its rate (the threshold dml2comm/cost/gemm.py

@@ -39,13 +39,13 @@ from dml2comm.ir.graph import OpGraph
 from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
-from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.parallel.config import ParallelConfig, Recompute, Stack
 from dml2comm.parallel.context import check_context_parallel, context_parallel_comms
 from dml2comm.parallel.expert import MoEInfo, check_expert_parallel, expert_parallel_comms
 from dml2comm.parallel.pipeline import parameter_shard_factors, partition_layers, sent_activations
 
-__all__ = ["LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "StageRanges", "gemm_parameters",
+__all__ = ["LayerComm", "LayerCoster", "LayerTable", "NotRepeating", "StageActivationsKey", "StageRanges", "gemm_parameters",
            "per_gpu_op_times", "shared_parameters"]
 
 
@@ -77,7 +77,7 @@ class LayerTable:
     params: np.ndarray
     params_local: np.ndarray
     reads_input: np.ndarray  # bool: the layer has an op that reads a graph input
-    tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective
+    tp: dict[tuple[CollectiveKind, Phase, float], np.ndarray]  # per-layer counts of each TP collective (bytes per GPU: 1/c)
     shared: list[tuple[tuple[int, ...], float, float]]  # parameters read by several full layers (analysis.shared_parameters)
     flops_fwd: float  # unsharded forward FLOPs of the model per micro-batch
     flops: np.ndarray  # per layer: unsharded forward FLOPs per micro-batch
@@ -88,7 +88,7 @@ class LayerTable:
     core_f: np.ndarray | None = None
     core_b: np.ndarray | None = None
     # --tp-comm-overlap: per-layer counts of each TP collective by (kind, phase, bytes, seconds
-    # of the GEMM it overlaps: analysis._tp_overlapped_per_mb)
+    # of the GEMM it overlaps: LayerComm.gemm_s)
     tp_gemm: dict[tuple[CollectiveKind, Phase, float, float], np.ndarray] = dataclasses.field(default_factory=dict)
     # Megatron's asynchronous TP all-reduce: per-layer counts of each backward collective on a
     # column-parallel GEMM's input gradient by (kind, bytes, seconds of that GEMM's weight
@@ -106,6 +106,9 @@ class LayerTable:
     loss_transient: np.ndarray | None = None
     # per layer: parameters per GPU that a GEMM reads as a weight matrix (gemm_parameters; AMP's cast copies)
     gemm_local: np.ndarray | None = None
+    # the tensor- then context-parallel collectives the counts above count, in the order the
+    # graph inserts them, on the coster's graph (:class:`LayerComm`; StageCoster.comm_specs)
+    comms: tuple[LayerComm, ...] = ()
 
 
 #: Ops whose weight operand ``torch.autocast`` casts to the 16-bit dtype (its lower-precision
@@ -301,51 +304,90 @@ def _op_sums(layered, times: list[tuple[float, float]], full_flops: list[float],
     return fwd, bwd, flops, selective
 
 
-def _tp_tables(comms, layered, times: list[tuple[float, float]], n: int) -> tuple[dict, dict, dict]:
-    """Per-layer counts of each tensor-parallel collective: by (kind, phase, bytes); by (kind,
-    phase, bytes, seconds of the adjacent GEMM it can overlap: its input-gradient half in
-    backward, analysis._tp_overlapped_per_mb, for ``--tp-comm-overlap``); and of each backward
-    collective that overlaps its GEMM's weight gradient (Megatron's asynchronous TP all-reduce,
-    TPComm.overlaps_wgrad) by (kind, bytes, seconds of that weight gradient)."""
+@dataclass(frozen=True, slots=True)
+class LayerComm:
+    """One collective inside a layer, per micro-batch, as the per-layer tables count it and as
+    the analysis draws it (:meth:`dml2comm.cost.stages.StageCoster.comm_specs`): ``layer`` and
+    ``after_op`` on the coster's graph (the collapsed one in a sweep), ``message_bytes`` per GPU
+    as it is priced (1/c of a tensor-parallel message with context parallelism), ``count`` calls
+    per micro-batch; ``gemm_s``: a TP collective's adjacent GEMM seconds it can overlap
+    (``--tp-comm-overlap``), ``wgrad_s``: a backward TP collective on a column-parallel GEMM's
+    input gradient, its weight-gradient seconds (Megatron's asynchronous TP all-reduce), else None."""
+
+    kind: CollectiveKind
+    dim: ParallelDim
+    phase: Phase
+    layer: int
+    after_op: int
+    tensor: str
+    message_bytes: float
+    count: int
+    reason: str
+    gemm_s: float = 0.0
+    wgrad_s: float | None = None
+
+
+def _tp_comms(comms, layered, times: list[tuple[float, float]], cp: int) -> tuple[LayerComm, ...]:
+    """The tensor-parallel collectives (:class:`dml2comm.parallel.tensor.TPComm`) as
+    :class:`LayerComm` records: 1/c of the message per GPU, the adjacent GEMM's seconds (in
+    backward its input-gradient half) and, for a collective on a column-parallel GEMM's input
+    gradient, that GEMM's weight-gradient seconds: a GEMM's backward is its data and weight
+    gradients, of equal FLOPs, half each."""
+    out = []
+    for c in comms:
+        f, b = times[c.op_index]
+        wgrad = b / 2 if c.overlaps_wgrad and c.phase is Phase.BACKWARD else None
+        out.append(LayerComm(c.kind, ParallelDim.TP, c.phase, layered.layer_of_op[c.op_index], c.op_index, c.tensor,
+                             c.message_bytes / cp, 1, c.reason, f if c.phase is Phase.FORWARD else b / 2, wgrad))
+    return tuple(out)
+
+
+def _tp_tables(comms: tuple[LayerComm, ...], n: int) -> tuple[dict, dict, dict]:
+    """Per-layer counts of each tensor-parallel collective (:func:`_tp_comms`): by (kind,
+    phase, bytes); by (kind, phase, bytes, seconds of the adjacent GEMM it can overlap, for
+    ``--tp-comm-overlap``); and of each backward collective that overlaps its GEMM's weight
+    gradient (Megatron's asynchronous TP all-reduce, TPComm.overlaps_wgrad) by (kind, bytes,
+    seconds of that weight gradient)."""
     tp_counts: dict[tuple, np.ndarray] = {}
     tp_gemm: dict[tuple, np.ndarray] = {}
     tp_wgrad: dict[tuple, np.ndarray] = {}
     for c in comms:
         key = (c.kind, c.phase, float(c.message_bytes))
-        li = layered.layer_of_op[c.op_index]
-        tp_counts.setdefault(key, np.zeros(n))[li] += 1
-        gemm = times[c.op_index][0] if c.phase is Phase.FORWARD else times[c.op_index][1] / 2
-        tp_gemm.setdefault(key + (gemm,), np.zeros(n))[li] += 1
-        if c.overlaps_wgrad and c.phase is Phase.BACKWARD:
-            # the GEMM's backward is its data and weight gradients, of equal FLOPs: half is the wgrad
-            tp_wgrad.setdefault((c.kind, float(c.message_bytes), times[c.op_index][1] / 2), np.zeros(n))[li] += 1
+        tp_counts.setdefault(key, np.zeros(n))[c.layer] += 1
+        tp_gemm.setdefault(key + (c.gemm_s,), np.zeros(n))[c.layer] += 1
+        if c.wgrad_s is not None:
+            tp_wgrad.setdefault((c.kind, float(c.message_bytes), c.wgrad_s), np.zeros(n))[c.layer] += 1
     return tp_counts, tp_gemm, tp_wgrad
 
 
 def _cp_tables(config: ParallelConfig, graph: OpGraph, layered, seq_len: int | None, times: list[tuple[float, float]],
-               cp: int) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+               cp: int) -> tuple[dict, dict, np.ndarray, np.ndarray, tuple[LayerComm, ...]]:
     """With context parallelism (c > 1; else empty): per-layer counts of each Ulysses AllToAll
     by (kind, phase, bytes), of ring-attention sites by (phase, bytes) (one entry per site and
-    phase: c - 1 steps each), and each layer's attention-core forward and backward seconds (the
-    analysis's attn_core: a layer's last site wins), :mod:`dml2comm.parallel.context`."""
+    phase: c - 1 steps each), each layer's attention-core forward and backward seconds (the
+    analysis's attn_core: a layer's last site wins), :mod:`dml2comm.parallel.context`, and the
+    collectives they count as :class:`LayerComm` records."""
     n = len(layered.layers)
     cp_counts: dict[tuple, np.ndarray] = {}
     ring: dict[tuple, np.ndarray] = {}
     core_f, core_b = np.zeros(n), np.zeros(n)
     if cp <= 1:
-        return cp_counts, ring, core_f, core_b
+        return cp_counts, ring, core_f, core_b, ()
     sites = attention_sites_of(graph, layered, seq_len)
     check_context_parallel(sites, cp, config.tp_size, config.cp_scheme, seq_len)
     for site in sites:
         ops = [i for i in range(site.scores_op, site.context_op + 1) if layered.layer_of_op[i] == site.layer]
         core_f[site.layer] = sum(times[i][0] for i in ops)
         core_b[site.layer] = sum(times[i][1] for i in ops)
-    for cc in context_parallel_comms(sites, cp, config.tp_size, config.cp_scheme, config.train_dtype.itemsize):
+    comms = tuple(LayerComm(cc.kind, ParallelDim.CP, cc.phase, cc.layer, cc.after_op, cc.tensor, cc.message_bytes, cc.count,
+                            cc.reason)
+                  for cc in context_parallel_comms(sites, cp, config.tp_size, config.cp_scheme, config.train_dtype.itemsize))
+    for cc in comms:
         if cc.kind is CollectiveKind.SEND_RECV:
             ring.setdefault((cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += 1
         else:
             cp_counts.setdefault((cc.kind, cc.phase, float(cc.message_bytes)), np.zeros(n))[cc.layer] += cc.count
-    return cp_counts, ring, core_f, core_b
+    return cp_counts, ring, core_f, core_b, comms
 
 
 class LayerCoster:
@@ -461,8 +503,9 @@ class LayerCoster:
         inputs = set(graph.inputs)
         reads = np.array([any(graph.ops[i].inputs and set(graph.ops[i].inputs) & inputs for i in layer.op_indices)
                           for layer in layered.layers], dtype=bool)
-        tp_counts, tp_gemm, tp_wgrad = _tp_tables(tp.comms, layered, times, n) if config.tp_size > 1 else ({}, {}, {})
-        cp_counts, ring, core_f, core_b = _cp_tables(config, graph, layered, seq_len, times, cp)
+        tp_comms = _tp_comms(tp.comms, layered, times, cp) if config.tp_size > 1 else ()
+        tp_counts, tp_gemm, tp_wgrad = _tp_tables(tp_comms, n)
+        cp_counts, ring, core_f, core_b, cp_comms = _cp_tables(config, graph, layered, seq_len, times, cp)
         loss_f, loss_b, loss_saved, loss_transient = self._loss_tables(config, tp, cp)
         self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, gemm_local, flops, *tp_counts.values(),
                              *cp_counts.values(), *ring.values(), core_f, core_b, loss_f, loss_b, loss_saved, loss_transient)
@@ -471,7 +514,7 @@ class LayerCoster:
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
                        {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m],
-                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m])
+                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m], tp_comms + cp_comms)
 
     def _parameter_sums(self, factor: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per (collapsed) layer, the parameters it owns (:meth:`_own_weights`): elements, and
@@ -576,9 +619,20 @@ class LayerCoster:
         return derived(self.graph, key, build)
 
     def _ep_counts(self, config: ParallelConfig) -> dict[tuple[Phase, float], np.ndarray]:
-        """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch."""
+        """Per full layer with e > 1: counts of the MoE AllToAlls per (phase, bytes) per micro-batch
+        (of :meth:`ep_comms`)."""
+        return self._ep_tables(config)[1]
+
+    def ep_comms(self, config: ParallelConfig) -> tuple[LayerComm, ...]:
+        """With e > 1: the MoE dispatch and combine AllToAlls
+        (:func:`dml2comm.parallel.expert.expert_parallel_comms`) as :class:`LayerComm` records on
+        the coster's graph, in the order of the graph; else none."""
+        return self._ep_tables(config)[0]
+
+    def _ep_tables(self, config: ParallelConfig) -> tuple[tuple[LayerComm, ...], dict[tuple[Phase, float], np.ndarray]]:
+        """:meth:`ep_comms` and, per full layer, their counts per (phase, bytes) (:meth:`_ep_counts`)."""
         if config.ep_size <= 1:
-            return {}
+            return (), {}
         moe = self._moe()
         check_expert_parallel(moe, config.ep_size)
         assert moe is not None
@@ -589,11 +643,14 @@ class LayerCoster:
 
         def build():
             n = len(self.layered.layers)
+            comms = tuple(LayerComm(ec.kind, ParallelDim.EP, ec.phase, ec.layer, ec.after_op, ec.tensor, ec.message_bytes, ec.count,
+                                    ec.reason)
+                          for ec in expert_parallel_comms(moe, tokens, config.ep_size, dtype_bytes, config.capacity_factor))
             counts: dict[tuple, np.ndarray] = {}
-            for ec in expert_parallel_comms(moe, tokens, config.ep_size, dtype_bytes, config.capacity_factor):
+            for ec in comms:
                 counts.setdefault((ec.phase, float(ec.message_bytes)), np.zeros(n))[ec.layer] += ec.count
             self._check_interior(*counts.values())
-            return {k: v[self.layer_map] for k, v in counts.items()}
+            return comms, {k: v[self.layer_map] for k, v in counts.items()}
 
         return derived(self.graph, key, build)
 
@@ -610,18 +667,24 @@ class LayerCoster:
     def _build_boundaries(self, config: ParallelConfig, ranges) -> list[list[tuple[float, bool]]]:
         """A tensor crosses the boundary after full layer k when it is produced at or before
         and read after it; on the collapsed graph, after ``layer_map[k]``."""
+        return [[(size, rep) for _, size, rep in tensors] for tensors in self.boundary_tensors(config, ranges)]
+
+    def boundary_tensors(self, config: ParallelConfig, ranges) -> list[list[tuple[str, float, bool]]]:
+        """Per stage boundary, the activations crossing it per micro-batch by name: (name, bytes
+        per GPU before 1/c, replicated over the tensor ranks), the sends' table
+        (:meth:`_boundary_bytes`) with the tensors' names."""
         per_boundary = derived(self.graph, _CrossingKey(config.tp_size, config.sequence_parallel, config.dtype),
                                lambda: self._crossing(config))
         return [per_boundary[int(self.layer_map[b - 1])] for _, b in ranges[:-1]]
 
-    def _crossing(self, config: ParallelConfig) -> list[list[tuple[float, bool]]]:
-        """Per boundary after each (collapsed) layer: the crossing tensors' bytes per GPU and
-        whether every tensor rank holds the whole tensor (replicated), by name."""
+    def _crossing(self, config: ParallelConfig) -> list[list[tuple[str, float, bool]]]:
+        """Per boundary after each (collapsed) layer: the crossing tensors' names, bytes per GPU
+        and whether every tensor rank holds the whole tensor (replicated), by name."""
         names, prod, last, sizes, replicated = self._tensor_table(config)
         out = []
         for rb in range(len(self.layered.layers)):
             sel = np.nonzero((prod <= rb) & (last > rb))[0]
-            out.append([(size, rep) for _, size, rep in sorted((names[i], sizes[i], replicated[i]) for i in sel)])
+            out.append(sorted((names[i], sizes[i], replicated[i]) for i in sel))
         return out
 
     def _tensor_table(self, config: ParallelConfig):

@@ -340,9 +340,10 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     norm_eff = hbm_efficiency_of(gpu, "norm")
-    # eager LayerNorm/RMSNorm: PyTorch's kernels' own law (cost.norm), unless calibrated; the
-    # table key tells the stacks apart by ``pad`` (set under Megatron only)
-    norm_law = stack is Stack.PYTORCH and class_value(gpu, "norm") is None
+    # eager LayerNorm/RMSNorm: PyTorch's kernels' own law (cost.norm) times the calibrated
+    # ``layer_norm`` scale (a calibrated ``norm`` efficiency is the other NORM_OPS'); the table
+    # key tells the stacks apart by ``pad`` (set under Megatron only)
+    norm_law, ln_scale = stack is Stack.PYTORCH, class_value(gpu, "layer_norm") or 1.0
     norm_kernels: dict[int, int] = {}
     # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
     # once per tensor, not per read (the shards share their tensors; they outlive this loop)
@@ -368,7 +369,8 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
-            t = None if law is None else (law[0][0] * op.repeat, law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
+            t = None if law is None else (ln_scale * law[0][0] * op.repeat,
+                                          ln_scale * law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
             if gemm is None and t is None:
                 t = op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff)
             hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None)

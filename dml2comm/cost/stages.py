@@ -3,7 +3,7 @@
 A pipeline stage's data-parallel part depends only on its parameters per GPU (dense and, with
 expert parallelism, expert), the sizes of its data-parallel groups, the ZeRO stage, the bucket
 size and the optimizer.  :func:`dml2comm.analysis.analyze_graph` calls these functions for one
-configuration (and expands the collectives into comm nodes with ranks for the drawings);
+configuration (its comm nodes are their specs with ranks: :meth:`StageCoster.comm_specs`);
 :class:`dml2comm.model.FastEvaluator` calls the same functions once per distinct stage of
 a sweep and caches the result per (parameters, group placement, ZeRO stage, ...):
 
@@ -26,12 +26,19 @@ stage-level term is read from -- compute, tensor/context/expert-parallel time on
 path (``--tp-comm-overlap`` and ring attention's overlap included), pipeline sends, input
 reads, tied-weight all-reduces, parameters, buffers -- and per ZeRO stage and recomputation mode
 its data-parallel, optimizer and memory parts (:meth:`StageCoster.plan`: a :class:`StagePlan`).
-The analysis reads its stages from it (and expands the collective specs into comm nodes with
-ranks only for the drawings); the sweep simulates many plans at once.  Collective times come
-from :func:`dml2comm.network.model.collective_time_on_placement`, cached per (collective, how the
-group sits on the cluster, bytes); the analysis's comm nodes take their seconds from the same
-cache (:meth:`StageCoster.price`, and the data-parallel ones as the plan priced them:
-:meth:`StageCoster.dp_specs`), so the drawings and the plan have one pricing of communication.
+The analysis reads its stages from it; the sweep simulates many plans at once.  Collective
+times come from :func:`dml2comm.network.model.collective_time_on_placement`, cached per
+(collective, how the group sits on the cluster, bytes).
+
+Every collective of a configuration is enumerated in one place, :meth:`StageCoster.comm_specs`
+(a :class:`CommSpec` each: kind, parallel dimension, phase, stage, layer, the op it follows,
+tensor, group, bytes, count per iteration, per micro-batch or not, reason, host time and its
+seconds from the same cache, :meth:`StageCoster.price`), read off the very tables the stage
+times are summed from: the layers' tensor-, context- and expert-parallel collectives
+(:class:`dml2comm.cost.layers.LayerComm` records, which the per-layer count tables aggregate),
+the tensors crossing each boundary, the held copies and the priced data-parallel specs
+(:meth:`StageCoster.dp_specs`).  The analysis's comm nodes are those specs, described; the
+sweep, on collapsed graphs, reads only the sums and never builds the per-op list.
 """
 
 from __future__ import annotations
@@ -51,17 +58,18 @@ from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
                                   in_flight_micro_batches, model_state_bytes, step_peak_bytes)
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import fmt_s
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.layers import LayerKind
 from dml2comm.ir.onnx_import import ImportResult
 from dml2comm.ir.repeats import Collapsed
-from dml2comm.network.kinds import CollectiveKind, Phase
+from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.network.model import collective_time_on_placement, group_placement, placement_period
 from dml2comm.parallel.config import DTypeName, ParallelConfig, Precision, Recompute, Stack
 from dml2comm.parallel.data import data_parallel_comms
 from dml2comm.parallel.pipeline import HeldCopies, held_copies
 
-__all__ = ["PCIE4_X16_BYTES_PER_S", "pipeline_send_s", "scatter_gather", "Pricing", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
+__all__ = ["CommSpec", "PCIE4_X16_BYTES_PER_S", "pipeline_messages", "pipeline_send_s", "scatter_gather", "Pricing", "StageCoster", "StagePlan", "StageTable", "DPGroup", "StageDPCollective", "StageDPTimes", "Timed", "TimedDPCollective", "dp_bucket_buffer_bytes", "stage_dp_collectives",
            "stage_dp_times", "stage_model_states", "stage_optimizer_params", "stage_optimizer_s"]
 
 
@@ -221,13 +229,21 @@ def scatter_gather(replicated: bool, tp_size: int, sequence_parallel: bool = Fal
     return replicated and tp_size > 1 and not sequence_parallel
 
 
-def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
-    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``:
-    with scatter/gather (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of
-    the whole tensor over the placed ``receivers`` group (``cost_at(kind, placement, bytes)``)."""
+def pipeline_messages(size: float, replicated: bool, tp_size: int) -> tuple[tuple[CollectiveKind, bool, float], ...]:
+    """The collectives of one pipeline message of ``size`` bytes per GPU, each as (kind, over the
+    receivers' tensor group rather than the sending pair, bytes): with scatter/gather
+    (:func:`scatter_gather`), 1/t of it point-to-point then an all-gather of the whole tensor
+    over the receivers' tensor group; else the whole of it point-to-point."""
     if scatter_gather(replicated, tp_size):
-        return cost_at(CollectiveKind.SEND_RECV, pair, size / tp_size) + cost_at(CollectiveKind.ALL_GATHER, receivers, size)
-    return cost_at(CollectiveKind.SEND_RECV, pair, size)
+        return (CollectiveKind.SEND_RECV, False, size / tp_size), (CollectiveKind.ALL_GATHER, True, size)
+    return ((CollectiveKind.SEND_RECV, False, size),)
+
+
+def pipeline_send_s(cost_at, pair, receivers, size: float, replicated: bool, tp_size: int) -> float:
+    """Seconds of one pipeline message of ``size`` bytes per GPU between the placed ``pair``
+    (:func:`pipeline_messages`, the all-gather over the placed ``receivers`` group;
+    ``cost_at(kind, placement, bytes)``)."""
+    return sum(cost_at(kind, receivers if gathered else pair, b) for kind, gathered, b in pipeline_messages(size, replicated, tp_size))
 
 
 #: Gradient-bucket runs per device: equal buckets and the remainder (``parallel.data.buckets``),
@@ -264,6 +280,31 @@ class StagePlan:
     transient: np.ndarray | None = None  # the largest op's transient bytes (+ the rebuilt layer under full recomputation)
     total_memory: np.ndarray | None = None  # peak bytes per device (cost.memory.step_peak_bytes + the framework constant)
     grads_in_backward: bool = True  # the gradients exist at the forward/backward peak (cost.memory.gradients_live_in_backward)
+
+
+@dataclass(frozen=True, slots=True)
+class CommSpec:
+    """One collective of a configuration as the stage table prices it
+    (:meth:`StageCoster.comm_specs`; the analysis's ``CommNode`` adds only its description):
+    ``count`` calls per iteration (the micro-batches' included when ``per_micro_batch``),
+    ``seconds`` of one call (:meth:`StageCoster.price` on ``group``; the data-parallel ones as
+    the plan priced them), ``host_s`` the framework's host time added to it (a pipeline
+    message's, :func:`dml2comm.cost.host.pipeline_message_s`)."""
+
+    kind: CollectiveKind
+    dim: ParallelDim
+    phase: Phase
+    stage: int
+    layer: int | None
+    after_op: int | None
+    tensor: str
+    group: tuple[int, ...]
+    message_bytes: float
+    count: int
+    per_micro_batch: bool
+    reason: str
+    seconds: float
+    host_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,14 +657,21 @@ class StageCoster(LayerCoster):
         return send, send_back
 
     def _tied_allreduces(self, copies: HeldCopies, rank_map: RankMap, config: ParallelConfig) -> np.ndarray:
-        """Per stage, seconds of its tied-weight gradient all-reduces: as the analysis, one
-        all-reduce per group of stages holding a copy, on each of its stages."""
+        """Per stage, seconds of its tied-weight gradient all-reduces (:meth:`_tied_groups`), each
+        on every stage of its group."""
         tied = np.zeros(config.pp_size)
-        for held_by, local_numel in copies.groups:
-            cost = self._cost_at(CollectiveKind.ALL_REDUCE, self._where_ranks([rank_map.rank(0, s, 0) for s in held_by]),
-                                 local_numel * config.grad_bytes)
-            tied[list(held_by)] += cost
+        for held_by, group, size in self._tied_groups(copies, rank_map, config):
+            tied[list(held_by)] += self.price(CollectiveKind.ALL_REDUCE, group, size)
         return tied
+
+    @staticmethod
+    def _tied_groups(copies: HeldCopies, rank_map: RankMap,
+                     config: ParallelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...], float]]:
+        """One all-reduce per group of stages holding a copy of a tied parameter: (the stages,
+        the ranks: one GPU per stage, same data and tensor rank, the gradient bytes), what the
+        stage times (:meth:`_tied_allreduces`) and the specs (:meth:`_tied_specs`) read."""
+        return [(held_by, tuple(rank_map.rank(0, s, 0) for s in held_by), local_numel * config.grad_bytes)
+                for held_by, local_numel in copies.groups]
 
     def _critical_path(self, config: ParallelConfig, layers, ep_counts: dict, groups: _StageGroups,
                        layer_stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -668,19 +716,19 @@ class StageCoster(LayerCoster):
             t = config.tp_size
             for (kind, phase, size, gemm), counts in layers.tp_gemm.items():
                 if phase in (Phase.FORWARD, Phase.BACKWARD):
-                    cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                    cost = np.array([self._cost_at(kind, w, size) for w in tp_groups])
                     exposed = np.maximum(cost - gemm, cost / t)[at][layer_stage]
                     (layer_f if phase is Phase.FORWARD else layer_b)[:] += counts * exposed
             return
         for (kind, phase, size), counts in layers.tp.items():
             if phase in (Phase.FORWARD, Phase.BACKWARD):
-                on_path(phase, counts, kind, tp_groups, size / cp)
+                on_path(phase, counts, kind, tp_groups, size)
         if config.async_tp_allreduce:
             # Megatron-LM's asynchronous TP all-reduce (ParallelConfig.async_tp_allreduce): the
             # input-gradient collective of a column-parallel GEMM runs while its weight
             # gradient is computed; the part that GEMM hides leaves the critical path
             for (kind, size, wgrad), counts in layers.tp_wgrad.items():
-                cost = np.array([self._cost_at(kind, w, size / cp) for w in tp_groups])
+                cost = np.array([self._cost_at(kind, w, size) for w in tp_groups])
                 layer_b -= counts * np.minimum(cost, wgrad)[at][layer_stage]
 
     def _stage_buffers(self, config: ParallelConfig, layers, per_stage: _PerStage,
@@ -765,6 +813,113 @@ class StageCoster(LayerCoster):
         """Seconds of ``kind`` over the global ``ranks`` with ``size`` bytes, from the cache every
         stage-table term is priced from (:meth:`_cost_at`: the group's placement on the cluster)."""
         return self._cost_at(kind, self._where_ranks(ranks), size)
+
+    def comm_specs(self, config: ParallelConfig) -> tuple[CommSpec, ...]:
+        """Every collective of ``config`` (one GPU's view, replica 0, tensor rank 0) as a
+        :class:`CommSpec`, read off the tables the stage times are summed from: the tensor-,
+        context- and expert-parallel collectives of each layer (:attr:`LayerTable.comms`,
+        :meth:`ep_comms`: :meth:`_critical_path` counts them), the pipeline messages of each
+        boundary (:meth:`boundary_tensors`: :meth:`_pipeline_sends`), the tied-weight
+        all-reduces (:attr:`StageTable.copies`: :meth:`_tied_allreduces`) and the data-parallel
+        collectives (:meth:`dp_specs`: :meth:`zero_part`), in that order.  Per op and layer, so
+        on the whole graph only (``collapse=False``: the analysis's coster); the sweep reads the
+        sums alone."""
+        if self.collapsed is not None:
+            raise ValueError("comm_specs needs the whole graph: a StageCoster built with collapse=False")
+        table = self.stage_table(config)
+        stage_of_layer = _PerStage(table.ranges).stage_of_layer.tolist()
+        m = config.num_micro_batches
+        return (self._layer_specs(config, table, stage_of_layer, m) + self._pipeline_specs(config, table, m)
+                + self._tied_specs(config, table, stage_of_layer) + self._dp_comm_specs(config, table, m))
+
+    def _layer_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int],
+                     m: int) -> tuple[CommSpec, ...]:
+        """The per-micro-batch collectives inside a stage: tensor parallel (on the stage's tensor
+        group), context parallel (Ulysses AllToAlls over its context group; a ring step on the
+        slower of the ring's two hops from the first rank, as :meth:`_stage_groups` prices it)
+        and expert parallel (MoE dispatch and combine AllToAlls over its first expert group)."""
+        rank_map, out = table.rank_map, []
+        hidden = ("; runs during the op's weight-gradient GEMM, which hides up to its length "
+                  "(Megatron-LM's asynchronous TP all-reduce)")
+        for c in self.layer_table(config).comms + self.ep_comms(config):
+            s = stage_of_layer[c.layer]
+            reason = c.reason
+            if c.dim is ParallelDim.TP:
+                group = rank_map.tp_group(0, s)
+                if c.wgrad_s is not None and config.async_tp_allreduce and not config.tp_comm_overlap:
+                    reason += hidden
+            elif c.dim is ParallelDim.CP:
+                group = rank_map.cp_group(0, s, 0)
+                if c.kind is CollectiveKind.SEND_RECV:  # a ring step lasts as long as its slowest hop
+                    group = max(((group[0], group[1]), (group[-1], group[0])),
+                                key=lambda pair: self.price(c.kind, pair, c.message_bytes))
+            else:
+                group = rank_map.ep_group(s, 0, 0)
+            out.append(CommSpec(c.kind, c.dim, c.phase, s, c.layer, c.after_op, c.tensor, tuple(group), c.message_bytes,
+                                c.count * m, True, reason, self.price(c.kind, group, c.message_bytes)))
+        return tuple(out)
+
+    def _pipeline_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
+        """Between pipeline stages: each boundary's activations forward and their gradients
+        backward (:meth:`boundary_tensors`, 1/c per GPU), split 1/t with Megatron-LM's
+        scatter/gather where every tensor rank holds them whole (:func:`pipeline_messages`, as
+        :meth:`_pipeline_sends` prices them: the receivers' all-gather costed with the send that
+        feeds them); the framework's host time
+        per message (:func:`dml2comm.cost.host.pipeline_message_s`) on the boundary's first tensor
+        in each direction."""
+        rank_map, cp, t = table.rank_map, config.cp_size, config.tp_size
+        host = self.host_for(config)
+        p2p_note = f"; with {fmt_s(host.p2p_s)} of host time for the message (--host-model {host.name})" if host.p2p_s else ""
+        out = []
+        for s, tensors in enumerate(self.boundary_tensors(config, table.ranges)):
+            pair = (rank_map.rank(0, s, 0), rank_map.rank(0, s + 1, 0))
+            for k, (name, whole, rep) in enumerate(tensors):
+                host_s, host_note = (host.p2p_s, p2p_note) if k == 0 else (0.0, "")
+                prod = self.graph.producer(name)
+                (_, _, sent), *gathers = pipeline_messages(whole / cp, rep, t)
+                note = f" (1/{t} per tensor rank: scatter/gather)" if gathers else ""
+                out += [CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.FORWARD, s, None, prod, name, pair, sent, m, True,
+                                 f"activation from stage {s} to stage {s + 1}{note}{host_note}",
+                                 self.price(CollectiveKind.SEND_RECV, pair, sent), host_s),
+                        CommSpec(CollectiveKind.SEND_RECV, ParallelDim.PP, Phase.BACKWARD, s + 1, None, prod, name, pair[::-1], sent, m,
+                                 True, f"gradient from stage {s + 1} to stage {s}{note}{host_note}",
+                                 self.price(CollectiveKind.SEND_RECV, pair[::-1], sent), host_s)]
+                for kind, _, size in gathers:  # the receivers rebuild the whole tensor
+                    for phase, at, to, what in ((Phase.FORWARD, s, s + 1, "activation"), (Phase.BACKWARD, s + 1, s, "gradient")):
+                        group = rank_map.tp_group(0, to)
+                        out.append(CommSpec(kind, ParallelDim.PP, phase, at, None, prod, name, group, size, m, True,
+                                            f"stage {to} all-gathers the {what} from its {t} tensor ranks (scatter/gather)",
+                                            self.price(kind, group, size)))
+        return tuple(out)
+
+    def _tied_specs(self, config: ParallelConfig, table: StageTable, stage_of_layer: list[int]) -> tuple[CommSpec, ...]:
+        """After the backward pass, the gradient of each parameter held by several stages
+        all-reduced between them (one GPU per stage, same data and tensor rank), before the
+        optimizer step (Megatron-LM finalize_model_grads -> _allreduce_word_embedding_grads),
+        on each of its stages, named by the parameters it carries."""
+        out = []
+        readers = self._readers()
+        for held_by, group, size in self._tied_groups(table.copies, table.rank_map, config):
+            names = ", ".join(w for w, layers in readers.items() if len({stage_of_layer[li] for li in layers}) > 1
+                              and tuple(sorted({stage_of_layer[li] for li in layers})) == held_by)
+            seconds = self.price(CollectiveKind.ALL_REDUCE, group, size)
+            for s in held_by:
+                out.append(CommSpec(CollectiveKind.ALL_REDUCE, ParallelDim.PP, Phase.OPTIMIZER, s, None, None, names, group, size,
+                                    1, False, f"tied-weight gradient all-reduce between stages {', '.join(map(str, held_by))} "
+                                    "(Megatron-LM embedding group, after the backward pass, before the optimizer step)", seconds))
+        return tuple(out)
+
+    def _dp_comm_specs(self, config: ParallelConfig, table: StageTable, m: int) -> tuple[CommSpec, ...]:
+        """Per stage, its data-parallel collectives as the plan priced them (:meth:`dp_specs`):
+        non-expert gradients over the stage's d x c ranks (CP ranks reduce with DP), expert
+        gradients over its d x c / e expert-data-parallel ranks."""
+        out = []
+        for s, specs in enumerate(self.dp_specs(table, config)):
+            for dc, seconds in specs:
+                group = table.rank_map.dp_cp_group(s, 0) if dc.group is DPGroup.DENSE else table.rank_map.expert_dp_group(s, 0, 0)
+                out.append(CommSpec(dc.kind, ParallelDim.DP, dc.phase, s, None, None, dc.tensor, tuple(group), dc.message_bytes,
+                                    dc.count * (m if dc.per_micro_batch else 1), dc.per_micro_batch, dc.reason, seconds))
+        return tuple(out)
 
     def _one_stage_states(self, dense: float, expert: float, where: tuple[int, int], ewhere: tuple[int, int], d: int,
                           edp: int, z: int, grad_bytes: int, dtype_bytes: int, bucket_bytes: int, optimizer: str,

@@ -80,7 +80,7 @@ _NUMERIC_FIELDS: tuple[str, ...] = ("hbm_bytes", "hbm_bytes_per_s", "nvlink_byte
 #: The kernel classes a calibrated GPU may carry a value for (:attr:`GPU.calibrated_classes`;
 #: what each means and which cost term reads it: :mod:`dml2comm.cost.calibrated`).
 CALIBRATED_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv", "attention_fwd", "attention_bwd", "pointwise", "norm",
-                      "optimizer")
+                      "layer_norm", "optimizer")
 #: Classes whose value may be limited to a shape regime: the GEMM classes, by the GEMM's smallest
 #: dimension ``min(M, N, K)`` (why that feature: :mod:`dml2comm.calibrate.classes`).
 REGIME_CLASSES = ("gemm_large", "gemm_small", "gemm_unaligned", "conv")
