@@ -153,6 +153,29 @@ def test_tp_comm_overlap_hides_part_of_the_tensor_parallel_time_never_all():
         ParallelConfig(tp_size=8, tp_comm_overlap=True)
 
 
+def test_device_sums_of_repeated_rows_are_each_rows_own():
+    """sim.levels.device_sums sums configurations with equal costs once: every row's sums are, to
+    the bit, those of the row summed alone (the running sum in program order)."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule, device_sums
+
+    rng = np.random.default_rng(5)
+    cs = compile_schedule("interleaved", 3, 6, 2)
+    f, b = rng.random((3, 3)), rng.random((3, 3))
+    rows = [0, 1, 0, 2, 1, 0]  # repeats, in no order
+    both = device_sums(cs, f[rows], b[rows])
+    for k, r in enumerate(rows):
+        alone = device_sums(cs, f[r:r + 1], b[r:r + 1])[0]
+        assert np.array_equal(both[k], alone)
+        fwd = cs.forward.reshape(3, -1)
+        for d in range(3):  # the running sum, step by step
+            total = 0.0
+            for is_fwd in fwd[d]:
+                total += f[r, d] if is_fwd else b[r, d]
+            assert both[k, d] == total
+
+
 def test_batched_levels_do_not_read_a_previous_calls_memory():
     """pipeline_end_times_many reuses its memory between calls (sim.levels._scratch) and leaves
     the rows a depth writes unset until then: a call's end times, ZeRO's dp stream included, are

@@ -634,10 +634,23 @@ def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> n
     """Per device, the sum of its steps' durations (``fwd_s``/``bwd_s``: ``[K, p]``, per step) in
     program order, a running sum as the steps run: ``[K, p]``.  The one order every caller sums
     in (the timeline's busy and tensor-parallel times, the breakdown's compute), so that the
-    sweep's numbers are the analysis's to the last bit."""
+    sweep's numbers are the analysis's to the last bit.  Configurations with equal costs, bit for
+    bit (a sweep's ZeRO-0 and ZeRO-1 rows), are summed once."""
+    first: dict[bytes, int] = {}
+    kept: list[int] = []
+    inverse = np.empty(fwd_s.shape[0], dtype=np.int64)
+    for r, row in enumerate(np.concatenate([fwd_s, bwd_s], axis=1)):
+        j = first.setdefault(row.tobytes(), len(kept))
+        if j == len(kept):
+            kept.append(r)
+        inverse[r] = j
+    repeated = len(kept) < len(inverse)
+    if repeated:
+        fwd_s, bwd_s = fwd_s[kept], bwd_s[kept]
     forward = cs.forward.reshape(cs.p, -1)
     dur = np.where(forward, fwd_s[:, :, None], bwd_s[:, :, None])
-    return np.cumsum(dur, axis=-1)[..., -1]
+    sums = np.cumsum(dur, axis=-1)[..., -1]
+    return sums[inverse] if repeated else sums
 
 
 @dataclass(frozen=True)
