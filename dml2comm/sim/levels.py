@@ -585,11 +585,11 @@ def _scratch(size: int, dtype: type = np.float64) -> np.ndarray:
     """``size`` floats (or ``dtype`` items: the layout's row indices) of this thread's scratch,
     kept between calls of :func:`pipeline_end_times_many`: a sweep's chunks each need tens of
     MB for their depth loops, and fresh memory costs a page fault per 4 KiB on first touch (the
-    530B sweep: about 23,000 of them for the floats, 8,000 more for the row indices, a tenth of
-    a second of system time on a shared 2-core machine) where reused memory costs none.  It
-    grows to the largest call's need and is held by the thread (a sweep's first chunk is its
-    largest: ``search.sweep._chunks``).  The layout's indices and the loops' floats are
-    separate buffers: both are in use at once."""
+    530B sweep: about 23,000 of them for the floats, a tenth of a second of system time on a
+    shared 2-core machine; the row indices held too, about 3,500 fewer) where reused memory
+    costs none.  It grows to the largest call's need and is held by the thread (a sweep's
+    first chunk is its largest: ``search.sweep._chunks``).  The layout's indices and the
+    loops' floats are separate buffers: both are in use at once."""
     name = np.dtype(dtype).name
     held = getattr(_SCRATCH, name, None)
     if held is None or held.size < size:
