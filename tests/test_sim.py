@@ -177,8 +177,9 @@ def test_device_sums_of_repeated_rows_are_each_rows_own():
 
 
 def test_batched_levels_do_not_read_a_previous_calls_memory():
-    """pipeline_end_times_many reuses its memory between calls (sim.levels._scratch) and leaves
-    the rows a depth writes unset until then: a call's end times, ZeRO's dp stream included, are
+    """pipeline_end_times_many reuses its memory between calls (sim.levels._scratch: the
+    layout's row indices and the depth loops' floats) and leaves the rows a depth writes unset
+    until then: a call's end times, ZeRO's dp stream included, are
     the same after a larger call with other values as before it."""
     import numpy as np
 

@@ -968,6 +968,27 @@ class StageCoster(LayerCoster):
             table.by_recompute[mode] = (saved / cp, (transient + rebuilt) / cp)
         return table.by_recompute[mode]
 
+    def _mode_part(self, table: StageTable, config: ParallelConfig) -> tuple:
+        """What every configuration of ``table`` with ``config``'s recomputation mode shares, per
+        stage: forward, backward compute, backward and backward TP seconds, and the saved bytes
+        per micro-batch and transient bytes (:meth:`activation_part`) with the loss's and AMP's."""
+        if config.recompute is Recompute.FULL:  # the transformer layers' forward again, collectives included
+            recompute = table.recompute_full
+            tp_b = table.tp_b + table.tp_f_blocks
+        elif config.recompute is Recompute.SELECTIVE:
+            recompute, tp_b = table.selective, table.tp_b
+        else:
+            recompute, tp_b = 0.0, table.tp_b
+        comp_b = table.compute_b + recompute
+        per_mb, extra = self.activation_part(table, config)
+        # what the loss keeps per micro-batch and AMP's weight copies join the saved activations;
+        # the loss backward's buffers are a transient like the largest op's (cost.memory, cost.loss)
+        if table.loss_saved.any() or table.amp_copies.any():
+            per_mb = per_mb + table.loss_saved + table.amp_copies
+        if table.loss_transient.any():
+            extra = np.maximum(extra, table.loss_transient)
+        return table.compute_f + table.tp_f + table.reads, comp_b, comp_b + tp_b, tp_b, per_mb, extra
+
     def _prepare(self, config: ParallelConfig) -> StagePlan:
         if self.cluster.num_gpus != config.num_gpus:
             raise ConfigError(f"the cluster has {self.cluster.num_gpus} GPUs but d*t*p = {config.num_gpus}; make them equal")
@@ -976,27 +997,11 @@ class StageCoster(LayerCoster):
         table = self.stage_table(config)
         p, m = config.pp_size, config.num_micro_batches
         times = table.by_mode.get(config.recompute)
-        if times is None:  # per recomputation mode: forward, backward compute, backward, backward TP
-            if config.recompute is Recompute.FULL:  # the transformer layers' forward again, collectives included
-                recompute = table.recompute_full
-                tp_b = table.tp_b + table.tp_f_blocks
-            elif config.recompute is Recompute.SELECTIVE:
-                recompute, tp_b = table.selective, table.tp_b
-            else:
-                recompute, tp_b = 0.0, table.tp_b
-            comp_b = table.compute_b + recompute
-            times = table.by_mode[config.recompute] = (table.compute_f + table.tp_f + table.reads, comp_b, comp_b + tp_b, tp_b)
-        fwd, comp_b, bwd, tp_b = times
+        if times is None:  # per recomputation mode, once per table (_mode_part)
+            times = table.by_mode[config.recompute] = self._mode_part(table, config)
+        fwd, comp_b, bwd, tp_b, per_mb, extra = times
         runs_tau, runs_count, after, opt, states, zero_mb, _ = self.zero_part(table, config)
-        per_mb, extra = self.activation_part(table, config)
-        v = config.chunks
-        in_flight = in_flight_micro_batches(config.schedule, p, m, v)
-        # what the loss keeps per micro-batch and AMP's weight copies join the saved activations;
-        # the loss backward's buffers are a transient like the largest op's (cost.memory, cost.loss)
-        if table.loss_saved.any() or table.amp_copies.any():
-            per_mb = per_mb + table.loss_saved + table.amp_copies
-        if table.loss_transient.any():
-            extra = np.maximum(extra, table.loss_transient)
+        in_flight = in_flight_micro_batches(config.schedule, p, m, config.chunks)
         # cost.memory.stage_memory_dict's peak, per stage
         grads_held = gradients_live_in_backward(config.stack, m)
         step = step_peak_bytes(ModelStates(states[:, 0], states[:, 1], states[:, 2]), per_mb * in_flight, table.buffers, extra,

@@ -2064,7 +2064,9 @@ def _place_views(kept: list[Op], deriving: set[int]) -> list[Op]:
     out: list[Op] = []
     for index, (i, scope) in enumerate(order):
         op = kept[i]
-        out.append(replace(op, index=index, scope=scope if scope is not None and i in deriving else op.scope))
+        scope = scope if scope is not None and i in deriving else op.scope
+        # an op that keeps its place and scope is kept as it is (Op is frozen: equal to its copy)
+        out.append(op if index == op.index and scope == op.scope else replace(op, index=index, scope=scope))
     return out
 
 

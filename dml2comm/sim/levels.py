@@ -517,7 +517,8 @@ def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
     # its own send, the send 0 in the rows of steps whose output stays on the device
     dur_table, send_table = [], []
     zero_tables: tuple[list, list, list, list] = ([], [], [], [])  # pre, its mask, post, its mask
-    prev, need, cost_at = (np.empty(total, dtype=np.int64) for _ in range(3))
+    rows_ints = _scratch(3 * total, np.int64)  # reused memory, as the depth loops' (:func:`_scratch`)
+    prev, need, cost_at = (rows_ints[i * total:(i + 1) * total] for i in range(3))
     rows_of = []
     base = 0
     for item_index, ((cs, f, b, sf, sb), g) in enumerate(zip(items, groups)):
@@ -580,16 +581,20 @@ def _many_state(lay: _ManyLayout, count: int) -> list[np.ndarray]:
 _SCRATCH = threading.local()
 
 
-def _scratch(size: int) -> np.ndarray:
-    """``size`` floats of this thread's scratch, kept between calls of
-    :func:`pipeline_end_times_many`: a sweep's chunks each need tens of MB for their depth
-    loops, and fresh memory costs a page fault per 4 KiB on first touch (the 530B sweep: about
-    23,000 of them, a tenth of a second of system time on a shared 2-core machine) where reused
-    memory costs none.  It grows to the largest call's need and is held by the thread (a
-    sweep's first chunk is its largest: ``search.sweep._chunks``)."""
-    held = getattr(_SCRATCH, "floats", None)
+def _scratch(size: int, dtype: type = np.float64) -> np.ndarray:
+    """``size`` floats (or ``dtype`` items: the layout's row indices) of this thread's scratch,
+    kept between calls of :func:`pipeline_end_times_many`: a sweep's chunks each need tens of
+    MB for their depth loops, and fresh memory costs a page fault per 4 KiB on first touch (the
+    530B sweep: about 23,000 of them for the floats, a tenth of a second of system time on a
+    shared 2-core machine; the row indices held too, about 3,500 fewer) where reused memory
+    costs none.  It grows to the largest call's need and is held by the thread (a sweep's
+    first chunk is its largest: ``search.sweep._chunks``).  The layout's indices and the
+    loops' floats are separate buffers: both are in use at once."""
+    name = np.dtype(dtype).name
+    held = getattr(_SCRATCH, name, None)
     if held is None or held.size < size:
-        held = _SCRATCH.floats = np.empty(size)
+        held = np.empty(size, dtype=dtype)
+        setattr(_SCRATCH, name, held)
     return held[:size]
 
 
