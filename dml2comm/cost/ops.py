@@ -333,7 +333,7 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
     signature = derived(graph, OpSignaturesKey(), lambda: _op_signatures(graph))
     pad = MEGATRON_PAD if stack == Stack.MEGATRON else None
     is_gemm: list[bool] = []
-    known: dict[tuple, tuple[OpCost, tuple[float, float], bool]] = derived(
+    known: dict[tuple, tuple[OpCost, tuple[float, float], bool, int]] = derived(
         graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency,
                                                                  tuple(sorted(gpu.calibrated_classes.items()))), pad), dict)
     # a calibrated GPU's own memory-bound efficiencies (``calibrate``: element-wise, and the
@@ -364,8 +364,8 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
         outs, read_outs = operands(op.outputs, shard.outputs)
         key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
-        law = _eager_norm(op, ins, gpu, hbm) if norm_law and op.op_type in EAGER_NORM_OPS else None
-        if hit is None:
+        if hit is None:  # the law and its extra backward kernels depend on the key's shapes only
+            law = _eager_norm(op, ins, gpu, hbm) if norm_law and op.op_type in EAGER_NORM_OPS else None
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
@@ -373,10 +373,11 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
                                           ln_scale * law[0][1] * op.repeat if c.bytes_bwd > 0 else 0.0)
             if gemm is None and t is None:
                 t = op_times_s(c, peak, hbm, FLOP_EFFICIENCY, eff)
-            hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None)
-        c, t, g = hit
-        if law is not None and c.bytes_bwd > 0 and law[1]:
-            norm_kernels[op.index] = law[1]
+            extra = law[1] if law is not None and c.bytes_bwd > 0 else 0
+            hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None, extra)
+        c, t, g, extra = hit
+        if extra:
+            norm_kernels[op.index] = extra
         is_gemm.append(g)
         if c.fallback:
             fallback_types.add(op.op_type)
