@@ -131,20 +131,34 @@ def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: f
 def _bundled_error(gpu: str, stack: str, single: bool, t: int, p: int, model_params: float) -> tuple[float, str]:
     """:func:`expected_error_for` on the bundled rows, cached per the inputs it reads (a sweep
     asks for the same few (t, p) many times: about 2 ms each uncached)."""
-    return _error_of(load_bands(), gpu, stack, single, t, p, model_params, MIN_KIND)
+    return _error_of(load_bands(), gpu, stack, single, t, p, model_params, MIN_KIND, _bundled_pools(gpu, stack, single))
+
+
+@lru_cache(maxsize=64)
+def _bundled_pools(gpu: str, stack: str, single: bool) -> tuple[list[BandRow], list[BandRow]]:
+    """:func:`_pools` of the bundled rows, once per (gpu, stack, regime): a sweep's rows ask
+    for a few regimes at many (t, p) and sizes, and the filter reads every one of ~1,600 rows."""
+    return _pools(load_bands(), gpu, stack, single)
+
+
+def _pools(rows: Sequence[BandRow], gpu: str, stack: str, single: bool) -> tuple[list[BandRow], list[BandRow]]:
+    """(the rows of this ``gpu`` and ``stack``, those of them in the ``single``-node regime or,
+    when there are none, all of them)."""
+    kind = [r for r in rows if r.gpu == gpu and r.stack == stack]
+    return kind, [r for r in kind if r.single_node == single] or list(kind)
 
 
 def _error_of(rows: Sequence[BandRow], gpu: str, stack: str, single: bool, t: int, p: int, model_params: float,
-              min_kind: int) -> tuple[float, str]:
+              min_kind: int, pools: tuple[list[BandRow], list[BandRow]] | None = None) -> tuple[float, str]:
     """:func:`expected_error_for` of a ``gpu``/``stack`` prediction at ``t``, ``p``, one node or
-    several (``single``), for ``model_params`` parameters."""
+    several (``single``), for ``model_params`` parameters; ``pools``: :func:`_pools` of the
+    same arguments, when the caller holds them."""
     if not rows:
         raise ValueError("no validation rows to derive an expected error from")
-    kind = [r for r in rows if r.gpu == gpu and r.stack == stack]
+    kind, pool = pools if pools is not None else _pools(rows, gpu, stack, single)
     if len(kind) < min_kind:
         return _unvalidated(rows, kind, gpu, stack)
     rows = kind
-    pool = [r for r in rows if r.single_node == single] or list(rows)
 
     def distance(r: BandRow) -> float:
         return _distance(r, model_params, t, p)

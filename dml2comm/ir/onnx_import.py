@@ -1711,7 +1711,37 @@ def _scope(node: onnx.NodeProto) -> str:
             call_scope = prop.value
     if call_scope is not None:
         return call_scope
-    name = node.name
+    return _legacy_scope(node.name)
+
+
+def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...]]:
+    """(:func:`_scope`, :func:`_node_repeat`, :func:`_calls`) of a node in one pass over its
+    metadata (the importer reads every node's; a 105-layer GPT has some 5,000 nodes)."""
+    names_text = call_scope = repeat_text = None
+    chains: list[str] = []
+    for prop in node.metadata_props:
+        key = prop.key
+        if key == "pkg.torch.onnx.name_scopes":
+            if names_text is None:
+                names_text = prop.value
+        elif key == _CALL_SCOPE_KEY:
+            call_scope = prop.value
+        elif key == _REPEAT_KEY:
+            if repeat_text is None:
+                repeat_text = prop.value
+        elif key == _CALLS_KEY:
+            chains.append(prop.value)
+    if names_text is not None:
+        scope = _innermost_module(_parse_list(names_text))
+    elif call_scope is not None:
+        scope = call_scope
+    else:
+        scope = _legacy_scope(node.name)
+    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else ()
+
+
+def _legacy_scope(name: str) -> str:
+    """The module path in a TorchScript-exporter scoped node name (``/h.0/attn/MatMul``), else ``""``."""
     if name.startswith("/") and name.count("/") >= 2:
         parts = [p for p in name.split("/") if p]
         return _legacy_path(parts[:-1])
@@ -1721,15 +1751,20 @@ def _scope(node: onnx.NodeProto) -> str:
 def _calls(node: onnx.NodeProto) -> tuple[Call, ...]:
     """The model-local function calls a node was inlined from, outermost first
     (:func:`_inline_functions`); the longest chain recorded on it."""
+    return _longest_chain([prop.value for prop in node.metadata_props if prop.key == _CALLS_KEY])
+
+
+def _longest_chain(texts: list[str]) -> tuple[Call, ...]:
+    """The longest of the call chains written as ``texts`` (:data:`_CALLS_KEY` values), the first
+    of equal length; a text this module did not write is skipped."""
     best: tuple[Call, ...] = ()
-    for prop in node.metadata_props:
-        if prop.key == _CALLS_KEY:
-            try:
-                chain = tuple(Call(str(function), int(index), str(scope)) for function, index, scope in json.loads(prop.value))
-            except (ValueError, TypeError):  # not a chain this module wrote
-                continue
-            if len(chain) > len(best):
-                best = chain
+    for text in texts:
+        try:
+            chain = tuple(Call(str(function), int(index), str(scope)) for function, index, scope in json.loads(text))
+        except (ValueError, TypeError):  # not a chain this module wrote
+            continue
+        if len(chain) > len(best):
+            best = chain
     return best
 
 
@@ -2347,8 +2382,9 @@ def _node_ops(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str
             tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
-        ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, _scope(node),
-                      _node_repeat(node), _calls(node)))
+        scope, repeat, calls = _node_meta(node)
+        ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, scope,
+                      repeat, calls))
     return ops, unshaped
 
 
