@@ -31,7 +31,7 @@ from dml2comm.validate.h100_norm import GPT2_TRACE_KERNELS_S, GPT2_TRACE_SHAPE, 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "benchmarks" / "data" / "h100" / "trace_gpt2-small_bf16_b8.json.gz"
 H100 = get_gpu("h100")
-HBM, SMS, L2 = H100.hbm_bytes_per_s, H100.sm_count, norm.L2_BYTES[H100.name]
+HBM, SMS, L2 = H100.hbm_bytes_per_s, H100.sm_count, H100.l2_bytes
 KERNELS = {"forward": "vectorized_layer_norm_kernel", "grad_input": "layer_norm_grad_input_kernel",
            "gamma_beta": "GammaBetaBackwardCUDAKernel"}
 

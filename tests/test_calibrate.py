@@ -266,6 +266,8 @@ def test_analysis_with_a_cluster_file_is_byte_identical_and_records_it(tmp_path:
     (lambda d: d.update(colour="red"), "cluster file: unknown key 'colour'"),
     (lambda d: d.pop("gpus_per_node"), "missing key 'gpus_per_node'"),
     (lambda d: d["gpu"].update(hbm_bytes_per_s=-1), "gpu.hbm_bytes_per_s must be a positive number"),
+    (lambda d: d["gpu"].update(l2_bytes=-1), "gpu.l2_bytes must be a non-negative number"),
+    (lambda d: d["gpu"].update(l2_bytes="50 MB"), "gpu.l2_bytes must be a non-negative number"),
     (lambda d: d["links"]["intra_node"].update(latency_s="fast"), "links.intra_node.latency_s must be a non-negative number"),
     (lambda d: d["gpu"].update(gemm_sustained_factor=0.7), "is a preset's name but the GPU carries calibrated values"),
     (lambda d: d.update(collective_fits=[{"kind": "ALLREDUCE", "group_size": 2, "level": "intra_node", "alpha_s": 0,

@@ -42,8 +42,10 @@ def test_every_gpu_number_has_a_source(gpu: GPU) -> None:
         "nvlink_bytes_per_s",
         "pcie_bytes_per_s",
         "sm_count",
-    }
+    } | ({"l2_bytes"} if gpu.l2_bytes else set())
     assert gpu.sm_count > 0  # every preset knows its SMs/CUs (the GEMM model's wave quantisation)
+    # every NVIDIA preset knows its L2 (the eager norm law's spill); MI300X has no one shared L2
+    assert (gpu.l2_bytes > 0) == (gpu.name != "MI300X")
     assert all(len(s) > 20 for s in gpu.sources.values())
 
 

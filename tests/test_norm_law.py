@@ -26,7 +26,7 @@ LOO_FORWARD, LOO_BACKWARD = 0.122, 0.113
 
 def _law(rows: int, width: int, itemsize: int = 2, rms: bool = False) -> tuple[float, float]:
     return norm.eager_norm_times_s(rows, width, itemsize, H100.hbm_bytes_per_s, H100.sm_count,
-                                   norm.L2_BYTES[H100.name], rms)
+                                   H100.l2_bytes, rms)
 
 
 def test_the_law_reproduces_the_bundled_layernorm_measurements():
@@ -83,6 +83,22 @@ def test_wide_rows_spill_the_l2_and_fp32_doubles_the_bytes():
     kept = norm.eager_norm_times_s(rows, width, 2, H100.hbm_bytes_per_s, H100.sm_count, 1e12)[0]
     assert spilled / kept == pytest.approx(1.5, rel=0.02)
     assert _law(8192, 1024, itemsize=4)[1] == pytest.approx(2 * _law(8192, 1024)[1], rel=1e-9)
+
+
+def test_the_op_law_reads_the_gpus_own_l2():
+    # the spill threshold is the GPU's l2_bytes: H200 (the same GH100 L2) spills where H100 does,
+    # and a GPU whose L2 is unknown (0) is taken never to spill
+    rows, width = 4096, 12288
+    h200 = get_gpu("h200")
+    assert h200.l2_bytes == H100.l2_bytes == 50e6
+    for gpu in (H100, h200):
+        (fwd, _), _ = norm.op_norm_times_s("LayerNormalization", -1, (rows, width), 2, gpu, gpu.hbm_bytes_per_s)
+        assert fwd == norm.eager_norm_times_s(rows, width, 2, gpu.hbm_bytes_per_s, gpu.sm_count, gpu.l2_bytes, False)[0]
+    unknown = dataclasses.replace(h200, name="H200 (no L2)", l2_bytes=0.0)
+    (spilled, _), _ = norm.op_norm_times_s("LayerNormalization", -1, (rows, width), 2, h200, h200.hbm_bytes_per_s)
+    (kept, _), _ = norm.op_norm_times_s("LayerNormalization", -1, (rows, width), 2, unknown, h200.hbm_bytes_per_s)
+    assert kept == norm.eager_norm_times_s(rows, width, 2, h200.hbm_bytes_per_s, h200.sm_count, float("inf"), False)[0]
+    assert spilled > 1.4 * kept  # the second read of every row from HBM
 
 
 def _times(stack: str, gpu=H100, attention: str = "flash") -> dict[str, list[tuple[float, float]]]:

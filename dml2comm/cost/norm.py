@@ -12,7 +12,8 @@ kernels with their ``rms_norm`` template flag) as the kernels of PyTorch's
   :attr:`EagerNormLaw.fwd_row_sm_s` / SMs (a per-block cost: the block reduction and its
   ``__syncthreads``), with the row read twice from HBM when ``min(rows, 16 x SMs)`` rows (16
   such blocks fill an SM's 2,048 threads, CUDA C Programming Guide, compute capability 8.x/9.0)
-  exceed the L2 (:data:`L2_BYTES`).
+  exceed the L2 (:attr:`dml2comm.hardware.gpus.GPU.l2_bytes`; a GPU whose L2 is unknown is
+  taken never to spill).
 - backward, two kernels (``LayerNormBackwardKernelImplInternal``):
   ``layer_norm_grad_input_kernel_vectorized`` (one block per row: reads ``dY`` and ``X``, writes
   ``dX``) at :attr:`EagerNormLaw.grad_input_hbm_share` of the HBM bandwidth, and
@@ -38,9 +39,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from dml2comm.cost.calibrated import preset_of
 
-__all__ = ["EagerNormLaw", "H100_NORM_LAW", "EAGER_NORM_OPS", "RMS_NORM_OPS", "L2_BYTES", "eager_norm_times_s",
+__all__ = ["EagerNormLaw", "H100_NORM_LAW", "EAGER_NORM_OPS", "RMS_NORM_OPS", "eager_norm_times_s",
            "eager_norm_kernels", "gamma_beta_split", "op_norm_times_s"]
 
 #: ONNX ops eager PyTorch runs as ``layer_norm_kernel.cu``'s kernels: ``F.layer_norm`` and
@@ -58,17 +58,6 @@ PARTIAL_MAX_GRID = 64 * 1024 // 2
 #: Forward blocks resident per SM: 2,048 threads per SM (CUDA C Programming Guide, "Technical
 #: Specifications per Compute Capability", 8.0 and 9.0) / 128 threads per block.
 FORWARD_BLOCKS_PER_SM = 16
-
-#: L2 capacity by preset, bytes: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022),
-#: "50 MB L2 cache" on H100 SXM5; A100 Tensor Core GPU Architecture whitepaper (2020), "40 MB L2";
-#: Volta whitepaper (2017), "6144 KB L2".  A GPU not listed is taken never to spill.
-L2_BYTES = {
-    "H100-SXM5-80GB": 50e6,
-    "A100-SXM4-80GB": 40e6,
-    "A100-SXM4-40GB": 40e6,
-    "V100-SXM2-32GB": 6144 * 1024,
-}
-
 
 class EagerNormLaw(NamedTuple):
     """Rates of the eager LayerNorm/RMSNorm kernels as shares of the GPU's HBM bandwidth (module
@@ -141,5 +130,5 @@ def op_norm_times_s(op_type: str, axis: int, x_shape: tuple[int, ...], itemsize:
         return None
     rms = op_type in RMS_NORM_OPS
     fwd, bwd = eager_norm_times_s(rows, width, itemsize, hbm_bytes_per_s, gpu.sm_count,
-                                  L2_BYTES.get(preset_of(gpu.name), math.inf), rms)
+                                  gpu.l2_bytes or math.inf, rms)
     return (fwd, bwd), eager_norm_kernels(rows, width, gpu.sm_count, rms)[1] - 1

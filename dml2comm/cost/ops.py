@@ -139,7 +139,8 @@ class OpCostTableKey(CacheKey):
     peak_flops: float
     hbm_bytes_per_s: float
     lenient: bool
-    calibration: tuple[float | None, float | None] = (None, None)
+    #: what else of the GPU the costs read: its calibrated values, SMs and L2
+    calibration: tuple = (None, None)
     #: the multiple unaligned GEMM row lengths are padded to before timing (:data:`MEGATRON_PAD`
     #: under Megatron-LM), None: timed as exported
     pad: int | None = None
@@ -335,7 +336,8 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
     is_gemm: list[bool] = []
     known: dict[tuple, tuple[OpCost, tuple[float, float], bool, int]] = derived(
         graph, OpCostTableKey(train, gpu.name, peak, hbm, lenient, (gpu.gemm_sustained_factor, gpu.hbm_efficiency,
-                                                                 tuple(sorted(gpu.calibrated_classes.items()))), pad), dict)
+                                                                 tuple(sorted(gpu.calibrated_classes.items())),
+                                                                 gpu.sm_count, gpu.l2_bytes), pad), dict)
     # a calibrated GPU's own memory-bound efficiencies (``calibrate``: element-wise, and the
     # normalisation/reduction class of NORM_OPS), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)

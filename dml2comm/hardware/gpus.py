@@ -140,6 +140,10 @@ class GPU:
     sm_count
         Streaming multiprocessors (AMD: compute units) that run GEMM tiles; 0 when unknown.
         Read by the GEMM model (:mod:`dml2comm.cost.gemm`) for wave quantisation.
+    l2_bytes
+        Capacity of the L2 cache shared by the SMs, bytes; 0 when unknown.  Read by the eager
+        LayerNorm/RMSNorm law (:mod:`dml2comm.cost.norm`: a row read twice comes from HBM once
+        the resident rows exceed it); 0 takes the rows never to spill.
     gemm_sustained_factor
         Calibrated ``f_gpu`` of the GEMM model (:mod:`dml2comm.cost.gemm`) measured on this GPU
         by ``python main.py calibrate`` (:mod:`dml2comm.calibrate`); ``None`` (every preset): the
@@ -174,6 +178,7 @@ class GPU:
     gemm_sustained_factor: float | None = None
     hbm_efficiency: float | None = None
     calibrated_classes: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    l2_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for key, value in self.peak_flops_per_s.items():
@@ -187,6 +192,8 @@ class GPU:
             value = getattr(self, field_name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"GPU {self.name!r}: {field_name} must be a non-negative number, got {value!r}")
+        if isinstance(self.l2_bytes, bool) or not isinstance(self.l2_bytes, (int, float)) or not (math.isfinite(self.l2_bytes) and self.l2_bytes >= 0):
+            raise ConfigError(f"GPU {self.name!r}: l2_bytes must be a non-negative number (0: unknown), got {self.l2_bytes!r}")
         if not (isinstance(self.sm_count, int) and self.sm_count >= 0):
             raise ConfigError(f"GPU {self.name!r}: sm_count must be a non-negative integer, got {self.sm_count!r}")
         if self.hbm_bytes <= 0 or self.hbm_bytes_per_s <= 0:
@@ -221,6 +228,7 @@ class GPU:
                 self.gemm_sustained_factor,
                 self.hbm_efficiency,
                 tuple(sorted(self.calibrated_classes.items())),
+                self.l2_bytes,
             )
         )
 
@@ -240,6 +248,7 @@ class GPU:
                 self.gemm_sustained_factor,
                 self.hbm_efficiency,
                 dict(self.calibrated_classes),
+                self.l2_bytes,
             ),
         )
 
@@ -289,6 +298,7 @@ class GPU:
         """Names of numbers without a non-empty entry in :attr:`sources` (empty for every preset)."""
         wanted = [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s] + list(_NUMERIC_FIELDS)
         wanted += ["sm_count"] if self.sm_count else []
+        wanted += ["l2_bytes"] if self.l2_bytes else []
         wanted += [k for k in ("gemm_sustained_factor", "hbm_efficiency") if getattr(self, k) is not None]
         wanted += ["calibrated_classes"] if self.calibrated_classes else []
         return tuple(f for f in wanted if not str(self.sources.get(f, "")).strip())
@@ -309,6 +319,7 @@ class GPU:
             "nvlink_bytes_per_s": self.nvlink_bytes_per_s,
             "pcie_bytes_per_s": self.pcie_bytes_per_s,
             "sm_count": self.sm_count,
+            "l2_bytes": self.l2_bytes,
             "sources": dict(self.sources),
         }
 
@@ -347,8 +358,10 @@ _A100_80 = GPU(
     nvlink_bytes_per_s=300e9,
     pcie_bytes_per_s=32e9,
     sm_count=108,
+    l2_bytes=40e6,
     sources={
         "sm_count": "108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: the A100 product enables 108 of the GA100 die's 128 SMs)",
+        "l2_bytes": "40 MB L2 (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: '40 MB L2 cache', 7x V100's)",
         "peak_flops_per_s.fp32": _A100_FLOPS,
         "peak_flops_per_s.tf32": _A100_FLOPS,
         "peak_flops_per_s.bf16": _A100_FLOPS,
@@ -368,6 +381,7 @@ _A100_40 = GPU(
     nvlink_bytes_per_s=300e9,
     pcie_bytes_per_s=32e9,
     sm_count=_A100_80.sm_count,
+    l2_bytes=_A100_80.l2_bytes,
     sources={
         **dict(_A100_80.sources),
         "hbm_bytes": "40 GB HBM2 (glennklockwood.com/garden/processors/A100: 'A100 40G SXM4 ... 40 GB HBM2')",
@@ -383,8 +397,10 @@ _H100 = GPU(
     nvlink_bytes_per_s=450e9,
     pcie_bytes_per_s=64e9,
     sm_count=132,
+    l2_bytes=50e6,
     sources={
         "sm_count": "132 SMs for H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022: 132 SMs on SXM5, 114 on PCIe)",
+        "l2_bytes": "50 MB L2 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022: '50 MB L2 cache' on H100 SXM5)",
         "peak_flops_per_s.fp32": _H100_FLOPS,
         "peak_flops_per_s.tf32": _H100_FLOPS,
         "peak_flops_per_s.bf16": _H100_FLOPS,
@@ -405,8 +421,10 @@ _H200 = GPU(
     nvlink_bytes_per_s=450e9,
     pcie_bytes_per_s=64e9,
     sm_count=132,
+    l2_bytes=50e6,
     sources={
         "sm_count": "132 SMs: the same GH100 configuration as H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022; H200 = H100 with HBM3e, glennklockwood.com/garden/processors/h100)",
+        "l2_bytes": "50 MB L2: the same GH100 configuration as H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022: '50 MB L2 cache'; H200 = H100 with HBM3e)",
         **{
             f"peak_flops_per_s.{k}": (
                 "same GH100 compute as H100 SXM5 ('H200 GPUs are the same as H100 GPUs ... just with more and "
@@ -429,8 +447,10 @@ _V100 = GPU(
     nvlink_bytes_per_s=150e9,
     pcie_bytes_per_s=16e9,
     sm_count=80,
+    l2_bytes=6144 * 1024,
     sources={
         "sm_count": "80 SMs (NVIDIA Tesla V100 GPU Architecture whitepaper, 2017)",
+        "l2_bytes": "6,144 KB L2 (NVIDIA Tesla V100 GPU Architecture whitepaper, 2017, Table 1)",
         "peak_flops_per_s.fp32": "NVIDIA Tesla V100 datasheet, SXM2: single precision 15.7 TFLOP/s (double 7.8)",
         "peak_flops_per_s.fp16": (
             "NVIDIA Tesla V100 datasheet, SXM2: 'Tensor Performance 125 TFLOPS'; NVIDIA developer blog "
@@ -457,8 +477,10 @@ _A6000 = GPU(
     nvlink_bytes_per_s=56.25e9,
     pcie_bytes_per_s=32e9,
     sm_count=84,
+    l2_bytes=6144 * 1024,
     sources={
         "sm_count": "84 SMs (NVIDIA Ampere GA102 GPU Architecture whitepaper, 2021: RTX A6000 is the full GA102 with 84 SMs)",
+        "l2_bytes": "6,144 KB L2 (NVIDIA Ampere GA102 GPU Architecture whitepaper, 2021: full GA102, '6144 KB' L2)",
         "peak_flops_per_s.fp32": "NVIDIA RTX A6000 datasheet: single-precision 38.7 TFLOP/s (also 38.71 in TechPowerUp-derived tables)",
         "peak_flops_per_s.bf16": (
             "Microway 'In-Depth Comparison of NVIDIA Ampere GPU Accelerators': RTX A6000 FP16/BF16 tensor 154.8 "
@@ -485,8 +507,10 @@ _L40S = GPU(
     nvlink_bytes_per_s=0.0,
     pcie_bytes_per_s=32e9,
     sm_count=142,
+    l2_bytes=96 * 1024 * 1024,
     sources={
         "sm_count": "142 SMs (NVIDIA ADA GPU Architecture whitepaper, 2023: L40S/L40 enable 142 of AD102's 144 SMs)",
+        "l2_bytes": "96 MB L2 (NVIDIA ADA GPU Architecture whitepaper, 2023: AD102's 98,304 KB L2; L40S datasheet '96 MB L2 cache')",
         **{
             f"peak_flops_per_s.{k}": (
                 "NVIDIA L40S datasheet table (reproduced by mullet.se): FP32 91.6; TF32 183 (366*); BF16/FP16 "
@@ -506,6 +530,8 @@ _MI300X_FLOPS = (
     "capabilities of the MI300X': Vector/Matrix FP32 163.4, TF32 653.7, Matrix FP16/BF16 1307.4, "
     "Matrix FP8 2614.9 TFLOP/s (dense)"
 )
+# l2_bytes left 0 (unknown): CDNA 3 has 4 MB of L2 per XCD and a 256 MB Infinity Cache, not one L2 shared
+# by every CU (AMD CDNA 3 Architecture white paper, 2023), and the eager norm law is CUDA's kernels'.
 _MI300X = GPU(
     name="MI300X",
     peak_flops_per_s={"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
