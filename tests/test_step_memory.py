@@ -278,3 +278,60 @@ def test_hugging_face_loss_upcasts_for_causal_lms_only():
     assert loss_memory_bytes(100.0, "pytorch", True) == (400.0, 800.0)
     assert loss_memory_bytes(100.0, "pytorch", False, 2) == (200.0, 400.0)
     assert loss_memory_bytes(100.0, "megatron", False, 2) == (0.0, 0.0)
+
+
+def _zoo_of(run: dict):
+    """The zoo's shape-only graph of a fake-tensor run's Hugging Face model, exported in bf16."""
+    d, s = run["dims"], run["seq"]
+    if run["kind"] == "gpt2":
+        proto = zoo.build_gpt(layers=d["L"], hidden=d["h"], heads=d["a"], vocab=50257, seq_len=s)
+    else:  # llama, qwen2: the same decoder (Qwen2's q/k/v biases are 0.003% of its parameters)
+        proto = zoo.build_llama(layers=d["L"], hidden=d["h"], heads=d["a"], kv_heads=d["kv"], ffn_hidden=d["ffn"],
+                                vocab=d["V"], seq_len=s, tied_embeddings=d.get("tie", False), dtype="bf16")
+    return load_model_proto(proto, ImportOptions(batch_size=run["micro_batch"]))
+
+
+@pytest.mark.parametrize("run", [r for r in json.loads(FAKE.read_text())["runs"] if r["kind"] != "bert"],
+                         ids=lambda r: f"{r['name']}-{r['mode']}-b{r['micro_batch']}")
+def test_zoo_step_peaks_match_the_fake_tensor_steps(run):
+    """The peak of one eager step on one GPU (``--stack pytorch``, ``--precision bf16`` or ``amp``)
+    for the zoo's graph of each Hugging Face causal LM in benchmarks/data/fake_memory_hf.json,
+    against the FakeTensor count (itself within 1% of the two H100 steps measured).  The zoo's
+    graphs are exported in bf16: under ``amp`` their casts back to bf16 read as the fp32
+    model's (memory.autocast_dtypes), as on an fp32 export.  The tool counts the Dropout masks
+    the zoo's GPT keeps (the fake steps ran without dropout): about 1% of GPT-2's peak."""
+    cfg = ParallelConfig(micro_batch_size=run["micro_batch"], global_batch_size=run["micro_batch"], seq_len=run["seq"],
+                         stack="pytorch", precision=run["mode"], dtype="bf16")
+    peak = analyze_graph(_zoo_of(run), cfg, make_cluster("h100", 1), advise=False, timeline=False).stages[0].memory["total_bytes"]
+    assert peak == pytest.approx(run["peak_alloc_bytes"], rel=0.025)
+
+
+def test_autocast_reads_a_bf16_export_as_the_fp32_model_it_stands_for():
+    """Under ``amp`` a bf16-exported Llama's RMSNorm output (its ``Cast`` back to bf16) is fp32, so
+    the q, k and v projections each keep a bf16 copy of it, as autograd does on the fp32 model
+    (benchmarks/fake_saved.py llama-0.3b 1 amp); a linear layer's bias Add stays 16-bit (GPT-2's
+    addmm), where an fp32 bias would promote it."""
+    from dml2comm.cost.cache import layers_of
+    from dml2comm.cost.memory import autocast_dtypes, export_dtype
+    from dml2comm.ir.graph import DType
+
+    llama = load_model_proto(zoo.build_llama(layers=2, hidden=128, heads=4, kv_heads=2, ffn_hidden=256, vocab=VOCAB,
+                                             seq_len=SEQ, dtype="bf16"), ImportOptions(batch_size=BATCH)).graph
+    assert export_dtype(llama) is DType.BFLOAT16
+    dtypes = autocast_dtypes(llama, DType.BFLOAT16)
+    block = [layer for layer in layers_of(llama).layers if layer.kind == "block"][1]
+    casts = [llama.ops[i] for i in block.op_indices if llama.ops[i].op_type == "Cast"]
+    back = [op for op in casts if llama.tensor(op.outputs[0]).dtype is DType.BFLOAT16]
+    assert back and all(dtypes[op.outputs[0]] is DType.FLOAT for op in back)
+    amp_saved = activation_model_of(llama, 1, False, "bf16", False, "pytorch", "flash", autocast=True).saved_bytes(block.op_indices)
+    bf16_saved = activation_model_of(llama, 1, False, "bf16", False, "pytorch", "flash").saved_bytes(block.op_indices)
+    # q, k, v, gate and up each keep a bf16 copy of an fp32 norm output ([b, s, h]), and RoPE's
+    # cos and sin ([s, head_dim]) are fp32: what the bf16 run keeps and more
+    assert amp_saved - bf16_saved == 5 * BATCH * SEQ * 128 * 2 + 2 * SEQ * 32 * (4 - 2)
+    gpt = load_model_proto(zoo.build_gpt(layers=2, hidden=HIDDEN, heads=4, vocab=VOCAB, seq_len=SEQ),
+                           ImportOptions(batch_size=BATCH)).graph
+    amp = autocast_dtypes(gpt, DType.BFLOAT16)
+    bias_adds = [op for op in gpt.ops if op.op_type == "Add" and gpt.producer(op.inputs[0]) is not None
+                 and gpt.ops[gpt.producer(op.inputs[0])].op_type == "MatMul"
+                 and (t := gpt.tensor(op.inputs[1])) is not None and t.is_weight and len(t.shape) == 1]
+    assert bias_adds and all(amp[op.outputs[0]] is DType.BFLOAT16 for op in bias_adds)

@@ -461,6 +461,32 @@ def autocasts_activations(stack: Stack | str, precision: Precision | str, dtype_
     return Stack.of(stack) is Stack.PYTORCH and Precision.of(precision) is Precision.AMP and dtype_bytes < 4
 
 
+def export_dtype(graph: OpGraph) -> DType | None:
+    """The dtype the model was exported in: that of most of its float weights' elements (None
+    without float weights)."""
+    elements: dict[DType, int] = {}
+    for t in graph.tensors.values():
+        if t.is_weight and t.dtype.is_float:
+            elements[t.dtype] = elements.get(t.dtype, 0) + t.numel
+    return max(elements, key=elements.__getitem__) if elements else None
+
+
+def _linear_bias(graph: OpGraph, op: Op, out: Mapping[str, DType], low: DType) -> bool:
+    """Whether ``op`` is the bias ``Add`` of a linear layer: a GEMM's ``low`` output plus a 1-D
+    float weight.  ``F.linear(x, W, b)`` is one autocast op (``linear``/``addmm`` on the
+    lower-precision list, autocast_mode.cpp) that casts ``b`` with ``W`` and returns ``low``;
+    the export splits it into ``MatMul`` and ``Add``."""
+    if op.op_type != "Add" or len(op.inputs) != 2:
+        return False
+    for a, b in (op.inputs, op.inputs[::-1]):
+        prod = graph.producer(a) if a else None
+        bias = graph.tensor(b) if b else None
+        if (prod is not None and graph.ops[prod].op_type in AUTOCAST_LOWER_OPS and out.get(a) is low
+                and bias is not None and bias.is_weight and bias.dtype.is_float and len(bias.shape) == 1):
+            return True
+    return False
+
+
 def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ()) -> dict[str, DType]:
     """The dtype of every float activation of an fp32 model run under CUDA
     ``torch.autocast(dtype=low)``, read off an fp32 export (which shows no casts).
@@ -469,8 +495,9 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ())
     float16/bfloat16" run in ``low`` and return it, ops that "autocast to float32" return fp32,
     "other ops ... run in the widest input type"), by op, in graph order:
 
-    - GEMMs (:data:`AUTOCAST_LOWER_OPS`) and the flash cores' outputs (SDPA is on the CUDA
-      lower-precision list, autocast_mode.cpp): ``low``.
+    - GEMMs (:data:`AUTOCAST_LOWER_OPS`), a linear layer's bias ``Add`` (:func:`_linear_bias`)
+      and the flash cores' outputs (SDPA is on the CUDA lower-precision list,
+      autocast_mode.cpp): ``low``.
     - :data:`AUTOCAST_FP32_OPS`: fp32.
     - ``Cast``: its target type.
     - Anything else: PyTorch's type promotion over its float operands ("Tensor Attributes -
@@ -482,16 +509,29 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ())
 
     So the residual stream, norms and their outputs stay fp32 (Hugging Face's embeddings and
     RMSNorm/LayerNorm run in fp32), GEMM outputs are 16-bit, and a GEMM reading an fp32
-    activation casts it (:class:`ActivationModel` counts that copy)."""
+    activation casts it (:class:`ActivationModel` counts that copy).
+
+    An export made in 16 bits (its weights 16-bit: ``torch_dtype=torch.bfloat16``, the zoo's
+    ``--dtype bf16`` graphs) shows the model's dtype where the code wrote it: its weights,
+    buffers and inputs are 16-bit, and a ``Cast`` to that dtype is the code casting back to the
+    model's or its input's dtype (``LlamaRMSNorm``'s ``.to(input_dtype)``, RoPE's
+    ``cos.to(x.dtype)``).  Autocast runs the fp32 model, so those read as fp32 here: weights,
+    buffers and inputs of the export's dtype are fp32, and such a ``Cast`` yields fp32 (a norm's
+    output stays fp32 and each GEMM reading it makes its own 16-bit copy, as on an fp32 export;
+    :func:`export_dtype`)."""
     out: dict[str, DType] = {}
     lowered = {core.context_op for core in flash}
     lowered_names = {core.out for core in flash}
+    model = export_dtype(graph)
+    low_export = model is not None and model.itemsize < DType.FLOAT.itemsize
 
     def dtype_of(name: str) -> DType | None:
         if name in out:
             return out[name]
         t = graph.tensor(name)
-        return t.dtype if t is not None else None
+        if t is None:
+            return None
+        return DType.FLOAT if low_export and t.dtype is model else t.dtype
 
     def promotes(name: str) -> bool:
         t = graph.tensor(name)
@@ -504,17 +544,19 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ())
         if not floats:
             continue
         kind = op.op_type
-        if kind in AUTOCAST_LOWER_OPS or op.index in lowered:
+        if kind in AUTOCAST_LOWER_OPS or op.index in lowered or _linear_bias(graph, op, out, low):
             dt = low
         elif kind in AUTOCAST_FP32_OPS:
             dt = DType.FLOAT
         elif kind in ("Cast", "CastLike"):
-            dt = None  # its exported target type
+            dt = None  # its exported target type; a cast to a 16-bit export's own dtype: fp32
+            if low_export and all(graph.tensor(o).dtype is model for o in floats):
+                dt = DType.FLOAT
         else:
             ins = [dtype_of(n) for n in op.inputs if n and promotes(n)]
             dt = max(ins, key=lambda d: d.itemsize) if ins else None
         for o in floats:
-            out[o] = low if o in lowered_names else (dt or graph.tensor(o).dtype)
+            out[o] = low if o in lowered_names else (dt or dtype_of(o))
     return out
 
 
