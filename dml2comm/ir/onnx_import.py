@@ -1086,8 +1086,18 @@ _NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "R
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[tuple[int | str, ...] | None, DType]]:
-    """Shape and dtype of every declared or inferred value, by name."""
-    return {vi.name: _shape_of(vi.type) for vi in (*graph.input, *graph.value_info, *graph.output)}
+    """Shape and dtype of every declared or inferred value, by name; each distinct type read
+    once (keyed by its serialized bytes: a 105-layer GPT's 6,300 values have a few dozen types,
+    and protobuf serializes in C where :func:`_shape_of` walks the dims in Python)."""
+    read: dict[bytes, tuple[tuple[int | str, ...] | None, DType]] = {}
+    out: dict[str, tuple[tuple[int | str, ...] | None, DType]] = {}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        key = vi.type.SerializeToString()
+        got = read.get(key)
+        if got is None:
+            got = read[key] = _shape_of(vi.type)
+        out[vi.name] = got
+    return out
 
 
 def _has_unknown_dims(model: onnx.ModelProto, shapes: dict | None = None) -> bool:
