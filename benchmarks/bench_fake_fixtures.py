@@ -10,7 +10,8 @@ ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorc
 precision=mode, dtype="bf16"), make_cluster("h100", 1)).stages[0].memory["total_bytes"]`` (without
 the framework constant, which the fake count does not hold either).  Also printed: the number of
 Dropout nodes in the graph (the tool counts a 1-byte mask per node; the fake steps train without
-dropout, matching the eval-mode exports, which have none).
+dropout, matching the eval-mode exports, which have none), and ``use_cache`` of the fake step (False:
+the export's config; True: transformers' default, the step the memory model assumes).
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ def tool_peak(row: dict) -> tuple[float, int]:
 def main(argv: list[str]) -> None:
     doc = json.loads(DATA.read_text())
     print(f"fake steps: torch {doc['torch']}, transformers {doc['transformers']}")
-    print(f"{'fixture':26s} {'b':>2s} {'s':>5s} {'mode':4s} {'attn':6s} {'drop':>4s} {'tool GB':>9s} {'fake GB':>9s} {'error':>7s}")
+    print(f"{'fixture':28s} {'b':>2s} {'s':>5s} {'mode':4s} {'cache':5s} {'attn':6s} {'drop':>4s} {'tool GB':>9s} {'fake GB':>9s} {'error':>7s}")
     for row in doc["runs"]:
         if argv and row["name"] not in argv:
             continue
         tool, dropouts = tool_peak(row)
         fake = row["peak_alloc_bytes"]
-        print(f"{row['fixture']:26s} {row['b']:2d} {row['s']:5d} {row['mode']:4s} {row['attn_implementation']:6s} "
+        print(f"{row['fixture']:28s} {row['b']:2d} {row['s']:5d} {row['mode']:4s} {str(row['use_cache']):5s} {row['attn_implementation']:6s} "
               f"{dropouts:4d} {tool / 1e9:9.4f} {fake / 1e9:9.4f} {tool / fake - 1:+7.1%}", flush=True)
 
 

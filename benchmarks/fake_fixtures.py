@@ -7,6 +7,9 @@ A dev script that needs torch and transformers (the tool and its tests never imp
     /work/fake-venv/bin/python benchmarks/fake_fixtures.py              # every row, writes the JSON
     /work/fake-venv/bin/python benchmarks/fake_fixtures.py gemma_tiny   # one fixture, prints only
 
+Each fixture is counted in both modes and with ``use_cache`` as exported (False) and as
+transformers defaults it (True): :data:`USE_CACHE`.
+
 The model.  Each fixture's transformers config is the one ``tests/fixtures/export_models.py``
 built it from: the ``cfg = XConfig(...)`` statement of its ``build_*`` function, read from that
 file's source (``ast``) and evaluated here, so the two scripts share one config (importing the
@@ -46,6 +49,12 @@ EXPORT = FIXTURES / "export_models.py"
 OUT = ROOT / "data" / "fake_memory_fixtures.json"
 B, S = 4, 512
 MODES = ("bf16", "amp")
+#: ``use_cache`` of the step: False, the export's config as it is; True, transformers' default
+#: (``PretrainedConfig.use_cache``), with which a training script that does not set it runs: the
+#: model then builds a ``DynamicCache`` whose ``update`` keeps ``torch.cat``'d copies of K and V
+#: (transformers ``cache_utils.py``, ``DynamicLayer.update``), the step the memory model assumes
+#: (``ActivationModel._eager_flash_inputs``) and the measured H100 steps ran
+USE_CACHE = (False, True)
 #: fixture key (``<key>_dynamo.onnx``) -> its export function in export_models.py
 BUILDERS = {
     "gpt2": "build_gpt2", "llama_gqa": "build_llama", "gemma_tiny": "build_gemma", "gpt_neox": "build_gpt_neox",
@@ -94,13 +103,15 @@ def train_config(cfg) -> dict:
     return changed
 
 
-def fixture_row(key: str, mode: str, expected: dict) -> dict:
+def fixture_row(key: str, mode: str, expected: dict, use_cache: bool = False) -> dict:
     cfg, source = export_config(BUILDERS[key])
     config = json.loads(cfg.to_json_string(use_diff=True))
     dropouts = train_config(cfg)
+    cfg.use_cache = use_cache
     attn = EAGER.get(key, "sdpa")
     row = dict(name=key, fixture=f"{key}_dynamo.onnx", export_function=source, config_class=type(cfg).__name__,
-               hf_config=config, dropout_zeroed=dropouts, attn_implementation=attn, micro_batch=B, seq=S, b=B, s=S, mode=mode)
+               hf_config=config, dropout_zeroed=dropouts, attn_implementation=attn, use_cache=use_cache,
+               micro_batch=B, seq=S, b=B, s=S, mode=mode)
     row.update(fm.count_step(cfg, "clm", B, S, mode, attn))
     want = expected["models"][key]["torch"]["parameter_count"]
     if row["params"] != want:
@@ -117,14 +128,14 @@ def main(argv: list[str]) -> None:
     for key in BUILDERS:
         if argv and key not in argv:
             continue
-        for mode in MODES:
+        for mode, use_cache in ((m, c) for c in USE_CACHE for m in MODES):
             try:
-                row = fixture_row(key, mode, expected)
+                row = fixture_row(key, mode, expected, use_cache)
             except Exception as exc:  # a model the fake step cannot run: say so, keep the others
                 print(f"{key:18s} {mode:4s} FAILED: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
             rows.append(row)
-            print(f"{key:18s} {mode:4s} params {row['params']:>11,d} peak {row['peak_alloc_bytes'] / 1e9:7.3f} GB in "
+            print(f"{key:18s} {mode:4s} cache={use_cache:d} params {row['params']:>11,d} peak {row['peak_alloc_bytes'] / 1e9:7.3f} GB in "
                   f"{row['peak_phase']:9s} " + " ".join(f"{k}={v / 1e9:.3f}" for k, v in row["phase_peak_bytes"].items()),
                   flush=True)
     if argv:
@@ -132,7 +143,8 @@ def main(argv: list[str]) -> None:
     doc = {
         "how": "/work/fake-venv/bin/python benchmarks/fake_fixtures.py: for each decoder-only causal-LM dynamo fixture, "
                "the transformers config of its export function in tests/fixtures/export_models.py (ast-read), "
-               "attn_implementation='sdpa', dropouts 0 (the eval-mode exports have no Dropout node), one training step "
+               "attn_implementation='sdpa' (bloom: 'eager'), dropouts 0 (the eval-mode exports have no Dropout node), "
+               "use_cache as exported (False) and transformers' default (True), one training step "
                f"at micro-batch {B}, sequence {S} counted by benchmarks/fake_memory.py's count_step (FakeTensorMode, "
                "storages rounded to 512 B, AdamW fused, 3 warm-up steps, peak reset, one step counted; "
                "bf16: the model in bf16; amp: fp32 model under autocast(bf16) with CUDA's fp32 op list)",

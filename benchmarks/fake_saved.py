@@ -8,6 +8,7 @@ and cuDNN attention routing it reuses):
     /work/fake-venv/bin/python benchmarks/fake_saved.py llama-1b 1   # the layer to list (default 1)
     /work/fake-venv/bin/python benchmarks/fake_saved.py llama-0.3b 1 amp  # fp32 model under CPU autocast(bf16)
     /work/fake-venv/bin/python benchmarks/fake_saved.py gpt_neox 1 bf16   # a fixture of fake_fixtures.py (b=4, s=512)
+    /work/fake-venv/bin/python benchmarks/fake_saved.py gpt_neox 1 bf16 cache  # ... with use_cache=True
 
 One forward of ``model(input_ids, labels=input_ids)`` under ``FakeTensorMode`` inside
 ``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor an autograd node
@@ -34,12 +35,14 @@ import fake_fixtures as ff  # noqa: E402  the fixtures' export configs
 import fake_memory as fm  # noqa: E402  the step's configs and its SDPA routing
 
 
-def saved_step(name: str, layer: int, mode: str = "bf16") -> None:
-    """A RUNS row's step, or a fixture's (``fake_fixtures.BUILDERS``: its export config, b, s)."""
+def saved_step(name: str, layer: int, mode: str = "bf16", use_cache: bool = False) -> None:
+    """A RUNS row's step, or a fixture's (``fake_fixtures.BUILDERS``: its export config, b, s,
+    ``use_cache`` as exported or, given ``cache``, transformers' default True)."""
     if name in ff.BUILDERS:
         ff.no_packed_sequences()
         cfg, _ = ff.export_config(ff.BUILDERS[name])
         ff.train_config(cfg)
+        cfg.use_cache = use_cache
         saved_cfg(name, cfg, "clm", ff.B, ff.S, layer, mode, ff.EAGER.get(name, "sdpa"))
         return
     run = next(r for r in fm.RUNS if r[0] == name and r[5] == mode)
@@ -125,4 +128,4 @@ def saved_cfg(name: str, cfg, task: str, b: int, s: int, layer: int, mode: str, 
 
 if __name__ == "__main__":
     saved_step(sys.argv[1] if len(sys.argv) > 1 else "gpt2-small", int(sys.argv[2]) if len(sys.argv) > 2 else 1,
-               sys.argv[3] if len(sys.argv) > 3 else "bf16")
+               sys.argv[3] if len(sys.argv) > 3 else "bf16", sys.argv[4:5] == ["cache"])

@@ -27,4 +27,5 @@ def test_fake_fixture_steps_name_existing_fixtures_of_the_same_models():
         assert row["mode"] in ("bf16", "amp") and row["b"] == row["micro_batch"] and row["s"] == row["seq"]
         assert row["hf_config"] and row["config_class"].endswith("Config")
         assert 0 < row["start_bytes"] < row["peak_alloc_bytes"] == max(row["phase_peak_bytes"].values())
-    assert len({(r["name"], r["mode"]) for r in rows}) == len(rows)
+        assert isinstance(row["use_cache"], bool)
+    assert len({(r["name"], r["mode"], r["use_cache"]) for r in rows}) == len(rows)
