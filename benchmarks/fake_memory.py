@@ -34,7 +34,8 @@ SDPA: on fake CPU tensors it would pick a CPU kernel; on the H100 both traced st
 fused attention (``aten::_scaled_dot_product_cudnn_attention``, GQA key/value heads not
 repeated; no score matrix in memory).  So SDPA is routed to that aten op, whose meta kernel
 returns what the CUDA kernel does (output, log-sum-exp in fp32, RNG state), and the autograd
-function saves what aten's derivative saves.
+function saves what aten's derivative saves.  A mask the model passes (Falcon's explicit causal
+mask) goes to the kernel as its additive ``attn_bias``, as aten's SDPA does (:func:`_cudnn_sdpa`).
 
 Output (``benchmarks/data/fake_memory_hf.json``): per run, the peak and the phase it falls in
 (``forward``: the model body; ``head_loss``: from the LM head's input through the loss;
@@ -167,14 +168,19 @@ def _cudnn_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
     """F.scaled_dot_product_attention as the H100 ran it (module docstring): cuDNN's kernel,
     grouped-query key/value heads passed as they are (the Llama trace's
     ``aten::_scaled_dot_product_cudnn_attention_backward`` reads k, v of [4, 8, 2048, 64])."""
-    if attn_mask is not None:
-        raise RuntimeError("the fake step routes SDPA to the cuDNN kernel without a mask; the model passed one")
     if torch.is_autocast_enabled(DEVICE):
         # autocast's SDPA kernel (lower_precision_fp on CUDA and CPU, aten/src/ATen/autocast_mode.cpp)
         # casts the operands; the cuDNN op this routes to is autocast's fallthrough, so cast here
         low = torch.get_autocast_dtype(DEVICE)
         query, key, value = (t.to(low) if t.is_floating_point() else t for t in (query, key, value))
-    return _CudnnAttention.apply(query, key, value, dropout_p, is_causal, scale)
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(low)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # aten's scaled_dot_product_attention for the cuDNN backend (aten/src/ATen/native/transformers/
+        # attention.cpp, convert_boolean_attn_mask_cudnn): a boolean mask becomes an additive one in
+        # the query's dtype, where(~mask, -65504, 0), passed to the kernel as its attn_bias
+        attn_mask = torch.where(attn_mask, torch.zeros((), dtype=query.dtype), torch.full((), -65504.0, dtype=query.dtype))
+    return _CudnnAttention.apply(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 #: CUDA autocast's fp32 list (PyTorch docs, "Automatic Mixed Precision package": "CUDA Ops that can
@@ -215,28 +221,40 @@ class _CudnnAttention(torch.autograd.Function):
     derivatives.yaml: query, key, value, output, logsumexp, philox seed and offset)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, dropout_p, is_causal, scale):
+    def forward(ctx, q, k, v, bias, dropout_p, is_causal, scale):
         o, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, dropout_p, is_causal, False, scale=scale)
-        ctx.save_for_backward(q, k, v, o, lse, seed, offset)
+            q, k, v, bias, True, dropout_p, is_causal, False, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse, seed, offset, bias)  # attn_bias too, when given
         ctx.args = (cq, ck, mq, mk, dropout_p, is_causal, scale)
         return o
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, o, lse, seed, offset = ctx.saved_tensors
+        q, k, v, o, lse, seed, offset, bias = ctx.saved_tensors
         cq, ck, mq, mk, dropout_p, is_causal, scale = ctx.args
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            grad, q, k, v, o, lse, seed, offset, None, cq, ck, mq, mk, dropout_p, is_causal, scale=scale)
-        return dq, dk, dv, None, None, None
+            grad, q, k, v, o, lse, seed, offset, bias, cq, ck, mq, mk, dropout_p, is_causal, scale=scale)
+        return dq, dk, dv, None, None, None, None
 
 
 def fake_step(name: str, kind: str, dims: dict, b: int, s: int, mode: str) -> dict:
-    """One counted training step (module docstring)."""
+    """One counted training step (module docstring) of a RUNS row."""
+    row = dict(name=name, kind=kind, dims=dims, micro_batch=b, seq=s, mode=mode)
+    row.update(count_step(hf_config(kind, **dims), "mlm" if kind == "bert" else "clm", b, s, mode))
+    measured = MEASURED.get((name, b, s, mode))
+    if measured is not None:
+        row["measured_h100_peak_alloc_bytes"] = measured
+        row["error_vs_measured"] = row["peak_alloc_bytes"] / measured - 1
+    return row
+
+
+def count_step(cfg, task: str, b: int, s: int, mode: str, attn: str = "sdpa") -> dict:
+    """One counted training step (module docstring) of the model of the transformers config
+    ``cfg`` (``task`` "clm": a causal LM, "mlm": a masked LM) at micro-batch ``b``, sequence ``s``:
+    the peak, its phase and the marks (the rows' fields beside the run's name and dims).  ``attn``:
+    transformers' attention implementation (``eager`` for a model without SDPA support)."""
     import transformers as tf
 
-    cfg = hf_config(kind, **dims)
-    task = "mlm" if kind == "bert" else "clm"
     cls = tf.AutoModelForMaskedLM if task == "mlm" else tf.AutoModelForCausalLM
     tally = Tally()
     sdpa = F.scaled_dot_product_attention
@@ -245,7 +263,7 @@ def fake_step(name: str, kind: str, dims: dict, b: int, s: int, mode: str) -> di
         with FakeTensorMode(allow_non_fake_inputs=True), tally:
             # built in its dtype rather than converted (Module.to on fake tensors swaps them,
             # which their weak references forbid): the same parameters as model.to(bfloat16)
-            model = cls.from_config(cfg, attn_implementation="sdpa", dtype=BF if mode == "bf16" else torch.float32)
+            model = cls.from_config(cfg, attn_implementation=attn, dtype=BF if mode == "bf16" else torch.float32)
             model.train()
             params = sum(p.numel() for p in model.parameters())
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -303,15 +321,9 @@ def fake_step(name: str, kind: str, dims: dict, b: int, s: int, mode: str) -> di
             weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
     finally:
         F.scaled_dot_product_attention = sdpa
-    row = dict(name=name, kind=kind, dims=dims, micro_batch=b, seq=s, mode=mode, params=params,
-               peak_alloc_bytes=tally.peak, peak_phase=tally.peak_phase, phase_peak_bytes=dict(sorted(tally.phase_peak.items())),
-               phase_peak_parts=dict(sorted(tally.parts.items())),
-               start_bytes=start, weights_bytes=weights, optimizer_state_bytes=states, **marks)
-    measured = MEASURED.get((name, b, s, mode))
-    if measured is not None:
-        row["measured_h100_peak_alloc_bytes"] = measured
-        row["error_vs_measured"] = tally.peak / measured - 1
-    return row
+    return dict(params=params, peak_alloc_bytes=tally.peak, peak_phase=tally.peak_phase,
+                phase_peak_bytes=dict(sorted(tally.phase_peak.items())), phase_peak_parts=dict(sorted(tally.parts.items())),
+                start_bytes=start, weights_bytes=weights, optimizer_state_bytes=states, **marks)
 
 
 def main(argv: list[str]) -> None:

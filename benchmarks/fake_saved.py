@@ -7,6 +7,8 @@ and cuDNN attention routing it reuses):
     /work/fake-venv/bin/python benchmarks/fake_saved.py gpt2-small   # or llama-1b, any RUNS name
     /work/fake-venv/bin/python benchmarks/fake_saved.py llama-1b 1   # the layer to list (default 1)
     /work/fake-venv/bin/python benchmarks/fake_saved.py llama-0.3b 1 amp  # fp32 model under CPU autocast(bf16)
+    /work/fake-venv/bin/python benchmarks/fake_saved.py gpt_neox 1 bf16   # a fixture of fake_fixtures.py (b=4, s=512)
+    /work/fake-venv/bin/python benchmarks/fake_saved.py gpt_neox 1 bf16 cache  # ... with use_cache=True
 
 One forward of ``model(input_ids, labels=input_ids)`` under ``FakeTensorMode`` inside
 ``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor an autograd node
@@ -29,22 +31,36 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import fake_fixtures as ff  # noqa: E402  the fixtures' export configs
 import fake_memory as fm  # noqa: E402  the step's configs and its SDPA routing
 
 
-def saved_step(name: str, layer: int, mode: str = "bf16") -> None:
+def saved_step(name: str, layer: int, mode: str = "bf16", use_cache: bool = False) -> None:
+    """A RUNS row's step, or a fixture's (``fake_fixtures.BUILDERS``: its export config, b, s,
+    ``use_cache`` as exported or, given ``cache``, transformers' default True)."""
+    if name in ff.BUILDERS:
+        ff.no_packed_sequences()
+        cfg, _ = ff.export_config(ff.BUILDERS[name])
+        ff.train_config(cfg)
+        cfg.use_cache = use_cache
+        saved_cfg(name, cfg, "clm", ff.B, ff.S, layer, mode, ff.EAGER.get(name, "sdpa"))
+        return
+    run = next(r for r in fm.RUNS if r[0] == name and r[5] == mode)
+    _, kind, dims, b, s, mode = run
+    saved_cfg(name, fm.hf_config(kind, **dims), "mlm" if kind == "bert" else "clm", b, s, layer, mode)
+
+
+def saved_cfg(name: str, cfg, task: str, b: int, s: int, layer: int, mode: str, attn: str = "sdpa") -> None:
+    """Lists the saved tensors of block ``layer`` of ``cfg``'s model (module docstring)."""
     import contextlib
 
     import transformers as tf
-    run = next(r for r in fm.RUNS if r[0] == name and r[5] == mode)
-    _, kind, dims, b, s, mode = run
-    cfg = fm.hf_config(kind, **dims)
-    cls = tf.AutoModelForMaskedLM if kind == "bert" else tf.AutoModelForCausalLM
+    cls = tf.AutoModelForMaskedLM if task == "mlm" else tf.AutoModelForCausalLM
     sdpa = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = fm._cudnn_sdpa
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model = cls.from_config(cfg, attn_implementation="sdpa", dtype=fm.BF if mode == "bf16" else torch.float32)
+            model = cls.from_config(cfg, attn_implementation=attn, dtype=fm.BF if mode == "bf16" else torch.float32)
             model.train()
             params = {id(p.untyped_storage()) for p in model.parameters()}
             stack: list[str] = ["-"]
@@ -90,7 +106,8 @@ def saved_step(name: str, layer: int, mode: str = "bf16") -> None:
     per_module: dict[str, int] = defaultdict(int)
     for rec in info.values():
         per_module[rec["module"]] += rec["bytes"]
-    prefix = {"gpt2": "transformer.h.", "bert": "bert.encoder.layer."}.get(kind, "model.layers.") + f"{layer}"
+    blocks_at = next(n for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList))  # the blocks' list
+    prefix = f"{blocks_at}.{layer}"
     print(f"{name} b={b} s={s} {mode}: block {prefix}")
     block = 0
     for rec in info.values():
@@ -111,4 +128,4 @@ def saved_step(name: str, layer: int, mode: str = "bf16") -> None:
 
 if __name__ == "__main__":
     saved_step(sys.argv[1] if len(sys.argv) > 1 else "gpt2-small", int(sys.argv[2]) if len(sys.argv) > 2 else 1,
-               sys.argv[3] if len(sys.argv) > 3 else "bf16")
+               sys.argv[3] if len(sys.argv) > 3 else "bf16", sys.argv[4:5] == ["cache"])
