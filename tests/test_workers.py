@@ -81,3 +81,15 @@ def test_interrupt_from_the_callback_keeps_what_arrived():
 
     assert run_workers([1.0] * 8, list(range(8)), 2, lambda k: [{"chunk": k}], on_rows) is True
     assert len(got) == 2
+
+
+def test_workers_fork_with_the_parents_objects_frozen():
+    """The parent's objects are in the collector's permanent generation while the workers run
+    (their collections leave those pages uncopied) and back in the collector's care after."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    rows: list[dict] = []
+    run_workers([1.0, 1.0], [0, 1], 2, lambda i: [{"chunk": i, "frozen": gc.get_freeze_count()}], rows.extend)
+    assert len(rows) == 2 and all(r["frozen"] > 0 for r in rows)
+    assert gc.get_freeze_count() == 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, MutableMapping, TypeVar
 
 from dml2comm.cost.attention import FlashCore, find_flash_cores
+from dml2comm.cost.gelu import GeluCall, gelu_calls
 from dml2comm.cost.memory import ActivationModel, autocast_dtypes, fp32_islands
 from dml2comm.ir.graph import DType, OpGraph
 from dml2comm.ir.layers import LayeredGraph, group_layers
@@ -44,7 +45,7 @@ __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "Tensor
            "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "FlashCoresKey",
            "Fp32IslandsKey", "layers_of", "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of",
            "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of",
-           "AttentionCoresKey", "attention_cores_of"]
+           "AttentionCoresKey", "attention_cores_of", "GeluCallsKey", "gelu_calls_of"]
 
 T = TypeVar("T")
 
@@ -153,6 +154,11 @@ class ActivationsKey(CacheKey):
 @dataclass(frozen=True, slots=True)
 class FlashCoresKey(CacheKey):
     """The attention cores that run as flash kernels (:func:`dml2comm.cost.attention.find_flash_cores`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GeluCallsKey(CacheKey):
+    """The ``F.gelu`` calls written as primitives (:func:`dml2comm.cost.gelu.gelu_calls`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +273,11 @@ def autocast_dtypes_of(graph: OpGraph, low: DType, flash: bool) -> dict[str, DTy
 def flash_cores_of(graph: OpGraph) -> tuple[FlashCore, ...]:
     """:func:`~dml2comm.cost.attention.find_flash_cores` of ``graph``, once."""
     return derived(graph, FlashCoresKey(), lambda: find_flash_cores(graph))
+
+
+def gelu_calls_of(graph: OpGraph) -> tuple[GeluCall, ...]:
+    """:func:`~dml2comm.cost.gelu.gelu_calls` of ``graph``, once."""
+    return derived(graph, GeluCallsKey(), lambda: gelu_calls(graph))
 
 
 def fp32_islands_of(graph: OpGraph) -> frozenset[str]:

@@ -64,8 +64,9 @@ needs, as PyTorch autograd does (``saved_tensors``), on its tensor-parallel shar
   backward needs (the eight-op GeLU keeps its input, ``x^3``'s input, the tanh output and the
   products its multiplies read), and a tensor eager code holds in fp32 (:func:`fp32_islands`:
   Hugging Face's ``LlamaRMSNorm`` between its two casts) is sized at 4 bytes per element.
-  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only, so does an exact GELU written with
-  ``Erf`` (``F.gelu``; ``ActivationModel._erf_gelus``); a cast-free RMSNorm keeps the fp32
+  Eagerly, ``x * Sigmoid(x)`` is ``F.silu`` and keeps x only, so does an ``F.gelu`` the export
+  wrote as primitives (:mod:`dml2comm.cost.gelu`: the exact form around its ``Erf``, either form
+  by the exporter's record of ``aten.gelu``); a cast-free RMSNorm keeps the fp32
   copy of its input; a flash core keeps Q, K, V as SDPA received them (no scale Mul, no
   ``repeat_kv``), a causal core's K and V as the KV cache's copies (:meth:`ActivationModel.
   kernel_input`; ``benchmarks/fake_saved.py`` lists what autograd saves).
@@ -114,6 +115,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
+from dml2comm.cost.gelu import gelu_calls
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Optimizer, Precision, Recompute, Stack
@@ -524,6 +526,7 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ())
     lowered_names = {core.out for core in flash}
     model = export_dtype(graph)
     low_export = model is not None and model.itemsize < DType.FLOAT.itemsize
+    gelu_input = {i: call.x for call in gelu_calls(graph) for i in call.ops}  # aten::gelu runs in x's dtype
 
     def dtype_of(name: str) -> DType | None:
         if name in out:
@@ -544,7 +547,9 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ())
         if not floats:
             continue
         kind = op.op_type
-        if kind in AUTOCAST_LOWER_OPS or op.index in lowered or _linear_bias(graph, op, out, low):
+        if op.index in gelu_input:  # an F.gelu written as primitives: one op off autocast's lists
+            dt = dtype_of(gelu_input[op.index])
+        elif kind in AUTOCAST_LOWER_OPS or op.index in lowered or _linear_bias(graph, op, out, low):
             dt = low
         elif kind in AUTOCAST_FP32_OPS:
             dt = DType.FLOAT
@@ -611,7 +616,10 @@ class ActivationModel:
         self.region_members: dict[int, list[int]] = {}
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
-        self._gelu = self._erf_gelus() if eager else {}
+        # eager F.gelu written as primitives (cost.gelu): op -> its input, kept once by the first op
+        calls = gelu_calls(graph) if eager else ()
+        self._gelu = {i: call.x for call in calls for i in call.ops}
+        self._gelu_keeper = {call.ops[0] for call in calls}
         self.saved_by_op = [() if op.index in self.flash_ops else self._saved(op) for op in graph.ops]
         for core in flash:
             self.saved_by_op[core.context_op] = self._flash_saved(core, local_inputs, local_outputs)
@@ -714,7 +722,10 @@ class ActivationModel:
         keep: list[str] = []
         extra: list[tuple[str, float]] = []
         ins = [n for n in op.inputs if n]
-        if kind in _LINEAR:
+        if op.index in self._gelu:  # eager F.gelu written as primitives: its input, once (cost.gelu)
+            x = self._gelu[op.index]
+            keep.extend([x] if op.index in self._gelu_keeper and x in grad else [])
+        elif kind in _LINEAR:
             acts = [n for n in op.inputs[:2] if n and self._is_activation(n)]
             others = [n for n in op.inputs[:2] if n]
             for n in acts:
@@ -744,9 +755,6 @@ class ActivationModel:
             keep.extend(n for n in ins[:1] if self._is_activation(n))  # X, for dW
             keep.extend(o for o in op.outputs[:1] if o)  # Y, the hidden states, for dR
             extra.append((f"reserve:{op.index}", self._recurrent_reserve(op)))
-        elif op.index in self._gelu:  # eager F.gelu: its input, once (kept by the Erf)
-            x = self._gelu[op.index]
-            keep.extend([x] if kind == "Erf" and x in grad else [])
         elif self.eager and (x := self._silu_input(op)) is not None:
             keep.extend([x] if kind == "Mul" and self._is_activation(x) else [])
         elif kind in _POINTWISE_NEEDS:
@@ -758,7 +766,7 @@ class ActivationModel:
         if self.eager and kind in ("Pow", "Mul") and (x := self._rms_input(op)) in keep and self._fp32_copy(x):
             keep.remove(x)  # the fp32 copy Hugging Face's RMSNorm makes of its input (_rms_input)
             extra.append((f"fp32:{x}", self._local_numel(x) * DType.FLOAT.itemsize))
-        if self.autocast is not None:
+        if self.autocast is not None and op.index not in self._gelu:  # aten::gelu is on neither list
             keep, copies = self._autocast_copies(op, keep)
             extra.extend(copies)
         kept = (self.base.get(n, n) for n in keep if n in self.size)
@@ -832,51 +840,6 @@ class ActivationModel:
                     if other is not None and tx is not None and other.rank == tx.rank and other.shape[-1] == 1:
                         return x
         return None
-
-    def _erf_gelus(self) -> dict[int, str]:
-        """op index -> x for the ops of each exact GELU written as primitives: ``Div(x, sqrt 2)``
-        (or ``Mul`` by a scalar), ``Erf``, ``Add``/``Mul`` by scalars, and the ``Mul`` with x (or
-        with ``x * 0.5``): how torch.onnx writes ``F.gelu(x)`` (torchlib ``aten_gelu``, approximate
-        "none": ``0.5 * x * (1 + erf(x / sqrt(2)))``; Hugging Face's ``GELUActivation`` calls
-        ``nn.functional.gelu``, transformers ``activations.py``).  Eager PyTorch runs it as one op
-        whose backward reads only its input (derivatives.yaml, ``gelu``: ``gelu_backward(grad,
-        self, approximate)``), where the primitives would keep ``x / sqrt 2``, x and ``0.5 (1 +
-        erf)``; ``benchmarks/fake_saved.py bert-6l-512``: ``GeluBackward0`` keeps [64, 128, 2048]."""
-        g = self.graph
-
-        def scalars_besides(op: Op, name: str) -> bool:
-            others = [n for n in op.inputs if n and n != name]
-            return len(others) == len([n for n in op.inputs if n]) - 1 and all(
-                (t := g.tensor(n)) is not None and t.numel <= 1 and not self._is_activation(n) for n in others)
-
-        found: dict[int, str] = {}
-        for erf in g.ops:
-            if erf.op_type != "Erf" or not erf.inputs or (p := g.producer(erf.inputs[0])) is None:
-                continue
-            scale = g.ops[p]
-            x = next((n for n in scale.inputs if n and self._is_activation(n)), None)
-            if (scale.op_type not in ("Div", "Mul") or x is None or not scalars_besides(scale, x)
-                    or len(g.consumers(scale.outputs[0])) != 1):
-                continue
-            members, cur = [scale.index, erf.index], erf.outputs[0]
-            while len(cs := g.consumers(cur)) == 1 and g.ops[cs[0]].op_type in ("Add", "Mul") and scalars_besides(g.ops[cs[0]], cur):
-                members.append(cs[0])
-                cur = g.ops[cs[0]].outputs[0]
-            if len(cs := g.consumers(cur)) != 1:
-                continue
-            last = g.ops[cs[0]]
-            if last.op_type != "Mul" or len(last.inputs) != 2:
-                continue
-            other = last.inputs[0] if last.inputs[1] == cur else last.inputs[1]
-            if other != x:  # (x * 0.5) * (1 + erf)
-                po = g.producer(other)
-                if (po is None or g.ops[po].op_type != "Mul" or x not in g.ops[po].inputs or not scalars_besides(g.ops[po], x)
-                        or len(g.consumers(other)) != 1):
-                    continue
-                members.append(po)
-            members.append(last.index)
-            found.update((i, x) for i in members)
-        return found
 
     def _silu_input(self, op: Op) -> str | None:
         """x when ``op`` is the Sigmoid or the Mul of ``x * Sigmoid(x)``, the sigmoid read by that

@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, layers_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.calibrated import NORM_OPS, class_value
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
@@ -498,9 +498,13 @@ def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, D
 
 def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]:
     """op index -> kernel id for the ops that share a kernel: Megatron's fused point-wise
-    regions (:func:`fused_kernels`; none in eager PyTorch), and each flash core (its ops, one
+    regions (:func:`fused_kernels`), in eager PyTorch each ``F.gelu`` the export wrote as
+    primitives (:mod:`dml2comm.cost.gelu`, id its first op), and each flash core (its ops, one
     kernel, id its ``P.V`` op) with ``attention`` flash."""
-    regions = {} if Stack.of(stack) is Stack.PYTORCH else dict(fused_kernels(graph))
+    if Stack.of(stack) is Stack.PYTORCH:  # each F.gelu written as primitives: aten's one kernel
+        regions = {i: call.ops[0] for call in gelu_calls_of(graph) for i in call.ops}
+    else:
+        regions = dict(fused_kernels(graph))
     if AttentionKernel.of(attention) is AttentionKernel.FLASH:
         for core in flash_cores_of(graph):
             for i in core.ops:
@@ -520,6 +524,7 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
       the output's shape without a kernel; an operand broadcast to it (a bias, a mask) gets
       the gradient summed onto its shape (autograd's ``sum_to``): one reduction that reads the
       output gradient and writes the operand's gradient, one add per output element.
+    - An ``F.gelu`` written as primitives: one kernel per pass (:func:`eager_gelu_costs`).
 
     ``view(name, tensor)``: a shard tensor as costed (the training dtype, fp32 islands);
     ``hbm``: the achieved HBM rate (bytes/s) the reductions are timed with."""
@@ -542,6 +547,33 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
             fwd = (0.0, 0.0, 0.0, "bias add in the GEMM's epilogue (addmm)")
         costs[i] = OpCost(fwd[0], fwd[1], flops_bwd, bwd_bytes, f"{fwd[3]}; eager backward (AddBackward0)", c.fallback)
         times[i] = (fwd[2], bwd_bytes / hbm)
+    return eager_gelu_costs(graph, tp, view, costs, times, hbm)
+
+
+def eager_gelu_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                     costs: list[OpCost], times: list[tuple[float, float]], hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+    """Each ``F.gelu`` the export wrote as primitives (:func:`dml2comm.cost.gelu.gelu_calls`) as
+    eager PyTorch runs it: one kernel that reads x and writes the output (``aten::gelu``) and one
+    backward kernel that reads the output's gradient and x and writes x's gradient
+    (``gelu_backward``), at the roofline's memory term (``hbm``: the achieved HBM rate; its few
+    FLOPs per element never bind); the cost sits on the call's last op, its other ops have none.
+    ``view(name, tensor)``: a shard tensor as costed (module docstring of :func:`eager_costs`)."""
+    costs, times = list(costs), list(times)
+    for call in gelu_calls_of(graph):
+        last = call.ops[-1]
+        x_op = next(i for i in call.ops if call.x in graph.ops[i].inputs)
+        x = view(call.x, tp.shards[x_op].inputs[list(graph.ops[x_op].inputs).index(call.x)])
+        y = view(call.out, tp.shards[last].outputs[list(graph.ops[last].outputs).index(call.out)])
+        if x is None or y is None or any(costs[i].fallback for i in call.ops):
+            continue
+        repeat = graph.ops[last].repeat
+        flops_f, flops_b = (sum(getattr(costs[i], f) for i in call.ops) for f in ("flops_fwd", "flops_bwd"))
+        fwd_bytes, bwd_bytes = float(x.nbytes + y.nbytes) * repeat, float(2 * x.nbytes + y.nbytes) * repeat
+        for i in call.ops:
+            costs[i] = OpCost(0.0, 0.0, 0.0, 0.0, "in the GELU kernel (aten::gelu)")
+            times[i] = (0.0, 0.0)
+        costs[last] = OpCost(flops_f, fwd_bytes, flops_b, bwd_bytes, "eager F.gelu: one kernel per pass (aten::gelu, gelu_backward)")
+        times[last] = (fwd_bytes / hbm, bwd_bytes / hbm)
     return costs, times
 
 

@@ -126,6 +126,11 @@ class Op:
     are that many times one run's; see :mod:`dml2comm.ir.onnx_import`).
     ``calls`` are the model-local function calls the op was inlined from, outermost first
     (``()`` for an op of the main graph): one call of a function is one instance of a module.
+    ``aten`` and ``fx`` name the PyTorch operator the exporter made the node from and that
+    call's FX node (``"aten.gelu.default"``, ``"gelu_1"``: torch.onnx's dynamo exporter records
+    them in ``pkg.torch.onnx.fx_node``), ``""`` when the export does not say: the nodes of one
+    call that the export decomposed (a tanh ``F.gelu`` at opset 18) share them, and eager
+    PyTorch runs that call as one kernel.
     """
 
     index: int
@@ -138,6 +143,8 @@ class Op:
     scope: str = ""
     repeat: int = 1
     calls: tuple[Call, ...] = ()
+    aten: str = ""
+    fx: str = ""
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

@@ -1724,16 +1724,20 @@ def _scope(node: onnx.NodeProto) -> str:
     return _legacy_scope(node.name)
 
 
-def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...]]:
-    """(:func:`_scope`, :func:`_node_repeat`, :func:`_calls`) of a node in one pass over its
+def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], str, str]:
+    """(:func:`_scope`, :func:`_node_repeat`, :func:`_calls`, and the PyTorch operator and FX
+    node the exporter made the node from: :func:`_fx_origin`) of a node in one pass over its
     metadata (the importer reads every node's; a 105-layer GPT has some 5,000 nodes)."""
     names_text = call_scope = repeat_text = None
+    aten = fx = ""
     chains: list[str] = []
     for prop in node.metadata_props:
         key = prop.key
         if key == "pkg.torch.onnx.name_scopes":
             if names_text is None:
                 names_text = prop.value
+        elif key == "pkg.torch.onnx.fx_node":
+            aten, fx = _fx_origin(prop.value)
         elif key == _CALL_SCOPE_KEY:
             call_scope = prop.value
         elif key == _REPEAT_KEY:
@@ -1747,7 +1751,19 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...]]:
         scope = call_scope
     else:
         scope = _legacy_scope(node.name)
-    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else ()
+    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else (), aten, fx
+
+
+#: torch.onnx's ``pkg.torch.onnx.fx_node`` text: ``%gelu_1 : [num_users=1] =
+#: call_function[target=torch.ops.aten.gelu.default](args = ..., kwargs = {approximate: tanh})``.
+_FX_NODE = re.compile(r"%(\S+) : .*?call_function\[target=torch\.ops\.(aten\.[\w.]+)\]")
+
+
+def _fx_origin(text: str) -> tuple[str, str]:
+    """(the aten operator, the FX node's name) of a ``pkg.torch.onnx.fx_node`` value, ``("", "")``
+    for any other node (a placeholder, a call of something else)."""
+    found = _FX_NODE.match(text)
+    return (found.group(2), found.group(1)) if found else ("", "")
 
 
 def _legacy_scope(name: str) -> str:
@@ -2392,9 +2408,9 @@ def _node_ops(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str
             tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
-        scope, repeat, calls = _node_meta(node)
+        scope, repeat, calls, aten, fx = _node_meta(node)
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, scope,
-                      repeat, calls))
+                      repeat, calls, aten, fx))
     return ops, unshaped
 
 

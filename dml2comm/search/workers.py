@@ -14,6 +14,7 @@ arrived are kept.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 from multiprocessing.connection import wait
 import signal
@@ -92,6 +93,10 @@ def run_workers(work: Sequence[float], affinity: Sequence[Hashable], workers: in
     back = context.RawArray("i", [len(x) for x in lists])
     _STATE = (lists, list(work), evaluate, front, back, context.Lock())
     procs, conns = [], []
+    # the objects built so far (the model, its tables) move to the collector's permanent
+    # generation before the fork, so that a worker's collections do not write to them and copy
+    # their pages (Python docs, gc.freeze: "call ... gc.freeze() right before fork()")
+    gc.freeze()
     try:
         for k in range(workers):
             receive, send = context.Pipe(duplex=False)
@@ -119,6 +124,7 @@ def run_workers(work: Sequence[float], affinity: Sequence[Hashable], workers: in
     except KeyboardInterrupt:
         return True
     finally:
+        gc.unfreeze()
         _STATE = None
         for proc in procs:
             if proc.is_alive():
