@@ -32,8 +32,10 @@ def _graph(name: str, b: int = 4, s: int | None = 512):
 def test_the_exporters_record_names_the_aten_call():
     text = ("%gelu_1 : [num_users=1] = call_function[target=torch.ops.aten.gelu.default](args = (%linear_11,), "
             "kwargs = {approximate: tanh})")
-    assert _fx_origin(text) == (GELU_ATEN, "gelu_1")
-    assert _fx_origin("%input_ids : [num_users=2] = placeholder[target=input_ids]") == ("", "")
+    assert _fx_origin(text) == (GELU_ATEN, "gelu_1", "")
+    assert _fx_origin("%input_ids : [num_users=2] = placeholder[target=input_ids]") == ("", "", "")
+    softmax = "%softmax : [num_users=1] = call_function[target=torch.ops.aten.softmax.int](args = (%add_152, -1, torch.float32), kwargs = {})"
+    assert _fx_origin(softmax) == ("aten.softmax.int", "softmax", "float32")
     ops = [op for op in _graph("gemma_tiny_dynamo").ops if op.aten == GELU_ATEN]
     assert {op.fx for op in ops} == {"gelu", "gelu_1"} and len(ops) == 16
 
@@ -98,3 +100,37 @@ def test_decoder_fixture_peaks_match_the_fake_tensor_steps(row):
     cfg = ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch", precision=row["mode"], dtype="bf16")
     peak = analyze_graph(imported, cfg, make_cluster("h100", 1), advise=False, timeline=False).stages[0].memory["total_bytes"]
     assert peak == pytest.approx(row["peak_alloc_bytes"], rel=0.04)
+
+
+def test_eager_fp32_softmax_keeps_and_moves_fp32():
+    """transformers' eager attention, softmax(scores, dtype=torch.float32).to(query.dtype), recorded
+    by the dynamo exporter as aten.softmax.int(..., torch.float32) in an fp32 export: in a bf16 step
+    SoftmaxBackward0 keeps the fp32 result and the P.V product the bf16 copy; the largest transient
+    is that fp32 result; the softmax's kernels move (2t + 16) bytes per element forward and
+    (2t + 20) backward, two casts more per pass (benchmarks/fake_fixtures_findings.md, section 5)."""
+    from dml2comm.cost.ops import eager_fp32_softmax_costs
+
+    graph = _graph("llama_gqa_dynamo", 2, 256)
+    soft = [op for op in graph.ops if op.op_type == "Softmax"]
+    assert soft and all(op.fx_dtype == "float32" for op in soft)
+    act = activation_model_of(graph, 1, False, "bf16", False, "pytorch", "unfused")
+    n = graph.tensor(soft[0].outputs[0]).numel
+    keys = dict(act.saved_by_op[soft[0].index])
+    assert keys[f"fp32:{soft[0].outputs[0]}"] == n * 4 and soft[0].outputs[0] not in keys
+    readers = [i for i in graph.consumers(soft[0].outputs[0])]
+    assert any(dict(act.saved_by_op[i]).get(soft[0].outputs[0]) == n * 2 for i in readers)
+    assert act.transient_bytes([soft[0].index]) == n * 4
+    # with flash attention the core's softmax is in the kernel: nothing of this
+    assert not activation_model_of(graph, 1, False, "bf16", False, "pytorch", "flash")._fp32_softmax
+    costs = shard_op_costs(graph, 1, False, "bf16", get_gpu("h100"), False, NONE, "pytorch", "unfused")
+    c = costs.costs[soft[0].index]
+    assert (c.bytes_fwd, c.bytes_bwd) == (n * 20, n * 24)
+    _, _, casts = eager_fp32_softmax_costs(graph, _tp(graph), lambda name, t: t.with_dtype(DType.BFLOAT16) if t is not None and t.dtype.is_float else t,
+                                           costs.costs, costs.times, 1e12)
+    assert casts[soft[0].index] == (2, 2)
+
+
+def _tp(graph):
+    from dml2comm.cost.cache import tensor_parallel_of
+
+    return tensor_parallel_of(graph, 1, False, 2)

@@ -620,6 +620,7 @@ class ActivationModel:
         calls = gelu_calls(graph) if eager else ()
         self._gelu = {i: call.x for call in calls for i in call.ops}
         self._gelu_keeper = {call.ops[0] for call in calls}
+        self._fp32_softmax = self._fp32_softmaxes() if eager and autocast is None else frozenset()
         self.saved_by_op = [() if op.index in self.flash_ops else self._saved(op) for op in graph.ops]
         for core in flash:
             self.saved_by_op[core.context_op] = self._flash_saved(core, local_inputs, local_outputs)
@@ -766,6 +767,9 @@ class ActivationModel:
         if self.eager and kind in ("Pow", "Mul") and (x := self._rms_input(op)) in keep and self._fp32_copy(x):
             keep.remove(x)  # the fp32 copy Hugging Face's RMSNorm makes of its input (_rms_input)
             extra.append((f"fp32:{x}", self._local_numel(x) * DType.FLOAT.itemsize))
+        if op.index in self._fp32_softmax and (out := op.outputs[0]) in keep:  # its fp32 result (_fp32_softmaxes)
+            keep.remove(out)
+            extra.append((f"fp32:{out}", self._local_numel(out) * DType.FLOAT.itemsize))
         if self.autocast is not None and op.index not in self._gelu:  # aten::gelu is on neither list
             keep, copies = self._autocast_copies(op, keep)
             extra.extend(copies)
@@ -840,6 +844,22 @@ class ActivationModel:
                     if other is not None and tx is not None and other.rank == tx.rank and other.shape[-1] == 1:
                         return x
         return None
+
+    def _fp32_softmaxes(self) -> frozenset[int]:
+        """The softmaxes eager code runs in fp32 while training is 16-bit, where the export does
+        not show it: ``F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)``, every
+        transformers ``eager_attention_forward`` (``modeling_llama.py``; BLOOM's own attention),
+        which the dynamo exporter records as ``aten.softmax.int(..., torch.float32)`` (an fp32
+        export drops the casts themselves).  ATen converts a 16-bit input before the softmax
+        (``SoftMax.cpp``: only Half takes the fused ``half_to_float`` path), and
+        ``SoftmaxBackward0`` keeps the fp32 result (derivatives.yaml, ``_softmax``); the reader
+        after ``.to(query.dtype)`` keeps the 16-bit copy (``benchmarks/fake_fixtures_findings.md``,
+        section 5: BLOOM keeps [4, 4, 512, 512] in fp32 and in bf16)."""
+        if self.train_dtype.itemsize >= DType.FLOAT.itemsize:
+            return frozenset()
+        return frozenset(op.index for op in self.graph.ops
+                         if op.op_type == "Softmax" and op.fx_dtype == "float32" and op.index not in self.flash_ops
+                         and op.outputs and op.outputs[0] not in self.fp32)
 
     def _silu_input(self, op: Op) -> str | None:
         """x when ``op`` is the Sigmoid or the Mul of ``x * Sigmoid(x)``, the sigmoid read by that
@@ -1071,6 +1091,9 @@ class ActivationModel:
         for i in op_indices:
             op = self.graph.ops[i]
             if op.op_type in VIEW_OPS or (i in self.flash_ops and i not in self.flash_carriers):
+                continue
+            if i in self._fp32_softmax:  # its fp32 result (in backward: the fp32 gradient it makes)
+                best = max(best, self._local_numel(op.outputs[0]) * DType.FLOAT.itemsize)
                 continue
             best = max(best, sum(self.size.get(o, 0.0) for o in op.outputs if o))
         return best

@@ -266,25 +266,24 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
     flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
     if flash:
-        flash_scale = (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0)
-        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff, flash_scale)
+        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff,
+                                        (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0))
         unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
     if unfused and train.itemsize == 2:
         times = _softmax_fp32_casts(graph, tp, unfused, times, hbm * hbm_eff)
     forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
-    sums = [0] * len(costs)
-    if forks:
-        costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff)
+    costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff) if forks else (costs, times, [0] * len(costs))
     casts = [(0, 0)] * len(costs)
     if amp:
         costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
+    elif eager and train.itemsize < 4:
+        costs, times, casts = eager_fp32_softmax_costs(graph, tp, train_view, costs, times, hbm * hbm_eff, flash)
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
-        times = host_bound_times(times, _more_kernels(kernels, sums if forks else None, casts if amp else None, norm_kernels),
-                                 is_gemm, host)
+        times = host_bound_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
 
 
@@ -575,6 +574,37 @@ def eager_gelu_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str
         costs[last] = OpCost(flops_f, fwd_bytes, flops_b, bwd_bytes, "eager F.gelu: one kernel per pass (aten::gelu, gelu_backward)")
         times[last] = (fwd_bytes / hbm, bwd_bytes / hbm)
     return costs, times
+
+
+def eager_fp32_softmax_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                             costs: list[OpCost], times: list[tuple[float, float]], hbm: float, flash: Sequence[FlashCore] = ()
+                             ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+    """The softmaxes eager code runs in fp32 in a 16-bit model, where the export shows no cast
+    (``aten.softmax.int(..., torch.float32)`` in the dynamo exporter's record: transformers'
+    ``eager_attention_forward``, ``softmax(scores, dtype=torch.float32).to(query.dtype)``): ATen
+    converts the input first (``SoftMax.cpp``: only Half takes the fused ``half_to_float`` path),
+    the softmax runs in fp32, and ``.to`` converts back; the backward runs the same three kernels
+    on the gradient.  Per element of an input of ``t`` bytes: forward ``(t + 4) + 8 + (4 + t)``
+    bytes, backward ``(t + 4) + 12 + (4 + t)``, two more kernels per pass (returned per op like
+    :func:`autocast_cast_costs`' casts).  Not for a softmax in an fp32 island the export shows
+    (its casts are ops of their own) or in a flash core."""
+    costs, times = list(costs), list(times)
+    casts = [(0, 0)] * len(costs)
+    in_flash = {i for core in flash for i in core.ops}
+    for op in graph.ops:
+        if op.op_type != "Softmax" or op.fx_dtype != "float32" or op.index in in_flash or not op.outputs:
+            continue
+        shard = tp.shards[op.index]
+        out = view(op.outputs[0], shard.outputs[0] if shard.outputs else None)
+        if out is None or not out.dtype.is_float or out.dtype.itemsize >= DType.FLOAT.itemsize:
+            continue
+        t, n = out.dtype.itemsize, float(out.numel) * op.repeat
+        c = costs[op.index]
+        fwd, bwd = n * (2 * t + 16), n * (2 * t + 20)
+        costs[op.index] = OpCost(c.flops_fwd, fwd, c.flops_bwd, bwd, f"{c.rule}; in fp32 (softmax(..., dtype=torch.float32))", c.fallback)
+        times[op.index] = (fwd / hbm, bwd / hbm)
+        casts[op.index] = (2, 2)
+    return costs, times, casts
 
 
 def _is_linear_bias(graph: OpGraph, op: Op) -> bool:

@@ -130,7 +130,8 @@ class Op:
     call's FX node (``"aten.gelu.default"``, ``"gelu_1"``: torch.onnx's dynamo exporter records
     them in ``pkg.torch.onnx.fx_node``), ``""`` when the export does not say: the nodes of one
     call that the export decomposed (a tanh ``F.gelu`` at opset 18) share them, and eager
-    PyTorch runs that call as one kernel.
+    PyTorch runs that call as one kernel.  ``fx_dtype`` is the floating dtype that call names
+    (``"float32"`` for transformers' ``softmax(scores, dim=-1, dtype=torch.float32)``), ``""`` if none.
     """
 
     index: int
@@ -145,6 +146,7 @@ class Op:
     calls: tuple[Call, ...] = ()
     aten: str = ""
     fx: str = ""
+    fx_dtype: str = ""
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

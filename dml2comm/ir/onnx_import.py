@@ -1724,12 +1724,12 @@ def _scope(node: onnx.NodeProto) -> str:
     return _legacy_scope(node.name)
 
 
-def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], str, str]:
+def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[str, str, str]]:
     """(:func:`_scope`, :func:`_node_repeat`, :func:`_calls`, and the PyTorch operator and FX
     node the exporter made the node from: :func:`_fx_origin`) of a node in one pass over its
     metadata (the importer reads every node's; a 105-layer GPT has some 5,000 nodes)."""
     names_text = call_scope = repeat_text = None
-    aten = fx = ""
+    origin = ("", "", "")
     chains: list[str] = []
     for prop in node.metadata_props:
         key = prop.key
@@ -1737,7 +1737,7 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], str, s
             if names_text is None:
                 names_text = prop.value
         elif key == "pkg.torch.onnx.fx_node":
-            aten, fx = _fx_origin(prop.value)
+            origin = _fx_origin(prop.value)
         elif key == _CALL_SCOPE_KEY:
             call_scope = prop.value
         elif key == _REPEAT_KEY:
@@ -1751,19 +1751,25 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], str, s
         scope = call_scope
     else:
         scope = _legacy_scope(node.name)
-    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else (), aten, fx
+    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else (), origin
 
 
 #: torch.onnx's ``pkg.torch.onnx.fx_node`` text: ``%gelu_1 : [num_users=1] =
 #: call_function[target=torch.ops.aten.gelu.default](args = ..., kwargs = {approximate: tanh})``.
 _FX_NODE = re.compile(r"%(\S+) : .*?call_function\[target=torch\.ops\.(aten\.[\w.]+)\]")
+#: A floating dtype named in the call's arguments (``softmax.int(%x, -1, torch.float32)``).
+_FX_DTYPE = re.compile(r"torch\.(float32|float16|bfloat16|float64)\b")
 
 
-def _fx_origin(text: str) -> tuple[str, str]:
-    """(the aten operator, the FX node's name) of a ``pkg.torch.onnx.fx_node`` value, ``("", "")``
-    for any other node (a placeholder, a call of something else)."""
+def _fx_origin(text: str) -> tuple[str, str, str]:
+    """(the aten operator, the FX node's name, the floating dtype its arguments name) of a
+    ``pkg.torch.onnx.fx_node`` value, ``("", "", "")`` for any other node (a placeholder, a call of
+    something else)."""
     found = _FX_NODE.match(text)
-    return (found.group(2), found.group(1)) if found else ("", "")
+    if not found:
+        return "", "", ""
+    dtype = _FX_DTYPE.search(text, found.end())
+    return found.group(2), found.group(1), dtype.group(1) if dtype else ""
 
 
 def _legacy_scope(name: str) -> str:
@@ -2408,9 +2414,9 @@ def _node_ops(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str
             tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
-        scope, repeat, calls, aten, fx = _node_meta(node)
+        scope, repeat, calls, (aten, fx, fx_dtype) = _node_meta(node)
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, scope,
-                      repeat, calls, aten, fx))
+                      repeat, calls, aten, fx, fx_dtype))
     return ops, unshaped
 
 
