@@ -1,5 +1,4 @@
-"""The cyclic garbage collector's thresholds while a command or a sweep runs, and numpy's
-huge-page advice while a sweep runs.
+"""The cyclic garbage collector's thresholds while a command or a sweep runs.
 
 An analysis allocates millions of small objects that live to its end (the graph, its
 tensor-parallel shards, the op costs, the stage tables) and almost no reference cycles, so
@@ -11,17 +10,13 @@ CPython's default young-generation threshold of 700 allocations
 less; every output is unchanged (the collector frees only cycles, and they are still freed,
 later).  Memory: at most 50,000 young container objects wait for a collection (a few MB).
 
-A sweep's batched simulation (:func:`dml2comm.sim.levels.pipeline_end_times_many`) allocates,
-fills once and frees arrays of tens of MB per chunk.  numpy advises the kernel to back every
-array of 4 MiB or more with transparent huge pages (``madvise(MADV_HUGEPAGE)``; numpy's
-``NUMPY_MADVISE_HUGEPAGE`` environment variable, numpy reference "Environment variables"), and
-with Linux's default ``defrag`` setting ``madvise`` a fault in such a region compacts memory
-to find a free 2 MiB page and zeroes all of it (kernel documentation,
-admin-guide/mm/transhuge).  For write-once arrays that is system time for nothing:
-:func:`small_pages` turns the advice off inside the sweep (530B sweep,
-``benchmarks/bench_sweep.py --workers 1``: 0.31 -> 0.23 s of system time, about 5% of the
-whole run's CPU time, min of three on a shared 2-core machine); numbers are unchanged (only
-where the pages come from changes).
+numpy's transparent-huge-page advice is left as it is.  Until 2026-11 the sweep turned it off
+(a fault in a 2 MiB page compacts memory and zeroes all of it, kernel documentation,
+admin-guide/mm/transhuge), which saved system time while its batched simulation allocated
+fresh arrays per chunk; that simulation now keeps its scratch memory
+(:func:`dml2comm.sim.levels.pipeline_end_times_many`), and with the advice off the 530B sweep
+(``benchmarks/bench_sweep.py``) took 87,000 page faults in two workers instead of 48,000 and
+0.02-0.04 s longer (four runs each), and no less with one.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ import contextlib
 import gc
 from typing import Iterator
 
-__all__ = ["GC_THRESHOLDS", "collect_rarely", "small_pages"]
+__all__ = ["GC_THRESHOLDS", "collect_rarely"]
 
 #: (young, middle, old) thresholds of :func:`gc.set_threshold` while :func:`collect_rarely` holds.
 GC_THRESHOLDS = (50_000, 10, 10)
@@ -46,22 +41,3 @@ def collect_rarely() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
-
-
-@contextlib.contextmanager
-def small_pages() -> Iterator[None]:
-    """Run the block with numpy's huge-page advice off (module docstring), restoring the
-    caller's setting after (processes forked inside it, the sweep's workers, inherit it); a
-    numpy without the switch runs the block unchanged."""
-    import numpy as np
-
-    core = getattr(np, "_core", None) or getattr(np, "core", None)
-    switch = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
-    if switch is None:  # pragma: no cover - every numpy since 1.20 has it
-        yield
-        return
-    before = switch(False)
-    try:
-        yield
-    finally:
-        switch(before)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 import onnx
 
 from dml2comm.errors import Dml2CommError
-from dml2comm.gc_tuning import collect_rarely, small_pages
+from dml2comm.gc_tuning import collect_rarely
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
 from dml2comm.load import load_model, load_model_proto
@@ -542,7 +542,7 @@ def run_sweep(
     # in forked workers, from copying its pages by touching them)
     gc.freeze()
     try:
-        with collect_rarely(), small_pages():  # the tables live to the end; the simulation's arrays do not (dml2comm.gc_tuning)
+        with collect_rarely():  # the tables live to the end (dml2comm.gc_tuning)
             interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()
