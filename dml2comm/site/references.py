@@ -31,6 +31,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("GEMM time: measured tables and the shape law", "dml2comm.cost.gemm"),
     ("Op costs and fused kernels", "dml2comm.cost.ops"),
     ("Eager LayerNorm and RMSNorm kernels", "dml2comm.cost.norm"),
+    ("Eager GELU written as primitives", "dml2comm.cost.gelu"),
     ("Host-side time", "dml2comm.cost.host"),
     ("Training loss (cross-entropy)", "dml2comm.cost.loss"),
     ("Per-layer tables", "dml2comm.cost.layers"),
@@ -158,6 +159,10 @@ def _gpu_rows(gpu: Any) -> list[tuple[str, str, str]]:
         value = getattr(gpu, key)
         shown = f"{value / 1e9:g} GB" if key == "hbm_bytes" else f"{value / 1e9:g} GB/s"
         rows.append((key, shown, gpu.sources.get(key, "")))
+    if gpu.sm_count:  # the GEMM law's waves, the eager norm law's blocks
+        rows.append(("sm_count", str(gpu.sm_count), gpu.sources.get("sm_count", "")))
+    if gpu.l2_bytes:  # the eager norm law's spill
+        rows.append(("l2_bytes", f"{gpu.l2_bytes / 1e6:g} MB", gpu.sources.get("l2_bytes", "")))
     for key in ("gemm_sustained_factor", "hbm_efficiency"):  # a calibrated GPU's own values (python main.py calibrate)
         value = getattr(gpu, key, None)
         if value is not None:
