@@ -1304,6 +1304,14 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
                         "residual as a block's input, so it is kept whole on every tensor rank (a column split "
                         "would make the block's own projections row-parallel)")
         return _State(R), "replicated (block input)", 1
+    if n_out == 1 and not conv:
+        # a per-token scalar gate (Qwen2-MoE's shared_expert_gate, nn.Linear(hidden, 1) under a
+        # sigmoid that scales the shared expert): Megatron-Core's SharedExpertMLP keeps its
+        # gate_weight [1, hidden] whole on every tensor rank and applies it to the full hidden states
+        to_replicated(op, x_name, "a one-output gate kept whole on every tensor rank")
+        warnings.append(f"{op.op_type} {op.name!r} replicated: its one output (a per-token gate) cannot be split over "
+                        f"t={t} ranks, so it is kept whole on every tensor rank, as Megatron-Core keeps a shared expert's gate")
+        return _State(R), "replicated (one-output gate)", 1
     if n_out % t and not (vocab_rows and n_out == vocab_rows):
         raise ConfigError(
             f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
