@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from dml2comm.errors import ConfigError
 from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, Phase
@@ -549,19 +548,20 @@ def test_a_normalised_low_rank_code_stays_whole_by_its_shape_not_its_name(rank, 
                                                                             ("ALL_REDUCE", "backward"): 1}
 
 
-@pytest.mark.xfail(strict=True, raises=ConfigError,
-                   reason="known bug (benchmarks/newarch_findings.md): the one-output shared_expert_gate is refused at t>1")
 @pytest.mark.parametrize("t", [2, 4])
 def test_qwen2_moe_shared_expert_gate_stays_whole(t):
     """Qwen2-MoE scales each layer's shared expert by ``sigmoid(shared_expert_gate(x))``, a Linear
     hidden -> 1 (``transformers/models/qwen2_moe/modeling_qwen2_moe.py``: ``nn.Linear(config.hidden_size,
     1, bias=False)``).  Megatron-Core keeps that gate whole on every tensor rank
     (``megatron/core/transformer/moe/shared_experts.py``: ``gate_weight`` of shape (1, hidden), applied
-    with ``F.linear`` to the full hidden states), so t=2 and t=4 are legitimate plans; the tool refuses
-    them ("--t 2 does not divide the output size 1 of Gemm ..."), and the sweep drops every t>1 config.
-    Strict xfail: remove the mark when the gate is planned as replicated."""
+    with ``F.linear`` to the full hidden states), so t=2 and t=4 are legitimate plans: the gate is
+    replicated (once refused: "--t 2 does not divide the output size 1 of Gemm ...", and the sweep
+    dropped every t>1 configuration), the rest of the layer still split."""
     graph = load_model(FIXTURES / "qwen2_moe_tiny_dynamo.onnx", ImportOptions(batch_size=2, seq_len=16)).graph
     plan = shard_tensor_parallel(graph, t)
     gates = [w for w in graph.weights if w.name.endswith("shared_expert_gate.weight")]
     assert len(gates) == 2
     assert all(plan.weight_factor[w.name] == 1 for w in gates)
+    rules = {sh.rule for op, sh in zip(graph.ops, plan.shards) if any(n.endswith("shared_expert_gate.weight") for n in op.inputs)}
+    assert rules == {"replicated (one-output gate)"}
+    assert any(factor == t for factor in plan.weight_factor.values())  # the experts' and attention's weights are split

@@ -1284,13 +1284,34 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         warnings.append(replicated[op.index])
         gqa = "grouped-query" in replicated[op.index]
         return _State(R), "replicated (KV heads not divisible by t)" if gqa else "replicated (split cannot pass a Reshape)", 1
+    whole = _kept_whole(op, graph, t, n_out, w.shape[in_axis_w], conv, vocab_rows, x_name, to_replicated, weight_of, warnings)
+    if whole is not None:
+        return whole
+    if n_out % t and not (vocab_rows and n_out == vocab_rows):
+        raise ConfigError(
+            f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
+            f"(weight {w_name!r} of shape {list(w.shape)}); choose t dividing {n_out}"
+        )
+    split_weight(w_name, out_axis_w, op)
+    if op.op_type == "Gemm" and len(op.inputs) > 2 and op.inputs[2] and weight_of(op.inputs[2]) is not None:
+        b = graph.tensor(op.inputs[2])
+        if b is not None and b.rank >= 1 and b.shape[-1] == n_out:
+            split_weight(op.inputs[2], b.rank - 1, op)
+    column_input_grad(op, x_name)
+    return _State("S", y_axis, op.index), "column-parallel", t
+
+
+def _kept_whole(op, graph, t, n_out, n_in, conv, vocab_rows, x_name, to_replicated, weight_of, warnings):
+    """The (state, rule, factor) of a weight GEMM kept whole on every tensor rank where Megatron
+    keeps it so (an output head, a low-rank bottleneck, a block's input projection, a one-output
+    gate), None for one to split."""
     if n_out % t and not (vocab_rows and n_out == vocab_rows) and _is_output_head(graph, op):
         # a classification or regression head (10 classes at t=4): Megatron-LM's heads are plain
         # replicated linears (``get_linear_layer``), so it stays whole on every rank
         warnings.append(f"{op.op_type} {op.name!r} replicated: t={t} does not divide its {n_out} outputs, and it is "
                         "the model's output head (kept whole on every tensor rank, as Megatron-LM keeps its heads)")
         return _State(R), "replicated (output head)", 1
-    if not conv and n_out * 2 <= w.shape[in_axis_w] and _low_rank_bottleneck(graph, op, weight_of):
+    if not conv and n_out * 2 <= n_in and _low_rank_bottleneck(graph, op, weight_of):
         # multi-head latent attention's down-projections (DeepSeek-V2/V3 q_a_proj, kv_a_proj_with_mqa):
         # a norm over all their outputs comes before the up-projection, so a column split would be
         # gathered at once and would make the up-projections row-parallel; Megatron-Core keeps them
@@ -1312,18 +1333,7 @@ def _linear(op, graph, t, sp, state, to_replicated, column_input_grad, split_wei
         warnings.append(f"{op.op_type} {op.name!r} replicated: its one output (a per-token gate) cannot be split over "
                         f"t={t} ranks, so it is kept whole on every tensor rank, as Megatron-Core keeps a shared expert's gate")
         return _State(R), "replicated (one-output gate)", 1
-    if n_out % t and not (vocab_rows and n_out == vocab_rows):
-        raise ConfigError(
-            f"--t {t} does not divide the output size {n_out} of {op.op_type} {op.name!r} "
-            f"(weight {w_name!r} of shape {list(w.shape)}); choose t dividing {n_out}"
-        )
-    split_weight(w_name, out_axis_w, op)
-    if op.op_type == "Gemm" and len(op.inputs) > 2 and op.inputs[2] and weight_of(op.inputs[2]) is not None:
-        b = graph.tensor(op.inputs[2])
-        if b is not None and b.rank >= 1 and b.shape[-1] == n_out:
-            split_weight(op.inputs[2], b.rank - 1, op)
-    column_input_grad(op, x_name)
-    return _State("S", y_axis, op.index), "column-parallel", t
+    return None
 
 
 #: Ops between a head's projection and the graph output that keep it the output (bias, a
