@@ -92,14 +92,14 @@ MATCHED = ("gpt2_dynamo.onnx", "llama_gqa_dynamo.onnx", "qwen3_init_dynamo.onnx"
 def test_decoder_fixture_peaks_match_the_fake_tensor_steps(row):
     """The eager step's peak on the real dynamo exports whose every saved tensor the model knows,
     against PyTorch's FakeTensor count of the same step (benchmarks/fake_fixtures.py, with the
-    KV cache transformers keeps by default): within 4%.  The other decoders' known gaps (Falcon's
+    KV cache transformers keeps by default): within 2.5%.  The other decoders' known gaps (Falcon's
     materialised mask, BLOOM's eager softmax and GELU Function, Cohere's fp32 LayerNorm, the MoE
     peaks' timing) are listed in benchmarks/fake_fixtures_findings.md and docs/limitations.md."""
     b, s = row["b"], row["s"]
     imported = load_model(FIXTURES / row["fixture"], ImportOptions(batch_size=b, seq_len=s))
     cfg = ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=s, stack="pytorch", precision=row["mode"], dtype="bf16")
     peak = analyze_graph(imported, cfg, make_cluster("h100", 1), advise=False, timeline=False).stages[0].memory["total_bytes"]
-    assert peak == pytest.approx(row["peak_alloc_bytes"], rel=0.04)
+    assert peak == pytest.approx(row["peak_alloc_bytes"], rel=0.025)
 
 
 def test_eager_fp32_softmax_keeps_and_moves_fp32():
@@ -134,3 +134,23 @@ def _tp(graph):
     from dml2comm.cost.cache import tensor_parallel_of
 
     return tensor_parallel_of(graph, 1, False, 2)
+
+
+def test_a_norm_that_scales_in_fp32_keeps_its_normalised_input_in_fp32():
+    """GemmaRMSNorm multiplies ``output * (1.0 + weight.float())`` in fp32 before ``.type_as(x)``
+    (memory.FP32_SCALE_NORMS), which an fp32 export cannot show: in a bf16 step the weight's Mul
+    keeps the fp32 normalised input (the module class comes from the exporter's class hierarchy)."""
+    graph = _graph("gemma_tiny_dynamo")
+    act = activation_model_of(graph, 1, False, "bf16", False, "pytorch", "flash")
+    scaled = [op for op in graph.ops if op.module_class == "GemmaRMSNorm" and op.op_type == "Mul"
+              and any((t := graph.tensor(n)) is not None and t.is_weight for n in op.inputs)]
+    assert len(scaled) == 5  # two per block and the final norm
+    for op in scaled:
+        x = next(n for n in op.inputs if not graph.tensor(n).is_weight)
+        assert dict(act.saved_by_op[op.index]) == {f"fp32:{x}": graph.tensor(x).numel * 4}
+    # Llama's RMSNorm casts back before its weight: nothing of the kind
+    llama = _graph("llama_gqa_dynamo")
+    plain = activation_model_of(llama, 1, False, "bf16", False, "pytorch", "flash")
+    assert not any(key.startswith("fp32:") and op.module_class.endswith("RMSNorm") and op.op_type == "Mul"
+                   and any(llama.tensor(n) is not None and llama.tensor(n).is_weight for n in op.inputs)
+                   for op in llama.ops for key, _ in plain.saved_by_op[op.index])

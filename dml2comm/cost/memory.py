@@ -463,6 +463,17 @@ def autocasts_activations(stack: Stack | str, precision: Precision | str, dtype_
     return Stack.of(stack) is Stack.PYTORCH and Precision.of(precision) is Precision.AMP and dtype_bytes < 4
 
 
+#: Hugging Face norm modules that multiply their weight in fp32 before casting back to the
+#: input's dtype (the class of the module running the op, :attr:`dml2comm.ir.graph.Op.module_class`):
+#: ``GemmaRMSNorm`` (and Gemma 2/3's: ``output * (1.0 + self.weight.float())`` then
+#: ``.type_as(x)``, transformers ``modeling_gemma.py``), ``Olmo2RMSNorm`` (``(self.weight *
+#: hidden_states).to(input_dtype)``, ``modeling_olmo2.py``), ``CohereLayerNorm``
+#: (``self.weight.to(torch.float32) * hidden_states``, ``modeling_cohere.py``).  Llama's kind
+#: casts back first and multiplies in 16 bits (``self.weight * hidden_states.to(input_dtype)``).
+#: ``benchmarks/fake_fixtures_findings.md`` section 3, ``benchmarks/newarch_findings.md``.
+FP32_SCALE_NORMS = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Olmo2RMSNorm", "CohereLayerNorm"})
+
+
 def export_dtype(graph: OpGraph) -> DType | None:
     """The dtype the model was exported in: that of most of its float weights' elements (None
     without float weights)."""
@@ -767,6 +778,9 @@ class ActivationModel:
         if self.eager and kind in ("Pow", "Mul") and (x := self._rms_input(op)) in keep and self._fp32_copy(x):
             keep.remove(x)  # the fp32 copy Hugging Face's RMSNorm makes of its input (_rms_input)
             extra.append((f"fp32:{x}", self._local_numel(x) * DType.FLOAT.itemsize))
+        elif self.eager and kind == "Mul" and op.module_class in FP32_SCALE_NORMS and (x := self._fp32_scaled(op)) in keep:
+            keep.remove(x)  # a norm that multiplies its weight in fp32 keeps its normalised input so
+            extra.append((f"fp32:{x}", self._local_numel(x) * DType.FLOAT.itemsize))
         if op.index in self._fp32_softmax and (out := op.outputs[0]) in keep:  # its fp32 result (_fp32_softmaxes)
             keep.remove(out)
             extra.append((f"fp32:{out}", self._local_numel(out) * DType.FLOAT.itemsize))
@@ -860,6 +874,19 @@ class ActivationModel:
         return frozenset(op.index for op in self.graph.ops
                          if op.op_type == "Softmax" and op.fx_dtype == "float32" and op.index not in self.flash_ops
                          and op.outputs and op.outputs[0] not in self.fp32)
+
+    def _fp32_scaled(self, op: Op) -> str | None:
+        """The normalised activation a norm of :data:`FP32_SCALE_NORMS` multiplies by its weight
+        in ``op``, when training is 16-bit without autocast and the export shows no fp32 cast
+        (an fp32 export drops them): that product runs in fp32, so ``MulBackward0`` keeps the
+        fp32 activation, not the 16-bit one the export's dtype suggests."""
+        if self.train_dtype.itemsize >= DType.FLOAT.itemsize or self.autocast is not None or len(op.inputs) != 2:
+            return None
+        for x, w in (op.inputs, op.inputs[::-1]):
+            t = self.graph.tensor(w)
+            if t is not None and t.is_weight and self._is_activation(x) and x not in self.fp32:
+                return x
+        return None
 
     def _silu_input(self, op: Op) -> str | None:
         """x when ``op`` is the Sigmoid or the Mul of ``x * Sigmoid(x)``, the sigmoid read by that

@@ -132,6 +132,8 @@ class Op:
     call that the export decomposed (a tanh ``F.gelu`` at opset 18) share them, and eager
     PyTorch runs that call as one kernel.  ``fx_dtype`` is the floating dtype that call names
     (``"float32"`` for transformers' ``softmax(scores, dim=-1, dtype=torch.float32)``), ``""`` if none.
+    ``module_class`` is the class of the innermost module that ran the node
+    (``"GemmaRMSNorm"``: the last class of ``pkg.torch.onnx.class_hierarchy``), ``""`` if unknown.
     """
 
     index: int
@@ -147,6 +149,7 @@ class Op:
     aten: str = ""
     fx: str = ""
     fx_dtype: str = ""
+    module_class: str = ""
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

@@ -1724,12 +1724,14 @@ def _scope(node: onnx.NodeProto) -> str:
     return _legacy_scope(node.name)
 
 
-def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[str, str, str]]:
-    """(:func:`_scope`, :func:`_node_repeat`, :func:`_calls`, and the PyTorch operator and FX
-    node the exporter made the node from: :func:`_fx_origin`) of a node in one pass over its
-    metadata (the importer reads every node's; a 105-layer GPT has some 5,000 nodes)."""
+def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[str, str, str], str]:
+    """(:func:`_scope`, :func:`_node_repeat`, :func:`_calls`, the PyTorch operator and FX node
+    the exporter made the node from (:func:`_fx_origin`), and the class of the module that ran it
+    (:func:`_module_class`)) of a node in one pass over its metadata (the importer reads every
+    node's; a 105-layer GPT has some 5,000 nodes)."""
     names_text = call_scope = repeat_text = None
     origin = ("", "", "")
+    module_class = ""
     chains: list[str] = []
     for prop in node.metadata_props:
         key = prop.key
@@ -1738,6 +1740,8 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[
                 names_text = prop.value
         elif key == "pkg.torch.onnx.fx_node":
             origin = _fx_origin(prop.value)
+        elif key == "pkg.torch.onnx.class_hierarchy":
+            module_class = _module_class(prop.value)
         elif key == _CALL_SCOPE_KEY:
             call_scope = prop.value
         elif key == _REPEAT_KEY:
@@ -1751,7 +1755,18 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[
         scope = call_scope
     else:
         scope = _legacy_scope(node.name)
-    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else (), origin
+    return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else (), origin, module_class
+
+
+def _module_class(text: str) -> str:
+    """The innermost module's class name in a ``pkg.torch.onnx.class_hierarchy`` value, a list
+    of qualified class names ending with the node's own operator (``[..., 'transformers.models.
+    gemma.modeling_gemma.GemmaRMSNorm', 'aten.mul.Tensor']``): ``"GemmaRMSNorm"``."""
+    items = text.rsplit("', '", 2)
+    if len(items) < 2:
+        return ""
+    last = items[-2] if len(items) == 3 else items[0].lstrip("['")
+    return last.rsplit(".", 1)[-1]
 
 
 #: torch.onnx's ``pkg.torch.onnx.fx_node`` text: ``%gelu_1 : [num_users=1] =
@@ -2414,9 +2429,9 @@ def _node_ops(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str
             tensors[out] = Tensor(out, shape, dtype)  # type: ignore[arg-type]
         attrs = MappingProxyType({a.name: _attr_value(a) for a in node.attribute}) if len(node.attribute) else no_attrs
         index = len(ops)
-        scope, repeat, calls, (aten, fx, fx_dtype) = _node_meta(node)
+        scope, repeat, calls, (aten, fx, fx_dtype), module_class = _node_meta(node)
         ops.append(Op(index, node.name or f"{op_type}_{index}", op_type, domain, tuple(node.input), outputs, attrs, scope,
-                      repeat, calls, aten, fx, fx_dtype))
+                      repeat, calls, aten, fx, fx_dtype, module_class))
     return ops, unshaped
 
 
