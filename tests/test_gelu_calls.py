@@ -83,7 +83,7 @@ def test_eager_gelu_keeps_its_input_once_in_its_own_dtype_under_autocast():
         assert act.saved_bytes(call.ops) == graph.tensor(call.x).numel * 2
 
 
-MATCHED = ("gpt2_dynamo.onnx", "llama_gqa_dynamo.onnx", "qwen3_init_dynamo.onnx", "gemma_tiny_dynamo.onnx")
+MATCHED = ("gpt2_dynamo.onnx", "llama_gqa_dynamo.onnx", "qwen3_init_dynamo.onnx", "gemma_tiny_dynamo.onnx", "gpt_neox_dynamo.onnx")
 
 
 @pytest.mark.parametrize("row", [r for r in json.loads(FAKE.read_text())["runs"]
@@ -154,3 +154,19 @@ def test_a_norm_that_scales_in_fp32_keeps_its_normalised_input_in_fp32():
     assert not any(key.startswith("fp32:") and op.module_class.endswith("RMSNorm") and op.op_type == "Mul"
                    and any(llama.tensor(n) is not None and llama.tensor(n).is_weight for n in op.inputs)
                    for op in llama.ops for key, _ in plain.saved_by_op[op.index])
+
+
+def test_a_concatenated_query_makes_the_attention_output_a_copy():
+    """GPT-NeoX's partial rotary builds Q with torch.cat on [b, heads, s, d]: SDPA's output takes that
+    layout, so transpose(1, 2).contiguous() copies it and the output projection keeps the copy
+    besides the kernel's output (memory.ActivationModel._copied_outputs); Llama's transposed-view
+    query makes that transpose free."""
+    from dml2comm.cost.cache import flash_cores_of
+
+    for name, copied in (("gpt_neox_dynamo", True), ("llama_gqa_dynamo", False)):
+        graph = _graph(name)
+        act = activation_model_of(graph, 1, False, "bf16", False, "pytorch", "flash")
+        for core in flash_cores_of(graph):
+            assert (core.out in act._copied_outputs([core])) is copied
+            chain = [c for c in graph.consumers(core.out) if graph.ops[c].op_type == "Transpose"]
+            assert chain and (act.base[graph.ops[chain[0]].outputs[0]] != core.out) is copied

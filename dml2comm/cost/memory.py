@@ -620,7 +620,7 @@ class ActivationModel:
         self.size = size
         self._numel = numel
         self.fp32 = fp32
-        self.base = self._view_bases()
+        self.base = self._view_bases(self._copied_outputs(flash) if eager else frozenset())
         self.flash_ops = frozenset(i for core in flash for i in core.ops)
         self.flash_carriers = frozenset(core.context_op for core in flash)  # the op holding each kernel
         self.region = {} if eager else fusible_regions(self.graph, POINTWISE_OPS, exclude=self.flash_ops)
@@ -642,15 +642,35 @@ class ActivationModel:
 
     # -- structure ---------------------------------------------------------------------
 
-    def _view_bases(self) -> dict[str, str]:
+    def _view_bases(self, copied: frozenset[str] = frozenset()) -> dict[str, str]:
+        """tensor -> the storage it views (a view op's output shares its input's); a view op
+        whose input is in ``copied`` makes a storage of its own (:meth:`_copied_outputs`)."""
         base: dict[str, str] = {}
         for op in self.graph.ops:
             if op.op_type in VIEW_OPS and op.inputs and op.inputs[0]:
-                src = base.get(op.inputs[0], op.inputs[0])
+                src = op.outputs[0] if op.inputs[0] in copied else base.get(op.inputs[0], op.inputs[0])
                 for out in op.outputs:
                     if out:
                         base[out] = src
         return base
+
+    def _copied_outputs(self, flash: Sequence[FlashCore]) -> frozenset[str]:
+        """The flash cores' outputs that eager code copies before the output projection: SDPA
+        allocates its output in its query's memory layout (``torch/_meta_registrations.py``,
+        ``alloc_with_matching_layout``, as the CUDA kernels do), and a query built by ``torch.cat``
+        on the ``[b, heads, s, d]`` tensor (partial rotary: GPT-NeoX, Phi, Phi-3, StableLM) is
+        contiguous in that order, so transformers' ``attn_output.transpose(1, 2).contiguous()``
+        copies it and the projection keeps the copy besides the kernel's output; a query that is
+        a transposed view of its projection (Llama) makes that transpose free
+        (``benchmarks/newarch_findings.md``: Phi-3)."""
+        g = self.graph
+        out = set()
+        for core in flash:
+            q = self.kernel_input(core.q)
+            prod = g.producer(q) if q else None
+            if prod is not None and g.ops[prod].op_type == "Concat":
+                out.add(core.out)
+        return frozenset(out)
 
     def _flash_saved(self, core: FlashCore, local_inputs: Sequence[tuple[Tensor | None, ...]],
                      local_outputs: Sequence[tuple[Tensor | None, ...]]) -> tuple[tuple[str, float], ...]:
