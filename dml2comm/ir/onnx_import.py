@@ -2175,9 +2175,11 @@ def _gradient_reach(graph: onnx.GraphProto, dtype_of: Mapping[str, DType]) -> se
         if node.op_type in _ZERO_GRADIENT:
             continue
         # an ``If`` branch not taken (run 0 times) keeps its parameters: reached as if it ran
-        if not any(o in reach for o in node.output if o) and _node_repeat(node) != 0:
+        if reach.isdisjoint(node.output) and _node_repeat(node) != 0:
             continue
-        reach.update(n for n in node.input if n and is_float(n))
+        for n in node.input:
+            if n and n not in reach and is_float(n):
+                reach.add(n)
     return reach
 
 
