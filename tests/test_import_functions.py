@@ -208,3 +208,16 @@ def test_real_legacy_export_with_functions():
         # kernel time (host model none), as above
         rates[p] = analyze(path, config, dataclasses.replace(make_cluster("a100", p, p), host_model="none")).summary["samples_per_s"]
     assert rates[4] > rates[1]
+
+
+@pytest.mark.parametrize("text", [
+    "['', 'transformer', 'transformer.h.0', 'transformer.h.0.mlp', 'transformer.h.0.mlp.act', '_tensor_constant_16']",
+    "['', 'model', 'model.layers.1', 'model.layers.1.self_attn', 'model.layers.1.self_attn.q_proj']",
+    "['', 'a', 'b', 'a.c']", "['', 'a.b', 'a.b.c', '']", "['']", "[]", "['a', \"b'c\"]", "['a', 'a.b\\\\c']", "not a list",
+])
+def test_scope_of_names_reads_as_the_whole_list_does(text):
+    """The importer reads a node's module scope from its ``name_scopes`` list with the list's head
+    cached per module (onnx_import._scope_of_names); it gives what reading the whole list gives."""
+    from dml2comm.ir.onnx_import import _innermost_module, _parse_list, _scope_of_names
+
+    assert _scope_of_names(text) == _innermost_module(_parse_list(text))

@@ -33,6 +33,7 @@ Everything else loads models through :func:`dml2comm.load.load_model`, which pas
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -1750,7 +1751,7 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[
         elif key == _CALLS_KEY:
             chains.append(prop.value)
     if names_text is not None:
-        scope = _innermost_module(_parse_list(names_text))
+        scope = _scope_of_names(names_text)
     elif call_scope is not None:
         scope = call_scope
     else:
@@ -1785,6 +1786,36 @@ def _fx_origin(text: str) -> tuple[str, str, str]:
         return "", "", ""
     dtype = _FX_DTYPE.search(text, found.end())
     return found.group(2), found.group(1), dtype.group(1) if dtype else ""
+
+
+def _scope_of_names(text: str) -> str:
+    """:func:`_innermost_module` of a ``name_scopes`` list, the list without its last entry read
+    once (:func:`_scope_prefix`): the nodes of one module share it, and only the last entry (the
+    node's own name, or a deeper module) differs."""
+    cut = text.rfind(", '")
+    last = text[cut + 3:-2] if cut >= 0 and text.endswith("']") else None
+    if last is None or "'" in last or "\\" in last:
+        return _innermost_module(_parse_list(text))
+    scope, closed = _scope_prefix(text[:cut] + "]")
+    if closed or not last:
+        return scope
+    return last if not scope or last.startswith(scope + ".") else scope
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope_prefix(text: str) -> tuple[str, bool]:
+    """(:func:`_innermost_module` of the list ``text``, whether an entry that does not extend
+    the scope closed it before the end)."""
+    scope = ""
+    for entry in _parse_list(text):
+        entry = str(entry)
+        if not entry:
+            continue
+        if not scope or entry.startswith(scope + "."):
+            scope = entry
+        else:
+            return scope, True
+    return scope, False
 
 
 def _legacy_scope(name: str) -> str:
