@@ -778,15 +778,18 @@ def _repeated_sum(t: np.ndarray, x: np.ndarray, n: np.ndarray) -> tuple[np.ndarr
             n[at] -= 1
             continue
         _, e = np.frexp(np.where(go, t, 1.0))
-        u = np.ldexp(1.0, e - 53)  # the ulp of [2^(e-1), 2^e)
+        # the ulp of [2^(e-1), 2^e), 2^-1074 at most below 2^-1021 (subnormals and the first
+        # normal binade: IEEE 754 binary64), and the binade's top in ulps (2^53 above that)
+        u = np.ldexp(1.0, np.maximum(e - 53, -1074))
+        top = np.ldexp(1.0, e) / u
         q = x / u  # exact: a power-of-two scaling
         whole = np.floor(q)
         frac = q - whole
         tied |= go & (frac == 0.5)
         step = whole + (frac > 0.5)  # ulps added per addition
-        m = t / u  # an integer in [2^52, 2^53)
-        room = np.where(step > 0, np.floor((2.0 ** 53 - 1 - m) / np.maximum(step, 1)), 0.0)
-        room = np.where(m + room * step > 2.0 ** 53 - 1, room - 1, room)  # the division may have rounded up
+        m = t / u  # an integer in [top / 2, top)
+        room = np.where(step > 0, np.floor((top - 1 - m) / np.maximum(step, 1)), 0.0)
+        room = np.where(m + room * step > top - 1, room - 1, room)  # the division may have rounded up
         room[step == 0] = np.inf
         k = np.where(go & ~tied, np.minimum(n, room), 0)
         t = np.where(k > 0, (m + k * step) * u, t)
