@@ -42,18 +42,29 @@ def tool_peak(row: dict) -> tuple[float, int]:
     return analysis.stages[0].memory["total_bytes"], dropouts
 
 
-def main(argv: list[str]) -> None:
-    doc = json.loads(DATA.read_text())
+def print_comparison(doc: dict, argv: list[str], header: str, label) -> None:
+    """One line per row of a fake-step file ``doc`` (rows whose ``name`` is in ``argv``, all when
+    empty): ``label(row)`` (under ``header``), the graph's Dropout count, the tool's and the fake
+    step's peak and the error; a row the tool cannot analyse prints its error and the rest go on."""
     print(f"fake steps: torch {doc['torch']}, transformers {doc['transformers']}")
-    print(f"{'fixture':28s} {'b':>2s} {'s':>5s} {'mode':4s} {'cache':5s} {'attn':6s} {'drop':>4s} {'tool GB':>9s} {'fake GB':>9s} {'error':>7s}")
+    print(f"{header} {'drop':>4s} {'tool GB':>9s} {'fake GB':>9s} {'error':>7s}")
     for row in doc["runs"]:
         if argv and row["name"] not in argv:
             continue
-        tool, dropouts = tool_peak(row)
+        try:
+            tool, dropouts = tool_peak(row)
+        except Exception as exc:  # noqa: BLE001  a tool failure is a finding: print it, go on
+            print(f"{label(row)} TOOL FAILED: {type(exc).__name__}: {exc}", flush=True)
+            continue
         fake = row["peak_alloc_bytes"]
-        print(f"{row['fixture']:28s} {row['b']:2d} {row['s']:5d} {row['mode']:4s} {str(row['use_cache']):5s} {row['attn_implementation']:6s} "
-              f"{dropouts:4d} {tool / 1e9:9.4f} {fake / 1e9:9.4f} {tool / fake - 1:+7.1%}", flush=True)
+        print(f"{label(row)} {dropouts:4d} {tool / 1e9:9.4f} {fake / 1e9:9.4f} {tool / fake - 1:+7.1%}", flush=True)
 
+
+def main(argv: list[str]) -> None:
+    print_comparison(json.loads(DATA.read_text()), argv,
+                     f"{'fixture':28s} {'b':>2s} {'s':>5s} {'mode':4s} {'cache':5s} {'attn':6s}",
+                     lambda r: f"{r['fixture']:28s} {r['b']:2d} {r['s']:5d} {r['mode']:4s} {str(r['use_cache']):5s} "
+                               f"{r['attn_implementation']:6s}")
 
 if __name__ == "__main__":
     main(sys.argv[1:])

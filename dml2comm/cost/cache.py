@@ -249,7 +249,8 @@ def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, d
         return ActivationModel(graph, [sh.inputs for sh in tp.shards], [sh.outputs for sh in tp.shards], needs_grad_of(graph),
                                train, assumed_dropout=assumed_dropout, eager=eager, flash=flash,
                                fp32=fp32_islands_of(graph) if eager else frozenset(),
-                               autocast=autocast_dtypes_of(graph, train, bool(flash)) if autocast and eager else None)
+                               autocast=autocast_dtypes_of(graph, train, bool(flash)) if autocast and eager else None,
+                               gelus=gelu_calls_of(graph) if eager else ())
 
     return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout, stack, attention, autocast), build)
 
@@ -267,7 +268,7 @@ def autocast_dtypes_of(graph: OpGraph, low: DType, flash: bool) -> dict[str, DTy
     with the flash cores' outputs in ``low`` when ``flash``, once (the op costs and the activation
     model read the same map)."""
     return derived(graph, AutocastDtypesKey(low, flash),
-                   lambda: autocast_dtypes(graph, low, flash_cores_of(graph) if flash else ()))
+                   lambda: autocast_dtypes(graph, low, flash_cores_of(graph) if flash else (), gelu_calls_of(graph)))
 
 
 def flash_cores_of(graph: OpGraph) -> tuple[FlashCore, ...]:

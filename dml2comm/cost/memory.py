@@ -115,7 +115,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
-from dml2comm.cost.gelu import gelu_calls
+from dml2comm.cost.gelu import GeluCall, gelu_calls
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Optimizer, Precision, Recompute, Stack
@@ -500,7 +500,8 @@ def _linear_bias(graph: OpGraph, op: Op, out: Mapping[str, DType], low: DType) -
     return False
 
 
-def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ()) -> dict[str, DType]:
+def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
+                    gelus: Sequence[GeluCall] | None = None) -> dict[str, DType]:
     """The dtype of every float activation of an fp32 model run under CUDA
     ``torch.autocast(dtype=low)``, read off an fp32 export (which shows no casts).
 
@@ -537,7 +538,8 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = ())
     lowered_names = {core.out for core in flash}
     model = export_dtype(graph)
     low_export = model is not None and model.itemsize < DType.FLOAT.itemsize
-    gelu_input = {i: call.x for call in gelu_calls(graph) for i in call.ops}  # aten::gelu runs in x's dtype
+    # aten::gelu runs in x's dtype (``gelus``: the graph's gelu_calls, when the caller holds them)
+    gelu_input = {i: call.x for call in (gelu_calls(graph) if gelus is None else gelus) for i in call.ops}
 
     def dtype_of(name: str) -> DType | None:
         if name in out:
@@ -594,12 +596,15 @@ class ActivationModel:
         flash: Sequence[FlashCore] = (),
         fp32: frozenset[str] = frozenset(),
         autocast: Mapping[str, DType] | None = None,
+        gelus: Sequence[GeluCall] | None = None,
     ) -> None:
         """``eager``: no point-wise fusion (``--stack pytorch``); ``flash``: the attention cores
         that run as flash kernels (:func:`dml2comm.cost.attention.find_flash_cores`); ``fp32``:
         float tensors held in fp32 (:func:`fp32_islands`; eager only); ``autocast``: the dtype
         of every float activation of an fp32 model under ``torch.autocast(train_dtype)``
-        (:func:`autocast_dtypes`; eager only), with the casts autocast makes (:meth:`_autocast_copies`)."""
+        (:func:`autocast_dtypes`; eager only), with the casts autocast makes (:meth:`_autocast_copies`);
+        ``gelus``: the graph's :func:`~dml2comm.cost.gelu.gelu_calls` when the caller holds them
+        (:func:`dml2comm.cost.cache.activation_model_of`: found once per graph)."""
         self.graph = graph
         self.needs_grad = needs_grad
         self.train_dtype = train_dtype
@@ -628,7 +633,7 @@ class ActivationModel:
         for i, r in sorted(self.region.items()):
             self.region_members.setdefault(r, []).append(i)
         # eager F.gelu written as primitives (cost.gelu): op -> its input, kept once by the first op
-        calls = gelu_calls(graph) if eager else ()
+        calls = (gelu_calls(graph) if gelus is None else gelus) if eager else ()
         self._gelu = {i: call.x for call in calls for i in call.ops}
         self._gelu_keeper = {call.ops[0] for call in calls}
         self._fp32_softmax = self._fp32_softmaxes() if eager and autocast is None else frozenset()

@@ -1804,18 +1804,8 @@ def _scope_of_names(text: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _scope_prefix(text: str) -> tuple[str, bool]:
-    """(:func:`_innermost_module` of the list ``text``, whether an entry that does not extend
-    the scope closed it before the end)."""
-    scope = ""
-    for entry in _parse_list(text):
-        entry = str(entry)
-        if not entry:
-            continue
-        if not scope or entry.startswith(scope + "."):
-            scope = entry
-        else:
-            return scope, True
-    return scope, False
+    """:func:`_fold_scope` of the list ``text``."""
+    return _fold_scope(_parse_list(text))
 
 
 def _legacy_scope(name: str) -> str:
@@ -1872,6 +1862,12 @@ def _innermost_module(scopes: list[Any]) -> str:
     ending with the operation's own name (``'linear_12'``), which is not a module: keep each
     entry only while it extends the previous one.
     """
+    return _fold_scope(scopes)[0]
+
+
+def _fold_scope(scopes: list[Any]) -> tuple[str, bool]:
+    """(the deepest module path of ``scopes``, kept while each entry extends the one before;
+    whether an entry that does not extend it stopped the fold before the end)."""
     scope = ""
     for entry in scopes:
         entry = str(entry)
@@ -1880,8 +1876,8 @@ def _innermost_module(scopes: list[Any]) -> str:
         if not scope or entry.startswith(scope + "."):
             scope = entry
         else:
-            break
-    return scope
+            return scope, True
+    return scope, False
 
 
 #: A Python list of plain single-quoted strings (what the dynamo exporter writes for
