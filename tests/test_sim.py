@@ -176,6 +176,33 @@ def test_device_sums_of_repeated_rows_are_each_rows_own():
             assert both[k, d] == total
 
 
+@pytest.mark.parametrize("schedule, p, m, v", [("1f1b", 4, 300, 1), ("interleaved", 3, 48, 4), ("gpipe", 2, 500, 1)])
+def test_device_sums_of_long_schedules_are_the_running_sum(schedule, p, m, v):
+    """device_sums is the running sum in program order to the last bit also where a device has
+    hundreds of steps: numpy sums pairwise along a contiguous axis of more than 8 values, which
+    rounds differently from the timeline's step-by-step sum (sim.engine); costs of mixed
+    magnitudes make any other order show."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule, device_sums
+
+    rng = np.random.default_rng(11)
+    cs = compile_schedule(schedule, p, m, v)
+    k = 7
+    f = rng.random((k, p)) * 10.0 ** rng.integers(-6, 1, (k, p))
+    b = rng.random((k, p)) * 10.0 ** rng.integers(-6, 1, (k, p))
+    sums = device_sums(cs, f, b)
+    fwd = cs.forward.reshape(p, -1).tolist()
+    for r in range(k):
+        for d in range(p):
+            total = 0.0
+            for is_fwd in fwd[d]:
+                total += float(f[r, d]) if is_fwd else float(b[r, d])
+            assert sums[r, d] == total, (r, d)
+    pairwise = np.where(cs.forward.reshape(p, -1), f[:, :, None], b[:, :, None]).sum(axis=-1)
+    assert not np.array_equal(pairwise, sums)  # the costs are such that the order shows
+
+
 def test_batched_levels_do_not_read_a_previous_calls_memory():
     """pipeline_end_times_many reuses its memory between calls (sim.levels._scratch: the
     layout's row indices and the depth loops' floats) and leaves the rows a depth writes unset

@@ -483,8 +483,12 @@ def test_serve_needs_the_site(tmp_path, gpt_onnx):
 
 def test_serve_prints_a_local_url_and_stops_on_ctrl_c(tmp_path, gpt_onnx):
     out = tmp_path / "o"
+    # Ctrl-C's default in the child even where this process ignores SIGINT (a suite started in
+    # the background by a non-interactive shell): a child inherits the ignoring, and Python then
+    # raises no KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), str(gpt_onnx), "--micro-batch-size", "1", "--out", str(out),
-                             "--json", "--serve"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--json", "--serve"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         url = None
         for _ in range(5):

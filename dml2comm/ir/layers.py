@@ -31,6 +31,7 @@ Ops before the first block form the ``embedding`` layer, ops after the last the 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections import Counter
@@ -120,11 +121,13 @@ def group_layers(graph: OpGraph) -> LayeredGraph:
 # ----------------------------------------------------------------------------- scopes
 
 
-def _containers(scope: str) -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=4096)
+def _containers(scope: str) -> tuple[tuple[str, str], ...]:
     """(pattern, instance key) for each numbered component: ``a.h.5.x`` -> (``a.h.*``, ``a.h.5``).
 
     Trailing digits of names are wildcards in the pattern too, so torchvision's
     ``layer1.layer1.0`` and ``layer2.layer2.1`` are instances of one pattern ``layer*.layer*.*``.
+    Once per scope (a module's ops share it: the 530B GPT's 4,103 ops have 1,055 scopes).
     """
     parts = scope.split(".") if scope else []
     out = []
@@ -132,7 +135,7 @@ def _containers(scope: str) -> list[tuple[str, str]]:
         if _NUMBERED.match(part):
             pattern = ".".join(_TRAILING_DIGITS.sub("*", p) for p in parts[: i + 1])
             out.append((pattern, ".".join(parts[: i + 1])))
-    return out
+    return tuple(out)
 
 
 def _levels(pattern: str) -> int:
@@ -249,7 +252,7 @@ def _block_keys_from_calls(graph: OpGraph) -> list[str | None] | None:
     return keys
 
 
-def _sub_layers(graph: OpGraph, per_op: list[list[tuple[str, str]]], pattern: str) -> bool:
+def _sub_layers(graph: OpGraph, per_op: list[tuple[tuple[str, str], ...]], pattern: str) -> bool:
     """Whether the instances of the numbered container ``pattern`` are the sub-layers of their
     parent block, not blocks of their own (``per_op``: each op's :func:`_containers`).
 

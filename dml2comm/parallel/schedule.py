@@ -29,6 +29,7 @@ also accepts.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +88,7 @@ class DeviceOrder:
         return self.m * self.v
 
 
+@functools.lru_cache(maxsize=512)
 def device_order(name: str, p: int, m: int, v: int = 1) -> DeviceOrder:
     """Schedule ``name``'s order on ``p`` devices for ``m`` micro-batches and ``v`` chunks.
 
@@ -94,6 +96,8 @@ def device_order(name: str, p: int, m: int, v: int = 1) -> DeviceOrder:
     ``min(2 (p - s - 1) + (v - 1) p, T)``) the k-th forward sits at position ``k`` (``k < W``)
     or ``2k - W``, the k-th backward at ``W + 2k + 1`` (``k < T - W``) or ``T + k``: warm-up
     forwards, then one forward and one backward in turn, then the remaining backwards.
+    Cached (the simulator's compiled schedule and the memory model's in-flight count read the
+    same order); its arrays are read-only.
     """
     check_schedule(name, p, m, v)
     name = Schedule.of(name)
@@ -111,8 +115,10 @@ def device_order(name: str, p: int, m: int, v: int = 1) -> DeviceOrder:
         warm = np.minimum((p - s - 1) * 2 + (v - 1) * p, total)
     k = np.arange(total)
     w = warm[:, None]
-    return DeviceOrder(name, p, m, v, warm, forward_position(w, k), backward_position(w, k, total),
-                       *_kth_ops(name, k, p, m, v))
+    arrays = (warm, forward_position(w, k), backward_position(w, k, total), *_kth_ops(name, k, p, m, v))
+    for a in arrays:  # cached: the simulator's compiled schedule and the memory model read one order
+        a.flags.writeable = False
+    return DeviceOrder(name, p, m, v, *arrays)
 
 
 def forward_position(warm: np.ndarray, k: np.ndarray) -> np.ndarray:

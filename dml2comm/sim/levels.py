@@ -652,9 +652,15 @@ def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> n
     repeated = len(kept) < len(inverse)
     if repeated:
         fwd_s, bwd_s = fwd_s[kept], bwd_s[kept]
-    forward = cs.forward.reshape(cs.p, -1)
-    dur = np.where(forward, fwd_s[:, :, None], bwd_s[:, :, None])
-    sums = np.cumsum(dur, axis=-1)[..., -1]
+    # [steps, K', p], C order, so that reducing the first axis adds the steps one after the
+    # other in program order (numpy adds along an outer axis row by row; only along the
+    # contiguous inner axis does it sum pairwise): the running sum's last value, without
+    # writing the running sums (a cumsum's second [K', p, steps] array)
+    forward = cs.forward.reshape(cs.p, -1).T[:, None, :]
+    dur = np.empty((forward.shape[0], fwd_s.shape[0], cs.p))
+    np.copyto(dur, bwd_s)
+    np.copyto(dur, fwd_s, where=forward)
+    sums = np.add.reduce(dur, axis=0)
     return sums[inverse] if repeated else sums
 
 
