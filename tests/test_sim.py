@@ -265,7 +265,7 @@ def test_compiled_depths_are_the_longest_chains():
     from dml2comm.sim.levels import compile_schedule
 
     for name, p, m, v in (("1f1b", 5, 12, 1), ("1f1b", 6, 3, 1), ("interleaved", 4, 8, 2), ("interleaved", 3, 9, 3),
-                          ("interleaved", 1, 4, 3), ("gpipe", 4, 6, 1)):
+                          ("interleaved", 1, 4, 3), ("gpipe", 4, 6, 1), ("interleaved", 3, 15, 2)):
         cs = compile_schedule(name, p, m, v)
         n = cs.num_steps
         depth = np.full(n + 1, -1)  # slot n: no predecessor
@@ -283,6 +283,18 @@ def test_compiled_depths_are_the_longest_chains():
         for m in range(p, 3 * p + 2):
             cs = compile_schedule("1f1b", p, m)
             assert np.array_equal(_one_f_one_b_depths(p, m), _depths(np.arange(2 * m), cs.need, p)), (p, m)
+    from dml2comm.sim.levels import _stretched_depths
+
+    stretched = 0
+    for p in (2, 3, 4, 5, 7, 8, 12, 16):  # interleaved beyond 2p micro-batches: the base's depths stretched
+        for v in (2, 3, 4):
+            for m in range(3 * p, 7 * p + 1, p):
+                cs = compile_schedule("interleaved", p, m, v)
+                depth = _stretched_depths(p, m, v)
+                assert depth is not None and np.array_equal(depth, cs.depth), (p, m, v)
+                assert np.array_equal(depth, _depths(np.arange(2 * m * v), cs.need, p)), (p, m, v)
+                stretched += 1
+    assert stretched == 8 * 3 * 5
 
 
 # ---- the batched recurrence (sim.levels.pipeline_end_times_many, the sweep's) against one

@@ -397,6 +397,13 @@ class _PerStage:
         np.cumsum(x, out=cum[1:])
         return cum[self.ends] - cum[self.starts]
 
+    def many(self, *xs: np.ndarray) -> list[np.ndarray]:
+        """``[self(x) for x in xs]`` in one prefix sum over the stacked rows (a running sum along
+        each row, as for one: the same values to the bit)."""
+        cum = np.zeros((len(xs), len(xs[0]) + 1))
+        np.cumsum(np.stack(xs), axis=1, out=cum[:, 1:])
+        return list(cum[:, self.ends] - cum[:, self.starts])
+
 
 class _StageGroups(NamedTuple):
     """Where each stage's groups sit (:meth:`StageCoster._stage_groups`): per stage its residue
@@ -568,32 +575,31 @@ class StageCoster(LayerCoster):
         copies = held_copies(layers.shared, per_stage.stage_of_layer.tolist(), p)
         tied = self._tied_allreduces(copies, rank_map, config)
         layer_f, layer_b = self._critical_path(config, layers, ep_counts, groups, per_stage.stage_of_layer)
-        tp_f, tp_b = per_stage(layer_f), per_stage(layer_b)
+        fwd, bwd, selective, loss_f, loss_b, params, flops, loss_saved, loss_transient, gemm_local, tp_f, tp_b = per_stage.many(
+            layers.fwd, layers.bwd, layers.selective, layers.loss_f, layers.loss_b, layers.params, layers.flops,
+            layers.loss_saved, layers.loss_transient, layers.gemm_local, layer_f, layer_b)
         # Full recomputation re-runs the forward of transformer layers only, never the embedding
         # or the LM head (Megatron-LM --recompute-granularity full: the checkpointed unit is a
         # TransformerLayer; Korthikanti et al. 2022 Sec. 4), collectives included
         blocks = np.array([kind is LayerKind.BLOCK for kind in self.kinds], dtype=float)
         if blocks.all():
-            recompute_full, tp_f_blocks = per_stage(layers.fwd), tp_f
+            recompute_full, tp_f_blocks = fwd, tp_f
         else:
-            recompute_full, tp_f_blocks = per_stage(layers.fwd * blocks), per_stage(layer_f * blocks)
+            recompute_full, tp_f_blocks = per_stage.many(layers.fwd * blocks, layer_f * blocks)
         reads, buffers = self._stage_buffers(config, layers, per_stage, crossing)
         none = (-1, 1)
         dp_where = [w[0] for w in groups.dp] if d * cp > 1 else [none] * p
         edp_where = [w[2] for w in groups.dp] if config.expert_dp_size > 1 else [none] * p
         params_local, expert_local, cast_f, accumulate = self._parameter_passes(config, layers, expert_params, copies, per_stage)
-        # the training loss the graph leaves out, on the stage holding the logits (dml2comm.cost.loss)
-        loss_f, loss_b = per_stage(layers.loss_f), per_stage(layers.loss_b)
-        return StageTable(config, ranges, per_stage(layers.fwd) + loss_f + cast_f, per_stage(layers.bwd) + accumulate + loss_b,
-                          per_stage(layers.selective),
+        # the training loss the graph leaves out (loss_f, loss_b: on the stage holding the logits, dml2comm.cost.loss)
+        return StageTable(config, ranges, fwd + loss_f + cast_f, bwd + accumulate + loss_b, selective,
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
-                           params=per_stage(layers.params) + np.array(copies.extra), flops=per_stage(layers.flops), copies=copies,
+                           params=params + np.array(copies.extra), flops=flops, copies=copies,
                            recompute_full=recompute_full, tp_f_blocks=tp_f_blocks, accumulate=accumulate,
-                           loss_f=loss_f, loss_b=loss_b, loss_saved=per_stage(layers.loss_saved),
-                           loss_transient=per_stage(layers.loss_transient),
-                           amp_copies=amp_weight_copy_bytes(per_stage(layers.gemm_local), config.precision, config.train_dtype.itemsize))
+                           loss_f=loss_f, loss_b=loss_b, loss_saved=loss_saved, loss_transient=loss_transient,
+                           amp_copies=amp_weight_copy_bytes(gemm_local, config.precision, config.train_dtype.itemsize))
 
     def _stage_groups(self, config: ParallelConfig, rank_map: RankMap, layers) -> _StageGroups:
         """Where each stage's groups sit on the cluster, found once per placement: stage s's

@@ -154,7 +154,12 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     need[pb[ok]] = (dev * two + backward_position(warm[dev], kk, total))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
-    depth = _one_f_one_b_depths(p, m) if name is Schedule.ONE_F_ONE_B and m >= p else None
+    if name is Schedule.ONE_F_ONE_B and m >= p:
+        depth = _one_f_one_b_depths(p, m)
+    elif name is Schedule.INTERLEAVED:
+        depth = _stretched_depths(p, m, v)
+    else:
+        depth = None
     if depth is None or not _is_layering(depth, prev, need):
         depth = _depths(pos.reshape(p, two)[0], need, p)
     micro_batch = _by_step(n, pf, pb, mb_f, mb_b)
@@ -223,6 +228,35 @@ def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSch
                 return cs
     raise ConfigError(f"the simulator runs the gpipe, 1f1b and interleaved schedules (parallel.schedule); these {p} step lists "
                       f"with {v} model chunks are none of them: compile one with sim.levels.compile_schedule")
+
+
+def _stretched_depths(p: int, m: int, v: int) -> np.ndarray | None:
+    """Depths of the interleaved schedule with more than ``2 p`` micro-batches from those of
+    ``2 p`` (compiled once per ``(p, v)``), or None when ``m`` is not larger.
+
+    In the steady 1F1B phase every device runs one forward and one backward in turn, and its
+    depth rises by one a position (depth - position stays constant); ``p`` more micro-batches
+    add ``2 p v`` steady positions to each device and leave the warm-up and the cooldown as they
+    were.  With ``2 p`` micro-batches the middle position ``m v`` of every device is steady (the
+    most warm-up forwards, device 0's ``(v + 1) p - 2``, are fewer than ``2 p v``), so the
+    depths of ``m`` are those of ``2 p`` with their offsets at the middle repeated over the
+    extra positions.  The caller checks the result is a valid layering; ``tests/test_sim.py``
+    checks it equals :func:`_depths` (the longest chains, so no more depths than needed)."""
+    base_m = 2 * p
+    if m <= base_m:
+        return None
+    base = compile_schedule(Schedule.INTERLEAVED, p, base_m, v).depth
+    mid, total = base_m * v, m * v  # the middle position of the base's 2 m v, and this schedule's forwards
+    offset = base.reshape(p, 2 * mid) - np.arange(2 * mid)
+    if not np.array_equal(offset[:, mid - 1], offset[:, mid]):  # pragma: no cover - steady there (docstring)
+        return None
+    extra = 2 * (total - mid)
+    out = np.empty((p, 2 * total), dtype=np.int64)
+    out[:, :mid] = offset[:, :mid]
+    out[:, mid:mid + extra] = offset[:, mid:mid + 1]
+    out[:, mid + extra:] = offset[:, mid:]
+    out += np.arange(2 * total)
+    return out.ravel()
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
