@@ -480,8 +480,9 @@ def _check_topological(graph: onnx.GraphProto) -> None:
     layer grouping and the schedule all read the node order as the execution order.
 
     One pass over the nodes (each node's inputs, and the names its control-flow bodies read from
-    the graph, against the index of the node producing them); only a graph that fails it is
-    searched for a cycle (:func:`networkx.find_cycle`, linear too).
+    the graph, against the tensors earlier nodes produced; the few read ahead are then looked up
+    in the finished producer table); only a graph that fails it is searched for a cycle
+    (:func:`networkx.find_cycle`, linear too).
 
     Raises
     ------
@@ -490,29 +491,32 @@ def _check_topological(graph: onnx.GraphProto) -> None:
         that reads a tensor before the node computing it.
     """
     available = {vi.name for vi in graph.input} | {init.name for init in graph.initializer}
-    producer: dict[str, int] = {}
-    for i, node in enumerate(graph.node):
-        for out in node.output:
-            if out and out not in available:
-                producer.setdefault(out, i)
+    producer: dict[str, int] = {}  # each tensor's first producing node, filled as the pass goes
     nodes = graph.node
-    late: list[tuple[int, int, str]] = []  # (producer, consumer, tensor) with producer >= consumer
+    ahead: list[tuple[int, str]] = []  # (consumer, tensor): a read of a tensor no earlier node produced
     body_reads: dict[int, list[str]] = {}  # a control-flow node's inputs and its bodies' outer reads
+    graph_attrs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
     for i, node in enumerate(nodes):
         reads: Any = node.input
-        if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute):
+        if node.attribute and any(attr.type in graph_attrs for attr in node.attribute):
             outer: set[str] = set()
             for attr in node.attribute:
                 for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
                     _outer_reads(sub, outer)
             reads = body_reads[i] = [*node.input, *sorted(outer)]
         for name in reads:
-            j = producer.get(name) if name else None
-            if j is None or j < i:
-                continue
+            if name and name not in producer and name not in available:
+                ahead.append((i, name))
+        for out in node.output:
+            if out and out not in available and out not in producer:
+                producer[out] = i
+    late: list[tuple[int, int, str]] = []  # (producer, consumer, tensor) with producer >= consumer
+    for i, name in ahead:  # in node order, as read: the first node reading its own output is named
+        j = producer.get(name)
+        if j is not None:  # else produced by no node: not an ordering question
             if j == i:
                 raise ModelError(
-                    f"node {_node_label(node, i)} reads its own output {name!r}: the graph has a cycle, and an ONNX "
+                    f"node {_node_label(nodes[i], i)} reads its own output {name!r}: the graph has a cycle, and an ONNX "
                     "graph must be acyclic (onnx.checker rejects it); fix the export so no node feeds itself"
                 )
             late.append((j, i, name))
