@@ -269,9 +269,9 @@ class ParallelConfig:
             resolved = _resolve_choices(*raw)
             if len(_RESOLVED_CHOICES) < 256:
                 _RESOLVED_CHOICES[raw] = resolved
-        # flag strings become the enums (frozen: set through object.__setattr__)
-        for name, value in zip(_CHOICE_FIELDS, resolved):
-            object.__setattr__(self, name, value)
+        # flag strings become the enums (frozen: written to the instance's dict, as
+        # object.__setattr__ would, in one call: a sweep builds thousands of configurations)
+        self.__dict__.update(zip(_CHOICE_FIELDS, resolved))
         self._check_plannable()
         check_zero_stage(self.zero_stage)
         per_step = self.micro_batch_size * self.dp_size

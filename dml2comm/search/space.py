@@ -218,6 +218,7 @@ def enumerate_configs(
 def _inner(c: Constraints, num_gpus: int, global_batch: int, layers: int, seq_len: int | None, d: int, t: int, p: int,
            cp: int, ep: int) -> Iterator[ParallelConfig]:
     """Micro-batch, virtual stages, ZeRO, recomputation and SP for one (d, t, p, c, e)."""
+    stack = c.stack_kwargs()
     for b in sorted(set(c.micro_batch_sizes)):
         if global_batch % (b * d):
             continue
@@ -235,5 +236,5 @@ def _inner(c: Constraints, num_gpus: int, global_batch: int, layers: int, seq_le
                             dp_size=d, tp_size=t, pp_size=p, micro_batch_size=b, global_batch_size=global_batch,
                             seq_len=seq_len, dtype=c.dtype, schedule=schedule, virtual_stages=v,
                             zero_stage=zero, sequence_parallel=sp, recompute=rec, optimizer=c.optimizer,
-                            cp_size=cp, cp_scheme=c.cp_scheme, ep_size=ep, **c.stack_kwargs(),
+                            cp_size=cp, cp_scheme=c.cp_scheme, ep_size=ep, **stack,
                         )
