@@ -467,16 +467,19 @@ class Topology:
             return tuple(LevelUse(lv, lv.size, tuple(range(lv.size)) if lv.kind is LevelKind.LINK_MATRIX else ()) for lv in self.levels)
         if len(ranks) == 0:
             raise ConfigError("a communication group needs at least one rank")
-        coords = []
         for r in ranks:
             if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < total:
                 raise ConfigError(f"rank {r!r} is outside the topology's {total} ranks (0..{total - 1})")
-            coords.append(self.coords(r))
         out = []
-        for i, lv in enumerate(self.levels):
-            blocks: dict[tuple[int, ...], set[int]] = {}
-            for c in coords:
-                blocks.setdefault(c[i + 1 :], set()).add(c[i])
+        below = 1  # ranks per block of the levels under this one
+        for lv in self.levels:
+            above = below * lv.size
+            # a rank's coordinates on the levels above this one, as one number: r // above
+            # (:meth:`coords` digit by digit); its coordinate on this level: r // below % size
+            blocks: dict[int, set[int]] = {}
+            for r in ranks:
+                blocks.setdefault(r // above, set()).add(r // below % lv.size)
+            below = above
             fullest = max(blocks.values(), key=lambda s: (len(s), -min(s)))
             members = tuple(sorted(fullest)) if lv.kind is LevelKind.LINK_MATRIX else ()
             out.append(LevelUse(lv, len(fullest), members))
