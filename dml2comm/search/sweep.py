@@ -471,31 +471,6 @@ def _prepare(evaluator: "Evaluator", num_gpus: int, space: SweepSpace, limit: in
     return first, first_batch, shape, seq_len, configs, num_configs
 
 
-def _run_chunks(evaluator: Evaluator, configs: list[ParallelConfig], model_path: str, cluster_builder: Callable[[int], Cluster],
-                space: SweepSpace, first_batch: int, fast: bool, on_result: Callable[[dict[str, Any], int, int], None] | None,
-                executor: "Executor | None", workers: int, rows: list[dict[str, Any]]) -> bool:
-    """Evaluate ``configs`` in chunks (:func:`_chunks`) on ``executor`` (default: ``workers``
-    local processes), appending the rows to ``rows`` as they arrive (``on_result`` after each);
-    returns whether the run was interrupted."""
-    chunks = _chunks(configs)
-    total = len(configs)
-
-    def on_rows(chunk_rows: list[dict[str, Any]]) -> None:
-        for row in chunk_rows:
-            rows.append(row)
-            if on_result is not None:
-                on_result(row, len(rows), total)
-
-    from dml2comm.executors import ChunkPlan, LocalExecutor
-
-    plan = ChunkPlan(
-        work=[_work_of(configs, chunk) for chunk in chunks], affinity=[_affinity(configs[chunk[0]]) for chunk in chunks],
-        setup=functools.partial(sweep_evaluator, model_path, cluster_builder, tuple(space.dims), space.seq_len, first_batch, fast),
-        run=evaluate_chunk, payloads=[(chunk, [configs[i] for i in chunk], fast) for chunk in chunks], state=evaluator)
-    with collect_rarely():  # the tables live to the end (dml2comm.gc_tuning)
-        return (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
-
-
 def run_sweep(
     model_path: str,
     num_gpus: int,
@@ -548,8 +523,23 @@ def run_sweep(
     # over the whole import) and in forked workers (from copying their pages by touching them)
     gc.freeze()
     try:
-        interrupted = _run_chunks(evaluator, configs, str(model_path), cluster_builder, space, first_batch, fast, on_result,
-                                  executor, workers, rows)
+        chunks = _chunks(configs)
+
+        def on_rows(chunk_rows: list[dict[str, Any]]) -> None:
+            for row in chunk_rows:
+                rows.append(row)
+                if on_result is not None:
+                    on_result(row, len(rows), len(configs))
+
+        from dml2comm.executors import ChunkPlan, LocalExecutor
+
+        plan = ChunkPlan(
+            work=[_work_of(configs, chunk) for chunk in chunks], affinity=[_affinity(configs[chunk[0]]) for chunk in chunks],
+            setup=functools.partial(sweep_evaluator, str(model_path), cluster_builder, tuple(space.dims), space.seq_len,
+                                    first_batch, fast),
+            run=evaluate_chunk, payloads=[(chunk, [configs[i] for i in chunk], fast) for chunk in chunks], state=evaluator)
+        with collect_rarely():  # the tables live to the end (dml2comm.gc_tuning)
+            interrupted = (executor or LocalExecutor(workers)).run_chunks(plan, on_rows)
     finally:
         gc.unfreeze()
     rows.sort(key=lambda r: r["index"])

@@ -237,7 +237,7 @@ def _stretched_depths(p: int, m: int, v: int) -> np.ndarray | None:
     In the steady 1F1B phase every device runs one forward and one backward in turn, and its
     depth rises by one a position (depth - position stays constant); ``p`` more micro-batches
     add ``2 p v`` steady positions to each device and leave the warm-up and the cooldown as they
-    were.  With ``2 p`` micro-batches the middle position ``m v`` of every device is steady (the
+    were.  With ``2 p`` micro-batches the middle position ``2 p v`` of every device is steady (the
     most warm-up forwards, device 0's ``(v + 1) p - 2``, are fewer than ``2 p v``), so the
     depths of ``m`` are those of ``2 p`` with their offsets at the middle repeated over the
     extra positions.  The caller checks the result is a valid layering; ``tests/test_sim.py``
