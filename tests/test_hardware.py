@@ -42,7 +42,7 @@ def test_every_gpu_number_has_a_source(gpu: GPU) -> None:
         "nvlink_bytes_per_s",
         "pcie_bytes_per_s",
         "sm_count",
-    } | ({"l2_bytes"} if gpu.l2_bytes else set())
+    } | ({"l2_bytes"} if gpu.l2_bytes else set()) | ({"kernel_bandwidth_share"} if gpu.kernel_bandwidth_share != 1.0 else set())
     assert gpu.sm_count > 0  # every preset knows its SMs/CUs (the GEMM model's wave quantisation)
     # every NVIDIA preset knows its L2 (the eager norm law's spill); MI300X has no one shared L2
     assert (gpu.l2_bytes > 0) == (gpu.name != "MI300X")

@@ -362,7 +362,7 @@ def _gemm_spec(name: str, gpu: GPU, samples: list[GemmSample], regime: tuple[int
 
 
 def _memory_spec(name: str, gpu: GPU, samples: list[MemorySample]) -> ClassSpec:
-    hbm = gpu.hbm_bytes_per_s
+    hbm = gpu.kernel_hbm_bytes_per_s
     base = hbm_efficiency_of(gpu, name)
 
     def fit(keys: Sequence[Hashable], meas: np.ndarray, repeats: np.ndarray) -> float:
@@ -387,7 +387,7 @@ def _scale_spec(name: str, samples: list[Any], key: Callable[[Any], Hashable], l
 
 
 def _attention_law(gpu: GPU, pass_: str) -> Callable[[Hashable], float]:
-    peak, hbm = gpu.peak_flops("bf16"), gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
+    peak, hbm = gpu.peak_flops("bf16"), gpu.kernel_hbm_bytes_per_s * hbm_efficiency_of(gpu)
 
     def law(key: Hashable) -> float:
         shape = FlashShape(*key)  # type: ignore[misc]
@@ -403,7 +403,7 @@ def _layer_norm_law(gpu: GPU) -> Callable[[Hashable], float]:
     def law(key: Hashable) -> float:
         pass_, rows, width, itemsize, rms = key  # type: ignore[misc]
         got = op_norm_times_s("RMSNormalization" if rms else "LayerNormalization", -1, (rows, width), itemsize, gpu,
-                              gpu.hbm_bytes_per_s)
+                              gpu.kernel_hbm_bytes_per_s)
         assert got is not None  # the specs hold samples only on a GPU with an SM count
         fwd, bwd = got[0]
         return fwd if pass_ == "fwd" else bwd
@@ -422,7 +422,7 @@ def _describe_layer_norm(k: Hashable) -> str:
 def _optimizer_law(gpu: GPU) -> Callable[[Hashable], float]:
     def law(key: Hashable) -> float:
         params, element = key  # type: ignore[misc]
-        return optimizer_step_s(params, "adamw", element, gpu.hbm_bytes_per_s, precision="bf16" if element == 2 else "amp")
+        return optimizer_step_s(params, "adamw", element, gpu.kernel_hbm_bytes_per_s, precision="bf16" if element == 2 else "amp")
     return law
 
 
@@ -466,7 +466,7 @@ class LaunchBound:
 def launch_bound(gpu: GPU, samples: TraceSamples) -> list[LaunchBound]:
     """The :class:`LaunchBound` kernels of ``pointwise`` and ``norm``."""
     small = [m for m in samples.memory if m.bytes < MIN_MEMORY_BYTES]
-    return [LaunchBound(c, sum(m.time_s for m in small if m.cls == c), sum(m.bytes for m in small if m.cls == c) / gpu.hbm_bytes_per_s)
+    return [LaunchBound(c, sum(m.time_s for m in small if m.cls == c), sum(m.bytes for m in small if m.cls == c) / gpu.kernel_hbm_bytes_per_s)
             for c in ("pointwise", "norm") if any(m.cls == c for m in small)]
 
 

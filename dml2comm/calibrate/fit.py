@@ -122,7 +122,7 @@ def gemm_predict(gpu: GPU, keys: Sequence[tuple], f: float, aligned: bool | None
         rows = (np.ones(len(idx), dtype=bool) if in_b != 2 or aligned
                 else np.all(dims % (ALIGNMENT_BYTES // in_b) == 0, axis=1))
         out[idx] = analytical_times_s(shp[:, 0], shp[:, 1], shp[:, 2], shp[:, 3], peak_flops_per_s=gpu.peak_flops_per_s[dtype],
-                                      sm_count=gpu.sm_count, hbm_bytes_per_s=gpu.hbm_bytes_per_s, in_bytes=in_b,
+                                      sm_count=gpu.sm_count, hbm_bytes_per_s=gpu.kernel_hbm_bytes_per_s, in_bytes=in_b,
                                       out_bytes=out_b, sustained=f, law=shape_law(gpu), aligned=rows)
     return out
 

@@ -420,7 +420,7 @@ def gemm_device(gpu: GPU | GemmDevice) -> GemmDevice:
         raise ConfigError(f"GPU {gpu.name!r} has no sm_count; the GEMM model needs it "
                           "(build the GPU with sm_count=N and its source)")
     gemm = {k: v for k, v in gpu.calibrated_classes.items() if parse_class_key(k)[0] in GEMM_CLASSES}
-    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.hbm_bytes_per_s, gpu.gemm_sustained_factor,
+    return GemmDevice(gpu.name, gpu.peak_flops_per_s, gpu.sm_count, gpu.kernel_hbm_bytes_per_s, gpu.gemm_sustained_factor,
                       MappingProxyType(gemm))
 
 

@@ -561,7 +561,7 @@ class LayerCoster:
         n = len(self.layered.layers)
         loss_f, loss_b = np.zeros(n), np.zeros(n)
         loss_saved, loss_transient = np.zeros(n), np.zeros(n)
-        achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
+        achieved_hbm = gpu.kernel_hbm_bytes_per_s * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
         logits = logits_outputs(graph)
         if logits and config.stack is Stack.PYTORCH:  # which Hugging Face loss (cost.loss.hf_loss_upcasts)
             cores = flash_cores_of(graph)

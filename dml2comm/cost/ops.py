@@ -187,7 +187,7 @@ def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype:
     and ``precision`` mode, its kernel times scaled by ``profile`` per the kind of each op's layer
     in ``layered`` (None: the graph's own layers), once per those inputs (cached on the graph; the
     analysis and the sweep share it)."""
-    peak, hbm = gpu.peak_flops(dtype), gpu.hbm_bytes_per_s
+    peak, hbm = gpu.peak_flops(dtype), gpu.kernel_hbm_bytes_per_s
     train = DTYPES[dtype]
     host = host_model.DEFAULT if host is None else host
     stack, attention = Stack.of(stack), AttentionKernel.of(attention)

@@ -769,7 +769,7 @@ class StageCoster(LayerCoster):
             params_local, expert_local = per_stage(layers.params_local) + tied_local, np.zeros(p)
         else:
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
-        achieved_hbm = gpu.hbm_bytes_per_s * hbm_efficiency_of(gpu)
+        achieved_hbm = gpu.kernel_hbm_bytes_per_s * hbm_efficiency_of(gpu)
         if config.stack is Stack.PYTORCH:
             cast_f, accumulate = (np.zeros(p) + x for x in eager_parameter_passes_s(
                 params_local, per_stage(layers.gemm_local), config.precision, config.num_micro_batches, achieved_hbm))
@@ -944,7 +944,7 @@ class StageCoster(LayerCoster):
         for r, (t, n) in enumerate(dp.bucket_runs):
             tau[r], count[r] = t, n
         states = stage_model_states(dense, expert, d, edp, z, optimizer, dtype_bytes, precision)
-        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.hbm_bytes_per_s, loss_scaled,
+        opt = stage_optimizer_s(dense, expert, d, edp, z, optimizer, dtype_bytes, self.cluster.gpu.kernel_hbm_bytes_per_s, loss_scaled,
                                 precision)
         opt *= class_value(self.cluster.gpu, "optimizer") or 1.0  # a calibrated time scale (cost.calibrated)
         if self.profile is not None:  # a profiled step's measured / modelled ratio (cost.profile)

@@ -52,7 +52,8 @@ MAX_ASSUMPTION_CHARS = 1000
 _TOP_OPTIONAL = ("base", "assumptions", "network", "collective_fits", "calibration")
 _TOP_DERIVED = ("num_gpus", "num_nodes")
 _GPU_REQUIRED = ("name", "peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "nvlink_bytes_per_s", "pcie_bytes_per_s")
-_GPU_OPTIONAL = ("sm_count", "l2_bytes", "sources", "gemm_sustained_factor", "hbm_efficiency", "calibrated_classes")
+_GPU_OPTIONAL = ("sm_count", "l2_bytes", "sources", "gemm_sustained_factor", "hbm_efficiency", "calibrated_classes",
+                 "kernel_bandwidth_share")
 _LINK_REQUIRED = ("name", "bandwidth_bytes_per_s", "latency_s")
 _LINK_OPTIONAL = ("efficiency", "kernel_s_per_byte", "hw", "links_per_gpu", "in_network_efficiency", "reduce_s_per_byte",
                   "alltoall_latency_s", "sources")
@@ -192,7 +193,9 @@ def _gpu(data: Any) -> GPU:
                nvlink_bytes_per_s=_number(d["nvlink_bytes_per_s"], "gpu.nvlink_bytes_per_s"),  # type: ignore[arg-type]
                pcie_bytes_per_s=_number(d["pcie_bytes_per_s"], "gpu.pcie_bytes_per_s"),  # type: ignore[arg-type]
                sources=_sources(d.get("sources"), "gpu.sources"), sm_count=sm,
-               l2_bytes=_number(d.get("l2_bytes", 0.0), "gpu.l2_bytes"), **calibrated)  # type: ignore[arg-type]
+               l2_bytes=_number(d.get("l2_bytes", 0.0), "gpu.l2_bytes"),  # type: ignore[arg-type]
+               kernel_bandwidth_share=_number(d.get("kernel_bandwidth_share", 1.0), "gpu.kernel_bandwidth_share", positive=True),  # type: ignore[arg-type]
+               **calibrated)
 
 
 def _link(data: Any, where: str) -> Link:

@@ -202,7 +202,7 @@ def _shared_sum_s(coster: Any, config: Any, cluster: Any) -> float:
     from dml2comm.cost.compute import hbm_efficiency_of, shared_gradient_sum_s
 
     summed = sum(coster.stage_table(config).copies.summed_local)
-    return shared_gradient_sum_s(summed, config, cluster.gpu.hbm_bytes_per_s * hbm_efficiency_of(cluster.gpu))
+    return shared_gradient_sum_s(summed, config, cluster.gpu.kernel_hbm_bytes_per_s * hbm_efficiency_of(cluster.gpu))
 
 
 def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, step_time_s: float | None = None) -> ProfileScale:
