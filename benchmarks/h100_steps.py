@@ -22,8 +22,10 @@ def config(b: int, s: int) -> ParallelConfig:
 
 
 def measured_steps() -> dict[str, float]:
-    """The mean of the runs' medians at the profiled shape (GPT-2 small was run twice)."""
-    runs = json.load(open(STEPS))["runs"]
+    """The mean of the runs' medians at the profiled shape, on the day and machine the traces
+    were taken (GPT-2 small was run twice); the repeats measured on another machine a day later
+    (the rows with ``host_issue_s_median``, ``benchmarks/data/gpu_steps/``) are left out."""
+    runs = [r for r in json.load(open(STEPS))["runs"] if "host_issue_s_median" not in r]
     out = {}
     for name, (_, _, b, s) in RUNS.items():
         times = [r["step_s_median"] for r in runs if r["name"] == name and r["micro_batch"] == b and r["seq"] == s and r["mode"] == "bf16"]

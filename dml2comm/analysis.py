@@ -396,8 +396,10 @@ def _cost_assumptions(graph: OpGraph, config: ParallelConfig, cluster: Cluster, 
                 "(benchmarks/fit_flash_h100.py)"
                 + ("; the others (a learned or per-head bias in the scores) are costed as exported" if len(flash) < len(cores) else ""))
     if host.run_ahead:
+        where = ("read from the profiled step (the CPU side over the profiler's slowdown)" if host.name == "trace"
+                 else "fitted on 30 PyTorch 2.11 steps measured on an H100 and an H200")
         host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
-                     f"{fmt_s(host.gap_s)} of GPU idle per kernel, measured on PyTorch 2.11 traces on an H100; a step waits "
+                     f"{fmt_s(host.gap_s)} of GPU idle per kernel, {where}; a step waits "
                      "for the CPU only when its kernels are shorter)")
     elif host.kernel_s > 0:
         host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel"

@@ -1,6 +1,8 @@
 """The two bundled H100 training steps the --profile tests read: (model, trace, micro-batch,
 sequence, measured step seconds).  Measured steps: dml2comm/validate/data/h100_steps.json, the
-mean of the runs' medians (as benchmarks/bench_profile.py)."""
+mean of the medians of the runs made with the traces (2026-11-27, the machine the traces were
+taken on; the file's repeats from another machine are left out, as benchmarks/bench_profile.py
+does)."""
 
 from __future__ import annotations
 

@@ -30,9 +30,10 @@ def parts():
     return {name: measured_and_modelled(case[1], case[0], _config(case[2], case[3])) for name, case in (("gpt2", GPT2), ("llama", LLAMA))}
 
 
-# (case, options, the band stated): the measured errors are GPT-2 small +6.5% with the trace's host
-# model (host-bound: the profiled step's CPU), +2.5% with --step-time, +4.1% with the preset
-# pytorch host model, -8.7% with none; Llama-1B -1.0%, +0.4% and -3.2% (benchmarks/bench_profile.py)
+# (case, options, the band stated): the measured errors are GPT-2 small +0.7% with the trace's host
+# model (its CPU side over the profiler's median slowdown), +2.6% with --step-time, -3.9% with the
+# preset pytorch host model, -8.7% with none; Llama-1B -1.2%, -1.2%, +0.1% and -3.2%
+# (benchmarks/bench_profile.py)
 CASES = [(GPT2, (), 0.207), (GPT2, ("--step-time", "0.0516"), 0.082), (GPT2, ("--host-model", "pytorch"), 0.225),
          (GPT2, ("--host-model", "none"), 0.225), (LLAMA, (), 0.019), (LLAMA, ("--step-time", "0.17999"), 0.019),
          (LLAMA, ("--host-model", "pytorch"), 0.040), (LLAMA, ("--host-model", "none"), 0.040)]
@@ -57,8 +58,9 @@ def test_the_band_covers_the_bundled_steps(tmp_path, case, extra, band):
     # the trace's host model: the GPU's wait for the CPU; a named one: all of the GPU's idle
     fig = data["profile"]["error"]
     assert err["components"]["host"] == (fig["idle_share"] if "--host-model" in extra else fig["host_wait_share"])
-    # without --step-time a host-bound step's wait is the profiled one, and the source says so
-    assert ("--step-time narrows it" in err["source"]) == (case is GPT2 and not extra)
+    # without --step-time a host-bound step's CPU side is the trace's over the profiler's median
+    # slowdown, and the source says so
+    assert ("--step-time measures it" in err["source"]) == (case is GPT2 and not extra)
     # the band is the trace's, not the validated runs' nearest this one
     own, _ = expected_error_for(_config(case[2], case[3]), get_cluster("dgx-h100", 1), data["model"]["params"])
     assert err["model_band"] == own and s["expected_error"] != own
@@ -123,15 +125,20 @@ def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):
     return analyze_graph(imported, config, cluster, advise=False, timeline=False)
 
 
-def test_gpt2_from_llamas_ratios_is_covered(parts):
+def test_gpt2_from_llamas_ratios_and_its_band(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
-    # distance from Llama's GEMM shapes to GPT-2's: 0.2% off the measured step, inside the band (2.3% before
-    # eager LayerNorm's own law, cost.norm: Llama's trace has no LayerNorm to scale it)
+    # distance from Llama's GEMM shapes to GPT-2's.  Against the mean of the four measurements of
+    # the GPT-2 step (two machines, validate.steps) the prediction is 5.6% short and the band
+    # 5.5%: a band read from Llama's GPU-bound trace does not hold the pytorch preset host
+    # model's own error on GPT-2's host-affected step (-4.8% without any profile)
+    from dml2comm.validate.steps import runs
+
+    measured = next(r["time_s"] for r in runs() if r["name"] == "gpt2-small")
     a = _analysis(GPT2, 8, profile_scale([parts["llama"]]))
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.65, abs=0.01) and band["components"]["shapes"] > 0
-    error = abs(a.summary["iteration_time_s"] / GPT2[4] - 1)
-    assert error == pytest.approx(0.0017, abs=0.001) and error <= band["total"] == a.summary["expected_error"]
+    error = abs(a.summary["iteration_time_s"] / measured - 1)
+    assert error == pytest.approx(0.056, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.055, abs=0.002)
 
 
 def test_what_the_trace_did_not_measure_keeps_the_models_band(parts):

@@ -316,7 +316,8 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
     if scale.host is not None and host is not None:
         bound = ", ".join(f"{t['file']} {'host' if t['host_bound'] else 'GPU'}-bound" for t in host["traces"])
         slow = (f"; CPU side x{host['cpu_slowdown_factor']:.3f} for --step-time {host['step_time_s'] * 1e3:.2f} ms"
-                if host["step_time_s"] is not None else "; as profiled (--step-time scales a host-bound step's CPU side)")
+                if host["step_time_s"] is not None
+                else f"; CPU side x{host['cpu_slowdown_factor']:.3f}, the profiler's measured median slowdown (--step-time measures a host-bound step's)")
         rows.append(("host model (--profile)", f"{scale.host.kernel_s * 1e6:.1f} us CPU time and {scale.host.gap_s * 1e6:.2f} us "
                                                f"GPU idle per kernel, from the trace ({bound}){slow}"))
     return rows

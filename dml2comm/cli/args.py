@@ -147,7 +147,7 @@ _HARDWARE_HELP = {
                         "the node's NICs over its GPUs",
                         "NICs per node (default: the preset's); each GPU's inter-node share is the node's NICs over its GPUs"),
     "--host-model": ("host-side (CPU) time per kernel: eager (Megatron-DeepSpeed's dispatch and launch, fitted on vTrain's A100 "
-                     "runs; the default with --stack megatron), pytorch (eager PyTorch 2.x measured on an H100: the CPU runs "
+                     "runs; the default with --stack megatron), pytorch (eager PyTorch 2.x, fitted on steps measured on an H100 and an H200: the CPU runs "
                      "ahead, each kernel leaves the GPU a short gap; the default with --stack pytorch) or none (kernel time "
                      "only: CUDA-graph captured steps)",
                      "host-side (CPU) time: eager (Megatron-DeepSpeed's per-kernel dispatch; default with --stack megatron), "
@@ -180,7 +180,8 @@ def add_hardware_arguments(parser: argparse.ArgumentParser, *, main: bool) -> ar
         h.add_argument("--step-time", type=finite_float(), default=None, metavar="SECONDS",
                        help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
                             "is host-bound, the trace's CPU time per kernel is scaled by this over the profiled step's "
-                            "GPU span (the profiler's slowdown of the CPU side)")
+                            "GPU span (the profiler's slowdown of the CPU side); without it, by the slowdown measured on "
+                            "bundled steps (1.245)")
     return h
 
 

@@ -225,8 +225,8 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
       starved idle over its span; with ``--step-time``, the step without the profiler less the
       GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`).  The
       host model predicts that wait; the trace bounds it only by its size.  Without
-      ``--step-time`` a host-bound step's wait is inflated by the profiler's CPU slowdown, which
-      the trace cannot tell.  Where the host model is not the trace's (``--host-model`` names one),
+      ``--step-time`` the profiler's CPU slowdown is taken as its measured median
+      (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`), which a given machine may not show.  Where the host model is not the trace's (``--host-model`` names one),
       all of the profiled step's GPU idle (:func:`~dml2comm.traces.predict.error_figures`'
       ``idle_share``): the idle between queued kernels is then a preset's too.
     - ``noise``: half the spread of the step's identical blocks ((max - min) / mean of their
@@ -281,7 +281,8 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     names = dict(_PART_NAMES, host="host wait" if fitted else "GPU idle (a host model not the trace's)")
     source = f"from the profile ({files}): " + " + ".join(f"{names[k]} {v:.1%}" for k, v in parts.items() if v >= 5e-4)
     if fitted and fig["host_bound"] and fig["step_time_s"] is None:
-        source += "; the profiled step is host-bound and the profiler's CPU slowdown is unknown: --step-time narrows it"
+        source += ("; the profiled step is host-bound and the profiler's CPU slowdown is taken as its measured median "
+                   "(1.03-1.53 seen): --step-time measures it")
     return {"total": total, "source": source, "components": parts, "scaled_share_of_iteration": a, "exposed_comm_share": comm,
             "doublings": doublings, "held_out": fig["held_out"], "host_bound": fig["host_bound"],
             "step_time_s": fig["step_time_s"], "model_band": own, "model_band_source": own_source,

@@ -22,9 +22,10 @@ kernel), so the issue time is that of the profiled step.  Where the step's time 
 profiler is known (``--step-time``) and the profiled step is host-bound, the CPU-side figure is
 scaled by the profiler's slowdown ``timed step / profiled GPU span`` (at most 1): in a host-bound
 step the span is the CPU's, so their ratio is the CPU's speed-up without the profiler (an
-underestimate of it where parts of the step are GPU-bound).  A GPU-bound step's span does not
-show the CPU, so its figures stay as measured (factor 1).  The GPU's idle per kernel is not
-scaled: the profiler does not slow the device.
+underestimate of it where parts of the step are GPU-bound).  Otherwise (no ``--step-time``, or
+a GPU-bound step, whose span does not show the CPU) it is divided by the measured median
+slowdown :data:`PROFILER_CPU_SLOWDOWN`.  The GPU's idle per kernel is not scaled: the profiler
+does not slow the device.
 """
 
 from __future__ import annotations
@@ -40,12 +41,23 @@ from dml2comm.errors import ConfigError
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace
 
-__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "HostFigures", "fitted_host_model", "host_figures"]
+__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "PROFILER_CPU_SLOWDOWN", "HostFigures", "fitted_host_model", "host_figures"]
 
 #: Below this a launch-to-launch interval is the CPU issuing, not waiting (seconds).
 ISSUE_GAP_S = 200e-6
 #: A step is host-bound when the GPU waited for launches longer than this share of its span.
 HOST_BOUND_SHARE = 0.05
+#: How much slower the CPU issues a step's kernels under ``torch.profiler`` (CPU and CUDA
+#: activities, ``record_shapes=True``) than without it: the issue time read from the trace
+#: (:func:`host_figures`' ``issue_s``) over the time the same step took to issue unprofiled
+#: (step start to ``step()`` returning, median of 10 steps).  Median 1.245 over the 28 GPT-2
+#: small steps of ``benchmarks/data/gpu_steps/`` (H100 and H200, 7 shapes, bf16 and AMP, two
+#: processes each; 10th-90th percentile 1.03-1.53; ``profiler_slowdown.csv`` there, written by
+#: ``benchmarks/profiler_slowdown.py``), the steps whose launch queue never fills (under a
+#: thousand kernels), so that the unprofiled time is all issue work.  Per GPU: the H100's 14
+#: give 1.23, the H200's 14 give 1.27.  Used where the step's own unprofiled time does not tell
+#: it: no ``--step-time``, or a GPU-bound step (whose span does not show the CPU).
+PROFILER_CPU_SLOWDOWN = 1.245
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +146,7 @@ def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s
     preset : the stack's host model, whose other terms (run-ahead queue, per-message times) stay.
     step_time_s : the step's time without the profiler (``--step-time``); with one trace that is
         host-bound, the issue time is scaled by ``min(1, step_time_s / gpu_span_s)`` (module
-        docstring); otherwise the factor is 1.
+        docstring); otherwise the factor is ``1 / PROFILER_CPU_SLOWDOWN``.
 
     Raises
     ------
@@ -145,7 +157,7 @@ def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s
     queued = sum(f.queued_gaps for f in figures)
     kernel_s = sum(f.issue_s for f in figures) / kernels
     gap_s = sum(f.gap_s * f.queued_gaps for f in figures) / queued if queued else 0.0
-    factor = 1.0
+    factor = 1.0 / PROFILER_CPU_SLOWDOWN
     if step_time_s is not None:
         if not (step_time_s > 0 and np.isfinite(step_time_s)):
             raise ConfigError(f"--step-time must be a positive number of seconds, got {step_time_s!r}")

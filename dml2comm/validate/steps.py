@@ -13,10 +13,16 @@ median wall time of 10 steps after 3 warm-ups, each bracketed by ``torch.cuda.sy
 peak memory is ``torch.cuda.max_memory_allocated()`` over those steps.
 
 - ``gpt2-small``: GPT-2 small (12 layers, h 768, 12 heads, V 50,257, 1,024 positions), b = 8,
-  s = 1,024; measured twice on two machine starts (51.5 and 51.7 ms, 10.346 and 10.337 GB):
-  the case is the mean of the two;
+  s = 1,024; measured twice on two machine starts (51.5 and 51.7 ms, 10.346 and 10.337 GB) and
+  twice more a day later on another H100 machine (49.3 and 49.5 ms): the case is the mean of
+  the four;
 - ``llama-1b``: Llama 3.2 1B's shape (16 layers, h 2,048, 32 query / 8 KV heads, FFN 8,192,
-  V 128,256, tied embedding), b = 4, s = 2,048.
+  V 128,256, tied embedding), b = 4, s = 2,048; measured once, then twice on the other machine
+  (180.0, 180.6 and 181.4 ms).
+
+The repeats of the second day are two rows of ``benchmarks/data/gpu_steps/h100_a.json`` and
+``h100_b.json`` (the same script, which also measured these models at other shapes, and on an
+H200: ``benchmarks/bench_gpu_steps.py`` reports the tool on all of them).
 
 How the tool is run, as a user would run it on the export (``python main.py MODEL --cluster
 dgx-h100 --micro-batch-size b --seq-len s --stack pytorch --precision bf16 --optimizer adamw``):

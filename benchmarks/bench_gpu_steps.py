@@ -1,0 +1,131 @@
+"""The measured one-GPU steps of ``benchmarks/data/gpu_steps/`` (H100 and H200, 16 shapes each;
+PROVENANCE.md there) against the tool: each step predicted as a user runs it, and each step
+predicted from the bundled trace of its model on the same GPU (``--profile``: the issue's
+"other micro-batch sizes and sequence lengths from one trace").
+
+    PYTHONPATH=. python benchmarks/bench_gpu_steps.py                 # both tables
+    PYTHONPATH=. python benchmarks/bench_gpu_steps.py --kernel-us 30,32,34,36,46.5
+        # the pytorch host model's kernel_s swept over the steps, with leave-one-model-out fits
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import dml2comm.cost.host as host
+from dml2comm.analysis import analyze_graph
+from dml2comm.hardware.cluster import get_cluster
+from dml2comm.ir.onnx_import import ImportOptions
+from dml2comm.load import load_model
+from dml2comm.parallel.config import ParallelConfig, Precision, Stack
+from dml2comm.traces.predict import measured_and_modelled, profile_scale
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data" / "gpu_steps"
+MODELS = {"gpt2-small": "dml2comm/validate/data/models/step_gpt2_small_dynamo.onnx",
+          "llama-1b": "dml2comm/validate/data/models/step_llama_1b_dynamo.onnx",
+          "llama-0.3b": "tests/fixtures/step_llama_0_3b_dynamo.onnx",
+          "qwen2-1.5b": "tests/fixtures/step_qwen2_1_5b_dynamo.onnx"}
+CLUSTERS = {"h100": "dgx-h100", "h200": "hgx-h200"}
+#: The bundled trace of each model per GPU (its profiled shape).
+TRACES = {"gpt2-small": ("gpt2-small_bf16_b8_s1024", 8, 1024), "llama-1b": ("llama-1b_bf16_b4_s2048", 4, 2048)}
+
+
+def steps(with_validation: bool = True) -> list[tuple[str, str, str, int, int, float]]:
+    """(gpu, model, mode, b, s, measured step s), the mean over every measurement of the step: the
+    files' two processes per GPU and, ``with_validation``, the ``h100-steps`` validation source's
+    earlier measurements of two of its H100 steps (2026-11-27, another machine)."""
+    groups: dict[tuple, list[float]] = {}
+    for gpu in CLUSTERS:
+        for f in sorted(DATA.glob(f"{gpu}_?.json")):
+            for r in json.loads(f.read_text())["runs"]:
+                groups.setdefault((gpu, r["name"], r["mode"], r["micro_batch"], r["seq"]), []).append(r["step_s_median"])
+    if with_validation:
+        for r in json.loads((ROOT / "dml2comm/validate/data/h100_steps.json").read_text())["runs"]:
+            if "host_issue_s_median" not in r:  # not one of the repeats the files above already hold
+                groups[("h100", r["name"], r["mode"], r["micro_batch"], r["seq"])].append(r["step_s_median"])
+    return [(*k, statistics.mean(v)) for k, v in groups.items() if k[1] in MODELS]
+
+
+def config(b: int, s: int, mode: str) -> ParallelConfig:
+    return ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=s, dtype="bf16", optimizer="adamw",
+                          stack=Stack.PYTORCH, precision=Precision(mode))
+
+
+_imported: dict = {}
+
+
+def predict(gpu: str, name: str, mode: str, b: int, s: int, scale=None) -> float:
+    """The step time the tool predicts (the pytorch stack's host model, or the trace's with ``scale``)."""
+    if (name, b, s) not in _imported:
+        _imported[(name, b, s)] = load_model(str(ROOT / MODELS[name]), ImportOptions(batch_size=b, seq_len=s))
+    cluster = dataclasses.replace(get_cluster(CLUSTERS[gpu], 1), collective_overhead_s=0.0, host_model="pytorch", profile_scale=scale)
+    return analyze_graph(_imported[(name, b, s)], config(b, s, mode), cluster, advise=False, timeline=False).summary["iteration_time_s"]
+
+
+def with_kernel_s(kernel_s: float) -> None:
+    """Swap the pytorch preset's ``kernel_s`` (this process only)."""
+    model = dataclasses.replace(host.PYTORCH, kernel_s=kernel_s)
+    host.HOST_MODELS = {**host.HOST_MODELS, "pytorch": model}
+
+
+def table() -> None:
+    print("Each step as a user runs it (--stack pytorch --precision MODE --optimizer adamw, d=t=p=1):")
+    errors = []
+    for gpu, name, mode, b, s, measured in steps():
+        t = predict(gpu, name, mode, b, s)
+        errors.append(abs(t / measured - 1))
+        print(f"  {gpu} {name:11s} {mode:4s} b={b:2d} s={s:4d}  measured {measured * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  {t / measured - 1:+6.1%}")
+    print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
+
+
+def profiled() -> None:
+    print("\nFrom the bundled trace of the model on the same GPU (--profile TRACE), other shapes:")
+    errors = []
+    for gpu in CLUSTERS:
+        for name, (stem, tb, ts) in TRACES.items():
+            parts = measured_and_modelled(str(DATA / f"{gpu}_trace_{stem}.json.gz"), str(ROOT / MODELS[name]), config(tb, ts, "bf16"))
+            scale = profile_scale([parts], "pytorch")
+            for g, n, mode, b, s, measured in steps(with_validation=False):
+                if (g, n, mode) != (gpu, name, "bf16"):
+                    continue
+                t = predict(gpu, name, mode, b, s, scale)
+                errors.append(abs(t / measured - 1))
+                own = " (the profiled shape)" if (b, s) == (tb, ts) else ""
+                print(f"  {gpu} {name:11s} b={b:2d} s={s:4d} from b={tb} s={ts}: measured {measured * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  {t / measured - 1:+6.1%}{own}")
+    print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
+
+
+def sweep(values_us: list[float]) -> None:
+    rows = steps()
+    err = {}
+    for v in values_us:
+        with_kernel_s(v * 1e-6)
+        for r in rows:
+            err[(r, v)] = predict(*r[:5]) / r[5] - 1
+        e = [abs(err[(r, v)]) for r in rows]
+        print(f"kernel_s {v:5.1f} us: mean |error| {statistics.mean(e):.2%}, worst {max(e):.2%} over {len(rows)} steps")
+    for held in MODELS:
+        rest = [r for r in rows if r[1] != held]
+        best = min(values_us, key=lambda v: statistics.mean(abs(err[(r, v)]) for r in rest))
+        own = [abs(err[(r, best)]) for r in rows if r[1] == held]
+        print(f"  {held} left out: the others' best {best:.1f} us predicts its {len(own)} steps at {statistics.mean(own):.1%} mean, worst {max(own):.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel-us", help="comma-separated kernel_s values (us) to sweep instead of the tables")
+    args = ap.parse_args()
+    if args.kernel_us:
+        sweep([float(v) for v in args.kernel_us.split(",")])
+    else:
+        table()
+        profiled()
+
+
+if __name__ == "__main__":
+    main()
