@@ -1,7 +1,8 @@
 """The measured one-GPU steps of ``benchmarks/data/gpu_steps/`` (H100 and H200, 16 shapes each;
-PROVENANCE.md there) against the tool: each step predicted as a user runs it, and each step
-predicted from the bundled trace of its model on the same GPU (``--profile``: the issue's
-"other micro-batch sizes and sequence lengths from one trace").
+PROVENANCE.md there) against the tool: each step predicted as a user runs it; each step
+predicted from the bundled trace of its model on the same GPU (``--profile``: other micro-batch
+sizes and sequence lengths from one trace); and each step with the cluster ``calibrate`` fits
+on the GPU's two bundled traces (other models and precisions than the traces ran).
 
     PYTHONPATH=. python benchmarks/bench_gpu_steps.py                 # both tables
     PYTHONPATH=. python benchmarks/bench_gpu_steps.py --kernel-us 30,32,34,36,46.5
@@ -100,6 +101,31 @@ def profiled() -> None:
     print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
 
 
+def calibrated() -> None:
+    """``calibrate`` on each GPU's two bundled traces (GPT-2 small b=8, Llama-1B b=4), then every
+    measured step on that GPU with the calibrated cluster against the plain preset."""
+    from dml2comm.calibrate.calibration import calibrate
+
+    print("\nFrom calibrate on the GPU's two bundled traces (default held-out check, --holdout 0.3):")
+    for gpu in CLUSTERS:
+        traces = [str(DATA / f"{gpu}_trace_{stem}.json.gz") for stem, _, _ in TRACES.values()]
+        cal = calibrate(traces, CLUSTERS[gpu], 0.3).cluster
+        plain, fitted = [], []
+        for g, name, mode, b, s, measured in steps(with_validation=False):
+            if g != gpu:
+                continue
+            t0 = predict(gpu, name, mode, b, s)
+            cluster = dataclasses.replace(cal, num_gpus=1, collective_overhead_s=0.0, host_model="pytorch")
+            t1 = analyze_graph(_imported[(name, b, s)], config(b, s, mode), cluster, advise=False, timeline=False).summary["iteration_time_s"]
+            plain.append(abs(t0 / measured - 1))
+            fitted.append(abs(t1 / measured - 1))
+            other = "" if name in TRACES and mode == "bf16" else "  (a model or precision no trace ran)"
+            print(f"  {gpu} {name:11s} {mode:4s} b={b:2d} s={s:4d}: calibrated {t1 / measured - 1:+6.1%}, preset {t0 / measured - 1:+6.1%}{other}")
+        classes = dict(cal.gpu.calibrated_classes)
+        print(f"  {gpu}: mean |error| calibrated {statistics.mean(fitted):.1%}, preset {statistics.mean(plain):.1%}; "
+              f"classes kept: {', '.join(f'{k} {v:.3f}' for k, v in classes.items()) or 'none'}")
+
+
 def sweep(values_us: list[float]) -> None:
     rows = steps()
     err = {}
@@ -125,6 +151,7 @@ def main() -> None:
     else:
         table()
         profiled()
+        calibrated()
 
 
 if __name__ == "__main__":
