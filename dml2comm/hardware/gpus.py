@@ -447,9 +447,9 @@ _H200 = GPU(
     sources={
         "kernel_bandwidth_share": (
             "0.853: measured for this project (2026-11-28, benchmarks/data/gpu_steps/, PROVENANCE.md there) on one H200 and one "
-            "H100 SXM with PyTorch 2.11: the same 14 memory-bound kernels on both (tanh-GELU and LayerNorm forward and "
-            "forward+backward at 5 shapes, fused AdamW at 4 sizes), the H100's time over the H200's divided by the datasheet "
-            "ratio 4.8 / 3.35: median 0.853 over the 19 rows (GELU 0.82-0.86, LayerNorm 0.72-0.91, AdamW 0.84-0.93; a plain "
+            "H100 SXM with PyTorch 2.11: the same memory-bound kernels on both (tanh-GELU and LayerNorm forward and "
+            "forward+backward at 5 shapes each, fused AdamW at 4 sizes: 19 rows), the H100's time over the H200's divided by the "
+            "datasheet ratio 4.8 / 3.35: median 0.853 over the 19 rows (GELU 0.82-0.86, LayerNorm 0.72-0.91, AdamW 0.84-0.93; a plain "
             "copy reaches 0.99, the datasheet rate); leave-one-kernel-out, the other kernels' median predicts the left-out "
             "kernel's times within 2% (GELU), 6% (AdamW), 9% (LayerNorm forward+backward) and 12% (LayerNorm forward) on average"
         ),

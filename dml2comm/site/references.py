@@ -163,6 +163,8 @@ def _gpu_rows(gpu: Any) -> list[tuple[str, str, str]]:
         rows.append(("sm_count", str(gpu.sm_count), gpu.sources.get("sm_count", "")))
     if gpu.l2_bytes:  # the eager norm law's spill
         rows.append(("l2_bytes", f"{gpu.l2_bytes / 1e6:g} MB", gpu.sources.get("l2_bytes", "")))
+    if gpu.kernel_bandwidth_share != 1.0:  # memory-bound kernels' share of hbm_bytes_per_s (the H200)
+        rows.append(("kernel_bandwidth_share", f"{gpu.kernel_bandwidth_share:.4g}", gpu.sources.get("kernel_bandwidth_share", "")))
     for key in ("gemm_sustained_factor", "hbm_efficiency"):  # a calibrated GPU's own values (python main.py calibrate)
         value = getattr(gpu, key, None)
         if value is not None:
