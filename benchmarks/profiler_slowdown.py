@@ -6,8 +6,8 @@ median that :data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN` holds.
 
     PYTHONPATH=. python benchmarks/profiler_slowdown.py TRACES_DIR...
 
-Each TRACES_DIR holds one measuring run: its ``gpu_measured_set3.json`` and the traces from its
-``traces_set3.tar``, unpacked (``benchmarks/data/gpu_steps/PROVENANCE.md``).  Only GPT-2 small's
+Each TRACES_DIR holds one measuring run: its ``gpu_measured_set<N>.json`` and the traces from
+its ``traces_set<N>.tar``, unpacked (``benchmarks/data/gpu_steps/PROVENANCE.md``).  Only GPT-2 small's
 steps enter the median: under a thousand kernels, their launch queue never fills, so the
 unprofiled time is all issue work (Llama-1B's 2,000 kernels fill it and the CPU waits).
 """
@@ -30,7 +30,7 @@ FIELDS = ["run", "gpu", "trace", "sha256", "name", "mode", "micro_batch", "seq",
 
 
 def rows_of(folder: Path) -> list[dict]:
-    data = json.loads((folder / "gpu_measured_set3.json").read_text())
+    data = json.loads(next(folder.glob("gpu_measured_set*.json")).read_text())
     runs = {(r["name"], r["mode"], r["micro_batch"], r["seq"]): r for r in data["runs"]}
     out = []
     for t in data["traces"]:

@@ -189,8 +189,23 @@ RUNS3 = [  # set 3: one model at several shapes (pairs for --profile), each step
     ("gpt2-small", "gpt2", G2, 8, 1024, "amp", True),
     ("llama-1b", "llama", L1, 4, 2048, "amp", True),
 ]
+RUNS4 = [  # set 4: the other architectures of the model list, each traced
+    ("gpt2-6l-512", "gpt2", dict(L=6, h=512, a=8), 16, 1024, "bf16", True),
+    ("gpt2-small", "gpt2", G2, 4, 1024, "amp", True),
+    ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 8, 2048, "amp", True),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 64, 128, "bf16", True),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 128, 128, "bf16", True),
+    ("vit-8l-512", "vit", dict(L=8, h=512, a=8), 128, 224, "bf16", True),
+    ("vit-8l-512", "vit", dict(L=8, h=512, a=8), 256, 224, "bf16", True),
+    ("resnet18", "resnet", dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512]), 256, 224, "bf16", True),
+    ("resnet18", "resnet", dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512]), 128, 224, "bf16", True),
+    ("resnet18", "resnet", dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512]), 256, 224, "amp", True),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 64, 128, "amp", True),
+]
 if os.environ.get("SET") == "3":
     RUNS = RUNS3
+if os.environ.get("SET") == "4":
+    RUNS = RUNS4
 if DRY:
     RUNS = [("gpt2-tiny", "gpt2", dict(L=2, h=64, a=4, V=1000), 2, 32, "bf16", True),
             ("llama-tiny", "llama", dict(L=2, h=64, a=4, kv=2, ffn=128, V=1000, tie=True), 2, 32, "amp", False),
