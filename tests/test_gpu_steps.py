@@ -12,6 +12,9 @@ import pytest
 from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import get_gpu
+from dml2comm.parallel.config import DTYPES
+
+DTYPES_BF16 = DTYPES["bf16"]
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "gpu_steps"
 
@@ -167,3 +170,89 @@ def test_other_shapes_from_one_trace(bench):
     assert len(own) == 4 and all(abs(v) < 0.03 for v in own.values()), own
     assert statistics.mean(abs(v) for v in errors.values()) < 0.03
     assert all(abs(v) < 0.05 for k, v in errors.items() if k[1] == "llama-1b"), errors
+
+
+# ----------------------------------------------------------------------------- ResNet-18's kernels
+RESNET_TRACE = DATA / "h100_trace_resnet18_bf16_b256_s224.json.gz"
+
+
+@pytest.fixture(scope="module")
+def bn_fit():
+    spec = importlib.util.spec_from_file_location("fit_h100_batchnorm", DATA.parent.parent / "fit_h100_batchnorm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_batch_norm_law_is_fitted_on_the_resnet_trace(bn_fit):
+    """The law's numbers are the fit's (benchmarks/fit_h100_batchnorm.py), and with them the
+    trace's 20 BatchNorms add up: forward 9.05 ms, backward 15.63 ms."""
+    from dml2comm.cost.norm import H100_BATCH_NORM_LAW, batch_norm_times_s
+
+    h100 = get_gpu("h100")
+    rows = bn_fit.kernels(RESNET_TRACE)
+    assert len(rows) == 60 and {k for k, *_ in rows} == {"stats", "transform", "backward"}
+    fitted = bn_fit.fit(rows, h100)
+    assert H100_BATCH_NORM_LAW.stats_elements_per_s == pytest.approx(fitted["stats_elements_per_s"], rel=2e-3)
+    assert H100_BATCH_NORM_LAW.backward_elements_per_s == pytest.approx(fitted["backward_elements_per_s"], rel=2e-3)
+    assert H100_BATCH_NORM_LAW.transform_hbm_share == pytest.approx(fitted["transform_hbm_share"], rel=2e-3)
+    measured = {"fwd": 0.0, "bwd": 0.0}
+    predicted = {"fwd": 0.0, "bwd": 0.0}
+    for kind, (n, c, h, w), s, item in rows:
+        side = "bwd" if kind == "backward" else "fwd"
+        measured[side] += s
+        predicted[side] += batch_norm_times_s(n, c, h * w, item, h100.kernel_hbm_bytes_per_s, h100.sm_count, parts=True)[kind]
+    assert measured["fwd"] == pytest.approx(9.05e-3, rel=0.01) and measured["bwd"] == pytest.approx(15.63e-3, rel=0.01)
+    assert predicted["fwd"] == pytest.approx(measured["fwd"], rel=0.01) and predicted["bwd"] == pytest.approx(measured["bwd"], rel=0.01)
+
+
+def test_conv_layout_conversions_match_the_resnet_trace():
+    """cuDNN's NCHW/NHWC conversions of the 20 convolutions: 7.57 ms of kernels in the trace;
+    the rule's bytes at CONV_LAYOUT_HBM_SHARE give the same."""
+    from dml2comm.cost.cache import tensor_parallel_of
+    from dml2comm.cost.ops import CONV_LAYOUT_HBM_SHARE, eager_conv_layouts
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+    from dml2comm.ops.registry import OpCost
+
+    events = json.loads(__import__("gzip").open(RESNET_TRACE).read())["traceEvents"]
+    measured = sum(e["dur"] for e in events if e.get("cat") == "kernel" and ("nchwToNhwc" in e["name"] or "nhwcToNchw" in e["name"])) * 1e-6
+    assert measured == pytest.approx(7.57e-3, rel=0.01)
+    graph = load_model(str(DATA.parent.parent.parent / "tests" / "fixtures" / "resnet18_dynamo.onnx"), ImportOptions(batch_size=256)).graph
+    tp = tensor_parallel_of(graph, 1, False, 2)
+    bf16 = lambda name, t: None if t is None else (t.with_dtype(DTYPES_BF16) if t.dtype.is_float else t)  # noqa: E731
+    zero = [OpCost(0.0, 0.0, 0.0, 0.0, "test")] * len(graph.ops)
+    h100 = get_gpu("h100")
+    _, times = eager_conv_layouts(graph, tp, bf16, zero, [(0.0, 0.0)] * len(graph.ops), h100.kernel_hbm_bytes_per_s)
+    total = sum(f + b for f, b in times)
+    assert CONV_LAYOUT_HBM_SHARE == pytest.approx(0.559)
+    assert total == pytest.approx(measured, rel=0.01)
+    # a 32-bit convolution runs cuDNN's NCHW kernels directly: no conversion
+    fp32 = lambda name, t: t  # noqa: E731  (the export's fp32 tensors)
+    _, none = eager_conv_layouts(graph, tp, fp32, zero, [(0.0, 0.0)] * len(graph.ops), h100.kernel_hbm_bytes_per_s)
+    assert sum(f + b for f, b in none) == 0.0
+
+
+def test_resnet18_steps_within_6_percent(bench):
+    """ResNet-18 on one H100 (set 4: b = 256 and 128 in bf16, 256 under AMP): within 6% of the
+    measured steps (-58% before the BatchNorm law and the layout conversions)."""
+    rows = [r for r in bench.steps(False, ("c", "d")) if r[1] == "resnet18"]
+    assert len(rows) == 3
+    for r in rows:
+        assert abs(bench.predict(*r[:5]) / r[5] - 1) < 0.06, r
+
+
+@pytest.mark.parametrize("stem", ["resnet18_bf16_b128_s224", "resnet18_amp_b256_s224"])
+def test_batch_norm_law_on_held_out_steps(bn_fit, stem):
+    """The ResNet-18 steps the law was not fitted on: forward and backward BatchNorm time within 2%."""
+    from dml2comm.cost.norm import batch_norm_times_s
+
+    h100 = get_gpu("h100")
+    measured = {"fwd": 0.0, "bwd": 0.0}
+    predicted = {"fwd": 0.0, "bwd": 0.0}
+    for kind, (n, c, h, w), s, item in bn_fit.kernels(DATA / f"h100_trace_{stem}.json.gz"):
+        side = "bwd" if kind == "backward" else "fwd"
+        measured[side] += s
+        predicted[side] += batch_norm_times_s(n, c, h * w, item, h100.kernel_hbm_bytes_per_s, h100.sm_count, parts=True)[kind]
+    for side in measured:
+        assert predicted[side] == pytest.approx(measured[side], rel=0.02), side

@@ -1,4 +1,5 @@
-"""Eager PyTorch's LayerNorm and RMSNorm kernels on CUDA: a time law from their launch structure.
+"""Eager PyTorch's LayerNorm, RMSNorm and BatchNorm kernels on CUDA: time laws from their launch
+structure (BatchNorm: the section before :func:`batch_norm_times_s`).
 
 ``--stack pytorch`` runs ``F.layer_norm`` (and ``F.rms_norm``, ``aten::_fused_rms_norm``, the same
 kernels with their ``rms_norm`` template flag) as the kernels of PyTorch's
@@ -40,8 +41,9 @@ import math
 from typing import NamedTuple
 
 
-__all__ = ["EagerNormLaw", "H100_NORM_LAW", "EAGER_NORM_OPS", "RMS_NORM_OPS", "eager_norm_times_s",
-           "eager_norm_kernels", "gamma_beta_split", "op_norm_times_s"]
+__all__ = ["BatchNormLaw", "EagerNormLaw", "H100_BATCH_NORM_LAW", "H100_NORM_LAW", "EAGER_NORM_OPS", "RMS_NORM_OPS",
+           "batch_norm_times_s", "batch_norm_waves", "eager_norm_times_s", "eager_norm_kernels", "gamma_beta_split",
+           "op_norm_times_s"]
 
 #: ONNX ops eager PyTorch runs as ``layer_norm_kernel.cu``'s kernels: ``F.layer_norm`` and
 #: ``F.rms_norm`` (``aten::_fused_rms_norm``, PyTorch pull request #153666, 2025).
@@ -117,11 +119,72 @@ def eager_norm_times_s(rows: int, width: int, itemsize: int, hbm_bytes_per_s: fl
     return fwd, grad_input + gamma_beta
 
 
+class BatchNormLaw(NamedTuple):
+    """Rates of eager PyTorch's training-mode BatchNorm kernels on NCHW tensors (the section
+    below); fitted by ``benchmarks/fit_h100_batchnorm.py``."""
+
+    stats_elements_per_s: float
+    backward_elements_per_s: float
+    transform_hbm_share: float
+
+
+# --------------------------------------------------------------------------------- BatchNorm
+#: Eager BatchNorm in training mode (``F.batch_norm``, ``aten::native_batch_norm``) on a
+#: contiguous NCHW tensor runs PyTorch's own CUDA kernels (``aten/src/ATen/native/cuda/
+#: Normalization.cuh``, the channels-first path): forward ``batch_norm_collect_statistics_kernel``
+#: (Welford mean and variance, **one thread block per channel**, ``grid = C``, up to 512 threads)
+#: then ``batch_norm_transform_input_kernel`` (the normalisation, ``grid = (C, N)``: fully
+#: parallel, bandwidth-bound); backward one ``batch_norm_backward_kernel`` (again one block per
+#: channel: the two reductions, then the input gradient).  A per-channel block walks that
+#: channel's ``N H W`` elements alone, so with fewer channels than the GPU holds blocks the
+#: kernels run at a fraction of the bandwidth: on the bundled H100 ResNet-18 trace the 64-channel
+#: statistics of a 256 x 64 x 112 x 112 input take 2.6 ms (1.2 elements per ns per block) where
+#: the bandwidth would allow 0.25 ms.  Law: ``N H W x waves / rate`` for each per-channel
+#: kernel, ``waves = ceil(C / (SMs x 4))`` (four 512-thread blocks fill an SM's 2,048 threads,
+#: CUDA C Programming Guide, compute capability 8.x/9.0), and the transform's read and write of
+#: the tensor at a share of the HBM bandwidth.  Fitted on the trace's 20 BatchNorms
+#: (``benchmarks/fit_h100_batchnorm.py`` prints each kernel and the held-out steps).
+BATCH_NORM_BLOCKS_PER_SM = 4
+#: ONNX ops eager PyTorch runs as ``F.batch_norm``'s kernels (training mode, whatever the export's
+#: ``training_mode``: the tool costs a training step).
+BATCH_NORM_OPS = frozenset({"BatchNormalization"})
+#: Fitted on the 60 BatchNorm kernels of the bundled H100 ResNet-18 trace (b = 256, bf16):
+#: statistics 1.09e9 and backward 0.495e9 elements per second per channel block, normalisation at
+#: 0.390 of the HBM bandwidth (each the summed work over the summed measured time).  The trace's
+#: forward (9.05 ms) and backward (15.63 ms) totals are met; held out, the b = 128 step within
+#: +0.9% / -0.8% and the AMP step within -0.5% / +0.0%.  Per kernel the law is within 1-37% on
+#: the 64- to 256-channel ones and 40-76% short on the 512-channel ones at 7 x 7 (tens of us).
+#: Used for every GPU with an SM count (the launch structure is PyTorch's, not the GPU's).
+H100_BATCH_NORM_LAW = BatchNormLaw(stats_elements_per_s=1.090e9, backward_elements_per_s=0.4952e9, transform_hbm_share=0.390)
+
+
+def batch_norm_waves(channels: int, sm_count: int) -> int:
+    """Waves of per-channel blocks (module section on BatchNorm)."""
+    return max(1, math.ceil(channels / (sm_count * BATCH_NORM_BLOCKS_PER_SM)))
+
+
+def batch_norm_times_s(n: int, c: int, spatial: int, itemsize: int, hbm_bytes_per_s: float, sm_count: int,
+                       law: BatchNormLaw = H100_BATCH_NORM_LAW, parts: bool = False):
+    """(forward, backward) seconds of one eager training-mode BatchNorm over an ``[n, c, *]``
+    tensor with ``spatial`` elements per channel and sample (the BatchNorm section above);
+    ``parts``: the three kernels' seconds by name (``stats``, ``transform``, ``backward``)."""
+    per_channel = n * spatial * batch_norm_waves(c, sm_count)
+    stats = per_channel / law.stats_elements_per_s
+    transform = 2 * n * c * spatial * itemsize / (hbm_bytes_per_s * law.transform_hbm_share)
+    backward = per_channel / law.backward_elements_per_s
+    if parts:
+        return {"stats": stats, "transform": transform, "backward": backward}
+    return stats + transform, backward
+
+
 def op_norm_times_s(op_type: str, axis: int, x_shape: tuple[int, ...], itemsize: int, gpu,
                     hbm_bytes_per_s: float) -> tuple[tuple[float, float], int] | None:
     """An eager LayerNorm/RMSNorm op's (forward, backward) seconds on ``gpu`` and its extra
-    backward kernels beyond one (:func:`eager_norm_kernels`), or None where the law does not
-    apply (another op type, no SM count, an unknown shape)."""
+    backward kernels beyond one (:func:`eager_norm_kernels`), or an eager BatchNorm's on an NCHW
+    input (:func:`batch_norm_times_s`, no extra backward kernel); None where no law applies
+    (another op type, no SM count, an unknown shape)."""
+    if op_type in BATCH_NORM_OPS and gpu.sm_count and len(x_shape) >= 3 and all(d > 0 for d in x_shape):
+        return batch_norm_times_s(x_shape[0], x_shape[1], math.prod(x_shape[2:]), itemsize, hbm_bytes_per_s, gpu.sm_count), 0
     if op_type not in EAGER_NORM_OPS or not gpu.sm_count or not x_shape:
         return None
     axis = axis + len(x_shape) if axis < 0 else axis

@@ -48,7 +48,7 @@ from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, autocasts_activations, fusible_regions
-from dml2comm.cost.norm import EAGER_NORM_OPS, op_norm_times_s
+from dml2comm.cost.norm import BATCH_NORM_OPS, EAGER_NORM_OPS, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -84,6 +84,18 @@ REGION_ENDS = frozenset({"Softmax", "LogSoftmax"})
 #: and fp32 written before, fp32 read and 16-bit written after (2 + 4 + 4 + 2), in each pass
 #: (the backward casts the gradients the same way).
 SOFTMAX_CAST_BYTES = 12
+#: Eager PyTorch's 16-bit convolutions on NCHW tensors (the default memory format) run cuDNN's
+#: NHWC kernels between layout conversions (``cudnn::engines_precompiled::nchwToNhwcKernel`` and
+#: ``nhwcToNchwKernel``): on the bundled H100 ResNet-18 trace
+#: (``benchmarks/data/gpu_steps/h100_trace_resnet18_bf16_b256_s224.json.gz``, cuDNN 9.19) each
+#: convolution converts its input and output forward, the output's gradient and the input's
+#: gradient in the data-gradient pass, and its input and the output's gradient again in the
+#: weight-gradient pass (78 activation conversions to NHWC and 38 back for 20 convolutions, the
+#: stem's input needing no gradient), each a read and a write of the tensor.  Their rate, as a
+#: share of the HBM bandwidth: 14.18 GB moved by that rule in 7.57 ms of conversion kernels =
+#: 1.87 TB/s = 0.559 of 3.35 TB/s.  Held out: the b = 128 step (3.79 ms predicted, 3.98 measured,
+#: -5%), the AMP step (7.62 ms measured) and the b = 256 step of a second process (7.61 ms).
+CONV_LAYOUT_HBM_SHARE = 0.559
 #: Layout ops that can sit between a projection and the attention core's batched products as
 #: strided views (:func:`attention_head_views`); the view ops among them cost nothing anyway.
 HEAD_SPLIT_OPS = frozenset({"Split", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -260,6 +272,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     _head_split_views(graph, costs, times)
     if eager:
         costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
+        costs, times = eager_conv_layouts(graph, tp, train_view, costs, times, hbm)
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -366,7 +379,7 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
         key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
         if hit is None:  # the law and its extra backward kernels depend on the key's shapes only
-            law = _eager_norm(op, ins, gpu, hbm) if norm_law and op.op_type in EAGER_NORM_OPS else None
+            law = _eager_norm(op, ins, gpu, hbm) if norm_law and (op.op_type in EAGER_NORM_OPS or op.op_type in BATCH_NORM_OPS) else None
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
@@ -435,8 +448,8 @@ def _gradient_sums(forks: Sequence[GradientFork], tp: TensorParallelPlan, train:
 
 
 def _eager_norm(op: Op, ins: Sequence[Tensor | None], gpu: GPU, hbm: float) -> tuple[tuple[float, float], int] | None:
-    """An eager LayerNorm/RMSNorm's (forward, backward) seconds and extra backward kernels by
-    :func:`dml2comm.cost.norm.op_norm_times_s` on its shard's input, or None (another op)."""
+    """An eager LayerNorm/RMSNorm's or BatchNorm's (forward, backward) seconds and extra backward
+    kernels by :func:`dml2comm.cost.norm.op_norm_times_s` on its shard's input, or None (another op)."""
     x = ins[0] if ins else None
     if x is None or not x.dtype.is_float:
         return None
@@ -547,6 +560,32 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
         costs[i] = OpCost(fwd[0], fwd[1], flops_bwd, bwd_bytes, f"{fwd[3]}; eager backward (AddBackward0)", c.fallback)
         times[i] = (fwd[2], bwd_bytes / hbm)
     return eager_gelu_costs(graph, tp, view, costs, times, hbm)
+
+
+def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                       costs: list[OpCost], times: list[tuple[float, float]], hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+    """Each 16-bit ``Conv``'s cuDNN layout conversions in eager PyTorch (:data:`CONV_LAYOUT_HBM_SHARE`):
+    forward reads and writes its input and output once each; backward its output's gradient
+    twice, its input once and its input's gradient once where the input needs one, at
+    ``CONV_LAYOUT_HBM_SHARE`` of the GPU's HBM bandwidth ``hbm`` (bytes/s)."""
+    needs = needs_grad_of(graph)
+    costs, times = list(costs), list(times)
+    rate = hbm * CONV_LAYOUT_HBM_SHARE
+    for op in graph.ops:
+        if op.op_type != "Conv" or costs[op.index].fallback or not op.outputs:
+            continue
+        shard = tp.shards[op.index]
+        x = view(op.inputs[0], shard.inputs[0]) if shard.inputs else None
+        y = view(op.outputs[0], shard.outputs[0]) if shard.outputs else None
+        if x is None or y is None or x.dtype.itemsize != 2 or y.dtype.itemsize != 2:
+            continue
+        fwd = 2.0 * (x.nbytes + y.nbytes) * op.repeat
+        bwd = 2.0 * (2 * y.nbytes + x.nbytes + (x.nbytes if op.inputs[0] in needs else 0)) * op.repeat
+        c = costs[op.index]
+        costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd + fwd, c.flops_bwd, c.bytes_bwd + bwd,
+                                 f"{c.rule}; cuDNN NCHW/NHWC layout conversions", c.fallback)
+        times[op.index] = (times[op.index][0] + fwd / rate, times[op.index][1] + bwd / rate)
+    return costs, times
 
 
 def eager_gelu_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],

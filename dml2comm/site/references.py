@@ -30,7 +30,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("Compute time (roofline)", "dml2comm.cost.compute"),
     ("GEMM time: measured tables and the shape law", "dml2comm.cost.gemm"),
     ("Op costs and fused kernels", "dml2comm.cost.ops"),
-    ("Eager LayerNorm and RMSNorm kernels", "dml2comm.cost.norm"),
+    ("Eager LayerNorm, RMSNorm and BatchNorm kernels", "dml2comm.cost.norm"),
     ("Eager GELU written as primitives", "dml2comm.cost.gelu"),
     ("Host-side time", "dml2comm.cost.host"),
     ("Training loss (cross-entropy)", "dml2comm.cost.loss"),
