@@ -115,7 +115,9 @@ signed -15.8%: too fast) and 80-87% too fast on the unaligned.
 Unaligned (:data:`UNALIGNED_RATE` = 0.1934, fitted on the 18 GEMMs with N = 50,257 by
 :func:`fit_unaligned_rate`): 11.3% / 9.9% / 15.9% (forward -14%, the fallback's rate being lower
 for it, data gradient +3%, weight gradient +11%; each row's three layouts together within 3.1%);
-leave-one-GEMM-out 12.0% / 10.5% / 16.7%, leave-one-row-out 11.0%.  All 420 measured GEMMs
+leave-one-GEMM-out 12.0% / 10.5% / 16.7%, leave-one-row-out 11.0%.  An even row length that is
+not a multiple of 8 gets CUTLASS's ``align2`` kernels instead (:data:`ALIGN2_RATE` = 0.377,
+:func:`alignment_class`).  All 420 measured GEMMs
 (``validate --source h100-gemm``): median 3.5%, held out 3.6%.  Not measured, so not checked:
 H100 tf32 (the table still answers) and fp8, the H200, the unaligned rate on other GPUs and
 narrow unaligned products (N or K < 8, GEMV-like: the law may be up to 1 / UNALIGNED_RATE too
@@ -153,6 +155,8 @@ __all__ = [
     "B200",
     "H100_SHAPE_LAW",
     "UNALIGNED_RATE",
+    "ALIGN2_RATE",
+    "alignment_class",
     "aligned_dim",
     "fit_device_law",
     "fit_unaligned_rate",
@@ -274,6 +278,17 @@ ALIGNMENT_BYTES = 16
 #: other GPUs an extrapolation: no bundled 16-bit unaligned GEMM measures it (the A100's tf32
 #: ones lose less, :func:`is_aligned`).  Residuals in the module docstring.
 UNALIGNED_RATE = 0.1934
+#: The main-loop rate, as a share of the aligned kernels', of a 16-bit GEMM whose dimensions
+#: (M, N and K) are all even but whose row lengths are not all multiples of 8: cuBLAS runs CUTLASS's sm_80 tensor-core
+#: kernels with 2-element alignment (``cutlass_80_tensorop_bf16_s16816gemm_..._align2``) instead
+#: of the sm_75 fallback an odd row length gets (:data:`UNALIGNED_RATE`).  Fitted by
+#: ``benchmarks/fit_h100_align2.py`` on BERT's 512 -> 30,522 masked-LM decoder in the bundled H100
+#: traces (its three GEMMs at 8,192 and 16,384 tokens: 216-269 TFLOP/s measured, where the odd
+#: rate predicts them 78-115% too slow): 0.377, each of the six within 10.2% (forward +10%, data
+#: gradient -1%, weight gradient -7% to -9%); held out, the AMP step's three within the same
+#: (+10.9%, -1.0%, -7.2%).  One vocabulary only (30,522): the rate of other even row lengths is
+#: taken to be the same.
+ALIGN2_RATE = 0.377
 #: Sustained share of the dense spec peak a large, well-tiled GEMM reaches (``f_gpu``), per GPU.
 #: H100 and H200: fitted with :data:`H100_SHAPE_LAW` on the bundled PyTorch/cuBLAS measurement
 #: (above; OpenXLA's table gave 0.913 under :data:`SHAPE_LAW`: see the module docstring for why
@@ -462,6 +477,15 @@ def is_aligned(dtype: str, b: int, m: int, n: int, k: int, *, allow_tf32: bool =
     return bool(_row_aligned(n, k, in_bytes))
 
 
+def alignment_class(dtype: str, b: int, m: int, n: int, k: int, *, allow_tf32: bool = False) -> int:
+    """Which kernels a GEMM runs, by the rate its main loop gets: 8 the aligned ones
+    (:func:`is_aligned`), 2 CUTLASS's ``align2`` ones (16-bit, every dimension even:
+    :data:`ALIGN2_RATE`), 1 the sm_75 fallback (an odd dimension: :data:`UNALIGNED_RATE`)."""
+    if is_aligned(dtype, b, m, n, k, allow_tf32=allow_tf32):
+        return 8
+    return 2 if m % 2 == 0 and n % 2 == 0 and k % 2 == 0 else 1
+
+
 def aligned_dim(n: int, multiple: int = 64) -> int:
     """The smallest multiple of ``multiple`` that is at least ``n``: a dimension padded for the
     aligned kernels (64 16-bit elements = 128 bytes, what NVIDIA's guide recommends on A100 and
@@ -514,7 +538,11 @@ def analytical_times_s(b, m, n, k, *, peak_flops_per_s: float, sm_count: int, hb
     if aligned is None:
         aligned = _row_aligned(np.asarray(n, dtype=np.int64), np.asarray(k, dtype=np.int64), in_bytes)
     b, m, n, k = (np.asarray(x, dtype=float)[:, None] for x in (b, m, n, k))
-    rate = np.where(np.broadcast_to(np.asarray(aligned, dtype=bool), (len(b),)), 1.0, UNALIGNED_RATE)[:, None]
+    # align2 kernels (ALIGN2_RATE) where every dimension that may be a row length is even (M too:
+    # a transposed operand makes it one, as calibrate's traced shapes have it)
+    even = ((np.ravel(m) % 2 == 0) & (np.ravel(n) % 2 == 0) & (np.ravel(k) % 2 == 0)) if in_bytes == 2 else False
+    rate = np.where(np.broadcast_to(np.asarray(aligned, dtype=bool), (len(b),)), 1.0,
+                    np.where(np.broadcast_to(even, (len(b),)), ALIGN2_RATE, UNALIGNED_RATE))[:, None]
     hbm = hbm_bytes_per_s * law.hbm_efficiency
     kb = max(1, K_BLOCK_BYTES // in_bytes)
     c = law.tile_edge
