@@ -128,16 +128,17 @@ def calibrated() -> None:
         traces = [str(DATA / f"{gpu}_trace_{stem}.json.gz") for stem, _, _ in TRACES.values()]
         cal = calibrate(traces, CLUSTERS[gpu], 0.3).cluster
         plain, fitted = [], []
-        for g, name, mode, b, s, measured in steps(with_validation=False):
+        for g, name, mode, b, s, measured in steps(False, ("a", "b", "c", "d")):
             if g != gpu:
                 continue
             t0 = predict(gpu, name, mode, b, s)
             cluster = dataclasses.replace(cal, num_gpus=1, collective_overhead_s=0.0, host_model="pytorch")
-            t1 = analyze_graph(_imported[(name, b, s)], config(b, s, mode), cluster, advise=False, timeline=False).summary["iteration_time_s"]
+            t1 = analyze_graph(_imported[(name, b, s)], config(b, None if name in IMAGES else s, mode), cluster, advise=False,
+                               timeline=False).summary["iteration_time_s"]
             plain.append(abs(t0 / measured - 1))
             fitted.append(abs(t1 / measured - 1))
             other = "" if name in TRACES and mode == "bf16" else "  (a model or precision no trace ran)"
-            print(f"  {gpu} {name:11s} {mode:4s} b={b:2d} s={s:4d}: calibrated {t1 / measured - 1:+6.1%}, preset {t0 / measured - 1:+6.1%}{other}")
+            print(f"  {gpu} {name:11s} {mode:4s} b={b:3d} s={s:4d}: calibrated {t1 / measured - 1:+6.1%}, preset {t0 / measured - 1:+6.1%}{other}")
         classes = dict(cal.gpu.calibrated_classes)
         print(f"  {gpu}: mean |error| calibrated {statistics.mean(fitted):.1%}, preset {statistics.mean(plain):.1%}; "
               f"classes kept: {', '.join(f'{k} {v:.3f}' for k, v in classes.items()) or 'none'}")
