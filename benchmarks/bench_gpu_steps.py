@@ -5,8 +5,8 @@ sizes and sequence lengths from one trace); and each step with the cluster ``cal
 on the GPU's two bundled traces (other models and precisions than the traces ran).
 
     PYTHONPATH=. python benchmarks/bench_gpu_steps.py                 # both tables
-    PYTHONPATH=. python benchmarks/bench_gpu_steps.py --kernel-us 30,32,34,36,46.5
-        # the pytorch host model's kernel_s swept over the steps, with leave-one-model-out fits
+    PYTHONPATH=. python benchmarks/bench_gpu_steps.py --kernel-us 30,34,38,40,42,44,46
+        # the pytorch host model's kernel_s swept over the steps, with leave-one-machine-out fits
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ MODELS = {"gpt2-small": "dml2comm/validate/data/models/step_gpt2_small_dynamo.on
           "resnet18": "tests/fixtures/resnet18_dynamo.onnx"}
 #: Image models: the measured ``seq`` is the image size, fixed by the export.
 IMAGES = frozenset({"vit-8l-512", "resnet18"})
-#: The measuring runs the pytorch host model is fitted on (set 3: the four language models at
-#: 16 shapes on both GPUs); ``h100_c`` / ``h100_d`` (set 4: other architectures) are reported only.
-FIT_RUNS = ("a", "b")
+#: The measuring runs (two processes per machine): set 3 (``a``, ``b``: the four language models at
+#: 16 shapes, on an H100 and an H200 machine), set 4 (``c``, ``d``: other architectures and AMP,
+#: a third machine), set 5 (``e``, ``f``: host-bound steps of each architecture, a fourth
+#: machine).  The pytorch host model is fitted on all of them.
+FIT_RUNS = ("a", "b", "c", "d", "e", "f")
 CLUSTERS = {"h100": "dgx-h100", "h200": "hgx-h200"}
 #: The bundled trace of each model per GPU (its profiled shape).
 TRACES = {"gpt2-small": ("gpt2-small_bf16_b8_s1024", 8, 1024), "llama-1b": ("llama-1b_bf16_b4_s2048", 4, 2048)}
@@ -88,9 +90,10 @@ def with_kernel_s(kernel_s: float) -> None:
 
 
 def table() -> None:
-    for title, rows in (("Each step as a user runs it (--stack pytorch --precision MODE --optimizer adamw, d=t=p=1), "
-                         "the language models the host model is fitted on:", steps()),
-                        ("\nOther architectures and precisions (set 4, H100; not in any fit):", steps(False, ("c", "d")))):
+    for title, rows in (("Each step as a user runs it (--stack pytorch --precision MODE --optimizer adamw, d=t=p=1); "
+                         "set 3, four language models on an H100 and an H200 machine:", steps(True, ("a", "b"))),
+                        ("\nSet 4, other architectures and AMP (a third H100 machine):", steps(False, ("c", "d"))),
+                        ("\nSet 5, host-bound steps of each architecture (a fourth H100 machine):", steps(False, ("e", "f")))):
         print(title)
         errors = []
         for gpu, name, mode, b, s, measured in rows:
@@ -108,7 +111,7 @@ def profiled() -> None:
         for name, (stem, tb, ts) in TRACES.items():
             parts = measured_and_modelled(str(DATA / f"{gpu}_trace_{stem}.json.gz"), str(ROOT / MODELS[name]), config(tb, ts, "bf16"))
             scale = profile_scale([parts], "pytorch")
-            for g, n, mode, b, s, measured in steps(with_validation=False):
+            for g, n, mode, b, s, measured in steps(False, ("a", "b")):  # the machines the traces were taken on
                 if (g, n, mode) != (gpu, name, "bf16"):
                     continue
                 t = predict(gpu, name, mode, b, s, scale)
@@ -144,20 +147,31 @@ def calibrated() -> None:
               f"classes kept: {', '.join(f'{k} {v:.3f}' for k, v in classes.items()) or 'none'}")
 
 
+#: The machines of the measuring runs (GPU, runs): each lent machine had its own CPU speed.
+MACHINES = {"set 3, H100": ("h100", ("a", "b")), "set 3, H200": ("h200", ("a", "b")), "set 4": ("h100", ("c", "d")),
+            "set 5": ("h100", ("e", "f"))}
+
+
 def sweep(values_us: list[float]) -> None:
+    """The pytorch host model's ``kernel_s`` over every measured step, and left out one machine at
+    a time (the others' optimum on the left-out machine's steps)."""
     rows = steps()
+    per_machine = {m: [r for r in steps(False, runs) if r[0] == gpu] for m, (gpu, runs) in MACHINES.items()}
     err = {}
     for v in values_us:
         with_kernel_s(v * 1e-6)
-        for r in rows:
-            err[(r, v)] = predict(*r[:5]) / r[5] - 1
-        e = [abs(err[(r, v)]) for r in rows]
-        print(f"kernel_s {v:5.1f} us: mean |error| {statistics.mean(e):.2%}, worst {max(e):.2%} over {len(rows)} steps")
-    for held in MODELS:
-        rest = [r for r in rows if r[1] != held]
-        best = min(values_us, key=lambda v: statistics.mean(abs(err[(r, v)]) for r in rest))
-        own = [abs(err[(r, best)]) for r in rows if r[1] == held]
-        print(f"  {held} left out: the others' best {best:.1f} us predicts its {len(own)} steps at {statistics.mean(own):.1%} mean, worst {max(own):.1%}")
+        for r in rows + [r for rs in per_machine.values() for r in rs]:
+            err[(r, v)] = abs(predict(*r[:5]) / r[5] - 1)
+        e = [err[(r, v)] for r in rows]
+        by = ", ".join(f"{m} {statistics.mean(err[(r, v)] for r in rs):.1%}" for m, rs in per_machine.items())
+        print(f"kernel_s {v:5.1f} us: mean |error| {statistics.mean(e):.2%}, worst {max(e):.2%} over {len(rows)} steps ({by})")
+    for held, rs in per_machine.items():
+        rest = [r for m, other in per_machine.items() if m != held for r in other]
+        best = min(values_us, key=lambda v: statistics.mean(err[(r, v)] for r in rest))
+        own = min(values_us, key=lambda v: statistics.mean(err[(r, v)] for r in rs))
+        print(f"  {held} left out: the others' best {best:.1f} us predicts its {len(rs)} steps at "
+              f"{statistics.mean(err[(r, best)] for r in rs):.1%} mean (its own best, {own:.1f} us: "
+              f"{statistics.mean(err[(r, own)] for r in rs):.1%})")
 
 
 def main() -> None:

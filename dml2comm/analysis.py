@@ -397,7 +397,7 @@ def _cost_assumptions(graph: OpGraph, config: ParallelConfig, cluster: Cluster, 
                 + ("; the others (a learned or per-head bias in the scores) are costed as exported" if len(flash) < len(cores) else ""))
     if host.run_ahead:
         where = ("read from the profiled step (the CPU side over the profiler's slowdown)" if host.name == "trace"
-                 else "fitted on 30 PyTorch 2.11 steps measured on an H100 and an H200")
+                 else "fitted on 47 PyTorch 2.11 steps measured on four H100 and H200 machines")
         host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
                      f"{fmt_s(host.gap_s)} of GPU idle per kernel, {where}; a step waits "
                      "for the CPU only when its kernels are shorter)")

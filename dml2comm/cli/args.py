@@ -181,7 +181,7 @@ def add_hardware_arguments(parser: argparse.ArgumentParser, *, main: bool) -> ar
                        help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
                             "is host-bound, the trace's CPU time per kernel is scaled by this over the profiled step's "
                             "GPU span (the profiler's slowdown of the CPU side); without it, by the slowdown measured on "
-                            "bundled steps (1.245)")
+                            "bundled steps (1.219)")
     return h
 
 

@@ -282,7 +282,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     source = f"from the profile ({files}): " + " + ".join(f"{names[k]} {v:.1%}" for k, v in parts.items() if v >= 5e-4)
     if fitted and fig["host_bound"] and fig["step_time_s"] is None:
         source += ("; the profiled step is host-bound and the profiler's CPU slowdown is taken as its measured median "
-                   "(1.09-1.53 seen): --step-time measures it")
+                   "(1.03-1.53 seen): --step-time measures it")
     return {"total": total, "source": source, "components": parts, "scaled_share_of_iteration": a, "exposed_comm_share": comm,
             "doublings": doublings, "held_out": fig["held_out"], "host_bound": fig["host_bound"],
             "step_time_s": fig["step_time_s"], "model_band": own, "model_band_source": own_source,

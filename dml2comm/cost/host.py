@@ -152,19 +152,21 @@ class HostModel:
 #: pipeline steps take 40-500 ms).
 EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: Eager PyTorch 2.x / Hugging Face on one GPU (``--stack pytorch``).  ``kernel_s``: the CPU's
-#: time per costed kernel **without the profiler**, fitted on the bundled measured steps: 30
-#: (GPU, model, shape, precision) steps of GPT-2 small, Llama-1B, Llama-0.3B and Qwen2-1.5B on an
-#: H100 and an H200 (PyTorch 2.11; ``benchmarks/data/gpu_steps/``, b = 1-32, s = 256-4,096, bf16
-#: and AMP; two of them also measured a day earlier on another H100:
+#: time per costed kernel **without the profiler**, fitted on every bundled measured step: 47
+#: (GPU, model, shape, precision) steps of GPT-2 small and 6-layer, Llama-1B and -0.3B, Qwen2,
+#: BERT, ViT and ResNet-18 on four machines (an H200 and three H100 machines, PyTorch 2.11;
+#: ``benchmarks/data/gpu_steps/``, b = 1-256, bf16 and AMP; two of them also in
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
-#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 28,30,31,32,33,34,36,46.5``).  The
-#: mean-error optimum, 32 us: 4.0% mean, worst 13.2% (the AMP GPT-2 step, a GPU-side miss), where
-#: the earlier 46.5 us gave 9.4% and 44.8%.  Left out one model at a time, the others' optimum
-#: (31-32 us) predicts GPT-2 small's 14 steps at 5.2% mean, Llama-1B's 12 at 2.0%, Qwen2's 2 at
-#: 3.9% and Llama-0.3B's 2 at 9.6% (its GPU time is 10-12% short).  It agrees with what the CPU
-#: was measured to take outside the model: 23-43 us per GPU kernel and memset from a step's start
-#: to ``step()`` returning, on the GPT-2 steps (their launch queue never fills).  The earlier
-#: value, 46.5 us, was read from the profiled traces, which the profiler slows 1.0-1.5 times on
+#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 30,34,38,40,42,44,46``).  The
+#: mean-error optimum, 42 us: 8.8% mean, worst 46.9% (ResNet-18 at b = 16, whose convolutions
+#: take far more CPU per kernel); the earlier 46.5 us gave 9.9%.  The CPU's speed differs between
+#: machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to 38.9 ms), so a
+#: host-bound step's time is uncertain by that much without a trace of the user's machine
+#: (``--profile``): left out one machine at a time, the others' optimum (34-46 us) predicts its
+#: steps at 8.3%, 10.1%, 12.0% and 27.9% mean, where each machine's own optimum (34-46 us) gives
+#: 3.8-13.1%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per GPU
+#: kernel and memset, step start to ``step()`` returning, on the steps whose launch queue never
+#: fills.  46.5 us was first read from profiled traces, which the profiler slows 1.0-1.5 times on
 #: the CPU side (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).
 #: ``gap_s``: the GPU's idle time per kernel in the Llama-1B step of
 #: ``benchmarks/data/h100/``, whose GPU is never starved (busy 174.2 of a 180.0 ms span):
@@ -173,7 +175,7 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: asynchronously and nothing in a training step waits for the GPU before the optimizer (no
 #: ``.item()``), so the CPU runs ahead over the whole step (the Llama trace: CPU done at 120 ms,
 #: GPU at 180 ms).
-PYTORCH = HostModel("pytorch", kernel_s=32e-6, gap_s=2.86e-6, run_ahead=True)
+PYTORCH = HostModel("pytorch", kernel_s=42e-6, gap_s=2.86e-6, run_ahead=True)
 #: No host-side time: kernel time only (CUDA graphs, or to see the GPU-side bound).
 NONE = HostModel("none", kernel_s=0.0)
 HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, PYTORCH, NONE)})

@@ -50,14 +50,14 @@ HOST_BOUND_SHARE = 0.05
 #: How much slower the CPU issues a step's kernels under ``torch.profiler`` (CPU and CUDA
 #: activities, ``record_shapes=True``) than without it: the issue time read from the trace
 #: (:func:`host_figures`' ``issue_s``) over the time the same step took to issue unprofiled
-#: (step start to ``step()`` returning, median of 10 steps).  Median 1.245 over the 30 GPT-2
-#: small steps of ``benchmarks/data/gpu_steps/`` (H100 and H200, 8 shapes, bf16 and AMP, two
-#: processes each; 10th-90th percentile 1.09-1.53; ``profiler_slowdown.csv`` there, written by
+#: (step start to ``step()`` returning, median of 10 steps).  Median 1.219 over the 38 GPT-2
+#: small steps of ``benchmarks/data/gpu_steps/`` (H100 and H200, four machines, 8 shapes, bf16
+#: and AMP, two processes each; 10th-90th percentile 1.03-1.53; ``profiler_slowdown.csv`` there, written by
 #: ``benchmarks/profiler_slowdown.py``), the steps whose launch queue never fills (under a
-#: thousand kernels), so that the unprofiled time is all issue work.  Per GPU: the H100's 16
-#: give 1.23, the H200's 14 give 1.27.  Used where the step's own unprofiled time does not tell
+#: thousand kernels), so that the unprofiled time is all issue work.  Per GPU: the H100's 24
+#: give 1.215, the H200's 14 give 1.267.  Used where the step's own unprofiled time does not tell
 #: it: no ``--step-time``, or a GPU-bound step (whose span does not show the CPU).
-PROFILER_CPU_SLOWDOWN = 1.245
+PROFILER_CPU_SLOWDOWN = 1.219
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,6 +202,21 @@ RUNS4 = [  # set 4: the other architectures of the model list, each traced
     ("resnet18", "resnet", dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512]), 256, 224, "amp", True),
     ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 64, 128, "amp", True),
 ]
+RUNS5 = [  # set 5: the CPU side of different architectures on one machine (same process pairs)
+    ("gpt2-small", "gpt2", G2, 8, 1024, "bf16", True),
+    ("gpt2-small", "gpt2", G2, 2, 1024, "bf16", True),
+    ("gpt2-small", "gpt2", G2, 8, 1024, "amp", True),
+    ("gpt2-small", "gpt2", G2, 2, 1024, "amp", True),
+    ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 8, 2048, "bf16", True),
+    ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 1, 2048, "bf16", True),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 64, 128, "bf16", True),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 16, 128, "bf16", True),
+    ("vit-8l-512", "vit", dict(L=8, h=512, a=8), 32, 224, "bf16", True),
+    ("resnet18", "resnet", dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512]), 16, 224, "bf16", True),
+    ("gpt2-6l-512", "gpt2", dict(L=6, h=512, a=8), 2, 1024, "bf16", True),
+]
+if os.environ.get("SET") == "5":
+    RUNS = RUNS5
 if os.environ.get("SET") == "3":
     RUNS = RUNS3
 if os.environ.get("SET") == "4":
