@@ -95,12 +95,17 @@ from dml2comm.traces.host import PROFILER_CPU_SLOWDOWN, host_figures  # noqa: E4
 from dml2comm.traces.load import load_trace  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu_steps", DATA.parent.parent / "bench_gpu_steps.py")
+def _benchmark(name: str):
+    """A script of ``benchmarks/`` as a module (the folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, DATA.parent.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _benchmark("bench_gpu_steps")
 
 
 def _slowdown_rows() -> list[dict]:
@@ -180,10 +185,7 @@ RESNET_TRACE = DATA / "h100_trace_resnet18_bf16_b256_s224.json.gz"
 
 @pytest.fixture(scope="module")
 def bn_fit():
-    spec = importlib.util.spec_from_file_location("fit_h100_batchnorm", DATA.parent.parent / "fit_h100_batchnorm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmark("fit_h100_batchnorm")
 
 
 def test_batch_norm_law_is_fitted_on_the_resnet_trace(bn_fit):
@@ -267,9 +269,7 @@ def test_align2_rate_is_fitted_on_berts_decoder():
     make them 78-116% too slow."""
     from dml2comm.cost import gemm
 
-    spec = importlib.util.spec_from_file_location("fit_h100_align2", DATA.parent.parent / "fit_h100_align2.py")
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
+    fit = _benchmark("fit_h100_align2")
     rows = [r for f, m in fit.FIT.items() for r in fit.gemms(f, m)]
     assert len(rows) == 6
     import numpy as np
@@ -296,3 +296,17 @@ def test_alignment_classes():
     h100 = get_gpu("h100")
     assert gemm.gemm_time_s(h100, "bf16", 1, 8192, 30520, 512) < gemm.gemm_time_s(h100, "bf16", 1, 8192, 30522, 512) \
         < gemm.gemm_time_s(h100, "bf16", 1, 8192, 30521, 512)
+
+
+def test_a_cluster_file_carries_the_kernel_bandwidth_share():
+    """The H200 preset written out as a cluster file reads back with its share; a bad share is
+    refused with a message naming the key."""
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.hardware.cluster_file import cluster_file_dict, parse_cluster_file
+
+    doc = cluster_file_dict(get_cluster("hgx-h200", 8), base="hgx-h200")
+    assert doc["gpu"]["kernel_bandwidth_share"] == get_gpu("h200").kernel_bandwidth_share
+    assert parse_cluster_file(doc).build().gpu.kernel_bandwidth_share == get_gpu("h200").kernel_bandwidth_share
+    bad = {**doc, "gpu": {**doc["gpu"], "kernel_bandwidth_share": 0}}
+    with pytest.raises(ConfigError, match="kernel_bandwidth_share"):
+        parse_cluster_file(bad).build()
