@@ -30,9 +30,9 @@ def parts():
     return {name: measured_and_modelled(case[1], case[0], _config(case[2], case[3])) for name, case in (("gpt2", GPT2), ("llama", LLAMA))}
 
 
-# (case, options, the band stated): the measured errors are GPT-2 small +1.2% with the trace's host
-# model (its CPU side over the profiler's median slowdown), +2.6% with --step-time, +1.7% with the
-# preset pytorch host model, -8.7% with none; Llama-1B -1.1%, -1.1%, +0.3% and -3.2%
+# (case, options, the band stated): the measured errors are GPT-2 small +1.3% with the trace's host
+# model (its CPU side over the profiler's median slowdown), +2.6% with --step-time, +0.1% with the
+# preset pytorch host model, -8.7% with none; Llama-1B -1.0%, -1.0%, +0.4% and -3.2%
 # (benchmarks/bench_profile.py)
 CASES = [(GPT2, (), 0.207), (GPT2, ("--step-time", "0.0516"), 0.082), (GPT2, ("--host-model", "pytorch"), 0.225),
          (GPT2, ("--host-model", "none"), 0.225), (LLAMA, (), 0.019), (LLAMA, ("--step-time", "0.17999"), 0.019),
@@ -128,7 +128,7 @@ def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):
 def test_gpt2_from_llamas_ratios_is_covered(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
     # distance from Llama's GEMM shapes to GPT-2's.  Against the mean of the four measurements of
-    # the GPT-2 step (two machines, validate.steps) the prediction is 0.6% off, inside the band
+    # the GPT-2 step (two machines, validate.steps) the prediction is 2.0% off, inside the band
     # (5.5%, read from Llama's GPU-bound trace: it holds nothing of the pytorch preset host model's
     # own error on GPT-2's host-affected step, which happens to be small here)
     from dml2comm.validate.steps import runs
@@ -138,7 +138,7 @@ def test_gpt2_from_llamas_ratios_is_covered(parts):
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.65, abs=0.01) and band["components"]["shapes"] > 0
     error = abs(a.summary["iteration_time_s"] / measured - 1)
-    assert error == pytest.approx(0.006, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.055, abs=0.002)
+    assert error == pytest.approx(0.020, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.055, abs=0.002)
     assert error <= band["total"]
 
 

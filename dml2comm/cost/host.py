@@ -157,17 +157,17 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: BERT, ViT and ResNet-18 on four machines (an H200 and three H100 machines, PyTorch 2.11;
 #: ``benchmarks/data/gpu_steps/``, b = 1-256, bf16 and AMP; two of them also in
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
-#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 30,34,38,40,42,44,46``).  The
-#: mean-error optimum, 42 us: 8.8% mean, worst 46.9% (ResNet-18 at b = 16, whose convolutions
-#: take far more CPU per kernel); the earlier 46.5 us gave 9.9%.  The CPU's speed differs between
-#: machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to 38.9 ms), so a
-#: host-bound step's time is uncertain by that much without a trace of the user's machine
-#: (``--profile``): left out one machine at a time, the others' optimum (34-46 us) predicts its
-#: steps at 8.3%, 10.1%, 12.0% and 27.9% mean, where each machine's own optimum (34-46 us) gives
-#: 3.8-13.1%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per GPU
-#: kernel and memset, step start to ``step()`` returning, on the steps whose launch queue never
-#: fills.  46.5 us was first read from profiled traces, which the profiler slows 1.0-1.5 times on
-#: the CPU side (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).
+#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 30,34,36,38,39,40,42,44,46``).  The
+#: mean-error optimum, 39 us: 9.1% mean, worst 49.9% (ResNet-18 at b = 16, whose convolutions
+#: take far more CPU per kernel); the earlier 46.5 us gave 10.6%.  The CPU's speed differs
+#: between machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to 38.9 ms), so
+#: a host-bound step's time is uncertain by that much without a trace of the user's machine
+#: (``--profile``): left out one machine at a time, the others' optimum (30-46 us) predicts its
+#: steps at 8.0%, 12.6%, 12.0% and 31.3% mean, where each machine's own optimum (30-46 us) gives
+#: 3.2-12.8%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per
+#: GPU kernel and memset, step start to ``step()`` returning, on the steps whose launch queue
+#: never fills.  46.5 us was first read from profiled traces, which the profiler slows 1.0-1.5
+#: times on the CPU side (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).
 #: ``gap_s``: the GPU's idle time per kernel in the Llama-1B step of
 #: ``benchmarks/data/h100/``, whose GPU is never starved (busy 174.2 of a 180.0 ms span):
 #: (span - busy) / kernels = 5.8 ms / 2,025 = 2.86 us (the median gap between queued kernels is
@@ -175,7 +175,7 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: asynchronously and nothing in a training step waits for the GPU before the optimizer (no
 #: ``.item()``), so the CPU runs ahead over the whole step (the Llama trace: CPU done at 120 ms,
 #: GPU at 180 ms).
-PYTORCH = HostModel("pytorch", kernel_s=42e-6, gap_s=2.86e-6, run_ahead=True)
+PYTORCH = HostModel("pytorch", kernel_s=39e-6, gap_s=2.86e-6, run_ahead=True)
 #: No host-side time: kernel time only (CUDA graphs, or to see the GPU-side bound).
 NONE = HostModel("none", kernel_s=0.0)
 HOST_MODELS: Mapping[str, HostModel] = MappingProxyType({m.name: m for m in (EAGER, PYTORCH, NONE)})

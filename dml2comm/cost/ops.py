@@ -271,8 +271,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
                                                                                  train_view)
     _head_split_views(graph, costs, times)
     if eager:
-        costs, times = eager_costs(graph, tp, train_view, costs, times, hbm * hbm_eff)
-        costs, times = eager_conv_layouts(graph, tp, train_view, costs, times, hbm)
+        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels)
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -298,6 +297,21 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         times = host_bound_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
+
+
+def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                 costs: list[OpCost], times: list[tuple[float, float]], hbm: float, hbm_eff: float,
+                 extra_kernels: dict[int, int]) -> tuple[list[OpCost], list[tuple[float, float]]]:
+    """The eager-PyTorch kernels on top of the op rules: :func:`eager_costs` (bias adds, gradient
+    sums to broadcast operands, GELU calls), :func:`eager_conv_layouts` and
+    :func:`eager_autograd_costs`, whose extra backward kernels are added to ``extra_kernels`` in
+    place.  ``hbm``: the GPU's kernel bandwidth; ``hbm_eff``: its memory-bound efficiency."""
+    costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff)
+    costs, times = eager_conv_layouts(graph, tp, view, costs, times, hbm)
+    costs, times, more = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff)
+    for i, n in more.items():
+        extra_kernels[i] = extra_kernels.get(i, 0) + n
+    return costs, times
 
 
 def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts: list[tuple[int, int]] | None,
@@ -560,6 +574,56 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
         costs[i] = OpCost(fwd[0], fwd[1], flops_bwd, bwd_bytes, f"{fwd[3]}; eager backward (AddBackward0)", c.fallback)
         times[i] = (fwd[2], bwd_bytes / hbm)
     return eager_gelu_costs(graph, tp, view, costs, times, hbm)
+
+
+def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                         costs: list[OpCost], times: list[tuple[float, float]], hbm: float
+                         ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, int]]:
+    """The backward kernels eager autograd runs where the op rules count one fused pass
+    (PyTorch ``tools/autograd/derivatives.yaml`` and ``FunctionsManual.cpp``):
+
+    - ``Pow`` with a constant scalar exponent (``PowBackward0``, ``pow_backward``):
+      ``grad * (exponent * self.pow(exponent - 1))``, three kernels over the input's shape that
+      read and write 7 tensors of it where the fused formula reads 2 and writes 1;
+    - ``Mul`` (``MulBackward0``, ``mul_tensor_backward``): one kernel per operand gradient, each
+      reading the output gradient (read twice when both operands need one), and for an operand
+      broadcast to the output (a norm's weight, ``x * rsqrt(var)``'s factor) a gradient of the
+      output's shape written and then summed to the operand's (``sum_to``: one more kernel).
+
+    ``hbm``: the achieved HBM rate (bytes/s).  Returns the costs, the times and per op its extra
+    backward kernels."""
+    needs = needs_grad_of(graph)
+    costs, times = list(costs), list(times)
+    extra_kernels: dict[int, int] = {}
+    in_gelu = {i for call in gelu_calls_of(graph) for i in call.ops}  # one kernel per pass (eager_gelu_costs)
+    for op in graph.ops:
+        c = costs[op.index]
+        if (op.op_type not in ("Pow", "Mul") or op.index in in_gelu or c.fallback or c.bytes_bwd <= 0 or len(op.inputs) != 2
+                or not op.outputs):
+            continue
+        shard = tp.shards[op.index]
+        ins = [view(n, t) for n, t in zip(op.inputs, shard.inputs)]
+        out = view(op.outputs[0], shard.outputs[0]) if shard.outputs else None
+        if out is None or any(t is None for t in ins):
+            continue
+        grads = [t for n, t in zip(op.inputs, ins) if n in needs and t.dtype.is_float]
+        if op.op_type == "Pow":
+            if ins[1].numel != 1 or op.inputs[0] not in needs:
+                continue
+            extra, kernels = 4.0 * ins[0].nbytes, 2  # 7 passes where the rule counts 3
+        else:
+            broadcast = [t for t in grads if t.numel < out.numel]
+            extra = (out.nbytes if len(grads) == 2 else 0) + 2.0 * out.nbytes * len(broadcast)
+            kernels = len(broadcast)
+        if extra <= 0:
+            continue
+        extra *= op.repeat
+        costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + extra,
+                                 f"{c.rule}; eager autograd's kernels", c.fallback)
+        times[op.index] = (times[op.index][0], times[op.index][1] + extra / hbm)
+        if kernels:
+            extra_kernels[op.index] = kernels
+    return costs, times, extra_kernels
 
 
 def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
