@@ -158,13 +158,13 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: ``benchmarks/data/gpu_steps/``, b = 1-256, bf16 and AMP; two of them also in
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
 #: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 30,34,36,38,39,40,42,44,46``).  The
-#: mean-error optimum, 39 us: 9.1% mean, worst 49.9% (ResNet-18 at b = 16, whose convolutions
-#: take far more CPU per kernel); the earlier 46.5 us gave 10.6%.  The CPU's speed differs
+#: mean-error optimum, 39 us: 8.2% mean, worst 32.1% (BERT under AMP at b = 64, host-bound on a
+#: slow machine); the earlier 46.5 us gave 10.5%.  The CPU's speed differs
 #: between machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to 38.9 ms), so
 #: a host-bound step's time is uncertain by that much without a trace of the user's machine
-#: (``--profile``): left out one machine at a time, the others' optimum (30-46 us) predicts its
-#: steps at 8.0%, 12.6%, 12.0% and 31.3% mean, where each machine's own optimum (30-46 us) gives
-#: 3.2-12.8%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per
+#: (``--profile``): left out one machine at a time, the others' optimum (30-44 us) predicts its
+#: steps at 5.8%, 11.0%, 12.1% and 27.5% mean, where each machine's own optimum (30-46 us) gives
+#: 3.2-11.2%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per
 #: GPU kernel and memset, step start to ``step()`` returning, on the steps whose launch queue
 #: never fills.  46.5 us was first read from profiled traces, which the profiler slows 1.0-1.5
 #: times on the CPU side (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).

@@ -449,6 +449,12 @@ AUTOCAST_LOWER_OPS = _LINEAR
 #: "aten::rms_norm")`` shows an AutocastCUDA kernel).  ONNX has no Rsqrt: exports write it as
 #: Reciprocal(Sqrt).  Not on the list, so run in their inputs' dtype: ``mean``, ``sqrt``, ``tanh``,
 #: ``erf``, ``gelu``, ``silu``, ``sigmoid``, ``embedding``, element-wise arithmetic.
+#: ONNX ops that return their input's dtype under autocast whatever their weights' dtype: off
+#: autocast's lists, PyTorch's batch norm takes a 16-bit input with fp32 weights and statistics
+#: and returns the input's dtype (``aten/src/ATen/native/cuda/Normalization.cu``, its mixed-type
+#: path; the bundled H100 ResNet-18 AMP trace runs ``batch_norm_transform_input_kernel<
+#: c10::BFloat16, ...>``), where type promotion would make it fp32.
+MIXED_TYPE_OPS = frozenset({"BatchNormalization"})
 AUTOCAST_FP32_OPS = frozenset({
     "Pow", "Exp", "Log", "Reciprocal", "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization",
     "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
@@ -513,6 +519,7 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
       and the flash cores' outputs (SDPA is on the CUDA lower-precision list,
       autocast_mode.cpp): ``low``.
     - :data:`AUTOCAST_FP32_OPS`: fp32.
+    - ``BatchNormalization``: its input's dtype (:data:`MIXED_TYPE_OPS`), not its weights'.
     - ``Cast``: its target type.
     - Anything else: PyTorch's type promotion over its float operands ("Tensor Attributes -
       type promotion": a dimensioned tensor outranks a zero-dim one of the same category), so a
@@ -566,6 +573,8 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
             dt = low
         elif kind in AUTOCAST_FP32_OPS:
             dt = DType.FLOAT
+        elif kind in MIXED_TYPE_OPS and op.inputs and op.inputs[0]:
+            dt = dtype_of(op.inputs[0])
         elif kind in ("Cast", "CastLike"):
             dt = None  # its exported target type; a cast to a 16-bit export's own dtype: fp32
             if low_export and all(graph.tensor(o).dtype is model for o in floats):

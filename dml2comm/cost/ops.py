@@ -96,6 +96,15 @@ SOFTMAX_CAST_BYTES = 12
 #: 1.87 TB/s = 0.559 of 3.35 TB/s.  Held out: the b = 128 step (3.79 ms predicted, 3.98 measured,
 #: -5%), the AMP step (7.62 ms measured) and the b = 256 step of a second process (7.61 ms).
 CONV_LAYOUT_HBM_SHARE = 0.559
+#: The conversion kernels per 16-bit convolution, (forward, backward), read off the same trace
+#: (166 conversions for 20 convolutions): forward its input, weight and output, backward the
+#: output's gradient twice, the weight, the weight's gradient and the input's gradient (one fewer
+#: where the input needs no gradient), besides the convolution's own kernels.
+CONV_LAYOUT_KERNELS = (3, 5)
+#: Kernels of an eager training-mode BatchNorm beyond one per pass (:mod:`dml2comm.cost.norm`),
+#: (forward, backward): the running-statistics update and the normalisation after the
+#: statistics (4 BatchNorm kernels per layer and step in the bundled H100 ResNet-18 trace).
+BATCH_NORM_EXTRA_KERNELS = (2, 0)
 #: Layout ops that can sit between a projection and the attention core's batched products as
 #: strided views (:func:`attention_head_views`); the view ops among them cost nothing anyway.
 HEAD_SPLIT_OPS = frozenset({"Split", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -301,21 +310,25 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                  costs: list[OpCost], times: list[tuple[float, float]], hbm: float, hbm_eff: float,
-                 extra_kernels: dict[int, int]) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                 extra_kernels: dict[int, tuple[int, int]]) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels on top of the op rules: :func:`eager_costs` (bias adds, gradient
     sums to broadcast operands, GELU calls), :func:`eager_conv_layouts` and
-    :func:`eager_autograd_costs`, whose extra backward kernels are added to ``extra_kernels`` in
-    place.  ``hbm``: the GPU's kernel bandwidth; ``hbm_eff``: its memory-bound efficiency."""
+    :func:`eager_autograd_costs`, whose extra (forward, backward) kernels are added to
+    ``extra_kernels`` in place, with BatchNorm's (:data:`BATCH_NORM_EXTRA_KERNELS`).  ``hbm``: the
+    GPU's kernel bandwidth; ``hbm_eff``: its memory-bound efficiency."""
     costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff)
-    costs, times = eager_conv_layouts(graph, tp, view, costs, times, hbm)
-    costs, times, more = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff)
-    for i, n in more.items():
-        extra_kernels[i] = extra_kernels.get(i, 0) + n
+    costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
+    costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff)
+    batch_norm = {op.index: BATCH_NORM_EXTRA_KERNELS for op in graph.ops if op.op_type in BATCH_NORM_OPS and not costs[op.index].fallback}
+    for more in (conv, {i: (0, n) for i, n in autograd.items()}, batch_norm):
+        for i, (f, b) in more.items():
+            f0, b0 = extra_kernels.get(i, (0, 0))
+            extra_kernels[i] = (f0 + f, b0 + b)
     return costs, times
 
 
 def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts: list[tuple[int, int]] | None,
-                  norm_kernels: Mapping[int, int]) -> list[tuple[int, int]]:
+                  norm_kernels: Mapping[int, tuple[int, int]]) -> list[tuple[int, int]]:
     """Per op, its (forward, backward) kernels (:func:`op_kernel_counts`) with the ones added
     after it: autograd's gradient sums (``sums``, backward), autocast's casts (``casts``) and an
     eager norm's extra backward kernels (``norm_kernels``); None: none of that kind."""
@@ -323,8 +336,8 @@ def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts:
         sums = sums if sums is not None else [0] * len(kernels)
         casts = casts if casts is not None else [(0, 0)] * len(kernels)
         kernels = [(f + cf, b + extra + cb) for (f, b), extra, (cf, cb) in zip(kernels, sums, casts)]
-    for i, extra in norm_kernels.items():
-        kernels[i] = (kernels[i][0], kernels[i][1] + extra)
+    for i, (f, b) in norm_kernels.items():
+        kernels[i] = (kernels[i][0] + f, kernels[i][1] + b)
     return kernels
 
 
@@ -372,7 +385,7 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
     # ``layer_norm`` scale (a calibrated ``norm`` efficiency is the other NORM_OPS'); the table
     # key tells the stacks apart by ``pad`` (set under Megatron only)
     norm_law, ln_scale = stack is Stack.PYTORCH, class_value(gpu, "layer_norm") or 1.0
-    norm_kernels: dict[int, int] = {}
+    norm_kernels: dict[int, tuple[int, int]] = {}
     # (name, the shard's tensor) -> its train view and what a cost rule reads of it (_operand):
     # once per tensor, not per read (the shards share their tensors; they outlive this loop)
     seen: dict[tuple[str, int], tuple[Tensor | None, tuple | None]] = {}
@@ -405,7 +418,7 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
             hit = known[key] = (c, gemm if gemm is not None else t, gemm is not None, extra)
         c, t, g, extra = hit
         if extra:
-            norm_kernels[op.index] = extra
+            norm_kernels[op.index] = (0, extra)
         is_gemm.append(g)
         if c.fallback:
             fallback_types.add(op.op_type)
@@ -627,13 +640,16 @@ def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
 
 
 def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
-                       costs: list[OpCost], times: list[tuple[float, float]], hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                       costs: list[OpCost], times: list[tuple[float, float]], hbm: float
+                       ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, tuple[int, int]]]:
     """Each 16-bit ``Conv``'s cuDNN layout conversions in eager PyTorch (:data:`CONV_LAYOUT_HBM_SHARE`):
     forward reads and writes its input and output once each; backward its output's gradient
     twice, its input once and its input's gradient once where the input needs one, at
-    ``CONV_LAYOUT_HBM_SHARE`` of the GPU's HBM bandwidth ``hbm`` (bytes/s)."""
+    ``CONV_LAYOUT_HBM_SHARE`` of the GPU's HBM bandwidth ``hbm`` (bytes/s).  Also returns each
+    convolution's extra (forward, backward) kernels (:data:`CONV_LAYOUT_KERNELS`)."""
     needs = needs_grad_of(graph)
     costs, times = list(costs), list(times)
+    kernels: dict[int, tuple[int, int]] = {}
     rate = hbm * CONV_LAYOUT_HBM_SHARE
     for op in graph.ops:
         if op.op_type != "Conv" or costs[op.index].fallback or not op.outputs:
@@ -641,15 +657,18 @@ def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[s
         shard = tp.shards[op.index]
         x = view(op.inputs[0], shard.inputs[0]) if shard.inputs else None
         y = view(op.outputs[0], shard.outputs[0]) if shard.outputs else None
-        if x is None or y is None or x.dtype.itemsize != 2 or y.dtype.itemsize != 2:
+        if x is None or y is None or y.dtype.itemsize != 2:  # the convolution runs in its output's dtype (autocast's too)
             continue
-        fwd = 2.0 * (x.nbytes + y.nbytes) * op.repeat
-        bwd = 2.0 * (2 * y.nbytes + x.nbytes + (x.nbytes if op.inputs[0] in needs else 0)) * op.repeat
+        nx, ny = x.numel * 2, y.numel * 2  # the 16-bit copies cuDNN converts (autocast casts an fp32 input first)
+        fwd = 2.0 * (nx + ny) * op.repeat
+        bwd = 2.0 * (2 * ny + nx + (nx if op.inputs[0] in needs else 0)) * op.repeat
         c = costs[op.index]
         costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd + fwd, c.flops_bwd, c.bytes_bwd + bwd,
                                  f"{c.rule}; cuDNN NCHW/NHWC layout conversions", c.fallback)
         times[op.index] = (times[op.index][0] + fwd / rate, times[op.index][1] + bwd / rate)
-    return costs, times
+        f, b = CONV_LAYOUT_KERNELS
+        kernels[op.index] = (f, b if op.inputs[0] in needs else b - 1)
+    return costs, times, kernels
 
 
 def eager_gelu_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
