@@ -41,7 +41,7 @@ import math
 from typing import NamedTuple
 
 
-__all__ = ["BatchNormLaw", "EagerNormLaw", "H100_BATCH_NORM_LAW", "H100_NORM_LAW", "EAGER_NORM_OPS", "RMS_NORM_OPS",
+__all__ = ["BatchNormLaw", "EagerNormLaw", "H100_BATCH_NORM_LAW", "H100_NORM_LAW", "EAGER_NORM_OPS", "LAW_NORM_OPS", "RMS_NORM_OPS",
            "batch_norm_times_s", "batch_norm_waves", "eager_norm_times_s", "eager_norm_kernels", "gamma_beta_split",
            "op_norm_times_s"]
 
@@ -148,6 +148,8 @@ BATCH_NORM_BLOCKS_PER_SM = 4
 #: ONNX ops eager PyTorch runs as ``F.batch_norm``'s kernels (training mode, whatever the export's
 #: ``training_mode``: the tool costs a training step).
 BATCH_NORM_OPS = frozenset({"BatchNormalization"})
+#: Every op a law of this module times (:func:`op_norm_times_s`).
+LAW_NORM_OPS = EAGER_NORM_OPS | BATCH_NORM_OPS
 #: Fitted on the 60 BatchNorm kernels of the bundled H100 ResNet-18 trace (b = 256, bf16):
 #: statistics 1.09e9 and backward 0.495e9 elements per second per channel block, normalisation at
 #: 0.390 of the HBM bandwidth (each the summed work over the summed measured time).  The trace's

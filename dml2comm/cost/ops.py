@@ -48,7 +48,7 @@ from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import POINTWISE_OPS, autocasts_activations, fusible_regions
-from dml2comm.cost.norm import BATCH_NORM_OPS, EAGER_NORM_OPS, op_norm_times_s
+from dml2comm.cost.norm import BATCH_NORM_OPS, LAW_NORM_OPS, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -320,7 +320,7 @@ def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Te
     costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
     costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff)
     batch_norm = {op.index: BATCH_NORM_EXTRA_KERNELS for op in graph.ops if op.op_type in BATCH_NORM_OPS and not costs[op.index].fallback}
-    for more in (conv, {i: (0, n) for i, n in autograd.items()}, batch_norm):
+    for more in (conv, autograd, batch_norm):
         for i, (f, b) in more.items():
             f0, b0 = extra_kernels.get(i, (0, 0))
             extra_kernels[i] = (f0 + f, b0 + b)
@@ -406,7 +406,7 @@ def _shard_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU,
         key = (signature[op.index], read_ins, read_outs)
         hit = known.get(key)
         if hit is None:  # the law and its extra backward kernels depend on the key's shapes only
-            law = _eager_norm(op, ins, gpu, hbm) if norm_law and (op.op_type in EAGER_NORM_OPS or op.op_type in BATCH_NORM_OPS) else None
+            law = _eager_norm(op, ins, gpu, hbm) if norm_law and op.op_type in LAW_NORM_OPS else None
             c = op_cost(op, ins, outs, lenient=lenient)
             gemm = None if c.fallback or not gpu.sm_count else gemm_op_times_s(op, c, ins, outs, train, gpu, peak, pad)
             eff = norm_eff if op.op_type in NORM_OPS else hbm_eff
@@ -466,12 +466,18 @@ def _gradient_sums(forks: Sequence[GradientFork], tp: TensorParallelPlan, train:
     for fork in forks:
         moved = gradient_sum_bytes(fork, tp, train)
         i = fork.reader
-        c = costs[i]
-        costs[i] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + moved,
-                          f"{c.rule} + gradient sum of its input's {fork.extra + 1} readers", c.fallback)
-        times[i] = (times[i][0], times[i][1] + moved / bandwidth)
+        _add_traffic(costs, times, i, 0, moved, bandwidth, f" + gradient sum of its input's {fork.extra + 1} readers")
         sums[i] += fork.extra
     return costs, times, sums
+
+
+def _add_traffic(costs: list[OpCost], times: list[tuple[float, float]], i: int, fwd_bytes: float, bwd_bytes: float,
+                 rate: float, note: str) -> None:
+    """In place: op ``i`` moves ``fwd_bytes`` / ``bwd_bytes`` more in its forward / backward, timed
+    at ``rate`` (bytes/s), with ``note`` appended to its rule."""
+    c = costs[i]
+    costs[i] = OpCost(c.flops_fwd, c.bytes_fwd + fwd_bytes, c.flops_bwd, c.bytes_bwd + bwd_bytes, f"{c.rule}{note}", c.fallback)
+    times[i] = (times[i][0] + fwd_bytes / rate, times[i][1] + bwd_bytes / rate)
 
 
 def _eager_norm(op: Op, ins: Sequence[Tensor | None], gpu: GPU, hbm: float) -> tuple[tuple[float, float], int] | None:
@@ -527,10 +533,7 @@ def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, D
                 bwd_b += local.numel * (2 + 4)
                 kb += 1
         if kf:
-            c = costs[op.index]
-            costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd + fwd_b, c.flops_bwd, c.bytes_bwd + bwd_b,
-                                     f"{c.rule} + autocast casts of its fp32 inputs", c.fallback)
-            times[op.index] = (times[op.index][0] + fwd_b / hbm, times[op.index][1] + bwd_b / hbm)
+            _add_traffic(costs, times, op.index, fwd_b, bwd_b, hbm, " + autocast casts of its fp32 inputs")
             kernels[op.index] = (kf, kb)
     return costs, times, kernels
 
@@ -591,7 +594,7 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
 
 def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                          costs: list[OpCost], times: list[tuple[float, float]], hbm: float
-                         ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, int]]:
+                         ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, tuple[int, int]]]:
     """The backward kernels eager autograd runs where the op rules count one fused pass
     (PyTorch ``tools/autograd/derivatives.yaml`` and ``FunctionsManual.cpp``):
 
@@ -604,10 +607,10 @@ def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
       output's shape written and then summed to the operand's (``sum_to``: one more kernel).
 
     ``hbm``: the achieved HBM rate (bytes/s).  Returns the costs, the times and per op its extra
-    backward kernels."""
+    (forward, backward) kernels."""
     needs = needs_grad_of(graph)
     costs, times = list(costs), list(times)
-    extra_kernels: dict[int, int] = {}
+    extra_kernels: dict[int, tuple[int, int]] = {}
     in_gelu = {i for call in gelu_calls_of(graph) for i in call.ops}  # one kernel per pass (eager_gelu_costs)
     for op in graph.ops:
         c = costs[op.index]
@@ -630,12 +633,9 @@ def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
             kernels = len(broadcast)
         if extra <= 0:
             continue
-        extra *= op.repeat
-        costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + extra,
-                                 f"{c.rule}; eager autograd's kernels", c.fallback)
-        times[op.index] = (times[op.index][0], times[op.index][1] + extra / hbm)
+        _add_traffic(costs, times, op.index, 0, extra * op.repeat, hbm, "; eager autograd's kernels")
         if kernels:
-            extra_kernels[op.index] = kernels
+            extra_kernels[op.index] = (0, kernels)
     return costs, times, extra_kernels
 
 
@@ -662,10 +662,7 @@ def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[s
         nx, ny = x.numel * 2, y.numel * 2  # the 16-bit copies cuDNN converts (autocast casts an fp32 input first)
         fwd = 2.0 * (nx + ny) * op.repeat
         bwd = 2.0 * (2 * ny + nx + (nx if op.inputs[0] in needs else 0)) * op.repeat
-        c = costs[op.index]
-        costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd + fwd, c.flops_bwd, c.bytes_bwd + bwd,
-                                 f"{c.rule}; cuDNN NCHW/NHWC layout conversions", c.fallback)
-        times[op.index] = (times[op.index][0] + fwd / rate, times[op.index][1] + bwd / rate)
+        _add_traffic(costs, times, op.index, fwd, bwd, rate, "; cuDNN NCHW/NHWC layout conversions")
         f, b = CONV_LAYOUT_KERNELS
         kernels[op.index] = (f, b if op.inputs[0] in needs else b - 1)
     return costs, times, kernels
