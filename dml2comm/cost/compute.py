@@ -30,7 +30,7 @@ from dml2comm.cost.calibrated import class_value
 from dml2comm.ops.registry import OpCost
 from dml2comm.parallel.config import Optimizer, Precision, Stack
 
-__all__ = ["eager_parameter_passes_s", "shared_gradient_sum_s", "grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
+__all__ = ["eager_accumulate_grad_s", "shared_gradient_sum_s", "grad_accumulation_s", "hbm_efficiency_of", "roofline_s", "op_times_s", "optimizer_bytes_per_param", "optimizer_step_s", "FUSED_ADAMW_HBM_EFFICIENCY", "GRAD_NORM_BYTES_PER_PARAM", "UNSCALE_BYTES_PER_PARAM", "gemm_dims", "FLOP_EFFICIENCY",
            "HBM_EFFICIENCY"]
 
 #: Share of the dense peak reached by FLOP-bound work outside the GEMM model (fused point-wise
@@ -213,30 +213,20 @@ def shared_gradient_sum_s(summed_elements, config, hbm_bytes_per_s: float):
     return summed_elements * 3 * element / hbm_bytes_per_s
 
 
-def eager_parameter_passes_s(params: float, gemm_params: float, precision: str, num_micro_batches: int,
-                             hbm_bytes_per_s: float) -> tuple[float, float]:
-    """(forward, backward) seconds per micro-batch of eager PyTorch's per-parameter passes
-    (``--stack pytorch``), by precision mode.
-
-    - ``amp``: ``torch.autocast`` casts every fp32 weight an autocast-eligible op reads (matrix
-      products and convolutions: ``gemm_params``) to the 16-bit dtype once per forward (the
-      autocast weight cache lives for one autocast region: read 4, write 2 bytes per element),
-      and the cast's backward turns the weight's 16-bit gradient back into fp32 for the fp32
-      ``.grad`` (read 2, write 4); PyTorch documentation, "Automatic Mixed Precision package"
-      (``torch.autocast``: "ops that autocast to float16/bfloat16"; ``cache_enabled``).
-    - every mode: from the second micro-batch on, ``AccumulateGrad`` adds each fresh gradient into
-      ``.grad`` (read both, write one: 3 x the gradient's bytes, fp32 under amp, 16-bit in bf16,
-      the 16-bit gradient into an fp32 buffer in mixed); with one micro-batch the fresh gradient
-      is stolen, no pass (torch/csrc/autograd/functions/accumulate_grad.h, ``accumulateGrad``).
-      Averaged over the ``num_micro_batches`` micro-batches of a step.
-    """
+def eager_accumulate_grad_s(params: float, precision: str, num_micro_batches: int, hbm_bytes_per_s: float) -> float:
+    """Backward seconds per micro-batch of eager PyTorch's ``AccumulateGrad`` (``--stack
+    pytorch``): from the second micro-batch on, each fresh gradient is added into ``.grad`` (read
+    both, write one: 3 x the gradient's bytes, fp32 under amp, 16-bit in bf16, the 16-bit gradient
+    into an fp32 buffer in mixed); with one micro-batch the fresh gradient is stolen, no pass
+    (torch/csrc/autograd/functions/accumulate_grad.h, ``accumulateGrad``).  Averaged over the
+    ``num_micro_batches`` micro-batches of a step.  AMP's weight casts are the ops' own
+    (:func:`dml2comm.cost.ops.autocast_cast_costs`)."""
     later = (num_micro_batches - 1) / num_micro_batches if num_micro_batches > 1 else 0.0
     precision = Precision.of(precision)
     if precision is Precision.AMP:
-        fwd = gemm_params * (4 + 2)
-        bwd = gemm_params * (2 + 4) + later * params * 3 * 4
+        moved = later * params * 3 * 4
     elif precision is Precision.BF16:
-        fwd, bwd = 0.0, later * params * 3 * 2
+        moved = later * params * 3 * 2
     else:  # mixed: 16-bit gradients into fp32 main gradients
-        fwd, bwd = 0.0, later * params * (2 + 2 * 4)
-    return fwd / hbm_bytes_per_s, bwd / hbm_bytes_per_s
+        moved = later * params * (2 + 2 * 4)
+    return moved / hbm_bytes_per_s

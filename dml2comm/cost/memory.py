@@ -128,6 +128,7 @@ __all__ = [
     "AUTOCAST_LOWER_OPS",
     "autocast_dtypes",
     "autocasts_activations",
+    "linear_bias",
     "REDUCTION_OPS",
     "FRAMEWORK_OVERHEAD_BYTES",
     "allocator_capacity_bytes",
@@ -490,7 +491,7 @@ def export_dtype(graph: OpGraph) -> DType | None:
     return max(elements, key=elements.__getitem__) if elements else None
 
 
-def _linear_bias(graph: OpGraph, op: Op, out: Mapping[str, DType], low: DType) -> bool:
+def linear_bias(graph: OpGraph, op: Op, out: Mapping[str, DType], low: DType) -> bool:
     """Whether ``op`` is the bias ``Add`` of a linear layer: a GEMM's ``low`` output plus a 1-D
     float weight.  ``F.linear(x, W, b)`` is one autocast op (``linear``/``addmm`` on the
     lower-precision list, autocast_mode.cpp) that casts ``b`` with ``W`` and returns ``low``;
@@ -515,7 +516,7 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
     float16/bfloat16" run in ``low`` and return it, ops that "autocast to float32" return fp32,
     "other ops ... run in the widest input type"), by op, in graph order:
 
-    - GEMMs (:data:`AUTOCAST_LOWER_OPS`), a linear layer's bias ``Add`` (:func:`_linear_bias`)
+    - GEMMs (:data:`AUTOCAST_LOWER_OPS`), a linear layer's bias ``Add`` (:func:`linear_bias`)
       and the flash cores' outputs (SDPA is on the CUDA lower-precision list,
       autocast_mode.cpp): ``low``.
     - :data:`AUTOCAST_FP32_OPS`: fp32.
@@ -569,7 +570,7 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
         kind = op.op_type
         if op.index in gelu_input:  # an F.gelu written as primitives: one op off autocast's lists
             dt = dtype_of(gelu_input[op.index])
-        elif kind in AUTOCAST_LOWER_OPS or op.index in lowered or _linear_bias(graph, op, out, low):
+        elif kind in AUTOCAST_LOWER_OPS or op.index in lowered or linear_bias(graph, op, out, low):
             dt = low
         elif kind in AUTOCAST_FP32_OPS:
             dt = DType.FLOAT

@@ -47,7 +47,7 @@ from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of,
 from dml2comm.cost import host as host_model
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
-from dml2comm.cost.memory import POINTWISE_OPS, autocasts_activations, fusible_regions
+from dml2comm.cost.memory import AUTOCAST_FP32_OPS, POINTWISE_OPS, autocasts_activations, fusible_regions, linear_bias
 from dml2comm.cost.norm import BATCH_NORM_OPS, LAW_NORM_OPS, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
@@ -295,6 +295,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
     costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff) if forks else (costs, times, [0] * len(costs))
     casts = [(0, 0)] * len(costs)
+    counted = costs  # the ops' own kernels; the casts below count theirs (``casts``)
     if amp:
         costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
     elif eager and train.itemsize < 4:
@@ -303,7 +304,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host = host_model.DEFAULT if host is None else host
     if host.kernel_s > 0:
-        kernels = op_kernel_counts(graph, costs, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
+        kernels = op_kernel_counts(graph, counted, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         times = host_bound_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host)
     return OpCosts(costs, times, full_flops, fallback_types)
 
@@ -492,50 +493,149 @@ def _eager_norm(op: Op, ins: Sequence[Tensor | None], gpu: GPU, hbm: float) -> t
 def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], is_gemm: Sequence[bool],
                         costs: list[OpCost], times: list[tuple[float, float]], hbm: float
                         ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
-    """The casts ``torch.autocast`` makes of a matrix product's fp32 activation inputs: one kernel
-    per product and input forward (read 4, write 2 bytes per element: autocast caches casts of
-    leaf weights only, so each product casts its own copy), and the cast's backward
-    (``ToCopyBackward0``: the 16-bit gradient back to fp32, read 2, write 4) where the input needs
-    a gradient; charged to the product, with the kernels for the host model.  The weights' casts
-    are :func:`dml2comm.cost.compute.eager_parameter_passes_s`'s."""
+    """The cast kernels ``torch.autocast`` and autograd add to an fp32 model's step (each read
+    4, write 2 bytes per element or the reverse), charged to the op that causes them, with their
+    kernels for the host model (``aten/src/ATen/autocast_mode.cpp``; autograd's engine casts a
+    gradient to its input's dtype, ``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``):
+
+    - **Weights** (:func:`_autocast_weight_casts`): a matrix product's or convolution's weight
+      and a linear layer's bias, once per parameter and forward (autocast caches the cast of a
+      leaf tensor for the region: a tied table the LM head reads once), and the cast's backward
+      (``ToCopyBackward0``: the 16-bit gradient back to the fp32 ``.grad``).
+    - **Activations into a 16-bit product** (:func:`_autocast_input_casts`): each fp32 input of a
+      matrix product or flash core, one copy per product (activations are not cached), and its
+      backward where the input needs a gradient.
+    - **16-bit activations into fp32** (:func:`_autocast_promotion_casts`): an op of autocast's
+      fp32 list (``pow``, ``layer_norm``, ``softmax``, ...) casts its 16-bit input forward and the
+      gradient back; an op that type promotion runs in fp32 (a 16-bit GEMM output added to the
+      fp32 residual stream) casts nothing forward (TensorIterator reads mixed dtypes), but its
+      backward hands the 16-bit input an fp32 gradient that autograd casts.
+
+    GPT-2 small under AMP: 340 cast kernels per step, the number of ``bfloat16_copy`` and
+    ``direct_copy`` kernels more than its bf16 step in the bundled H100 traces
+    (``benchmarks/data/gpu_steps/``)."""
     costs, times = list(costs), list(times)
     kernels = [(0, 0)] * len(costs)
     grads = needs_grad_of(graph)
-
-    def local_of(name: str) -> Tensor | None:  # a tensor on this rank, as its producer writes it
-        prod = graph.producer(name)
-        if prod is None:
-            return None
-        outs = tp.shards[prod].outputs
-        k = graph.ops[prod].outputs.index(name)
-        return outs[k] if k < len(outs) else None
-
-    # the flash cores' products are one SDPA kernel that casts its Q, K, V (autocast's
-    # lower-precision list); their other operands (the scores) never exist
     flash = {core.context_op: (core.q, core.k, core.v) for core in flash_cores_of(graph)}
     in_core = {i for core in flash_cores_of(graph) for i in core.ops}
+    seen: set[str] = set()
+    low = _low_of(amp)
     for op in graph.ops:
-        if op.index in flash:
-            operands = [(n, local_of(n)) for n in flash[op.index]]
-        elif is_gemm[op.index] and op.op_type != "Conv" and op.index not in in_core:
-            operands = list(zip(op.inputs, tp.shards[op.index].inputs))
-        else:
+        if op.index in in_core and op.index not in flash:
             continue
-        fwd_b = bwd_b = 0.0
-        kf = kb = 0
-        for name, local in operands:
-            t = graph.tensor(name) if name else None
-            if t is None or t.is_weight or local is None or amp.get(name) is not DType.FLOAT:
-                continue
-            fwd_b += local.numel * (4 + 2)
-            kf += 1
-            if name in grads:
-                bwd_b += local.numel * (2 + 4)
-                kb += 1
-        if kf:
-            _add_traffic(costs, times, op.index, fwd_b, bwd_b, hbm, " + autocast casts of its fp32 inputs")
+        product = op.index in flash or (is_gemm[op.index] and op.op_type != "Conv")
+        parts = [_autocast_weight_casts(graph, tp, op, amp, low, seen, is_gemm[op.index])]
+        if product:
+            parts.append(_autocast_input_casts(graph, tp, op, amp, grads, flash.get(op.index)))
+        elif not is_gemm[op.index]:
+            parts.append(_autocast_promotion_casts(graph, tp, op, amp, grads))
+        fwd_b, bwd_b, kf, kb = (sum(x) for x in zip(*parts))
+        if kf or kb:
+            _add_traffic(costs, times, op.index, fwd_b, bwd_b, hbm, " + autocast casts")
             kernels[op.index] = (kf, kb)
     return costs, times, kernels
+
+
+def _local_input(tp: TensorParallelPlan, op: Op, k: int) -> Tensor | None:
+    """``op``'s ``k``-th input as this rank holds it (its tensor-parallel shard)."""
+    ins = tp.shards[op.index].inputs
+    return ins[k] if k < len(ins) else None
+
+
+def _autocast_weight_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: Mapping[str, DType], low: DType,
+                           seen: set[str], gemm: bool) -> tuple[float, float, int, int]:
+    """(forward bytes, backward bytes, forward kernels, backward kernels) of the casts of the
+    weights ``op`` reads as autocast's lower-precision op: a product's or convolution's weight
+    operands and bias (``addmm``/``linear``/``conv`` cast the bias with the weight), or the bias
+    of a linear layer's exported ``Add`` (:func:`~dml2comm.cost.memory.linear_bias`); each
+    parameter once per forward (``seen``: the ones cast already; ``low``: autocast's dtype)."""
+    if gemm:
+        indices = range(min(len(op.inputs), 3))
+    elif linear_bias(graph, op, amp, low):
+        indices = range(len(op.inputs))
+    else:
+        return 0.0, 0.0, 0, 0
+    fwd_b = bwd_b = 0.0
+    kf = kb = 0
+    for k in indices:
+        name = op.inputs[k]
+        t = graph.tensor(name) if name else None
+        local = _local_input(tp, op, k)
+        if t is None or not t.is_weight or not t.dtype.is_float or local is None:
+            continue
+        fresh = [s for s in graph.parameter_sources(name) if s not in seen]
+        if not fresh:
+            continue
+        seen.update(fresh)
+        fwd_b += local.numel * (4 + 2)
+        kf += 1
+        if any(graph.tensor(s).is_parameter for s in fresh):
+            bwd_b += local.numel * (2 + 4)
+            kb += 1
+    return fwd_b, bwd_b, kf, kb
+
+
+def _low_of(amp: Mapping[str, DType]) -> DType:
+    """The 16-bit dtype of an autocast dtype map (bf16 where it holds none)."""
+    return next((d for d in amp.values() if d.is_float and d.itemsize == 2), DType.BFLOAT16)
+
+
+def _autocast_input_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: Mapping[str, DType], grads: frozenset[str],
+                          core: tuple[str, str, str] | None) -> tuple[float, float, int, int]:
+    """The casts of a 16-bit product's fp32 activation inputs (``core``: a flash core's Q, K, V,
+    which SDPA casts; its scores never exist)."""
+    if core is not None:
+        operands = [(n, _local_of(graph, tp, n)) for n in core]
+    else:
+        operands = [(n, _local_input(tp, op, k)) for k, n in enumerate(op.inputs)]
+    fwd_b = bwd_b = 0.0
+    kf = kb = 0
+    for name, local in operands:
+        t = graph.tensor(name) if name else None
+        if t is None or t.is_weight or local is None or amp.get(name) is not DType.FLOAT:
+            continue
+        fwd_b += local.numel * (4 + 2)
+        kf += 1
+        if name in grads:
+            bwd_b += local.numel * (2 + 4)
+            kb += 1
+    return fwd_b, bwd_b, kf, kb
+
+
+def _local_of(graph: OpGraph, tp: TensorParallelPlan, name: str) -> Tensor | None:
+    """``name`` on this rank, as its producer writes it."""
+    prod = graph.producer(name)
+    if prod is None:
+        return None
+    outs = tp.shards[prod].outputs
+    k = graph.ops[prod].outputs.index(name)
+    return outs[k] if k < len(outs) else None
+
+
+def _autocast_promotion_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: Mapping[str, DType],
+                              grads: frozenset[str]) -> tuple[float, float, int, int]:
+    """The casts of 16-bit activations an op runs in fp32: an op of autocast's fp32 list casts
+    each forward and its gradient back; another op whose output type promotion makes fp32 casts
+    only the gradient (``Cast`` is an op of its own and has its own costs)."""
+    if op.op_type == "Cast" or not op.outputs or amp.get(op.outputs[0]) is not DType.FLOAT:
+        return 0.0, 0.0, 0, 0
+    fp32_list = op.op_type in AUTOCAST_FP32_OPS
+    fwd_b = bwd_b = 0.0
+    kf = kb = 0
+    for k, name in enumerate(op.inputs):
+        t = graph.tensor(name) if name else None
+        dtype = amp.get(name) if name else None
+        local = _local_input(tp, op, k)
+        if t is None or t.is_weight or local is None or dtype is None or not dtype.is_float or dtype.itemsize != 2:
+            continue
+        if fp32_list:
+            fwd_b += local.numel * (2 + 4)
+            kf += 1
+        if name in grads:
+            bwd_b += local.numel * (4 + 2)
+            kb += 1
+    return fwd_b, bwd_b, kf, kb
 
 
 def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]:

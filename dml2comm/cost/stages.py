@@ -52,7 +52,7 @@ import numpy as np
 
 from dml2comm.cost.cache import CacheKey, cached, derived
 from dml2comm.cost.calibrated import class_value
-from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s, shared_gradient_sum_s, hbm_efficiency_of, optimizer_step_s
+from dml2comm.cost.compute import eager_accumulate_grad_s, grad_accumulation_s, shared_gradient_sum_s, hbm_efficiency_of, optimizer_step_s
 from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
@@ -590,9 +590,9 @@ class StageCoster(LayerCoster):
         none = (-1, 1)
         dp_where = [w[0] for w in groups.dp] if d * cp > 1 else [none] * p
         edp_where = [w[2] for w in groups.dp] if config.expert_dp_size > 1 else [none] * p
-        params_local, expert_local, cast_f, accumulate = self._parameter_passes(config, layers, expert_params, copies, per_stage)
+        params_local, expert_local, accumulate = self._parameter_passes(config, layers, expert_params, copies, per_stage)
         # the training loss the graph leaves out (loss_f, loss_b: on the stage holding the logits, dml2comm.cost.loss)
-        return StageTable(config, ranges, fwd + loss_f + cast_f, bwd + accumulate + loss_b, selective,
+        return StageTable(config, ranges, fwd + loss_f, bwd + accumulate + loss_b, selective,
                            tp_f, tp_b, reads, params_local, buffers,
                            np.array(send + [0.0]), np.array([0.0] + send_back), tied, rank_map, {}, {}, dp_where,
                            expert_local, edp_where, flops_fwd=layers.flops_fwd,
@@ -755,10 +755,11 @@ class StageCoster(LayerCoster):
         return reads, buffers
 
     def _parameter_passes(self, config: ParallelConfig, layers, expert_params: tuple[np.ndarray, np.ndarray] | None,
-                          copies: HeldCopies, per_stage: _PerStage) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                          copies: HeldCopies, per_stage: _PerStage) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per stage: parameters per GPU (tied copies included) and the expert part of them,
-        then the per-micro-batch passes over them: eager PyTorch's weight casts in the forward
-        and its AccumulateGrad (:func:`~dml2comm.cost.compute.eager_parameter_passes_s`), or
+        then the per-micro-batch backward passes over them: eager PyTorch's AccumulateGrad
+        (:func:`~dml2comm.cost.compute.eager_accumulate_grad_s`; AMP's weight casts are the ops',
+        :func:`~dml2comm.cost.ops.autocast_cast_costs`), or
         Megatron-LM's gradient accumulation (:func:`~dml2comm.cost.compute.grad_accumulation_s`:
         every local parameter without gradient-accumulation fusion, else those no GEMM
         accumulates), plus autograd's sum of a tied table's gradients
@@ -771,14 +772,12 @@ class StageCoster(LayerCoster):
             params_local, expert_local = per_stage(expert_params[0]) + tied_local, per_stage(expert_params[1])
         achieved_hbm = gpu.kernel_hbm_bytes_per_s * hbm_efficiency_of(gpu)
         if config.stack is Stack.PYTORCH:
-            cast_f, accumulate = (np.zeros(p) + x for x in eager_parameter_passes_s(
-                params_local, per_stage(layers.gemm_local), config.precision, config.num_micro_batches, achieved_hbm))
+            accumulate = np.zeros(p) + eager_accumulate_grad_s(params_local, config.precision, config.num_micro_batches, achieved_hbm)
         else:
             accumulated = params_local if not config.grad_accumulation_fusion else per_stage(layers.unfused_local)
             accumulate = grad_accumulation_s(accumulated, config.train_dtype.itemsize, config.grad_bytes, achieved_hbm)
-            cast_f = np.zeros(p)
         accumulate = accumulate + shared_gradient_sum_s(np.array(copies.summed_local), config, achieved_hbm)
-        return params_local, expert_local, cast_f, accumulate
+        return params_local, expert_local, accumulate
 
     def zero_part(self, table: StageTable, config: ParallelConfig):
         """Per stage for ZeRO stage z: gradient-bucket runs, the collective after the step,
