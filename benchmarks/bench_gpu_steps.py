@@ -24,25 +24,19 @@ from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig, Precision, Stack
 from dml2comm.traces.predict import measured_and_modelled, profile_scale
+from dml2comm.validate import gpu_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data" / "gpu_steps"
-MODELS = {"gpt2-small": "dml2comm/validate/data/models/step_gpt2_small_dynamo.onnx",
-          "llama-1b": "dml2comm/validate/data/models/step_llama_1b_dynamo.onnx",
-          "llama-0.3b": "tests/fixtures/step_llama_0_3b_dynamo.onnx",
-          "qwen2-1.5b": "tests/fixtures/step_qwen2_1_5b_dynamo.onnx",
-          "gpt2-6l-512": "tests/fixtures/step_gpt2_6l_512_dynamo.onnx",
-          "bert-6l-512": "tests/fixtures/step_bert_6l_512_dynamo.onnx",
-          "vit-8l-512": "tests/fixtures/step_vit_8l_512_dynamo.onnx",
-          "resnet18": "tests/fixtures/resnet18_dynamo.onnx"}
-#: Image models: the measured ``seq`` is the image size, fixed by the export.
-IMAGES = frozenset({"vit-8l-512", "resnet18"})
+#: The exports and preset clusters of the ``gpu-steps`` validation source (one table).
+MODELS = {name: f"dml2comm/validate/data/models/{file}" for name, file in gpu_steps.MODELS.items()}
+IMAGES = gpu_steps.IMAGES
 #: The measuring runs (two processes per machine): set 3 (``a``, ``b``: the four language models at
 #: 16 shapes, on an H100 and an H200 machine), set 4 (``c``, ``d``: other architectures and AMP,
 #: a third machine), set 5 (``e``, ``f``: host-bound steps of each architecture, a fourth
 #: machine).  The pytorch host model is fitted on all of them.
 FIT_RUNS = ("a", "b", "c", "d", "e", "f")
-CLUSTERS = {"h100": "dgx-h100", "h200": "hgx-h200"}
+CLUSTERS = gpu_steps.CLUSTERS
 #: The bundled trace of each model per GPU (its profiled shape).
 TRACES = {"gpt2-small": ("gpt2-small_bf16_b8_s1024", 8, 1024), "llama-1b": ("llama-1b_bf16_b4_s2048", 4, 2048)}
 

@@ -1,10 +1,24 @@
-"""Small ONNX graphs built by hand with onnx.helper (checked by onnx.checker)."""
+"""Small ONNX graphs built by hand with onnx.helper (checked by onnx.checker), and where the real exports are."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+#: The real exports: tests/fixtures, and the package data folder of the models the validation reads
+#: (the measured steps' models: their records in fixtures_expected.json carry ``dir``).
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PACKAGED_MODELS = FIXTURES.parents[1] / "dml2comm" / "validate" / "data" / "models"
+
+
+def fixture_path(name: str) -> Path:
+    """The real export ``name`` (``resnet18_dynamo.onnx``): in tests/fixtures, else in the package
+    data folder the export script writes the measured steps' models to."""
+    here = FIXTURES / name
+    return here if here.is_file() else PACKAGED_MODELS / name
 
 
 def weight(name: str, shape: list[int]) -> onnx.TensorProto:

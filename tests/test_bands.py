@@ -74,13 +74,27 @@ def test_band_rows_from_cases():
 
 def test_bundled_bands_cover_both_regimes():
     rows = load_bands()
-    assert {r.source for r in rows} == {"narayanan2021", "vtrain", "h100-steps"} and len(rows) == 1452
-    assert {r.stack for r in rows if r.source == "h100-steps"} == {"pytorch"}
+    assert {r.source for r in rows} == {"narayanan2021", "vtrain", "h100-steps", "gpu-steps"} and len(rows) == 1497
+    assert {r.stack for r in rows if r.source in ("h100-steps", "gpu-steps")} == {"pytorch"}
+    assert {r.gpu for r in rows if r.source == "gpu-steps"} == {"H100-SXM5-80GB", "H200-SXM-141GB"}
     config = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=1, global_batch_size=32)
     err, src = expected_error_for(config, get_cluster("dgx-a100", 8), 3.5e8)
     assert 0 < err < 0.25 and src.startswith("vtrain")
     with pytest.raises(ValueError):
         expected_error_for(config, get_cluster("dgx-a100", 8), 0.0)
+
+
+def test_a_one_gpu_pytorch_step_is_banded_by_the_measured_steps_of_its_gpu():
+    """On one H100 or H200 with --stack pytorch the band comes from the measured one-GPU steps
+    nearest in size, not from every source: wider for a 124M model (its neighbours' steps are
+    often host-bound) than the all-source band, and it names them."""
+    config = ParallelConfig(micro_batch_size=8, global_batch_size=8, stack="pytorch")
+    for cluster in ("dgx-h100", "hgx-h200"):
+        err, src = expected_error_for(config, get_cluster(cluster, 1), 1.24e8)
+        assert "gpu-steps" in src and "pytorch runs" in src and 0.1 < err < 0.35, (cluster, err, src)
+    unvalidated, src = expected_error_for(config, get_cluster("dgx-a100", 1), 1.24e8)
+    assert src.startswith("no validated pytorch run on A100")
+    assert expected_error_for(config, get_cluster("dgx-h100", 1), 1.24e8)[0] > unvalidated
 
 
 def test_a_model_far_from_every_run_of_its_regime_takes_the_nearest_of_either():

@@ -57,16 +57,6 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     # factorized embeddings projected to the hidden size: the projection's output is layer 0's input
     "electra_legacy.onnx": {"seq_len": 16},
     "electra_dynamo.onnx": {"seq_len": 16},
-    # the models of measure_gpu.py's other H100 training-step runs (issue 32; the two measured ones
-    # live in the package, dml2comm/validate/data/models, checked by tests/test_import.py), SDPA
-    "step_gpt2_6l_512_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},
-    "step_gpt2_6l_512_dynamo.onnx": {"seq_len": 16},
-    "step_llama_0_3b_dynamo.onnx": {"seq_len": 16},  # GQA: the legacy exporter refuses its SDPA
-    "step_qwen2_1_5b_dynamo.onnx": {"seq_len": 16},  # over 2 GB as fp32: dynamo only
-    "step_bert_6l_512_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},  # h = 512 = positions
-    "step_bert_6l_512_dynamo.onnx": {"seq_len": 16},
-    "step_vit_8l_512_legacy.onnx": {},
-    "step_vit_8l_512_dynamo.onnx": {},
     # issue 34: a parallel block summed (x + attn) + mlp; norms left at ones (merged by dynamo); buffers
     "cohere_tiny_dynamo.onnx": {"seq_len": 16},
     "qwen3_init_dynamo.onnx": {"seq_len": 16},

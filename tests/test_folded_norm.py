@@ -13,6 +13,7 @@ from dml2comm import zoo
 from dml2comm.analysis import folded_normalization_warning
 from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model, load_model_proto
+from tests.helpers import fixture_path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -20,7 +21,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 @pytest.mark.parametrize("name, convs", [("resnet18_dynamo", 20), ("resnet18_legacy", 20), ("resnet18_functions_legacy", 20),
                                          ("cnn_classifier_dynamo", 4), ("cnn_classifier_legacy", 4)])
 def test_folded_batchnorm_is_restored_after_each_convolution(name, convs):
-    imported = load_model(str(FIXTURES / f"{name}.onnx"), ImportOptions(batch_size=2))
+    imported = load_model(str(fixture_path(f"{name}.onnx")), ImportOptions(batch_size=2))
     ops = imported.graph.ops
     bns = [op for op in ops if op.op_type == "BatchNormalization"]
     assert len(bns) == convs

@@ -20,13 +20,14 @@ from dml2comm.ir.graph import DType
 from dml2comm.ir.onnx_import import ImportOptions, _fx_origin
 from dml2comm.load import load_model
 from dml2comm.parallel.config import ParallelConfig
+from tests.helpers import fixture_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fake_memory_fixtures.json"
 
 
 def _graph(name: str, b: int = 4, s: int | None = 512):
-    return load_model(FIXTURES / f"{name}.onnx", ImportOptions(batch_size=b, seq_len=s)).graph
+    return load_model(fixture_path(f"{name}.onnx"), ImportOptions(batch_size=b, seq_len=s)).graph
 
 
 def test_the_exporters_record_names_the_aten_call():

@@ -13,6 +13,7 @@ from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import get_gpu
 from dml2comm.parallel.config import DTYPES
+from tests.helpers import fixture_path
 
 DTYPES_BF16 = DTYPES["bf16"]
 
@@ -222,7 +223,7 @@ def test_conv_layout_conversions_match_the_resnet_trace():
     events = json.loads(__import__("gzip").open(RESNET_TRACE).read())["traceEvents"]
     measured = sum(e["dur"] for e in events if e.get("cat") == "kernel" and ("nchwToNhwc" in e["name"] or "nhwcToNchw" in e["name"])) * 1e-6
     assert measured == pytest.approx(7.57e-3, rel=0.01)
-    graph = load_model(str(DATA.parent.parent.parent / "tests" / "fixtures" / "resnet18_dynamo.onnx"), ImportOptions(batch_size=256)).graph
+    graph = load_model(str(fixture_path("resnet18_dynamo.onnx")), ImportOptions(batch_size=256)).graph
     tp = tensor_parallel_of(graph, 1, False, 2)
     bf16 = lambda name, t: None if t is None else (t.with_dtype(DTYPES_BF16) if t.dtype.is_float else t)  # noqa: E731
     zero = [OpCost(0.0, 0.0, 0.0, 0.0, "test")] * len(graph.ops)
@@ -317,3 +318,34 @@ def test_a_cluster_file_carries_the_kernel_bandwidth_share():
     bad = {**doc, "gpu": {**doc["gpu"], "kernel_bandwidth_share": 0}}
     with pytest.raises(ConfigError, match="kernel_bandwidth_share"):
         parse_cluster_file(bad).build()
+
+
+def test_the_packaged_steps_are_the_bundled_measurements():
+    """dml2comm/validate/data/gpu_steps.json is what benchmarks/gpu_steps_package.py writes from
+    the measurement files (every run, values unchanged)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_steps_package", DATA.parents[1] / "gpu_steps_package.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.OUT.read_text() == module.text()
+    assert len(module.package()["runs"]) == sum(len(json.loads(p.read_text())["runs"]) for p in DATA.glob("h*_?.json")) == 108
+
+
+def test_the_gpu_steps_source_holds_every_measured_step_once():
+    """45 (GPU, model, mode, shape) steps: the 47 of benchmarks/bench_gpu_steps.py less the two
+    h100-steps holds, each with its export, AMP and image models included; and its cases meet the
+    source's target (mean |error| <= 8% for time and for peak memory)."""
+    from dml2comm.validate import gpu_steps, steps
+    from dml2comm.validate.targets import check_target
+
+    table = gpu_steps.runs()
+    keys = [(r["gpu"], r["name"], r["mode"], r["micro_batch"], r["seq"]) for r in table]
+    assert len(keys) == len(set(keys)) == 45
+    assert not {("h100", r["name"], "bf16", r["micro_batch"], r["seq"]) for r in steps.runs()} & set(keys)
+    assert {r["mode"] for r in table} == {"bf16", "amp"} and {r["gpu"] for r in table} == {"h100", "h200"}
+    assert all(r["seq"] is None for r in table if r["name"] in gpu_steps.IMAGES)
+    cases = gpu_steps.cases()
+    assert len(cases) == 90 and all(("stack=pytorch" in c.tags) for c in cases if c.quantity == "iteration_time_s")
+    check = check_target("gpu-steps", cases)
+    assert check.met, check.detail

@@ -12,7 +12,7 @@ from dml2comm import zoo
 from dml2comm.ir.layers import group_layers
 from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model_proto
-from tests.helpers import model, weight
+from tests.helpers import fixture_path, model, weight
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -36,7 +36,7 @@ def _strip(m: onnx.ModelProto) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_BLOCKS))
 def test_exports_group_into_their_blocks(name):
-    path = FIXTURES / name
+    path = fixture_path(name)
     lg = group_layers(_load(onnx.load(path, load_external_data=False)))
     assert lg.source == "scopes"
     assert lg.num_blocks == EXPECTED_BLOCKS[name]

@@ -22,6 +22,7 @@ from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model_proto
 from dml2comm.parallel.config import ParallelConfig
 from dml2comm.model import FastEvaluator
+from tests.helpers import fixture_path
 
 FAKE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fake_memory_hf.json"
 VOCAB, HIDDEN, SEQ, BATCH = 500, 128, 64, 2
@@ -241,7 +242,7 @@ def test_hbm_efficiency_default_used_by_the_loss_check():
 
 
 def test_eager_llama_block_keeps_what_autograd_saves():
-    """A Llama block of the real dynamo export (tests/fixtures/step_llama_0_3b_dynamo.onnx: h 1024,
+    """A Llama block of the real dynamo export (dml2comm/validate/data/models/step_llama_0_3b_dynamo.onnx: h 1024,
     16 query / 4 KV heads of 64, FFN 2816) at b = 1, s = 128 in bf16 under the pytorch stack, by
     hand as benchmarks/fake_saved.py lists autograd's saved tensors: each RMSNorm keeps the fp32
     copy of its input (Pow, Mul), sqrt and rsqrt ([b, s, 1], bf16 here: no cast in the export)
@@ -252,7 +253,7 @@ def test_eager_llama_block_keeps_what_autograd_saves():
     from dml2comm.ir.onnx_import import ImportOptions
     from dml2comm.load import load_model
 
-    graph = load_model(Path(__file__).parent / "fixtures" / "step_llama_0_3b_dynamo.onnx", ImportOptions(batch_size=1, seq_len=128)).graph
+    graph = load_model(fixture_path("step_llama_0_3b_dynamo.onnx"), ImportOptions(batch_size=1, seq_len=128)).graph
     b, s, h, d, heads, kv, f = 1, 128, 1024, 64, 16, 4, 2816
     norm = b * s * h * 4 + 2 * b * s * 2 + 2 * b * s * h * 2
     rope = 2 * s * d * 2

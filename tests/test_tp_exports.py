@@ -19,6 +19,7 @@ from dml2comm.load import load_model, load_model_proto
 from dml2comm.network.kinds import CollectiveKind, Phase
 from dml2comm.parallel.tensor import attention_heads, find_attention, shard_tensor_parallel
 from tests.helpers import model, weight
+from tests.helpers import PACKAGED_MODELS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -259,7 +260,9 @@ SEQ = 32
 
 
 def _exports(stem: str) -> list[Path]:
-    paths = sorted(FIXTURES.glob(f"{stem}_*.onnx"))
+    """A model's legacy and dynamo exports, here or in the package data folder (the measured
+    steps' models: ``resnet18_dynamo``)."""
+    paths = sorted([*FIXTURES.glob(f"{stem}_*.onnx"), *PACKAGED_MODELS.glob(f"{stem}_*.onnx")], key=lambda p: p.name)
     return [p for p in paths if p.stem.removeprefix(stem + "_").split("_")[0] in ("legacy", "dynamo")]
 
 

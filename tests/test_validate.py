@@ -63,13 +63,16 @@ def test_sample_is_deterministic_sorted_and_unique():
 def test_bundled_data_found_as_package_data_with_provenance():
     provenance = data_text("PROVENANCE.md")
     files = sorted(p.name for p in DATA.iterdir() if p.is_file() and p.name != "PROVENANCE.md")
-    assert files == ["h100_kernels_measured.json", "h100_steps.json", "korthikanti2022_table4.json",
+    assert files == ["gpu_steps.json", "h100_kernels_measured.json", "h100_steps.json", "korthikanti2022_table4.json",
                      "narayanan2021_table1.json", "nccl_allreduce_measured.csv", "vtrain_ground_truth_single.csv",
                      "xla_collectives_h100.csv", "xla_matmul_h100_bf16.csv"]
     for name in files:
         assert f"`{name}`" in provenance
     models = sorted(p.name for p in (DATA / "models").iterdir())
-    assert models == ["step_gpt2_small_dynamo.onnx", "step_gpt2_small_legacy.onnx", "step_llama_1b_dynamo.onnx"]
+    assert models == ["resnet18_dynamo.onnx", "step_bert_6l_512_dynamo.onnx", "step_bert_6l_512_legacy.onnx",
+                      "step_gpt2_6l_512_dynamo.onnx", "step_gpt2_6l_512_legacy.onnx", "step_gpt2_small_dynamo.onnx",
+                      "step_gpt2_small_legacy.onnx", "step_llama_0_3b_dynamo.onnx", "step_llama_1b_dynamo.onnx",
+                      "step_qwen2_1_5b_dynamo.onnx", "step_vit_8l_512_dynamo.onnx", "step_vit_8l_512_legacy.onnx"]
     for name in models:
         assert f"`models/{name}`" in provenance
     assert len(vtrain.runs()) == 1440 and len(gemm.shapes()) == 375

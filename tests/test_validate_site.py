@@ -216,7 +216,7 @@ def test_page_of_a_sampled_run_equals_validation_json(tmp_path, capsys):
     assert main(["validate", "--sample", "5", "--no-loso", "--out", str(out)]) == 0
     assert f"the Validation page {out / 'site' / 'index.html'}" in capsys.readouterr().out
     summary = _check_page(out)
-    assert sorted(summary["sources"]) == ["gemm", "h100-gemm", "h100-steps", "korthikanti2022", "narayanan2021", "nccl", "vtrain",
+    assert sorted(summary["sources"]) == ["gemm", "gpu-steps", "h100-gemm", "h100-steps", "korthikanti2022", "narayanan2021", "nccl", "vtrain",
                                           "xla_collectives"]
     assert summary["sources"]["h100-steps"]["count"] == 4  # 2 steps (fewer than 5), time and memory each
     assert summary["sources"]["korthikanti2022"]["count"] == 10  # 5 rows sampled, forward and backward each

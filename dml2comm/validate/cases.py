@@ -109,6 +109,11 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
                     ("fwd", "forward"), ("dgrad", "data gradient"), ("wgrad", "weight gradient"))),
     Source("h100-steps", "measured H100 training steps (PyTorch 2.11 / transformers 5.17, pure bf16): GPT-2 small, Llama-1B",
            "dml2comm.validate.steps:cases", compute=False, fit=False, target="time and peak memory each within 5%"),
+    Source("gpu-steps", "measured one-GPU training steps on H100 and H200 machines (PyTorch 2.11 / transformers 5.17, bf16 "
+                        "and AMP, b = 1-256): GPT-2, Llama, Qwen2, BERT, ViT, ResNet-18; the pytorch host model is fitted "
+                        "on them (benchmarks/bench_gpu_steps.py --kernel-us prints leave-one-machine-out errors)",
+           "dml2comm.validate.gpu_steps:cases", compute=False, fit=False,
+           target="mean |error| <= 8% for step time and for peak memory"),
 )}
 
 

@@ -59,7 +59,7 @@ from dml2comm.parallel.config import ParallelConfig, Precision, Stack
 from dml2comm.validate.cases import Case, sample_indices
 from dml2comm.validate.data import read_json
 
-__all__ = ["CLUSTER", "FILE", "MODELS", "cases", "model_path", "predict", "runs"]
+__all__ = ["CLUSTER", "FILE", "MODELS", "analyse_step", "cases", "model_path", "predict", "runs", "step_config"]
 
 FILE = "h100_steps.json"
 CLUSTER = "dgx-h100"
@@ -95,20 +95,42 @@ def model_path(file: str) -> Traversable:
 def config(run: dict[str, Any]) -> ParallelConfig:
     """The measured step as the tool's configuration: one GPU, pure bf16 under the pytorch stack,
     fused AdamW, one micro-batch per step."""
-    b = run["micro_batch"]
-    return ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=run["seq"], dtype="bf16", optimizer="adamw",
-                          stack=Stack.PYTORCH, precision=Precision.BF16)
+    return step_config(run["micro_batch"], run["seq"], Precision.BF16)
+
+
+def step_config(b: int, seq: int | None, precision: Precision | str) -> ParallelConfig:
+    """A measured one-GPU step as the tool's configuration: micro-batch ``b`` (one per step),
+    sequence ``seq`` (None: the export's own, an image model's), bf16 under the pytorch stack in
+    ``precision``, fused AdamW."""
+    seq_arg = {} if seq is None else {"seq_len": seq}
+    return ParallelConfig(micro_batch_size=b, global_batch_size=b, dtype="bf16", optimizer="adamw",
+                          stack=Stack.PYTORCH, precision=Precision.of(precision), **seq_arg)
 
 
 def predict(run: dict[str, Any]) -> Analysis:
     """The analysis of one measured step (module docstring), as the main command runs it."""
-    cfg = config(run)
-    with resources.as_file(model_path(run["model"])) as path:
-        imported = load_model(path, ImportOptions(batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len))
-        check_seq_len(imported, cfg.seq_len)
-        if imported.graph.num_params != run["params"]:  # the export is of another model than the one measured
-            raise ValueError(f"{run['model']} has {imported.graph.num_params:,} parameters; {run['name']} had {run['params']:,}")
-        cluster = replace(get_cluster(CLUSTER, cfg.num_gpus), collective_overhead_s=0.0, host_model=STACK_HOST_MODEL[cfg.stack])
+    return analyse_step(run["model"], run["params"], CLUSTER, config(run))
+
+
+def analyse_step(file: str, params: int, cluster_name: str, cfg: ParallelConfig) -> Analysis:
+    """The analysis of a measured one-GPU step of the bundled export ``file`` (torch counted
+    ``params`` parameters in the measured model) on the preset ``cluster_name`` under ``cfg``
+    (:func:`step_config`), as the main command runs it: collectives at kernel time (none on one
+    GPU), the stack's host model.
+
+    Raises
+    ------
+    ValueError
+        The export is of another model than the one measured (its parameter count differs).
+    """
+    options = ImportOptions(batch_size=cfg.micro_batch_size) if cfg.seq_len is None else ImportOptions(batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len)
+    with resources.as_file(model_path(file)) as path:
+        imported = load_model(path, options)
+        if cfg.seq_len is not None:
+            check_seq_len(imported, cfg.seq_len)
+        if imported.graph.num_params != params:
+            raise ValueError(f"{file} has {imported.graph.num_params:,} parameters; the measured model had {params:,}")
+        cluster = replace(get_cluster(cluster_name, cfg.num_gpus), collective_overhead_s=0.0, host_model=STACK_HOST_MODEL[cfg.stack])
         return analyze_graph(imported, cfg, cluster, str(path), advise=False, timeline=False)
 
 
