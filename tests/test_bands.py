@@ -108,3 +108,33 @@ def test_a_model_far_from_every_run_of_its_regime_takes_the_nearest_of_either():
     # within a decade of a run of its regime, the regime's runs alone count
     err, _ = expected_error_for(config, get_cluster("dgx-a100", 16), 2e10, _rows(), min_kind=1)
     assert err == pytest.approx(0.02)
+
+
+def test_runs_that_state_a_host_wait_are_ranked_by_it():
+    """Of 30 one-GPU pytorch runs of one size, 15 GPU-bound (host wait 5%, 2% off) and 15
+    host-bound (host wait 60%, 25% off): a prediction stating its own wait takes the 20 nearest
+    in wait too, so a GPU-bound step gets the GPU-bound runs' band and a host-bound one the
+    other; one that states none mixes them.  The rows' ``host_share`` round-trips through the
+    bands file."""
+    from dml2comm.cost.bands import FIELDS
+    from dml2comm.validate.bands import bands_csv
+
+    h100 = get_cluster("dgx-h100", 1)
+    rows = [BandRow("gpu-steps", f"g{i}", h100.gpu.name, 1.2e8, 1, 1, 1, 1, 0.02, "pytorch", 0.05) for i in range(15)]
+    rows += [BandRow("gpu-steps", f"h{i}", h100.gpu.name, 1.2e8, 1, 1, 1, 1, 0.25, "pytorch", 0.60) for i in range(15)]
+    config = ParallelConfig(micro_batch_size=8, global_batch_size=8, stack="pytorch")
+    gpu_bound, src = expected_error_for(config, h100, 1.2e8, rows, host_share=0.04)
+    host_bound, _ = expected_error_for(config, h100, 1.2e8, rows, host_share=0.7)
+    unstated, _ = expected_error_for(config, h100, 1.2e8, rows)
+    assert gpu_bound == pytest.approx(0.25) and "GPU waiting for the CPU 5-60% of the step, this one 4%" in src
+    assert host_bound == pytest.approx(0.25) and unstated == pytest.approx(0.25)
+    # above: the 20 nearest are the 15 GPU-bound runs and 5 host-bound ones, and the 90% quantile
+    # (the 18th smallest error) is a host-bound one's.  With 30 GPU-bound runs and 5 host-bound,
+    # the 20 nearest a GPU-bound step are all GPU-bound, and those nearest a host-bound step hold
+    # all 5 host-bound ones
+    more = rows[:15] + rows[:15] + rows[15:20]
+    assert expected_error_for(config, h100, 1.2e8, more, host_share=0.04)[0] == pytest.approx(0.02)
+    assert expected_error_for(config, h100, 1.2e8, more, host_share=0.7)[0] == pytest.approx(0.25)
+    text = bands_csv(rows[:1] + [BandRow("vtrain", "v", "A100", 1e8, 8, 8, 1, 1, 0.1)])
+    assert text.splitlines()[0].split(",") == list(FIELDS)
+    assert text.splitlines()[1].endswith(",pytorch,0.0500") and text.splitlines()[2].endswith(",megatron,")

@@ -196,8 +196,39 @@ def test_the_sweeps_fast_path_equals_the_analysis_under_eager_pytorch():
                           ImportOptions(batch_size=2, seq_len=512))
     cluster = get_cluster("dgx-h100", 8)
     config = ParallelConfig(dp_size=8, micro_batch_size=2, global_batch_size=16, seq_len=512, stack="pytorch")
-    a = analyze_graph(imported, config, cluster, advise=False, timeline=False).summary["iteration_time_s"]
-    assert FastEvaluator(imported, cluster).evaluate([config])[0]["iteration_time_s"] == pytest.approx(a, rel=1e-9)
+    a = analyze_graph(imported, config, cluster, advise=False, timeline=False).summary
+    row = FastEvaluator(imported, cluster).evaluate([config])[0]
+    assert row["iteration_time_s"] == pytest.approx(a["iteration_time_s"], rel=1e-9)
+    # the band, ranked by the GPU's wait for the CPU, is the analysis's too
+    assert (row["expected_error"], row["expected_error_source"]) == (a["expected_error"], a["expected_error_source"])
+    assert "GPU waiting for the CPU" in a["expected_error_source"]
+
+
+def test_the_band_of_an_eager_step_follows_its_gpus_wait_for_the_cpu():
+    """GPT-2 small on one H100 under --stack pytorch: at b = 2 the GPU waits for the CPU most of
+    the step (host-bound), at b = 16 little of it; the band of each comes from the measured steps
+    bound alike, so the host-bound one's is wider.  Megatron's host model states no wait."""
+    from dml2comm.analysis import analyze_graph
+    from dml2comm.cost.bands import host_wait_share
+    from dml2comm.cost.stages import StageCoster
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+
+    path = str(ROOT / "dml2comm" / "validate" / "data" / "models" / "step_gpt2_small_dynamo.onnx")
+    cluster = get_cluster("dgx-h100", 1)
+    shares, bands = {}, {}
+    for b in (2, 16):
+        imported = load_model(path, ImportOptions(batch_size=b, seq_len=1024))
+        config = ParallelConfig(micro_batch_size=b, global_batch_size=b, seq_len=1024, stack="pytorch", precision="bf16")
+        s = analyze_graph(imported, config, cluster, advise=False, timeline=False).summary
+        shares[b] = host_wait_share(StageCoster(imported, cluster, collapse=False), config, s["iteration_time_s"])
+        bands[b] = s["expected_error"]
+    assert shares[2] > 0.4 > 0.1 > shares[16] > 0
+    assert bands[2] > bands[16]
+    megatron = ParallelConfig(micro_batch_size=2, global_batch_size=2, seq_len=1024)
+    imported = load_model(path, ImportOptions(batch_size=2, seq_len=1024))
+    assert host_wait_share(StageCoster(imported, cluster, collapse=False), megatron, 1.0) is None
 
 
 def test_a_tied_embeddings_gradient_sum_is_charged_on_the_stage_holding_both_readers():

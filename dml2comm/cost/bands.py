@@ -45,7 +45,7 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.gemms import graph_gemms, shape_doublings
 from dml2comm.parallel.config import ParallelConfig
 
-__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "MIN_KIND", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
+__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "HOST_WEIGHT", "MIN_KIND", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "host_wait_share", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
            "weighted_quantile"]
 
 BANDS_FILE = "expected_error.csv"
@@ -68,7 +68,15 @@ BAND_QUANTILE = UNVALIDATED_QUANTILE
 #: for this one (a factor of 10 in parameters).
 FAR = 1.0
 #: The columns of the bands file (written by :func:`dml2comm.validate.bands.bands_csv`).
-FIELDS = ("source", "case", "gpu", "params", "num_gpus", "gpus_per_node", "t", "p", "abs_error", "stack")
+FIELDS = ("source", "case", "gpu", "params", "num_gpus", "gpus_per_node", "t", "p", "abs_error", "stack", "host_share")
+#: Distance per unit of host-wait share (:func:`host_wait_share`) between a prediction and a run
+#: that both state one (the eager-PyTorch runs and predictions): a step whose GPU waits for the
+#: CPU a fifth of the time more than a run's is as far from it as a decade of model size.  A
+#: host-bound step's time carries its machine's CPU speed (1.7x apart between the measuring
+#: machines: :data:`dml2comm.cost.host.PYTORCH`), a GPU-bound one's does not, so the band of
+#: each comes from runs bound alike.  5 is a choice, not a fit (none of the bundled sets is used to
+#: tune it; ``validate`` prints the share of runs inside their own band).
+HOST_WEIGHT = 5.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,9 @@ class BandRow:
     p: int
     abs_error: float
     stack: str = "megatron"
+    #: the share of the run's predicted step in which the GPU waits for eager PyTorch's CPU
+    #: (:func:`host_wait_share`); None where the run does not state one (Megatron runs)
+    host_share: float | None = None
 
     @property
     def single_node(self) -> bool:
@@ -96,20 +107,27 @@ def load_bands() -> tuple[BandRow, ...]:
     """The bundled rows (``data/expected_error.csv``)."""
     text = BANDS_PATH.read_text(encoding="utf-8")
     return tuple(BandRow(r["source"], r["case"], r["gpu"], float(r["params"]), int(r["num_gpus"]), int(r["gpus_per_node"]),
-                         int(r["t"]), int(r["p"]), float(r["abs_error"]), r.get("stack") or "megatron")
+                         int(r["t"]), int(r["p"]), float(r["abs_error"]), r.get("stack") or "megatron",
+                         float(r["host_share"]) if r.get("host_share") else None)
                  for r in csv.DictReader(io.StringIO(text)))
 
 
-def _distance(row: BandRow, params: float, t: int, p: int) -> float:
-    return abs(math.log10(params / row.params)) + 0.5 * abs(math.log2(t / row.t)) + 0.5 * abs(math.log2(p / row.p))
+def _distance(row: BandRow, params: float, t: int, p: int, host_share: float | None = None) -> float:
+    d = abs(math.log10(params / row.params)) + 0.5 * abs(math.log2(t / row.t)) + 0.5 * abs(math.log2(p / row.p))
+    if host_share is not None and row.host_share is not None:
+        d += HOST_WEIGHT * abs(host_share - row.host_share)
+    return d
 
 
 def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: float,
-                       rows: Sequence[BandRow] | None = None, min_kind: int = MIN_KIND) -> tuple[float, str]:
+                       rows: Sequence[BandRow] | None = None, min_kind: int = MIN_KIND,
+                       host_share: float | None = None) -> tuple[float, str]:
     """(expected relative error, where it comes from) of an iteration time predicted for
     ``config`` on ``cluster`` for a model of ``model_params`` parameters (module docstring).
 
-    ``rows`` defaults to the bundled file; ``min_kind``: :data:`MIN_KIND`.  The source reads like ``"vtrain: mean |error| of the
+    ``rows`` defaults to the bundled file; ``min_kind``: :data:`MIN_KIND`; ``host_share``: the
+    share of the predicted step the GPU waits for the CPU (:func:`host_wait_share`; None: not
+    stated), which ranks the runs that state theirs (:data:`HOST_WEIGHT`).  The source reads like ``"vtrain: mean |error| of the
     20 nearest single-node A100-SXM4-80GB runs (1.3e+08-3.5e+08 parameters)"``.
 
     Raises
@@ -121,17 +139,19 @@ def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: f
         raise ValueError(f"model_params must be positive, got {model_params!r}")
     stack = str(getattr(config, "stack", "megatron"))
     single = cluster.num_gpus <= cluster.gpus_per_node
+    host = None if host_share is None else round(float(host_share), 2)  # the bands' resolution: the analysis and the sweep agree
     if rows is None and min_kind == MIN_KIND:  # the bundled file: one answer per what it depends on
-        return _bundled_error(cluster.gpu.name, stack, single, config.tp_size, config.pp_size, float(model_params))
+        return _bundled_error(cluster.gpu.name, stack, single, config.tp_size, config.pp_size, float(model_params), host)
     return _error_of(load_bands() if rows is None else rows, cluster.gpu.name, stack, single, config.tp_size, config.pp_size,
-                     float(model_params), min_kind)
+                     float(model_params), min_kind, host_share=host)
 
 
 @lru_cache(maxsize=4096)
-def _bundled_error(gpu: str, stack: str, single: bool, t: int, p: int, model_params: float) -> tuple[float, str]:
+def _bundled_error(gpu: str, stack: str, single: bool, t: int, p: int, model_params: float,
+                   host_share: float | None = None) -> tuple[float, str]:
     """:func:`expected_error_for` on the bundled rows, cached per the inputs it reads (a sweep
     asks for the same few (t, p) many times: about 2 ms each uncached)."""
-    return _error_of(load_bands(), gpu, stack, single, t, p, model_params, MIN_KIND, _bundled_pools(gpu, stack, single))
+    return _error_of(load_bands(), gpu, stack, single, t, p, model_params, MIN_KIND, _bundled_pools(gpu, stack, single), host_share)
 
 
 @lru_cache(maxsize=64)
@@ -149,7 +169,8 @@ def _pools(rows: Sequence[BandRow], gpu: str, stack: str, single: bool) -> tuple
 
 
 def _error_of(rows: Sequence[BandRow], gpu: str, stack: str, single: bool, t: int, p: int, model_params: float,
-              min_kind: int, pools: tuple[list[BandRow], list[BandRow]] | None = None) -> tuple[float, str]:
+              min_kind: int, pools: tuple[list[BandRow], list[BandRow]] | None = None,
+              host_share: float | None = None) -> tuple[float, str]:
     """:func:`expected_error_for` of a ``gpu``/``stack`` prediction at ``t``, ``p``, one node or
     several (``single``), for ``model_params`` parameters; ``pools``: :func:`_pools` of the
     same arguments, when the caller holds them."""
@@ -161,7 +182,7 @@ def _error_of(rows: Sequence[BandRow], gpu: str, stack: str, single: bool, t: in
     rows = kind
 
     def distance(r: BandRow) -> float:
-        return _distance(r, model_params, t, p)
+        return _distance(r, model_params, t, p, host_share)
 
     far = ""
     if min(abs(math.log10(model_params / r.params)) for r in pool) > FAR:
@@ -177,8 +198,11 @@ def _error_of(rows: Sequence[BandRow], gpu: str, stack: str, single: bool, t: in
     kinds = sorted({"single-node" if r.single_node else "multi-node" for r in near})
     regime = "/".join(kinds)
     gpus = sorted({r.gpu for r in near})
+    hosted = [r.host_share for r in near if r.host_share is not None]
+    bound = (f", GPU waiting for the CPU {_share_range(min(hosted), max(hosted))} of the step, this one {host_share:.0%}"
+             if host_share is not None and hosted else "")
     return error, (f"{', '.join(sources)}: the {BAND_QUANTILE:.0%} quantile of |error| of the {len(near)} nearest {regime} {'/'.join(gpus)} {stack} runs "
-                   f"({_size_range(lo, hi)} parameters){far}")
+                   f"({_size_range(lo, hi)} parameters{bound}){far}")
 
 
 def weighted_quantile(rows: Sequence[BandRow], q: float) -> float:
@@ -205,6 +229,24 @@ def _unvalidated(rows: Sequence[BandRow], kind: Sequence[BandRow], gpu: str, sta
         return own, f"{have}: their mean |error|, above the {UNVALIDATED_QUANTILE:.0%} quantile of every validated source's"
     return error, (f"{have}: the {UNVALIDATED_QUANTILE:.0%} quantile of |error| over every validated source, each weighing the same "
                    f"({', '.join(sources)})")
+
+
+def _share_range(lo: float, hi: float) -> str:
+    """``12%`` when both ends print alike, else ``0-12%``."""
+    a, b = f"{lo:.0%}", f"{hi:.0%}"
+    return a if a == b else f"{a[:-1]}-{b}"
+
+
+def host_wait_share(coster: Any, config: ParallelConfig, iteration_s: float) -> float | None:
+    """The share of ``config``'s iteration in which the GPUs wait for eager PyTorch's CPU: the
+    run-ahead host model's stretch of the layers' kernel times (``LayerTable.idle``, per
+    micro-batch) times the micro-batches, over the pipeline depth and the iteration time; None
+    under another host model (Megatron's states none).  What the band ranks runs by
+    (:data:`HOST_WEIGHT`), for the analysis, the sweep and ``validate`` alike."""
+    idle = coster.layer_table(config).idle
+    if idle is None or iteration_s <= 0:
+        return None
+    return min(1.0, float(idle.sum()) * config.num_micro_batches / config.pp_size / iteration_s)
 
 
 def _size_range(lo: float, hi: float) -> str:
@@ -367,4 +409,4 @@ def summary_band(config: ParallelConfig, cluster: Cluster, coster: Any, plan: An
         band = profile_band(config, cluster, params, coster.layered, scaled, iteration_s, exposed_comm_s, copies)
         if band is not None:
             return band["total"], band["source"]
-    return expected_error_for(config, cluster, params)
+    return expected_error_for(config, cluster, params, host_share=host_wait_share(coster, config, iteration_s))

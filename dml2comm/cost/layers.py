@@ -109,6 +109,9 @@ class LayerTable:
     # the tensor- then context-parallel collectives the counts above count, in the order the
     # graph inserts them, on the coster's graph (:class:`LayerComm`; StageCoster.comm_specs)
     comms: tuple[LayerComm, ...] = ()
+    # per layer: seconds per micro-batch the GPU waits for eager PyTorch's CPU in its ops (the
+    # run-ahead host model's stretch of their kernel times); None under another host model
+    idle: np.ndarray | None = None
 
 
 #: Ops whose weight operand ``torch.autocast`` casts to the 16-bit dtype (its lower-precision
@@ -494,14 +497,20 @@ class LayerCoster:
             raise NotRepeating
         graph, layered = self.graph, self.layered
         tp = self._tp(config)
-        _, times, full_flops, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu, self.lenient,
-                                                 self.host_for(config), config.stack, config.attention, config.precision, self.profile, layered)
+        _, times, full_flops, _, kernel_times = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu,
+                                                               self.lenient, self.host_for(config), config.stack, config.attention,
+                                                               config.precision, self.profile, layered)
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)
         moe = self._moe() if cf != 1.0 else None
         times = per_gpu_op_times(times, cp, cf, moe.expert_ops if moe is not None else frozenset())
         fwd, bwd, flops, selective = _op_sums(layered, times, full_flops, self._core(seq_len, config.attention))
+        idle = None
+        if kernel_times is not None:  # eager PyTorch: the GPU's wait for the CPU, per layer
+            kf, kb, _, _ = _op_sums(layered, per_gpu_op_times(kernel_times, cp, cf, moe.expert_ops if moe is not None else frozenset()),
+                                    full_flops, [False] * len(graph.ops))
+            idle = np.maximum(fwd + bwd - kf - kb, 0.0)
         factor = parameter_shard_factors(graph, tp.weight_factor)
         params, params_local, unfused_local, gemm_local = self._parameter_sums(factor)
         shared = self._shared(factor)
@@ -519,7 +528,8 @@ class LayerCoster:
                        {k: v[m] for k, v in tp_counts.items()}, shared, float(flops[m].sum()), flops[m],
                        {k: v[m] for k, v in cp_counts.items()}, {k: v[m] for k, v in ring.items()}, core_f[m], core_b[m],
                        {k: v[m] for k, v in tp_gemm.items()}, {k: v[m] for k, v in tp_wgrad.items()}, unfused_local[m],
-                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m], tp_comms + cp_comms)
+                       loss_f[m], loss_b[m], loss_saved[m], loss_transient[m], gemm_local[m], tp_comms + cp_comms,
+                       None if idle is None else idle[m])
 
     def _parameter_sums(self, factor: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per (collapsed) layer, the parameters it owns (:meth:`_own_weights`): elements, and

@@ -117,6 +117,9 @@ class OpCosts(NamedTuple):
     times: list[tuple[float, float]]  #: (forward, backward) seconds, point-wise chains fused
     full_flops: list[float]  #: forward FLOPs of the unsharded op (shard FLOPs x shard factor)
     fallback_types: set[str]  #: op types costed by the memory-bound fallback (``--lenient``)
+    #: under a run-ahead host model (eager PyTorch, :data:`dml2comm.cost.host.PYTORCH`): the
+    #: times before it, so that ``times`` less these is the GPU's wait for the CPU; else None
+    kernel_times: list[tuple[float, float]] | None = None
 
 
 # ----------------------------------------------------------------------------- cache keys
@@ -302,11 +305,11 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         costs, times, casts = eager_fp32_softmax_costs(graph, tp, train_view, costs, times, hbm * hbm_eff, flash)
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
-    host = host_model.DEFAULT if host is None else host
+    host, kernel_times = host_model.DEFAULT if host is None else host, times  # the times before the host model
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, counted, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         times = host_bound_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host)
-    return OpCosts(costs, times, full_flops, fallback_types)
+    return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None)
 
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],

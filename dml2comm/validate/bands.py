@@ -29,15 +29,18 @@ def band_rows(cases: Iterable[Case], gpu: str, gpus_per_node: int = 8, vocab: in
     id, ``narayanan21_t1_1.7B``) and ``vtrain`` (``12 L h^2 + (V + s) h`` parameters: the GPT
     layers' weights, Narayanan et al. 2021 eq. (2) without biases, plus the token and position
     embeddings), and step-time cases whose tags say where they sit (``params=``, ``gpu=``,
-    ``stack=``, ``gpus=``: ``h100-steps``); other cases are skipped (not end-to-end runs)."""
+    ``stack=``, ``gpus=``, and ``host=`` where the prediction states its GPU's wait for the CPU:
+    ``h100-steps``, ``gpu-steps``); other cases are skipped (not end-to-end runs)."""
     out = []
     for c in cases:
         s = _setup(c)
         tags = dict(t.split("=", 1) for t in c.tags if "=" in t)
         if c.quantity == "iteration_time_s" and "params" in tags:  # a source that says where its run sits
             gpus = int(tags.get("gpus", 1))
+            host = tags.get("host")
             out.append(BandRow(c.source, c.case_id, tags.get("gpu", gpu), float(tags["params"]), gpus, max(gpus, 1),
-                               int(tags.get("t", 1)), int(tags.get("p", 1)), abs(c.error), tags.get("stack", "megatron")))
+                               int(tags.get("t", 1)), int(tags.get("p", 1)), abs(c.error), tags.get("stack", "megatron"),
+                               None if host is None else float(host)))
             continue
         if c.source == "narayanan2021":
             params = float(c.case_id.rsplit("_", 1)[1].rstrip("B")) * 1e9
@@ -54,7 +57,8 @@ def bands_csv(rows: Sequence[BandRow]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(FIELDS)
     for r in rows:
-        w.writerow([r.source, r.case, r.gpu, f"{r.params:.6g}", r.num_gpus, r.gpus_per_node, r.t, r.p, f"{r.abs_error:.6f}", r.stack])
+        w.writerow([r.source, r.case, r.gpu, f"{r.params:.6g}", r.num_gpus, r.gpus_per_node, r.t, r.p, f"{r.abs_error:.6f}", r.stack,
+                    "" if r.host_share is None else f"{r.host_share:.4f}"])
     return buf.getvalue()
 
 
@@ -68,7 +72,7 @@ def band_coverage(rows: Sequence[BandRow], bands: Sequence[BandRow] | None = Non
         d = max(1, r.num_gpus // (r.t * r.p))
         config = ParallelConfig(dp_size=d, tp_size=r.t, pp_size=r.p, global_batch_size=d, stack=r.stack)
         cluster = SimpleNamespace(num_gpus=r.num_gpus, gpus_per_node=r.gpus_per_node, gpu=SimpleNamespace(name=r.gpu))
-        band, _ = expected_error_for(config, cluster, r.params, bands)  # type: ignore[arg-type]
+        band, _ = expected_error_for(config, cluster, r.params, bands, host_share=r.host_share)  # type: ignore[arg-type]
         inside, total = out.get(r.source, (0, 0))
         out[r.source] = (inside + (r.abs_error <= band), total + 1)
     return out

@@ -86,19 +86,22 @@ def runs() -> list[dict[str, Any]]:
 def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
     """Two cases per measured step (a deterministic sample of at most ``sample`` steps): the step
     time, tagged with where it sits for the expected-error bands (``params=``, ``gpu=``,
-    ``stack=``, ``gpus=``), and the peak memory.  ``compute_scale`` is ignored (module docstring)."""
+    ``stack=``, ``gpus=``, ``host=``: the share of the predicted step the GPU waits for the CPU),
+    and the peak memory.  ``compute_scale`` is ignored (module docstring)."""
     table = runs()
     out = []
     for i in sample_indices(len(table), sample):
         run = table[i]
         cfg = steps.step_config(run["micro_batch"], run["seq"], run["mode"])
         cluster = CLUSTERS[run["gpu"]]
-        summary = steps.analyse_step(run["model"], run["params"], cluster, cfg).summary
+        analysis, host = steps.analyse_step(run["model"], run["params"], cluster, cfg)
+        summary = analysis.summary
         shape = f"s={run['seq']}" if run["seq"] is not None else "224x224"
         setup = (f"{cluster} d=t=p=1 b={run['micro_batch']} {shape} {cfg.stack_text()}, {cfg.optimizer}"
                  + (f"; mean of {run['repeats']} measurements" if run["repeats"] > 1 else ""))
         case = f"{run['gpu']}/{run['name']}/{run['mode']}/b{run['micro_batch']}" + (f"/s{run['seq']}" if run["seq"] is not None else "")
-        where = (f"params={run['params']}", f"gpu={get_cluster(cluster, 1).gpu.name}", f"stack={Stack.PYTORCH}", "gpus=1")
+        where = (f"params={run['params']}", f"gpu={get_cluster(cluster, 1).gpu.name}", f"stack={Stack.PYTORCH}", "gpus=1",
+                 *([f"host={host:.4f}"] if host is not None else []))
         out.append(Case("gpu-steps", f"{case}/time", "iteration_time_s", run["time_s"], float(summary["iteration_time_s"]), setup, where))
         out.append(Case("gpu-steps", f"{case}/memory", "peak_memory_bytes", run["peak_bytes"], float(summary["peak_memory_bytes"]), setup))
     return out

@@ -51,7 +51,9 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from dml2comm.analysis import Analysis, analyze_graph
+from dml2comm.cost.bands import host_wait_share
 from dml2comm.cost.host import STACK_HOST_MODEL
+from dml2comm.cost.stages import StageCoster
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.onnx_import import ImportOptions, check_seq_len
 from dml2comm.load import load_model
@@ -109,14 +111,15 @@ def step_config(b: int, seq: int | None, precision: Precision | str) -> Parallel
 
 def predict(run: dict[str, Any]) -> Analysis:
     """The analysis of one measured step (module docstring), as the main command runs it."""
-    return analyse_step(run["model"], run["params"], CLUSTER, config(run))
+    return analyse_step(run["model"], run["params"], CLUSTER, config(run))[0]
 
 
-def analyse_step(file: str, params: int, cluster_name: str, cfg: ParallelConfig) -> Analysis:
+def analyse_step(file: str, params: int, cluster_name: str, cfg: ParallelConfig) -> tuple[Analysis, float | None]:
     """The analysis of a measured one-GPU step of the bundled export ``file`` (torch counted
     ``params`` parameters in the measured model) on the preset ``cluster_name`` under ``cfg``
     (:func:`step_config`), as the main command runs it: collectives at kernel time (none on one
-    GPU), the stack's host model.
+    GPU), the stack's host model; and the share of its step the GPU waits for the CPU
+    (:func:`dml2comm.cost.bands.host_wait_share`; None under a host model that states none).
 
     Raises
     ------
@@ -131,7 +134,11 @@ def analyse_step(file: str, params: int, cluster_name: str, cfg: ParallelConfig)
         if imported.graph.num_params != params:
             raise ValueError(f"{file} has {imported.graph.num_params:,} parameters; the measured model had {params:,}")
         cluster = replace(get_cluster(cluster_name, cfg.num_gpus), collective_overhead_s=0.0, host_model=STACK_HOST_MODEL[cfg.stack])
-        return analyze_graph(imported, cfg, cluster, str(path), advise=False, timeline=False)
+        analysis = analyze_graph(imported, cfg, cluster, str(path), advise=False, timeline=False)
+        # the GPU's wait for the CPU in the predicted step, which the bands rank runs by (the
+        # analysis's own layer table: the coster reads it from the graph's cache)
+        share = host_wait_share(StageCoster(imported, cluster, collapse=False), cfg, float(analysis.summary["iteration_time_s"]))
+        return analysis, share
 
 
 def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
@@ -141,12 +148,14 @@ def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
     out = []
     for i in sample_indices(len(table), sample):
         run = table[i]
-        summary = predict(run).summary
         cfg = config(run)
+        analysis, host = analyse_step(run["model"], run["params"], CLUSTER, cfg)
+        summary = analysis.summary
         setup = (f"{CLUSTER} d=t=p=1 b={run['micro_batch']} s={run['seq']} {cfg.stack_text()}, {cfg.optimizer}"
                  + (f"; mean of {run['repeats']} measurements" if run["repeats"] > 1 else ""))
         # where the run sits, for the expected-error bands (dml2comm.validate.bands.band_rows)
-        where = (f"params={run['params']}", f"gpu={get_cluster(CLUSTER, 1).gpu.name}", f"stack={cfg.stack}", "gpus=1")
+        where = (f"params={run['params']}", f"gpu={get_cluster(CLUSTER, 1).gpu.name}", f"stack={cfg.stack}", "gpus=1",
+                 *([f"host={host:.4f}"] if host is not None else []))
         out.append(Case("h100-steps", f"{run['name']}/time", "iteration_time_s", run["time_s"], float(summary["iteration_time_s"]), setup,
                         where))
         out.append(Case("h100-steps", f"{run['name']}/memory", "peak_memory_bytes", run["peak_bytes"],
