@@ -37,7 +37,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
 from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
@@ -592,16 +592,22 @@ def _autocast_input_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: M
         operands = [(n, _local_of(graph, tp, n)) for n in core]
     else:
         operands = [(n, _local_input(tp, op, k)) for k, n in enumerate(op.inputs)]
+    return _casts((local.numel, True, name in grads) for name, local in operands
+                  if name and local is not None and (t := graph.tensor(name)) is not None and not t.is_weight
+                  and amp.get(name) is DType.FLOAT)
+
+
+def _casts(casts: Iterable[tuple[float, bool, bool]]) -> tuple[float, float, int, int]:
+    """(forward bytes, backward bytes, forward kernels, backward kernels) of casts given as
+    (elements, cast forward, cast back in backward): each a pass of 4 + 2 bytes per element."""
     fwd_b = bwd_b = 0.0
     kf = kb = 0
-    for name, local in operands:
-        t = graph.tensor(name) if name else None
-        if t is None or t.is_weight or local is None or amp.get(name) is not DType.FLOAT:
-            continue
-        fwd_b += local.numel * (4 + 2)
-        kf += 1
-        if name in grads:
-            bwd_b += local.numel * (2 + 4)
+    for numel, forward, backward in casts:
+        if forward:
+            fwd_b += numel * (4 + 2)
+            kf += 1
+        if backward:
+            bwd_b += numel * (2 + 4)
             kb += 1
     return fwd_b, bwd_b, kf, kb
 
@@ -624,21 +630,13 @@ def _autocast_promotion_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, am
     if op.op_type == "Cast" or not op.outputs or amp.get(op.outputs[0]) is not DType.FLOAT:
         return 0.0, 0.0, 0, 0
     fp32_list = op.op_type in AUTOCAST_FP32_OPS
-    fwd_b = bwd_b = 0.0
-    kf = kb = 0
-    for k, name in enumerate(op.inputs):
-        t = graph.tensor(name) if name else None
-        dtype = amp.get(name) if name else None
-        local = _local_input(tp, op, k)
-        if t is None or t.is_weight or local is None or dtype is None or not dtype.is_float or dtype.itemsize != 2:
-            continue
-        if fp32_list:
-            fwd_b += local.numel * (2 + 4)
-            kf += 1
-        if name in grads:
-            bwd_b += local.numel * (4 + 2)
-            kb += 1
-    return fwd_b, bwd_b, kf, kb
+
+    def low(name: str) -> bool:  # a 16-bit activation
+        t, dtype = graph.tensor(name), amp.get(name)
+        return t is not None and not t.is_weight and dtype is not None and dtype.is_float and dtype.itemsize == 2
+
+    return _casts((local.numel, fp32_list, name in grads) for k, name in enumerate(op.inputs)
+                  if name and low(name) and (local := _local_input(tp, op, k)) is not None)
 
 
 def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]:

@@ -60,38 +60,38 @@ def _vtrain(cases: Sequence[Case]) -> TargetCheck:
     return TargetCheck(mean <= 0.08 and worst <= 0.25, f"mean |error| {mean:.1%} (<= 8%), worst {worst:.1%} (<= 25%)")
 
 
-def _each_quantity_within(bound: float, quantities: Sequence[tuple[str, str]]) -> Callable[[Sequence[Case]], TargetCheck]:
-    """Every case of each (quantity, label) in ``quantities`` within ``bound``, judged and reported
-    per quantity."""
+def _per_quantity(judge: Callable[[Sequence[Case], float, str], tuple[bool, str]], bound: float,
+                  quantities: Sequence[tuple[str, str]]) -> Callable[[Sequence[Case]], TargetCheck]:
+    """The cases of each (quantity, label) in ``quantities`` judged against ``bound`` by ``judge``
+    (:func:`_within`, :func:`_mean_within`) and reported per quantity."""
     def check(cases: Sequence[Case]) -> TargetCheck:
         parts = []
         met = True
         for quantity, label in quantities:
             picked = [c for c in cases if c.quantity == quantity]
             if picked:
-                ok, text = _within(picked, bound, label)
+                ok, text = judge(picked, bound, label)
                 met &= ok
                 parts.append(text)
         return TargetCheck(met if parts else None, "; ".join(parts))
     return check
 
 
+def _each_quantity_within(bound: float, quantities: Sequence[tuple[str, str]]) -> Callable[[Sequence[Case]], TargetCheck]:
+    """Every case of each (quantity, label) in ``quantities`` within ``bound``."""
+    return _per_quantity(_within, bound, quantities)
+
+
+def _mean_within(cases: Sequence[Case], bound: float, label: str) -> tuple[bool, str]:
+    errors = _abs(cases)
+    mean = float(np.mean(errors))
+    worst = cases[int(np.argmax(errors))]
+    return mean <= bound, f"{label} mean |error| {mean:.1%} (<= {bound:.0%}), worst {worst.error:+.1%} ({worst.case_id})"
+
+
 def _each_quantity_mean_within(bound: float, quantities: Sequence[tuple[str, str]]) -> Callable[[Sequence[Case]], TargetCheck]:
-    """The mean |error| of each (quantity, label) in ``quantities`` within ``bound``, reported per
-    quantity with its worst case."""
-    def check(cases: Sequence[Case]) -> TargetCheck:
-        parts = []
-        met = True
-        for quantity, label in quantities:
-            picked = [c for c in cases if c.quantity == quantity]
-            if picked:
-                errors = _abs(picked)
-                mean = float(np.mean(errors))
-                met &= mean <= bound
-                worst = picked[int(np.argmax(errors))]
-                parts.append(f"{label} mean |error| {mean:.1%} (<= {bound:.0%}), worst {worst.error:+.1%} ({worst.case_id})")
-        return TargetCheck(met if parts else None, "; ".join(parts))
-    return check
+    """The mean |error| of each (quantity, label) in ``quantities`` within ``bound``, with its worst case."""
+    return _per_quantity(_mean_within, bound, quantities)
 
 
 def _nccl(cases: Sequence[Case]) -> TargetCheck:
