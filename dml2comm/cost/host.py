@@ -157,15 +157,15 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: BERT, ViT and ResNet-18 on four machines (an H200 and three H100 machines, PyTorch 2.11;
 #: ``benchmarks/data/gpu_steps/``, b = 1-256, bf16 and AMP; two of them also in
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
-#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 34,36,37,38,39,40,41,42,44``).  The
-#: mean-error optimum, 39 us: 6.8% mean, worst 28.4% (BERT at b = 64, host-bound on a slow
+#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 30,34,36,37,38,39,40,41,42,44,46``).  The
+#: mean-error optimum, 39 us: 6.9% mean, worst 28.4% (BERT at b = 64, host-bound on a slow
 #: machine); 8.2% and 32.1% before AMP's cast kernels were counted
 #: (:func:`dml2comm.cost.ops.autocast_cast_costs`), 10.5% at the earlier 46.5 us.  The CPU's speed differs
 #: between machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to 38.9 ms), so
 #: a host-bound step's time is uncertain by that much without a trace of the user's machine
-#: (``--profile``): left out one machine at a time, the others' optimum (38-44 us) predicts its
-#: steps at 6.2%, 11.2%, 9.2% and 19.7% mean, where each machine's own optimum (34-44 us) gives
-#: 3.9-9.0%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per
+#: (``--profile``): left out one machine at a time, the others' optimum (30-44 us) predicts its
+#: steps at 6.4%, 11.3%, 9.3% and 25.5% mean, where each machine's own optimum (30-46 us) gives
+#: 3.0-8.8%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per
 #: GPU kernel and memset, step start to ``step()`` returning, on the steps whose launch queue
 #: never fills.  46.5 us was first read from profiled traces, which the profiler slows 1.0-1.5
 #: times on the CPU side (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).

@@ -514,6 +514,7 @@ def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, D
       fp32 residual stream) casts nothing forward (TensorIterator reads mixed dtypes), but its
       backward hands the 16-bit input an fp32 gradient that autograd casts.
 
+    Widening casts (16 bits to fp32) run at :data:`WIDENING_CAST_SHARE` of the memory-bound rate.
     GPT-2 small under AMP: 340 cast kernels per step, the number of ``bfloat16_copy`` and
     ``direct_copy`` kernels more than its bf16 step in the bundled H100 traces
     (``benchmarks/data/gpu_steps/``)."""
@@ -533,10 +534,11 @@ def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, D
             parts.append(_autocast_input_casts(graph, tp, op, amp, grads, flash.get(op.index)))
         elif not is_gemm[op.index]:
             parts.append(_autocast_promotion_casts(graph, tp, op, amp, grads))
-        fwd_b, bwd_b, kf, kb = (sum(x) for x in zip(*parts))
-        if kf or kb:
-            _add_traffic(costs, times, op.index, fwd_b, bwd_b, hbm, " + autocast casts")
-            kernels[op.index] = (kf, kb)
+        c = CastPasses(*(sum(x) for x in zip(*parts)))
+        if c.fwd_kernels or c.bwd_kernels:
+            _add_traffic(costs, times, op.index, c.fwd_narrow, c.bwd_narrow, hbm, " + autocast casts")
+            _add_traffic(costs, times, op.index, c.fwd_widen, c.bwd_widen, hbm * WIDENING_CAST_SHARE, "")
+            kernels[op.index] = (c.fwd_kernels, c.bwd_kernels)
     return costs, times, kernels
 
 
@@ -547,9 +549,8 @@ def _local_input(tp: TensorParallelPlan, op: Op, k: int) -> Tensor | None:
 
 
 def _autocast_weight_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: Mapping[str, DType], low: DType,
-                           seen: set[str], gemm: bool) -> tuple[float, float, int, int]:
-    """(forward bytes, backward bytes, forward kernels, backward kernels) of the casts of the
-    weights ``op`` reads as autocast's lower-precision op: a product's or convolution's weight
+                           seen: set[str], gemm: bool) -> CastPasses:
+    """The casts of the weights ``op`` reads as autocast's lower-precision op: a product's or convolution's weight
     operands and bias (``addmm``/``linear``/``conv`` cast the bias with the weight), or the bias
     of a linear layer's exported ``Add`` (:func:`~dml2comm.cost.memory.linear_bias`); each
     parameter once per forward (``seen``: the ones cast already; ``low``: autocast's dtype)."""
@@ -558,9 +559,8 @@ def _autocast_weight_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: 
     elif linear_bias(graph, op, amp, low):
         indices = range(len(op.inputs))
     else:
-        return 0.0, 0.0, 0, 0
-    fwd_b = bwd_b = 0.0
-    kf = kb = 0
+        return NO_CASTS
+    casts = []
     for k in indices:
         name = op.inputs[k]
         t = graph.tensor(name) if name else None
@@ -568,15 +568,10 @@ def _autocast_weight_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: 
         if t is None or not t.is_weight or not t.dtype.is_float or local is None:
             continue
         fresh = [s for s in graph.parameter_sources(name) if s not in seen]
-        if not fresh:
-            continue
-        seen.update(fresh)
-        fwd_b += local.numel * (4 + 2)
-        kf += 1
-        if any(graph.tensor(s).is_parameter for s in fresh):
-            bwd_b += local.numel * (2 + 4)
-            kb += 1
-    return fwd_b, bwd_b, kf, kb
+        if fresh:
+            seen.update(fresh)
+            casts.append((local.numel, True, any(graph.tensor(s).is_parameter for s in fresh), False))
+    return _casts(casts)
 
 
 def _low_of(amp: Mapping[str, DType]) -> DType:
@@ -585,31 +580,55 @@ def _low_of(amp: Mapping[str, DType]) -> DType:
 
 
 def _autocast_input_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: Mapping[str, DType], grads: frozenset[str],
-                          core: tuple[str, str, str] | None) -> tuple[float, float, int, int]:
+                          core: tuple[str, str, str] | None) -> CastPasses:
     """The casts of a 16-bit product's fp32 activation inputs (``core``: a flash core's Q, K, V,
     which SDPA casts; its scores never exist)."""
     if core is not None:
         operands = [(n, _local_of(graph, tp, n)) for n in core]
     else:
         operands = [(n, _local_input(tp, op, k)) for k, n in enumerate(op.inputs)]
-    return _casts((local.numel, True, name in grads) for name, local in operands
+    return _casts((local.numel, True, name in grads, False) for name, local in operands
                   if name and local is not None and (t := graph.tensor(name)) is not None and not t.is_weight
                   and amp.get(name) is DType.FLOAT)
 
 
-def _casts(casts: Iterable[tuple[float, bool, bool]]) -> tuple[float, float, int, int]:
-    """(forward bytes, backward bytes, forward kernels, backward kernels) of casts given as
-    (elements, cast forward, cast back in backward): each a pass of 4 + 2 bytes per element."""
-    fwd_b = bwd_b = 0.0
-    kf = kb = 0
-    for numel, forward, backward in casts:
+class CastPasses(NamedTuple):
+    """Bytes and kernels of an op's casts, forward and backward, narrowing (fp32 to 16 bits:
+    PyTorch's vectorized ``bfloat16_copy``/``half`` kernels) and widening (16 bits to fp32: its
+    unrolled ``direct_copy`` kernel, :data:`WIDENING_CAST_SHARE`)."""
+
+    fwd_narrow: float
+    fwd_widen: float
+    bwd_narrow: float
+    bwd_widen: float
+    fwd_kernels: int
+    bwd_kernels: int
+
+
+NO_CASTS = CastPasses(0.0, 0.0, 0.0, 0.0, 0, 0)
+#: The rate of a widening cast (bf16 or fp16 to fp32) as a share of the memory-bound rate the tool
+#: gives a kernel (kernel bandwidth x HBM efficiency): PyTorch vectorizes only the narrowing
+#: copies (``bfloat16_copy_kernel_cuda``, ``aten/src/ATen/native/cuda/Copy.cu``) and runs the
+#: others through the unrolled ``direct_copy_kernel_cuda``.  Measured in the bundled H100 AMP
+#: traces of GPT-2 small and Llama-1B (``benchmarks/data/gpu_steps/``, 2026-11-28): the nine
+#: widening casts of >= 4 M elements ran 1.78-2.01 TB/s (median 1.88), the narrowing ones
+#: 2.89-3.1 TB/s, where the tool's rate is 3.35 x 0.85 = 2.85 TB/s: 1.88 / 2.85 = 0.66.
+WIDENING_CAST_SHARE = 0.66
+
+
+def _casts(casts: Iterable[tuple[float, bool, bool, bool]]) -> CastPasses:
+    """:class:`CastPasses` of casts given as (elements, cast forward, cast back in backward,
+    the forward cast widens): each a pass of 4 + 2 bytes per element, the backward one in the
+    other direction."""
+    out = [0.0, 0.0, 0.0, 0.0, 0, 0]
+    for numel, forward, backward, widens in casts:
         if forward:
-            fwd_b += numel * (4 + 2)
-            kf += 1
+            out[1 if widens else 0] += numel * (4 + 2)
+            out[4] += 1
         if backward:
-            bwd_b += numel * (2 + 4)
-            kb += 1
-    return fwd_b, bwd_b, kf, kb
+            out[2 if widens else 3] += numel * (2 + 4)
+            out[5] += 1
+    return CastPasses(*out)
 
 
 def _local_of(graph: OpGraph, tp: TensorParallelPlan, name: str) -> Tensor | None:
@@ -623,19 +642,19 @@ def _local_of(graph: OpGraph, tp: TensorParallelPlan, name: str) -> Tensor | Non
 
 
 def _autocast_promotion_casts(graph: OpGraph, tp: TensorParallelPlan, op: Op, amp: Mapping[str, DType],
-                              grads: frozenset[str]) -> tuple[float, float, int, int]:
+                              grads: frozenset[str]) -> CastPasses:
     """The casts of 16-bit activations an op runs in fp32: an op of autocast's fp32 list casts
     each forward and its gradient back; another op whose output type promotion makes fp32 casts
     only the gradient (``Cast`` is an op of its own and has its own costs)."""
     if op.op_type == "Cast" or not op.outputs or amp.get(op.outputs[0]) is not DType.FLOAT:
-        return 0.0, 0.0, 0, 0
+        return NO_CASTS
     fp32_list = op.op_type in AUTOCAST_FP32_OPS
 
     def low(name: str) -> bool:  # a 16-bit activation
         t, dtype = graph.tensor(name), amp.get(name)
         return t is not None and not t.is_weight and dtype is not None and dtype.is_float and dtype.itemsize == 2
 
-    return _casts((local.numel, fp32_list, name in grads) for k, name in enumerate(op.inputs)
+    return _casts((local.numel, fp32_list, name in grads, True) for k, name in enumerate(op.inputs)
                   if name and low(name) and (local := _local_input(tp, op, k)) is not None)
 
 
