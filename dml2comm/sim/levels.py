@@ -154,7 +154,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     need[pb[ok]] = (dev * two + backward_position(warm[dev], kk, total))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
-    if name is Schedule.ONE_F_ONE_B and m >= p:
+    if name is Schedule.ONE_F_ONE_B:
         depth = _one_f_one_b_depths(p, m)
     elif name is Schedule.INTERLEAVED:
         depth = _stretched_depths(p, m, v)
@@ -260,15 +260,22 @@ def _stretched_depths(p: int, m: int, v: int) -> np.ndarray | None:
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
-    """Depths of 1F1B with at least ``p`` micro-batches in closed form (unit-time 1F1B: device
-    ``s`` starts ``s`` levels late, waits for the pipeline to fill after its ``w`` warm-up
-    forwards, then drains one level later per cooldown step); equal to :func:`_depths` there
-    (``tests/test_sim.py``), and checked to be a valid layering before use."""
+    """Depths of 1F1B in closed form (unit-time 1F1B: device ``s`` starts ``s`` levels late,
+    waits for the pipeline to fill after its ``w = min(p - s - 1, m)`` warm-up forwards, then
+    drains one level later per cooldown step); equal to :func:`_depths` for every ``m``
+    (``tests/test_sim.py``), and checked to be a valid layering before use.
+
+    With fewer micro-batches than devices, a device with ``p - s - 1 >= m`` runs all its
+    forwards first (its position ``m`` is its first backward, not a forward), and its backwards
+    wait on the chain of backwards coming back from device ``p - m - 1``: ``p - s - 1 - m``
+    levels later than the drain alone."""
     two = 2 * m
     s = np.arange(p)[:, None]
     pos = np.arange(two)[None, :]
     w = np.minimum(p - s - 1, m)
-    off = np.where(pos <= w, s, np.where(pos < two - w, p - 1, p - 1 + pos - (two - w - 1)))
+    warm = (pos < w) | ((pos == w) & (w < m))
+    drain = p - 1 + pos - (two - w - 1) + np.maximum(p - 1 - s - m, 0)
+    off = np.where(warm, s, np.where(pos < two - w, p - 1, drain))
     return (pos + off).ravel()
 
 
