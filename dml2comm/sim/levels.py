@@ -46,8 +46,8 @@ import numpy as np
 
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
-from dml2comm.parallel.schedule import (Step, StepKind, backward_index, backward_position, device_order, forward_index,
-                                        forward_position)
+from dml2comm.parallel.schedule import (DeviceOrder, Step, StepKind, backward_index, backward_position, device_order,
+                                        forward_index, forward_position)
 
 __all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps",
            "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "device_sums"]
@@ -76,8 +76,25 @@ class CompiledSchedule:
     forward_o: np.ndarray
     has_send: np.ndarray  # [S] bool: the step's output goes to another virtual stage (over its pp stream)
     has_send_o: np.ndarray
-    micro_batch: np.ndarray  # [S] micro-batch of each step
-    chunk: np.ndarray  # [S] model chunk of each step (0 unless interleaved)
+    device_order: DeviceOrder  # the schedule's order, each device's k-th forward and backward (micro_batch, chunk)
+
+    @functools.cached_property
+    def micro_batch(self) -> np.ndarray:
+        """[S] micro-batch of each step (read by the timeline and :func:`compile_steps`, not by
+        the batched run: built on first use)."""
+        order = self.device_order
+        return self._by_step(order.forward_micro_batch, order.backward_micro_batch)
+
+    @functools.cached_property
+    def chunk(self) -> np.ndarray:
+        """[S] model chunk of each step (0 unless interleaved), as :attr:`micro_batch`."""
+        order = self.device_order
+        return self._by_step(order.forward_chunk, order.backward_chunk)
+
+    def _by_step(self, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
+        order = self.device_order
+        first = (np.arange(self.p) * (2 * order.total))[:, None]  # each device's first step
+        return _by_step(self.num_steps, first + order.forward_at, first + order.backward_at, forward_values, backward_values)
 
     @functools.cached_property
     def level_bounds(self) -> list[tuple[int, int]]:
@@ -162,9 +179,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
         depth = None
     if depth is None or not _is_layering(depth, prev, need):
         depth = _depths(pos.reshape(p, two)[0], need, p)
-    micro_batch = _by_step(n, pf, pb, mb_f, mb_b)
-    chunk = _by_step(n, pf, pb, chunk_f, chunk_b)
-    return _grouped(p, v, device, forward, prev, need, depth, micro_batch, chunk)
+    return _grouped(p, v, device, forward, prev, need, depth, order)
 
 
 def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
@@ -177,7 +192,7 @@ def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray,
 
 
 def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.ndarray, need: np.ndarray, depth: np.ndarray,
-             micro_batch: np.ndarray, chunk: np.ndarray) -> CompiledSchedule:
+             order_of: DeviceOrder) -> CompiledSchedule:
     """A schedule's steps (``p`` devices of ``2 m v`` steps each, in device order) grouped by
     depth: the order the recurrence visits them, each depth's size and start, the positions of
     each step's predecessor and of the step it needs, and which steps send their output."""
@@ -198,7 +213,7 @@ def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.n
     has_send = has_send[:n]
     return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
                             order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
-                            forward[order], has_send, has_send[order], micro_batch, chunk)
+                            forward[order], has_send, has_send[order], order_of)
 
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
