@@ -79,6 +79,23 @@ class CompiledSchedule:
     device_order: DeviceOrder  # the schedule's order, each device's k-th forward and backward (micro_batch, chunk)
 
     @functools.cached_property
+    def depth_o(self) -> np.ndarray:
+        """[S] depth of the step at each position (:attr:`order`): what the batched run lays out
+        (:func:`_many_layout`), kept with the schedule since a sweep lays it out in several calls."""
+        return self.depth[self.order]
+
+    @functools.cached_property
+    def within_o(self) -> np.ndarray:
+        """[S] each position's place among the steps of its depth."""
+        return np.arange(self.num_steps) - self.level_starts[self.depth_o]
+
+    @functools.cached_property
+    def slot_o(self) -> np.ndarray:
+        """[S] each position's row in its device's block of costs: ``4 (device) + 2 (sends?) +
+        forward`` (:func:`_many_layout`)."""
+        return 4 * self.device_o + 2 * self.has_send_o + self.forward_o
+
+    @functools.cached_property
     def micro_batch(self) -> np.ndarray:
         """[S] micro-batch of each step (read by the timeline and :func:`compile_steps`, not by
         the batched run: built on first use)."""
@@ -578,18 +595,16 @@ def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
     rows_of = []
     base = 0
     for item_index, ((cs, f, b, sf, sb), g) in enumerate(zip(items, groups)):
-        n, p = cs.num_steps, cs.p
-        lev = cs.depth[cs.order]
+        p = cs.p
         # the row of (position j, group 0); group q is q rows further; a missing step reads the
         # zero rows after the last one
-        row = level_start[lev] + prior[lev] + (np.arange(n) - cs.level_starts[lev]) * g
+        row = (level_start[:len(prior)] + prior)[cs.depth_o] + cs.within_o * g
         ext = np.append(row, total)
         q = np.arange(g)
         at = (row[:, None] + q).ravel()
         prev[at] = (ext[cs.prev_o][:, None] + q).ravel()
         need[at] = (ext[cs.need_o][:, None] + q).ravel()
-        slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
-        cost_at[at] = (base + slot[:, None] + 4 * p * q).ravel()
+        cost_at[at] = (base + cs.slot_o[:, None] + 4 * p * q).ravel()
         zero = np.zeros_like(f)
         dur_table.append(_cost_block(g, w, b, f, b, f))
         send_table.append(_cost_block(g, w, zero, zero, sb, sf))
