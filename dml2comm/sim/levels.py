@@ -96,6 +96,12 @@ class CompiledSchedule:
         return 4 * self.device_o + 2 * self.has_send_o + self.forward_o
 
     @functools.cached_property
+    def forward_by_position(self) -> np.ndarray:
+        """``[2 m v, 1, p]`` bool, C order: whether each device's step at each position in its
+        list is a forward (:func:`device_sums`' mask, broadcast over the configurations)."""
+        return np.ascontiguousarray(self.forward.reshape(self.p, -1).T[:, None, :])
+
+    @functools.cached_property
     def micro_batch(self) -> np.ndarray:
         """[S] micro-batch of each step (read by the timeline and :func:`compile_steps`, not by
         the batched run: built on first use)."""
@@ -727,10 +733,8 @@ def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> n
     # other in program order (numpy adds along an outer axis row by row; only along the
     # contiguous inner axis does it sum pairwise): the running sum's last value, without
     # writing the running sums (a cumsum's second [K', p, steps] array)
-    forward = cs.forward.reshape(cs.p, -1).T[:, None, :]
-    dur = np.empty((forward.shape[0], fwd_s.shape[0], cs.p))
-    np.copyto(dur, bwd_s)
-    np.copyto(dur, fwd_s, where=forward)
+    # (np.where lays its result out as its operands: C order from the C-ordered mask, else made so)
+    dur = np.ascontiguousarray(np.where(cs.forward_by_position, fwd_s, bwd_s))
     sums = np.add.reduce(dur, axis=0)
     return sums[inverse] if repeated else sums
 
