@@ -808,21 +808,27 @@ class StageCoster(LayerCoster):
                       config.bucket_bytes, config.optimizer, config.dtype is DTypeName.FP16, config.precision)
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert
-            # stages with equal parameters on alike groups share their part
-            stages = list(zip(dense.tolist(), expert.tolist(), table.dp_where, table.edp_where))
-            parts: dict[tuple, tuple] = {}
-            for stage in stages:
-                if stage not in parts:
+            # stages with equal parameters on alike groups share their part: each distinct one
+            # is found (and its arrays built) once, and the stages read theirs by index
+            at: dict[tuple, int] = {}
+            parts: list[tuple] = []
+            index = []
+            for stage in zip(dense.tolist(), expert.tolist(), table.dp_where, table.edp_where):
+                j = at.get(stage)
+                if j is None:
                     key = stage + common
                     part = self._stage_states.get(key)
                     if part is None:
                         part = self._stage_states[key] = self._one_stage_states(*key)
-                    parts[stage] = part
-            rows = [parts[stage] for stage in stages]
-            table.by_zero[z] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
-                                np.array([r[2] for r in rows]), np.array([r[3] for r in rows]),
-                                np.array([r[4] for r in rows]).reshape(len(rows), 3),
-                                np.array([r[5] for r in rows]).reshape(len(rows), 3), [r[6] for r in rows])
+                    j = at[stage] = len(parts)
+                    parts.append(part)
+                index.append(j)
+            rows = np.array(index)
+            n = len(parts)
+            table.by_zero[z] = (np.array([r[0] for r in parts])[rows], np.array([r[1] for r in parts])[rows],
+                                np.array([r[2] for r in parts])[rows], np.array([r[3] for r in parts])[rows],
+                                np.array([r[4] for r in parts]).reshape(n, 3)[rows],
+                                np.array([r[5] for r in parts]).reshape(n, 3)[rows], [parts[j][6] for j in index])
         return table.by_zero[z]
 
     def dp_specs(self, table: StageTable, config: ParallelConfig) -> list[tuple[tuple[StageDPCollective, float], ...]]:
