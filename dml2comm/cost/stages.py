@@ -982,15 +982,25 @@ class StageCoster(LayerCoster):
                                                              config.dropout > 0, mode, config.seq_len, config.stack,
                                                              config.attention, autocasts_activations(
                                                                  config.stack, config.precision, config.train_dtype.itemsize)), dict)
-            per_layer, saved_table = self._per_layer(config), self._saved_table(config)
-            values = []
+            # each distinct stage signature looked up once, the stages reading theirs by index; the
+            # per-layer tables are read only when a signature is new (known ones were computed
+            # from the same tables, already built)
+            at: dict[tuple, int] = {}
+            values: list[tuple[float, float, float]] = []
+            index = []
+            tables = None
             for sig, (first, last) in zip(self._signatures(table), table.ranges):
-                value = known.get(sig)
-                if value is None:
-                    value = known[sig] = self._stage_activations(config, per_layer, saved_table, first, last, sig[0], sig[1],
-                                                                 sig[2:])
-                values.append(value)
-            saved, rebuilt, transient = np.array(values).T
+                j = at.get(sig)
+                if j is None:
+                    value = known.get(sig)
+                    if value is None:
+                        if tables is None:
+                            tables = (self._per_layer(config), self._saved_table(config))
+                        value = known[sig] = self._stage_activations(config, *tables, first, last, sig[0], sig[1], sig[2:])
+                    j = at[sig] = len(values)
+                    values.append(value)
+                index.append(j)
+            saved, rebuilt, transient = np.array(values)[np.array(index)].T
             cp = config.cp_size
             table.by_recompute[mode] = (saved / cp, (transient + rebuilt) / cp)
         return table.by_recompute[mode]
