@@ -79,21 +79,10 @@ class CompiledSchedule:
     device_order: DeviceOrder  # the schedule's order, each device's k-th forward and backward (micro_batch, chunk)
 
     @functools.cached_property
-    def depth_o(self) -> np.ndarray:
-        """[S] depth of the step at each position (:attr:`order`): what the batched run lays out
-        (:func:`_many_layout`), kept with the schedule since a sweep lays it out in several calls."""
-        return self.depth[self.order]
-
-    @functools.cached_property
-    def within_o(self) -> np.ndarray:
-        """[S] each position's place among the steps of its depth."""
-        return np.arange(self.num_steps) - self.level_starts[self.depth_o]
-
-    @functools.cached_property
     def slot_o(self) -> np.ndarray:
         """[S] each position's row in its device's block of costs: ``4 (device) + 2 (sends?) +
         forward`` (:func:`_many_layout`)."""
-        return 4 * self.device_o + 2 * self.has_send_o + self.forward_o
+        return (4 * self.device_o + 2 * self.has_send_o + self.forward_o).astype(np.int32)  # under 4 p
 
     @functools.cached_property
     def forward_by_position(self) -> np.ndarray:
@@ -604,7 +593,11 @@ def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
         p = cs.p
         # the row of (position j, group 0); group q is q rows further; a missing step reads the
         # zero rows after the last one
-        row = (level_start[:len(prior)] + prior)[cs.depth_o] + cs.within_o * g
+        # (depth L's positions are contiguous from level_starts[L]: row = level_start[L] + prior[L]
+        # + (j - level_starts[L]) g, written as a per-depth shift plus j g)
+        depths = len(cs.level_sizes)
+        shift = level_start[:depths] + prior[:depths] - cs.level_starts * g
+        row = np.repeat(shift, cs.level_sizes) + np.arange(cs.num_steps) * g
         ext = np.append(row, total)
         q = np.arange(g)
         at = (row[:, None] + q).ravel()
