@@ -26,6 +26,7 @@ from fractions import Fraction
 import functools
 import gc
 import io
+import operator
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
 import onnx
 
+from dml2comm.cost.summary import Summary
 from dml2comm.errors import Dml2CommError
 from dml2comm.gc_tuning import collect_rarely
 from dml2comm.hardware.cluster import Cluster
@@ -55,6 +57,8 @@ METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "fi
 CONFIG_COLUMNS = ("d", "t", "p", "c", "e", "micro_batch_size", "num_micro_batches", "schedule", "virtual_stages",
                   "zero_stage", "recompute", "sequence_parallel")
 CSV_COLUMNS = ("index",) + CONFIG_COLUMNS + METRICS + ("error",)
+#: A :class:`Summary`'s values of :data:`METRICS` (``fits``: its ``fits_in_memory``), in that order.
+_SUMMARY_METRICS = operator.attrgetter(*("fits_in_memory" if k == "fits" else k for k in METRICS))
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,10 @@ class Evaluator:
     def _row(config: ParallelConfig, summary: Mapping[str, Any]) -> dict[str, Any]:
         """A result row from a :class:`~dml2comm.cost.summary.Summary` (or ``{"error": ...}``);
         the CSV's ``fits`` column is the summary's ``fits_in_memory``."""
+        if type(summary) is Summary:  # the fast path's (it has no error): its fields read as attributes, in C
+            row = {"config": config.to_dict(), "error": None, **dict(zip(METRICS, _SUMMARY_METRICS(summary)))}
+            row["fits"] = bool(row["fits"])
+            return row
         row: dict[str, Any] = {"config": config.to_dict(), "error": summary.get("error"), **{k: None for k in METRICS}}
         if row["error"] is not None:
             row["fits"] = False
