@@ -713,12 +713,14 @@ def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> n
     bit (a sweep's ZeRO-0 and ZeRO-1 rows), are summed once."""
     first: dict[bytes, int] = {}
     kept: list[int] = []
-    inverse = np.empty(fwd_s.shape[0], dtype=np.int64)
-    for r, row in enumerate(np.concatenate([fwd_s, bwd_s], axis=1)):
-        j = first.setdefault(row.tobytes(), len(kept))
+    inverse = []
+    both = np.concatenate([fwd_s, bwd_s], axis=1)
+    flat, size = both.tobytes(), both.shape[1] * both.itemsize  # each row's bytes, sliced from one copy
+    for r in range(both.shape[0]):
+        j = first.setdefault(flat[r * size:(r + 1) * size], len(kept))
         if j == len(kept):
             kept.append(r)
-        inverse[r] = j
+        inverse.append(j)
     repeated = len(kept) < len(inverse)
     if repeated:
         fwd_s, bwd_s = fwd_s[kept], bwd_s[kept]
