@@ -654,9 +654,16 @@ class StageCoster(LayerCoster):
         ahead_of: dict[int, tuple[int, int]] = {}
         back_of: dict[int, tuple[int, int]] = {}
         sent: dict[tuple, float] = {}
+        # a boundary's two sends depend only on its stages' residues and its tensors
+        by_pair: dict[tuple, tuple[float, float]] = {}
         send, send_back = [], []
         for st, sizes in enumerate(crossing):  # boundary st: stages st and st + 1
             key = tuple(sizes)
+            both = by_pair.get((residue[st], residue[st + 1], key))
+            if both is not None:
+                send.append(both[0])
+                send_back.append(both[1])
+                continue
             ahead = ahead_of.get(residue[st])
             if ahead is None:
                 ahead = ahead_of[residue[st]] = where(st * sp, sp, 2)
@@ -673,6 +680,7 @@ class StageCoster(LayerCoster):
             if bwd is None:
                 bwd = sent[(back, gather_b, key)] = pipeline_message_s(
                     sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host_for(config))
+            by_pair[(residue[st], residue[st + 1], key)] = (fwd, bwd)
             send.append(fwd)
             send_back.append(bwd)
         return send, send_back
