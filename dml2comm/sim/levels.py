@@ -58,9 +58,7 @@ class CompiledSchedule:
     p: int
     v: int
     num_steps: int
-    device: np.ndarray  # [S] device of each step
     forward: np.ndarray  # [S] bool
-    prev: np.ndarray  # [S] previous step on the device, or S (a zero column)
     need: np.ndarray  # [S] step whose output this one needs, or S
     depth: np.ndarray  # [S] depth of each step
     last_step: np.ndarray  # [p] index of each device's last step
@@ -107,6 +105,19 @@ class CompiledSchedule:
         order = self.device_order
         first = (np.arange(self.p) * (2 * order.total))[:, None]  # each device's first step
         return _by_step(self.num_steps, first + order.forward_at, first + order.backward_at, forward_values, backward_values)
+
+    @functools.cached_property
+    def device(self) -> np.ndarray:
+        """[S] device of each step (``p`` devices of ``2 m v`` steps each, in device order); built
+        on first use, as :attr:`prev`: the batched run reads neither (a sweep holds some 180
+        schedules of up to 80,000 steps)."""
+        return np.repeat(np.arange(self.p), self.num_steps // self.p)
+
+    @functools.cached_property
+    def prev(self) -> np.ndarray:
+        """[S] previous step on the device, or S (a device's first step: a zero column)."""
+        step = np.arange(self.num_steps)
+        return np.where(step % (self.num_steps // self.p) > 0, step - 1, self.num_steps)
 
     @functools.cached_property
     def level_bounds(self) -> list[tuple[int, int]]:
@@ -160,7 +171,6 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     s = np.arange(p)
     mb_f, chunk_f, mb_b, chunk_b = order.forward_micro_batch, order.forward_chunk, order.backward_micro_batch, order.backward_chunk
     n = p * two
-    device = np.repeat(s, two)
     forward = np.zeros(n, dtype=bool)
     need = np.full(n, n, dtype=np.int64)
     last_vs = p * v - 1
@@ -191,7 +201,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
         depth = None
     if depth is None or not _is_layering(depth, prev, need):
         depth = _depths(pos.reshape(p, two)[0], need, p)
-    return _grouped(p, v, device, forward, prev, need, depth, order)
+    return _grouped(p, v, forward, prev, need, depth, order)
 
 
 def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
@@ -203,12 +213,12 @@ def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray,
     return out
 
 
-def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.ndarray, need: np.ndarray, depth: np.ndarray,
+def _grouped(p: int, v: int, forward: np.ndarray, prev: np.ndarray, need: np.ndarray, depth: np.ndarray,
              order_of: DeviceOrder) -> CompiledSchedule:
     """A schedule's steps (``p`` devices of ``2 m v`` steps each, in device order) grouped by
     depth: the order the recurrence visits them, each depth's size and start, the positions of
     each step's predecessor and of the step it needs, and which steps send their output."""
-    n = device.size
+    n = forward.size
     two = n // p
     order = np.argsort(depth, kind="stable")
     sizes = np.bincount(depth)
@@ -223,8 +233,8 @@ def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.n
     has_send = np.zeros(n + 1, dtype=bool)
     has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
     has_send = has_send[:n]
-    return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
-                            order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
+    return CompiledSchedule(p, v, n, forward, need, depth, last_step, last_backward,
+                            order, position[:n], sizes, starts, position[prev[order]], position[need_o], order // two,
                             forward[order], has_send, has_send[order], order_of)
 
 
