@@ -60,11 +60,9 @@ class CompiledSchedule:
     num_steps: int
     forward: np.ndarray  # [S] bool
     need: np.ndarray  # [S] step whose output this one needs, or S
-    depth: np.ndarray  # [S] depth of each step
     last_step: np.ndarray  # [p] index of each device's last step
     last_backward: np.ndarray  # [p] index of each device's last backward step
     # the steps in depth order (what pipeline_end_times_many lays out), ``_o``: per position in it
-    order: np.ndarray  # [S] step at each position
     position: np.ndarray  # [S] position of each step
     level_sizes: np.ndarray  # [D] steps per depth
     level_starts: np.ndarray  # [D] first position of each depth
@@ -118,6 +116,18 @@ class CompiledSchedule:
         """[S] previous step on the device, or S (a device's first step: a zero column)."""
         step = np.arange(self.num_steps)
         return np.where(step % (self.num_steps // self.p) > 0, step - 1, self.num_steps)
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """[S] step at each position (the inverse of :attr:`position`; built on first use)."""
+        out = np.empty(self.num_steps, dtype=np.int64)
+        out[self.position] = np.arange(self.num_steps)
+        return out
+
+    @functools.cached_property
+    def depth(self) -> np.ndarray:
+        """[S] depth of each step (its position's depth; built on first use)."""
+        return np.repeat(np.arange(len(self.level_sizes)), self.level_sizes)[self.position]
 
     @functools.cached_property
     def level_bounds(self) -> list[tuple[int, int]]:
@@ -233,8 +243,8 @@ def _grouped(p: int, v: int, forward: np.ndarray, prev: np.ndarray, need: np.nda
     has_send = np.zeros(n + 1, dtype=bool)
     has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
     has_send = has_send[:n]
-    return CompiledSchedule(p, v, n, forward, need, depth, last_step, last_backward,
-                            order, position[:n], sizes, starts, position[prev[order]], position[need_o], order // two,
+    return CompiledSchedule(p, v, n, forward, need, last_step, last_backward,
+                            position[:n], sizes, starts, position[prev[order]], position[need_o], order // two,
                             forward[order], has_send, has_send[order], order_of)
 
 
