@@ -59,7 +59,6 @@ class CompiledSchedule:
     v: int
     num_steps: int
     forward: np.ndarray  # [S] bool
-    need: np.ndarray  # [S] step whose output this one needs, or S
     last_step: np.ndarray  # [p] index of each device's last step
     last_backward: np.ndarray  # [p] index of each device's last backward step
     # the steps in depth order (what pipeline_end_times_many lays out), ``_o``: per position in it
@@ -68,7 +67,6 @@ class CompiledSchedule:
     level_starts: np.ndarray  # [D] first position of each depth
     prev_o: np.ndarray  # [S] position of the previous step on the device, or S
     need_o: np.ndarray  # [S] position of the needed step, or S
-    device_o: np.ndarray
     forward_o: np.ndarray
     has_send: np.ndarray  # [S] bool: the step's output goes to another virtual stage (over its pp stream)
     has_send_o: np.ndarray
@@ -78,7 +76,8 @@ class CompiledSchedule:
     def slot_o(self) -> np.ndarray:
         """[S] each position's row in its device's block of costs: ``4 (device) + 2 (sends?) +
         forward`` (:func:`_many_layout`)."""
-        return (4 * self.device_o + 2 * self.has_send_o + self.forward_o).astype(np.int32)  # under 4 p
+        device_o = self._steps_in_order() // (self.num_steps // self.p)  # not kept: the timeline's device_o
+        return (4 * device_o + 2 * self.has_send_o + self.forward_o).astype(np.int32)  # under 4 p
 
     @functools.cached_property
     def forward_by_position(self) -> np.ndarray:
@@ -117,12 +116,28 @@ class CompiledSchedule:
         step = np.arange(self.num_steps)
         return np.where(step % (self.num_steps // self.p) > 0, step - 1, self.num_steps)
 
-    @functools.cached_property
-    def order(self) -> np.ndarray:
-        """[S] step at each position (the inverse of :attr:`position`; built on first use)."""
+    def _steps_in_order(self) -> np.ndarray:
+        """[S] step at each position: the inverse of :attr:`position`."""
         out = np.empty(self.num_steps, dtype=np.int64)
         out[self.position] = np.arange(self.num_steps)
         return out
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """[S] step at each position (built on first use, as :attr:`depth`, :attr:`device`,
+        :attr:`prev`, :attr:`need` and :attr:`device_o`: the sweep's batched run reads none of
+        them, and a sweep holds some 180 schedules of up to 80,000 steps)."""
+        return self._steps_in_order()
+
+    @functools.cached_property
+    def need(self) -> np.ndarray:
+        """[S] step whose output this one needs, or S."""
+        return np.append(self.order, self.num_steps)[self.need_o[self.position]]
+
+    @functools.cached_property
+    def device_o(self) -> np.ndarray:
+        """[S] device of the step at each position."""
+        return self.order // (self.num_steps // self.p)
 
     @functools.cached_property
     def depth(self) -> np.ndarray:
@@ -243,9 +258,8 @@ def _grouped(p: int, v: int, forward: np.ndarray, prev: np.ndarray, need: np.nda
     has_send = np.zeros(n + 1, dtype=bool)
     has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
     has_send = has_send[:n]
-    return CompiledSchedule(p, v, n, forward, need, last_step, last_backward,
-                            position[:n], sizes, starts, position[prev[order]], position[need_o], order // two,
-                            forward[order], has_send, has_send[order], order_of)
+    return CompiledSchedule(p, v, n, forward, last_step, last_backward, position[:n], sizes, starts, position[prev[order]],
+                            position[need_o], forward[order], has_send, has_send[order], order_of)
 
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
