@@ -56,7 +56,7 @@ from dml2comm.cost.compute import eager_parameter_passes_s, grad_accumulation_s,
 from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
-                                  in_flight_micro_batches, model_state_bytes, step_peak_bytes)
+                                  in_flight_micro_batches, model_state_bytes, step_peak_held, step_peak_with)
 from dml2comm.errors import ConfigError
 from dml2comm.fmt import fmt_s
 from dml2comm.hardware.cluster import Cluster, RankMap
@@ -369,6 +369,7 @@ class StageTable:
     edp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its expert-data-parallel group
     signatures: list[tuple[int, ...]] | None = None  # per stage: LayerCoster._signatures
     by_mode: dict[str, tuple] = dataclasses.field(default_factory=dict)  # per recomputation mode: StageCoster._prepare
+    held: dict[tuple[int, bool], tuple] = dataclasses.field(default_factory=dict)  # per (ZeRO, gradients held): memory.step_peak_held
     flops_fwd: float = 0.0  # unsharded forward FLOPs of the model per micro-batch (LayerTable.flops_fwd)
     params: np.ndarray | None = None  # per stage: parameters (before t and e; tied copies included)
     flops: np.ndarray | None = None  # per stage: unsharded forward FLOPs per micro-batch
@@ -1049,8 +1050,11 @@ class StageCoster(LayerCoster):
         in_flight = in_flight_micro_batches(config.schedule, p, m, config.chunks)
         # cost.memory.stage_memory_dict's peak, per stage
         grads_held = gradients_live_in_backward(config.stack, m)
-        step = step_peak_bytes(ModelStates(states[:, 0], states[:, 1], states[:, 2]), per_mb * in_flight, table.buffers, extra,
-                               grads_held)
+        held = table.held.get((config.zero_stage, grads_held))
+        if held is None:  # step_peak_bytes' terms the activations do not change, once per table, ZeRO stage and gradients
+            held = table.held[(config.zero_stage, grads_held)] = step_peak_held(
+                ModelStates(states[:, 0], states[:, 1], states[:, 2]), table.buffers, grads_held)
+        step = step_peak_with(held, per_mb * in_flight, table.buffers, extra)
         total = step.peak  # the allocator's peak (cost.memory.stage_memory_dict); the context is off the capacity
         return StagePlan(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
                          runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size,
