@@ -1110,8 +1110,14 @@ def _has_unknown_dims(model: onnx.ModelProto, shapes: dict | None = None) -> boo
     if shapes is None:
         shapes = _shapes(graph)
     inputs = {vi.name for vi in graph.input}
+    unknown: dict[Any, bool] = {}  # per distinct shape: a few dozen types for thousands of values (_shapes)
     for name, (shape, _) in shapes.items():
-        if name not in inputs and (shape is None or any(not isinstance(d, int) for d in shape)):
+        if name in inputs:
+            continue
+        bad = unknown.get(shape)
+        if bad is None:
+            bad = unknown[shape] = shape is None or any(not isinstance(d, int) for d in shape)
+        if bad:
             return True
     return any(out and out not in shapes for node in graph.node for out in node.output)
 
