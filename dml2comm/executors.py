@@ -137,8 +137,6 @@ class LocalExecutor(Executor):
                     future.cancel()
 
     def run_chunks(self, plan: ChunkPlan, on_rows: Callable[[list[dict[str, Any]]], None]) -> bool:
-        from dml2comm.search.workers import run_workers
-
         state = plan.state if plan.state is not None else plan.setup()  # built here: forked workers inherit it
         if self.workers <= 1:
             try:
@@ -147,6 +145,8 @@ class LocalExecutor(Executor):
             except KeyboardInterrupt:
                 return True
             return False
+        from dml2comm.search.workers import run_workers  # imported here: multiprocessing, 2.4 ms a one-process sweep does not need
+
         return run_workers(plan.work, plan.affinity, self.workers, lambda k: plan.run(state, plan.payloads[k]), on_rows)
 
 

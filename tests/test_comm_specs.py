@@ -126,3 +126,24 @@ def test_the_sweeps_coster_builds_no_per_op_specs(models):
     coster.prepare(config)
     with pytest.raises(ValueError, match="whole graph"):
         coster.comm_specs(config)
+
+
+def test_stage_tables_are_per_split_and_forgotten_with_the_graph(models):
+    """:meth:`StageCoster.stage_table`'s look-up: configurations differing only in what the
+    table holds no term for share it; any field of its key (the stack, the gradient dtype, the
+    bucket, the optimizer, ...) gives another; and a coster that changes graph (``_use``)
+    builds its tables again."""
+    cluster = make_cluster("a100", 8, 4)
+    coster = StageCoster(models["gpt"], cluster, collapse=False)  # eager PyTorch needs the whole graph
+    base = _config(dict(dp_size=2, tp_size=2, pp_size=2, global_batch_size=16))
+    table = coster.stage_table(base)
+    import dataclasses
+
+    assert coster.stage_table(dataclasses.replace(base, zero_stage=1, recompute="full")) is table
+    for change in (dict(stack="pytorch"), dict(grad_reduce_dtype="fp32"), dict(bucket_bytes=1 << 20), dict(optimizer="sgd"),
+                   dict(precision="amp"), dict(attention="flash"), dict(rank_order="dtp"), dict(sequence_parallel=True)):
+        other = coster.stage_table(dataclasses.replace(base, **change))
+        assert other is not table, change
+        assert coster.stage_table(dataclasses.replace(base, **change)) is other, change
+    coster._use(None)
+    assert coster.stage_table(base) is not table

@@ -31,3 +31,33 @@ def test_cli_restores_thresholds() -> None:
     before = gc.get_threshold()
     main(["presets"])
     assert gc.get_threshold() == before
+
+
+def test_sweep_chunks_and_runs_under_raised_thresholds(tmp_path, monkeypatch) -> None:
+    """The sweep cuts its chunks with the raised thresholds too: at the default ones the
+    chunking's objects run ten young collections, which bring on a middle-generation
+    collection over the tables built after."""
+    import dataclasses
+
+    from dml2comm import zoo
+    from dml2comm.hardware.cluster import get_cluster
+    from dml2comm.search import sweep
+    from dml2comm.search.space import Constraints
+
+    path = tmp_path / "gpt.onnx"
+    zoo.save(zoo.build_gpt(layers=2, hidden=64, heads=4, vocab=128, seq_len=32), path)
+    seen = []
+    chunks = sweep._chunks
+
+    def watched(configs):
+        seen.append(gc.get_threshold())
+        return chunks(configs)
+
+    monkeypatch.setattr(sweep, "_chunks", watched)
+    before = gc.get_threshold()
+    space = sweep.SweepSpace(global_batch_size=4, constraints=Constraints(micro_batch_sizes=(1,), zero_stages=(0,),
+                                                                          recompute=("none",)))
+    result = sweep.run_sweep(str(path), 2, lambda n: dataclasses.replace(get_cluster("dgx-a100", n), collective_overhead_s=0.0),
+                             space, limit=2)
+    assert result.rows and seen == [GC_THRESHOLDS]
+    assert gc.get_threshold() == before

@@ -688,3 +688,24 @@ def test_evaluators_of_one_cluster_share_its_prices(gpt):
     assert shared == own
     with pytest.raises(ValueError, match="another cluster"):
         FastEvaluator(load_model(gpt, ImportOptions(batch_size=1)), _builder(8), pricing=Pricing(evaluator.cluster(8)))
+
+
+def test_a_summary_row_reads_its_fields_in_the_metrics_order():
+    """Evaluator._row of a Summary (the fast path's) is the row the mapping reading gives: the
+    same keys in the same order (data.json's rows), ``fits`` a bool from ``fits_in_memory``."""
+    import dataclasses as dc
+
+    from dml2comm.cost.summary import Summary
+    from dml2comm.search.sweep import METRICS, Evaluator
+
+    names = [f.name for f in dc.fields(Summary)]
+    summary = Summary(**{name: float(i) + 0.5 for i, name in enumerate(names)})
+    config = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, global_batch_size=16)
+    row = Evaluator._row(config, summary)
+    want = {"config": config.to_dict(), "error": None, **{k: None for k in METRICS}}
+    want.update({k: summary[k] for k in METRICS if k != "fits"})
+    want["fits"] = bool(summary["fits_in_memory"])
+    assert list(row.items()) == list(want.items())
+    assert type(row["fits"]) is bool
+    failed = Evaluator._row(config, {"error": "no"})
+    assert failed["error"] == "no" and failed["fits"] is False and failed["iteration_time_s"] is None

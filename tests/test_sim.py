@@ -153,6 +153,25 @@ def test_tp_comm_overlap_hides_part_of_the_tensor_parallel_time_never_all():
         ParallelConfig(tp_size=8, tp_comm_overlap=True)
 
 
+def test_device_sums_run_in_program_order_for_many_rows_in_any_layout():
+    """device_sums adds each device's steps one after the other, to the bit, for many distinct
+    rows (where numpy would sum a contiguous axis pairwise) and whatever the inputs' memory order."""
+    import numpy as np
+
+    from dml2comm.sim.levels import compile_schedule, device_sums
+
+    rng = np.random.default_rng(7)
+    cs = compile_schedule("1f1b", 4, 40)
+    f, b = rng.random((64, 4)) * 1e3, rng.random((64, 4)) * 1e-3
+    fwd = cs.forward.reshape(4, -1)
+    want = np.zeros((64, 4))
+    for d in range(4):
+        for is_fwd in fwd[d]:
+            want[:, d] += f[:, d] if is_fwd else b[:, d]
+    for x, y in ((f, b), (np.asfortranarray(f), np.asfortranarray(b)), (f.T.copy().T, b)):
+        assert np.array_equal(device_sums(cs, x, y), want)
+
+
 def test_device_sums_of_repeated_rows_are_each_rows_own():
     """sim.levels.device_sums sums configurations with equal costs once: every row's sums are, to
     the bit, those of the row summed alone (the running sum in program order)."""
@@ -279,8 +298,8 @@ def test_compiled_depths_are_the_longest_chains():
         assert np.array_equal(cs.depth, depth[:-1]), (name, p, m, v)
     from dml2comm.sim.levels import _depths, _one_f_one_b_depths
 
-    for p in range(1, 9):  # the closed form for 1F1B equals the relaxation wherever it is used
-        for m in range(p, 3 * p + 2):
+    for p in range(1, 13):  # the closed form for 1F1B equals the relaxation for every m (fewer than p too)
+        for m in range(1, 3 * p + 2):
             cs = compile_schedule("1f1b", p, m)
             assert np.array_equal(_one_f_one_b_depths(p, m), _depths(np.arange(2 * m), cs.need, p)), (p, m)
     from dml2comm.sim.levels import _stretched_depths

@@ -336,3 +336,25 @@ def test_autocast_reads_a_bf16_export_as_the_fp32_model_it_stands_for():
                  and gpt.ops[gpt.producer(op.inputs[0])].op_type == "MatMul"
                  and (t := gpt.tensor(op.inputs[1])) is not None and t.is_weight and len(t.shape) == 1]
     assert bias_adds and all(amp[op.outputs[0]] is DType.BFLOAT16 for op in bias_adds)
+
+
+def test_plans_sharing_a_table_take_each_their_own_step_peak(gpt):
+    """StageCoster.prepare keeps step_peak_bytes' terms the activations do not change per table,
+    ZeRO stage and whether the gradients are held; plans of one table with other ZeRO stages,
+    schedules and recomputation modes each get the peak step_peak_bytes gives them, to the bit."""
+    import dataclasses
+
+    import numpy as np
+
+    cluster = make_cluster("a100", 8, 8)
+    coster = StageCoster(gpt, cluster)
+    base = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=BATCH, global_batch_size=16, seq_len=SEQ)
+    variants = [dict(), dict(zero_stage=1), dict(zero_stage=2, recompute="full"), dict(schedule="gpipe"), dict(zero_stage=1),
+                dict(stack="pytorch", precision="amp")]
+    for change in variants:
+        plan = coster.prepare(dataclasses.replace(base, **change))
+        states = ModelStates(plan.states[:, 0], plan.states[:, 1], plan.states[:, 2])
+        want = step_peak_bytes(states, plan.activations_per_mb * plan.in_flight, plan.buffers, plan.transient,
+                               plan.grads_in_backward).peak
+        assert np.array_equal(plan.total_memory, want), change
+        assert plan.peak_memory == float(want.max())

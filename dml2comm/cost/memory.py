@@ -141,6 +141,8 @@ __all__ = [
     "model_state_bytes",
     "state_bytes_per_param",
     "step_peak_bytes",
+    "step_peak_held",
+    "step_peak_with",
     "stage_memory_dict",
     "in_flight_micro_batches",
     "ActivationModel",
@@ -314,10 +316,25 @@ def step_peak_bytes(states: ModelStates, activations, buffers, transient, grads_
     the sum it always was: its gradients always exist, so ``forward_backward`` is never below
     ``optimizer_step``.
     """
+    return step_peak_with(step_peak_held(states, buffers, grads_in_backward), activations, buffers, transient)
+
+
+def step_peak_held(states: ModelStates, buffers, grads_in_backward: bool = True) -> tuple:
+    """The terms of :func:`step_peak_bytes` that the activations do not change, summed in its
+    order: (weights + the gradients if they exist at the forward/backward peak + optimizer
+    states, the ``optimizer_step`` candidate, the gradients counted).  A sweep keeps them per
+    stage table and ZeRO stage (:meth:`dml2comm.cost.stages.StageCoster.prepare`)."""
     grads = states.grads_bytes if grads_in_backward else 0.0
-    forward_backward = (states.weights_bytes + grads + states.optimizer_bytes) + activations + buffers + transient
+    held = states.weights_bytes + grads + states.optimizer_bytes
     optimizer_step = (states.weights_bytes + states.grads_bytes + states.optimizer_bytes) + buffers
-    return StepPeak(forward_backward, optimizer_step, grads)
+    return held, optimizer_step, grads
+
+
+def step_peak_with(held: tuple, activations, buffers, transient) -> StepPeak:
+    """:func:`step_peak_bytes` from its :func:`step_peak_held` terms: ``forward_backward`` adds
+    the activations in flight, the buffers and the largest transient to them, in that order."""
+    before, optimizer_step, grads = held
+    return StepPeak(before + activations + buffers + transient, optimizer_step, grads)
 
 
 @functools.lru_cache(maxsize=1024)

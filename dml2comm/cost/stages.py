@@ -56,7 +56,7 @@ from dml2comm.cost.compute import eager_accumulate_grad_s, grad_accumulation_s, 
 from dml2comm.cost.host import AUTO, host_model, pipeline_message_s
 from dml2comm.cost.layers import LayerCoster, NotRepeating, StageActivationsKey
 from dml2comm.cost.memory import (ModelStates, amp_weight_copy_bytes, autocasts_activations, gradients_live_in_backward,
-                                  in_flight_micro_batches, model_state_bytes, step_peak_bytes)
+                                  in_flight_micro_batches, model_state_bytes, step_peak_held, step_peak_with)
 from dml2comm.errors import ConfigError
 from dml2comm.fmt import fmt_s
 from dml2comm.hardware.cluster import Cluster, RankMap
@@ -369,6 +369,7 @@ class StageTable:
     edp_where: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # per stage: its expert-data-parallel group
     signatures: list[tuple[int, ...]] | None = None  # per stage: LayerCoster._signatures
     by_mode: dict[str, tuple] = dataclasses.field(default_factory=dict)  # per recomputation mode: StageCoster._prepare
+    held: dict[tuple[int, bool], tuple] = dataclasses.field(default_factory=dict)  # per (ZeRO, gradients held): memory.step_peak_held
     flops_fwd: float = 0.0  # unsharded forward FLOPs of the model per micro-batch (LayerTable.flops_fwd)
     params: np.ndarray | None = None  # per stage: parameters (before t and e; tied copies included)
     flops: np.ndarray | None = None  # per stage: unsharded forward FLOPs per micro-batch
@@ -462,12 +463,14 @@ class StageCoster(LayerCoster):
         self._placement_ids = pricing.placement_ids
         self._stage_states = pricing.stage_states
         self._per_cluster: dict[object, object] = {}
+        self._tables: dict[tuple, StageTable] = {}  # stage_table's look-up by a plain tuple
         fitted = cluster.profile_scale.host if cluster.profile_scale is not None else None  # --profile's measured one
         host = None if fitted is None and str(cluster.host_model).strip().lower() == AUTO else host_model(cluster.host_model, fitted=fitted)
         super().__init__(imported, cluster.gpu, collapse, collapsed, lenient, host, cluster.profile_scale)
 
     def _use(self, collapsed: Collapsed | None) -> None:
         self._per_cluster.clear()  # stage tables of the graph worked on before
+        self._tables.clear()
         super()._use(collapsed)
 
     def _where(self, base: int, stride: int, n: int) -> tuple[int, int]:
@@ -544,15 +547,28 @@ class StageCoster(LayerCoster):
             return self._prepare(config)
 
     def stage_table(self, config: ParallelConfig) -> StageTable:
-        """What every configuration with this model split (t, SP, p, c, e, hence d) shares."""
-        cp = config.cp_size
-        key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
-                             config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
-                             config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
-                             config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce,
-                             config.grad_accumulation_fusion, str(config.stack), str(config.precision), str(config.attention),
-                             config.num_micro_batches if config.stack is Stack.PYTORCH else None)
-        return cached(self._per_cluster, key, lambda: self._build_stage_table(config))
+        """What every configuration with this model split (t, SP, p, c, e, hence d) shares.
+
+        Looked up first by a plain tuple of the same fields (the closed sets by their flag
+        values, which hash in C): a sweep asks once per configuration, and building and hashing
+        the :class:`_StageTableKey` dataclass each time cost about 4 us more (20 ms over the
+        530B sweep's 4,686)."""
+        cp, stack = config.cp_size, config.stack
+        memo = (config.tp_size, config.sequence_parallel, config.dtype._value_, cp, config.cp_scheme._value_ if cp > 1 else None,
+                config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order, config.grad_reduce_dtype,
+                config.bucket_bytes, config.optimizer._value_, config.capacity_factor, config.micro_batch_size,
+                config.tp_comm_overlap, config.async_tp_allreduce, config.grad_accumulation_fusion, stack._value_,
+                config.precision._value_, config.attention._value_, config.num_micro_batches if stack is Stack.PYTORCH else None)
+        table = self._tables.get(memo)
+        if table is None:
+            key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
+                                 config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order,
+                                 config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
+                                 config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce,
+                                 config.grad_accumulation_fusion, str(stack), str(config.precision), str(config.attention),
+                                 config.num_micro_batches if stack is Stack.PYTORCH else None)
+            table = self._tables[memo] = cached(self._per_cluster, key, lambda: self._build_stage_table(config))
+        return table
 
     def _build_stage_table(self, config: ParallelConfig) -> StageTable:
         """The :class:`StageTable` of ``config``'s split: the layers' sums per stage
@@ -639,9 +655,16 @@ class StageCoster(LayerCoster):
         ahead_of: dict[int, tuple[int, int]] = {}
         back_of: dict[int, tuple[int, int]] = {}
         sent: dict[tuple, float] = {}
+        # a boundary's two sends depend only on its stages' residues and its tensors
+        by_pair: dict[tuple, tuple[float, float]] = {}
         send, send_back = [], []
         for st, sizes in enumerate(crossing):  # boundary st: stages st and st + 1
             key = tuple(sizes)
+            both = by_pair.get((residue[st], residue[st + 1], key))
+            if both is not None:
+                send.append(both[0])
+                send_back.append(both[1])
+                continue
             ahead = ahead_of.get(residue[st])
             if ahead is None:
                 ahead = ahead_of[residue[st]] = where(st * sp, sp, 2)
@@ -658,6 +681,7 @@ class StageCoster(LayerCoster):
             if bwd is None:
                 bwd = sent[(back, gather_b, key)] = pipeline_message_s(
                     sum(pipeline_send_s(cost_at, back, gather_b, x, rep, config.tp_size) for x, rep in sizes), self.host_for(config))
+            by_pair[(residue[st], residue[st + 1], key)] = (fwd, bwd)
             send.append(fwd)
             send_back.append(bwd)
         return send, send_back
@@ -792,21 +816,27 @@ class StageCoster(LayerCoster):
                       config.bucket_bytes, config.optimizer, config.dtype is DTypeName.FP16, config.precision)
             expert = table.expert_local if table.expert_local is not None else np.zeros(config.pp_size)
             dense = table.params_local - expert
-            # stages with equal parameters on alike groups share their part
-            stages = list(zip(dense.tolist(), expert.tolist(), table.dp_where, table.edp_where))
-            parts: dict[tuple, tuple] = {}
-            for stage in stages:
-                if stage not in parts:
+            # stages with equal parameters on alike groups share their part: each distinct one
+            # is found (and its arrays built) once, and the stages read theirs by index
+            at: dict[tuple, int] = {}
+            parts: list[tuple] = []
+            index = []
+            for stage in zip(dense.tolist(), expert.tolist(), table.dp_where, table.edp_where):
+                j = at.get(stage)
+                if j is None:
                     key = stage + common
                     part = self._stage_states.get(key)
                     if part is None:
                         part = self._stage_states[key] = self._one_stage_states(*key)
-                    parts[stage] = part
-            rows = [parts[stage] for stage in stages]
-            table.by_zero[z] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
-                                np.array([r[2] for r in rows]), np.array([r[3] for r in rows]),
-                                np.array([r[4] for r in rows]).reshape(len(rows), 3),
-                                np.array([r[5] for r in rows]).reshape(len(rows), 3), [r[6] for r in rows])
+                    j = at[stage] = len(parts)
+                    parts.append(part)
+                index.append(j)
+            rows = np.array(index)
+            n = len(parts)
+            table.by_zero[z] = (np.array([r[0] for r in parts])[rows], np.array([r[1] for r in parts])[rows],
+                                np.array([r[2] for r in parts])[rows], np.array([r[3] for r in parts])[rows],
+                                np.array([r[4] for r in parts]).reshape(n, 3)[rows],
+                                np.array([r[5] for r in parts]).reshape(n, 3)[rows], [parts[j][6] for j in index])
         return table.by_zero[z]
 
     def dp_specs(self, table: StageTable, config: ParallelConfig) -> list[tuple[tuple[StageDPCollective, float], ...]]:
@@ -960,15 +990,25 @@ class StageCoster(LayerCoster):
                                                              config.dropout > 0, mode, config.seq_len, config.stack,
                                                              config.attention, autocasts_activations(
                                                                  config.stack, config.precision, config.train_dtype.itemsize)), dict)
-            per_layer, saved_table = self._per_layer(config), self._saved_table(config)
-            values = []
+            # each distinct stage signature looked up once, the stages reading theirs by index; the
+            # per-layer tables are read only when a signature is new (known ones were computed
+            # from the same tables, already built)
+            at: dict[tuple, int] = {}
+            values: list[tuple[float, float, float]] = []
+            index = []
+            tables = None
             for sig, (first, last) in zip(self._signatures(table), table.ranges):
-                value = known.get(sig)
-                if value is None:
-                    value = known[sig] = self._stage_activations(config, per_layer, saved_table, first, last, sig[0], sig[1],
-                                                                 sig[2:])
-                values.append(value)
-            saved, rebuilt, transient = np.array(values).T
+                j = at.get(sig)
+                if j is None:
+                    value = known.get(sig)
+                    if value is None:
+                        if tables is None:
+                            tables = (self._per_layer(config), self._saved_table(config))
+                        value = known[sig] = self._stage_activations(config, *tables, first, last, sig[0], sig[1], sig[2:])
+                    j = at[sig] = len(values)
+                    values.append(value)
+                index.append(j)
+            saved, rebuilt, transient = np.array(values)[np.array(index)].T
             cp = config.cp_size
             table.by_recompute[mode] = (saved / cp, (transient + rebuilt) / cp)
         return table.by_recompute[mode]
@@ -1009,8 +1049,11 @@ class StageCoster(LayerCoster):
         in_flight = in_flight_micro_batches(config.schedule, p, m, config.chunks)
         # cost.memory.stage_memory_dict's peak, per stage
         grads_held = gradients_live_in_backward(config.stack, m)
-        step = step_peak_bytes(ModelStates(states[:, 0], states[:, 1], states[:, 2]), per_mb * in_flight, table.buffers, extra,
-                               grads_held)
+        held = table.held.get((config.zero_stage, grads_held))
+        if held is None:  # step_peak_bytes' terms the activations do not change, once per table, ZeRO stage and gradients
+            held = table.held[(config.zero_stage, grads_held)] = step_peak_held(
+                ModelStates(states[:, 0], states[:, 1], states[:, 2]), table.buffers, grads_held)
+        step = step_peak_with(held, per_mb * in_flight, table.buffers, extra)
         total = step.peak  # the allocator's peak (cost.memory.stage_memory_dict); the context is off the capacity
         return StagePlan(config, fwd, bwd, table.tp_f, tp_b, table.send_f, table.send_b, table.compute_f, comp_b,
                          runs_tau, runs_count, opt, after, table.tied, float(total.max()), table.flops_fwd / config.micro_batch_size,

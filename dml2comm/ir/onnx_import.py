@@ -1110,8 +1110,14 @@ def _has_unknown_dims(model: onnx.ModelProto, shapes: dict | None = None) -> boo
     if shapes is None:
         shapes = _shapes(graph)
     inputs = {vi.name for vi in graph.input}
+    unknown: dict[Any, bool] = {}  # per distinct shape: a few dozen types for thousands of values (_shapes)
     for name, (shape, _) in shapes.items():
-        if name not in inputs and (shape is None or any(not isinstance(d, int) for d in shape)):
+        if name in inputs:
+            continue
+        bad = unknown.get(shape)
+        if bad is None:
+            bad = unknown[shape] = shape is None or any(not isinstance(d, int) for d in shape)
+        if bad:
             return True
     return any(out and out not in shapes for node in graph.node for out in node.output)
 
@@ -1763,6 +1769,7 @@ def _node_meta(node: onnx.NodeProto) -> tuple[str, int, tuple[Call, ...], tuple[
     return scope, int(repeat_text) if repeat_text is not None else 1, _longest_chain(chains) if chains else (), origin, module_class
 
 
+@functools.lru_cache(maxsize=4096)
 def _module_class(text: str) -> str:
     """The innermost module's class name in a ``pkg.torch.onnx.class_hierarchy`` value, a list
     of qualified class names ending with the node's own operator (``[..., 'transformers.models.
@@ -2411,9 +2418,10 @@ def _input_tensors(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int 
 
 
 def _constant_output(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int | str, ...] | None, DType]],
-                     consumers: Mapping[str, list[onnx.NodeProto]], tensors: dict[str, Tensor]) -> None:
+                     consumers: Mapping[str, list[onnx.NodeProto]], tensors: dict[str, Tensor], recurrent: bool = True) -> None:
     """A ``Constant`` node's output: a weight when it is a large float parameter (or feeds a recurrent
-    op's weights) that constant folding did not make, else a plain tensor."""
+    op's weights) that constant folding did not make, else a plain tensor (``recurrent``: whether
+    the graph has a recurrent op at all; without one no constant feeds one)."""
     const = _constant_tensor(node)
     out = node.output[0]
     if const is not None:
@@ -2421,9 +2429,9 @@ def _constant_output(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int 
         numel = 1
         for d in shape:
             numel *= d
-        folded = any(p.key == _FOLDED_KEY for p in node.metadata_props)
-        weight = (not folded and (numel >= CONSTANT_WEIGHT_MIN_ELEMENTS or _feeds_recurrent_weights(out, consumers))
-                  and _is_parameter(out, dtype, shape, consumers))
+        # (the size or the recurrent weights first: most constants are neither, and are read no further)
+        weight = ((numel >= CONSTANT_WEIGHT_MIN_ELEMENTS or (recurrent and _feeds_recurrent_weights(out, consumers)))
+                  and not any(p.key == _FOLDED_KEY for p in node.metadata_props) and _is_parameter(out, dtype, shape, consumers))
         tensors[out] = Tensor(out, shape, dtype, is_weight=weight)
     else:
         inferred = shapes.get(out)
@@ -2442,10 +2450,11 @@ def _node_ops(graph: onnx.GraphProto, shapes: Mapping[str, tuple[tuple[int | str
     ops: list[Op] = []
     unshaped: onnx.NodeProto | None = None
     no_attrs: Mapping[str, Any] = MappingProxyType({})
+    recurrent = any(node.op_type in _RECURRENT_PARAMETER_INPUTS for node in graph.node)
     for node in graph.node:
         op_type, domain = node.op_type, node.domain
         if op_type == "Constant" and domain in ("", "ai.onnx"):
-            _constant_output(node, shapes, consumers, tensors)
+            _constant_output(node, shapes, consumers, tensors, recurrent)
             continue
         outputs = tuple(node.output)
         for out in outputs:

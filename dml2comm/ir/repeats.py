@@ -199,12 +199,16 @@ def reduced_model(model: "onnx.ModelProto", full: OpGraph, collapsed: Collapsed)
                 if a != b:
                     rename[a] = b
     needed: set[str] = set(collapsed.graph.outputs)
-    keep = [False] * len(model.graph.node)
-    for k in range(len(model.graph.node) - 1, -1, -1):
-        node = model.graph.node[k]
-        if node.name in kept_ops or (node.name not in all_ops and any(o in needed for o in node.output)):
+    keep = [False] * len(names)
+    in_order = list(model.graph.node)  # each node (and its name, above) read from the proto once
+    for k in range(len(in_order) - 1, -1, -1):
+        name = names[k]
+        if name in kept_ops:
             keep[k] = True
-            needed.update(rename.get(i, i) if node.name in kept_ops else i for i in node.input if i)
+            needed.update(rename.get(i, i) for i in in_order[k].input if i)
+        elif name not in all_ops and any(o in needed for o in in_order[k].output):
+            keep[k] = True
+            needed.update(i for i in in_order[k].input if i)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph

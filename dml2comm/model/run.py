@@ -87,20 +87,27 @@ class _Split:
             zero = [z / v for z in zero]
         self.f, self.b, self.tf, self.tb, self.sf, self.sb, self.zero_split = f, b, tf, tb, sf, sb, zero
         self.free_f, self.free_b = f - tf, b - tb
-        zeros = np.zeros_like(f)
         # the pipeline with communication and without (for the exposed communication); rows that
         # are equal (ZeRO-0 and ZeRO-1 differ only after the last backward) are simulated once
         parts = [f, b, sf, sb, *zero]
-        rows = np.hstack([np.vstack([x, free]) for x, free in zip(parts, [self.free_f, self.free_b] + [zeros] * (len(parts) - 2))])
+        k, width = len(plans), cs.p  # rows: the K plans, then the K without communication (sends and ZeRO terms 0)
+        rows = np.zeros((2 * k, len(parts) * width))
+        for i, x in enumerate(parts):
+            rows[:k, i * width:(i + 1) * width] = x
+        rows[k:, :width] = self.free_f
+        rows[k:, width:2 * width] = self.free_b
         first: dict[bytes, int] = {}
         kept: list[int] = []
-        self.inverse = np.empty(len(rows), dtype=np.int64)
-        for r, row in enumerate(rows):
-            j = first.setdefault(row.tobytes(), len(kept))
+        inverse = []
+        flat, size = rows.tobytes(), rows.shape[1] * rows.itemsize  # each row's bytes, sliced from one copy
+        for r in range(2 * k):
+            j = first.setdefault(flat[r * size:(r + 1) * size], len(kept))
             if j == len(kept):
                 kept.append(r)
-            self.inverse[r] = j
-        split = np.split(rows[kept], len(parts), axis=1)
+            inverse.append(j)
+        self.inverse = np.array(inverse, dtype=np.int64)
+        unique = rows[kept]
+        split = [unique[:, i * width:(i + 1) * width] for i in range(len(parts))]
         self.item = (cs, *split[:4])
         self.zero = split[4:] or None  # the ZeRO-2/3 terms of the unique rows
         self.dp_end: np.ndarray | None = None  # per unique row and device: the dp stream's end (ZeRO-2/3)

@@ -58,13 +58,17 @@ def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], .
         costs = [1.0] * n
         lo, hi = 1.0, float(n)
     prefix = list(itertools.accumulate(costs, initial=0.0))
+    bisect_right = bisect.bisect_right
 
     def greedy(limit: float, most: int) -> list[tuple[int, int]]:
         """Longest ranges of sum <= limit from the left (at least one layer each); stops once
         there are more than ``most``."""
-        parts, start = [], 0
+        parts: list[tuple[int, int]] = []
+        start = 0
         while start < n and len(parts) <= most:
-            end = max(bisect.bisect_right(prefix, prefix[start] + limit, start + 1) - 1, start + 1)
+            end = bisect_right(prefix, prefix[start] + limit, start + 1) - 1
+            if end <= start:  # at least one layer
+                end = start + 1
             parts.append((start, end))
             start = end
         return parts
@@ -81,9 +85,11 @@ def partition_layers(costs: Sequence[float], p: int) -> tuple[tuple[int, int], .
         probe = greedy(mid, p)
         if len(probe) <= p:
             parts = probe
-            hi = min(mid, max(prefix[b] - prefix[a] for a, b in probe))
+            largest = max([prefix[b] - prefix[a] for a, b in probe])
+            hi = mid if mid < largest else largest  # min(mid, largest)
         else:
-            lo = max(mid, min(prefix[b + 1] - prefix[a] for a, b in probe if b < n))
+            least = min([prefix[b + 1] - prefix[a] for a, b in probe if b < n])
+            lo = least if mid < least else mid  # max(mid, least)
     tight = greedy(hi, p)  # the greedy at the bottleneck itself: the fullest leading stages
     if len(tight) <= p:
         parts = tight

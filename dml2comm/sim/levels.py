@@ -46,8 +46,8 @@ import numpy as np
 
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import Schedule
-from dml2comm.parallel.schedule import (Step, StepKind, backward_index, backward_position, device_order, forward_index,
-                                        forward_position)
+from dml2comm.parallel.schedule import (DeviceOrder, Step, StepKind, backward_index, backward_position, device_order,
+                                        forward_index, forward_position)
 
 __all__ = ["CompiledSchedule", "StepTimes", "Tail", "compile_schedule", "compile_steps", "pipeline_steps",
            "pipeline_end_times_zero", "pipeline_end_times_many", "iteration_tail", "device_sums"]
@@ -58,26 +58,91 @@ class CompiledSchedule:
     p: int
     v: int
     num_steps: int
-    device: np.ndarray  # [S] device of each step
     forward: np.ndarray  # [S] bool
-    prev: np.ndarray  # [S] previous step on the device, or S (a zero column)
-    need: np.ndarray  # [S] step whose output this one needs, or S
-    depth: np.ndarray  # [S] depth of each step
     last_step: np.ndarray  # [p] index of each device's last step
     last_backward: np.ndarray  # [p] index of each device's last backward step
     # the steps in depth order (what pipeline_end_times_many lays out), ``_o``: per position in it
-    order: np.ndarray  # [S] step at each position
     position: np.ndarray  # [S] position of each step
     level_sizes: np.ndarray  # [D] steps per depth
     level_starts: np.ndarray  # [D] first position of each depth
     prev_o: np.ndarray  # [S] position of the previous step on the device, or S
     need_o: np.ndarray  # [S] position of the needed step, or S
-    device_o: np.ndarray
     forward_o: np.ndarray
     has_send: np.ndarray  # [S] bool: the step's output goes to another virtual stage (over its pp stream)
     has_send_o: np.ndarray
-    micro_batch: np.ndarray  # [S] micro-batch of each step
-    chunk: np.ndarray  # [S] model chunk of each step (0 unless interleaved)
+    device_order: DeviceOrder  # the schedule's order, each device's k-th forward and backward (micro_batch, chunk)
+
+    @functools.cached_property
+    def slot_o(self) -> np.ndarray:
+        """[S] each position's row in its device's block of costs: ``4 (device) + 2 (sends?) +
+        forward`` (:func:`_many_layout`)."""
+        device_o = self._steps_in_order() // (self.num_steps // self.p)  # not kept: the timeline's device_o
+        return (4 * device_o + 2 * self.has_send_o + self.forward_o).astype(np.int32)  # under 4 p
+
+    @functools.cached_property
+    def forward_by_position(self) -> np.ndarray:
+        """``[2 m v, 1, p]`` bool, C order: whether each device's step at each position in its
+        list is a forward (:func:`device_sums`' mask, broadcast over the configurations)."""
+        return np.ascontiguousarray(self.forward.reshape(self.p, -1).T[:, None, :])
+
+    @functools.cached_property
+    def micro_batch(self) -> np.ndarray:
+        """[S] micro-batch of each step (read by the timeline and :func:`compile_steps`, not by
+        the batched run: built on first use)."""
+        order = self.device_order
+        return self._by_step(order.forward_micro_batch, order.backward_micro_batch)
+
+    @functools.cached_property
+    def chunk(self) -> np.ndarray:
+        """[S] model chunk of each step (0 unless interleaved), as :attr:`micro_batch`."""
+        order = self.device_order
+        return self._by_step(order.forward_chunk, order.backward_chunk)
+
+    def _by_step(self, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
+        order = self.device_order
+        first = (np.arange(self.p) * (2 * order.total))[:, None]  # each device's first step
+        return _by_step(self.num_steps, first + order.forward_at, first + order.backward_at, forward_values, backward_values)
+
+    @functools.cached_property
+    def device(self) -> np.ndarray:
+        """[S] device of each step (``p`` devices of ``2 m v`` steps each, in device order); built
+        on first use, as :attr:`prev`: the batched run reads neither (a sweep holds some 180
+        schedules of up to 80,000 steps)."""
+        return np.repeat(np.arange(self.p), self.num_steps // self.p)
+
+    @functools.cached_property
+    def prev(self) -> np.ndarray:
+        """[S] previous step on the device, or S (a device's first step: a zero column)."""
+        step = np.arange(self.num_steps)
+        return np.where(step % (self.num_steps // self.p) > 0, step - 1, self.num_steps)
+
+    def _steps_in_order(self) -> np.ndarray:
+        """[S] step at each position: the inverse of :attr:`position`."""
+        out = np.empty(self.num_steps, dtype=np.int64)
+        out[self.position] = np.arange(self.num_steps)
+        return out
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """[S] step at each position (built on first use, as :attr:`depth`, :attr:`device`,
+        :attr:`prev`, :attr:`need` and :attr:`device_o`: the sweep's batched run reads none of
+        them, and a sweep holds some 180 schedules of up to 80,000 steps)."""
+        return self._steps_in_order()
+
+    @functools.cached_property
+    def need(self) -> np.ndarray:
+        """[S] step whose output this one needs, or S."""
+        return np.append(self.order, self.num_steps)[self.need_o[self.position]]
+
+    @functools.cached_property
+    def device_o(self) -> np.ndarray:
+        """[S] device of the step at each position."""
+        return self.order // (self.num_steps // self.p)
+
+    @functools.cached_property
+    def depth(self) -> np.ndarray:
+        """[S] depth of each step (its position's depth; built on first use)."""
+        return np.repeat(np.arange(len(self.level_sizes)), self.level_sizes)[self.position]
 
     @functools.cached_property
     def level_bounds(self) -> list[tuple[int, int]]:
@@ -131,7 +196,6 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     s = np.arange(p)
     mb_f, chunk_f, mb_b, chunk_b = order.forward_micro_batch, order.forward_chunk, order.backward_micro_batch, order.backward_chunk
     n = p * two
-    device = np.repeat(s, two)
     forward = np.zeros(n, dtype=bool)
     need = np.full(n, n, dtype=np.int64)
     last_vs = p * v - 1
@@ -154,7 +218,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     need[pb[ok]] = (dev * two + backward_position(warm[dev], kk, total))[ok]
     pos = np.tile(np.arange(two), p)
     prev = np.where(pos > 0, np.arange(n) - 1, n)
-    if name is Schedule.ONE_F_ONE_B and m >= p:
+    if name is Schedule.ONE_F_ONE_B:
         depth = _one_f_one_b_depths(p, m)
     elif name is Schedule.INTERLEAVED:
         depth = _stretched_depths(p, m, v)
@@ -162,9 +226,7 @@ def compile_schedule(name: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
         depth = None
     if depth is None or not _is_layering(depth, prev, need):
         depth = _depths(pos.reshape(p, two)[0], need, p)
-    micro_batch = _by_step(n, pf, pb, mb_f, mb_b)
-    chunk = _by_step(n, pf, pb, chunk_f, chunk_b)
-    return _grouped(p, v, device, forward, prev, need, depth, micro_batch, chunk)
+    return _grouped(p, v, forward, prev, need, depth, order)
 
 
 def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray, backward_values: np.ndarray) -> np.ndarray:
@@ -176,12 +238,12 @@ def _by_step(n: int, pf: np.ndarray, pb: np.ndarray, forward_values: np.ndarray,
     return out
 
 
-def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.ndarray, need: np.ndarray, depth: np.ndarray,
-             micro_batch: np.ndarray, chunk: np.ndarray) -> CompiledSchedule:
+def _grouped(p: int, v: int, forward: np.ndarray, prev: np.ndarray, need: np.ndarray, depth: np.ndarray,
+             order_of: DeviceOrder) -> CompiledSchedule:
     """A schedule's steps (``p`` devices of ``2 m v`` steps each, in device order) grouped by
     depth: the order the recurrence visits them, each depth's size and start, the positions of
     each step's predecessor and of the step it needs, and which steps send their output."""
-    n = device.size
+    n = forward.size
     two = n // p
     order = np.argsort(depth, kind="stable")
     sizes = np.bincount(depth)
@@ -196,9 +258,8 @@ def _grouped(p: int, v: int, device: np.ndarray, forward: np.ndarray, prev: np.n
     has_send = np.zeros(n + 1, dtype=bool)
     has_send[need] = True  # a step some step needs sends it its output (slot n: no need)
     has_send = has_send[:n]
-    return CompiledSchedule(p, v, n, device, forward, prev, need, depth, last_step, last_backward,
-                            order, position[:n], sizes, starts, position[prev[order]], position[need_o], device[order],
-                            forward[order], has_send, has_send[order], micro_batch, chunk)
+    return CompiledSchedule(p, v, n, forward, last_step, last_backward, position[:n], sizes, starts, position[prev[order]],
+                            position[need_o], forward[order], has_send, has_send[order], order_of)
 
 
 def compile_steps(schedule: Sequence[Sequence[Step]], v: int = 1) -> CompiledSchedule:
@@ -260,15 +321,22 @@ def _stretched_depths(p: int, m: int, v: int) -> np.ndarray | None:
 
 
 def _one_f_one_b_depths(p: int, m: int) -> np.ndarray:
-    """Depths of 1F1B with at least ``p`` micro-batches in closed form (unit-time 1F1B: device
-    ``s`` starts ``s`` levels late, waits for the pipeline to fill after its ``w`` warm-up
-    forwards, then drains one level later per cooldown step); equal to :func:`_depths` there
-    (``tests/test_sim.py``), and checked to be a valid layering before use."""
+    """Depths of 1F1B in closed form (unit-time 1F1B: device ``s`` starts ``s`` levels late,
+    waits for the pipeline to fill after its ``w = min(p - s - 1, m)`` warm-up forwards, then
+    drains one level later per cooldown step); equal to :func:`_depths` for every ``m``
+    (``tests/test_sim.py``), and checked to be a valid layering before use.
+
+    With fewer micro-batches than devices, a device with ``p - s - 1 >= m`` runs all its
+    forwards first (its position ``m`` is its first backward, not a forward), and its backwards
+    wait on the chain of backwards coming back from device ``p - m - 1``: ``p - s - 1 - m``
+    levels later than the drain alone."""
     two = 2 * m
     s = np.arange(p)[:, None]
     pos = np.arange(two)[None, :]
     w = np.minimum(p - s - 1, m)
-    off = np.where(pos <= w, s, np.where(pos < two - w, p - 1, p - 1 + pos - (two - w - 1)))
+    warm = (pos < w) | ((pos == w) & (w < m))
+    drain = p - 1 + pos - (two - w - 1) + np.maximum(p - 1 - s - m, 0)
+    off = np.where(warm, s, np.where(pos < two - w, p - 1, drain))
     return (pos + off).ravel()
 
 
@@ -556,18 +624,20 @@ def _many_layout(items: list, zero_terms: list | None) -> _ManyLayout:
     rows_of = []
     base = 0
     for item_index, ((cs, f, b, sf, sb), g) in enumerate(zip(items, groups)):
-        n, p = cs.num_steps, cs.p
-        lev = cs.depth[cs.order]
+        p = cs.p
         # the row of (position j, group 0); group q is q rows further; a missing step reads the
         # zero rows after the last one
-        row = level_start[lev] + prior[lev] + (np.arange(n) - cs.level_starts[lev]) * g
+        # (depth L's positions are contiguous from level_starts[L]: row = level_start[L] + prior[L]
+        # + (j - level_starts[L]) g, written as a per-depth shift plus j g)
+        depths = len(cs.level_sizes)
+        shift = level_start[:depths] + prior[:depths] - cs.level_starts * g
+        row = np.repeat(shift, cs.level_sizes) + np.arange(cs.num_steps) * g
         ext = np.append(row, total)
         q = np.arange(g)
         at = (row[:, None] + q).ravel()
         prev[at] = (ext[cs.prev_o][:, None] + q).ravel()
         need[at] = (ext[cs.need_o][:, None] + q).ravel()
-        slot = 4 * cs.device_o + 2 * cs.has_send_o + cs.forward_o  # [n]
-        cost_at[at] = (base + slot[:, None] + 4 * p * q).ravel()
+        cost_at[at] = (base + cs.slot_o[:, None] + 4 * p * q).ravel()
         zero = np.zeros_like(f)
         dur_table.append(_cost_block(g, w, b, f, b, f))
         send_table.append(_cost_block(g, w, zero, zero, sb, sf))
@@ -677,12 +747,14 @@ def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> n
     bit (a sweep's ZeRO-0 and ZeRO-1 rows), are summed once."""
     first: dict[bytes, int] = {}
     kept: list[int] = []
-    inverse = np.empty(fwd_s.shape[0], dtype=np.int64)
-    for r, row in enumerate(np.concatenate([fwd_s, bwd_s], axis=1)):
-        j = first.setdefault(row.tobytes(), len(kept))
+    inverse = []
+    both = np.concatenate([fwd_s, bwd_s], axis=1)
+    flat, size = both.tobytes(), both.shape[1] * both.itemsize  # each row's bytes, sliced from one copy
+    for r in range(both.shape[0]):
+        j = first.setdefault(flat[r * size:(r + 1) * size], len(kept))
         if j == len(kept):
             kept.append(r)
-        inverse[r] = j
+        inverse.append(j)
     repeated = len(kept) < len(inverse)
     if repeated:
         fwd_s, bwd_s = fwd_s[kept], bwd_s[kept]
@@ -690,10 +762,8 @@ def device_sums(cs: CompiledSchedule, fwd_s: np.ndarray, bwd_s: np.ndarray) -> n
     # other in program order (numpy adds along an outer axis row by row; only along the
     # contiguous inner axis does it sum pairwise): the running sum's last value, without
     # writing the running sums (a cumsum's second [K', p, steps] array)
-    forward = cs.forward.reshape(cs.p, -1).T[:, None, :]
-    dur = np.empty((forward.shape[0], fwd_s.shape[0], cs.p))
-    np.copyto(dur, bwd_s)
-    np.copyto(dur, fwd_s, where=forward)
+    # (np.where lays its result out as its operands: C order from the C-ordered mask, else made so)
+    dur = np.ascontiguousarray(np.where(cs.forward_by_position, fwd_s, bwd_s))
     sums = np.add.reduce(dur, axis=0)
     return sums[inverse] if repeated else sums
 
