@@ -243,8 +243,10 @@ def host_wait_share(coster: Any, config: ParallelConfig, iteration_s: float) -> 
     micro-batch) times the micro-batches, over the pipeline depth and the iteration time; None
     under another host model (Megatron's states none).  What the band ranks runs by
     (:data:`HOST_WEIGHT`), for the analysis, the sweep and ``validate`` alike."""
+    if iteration_s <= 0 or not coster.host_for(config).run_ahead:  # no table lookup per sweep row otherwise
+        return None
     idle = coster.layer_table(config).idle
-    if idle is None or iteration_s <= 0:
+    if idle is None:
         return None
     return min(1.0, float(idle.sum()) * config.num_micro_batches / config.pp_size / iteration_s)
 
