@@ -2,8 +2,10 @@
 
 Every iteration time the tool predicts comes with the error it made on the bundled end-to-end
 runs closest to it: :func:`expected_error_for` reads ``data/expected_error.csv`` (one row per
-end-to-end validation case: Narayanan et al. 2021 Table 1 and vTrain's single-node runs, with the
-run's GPU, model size, GPU count and t, p, and the tool's absolute error on it; provenance in
+end-to-end validation case: Narayanan et al. 2021 Table 1, vTrain's single-node runs and the
+one-GPU PyTorch steps measured on H100 and H200 machines, with the run's GPU, model size, GPU
+count and t, p, the tool's absolute error on it and, for the PyTorch steps, the share of the
+predicted step in which the GPU waits for the CPU; provenance in
 ``data/EXPECTED_ERROR_PROVENANCE.md``), precomputed by ``benchmarks/expected_error.py`` from
 ``validate`` (never at analysis time; rerun it after a cost model change).  The validation side,
 which writes those rows and counts how often a band holds, is :mod:`dml2comm.validate.bands`;
@@ -19,7 +21,9 @@ happen to be nearest in size (those were fitted there, so they say how well the 
 well it carries).
 
 Nearest: runs in the same regime first (one node, or several), then by distance
-``|log10(params / params_i)| + 0.5 |log2(t / t_i)| + 0.5 |log2(p / p_i)|``; the expected error is
+``|log10(params / params_i)| + 0.5 |log2(t / t_i)| + 0.5 |log2(p / p_i)|``, plus
+``HOST_WEIGHT |h - h_i|`` where both the prediction and the run state their host-wait share
+``h`` (:func:`host_wait_share`: eager PyTorch's); the expected error is
 the :data:`BAND_QUANTILE` (0.9) quantile of the absolute errors of the :data:`K` nearest (fewer
 where the regime has fewer), so that the band holds for about nine predictions in ten
 (``validate`` prints each source's share of runs inside their own band:

@@ -37,6 +37,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("Per-layer tables", "dml2comm.cost.layers"),
     ("Stage tables: every stage-level term", "dml2comm.cost.stages"),
     ("Memory per GPU", "dml2comm.cost.memory"),
+    ("Expected error: the bands every prediction states", "dml2comm.cost.bands"),
     ("Pipeline schedules", "dml2comm.parallel.schedule"),
     ("Iteration simulation", "dml2comm.sim.engine"),
     ("Operator FLOPs and bytes", "dml2comm.ops.registry"),
