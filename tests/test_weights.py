@@ -25,7 +25,7 @@ from dml2comm.parallel.config import ParallelConfig
 from dml2comm.parallel.pipeline import held_copies
 from dml2comm.sim.engine import DeviceWork, simulate
 from tests.oracles import build_schedule
-from tests.helpers import model, weight
+from tests.helpers import PACKAGED_MODELS, fixture_path, model, weight
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H = 16  # hidden size of the hand-built graphs
@@ -162,13 +162,13 @@ _MULTI_TENSOR_BOUNDARY = {"rnn_loop.onnx": 2, "bart_legacy.onnx": 2, "bart_dynam
                           "t5_dynamo.onnx": 2}
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.onnx")))
+@pytest.mark.parametrize("name", sorted(p.name for p in [*FIXTURES.glob("*.onnx"), *PACKAGED_MODELS.glob("*.onnx")]))
 def test_each_gpu_sends_at_most_2m_messages_of_the_boundary_activation(name):
-    """Every fixture at p = 4 (fewer when it has fewer layers), m = 8, 1F1B: no stage sends more
+    """Every real export (tests/fixtures and the measured steps' models in the package) at p = 4 (fewer when it has fewer layers), m = 8, 1F1B: no stage sends more
     than m activations and m gradients per iteration per tensor crossing its boundary (one, but
     for the recurrent model), and each message is the size of its activation (bf16, t = 1),
     never a weight."""
-    imported = load_model(FIXTURES / name, ImportOptions(batch_size=1, seq_len=16 if "vad" not in name else 512,
+    imported = load_model(fixture_path(name), ImportOptions(batch_size=1, seq_len=16 if "vad" not in name else 512,
                                                          tie_embeddings="gpt2" in name))
     b = imported.model_batch or 1
     p = min(4, len(group_layers(imported.graph).layers))
