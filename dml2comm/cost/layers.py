@@ -504,13 +504,14 @@ class LayerCoster:
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)
         moe = self._moe() if cf != 1.0 else None
-        times = per_gpu_op_times(times, cp, cf, moe.expert_ops if moe is not None else frozenset())
+        experts = moe.expert_ops if moe is not None else frozenset()
+        times = per_gpu_op_times(times, cp, cf, experts)
         fwd, bwd, flops, selective = _op_sums(layered, times, full_flops, self._core(seq_len, config.attention))
         idle = None
         if kernel_times is not None:  # eager PyTorch: the GPU's wait for the CPU, per layer
-            kf, kb, _, _ = _op_sums(layered, per_gpu_op_times(kernel_times, cp, cf, moe.expert_ops if moe is not None else frozenset()),
-                                    full_flops, [False] * len(graph.ops))
-            idle = np.maximum(fwd + bwd - kf - kb, 0.0)
+            kernel = per_gpu_op_times(kernel_times, cp, cf, experts)
+            idle = np.maximum(fwd + bwd - np.array([sum(kernel[i][0] + kernel[i][1] for i in layer.op_indices)
+                                                    for layer in layered.layers]), 0.0)
         factor = parameter_shard_factors(graph, tp.weight_factor)
         params, params_local, unfused_local, gemm_local = self._parameter_sums(factor)
         shared = self._shared(factor)
