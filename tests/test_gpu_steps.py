@@ -129,6 +129,21 @@ def test_profiler_slowdown_is_the_median_of_the_gpt2_steps():
         assert float(r["slowdown"]) == pytest.approx(float(r["trace_issue_s"]) / float(r["host_issue_s_median"]), rel=1e-3)
 
 
+def test_steps_timed_after_a_profiled_step_launch_more_slowly():
+    """The figure the profiling docs give: GPT-2 small's first step of each process against its
+    later ones (each timed after a profiled step), 1.212 median, slower in every process."""
+    rows = _benchmark("profiler_linger").per_process()
+    assert [name for name, _, _ in rows] == ["h100_a.json", "h100_b.json", "h100_e.json", "h100_f.json", "h200_a.json", "h200_b.json"]
+    ratios = [statistics.median(later) / first for _, first, later in rows]
+    assert statistics.median(ratios) == pytest.approx(1.212, abs=5e-4)
+    assert min(ratios) == pytest.approx(1.087, abs=5e-4) and max(ratios) == pytest.approx(1.608, abs=5e-4)
+    # the first step's CPU time per kernel is the measuring script's, over its trace's kernels
+    name, first, _ = rows[0]
+    run = json.loads((DATA / name).read_text())["runs"][0]
+    kernels = next(int(r["kernels"]) for r in _slowdown_rows() if r["run"] == "h100a" and r["trace"] == "trace_gpt2-small_bf16_b8_s1024.json.gz")
+    assert first == pytest.approx(run["host_issue_s_median"] / kernels, rel=1e-12)
+
+
 @pytest.mark.parametrize("gpu", ["h100", "h200"])
 def test_the_bundled_traces_are_the_slowdown_tables_rows(gpu):
     """The traces kept (PROVENANCE.md) are the table's: same bytes, same issue time recomputed."""

@@ -38,6 +38,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("Stage tables: every stage-level term", "dml2comm.cost.stages"),
     ("Memory per GPU", "dml2comm.cost.memory"),
     ("Expected error: the bands every prediction states", "dml2comm.cost.bands"),
+    ("A profiled step's CPU and idle time (--profile)", "dml2comm.traces.host"),
     ("Pipeline schedules", "dml2comm.parallel.schedule"),
     ("Iteration simulation", "dml2comm.sim.engine"),
     ("Operator FLOPs and bytes", "dml2comm.ops.registry"),

@@ -56,7 +56,12 @@ HOST_BOUND_SHARE = 0.05
 #: ``benchmarks/profiler_slowdown.py``), the steps whose launch queue never fills (under a
 #: thousand kernels), so that the unprofiled time is all issue work.  Per GPU: the H100's 24
 #: give 1.215, the H200's 14 give 1.267.  Used where the step's own unprofiled time does not tell
-#: it: no ``--step-time``, or a GPU-bound step (whose span does not show the CPU).
+#: it: no ``--step-time``, or a GPU-bound step (whose span does not show the CPU).  All but the
+#: first step of each measuring process were timed after an earlier step's profiling, with CUPTI
+#: still attached (Kineto detaches it only with ``TEARDOWN_CUPTI=1``; pytorch/pytorch#144455):
+#: the six first steps of GPT-2 small launched their kernels 1.212 times faster than the same
+#: model's later ones (median; 1.087-1.608; ``benchmarks/profiler_linger.py``), so against a
+#: process that never profiled the slowdown is about 1.219 x 1.212 = 1.48.
 PROFILER_CPU_SLOWDOWN = 1.219
 
 
