@@ -21,9 +21,9 @@ def test_window_spreads_host_excess_over_kernels():
     kernels = [(1, 0), (1, 0), (1, 0), (1, 0)]
     gemm = [True, False, False, False]
     # kernel_s 10 us: host 40 us < 106 us -> unchanged
-    assert host.host_bound_times(times, kernels, gemm, host.HostModel("t", kernel_s=10e-6)) == times
+    assert host.host_bound_times(times, kernels, gemm, host.HostModel("t", kernel_s=10e-6))[0] == times
     # kernel_s 50 us: host 200 us, excess 94 us, a quarter per kernel: 123.5, 25.5, 25.5, 25.5
-    out = host.host_bound_times(times, kernels, gemm, host.HostModel("t", kernel_s=50e-6))
+    out = host.host_bound_times(times, kernels, gemm, host.HostModel("t", kernel_s=50e-6))[0]
     assert [f for f, _ in out] == pytest.approx([123.5e-6, 25.5e-6, 25.5e-6, 25.5e-6], rel=1e-12)
     assert sum(f for f, _ in out) == pytest.approx(200e-6, rel=1e-12)
 
@@ -32,7 +32,7 @@ def test_backward_windows_run_in_reverse_order():
     # ops: 0 point-wise, 1 GEMM, 2 point-wise.  Backward runs 2, 1, 0: windows [2] and [1, 0].
     times = [(0.0, 1e-6), (0.0, 30e-6), (0.0, 1e-6)]
     kernels = [(0, 1), (0, 2), (0, 1)]
-    out = host.host_bound_times(times, kernels, [False, True, False], host.HostModel("t", kernel_s=20e-6))
+    out = host.host_bound_times(times, kernels, [False, True, False], host.HostModel("t", kernel_s=20e-6))[0]
     # window [2]: host 20 > 1 -> 20 us; window [1, 0]: host 3 x 20 = 60 > 31, excess 29 split 2:1
     assert [b for _, b in out] == pytest.approx([1e-6 + 29e-6 / 3, 30e-6 + 2 * 29e-6 / 3, 20e-6], rel=1e-12)
 
@@ -181,7 +181,7 @@ def test_run_ahead_queue_carries_the_cpus_lead_and_adds_the_gpu_gap():
     assert out[1][1] == pytest.approx(508e-6) and out[0][1] == pytest.approx(500e-6)
     # the preset adds its GPU gap to every kernel, before the queue
     m = host.HostModel("q", kernel_s=0.0, gap_s=3e-6, run_ahead=True)
-    assert host.host_bound_times([(5e-6, 7e-6)], [(1, 2)], [True], m) == [pytest.approx((8e-6, 13e-6))]
+    assert host.host_bound_times([(5e-6, 7e-6)], [(1, 2)], [True], m)[0] == [pytest.approx((8e-6, 13e-6))]
 
 
 def test_each_stack_runs_its_own_host_model(tmp_path):
@@ -224,3 +224,72 @@ def test_a_cluster_without_a_host_model_runs_its_stacks():
         assert a.summary["iteration_time_s"] == named.summary["iteration_time_s"]
         assert any(w.startswith(f"host: {name}") for w in a.assumptions)
         assert FastEvaluator(imported, auto).evaluate([config])[0]["iteration_time_s"] == pytest.approx(a.summary["iteration_time_s"], rel=1e-9)
+
+
+def test_work_queued_between_the_passes_hides_behind_a_cpu_that_sets_the_pace():
+    # ten one-kernel ops of 2 us each way, 10 us of CPU per kernel: the CPU sets the pace.  A
+    # 50 us loss kernel between the passes: issued at 110 us, it runs 110-160 while the CPU
+    # issues the backward at 120, 130, ...; the GPU catches up and the step ends 2 us after
+    # the last issue (210 us), 10 us (the loss's launch) after the step without it, not 50
+    times = [(2e-6, 2e-6)] * 10
+    kernels = [(1, 1)] * 10
+    plain = host.queue_times(times, kernels, 10e-6)
+    assert sum(f + b for f, b in plain) == pytest.approx(202e-6)
+    out, extra = host.queue_between_times(times, kernels, 10e-6, [(50e-6, 0.0, 1, 0)])
+    assert extra == [pytest.approx((58e-6, 0.0))]  # its GPU time from the forward's end (102 us) to 160 us
+    assert sum(f + b for f, b in out) + sum(f + b for f, b in extra) == pytest.approx(212e-6)
+    # GPU-bound (0.1 us per kernel): the loss adds its whole GPU time
+    fast, extra = host.queue_between_times(times, kernels, 0.1e-6, [(50e-6, 0.0, 1, 0)])
+    assert sum(f + b for f, b in fast) + extra[0][0] == pytest.approx(40e-6 + 50e-6, rel=0.01)
+    # the window rule (a host model that does not run ahead) leaves the loss to its caller
+    assert host.host_bound_times(times, kernels, [False] * 10, host.EAGER, [(50e-6, 0.0, 1, 0)])[1] is None
+
+
+def test_the_loss_runs_in_the_queue_of_an_eager_pytorch_step():
+    """GPT-2 small at b = 2 on an H100 (host-bound): the loss the export leaves out is queued
+    between the passes, and its time in the step is less than its kernels' GPU time (the GPU,
+    waiting for the CPU's launches anyway, runs it while the CPU issues the backward)."""
+    from dml2comm.cost.loss import HF_BWD_KERNELS, HF_FWD_KERNELS
+    from dml2comm.load import load_model
+    from tests.helpers import fixture_path
+
+    imported = load_model(str(fixture_path("step_gpt2_small_dynamo.onnx")), ImportOptions(batch_size=2, seq_len=1024))
+    gpu = get_cluster("dgx-h100", 1).gpu
+    costs = shard_op_costs(imported.graph, 1, False, "bf16", gpu, False, host.PYTORCH, "pytorch", "flash", "bf16")
+    assert len(costs.loss) == 1
+    producer, f, b, kernel_f, kernel_b = costs.loss[0]
+    assert imported.graph.ops[producer].op_type in ("MatMul", "Gemm")
+    assert kernel_f > 0 and kernel_b > 0 and f + b < kernel_f + kernel_b + (HF_FWD_KERNELS + HF_BWD_KERNELS) * host.PYTORCH.gap_s
+    # the window rule's host models time the loss in the stage tables instead
+    assert shard_op_costs(imported.graph, 1, False, "bf16", gpu, False, host.EAGER, "pytorch", "flash", "bf16").loss == ()
+
+
+@pytest.mark.parametrize("b, launches", [(2, 2), (8, 31)])
+def test_an_embeddings_backward_launches_its_direct_or_sorted_path(b, launches):
+    """PyTorch's embedding backward sorts the indices above 3,072 of them (Embedding.cu): the
+    bundled H100 traces of GPT-2 small launch 2 kernels in ``aten::embedding_dense_backward`` at
+    b = 2 (2,048 token ids) and 21 kernels and 10 memsets at b = 8 (8,192); its position table
+    (1,024 ids) takes the direct path at both.  The tool counts the same."""
+    import numpy as np
+
+    from dml2comm.cost.ops import EMBEDDING_BACKWARD_LAUNCHES, eager_embedding_kernels
+    from dml2comm.load import load_model
+    from dml2comm.traces.classify import launch_rows
+    from dml2comm.traces.load import Kind, load_trace
+    from tests.helpers import fixture_path
+
+    path = f"benchmarks/data/gpu_steps/h100_trace_gpt2-small_bf16_b{b}_s1024.json.gz"
+    trace = load_trace(str(__import__("pathlib").Path(__file__).resolve().parent.parent / path))
+    gpu = np.nonzero(np.isin(trace.kind, Kind.GPU))[0]
+    launch = launch_rows(trace, gpu)
+    issued = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)], np.nan)
+    counts = []
+    for i in np.nonzero(trace.kind == Kind.CPU_OP)[0]:
+        if trace.names[trace.name[i]] == "aten::embedding_dense_backward":
+            counts.append(int(np.count_nonzero((issued >= trace.ts[i]) & (issued <= trace.ts[i] + trace.dur[i]))))
+    assert sorted(counts) == sorted([EMBEDDING_BACKWARD_LAUNCHES[0], launches])
+    imported = load_model(str(fixture_path("step_gpt2_small_dynamo.onnx")), ImportOptions(batch_size=b, seq_len=1024))
+    costs = shard_op_costs(imported.graph, 1, False, "bf16", get_cluster("dgx-h100", 1).gpu, False, host.NONE, "pytorch", "flash", "bf16").costs
+    extra = eager_embedding_kernels(imported.graph, costs)
+    # one backward kernel the op rule counts, plus these
+    assert sorted(1 + bw for _, bw in extra.values()) == sorted(counts)

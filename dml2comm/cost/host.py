@@ -55,7 +55,7 @@ from typing import Mapping, Sequence
 
 from dml2comm.errors import ConfigError
 
-__all__ = ["AUTO", "DEFAULT", "EAGER", "HOST_MODELS", "NONE", "PYTORCH", "STACK_HOST_MODEL", "HostModel", "queue_times", "collective_call_s", "host_bound_times", "host_model",
+__all__ = ["AUTO", "DEFAULT", "EAGER", "HOST_MODELS", "NONE", "PYTORCH", "STACK_HOST_MODEL", "HostModel", "queue_times", "collective_call_s", "host_bound_times", "host_model", "queue_between_times",
            "pipeline_message_s",
            "iteration_overhead_s", "kernel_counts", "micro_batch_overhead_s"]
 
@@ -157,18 +157,27 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: BERT, ViT and ResNet-18 on four machines (an H200 and three H100 machines, PyTorch 2.11;
 #: ``benchmarks/data/gpu_steps/``, b = 1-256, bf16 and AMP; two of them also in
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
-#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 30,34,36,37,38,39,40,41,42,44,46``).  The
-#: mean-error optimum, 39 us: 6.9% mean, worst 28.4% (BERT at b = 64, host-bound on a slow
-#: machine); 8.2% and 32.1% before AMP's cast kernels were counted
-#: (:func:`dml2comm.cost.ops.autocast_cast_costs`), 10.5% at the earlier 46.5 us.  The CPU's speed differs
-#: between machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to 38.9 ms), so
-#: a host-bound step's time is uncertain by that much without a trace of the user's machine
-#: (``--profile``): left out one machine at a time, the others' optimum (30-44 us) predicts its
-#: steps at 6.4%, 11.3%, 9.3% and 25.5% mean, where each machine's own optimum (30-46 us) gives
-#: 3.0-8.8%.  It agrees with what the CPU was measured to take outside the model: 23-60 us per
-#: GPU kernel and memset, step start to ``step()`` returning, on the steps whose launch queue
-#: never fills.  46.5 us was first read from profiled traces, which the profiler slows 1.0-1.5
-#: times on the CPU side (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).
+#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 34,36,37,38,39,39.5,40,40.5,41,42,44``).  The
+#: mean error is flat at its optimum: 7.09-7.11% from 39 to 40.5 us (worst 26.2-23.4%); 39 us is
+#: kept, within 0.02 points (7.1% mean, worst 26.2%: GPT-2 6-layer at b = 2, host-bound on a slow
+#: machine).  It was the optimum at 6.9% (worst 28.4%) while the training loss was timed outside
+#: the launch queue, after the forward pass (the
+#: loss's GPU time is now queued between the passes, :func:`queue_between_times`, and hides
+#: behind the CPU where the step is host-bound, as the traces show: the host-bound steps' CPU time
+#: is their whole step) and an embedding's backward was one kernel (now its direct or sorted path,
+#: :data:`dml2comm.cost.ops.EMBEDDING_BACKWARD_LAUNCHES`); 8.2% before AMP's cast kernels were
+#: counted (:func:`dml2comm.cost.ops.autocast_cast_costs`), 10.5% at the earlier 46.5 us.  The CPU's
+#: speed differs between machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to
+#: 38.9 ms), so a host-bound step's time is uncertain by that much without a trace of the user's
+#: machine (``--profile``): left out one machine at a time, the others' optimum (38-44 us)
+#: predicts its steps at 6.8%, 10.4%, 9.5% and 20.3% mean (6.4%, 11.3%, 9.3% and 25.5% with the
+#: loss outside the queue), where each machine's own optimum (34-44 us) gives 3.6-9.0%.  It agrees
+#: with what the CPU was measured to take outside the model: 23-60 us per GPU kernel and memset,
+#: step start to ``step()`` returning, on the steps whose launch queue never fills; the steps
+#: timed after a profiled one in their process carry about 1.2 times the CPU time of a process
+#: that never profiled (``benchmarks/profiler_linger.py``), and most of these 47 were.  46.5 us
+#: was first read from profiled traces, which the profiler slows 1.0-1.5 times on the CPU side
+#: (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`).
 #: ``gap_s``: the GPU's idle time per kernel in the Llama-1B step of
 #: ``benchmarks/data/h100/``, whose GPU is never starved (busy 174.2 of a 180.0 ms span):
 #: (span - busy) / kernels = 5.8 ms / 2,025 = 2.86 us (the median gap between queued kernels is
@@ -261,7 +270,8 @@ def _windows(order: Sequence[int], gemm: Sequence[bool]) -> list[list[int]]:
 
 
 def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[int, int]], gemm: Sequence[bool],
-                     host: HostModel) -> list[tuple[float, float]]:
+                     host: HostModel, between: Sequence[tuple[float, float, int, int]] = ()
+                     ) -> tuple[list[tuple[float, float]], list[tuple[float, float]] | None]:
     """Op times with the per-kernel host floor (module docstring).
 
     Parameters
@@ -274,13 +284,17 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
         Per op: it starts a window (a matrix product).
     host
         The host model (``kernel_s``).
+    between
+        Under a run-ahead model (``host.run_ahead``), work queued between the forward and the
+        backward pass (:func:`queue_between_times`); else not queued here (the caller times it).
 
     Returns
     -------
-    list of (float, float)
+    list of (float, float), and list of (float, float) or None
         Per op, its time in the step: its GPU time plus its share of its window's excess of host
         time ``kernel_s x kernels`` over GPU time (none where the GPU is the slower).  A
         window's ops sum to ``max(sum GPU, sum host)``; every op keeps at least its GPU time.
+        Then each ``between`` item's (forward, backward) time in the queue (run-ahead; else None).
 
     Example: a GEMM of 100 us and three point-wise kernels of 2 us, ``kernel_s`` 10 us: host 40
     us < GPU 106 us, unchanged.  At ``kernel_s`` 50 us: host 200 us, 94 us spread 1/4 to each
@@ -288,11 +302,12 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
     """
     if host.gap_s > 0:  # the GPU's own idle time between queued kernels
         times = [(f + host.gap_s * kf, b + host.gap_s * kb) for (f, b), (kf, kb) in zip(times, kernels)]
+        between = [(f + host.gap_s * kf, b + host.gap_s * kb, kf, kb) for f, b, kf, kb in between]
     if host.run_ahead:
-        return queue_times(times, kernels, host.kernel_s)
+        return queue_between_times(times, kernels, host.kernel_s, between)
     out = [list(t) for t in times]
     if host.kernel_s <= 0:
-        return [tuple(t) for t in times]  # type: ignore[misc]
+        return [tuple(t) for t in times], None  # type: ignore[misc]
     n = len(times)
     for phase, order in ((0, range(n)), (1, range(n - 1, -1, -1))):
         for window in _windows(list(order), gemm):
@@ -304,10 +319,11 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
             count = sum(kernels[i][phase] for i in window)
             for i in window:
                 out[i][phase] = times[i][phase] + excess * kernels[i][phase] / count
-    return [(f, b) for f, b in out]
+    return [(f, b) for f, b in out], None
 
 
-def queue_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[int, int]], kernel_s: float) -> list[tuple[float, float]]:
+def queue_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[int, int]], kernel_s: float,
+                between: Sequence[tuple[float, float, int, int]] = ()) -> list[tuple[float, float]]:
     """Op times with a CPU that runs ahead of the GPU over a whole pass (one asynchronous queue).
 
     The CPU issues the kernels in order, ``kernel_s`` each (forward in op order, then backward in
@@ -315,27 +331,49 @@ def queue_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[in
     CPU has issued it: ``start_i = max(end_{i-1}, issued_i)`` (the two-resource queue the window
     rule of :func:`host_bound_times` bounds locally).  An op's time is the GPU time from the end
     of the op before it to its own end, so the ops sum to the pass's time and every op keeps at
-    least its GPU time; the CPU's lead carries from forward into backward.
+    least its GPU time; the CPU's lead carries from forward into backward.  ``between``: work
+    queued between the two passes (:func:`queue_between_times`).
 
     Example: ``kernel_s`` 10 us, four one-kernel ops of 2, 2, 100 and 2 us: issued at 10, 20, 30,
     40; ends 12, 22, 130, 132: times 12, 10, 108, 2 (sum 132 = the last end).
     """
+    return queue_between_times(times, kernels, kernel_s, between)[0]
+
+
+def queue_between_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[int, int]], kernel_s: float,
+                        between: Sequence[tuple[float, float, int, int]] = ()
+                        ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """:func:`queue_times` with ``between``: (forward GPU s, backward GPU s, forward kernels,
+    backward kernels) of work the step queues after the forward pass and before the backward one
+    (the training loss the graph leaves out: its forward, then ``loss.backward()``'s first
+    kernels), each in the same queue.  Returns the op times and the ``between`` items' own
+    (forward, backward) times: while the CPU is ahead a large loss kernel only deepens the queue,
+    and the GPU catches up where the backward's kernels are shorter than their launches."""
     out = [[0.0, 0.0] for _ in times]
+    extra = [[0.0, 0.0] for _ in between]
     issued = end = 0.0
+
+    def run(gpu: float, count: int) -> float:
+        nonlocal issued, end
+        before = end
+        if count <= 0:
+            end += gpu
+        else:
+            for _ in range(count):
+                issued += kernel_s
+                end = max(end, issued) + gpu / count
+        return end - before
+
     n = len(times)
-    for phase, order in ((0, range(n)), (1, range(n - 1, -1, -1))):
-        for i in order:
-            count = kernels[i][phase]
-            gpu = times[i][phase]
-            before = end
-            if count <= 0:
-                end += gpu
-            else:
-                for _ in range(count):
-                    issued += kernel_s
-                    end = max(end, issued) + gpu / count
-            out[i][phase] = end - before
-    return [(f, b) for f, b in out]
+    for i in range(n):
+        out[i][0] = run(times[i][0], kernels[i][0])
+    for j, (gpu_f, _, k_f, _) in enumerate(between):
+        extra[j][0] = run(gpu_f, k_f)
+    for j in range(len(between) - 1, -1, -1):
+        extra[j][1] = run(between[j][1], between[j][3])
+    for i in range(n - 1, -1, -1):
+        out[i][1] = run(times[i][1], kernels[i][1])
+    return [(f, b) for f, b in out], [(f, b) for f, b in extra]
 
 
 def collective_call_s(kernel_time_s: float, host: HostModel) -> float:

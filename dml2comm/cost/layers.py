@@ -26,11 +26,11 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, flash_cores_of, layers_of, moe_of,
+from dml2comm.cost.cache import (CacheKey, activation_model_of, attention_sites_of, collapsed_of, derived, layers_of, moe_of,
                                  needs_grad_of, parameter_readers_of, tensor_parallel_of, weight_derived_of)
 from dml2comm.cost.compute import hbm_efficiency_of
 from dml2comm.cost.host import AUTO, DEFAULT as DEFAULT_HOST, HostModel, host_model
-from dml2comm.cost.loss import cross_entropy_s, hf_loss_upcasts, logits_outputs, loss_memory_bytes
+from dml2comm.cost.loss import cross_entropy_s, graph_loss_upcasts, logits_outputs, loss_memory_bytes
 from dml2comm.cost.memory import ActivationModel, autocasts_activations
 from dml2comm.cost.ops import attention_core_flags, infer_seq_len, shard_op_costs
 from dml2comm.cost.profile import ProfileScale
@@ -497,7 +497,7 @@ class LayerCoster:
             raise NotRepeating
         graph, layered = self.graph, self.layered
         tp = self._tp(config)
-        _, times, full_flops, _, kernel_times = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu,
+        _, times, full_flops, _, kernel_times, queued_loss = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu,
                                                                self.lenient, self.host_for(config), config.stack, config.attention,
                                                                config.precision, self.profile, layered)
         n = len(layered.layers)
@@ -521,7 +521,10 @@ class LayerCoster:
         tp_comms = _tp_comms(tp.comms, layered, times, cp) if config.tp_size > 1 else ()
         tp_counts, tp_gemm, tp_wgrad = _tp_tables(tp_comms, n)
         cp_counts, ring, core_f, core_b, cp_comms = _cp_tables(config, graph, layered, seq_len, times, cp)
-        loss_f, loss_b, loss_saved, loss_transient = self._loss_tables(config, tp, cp)
+        loss_f, loss_b, loss_saved, loss_transient = self._loss_tables(config, tp, cp, queued_loss)
+        if queued_loss and idle is not None:  # the loss's own wait for the CPU, on its layer
+            for producer, f, b, kf, kb in queued_loss:
+                idle[self.layered.layer_of_op[producer]] += max(f + b - (kf + kb), 0.0) / cp
         self._check_interior(fwd, bwd, selective, params, params_local, unfused_local, gemm_local, flops, *tp_counts.values(),
                              *cp_counts.values(), *ring.values(), core_f, core_b, loss_f, loss_b, loss_saved, loss_transient)
         m = self.layer_map
@@ -563,26 +566,28 @@ class LayerCoster:
             shared.append((tuple(self.full_index[li] for li in layers_read), numel, local))
         return shared
 
-    def _loss_tables(self, config: ParallelConfig, tp, cp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _loss_tables(self, config: ParallelConfig, tp, cp: int,
+                     queued: tuple = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per layer, the training loss the graph leaves out (Megatron-LM's or Hugging Face's
         cross-entropy over the logits the layer produces, :mod:`dml2comm.cost.loss`): forward
         and backward seconds per micro-batch, the bytes it keeps and its transient, per GPU 1/c
-        of the unsplit loss, as the op times (:func:`per_gpu_op_times`)."""
+        of the unsplit loss, as the op times (:func:`per_gpu_op_times`).  ``queued``: the
+        run-ahead host model's times of the loss in the ops' queue (``OpCosts.loss``), which
+        replace :func:`~dml2comm.cost.loss.cross_entropy_s`' own host floor."""
         graph, gpu = self.graph, self.gpu
         n = len(self.layered.layers)
         loss_f, loss_b = np.zeros(n), np.zeros(n)
         loss_saved, loss_transient = np.zeros(n), np.zeros(n)
         achieved_hbm = gpu.kernel_hbm_bytes_per_s * hbm_efficiency_of(gpu)  # bytes/s memory-bound kernels reach
         logits = logits_outputs(graph)
-        if logits and config.stack is Stack.PYTORCH:  # which Hugging Face loss (cost.loss.hf_loss_upcasts)
-            cores = flash_cores_of(graph)
-            upcast = hf_loss_upcasts(sum(c.causal for c in cores), len(cores), config.precision, config.train_dtype.itemsize)
-        else:
-            upcast = True
+        # which Hugging Face loss (cost.loss.hf_loss_upcasts); Megatron-LM's always upcasts
+        upcast = graph_loss_upcasts(graph, config.stack, config.precision, config.train_dtype.itemsize) if logits else True
+        in_queue = {producer: (f, b) for producer, f, b, _, _ in queued}
         for name, producer in logits:
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
-            f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast,
-                                   self.profile.factor("loss") if self.profile is not None else (1.0, 1.0))
+            f, b = in_queue.get(producer) or cross_entropy_s(
+                local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast,
+                self.profile.factor("loss") if self.profile is not None else (1.0, 1.0))
             saved, transient = loss_memory_bytes(local.numel, config.stack, upcast, config.train_dtype.itemsize)
             li = self.layered.layer_of_op[producer]
             loss_f[li] += f / cp

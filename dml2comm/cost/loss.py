@@ -33,7 +33,12 @@ the host model, :mod:`dml2comm.cost.host`): 16 forward (the cast, max, subtract,
 and gather, exp, sum, log, loss reduction and their small index ops) and 5 backward (the
 one-hot subtraction's index ops, the multiply and the cast back), counted from the same code.
 A pass takes the longer of its GPU time and its host time (no GEMM to hide the launches
-behind, :func:`dml2comm.cost.host.host_bound_times`'s window rule).
+behind, :func:`dml2comm.cost.host.host_bound_times`'s window rule), except under a host model
+whose CPU runs ahead of the GPU (eager PyTorch): there the loss is queued with the ops' kernels,
+after the forward pass and before the backward one (:func:`queued_loss`,
+:func:`dml2comm.cost.host.queue_between_times`), so that where the CPU sets the step's pace the
+loss's long kernels only deepen the queue, as in the measured host-bound steps, whose whole time
+is the CPU's.
 
 With ``--stack pytorch`` the loss is Hugging Face's ``ForCausalLMLoss``
 (transformers/loss/loss_utils.py: ``logits = logits.float()``, then ``F.cross_entropy``, i.e.
@@ -80,6 +85,7 @@ labels decomposes ``F.cross_entropy``): those ops are costed like any other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from dml2comm.cost.cache import CacheKey, derived
 from dml2comm.ir.graph import OpGraph
@@ -88,7 +94,7 @@ from dml2comm.parallel.tensor import vocab_table
 
 __all__ = ["CE_BWD_BYTES", "CE_BWD_KERNELS", "CE_CAST_BYTES", "CE_FWD_BYTES", "CE_FWD_KERNELS", "HF_BWD_BYTES", "HF_BWD_KERNELS",
            "HF_FWD_BYTES", "HF_FWD_KERNELS", "HF_SAVED_BYTES", "HF_TRANSIENT_BYTES", "LOSS_OPS", "cross_entropy_s",
-           "hf_loss_upcasts", "logits_outputs", "loss_memory_bytes"]
+           "hf_loss_upcasts", "logits_outputs", "loss_memory_bytes", "graph_loss_upcasts", "loss_kernels", "queued_loss"]
 
 #: fp32 bytes per local logit of the cross-entropy's forward passes: max 4, sub 8, exp 8, sum 4,
 #: div 8 (module docstring).
@@ -166,6 +172,36 @@ def cross_entropy_s(local_logits: float, train_bytes: int, hbm_bytes_per_s: floa
     fwd = local_logits * (fwd_bytes + cast) / hbm_bytes_per_s
     bwd = local_logits * (bwd_bytes + cast) / hbm_bytes_per_s
     return max(fwd * scale[0], fwd_kernels * kernel_s), max(bwd * scale[1], bwd_kernels * kernel_s)
+
+
+def loss_kernels(stack: Stack | str) -> tuple[int, int]:
+    """(forward, backward) kernels per micro-batch of the stack's loss (module docstring)."""
+    return (HF_FWD_KERNELS, HF_BWD_KERNELS) if Stack.of(stack) is Stack.PYTORCH else (CE_FWD_KERNELS, CE_BWD_KERNELS)
+
+
+def graph_loss_upcasts(graph: OpGraph, stack: Stack | str, precision: str, train_bytes: int) -> bool:
+    """Whether the loss over ``graph``'s logits runs on fp32 logits: Megatron-LM's always
+    (``logits.float()``), Hugging Face's as :func:`hf_loss_upcasts` reads the graph's attention."""
+    if Stack.of(stack) is not Stack.PYTORCH:
+        return True
+    from dml2comm.cost.cache import flash_cores_of
+
+    cores = flash_cores_of(graph)
+    return hf_loss_upcasts(sum(c.causal for c in cores), len(cores), precision, train_bytes)
+
+
+def queued_loss(local_logits: Sequence[float], train_bytes: int, hbm_bytes_per_s: float,
+                stack: Stack | str, upcast: bool, scale: tuple[float, float] = (1.0, 1.0)) -> tuple[tuple[float, float, int, int], ...]:
+    """Per logits output (``local_logits``: its logits on one GPU), the loss
+    as work a run-ahead host model queues between the forward and the backward pass
+    (:func:`dml2comm.cost.host.queue_between_times`): (forward GPU s, backward GPU s, forward
+    kernels, backward kernels), the kernel time of :func:`cross_entropy_s` with no host floor."""
+    k_f, k_b = loss_kernels(stack)
+    out = []
+    for numel in local_logits:
+        f, b = cross_entropy_s(numel, train_bytes, hbm_bytes_per_s, 0.0, stack, upcast, scale)
+        out.append((f, b, k_f, k_b))
+    return tuple(out)
 
 
 def loss_memory_bytes(local_logits: float, stack: Stack | str = Stack.MEGATRON, upcast: bool = True,

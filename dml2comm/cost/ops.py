@@ -45,6 +45,7 @@ from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_o
 from dml2comm.cost.calibrated import NORM_OPS, class_value
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
+from dml2comm.cost.loss import graph_loss_upcasts, logits_outputs, queued_loss
 from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import AUTOCAST_FP32_OPS, POINTWISE_OPS, autocasts_activations, fusible_regions, linear_bias
@@ -58,9 +59,10 @@ from dml2comm.parallel.config import DTYPES, AttentionKernel, Precision, Stack
 from dml2comm.parallel.tensor import TensorParallelPlan
 
 __all__ = ["OpCosts", "op_costs", "shard_op_costs", "fused_kernels", "fuse_pointwise", "FUSED_KINDS", "REGION_ENDS",
-           "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts",
+           "infer_seq_len", "is_attention_core", "attention_head_views", "HEAD_SPLIT_OPS", "HeadViewsKey", "softmax_kernel_available", "unfused_softmax_ops", "attention_core_flags", "op_gemms", "gemm_op_times_s", "op_kernel_counts", "eager_embedding_kernels",
            "GradientFork", "gradient_forks", "gradient_sum_bytes", "GradientForksKey", "OpCostsKey", "OpSignaturesKey",
-           "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey", "eager_costs", "flash_core_costs", "kernel_regions"]
+           "OpCostTableKey", "FusedGroupsKey", "AttentionCoreKey", "eager_costs", "flash_core_costs", "kernel_regions",
+           "EMBEDDING_SORT_THRESHOLD", "EMBEDDING_BACKWARD_LAUNCHES"]
 
 #: Megatron-LM pads its vocabulary to a multiple of ``--make-vocab-size-divisible-by`` (default
 #: 128) times t (megatron/training/tokenizer: ``_vocab_size_with_padding``), so the embedding and
@@ -105,6 +107,17 @@ CONV_LAYOUT_KERNELS = (3, 5)
 #: (forward, backward): the running-statistics update and the normalisation after the
 #: statistics (4 BatchNorm kernels per layer and step in the bundled H100 ResNet-18 trace).
 BATCH_NORM_EXTRA_KERNELS = (2, 0)
+#: An eager embedding's backward (``embedding_dense_backward_cuda``, aten/src/ATen/native/cuda/
+#: Embedding.cu) takes a direct path up to this many indices (``num_indices <= 3072 &&
+#: !scale_grad_by_freq``): a zero-filled table gradient and one ``embedding_backward_feature_kernel``.
+#: Above it, a sorted path: the indices radix-sorted (cub), segments found and scanned, the
+#: partial sums and their scatter.
+EMBEDDING_SORT_THRESHOLD = 3072
+#: Its launches (kernels and memsets), direct and sorted, counted on the H100 traces of
+#: ``benchmarks/data/gpu_steps/`` (the CPU op ``aten::embedding_dense_backward`` and the launches
+#: inside it, every GPT-2, Llama, Qwen2 and BERT trace): 2 kernels at
+#: <= 3,072 indices; 21 kernels and 10 memsets above (24 and 10 for BERT's 30,522-row table).
+EMBEDDING_BACKWARD_LAUNCHES = (2, 31)
 #: Layout ops that can sit between a projection and the attention core's batched products as
 #: strided views (:func:`attention_head_views`); the view ops among them cost nothing anyway.
 HEAD_SPLIT_OPS = frozenset({"Split", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -120,6 +133,11 @@ class OpCosts(NamedTuple):
     #: under a run-ahead host model (eager PyTorch, :data:`dml2comm.cost.host.PYTORCH`): the
     #: times before it, so that ``times`` less these is the GPU's wait for the CPU; else None
     kernel_times: list[tuple[float, float]] | None = None
+    #: under a run-ahead host model, per logits output the training loss's (producer op,
+    #: forward s, backward s, forward kernel s, backward kernel s) in the same queue between the
+    #: two passes (:func:`dml2comm.cost.host.queue_between_times`); else empty (the stage tables
+    #: time the loss by :func:`dml2comm.cost.loss.cross_entropy_s`' own floor)
+    loss: tuple[tuple[int, float, float, float, float], ...] = ()
 
 
 # ----------------------------------------------------------------------------- cache keys
@@ -223,7 +241,15 @@ def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype:
         if profile is not None:
             lay = layered if layered is not None else layers_of(graph)
             scale = [profile.factor(lay.layers[lay.layer_of_op[i]].kind) for i in range(len(graph.ops))]
-        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention, autocast, scale)
+        loss = ()
+        if host.run_ahead:  # the loss the graph leaves out, queued between the passes
+            locals_ = [(producer, tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)].numel)
+                       for name, producer in logits_outputs(graph)]
+            upcast = graph_loss_upcasts(graph, stack, precision, train.itemsize)
+            factor = profile.factor("loss") if profile is not None else (1.0, 1.0)
+            work = queued_loss([n for _, n in locals_], train.itemsize, hbm * hbm_efficiency_of(gpu), stack, upcast, factor)
+            loss = tuple((producer, w) for (producer, _), w in zip(locals_, work))
+        return op_costs(graph, tp, train, gpu, peak, hbm, lenient, host, stack, attention, autocast, scale, loss)
 
     calibration = (gpu.gemm_sustained_factor, gpu.hbm_efficiency, tuple(sorted(gpu.calibrated_classes.items())))
     return derived(graph, OpCostsKey(tp_size, sequence_parallel, dtype, gpu.name, peak, hbm, lenient, calibration, host,
@@ -233,7 +259,8 @@ def shard_op_costs(graph: OpGraph, tp_size: int, sequence_parallel: bool, dtype:
 def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float, lenient: bool,
              host: HostModel | None = None, stack: str = Stack.MEGATRON,
              attention: str = AttentionKernel.UNFUSED, autocast: bool = False,
-             scale: Sequence[tuple[float, float]] | None = None) -> OpCosts:
+             scale: Sequence[tuple[float, float]] | None = None,
+             loss: Sequence[tuple[int, tuple[float, float, int, int]]] = ()) -> OpCosts:
     """Cost and time of every op on its tensor-parallel shard, and the unsharded forward FLOPs.
 
     Parameters
@@ -260,6 +287,9 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     scale
         Per op, (forward, backward) factors of its kernel time (a profiled step's measured /
         modelled ratios: :mod:`dml2comm.cost.profile`), applied before the host model; None: 1.
+    loss
+        Per logits output, its producer op and :func:`dml2comm.cost.loss.queued_loss`'s work:
+        queued between the passes under a run-ahead host model (``OpCosts.loss``), else ignored.
 
     Returns
     -------
@@ -289,12 +319,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         unfused = unfused_softmax_ops(graph, tp, train)
         times = fuse_pointwise(graph, tp, train, costs, times, peak * FLOP_EFFICIENCY, hbm * hbm_eff, unfused)
     flash = flash_cores_of(graph) if attention is AttentionKernel.FLASH else ()
-    if flash:
-        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm * hbm_eff,
-                                        (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0))
-        unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
-    if unfused and train.itemsize == 2:
-        times = _softmax_fp32_casts(graph, tp, unfused, times, hbm * hbm_eff)
+    costs, times, unfused = _attention_kernels(graph, tp, train, gpu, peak, hbm * hbm_eff, flash, unfused, costs, times)
     forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
     costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff) if forks else (costs, times, [0] * len(costs))
     casts = [(0, 0)] * len(costs)
@@ -306,10 +331,40 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host, kernel_times = host_model.DEFAULT if host is None else host, times  # the times before the host model
+    queued: tuple[tuple[int, float, float, float, float], ...] = ()
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, counted, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
-        times = host_bound_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host)
-    return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None)
+        times, queued = _host_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host, loss)
+    return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None, queued)
+
+
+def _attention_kernels(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float,
+                       flash: Sequence[FlashCore], unfused: frozenset[int], costs: list[OpCost], times: list[tuple[float, float]]
+                       ) -> tuple[list[OpCost], list[tuple[float, float]], frozenset[int]]:
+    """The flash cores as one kernel each (:func:`flash_core_costs`, at the GPU's calibrated
+    attention factors where ``calibrate`` kept them), and the fp32 casts around each unfused
+    16-bit softmax left (:func:`_softmax_fp32_casts`).  ``hbm``: the achieved HBM rate.  Returns
+    the costs, the times and the unfused softmax ops left."""
+    if flash:
+        costs, times = flash_core_costs(flash, tp, train, costs, times, peak, hbm,
+                                        (class_value(gpu, "attention_fwd") or 1.0, class_value(gpu, "attention_bwd") or 1.0))
+        unfused = frozenset(i for i in unfused if not any(i in core.ops for core in flash))
+    if unfused and train.itemsize == 2:
+        times = _softmax_fp32_casts(graph, tp, unfused, times, hbm)
+    return costs, times, unfused
+
+
+def _host_times(times: list[tuple[float, float]], kernels: list[tuple[int, int]], is_gemm: Sequence[bool], host: HostModel,
+                loss: Sequence[tuple[int, tuple[float, float, int, int]]]
+                ) -> tuple[list[tuple[float, float]], tuple[tuple[int, float, float, float, float], ...]]:
+    """The op times with the host model (:func:`dml2comm.cost.host.host_bound_times`), and under
+    a run-ahead model the loss queued between the passes: per logits output (producer op, its
+    forward and backward time in the queue, its forward and backward kernel time)."""
+    between = [work for _, work in loss] if host.run_ahead else []
+    times, loss_times = host_bound_times(times, kernels, is_gemm, host, between)
+    if not loss_times:
+        return times, ()
+    return times, tuple((i, f, b, w[0], w[1]) for (i, w), (f, b) in zip(loss, loss_times))
 
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
@@ -324,11 +379,28 @@ def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Te
     costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
     costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff)
     batch_norm = {op.index: BATCH_NORM_EXTRA_KERNELS for op in graph.ops if op.op_type in BATCH_NORM_OPS and not costs[op.index].fallback}
-    for more in (conv, autograd, batch_norm):
+    for more in (conv, autograd, batch_norm, eager_embedding_kernels(graph, costs)):
         for i, (f, b) in more.items():
             f0, b0 = extra_kernels.get(i, (0, 0))
             extra_kernels[i] = (f0 + f, b0 + b)
     return costs, times
+
+
+def eager_embedding_kernels(graph: OpGraph, costs: Sequence[OpCost]) -> dict[int, tuple[int, int]]:
+    """Per embedding lookup (a ``Gather`` from a weight whose table gradient is computed), the
+    backward launches eager PyTorch runs beyond the one the op rule counts: the direct or the
+    sorted path of :data:`EMBEDDING_BACKWARD_LAUNCHES`, by its indices' count
+    (:data:`EMBEDDING_SORT_THRESHOLD`; every micro-batch's token, not sharded)."""
+    out = {}
+    for op in graph.ops:
+        if op.op_type != "Gather" or len(op.inputs) < 2 or costs[op.index].bytes_bwd <= 0:
+            continue
+        table, indices = graph.tensors.get(op.inputs[0]), graph.tensors.get(op.inputs[1])
+        if table is None or indices is None or not table.is_weight or indices.dtype.is_float:
+            continue
+        direct, sorted_ = EMBEDDING_BACKWARD_LAUNCHES
+        out[op.index] = (0, (sorted_ if indices.numel > EMBEDDING_SORT_THRESHOLD else direct) - 1)
+    return out
 
 
 def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts: list[tuple[int, int]] | None,
