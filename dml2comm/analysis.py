@@ -229,9 +229,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     # ---- per-op costs on the tensor-parallel shard (each op once; cached per graph: dml2comm.cost.ops)
     # "auto": the stack's (cost.host.STACK_HOST_MODEL); --profile: the one measured from the trace
     host = host_model(cluster.host_model, config.stack, cluster.profile_scale.host if cluster.profile_scale else None)
-    costs, times, full_flops, fallback_types, _, _ = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu,
-                                                              lenient, host, config.stack, config.attention, config.precision,
-                                                              cluster.profile_scale, layered)
+    op_costs = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, gpu, lenient, host, config.stack,
+                              config.attention, config.precision, cluster.profile_scale, layered)
+    costs, times, full_flops, fallback_types = op_costs.costs, op_costs.times, op_costs.full_flops, op_costs.fallback_types
     if fallback_types:
         warnings.append(f"no cost rule for {', '.join(sorted(fallback_types))}: costed as memory-bound (--lenient)")
 

@@ -497,9 +497,9 @@ class LayerCoster:
             raise NotRepeating
         graph, layered = self.graph, self.layered
         tp = self._tp(config)
-        _, times, full_flops, _, kernel_times, queued_loss = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu,
-                                                               self.lenient, self.host_for(config), config.stack, config.attention,
-                                                               config.precision, self.profile, layered)
+        op_costs = shard_op_costs(graph, config.tp_size, config.sequence_parallel, config.dtype, self.gpu, self.lenient,
+                                  self.host_for(config), config.stack, config.attention, config.precision, self.profile, layered)
+        times, full_flops, kernel_times, queued_loss = op_costs.times, op_costs.full_flops, op_costs.kernel_times, op_costs.loss
         n = len(layered.layers)
         seq_len = config.seq_len or infer_seq_len(graph)
         cp, cf = self._scale(config)

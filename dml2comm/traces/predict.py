@@ -121,6 +121,8 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
             "shared_sum_s": shared_s,
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
+            "launches": shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack), one.stack,
+                                       one.attention, one.precision, None, layered).launches,
             "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
 
 
@@ -231,10 +233,11 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
     detail += (("error", error_figures(parts, step_time_s)),)
     host = None
     if stack is not None:
-        host, factor = fitted_host_model([p["host"] for p in parts], host_model(AUTO, stack), step_time_s)
+        host, factor = fitted_host_model([p["host"] for p in parts], host_model(AUTO, stack), step_time_s,
+                                         [p.get("launches") or p["host"].kernels for p in parts])
         detail += (("host", {"kernel_s": host.kernel_s, "gap_s": host.gap_s, "run_ahead": host.run_ahead,
                              "step_time_s": step_time_s, "cpu_slowdown_factor": factor,
-                             "traces": [{"file": p["file"], **p["host"].to_dict()} for p in parts]}),)
+                             "traces": [{"file": p["file"], **p["host"].to_dict(), "launches": p.get("launches")} for p in parts]}),)
     return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), host, detail)
 
 
