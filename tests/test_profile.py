@@ -160,3 +160,18 @@ def test_fast_path_equals_the_analysis_with_a_profile(gpt2_parts):
         assert row["iteration_time_s"] == pytest.approx(full["iteration_time_s"], rel=1e-9), config
         without = analyze_graph(imported, config, plain, advise=False, timeline=False).summary
         assert full["iteration_time_s"] != without["iteration_time_s"]  # the ratios are read, and cached apart
+
+
+def test_a_trace_of_several_steps_spreads_its_launch_time_over_each_steps_kernels(gpt2_parts):
+    # a trace of two identical profiled steps (ProfilerStep#1, #2): twice the launch time over
+    # twice the modelled kernels, the same issue time per kernel as one step
+    g = gpt2_parts["host"]
+    two = dataclasses.replace(g, steps=2, issue_s=2 * g.issue_s, kernels=2 * g.kernels, gpu_items=2 * g.gpu_items)
+    one, _ = fitted_host_model([g], PYTORCH, None, [gpt2_parts["launches"]])
+    both, _ = fitted_host_model([two], PYTORCH, None, [gpt2_parts["launches"]])
+    assert both.kernel_s == pytest.approx(one.kernel_s, rel=1e-12)
+    assert g.steps == 1  # the bundled traces hold one step, no ProfilerStep annotation
+    # --step-time is one step's time: a host-bound trace of two steps spans both
+    timed = 0.0516
+    two_span = dataclasses.replace(two, gpu_span_s=2 * g.gpu_span_s, starved_idle_s=2 * g.starved_idle_s)
+    assert fitted_host_model([two_span], PYTORCH, timed)[1] == pytest.approx(fitted_host_model([g], PYTORCH, timed)[1], rel=1e-12)

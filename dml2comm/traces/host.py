@@ -20,8 +20,9 @@ memsets and copies, each joined to the CUDA runtime or driver call that launched
 The profiler slows the CPU side (``record_shapes=True`` records about five CPU operators per
 kernel), so the issue time is that of the profiled step.  Where the step's time without the
 profiler is known (``--step-time``) and the profiled step is host-bound, the CPU-side figure is
-scaled by the profiler's slowdown ``timed step / profiled GPU span`` (at most 1): in a host-bound
-step the span is the CPU's, so their ratio is the CPU's speed-up without the profiler (an
+scaled by the profiler's slowdown ``timed step / profiled GPU span per step`` (at most 1; a trace
+of several ``ProfilerStep`` annotations spans several steps): in a host-bound step the span is the
+CPU's, so their ratio is the CPU's speed-up without the profiler (an
 underestimate of it where parts of the step are GPU-bound).  Otherwise (no ``--step-time``, or
 a GPU-bound step, whose span does not show the CPU) it is divided by the measured median
 slowdown :data:`PROFILER_CPU_SLOWDOWN`.  The GPU's idle per kernel is not scaled: the profiler
@@ -39,7 +40,7 @@ import numpy as np
 from dml2comm.cost.host import HostModel
 from dml2comm.errors import ConfigError
 from dml2comm.traces.classify import launch_rows
-from dml2comm.traces.load import Kind, RankTrace
+from dml2comm.traces.load import Kind, RankTrace, step_names
 
 __all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "PROFILER_CPU_SLOWDOWN", "HostFigures", "fitted_host_model", "host_figures"]
 
@@ -81,6 +82,7 @@ class HostFigures:
     queued_gaps : gaps between consecutive GPU items whose launch came before the GPU was free.
     gap_s : their mean idle time (0 without any).
     starved_idle_s : idle time of the other gaps (the GPU waiting for the CPU).
+    steps : the profiled steps the trace holds (``ProfilerStep#N`` annotations, at least 1).
     """
 
     kernels: int
@@ -93,6 +95,8 @@ class HostFigures:
     queued_gaps: int
     gap_s: float
     starved_idle_s: float
+    #: the ``ProfilerStep#N`` annotations the trace holds (at least 1: a trace without any is one step)
+    steps: int = 1
 
     @property
     def host_bound(self) -> bool:
@@ -137,7 +141,7 @@ def host_figures(trace: RankTrace) -> HostFigures:
                        gpu_span_s=span_us * 1e-6, cpu_span_s=cpu_span_us * 1e-6, issue_s=issue_us * 1e-6,
                        kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
                        gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
-                       starved_idle_s=float(idle[~queued].sum()) * 1e-6)
+                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(np.count_nonzero(step_names(trace)))))
 
 
 def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s: float | None = None,
@@ -151,20 +155,21 @@ def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s
     figures : :func:`host_figures` of each trace.
     preset : the stack's host model, whose other terms (run-ahead queue, per-message times) stay.
     step_time_s : the step's time without the profiler (``--step-time``); with one trace that is
-        host-bound, the issue time is scaled by ``min(1, step_time_s / gpu_span_s)`` (module
+        host-bound, the issue time is scaled by ``min(1, step_time_s x steps / gpu_span_s)`` (module
         docstring); otherwise the factor is ``1 / PROFILER_CPU_SLOWDOWN``.
-    launches : per trace, the kernels the cost model charges the host's ``kernel_s`` for at the
-        profiled shape (``OpCosts.launches``), over which its issue time is spread, so that the
-        model's host time of that step is the trace's issue time (the trace's own kernels count
-        no memsets and the model's count differs by a few percent: GPT-2 small 753 at b = 8
-        against 704 kernels and 119 memsets); None: the trace's kernels.
+    launches : per trace, the kernels the cost model charges the host's ``kernel_s`` for in one
+        step at the profiled shape (``OpCosts.launches``), over which its issue time is spread
+        (times its ``steps``), so that the model's host time of that step is the trace's issue
+        time (the trace's own kernels count no memsets and the model's count differs by a few
+        percent: GPT-2 small 753 at b = 8 against 704 kernels and 119 memsets); None: the
+        trace's kernels.
 
     Raises
     ------
     ConfigError
         ``step_time_s`` not a positive number, or given with several traces (which step is it?).
     """
-    kernels = sum(launches) if launches is not None else sum(f.kernels for f in figures)
+    kernels = sum(n * f.steps for n, f in zip(launches, figures)) if launches is not None else sum(f.kernels for f in figures)
     queued = sum(f.queued_gaps for f in figures)
     kernel_s = sum(f.issue_s for f in figures) / kernels
     gap_s = sum(f.gap_s * f.queued_gaps for f in figures) / queued if queued else 0.0
@@ -175,5 +180,5 @@ def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s
         if len(figures) != 1:
             raise ConfigError("--step-time is the time of one profiled step; pass one --profile trace with it")
         if figures[0].host_bound:
-            factor = min(1.0, step_time_s / figures[0].gpu_span_s)
+            factor = min(1.0, step_time_s * figures[0].steps / figures[0].gpu_span_s)  # the span holds every profiled step
     return dataclasses.replace(preset, name="trace", kernel_s=kernel_s * factor, gap_s=gap_s), factor
