@@ -175,3 +175,5 @@ def test_a_trace_of_several_steps_spreads_its_launch_time_over_each_steps_kernel
     timed = 0.0516
     two_span = dataclasses.replace(two, gpu_span_s=2 * g.gpu_span_s, starved_idle_s=2 * g.starved_idle_s)
     assert fitted_host_model([two_span], PYTORCH, timed)[1] == pytest.approx(fitted_host_model([g], PYTORCH, timed)[1], rel=1e-12)
+    # a trace without the model's count (None) spreads over its own kernels, every step's
+    assert fitted_host_model([two], PYTORCH, None, [None])[0].kernel_s == pytest.approx(g.issue_s / g.kernels / PROFILER_CPU_SLOWDOWN, rel=1e-12)

@@ -585,9 +585,11 @@ class LayerCoster:
         in_queue = {producer: (f, b) for producer, f, b, _, _ in queued}
         for name, producer in logits:
             local = tp.shards[producer].outputs[graph.ops[producer].outputs.index(name)]
-            f, b = in_queue.get(producer) or cross_entropy_s(
-                local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack, upcast,
-                self.profile.factor("loss") if self.profile is not None else (1.0, 1.0))
+            if producer in in_queue:
+                f, b = in_queue[producer]
+            else:
+                f, b = cross_entropy_s(local.numel, config.train_dtype.itemsize, achieved_hbm, self.host_for(config).kernel_s, config.stack,
+                                       upcast, self.profile.factor("loss") if self.profile is not None else (1.0, 1.0))
             saved, transient = loss_memory_bytes(local.numel, config.stack, upcast, config.train_dtype.itemsize)
             li = self.layered.layer_of_op[producer]
             loss_f[li] += f / cp

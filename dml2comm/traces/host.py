@@ -145,7 +145,7 @@ def host_figures(trace: RankTrace) -> HostFigures:
 
 
 def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s: float | None = None,
-                      launches: list[int] | None = None) -> tuple[HostModel, float]:
+                      launches: list[int | None] | None = None) -> tuple[HostModel, float]:
     """The host model of one or more profiled steps: ``preset`` (the stack's) with their issue time
     per kernel and idle per queued kernel (summed over the traces, over their kernels and queued
     gaps), named ``trace``; and the slowdown factor applied to the issue time.
@@ -161,15 +161,16 @@ def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s
         step at the profiled shape (``OpCosts.launches``), over which its issue time is spread
         (times its ``steps``), so that the model's host time of that step is the trace's issue
         time (the trace's own kernels count no memsets and the model's count differs by a few
-        percent: GPT-2 small 753 at b = 8 against 704 kernels and 119 memsets); None: the
-        trace's kernels.
+        percent: GPT-2 small 753 at b = 8 against 704 kernels and 119 memsets); None (for all, or
+        for one trace, or 0): that trace's own kernels, every step's.
 
     Raises
     ------
     ConfigError
         ``step_time_s`` not a positive number, or given with several traces (which step is it?).
     """
-    kernels = sum(n * f.steps for n, f in zip(launches, figures)) if launches is not None else sum(f.kernels for f in figures)
+    launches = launches if launches is not None else [None] * len(figures)
+    kernels = sum(n * f.steps if n else f.kernels for n, f in zip(launches, figures))
     queued = sum(f.queued_gaps for f in figures)
     kernel_s = sum(f.issue_s for f in figures) / kernels
     gap_s = sum(f.gap_s * f.queued_gaps for f in figures) / queued if queued else 0.0

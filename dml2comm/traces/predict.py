@@ -234,7 +234,7 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
     host = None
     if stack is not None:
         host, factor = fitted_host_model([p["host"] for p in parts], host_model(AUTO, stack), step_time_s,
-                                         [p.get("launches") or p["host"].kernels for p in parts])
+                                         [p.get("launches") for p in parts])
         detail += (("host", {"kernel_s": host.kernel_s, "gap_s": host.gap_s, "run_ahead": host.run_ahead,
                              "step_time_s": step_time_s, "cpu_slowdown_factor": factor,
                              "traces": [{"file": p["file"], **p["host"].to_dict(), "launches": p.get("launches")} for p in parts]}),)
