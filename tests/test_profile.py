@@ -91,7 +91,8 @@ def test_host_figures_of_the_bundled_traces(gpt2_parts):
     assert g.starved_idle_s == pytest.approx(11.44e-3, abs=0.01e-3) and g.host_bound  # 19% of the span
     llama = host_figures(load_trace(LLAMA[1]))
     assert (llama.kernels, llama.queued_gaps) == (2025, 2348)
-    assert llama.kernel_s == pytest.approx(40.64e-6, abs=0.01e-6) and llama.gap_s == pytest.approx(1.626e-6, abs=0.001e-6)
+    # 40.64 us with the intervals after its 273 launches into a full queue counted (tests/test_host_queue.py)
+    assert llama.kernel_s == pytest.approx(39.14e-6, abs=0.01e-6) and llama.gap_s == pytest.approx(1.626e-6, abs=0.001e-6)
     assert llama.starved_idle_s == pytest.approx(1.97e-3, abs=0.01e-3) and not llama.host_bound  # 1.1% of 180.0 ms
     # the fitted model: the stack's preset with the trace's figures; --step-time scales the issue
     # time of a host-bound step only, never up

@@ -314,7 +314,9 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
                                             f"(measured / modelled, forward/backward: {ratios})")]
     host = dict(scale.detail).get("host")
     if scale.host is not None and host is not None:
-        bound = ", ".join(f"{t['file']} {'host' if t['host_bound'] else 'GPU'}-bound" for t in host["traces"])
+        bound = ", ".join(f"{t['file']} {'host' if t['host_bound'] else 'GPU'}-bound"
+                          + (f", {t['full_queue_launches']:,} launches into a full queue left out" if t.get("full_queue_launches") else "")
+                          for t in host["traces"])
         slow = (f"; CPU side x{host['cpu_slowdown_factor']:.3f} for --step-time {host['step_time_s'] * 1e3:.2f} ms"
                 if host["step_time_s"] is not None
                 else f"; CPU side x{host['cpu_slowdown_factor']:.3f}, the profiler's measured median slowdown (--step-time measures a host-bound step's)")

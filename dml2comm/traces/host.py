@@ -7,9 +7,14 @@ memsets and copies, each joined to the CUDA runtime or driver call that launched
 ``correlation`` id:
 
 - **issue time per kernel** (``kernel_s``): the intervals between consecutive launches shorter
-  than :data:`ISSUE_GAP_S`, summed, over the kernels.  A longer interval is the CPU blocked on a
-  full launch queue or crossing the loss and optimizer (a ``cudaDeviceSynchronize``, a long
-  ``aten::add_``), not issue work.
+  than :data:`ISSUE_GAP_S`, summed, over the kernels.  A longer interval is the CPU blocked
+  (crossing the loss and optimizer: a ``cudaDeviceSynchronize``, a long ``aten::add_``), not issue
+  work.  So is the interval after a launch that found CUDA's launch queue full (about a thousand
+  GPU items launched and not finished: the call waits for the GPU to free a slot, and the
+  intervals there follow the GPU's kernels, not the CPU): in a GPU-bound step whose queue fills,
+  these intervals are left out and the issue time of the others is scaled up to all launches
+  (:data:`QUEUE_BLOCKED_SHARE`).  Counted, they made the issue time per kernel of the measured
+  Llama-1B steps at 16,384 tokens 6-33% longer than without them.
 - **idle per kernel in GPU-bound stretches** (``gap_s``): the mean idle time between consecutive
   GPU items where the next one's launch call had returned before the GPU finished the one before
   (the queue was not empty: the device's own latency between back-to-back kernels).
@@ -42,10 +47,30 @@ from dml2comm.errors import ConfigError
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
-__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "PROFILER_CPU_SLOWDOWN", "HostFigures", "fitted_host_model", "host_figures"]
+__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "LAUNCH_BLOCKED_S", "PROFILER_CPU_SLOWDOWN", "QUEUE_BLOCKED_SHARE",
+           "QUEUE_FULL_LAUNCHES", "HostFigures", "fitted_host_model", "host_figures"]
 
 #: Below this a launch-to-launch interval is the CPU issuing, not waiting (seconds).
 ISSUE_GAP_S = 200e-6
+#: A launch finds the launch queue full when the GPU items launched before it and not yet
+#: finished are the most the trace ever had pending, or one fewer, and at least this share of the
+#: launches at that depth were blocked (CUDA's queue holds about a thousand launches, after which
+#: ``cudaLaunchKernel`` waits for a slot: stackoverflow.com/q/53970187).  In the Llama-1B traces
+#: of ``benchmarks/data/gpu_steps/profiler_slowdown.csv`` (H100 and H200) whose queue filled, the
+#: depth is 1,022 (once 1,023) and 61-87% of the launches there were blocked (0-7% at 1,021), the
+#: interval after them 92-116 us against 20-51 us one below; in the traces whose queue never
+#: filled, none, or a handful at their deepest.
+QUEUE_BLOCKED_SHARE = 0.2
+#: The fewest launches made at the trace's deepest queue (its two deepest levels) for it to be a
+#: full one: a queue that fills stays full (85-585 launches at 1,022 or 1,023 in the measured
+#: Llama-1B traces); a trace whose queue never fills can have one launch at its deepest that
+#: waited for another reason (GPT-2 small's bundled H100 trace: one at 418, blocked), and has at
+#: most 33 launches in its two deepest levels.
+QUEUE_FULL_LAUNCHES = 32
+#: A launch call this much longer than the trace's 10th-percentile call waited (seconds; that call
+#: takes 4-5 us in the measured traces, the median one 5-9 us; in a step whose queue stays full
+#: most calls wait, so the median is no reference).
+LAUNCH_BLOCKED_S = 20e-6
 #: A step is host-bound when the GPU waited for launches longer than this share of its span.
 HOST_BOUND_SHARE = 0.05
 #: How much slower the CPU issues a step's kernels under ``torch.profiler`` (CPU and CUDA
@@ -77,12 +102,14 @@ class HostFigures:
     gpu_busy_s : the union of the GPU items' intervals.
     gpu_span_s : first GPU item's start to the last one's end.
     cpu_span_s : the CPU operators' span (first start to last end).
-    issue_s : launch-to-launch intervals below :data:`ISSUE_GAP_S`, summed.
+    issue_s : launch-to-launch intervals below :data:`ISSUE_GAP_S`, summed (those after a launch
+        that found the queue full left out, the others scaled up to all launches).
     kernel_s : ``issue_s / kernels``: the CPU's issue time per kernel.
     queued_gaps : gaps between consecutive GPU items whose launch came before the GPU was free.
     gap_s : their mean idle time (0 without any).
     starved_idle_s : idle time of the other gaps (the GPU waiting for the CPU).
     steps : the profiled steps the trace holds (``ProfilerStep#N`` annotations, at least 1).
+    full_queue_launches : launches that found the launch queue full (module docstring).
     """
 
     kernels: int
@@ -97,6 +124,8 @@ class HostFigures:
     starved_idle_s: float
     #: the ``ProfilerStep#N`` annotations the trace holds (at least 1: a trace without any is one step)
     steps: int = 1
+    #: launches that found the launch queue full (their intervals left out of ``issue_s``)
+    full_queue_launches: int = 0
 
     @property
     def host_bound(self) -> bool:
@@ -125,11 +154,9 @@ def host_figures(trace: RankTrace) -> HostFigures:
     launch = launch_rows(trace, gpu)
     if not np.any(launch >= 0):
         raise ConfigError(f"{name}: no GPU kernel has its launch call in the trace; profile with CPU and CUDA activities")
-    launch_ts = np.sort(trace.ts[launch[launch >= 0]])
-    steps = np.diff(launch_ts)
-    issue_us = float(steps[steps < ISSUE_GAP_S * 1e6].sum())
     start = trace.ts[gpu]
     end = np.maximum.accumulate(start + trace.dur[gpu])  # the GPU is free after every item before
+    issue_us, full = _issue_us(trace, launch[launch >= 0], (start + trace.dur[gpu])[launch >= 0])
     idle = np.clip(start[1:] - end[:-1], 0.0, None)
     returned = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)] + trace.dur[np.maximum(launch, 0)], np.inf)
     queued = returned[1:] <= end[:-1]
@@ -141,7 +168,38 @@ def host_figures(trace: RankTrace) -> HostFigures:
                        gpu_span_s=span_us * 1e-6, cpu_span_s=cpu_span_us * 1e-6, issue_s=issue_us * 1e-6,
                        kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
                        gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
-                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(np.count_nonzero(step_names(trace)))))
+                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(np.count_nonzero(step_names(trace)))),
+                       full_queue_launches=full)
+
+
+def _issue_us(trace: RankTrace, launch: np.ndarray, gpu_end: np.ndarray) -> tuple[float, int]:
+    """The CPU's issue time of the step (microseconds) and the launches it made with the launch
+    queue full (module docstring).
+
+    ``launch``: the runtime-call rows of the GPU items that have one; ``gpu_end``: those items' end
+    times.  A launch's interval runs from its call to the next launch's.  An interval below
+    :data:`ISSUE_GAP_S` counts as issue work unless its launch found the queue full: the GPU items
+    launched before it and not yet finished are the most the trace ever had pending or one fewer,
+    at least :data:`QUEUE_FULL_LAUNCHES` launches were made at that depth, and at least
+    :data:`QUEUE_BLOCKED_SHARE` of them were blocked (their call longer than
+    :data:`LAUNCH_BLOCKED_S` past the 10th-percentile call).  The issue time of the other
+    intervals is scaled up to all of them (the CPU's work per launch taken to be the same).
+    """
+    order = np.argsort(trace.ts[launch], kind="stable")
+    launch_ts = trace.ts[launch][order]
+    call = trace.dur[launch][order]
+    interval = np.diff(launch_ts)
+    pending = np.arange(launch_ts.size) - np.searchsorted(np.sort(gpu_end), launch_ts, side="right")
+    deep = pending >= pending.max() - 1  # the queue's last two slots (a GPU item may end during the call)
+    blocked = call > np.percentile(call, 10) + LAUNCH_BLOCKED_S * 1e6  # past a call that did not wait
+    n_deep = np.count_nonzero(deep)
+    filled = n_deep >= QUEUE_FULL_LAUNCHES and np.count_nonzero(blocked & deep) >= QUEUE_BLOCKED_SHARE * n_deep
+    full = deep if filled else np.zeros_like(deep)
+    free = ~full[:-1]
+    if not np.any(free):
+        return float(interval[interval < ISSUE_GAP_S * 1e6].sum()), int(np.count_nonzero(full))
+    kept = free & (interval < ISSUE_GAP_S * 1e6)
+    return float(interval[kept].sum()) * interval.size / np.count_nonzero(free), int(np.count_nonzero(full))
 
 
 def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s: float | None = None,
