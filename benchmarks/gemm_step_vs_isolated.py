@@ -58,27 +58,39 @@ def isolated(rows: list[dict], a: int, b: int, c: int) -> float | None:
     return statistics.mean(got) if got else None
 
 
-def main() -> None:
+def blocks_totals(name: str, show: bool = False) -> dict[str, float]:
+    """Over the blocks' GEMMs of trace ``name`` whose shape ``kernels.json`` holds (the LM head's
+    left out): seconds in the step (each shape's median call), measured alone and by the law
+    (``step_matched``, ``alone``, ``law_matched``); ``show`` prints each shape."""
     rows = json.load(open(DATA / "kernels.json"))["gemm"]
     h100 = get_gpu("h100")
-    for name in TRACES:
-        print(name)
-        tot = defaultdict(float)
-        for (a, b, c), durs in sorted(trace_gemms(name).items(), key=lambda kv: -sum(kv[1])):
-            step = statistics.median(durs)
-            alone = isolated(rows, a, b, c)
-            law = gemm_time_s(h100, "bf16", 1, a, c, b)
-            n = len(durs)
-            if alone is not None and max(a, b, c) < HEAD_DIM:
-                tot["step_matched"] += step * n
-                tot["alone"] += alone * n
-                tot["law_matched"] += law * n
+    tot: dict[str, float] = defaultdict(float)
+    for (a, b, c), durs in sorted(trace_gemms(name).items(), key=lambda kv: -sum(kv[1])):
+        step = statistics.median(durs)
+        alone = isolated(rows, a, b, c)
+        law = gemm_time_s(h100, "bf16", 1, a, c, b)
+        n = len(durs)
+        if alone is not None and max(a, b, c) < HEAD_DIM:
+            tot["step_matched"] += step * n
+            tot["alone"] += alone * n
+            tot["law_matched"] += law * n
+        if show:
             iso = f"{alone * 1e6:9.1f} us ({step / alone - 1:+6.1%})" if alone else f"{'-':>23s}"
             print(f"  [{a:6d},{b:6d}]@[{b:6d},{c:6d}] x{n:3d}  step {step * 1e6:9.1f} us  alone {iso}"
                   f"  law {law * 1e6:9.1f} us (step/law {step / law - 1:+6.1%})")
+    return tot
+
+
+def main() -> None:
+    shares = []
+    for name in TRACES:
+        print(name)
+        tot = blocks_totals(name, show=True)
+        shares.append(tot["step_matched"] / tot["law_matched"])
         print(f"  blocks' GEMMs where kernels.json has the shape: step {tot['step_matched'] * 1e3:.2f} ms, alone {tot['alone'] * 1e3:.2f} ms "
               f"({tot['step_matched'] / tot['alone'] - 1:+.1%}), law {tot['law_matched'] * 1e3:.2f} ms "
               f"(step/law {tot['step_matched'] / tot['law_matched'] - 1:+.1%})")
+    print(f"mean step/law share {statistics.mean(shares):.3f} (dml2comm.cost.gemm.IN_STEP_GEMM_SHARE)")
 
 
 if __name__ == "__main__":

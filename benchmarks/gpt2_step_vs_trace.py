@@ -83,7 +83,8 @@ def model_classes(stack: str, attention: str) -> tuple[dict[str, float], dict[st
     imported = load_model(MODEL, ImportOptions(batch_size=8))
     graph = imported.graph
     config = ParallelConfig(micro_batch_size=8, global_batch_size=8, stack=stack, attention=attention, precision="bf16")
-    costs, times, _, _, _ = shard_op_costs(graph, 1, False, "bf16", gpu, False, NONE, config.stack, config.attention)
+    op_costs = shard_op_costs(graph, 1, False, "bf16", gpu, False, NONE, config.stack, config.attention, config.precision)
+    costs, times = op_costs.costs, op_costs.times
     carriers = {core.context_op for core in flash_cores_of(graph)} if config.attention == "flash" else set()
     head = {p for _, p in logits_outputs(graph)}
     secs: dict[str, float] = defaultdict(float)

@@ -101,11 +101,13 @@ def test_the_split_is_calibrations_shape_split():
 
 def test_the_bundled_traces_held_out_errors(parts):
     # GPT-2 small: the head's GEMM (N = 50257) runs at another measured / modelled ratio than the
-    # blocks', so a ratio carries 12% per doubling of shape; Llama-1B's shapes agree within 1%
+    # blocks', so a ratio carries 7% per doubling of shape (12% before the blocks' GEMMs were
+    # timed at their in-step share and their bias gradients by the column-sum law); Llama-1B's
+    # shapes agree within 1%
     gpt2 = dict(profile_scale([parts["gpt2"]]).detail)["error"]["held_out"]
     llama = dict(profile_scale([parts["llama"]]).detail)["error"]["held_out"]
     assert gpt2["shapes"] == llama["shapes"] == 4
-    assert gpt2["per_doubling"] == pytest.approx(0.119, abs=0.001)
+    assert gpt2["per_doubling"] == pytest.approx(0.070, abs=0.001)
     assert llama["per_doubling"] == pytest.approx(0.0088, abs=0.0005)
 
 
@@ -128,9 +130,11 @@ def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):
 def test_gpt2_from_llamas_ratios_is_covered(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
     # distance from Llama's GEMM shapes to GPT-2's.  Against the mean of the four measurements of
-    # the GPT-2 step (two machines, validate.steps) the prediction is 1.8% off, inside the band
+    # the GPT-2 step (two machines, validate.steps) the prediction is 4.3% off, inside the band
     # (5.5%, read from Llama's GPU-bound trace: it holds nothing of the pytorch preset host model's
-    # own error on GPT-2's host-affected step, which happens to be small here)
+    # own error on GPT-2's host-affected step).  Llama's block ratios (1.09 / 1.05) carry the
+    # element-wise work its export does not show (Hugging Face's fp32 RMSNorm, rotary halves),
+    # which GPT-2's blocks do not run
     from dml2comm.validate.steps import runs
 
     measured = next(r["time_s"] for r in runs() if r["name"] == "gpt2-small")
@@ -138,7 +142,7 @@ def test_gpt2_from_llamas_ratios_is_covered(parts):
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.65, abs=0.01) and band["components"]["shapes"] > 0
     error = abs(a.summary["iteration_time_s"] / measured - 1)
-    assert error == pytest.approx(0.018, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.055, abs=0.002)
+    assert error == pytest.approx(0.043, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.055, abs=0.002)
     assert error <= band["total"]
 
 

@@ -46,7 +46,8 @@ from dml2comm.cost.calibrated import NORM_OPS, class_value
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.loss import graph_loss_upcasts, logits_outputs, queued_loss
-from dml2comm.cost.gemm import GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
+from dml2comm.cost.colsum import column_sum_s
+from dml2comm.cost.gemm import IN_STEP_GEMM_SHARE, GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import AUTOCAST_FP32_OPS, POINTWISE_OPS, autocasts_activations, fusible_regions, linear_bias
 from dml2comm.cost.norm import BATCH_NORM_OPS, LAW_NORM_OPS, op_norm_times_s
@@ -316,7 +317,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
                                                                                  train_view)
     _head_split_views(graph, costs, times)
     if eager:
-        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels)
+        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, (gpu.sm_count, train, is_gemm))
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -339,6 +340,22 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
         kernels = op_kernel_counts(graph, counted, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         times, queued, launches = _host_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host, loss)
     return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None, queued, launches)
+
+
+def _in_step_gemms(graph: OpGraph, tp: TensorParallelPlan, train: DType, is_gemm: Sequence[bool],
+                   times: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Eager PyTorch's linear-layer GEMMs at :data:`dml2comm.cost.gemm.IN_STEP_GEMM_SHARE` of the
+    GEMM law's time: the non-batched products whose every GEMM is aligned (the unaligned ones run
+    cuBLAS's fallback kernels, as measured alone)."""
+    out = list(times)
+    for i, op in enumerate(graph.ops):
+        if not is_gemm[i] or op.op_type not in ("MatMul", "Gemm"):
+            continue
+        shard = tp.shards[i]
+        gemms = op_gemms(op.op_type, shard.inputs, shard.outputs, op.attrs)
+        if gemms is not None and all(g.b == 1 and is_aligned(train.label, *g) for g in gemms):
+            out[i] = (times[i][0] * IN_STEP_GEMM_SHARE, times[i][1] * IN_STEP_GEMM_SHARE)
+    return out
 
 
 def _attention_kernels(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, peak: float, hbm: float,
@@ -374,15 +391,20 @@ def _host_times(times: list[tuple[float, float]], kernels: list[tuple[int, int]]
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                  costs: list[OpCost], times: list[tuple[float, float]], hbm: float, hbm_eff: float,
-                 extra_kernels: dict[int, tuple[int, int]]) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                 extra_kernels: dict[int, tuple[int, int]], gemms: tuple[int | None, DType, Sequence[bool]]
+                 ) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels on top of the op rules: :func:`eager_costs` (bias adds, gradient
     sums to broadcast operands, GELU calls), :func:`eager_conv_layouts` and
     :func:`eager_autograd_costs`, whose extra (forward, backward) kernels are added to
-    ``extra_kernels`` in place, with BatchNorm's (:data:`BATCH_NORM_EXTRA_KERNELS`).  ``hbm``: the
-    GPU's kernel bandwidth; ``hbm_eff``: its memory-bound efficiency."""
-    costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff)
+    ``extra_kernels`` in place, with BatchNorm's (:data:`BATCH_NORM_EXTRA_KERNELS`); first the
+    GEMMs at their in-step share (:func:`_in_step_gemms`).  ``hbm``: the GPU's kernel bandwidth;
+    ``hbm_eff``: its memory-bound efficiency; ``gemms``: the GPU's SMs (the column sums' law,
+    :mod:`dml2comm.cost.colsum`), the training dtype and which ops are matrix products."""
+    sm_count, train, is_gemm = gemms
+    times = _in_step_gemms(graph, tp, train, is_gemm, times)  # the products alone, before the bias sums join them
+    costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff, ColumnSums(hbm, sm_count))
     costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
-    costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff)
+    costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff, ColumnSums(hbm, sm_count))
     batch_norm = {op.index: BATCH_NORM_EXTRA_KERNELS for op in graph.ops if op.op_type in BATCH_NORM_OPS and not costs[op.index].fallback}
     for more in (conv, autograd, batch_norm, eager_embedding_kernels(graph, costs)):
         for i, (f, b) in more.items():
@@ -751,8 +773,22 @@ def kernel_regions(graph: OpGraph, stack: str, attention: str) -> dict[int, int]
     return regions
 
 
+class ColumnSums(NamedTuple):
+    """The GPU terms of eager column sums (:func:`dml2comm.cost.colsum.column_sum_s`)."""
+
+    hbm_bytes_per_s: float  #: the GPU's kernel HBM bandwidth
+    sm_count: int | None
+
+    def seconds(self, reduced: Tensor, of: Tensor) -> float:
+        """One reduction of the gradient of ``of``'s shape onto ``reduced``'s (fewer elements):
+        ``of.numel / reduced.numel`` rows of ``reduced.numel`` columns in ``of``'s dtype."""
+        cols = max(reduced.numel, 1)
+        return column_sum_s(of.numel // cols, cols, of.dtype.itemsize, self.hbm_bytes_per_s, self.sm_count)
+
+
 def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
-                costs: list[OpCost], times: list[tuple[float, float]], hbm: float) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                costs: list[OpCost], times: list[tuple[float, float]], hbm: float, sums: ColumnSums | None = None
+                ) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels of ops the export split from what PyTorch runs as one, or runs
     without a kernel (module docstring); every other op keeps its own cost.
 
@@ -762,14 +798,21 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
     - An ``Add``'s backward (``AddBackward0``): the gradient passes through to an operand of
       the output's shape without a kernel; an operand broadcast to it (a bias, a mask) gets
       the gradient summed onto its shape (autograd's ``sum_to``): one reduction that reads the
-      output gradient and writes the operand's gradient, one add per output element.
+      output gradient and writes the operand's gradient, one add per output element, timed by
+      the column-sum law (``sums``, :mod:`dml2comm.cost.colsum`; without one at ``hbm``).
+    - A ``Gemm``'s bias (``addmm``, GPT-2's ``Conv1D``): its gradient is the same column sum of the
+      output gradient (``addmm``'s backward, ``grad.sum(0)``), added to the backward when
+      ``sums`` is given.
     - An ``F.gelu`` written as primitives: one kernel per pass (:func:`eager_gelu_costs`).
 
     ``view(name, tensor)``: a shard tensor as costed (the training dtype, fp32 islands);
-    ``hbm``: the achieved HBM rate (bytes/s) the reductions are timed with."""
+    ``hbm``: the achieved HBM rate (bytes/s)."""
     needs = needs_grad_of(graph)
     costs, times = list(costs), list(times)
     for op in graph.ops:
+        if sums is not None and op.op_type == "Gemm":
+            _gemm_bias_sum(op, tp, view, needs, costs, times, sums)
+            continue
         if op.op_type != "Add" or len(op.inputs) != 2 or op.domain not in ("", "ai.onnx") or costs[op.index].fallback:
             continue
         i, shard = op.index, tp.shards[op.index]
@@ -785,12 +828,30 @@ def eager_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Ten
         if _is_linear_bias(graph, op):
             fwd = (0.0, 0.0, 0.0, "bias add in the GEMM's epilogue (addmm)")
         costs[i] = OpCost(fwd[0], fwd[1], flops_bwd, bwd_bytes, f"{fwd[3]}; eager backward (AddBackward0)", c.fallback)
-        times[i] = (fwd[2], bwd_bytes / hbm)
+        bwd = (sum(sums.seconds(t, out) for t in reduced) * op.repeat) if sums is not None else bwd_bytes / hbm
+        times[i] = (fwd[2], bwd)
     return eager_gelu_costs(graph, tp, view, costs, times, hbm)
 
 
+def _gemm_bias_sum(op: Op, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None], needs: frozenset[str],
+                   costs: list[OpCost], times: list[tuple[float, float]], sums: ColumnSums) -> None:
+    """In place: a ``Gemm`` whose bias (third input) needs a gradient gets its column sum in the
+    backward (:func:`eager_costs`): the output gradient read once, the bias gradient written."""
+    c = costs[op.index]
+    if len(op.inputs) < 3 or op.inputs[2] not in needs or c.fallback or not op.outputs:
+        return
+    shard = tp.shards[op.index]
+    out = view(op.outputs[0], shard.outputs[0]) if shard.outputs else None
+    bias = view(op.inputs[2], shard.inputs[2]) if len(shard.inputs) > 2 else None
+    if out is None or bias is None or not out.dtype.is_float or bias.numel >= out.numel:
+        return
+    costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + (out.nbytes + bias.nbytes) * op.repeat,
+                             f"{c.rule}; the bias gradient's column sum (addmm)", c.fallback)
+    times[op.index] = (times[op.index][0], times[op.index][1] + sums.seconds(bias, out) * op.repeat)
+
+
 def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
-                         costs: list[OpCost], times: list[tuple[float, float]], hbm: float
+                         costs: list[OpCost], times: list[tuple[float, float]], hbm: float, sums: ColumnSums | None = None
                          ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, tuple[int, int]]]:
     """The backward kernels eager autograd runs where the op rules count one fused pass
     (PyTorch ``tools/autograd/derivatives.yaml`` and ``FunctionsManual.cpp``):
@@ -803,8 +864,9 @@ def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
       broadcast to the output (a norm's weight, ``x * rsqrt(var)``'s factor) a gradient of the
       output's shape written and then summed to the operand's (``sum_to``: one more kernel).
 
-    ``hbm``: the achieved HBM rate (bytes/s).  Returns the costs, the times and per op its extra
-    (forward, backward) kernels."""
+    ``hbm``: the achieved HBM rate (bytes/s); ``sums``: the column-sum law's GPU terms, which time
+    each ``sum_to`` (:mod:`dml2comm.cost.colsum`; without them its read is timed at ``hbm``).
+    Returns the costs, the times and per op its extra (forward, backward) kernels."""
     needs = needs_grad_of(graph)
     costs, times = list(costs), list(times)
     extra_kernels: dict[int, tuple[int, int]] = {}
@@ -828,6 +890,13 @@ def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
             broadcast = [t for t in grads if t.numel < out.numel]
             extra = (out.nbytes if len(grads) == 2 else 0) + 2.0 * out.nbytes * len(broadcast)
             kernels = len(broadcast)
+            if sums is not None and broadcast:  # the sum_to's read of the written gradient: the column-sum law
+                extra -= out.nbytes * len(broadcast)
+                f, b = times[op.index]
+                c = costs[op.index]
+                costs[op.index] = OpCost(c.flops_fwd, c.bytes_fwd, c.flops_bwd, c.bytes_bwd + out.nbytes * len(broadcast) * op.repeat,
+                                         c.rule, c.fallback)
+                times[op.index] = (f, b + sum(sums.seconds(t, out) for t in broadcast) * op.repeat)
         if extra <= 0:
             continue
         _add_traffic(costs, times, op.index, 0, extra * op.repeat, hbm, "; eager autograd's kernels")

@@ -31,6 +31,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("GEMM time: measured tables and the shape law", "dml2comm.cost.gemm"),
     ("Op costs and fused kernels", "dml2comm.cost.ops"),
     ("Eager LayerNorm, RMSNorm and BatchNorm kernels", "dml2comm.cost.norm"),
+    ("Eager column sums (bias and weight gradients)", "dml2comm.cost.colsum"),
     ("Eager GELU written as primitives", "dml2comm.cost.gelu"),
     ("Host-side time", "dml2comm.cost.host"),
     ("Training loss (cross-entropy)", "dml2comm.cost.loss"),
