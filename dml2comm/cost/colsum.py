@@ -1,26 +1,25 @@
-"""Eager PyTorch's column sums: the reduction autograd runs to sum a gradient onto a broadcast
-operand (``sum_to``), a linear layer's bias gradient (``grad.sum(0)`` in ``addmm``'s and
-``AddBackward0``'s backward) or a norm's weight gradient written as primitives (``x_hat * w``'s
-``MulBackward0``).
+"""Eager PyTorch's column sums: the reduction autograd runs to sum a gradient onto a broadcast operand
+(``sum_to``), a linear layer's bias gradient (``grad.sum(0)`` in ``addmm``'s and ``AddBackward0``'s
+backward) or a norm's weight gradient written as primitives (``x_hat * w``'s ``MulBackward0``).
 
 ``--stack pytorch`` runs them as ``at::native::reduce_kernel`` (``aten/src/ATen/native/cuda/
 Reduce.cuh``): a reduction over the rows of a row-major ``[rows, cols]`` gradient into ``cols``
 outputs, the reduced dimension not the contiguous one.  The bundled H100 traces show it far from
 the memory-bound rate: GPT-2 small's 768-wide bias gradients of 2,048 and 8,192 rows take 9.2 and
-17.9 us, 0.3-0.7 TB/s where the roofline's 85% of the HBM bandwidth gives 2.8 TB/s; the
-30,522-wide gradient of BERT's output bias reaches 2.6 TB/s.  ``Reduce.cuh`` gives each thread
-four adjacent outputs (``vectorize_output``) and splits the rows over blocks that accumulate
-partial sums in global memory behind a semaphore (``ctas_per_output``), the last block of each
-output finishing the sum: a fixed cost for the two-phase accumulation, the bytes at a share of
-the HBM bandwidth, and a cost per row walked that few columns cannot spread over the GPU.
+17.9 us, 0.3-0.7 TB/s where the roofline's 85% of the HBM bandwidth gives 2.8 TB/s; the 30,522-wide
+gradient of BERT's output bias reaches 2.6 TB/s.  ``Reduce.cuh`` gives each thread four adjacent
+outputs (``vectorize_output``) and splits the rows over blocks that accumulate partial sums in
+global memory behind a semaphore (``ctas_per_output``), the last block of each output finishing the
+sum: a fixed cost for the two-phase accumulation, the bytes at a share of the HBM bandwidth, and a
+cost per row walked that few columns cannot spread over the GPU.
 
 Time :func:`column_sum_s` = ``latency_s + bytes / (hbm_share x HBM) + rows x row_s x 132 / SMs``
-(the per-row cost measured on the H100's 132 SMs, shared by more blocks on a GPU with more).  Fitted
-by ``benchmarks/fit_column_sum.py`` on the bundled H100 traces' bf16 column sums
+(the per-row cost measured on the H100's 132 SMs, shared by more blocks on a GPU with more).
+Fitted by ``benchmarks/fit_column_sum.py`` on the bundled H100 traces' bf16 column sums
 (``benchmarks/data/column_sums.csv``: GPT-2 small's bias gradients at 2,048 and 8,192 rows, BERT's
 at 8,192 and 16,384, ResNet-18's classifier's at 128 and 256: 5.0% mean error, 8.1% leaving each
-shape out); that script prints the in-sample and leave-one-shape-out errors and the
-H200 traces' column sums, predicted from the H100 constants and the H200's bandwidth.
+shape out); that script prints the in-sample and leave-one-shape-out errors and the H200 traces'
+column sums, predicted from the H100 constants and the H200's bandwidth.
 """
 
 from __future__ import annotations
