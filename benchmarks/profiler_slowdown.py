@@ -25,8 +25,8 @@ from dml2comm.traces.host import host_figures
 from dml2comm.traces.load import load_trace
 
 OUT = Path(__file__).resolve().parent / "data" / "gpu_steps" / "profiler_slowdown.csv"
-FIELDS = ["run", "gpu", "trace", "sha256", "name", "mode", "micro_batch", "seq", "kernels", "trace_issue_s", "host_issue_s_median",
-          "slowdown"]
+FIELDS = ["run", "gpu", "trace", "sha256", "name", "mode", "micro_batch", "seq", "kernels", "full_queue_launches", "trace_issue_s",
+          "host_issue_s_median", "slowdown"]
 
 
 def rows_of(folder: Path) -> list[dict]:
@@ -39,6 +39,7 @@ def rows_of(folder: Path) -> list[dict]:
         fig = host_figures(load_trace(str(path)))
         out.append({"run": folder.name, "gpu": data["env"]["gpu"], "trace": t["file"], "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                     "name": r["name"], "mode": r["mode"], "micro_batch": r["micro_batch"], "seq": r["seq"], "kernels": fig.kernels,
+                    "full_queue_launches": fig.full_queue_launches,
                     "trace_issue_s": f"{fig.issue_s:.6e}", "host_issue_s_median": f"{r['host_issue_s_median']:.6e}",
                     "slowdown": f"{fig.issue_s / r['host_issue_s_median']:.4f}"})
     return out
@@ -53,6 +54,10 @@ def main() -> None:
     gpt2 = sorted(float(r["slowdown"]) for r in rows if r["name"] == "gpt2-small")
     print(f"{len(rows)} traces -> {OUT}; GPT-2 small: median {statistics.median(gpt2):.3f} over {len(gpt2)} "
           f"(10th-90th percentile {gpt2[len(gpt2) // 10]:.2f}-{gpt2[9 * len(gpt2) // 10]:.2f})")
+    free = [r for r in rows if not int(r["full_queue_launches"])]
+    per_model = {m: statistics.median(float(r["slowdown"]) for r in free if r["name"] == m) for m in sorted({r["name"] for r in free})}
+    print(f"every step whose launch queue never filled: median {statistics.median(float(r['slowdown']) for r in free):.3f} over "
+          f"{len(free)} of {len(rows)}, {len(per_model)} models (" + ", ".join(f"{m} {v:.3f}" for m, v in per_model.items()) + ")")
 
 
 if __name__ == "__main__":
