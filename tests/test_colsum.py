@@ -88,3 +88,19 @@ def test_the_in_step_gemm_share_is_the_bundled_steps_mean():
     shares = [t["step_matched"] / t["law_matched"] for t in map(cmp.blocks_totals, cmp.TRACES)]
     assert shares == pytest.approx([0.911, 0.878], abs=0.001)
     assert IN_STEP_GEMM_SHARE == round(statistics.mean(shares), 2)
+
+
+def test_a_calibrated_gemm_factor_is_not_scaled_again():
+    # calibrate fits the GEMM factor on a profiled step's own GEMMs, which already ran in a step
+    import dataclasses
+
+    model, _, b, s, _ = GPT2
+    graph = load_model(model, ImportOptions(batch_size=b, seq_len=s)).graph
+    h100 = get_gpu("h100")
+    gemm = next(op for op in graph.ops if op.op_type == "Gemm" and len(op.inputs) == 3)
+    preset = shard_op_costs(graph, 1, False, "bf16", h100, False, NONE, "pytorch", "flash", "bf16").times[gemm.index][0]
+    from dml2comm.cost.gemm import sustained_factor
+
+    calibrated = dataclasses.replace(h100, name=h100.name + " cal-test", gemm_sustained_factor=sustained_factor(h100))
+    unscaled = shard_op_costs(graph, 1, False, "bf16", calibrated, False, NONE, "pytorch", "flash", "bf16").times[gemm.index][0]
+    assert unscaled == pytest.approx(preset / IN_STEP_GEMM_SHARE, rel=1e-9)

@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
 from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
-from dml2comm.cost.calibrated import NORM_OPS, class_value
+from dml2comm.cost.calibrated import NORM_OPS, class_value, gemm_regime
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
 from dml2comm.cost import host as host_model
 from dml2comm.cost.loss import graph_loss_upcasts, logits_outputs, queued_loss
@@ -317,7 +317,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
                                                                                  train_view)
     _head_split_views(graph, costs, times)
     if eager:
-        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, (gpu.sm_count, train, is_gemm))
+        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, (gpu, train, is_gemm))
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -342,19 +342,27 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None, queued, launches)
 
 
-def _in_step_gemms(graph: OpGraph, tp: TensorParallelPlan, train: DType, is_gemm: Sequence[bool],
+def _in_step_gemms(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, is_gemm: Sequence[bool],
                    times: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Eager PyTorch's linear-layer GEMMs at :data:`dml2comm.cost.gemm.IN_STEP_GEMM_SHARE` of the
     GEMM law's time: the non-batched products whose every GEMM is aligned (the unaligned ones run
-    cuBLAS's fallback kernels, as measured alone)."""
+    cuBLAS's fallback kernels, as measured alone).  Not where the GPU's GEMM factor was
+    calibrated (``calibrate``: a global factor, or a class value for the product's regime): that
+    factor was fitted on a profiled step's own GEMMs, which ran in a step already."""
+    if gpu.gemm_sustained_factor is not None:
+        return list(times)
     out = list(times)
     for i, op in enumerate(graph.ops):
         if not is_gemm[i] or op.op_type not in ("MatMul", "Gemm"):
             continue
         shard = tp.shards[i]
         gemms = op_gemms(op.op_type, shard.inputs, shard.outputs, op.attrs)
-        if gemms is not None and all(g.b == 1 and is_aligned(train.label, *g) for g in gemms):
-            out[i] = (times[i][0] * IN_STEP_GEMM_SHARE, times[i][1] * IN_STEP_GEMM_SHARE)
+        if gemms is None or not all(g.b == 1 and is_aligned(train.label, *g) for g in gemms):
+            continue
+        if gpu.calibrated_classes and any(class_value(gpu, gemm_regime(2.0 * g.m * g.n * g.k, True), min(g.m, g.n, g.k)) is not None
+                                          for g in gemms):
+            continue
+        out[i] = (times[i][0] * IN_STEP_GEMM_SHARE, times[i][1] * IN_STEP_GEMM_SHARE)
     return out
 
 
@@ -391,17 +399,18 @@ def _host_times(times: list[tuple[float, float]], kernels: list[tuple[int, int]]
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                  costs: list[OpCost], times: list[tuple[float, float]], hbm: float, hbm_eff: float,
-                 extra_kernels: dict[int, tuple[int, int]], gemms: tuple[int | None, DType, Sequence[bool]]
+                 extra_kernels: dict[int, tuple[int, int]], gemms: tuple[GPU, DType, Sequence[bool]]
                  ) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels on top of the op rules: :func:`eager_costs` (bias adds, gradient
     sums to broadcast operands, GELU calls), :func:`eager_conv_layouts` and
     :func:`eager_autograd_costs`, whose extra (forward, backward) kernels are added to
     ``extra_kernels`` in place, with BatchNorm's (:data:`BATCH_NORM_EXTRA_KERNELS`); first the
     GEMMs at their in-step share (:func:`_in_step_gemms`).  ``hbm``: the GPU's kernel bandwidth;
-    ``hbm_eff``: its memory-bound efficiency; ``gemms``: the GPU's SMs (the column sums' law,
+    ``hbm_eff``: its memory-bound efficiency; ``gemms``: the GPU (its SMs for the column sums' law,
     :mod:`dml2comm.cost.colsum`), the training dtype and which ops are matrix products."""
-    sm_count, train, is_gemm = gemms
-    times = _in_step_gemms(graph, tp, train, is_gemm, times)  # the products alone, before the bias sums join them
+    gpu, train, is_gemm = gemms
+    sm_count = gpu.sm_count
+    times = _in_step_gemms(graph, tp, train, gpu, is_gemm, times)  # the products alone, before the bias sums join them
     costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff, ColumnSums(hbm, sm_count))
     costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
     costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff, ColumnSums(hbm, sm_count))
