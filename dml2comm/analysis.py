@@ -51,7 +51,7 @@ from dml2comm.parallel.context import check_context_parallel
 from dml2comm.parallel.expert import check_expert_parallel
 from dml2comm.parallel.tensor import TensorParallelPlan
 from dml2comm.sim.engine import SimResult
-from dml2comm.cost.bands import summary_band
+from dml2comm.cost.bands import host_wait_share, summary_band
 
 __all__ = ["OpInfo", "CommNode", "StageInfo", "LayerInfo", "Analysis", "analyze", "analyze_graph"]
 
@@ -269,8 +269,9 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     summary, model_info = _summarize(graph, layered, config, cluster, stages, comms, sim, sim_free, full_flops, peak, seq_len,
                                      model_path, memory)
     # the expected error the sweep's row states too (--profile: the traces' own band replaces the borrowed one)
-    error, error_source = summary_band(config, cluster, coster, plan, summary.iteration_time_s, summary.exposed_comm_time_s)
-    summary = replace(summary, expected_error=error, expected_error_source=error_source)
+    wait = host_wait_share(coster, config, summary.iteration_time_s)
+    error, error_source = summary_band(config, cluster, coster, plan, summary.iteration_time_s, summary.exposed_comm_time_s, wait)
+    summary = replace(summary, expected_error=error, expected_error_source=error_source, host_wait_share=wait)
     assumptions.extend(_cost_assumptions(graph, config, cluster, host))
     if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")

@@ -49,7 +49,7 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.gemms import graph_gemms, shape_doublings
 from dml2comm.parallel.config import ParallelConfig
 
-__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "HOST_WEIGHT", "MIN_KIND", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "host_wait_share", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
+__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "HOST_WEIGHT", "MIN_KIND", "PROFILE_HOST_SPREAD", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "host_wait_share", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
            "weighted_quantile"]
 
 BANDS_FILE = "expected_error.csv"
@@ -81,6 +81,14 @@ FIELDS = ("source", "case", "gpu", "params", "num_gpus", "gpus_per_node", "t", "
 #: each comes from runs bound alike.  5 is a choice, not a fit (none of the bundled sets is used to
 #: tune it; ``validate`` prints the share of runs inside their own band).
 HOST_WEIGHT = 5.0
+#: The largest host component of a ``--profile`` band (:func:`profile_band`): how far a profiled
+#: step's CPU slowdown strays from the median the host model divides by
+#: (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`), the 90% quantile of |slowdown / median
+#: - 1| over the 93 measured steps whose launch queue never filled
+#: (``benchmarks/data/gpu_steps/profiler_slowdown.csv``: 0.220).  A step the CPU sets entirely is
+#: off by as much as the CPU's speed; a plan waiting for it a larger share than this is no less
+#: certain.
+PROFILE_HOST_SPREAD = 0.22
 
 
 @dataclass(frozen=True)
@@ -264,15 +272,20 @@ def _size_range(lo: float, hi: float) -> str:
 # ----------------------------------------------------------------------------- --profile band
 def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any,
                            layers: Sequence[Any], stages: Sequence[Any], iteration_s: float,
-                           exposed_comm_s: float) -> dict[str, Any] | None:
+                           exposed_comm_s: float, plan_wait: float | None = None) -> dict[str, Any] | None:
     """The expected relative error of an iteration time predicted with a profile's measured
     ratios (``--profile``; None without one), from what the traces measured rather than from the
     validated runs nearest this one.  Components, each a share of the iteration time:
 
     - ``host``: the share of the step in which the GPU waited for the CPU (the profiled step's
       starved idle over its span; with ``--step-time``, the step without the profiler less the
-      GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`).  The
-      host model predicts that wait; the trace bounds it only by its size.  Without
+      GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`), or, for a
+      plan off the profiled shapes (``doublings`` > 0), the plan's own predicted wait
+      (``plan_wait``: :func:`host_wait_share`) where that is larger: a plan at a smaller micro-batch waits longer for the CPU than a GPU-bound profiled step
+      showed (Llama-1B's H100 step at b = 4 waited 1.1% of it; the plan at b = 2, 10%); at most
+      :data:`PROFILE_HOST_SPREAD`, the spread of the CPU's speed under the profiler, which bounds
+      the error of a step the CPU sets entirely.  The host model predicts that wait; the trace
+      bounds it only by its size.  Without
       ``--step-time`` the profiler's CPU slowdown is taken as its measured median
       (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`), which a given machine may not show.  Where the host model is not the trace's (``--host-model`` names one),
       all of the profiled step's GPU idle (:func:`~dml2comm.traces.predict.error_figures`'
@@ -295,16 +308,17 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
     if scale is None:
         return None
     return profile_band(config, cluster, num_params, layered, scaled_share(scale, layers, stages, config.num_micro_batches),
-                        iteration_s, exposed_comm_s)
+                        iteration_s, exposed_comm_s, plan_wait=plan_wait)
 
 
 def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, layered: Any, scaled: float,
-                 iteration_s: float, exposed_comm_s: float, copies: Sequence[int] | None = None) -> dict[str, Any] | None:
+                 iteration_s: float, exposed_comm_s: float, copies: Sequence[int] | None = None,
+                 plan_wait: float | None = None) -> dict[str, Any] | None:
     """:func:`profile_expected_error` given the share of the plan's compute the ratios scaled
     (``scaled``: :func:`dml2comm.cost.profile.scaled_share`), for a caller without the analysis's
     layer and stage rows (:func:`summary_band`); ``copies``: per layer of ``layered``, how many
     layers of the full model it stands for (:func:`plan_doublings`; None: ``layered`` is the
-    full model)."""
+    full model); ``plan_wait``: the plan's own host-wait share (:func:`host_wait_share`)."""
     scale = cluster.profile_scale
     fig = dict(scale.detail).get("error") if scale is not None else None
     if fig is None:
@@ -316,7 +330,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     other_gpu = cluster.gpu.name not in fig["gpus"]
     fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
     parts = {
-        "host": fig["host_wait_share"] if fitted else fig["idle_share"],
+        "host": _host_part(fig, plan_wait if doublings > 0 else None) if fitted else fig["idle_share"],
         "noise": fig["block_spread"] / 2 * a,
         "join": fig["unattributed_share"] * a,
         "shapes": _shape_part(fig["held_out"], doublings, own) * a,
@@ -389,8 +403,15 @@ def _mean_doublings(layered: Any, profiled: Sequence[Sequence[int]], copies: Seq
 
 
 # ----------------------------------------------------------------------------- one band per summary
+def _host_part(fig: dict[str, Any], plan_wait: float | None) -> float:
+    """The host component of a profile band under the trace's host model (:func:`profile_band`):
+    the profiled step's wait, or the plan's own where that is larger (``plan_wait``: None at the
+    profiled shape, whose wait the trace measured), at most :data:`PROFILE_HOST_SPREAD`."""
+    return min(max(fig["host_wait_share"], plan_wait or 0.0), PROFILE_HOST_SPREAD)
+
+
 def summary_band(config: ParallelConfig, cluster: Cluster, coster: Any, plan: Any, iteration_s: float,
-                 exposed_comm_s: float) -> tuple[float, str]:
+                 exposed_comm_s: float, wait: float | None = None) -> tuple[float, str]:
     """(expected relative error, where it comes from) of the iteration time predicted for
     ``config``: what the analysis's summary and the sweep's row both state.  With a profile
     (``cluster.profile_scale``, ``--profile``), the trace-derived band (:func:`profile_band`),
@@ -402,8 +423,10 @@ def summary_band(config: ParallelConfig, cluster: Cluster, coster: Any, plan: An
     (``model_params``), per full layer its kind (``kinds``) and forward/backward time
     (``layer_table``), per stage the loss (``stage_table``), and the graph (``layered``,
     ``layer_map``) whose GEMMs :func:`plan_doublings` reads, each collapsed layer counted as many
-    times as the full layers it stands for."""
+    times as the full layers it stands for.  ``wait``: the plan's :func:`host_wait_share` where the
+    caller has it (else computed here)."""
     params = float(max(coster.model_params, 1))
+    wait = host_wait_share(coster, config, iteration_s) if wait is None else wait
     scale = cluster.profile_scale
     if scale is not None and dict(scale.detail).get("error") is not None:
         layers = coster.layer_table(config)
@@ -412,7 +435,7 @@ def summary_band(config: ParallelConfig, cluster: Cluster, coster: Any, plan: An
                                  plan.compute_b.tolist(), table.loss_f.tolist(), table.loss_b.tolist(), plan.optimizer.tolist(),
                                  config.num_micro_batches)
         copies = None if coster.collapsed is None else np.bincount(coster.layer_map, minlength=len(coster.layered.layers))
-        band = profile_band(config, cluster, params, coster.layered, scaled, iteration_s, exposed_comm_s, copies)
+        band = profile_band(config, cluster, params, coster.layered, scaled, iteration_s, exposed_comm_s, copies, wait)
         if band is not None:
             return band["total"], band["source"]
-    return expected_error_for(config, cluster, params, host_share=host_wait_share(coster, config, iteration_s))
+    return expected_error_for(config, cluster, params, host_share=wait)

@@ -120,6 +120,10 @@ class Summary(Mapping):
     bottleneck: str | None = None
     expected_error: float | None = None
     expected_error_source: str | None = None
+    #: the share of the iteration in which the GPUs wait for eager PyTorch's CPU (the run-ahead host
+    #: model's stretch of the kernel times: :func:`dml2comm.cost.bands.host_wait_share`); None
+    #: under another host model
+    host_wait_share: float | None = None
 
     def __getitem__(self, key: str) -> Any:
         if key not in _FIELD_SET:

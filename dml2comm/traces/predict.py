@@ -322,7 +322,8 @@ def expected_error_of(analysis: Any) -> dict[str, Any] | None:
 
     s = analysis.summary
     return profile_expected_error(analysis.config, analysis.cluster, analysis.graph.num_params, analysis.layered,
-                                  analysis.layers, analysis.stages, s["iteration_time_s"], s["exposed_comm_time_s"])
+                                  analysis.layers, analysis.stages, s["iteration_time_s"], s["exposed_comm_time_s"],
+                                  s["host_wait_share"])
 
 
 def profile_from_args(paths: Sequence[str], model_path: str, config: Any, options: Any = None,
