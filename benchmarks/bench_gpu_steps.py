@@ -115,6 +115,31 @@ def profiled() -> None:
     print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
 
 
+def gpu_side_rows() -> list[tuple[str, int, int, float, float]]:
+    """The GPU side of the shape transfer alone: each bundled GPT-2 small trace (b = 2 and b = 8,
+    s = 1,024, on each GPU) scales the kernel times of the other's shape, with no host model,
+    against the other trace's own GPU time (its kernels, memsets and copies, from the join):
+    what the ratios carry, without the CPU speed of the timed process.  (gpu, to b, from b,
+    traced s, predicted s) per pair."""
+    rows = []
+    for gpu in CLUSTERS:
+        shapes = {b: measured_and_modelled(str(DATA / f"{gpu}_trace_gpt2-small_bf16_b{b}_s1024.json.gz"),
+                                           str(ROOT / MODELS["gpt2-small"]), config(b, 1024, "bf16")) for b in (2, 8)}
+        for src, dst in ((2, 8), (8, 2)):
+            scale = dataclasses.replace(profile_scale([shapes[src]], "pytorch"), host=host.NONE)
+            rows.append((gpu, dst, src, shapes[dst]["gpu_s"], predict(gpu, "gpt2-small", "bf16", dst, 1024, scale)))
+    return rows
+
+
+def gpu_side() -> None:
+    print("\nGPU time only (no host model), each bundled GPT-2 small trace's ratios at the other bundled shape:")
+    errors = []
+    for gpu, dst, src, traced, t in gpu_side_rows():
+        errors.append(abs(t / traced - 1))
+        print(f"  {gpu} gpt2-small b={dst} from b={src}: traced GPU time {traced * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  {t / traced - 1:+6.1%}")
+    print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} pairs")
+
+
 def calibrated() -> None:
     """``calibrate`` on each GPU's two bundled traces (GPT-2 small b=8, Llama-1B b=4), then every
     measured step on that GPU with the calibrated cluster against the plain preset."""
@@ -177,6 +202,7 @@ def main() -> None:
     else:
         table()
         profiled()
+        gpu_side()
         calibrated()
 
 
