@@ -69,12 +69,17 @@ _imported: dict = {}
 
 def predict(gpu: str, name: str, mode: str, b: int, s: int, scale=None) -> float:
     """The step time the tool predicts (the pytorch stack's host model, or the trace's with ``scale``)."""
+    return predict_summary(gpu, name, mode, b, s, scale)["iteration_time_s"]
+
+
+def predict_summary(gpu: str, name: str, mode: str, b: int, s: int, scale=None):
+    """The analysis's summary of :func:`predict`'s step (its time and its expected error)."""
     if (name, b, s) not in _imported:
         options = ImportOptions(batch_size=b) if name in IMAGES else ImportOptions(batch_size=b, seq_len=s)
         _imported[(name, b, s)] = load_model(str(ROOT / MODELS[name]), options)
     cluster = dataclasses.replace(get_cluster(CLUSTERS[gpu], 1), collective_overhead_s=0.0, host_model="pytorch", profile_scale=scale)
     return analyze_graph(_imported[(name, b, s)], config(b, None if name in IMAGES else s, mode), cluster, advise=False,
-                         timeline=False).summary["iteration_time_s"]
+                         timeline=False).summary
 
 
 def with_kernel_s(kernel_s: float) -> None:
@@ -100,7 +105,7 @@ def table() -> None:
 
 def profiled() -> None:
     print("\nFrom the bundled trace of the model on the same GPU (--profile TRACE), other shapes:")
-    errors = []
+    errors, inside = [], 0
     for gpu in CLUSTERS:
         for name, (stem, tb, ts) in TRACES.items():
             parts = measured_and_modelled(str(DATA / f"{gpu}_trace_{stem}.json.gz"), str(ROOT / MODELS[name]), config(tb, ts, "bf16"))
@@ -108,11 +113,14 @@ def profiled() -> None:
             for g, n, mode, b, s, measured in steps(False, ("a", "b")):  # the machines the traces were taken on
                 if (g, n, mode) != (gpu, name, "bf16"):
                     continue
-                t = predict(gpu, name, mode, b, s, scale)
+                summary = predict_summary(gpu, name, mode, b, s, scale)
+                t, band = summary["iteration_time_s"], summary["expected_error"]
                 errors.append(abs(t / measured - 1))
+                inside += errors[-1] <= band
                 own = " (the profiled shape)" if (b, s) == (tb, ts) else ""
-                print(f"  {gpu} {name:11s} b={b:2d} s={s:4d} from b={tb} s={ts}: measured {measured * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  {t / measured - 1:+6.1%}{own}")
-    print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
+                print(f"  {gpu} {name:11s} b={b:2d} s={s:4d} from b={tb} s={ts}: measured {measured * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  "
+                      f"{t / measured - 1:+6.1%} (band ±{band:.1%}){own}")
+    print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps; {inside} inside their band")
 
 
 def gpu_side_rows() -> list[tuple[str, int, int, float, float]]:
