@@ -326,7 +326,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     own, own_source = expected_error_for(config, cluster, float(max(num_params, 1)))
     comm = min(1.0, exposed_comm_s / iteration_s) if iteration_s > 0 else 0.0
     a = scaled * (1.0 - comm)
-    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size, copies)
+    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size, copies, fig.get("seqs", ()))
     other_gpu = cluster.gpu.name not in fig["gpus"]
     fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
     parts = {
@@ -367,12 +367,18 @@ _PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattribut
 
 
 def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int = 1, cp_size: int = 1,
-                   copies: Sequence[int] | None = None) -> float:
+                   copies: Sequence[int] | None = None, seqs: Sequence[Sequence[int]] = ()) -> float:
     """How far a plan's GEMMs are from the profiled ones, in doublings: per weight GEMM of the
     plan's graph ((M, N, K) at its micro-batch and sequence), the distance to the nearest profiled
     shape (:func:`dml2comm.ir.gemms.shape_doublings`), averaged weighting each by its FLOPs;
     plus ``log2 t`` and ``log2 c`` (tensor and context parallelism split N or K and M of every
-    GEMM, which the unsharded graph does not show).  0 at the profiled shape itself.
+    GEMM, which the unsharded graph does not show).  0 at the profiled shape itself.  With the
+    profiled (micro-batch, sequence) pairs ``seqs``, each attention core of the plan (a flash
+    core: :func:`dml2comm.cost.cache.flash_cores_of`, its query ``[b, h, s, d]``) joins the
+    average too, weighing its ``4 b h s s_k d`` FLOPs as a GEMM weighs its ``2 M N K``, at
+    ``|log2(b s / (b' s'))| + |log2(s_k / s')|`` from the nearest profiled pair ``(b', s')``: its
+    rows as a GEMM's M, its keys besides (a plan with the profiled tokens in shorter sequences has
+    the profiled GEMMs, but not the profiled attention).
 
     ``copies``: per layer of ``layered``, how many layers of the full model it stands for (a
     collapsed graph's layer map counted: :mod:`dml2comm.ir.repeats`), each GEMM's FLOPs weighing
@@ -381,8 +387,9 @@ def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int
     profiled shapes and copies (a sweep asks for it per configuration)."""
     if not profiled:
         return 0.0
-    key = _DoublingsKey(tuple(tuple(int(x) for x in p) for p in profiled), None if copies is None else tuple(int(c) for c in copies))
-    near = derived(layered.graph, key, lambda: _mean_doublings(layered, key.profiled, key.copies))
+    key = _DoublingsKey(tuple(tuple(int(x) for x in p) for p in profiled), None if copies is None else tuple(int(c) for c in copies),
+                        tuple((int(b), int(s)) for b, s in seqs))
+    near = derived(layered.graph, key, lambda: _mean_doublings(layered, key.profiled, key.copies, key.seqs))
     return near + math.log2(max(tp_size, 1)) + math.log2(max(cp_size, 1))
 
 
@@ -392,14 +399,41 @@ class _DoublingsKey(CacheKey):
 
     profiled: tuple[tuple[int, ...], ...]
     copies: tuple[int, ...] | None
+    seqs: tuple[tuple[int, int], ...] = ()
 
 
-def _mean_doublings(layered: Any, profiled: Sequence[Sequence[int]], copies: Sequence[int] | None) -> float:
+def _mean_doublings(layered: Any, profiled: Sequence[Sequence[int]], copies: Sequence[int] | None,
+                    seqs: Sequence[tuple[int, int]] = ()) -> float:
     flops: dict[tuple[int, ...], float] = {}
     for key, layer in graph_gemms(layered):
         flops[key] = flops.get(key, 0.0) + float(math.prod(key)) * (1 if copies is None else copies[layer])
     total = sum(flops.values())
-    return sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items()) / total if total > 0 else 0.0
+    weighted = sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items())
+    for work, tokens, s_k, layer in _attention_work(layered) if seqs else ():
+        w = work * (1 if copies is None else copies[layer])
+        total += w
+        weighted += w * min(abs(math.log2(tokens / (b * s))) + abs(math.log2(s_k / s)) for b, s in seqs)
+    return weighted / total if total > 0 else 0.0
+
+
+def _attention_work(layered: Any) -> list[tuple[float, int, int, int]]:
+    """Per flash core of the graph whose query is ``[b, h, s_q, d]``: half its ``4 b h s_q s_k d``
+    FLOPs (as a GEMM's ``M N K`` is half of its), its query tokens ``b s_q``, its key length and
+    its layer."""
+    from dml2comm.cost.cache import flash_cores_of
+
+    out = []
+    graph = layered.graph
+    for core in flash_cores_of(graph):
+        q, k = graph.tensor(core.q), graph.tensor(core.k)
+        if q is None or k is None or len(q.shape) != 4 or len(k.shape) < 2:
+            continue
+        s_q, d = int(q.shape[-2]), int(q.shape[-1])
+        s_k = int(k.shape[-1] if k.shape[-2] == d else k.shape[-2])  # K^T as the product reads it: [.., d, s_k]
+        if s_k < 1 or s_q < 1:
+            continue
+        out.append((2.0 * (q.numel // (s_q * d)) * s_q * s_k * d, int(q.shape[0]) * s_q, s_k, layered.layer_of_op[core.context_op]))
+    return out
 
 
 # ----------------------------------------------------------------------------- one band per summary
