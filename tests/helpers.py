@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import onnx
@@ -12,6 +14,18 @@ from onnx import TensorProto, helper
 #: (the measured steps' models: their records in fixtures_expected.json carry ``dir``).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PACKAGED_MODELS = FIXTURES.parents[1] / "dml2comm" / "validate" / "data" / "models"
+
+
+#: The benchmark scripts (a folder, not a package).
+BENCHMARKS = FIXTURES.parents[1] / "benchmarks"
+
+
+def benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/<name>.py`` loaded as a module (the folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def fixture_path(name: str) -> Path:

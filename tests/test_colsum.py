@@ -5,9 +5,7 @@ H100 and H200 traces they were measured on."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -20,16 +18,9 @@ from dml2comm.ir.onnx_import import ImportOptions
 from dml2comm.load import load_model
 
 from tests.h100_steps import GPT2
+from tests.helpers import BENCHMARKS, benchmark
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-CSV = BENCH / "data" / "column_sums.csv"
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+CSV = BENCHMARKS / "data" / "column_sums.csv"
 
 
 def _rows() -> list[dict]:
@@ -43,7 +34,7 @@ def _law_us(row: dict) -> float:
 
 
 def test_the_csv_holds_the_bundled_traces_column_sums():
-    fit = _bench("fit_column_sum")
+    fit = benchmark("fit_column_sum")
     got = [{k: str(v) for k, v in r.items()} for r in fit.rows_of_traces()]
     assert got == _rows() and len(got) == 27
 
@@ -51,7 +42,7 @@ def test_the_csv_holds_the_bundled_traces_column_sums():
 def test_the_law_is_the_fit_and_predicts_both_gpus():
     rows = _rows()
     h100 = [r for r in rows if r["gpu"] == "h100"]
-    assert _bench("fit_column_sum").fit(h100) == H100_COLUMN_SUM
+    assert benchmark("fit_column_sum").fit(h100) == H100_COLUMN_SUM
     errors = {gpu: [abs(_law_us(r) / float(r["kernel_us"]) - 1) for r in rows if r["gpu"] == gpu] for gpu in ("h100", "h200")}
     assert statistics.mean(errors["h100"]) < 0.06 and statistics.mean(errors["h200"]) < 0.05  # 5.0% fitted, 3.6% not fitted
     # the memory-bound roofline the reductions had before: 3-5 times too fast on the 768-wide ones
@@ -84,7 +75,7 @@ def test_gpt2_bias_gradients_are_column_sums_in_the_eager_stack():
 
 
 def test_the_in_step_gemm_share_is_the_bundled_steps_mean():
-    cmp = _bench("gemm_step_vs_isolated")
+    cmp = benchmark("gemm_step_vs_isolated")
     shares = [t["step_matched"] / t["law_matched"] for t in map(cmp.blocks_totals, cmp.TRACES)]
     assert shares == pytest.approx([0.911, 0.878], abs=0.001)
     assert IN_STEP_GEMM_SHARE == round(statistics.mean(shares), 2)
@@ -110,6 +101,6 @@ def test_the_bundled_gpt2_traces_gpu_time_carries_between_their_shapes():
     # each bundled GPT-2 small trace's ratios at the other bundled micro-batch (b = 2 <-> 8, H100
     # and H200), no host model, against that trace's GPU time: 2.1% mean, worst 4.1% (3.9% and
     # 6.2% with the bias sums at the roofline and the GEMMs at the law's time alone)
-    rows = _bench("bench_gpu_steps").gpu_side_rows()
+    rows = benchmark("bench_gpu_steps").gpu_side_rows()
     errors = [abs(t / traced - 1) for _, _, _, traced, t in rows]
     assert len(errors) == 4 and max(errors) < 0.05 and statistics.mean(errors) < 0.025

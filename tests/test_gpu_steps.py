@@ -13,7 +13,7 @@ from dml2comm.cost.compute import optimizer_step_s
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.gpus import get_gpu
 from dml2comm.parallel.config import DTYPES
-from tests.helpers import fixture_path
+from tests.helpers import benchmark as _benchmark, fixture_path
 
 DTYPES_BF16 = DTYPES["bf16"]
 
@@ -89,19 +89,10 @@ def test_kernel_bandwidth_share_is_validated_and_serialised_only_when_set():
 # ----------------------------------------------------------------------------- the measured steps
 import csv  # noqa: E402
 import hashlib  # noqa: E402
-import importlib.util  # noqa: E402
 
 from dml2comm.cost.host import PYTORCH  # noqa: E402
 from dml2comm.traces.host import PROFILER_CPU_SLOWDOWN, host_figures  # noqa: E402
 from dml2comm.traces.load import load_trace  # noqa: E402
-
-
-def _benchmark(name: str):
-    """A script of ``benchmarks/`` as a module (the folder is no package)."""
-    spec = importlib.util.spec_from_file_location(name, DATA.parent.parent / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -345,11 +336,7 @@ def test_a_cluster_file_carries_the_kernel_bandwidth_share():
 def test_the_packaged_steps_are_the_bundled_measurements():
     """dml2comm/validate/data/gpu_steps.json is what benchmarks/gpu_steps_package.py writes from
     the measurement files (every run, values unchanged)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_steps_package", DATA.parents[1] / "gpu_steps_package.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("gpu_steps_package")
     assert module.OUT.read_text() == module.text()
     assert len(module.package()["runs"]) == sum(len(json.loads(p.read_text())["runs"]) for p in DATA.glob("h*_?.json")) == 108
 

@@ -12,7 +12,6 @@ about 2x; the quadratic loops gave over 3x at these sizes).
 from __future__ import annotations
 
 import cProfile
-import importlib.util
 import pstats
 from pathlib import Path
 
@@ -21,11 +20,9 @@ import pytest
 
 from dml2comm.cli import main
 from dml2comm.ir.layers import _find_repeats
+from tests.helpers import benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("bench_chain", ROOT / "benchmarks" / "bench_chain.py")
-bench_chain = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_chain)  # type: ignore[union-attr]
+bench_chain = benchmark("bench_chain")
 
 
 def analysis_calls(tmp_path: Path, capsys, num_ops: int, shape: str) -> int:
