@@ -119,12 +119,12 @@ def test_the_shape_component_grows_with_the_distance(parts):
         assert plan_doublings(layered, fig["shapes"]) == pytest.approx(want, abs=1e-9), mb
         assert plan_doublings(layered, fig["shapes"], tp_size=2, cp_size=2) == pytest.approx(want + 2, abs=1e-9)
         # the same sequence: the attention cores are as far as the GEMMs
-        assert plan_doublings(layered, fig["shapes"], seqs=fig["seqs"]) == pytest.approx(want, abs=1e-9)
+        assert plan_doublings(layered, fig["shapes"], batch_seqs=fig["batch_seqs"]) == pytest.approx(want, abs=1e-9)
     # the profiled tokens in shorter sequences: the same GEMMs, but not the same attention
-    assert fig["seqs"] == [(8, 1024)]
+    assert fig["batch_seqs"] == [(8, 1024)]
     short = layers_of(load_model(model, ImportOptions(batch_size=32, seq_len=256)).graph)
     assert plan_doublings(short, fig["shapes"]) == pytest.approx(0.0, abs=1e-9)
-    assert 0.0 < plan_doublings(short, fig["shapes"], seqs=fig["seqs"]) < 2.0  # log2(1024 / 256) on the cores' FLOPs
+    assert 0.0 < plan_doublings(short, fig["shapes"], batch_seqs=fig["batch_seqs"]) < 2.0  # log2(1024 / 256) on the cores' FLOPs
 
 
 def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml2comm.cost.cache import CacheKey, derived
+from dml2comm.cost.cache import CacheKey, derived, flash_cores_of
 from dml2comm.cost.profile import scaled_share, scaled_share_of
 from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.gemms import graph_gemms, shape_doublings
@@ -281,8 +281,9 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
       starved idle over its span; with ``--step-time``, the step without the profiler less the
       GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`), or, for a
       plan off the profiled shapes (``doublings`` > 0), the plan's own predicted wait
-      (``plan_wait``: :func:`host_wait_share`) where that is larger: a plan at a smaller micro-batch waits longer for the CPU than a GPU-bound profiled step
-      showed (Llama-1B's H100 step at b = 4 waited 1.1% of it; the plan at b = 2, 10%); at most
+      (``plan_wait``: :func:`host_wait_share`) where that is larger: a plan at a smaller
+      micro-batch waits longer for the CPU than a GPU-bound profiled step showed (Llama-1B's H100
+      step at b = 4 waited 1.1% of it; the plan at b = 2, 10%); at most
       :data:`PROFILE_HOST_SPREAD`, the spread of the CPU's speed under the profiler, which bounds
       the error of a step the CPU sets entirely.  The host model predicts that wait; the trace
       bounds it only by its size.  Without
@@ -326,7 +327,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     own, own_source = expected_error_for(config, cluster, float(max(num_params, 1)))
     comm = min(1.0, exposed_comm_s / iteration_s) if iteration_s > 0 else 0.0
     a = scaled * (1.0 - comm)
-    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size, copies, fig.get("seqs", ()))
+    doublings = plan_doublings(layered, fig["shapes"], config.tp_size, config.cp_size, copies, fig.get("batch_seqs", ()))
     other_gpu = cluster.gpu.name not in fig["gpus"]
     fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
     parts = {
@@ -367,13 +368,13 @@ _PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattribut
 
 
 def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int = 1, cp_size: int = 1,
-                   copies: Sequence[int] | None = None, seqs: Sequence[Sequence[int]] = ()) -> float:
+                   copies: Sequence[int] | None = None, batch_seqs: Sequence[Sequence[int]] = ()) -> float:
     """How far a plan's GEMMs are from the profiled ones, in doublings: per weight GEMM of the
     plan's graph ((M, N, K) at its micro-batch and sequence), the distance to the nearest profiled
     shape (:func:`dml2comm.ir.gemms.shape_doublings`), averaged weighting each by its FLOPs;
     plus ``log2 t`` and ``log2 c`` (tensor and context parallelism split N or K and M of every
     GEMM, which the unsharded graph does not show).  0 at the profiled shape itself.  With the
-    profiled (micro-batch, sequence) pairs ``seqs``, each attention core of the plan (a flash
+    profiled (micro-batch, sequence) pairs ``batch_seqs``, each attention core of the plan (a flash
     core: :func:`dml2comm.cost.cache.flash_cores_of`, its query ``[b, h, s, d]``) joins the
     average too, weighing its ``4 b h s s_k d`` FLOPs as a GEMM weighs its ``2 M N K``, at
     ``|log2(b s / (b' s'))| + |log2(s_k / s')|`` from the nearest profiled pair ``(b', s')``: its
@@ -388,8 +389,8 @@ def plan_doublings(layered: Any, profiled: Sequence[Sequence[int]], tp_size: int
     if not profiled:
         return 0.0
     key = _DoublingsKey(tuple(tuple(int(x) for x in p) for p in profiled), None if copies is None else tuple(int(c) for c in copies),
-                        tuple((int(b), int(s)) for b, s in seqs))
-    near = derived(layered.graph, key, lambda: _mean_doublings(layered, key.profiled, key.copies, key.seqs))
+                        tuple((int(b), int(s)) for b, s in batch_seqs))
+    near = derived(layered.graph, key, lambda: _mean_doublings(layered, key.profiled, key.copies, key.batch_seqs))
     return near + math.log2(max(tp_size, 1)) + math.log2(max(cp_size, 1))
 
 
@@ -399,20 +400,20 @@ class _DoublingsKey(CacheKey):
 
     profiled: tuple[tuple[int, ...], ...]
     copies: tuple[int, ...] | None
-    seqs: tuple[tuple[int, int], ...] = ()
+    batch_seqs: tuple[tuple[int, int], ...] = ()
 
 
 def _mean_doublings(layered: Any, profiled: Sequence[Sequence[int]], copies: Sequence[int] | None,
-                    seqs: Sequence[tuple[int, int]] = ()) -> float:
+                    batch_seqs: Sequence[tuple[int, int]] = ()) -> float:
     flops: dict[tuple[int, ...], float] = {}
     for key, layer in graph_gemms(layered):
         flops[key] = flops.get(key, 0.0) + float(math.prod(key)) * (1 if copies is None else copies[layer])
     total = sum(flops.values())
     weighted = sum(w * min(shape_doublings(k, p) for p in profiled) for k, w in flops.items())
-    for work, tokens, s_k, layer in _attention_work(layered) if seqs else ():
+    for work, tokens, s_k, layer in _attention_work(layered) if batch_seqs else ():
         w = work * (1 if copies is None else copies[layer])
         total += w
-        weighted += w * min(abs(math.log2(tokens / (b * s))) + abs(math.log2(s_k / s)) for b, s in seqs)
+        weighted += w * min(abs(math.log2(tokens / (b * s))) + abs(math.log2(s_k / s)) for b, s in batch_seqs)
     return weighted / total if total > 0 else 0.0
 
 
@@ -420,8 +421,6 @@ def _attention_work(layered: Any) -> list[tuple[float, int, int, int]]:
     """Per flash core of the graph whose query is ``[b, h, s_q, d]``: half its ``4 b h s_q s_k d``
     FLOPs (as a GEMM's ``M N K`` is half of its), its query tokens ``b s_q``, its key length and
     its layer."""
-    from dml2comm.cost.cache import flash_cores_of
-
     out = []
     graph = layered.graph
     for core in flash_cores_of(graph):

@@ -317,7 +317,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
                                                                                  train_view)
     _head_split_views(graph, costs, times)
     if eager:
-        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, (gpu, train, is_gemm))
+        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, gpu, train, is_gemm)
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -399,21 +399,21 @@ def _host_times(times: list[tuple[float, float]], kernels: list[tuple[int, int]]
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                  costs: list[OpCost], times: list[tuple[float, float]], hbm: float, hbm_eff: float,
-                 extra_kernels: dict[int, tuple[int, int]], gemms: tuple[GPU, DType, Sequence[bool]]
+                 extra_kernels: dict[int, tuple[int, int]], gpu: GPU, train: DType, is_gemm: Sequence[bool]
                  ) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels on top of the op rules: :func:`eager_costs` (bias adds, gradient
     sums to broadcast operands, GELU calls), :func:`eager_conv_layouts` and
     :func:`eager_autograd_costs`, whose extra (forward, backward) kernels are added to
     ``extra_kernels`` in place, with BatchNorm's (:data:`BATCH_NORM_EXTRA_KERNELS`); first the
     GEMMs at their in-step share (:func:`_in_step_gemms`).  ``hbm``: the GPU's kernel bandwidth;
-    ``hbm_eff``: its memory-bound efficiency; ``gemms``: the GPU (its SMs for the column sums' law,
-    :mod:`dml2comm.cost.colsum`), the training dtype and which ops are matrix products."""
-    gpu, train, is_gemm = gemms
-    sm_count = gpu.sm_count
+    ``hbm_eff``: its memory-bound efficiency; ``gpu`` (its SMs for the column sums' law,
+    :mod:`dml2comm.cost.colsum`), ``train`` (the training dtype) and ``is_gemm`` (which ops are
+    matrix products): for the GEMMs' in-step share."""
     times = _in_step_gemms(graph, tp, train, gpu, is_gemm, times)  # the products alone, before the bias sums join them
-    costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff, ColumnSums(hbm, sm_count))
+    sums = ColumnSums(hbm, gpu.sm_count)
+    costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff, sums)
     costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
-    costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff, ColumnSums(hbm, sm_count))
+    costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff, sums)
     batch_norm = {op.index: BATCH_NORM_EXTRA_KERNELS for op in graph.ops if op.op_type in BATCH_NORM_OPS and not costs[op.index].fallback}
     for more in (conv, autograd, batch_norm, eager_embedding_kernels(graph, costs)):
         for i, (f, b) in more.items():

@@ -79,13 +79,13 @@ HOST_BOUND_SHARE = 0.05
 #: (step start to ``step()`` returning, median of 10 steps).  Median 1.219 over the 38 GPT-2
 #: small steps of ``benchmarks/data/gpu_steps/`` (H100 and H200, four machines, 8 shapes, bf16
 #: and AMP, two processes each; 10th-90th percentile 1.03-1.53; ``profiler_slowdown.csv`` there,
-#: written by ``benchmarks/profiler_slowdown.py``), the steps whose launch queue never fills (under a
-#: thousand kernels), so that the unprofiled time is all issue work.  Per GPU: the H100's 24
+#: written by ``benchmarks/profiler_slowdown.py``), the steps whose launch queue never fills
+#: (under a thousand kernels), so that the unprofiled time is all issue work.  Per GPU: the H100's 24
 #: give 1.215, the H200's 14 give 1.267.  Every step of the file whose queue never filled
 #: (:attr:`HostFigures.full_queue_launches` 0: 93 of 108, nine models) gives 1.216, each model
 #: 1.11-1.37 (Llama-1B's nine 1.199): the GPT-2 figure holds for the others.  Used where the
-#: step's own unprofiled time does not tell it: no ``--step-time``, or a GPU-bound step (whose span does not show the CPU).  All but the
-#: first step of each measuring process were timed after an earlier step's profiling, with CUPTI
+#: step's own unprofiled time does not tell it: no ``--step-time``, or a GPU-bound step (whose
+#: span does not show the CPU).  All but the first step of each measuring process were timed after an earlier step's profiling, with CUPTI
 #: still attached (Kineto detaches it only with ``TEARDOWN_CUPTI=1``; pytorch/pytorch#144455):
 #: the six first steps of GPT-2 small launched their kernels 1.212 times faster than the same
 #: model's later ones (median; 1.087-1.608; ``benchmarks/profiler_linger.py``), so against a
@@ -187,9 +187,8 @@ def _issue_us(trace: RankTrace, launch: np.ndarray, gpu_end: np.ndarray) -> tupl
     :data:`LAUNCH_BLOCKED_S` past the 10th-percentile call).  The issue time of the other
     intervals is scaled up to all of them (the CPU's work per launch taken to be the same).
     """
-    order = np.argsort(trace.ts[launch], kind="stable")
-    launch_ts = trace.ts[launch][order]
-    call = trace.dur[launch][order]
+    launch = launch[np.argsort(trace.ts[launch], kind="stable")]
+    launch_ts, call = trace.ts[launch], trace.dur[launch]
     interval = np.diff(launch_ts)
     pending = np.arange(launch_ts.size) - np.searchsorted(np.sort(gpu_end), launch_ts, side="right")
     deep = pending >= pending.max() - 1  # the queue's last two slots (a GPU item may end during the call)

@@ -285,7 +285,7 @@ def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = N
     waited for the CPU (module :mod:`dml2comm.traces.host`: the profiled starved idle over the
     profiled GPU span; with ``step_time_s``, the step's time without the profiler less the GPU's
     busy time and its queued idle, over that time), the share of the profiled span the GPU was idle
-    at all (``idle_share``) and the profiled GEMM shapes, sequence lengths and GPUs."""
+    at all (``idle_share``) and the profiled GEMM shapes, (micro-batch, sequence) pairs and GPUs."""
     figures = [p["host"] for p in parts]
     gpu_s = sum(p["gpu_s"] for p in parts)
     queued_idle = sum(f.gap_s * f.queued_gaps for f in figures)
@@ -303,7 +303,7 @@ def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = N
             "host_wait_share": wait, "host_bound": any(f.host_bound for f in figures), "step_time_s": step_time_s,
             "shapes": sorted({tuple(g[0]) for g in gemms}), "gpus": sorted({p["gpu"] for p in parts}),
             "tokens": sorted({p["micro_batch"] * p["seq_len"] for p in parts}),
-            "seqs": sorted({(int(p["micro_batch"]), int(p["seq_len"])) for p in parts})}
+            "batch_seqs": sorted({(int(p["micro_batch"]), int(p["seq_len"])) for p in parts})}
 
 
 def attributed_share(analysis: Any) -> float:
