@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -121,6 +122,21 @@ def test_profiler_slowdown_is_the_median_of_the_gpt2_steps():
         m = runs[r["run"]][(r["name"], r["mode"], int(r["micro_batch"]), int(r["seq"]))]
         assert float(r["host_issue_s_median"]) == pytest.approx(m["host_issue_s_median"], rel=1e-6)
         assert float(r["slowdown"]) == pytest.approx(float(r["trace_issue_s"]) / float(r["host_issue_s_median"]), rel=1e-3)
+
+
+def test_step_time_spreads_are_the_measured_ones():
+    """--step-time's two spreads (traces.host.step_time_factor): the profiled steps' slowdowns
+    about their median, and a timed host-bound step's median about the truth."""
+    from dml2comm.traces.host import PROFILER_SLOWDOWN_SPREAD, STEP_TIME_SPREAD
+
+    logs = [math.log(float(r["slowdown"])) for r in _slowdown_rows() if r["full_queue_launches"] == "0"]
+    mid = statistics.median(logs)
+    assert PROFILER_SLOWDOWN_SPREAD == pytest.approx(1.4826 * statistics.median(abs(x - mid) for x in logs), abs=5e-4)
+    errors = [1.2533 * (r["step_s_max"] - r["step_s_min"]) / 3.078 / r["step_s_median"] / math.sqrt(r["steps"])
+              for f in sorted(DATA.glob("h*_?.json")) for r in json.loads(f.read_text())["runs"]
+              if r["host_issue_s_median"] > 0.9 * r["step_s_median"]]
+    assert len(errors) == 31 and statistics.median(errors) == pytest.approx(0.0169, abs=5e-5)
+    assert STEP_TIME_SPREAD == pytest.approx(math.hypot(statistics.median(errors), 0.0054), abs=5e-4)
 
 
 def test_steps_timed_after_a_profiled_step_launch_more_slowly():

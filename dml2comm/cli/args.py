@@ -178,10 +178,10 @@ def add_hardware_arguments(parser: argparse.ArgumentParser, *, main: bool) -> ar
     add_profile_argument(h)
     if main:
         h.add_argument("--step-time", type=finite_float(), default=None, metavar="SECONDS",
-                       help="with --profile: the profiled step's time measured without the profiler; where the profiled step "
-                            "is host-bound, the trace's CPU time per kernel is scaled by this over the profiled step's "
-                            "GPU span (the profiler's slowdown of the CPU side); without it, by the slowdown measured on "
-                            "bundled steps (1.219)")
+                       help="with --profile: the profiled step's time measured without the profiler; the trace's CPU time "
+                            "per kernel is scaled by the factor that best explains it (where the CPU sets the step's pace "
+                            "the step is reproduced; a GPU-bound step keeps the median); without it, by the profiler's "
+                            "slowdown measured on bundled steps (1.219)")
     return h
 
 

@@ -23,22 +23,26 @@ memsets and copies, each joined to the CUDA runtime or driver call that launched
   set by the CPU.
 
 The profiler slows the CPU side (``record_shapes=True`` records about five CPU operators per
-kernel), so the issue time is that of the profiled step.  Where the step's time without the
-profiler is known (``--step-time``) and the profiled step is host-bound, the CPU-side figure is
-scaled by the profiler's slowdown ``timed step / profiled GPU span per step`` (at most 1; a trace
-of several ``ProfilerStep`` annotations spans several steps): in a host-bound step the span is the
-CPU's, so their ratio is the CPU's speed-up without the profiler (an
-underestimate of it where parts of the step are GPU-bound).  Otherwise (no ``--step-time``, or
-a GPU-bound step, whose span does not show the CPU) it is divided by the measured median
-slowdown :data:`PROFILER_CPU_SLOWDOWN`.  The GPU's idle per kernel is not scaled: the profiler
-does not slow the device.
+kernel), so the issue time is that of the profiled step.  It is multiplied by a factor that
+removes the profiler's slowdown: ``1 / PROFILER_CPU_SLOWDOWN``, the measured median, unless the
+step's time without the profiler is known (``--step-time``).  Then the factor is the most
+probable one given both (:func:`step_time_factor`): the measured slowdowns spread about their
+median (:data:`PROFILER_SLOWDOWN_SPREAD`, in ``log``), and the model's time of the profiled step
+with the factor applied should be the timed step's (within :data:`STEP_TIME_SPREAD`, the timed
+median's own uncertainty).  Where the step is host-bound its time follows the CPU and sets the
+factor; where it is GPU-bound its time hardly moves with it, and the median stays.  (Scaling the
+issue time by ``timed step / profiled span``, as an earlier version did for every step with
+starved idle over :data:`HOST_BOUND_SHARE`, took a partly GPU-bound step's span for the CPU's and
+left the step's non-launch CPU time out: on the 44 profiled steps of the measuring runs of
+``benchmarks/data/gpu_steps`` it put the profiled steps themselves 3.2% off on average, 15% at
+worst.)  The GPU's idle per kernel is not scaled: the profiler does not slow the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -47,8 +51,9 @@ from dml2comm.errors import ConfigError
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
-__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "LAUNCH_BLOCKED_S", "PROFILER_CPU_SLOWDOWN", "QUEUE_BLOCKED_SHARE",
-           "QUEUE_FULL_LAUNCHES", "HostFigures", "fitted_host_model", "host_figures"]
+__all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "LAUNCH_BLOCKED_S", "PROFILER_CPU_SLOWDOWN", "PROFILER_SLOWDOWN_SPREAD",
+           "QUEUE_BLOCKED_SHARE", "QUEUE_FULL_LAUNCHES", "STEP_TIME_GRID", "STEP_TIME_SPREAD", "HostFigures", "check_step_time", "fitted_host_model",
+           "host_figures", "step_time_factor"]
 
 #: Below this a launch-to-launch interval is the CPU issuing, not waiting (seconds).
 ISSUE_GAP_S = 200e-6
@@ -84,13 +89,29 @@ HOST_BOUND_SHARE = 0.05
 #: give 1.215, the H200's 14 give 1.267.  Every step of the file whose queue never filled
 #: (:attr:`HostFigures.full_queue_launches` 0: 93 of 108, nine models) gives 1.216, each model
 #: 1.11-1.37 (Llama-1B's nine 1.199): the GPT-2 figure holds for the others.  Used where the
-#: step's own unprofiled time does not tell it: no ``--step-time``, or a GPU-bound step (whose
-#: span does not show the CPU).  All but the first step of each measuring process were timed after an earlier step's profiling, with CUPTI
+#: step's own unprofiled time is not given (no ``--step-time``), and as the prior of
+#: :func:`step_time_factor` where it is.  All but the first step of each measuring process were timed after an earlier step's profiling, with CUPTI
 #: still attached (Kineto detaches it only with ``TEARDOWN_CUPTI=1``; pytorch/pytorch#144455):
 #: the six first steps of GPT-2 small launched their kernels 1.212 times faster than the same
 #: model's later ones (median; 1.087-1.608; ``benchmarks/profiler_linger.py``), so against a
 #: process that never profiled the slowdown is about 1.219 x 1.212 = 1.48.
 PROFILER_CPU_SLOWDOWN = 1.219
+#: How far a profiled step's slowdown strays from :data:`PROFILER_CPU_SLOWDOWN`: the standard
+#: deviation of ``log(slowdown)`` over the 93 steps of ``profiler_slowdown.csv`` whose launch queue
+#: never filled, estimated robustly (1.4826 x the median absolute deviation: 0.120; their plain
+#: standard deviation is 0.146, their 16th-84th percentile half-width 0.126).  The prior of
+#: :func:`step_time_factor`.
+PROFILER_SLOWDOWN_SPREAD = 0.120
+#: How far the model's time of the profiled step may be from the timed step for a factor to
+#: explain it (``log``): the standard error of a ten-step median of a host-bound step, whose steps
+#: vary with the CPU (1.2533 x sigma / sqrt(steps), sigma from each run's fastest-to-slowest range
+#: / 3.078, the expected range of ten normal draws): median 0.0169 over the 31 host-bound runs
+#: (host issue time over 90% of the step) of ``benchmarks/data/gpu_steps/h*.json``; in quadrature
+#: with the model's own error at the profiled shape, 0.54% RMS over the four bundled profiled steps
+#: (``benchmarks/bench_gpu_steps.py``: -0.1, -1.0, -0.4, -0.1%): 0.0177.
+STEP_TIME_SPREAD = 0.018
+#: Factors :func:`step_time_factor` evaluates the model at (odd: the median slowdown is one).
+STEP_TIME_GRID = 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,42 +224,68 @@ def _issue_us(trace: RankTrace, launch: np.ndarray, gpu_end: np.ndarray) -> tupl
     return float(interval[kept].sum()) * interval.size / np.count_nonzero(free), int(np.count_nonzero(full))
 
 
-def fitted_host_model(figures: list[HostFigures], preset: HostModel, step_time_s: float | None = None,
-                      launches: list[int | None] | None = None) -> tuple[HostModel, float]:
+def fitted_host_model(figures: list[HostFigures], preset: HostModel, factor: float | None = None,
+                      launches: list[int | None] | None = None) -> HostModel:
     """The host model of one or more profiled steps: ``preset`` (the stack's) with their issue time
     per kernel and idle per queued kernel (summed over the traces, over their kernels and queued
-    gaps), named ``trace``; and the slowdown factor applied to the issue time.
+    gaps), named ``trace``.
 
     Parameters
     ----------
     figures : :func:`host_figures` of each trace.
     preset : the stack's host model, whose other terms (run-ahead queue, per-message times) stay.
-    step_time_s : the step's time without the profiler (``--step-time``); with one trace that is
-        host-bound, the issue time is scaled by ``min(1, step_time_s x steps / gpu_span_s)`` (module
-        docstring); otherwise the factor is ``1 / PROFILER_CPU_SLOWDOWN``.
+    factor : the profiler's slowdown removed from the issue time: the issue time per kernel is
+        multiplied by it (:func:`step_time_factor` where the step's time without the profiler is
+        known); None: ``1 / PROFILER_CPU_SLOWDOWN``.
     launches : per trace, the kernels the cost model charges the host's ``kernel_s`` for in one
         step at the profiled shape (``OpCosts.launches``), over which its issue time is spread
         (times its ``steps``), so that the model's host time of that step is the trace's issue
         time (the trace's own kernels count no memsets and the model's count differs by a few
         percent: GPT-2 small 753 at b = 8 against 704 kernels and 119 memsets); None (for all, or
         for one trace, or 0): that trace's own kernels, every step's.
-
-    Raises
-    ------
-    ConfigError
-        ``step_time_s`` not a positive number, or given with several traces (which step is it?).
     """
     launches = launches if launches is not None else [None] * len(figures)
     kernels = sum(n * f.steps if n else f.kernels for n, f in zip(launches, figures))
     queued = sum(f.queued_gaps for f in figures)
     kernel_s = sum(f.issue_s for f in figures) / kernels
     gap_s = sum(f.gap_s * f.queued_gaps for f in figures) / queued if queued else 0.0
-    factor = 1.0 / PROFILER_CPU_SLOWDOWN
-    if step_time_s is not None:
-        if not (step_time_s > 0 and np.isfinite(step_time_s)):
-            raise ConfigError(f"--step-time must be a positive number of seconds, got {step_time_s!r}")
-        if len(figures) != 1:
-            raise ConfigError("--step-time is the time of one profiled step; pass one --profile trace with it")
-        if figures[0].host_bound:
-            factor = min(1.0, step_time_s * figures[0].steps / figures[0].gpu_span_s)  # the span holds every profiled step
-    return dataclasses.replace(preset, name="trace", kernel_s=kernel_s * factor, gap_s=gap_s), factor
+    factor = 1.0 / PROFILER_CPU_SLOWDOWN if factor is None else factor
+    return dataclasses.replace(preset, name="trace", kernel_s=kernel_s * factor, gap_s=gap_s)
+
+
+def check_step_time(step_time_s: float) -> None:
+    """Refuse a ``--step-time`` that is not a positive number of seconds (one-line
+    :class:`ConfigError`)."""
+    if not (step_time_s > 0 and np.isfinite(step_time_s)):
+        raise ConfigError(f"--step-time must be a positive number of seconds (the step timed without the profiler), got {step_time_s!r}")
+
+
+def step_time_factor(step_s: Callable[[float], float], step_time_s: float) -> float:
+    """The factor on a profiled step's CPU side that best explains its time without the profiler
+    (``--step-time``): the most probable one given the profiler's measured slowdowns and the timed
+    step (module docstring).
+
+    ``step_s(factor)``: the model's time of the profiled step with the trace's issue time per
+    kernel multiplied by ``factor`` (non-decreasing in it).  Over :data:`STEP_TIME_GRID` factors
+    spaced evenly in ``log`` within ``PROFILER_SLOWDOWN_SPREAD x 4`` of the median slowdown's
+    ``1 / PROFILER_CPU_SLOWDOWN``, the factor minimises ``(log(factor x PROFILER_CPU_SLOWDOWN) /
+    PROFILER_SLOWDOWN_SPREAD)^2 + (log(step_s(factor) / step_time_s) / STEP_TIME_SPREAD)^2``
+    (``step_s`` interpolated linearly in ``log factor`` between the grid's points, on a grid 16
+    times finer).  A host-bound step's time moves with the factor, so the timed step sets it; a
+    GPU-bound step's hardly does, and the median slowdown stays.
+
+    Raises
+    ------
+    ConfigError
+        ``step_time_s`` not a positive number.
+    """
+    check_step_time(step_time_s)
+    prior = -np.log(PROFILER_CPU_SLOWDOWN)
+    coarse = prior + np.linspace(-4.0, 4.0, STEP_TIME_GRID) * PROFILER_SLOWDOWN_SPREAD
+    times = np.array([step_s(float(np.exp(x))) for x in coarse])
+    if not np.all(np.isfinite(times) & (times > 0)):
+        return float(np.exp(prior))  # the model could not time the step: the median slowdown
+    fine = np.linspace(coarse[0], coarse[-1], 16 * (STEP_TIME_GRID - 1) + 1)
+    misfit = np.log(np.interp(fine, coarse, times) / step_time_s) / STEP_TIME_SPREAD
+    cost = ((fine - prior) / PROFILER_SLOWDOWN_SPREAD) ** 2 + misfit ** 2
+    return float(np.exp(fine[int(np.argmin(cost))]))

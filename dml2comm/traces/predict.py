@@ -21,6 +21,7 @@ host figures likewise summed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Sequence
@@ -123,7 +124,20 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
             "launches": shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack), one.stack,
                                        one.attention, one.precision, None, layered).launches,
-            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms]}
+            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms],
+            "own_step_s": functools.partial(_own_step_s, imported, gpu_name, one, lenient)}
+
+
+def _own_step_s(imported: Any, gpu_name: str, config: Any, lenient: bool, scale: ProfileScale) -> float:
+    """The model's time of the profiled step (``config`` on one ``gpu_name``) with the profile
+    ``scale`` (its ratios and host model): the sweep's evaluator, which equals the analysis.
+    NaN where the evaluator refuses the configuration."""
+    from dml2comm.hardware.cluster import make_cluster
+    from dml2comm.model.evaluator import FastEvaluator
+
+    cluster = dataclasses.replace(make_cluster(gpu_name, 1, 1), profile_scale=scale)
+    row = FastEvaluator(imported, cluster, lenient=lenient).evaluate([config])[0]
+    return float("nan") if row["error"] is not None else float(row["iteration_time_s"])
 
 
 def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int, str]:
@@ -211,10 +225,19 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
     """The ratios of one or more :func:`measured_and_modelled` results: per kind and pass, the
     sum of the measured seconds over the sum of the modelled (a pass either side of which is 0
     keeps factor 1); with a ``stack``, also the host model fitted on them
-    (:func:`dml2comm.traces.host.fitted_host_model` on that stack's preset, ``step_time_s`` the
-    step's time without the profiler)."""
-    from dml2comm.traces.host import fitted_host_model
+    (:func:`dml2comm.traces.host.fitted_host_model` on that stack's preset), whose CPU side
+    ``step_time_s`` (the step's time without the profiler, one trace) sets where the step is
+    host-bound (:func:`dml2comm.traces.host.step_time_factor` on the model's time of the profiled
+    step).
 
+    Raises
+    ------
+    ConfigError
+        ``step_time_s`` with several traces (which step is it?) or not a positive number."""
+    from dml2comm.traces.host import check_step_time, fitted_host_model
+
+    if step_time_s is not None:
+        check_step_time(step_time_s)
     ratios = []
     for kind in KINDS:
         have = [p for p in parts if kind in p["measured"] and kind in p["modelled"]]
@@ -233,12 +256,32 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
     detail += (("error", error_figures(parts, step_time_s)),)
     host = None
     if stack is not None:
-        host, factor = fitted_host_model([p["host"] for p in parts], host_model(AUTO, stack), step_time_s,
-                                         [p.get("launches") for p in parts])
+        figures, launches = [p["host"] for p in parts], [p.get("launches") for p in parts]
+        factor = _cpu_factor(parts, tuple(ratios), fitted_host_model(figures, host_model(AUTO, stack), 1.0, launches), step_time_s)
+        host = fitted_host_model(figures, host_model(AUTO, stack), factor, launches)
         detail += (("host", {"kernel_s": host.kernel_s, "gap_s": host.gap_s, "run_ahead": host.run_ahead,
                              "step_time_s": step_time_s, "cpu_slowdown_factor": factor,
                              "traces": [{"file": p["file"], **p["host"].to_dict(), "launches": p.get("launches")} for p in parts]}),)
     return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), host, detail)
+
+
+def _cpu_factor(parts: Sequence[dict[str, Any]], ratios: tuple, traced: Any, step_time_s: float | None) -> float:
+    """The factor on the traces' CPU side (:func:`dml2comm.traces.host.fitted_host_model`'s):
+    the profiler's median slowdown removed, or with ``step_time_s`` the one that best explains
+    the timed step (:func:`dml2comm.traces.host.step_time_factor`, the model's time of the
+    profiled step with ``traced``, the host model at the trace's own issue time, scaled)."""
+    from dml2comm.traces.host import PROFILER_CPU_SLOWDOWN, step_time_factor
+
+    if step_time_s is None:
+        return 1.0 / PROFILER_CPU_SLOWDOWN
+    if len(parts) != 1:
+        raise ConfigError("--step-time is the time of one profiled step; pass one --profile trace with it")
+
+    def step_s(factor: float) -> float:
+        host = dataclasses.replace(traced, kernel_s=traced.kernel_s * factor)
+        return parts[0]["own_step_s"](ProfileScale(ratios, host=host))
+
+    return step_time_factor(step_s, step_time_s)
 
 
 def held_out_shapes(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> dict[str, Any]:
