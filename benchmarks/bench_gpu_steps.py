@@ -123,6 +123,38 @@ def profiled() -> None:
     print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps; {inside} inside their band")
 
 
+#: The bundled traces of set 4's other architectures (an H100; machine ``c``), two shapes each.
+OTHER_TRACES = {"resnet18": ("resnet18_bf16_b{b}_s224", (128, 256), 224), "bert-6l-512": ("bert-6l-512_bf16_b{b}_s128", (64, 128), 128)}
+
+
+def other_architecture_rows() -> list[tuple[str, int, int, float, float, float]]:
+    """Each bundled set-4 trace of an image model and an encoder (``OTHER_TRACES``) predicting
+    both of its model's shapes (--profile, the trace's host model), against the mean of set 4's
+    two measuring processes: (model, b, profiled b, measured s, predicted s, band) per pair."""
+    rows = []
+    measured = {(n, b): m for g, n, mode, b, s, m in steps(False, ("c", "d")) if g == "h100" and mode == "bf16"}
+    for name, (stem, shapes, s) in OTHER_TRACES.items():
+        for tb in shapes:
+            parts = measured_and_modelled(str(DATA / f"h100_trace_{stem.format(b=tb)}.json.gz"), str(ROOT / MODELS[name]),
+                                          config(tb, None if name in IMAGES else s, "bf16"))
+            scale = profile_scale([parts], "pytorch")
+            for b in shapes:
+                summary = predict_summary("h100", name, "bf16", b, s, scale)
+                rows.append((name, b, tb, measured[(name, b)], summary["iteration_time_s"], summary["expected_error"]))
+    return rows
+
+
+def other_architectures() -> None:
+    print("\nOther architectures from their bundled H100 traces (set 4, measured: the mean of its two processes):")
+    errors = []
+    for name, b, tb, m, t, band in other_architecture_rows():
+        errors.append(abs(t / m - 1))
+        own = " (the profiled shape)" if b == tb else ""
+        print(f"  h100 {name:11s} b={b:3d} from b={tb:3d}: measured {m * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  {t / m - 1:+6.1%} "
+              f"(band ±{band:.1%}){own}")
+    print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
+
+
 def gpu_side_rows() -> list[tuple[str, int, int, float, float]]:
     """The GPU side of the shape transfer alone: each bundled GPT-2 small trace (b = 2 and b = 8,
     s = 1,024, on each GPU) scales the kernel times of the other's shape, with no host model,
@@ -210,6 +242,7 @@ def main() -> None:
     else:
         table()
         profiled()
+        other_architectures()
         gpu_side()
         calibrated()
 

@@ -32,7 +32,10 @@ def gpt2_parts():
 def test_ratios_are_measured_over_modelled_per_kind(gpt2_parts):
     p = gpt2_parts
     assert (p["micro_batch"], p["seq_len"], p["gpu"]) == (8, 1024, "H100-SXM5-80GB")
-    assert set(p["measured"]) == {"embedding", "block", "head", "loss", "optimizer"}
+    assert set(p["measured"]) == {"embedding", "block", "head", "loss", "optimizer", "input"}
+    # the step copied no batch to the GPU (its token ids were made there): the model's read of
+    # them over PCIe gets factor 0
+    assert p["measured"]["input"] == (0.0, 0.0) and p["modelled"]["input"][0] > 0
     # every kernel of the step lands in a kind: blocks are a mean, so times the 12 blocks
     total = sum(f + b for k, (f, b) in p["measured"].items() if k != "block") + 12 * sum(p["measured"]["block"])
     assert p["unattributed_s"] == pytest.approx(0.0, abs=1e-9)
@@ -43,7 +46,7 @@ def test_ratios_are_measured_over_modelled_per_kind(gpt2_parts):
     scale = profile_scale([p])
     for kind, f, b in scale.ratios:
         assert f == pytest.approx(p["measured"][kind][0] / p["modelled"][kind][0], rel=1e-12)
-        if kind != "optimizer":
+        if kind not in ("optimizer", "input"):
             assert b == pytest.approx(p["measured"][kind][1] / p["modelled"][kind][1], rel=1e-12)
     # two copies of one trace give the same ratios as one
     for r, q in zip(profile_scale([p, p]).ratios, scale.ratios):
@@ -77,7 +80,7 @@ def test_profile_reproduces_the_profiled_step(tmp_path, case):
     assert plain == pytest.approx(predicted, rel=1e-3) if b == 4 else plain < predicted
     prof = data["profile"]
     assert prof["files"][0]["file"] == trace.rsplit("/", 1)[1] and len(prof["files"][0]["sha256"]) == 64
-    assert set(prof["ratios"]) == {"embedding", "block", "head", "loss", "optimizer"}
+    assert set(prof["ratios"]) == {"embedding", "block", "head", "loss", "optimizer", "input"}
     assert prof["attributed_share"] == pytest.approx(1.0, abs=0.01)
 
 

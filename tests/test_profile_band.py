@@ -10,7 +10,7 @@ import math
 import pytest
 
 from dml2comm.analysis import analyze_graph
-from dml2comm.cost.bands import expected_error_for, plan_doublings, profile_band
+from dml2comm.cost.bands import PROFILE_TIMING_NOISE, expected_error_for, plan_doublings, profile_band
 from dml2comm.cost.cache import layers_of
 from dml2comm.hardware.cluster import get_cluster
 from dml2comm.ir.gemms import shape_doublings
@@ -31,12 +31,12 @@ def parts():
 
 
 # (case, options, the band stated): the measured errors are GPT-2 small -0.2% with the trace's host
-# model (its CPU side over the profiler's median slowdown), +1.1% with --step-time, +0.4% with the
+# model (its CPU side over the profiler's median slowdown), -0.0% with --step-time, +0.4% with the
 # preset pytorch host model, -8.7% with none; Llama-1B -1.0%, -1.0%, +0.5% and -3.2%
 # (benchmarks/bench_profile.py)
-CASES = [(GPT2, (), 0.207), (GPT2, ("--step-time", "0.0516"), 0.082), (GPT2, ("--host-model", "pytorch"), 0.225),
-         (GPT2, ("--host-model", "none"), 0.225), (LLAMA, (), 0.019), (LLAMA, ("--step-time", "0.17999"), 0.019),
-         (LLAMA, ("--host-model", "pytorch"), 0.040), (LLAMA, ("--host-model", "none"), 0.040)]
+CASES = [(GPT2, (), 0.216), (GPT2, ("--step-time", "0.0516"), 0.091), (GPT2, ("--host-model", "pytorch"), 0.234),
+         (GPT2, ("--host-model", "none"), 0.234), (LLAMA, (), 0.028), (LLAMA, ("--step-time", "0.17999"), 0.028),
+         (LLAMA, ("--host-model", "pytorch"), 0.049), (LLAMA, ("--host-model", "none"), 0.049)]
 
 
 @pytest.mark.parametrize("case,extra,band", CASES, ids=[f"{c[1].rsplit('_', 3)[1]}{''.join(e)}" for c, e, _ in CASES])
@@ -47,6 +47,7 @@ def test_the_band_covers_the_bundled_steps(tmp_path, case, extra, band):
     error = abs(s["iteration_time_s"] / measured - 1)
     assert error <= s["expected_error"], (error, s["expected_error"])  # the band holds
     assert s["expected_error"] == pytest.approx(band, abs=0.001)
+    assert err["components"]["timing"] == PROFILE_TIMING_NOISE  # the measured median's own uncertainty
     # one band: the summary's is data.json's, the sum of its components, named in the source
     assert s["expected_error"] == err["total"] == pytest.approx(sum(err["components"].values()), rel=1e-12)
     assert s["expected_error_source"] == err["source"] and err["source"].startswith(f"from the profile ({case[1].rsplit('/', 1)[1]}): ")
@@ -138,7 +139,7 @@ def test_gpt2_from_llamas_ratios_is_covered(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
     # distance from Llama's GEMM shapes to GPT-2's.  Against the mean of the four measurements of
     # the GPT-2 step (two machines, validate.steps) the prediction is 4.3% off, inside the band
-    # (5.5%, read from Llama's GPU-bound trace: it holds nothing of the pytorch preset host model's
+    # (6.3%, read from Llama's GPU-bound trace: it holds nothing of the pytorch preset host model's
     # own error on GPT-2's host-affected step).  Llama's block ratios (1.09 / 1.05) carry the
     # element-wise work its export does not show (Hugging Face's fp32 RMSNorm, rotary halves),
     # which GPT-2's blocks do not run
@@ -149,7 +150,7 @@ def test_gpt2_from_llamas_ratios_is_covered(parts):
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.56, abs=0.01) and band["components"]["shapes"] > 0
     error = abs(a.summary["iteration_time_s"] / measured - 1)
-    assert error == pytest.approx(0.043, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.055, abs=0.002)
+    assert error == pytest.approx(0.043, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.063, abs=0.002)
     assert error <= band["total"]
 
 

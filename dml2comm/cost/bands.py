@@ -49,7 +49,7 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.ir.gemms import graph_gemms, shape_doublings
 from dml2comm.parallel.config import ParallelConfig
 
-__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "HOST_WEIGHT", "MIN_KIND", "PROFILE_HOST_SPREAD", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "host_wait_share", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
+__all__ = ["BANDS_FILE", "BANDS_PATH", "BAND_QUANTILE", "FIELDS", "K", "HOST_WEIGHT", "MIN_KIND", "PROFILE_HOST_SPREAD", "PROFILE_TIMING_NOISE", "UNVALIDATED_QUANTILE", "BandRow", "expected_error_for", "host_wait_share", "load_bands", "plan_doublings", "profile_band", "profile_expected_error", "summary_band",
            "weighted_quantile"]
 
 BANDS_FILE = "expected_error.csv"
@@ -89,6 +89,13 @@ HOST_WEIGHT = 5.0
 #: off by as much as the CPU's speed; a plan waiting for it a larger share than this is no less
 #: certain.
 PROFILE_HOST_SPREAD = 0.22
+#: The least a ``--profile`` band holds (:func:`profile_band`'s ``timing``): the measured step it
+#: is held against is a median of ten steps, uncertain by its standard error, 1.2533 x sigma /
+#: sqrt(10) with sigma from the run's fastest-to-slowest range / 3.078 (the expected range of ten
+#: normal draws): median 0.0087 over the 108 runs of ``benchmarks/data/gpu_steps/h*.json``.  A
+#: GPU-bound step whose identical blocks ran alike would otherwise get a band of a few tenths of a
+#: percent (ResNet-18 at b = 256: 0.2%, 0.7% off the mean of its two processes).
+PROFILE_TIMING_NOISE = 0.0087
 
 
 @dataclass(frozen=True)
@@ -277,6 +284,8 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
     ratios (``--profile``; None without one), from what the traces measured rather than from the
     validated runs nearest this one.  Components, each a share of the iteration time:
 
+    - ``timing``: :data:`PROFILE_TIMING_NOISE`, the uncertainty of the measured step itself (a
+      median of ten steps).
     - ``host``: the share of the step in which the GPU waited for the CPU (the profiled step's
       starved idle over its span; with ``--step-time``, the step without the profiler less the
       GPU's busy and queued idle time: :func:`dml2comm.traces.predict.error_figures`), or, for a
@@ -291,8 +300,10 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
       (:data:`dml2comm.traces.host.PROFILER_CPU_SLOWDOWN`), which a given machine may not show.  Where the host model is not the trace's (``--host-model`` names one),
       all of the profiled step's GPU idle (:func:`~dml2comm.traces.predict.error_figures`'
       ``idle_share``): the idle between queued kernels is then a preset's too.
-    - ``noise``: half the spread of the step's identical blocks ((max - min) / mean of their
-      measured times: the variation of the same kernels within one step), on the scaled compute.
+    - ``noise``: half the spread of the step's identical blocks ((max - min) / mean of the
+      measured times of blocks modelled alike: the variation of the same kernels within one step;
+      :func:`dml2comm.traces.predict.measured_and_modelled`'s ``block_spread``), on the scaled
+      compute.
     - ``join``: the share of the trace's GPU time the join could not attribute to a layer (the
       ratios miss it), on the scaled compute.
     - ``shapes``: the held-out shape error per doubling of GEMM shape
@@ -331,6 +342,7 @@ def profile_band(config: ParallelConfig, cluster: Cluster, num_params: float, la
     other_gpu = cluster.gpu.name not in fig["gpus"]
     fitted = scale.host is not None  # the trace's host model (else the stack's preset or a named one)
     parts = {
+        "timing": PROFILE_TIMING_NOISE,
         "host": _host_part(fig, plan_wait if doublings > 0 else None) if fitted else fig["idle_share"],
         "noise": fig["block_spread"] / 2 * a,
         "join": fig["unattributed_share"] * a,
@@ -363,7 +375,7 @@ def _shape_part(held_out: dict[str, Any], doublings: float, own: float) -> float
     return held_out["per_doubling"] * doublings
 
 
-_PART_NAMES = {"host": "host wait", "noise": "block spread", "join": "unattributed", "shapes": "held-out shapes",
+_PART_NAMES = {"timing": "timed median", "host": "host wait", "noise": "block spread", "join": "unattributed", "shapes": "held-out shapes",
                "unscaled": "unscaled compute", "communication": "communication", "other_gpu": "other GPU"}
 
 

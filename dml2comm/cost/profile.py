@@ -13,7 +13,9 @@ top:
 - op times, per op by its layer's kind (:func:`dml2comm.cost.ops.shard_op_costs`), which the
   analysis's op nodes and the layer tables (:mod:`dml2comm.cost.layers`) both read;
 - the training loss the graph leaves out (``loss``: :func:`dml2comm.cost.loss.cross_entropy_s`);
-- the optimizer step (``optimizer``: :mod:`dml2comm.cost.stages`).
+- the optimizer step (``optimizer``: :mod:`dml2comm.cost.stages`);
+- the input's read over PCIe (``input``: :mod:`dml2comm.cost.stages`; none where the profiled
+  step copied no batch to the GPU).
 
 It also carries the host model measured from the same traces (``host``:
 :func:`dml2comm.traces.host.fitted_host_model`: the CPU's issue time and the GPU's idle time per
@@ -30,8 +32,10 @@ from dml2comm.cost.host import HostModel
 
 __all__ = ["KINDS", "ProfileScale", "scaled_share", "scaled_share_of"]
 
-#: Layer kinds a profile gives a ratio for (blocks: one ratio, the mean over the blocks).
-KINDS = ("embedding", "block", "head", "loss", "optimizer")
+#: Layer kinds a profile gives a ratio for (blocks: one ratio, the mean over the blocks), and the
+#: input's read over PCIe (``input``: the step's host-to-device copies in its forward over the
+#: model's read; 0 where the step copied none).
+KINDS = ("embedding", "block", "head", "loss", "optimizer", "input")
 
 
 @dataclass(frozen=True, slots=True)

@@ -771,6 +771,8 @@ class StageCoster(LayerCoster):
         pcie = getattr(self.cluster.gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
         input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
         reads = np.logical_or.reduceat(layers.reads_input, per_stage.starts) * (input_bytes / pcie)
+        if self.profile is not None:  # --profile: the profiled step's own copies (none: its batch was on the GPU)
+            reads = reads * self.profile.factor("input")[0]
         boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])
         buffers = np.zeros(p)
         buffers[1:] += boundary

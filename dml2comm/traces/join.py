@@ -17,7 +17,10 @@ The join, in four links (all read from one rank's Kineto trace, ``record_shapes=
    are matched in order to the graph's weight MatMul/Gemm ops in topological order, which carry
    their layer (embedding, block i, head).  The operators between two matched GEMMs of one layer
    belong to it; in a gap between two layers the first normalisation (``*norm*``, or a decomposed
-   RMSNorm's ``pow``/``rsqrt``, with the ``to`` cast just before it) starts the next layer.  A
+   RMSNorm's ``pow``/``rsqrt``, with the ``to`` cast just before it) starts the next layer where
+   that layer opens with one in the graph (pre-norm), else the gap is the earlier layer's
+   (post-norm: BERT, ResNet).  Convolutions are matched like GEMMs, by their input and weight
+   shapes.  A
    backward operator's autograd ``Sequence number`` names the forward operator that created its
    node, hence its layer; one without a number (``AccumulateGrad``, which stores the gradient just
    produced) goes with the backward operator before it on its thread.
@@ -44,12 +47,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dml2comm.ir.gemms import gemm_key, graph_gemm_ops
+from dml2comm.ir.gemms import conv_key, gemm_key, graph_weight_ops
 from dml2comm.ir.layers import LayerKind
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
-__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "token_shape", "block_times"]
+__all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "step_shape", "token_shape", "block_times"]
 
 
 class Phase:
@@ -66,6 +69,9 @@ class Phase:
 
 #: Top-level forward operators that are GEMMs with a weight (their (M, N, K) is matched to the graph).
 GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul"})
+#: Top-level forward convolutions, matched to the graph's weight ``Conv`` ops by their input and
+#: weight shapes (:func:`dml2comm.ir.gemms.conv_key`).
+CONV_OPS = frozenset({"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution"})
 #: Operators that compute a loss: the forward from the first of them on is the loss (no model).
 LOSS_OPS = re.compile(r"^aten::(cross_entropy(_loss)?|nll_loss(_nd|2d)?(_forward)?|mse_loss|l1_loss|"
                       r"binary_cross_entropy(_with_logits)?|kl_div|smooth_l1_loss|huber_loss)$")
@@ -77,6 +83,9 @@ _OPTIMIZER_PREFIX = "Optimizer."
 TOP_OPS = 20
 #: Layer names of the rows that are not layers of the graph.
 LOSS, OPTIMIZER, UNATTRIBUTED = "loss", "optimizer", "unattributed"
+#: The forward's host-to-device copies (the batch a data loader hands over), charged to no layer:
+#: the cost model charges the input's read over PCIe to the stage (``--profile``'s ``input`` kind).
+INPUT = "input"
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,18 @@ def _trace_gemm_key(name: str, dims: Any) -> tuple[int, ...] | None:
     except (TypeError, IndexError):
         return None
     return None
+
+
+def _trace_conv_key(dims: Any) -> tuple[Any, ...] | None:
+    """:func:`dml2comm.ir.gemms.conv_key` of a top-level convolution from its ``Input Dims``
+    ([input, weight, ...]), None when they are not two shapes of one rank (3 to 5)."""
+    if not isinstance(dims, list) or len(dims) < 2:
+        return None
+    x, w = dims[0], dims[1]
+    if not (isinstance(x, list) and isinstance(w, list) and 3 <= len(x) <= 5 and len(w) == len(x)
+            and all(isinstance(v, int) for v in x + w)):
+        return None
+    return conv_key(x, w)
 
 
 @dataclass
@@ -277,19 +298,44 @@ def _starts_norm(names: list[str], positions: list[int]) -> int | None:
     return None
 
 
+#: Graph ops that normalise (a decomposed RMSNorm by its ``Pow``/``ReduceMean``).
+_GRAPH_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "RMSNormalization",
+                          "BatchNormalization", "InstanceNormalization", "GroupNormalization", "Pow", "ReduceMean"})
+
+
+def _opens_with_norm(layered: Any) -> list[bool]:
+    """Per layer: a normalisation comes before its first weight GEMM or convolution (a pre-norm
+    transformer block).  Where one does, the gap between two layers' matched operators is cut at
+    its first normalisation; where none does (a post-norm block: BERT's, a ResNet's, which end
+    with their normalisation), the whole gap is the earlier layer's."""
+    g = layered.graph
+    weights = {i for _, _, i in graph_weight_ops(layered)}
+    out = []
+    for layer in layered.layers:
+        opens = False
+        for i in sorted(layer.op_indices):
+            if i in weights:
+                break
+            if g.ops[i].op_type in _GRAPH_NORMS:
+                opens = True
+                break
+        out.append(opens)
+    return out
+
+
 def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str],
                     gemm_ops: dict[int, int] | None = None) -> dict[int, int]:
     """Top-level forward operator position -> layer index (see the module docstring, link 4).
     Positions after the head's last matched GEMM become the loss (their phase is changed).
     ``gemm_ops`` receives each matched GEMM's position -> the graph op index it matched."""
-    wanted = graph_gemm_ops(layered)
+    wanted = graph_weight_ops(layered)
     fwd = [p for p, ph in enumerate(tops.phase) if ph in (Phase.FORWARD, Phase.LOSS)]
     gemms = []
     for k, p in enumerate(fwd):
         nm = tops.names[p]
-        if nm in GEMM_OPS:
+        if nm in GEMM_OPS or nm in CONV_OPS:
             dims = trace.inputs.get(tops.rows[p], (None, None))[0]
-            key = _trace_gemm_key(nm, dims)
+            key = _trace_gemm_key(nm, dims) if nm in GEMM_OPS else _trace_conv_key(dims)
             if key is not None:
                 gemms.append((k, key))
     matched: list[tuple[int, int]] = []  # (index into fwd, layer)
@@ -302,7 +348,8 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
             j += 1
     if len(matched) < len(wanted):
         notes.append(f"{len(matched)} of the graph's {len(wanted)} weight GEMMs matched a forward GEMM of the trace "
-                     f"(by (M, N, K), in order): the layers after the last match are not placed")
+                     f"(by (M, N, K), in order; convolutions by their input and weight shapes): the layers after the last "
+                     f"match are not placed")
     if not matched:
         return {}
     layer_of: dict[int, int] = {}
@@ -313,13 +360,14 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
     cut = _starts_norm(tops.names, [fwd[k] for k in lead]) if emb is not None else 0
     for idx, k in enumerate(lead):
         layer_of[fwd[k]] = emb if (emb is not None and (cut is None or idx < cut)) else first_layer
+    opens = _opens_with_norm(layered)
     for (ka, la), (kb, lb) in zip(matched, matched[1:]):
         gap = list(range(ka, kb))
         if la == lb:
             for k in gap:
                 layer_of[fwd[k]] = la
             continue
-        c = _starts_norm(tops.names, [fwd[k] for k in gap[1:]])
+        c = _starts_norm(tops.names, [fwd[k] for k in gap[1:]]) if opens[lb] else None
         c = len(gap) if c is None else c + 1
         for idx, k in enumerate(gap):
             layer_of[fwd[k]] = la if idx < c else lb
@@ -412,9 +460,10 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     lay_f = [0.0] * n_layers
     lay_b = [0.0] * n_layers
     lay_n = [0] * n_layers
-    extra = {LOSS: [0.0, 0.0, 0.0, 0], OPTIMIZER: [0.0, 0.0, 0.0, 0], UNATTRIBUTED: [0.0, 0.0, 0.0, 0]}
+    extra = {LOSS: [0.0, 0.0, 0.0, 0], OPTIMIZER: [0.0, 0.0, 0.0, 0], UNATTRIBUTED: [0.0, 0.0, 0.0, 0], INPUT: [0.0, 0.0, 0.0, 0]}
     gemm_s = dict.fromkeys(gemm_ops, 0.0)
-    for d, pos in zip(dur_s.tolist(), ops.tolist()):
+    host_copy = [trace.kind[i] == Kind.MEMCPY and trace.names[int(trace.name[i])].startswith("Memcpy HtoD") for i in gpu.tolist()]
+    for d, pos, to_device in zip(dur_s.tolist(), ops.tolist(), host_copy):
         if pos in gemm_s:
             gemm_s[pos] += d
         if pos < 0:
@@ -431,11 +480,12 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
             _add(extra[OPTIMIZER], 2, d)
             continue
         target = fwd_layer.get(pos) if ph == Phase.FORWARD else bwd_layer.get(pos) if ph == Phase.BACKWARD else LOSS
+        target = INPUT if to_device and ph == Phase.FORWARD else target
         col = 1 if ph == Phase.BACKWARD else 0
         if target is None:
             _add(extra[UNATTRIBUTED], col, d)
-        elif target == LOSS:
-            _add(extra[LOSS], col, d)
+        elif target in (LOSS, INPUT):
+            _add(extra[target], col, d)
         else:
             (lay_b if col else lay_f)[target] += d
             lay_n[target] += 1
@@ -464,11 +514,13 @@ def _layer_rows(layered: Any, lay_f: list[float], lay_b: list[float], lay_n: lis
     if layered is None:
         return [], total - phases[Phase.OTHER], "kernel -> launch -> operator only (no model)"
     layers = [LayerTime(x.name, x.kind, lay_f[x.index], lay_b[x.index], 0.0, lay_n[x.index]) for x in layered.layers]
-    for name in (LOSS, OPTIMIZER, UNATTRIBUTED):
+    for name in (LOSS, OPTIMIZER, UNATTRIBUTED, INPUT):
         f, b, o, n = extra[name]
-        layers.append(LayerTime(name, name, f, b, o, int(n)))
+        if name != INPUT or n:  # the input's copies where the step made any
+            layers.append(LayerTime(name, name, f, b, o, int(n)))
     attributed = total - extra[UNATTRIBUTED][0] - extra[UNATTRIBUTED][1] - extra[UNATTRIBUTED][2]
-    method = (f"forward GEMMs matched to the graph's {len(graph_gemm_ops(layered))} weight GEMMs by (M, N, K); "
+    method = (f"forward GEMMs matched to the graph's {len(graph_weight_ops(layered))} weight GEMMs by (M, N, K) "
+              f"(convolutions by their input and weight shapes); "
               f"backward through autograd sequence numbers; layers from {layered.source}")
     return layers, attributed, method
 
@@ -500,4 +552,29 @@ def token_shape(trace: RankTrace) -> tuple[int, int] | None:
             b, s = dims[1]
             if isinstance(b, int) and isinstance(s, int) and b > 0 and s > 0:
                 return b, s
+    return None
+
+
+#: The convolutions whose first input is the step's images (``aten::conv2d`` and the ops it
+#: dispatches to, whichever the trace recorded first).
+_CONVOLUTIONS = frozenset({"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+                           "aten::cudnn_convolution"})
+
+
+def step_shape(trace: RankTrace) -> tuple[int, int | None] | None:
+    """(micro-batch, sequence) of a profiled step: the token ids' (:func:`token_shape`), else the
+    batch of the first convolution's input (``Input Dims`` [[N, C, H, W], weight, ...]; 3-D to
+    5-D inputs) with no sequence: an image model, whose spatial size the model fixes.  None when
+    the trace records neither."""
+    shape = token_shape(trace)
+    if shape is not None:
+        return shape
+    for i in sorted(trace.inputs, key=lambda i: float(trace.ts[i])):
+        if trace.names[int(trace.name[i])] not in _CONVOLUTIONS:
+            continue
+        dims = trace.inputs[i][0]
+        if isinstance(dims, list) and dims and isinstance(dims[0], list) and 3 <= len(dims[0]) <= 5:
+            b = dims[0][0]
+            if isinstance(b, int) and b > 0:
+                return b, None
     return None

@@ -77,7 +77,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     dict with ``measured`` and ``modelled`` ({kind: (forward, backward)}: blocks as the mean of
     the blocks, the optimizer's step as its forward), ``micro_batch``, ``seq_len``, ``gpu``,
     ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``, ``host`` (its
-    :class:`~dml2comm.traces.host.HostFigures`), ``block_spread`` (the join's) and ``gemms``
+    :class:`~dml2comm.traces.host.HostFigures`), ``block_spread`` (:func:`_ratio_spread`) and ``gemms``
     ((M, N, K) key, measured, modelled forward seconds) of each weight GEMM the join matched.
 
     Raises
@@ -113,7 +113,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
                               one.attention, one.precision, None, layered).times  # the layer table's own (cached)
     keys = {i: key for key, _, i in graph_gemm_ops(layered)}
     kinds = [x.kind for x in layered.layers]
-    measured, modelled = _per_kind(join, kinds, table, plan)
+    measured, modelled = _per_kind(join, kinds, table, plan, float(coster.stage_table(one).reads.sum()))
     shared_s = _shared_sum_s(coster, one, cluster) if LayerKind.EMBEDDING in measured else 0.0
     if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
         f, b_s = measured["embedding"]
@@ -124,8 +124,40 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
             "launches": shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack), one.stack,
                                        one.attention, one.precision, None, layered).launches,
-            "block_spread": join.block_spread or 0.0, "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms],
+            "block_spread": _ratio_spread(join, kinds, table), "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms if i in keys],
             "own_step_s": functools.partial(_own_step_s, imported, gpu_name, one, lenient)}
+
+
+#: Blocks whose modelled times differ by less than this share are alike: their measured times
+#: differ by noise (GPT-2 small's twelve blocks are modelled within 0.5%, ResNet-18's stages' first
+#: and second blocks 27-37% apart).
+ALIKE_BLOCKS = 0.05
+
+
+def _ratio_spread(join: Any, kinds: list[Any], table: Any) -> float:
+    """The noise in the blocks' one ratio: (max - min) / mean of the measured times of blocks the
+    model times alike (within :data:`ALIKE_BLOCKS` of each other: a transformer's, whose first
+    block may add a cast or a mask), weighted by their time where there are several such groups
+    (a ResNet's stages); where no two blocks are alike (a ResNet's stages, whose times differ by
+    their shapes: 268% between its blocks at b = 128), the spread of each block's measured over
+    modelled time."""
+    idx = [i for i, k in enumerate(kinds) if k == LayerKind.BLOCK]
+    rows = [x for x in join.layers if x.kind == LayerKind.BLOCK]
+    pairs = [(x.total_s, float(table.fwd[i] + table.bwd[i])) for x, i in zip(rows, idx)]
+    groups: list[list[tuple[float, float]]] = []
+    for measured, modelled in sorted(pairs, key=lambda x: x[1]):
+        if groups and modelled <= groups[-1][0][1] * (1 + ALIKE_BLOCKS):
+            groups[-1].append((measured, modelled))
+        else:
+            groups.append([(measured, modelled)])
+    alike = [[m for m, _ in g] for g in groups if len(g) > 1 and sum(m for m, _ in g) > 0]
+    if alike:
+        weight = sum(sum(g) for g in alike)
+        return sum((max(g) - min(g)) / (sum(g) / len(g)) * sum(g) for g in alike) / weight
+    ratios = [m / d for m, d in pairs if d > 0]
+    if len(ratios) < 2 or sum(ratios) <= 0:
+        return 0.0
+    return (max(ratios) - min(ratios)) / (sum(ratios) / len(ratios))
 
 
 def _own_step_s(imported: Any, gpu_name: str, config: Any, lenient: bool, scale: ProfileScale) -> float:
@@ -140,18 +172,19 @@ def _own_step_s(imported: Any, gpu_name: str, config: Any, lenient: bool, scale:
     return float("nan") if row["error"] is not None else float(row["iteration_time_s"])
 
 
-def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int, str]:
-    """(the trace, its micro-batch and sequence from the token ids, the GPU preset to model it on:
-    ``gpu`` or the trace's device); a one-line :class:`ConfigError` when either is missing."""
-    from dml2comm.traces.join import token_shape
+def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int | None, str]:
+    """(the trace, its micro-batch and sequence (:func:`dml2comm.traces.join.step_shape`: None
+    for an image model's), the GPU preset to model it on: ``gpu`` or the trace's device); a
+    one-line :class:`ConfigError` when either is missing."""
+    from dml2comm.traces.join import step_shape
     from dml2comm.traces.load import load_trace
 
     name = Path(trace_path).name
     trace = load_trace(trace_path, shapes=True)
-    shape = token_shape(trace)
+    shape = step_shape(trace)
     if shape is None:
-        raise ConfigError(f"--profile {name}: the trace records no token ids (aten::embedding with 2-D indices); "
-                          "profile the step with record_shapes=True")
+        raise ConfigError(f"--profile {name}: the trace records no input shapes (token ids for aten::embedding, images for "
+                          "a convolution); profile the step with record_shapes=True")
     gpu_name = gpu or trace_gpu(trace.device or "")
     if gpu_name is None:
         raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows; "
@@ -170,10 +203,12 @@ def _one_gpu(config: Any, b: int, s: int) -> Any:
                                tp_comm_overlap=False)
 
 
-def _per_kind(join: Any, kinds: list[Any], table: Any, plan: Any) -> tuple[dict, dict]:
+def _per_kind(join: Any, kinds: list[Any], table: Any, plan: Any, reads_s: float) -> tuple[dict, dict]:
     """Measured and modelled (forward, backward) seconds per layer kind (blocks: the mean of the
-    blocks), the loss and the optimizer step (its forward)."""
-    from dml2comm.traces.join import LOSS, OPTIMIZER
+    blocks), the loss, the optimizer step (its forward) and, where the model reads its inputs
+    over PCIe (``reads_s``), the input (the step's host-to-device copies in its forward, 0 where
+    it made none: a batch already on the GPU, or copied on another stream)."""
+    from dml2comm.traces.join import INPUT, LOSS, OPTIMIZER
 
     measured: dict[str, tuple[float, float]] = {}
     modelled: dict[str, tuple[float, float]] = {}
@@ -191,22 +226,25 @@ def _per_kind(join: Any, kinds: list[Any], table: Any, plan: Any) -> tuple[dict,
     if OPTIMIZER in by_name:
         measured["optimizer"] = (by_name[OPTIMIZER].other_s, 0.0)
         modelled["optimizer"] = (float(plan.optimizer.sum()), 0.0)
+    if reads_s > 0:
+        measured["input"] = (by_name[INPUT].forward_s if INPUT in by_name else 0.0, 0.0)
+        modelled["input"] = (reads_s, 0.0)
     return measured, modelled
 
 
 def _check_model(join: Any, layered: Any, name: str, b: int, s: int) -> None:
     """Refuse a trace whose forward GEMMs do not all match the model's, or with a block no kernel
     falls in: a step of another model or shape."""
-    from dml2comm.ir.gemms import graph_gemms
+    from dml2comm.ir.gemms import graph_weight_ops
 
-    wanted = len(graph_gemms(layered))
+    wanted = len(graph_weight_ops(layered))
     blocks = [x for x in join.layers if x.kind == LayerKind.BLOCK]
     short = [n for n in join.notes if "weight GEMMs matched" in n]
     empty = [x.name for x in blocks if x.forward_s <= 0 or x.backward_s <= 0]
     if short or empty or not blocks:
         why = short[0].split(":")[0] if short else (f"no kernel of the trace falls in {empty[0]}" if empty else "the model has no blocks")
         raise ConfigError(f"--profile {name}: not a step of this model at micro-batch {b}, sequence {s}: {why} "
-                          f"(the graph has {wanted} weight GEMMs in {len(blocks)} blocks); profile this model")
+                          f"(the graph has {wanted} weight GEMMs and convolutions in {len(blocks)} blocks); profile this model")
 
 
 def _shared_sum_s(coster: Any, config: Any, cluster: Any) -> float:
@@ -247,7 +285,8 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
         for k in (0, 1):
             meas = sum(p["measured"][kind][k] for p in have)
             model = sum(p["modelled"][kind][k] for p in have)
-            r.append(meas / model if meas > 0 and model > 0 else 1.0)
+            # a step that copied no input (measured 0) reads none: factor 0
+            r.append(meas / model if model > 0 and (meas > 0 or kind == "input") else 1.0)
         ratios.append((kind, r[0], r[1]))
     detail = (("traces", tuple({"file": p["file"], "micro_batch": p["micro_batch"], "seq_len": p["seq_len"], "gpu": p["gpu"],
                                 "gpu_s": p["gpu_s"], "unattributed_s": p["unattributed_s"],
@@ -345,8 +384,8 @@ def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = N
             "held_out": held_out_shapes(gemms),
             "host_wait_share": wait, "host_bound": any(f.host_bound for f in figures), "step_time_s": step_time_s,
             "shapes": sorted({tuple(g[0]) for g in gemms}), "gpus": sorted({p["gpu"] for p in parts}),
-            "tokens": sorted({p["micro_batch"] * p["seq_len"] for p in parts}),
-            "batch_seqs": sorted({(int(p["micro_batch"]), int(p["seq_len"])) for p in parts})}
+            "tokens": sorted({p["micro_batch"] * (p["seq_len"] or 1) for p in parts}),
+            "batch_seqs": sorted({(int(p["micro_batch"]), int(p["seq_len"])) for p in parts if p["seq_len"]})}
 
 
 def attributed_share(analysis: Any) -> float:
