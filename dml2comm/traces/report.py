@@ -211,9 +211,9 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     """The lowest rank's step mapped onto operators, phases and (with ``model``) the model's
     layers (:func:`dml2comm.traces.join.join_trace`).  The model's symbolic batch and sequence
     dims are bound to ``micro_batch_size``/``seq_len`` (``--micro-batch-size``/``--seq-len``) or,
-    unset, to the token ids' shape the trace recorded; a model that cannot be read so gives the
-    join without layers and a note."""
-    from dml2comm.traces.join import join_trace, token_shape
+    unset, to the token ids' shape the trace recorded (an image model's batch: its first
+    convolution's); a model that cannot be read so gives the join without layers and a note."""
+    from dml2comm.traces.join import join_trace, step_shape
     from dml2comm.traces.load import load_trace
 
     if not ts.ranks:
@@ -227,7 +227,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
         from dml2comm.ir.onnx_import import ImportOptions
         from dml2comm.load import load_model
 
-        shape = token_shape(trace)
+        shape = step_shape(trace)
         batch = micro_batch_size or (shape[0] if shape else None)
         seq = seq_len or (shape[1] if shape else None)
         try:
