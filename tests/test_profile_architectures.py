@@ -115,3 +115,19 @@ def test_a_steps_host_to_device_copies_are_its_input(tmp_path):
     assert ratio == pytest.approx(p["measured"]["input"][0] / p["modelled"]["input"][0], rel=1e-12) and ratio > 0
     rows = {x.name: x for x in join_trace(load_trace(str(copied), shapes=True), None).layers}
     assert INPUT not in rows  # without a model, no layer rows at all
+
+
+def test_the_trace_command_predicts_at_the_traces_own_batch(tmp_path):
+    # trace --model without --micro-batch-size: the prediction takes the step's own batch (the
+    # first convolution's, as the join), and --stack pytorch --precision bf16 the measured stack
+    out = tmp_path / "out"
+    rc = main(["trace", RESNET[1].format(b=128), "--model", RESNET[0], "--gpu", "h100", "--stack", "pytorch", "--precision", "bf16",
+               "--optimizer", "adamw", "--no-site", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "trace_analysis.json").read_text())
+    assert data["join"]["micro_batch"] == 128 and data["join"]["seq_len"] is None
+    comparison = data["comparison"]
+    assert "b=128 B=128" in comparison["what"] and "the micro-batch from the trace's inputs" in comparison["what"]
+    assert "pytorch bf16" in comparison["what"]
+    compute = next(r for r in comparison["rows"] if r["category"].startswith("compute"))
+    assert abs(compute["predicted_s"] / compute["measured_s"] - 1) < 0.10  # +6.8%: was -66% at b = 1

@@ -37,7 +37,7 @@ from dml2comm.fmt import fmt_s
 from dml2comm.traces.analyze import TraceSet, analyze_traces
 from dml2comm.traces.classify import DIMS
 from dml2comm.errors import ConfigError
-from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, SCHEDULES
+from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, SCHEDULES, STACKS
 from dml2comm.traces.layout import COORD_DIMS, DIM_WORDS, ParallelSizes
 from dml2comm.traces.load import TraceError, find_trace_files
 from dml2comm.traces.report import (PREDICTION_DEFAULTS, comparison_csv, events_parquet, file_column, file_note, hta_overlap, join_columns,
@@ -90,6 +90,10 @@ def trace_parser() -> argparse.ArgumentParser:
     f.add_argument("--recompute", choices=RECOMPUTE_MODES, help="default none")
     f.add_argument("--zero", type=int, choices=ZERO_STAGES, help="default 0")
     f.add_argument("--sequence-parallel", action="store_true", default=None)
+    f.add_argument("--stack", choices=STACKS, help="what ran the model: megatron (default) or pytorch (eager PyTorch / Hugging "
+                                                   "Face: one kernel per op, SDPA flash attention)")
+    f.add_argument("--precision", choices=PRECISIONS, help="default: mixed with --stack megatron, amp with --stack pytorch")
+    f.add_argument("--optimizer", choices=OPTIMIZERS, help="default adam")
     f.add_argument("--gpu", help="default a100")
     f.add_argument("--cluster", help="a cluster preset or file; a file from python main.py calibrate also predicts with its base "
                    "preset's constants, side by side")
@@ -199,10 +203,15 @@ def run_trace_command(argv: Sequence[str]) -> int:
         reasons = "; ".join(ts.problems) or "no trace could be read"
         raise TraceError(f"no rank could be analysed: {reasons}")
     run, source = run_sizes(args, ts)  # flags that contradict the traces: an error before anything is written
-    comparison = None if not args.model else predicted_comparison(
-        ts, args.model, run, source, {k: getattr(args, k) for k in PREDICTION_DEFAULTS}, args.rank_order)
+    join = join_step(ts, args.model, args.micro_batch_size, args.seq_len)
+    options = {k: getattr(args, k) for k in PREDICTION_DEFAULTS}
+    if join is not None and options["micro_batch_size"] is None and join.get("micro_batch"):
+        # the step's own inputs (token ids, or an image model's batch), as the join bound the model
+        options["micro_batch_size"], options["seq_len"] = join["micro_batch"], options["seq_len"] or join.get("seq_len")
+        source += "; the micro-batch from the trace's inputs"
+    comparison = None if not args.model else predicted_comparison(ts, args.model, run, source, options, args.rank_order)
     data = trace_analysis_dict(ts, comparison)
-    data["join"] = join_step(ts, args.model, args.micro_batch_size, args.seq_len)
+    data["join"] = join
     out_files: dict[str, str | bytes] = {
         "trace_analysis.json": json.dumps(data, sort_keys=True, indent=1, default=json_default) + "\n",
         "events.parquet": events_parquet(ts),

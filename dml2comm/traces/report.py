@@ -212,7 +212,8 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     layers (:func:`dml2comm.traces.join.join_trace`).  The model's symbolic batch and sequence
     dims are bound to ``micro_batch_size``/``seq_len`` (``--micro-batch-size``/``--seq-len``) or,
     unset, to the token ids' shape the trace recorded (an image model's batch: its first
-    convolution's); a model that cannot be read so gives the join without layers and a note."""
+    convolution's); a model that cannot be read so gives the join without layers and a note.
+    ``micro_batch`` and ``seq_len`` in the result: the sizes the model was bound to."""
     from dml2comm.traces.join import join_trace, step_shape
     from dml2comm.traces.load import load_trace
 
@@ -220,7 +221,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
         return None
     first = min(ts.ranks, key=lambda r: r.rank)
     trace = load_trace(first.path, shapes=True)
-    layered, note = None, None
+    layered, note, batch, seq = None, None, None, None
     if model:
         from dml2comm.errors import Dml2CommError
         from dml2comm.ir.layers import group_layers
@@ -240,6 +241,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     out = joined.to_dict()
     if note:
         out["notes"].insert(0, note)
+    out["micro_batch"], out["seq_len"] = batch, seq  # what the model was bound to (None: its own)
     return out
 
 
@@ -248,7 +250,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
 PREDICTION_DEFAULTS: dict[str, Any] = {
     "cp_scheme": "ulysses", "ep": 1, "micro_batch_size": None, "global_batch_size": None, "seq_len": None, "dtype": "bf16",
     "schedule": "1f1b", "virtual_stages": 1, "recompute": "none", "zero": 0, "sequence_parallel": False, "gpu": "a100",
-    "cluster": None, "gpus_per_node": 8,
+    "cluster": None, "gpus_per_node": 8, "stack": "megatron", "precision": None, "optimizer": "adam",
 }
 
 
@@ -275,7 +277,8 @@ def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], sourc
                             global_batch_size=o.global_batch_size or micro * d * p, seq_len=o.seq_len,
                             dtype=o.dtype, schedule=o.schedule, virtual_stages=o.virtual_stages, zero_stage=o.zero,
                             sequence_parallel=o.sequence_parallel, recompute=o.recompute,
-                            rank_order=o.rank_order or "tdp", cp_size=cp, cp_scheme=o.cp_scheme, ep_size=o.ep)
+                            rank_order=o.rank_order or "tdp", cp_size=cp, cp_scheme=o.cp_scheme, ep_size=o.ep,
+                            stack=o.stack, precision=o.precision, optimizer=o.optimizer)
     cluster = get_cluster(o.cluster, num) if o.cluster else make_cluster(o.gpu, num, min(o.gpus_per_node, num))
     cluster = replace(cluster, collective_overhead_s=0.0)
     analysis = analyze(o.model, config, cluster)
@@ -284,7 +287,7 @@ def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], sourc
     sizes = f"d={d} t={t} p={p}" + (f" cp={cp} ({o.cp_scheme})" if cp > 1 else "") + \
         (f" ep={o.ep}" if o.ep > 1 else "")
     what = (f"{Path(o.model).name}, {sizes} ({source}), b={config.micro_batch_size} "
-            f"B={config.global_batch_size}, {config.schedule}, {cluster.gpu.name}")
+            f"B={config.global_batch_size}, {config.schedule}, {config.stack} {config.precision}, {cluster.gpu.name}")
     caveat = comparison_caveat([r.activity.device for r in ts.ranks], {r.backend for r in ts.ranks}, cluster.gpu.name)
     file_info, base = base_prediction(o.cluster, o.model, config, num) if o.cluster and is_cluster_file(o.cluster) else (None, None)
     rows = comparison_rows(predicted, measured, comparable=caveat is None, base=base)
