@@ -131,3 +131,21 @@ def test_the_trace_command_predicts_at_the_traces_own_batch(tmp_path):
     assert "pytorch bf16" in comparison["what"]
     compute = next(r for r in comparison["rows"] if r["category"].startswith("compute"))
     assert abs(compute["predicted_s"] / compute["measured_s"] - 1) < 0.10  # +6.8%: was -66% at b = 1
+
+
+def test_a_users_annotation_around_the_forward_is_transparent(tmp_path):
+    # record_function("forward") around the whole forward: taken as the top-level operator it hid
+    # every GEMM of the pass, and the trace was refused as another model's
+    model, trace, b, s, _ = GPT2
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    cpu = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    first = min(cpu, key=lambda e: e["ts"])
+    backward = min(e["ts"] for e in cpu if e["name"].startswith("autograd::engine"))
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "forward", "pid": first["pid"], "tid": first["tid"],
+                               "ts": first["ts"] - 1, "dur": backward - first["ts"], "args": {}})
+    annotated = tmp_path / "annotated.json"
+    annotated.write_text(json.dumps(doc))
+    p = measured_and_modelled(str(annotated), model, step_config(b, s))
+    plain = measured_and_modelled(trace, model, step_config(b, s))
+    assert p["measured"] == plain["measured"] and p["unattributed_s"] == plain["unattributed_s"] == 0.0

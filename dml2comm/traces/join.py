@@ -7,7 +7,8 @@ The join, in four links (all read from one rank's Kineto trace, ``record_shapes=
 2. **launch -> operator**: the runtime call lies inside a CPU operator on its thread; the
    outermost one (the *top-level* operator: ``aten::linear``, ``aten::layer_norm``, an
    ``autograd::engine::evaluate_function: XBackward0``, the ``Optimizer.step#...`` annotation) is
-   the one the kernel is charged to.
+   the one the kernel is charged to.  Other annotations (a user's ``record_function`` around a
+   pass) are looked through.
 3. **operator -> phase**: ``Optimizer.*`` annotations are the optimizer; operators run by the
    autograd engine (``autograd::engine::evaluate_function: ...``) are the backward; the rest of
    the step is the forward, whose tail from the loss operator on (``cross_entropy``, ``nll_loss``...;
@@ -218,8 +219,14 @@ def _step_window(trace: RankTrace) -> tuple[float, float] | None:
 
 
 def _top_level(trace: RankTrace, window: tuple[float, float] | None) -> _Tops:
+    """The top-level operators: outermost CPU operators and the optimizer's annotations.  Other
+    annotations (a user's ``record_function("forward")`` around a whole pass) are transparent:
+    taken as top level they would hide every operator of the pass (no GEMM to match)."""
     step_mask = step_names(trace)
-    cpu = np.flatnonzero(((trace.kind == Kind.CPU_OP) | (trace.kind == Kind.ANNOTATION)) & ~step_mask)
+    names = trace.names
+    optimizer = np.array([n.startswith(_OPTIMIZER_PREFIX) for n in names], dtype=bool)
+    marks = (trace.kind == Kind.ANNOTATION) & optimizer[trace.name] if len(names) else np.zeros(trace.kind.shape, bool)
+    cpu = np.flatnonzero(((trace.kind == Kind.CPU_OP) | marks) & ~step_mask)
     if window is not None:
         cpu = cpu[(trace.ts[cpu] >= window[0]) & (trace.ts[cpu] < window[1])]
     order = cpu[np.lexsort((-trace.dur[cpu], trace.ts[cpu], trace.thread[cpu]))]
