@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,69 @@ def test_a_users_annotation_around_the_forward_is_transparent(tmp_path):
     p = measured_and_modelled(str(annotated), model, step_config(b, s))
     plain = measured_and_modelled(trace, model, step_config(b, s))
     assert p["measured"] == plain["measured"] and p["unattributed_s"] == plain["unattributed_s"] == 0.0
+
+
+def _accumulated(src: str, dst, k: int) -> None:
+    """``src``'s one step made a gradient-accumulation step of ``k`` micro-batches: its forward and
+    backward events (CPU operators, launches and their GPU items) repeated ``k`` times, each copy
+    later by the passes' span, with new correlation, external ids and autograd sequence numbers,
+    then its optimizer step once."""
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    events = [e for e in doc["traceEvents"] if e.get("ph") not in ("s", "f")]  # flow arrows: not read
+    spans = [e for e in events if e.get("ph") == "X"]
+    t_opt = min(e["ts"] for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer."))
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in spans
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+    def in_passes(e) -> bool:
+        if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
+            return launch_ts.get(e["args"].get("correlation"), float("inf")) < t_opt
+        return e["ts"] < t_opt and e.get("cat") not in ("Trace", "gpu_user_annotation")
+
+    passes = [e for e in spans if in_passes(e)]
+    shift = max(max(e["ts"] + e["dur"] for e in passes), t_opt) - min(e["ts"] for e in spans) + 10.0
+    out = [e for e in events if e.get("ph") != "X" or in_passes(e) or e["ts"] < t_opt]
+    for j in range(1, k):
+        for e in passes:
+            c = json.loads(json.dumps(e))
+            c["ts"] += j * shift
+            for key, off in (("External id", 10**6), ("correlation", 10**6), ("Sequence number", 10**5), ("Ev Idx", 10**6)):
+                if isinstance(c.get("args", {}).get(key), int) and c["args"][key] >= 0:
+                    c["args"][key] += j * off
+            out.append(c)
+    for e in spans:
+        if not in_passes(e) and e["ts"] >= t_opt:
+            c = json.loads(json.dumps(e))
+            c["ts"] += (k - 1) * shift
+            out.append(c)
+    doc["traceEvents"] = out
+    Path(dst).write_text(json.dumps(doc))
+
+
+def test_a_gradient_accumulation_step_is_joined_pass_by_pass(tmp_path):
+    # two forward and backward passes before one optimizer step: the second pass was charged to the
+    # first's loss (its loss 6x, the blocks untouched); now each pass is matched on its own and
+    # the ratios are per micro-batch, the same as the one-pass trace's
+    model, trace, b, s, _ = GPT2
+    accumulated = tmp_path / "accumulated.json"
+    _accumulated(trace, accumulated, 2)
+    from dml2comm.cost.cache import layers_of
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+
+    layered = layers_of(load_model(model, ImportOptions(batch_size=b, seq_len=s)).graph)
+    one, two = (join_trace(load_trace(str(p), shapes=True), layered) for p in (trace, accumulated))
+    assert (one.passes, two.passes) == (1, 2) and two.unattributed_s == 0.0
+    for x, y in zip(one.layers, two.layers):
+        if x.name != "optimizer":
+            assert (y.forward_s, y.backward_s) == pytest.approx((2 * x.forward_s, 2 * x.backward_s), rel=1e-9), x.name
+    assert any("gradient accumulation" in n for n in two.notes)
+    p1, p2 = (measured_and_modelled(str(p), model, step_config(b, s)) for p in (trace, accumulated))
+    assert p2["passes"] == 2 and p2["launches"] == 2 * p1["launches"]
+    for r1, r2 in zip(profile_scale([p1]).ratios, profile_scale([p2]).ratios):
+        assert r1[0] == r2[0] and r2[1:] == pytest.approx(r1[1:], rel=1e-9)
+    # the host's time per kernel: the same launches over twice the kernels
+    assert profile_scale([p2], "pytorch").host.kernel_s == pytest.approx(profile_scale([p1], "pytorch").host.kernel_s, rel=0.01)
+    # --step-time times the whole step: the profiled step is modelled with both micro-batches
+    assert p2["own_step_s"].args[2].global_batch_size == 2 * b

@@ -138,6 +138,9 @@ class TraceJoin:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: (graph op index, forward GPU seconds) of each weight GEMM matched to the graph (with a model)
     gemms: tuple[tuple[int, float], ...] = ()
+    #: forward passes whose weight GEMMs all matched (gradient accumulation: several in one step;
+    #: 1 without a model); the layers' times are the step's, summed over them
+    passes: int = 1
 
     @property
     def unattributed_s(self) -> float:
@@ -159,7 +162,7 @@ class TraceJoin:
                         "other_s": x.other_s, "total_s": x.total_s, "kernels": x.kernels,
                         "share": x.total_s / self.gpu_s if self.gpu_s > 0 else 0.0} for x in self.layers],
             "ops": [{"name": o.name, "phase": o.phase, "calls": o.calls, "gpu_s": o.gpu_s} for o in self.ops],
-            "block_spread": self.block_spread, "method": self.method, "notes": list(self.notes),
+            "block_spread": self.block_spread, "method": self.method, "notes": list(self.notes), "passes": self.passes,
         }
 
 
@@ -254,13 +257,25 @@ def _top_level(trace: RankTrace, window: tuple[float, float] | None) -> _Tops:
             phase.append(Phase.BACKWARD)
         else:
             phase.append(Phase.FORWARD)
-    # the forward's tail from the first loss operator on is the loss
-    fwd = [p for p, ph in enumerate(phase) if ph == Phase.FORWARD]
-    first_loss = next((k for k, p in enumerate(fwd) if LOSS_OPS.match(names[p])), None)
-    if first_loss is not None:
-        for p in fwd[first_loss:]:
-            phase[p] = Phase.LOSS
+    # each forward pass's tail from its first loss operator on is the loss
+    for fwd in _passes(phase):
+        first_loss = next((k for k, p in enumerate(fwd) if LOSS_OPS.match(names[p])), None)
+        if first_loss is not None:
+            for p in fwd[first_loss:]:
+                phase[p] = Phase.LOSS
     return _Tops(rows, names, phase, by_thread)
+
+
+def _passes(phase: list[str]) -> list[list[int]]:
+    """The forward (and loss) positions, split where a backward operator comes between two: one
+    list per forward pass (gradient accumulation runs several per step)."""
+    out: list[list[int]] = [[]]
+    for p, ph in enumerate(phase):
+        if ph == Phase.BACKWARD and out[-1]:
+            out.append([])
+        elif ph in (Phase.FORWARD, Phase.LOSS):
+            out[-1].append(p)
+    return [x for x in out if x]
 
 
 def _enclosing(tops: _Tops, thread: int, ts: float) -> int | None:
@@ -331,35 +346,65 @@ def _opens_with_norm(layered: Any) -> list[bool]:
 
 
 def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str],
-                    gemm_ops: dict[int, int] | None = None) -> dict[int, int]:
-    """Top-level forward operator position -> layer index (see the module docstring, link 4).
-    Positions after the head's last matched GEMM become the loss (their phase is changed).
-    ``gemm_ops`` receives each matched GEMM's position -> the graph op index it matched."""
+                    gemm_ops: dict[int, int] | None = None) -> tuple[dict[int, int], int]:
+    """Top-level forward operator position -> layer index (see the module docstring, link 4), and
+    the forward passes whose weight GEMMs all matched (gradient accumulation: several per step,
+    each followed by its backward; a stretch of the forward with no GEMM, such as gradient
+    clipping after the last backward, is the pass before it's).  Positions after a pass's head's
+    last matched GEMM become the loss (their phase is changed).  ``gemm_ops`` receives each
+    matched GEMM's position -> the graph op index it matched."""
     wanted = graph_weight_ops(layered)
-    fwd = [p for p, ph in enumerate(tops.phase) if ph in (Phase.FORWARD, Phase.LOSS)]
-    gemms = []
-    for k, p in enumerate(fwd):
+    keys: dict[int, Any] = {}
+    for p, ph in enumerate(tops.phase):
         nm = tops.names[p]
-        if nm in GEMM_OPS or nm in CONV_OPS:
+        if ph in (Phase.FORWARD, Phase.LOSS) and (nm in GEMM_OPS or nm in CONV_OPS):
             dims = trace.inputs.get(tops.rows[p], (None, None))[0]
             key = _trace_gemm_key(nm, dims) if nm in GEMM_OPS else _trace_conv_key(dims)
             if key is not None:
-                gemms.append((k, key))
-    matched: list[tuple[int, int]] = []  # (index into fwd, layer)
-    j = 0
-    for k, key in gemms:
-        if j < len(wanted) and key == wanted[j][0]:
-            matched.append((k, wanted[j][1]))
-            if gemm_ops is not None:
-                gemm_ops[fwd[k]] = wanted[j][2]
-            j += 1
-    if len(matched) < len(wanted):
-        notes.append(f"{len(matched)} of the graph's {len(wanted)} weight GEMMs matched a forward GEMM of the trace "
+                keys[p] = key
+    passes: list[list[int]] = []
+    pending: list[int] = []  # a stretch before the first GEMM goes with the pass after it
+    for fwd in _passes(tops.phase):
+        if not any(p in keys for p in fwd):
+            if passes:
+                passes[-1] += fwd
+            else:
+                pending += fwd
+        else:
+            passes.append(pending + fwd)
+            pending = []
+    if pending:
+        passes.append(pending)
+    layer_of: dict[int, int] = {}
+    complete, short = 0, []
+    for fwd in passes:
+        matched = _pass_layers(tops, layered, wanted, fwd, keys, layer_of, gemm_ops)
+        complete += matched == len(wanted)
+        short += [matched] if matched < len(wanted) else []
+    if short:
+        notes.append(f"{short[0]} of the graph's {len(wanted)} weight GEMMs matched a forward GEMM of the trace "
                      f"(by (M, N, K), in order; convolutions by their input and weight shapes): the layers after the last "
                      f"match are not placed")
+    if complete > 1:
+        notes.append(f"{complete} forward and backward passes in the step (gradient accumulation): the layers' times are "
+                     f"the step's, over its {complete} micro-batches")
+    return layer_of, complete
+
+
+def _pass_layers(tops: _Tops, layered: Any, wanted: list, fwd: list[int], keys: dict[int, Any], layer_of: dict[int, int],
+                 gemm_ops: dict[int, int] | None) -> int:
+    """One forward pass's positions ``fwd`` -> layer into ``layer_of`` (the module docstring,
+    link 4); returns how many of the ``wanted`` weight GEMMs matched."""
+    matched: list[tuple[int, int]] = []  # (index into fwd, layer)
+    j = 0
+    for k, p in enumerate(fwd):
+        if p in keys and j < len(wanted) and keys[p] == wanted[j][0]:
+            matched.append((k, wanted[j][1]))
+            if gemm_ops is not None:
+                gemm_ops[p] = wanted[j][2]
+            j += 1
     if not matched:
-        return {}
-    layer_of: dict[int, int] = {}
+        return 0
     layers = layered.layers
     first_k, first_layer = matched[0]
     lead = list(range(0, first_k))
@@ -388,7 +433,7 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
         for p in tail:
             if tops.phase[p] == Phase.FORWARD:
                 layer_of[p] = last_layer
-    return layer_of
+    return j
 
 
 def _backward_layers(trace: RankTrace, tops: _Tops, fwd_layer: dict[int, Any]) -> tuple[dict[int, Any], int]:
@@ -451,9 +496,10 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     notes: list[str] = []
     fwd_layer: dict[int, Any] = {}
     bwd_layer: dict[int, Any] = {}
+    passes = 1
     gemm_ops: dict[int, int] = {}
     if layered is not None:
-        fwd_layer = _forward_layers(trace, tops, layered, notes, gemm_ops)
+        fwd_layer, passes = _forward_layers(trace, tops, layered, notes, gemm_ops)
         bwd_layer, lost = _backward_layers(trace, tops, fwd_layer)
         if lost:
             notes.append(f"{lost} backward operators carry a sequence number no forward operator of the step has")
@@ -501,7 +547,7 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     blocks = [x.total_s for x in layers if x.kind == LayerKind.BLOCK]
     spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
     return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), op_rows,
-                     spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)))
+                     spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)), max(passes, 1))
 
 
 def _op_rows(tops: _Tops, ops: np.ndarray, by_op: dict[tuple[str, str], list[float]]) -> tuple[OpTime, ...]:

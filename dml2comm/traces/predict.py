@@ -76,7 +76,9 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     -------
     dict with ``measured`` and ``modelled`` ({kind: (forward, backward)}: blocks as the mean of
     the blocks, the optimizer's step as its forward), ``micro_batch``, ``seq_len``, ``gpu``,
-    ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``, ``host`` (its
+    ``file``, ``sha256``, ``unattributed_s``, ``gpu_s``, ``passes`` (the step's micro-batches:
+    gradient accumulation runs several, and the measured times are per micro-batch, the
+    optimizer's per step), ``host`` (its
     :class:`~dml2comm.traces.host.HostFigures`), ``block_spread`` (:func:`_ratio_spread`) and ``gemms``
     ((M, N, K) key, measured, modelled forward seconds) of each weight GEMM the join matched.
 
@@ -93,7 +95,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.ir.onnx_import import ImportOptions
     from dml2comm.load import load_model
     from dml2comm.traces.host import host_figures
-    from dml2comm.traces.join import join_trace
+    from dml2comm.traces.join import OPTIMIZER, join_trace
 
     name = Path(trace_path).name
     trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
@@ -114,6 +116,8 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     keys = {i: key for key, _, i in graph_gemm_ops(layered)}
     kinds = [x.kind for x in layered.layers]
     measured, modelled = _per_kind(join, kinds, table, plan, float(coster.stage_table(one).reads.sum()))
+    k = join.passes  # micro-batches of the step (gradient accumulation): the model's times are one's
+    measured = {kind: v if kind == OPTIMIZER else (v[0] / k, v[1] / k) for kind, v in measured.items()}
     shared_s = _shared_sum_s(coster, one, cluster) if LayerKind.EMBEDDING in measured else 0.0
     if shared_s:  # the tied gradient's sum runs in the embedding's backward; the model charges it apart
         f, b_s = measured["embedding"]
@@ -122,10 +126,11 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
             "shared_sum_s": shared_s,
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
-            "launches": shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack), one.stack,
-                                       one.attention, one.precision, None, layered).launches,
+            "passes": k,
+            "launches": k * shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack),
+                                           one.stack, one.attention, one.precision, None, layered).launches,
             "block_spread": _ratio_spread(join, kinds, table), "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms if i in keys],
-            "own_step_s": functools.partial(_own_step_s, imported, gpu_name, one, lenient)}
+            "own_step_s": functools.partial(_own_step_s, imported, gpu_name, dataclasses.replace(one, global_batch_size=k * b), lenient)}
 
 
 #: Blocks whose modelled times differ by less than this share are alike: their measured times
