@@ -216,3 +216,31 @@ def test_a_gradient_accumulation_step_is_joined_pass_by_pass(tmp_path):
     assert profile_scale([p2], "pytorch").host.kernel_s == pytest.approx(profile_scale([p1], "pytorch").host.kernel_s, rel=0.01)
     # --step-time times the whole step: the profiled step is modelled with both micro-batches
     assert p2["own_step_s"].args[2].global_batch_size == 2 * b
+
+
+def test_work_after_the_last_backward_is_the_optimizers(tmp_path):
+    # gradient clipping between the last backward and optimizer.step() (Hugging Face's Trainer
+    # clips by default): its kernels grow with the parameters, as the optimizer step's, and were
+    # charged to the loss, which grows with the tokens
+    model, trace, b, s, _ = GPT2
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    opt = min((e for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step")), key=lambda e: e["ts"])
+    main_thread = (opt["pid"], opt["tid"])
+    ts = opt["ts"] - 50.0
+    kernel = next(e for e in spans if e.get("cat") == "kernel")
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::_foreach_norm", "pid": main_thread[0], "tid": main_thread[1], "ts": ts, "dur": 40.0,
+         "args": {"External id": 999001, "Input Dims": [[]], "Input type": [""]}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": main_thread[0], "tid": main_thread[1], "ts": ts + 10.0,
+         "dur": 5.0, "args": {"External id": 999001, "correlation": 999002}},
+        {**kernel, "name": "multi_tensor_apply_kernel<norm>", "ts": ts + 20.0, "dur": 300.0,
+         "args": {**kernel["args"], "External id": 999001, "correlation": 999002}},
+    ]
+    clipped = tmp_path / "clipped.json"
+    clipped.write_text(json.dumps(doc))
+    p = measured_and_modelled(str(clipped), model, step_config(b, s))
+    plain = measured_and_modelled(trace, model, step_config(b, s))
+    assert p["measured"]["loss"] == plain["measured"]["loss"]
+    assert p["measured"]["optimizer"][0] == pytest.approx(plain["measured"]["optimizer"][0] + 300e-6, rel=1e-9)

@@ -349,8 +349,9 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
                     gemm_ops: dict[int, int] | None = None) -> tuple[dict[int, int], int]:
     """Top-level forward operator position -> layer index (see the module docstring, link 4), and
     the forward passes whose weight GEMMs all matched (gradient accumulation: several per step,
-    each followed by its backward; a stretch of the forward with no GEMM, such as gradient
-    clipping after the last backward, is the pass before it's).  Positions after a pass's head's
+    each followed by its backward; a stretch of the forward with no GEMM is the pass before it's,
+    or after the last backward, the optimizer's: gradient clipping, AMP's unscaling, whose work
+    grows with the parameters, as the optimizer step's).  Positions after a pass's head's
     last matched GEMM become the loss (their phase is changed).  ``gemm_ops`` receives each
     matched GEMM's position -> the graph op index it matched."""
     wanted = graph_weight_ops(layered)
@@ -362,9 +363,14 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
             key = _trace_gemm_key(nm, dims) if nm in GEMM_OPS else _trace_conv_key(dims)
             if key is not None:
                 keys[p] = key
+    stretches = _passes(tops.phase)
+    last = max((i for i, fwd in enumerate(stretches) if any(p in keys for p in fwd)), default=len(stretches) - 1)
+    for fwd in stretches[last + 1:]:  # after the last backward: gradient clipping, AMP's unscaling
+        for p in fwd:
+            tops.phase[p] = Phase.OPTIMIZER
     passes: list[list[int]] = []
     pending: list[int] = []  # a stretch before the first GEMM goes with the pass after it
-    for fwd in _passes(tops.phase):
+    for fwd in stretches[:last + 1]:
         if not any(p in keys for p in fwd):
             if passes:
                 passes[-1] += fwd
