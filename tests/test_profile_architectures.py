@@ -244,3 +244,38 @@ def test_work_after_the_last_backward_is_the_optimizers(tmp_path):
     plain = measured_and_modelled(trace, model, step_config(b, s))
     assert p["measured"]["loss"] == plain["measured"]["loss"]
     assert p["measured"]["optimizer"][0] == pytest.approx(plain["measured"]["optimizer"][0] + 300e-6, rel=1e-9)
+
+
+def test_a_data_parallel_steps_collectives_are_no_layers(tmp_path):
+    # a DDP step's gradient all-reduce is launched from autograd's hooks inside the backward: charged
+    # to that layer, it made its ratio the collective's too, and the plan's modelled all-reduce
+    # counted it again
+    model, trace, b, s, _ = GPT2
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    backward = next(e for e in spans if e.get("cat") == "cpu_op" and e["name"].startswith("autograd::engine::evaluate_function")
+                    and "Mm" in e["name"] and e["dur"] > 30)
+    kernel = next(e for e in spans if e.get("cat") == "kernel")
+    ts = backward["ts"] + backward["dur"] / 2
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": backward["pid"], "tid": backward["tid"], "ts": ts,
+         "dur": 1.0, "args": {"correlation": 999102}},
+        {**kernel, "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "ts": ts + 5.0, "dur": 900.0,
+         "args": {**kernel["args"], "External id": 999101, "correlation": 999102}},
+    ]
+    ddp = tmp_path / "ddp.json"
+    ddp.write_text(json.dumps(doc))
+    p = measured_and_modelled(str(ddp), model, step_config(b, s))
+    plain = measured_and_modelled(trace, model, step_config(b, s))
+    assert p["measured"] == plain["measured"] and p["gpu_s"] == pytest.approx(plain["gpu_s"] + 900e-6, rel=1e-9)
+    rows = {x.name: x for x in join_trace(load_trace(str(ddp), shapes=True), _gpt2_layers()).layers}
+    assert rows["communication"].backward_s == pytest.approx(900e-6, rel=1e-9)
+
+
+def _gpt2_layers():
+    from dml2comm.cost.cache import layers_of
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+
+    return layers_of(load_model(GPT2[0], ImportOptions(batch_size=GPT2[2], seq_len=GPT2[3])).graph)

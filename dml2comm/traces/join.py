@@ -52,6 +52,7 @@ from dml2comm.ir.gemms import conv_key, gemm_key, graph_weight_ops
 from dml2comm.ir.layers import LayerKind
 from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
+from dml2comm.traces.patterns import COMM_KERNEL
 
 __all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "step_shape", "token_shape", "block_times"]
 
@@ -87,6 +88,9 @@ LOSS, OPTIMIZER, UNATTRIBUTED = "loss", "optimizer", "unattributed"
 #: The forward's host-to-device copies (the batch a data loader hands over), charged to no layer:
 #: the cost model charges the input's read over PCIe to the stage (``--profile``'s ``input`` kind).
 INPUT = "input"
+#: The run's collectives (NCCL kernels: a data-parallel step's gradient all-reduce, launched from
+#: autograd's hooks inside the backward), charged to no layer: the cost model prices communication.
+COMMUNICATION = "communication"
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ class LayerTime:
     """GPU time of one layer (or of the loss, the optimizer, the unattributed rest), seconds."""
 
     name: str
-    kind: str  # embedding, block, head, other, loss, optimizer, unattributed
+    kind: str  # embedding, block, head, other, loss, optimizer, unattributed, input, communication
     forward_s: float
     backward_s: float
     other_s: float  # optimizer, loss, or time of no phase
@@ -122,7 +126,8 @@ class TraceJoin:
     ``gpu_s``: sum of the durations of the step's GPU events (kernels, copies, sets: busy time per
     event, so concurrent streams count twice); ``attributed_s``: the part charged to a layer, the
     loss or the optimizer; ``phases``: per phase; ``layers``: per layer in model order, then
-    loss, optimizer, unattributed (empty without a model); ``ops``: the largest operators;
+    loss, optimizer, unattributed, and where the step had any, its input copies and its
+    collectives (empty without a model); ``ops``: the largest operators;
     ``block_spread``: (max - min) / mean of the blocks' times (None with fewer than two)."""
 
     file: str
@@ -519,15 +524,17 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     lay_f = [0.0] * n_layers
     lay_b = [0.0] * n_layers
     lay_n = [0] * n_layers
-    extra = {LOSS: [0.0, 0.0, 0.0, 0], OPTIMIZER: [0.0, 0.0, 0.0, 0], UNATTRIBUTED: [0.0, 0.0, 0.0, 0], INPUT: [0.0, 0.0, 0.0, 0]}
+    extra = {name: [0.0, 0.0, 0.0, 0] for name in (LOSS, OPTIMIZER, UNATTRIBUTED, INPUT, COMMUNICATION)}
     gemm_s = dict.fromkeys(gemm_ops, 0.0)
-    host_copy = [trace.kind[i] == Kind.MEMCPY and trace.names[int(trace.name[i])].startswith("Memcpy HtoD") for i in gpu.tolist()]
-    for d, pos, to_device in zip(dur_s.tolist(), ops.tolist(), host_copy):
+    names = [trace.names[int(trace.name[i])] for i in gpu.tolist()]
+    host_copy = [trace.kind[i] == Kind.MEMCPY and n.startswith("Memcpy HtoD") for i, n in zip(gpu.tolist(), names)]
+    collective = [bool(COMM_KERNEL.match(n)) for n in names]
+    for d, pos, to_device, comm in zip(dur_s.tolist(), ops.tolist(), host_copy, collective):
         if pos in gemm_s:
             gemm_s[pos] += d
         if pos < 0:
             phases[Phase.OTHER] += d
-            _add(extra[UNATTRIBUTED], 2, d)
+            _add(extra[COMMUNICATION if comm and layered is not None else UNATTRIBUTED], 2, d)
             continue
         ph = tops.phase[pos]
         phases[ph] += d
@@ -539,15 +546,19 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
             _add(extra[OPTIMIZER], 2, d)
             continue
         target = fwd_layer.get(pos) if ph == Phase.FORWARD else bwd_layer.get(pos) if ph == Phase.BACKWARD else LOSS
-        target = INPUT if to_device and ph == Phase.FORWARD else target
+        target = INPUT if to_device and ph == Phase.FORWARD else COMMUNICATION if comm else target
         col = 1 if ph == Phase.BACKWARD else 0
         if target is None:
             _add(extra[UNATTRIBUTED], col, d)
-        elif target in (LOSS, INPUT):
+        elif target in (LOSS, INPUT, COMMUNICATION):
             _add(extra[target], col, d)
         else:
             (lay_b if col else lay_f)[target] += d
             lay_n[target] += 1
+    if extra[COMMUNICATION][3]:
+        comm_s = sum(extra[COMMUNICATION][:3])
+        notes.append(f"{extra[COMMUNICATION][3]} collective kernels ({comm_s * 1e3:.2f} ms) are the run's communication, no "
+                     f"layer's: a profile's ratios leave them out, the cost model prices a plan's")
     op_rows = _op_rows(tops, ops, by_op)
     layers, attributed, method = _layer_rows(layered, lay_f, lay_b, lay_n, extra, total, phases)
     blocks = [x.total_s for x in layers if x.kind == LayerKind.BLOCK]
@@ -573,9 +584,9 @@ def _layer_rows(layered: Any, lay_f: list[float], lay_b: list[float], lay_n: lis
     if layered is None:
         return [], total - phases[Phase.OTHER], "kernel -> launch -> operator only (no model)"
     layers = [LayerTime(x.name, x.kind, lay_f[x.index], lay_b[x.index], 0.0, lay_n[x.index]) for x in layered.layers]
-    for name in (LOSS, OPTIMIZER, UNATTRIBUTED, INPUT):
+    for name in (LOSS, OPTIMIZER, UNATTRIBUTED, INPUT, COMMUNICATION):
         f, b, o, n = extra[name]
-        if name != INPUT or n:  # the input's copies where the step made any
+        if name not in (INPUT, COMMUNICATION) or n:  # the input's copies and collectives where the step made any
             layers.append(LayerTime(name, name, f, b, o, int(n)))
     attributed = total - extra[UNATTRIBUTED][0] - extra[UNATTRIBUTED][1] - extra[UNATTRIBUTED][2]
     method = (f"forward GEMMs matched to the graph's {len(graph_weight_ops(layered))} weight GEMMs by (M, N, K) "
