@@ -177,6 +177,8 @@ def join_summary(join: dict[str, Any]) -> str:
     if join["block_spread"] is not None:
         text += (f"; {len(blocks)} blocks, {fmt_s(min(blocks))} to {fmt_s(max(blocks))} each "
                  f"(spread (max - min) / mean {join['block_spread']:.1%})")
+    if join.get("passes", 1) > 1:
+        text += f"; {join['passes']} forward and backward passes (gradient accumulation), summed"
     return text
 
 
