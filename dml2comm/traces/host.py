@@ -30,12 +30,12 @@ probable one given both (:func:`step_time_factor`): the measured slowdowns sprea
 median (:data:`PROFILER_SLOWDOWN_SPREAD`, in ``log``), and the model's time of the profiled step
 with the factor applied should be the timed step's (within :data:`STEP_TIME_SPREAD`, the timed
 median's own uncertainty).  Where the step is host-bound its time follows the CPU and sets the
-factor; where it is GPU-bound its time hardly moves with it, and the median stays.  (Scaling the
-issue time by ``timed step / profiled span``, as an earlier version did for every step with
-starved idle over :data:`HOST_BOUND_SHARE`, took a partly GPU-bound step's span for the CPU's and
-left the step's non-launch CPU time out: on the 44 profiled steps of the measuring runs of
-``benchmarks/data/gpu_steps`` it put the profiled steps themselves 3.2% off on average, 15% at
-worst.)  The GPU's idle per kernel is not scaled: the profiler does not slow the device.
+factor; where it is GPU-bound its time hardly moves with it, and the median stays.  (The simpler
+``timed step / profiled span`` takes a partly GPU-bound step's span for the CPU's and leaves the
+step's CPU time outside launches out: on the 44 profiled steps of the measuring runs of
+``benchmarks/data/gpu_steps`` it puts the profiled steps themselves 3.2% off on average, 15% at
+worst, against 0.8% and 2.3%.)  The GPU's idle per kernel is not scaled: the profiler does not
+slow the device.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from dml2comm.traces.classify import launch_rows
 from dml2comm.traces.load import Kind, RankTrace, step_names
 
 __all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "LAUNCH_BLOCKED_S", "PROFILER_CPU_SLOWDOWN", "PROFILER_SLOWDOWN_SPREAD",
-           "QUEUE_BLOCKED_SHARE", "QUEUE_FULL_LAUNCHES", "STEP_TIME_GRID", "STEP_TIME_SPREAD", "HostFigures", "check_step_time", "fitted_host_model",
-           "host_figures", "step_time_factor"]
+           "QUEUE_BLOCKED_SHARE", "QUEUE_FULL_LAUNCHES", "STEP_TIME_GRID", "STEP_TIME_SPREAD", "HostFigures",
+           "check_step_time", "fitted_host_model", "host_figures", "step_time_factor"]
 
 #: Below this a launch-to-launch interval is the CPU issuing, not waiting (seconds).
 ISSUE_GAP_S = 200e-6
@@ -257,7 +257,8 @@ def check_step_time(step_time_s: float) -> None:
     """Refuse a ``--step-time`` that is not a positive number of seconds (one-line
     :class:`ConfigError`)."""
     if not (step_time_s > 0 and np.isfinite(step_time_s)):
-        raise ConfigError(f"--step-time must be a positive number of seconds (the step timed without the profiler), got {step_time_s!r}")
+        raise ConfigError(f"--step-time must be a positive number of seconds (the step timed without the profiler), "
+                          f"got {step_time_s!r}")
 
 
 def step_time_factor(step_s: Callable[[float], float], step_time_s: float) -> float:

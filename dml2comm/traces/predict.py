@@ -142,10 +142,10 @@ ALIKE_BLOCKS = 0.05
 def _ratio_spread(join: Any, kinds: list[Any], table: Any) -> float:
     """The noise in the blocks' one ratio: (max - min) / mean of the measured times of blocks the
     model times alike (within :data:`ALIKE_BLOCKS` of each other: a transformer's, whose first
-    block may add a cast or a mask), weighted by their time where there are several such groups
-    (a ResNet's stages); where no two blocks are alike (a ResNet's stages, whose times differ by
-    their shapes: 268% between its blocks at b = 128), the spread of each block's measured over
-    modelled time."""
+    block may add a cast or a mask; a ResNet's two blocks of one shape, not its stages, whose
+    times differ by their shapes: 268% between its blocks at b = 128), weighted by their time
+    where there are several such groups; where no two blocks are alike, the spread of each block's
+    measured over modelled time."""
     idx = [i for i, k in enumerate(kinds) if k == LayerKind.BLOCK]
     rows = [x for x in join.layers if x.kind == LayerKind.BLOCK]
     pairs = [(x.total_s, float(table.fwd[i] + table.bwd[i])) for x, i in zip(rows, idx)]
