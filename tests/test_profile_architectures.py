@@ -279,3 +279,18 @@ def _gpt2_layers():
     from dml2comm.load import load_model
 
     return layers_of(load_model(GPT2[0], ImportOptions(batch_size=GPT2[2], seq_len=GPT2[3])).graph)
+
+
+def test_the_trace_command_binds_a_language_models_tokens(tmp_path):
+    out = tmp_path / "out"
+    model, trace, b, s, _ = GPT2
+    assert main(["trace", trace, "--model", model, "--gpu", "h100", "--no-site", "--out", str(out)]) == 0
+    data = json.loads((out / "trace_analysis.json").read_text())
+    assert (data["join"]["micro_batch"], data["join"]["seq_len"]) == (b, s)
+    assert f"b={b} B={b}" in data["comparison"]["what"]
+    # given sizes win over the trace's
+    out2 = tmp_path / "out2"
+    assert main(["trace", trace, "--model", model, "--gpu", "h100", "--micro-batch-size", "4", "--seq-len", "1024", "--no-site",
+                 "--out", str(out2)]) == 0
+    data = json.loads((out2 / "trace_analysis.json").read_text())
+    assert "b=4 B=4" in data["comparison"]["what"] and "from the trace's inputs" not in data["comparison"]["what"]
