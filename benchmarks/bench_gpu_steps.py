@@ -61,7 +61,7 @@ def steps(with_validation: bool = True, runs: tuple[str, ...] = FIT_RUNS) -> lis
 def config(b: int, s: int | None, mode: str) -> ParallelConfig:
     seq = {} if s is None else {"seq_len": s}
     return ParallelConfig(micro_batch_size=b, global_batch_size=b, dtype="bf16", optimizer="adamw", stack=Stack.PYTORCH,
-                          precision=Precision(mode), **seq)
+                          precision=Precision(mode), inputs_on_gpu=True, **seq)  # the measuring script makes them there
 
 
 _imported: dict = {}

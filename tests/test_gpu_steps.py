@@ -167,8 +167,8 @@ def test_the_bundled_traces_are_the_slowdown_tables_rows(gpu):
 
 def test_pytorch_host_kernel_time_is_the_fitted_optimum(bench):
     """39 us: within 0.05 points of the mean-error optimum over the bundled steps, which is flat
-    from 39 to 40.5 us (cost.host.PYTORCH's comment); a change of the cost model that moves the
-    optimum fails here and asks for a refit."""
+    from 39 to 42 us and rises either side (cost.host.PYTORCH's comment); a change of the cost
+    model that moves the optimum out of that plateau fails here and asks for a refit."""
     assert PYTORCH.kernel_s == 39e-6
     rows = bench.steps()
     assert len(rows) == 47
@@ -180,8 +180,9 @@ def test_pytorch_host_kernel_time_is_the_fitted_optimum(bench):
         finally:
             bench.with_kernel_s(PYTORCH.kernel_s)
 
-    at = {us: mean_error(us) for us in (38, 39, 40, 41)}
-    assert at[39] < 0.095 and at[39] <= min(at.values()) + 5e-4 and at[38] > at[39] and at[41] > at[40], at
+    at = {us: mean_error(us) for us in (36, 39, 41, 44)}
+    assert at[39] < 0.095 and at[39] <= min(at.values()) + 5e-4, at
+    assert at[36] > at[39] + 2e-3 and at[44] > at[41] + 2e-3, at  # a bounded optimum: 7.5% and 7.2% against 6.9%
 
 
 def test_other_shapes_from_one_trace(bench):

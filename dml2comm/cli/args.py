@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+from typing import Any
 
 from dml2comm.errors import ConfigError
 
@@ -101,9 +102,10 @@ def finite_float(minimum: float = 0.0):
 
 
 def add_stack_arguments(group) -> None:
-    """``--stack``, ``--precision`` and ``--attention``: the training stack that runs the model
-    (:class:`dml2comm.parallel.config.Stack`), its precision mode and its attention kernel.  One
-    definition for the analysis, ``sweep`` and ``compare``."""
+    """``--stack``, ``--precision``, ``--attention`` and ``--inputs-on-gpu``: the training stack that
+    runs the model (:class:`dml2comm.parallel.config.Stack`), its precision mode, its attention
+    kernel and where its inputs come from.  One definition for the analysis, ``sweep`` and
+    ``compare``."""
     from dml2comm.parallel.config import ATTENTION_KERNELS, PRECISIONS, STACKS
 
     group.add_argument("--stack", choices=STACKS, default=None,
@@ -118,12 +120,17 @@ def add_stack_arguments(group) -> None:
                        help="attention kernel: flash (one fused kernel, no score matrix in memory) or unfused (batched "
                             "GEMMs and softmax through memory); default: flash with --stack pytorch, unfused with "
                             "--stack megatron (its 2020-2022 runs; Megatron-Core with --use-flash-attn: flash)")
+    group.add_argument("--inputs-on-gpu", action="store_true", default=None,
+                       help="each micro-batch's inputs are on the GPU before its forward (made there, or copied ahead on "
+                            "another stream): no host-to-device copy of them on the step's path (default: copied over "
+                            "PCIe, as a data loader's .to(device) does)")
 
 
-def stack_kwargs(args: argparse.Namespace) -> dict[str, str]:
+def stack_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~dml2comm.parallel.config.ParallelConfig` keywords of :func:`add_stack_arguments`'s
     flags that were given (the others keep the config's defaults, which follow the stack)."""
-    return {name: getattr(args, name) for name in ("stack", "precision", "attention") if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in ("stack", "precision", "attention", "inputs_on_gpu")
+            if getattr(args, name, None) is not None}
 
 
 def add_profile_argument(group: argparse._ActionsContainer) -> None:

@@ -157,10 +157,14 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: BERT, ViT and ResNet-18 on four machines (an H200 and three H100 machines, PyTorch 2.11;
 #: ``benchmarks/data/gpu_steps/``, b = 1-256, bf16 and AMP; two of them also in
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
-#: measurements (``benchmarks/bench_gpu_steps.py --kernel-us 34,36,37,38,39,39.5,40,40.5,41,42,44``).  The
-#: mean error is flat at its optimum: 7.09-7.11% from 39 to 40.5 us (worst 26.2-23.4%); 39 us is
-#: kept, within 0.02 points (7.1% mean, worst 26.2%: GPT-2 6-layer at b = 2, host-bound on a slow
-#: machine).  It was the optimum at 6.9% (worst 28.4%) while the training loss was timed outside
+#: measurements, each modelled with its inputs made on the GPU as the measuring script did
+#: (``inputs_on_gpu``; ``benchmarks/bench_gpu_steps.py --kernel-us 34,36,37,38,39,39.5,40,40.5,41,42,44``).
+#: The mean error is flat at its optimum: 6.92-6.94% from 39 to 42 us (worst 26.2-23.4%); 39 us
+#: is kept, within 0.02 points (6.9% mean, worst 26.2%: GPT-2 6-layer at b = 2, host-bound on a
+#: slow machine).  With the image steps' inputs copied over PCIe (2.4 ms of ResNet-18's 47 ms
+#: step at b = 256, which the measured steps did not make) it was 7.06% at 39 us, the copy making
+#: up for host time of the host-bound image steps (set 4 and 5 alone want 44 us, the language
+#: steps 34 us).  It was the optimum at 6.9% (worst 28.4%) while the training loss was timed outside
 #: the launch queue, after the forward pass (the
 #: loss's GPU time is now queued between the passes, :func:`queue_between_times`, and hides
 #: behind the CPU where the step is host-bound, as the traces show: the host-bound steps' CPU time
@@ -169,9 +173,10 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: counted (:func:`dml2comm.cost.ops.autocast_cast_costs`), 10.5% at the earlier 46.5 us.  The CPU's
 #: speed differs between machines as much as 1.7 times (GPT-2 small at b = 2, host-bound: 19.8 to
 #: 38.9 ms), so a host-bound step's time is uncertain by that much without a trace of the user's
-#: machine (``--profile``): left out one machine at a time, the others' optimum (38-44 us)
-#: predicts its steps at 6.8%, 10.4%, 9.5% and 20.3% mean (6.4%, 11.3%, 9.3% and 25.5% with the
-#: loss outside the queue), where each machine's own optimum (34-44 us) gives 3.6-9.0%.  It agrees
+#: machine (``--profile``): left out one machine at a time, the others' optimum (34-44 us)
+#: predicts its steps at 7.4%, 10.2%, 8.3% and 20.6% mean (5.9%, 7.9%, 8.9% and 14.0% with the
+#: image inputs' copy; 6.4%, 11.3%, 9.3% and 25.5% with the loss outside the queue), where each
+#: machine's own optimum (34-44 us) gives 3.7-9.2%.  It agrees
 #: with what the CPU was measured to take outside the model: 23-60 us per GPU kernel and memset,
 #: step start to ``step()`` returning, on the steps whose launch queue never fills; the steps
 #: timed after a profiled one in their process carry about 1.2 times the CPU time of a process

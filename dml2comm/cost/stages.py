@@ -341,6 +341,8 @@ class _StageTableKey(CacheKey):
     #: micro-batches per step where the stack's per-micro-batch passes depend on them (eager
     #: PyTorch's AccumulateGrad from the second micro-batch on), else None
     eager_micro_batches: int | None = None
+    #: the inputs are on the GPU before each micro-batch (no PCIe read: ParallelConfig.inputs_on_gpu)
+    inputs_on_gpu: bool = False
 
 
 @dataclass
@@ -558,7 +560,8 @@ class StageCoster(LayerCoster):
                 config.seq_len, config.pp_size, config.dp_size, config.ep_size, config.rank_order, config.grad_reduce_dtype,
                 config.bucket_bytes, config.optimizer._value_, config.capacity_factor, config.micro_batch_size,
                 config.tp_comm_overlap, config.async_tp_allreduce, config.grad_accumulation_fusion, stack._value_,
-                config.precision._value_, config.attention._value_, config.num_micro_batches if stack is Stack.PYTORCH else None)
+                config.precision._value_, config.attention._value_, config.num_micro_batches if stack is Stack.PYTORCH else None,
+                config.inputs_on_gpu)
         table = self._tables.get(memo)
         if table is None:
             key = _StageTableKey(config.tp_size, config.sequence_parallel, config.dtype, cp, config.cp_scheme if cp > 1 else None,
@@ -566,7 +569,7 @@ class StageCoster(LayerCoster):
                                  config.grad_reduce_dtype, config.bucket_bytes, config.optimizer, config.capacity_factor,
                                  config.micro_batch_size, config.tp_comm_overlap, config.async_tp_allreduce,
                                  config.grad_accumulation_fusion, str(stack), str(config.precision), str(config.attention),
-                                 config.num_micro_batches if stack is Stack.PYTORCH else None)
+                                 config.num_micro_batches if stack is Stack.PYTORCH else None, config.inputs_on_gpu)
             table = self._tables[memo] = cached(self._per_cluster, key, lambda: self._build_stage_table(config))
         return table
 
@@ -770,7 +773,7 @@ class StageCoster(LayerCoster):
         p, cp = config.pp_size, config.cp_size
         pcie = getattr(self.cluster.gpu, "pcie_bytes_per_s", 0.0) or PCIE4_X16_BYTES_PER_S
         input_bytes = sum(self.graph.tensors[n].nbytes for n in self.graph.inputs) / cp
-        reads = np.logical_or.reduceat(layers.reads_input, per_stage.starts) * (input_bytes / pcie)
+        reads = np.logical_or.reduceat(layers.reads_input, per_stage.starts) * (0.0 if config.inputs_on_gpu else input_bytes / pcie)
         if self.profile is not None:  # --profile: the profiled step's own copies (none: its batch was on the GPU)
             reads = reads * self.profile.factor("input")[0]
         boundary = np.array([sum(x for x, _ in sizes) for sizes in crossing])

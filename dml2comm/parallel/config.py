@@ -254,6 +254,11 @@ class ParallelConfig:
     stack: Stack = Stack.MEGATRON
     precision: Precision | None = None
     attention: AttentionKernel | None = None
+    # Each micro-batch's inputs are on the GPU before its forward (made there, as the measuring
+    # steps of benchmarks/data/gpu_steps do, or prefetched on a side stream): no host-to-device
+    # read of the graph's inputs on the step's path (dml2comm.cost.stages).  False: a data
+    # loader's .to(device) copies them over PCIe each micro-batch.
+    inputs_on_gpu: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "tp_size", "pp_size", "micro_batch_size", "global_batch_size", "virtual_stages", "cp_size", "ep_size"):
@@ -384,4 +389,5 @@ class ParallelConfig:
             "stack": self.stack._value_,
             "precision": self.precision._value_,
             "attention": self.attention._value_,
+            "inputs_on_gpu": self.inputs_on_gpu,
         }

@@ -24,7 +24,7 @@ Constraints (:class:`Constraints`) narrow each choice; invalid values raise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from dml2comm.errors import ConfigError
 from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, CpScheme, ParallelConfig, check_choice, check_zero_stage
@@ -90,10 +90,13 @@ class Constraints:
     stack: str | None = None
     precision: str | None = None
     attention: str | None = None
+    #: ``--inputs-on-gpu`` (None: the config's default, inputs copied over PCIe)
+    inputs_on_gpu: bool | None = None
 
-    def stack_kwargs(self) -> dict[str, str]:
+    def stack_kwargs(self) -> dict[str, Any]:
         """The :class:`ParallelConfig` keywords of the stack choices that were given."""
-        return {k: v for k, v in (("stack", self.stack), ("precision", self.precision), ("attention", self.attention)) if v is not None}
+        return {k: v for k, v in (("stack", self.stack), ("precision", self.precision), ("attention", self.attention),
+                                  ("inputs_on_gpu", self.inputs_on_gpu)) if v is not None}
 
     def check(self, num_gpus: int) -> None:
         """Raise :class:`ConfigError` for values no configuration of ``num_gpus`` GPUs can take."""

@@ -103,10 +103,11 @@ def config(run: dict[str, Any]) -> ParallelConfig:
 def step_config(b: int, seq: int | None, precision: Precision | str) -> ParallelConfig:
     """A measured one-GPU step as the tool's configuration: micro-batch ``b`` (one per step),
     sequence ``seq`` (None: the export's own, an image model's), bf16 under the pytorch stack in
-    ``precision``, fused AdamW."""
+    ``precision``, fused AdamW, the inputs made on the GPU (the measuring script's
+    ``torch.randint``/``torch.randn(..., device=...)``: no host-to-device copy)."""
     seq_arg = {} if seq is None else {"seq_len": seq}
     return ParallelConfig(micro_batch_size=b, global_batch_size=b, dtype="bf16", optimizer="adamw",
-                          stack=Stack.PYTORCH, precision=Precision.of(precision), **seq_arg)
+                          stack=Stack.PYTORCH, precision=Precision.of(precision), inputs_on_gpu=True, **seq_arg)
 
 
 def predict(run: dict[str, Any]) -> Analysis:
