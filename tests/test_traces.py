@@ -262,8 +262,9 @@ def test_predicted_vs_measured_command(tmp_path):
     assert main(["trace", str(path), "--out", str(out), "--model", str(model), "--t", "2",
                  "--global-batch-size", "4", "--no-site"]) == 0
     data = json.loads((out / "trace_analysis.json").read_text())
-    assert "d=1 t=2 p=2 (from the flags and the traces' process groups; --d 1 = world size 4 / the others)" in \
-        data["comparison"]["what"]
+    # (the synthetic traces copy no batch to the GPU, so the prediction copies none either)
+    assert "d=1 t=2 p=2 (from the flags and the traces' process groups; --d 1 = world size 4 / the others; no input copy " \
+        "in the step)" in data["comparison"]["what"]
     assert data["comparison"]["comparable"] and data["comparison"]["caveat"] is None
     rows = {r["category"]: r for r in data["comparison"]["rows"]}
     assert rows["compute"]["measured_s"] == pytest.approx(70e-6)  # forward 30 + backward 40

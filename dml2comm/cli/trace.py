@@ -94,6 +94,9 @@ def trace_parser() -> argparse.ArgumentParser:
                                                    "Face: one kernel per op, SDPA flash attention)")
     f.add_argument("--precision", choices=PRECISIONS, help="default: mixed with --stack megatron, amp with --stack pytorch")
     f.add_argument("--optimizer", choices=OPTIMIZERS, help="default adam")
+    f.add_argument("--inputs-on-gpu", action="store_true", default=None,
+                   help="the step's inputs were on the GPU before its forward (default: as the trace shows: on the GPU "
+                        "where the step copied no input there)")
     f.add_argument("--gpu", help="default a100")
     f.add_argument("--cluster", help="a cluster preset or file; a file from python main.py calibrate also predicts with its base "
                    "preset's constants, side by side")
@@ -209,6 +212,9 @@ def run_trace_command(argv: Sequence[str]) -> int:
         # the step's own inputs (token ids, or an image model's batch), as the join bound the model
         options["micro_batch_size"], options["seq_len"] = join["micro_batch"], options["seq_len"] or join.get("seq_len")
         source += "; the micro-batch from the trace's inputs"
+    if join is not None and join["layers"] and not any(x["kind"] == "input" for x in join["layers"]):
+        options["inputs_on_gpu"] = True  # the step copied no input to the GPU: its batch was there
+        source += "; no input copy in the step"
     comparison = None if not args.model else predicted_comparison(ts, args.model, run, source, options, args.rank_order)
     data = trace_analysis_dict(ts, comparison)
     data["join"] = join

@@ -252,7 +252,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
 PREDICTION_DEFAULTS: dict[str, Any] = {
     "cp_scheme": "ulysses", "ep": 1, "micro_batch_size": None, "global_batch_size": None, "seq_len": None, "dtype": "bf16",
     "schedule": "1f1b", "virtual_stages": 1, "recompute": "none", "zero": 0, "sequence_parallel": False, "gpu": "a100",
-    "cluster": None, "gpus_per_node": 8, "stack": "megatron", "precision": None, "optimizer": "adam",
+    "cluster": None, "gpus_per_node": 8, "stack": "megatron", "precision": None, "optimizer": "adam", "inputs_on_gpu": False,
 }
 
 
@@ -280,7 +280,7 @@ def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], sourc
                             dtype=o.dtype, schedule=o.schedule, virtual_stages=o.virtual_stages, zero_stage=o.zero,
                             sequence_parallel=o.sequence_parallel, recompute=o.recompute,
                             rank_order=o.rank_order or "tdp", cp_size=cp, cp_scheme=o.cp_scheme, ep_size=o.ep,
-                            stack=o.stack, precision=o.precision, optimizer=o.optimizer)
+                            stack=o.stack, precision=o.precision, optimizer=o.optimizer, inputs_on_gpu=o.inputs_on_gpu)
     cluster = get_cluster(o.cluster, num) if o.cluster else make_cluster(o.gpu, num, min(o.gpus_per_node, num))
     cluster = replace(cluster, collective_overhead_s=0.0)
     analysis = analyze(o.model, config, cluster)
