@@ -308,7 +308,9 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
         return []
     from dml2comm.traces.predict import attributed_share
 
-    ratios = ", ".join(f"{k} x{f:.2f}" + (f"/x{b:.2f}" if k not in ("optimizer", "input") else "") for k, f, b in scale.ratios)
+    label = {"input": "input copy"}  # the PCIe read of the inputs: x0 where the step made none
+    ratios = ", ".join(f"{label.get(k, k)} x{f:.2f}" + (f"/x{b:.2f}" if k not in ("optimizer", "input") else "")
+                       for k, f, b in scale.ratios)
     files = ", ".join(f for f, _ in scale.files)
     rows = [("measured ratios (--profile)", f"{attributed_share(analysis):.0%} of the compute scaled by {files} "
                                             f"(measured / modelled, forward/backward: {ratios})")]
