@@ -90,9 +90,9 @@ HOST_BOUND_SHARE = 0.05
 #: (:attr:`HostFigures.full_queue_launches` 0: 93 of 108, nine models) gives 1.216, each model
 #: 1.11-1.37 (Llama-1B's nine 1.199): the GPT-2 figure holds for the others.  Used where the
 #: step's own unprofiled time is not given (no ``--step-time``), and as the prior of
-#: :func:`step_time_factor` where it is.  All but the first step of each measuring process were timed after an earlier step's profiling, with CUPTI
-#: still attached (Kineto detaches it only with ``TEARDOWN_CUPTI=1``; pytorch/pytorch#144455):
-#: the six first steps of GPT-2 small launched their kernels 1.212 times faster than the same
+#: :func:`step_time_factor` where it is.  All but the first step of each measuring process were
+#: timed after an earlier step's profiling, with CUPTI still attached (Kineto detaches it only
+#: with ``TEARDOWN_CUPTI=1``; pytorch/pytorch#144455): the six first steps of GPT-2 small launched their kernels 1.212 times faster than the same
 #: model's later ones (median; 1.087-1.608; ``benchmarks/profiler_linger.py``), so against a
 #: process that never profiled the slowdown is about 1.219 x 1.212 = 1.48.
 PROFILER_CPU_SLOWDOWN = 1.219

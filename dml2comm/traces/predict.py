@@ -129,8 +129,10 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "passes": k,
             "launches": k * shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack),
                                            one.stack, one.attention, one.precision, None, layered).launches,
-            "block_spread": _ratio_spread(join, kinds, table), "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms if i in keys],
-            "own_step_s": functools.partial(_own_step_s, imported, gpu_name, dataclasses.replace(one, global_batch_size=k * b), lenient)}
+            "block_spread": _ratio_spread(join, kinds, table),
+            "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms if i in keys],
+            "own_step_s": functools.partial(_own_step_s, imported, gpu_name, dataclasses.replace(one, global_batch_size=k * b),
+                                            lenient)}
 
 
 #: Blocks whose modelled times differ by less than this share are alike: their measured times
