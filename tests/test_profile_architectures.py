@@ -296,3 +296,16 @@ def test_the_trace_command_binds_a_language_models_tokens(tmp_path):
                  "--out", str(out2)]) == 0
     data = json.loads((out2 / "trace_analysis.json").read_text())
     assert "b=4 B=4" in data["comparison"]["what"] and "from the trace's inputs" not in data["comparison"]["what"]
+
+
+@pytest.mark.parametrize("trace,precision,held", [(BERT[1].replace("bf16_b{b}", "amp_b64"), "bf16", "fp32"),
+                                                  (BERT[1].format(b=64), "amp", "16-bit")], ids=["amp-trace", "bf16-trace"])
+def test_a_trace_of_another_precision_is_refused(tmp_path, capsys, trace, precision, held):
+    # the fused AdamW kernel names the parameters' dtype: an AMP step's ratios under a pure-bf16
+    # plan (or the reverse) would carry the other precision's casts
+    out = tmp_path / "out"
+    rc = main([BERT[0], "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", precision, "--optimizer",
+               "adamw", "--micro-batch-size", "64", "--seq-len", "128", "--profile", trace, "--no-site", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"its optimizer updated {held} parameters" in err[0], err
+    assert not out.exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -99,6 +100,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
 
     name = Path(trace_path).name
     trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
+    _check_precision(trace, config, name)
     options = options or ImportOptions()
     imported = load_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient))
     layered = layers_of(imported.graph)
@@ -197,6 +199,36 @@ def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int | No
         raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows; "
                           "profile on a known GPU or model it with --gpu")
     return trace, shape[0], shape[1], gpu_name
+
+
+#: The parameters' dtype as PyTorch's fused Adam/AdamW kernel names it (its first template argument).
+_FUSED_ADAM = re.compile(r"FusedAdamMathFunctor<(float|double|c10::BFloat16|c10::Half)\b")
+#: ``--precision`` under the pytorch stack -> the parameters' dtype its optimizer updates.
+_PARAM_DTYPES = {"amp": "float", "bf16": "c10::BFloat16"}
+
+
+def _check_precision(trace: Any, config: Any, name: str) -> None:
+    """Refuse a trace whose optimizer updated parameters of another dtype than ``config``'s
+    precision holds them in (eager PyTorch: ``amp`` keeps fp32 parameters, ``bf16`` 16-bit ones),
+    read off the fused Adam/AdamW kernels' names where the step ran them: the ratios would carry
+    the other precision's casts and the plan would be costed in one precision and scaled by
+    another's."""
+    from dml2comm.parallel.config import Stack
+    from dml2comm.traces.load import Kind
+
+    want = _PARAM_DTYPES.get(str(config.precision))
+    if config.stack is not Stack.PYTORCH or want is None:
+        return
+    import numpy as np
+
+    kernels = np.unique(trace.name[trace.kind == Kind.KERNEL])
+    seen = {m.group(1) for i in kernels.tolist() for m in [_FUSED_ADAM.search(trace.names[i])] if m}
+    if seen and want not in seen:
+        held = "fp32" if "float" in seen else "16-bit"
+        other = "amp" if held == "fp32" else "bf16"
+        raise ConfigError(f"--profile {name}: its optimizer updated {held} parameters, but --precision {config.precision} "
+                          f"holds them in {'16 bits' if held == 'fp32' else 'fp32'}; pass --precision {other} (the profiled "
+                          "step's), or profile a step of this precision")
 
 
 def _one_gpu(config: Any, b: int, s: int) -> Any:
