@@ -138,8 +138,8 @@ def test_step_time_is_one_traces(gpt2_parts):
 
 def test_step_time_needs_a_profile(tmp_path, capsys):
     model, trace, b, s, measured = GPT2
-    base = [model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--micro-batch-size", "8", "--seq-len", "1024",
-            "--no-site", "--out", str(tmp_path / "out"), "--step-time", "0.0516"]
+    base = [model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--precision", "bf16", "--micro-batch-size", "8",
+            "--seq-len", "1024", "--no-site", "--out", str(tmp_path / "out"), "--step-time", "0.0516"]
     for extra, start in (((), "error: --step-time scales a profiled step's host figures; add --profile"),
                          (("--profile", trace, "--host-model", "none"), "error: --step-time scales the host figures"),
                          (("--profile", trace, "--step-time", "0"), "error: --step-time must be a positive number of seconds")):
