@@ -224,10 +224,10 @@ def _check_precision(trace: Any, config: Any, name: str) -> None:
     kernels = np.unique(trace.name[trace.kind == Kind.KERNEL])
     seen = {m.group(1) for i in kernels.tolist() for m in [_FUSED_ADAM.search(trace.names[i])] if m}
     if seen and want not in seen:
-        held = "fp32" if "float" in seen else "16-bit"
-        other = "amp" if held == "fp32" else "bf16"
+        full = "float" in seen  # the step's parameters were fp32: autocast (or fp32 training)
+        held, other = ("fp32", "amp") if full else ("16-bit", "bf16")
         raise ConfigError(f"--profile {name}: its optimizer updated {held} parameters, but --precision {config.precision} "
-                          f"holds them in {'16 bits' if held == 'fp32' else 'fp32'}; pass --precision {other} (the profiled "
+                          f"holds them in {'16 bits' if full else 'fp32'}; pass --precision {other} (the profiled "
                           "step's), or profile a step of this precision")
 
 
