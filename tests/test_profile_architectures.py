@@ -309,3 +309,15 @@ def test_a_trace_of_another_precision_is_refused(tmp_path, capsys, trace, precis
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and f"its optimizer updated {held} parameters" in err[0], err
     assert not out.exists()
+
+
+def test_the_trace_command_predicts_a_gradient_accumulation_steps_batch(tmp_path):
+    model, trace, b, s, _ = GPT2
+    accumulated = tmp_path / "accumulated.json"
+    _accumulated(trace, accumulated, 2)
+    out = tmp_path / "out"
+    assert main(["trace", str(accumulated), "--model", model, "--gpu", "h100", "--stack", "pytorch", "--precision", "bf16",
+                 "--no-site", "--out", str(out)]) == 0
+    data = json.loads((out / "trace_analysis.json").read_text())
+    assert data["join"]["passes"] == 2
+    assert f"b={b} B={2 * b}" in data["comparison"]["what"] and "2 micro-batches per step" in data["comparison"]["what"]

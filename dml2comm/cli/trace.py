@@ -212,6 +212,10 @@ def run_trace_command(argv: Sequence[str]) -> int:
         # the step's own inputs (token ids, or an image model's batch), as the join bound the model
         options["micro_batch_size"], options["seq_len"] = join["micro_batch"], options["seq_len"] or join.get("seq_len")
         source += "; the micro-batch from the trace's inputs"
+    if join is not None and join.get("passes", 1) > 1 and options["global_batch_size"] is None and run["pp"] == 1:
+        # gradient accumulation: the step ran its passes' micro-batches on each replica
+        options["global_batch_size"] = join["passes"] * run["dp"] * (options["micro_batch_size"] or 1)
+        source += f"; {join['passes']} micro-batches per step from the trace's passes"
     if join is not None and join["layers"] and not any(x["kind"] == "input" for x in join["layers"]):
         options["inputs_on_gpu"] = True  # the step copied no input to the GPU: its batch was there
         source += "; no input copy in the step"
