@@ -275,10 +275,23 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     assumptions.extend(_cost_assumptions(graph, config, cluster, host))
     if not any(l.kind is LayerKind.BLOCK for l in layered.layers):
         warnings.append("no repeated blocks found; pipeline stages split whole layers only")
+    warnings.extend(_profile_stack_warnings(cluster, config))
     recommendations = _advice(imported, config, cluster, tp, stage_of_op, stages, summary, memory, lenient, reimport) if advise else []
     return Analysis(model_path, graph, layered, config, cluster, rank_map, tp, ops_info, layers_info, tuple(stages), tuple(comms),
                     summary, model_info, tuple(dict.fromkeys(warnings)), memory, sim, tuple(recommendations),
                     tuple(float(x) for x in sim_free.compute_busy_s), tuple(dict.fromkeys(assumptions)))
+
+
+def _profile_stack_warnings(cluster: Cluster, config: ParallelConfig) -> list[str]:
+    """A ``--profile`` trace of an eager PyTorch step (PyTorch's own fused Adam/AdamW ran) under
+    ``--stack megatron``: its ratios then stand for eager kernels against Megatron's fused ones,
+    which they scale correctly only at the profiled shape."""
+    scale = cluster.profile_scale
+    if scale is None or config.stack is not Stack.MEGATRON:
+        return []
+    eager = [t["file"] for t in dict(scale.detail).get("traces", ()) if t.get("eager_optimizer")]
+    return [f"--profile {', '.join(eager)}: an eager PyTorch step (its optimizer is PyTorch's fused AdamW) costed with "
+            "--stack megatron's fused kernels; pass --stack pytorch (and its --precision) to model the kernels it ran"] if eager else []
 
 
 _MEMORY_PARTS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "transient_bytes")

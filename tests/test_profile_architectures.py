@@ -321,3 +321,19 @@ def test_the_trace_command_predicts_a_gradient_accumulation_steps_batch(tmp_path
     data = json.loads((out / "trace_analysis.json").read_text())
     assert data["join"]["passes"] == 2
     assert f"b={b} B={2 * b}" in data["comparison"]["what"] and "2 micro-batches per step" in data["comparison"]["what"]
+
+
+def test_an_eager_trace_under_the_megatron_stack_is_warned_about(tmp_path):
+    # PyTorch's fused AdamW in the trace: an eager PyTorch step; --stack megatron (the default)
+    # costs fused kernels, which its ratios scale correctly only at the profiled shape
+    model, trace, b, s, _ = GPT2
+    warnings = {}
+    for stack in ((), ("--stack", "pytorch", "--precision", "bf16")):
+        out = tmp_path / f"out{len(stack)}"
+        assert main([model, "--cluster", "dgx-h100", "--gpus", "1", "--micro-batch-size", str(b), "--seq-len", str(s),
+                     "--profile", trace, *stack, "--no-site", "--no-advice", "--out", str(out)]) == 0
+        data = json.loads((out / "data.json").read_text())
+        warnings[stack] = [w for w in data["warnings"] if w.startswith("--profile")]
+        assert data["profile"]["traces"][0]["eager_optimizer"] is True
+    assert len(warnings[()]) == 1 and "pass --stack pytorch" in warnings[()][0]
+    assert warnings[("--stack", "pytorch", "--precision", "bf16")] == []

@@ -101,6 +101,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     name = Path(trace_path).name
     trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
     _check_precision(trace, config, name)
+    eager = bool(_fused_adam_dtypes(trace))  # PyTorch's own optimizer ran: an eager PyTorch step
     options = options or ImportOptions()
     imported = load_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient))
     layered = layers_of(imported.graph)
@@ -128,7 +129,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
             "shared_sum_s": shared_s,
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
-            "passes": k,
+            "passes": k, "eager_optimizer": eager,
             "launches": k * shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack),
                                            one.stack, one.attention, one.precision, None, layered).launches,
             "block_spread": _ratio_spread(join, kinds, table),
@@ -214,21 +215,29 @@ def _check_precision(trace: Any, config: Any, name: str) -> None:
     the other precision's casts and the plan would be costed in one precision and scaled by
     another's."""
     from dml2comm.parallel.config import Stack
-    from dml2comm.traces.load import Kind
 
     want = _PARAM_DTYPES.get(str(config.precision))
     if config.stack is not Stack.PYTORCH or want is None:
         return
-    import numpy as np
-
-    kernels = np.unique(trace.name[trace.kind == Kind.KERNEL])
-    seen = {m.group(1) for i in kernels.tolist() for m in [_FUSED_ADAM.search(trace.names[i])] if m}
+    seen = _fused_adam_dtypes(trace)
     if seen and want not in seen:
         full = "float" in seen  # the step's parameters were fp32: autocast (or fp32 training)
         held, other = ("fp32", "amp") if full else ("16-bit", "bf16")
         raise ConfigError(f"--profile {name}: its optimizer updated {held} parameters, but --precision {config.precision} "
                           f"holds them in {'16 bits' if full else 'fp32'}; pass --precision {other} (the profiled "
                           "step's), or profile a step of this precision")
+
+
+def _fused_adam_dtypes(trace: Any) -> set[str]:
+    """The parameter dtypes PyTorch's own fused Adam/AdamW kernels updated in ``trace`` (their
+    names' first template argument; empty where it ran none: another optimizer, or Megatron's
+    apex / Transformer Engine Adam)."""
+    import numpy as np
+
+    from dml2comm.traces.load import Kind
+
+    kernels = np.unique(trace.name[trace.kind == Kind.KERNEL])
+    return {m.group(1) for i in kernels.tolist() for m in [_FUSED_ADAM.search(trace.names[i])] if m}
 
 
 def _one_gpu(config: Any, b: int, s: int) -> Any:
@@ -328,6 +337,7 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
             r.append(meas / model if model > 0 and (meas > 0 or kind == "input") else 1.0)
         ratios.append((kind, r[0], r[1]))
     detail = (("traces", tuple({"file": p["file"], "micro_batch": p["micro_batch"], "seq_len": p["seq_len"], "gpu": p["gpu"],
+                                "eager_optimizer": p.get("eager_optimizer", False),
                                 "gpu_s": p["gpu_s"], "unattributed_s": p["unattributed_s"],
                                 "measured_s": {k: list(v) for k, v in p["measured"].items()},
                                 "modelled_s": {k: list(v) for k, v in p["modelled"].items()}} for p in parts)),)
