@@ -204,8 +204,9 @@ def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int | No
 
 #: The parameters' dtype as PyTorch's fused Adam/AdamW kernel names it (its first template argument).
 _FUSED_ADAM = re.compile(r"FusedAdamMathFunctor<(float|double|c10::BFloat16|c10::Half)\b")
-#: ``--precision`` under the pytorch stack -> the parameters' dtype its optimizer updates.
-_PARAM_DTYPES = {"amp": "float", "bf16": "c10::BFloat16"}
+#: ``--precision`` under the pytorch stack -> the parameter dtypes its optimizer updates (``bf16``:
+#: the whole model in 16 bits, ``--dtype`` bf16 or fp16).
+_PARAM_DTYPES = {"amp": frozenset({"float"}), "bf16": frozenset({"c10::BFloat16", "c10::Half"})}
 
 
 def _check_precision(trace: Any, config: Any, name: str) -> None:
@@ -220,7 +221,7 @@ def _check_precision(trace: Any, config: Any, name: str) -> None:
     if config.stack is not Stack.PYTORCH or want is None:
         return
     seen = _fused_adam_dtypes(trace)
-    if seen and want not in seen:
+    if seen and not seen & want:
         full = "float" in seen  # the step's parameters were fp32: autocast (or fp32 training)
         held, other = ("fp32", "amp") if full else ("16-bit", "bf16")
         raise ConfigError(f"--profile {name}: its optimizer updated {held} parameters, but --precision {config.precision} "
