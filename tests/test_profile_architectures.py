@@ -337,3 +337,25 @@ def test_an_eager_trace_under_the_megatron_stack_is_warned_about(tmp_path):
         assert data["profile"]["traces"][0]["eager_optimizer"] is True
     assert len(warnings[()]) == 1 and "pass --stack pytorch" in warnings[()][0]
     assert warnings[("--stack", "pytorch", "--precision", "bf16")] == []
+
+
+def test_the_plan_takes_the_traced_precision_unless_told(tmp_path):
+    # --stack pytorch defaults to amp; the bundled GPT-2 step ran pure bf16 (its fused AdamW updated
+    # bf16 parameters): without --precision the plan is bf16, and says so
+    model, trace, b, s, _ = GPT2
+    out = tmp_path / "out"
+    assert main([model, "--cluster", "dgx-h100", "--gpus", "1", "--stack", "pytorch", "--micro-batch-size", str(b), "--seq-len", str(s),
+                 "--profile", trace, "--no-site", "--no-advice", "--out", str(out)]) == 0
+    data = json.loads((out / "data.json").read_text())
+    assert data["config"]["precision"] == "bf16"
+    assert any(a.startswith("precision: bf16, what the --profile trace ran") for a in data["assumptions"])
+    from dml2comm.traces.predict import traced_precision
+
+    assert traced_precision([trace]) == "bf16" and traced_precision([BERT[1].replace("bf16_b{b}", "amp_b64")]) == "amp"
+    assert traced_precision([trace, BERT[1].replace("bf16_b{b}", "amp_b64")]) is None  # they disagree
+    # the sweep's plans and its profile template alike
+    sweep = tmp_path / "sweep"
+    assert main(["sweep", model, "--cluster", "dgx-h100", "--gpus", "2", "--stack", "pytorch", "--global-batch-size", "16",
+                 "--seq-len", str(s), "--profile", trace, "--no-site", "--out", str(sweep)]) == 0
+    rows = json.loads((sweep / "data.json").read_text())["sweep"]["top"]
+    assert rows and all(r["config"]["precision"] == "bf16" for r in rows)

@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 from dml2comm.cli.commands import COMMANDS
 from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float,
-                               host_model_of, positive_int, stack_kwargs)
+                               host_model_of, positive_int, profiled_precision, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError
-from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES
+from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES, Precision
 from dml2comm.traces.predict import profile_from_args
 
 __all__ = ["EXAMPLES", "SUBCOMMANDS", "analyse_and_publish", "analysis_parser", "run_analysis"]
@@ -268,6 +268,10 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     slips = config_warnings(config, cluster)
     if slips:  # before data.json, the site and the summary are written from it
         analysis = replace(analysis, warnings=tuple(dict.fromkeys(analysis.warnings + slips)))
+    if profiled_precision(args) is not None:  # the precision the profiled step ran, not the stack's default
+        analysis = replace(analysis, assumptions=analysis.assumptions + (
+            f"precision: {config.precision}, what the --profile trace ran (its fused AdamW updated "
+            f"{'fp32' if config.precision == Precision.AMP else '16-bit'} parameters); --precision overrides",))
     if args.stack is None:  # say the default and the other choice (what runs the model decides the kernels)
         analysis = replace(analysis, assumptions=analysis.assumptions + (
             f"stack: megatron by default (Megatron-LM's fused kernels, {config.precision} precision, {config.attention} "

@@ -15,7 +15,7 @@ from typing import Any
 from dml2comm.errors import ConfigError
 
 __all__ = ["OneLineParser", "add_hardware_arguments", "add_profile_argument", "add_stack_arguments", "finite_float", "host_model_of",
-           "non_negative_int", "positive_int", "stack_kwargs", "suggest_options", "DTYPE_CHOICES", "ZERO_STAGES"]
+           "non_negative_int", "positive_int", "profiled_precision", "stack_kwargs", "suggest_options", "DTYPE_CHOICES", "ZERO_STAGES"]
 
 #: ``--dtype`` (and ``--grad-reduce-dtype``) choices: the training dtypes of
 #: :data:`dml2comm.parallel.config.DTYPES`, in its order (bf16, fp16, fp32).
@@ -115,7 +115,8 @@ def add_stack_arguments(group) -> None:
     group.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="mixed (16-bit passes, fp32 master weights and Adam states: Megatron), amp (torch.autocast: "
                             "fp32 parameters, 16-bit GEMMs) or bf16 (everything bf16: model.to(torch.bfloat16)); "
-                            "default: mixed with --stack megatron, amp with --stack pytorch")
+                            "default: mixed with --stack megatron, amp with --stack pytorch (with --profile: what the "
+                            "trace ran, read off its fused AdamW)")
     group.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
                        help="attention kernel: flash (one fused kernel, no score matrix in memory) or unfused (batched "
                             "GEMMs and softmax through memory); default: flash with --stack pytorch, unfused with "
@@ -128,9 +129,32 @@ def add_stack_arguments(group) -> None:
 
 def stack_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~dml2comm.parallel.config.ParallelConfig` keywords of :func:`add_stack_arguments`'s
-    flags that were given (the others keep the config's defaults, which follow the stack)."""
-    return {name: getattr(args, name) for name in ("stack", "precision", "attention", "inputs_on_gpu")
-            if getattr(args, name, None) is not None}
+    flags that were given (the others keep the config's defaults, which follow the stack); under
+    ``--stack pytorch`` with ``--profile`` and no ``--precision``, the precision the traces ran
+    (:func:`profiled_precision`)."""
+    kwargs = {name: getattr(args, name) for name in ("stack", "precision", "attention", "inputs_on_gpu")
+              if getattr(args, name, None) is not None}
+    traced = profiled_precision(args)
+    if traced is not None:
+        kwargs["precision"] = traced
+    return kwargs
+
+
+def profiled_precision(args: argparse.Namespace) -> str | None:
+    """The eager-PyTorch precision the ``--profile`` traces ran (their fused AdamW's parameters:
+    :func:`dml2comm.traces.predict.traced_precision`) where it decides the plan's: ``--stack
+    pytorch``, no ``--precision``; else None.  Read once per command."""
+    from dml2comm.parallel.config import Stack
+
+    stack = getattr(args, "stack", None)
+    if getattr(args, "precision", None) is not None or stack is None or Stack.of(stack) is not Stack.PYTORCH \
+            or not getattr(args, "profile", None):
+        return None
+    if not hasattr(args, "_traced_precision"):
+        from dml2comm.traces.predict import traced_precision
+
+        args._traced_precision = traced_precision(args.profile)
+    return args._traced_precision
 
 
 def add_profile_argument(group: argparse._ActionsContainer) -> None:

@@ -32,7 +32,8 @@ from dml2comm.cost.profile import KINDS, ProfileScale, scaled_share
 from dml2comm.errors import ConfigError
 from dml2comm.ir.layers import LayerKind
 
-__all__ = ["attributed_share", "error_figures", "expected_error_of", "held_out_shapes", "split_halves", "measured_and_modelled", "profile_from_args", "profile_scale", "trace_gpu"]
+__all__ = ["attributed_share", "error_figures", "expected_error_of", "held_out_shapes", "split_halves", "measured_and_modelled",
+           "profile_from_args", "profile_scale", "trace_gpu", "traced_precision"]
 
 
 def trace_gpu(device: str) -> str | None:
@@ -227,6 +228,32 @@ def _check_precision(trace: Any, config: Any, name: str) -> None:
         raise ConfigError(f"--profile {name}: its optimizer updated {held} parameters, but --precision {config.precision} "
                           f"holds them in {'16 bits' if full else 'fp32'}; pass --precision {other} (the profiled "
                           "step's), or profile a step of this precision")
+
+
+def traced_precision(paths: Sequence[str]) -> str | None:
+    """The eager-PyTorch ``--precision`` the profiled steps ran, read off their fused Adam/AdamW
+    kernels' names in the files (fp32 parameters: ``amp``; 16-bit: ``bf16``); None where a trace
+    ran none, or the traces disagree.  A scan of the raw text (the first such kernel name), not a
+    parse: it decides the precision before the traces are modelled in it."""
+    import gzip
+
+    found = set()
+    for path in paths:
+        try:
+            opener = gzip.open if str(path).endswith(".gz") else open
+            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+                tail, match = "", None
+                for chunk in iter(lambda: f.read(1 << 20), ""):
+                    match = _FUSED_ADAM.search(tail + chunk)
+                    if match:
+                        break
+                    tail = chunk[-200:]
+        except (OSError, EOFError, ValueError):
+            return None  # unreadable: the trace's own reading says why
+        if match is None:
+            return None
+        found.add("amp" if match.group(1) in ("float", "double") else "bf16")
+    return found.pop() if len(found) == 1 else None
 
 
 def _fused_adam_dtypes(trace: Any) -> set[str]:
