@@ -29,6 +29,36 @@ def _image_config(b: int):
     return dataclasses.replace(step_config(b, 1), seq_len=None)
 
 
+def _trace_doc(path: str) -> dict:
+    """A bundled trace's JSON, to edit."""
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def _written(tmp_path, name: str, doc: dict) -> str:
+    """``doc`` written as ``name`` under ``tmp_path``: its path."""
+    out = tmp_path / name
+    out.write_text(json.dumps(doc))
+    return str(out)
+
+
+def _launched(kernel: dict, thread: dict, ts: float, name: str, dur: float, correlation: int) -> list[dict]:
+    """A launch on ``thread``'s (pid, tid) at ``ts`` and the GPU kernel it started (``kernel``, a
+    kernel event of the trace, renamed and retimed), joined by ``correlation``."""
+    return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": thread["pid"], "tid": thread["tid"],
+             "ts": ts, "dur": 1.0, "args": {"correlation": correlation}},
+            {**kernel, "name": name, "ts": ts + 5.0, "dur": dur, "args": {**kernel["args"], "correlation": correlation}}]
+
+
+def _layers(model: str, b: int, s: int | None = None):
+    """``model``'s layers bound to micro-batch ``b`` (and sequence ``s``)."""
+    from dml2comm.cost.cache import layers_of
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+
+    return layers_of(load_model(model, ImportOptions(batch_size=b, seq_len=s)).graph)
+
+
 @pytest.fixture(scope="module")
 def resnet_parts():
     return {b: measured_and_modelled(RESNET[1].format(b=b), RESNET[0], _image_config(b)) for b in (128, 256)}
@@ -47,20 +77,12 @@ def test_an_image_models_kernels_all_land_in_its_layers(resnet_parts):
     # convolution, not a norm (post-norm), so the gap after the stem's convolution is the stem's.
     # Placed at the next norm instead, block 0 took them: its time 28% over block 1's, which the
     # model times alike
-    layered_join = join_trace(load_trace(RESNET[1].format(b=128), shapes=True), _layered(128))
+    layered_join = join_trace(load_trace(RESNET[1].format(b=128), shapes=True), _layers(RESNET[0], 128))
     blocks = [x.total_s for x in layered_join.layers if x.kind == LayerKind.BLOCK]
     assert abs(blocks[0] / blocks[1] - 1) < 0.05
     # the blocks' noise: the spread of blocks modelled alike (stage 0's two), not of ResNet's
     # stages, whose times differ by their shapes (the join's spread of all eight: over 100%)
     assert layered_join.block_spread > 1.0 and p["block_spread"] < 0.05
-
-
-def _layered(b: int):
-    from dml2comm.cost.cache import layers_of
-    from dml2comm.ir.onnx_import import ImportOptions
-    from dml2comm.load import load_model
-
-    return layers_of(load_model(RESNET[0], ImportOptions(batch_size=b)).graph)
 
 
 def test_an_image_models_trace_reproduces_its_kernel_time(resnet_parts):
@@ -102,19 +124,17 @@ def test_a_steps_host_to_device_copies_are_its_input(tmp_path):
     # to the input, not to the embedding, and the ratio of the model's input read is the copy's
     # time over the read's
     model, trace, b, s, _ = GPT2
-    with gzip.open(trace, "rt") as f:
-        doc = json.load(f)
+    doc = _trace_doc(trace)
     first = min((e for e in doc["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     first["cat"], first["name"] = "gpu_memcpy", "Memcpy HtoD (Pinned -> Device)"
-    copied = tmp_path / "copied.json"
-    copied.write_text(json.dumps(doc))
+    copied = _written(tmp_path, "copied.json", doc)
     plain = measured_and_modelled(trace, model, step_config(b, s))
-    p = measured_and_modelled(str(copied), model, step_config(b, s))
+    p = measured_and_modelled(copied, model, step_config(b, s))
     assert p["measured"]["input"][0] == pytest.approx(first["dur"] * 1e-6, rel=1e-9)
     assert p["measured"]["embedding"][0] == pytest.approx(plain["measured"]["embedding"][0] - first["dur"] * 1e-6, rel=1e-9)
     ratio = profile_scale([p]).factor("input")[0]
     assert ratio == pytest.approx(p["measured"]["input"][0] / p["modelled"]["input"][0], rel=1e-12) and ratio > 0
-    rows = {x.name: x for x in join_trace(load_trace(str(copied), shapes=True), None).layers}
+    rows = {x.name: x for x in join_trace(load_trace(copied, shapes=True), None).layers}
     assert INPUT not in rows  # without a model, no layer rows at all
 
 
@@ -140,16 +160,13 @@ def test_a_users_annotation_around_the_forward_is_transparent(tmp_path):
     # record_function("forward") around the whole forward: taken as the top-level operator it hid
     # every GEMM of the pass, and the trace was refused as another model's
     model, trace, b, s, _ = GPT2
-    with gzip.open(trace, "rt") as f:
-        doc = json.load(f)
+    doc = _trace_doc(trace)
     cpu = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
     first = min(cpu, key=lambda e: e["ts"])
     backward = min(e["ts"] for e in cpu if e["name"].startswith("autograd::engine"))
     doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "forward", "pid": first["pid"], "tid": first["tid"],
                                "ts": first["ts"] - 1, "dur": backward - first["ts"], "args": {}})
-    annotated = tmp_path / "annotated.json"
-    annotated.write_text(json.dumps(doc))
-    p = measured_and_modelled(str(annotated), model, step_config(b, s))
+    p = measured_and_modelled(_written(tmp_path, "annotated.json", doc), model, step_config(b, s))
     plain = measured_and_modelled(trace, model, step_config(b, s))
     assert p["measured"] == plain["measured"] and p["unattributed_s"] == plain["unattributed_s"] == 0.0
 
@@ -159,8 +176,7 @@ def _accumulated(src: str, dst, k: int) -> None:
     backward events (CPU operators, launches and their GPU items) repeated ``k`` times, each copy
     later by the passes' span, with new correlation, external ids and autograd sequence numbers,
     then its optimizer step once."""
-    with gzip.open(src, "rt") as f:
-        doc = json.load(f)
+    doc = _trace_doc(src)
     events = [e for e in doc["traceEvents"] if e.get("ph") not in ("s", "f")]  # flow arrows: not read
     spans = [e for e in events if e.get("ph") == "X"]
     t_opt = min(e["ts"] for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer."))
@@ -199,11 +215,7 @@ def test_a_gradient_accumulation_step_is_joined_pass_by_pass(tmp_path):
     model, trace, b, s, _ = GPT2
     accumulated = tmp_path / "accumulated.json"
     _accumulated(trace, accumulated, 2)
-    from dml2comm.cost.cache import layers_of
-    from dml2comm.ir.onnx_import import ImportOptions
-    from dml2comm.load import load_model
-
-    layered = layers_of(load_model(model, ImportOptions(batch_size=b, seq_len=s)).graph)
+    layered = _layers(GPT2[0], GPT2[2], GPT2[3])
     one, two = (join_trace(load_trace(str(p), shapes=True), layered) for p in (trace, accumulated))
     assert (one.passes, two.passes) == (1, 2) and two.unattributed_s == 0.0
     for x, y in zip(one.layers, two.layers):
@@ -225,24 +237,15 @@ def test_work_after_the_last_backward_is_the_optimizers(tmp_path):
     # clips by default): its kernels grow with the parameters, as the optimizer step's, and were
     # charged to the loss, which grows with the tokens
     model, trace, b, s, _ = GPT2
-    with gzip.open(trace, "rt") as f:
-        doc = json.load(f)
+    doc = _trace_doc(trace)
     spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     opt = min((e for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step")), key=lambda e: e["ts"])
-    main_thread = (opt["pid"], opt["tid"])
     ts = opt["ts"] - 50.0
     kernel = next(e for e in spans if e.get("cat") == "kernel")
-    doc["traceEvents"] += [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::_foreach_norm", "pid": main_thread[0], "tid": main_thread[1], "ts": ts, "dur": 40.0,
-         "args": {"External id": 999001, "Input Dims": [[]], "Input type": [""]}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": main_thread[0], "tid": main_thread[1], "ts": ts + 10.0,
-         "dur": 5.0, "args": {"External id": 999001, "correlation": 999002}},
-        {**kernel, "name": "multi_tensor_apply_kernel<norm>", "ts": ts + 20.0, "dur": 300.0,
-         "args": {**kernel["args"], "External id": 999001, "correlation": 999002}},
-    ]
-    clipped = tmp_path / "clipped.json"
-    clipped.write_text(json.dumps(doc))
-    p = measured_and_modelled(str(clipped), model, step_config(b, s))
+    doc["traceEvents"] += [{"ph": "X", "cat": "cpu_op", "name": "aten::_foreach_norm", "pid": opt["pid"], "tid": opt["tid"], "ts": ts,
+                            "dur": 40.0, "args": {"Input Dims": [[]], "Input type": [""]}},
+                           *_launched(kernel, opt, ts + 10.0, "multi_tensor_apply_kernel<norm>", 300.0, 999002)]
+    p = measured_and_modelled(_written(tmp_path, "clipped.json", doc), model, step_config(b, s))
     plain = measured_and_modelled(trace, model, step_config(b, s))
     assert p["measured"]["loss"] == plain["measured"]["loss"]
     assert p["measured"]["optimizer"][0] == pytest.approx(plain["measured"]["optimizer"][0] + 300e-6, rel=1e-9)
@@ -253,34 +256,20 @@ def test_a_data_parallel_steps_collectives_are_no_layers(tmp_path):
     # to that layer, it made its ratio the collective's too, and the plan's modelled all-reduce
     # counted it again
     model, trace, b, s, _ = GPT2
-    with gzip.open(trace, "rt") as f:
-        doc = json.load(f)
+    doc = _trace_doc(trace)
     spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     backward = next(e for e in spans if e.get("cat") == "cpu_op" and e["name"].startswith("autograd::engine::evaluate_function")
                     and "Mm" in e["name"] and e["dur"] > 30)
     kernel = next(e for e in spans if e.get("cat") == "kernel")
-    ts = backward["ts"] + backward["dur"] / 2
-    doc["traceEvents"] += [
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": backward["pid"], "tid": backward["tid"], "ts": ts,
-         "dur": 1.0, "args": {"correlation": 999102}},
-        {**kernel, "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "ts": ts + 5.0, "dur": 900.0,
-         "args": {**kernel["args"], "External id": 999101, "correlation": 999102}},
-    ]
-    ddp = tmp_path / "ddp.json"
-    ddp.write_text(json.dumps(doc))
-    p = measured_and_modelled(str(ddp), model, step_config(b, s))
+    doc["traceEvents"] += _launched(kernel, backward, backward["ts"] + backward["dur"] / 2,
+                                    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 900.0, 999102)
+    ddp = _written(tmp_path, "ddp.json", doc)
+    p = measured_and_modelled(ddp, model, step_config(b, s))
     plain = measured_and_modelled(trace, model, step_config(b, s))
     assert p["measured"] == plain["measured"] and p["gpu_s"] == pytest.approx(plain["gpu_s"] + 900e-6, rel=1e-9)
-    rows = {x.name: x for x in join_trace(load_trace(str(ddp), shapes=True), _gpt2_layers()).layers}
+    rows = {x.name: x for x in join_trace(load_trace(ddp, shapes=True), _layers(GPT2[0], GPT2[2], GPT2[3])).layers}
     assert rows["communication"].backward_s == pytest.approx(900e-6, rel=1e-9)
 
-
-def _gpt2_layers():
-    from dml2comm.cost.cache import layers_of
-    from dml2comm.ir.onnx_import import ImportOptions
-    from dml2comm.load import load_model
-
-    return layers_of(load_model(GPT2[0], ImportOptions(batch_size=GPT2[2], seq_len=GPT2[3])).graph)
 
 
 def test_the_trace_command_binds_a_language_models_tokens(tmp_path):
