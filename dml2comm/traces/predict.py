@@ -101,8 +101,8 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
 
     name = Path(trace_path).name
     trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
-    _check_precision(trace, config, name)
-    eager = bool(_fused_adam_dtypes(trace))  # PyTorch's own optimizer ran: an eager PyTorch step
+    updated = _fused_adam_dtypes(trace)  # PyTorch's own optimizer ran: an eager PyTorch step
+    _check_precision(updated, config, name)
     options = options or ImportOptions()
     imported = load_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient))
     layered = layers_of(imported.graph)
@@ -130,7 +130,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "measured": measured, "modelled": modelled, "gpu_s": join.gpu_s, "unattributed_s": join.unattributed_s,
             "shared_sum_s": shared_s,
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
-            "passes": k, "eager_optimizer": eager,
+            "passes": k, "eager_optimizer": bool(updated),
             "launches": k * shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack),
                                            one.stack, one.attention, one.precision, None, layered).launches,
             "block_spread": _ratio_spread(join, kinds, table),
@@ -205,29 +205,32 @@ def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int | No
 
 #: The parameters' dtype as PyTorch's fused Adam/AdamW kernel names it (its first template argument).
 _FUSED_ADAM = re.compile(r"FusedAdamMathFunctor<(float|double|c10::BFloat16|c10::Half)\b")
-#: ``--precision`` under the pytorch stack -> the parameter dtypes its optimizer updates (``bf16``:
-#: the whole model in 16 bits, ``--dtype`` bf16 or fp16).
-_PARAM_DTYPES = {"amp": frozenset({"float"}), "bf16": frozenset({"c10::BFloat16", "c10::Half"})}
 
 
-def _check_precision(trace: Any, config: Any, name: str) -> None:
-    """Refuse a trace whose optimizer updated parameters of another dtype than ``config``'s
-    precision holds them in (eager PyTorch: ``amp`` keeps fp32 parameters, ``bf16`` 16-bit ones),
-    read off the fused Adam/AdamW kernels' names where the step ran them: the ratios would carry
-    the other precision's casts and the plan would be costed in one precision and scaled by
-    another's."""
-    from dml2comm.parallel.config import Stack
+def _precision_of(dtype: str) -> Any:
+    """The eager-PyTorch :class:`~dml2comm.parallel.config.Precision` whose optimizer updates
+    parameters of ``dtype`` (a fused AdamW kernel's template argument): fp32 ones ``amp``
+    (autocast), 16-bit ones ``bf16`` (the whole model in 16 bits, ``--dtype`` bf16 or fp16)."""
+    from dml2comm.parallel.config import Precision
 
-    want = _PARAM_DTYPES.get(str(config.precision))
-    if config.stack is not Stack.PYTORCH or want is None:
+    return Precision.AMP if dtype in ("float", "double") else Precision.BF16
+
+
+def _check_precision(updated: set[str], config: Any, name: str) -> None:
+    """Refuse a trace whose optimizer updated parameters (``updated``: their dtypes,
+    :func:`_fused_adam_dtypes`) of another precision than ``config``'s under the pytorch stack:
+    the ratios would carry the other precision's casts and the plan would be costed in one
+    precision and scaled by another's."""
+    from dml2comm.parallel.config import Precision, Stack
+
+    ran = {_precision_of(d) for d in updated}
+    if config.stack is not Stack.PYTORCH or config.precision not in (Precision.AMP, Precision.BF16) or not ran \
+            or config.precision in ran:
         return
-    seen = _fused_adam_dtypes(trace)
-    if seen and not seen & want:
-        full = "float" in seen  # the step's parameters were fp32: autocast (or fp32 training)
-        held, other = ("fp32", "amp") if full else ("16-bit", "bf16")
-        raise ConfigError(f"--profile {name}: its optimizer updated {held} parameters, but --precision {config.precision} "
-                          f"holds them in {'16 bits' if full else 'fp32'}; pass --precision {other} (the profiled "
-                          "step's), or profile a step of this precision")
+    full = Precision.AMP in ran  # the step's parameters were fp32: autocast (or fp32 training)
+    raise ConfigError(f"--profile {name}: its optimizer updated {'fp32' if full else '16-bit'} parameters, but --precision "
+                      f"{config.precision} holds them in {'16 bits' if full else 'fp32'}; pass --precision "
+                      f"{'amp' if full else 'bf16'} (the profiled step's), or profile a step of this precision")
 
 
 def traced_precision(paths: Sequence[str]) -> str | None:
@@ -252,8 +255,8 @@ def traced_precision(paths: Sequence[str]) -> str | None:
             return None  # unreadable: the trace's own reading says why
         if match is None:
             return None
-        found.add("amp" if match.group(1) in ("float", "double") else "bf16")
-    return found.pop() if len(found) == 1 else None
+        found.add(_precision_of(match.group(1)))
+    return str(found.pop()) if len(found) == 1 else None
 
 
 def _fused_adam_dtypes(trace: Any) -> set[str]:
