@@ -330,13 +330,12 @@ _GRAPH_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", 
                           "BatchNormalization", "InstanceNormalization", "GroupNormalization", "Pow", "ReduceMean"})
 
 
-def _opens_with_norm(layered: Any) -> list[bool]:
+def _opens_with_norm(layered: Any, weights: set[int]) -> list[bool]:
     """Per layer: a normalisation comes before its first weight GEMM or convolution (a pre-norm
     transformer block).  Where one does, the gap between two layers' matched operators is cut at
     its first normalisation; where none does (a post-norm block: BERT's, a ResNet's, which end
     with their normalisation), the whole gap is the earlier layer's."""
     g = layered.graph
-    weights = {i for _, _, i in graph_weight_ops(layered)}
     out = []
     for layer in layered.layers:
         opens = False
@@ -388,8 +387,9 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
         passes.append(pending)
     layer_of: dict[int, int] = {}
     complete, short = 0, []
+    opens = _opens_with_norm(layered, {i for _, _, i in wanted})
     for fwd in passes:
-        matched = _pass_layers(tops, layered, wanted, fwd, keys, layer_of, gemm_ops)
+        matched = _pass_layers(tops, layered, wanted, opens, fwd, keys, layer_of, gemm_ops)
         complete += matched == len(wanted)
         short += [matched] if matched < len(wanted) else []
     if short:
@@ -402,10 +402,11 @@ def _forward_layers(trace: RankTrace, tops: _Tops, layered: Any, notes: list[str
     return layer_of, complete
 
 
-def _pass_layers(tops: _Tops, layered: Any, wanted: list, fwd: list[int], keys: dict[int, Any], layer_of: dict[int, int],
-                 gemm_ops: dict[int, int] | None) -> int:
+def _pass_layers(tops: _Tops, layered: Any, wanted: list, opens: list[bool], fwd: list[int], keys: dict[int, Any],
+                 layer_of: dict[int, int], gemm_ops: dict[int, int] | None) -> int:
     """One forward pass's positions ``fwd`` -> layer into ``layer_of`` (the module docstring,
-    link 4); returns how many of the ``wanted`` weight GEMMs matched."""
+    link 4; ``opens``: :func:`_opens_with_norm`); returns how many of the ``wanted`` weight GEMMs
+    matched."""
     matched: list[tuple[int, int]] = []  # (index into fwd, layer)
     j = 0
     for k, p in enumerate(fwd):
@@ -423,7 +424,6 @@ def _pass_layers(tops: _Tops, layered: Any, wanted: list, fwd: list[int], keys: 
     cut = _starts_norm(tops.names, [fwd[k] for k in lead]) if emb is not None else 0
     for idx, k in enumerate(lead):
         layer_of[fwd[k]] = emb if (emb is not None and (cut is None or idx < cut)) else first_layer
-    opens = _opens_with_norm(layered)
     for (ka, la), (kb, lb) in zip(matched, matched[1:]):
         gap = list(range(ka, kb))
         if la == lb:
