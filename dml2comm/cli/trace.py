@@ -219,6 +219,8 @@ def run_trace_command(argv: Sequence[str]) -> int:
     if join is not None and join["layers"] and not any(x["kind"] == "input" for x in join["layers"]):
         options["inputs_on_gpu"] = True  # the step copied no input to the GPU: its batch was there
         source += "; no input copy in the step"
+    if join is not None and args.model:
+        source = _what_the_step_ran(ts, join, options, source)
     comparison = None if not args.model else predicted_comparison(ts, args.model, run, source, options, args.rank_order)
     data = trace_analysis_dict(ts, comparison)
     data["join"] = join
@@ -239,6 +241,30 @@ def run_trace_command(argv: Sequence[str]) -> int:
     else:
         _print(ts, data, out, time.perf_counter() - start, site=not args.no_site)
     return 0
+
+
+def _what_the_step_ran(ts: TraceSet, join: dict[str, Any], options: dict[str, Any], source: str) -> str:
+    """The prediction's options the traces show, where no flag sets them: the GPU the ranks ran on
+    (no ``--gpu`` or ``--cluster``; all ranks one GPU the tool knows), and an eager PyTorch step's
+    stack and precision (its fused AdamW kernels: no ``--stack``, no ``--precision``), as
+    ``--profile`` takes them.  Returns ``source`` with what was taken."""
+    from dml2comm.parallel.config import Stack
+    from dml2comm.traces.predict import trace_gpu
+
+    taken = []
+    if options["gpu"] is None and options["cluster"] is None:
+        gpus = {trace_gpu(r.device or "") for r in ts.ranks}
+        if len(gpus) == 1 and None not in gpus:
+            options["gpu"] = gpus.pop()
+            taken.append(f"the traces' GPU ({options['gpu']})")
+    ran = join.get("eager_precision")
+    if ran is not None and options["stack"] is None:
+        options["stack"] = str(Stack.PYTORCH)
+        taken.append("the pytorch stack (PyTorch's fused AdamW ran)")
+    if ran is not None and options["precision"] is None and Stack.of(options["stack"]) is Stack.PYTORCH:
+        options["precision"] = ran
+        taken.append(f"precision {ran} (its optimizer's parameters)")
+    return source + "".join(f"; {t}" for t in taken)
 
 
 def _print(ts: TraceSet, data: dict[str, Any], out: Path, elapsed: float, site: bool) -> None:

@@ -49,7 +49,7 @@ import numpy as np
 from dml2comm.cost.host import HostModel
 from dml2comm.errors import ConfigError
 from dml2comm.traces.classify import launch_rows
-from dml2comm.traces.load import Kind, RankTrace, step_names
+from dml2comm.traces.load import Kind, RankTrace, step_windows
 
 __all__ = ["HOST_BOUND_SHARE", "ISSUE_GAP_S", "LAUNCH_BLOCKED_S", "PROFILER_CPU_SLOWDOWN", "PROFILER_SLOWDOWN_SPREAD",
            "QUEUE_BLOCKED_SHARE", "QUEUE_FULL_LAUNCHES", "STEP_TIME_GRID", "STEP_TIME_SPREAD", "HostFigures",
@@ -122,8 +122,10 @@ class HostFigures:
     ----------
     kernels : GPU kernels (memsets and copies not counted).
     gpu_items : kernels, memsets and copies.
-    gpu_busy_s : the union of the GPU items' intervals.
-    gpu_span_s : first GPU item's start to the last one's end.
+    gpu_busy_s : the union of the GPU items' intervals (summed over the profiled steps, as the
+        two below: a trace of several steps, ``ProfilerStep#N``, leaves the gaps between its steps
+        out, each item belonging to the step whose annotation holds its launch).
+    gpu_span_s : first GPU item's start to the last one's end (per step, summed).
     cpu_span_s : the CPU operators' span (first start to last end).
     issue_s : launch-to-launch intervals below :data:`ISSUE_GAP_S`, summed (those after a launch
         that found the queue full left out, the others scaled up to all launches).
@@ -180,10 +182,12 @@ def host_figures(trace: RankTrace) -> HostFigures:
     start = trace.ts[gpu]
     end = np.maximum.accumulate(start + trace.dur[gpu])  # the GPU is free after every item before
     issue_us, full = _issue_us(trace, launch[launch >= 0], (start + trace.dur[gpu])[launch >= 0])
-    idle = np.clip(start[1:] - end[:-1], 0.0, None)
+    step = _step_of(trace, launch)
+    within = (step[1:] == step[:-1]) & (step[1:] >= 0)  # gaps inside one profiled step
+    idle = np.where(within, np.clip(start[1:] - end[:-1], 0.0, None), 0.0)
     returned = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)] + trace.dur[np.maximum(launch, 0)], np.inf)
-    queued = returned[1:] <= end[:-1]
-    span_us = float(end[-1] - start[0])
+    queued = (returned[1:] <= end[:-1]) & within
+    span_us = sum(float(end[step == k].max() - start[step == k].min()) for k in np.unique(step[step >= 0]).tolist())
     cpu = np.nonzero(trace.kind == Kind.CPU_OP)[0]
     cpu_span_us = float((trace.ts[cpu] + trace.dur[cpu]).max() - trace.ts[cpu].min()) if cpu.size else 0.0
     n_queued = int(np.count_nonzero(queued))
@@ -191,8 +195,23 @@ def host_figures(trace: RankTrace) -> HostFigures:
                        gpu_span_s=span_us * 1e-6, cpu_span_s=cpu_span_us * 1e-6, issue_s=issue_us * 1e-6,
                        kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
                        gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
-                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(np.count_nonzero(step_names(trace)))),
+                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, len(step_windows(trace))),
                        full_queue_launches=full)
+
+
+def _step_of(trace: RankTrace, launch: np.ndarray) -> np.ndarray:
+    """Per GPU item (``launch``: its launch call's row, -1 for none), the profiled step it belongs
+    to: the ``ProfilerStep#N`` annotation whose CPU span holds its launch (-1: none holds it, or
+    the item has no launch).  All 0 in a trace without annotations (one step)."""
+    windows = step_windows(trace)
+    if not windows:
+        return np.zeros(launch.size, dtype=np.int64)
+    starts = np.array([w[0] for w in windows])
+    ends = np.array([w[1] for w in windows])
+    ts = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)], -np.inf)
+    k = np.searchsorted(starts, ts, side="right") - 1
+    inside = (k >= 0) & (ts <= ends[np.maximum(k, 0)])
+    return np.where(inside, k, -1)
 
 
 def _issue_us(trace: RankTrace, launch: np.ndarray, gpu_end: np.ndarray) -> tuple[float, int]:

@@ -51,7 +51,7 @@ import numpy as np
 from dml2comm.ir.gemms import conv_key, gemm_key, graph_weight_ops
 from dml2comm.ir.layers import LayerKind
 from dml2comm.traces.classify import launch_rows
-from dml2comm.traces.load import Kind, RankTrace, step_names
+from dml2comm.traces.load import Kind, RankTrace, step_names, step_windows
 from dml2comm.traces.patterns import COMM_KERNEL
 
 __all__ = ["Phase", "LayerTime", "OpTime", "TraceJoin", "join_trace", "step_shape", "token_shape", "block_times"]
@@ -146,6 +146,8 @@ class TraceJoin:
     #: forward passes whose weight GEMMs all matched (gradient accumulation: several in one step;
     #: 1 without a model); the layers' times are the step's, summed over them
     passes: int = 1
+    #: profiled steps (``ProfilerStep#N`` annotations) the times are the mean of (1: one step)
+    steps: int = 1
 
     @property
     def unattributed_s(self) -> float:
@@ -168,6 +170,7 @@ class TraceJoin:
                         "share": x.total_s / self.gpu_s if self.gpu_s > 0 else 0.0} for x in self.layers],
             "ops": [{"name": o.name, "phase": o.phase, "calls": o.calls, "gpu_s": o.gpu_s} for o in self.ops],
             "block_spread": self.block_spread, "method": self.method, "notes": list(self.notes), "passes": self.passes,
+            "steps": self.steps,
         }
 
 
@@ -215,15 +218,6 @@ class _Tops:
     names: list[str]
     phase: list[str]
     by_thread: dict[int, tuple[list[float], list[float], list[int]]]  # thread -> (starts, ends, positions)
-
-
-def _step_window(trace: RankTrace) -> tuple[float, float] | None:
-    """The first ``ProfilerStep#N`` annotation's CPU span, None when the trace has none (one step)."""
-    rows = np.flatnonzero(step_names(trace))
-    if rows.size == 0:
-        return None
-    i = int(rows[np.argmin(trace.ts[rows])])
-    return float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])
 
 
 def _top_level(trace: RankTrace, window: tuple[float, float] | None) -> _Tops:
@@ -487,8 +481,10 @@ def _backward_layers(trace: RankTrace, tops: _Tops, fwd_layer: dict[int, Any]) -
 
 
 def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
-    """Attribute every GPU event of the trace's (first) step to its operator, phase and, with
-    ``layered`` (a :class:`dml2comm.ir.layers.LayeredGraph` of the model the run trained), layer.
+    """Attribute every GPU event of the trace's step to its operator, phase and, with ``layered``
+    (a :class:`dml2comm.ir.layers.LayeredGraph` of the model the run trained), layer.  A trace of
+    several profiled steps (``schedule(active=N)``: one ``ProfilerStep#N`` annotation each) is
+    joined step by step, and the join is their mean step (:func:`_mean_step`).
 
     Parameters
     ----------
@@ -501,7 +497,12 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
         the trace was loaded without ``shapes=True``."""
     if trace.sequence is None:
         raise ValueError("join_trace needs load_trace(path, shapes=True): the sequence numbers and shapes")
-    window = _step_window(trace)
+    joins = [_join_step(trace, layered, w) for w in step_windows(trace) or [None]]
+    return joins[0] if len(joins) == 1 else _mean_step(joins)
+
+
+def _join_step(trace: RankTrace, layered: Any, window: tuple[float, float] | None) -> TraceJoin:
+    """:func:`join_trace` of the step whose CPU span is ``window`` (None: the whole trace)."""
     tops = _top_level(trace, window)
     gpu, ops = _op_of_gpu_events(trace, tops, window)
     notes: list[str] = []
@@ -565,6 +566,47 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
     return TraceJoin(trace.path, trace.rank, total, int(gpu.size), attributed, phases, tuple(layers), op_rows,
                      spread, method, tuple(notes), tuple((gemm_ops[p], gemm_s[p]) for p in sorted(gemm_ops)), max(passes, 1))
+
+
+def _mean_step(joins: list[TraceJoin]) -> TraceJoin:
+    """The mean of the joins of several profiled steps of one trace: each time (layers, phases,
+    operators, matched GEMMs) averaged over the steps, the blocks' spread that of the mean blocks.
+    Steps with another number of forward passes than most (a gradient-accumulation cycle cut by
+    the profiler's schedule) are left out, with a note."""
+    counts = [j.passes for j in joins]
+    passes = max(set(counts), key=lambda k: (counts.count(k), -counts.index(k)))
+    kept = [j for j in joins if j.passes == passes]
+    n = len(kept)
+    notes = [f"{len(joins)} profiled steps: the times are the mean step's"]
+    if n < len(joins):
+        notes.append(f"{len(joins) - n} of them left out: {', '.join(str(k) for k in counts if k != passes)} forward passes "
+                     f"against {passes} in the others")
+    for j in kept:
+        notes.extend(x for x in j.notes if x not in notes)
+    rows: dict[str, list[Any]] = {}
+    for j in kept:
+        for x in j.layers:
+            acc = rows.setdefault(x.name, [x.kind, 0.0, 0.0, 0.0, 0])
+            acc[1:] = [acc[1] + x.forward_s / n, acc[2] + x.backward_s / n, acc[3] + x.other_s / n, acc[4] + x.kernels]
+    layers = tuple(LayerTime(name, kind, f, b, o, round(k / n)) for name, (kind, f, b, o, k) in rows.items())
+    ops: dict[tuple[str, str], list[float]] = {}
+    for j in kept:
+        for o in j.ops:
+            acc = ops.setdefault((o.name, o.phase), [0, 0.0])
+            acc[0] += o.calls
+            acc[1] += o.gpu_s / n
+    gemms: dict[int, float] = {}
+    for j in kept:
+        for i, t in j.gemms:
+            gemms[i] = gemms.get(i, 0.0) + t / n
+    blocks = [x.total_s for x in layers if x.kind == LayerKind.BLOCK]
+    spread = (max(blocks) - min(blocks)) / (sum(blocks) / len(blocks)) if len(blocks) > 1 and sum(blocks) > 0 else None
+    first = kept[0]
+    return TraceJoin(first.file, first.rank, sum(j.gpu_s for j in kept) / n, round(sum(j.kernels for j in kept) / n),
+                     sum(j.attributed_s for j in kept) / n, {p: sum(j.phases[p] for j in kept) / n for p in Phase.ALL},
+                     layers, tuple(sorted((OpTime(nm, ph, round(c / n), t) for (nm, ph), (c, t) in ops.items()),
+                                          key=lambda o: (-o.gpu_s, o.name, o.phase))[:TOP_OPS]),
+                     spread, first.method, tuple(notes), tuple(sorted(gemms.items())), passes, n)
 
 
 def _op_rows(tops: _Tops, ops: np.ndarray, by_op: dict[tuple[str, str], list[float]]) -> tuple[OpTime, ...]:

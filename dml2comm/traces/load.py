@@ -672,3 +672,11 @@ def step_names(trace: RankTrace) -> np.ndarray:
     """Boolean mask of the ``ProfilerStep#N`` annotations."""
     ids = np.array([i for i, nm in enumerate(trace.names) if STEP_ANNOTATION.match(nm)], dtype=np.int32)
     return np.isin(trace.name, ids) & (trace.kind != Kind.GPU_ANNOTATION)
+
+
+def step_windows(trace: RankTrace) -> list[tuple[float, float]]:
+    """The CPU span of each ``ProfilerStep#N`` annotation in time order; empty when the trace has
+    none (it is one step)."""
+    rows = np.flatnonzero(step_names(trace))
+    rows = rows[np.argsort(trace.ts[rows], kind="stable")]
+    return [(float(trace.ts[i]), float(trace.ts[i] + trace.dur[i])) for i in rows.tolist()]

@@ -33,7 +33,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.ir.layers import LayerKind
 
 __all__ = ["attributed_share", "error_figures", "expected_error_of", "held_out_shapes", "split_halves", "measured_and_modelled",
-           "profile_from_args", "profile_scale", "trace_gpu", "traced_precision"]
+           "eager_precision", "profile_from_args", "profile_scale", "trace_gpu", "traced_precision"]
 
 
 def trace_gpu(device: str) -> str | None:
@@ -259,6 +259,13 @@ def traced_precision(paths: Sequence[str]) -> str | None:
     return str(found.pop()) if len(found) == 1 else None
 
 
+def eager_precision(trace: Any) -> str | None:
+    """The eager-PyTorch ``--precision`` a loaded trace's step ran (:func:`traced_precision`'s
+    reading, from its fused Adam/AdamW kernels); None where it ran none or several."""
+    ran = {_precision_of(d) for d in _fused_adam_dtypes(trace)}
+    return str(ran.pop()) if len(ran) == 1 else None
+
+
 def _fused_adam_dtypes(trace: Any) -> set[str]:
     """The parameter dtypes PyTorch's own fused Adam/AdamW kernels updated in ``trace`` (their
     names' first template argument; empty where it ran none: another optimizer, or Megatron's
@@ -451,8 +458,8 @@ def error_figures(parts: Sequence[dict[str, Any]], step_time_s: float | None = N
     figures = [p["host"] for p in parts]
     gpu_s = sum(p["gpu_s"] for p in parts)
     queued_idle = sum(f.gap_s * f.queued_gaps for f in figures)
-    if step_time_s is not None and len(figures) == 1:
-        wait = max(0.0, step_time_s - figures[0].gpu_busy_s - queued_idle) / step_time_s
+    if step_time_s is not None and len(figures) == 1:  # one step's busy and queued idle against its time
+        wait = max(0.0, step_time_s - (figures[0].gpu_busy_s + queued_idle) / figures[0].steps) / step_time_s
     else:
         span = sum(f.gpu_span_s for f in figures)
         wait = sum(f.starved_idle_s for f in figures) / span if span > 0 else 0.0

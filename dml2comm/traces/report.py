@@ -179,6 +179,8 @@ def join_summary(join: dict[str, Any]) -> str:
                  f"(spread (max - min) / mean {join['block_spread']:.1%})")
     if join.get("passes", 1) > 1:
         text += f"; {join['passes']} forward and backward passes (gradient accumulation), summed"
+    if join.get("steps", 1) > 1:
+        text += f"; the mean of {join['steps']} profiled steps"
     return text
 
 
@@ -218,6 +220,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     ``micro_batch`` and ``seq_len`` in the result: the sizes the model was bound to."""
     from dml2comm.traces.join import join_trace, step_shape
     from dml2comm.traces.load import load_trace
+    from dml2comm.traces.predict import eager_precision
 
     if not ts.ranks:
         return None
@@ -244,6 +247,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     if note:
         out["notes"].insert(0, note)
     out["micro_batch"], out["seq_len"] = batch, seq  # what the model was bound to (None: its own)
+    out["eager_precision"] = eager_precision(trace)  # an eager PyTorch step's, from its fused AdamW (None: not one)
     return out
 
 
