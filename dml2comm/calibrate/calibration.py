@@ -192,7 +192,7 @@ def _pool(infos: list[TraceFile], per_node: int, warnings: list[str]) -> tuple[T
         before, after = before + len(every), after + len(kept)
     raw = [c for i in infos for c in classify_collectives(i.samples.collectives, i.world_size, per_node)]
     colls = _plausible(raw)
-    absurd = before - after + len(raw) - len(colls)
+    absurd = before - after + len(raw) - len(colls) + sum(i.bad_events for i in infos)  # the loader's too
     if absurd:
         warnings.append(f"{absurd} kernel sample(s) left out: a duration that is not a positive number below "
                         f"{MAX_KERNEL_S:.0f} s (the trace's dur is in microseconds); check how the trace was written")
@@ -300,6 +300,21 @@ def _calibrated_cluster(cluster: Cluster, base_name: str, classes: list[ClassFit
                    source_file=None)
 
 
+def _distinct(infos: list[Any], warnings: list[str]) -> list[Any]:
+    """The traces, each file's content once: a copy (the same sha256 under another name) would
+    count its samples twice; it is left out with a warning."""
+    seen: dict[str, str] = {}
+    out = []
+    for info in infos:
+        if info.sha256 in seen:
+            warnings.append(f"{info.file} is a copy of {seen[info.sha256]} (the same sha256) and is left out: its samples "
+                            "would count twice")
+            continue
+        seen[info.sha256] = info.file
+        out.append(info)
+    return out
+
+
 def _from_base(classes: list[ClassFit], fitted: list[Any]) -> list[str]:
     out = [f"gpu.calibrated_classes.{c.key} ({c.why})" for c in classes if not c.used]
     out += ["gpu (peaks, memory, link line rates)", "links.intra_node", "links.inter_node", "network (library, per-call overhead)"]
@@ -329,6 +344,7 @@ def calibrate(paths: Sequence[str], base: str | None = None, holdout: float = 0.
     if not infos:
         raise TraceError("no trace could be read: " + "; ".join(f"{name}: {why}" for name, why in failed))
     warnings = [f"{name} could not be read and is left out: {why}" for name, why in failed]
+    infos = _distinct(infos, warnings)
     cluster, header = _identify(infos, base, warnings)
     header.update(traces=len(infos), unreadable=len(failed))
     pooled, colls = _pool(infos, header["per_node"], warnings)

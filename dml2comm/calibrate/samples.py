@@ -239,6 +239,8 @@ class TraceFile:
     devices: list[dict[str, Any]]  # deviceProperties entries
     versions: dict[str, str]  # PyTorch/CUDA/NCCL/Kineto versions the trace records
     samples: TraceSamples
+    #: events the loader left out for durations that cannot be (:data:`dml2comm.traces.load.MAX_EVENT_US`)
+    bad_events: int = 0
 
 
 def collective_kind(name: str) -> str | None:
@@ -510,7 +512,8 @@ def file_samples(path: str) -> TraceFile:
     digest, meta = _metadata(p)
     props = meta.get("deviceProperties")
     devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
-    return TraceFile(p.name, digest, trace.rank, trace.world_size, devices, _versions(meta), trace_samples(trace))
+    return TraceFile(p.name, digest, trace.rank, trace.world_size, devices, _versions(meta), trace_samples(trace),
+                     trace.bad_events)
 
 
 def _add_op_sample(out: TraceSamples, op: str, dims: list[Any], types: Any, t: float, knames: list[str]) -> None:

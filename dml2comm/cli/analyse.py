@@ -262,7 +262,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     cluster = replace(cluster, collective_overhead_s=args.collective_overhead_us * 1e-6,
                       host_model=host_model_of(args),
                       profile_scale=profile_from_args(args.profile, args.model, config, options, args.lenient, args.step_time,
-                                                      fit_host=args.host_model is None))
+                                                      fit_host=args.host_model is None, gpu=cluster.gpu.name))
     analysis = analyze_graph(imported, config, cluster, args.model, lenient=args.lenient, advise=not args.no_advice,
                              reimport=reimport if imported.model_batch is None else None)
     slips = config_warnings(config, cluster)

@@ -60,6 +60,13 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder moved into place
     (nothing half-written)."""
@@ -68,6 +75,8 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+        os.chmod(tmp, mode)  # mkstemp's 0600 would replace the file's own mode (or the usual 0644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

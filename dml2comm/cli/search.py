@@ -85,7 +85,7 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: b
     add_stack_arguments(b)
     p.add_argument("--out", help="output folder (default: out/sweep or out/compare, beside the analysis's out/)")
     p.add_argument("--no-site", action="store_true", help="do not build the comparison site (DIR/site/)")
-    p.add_argument("--build-top", type=non_negative_int, default=DEFAULT_BUILD_TOP, metavar="N",
+    p.add_argument("--build-top", type=non_negative_int, default=None, metavar="N",
                    help=f"build the full analysis site of the N fastest fitting configurations into "
                         + ("DIR/top/K, K being the configuration's number in the table (its position in --configs)"
                            if compare else "DIR/top/1 ... DIR/top/N")
@@ -191,6 +191,16 @@ def _zero_list(text: str) -> tuple[int, ...]:
     return values  # their range: the sweep space's check, in the configuration's words
 
 
+def _site_flags(args: argparse.Namespace) -> argparse.Namespace:
+    """``--build-top N`` builds sites: refused with ``--no-site``; unset, its default."""
+    if args.no_site and args.build_top:
+        raise ConfigError(f"--build-top {args.build_top} builds the sites of the best configurations, which --no-site turns "
+                          "off; drop one of them")
+    if args.build_top is None:
+        args.build_top = DEFAULT_BUILD_TOP
+    return args
+
+
 def _profile(args: argparse.Namespace) -> ProfileScale | None:
     """``--profile``: the traces' measured ratios, modelled with the command's stack, precision,
     dtype and optimizer (None without the flag)."""
@@ -199,13 +209,16 @@ def _profile(args: argparse.Namespace) -> ProfileScale | None:
     from dml2comm.parallel.config import ParallelConfig
     from dml2comm.traces.predict import profile_from_args
 
+    from dml2comm.hardware.cluster import plan_cluster
+
     template = ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=1, global_batch_size=1, seq_len=args.seq_len,
                               dtype=args.dtype, optimizer=args.optimizer, **stack_kwargs(args))
-    return profile_from_args(args.profile, args.model, template, fit_host=args.host_model is None)
+    gpu = plan_cluster(args.gpu, args.cluster, 1, 1).gpu.name  # a trace that names no device is modelled on it
+    return profile_from_args(args.profile, args.model, template, fit_host=args.host_model is None, gpu=gpu)
 
 
 def run_sweep_command(argv: Sequence[str]) -> int:
-    args = sweep_parser().parse_args(argv)
+    args = _site_flags(sweep_parser().parse_args(argv))
     constraints = _constraints(args)
     if args.scaling is not None:
         if args.gpus is not None:
@@ -542,7 +555,7 @@ def compare_parser() -> argparse.ArgumentParser:
 
 
 def run_compare_command(argv: Sequence[str]) -> int:
-    args = compare_parser().parse_args(argv)
+    args = _site_flags(compare_parser().parse_args(argv))
     if args.global_batch_size is None:
         raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
     builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, host_model_of(args), args.nics_per_node, _profile(args))

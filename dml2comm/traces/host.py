@@ -133,7 +133,8 @@ class HostFigures:
     queued_gaps : gaps between consecutive GPU items whose launch came before the GPU was free.
     gap_s : their mean idle time (0 without any).
     starved_idle_s : idle time of the other gaps (the GPU waiting for the CPU).
-    steps : the profiled steps the trace holds (``ProfilerStep#N`` annotations, at least 1).
+    steps : the profiled steps the trace holds (``ProfilerStep#N`` annotations that launched GPU
+        work, at least 1).
     full_queue_launches : launches that found the launch queue full (module docstring).
     """
 
@@ -195,7 +196,7 @@ def host_figures(trace: RankTrace) -> HostFigures:
                        gpu_span_s=span_us * 1e-6, cpu_span_s=cpu_span_us * 1e-6, issue_s=issue_us * 1e-6,
                        kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
                        gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
-                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, len(step_windows(trace))),
+                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(np.unique(step[step >= 0]).size)),
                        full_queue_launches=full)
 
 

@@ -498,6 +498,7 @@ def join_trace(trace: RankTrace, layered: Any = None) -> TraceJoin:
     if trace.sequence is None:
         raise ValueError("join_trace needs load_trace(path, shapes=True): the sequence numbers and shapes")
     joins = [_join_step(trace, layered, w) for w in step_windows(trace) or [None]]
+    joins = [j for j in joins if j.kernels] or joins[:1]  # a ProfilerStep that ran no GPU work is no step
     return joins[0] if len(joins) == 1 else _mean_step(joins)
 
 

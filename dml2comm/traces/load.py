@@ -42,7 +42,7 @@ from dml2comm.fmt import fmt_bytes, plain
 from dml2comm.traces.patterns import COMM_CPU_OPS, P2P_OP, STEP_ANNOTATION
 
 __all__ = ["TraceError", "Kind", "CommRecord", "RankTrace", "load_trace", "find_trace_files", "rank_from_name",
-           "read_trace_bytes", "MAX_DECOMPRESSED_TRACE_BYTES"]
+           "read_trace_bytes", "step_names", "step_windows", "MAX_DECOMPRESSED_TRACE_BYTES", "MAX_EVENT_US"]
 
 
 class TraceError(InputFileError):
@@ -219,6 +219,8 @@ class RankTrace:
     comms: list[CommRecord]
     ts_float: bool  # any ts given as a float or missing (HTA then rounds; see overlap.hta_*)
     problems: list[str] = field(default_factory=list)
+    #: events left out for times that cannot be (see :data:`MAX_EVENT_US`; listed in ``problems``)
+    bad_events: int = 0
     #: filled by ``load_trace(path, shapes=True)`` only: every event's ``External id`` (int64,
     #: -1 when absent), the ``Input Dims``/``Input type`` of CPU operators that recorded them
     #: (row -> (dims, types), as the trace writes them), and the collective arguments GPU kernels
@@ -267,6 +269,10 @@ def find_trace_files(paths: list[str]) -> list[Path]:
 #: bomb); the reader stops at this cap instead of holding the whole text in memory.  A plain
 #: ``.json`` is memory-mapped, not read into memory, and has no cap.
 MAX_DECOMPRESSED_TRACE_BYTES = 2 * 1024**3
+#: The longest event a trace can hold, microseconds (a day): a profiled run is minutes at most;
+#: a longer (or negative, or infinite) duration is a damaged or edited file, and such an event is
+#: left out like one without a numeric time.
+MAX_EVENT_US = 86_400e6
 _CHUNK = 1 << 20
 
 
@@ -510,13 +516,15 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
     del events
     ts = np.fromiter(map(_TS, xs), dtype=np.float64, count=len(xs))  # None -> NaN
     dur = np.fromiter(map(_DUR, xs), dtype=np.float64, count=len(xs))
-    valid = ~(np.isnan(ts) | np.isnan(dur))
+    with np.errstate(invalid="ignore"):
+        valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (dur <= MAX_EVENT_US)
     if not valid.all():
         bad += int((~valid).sum())
         xs = [e for e, ok in zip(xs, valid.tolist()) if ok]
         ts, dur = ts[valid], dur[valid]
     if bad:
-        problems.append(f"{bad} events without numeric ts/dur were skipped")
+        problems.append(f"{bad} events without usable ts/dur were skipped (missing, not numbers, infinite, negative, or "
+                        f"over a day long)")
     if not xs:
         if bad:
             raise TraceError(f"{path.name!r} has no usable complete (ph X) events: {bad} have no numeric ts/dur (e.g. times "
@@ -569,7 +577,7 @@ def _pack(path: Path, events: list[Any], meta: _Trace, typed: bool, shapes: bool
         schema_version=meta.schemaVersion, device=device, base_us=base_us, pg_config=pg_config,
         names=names, threads=threads, thread_names={thread_index[k]: v for k, v in thread_names.items() if k in thread_index},
         gpu_pids=gpu_pids, kind=kind, name=name, thread=thread, ts=ts, dur=dur, correlation=corr, stream=stream, comms=comms,
-        ts_float=ts_float, problems=problems, **extra,
+        ts_float=ts_float, problems=problems, bad_events=bad, **extra,
     )
 
 

@@ -59,7 +59,7 @@ def _sha256(path: str) -> str:
 
 
 def measured_and_modelled(trace_path: str, model_path: str, config: Any, options: Any = None, gpu: str | None = None,
-                          lenient: bool = False, check_model: bool = True) -> dict[str, Any]:
+                          lenient: bool = False, check_model: bool = True, fallback_gpu: str | None = None) -> dict[str, Any]:
     """Per kind of :data:`~dml2comm.cost.profile.KINDS`: measured and modelled (forward, backward)
     seconds of one profiled step (module docstring).
 
@@ -73,6 +73,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
         sequence length are replaced by the trace's).
     gpu : the GPU preset to model the step on; None: the trace's own device.
     check_model : refuse a trace whose forward GEMMs do not match the model's.
+    fallback_gpu : the GPU to model a trace on that names no device (None: refuse it).
 
     Returns
     -------
@@ -95,20 +96,20 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
     from dml2comm.hardware.cluster import make_cluster
     from dml2comm.ir.gemms import graph_gemm_ops
     from dml2comm.ir.onnx_import import ImportOptions
-    from dml2comm.load import load_model
     from dml2comm.traces.host import host_figures
     from dml2comm.traces.join import OPTIMIZER, join_trace
 
     name = Path(trace_path).name
-    trace, b, s, gpu_name = _profiled_step(trace_path, gpu)
+    trace, b, s, gpu_name = _profiled_step(trace_path, gpu, fallback_gpu)
     updated = _fused_adam_dtypes(trace)  # PyTorch's own optimizer ran: an eager PyTorch step
     _check_precision(updated, config, name)
     options = options or ImportOptions()
-    imported = load_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient))
+    imported = _bound_model(model_path, dataclasses.replace(options, batch_size=b, seq_len=s, lenient=lenient), name, b)
     layered = layers_of(imported.graph)
     join = join_trace(trace, layered)
     if check_model:
         _check_model(join, layered, name, b, s)
+        _check_attributed(join, name)
     one = _one_gpu(config, b, s)
     cluster = make_cluster(gpu_name, 1, 1)
     cluster = dataclasses.replace(cluster, host_model="none", profile_scale=None)
@@ -183,23 +184,28 @@ def _own_step_s(imported: Any, gpu_name: str, config: Any, lenient: bool, scale:
     return float("nan") if row["error"] is not None else float(row["iteration_time_s"])
 
 
-def _profiled_step(trace_path: str, gpu: str | None) -> tuple[Any, int, int | None, str]:
+def _profiled_step(trace_path: str, gpu: str | None, fallback_gpu: str | None = None) -> tuple[Any, int, int | None, str]:
     """(the trace, its micro-batch and sequence (:func:`dml2comm.traces.join.step_shape`: None
-    for an image model's), the GPU preset to model it on: ``gpu`` or the trace's device); a
-    one-line :class:`ConfigError` when either is missing."""
+    for an image model's), the GPU preset to model it on: ``gpu``, the trace's device, or where
+    the trace names none ``fallback_gpu``); a one-line :class:`ConfigError` when either is
+    missing, or when the trace holds events whose times cannot be (a damaged file)."""
     from dml2comm.traces.join import step_shape
     from dml2comm.traces.load import load_trace
 
     name = Path(trace_path).name
     trace = load_trace(trace_path, shapes=True)
+    if trace.bad_events:
+        raise ConfigError(f"--profile {name}: {trace.bad_events} of its events have times that cannot be (missing, not "
+                          "numbers, infinite, negative or over a day): a damaged or edited file; export the step again")
+    _check_linked(trace, name)
     shape = step_shape(trace)
     if shape is None:
         raise ConfigError(f"--profile {name}: the trace records no input shapes (token ids for aten::embedding, images for "
                           "a convolution); profile the step with record_shapes=True")
-    gpu_name = gpu or trace_gpu(trace.device or "")
+    gpu_name = gpu or trace_gpu(trace.device or "") or (fallback_gpu if not trace.device else None)
     if gpu_name is None:
-        raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows; "
-                          "profile on a known GPU or model it with --gpu")
+        raise ConfigError(f"--profile {name}: its device {trace.device!r} is not a GPU the tool knows (the ratios need the "
+                          "modelled times of the GPU that ran it); profile on one of the preset GPUs")
     return trace, shape[0], shape[1], gpu_name
 
 
@@ -220,17 +226,81 @@ def _check_precision(updated: set[str], config: Any, name: str) -> None:
     """Refuse a trace whose optimizer updated parameters (``updated``: their dtypes,
     :func:`_fused_adam_dtypes`) of another precision than ``config``'s under the pytorch stack:
     the ratios would carry the other precision's casts and the plan would be costed in one
-    precision and scaled by another's."""
-    from dml2comm.parallel.config import Precision, Stack
+    precision and scaled by another's.  So is ``--optimizer sgd`` against a step that ran
+    Adam(W): the optimizer's ratio (Adam's measured time over SGD's modelled) would give the plan
+    Adam's step back."""
+    from dml2comm.parallel.config import Optimizer, Precision, Stack
 
+    if updated and config.optimizer is Optimizer.SGD:
+        raise ConfigError(f"--profile {name}: the profiled step ran PyTorch's fused Adam/AdamW, but --optimizer sgd plans "
+                          "another optimizer step; pass --optimizer adamw (or adam), or profile an SGD step")
     ran = {_precision_of(d) for d in updated}
-    if config.stack is not Stack.PYTORCH or config.precision not in (Precision.AMP, Precision.BF16) or not ran \
-            or config.precision in ran:
+    if config.stack is not Stack.PYTORCH or not ran or config.precision in ran:
         return
     full = Precision.AMP in ran  # the step's parameters were fp32: autocast (or fp32 training)
+    holds = "16 bits" if config.precision is Precision.BF16 else "fp32 master copies beside 16-bit ones" \
+        if config.precision is Precision.MIXED else "fp32"
     raise ConfigError(f"--profile {name}: its optimizer updated {'fp32' if full else '16-bit'} parameters, but --precision "
-                      f"{config.precision} holds them in {'16 bits' if full else 'fp32'}; pass --precision "
+                      f"{config.precision} holds them in {holds}; pass --precision "
                       f"{'amp' if full else 'bf16'} (the profiled step's), or profile a step of this precision")
+
+
+def _check_one_precision(paths: Sequence[str], config: Any) -> None:
+    """Refuse ``--profile`` traces that ran different eager precisions (one ``bf16``, one
+    ``amp``) under the pytorch stack: no one ``--precision`` fits both."""
+    from dml2comm.parallel.config import Stack
+
+    if config.stack is not Stack.PYTORCH or len(paths) < 2:
+        return
+    ran = {Path(p).name: traced_precision([p]) for p in paths}
+    if len({v for v in ran.values() if v is not None}) > 1:
+        listed = ", ".join(f"{k} {v}" for k, v in ran.items() if v is not None)
+        raise ConfigError(f"--profile: the traces ran different precisions ({listed}); pass traces of one precision")
+
+
+def _bound_model(model_path: str, options: Any, name: str, b: int) -> Any:
+    """The model bound to the profiled step's sizes; a trace of an image model (no token ids,
+    ``options.seq_len`` None) on a model with a sequence to bind is not a step of it."""
+    from dml2comm.errors import Dml2CommError
+    from dml2comm.load import load_model
+
+    try:
+        return load_model(model_path, options)
+    except Dml2CommError as exc:
+        if options.seq_len is None and "not bound" in str(exc):
+            raise ConfigError(f"--profile {name}: the step has no token ids (an image model's: its first convolution's batch "
+                              f"is {b}), and this model takes a sequence: not a step of this model; profile this model") from None
+        raise
+
+
+#: Below this share of the step's GPU time placed on the model, a trace's ratios measure nothing
+#: of it (kernels without their launch's correlation id, a step of another program).
+MIN_ATTRIBUTED_SHARE = 0.5
+
+
+def _check_linked(trace: Any, name: str) -> None:
+    """Refuse a trace most of whose GPU time has no launch call joined to it (kernels without the
+    runtime call's ``correlation`` id): no kernel could be charged to an operator."""
+    import numpy as np
+
+    from dml2comm.traces.classify import launch_rows
+    from dml2comm.traces.load import Kind
+
+    gpu = np.flatnonzero(np.isin(trace.kind, Kind.GPU))
+    total = float(trace.dur[gpu].sum())
+    linked = float(trace.dur[gpu][launch_rows(trace, gpu) >= 0].sum())
+    if total > 0 and linked < MIN_ATTRIBUTED_SHARE * total:
+        raise ConfigError(f"--profile {name}: {linked / total:.0%} of its GPU time has its launch call linked (the kernels "
+                          "carry no correlation id of a CUDA runtime call); profile the step with CPU and CUDA activities, "
+                          "as the documentation shows")
+
+
+def _check_attributed(join: Any, name: str) -> None:
+    """Refuse a trace whose GPU time the join could mostly not place (:data:`MIN_ATTRIBUTED_SHARE`)."""
+    if join.gpu_s > 0 and join.attributed_share < MIN_ATTRIBUTED_SHARE:
+        raise ConfigError(f"--profile {name}: only {join.attributed_share:.0%} of its GPU time could be placed on the model "
+                          "(its kernels' launches are not linked: no correlation ids, or work of another program); profile "
+                          "the step with CPU and CUDA activities, as the documentation shows")
 
 
 def traced_precision(paths: Sequence[str]) -> str | None:
@@ -243,7 +313,9 @@ def traced_precision(paths: Sequence[str]) -> str | None:
     found = set()
     for path in paths:
         try:
-            opener = gzip.open if str(path).endswith(".gz") else open
+            with open(path, "rb") as head:
+                zipped = head.read(2) == b"\x1f\x8b"  # by content, as the loader reads it, not by suffix
+            opener = gzip.open if zipped else open
             with opener(path, "rt", encoding="utf-8", errors="replace") as f:
                 tail, match = "", None
                 for chunk in iter(lambda: f.read(1 << 20), ""):
@@ -402,12 +474,34 @@ def _cpu_factor(parts: Sequence[dict[str, Any]], ratios: tuple, traced: Any, ste
         return 1.0 / PROFILER_CPU_SLOWDOWN
     if len(parts) != 1:
         raise ConfigError("--step-time is the time of one profiled step; pass one --profile trace with it")
+    _check_step_time_fits(step_time_s, parts[0]["host"])
 
     def step_s(factor: float) -> float:
         host = dataclasses.replace(traced, kernel_s=traced.kernel_s * factor)
         return parts[0]["own_step_s"](ProfileScale(ratios, host=host))
 
     return step_time_factor(step_s, step_time_s)
+
+
+#: ``--step-time`` is refused below this share of the profiled step's GPU busy time (the profiler
+#: does not slow the GPU's kernels; run-to-run kernel times differ by a few percent) and above
+#: :data:`STEP_TIME_MAX_SPAN` times its span (the profiler only slows the step down: 0.9-1.9x in
+#: the measured steps), where it cannot be the same step's time: a time in milliseconds, or of
+#: another step.
+STEP_TIME_MIN_BUSY = 0.9
+STEP_TIME_MAX_SPAN = 5.0
+
+
+def _check_step_time_fits(step_time_s: float, figures: Any) -> None:
+    """Refuse a ``--step-time`` that the profiled step (its host ``figures``, per step) rules out."""
+    busy, span = figures.gpu_busy_s / figures.steps, figures.gpu_span_s / figures.steps
+    if step_time_s < STEP_TIME_MIN_BUSY * busy:
+        raise ConfigError(f"--step-time {step_time_s:g}: shorter than the profiled step's GPU work alone ({busy:.4g} s of "
+                          "kernels, which the profiler does not slow); pass the step's time without the profiler, in seconds")
+    if step_time_s > STEP_TIME_MAX_SPAN * span:
+        raise ConfigError(f"--step-time {step_time_s:g}: {step_time_s / span:.0f} times the profiled step ({span:.4g} s), "
+                          "which the profiler only slows; pass the same step's time without the profiler, in seconds "
+                          "(not milliseconds)")
 
 
 def held_out_shapes(gemms: Sequence[tuple[tuple[int, ...], float, float]]) -> dict[str, Any]:
@@ -497,11 +591,13 @@ def expected_error_of(analysis: Any) -> dict[str, Any] | None:
 
 
 def profile_from_args(paths: Sequence[str], model_path: str, config: Any, options: Any = None,
-                      lenient: bool = False, step_time_s: float | None = None, fit_host: bool = True) -> ProfileScale | None:
+                      lenient: bool = False, step_time_s: float | None = None, fit_host: bool = True,
+                      gpu: str | None = None) -> ProfileScale | None:
     """``--profile`` of the commands: the ratios of the traces ``paths`` (None without any),
     modelled with ``config``'s stack, precision and optimizer; with ``fit_host`` (no
     ``--host-model`` named) also their host model for ``config``'s stack, ``step_time_s``
-    (``--step-time``) the step's time without the profiler.
+    (``--step-time``) the step's time without the profiler.  ``gpu``: the plan's GPU, on which a
+    trace that names no device (no ``deviceProperties``) is modelled.
 
     Raises
     ------
@@ -511,6 +607,8 @@ def profile_from_args(paths: Sequence[str], model_path: str, config: Any, option
         return None
     for p in paths:
         if not Path(p).is_file():
-            raise ConfigError(f"--profile {p}: no such file; pass a PyTorch-profiler trace (.json or .json.gz) of this model")
-    parts = [measured_and_modelled(p, model_path, config, options, lenient=lenient) for p in paths]
+            what = "a folder" if Path(p).is_dir() else "not a regular file" if Path(p).exists() else "no such file"
+            raise ConfigError(f"--profile {p}: {what}; pass a PyTorch-profiler trace (.json or .json.gz) of this model")
+    _check_one_precision(paths, config)
+    parts = [measured_and_modelled(p, model_path, config, options, lenient=lenient, fallback_gpu=gpu) for p in paths]
     return profile_scale(parts, config.stack if fit_host else None, step_time_s if fit_host else None)
