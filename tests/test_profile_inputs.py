@@ -163,3 +163,18 @@ def test_calibrate_counts_a_copied_trace_once(tmp_path):
     once, twice = calibrate([TRACE]), calibrate([TRACE, str(copy)])
     assert twice.document["calibration"]["traces"] == once.document["calibration"]["traces"]
     assert any("copy.json.gz is a copy of" in w for w in twice.warnings)
+
+
+def test_kernels_before_their_launch_are_a_damaged_trace(tmp_path, capsys):
+    # negated kernel timestamps had given a 9,977,704 s step under trace and 251 us of idle per
+    # kernel under --profile
+    doc = _doc()
+    for e in _kernels(doc):
+        e["ts"] = -e["ts"]
+    err = _refused(tmp_path, capsys, _analysis("--profile", _write(tmp_path, "negated.json", doc)))
+    assert "before the call that launched it" in err
+
+
+def test_the_trace_command_refuses_sequence_parallel_without_tensor_parallelism(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, ["trace", TRACE, "--model", MODEL, "--sequence-parallel", "--no-site"])
+    assert "--sequence-parallel needs tensor parallelism" in err

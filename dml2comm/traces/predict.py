@@ -278,17 +278,29 @@ def _bound_model(model_path: str, options: Any, name: str, b: int) -> Any:
 MIN_ATTRIBUTED_SHARE = 0.5
 
 
+#: A kernel starting this long before its launch call (microseconds) is a damaged trace: Kineto
+#: puts CUPTI's GPU timestamps on the CPU's clock, within microseconds of each other.
+KERNEL_BEFORE_LAUNCH_US = 1e6
+
+
 def _check_linked(trace: Any, name: str) -> None:
     """Refuse a trace most of whose GPU time has no launch call joined to it (kernels without the
-    runtime call's ``correlation`` id): no kernel could be charged to an operator."""
+    runtime call's ``correlation`` id): no kernel could be charged to an operator; and one whose
+    kernels start long before their launch (:data:`KERNEL_BEFORE_LAUNCH_US`)."""
     import numpy as np
 
     from dml2comm.traces.classify import launch_rows
     from dml2comm.traces.load import Kind
 
     gpu = np.flatnonzero(np.isin(trace.kind, Kind.GPU))
+    launch = launch_rows(trace, gpu)
     total = float(trace.dur[gpu].sum())
-    linked = float(trace.dur[gpu][launch_rows(trace, gpu) >= 0].sum())
+    linked = float(trace.dur[gpu][launch >= 0].sum())
+    early = trace.ts[gpu][launch >= 0] - trace.ts[launch[launch >= 0]]
+    if early.size and float(early.min()) < -KERNEL_BEFORE_LAUNCH_US:
+        raise ConfigError(f"--profile {name}: a kernel starts {-float(early.min()) / 1e6:.3g} s before the call that launched it: "
+                          "a damaged or edited file (the profiler's CPU and GPU clocks agree within microseconds); export "
+                          "the step again")
     if total > 0 and linked < MIN_ATTRIBUTED_SHARE * total:
         raise ConfigError(f"--profile {name}: {linked / total:.0%} of its GPU time has its launch call linked (the kernels "
                           "carry no correlation id of a CUDA runtime call); profile the step with CPU and CUDA activities, "

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dml2comm.errors import ConfigError
 from dml2comm.fmt import fmt_s
 from dml2comm.traces.analyze import RankResult, TraceSet
 from dml2comm.traces.classify import DIMS
@@ -278,6 +279,8 @@ def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], sourc
                            model=model, rank_order=rank_order)
     d, t, p, cp = run["dp"], run["tp"], run["pp"], run["cp"]
     num = d * t * p * cp
+    if o.sequence_parallel and t == 1:
+        raise ConfigError("--sequence-parallel needs tensor parallelism, and the run has none (t = 1); drop it, or pass --t")
     micro = o.micro_batch_size or 1
     config = ParallelConfig(dp_size=d, tp_size=t, pp_size=p, micro_batch_size=micro,
                             global_batch_size=o.global_batch_size or micro * d * p, seq_len=o.seq_len,
