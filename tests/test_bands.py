@@ -74,7 +74,7 @@ def test_band_rows_from_cases():
 
 def test_bundled_bands_cover_both_regimes():
     rows = load_bands()
-    assert {r.source for r in rows} == {"narayanan2021", "vtrain", "h100-steps", "gpu-steps"} and len(rows) == 1497
+    assert {r.source for r in rows} == {"narayanan2021", "vtrain", "h100-steps", "gpu-steps"} and len(rows) == 1499
     assert {r.stack for r in rows if r.source in ("h100-steps", "gpu-steps")} == {"pytorch"}
     assert {r.gpu for r in rows if r.source == "gpu-steps"} == {"H100-SXM5-80GB", "H200-SXM-141GB"}
     config = ParallelConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch_size=1, global_batch_size=32)

@@ -70,7 +70,8 @@ def test_bundled_data_found_as_package_data_with_provenance():
         assert f"`{name}`" in provenance
     models = sorted(p.name for p in (DATA / "models").iterdir())
     assert models == ["resnet18_dynamo.onnx", "step_bert_6l_512_dynamo.onnx", "step_bert_6l_512_legacy.onnx",
-                      "step_gpt2_6l_512_dynamo.onnx", "step_gpt2_6l_512_legacy.onnx", "step_gpt2_small_dynamo.onnx",
+                      "step_gpt2_6l_512_dynamo.onnx", "step_gpt2_6l_512_legacy.onnx", "step_gpt2_medium_dynamo.onnx",
+                      "step_gpt2_medium_legacy.onnx", "step_gpt2_small_dynamo.onnx",
                       "step_gpt2_small_legacy.onnx", "step_llama_0_3b_dynamo.onnx", "step_llama_1b_dynamo.onnx",
                       "step_qwen2_1_5b_dynamo.onnx", "step_vit_8l_512_dynamo.onnx", "step_vit_8l_512_legacy.onnx"]
     for name in models:

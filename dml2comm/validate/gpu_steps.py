@@ -1,4 +1,4 @@
-"""One-GPU training steps of eight Hugging Face models measured on H100 and H200 machines
+"""One-GPU training steps of nine Hugging Face models measured on H100 and H200 machines
 (``data/gpu_steps.json``): step time and peak allocated memory, against the tool run on the
 real export of each model, as a user runs it.
 
@@ -8,12 +8,12 @@ processes per machine, PyTorch 2.11, transformers 5.17; each model built from a 
 random weights (SDPA attention, dropout 0), trained eagerly with fused AdamW, in pure bf16
 (``model.to(torch.bfloat16)``) or under AMP (fp32 model, ``torch.autocast(dtype=torch.bfloat16)``);
 step time the median of 10 steps after warm-up, each bracketed by ``torch.cuda.synchronize()``;
-peak memory ``torch.cuda.max_memory_allocated()``.  Models: GPT-2 small and a 6-layer GPT-2,
-Llama-1B and -0.3B, Qwen2-1.5B, a 6-layer BERT (masked LM), an 8-layer ViT and ResNet-18;
-micro-batches 1-256, bf16 and AMP.  A case is one (GPU, model, mode, micro-batch, sequence):
-the mean over its measurements (the runs of one or two machines).  Left out: GPT-2 medium (no
-export bundled), and the two H100 steps the ``h100-steps`` source holds (GPT-2 small b = 8
-s = 1,024 and Llama-1B b = 4 s = 2,048 in bf16), which would count twice in the bands.
+peak memory ``torch.cuda.max_memory_allocated()``.  Models: GPT-2 small and medium and a
+6-layer GPT-2, Llama-1B and -0.3B, Qwen2-1.5B, a 6-layer BERT (masked LM), an 8-layer ViT and
+ResNet-18; micro-batches 1-256, bf16 and AMP.  A case is one (GPU, model, mode, micro-batch,
+sequence): the mean over its measurements (the runs of one or two machines).  Left out: the two
+H100 steps the ``h100-steps`` source holds (GPT-2 small b = 8 s = 1,024 and Llama-1B b = 4
+s = 2,048 in bf16), which would count twice in the bands.
 
 How the tool is run: ``python main.py MODEL --cluster dgx-h100|hgx-h200 --micro-batch-size b
 --seq-len s --stack pytorch --precision bf16|amp --optimizer adamw`` on
@@ -49,11 +49,10 @@ CLUSTERS = {"h100": "dgx-h100", "h200": "hgx-h200"}
 MODELS = {"gpt2-small": "step_gpt2_small_dynamo.onnx", "llama-1b": "step_llama_1b_dynamo.onnx",
           "llama-0.3b": "step_llama_0_3b_dynamo.onnx", "qwen2-1.5b": "step_qwen2_1_5b_dynamo.onnx",
           "gpt2-6l-512": "step_gpt2_6l_512_dynamo.onnx", "bert-6l-512": "step_bert_6l_512_dynamo.onnx",
-          "vit-8l-512": "step_vit_8l_512_dynamo.onnx", "resnet18": "resnet18_dynamo.onnx"}
+          "vit-8l-512": "step_vit_8l_512_dynamo.onnx", "resnet18": "resnet18_dynamo.onnx",
+          "gpt2-medium": "step_gpt2_medium_dynamo.onnx"}
 #: Models whose measured ``seq`` is the image size, fixed by the export.
 IMAGES = frozenset({"vit-8l-512", "resnet18"})
-#: Measured but without a bundled export (module docstring).
-NO_EXPORT = frozenset({"gpt2-medium"})
 
 
 def _held_by_h100_steps() -> set[tuple[str, str, str, int, int]]:
@@ -69,8 +68,6 @@ def runs() -> list[dict[str, Any]]:
     held = _held_by_h100_steps()
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in read_json(FILE)["runs"]:
-        if r["name"] in NO_EXPORT:
-            continue
         if r["name"] not in MODELS:
             raise ValueError(f"{FILE}: no export for measured model {r['name']!r}")  # the bundled file is fixed
         key = (r["gpu"], r["name"], r["mode"], r["micro_batch"], r["seq"])
