@@ -155,6 +155,32 @@ def other_architectures() -> None:
     print(f"  mean |error| {statistics.mean(errors):.1%}, worst {max(errors):.1%} over {len(errors)} steps")
 
 
+def unseen_model_rows() -> list[tuple[str, str, float, float, float]]:
+    """GPT-2 medium, a model none of the tool's constants was fitted on before its steps joined
+    the bundled ones (two of 49): each GPU's bundled trace (set 3's first process, b = 8,
+    s = 1,024) predicting the step on its own GPU and on the other, against the mean of the two
+    processes: (trace's GPU, predicted GPU, measured s, predicted s, band) per pair."""
+    measured = {g: m for g, n, mode, b, s, m in steps(False, ("a", "b")) if n == "gpt2-medium"}
+    rows = []
+    for src in CLUSTERS:
+        parts = measured_and_modelled(str(DATA / f"{src}_trace_gpt2-medium_bf16_b8_s1024.json.gz"), str(ROOT / MODELS["gpt2-medium"]),
+                                      config(8, 1024, "bf16"))
+        scale = profile_scale([parts], "pytorch")
+        for dst in CLUSTERS:
+            summary = predict_summary(dst, "gpt2-medium", "bf16", 8, 1024, scale)
+            rows.append((src, dst, measured[dst], summary["iteration_time_s"], summary["expected_error"]))
+    return rows
+
+
+def unseen_model() -> None:
+    print("\nGPT-2 medium (24 layers, h 1024) from its bundled trace on each GPU, b = 8 s = 1024 "
+          "(measured: the mean of set 3's two processes):")
+    for src, dst, m, t, band in unseen_model_rows():
+        where = "its own step" if src == dst else "the other GPU"
+        print(f"  {src} trace -> {dst}: measured {m * 1e3:7.2f} ms  predicted {t * 1e3:7.2f} ms  {t / m - 1:+6.1%} "
+              f"(band ±{band:.1%}; {where})")
+
+
 def gpu_side_rows() -> list[tuple[str, int, int, float, float]]:
     """The GPU side of the shape transfer alone: each bundled GPT-2 small trace (b = 2 and b = 8,
     s = 1,024, on each GPU) scales the kernel times of the other's shape, with no host model,
@@ -243,6 +269,7 @@ def main() -> None:
         table()
         profiled()
         other_architectures()
+        unseen_model()
         gpu_side()
         calibrated()
 
