@@ -411,7 +411,7 @@ def _cost_assumptions(graph: OpGraph, config: ParallelConfig, cluster: Cluster, 
                 + ("; the others (a learned or per-head bias in the scores) are costed as exported" if len(flash) < len(cores) else ""))
     if host.run_ahead:
         where = ("read from the profiled step (the CPU side over the profiler's slowdown)" if host.name == "trace"
-                 else "fitted on 47 PyTorch 2.11 steps measured on four H100 and H200 machines")
+                 else "fitted on 49 PyTorch 2.11 steps measured on four H100 and H200 machines")
         host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
                      f"{fmt_s(host.gap_s)} of GPU idle per kernel, {where}; a step waits "
                      "for the CPU only when its kernels are shorter)")
@@ -543,6 +543,7 @@ def _summarize(graph, layered, config, cluster, stages, comms, sim: SimResult, s
         "layer_source": layered.source,
         "params": graph.num_params,
         "flops_fwd_per_sample": flops_fwd_per_sample,
+        "attention_cores": len(attention_cores_of(graph)),
     }
     return summary, model_info
 

@@ -7,6 +7,7 @@ The subclasses also derive from the matching built-in (``ValueError``, ``LookupE
 """
 
 __all__ = [
+    "Terminated",
     "Dml2CommError",
     "InputFileError",
     "ModelError",
@@ -43,3 +44,9 @@ class ConfigError(Dml2CommError, ValueError):
 
 class RegistryError(Dml2CommError, ValueError):
     """A rule was registered twice (programming error caught at import time)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread (``dml2comm.cli.main``'s handler) so that every staging
+    folder's ``finally`` removes it; a ``BaseException``, as ``KeyboardInterrupt``, so that no
+    ``except Exception`` swallows it."""

@@ -59,6 +59,10 @@ def test_readme_commands_run_as_written(tmp_path):
     traces = tmp_path / "tests" / "fixtures" / "traces"
     for name in ("gloo_pp2_dp2", "hta"):
         shutil.copytree(ROOT / "tests" / "fixtures" / "traces" / name, traces / name)
+    for name in ("benchmarks/data/gpu_steps/h100_trace_gpt2-small_bf16_b8_s1024.json.gz",
+                 "dml2comm/validate/data/models/step_gpt2_small_dynamo.onnx"):  # the one-GPU trace's prediction
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
     repo_before = sorted(p.name for p in ROOT.iterdir())
     site_built = shutil.which("dot") is None  # without Graphviz no command builds a site
     for line in commands:
@@ -73,7 +77,7 @@ def test_readme_commands_run_as_written(tmp_path):
         r = subprocess.run([sys.executable, str(ROOT / "main.py"), *words[2:]], cwd=tmp_path, capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 0, f"{line}\n{r.stderr}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["examples", "out", "tests"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks", "dml2comm", "examples", "out", "tests"]
     assert sorted(p.name for p in ROOT.iterdir()) == repo_before
     if shutil.which("dot"):
         assert (tmp_path / "out" / "site" / "index.html").is_file()

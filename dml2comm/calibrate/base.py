@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, cluster_names, get_cluster, is_cluster_file
 from dml2comm.hardware.cluster_file import ClusterFile
-from dml2comm.hardware.gpus import GPUS
+from dml2comm.hardware.gpus import GPUS, base_gpu_name
 
 __all__ = ["base_cluster", "group_ranks", "collective_times_s", "REFERENCE_SIZES"]
 
@@ -50,7 +50,7 @@ def base_cluster(spec: ClusterFile, num_gpus: int | None = None) -> tuple[Cluste
             return None
     except ConfigError:
         return None
-    gpu = spec.gpu.name.split(" cal-")[0]
+    gpu = base_gpu_name(spec.gpu.name)
     if gpu in GPUS and gpu != cluster.gpu.name:
         cluster = replace(cluster, gpu=GPUS[gpu])
     return cluster, name

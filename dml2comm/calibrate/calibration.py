@@ -39,7 +39,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.executors import Executor, LocalExecutor
 from dml2comm.hardware.cluster import Cluster, CollectiveFit, default_preset_name, get_cluster, is_cluster_file
 from dml2comm.hardware.cluster_file import cluster_file_dict
-from dml2comm.hardware.gpus import GPU_ALIASES, GPUS
+from dml2comm.hardware.gpus import CALIBRATED_SUFFIX, GPU_ALIASES, GPUS, base_gpu_name
 from dml2comm.traces.load import TraceError, find_trace_files
 
 __all__ = ["CalibrationError", "Calibration", "calibrate", "read_traces", "identify_gpu", "MAX_KERNEL_S", "RECORD_SHAPES"]
@@ -131,7 +131,7 @@ def _round(x: float) -> float:
 
 def _gpu_name(preset: str, values: dict[str, float]) -> str:
     digest = hashlib.sha256(repr(sorted(values.items())).encode()).hexdigest()[:8]
-    return f"{preset.split(' cal-')[0]} cal-{digest}"
+    return f"{base_gpu_name(preset)}{CALIBRATED_SUFFIX}{digest}"
 
 
 # ------------------------------------------------------------------------------ the steps

@@ -21,19 +21,15 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.errors import ConfigError, Dml2CommError
+from dml2comm.errors import ConfigError, Dml2CommError, Terminated
 from dml2comm.cli.commands import COMMANDS
 from dml2comm.gc_tuning import collect_rarely
 
 __all__ = ["main"]
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that every staging folder's ``finally`` removes it."""
-
-
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+    raise Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,7 +70,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except _Terminated:
+    except Terminated:
         print("error: terminated (SIGTERM); nothing was written (the staging folders are removed)", file=sys.stderr)
         return 143
 

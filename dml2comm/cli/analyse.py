@@ -18,7 +18,7 @@ from dml2comm.cli.commands import COMMANDS
 from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float,
                                host_model_of, positive_int, profiled_precision, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
-from dml2comm.errors import ConfigError
+from dml2comm.errors import ConfigError, Terminated
 from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES, Precision
 from dml2comm.traces.predict import profile_from_args
 
@@ -29,7 +29,7 @@ EXAMPLES = """examples (each runs as written from the repository root; outputs g
   python main.py examples/gpt2-small.onnx --d 8 --t 4 --p 4 --micro-batch-size 1 --global-batch-size 1536 --seq-len 1024 --gpu a100
   python main.py examples/gpt2-small.onnx --d 2 --t 4 --sequence-parallel --zero 1 --json --no-site
   python main.py examples/gpt2-small.onnx --dim batch=4 --cluster dgx-h100
-  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx
+  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o out/gpt3.onnx
   python main.py collective --op all_reduce --cluster dgx-a100 --n 16 --size 256MiB --verbose
   python main.py sweep examples/gpt2-small.onnx --gpus 64 --global-batch-size 512 --t 1,2,4 --max-p 16 --workers 2
   python main.py compare examples/gpt2-small.onnx --global-batch-size 64 --configs "d=2,t=2,p=4" "d=4,t=2,p=2,b=2,zero=1"
@@ -300,6 +300,8 @@ def _serve(site_dir: Path) -> int:
         server.serve_forever()
     except KeyboardInterrupt:
         print("stopped", flush=True)
+    except Terminated:  # the outputs were written before serving began: they stay
+        print(f"stopped (SIGTERM); the outputs in {site_dir.parent} stay", flush=True)
     finally:
         server.server_close()
     return 0
@@ -375,7 +377,7 @@ def _print_summary(analysis: Any, out: Path, elapsed: float, site: Any) -> None:
         f"{mi['params'] / 1e6:.1f} M params | d={cfg.dp_size} t={cfg.tp_size} p={cfg.pp_size}"
         + (f" c={cfg.cp_size} ({cfg.cp_scheme})" if cfg.cp_size > 1 else "") + (f" e={cfg.ep_size}" if cfg.ep_size > 1 else "") + " on "
         f"{analysis.config.num_gpus} x {analysis.cluster.gpu.name} | b={cfg.micro_batch_size} B={cfg.global_batch_size} "
-        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype} | {cfg.stack_text()}", width)
+        f"m={cfg.num_micro_batches}" + (f" s={cfg.seq_len}" if cfg.seq_len else "") + f" {cfg.dtype} | {cfg.stack_text(mi.get('attention_cores', 1) > 0)}", width)
     head.stylize("bold", 0, len(mi["name"]))
     console.print(head)
     console.print(kv_table(f"iteration (simulated, {cfg.schedule} schedule)", [

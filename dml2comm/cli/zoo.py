@@ -26,10 +26,10 @@ def run_zoo(argv: Sequence[str]) -> int:
     parser = OneLineParser(
         prog="python main.py zoo",
         description="Build a shape-only ONNX model (weights are external references to a file that is not written).",
-        epilog="examples:\n  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o gpt3.onnx\n"
+        epilog="examples:\n  python main.py zoo gpt --layers 96 --hidden 12288 --heads 96 --vocab 51200 --seq-len 2048 -o out/gpt3.onnx\n"
         "  python main.py zoo llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn-hidden 28672 --vocab 32000 "
-        "--seq-len 4096 -o llama70b.onnx\n"
-        "  python main.py zoo preset gpt2-small -o gpt2.onnx",
+        "--seq-len 4096 -o out/llama70b.onnx\n"
+        "  python main.py zoo preset gpt2-small -o out/gpt2.onnx",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="kind", required=True, parser_class=OneLineParser)
@@ -64,8 +64,12 @@ def run_zoo(argv: Sequence[str]) -> int:
         kwargs = {prm.name: getattr(args, prm.name) for prm in zoo.KINDS[args.kind].params if getattr(args, prm.name) is not None}
         model = zoo.build(args.kind, **kwargs)
     out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise ConfigError(f"output folder does not exist: {str(out.parent)!r}")
+    if out.is_dir():
+        raise ConfigError(f"-o {str(out)!r} is a folder; give a file name (e.g. {str(out / 'model.onnx')!r})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as --out is: created if missing
+    except OSError as exc:
+        raise ConfigError(f"-o {str(out)!r}: cannot make its folder ({exc.strerror}); give a path under a folder") from None
     zoo.save(model, out)
     print(f"wrote {out} ({len(model.graph.node)} nodes) in {time.perf_counter() - start:.2f} s")
     return 0

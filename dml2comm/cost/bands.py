@@ -46,6 +46,7 @@ import numpy as np
 from dml2comm.cost.cache import CacheKey, derived, flash_cores_of
 from dml2comm.cost.profile import scaled_share, scaled_share_of
 from dml2comm.hardware.cluster import Cluster
+from dml2comm.hardware.gpus import base_gpu_name
 from dml2comm.ir.gemms import graph_gemms, shape_doublings
 from dml2comm.parallel.config import ParallelConfig
 
@@ -159,9 +160,10 @@ def expected_error_for(config: ParallelConfig, cluster: Cluster, model_params: f
     stack = str(getattr(config, "stack", "megatron"))
     single = cluster.num_gpus <= cluster.gpus_per_node
     host = None if host_share is None else round(float(host_share), 2)  # the bands' resolution: the analysis and the sweep agree
+    gpu = base_gpu_name(cluster.gpu.name)  # a calibrated GPU: its base preset's validated runs
     if rows is None and min_kind == MIN_KIND:  # the bundled file: one answer per what it depends on
-        return _bundled_error(cluster.gpu.name, stack, single, config.tp_size, config.pp_size, float(model_params), host)
-    return _error_of(load_bands() if rows is None else rows, cluster.gpu.name, stack, single, config.tp_size, config.pp_size,
+        return _bundled_error(gpu, stack, single, config.tp_size, config.pp_size, float(model_params), host)
+    return _error_of(load_bands() if rows is None else rows, gpu, stack, single, config.tp_size, config.pp_size,
                      float(model_params), min_kind, host_share=host)
 
 

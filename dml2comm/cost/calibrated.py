@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, parse_class_key, regime_key
+from dml2comm.hardware.gpus import CALIBRATED_CLASSES as CLASSES, base_gpu_name, parse_class_key, regime_key
 
 __all__ = ["preset_of", "CLASSES", "GEMM_CLASSES", "MEMORY_CLASSES", "SCALE_CLASSES", "NORM_OPS", "GEMM_SMALL_FLOPS", "class_value",
            "gemm_regime", "regime_key", "parse_class_key"]
@@ -100,4 +100,4 @@ def preset_of(gpu_name: str) -> str:
     preset with a hash of its values (``H100-SXM5-80GB cal-1a2b3c4d``), and the per-GPU fitted laws
     keyed by preset name (the H100's GEMM shape law and sustained factor, its measured tables)
     still describe that silicon for every class the calibration left at the base."""
-    return gpu_name.split(" cal-")[0]
+    return base_gpu_name(gpu_name)

@@ -610,6 +610,17 @@ GPU_ALIASES: Mapping[str, str] = MappingProxyType(
 )
 
 
+#: What ``calibrate`` appends to the base GPU's name in a calibrated cluster file
+#: (``A100-SXM4-80GB cal-1a2b3c4d``, the suffix a hash of the fitted values).
+CALIBRATED_SUFFIX = " cal-"
+
+
+def base_gpu_name(name: str) -> str:
+    """The preset GPU a calibrated one was fitted from (the name before :data:`CALIBRATED_SUFFIX`);
+    any other name as it is."""
+    return name.split(CALIBRATED_SUFFIX)[0]
+
+
 def gpu_names() -> tuple[str, ...]:
     """Every name :func:`get_gpu` accepts (aliases), sorted."""
     return tuple(sorted(GPU_ALIASES))

@@ -351,9 +351,10 @@ class ParallelConfig:
             return DTYPES[self.grad_reduce_dtype].itemsize
         return 4 if self.precision is Precision.AMP else self.train_dtype.itemsize
 
-    def stack_text(self) -> str:
-        """The stack in words, for summaries: ``pytorch stack, bf16 precision, flash attention``."""
-        return f"{self.stack} stack, {self.precision} precision, {self.attention} attention"
+    def stack_text(self, attention: bool = True) -> str:
+        """The stack in words, for summaries: ``pytorch stack, bf16 precision, flash attention``
+        (``no attention`` for a model without any: ``attention`` False)."""
+        return f"{self.stack} stack, {self.precision} precision, " + (f"{self.attention} attention" if attention else "no attention")
 
     def to_dict(self) -> dict[str, object]:
         """The configuration as data (data.json's ``config``, a sweep row's): closed-set values as

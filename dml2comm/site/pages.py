@@ -662,7 +662,8 @@ def _memory_page(facts: Facts, home: Crumb, chart: Chart | None) -> Page:
     ]
     if largest:
         summary.append(("largest contributor (peak stage)", str(largest)))
-    summary.append(("what shapes it", f"{cfg.dtype} training ({cfg.stack_text()}), {cfg.optimizer}, ZeRO stage {cfg.zero_stage}, recomputation "
+    attention = facts.analysis.model_info.get("attention_cores", 1) > 0
+    summary.append(("what shapes it", f"{cfg.dtype} training ({cfg.stack_text(attention)}), {cfg.optimizer}, ZeRO stage {cfg.zero_stage}, recomputation "
                                       f"{cfg.recompute}, sequence parallel {'on' if cfg.sequence_parallel else 'off'}, t = {cfg.tp_size}, "
                                       f"{cfg.schedule} with m = {cfg.num_micro_batches} micro-batches of {cfg.micro_batch_size}"))
     suggestions = []
