@@ -121,3 +121,16 @@ def test_the_trace_command_predicts_what_the_step_ran(tmp_path):
     assert main(["trace", trace, "--model", model, "--stack", "megatron", "--gpu", "a100", "--no-site", "--out", str(out2)]) == 0
     what = json.loads((out2 / "trace_analysis.json").read_text())["comparison"]["what"]
     assert "megatron" in what and "A100" in what and "the traces' GPU" not in what
+
+
+def test_the_trace_command_says_when_its_flags_predict_another_shape(tmp_path):
+    # --micro-batch-size alone had left the sequence unbound (an error asking for --seq-len, which
+    # the trace records), and a given shape other than the traced one compared two workloads silently
+    model, trace, b, s, _ = GPT2
+    out = tmp_path / "out"
+    assert main(["trace", trace, "--model", model, "--micro-batch-size", str(b // 2), "--no-site", "--out", str(out)]) == 0
+    what = json.loads((out / "trace_analysis.json").read_text())["comparison"]["what"]
+    assert f"b={b // 2} B={b // 2}" in what and f"NOT the traced step's shape, which ran b={b} s={s}" in what
+    same = tmp_path / "same"
+    assert main(["trace", trace, "--model", model, "--micro-batch-size", str(b), "--no-site", "--out", str(same)]) == 0
+    assert "NOT the traced" not in json.loads((same / "trace_analysis.json").read_text())["comparison"]["what"]

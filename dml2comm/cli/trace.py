@@ -210,8 +210,10 @@ def run_trace_command(argv: Sequence[str]) -> int:
     options = {k: getattr(args, k) for k in PREDICTION_DEFAULTS}
     if join is not None and options["micro_batch_size"] is None and join.get("micro_batch"):
         # the step's own inputs (token ids, or an image model's batch), as the join bound the model
-        options["micro_batch_size"], options["seq_len"] = join["micro_batch"], options["seq_len"] or join.get("seq_len")
+        options["micro_batch_size"] = join["micro_batch"]
         source += "; the micro-batch from the trace's inputs"
+    if join is not None and options["seq_len"] is None and join.get("seq_len"):
+        options["seq_len"] = join["seq_len"]  # the token ids' length, as the join bound the model
     if join is not None and join.get("passes", 1) > 1 and options["global_batch_size"] is None and run["pp"] == 1:
         # gradient accumulation: the step ran its passes' micro-batches on each replica
         options["global_batch_size"] = join["passes"] * run["dp"] * (options["micro_batch_size"] or 1)
@@ -247,7 +249,8 @@ def _what_the_step_ran(ts: TraceSet, join: dict[str, Any], options: dict[str, An
     """The prediction's options the traces show, where no flag sets them: the GPU the ranks ran on
     (no ``--gpu`` or ``--cluster``; all ranks one GPU the tool knows), and an eager PyTorch step's
     stack and precision (its fused AdamW kernels: no ``--stack``, no ``--precision``), as
-    ``--profile`` takes them.  Returns ``source`` with what was taken."""
+    ``--profile`` takes them.  Returns ``source`` with what was taken, and a warning where the
+    flags bind the model to another shape than the traced step's."""
     from dml2comm.parallel.config import Stack
     from dml2comm.traces.predict import trace_gpu
 
@@ -264,6 +267,11 @@ def _what_the_step_ran(ts: TraceSet, join: dict[str, Any], options: dict[str, An
     if ran is not None and options["precision"] is None and Stack.of(options["stack"]) is Stack.PYTORCH:
         options["precision"] = ran
         taken.append(f"precision {ran} (its optimizer's parameters)")
+    traced = join.get("traced_shape")
+    if traced and (options["micro_batch_size"] not in (None, traced[0])
+                   or traced[1] is not None and options["seq_len"] not in (None, traced[1])):
+        ran = f"b={traced[0]}" + (f" s={traced[1]}" if traced[1] is not None else "")
+        taken.append(f"NOT the traced step's shape, which ran {ran}: the errors compare two workloads")
     return source + "".join(f"; {t}" for t in taken)
 
 

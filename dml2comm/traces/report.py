@@ -227,7 +227,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
         return None
     first = min(ts.ranks, key=lambda r: r.rank)
     trace = load_trace(first.path, shapes=True)
-    layered, note, batch, seq = None, None, None, None
+    layered, note, batch, seq, shape = None, None, None, None, None
     if model:
         from dml2comm.errors import Dml2CommError
         from dml2comm.ir.layers import group_layers
@@ -248,6 +248,7 @@ def join_step(ts: TraceSet, model: str | None = None, micro_batch_size: int | No
     if note:
         out["notes"].insert(0, note)
     out["micro_batch"], out["seq_len"] = batch, seq  # what the model was bound to (None: its own)
+    out["traced_shape"] = list(shape) if shape else None  # the step's own (micro-batch, sequence), as the trace recorded them
     out["eager_precision"] = eager_precision(trace)  # an eager PyTorch step's, from its fused AdamW (None: not one)
     return out
 
