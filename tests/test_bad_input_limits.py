@@ -108,7 +108,7 @@ def test_out_naming_an_existing_file_is_refused(tmp_path: Path, tiny: Path, caps
     (["--global-batch-size", "1000000000000000"], f"{MAX_SCHEDULE_STEPS:,} the simulator holds"),  # numpy asked for PiB
     (["--d", "1000000000"], f"{MAX_GPUS:,} GPUs dml2comm plans"),  # grew to 24 GB and was killed
     (["--t", "3000", "--d", "3000"], f"{MAX_GPUS:,} GPUs"),
-    (["--schedule", "interleaved", "--virtual-stages", "1000000000"], "fewer --virtual-stages"),
+    (["--schedule", "interleaved", "--p", "2", "--virtual-stages", "1000000000"], "fewer --virtual-stages"),
     (["--micro-batch-size", "1" + "0" * 21], "up to 2**53"),  # was ValueError from onnx
 ])
 def test_sizes_that_cannot_be_planned_are_refused_with_the_limit(tmp_path: Path, tiny: Path, capsys, flags, limit) -> None:

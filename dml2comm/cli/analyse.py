@@ -19,7 +19,7 @@ from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_ha
                                host_model_of, positive_int, profiled_precision, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError, Terminated
-from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES, Precision
+from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES, Precision, Schedule
 from dml2comm.traces.predict import profile_from_args
 
 __all__ = ["EXAMPLES", "SUBCOMMANDS", "analyse_and_publish", "analysis_parser", "run_analysis"]
@@ -132,6 +132,9 @@ def _load_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) 
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"--config {path.name!r} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path.name!r} is not a text file (YAML in UTF-8): give a configuration file, "
+                          "e.g. one line 'd: 2'") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path.name!r} must hold a mapping of option names to values")
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
@@ -140,6 +143,8 @@ def _load_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) 
         dest = str(key).replace("-", "_").lstrip("_")
         if dest not in actions:
             raise ConfigError(f"--config {path.name!r}: unknown option {key!r}; use the long flag names without dashes, e.g. d: 2")
+        if value is None:
+            continue  # "d:" with no value (YAML null): the option's default, as if the key were left out
         defaults[dest] = _config_value(actions[dest], key, value, path.name)
     parser.set_defaults(**defaults)
 
@@ -204,10 +209,27 @@ def _refuse_contradictions(args: argparse.Namespace, num_gpus: int) -> None:
         raise ConfigError("--serve needs the site; drop --no-site")
     if args.sequence_parallel and args.t == 1:
         raise ConfigError("--sequence-parallel needs tensor parallelism; add --t 2 or more")
+    if args.virtual_stages > 1 and (Schedule.of(args.schedule) is not Schedule.INTERLEAVED or args.p == 1):
+        raise ConfigError(f"--virtual-stages {args.virtual_stages} splits each pipeline stage into chunks, which only "
+                          "--schedule interleaved with --p 2 or more runs; add them, or drop --virtual-stages")
     if args.step_time is not None and not args.profile:
         raise ConfigError("--step-time scales a profiled step's host figures; add --profile TRACE of that step")
     if args.step_time is not None and args.host_model is not None:
         raise ConfigError(f"--step-time scales the host figures of the --profile trace, which --host-model {args.host_model} replaces; drop one")
+
+
+def _load_checked(args: argparse.Namespace, options: Any) -> Any:
+    """The model imported with ``options``, refused where ``--dim`` and ``--micro-batch-size`` bind
+    its batch apart, or ``--seq-len`` does not fit it."""
+    from dml2comm.ir.onnx_import import check_seq_len
+    from dml2comm.load import load_model
+
+    imported = load_model(args.model, options)
+    if args.dim and args.micro_batch_size is not None and imported.model_batch not in (None, args.micro_batch_size):
+        raise ConfigError(f"--dim binds the batch axis to {imported.model_batch}, --micro-batch-size to {args.micro_batch_size}; "
+                          "give the micro-batch once (--micro-batch-size)")
+    check_seq_len(imported, args.seq_len)
+    return imported
 
 
 def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, Any]:
@@ -223,7 +245,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     from dml2comm.advice import config_warnings
     from dml2comm.analysis import analyze_graph
     from dml2comm.hardware.cluster import plan_cluster
-    from dml2comm.ir.onnx_import import ImportOptions, check_seq_len
+    from dml2comm.ir.onnx_import import ImportOptions
     from dml2comm.load import load_model
     from dml2comm.parallel.config import ParallelConfig
 
@@ -231,8 +253,7 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
     _refuse_contradictions(args, num_gpus)
     options = ImportOptions(batch_size=args.micro_batch_size, seq_len=args.seq_len, dims=dict(args.dim), lenient=args.lenient,
                             tie_embeddings=args.tie_embeddings)
-    imported = load_model(args.model, options)
-    check_seq_len(imported, args.seq_len)
+    imported = _load_checked(args, options)
     micro = args.micro_batch_size or imported.model_batch or 1
     seq = args.seq_len
     if seq is None:

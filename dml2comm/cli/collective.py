@@ -20,6 +20,7 @@ from typing import Sequence
 
 from dml2comm.cli.args import OneLineParser, finite_float, positive_int
 from dml2comm.errors import ConfigError
+from dml2comm.parallel.config import check_gpu_count
 from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Link, cluster_names
 from dml2comm.network.collectives import CollectiveCost
 from dml2comm.network.kinds import Algorithm, CollectiveKind
@@ -337,6 +338,7 @@ def run_collective(argv: Sequence[str]) -> int:
         dimensions that do not multiply to n; an algorithm unavailable on the topology.
     """
     args = _parser().parse_args(_attach_negative_values(list(argv)))
+    check_gpu_count(args.n, "--n")  # a group of GPUs, bounded as a plan's are (its ranks are listed)
     setup = _setup(args)
     if args.table:
         if args.json:

@@ -49,6 +49,8 @@ def check_output_folder(out: str | os.PathLike[str], flag: str = "--out") -> Non
     Raises
     ------
     ConfigError naming the flag, the path and the fix."""
+    if not str(out).strip():  # Path("") is the current folder: the outputs would land among the user's files
+        raise ConfigError(f"{flag} is empty; give a folder (it is created if missing), e.g. {flag} out")
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {str(out)!r} is an existing file, not a folder; give a folder (it is created if missing)")

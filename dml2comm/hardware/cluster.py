@@ -1389,6 +1389,9 @@ def plan_cluster(gpu: str | None, cluster: str | None, num_gpus: int, gpus_per_n
     ``sweep`` and ``compare`` read them: the ``cluster`` preset or file (a ``gpu`` naming another
     GPU is refused: :func:`check_gpu_matches_cluster`), else nodes of ``gpus_per_node`` GPUs of
     ``gpu`` (default a100; one node of ``num_gpus`` when the plan is smaller than a node)."""
+    for flag, value in (("--gpu", gpu), ("--cluster", cluster)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is empty; give a name (python main.py presets lists them) or leave {flag} out")
     if cluster:
         built = get_cluster(cluster, num_gpus, nics_per_node=nics_per_node)
         check_gpu_matches_cluster(gpu, cluster, built)

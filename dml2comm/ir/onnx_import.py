@@ -190,7 +190,7 @@ class SequenceInfo:
 class ImportResult:
     graph: OpGraph
     bound_dims: Mapping[str, int]
-    model_batch: int | None  # the batch size the model fixes itself, if its axis 0 is static
+    model_batch: int | None  # the batch size the model fixes itself (a static axis 0), or ``dims`` bound its symbolic one to
     warnings: tuple[str, ...]
     sequence: SequenceInfo = SequenceInfo()
 
@@ -303,7 +303,8 @@ def read_model_proto(
             op_graph, more_warnings = widened
         warnings.append(_short_logits_warning(short, widened is not None))
     warnings.extend(more_warnings)
-    return ImportResult(op_graph, MappingProxyType(binding.bound), binding.model_batch, tuple(warnings), sequence)
+    model_batch = binding.model_batch if binding.model_batch is not None else binding.dims_batch  # fixed: by the model or --dim
+    return ImportResult(op_graph, MappingProxyType(binding.bound), model_batch, tuple(warnings), sequence)
 
 
 # ----------------------------------------------------------------------------- short logits
@@ -776,6 +777,7 @@ def _call_scope(node: onnx.NodeProto, prefix: str, segment: str) -> str:
 class _Binding:
     bound: dict[str, int] = field(default_factory=dict)  # dim name (or INPUT:AXIS) -> value
     model_batch: int | None = None
+    dims_batch: int | None = None  # a symbolic batch axis (axis 0) bound by ``dims`` (``--dim batch=4``)
     seq_bound: int | None = None  # the value bound to the first symbolic sequence axis
     fixed_seq: tuple[str, int] | None = None
     unbound: list[tuple[str, int, str, bool]] = field(default_factory=list)  # input, axis, name, sequence axis?
@@ -834,6 +836,8 @@ def _bind_input_dims(graph: onnx.GraphProto, initializer_names: set[str], option
             if value_ is None:
                 out.unbound.append((value.name, axis, label, is_seq))
                 continue
+            if axis == 0 and out.dims_batch is None and (by_axis in options.dims or (label and label in options.dims)):
+                out.dims_batch = int(value_)  # --dim set the micro-batch: the analysis reports it as such
             dim.Clear()
             dim.dim_value = int(value_)
             out.bound[label or by_axis] = int(value_)

@@ -22,6 +22,8 @@ __all__ = ["Step", "cases_csv", "planned_steps", "sources_named", "validate"]
 def sources_named(names: Sequence[str]) -> list[Source]:
     """The sources ``--source`` names (each entry one name or a comma-separated list; none: all)."""
     wanted = [n.strip() for text in names for n in text.split(",") if n.strip()]
+    if names and not wanted:  # --source "" asked for one and named none: not every source
+        raise ConfigError(f"--source is empty; name one or more of {', '.join(SOURCES)}, or leave --source out for all")
     if not wanted:
         return list(SOURCES.values())
     for name in wanted:

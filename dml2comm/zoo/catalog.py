@@ -8,6 +8,8 @@ parameters, ``choices``), enough to generate ``python main.py zoo KIND --param .
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Final, Mapping
@@ -262,7 +264,30 @@ def build(kind: str, **kwargs: object) -> onnx.ModelProto:
                 f"{p.name}={kwargs[p.name]!r} is not supported by zoo kind {kind!r}; choose one "
                 f"of {', '.join(map(str, p.choices))}"
             )
+        if p.name in kwargs:
+            _check_size(p, kwargs[p.name])
     return spec.builder(**kwargs)
+
+
+#: The largest value of a zoo size (a width, vocabulary, sequence or image size: 4,194,304, 160
+#: times today's widest layer and 16 times the largest vocabularies), and of the sizes that
+#: multiply the graph's nodes: 10,000 blocks (the deepest models have about 200), 4,096 experts
+#: (DeepSeek-V3 has 256).  Beyond them a build fills memory or runs for hours (a 10**12-layer GPT).
+MAX_ZOO_SIZE = 2**22
+MAX_ZOO_COUNTS = {"layers": 10_000, "experts": 4_096}
+
+
+def _check_size(p: Param, value: object) -> None:
+    """Refuse a size beyond :data:`MAX_ZOO_SIZE` (or :data:`MAX_ZOO_COUNTS`) and a float that is
+    not finite (``--rope-theta nan``)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{p.flag} must be a finite number, got {v!r}")
+        limit = MAX_ZOO_COUNTS.get(p.name, MAX_ZOO_SIZE)
+        if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+            raise ConfigError(f"{p.flag} {v:,} is beyond the {limit:,} the zoo builds (far beyond any real model); "
+                              f"use at most {limit:,}")
 
 
 def build_preset(name: str, **overrides: object) -> onnx.ModelProto:
