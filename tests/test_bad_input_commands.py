@@ -69,7 +69,8 @@ def test_a_collective_over_more_gpus_than_any_plan_is_refused(capsys):
     (["--virtual-stages", "2", "--p", "2"], "--virtual-stages 2 splits each pipeline stage"),
     (["--virtual-stages", "2", "--schedule", "interleaved"], "--virtual-stages 2 splits each pipeline stage"),
     (["--dim", "batch=4", "--micro-batch-size", "2"], "--dim binds the batch axis to 4, --micro-batch-size to 2"),
-], ids=["empty-out", "empty-gpu", "virtual-1f1b", "virtual-p1", "dim-and-micro"])
+    (["--no-async-tp-allreduce"], "which t = 1 has none of"),
+], ids=["empty-out", "empty-gpu", "virtual-1f1b", "virtual-p1", "dim-and-micro", "async-tp-t1"])
 def test_flags_that_were_ignored_or_wrote_into_the_current_folder(tmp_path, capsys, argv, why):
     out = [] if "--out" in argv else ["--out", str(tmp_path / "out")]
     assert why in _refused(capsys, [MODEL, "--no-site", *argv, *out], tmp_path / "out")

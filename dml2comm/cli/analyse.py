@@ -209,6 +209,9 @@ def _refuse_contradictions(args: argparse.Namespace, num_gpus: int) -> None:
         raise ConfigError("--serve needs the site; drop --no-site")
     if args.sequence_parallel and args.t == 1:
         raise ConfigError("--sequence-parallel needs tensor parallelism; add --t 2 or more")
+    if args.no_async_tp_allreduce and args.t == 1:
+        raise ConfigError("--no-async-tp-allreduce changes tensor parallelism's backward all-reduce, which t = 1 has none of; "
+                          "add --t 2 or more, or drop it")
     if args.virtual_stages > 1 and (Schedule.of(args.schedule) is not Schedule.INTERLEAVED or args.p == 1):
         raise ConfigError(f"--virtual-stages {args.virtual_stages} splits each pipeline stage into chunks, which only "
                           "--schedule interleaved with --p 2 or more runs; add them, or drop --virtual-stages")
