@@ -319,8 +319,8 @@ def _serve(site_dir: Path) -> int:
     from dml2comm.site.serve import make_server
 
     server, url = make_server(site_dir)
-    print(f"serving {site_dir} at {url} (Ctrl-C stops)", flush=True)
-    try:
+    try:  # the line inside: a signal right after it is the server's to catch
+        print(f"serving {site_dir} at {url} (Ctrl-C stops)", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         print("stopped", flush=True)
