@@ -26,6 +26,7 @@ Sizes: the root element carries ``width``/``height`` in points and a ``viewBox``
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -317,6 +318,10 @@ def _memory_capacity(g: Svg, f: _MemoryFrame, capacity_bytes: float, capacity_la
            f'font-weight="bold">{xml_text(cap_text)}</text>')
 
 
+#: Characters of 11 px text that fit the 230 px right of a legend's swatches (about 6 px each).
+LEGEND_CHARS = 36
+
+
 def _memory_legend(g: Svg, f: _MemoryFrame, bars: Sequence[MemoryBar], capacity_bytes: float, capacity_label: str) -> float:
     """The legend right of the plot: the parts drawn (top first), the capacity line, the over outline.
     Returns the y below its last line."""
@@ -334,8 +339,11 @@ def _memory_legend(g: Svg, f: _MemoryFrame, bars: Sequence[MemoryBar], capacity_
     ly += 4
     g.add(f'<line x1="{svg_number(legend_x)}" y1="{svg_number(ly - 4)}" x2="{svg_number(legend_x + 14)}" y2="{svg_number(ly - 4)}" stroke="{CAPACITY_COLOUR}" '
           f'stroke-width="2" stroke-dasharray="4 2"/>')
-    g.text(legend_x + 20, ly, "GPU capacity" + (f": {capacity_label}" if capacity_label else ""), size=11)
-    ly += 17
+    text = "GPU capacity" + (f": {capacity_label}" if capacity_label else "")
+    for line in textwrap.wrap(text, LEGEND_CHARS):  # the legend's column is 230 px: a long GPU label wraps
+        g.text(legend_x + 20, ly, line, size=11)
+        ly += 14
+    ly += 3
     if any(b.total_bytes > capacity_bytes for b in bars):
         g.add(g.rect(legend_x + 1, ly - 9, 12, 10, "none", f' stroke="{OVER_COLOUR}" stroke-width="2.5"'))
         g.text(legend_x + 20, ly, "over capacity: does not fit", size=11, fill=OVER_COLOUR, weight="bold")
