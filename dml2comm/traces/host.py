@@ -188,7 +188,8 @@ def host_figures(trace: RankTrace) -> HostFigures:
     idle = np.where(within, np.clip(start[1:] - end[:-1], 0.0, None), 0.0)
     returned = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)] + trace.dur[np.maximum(launch, 0)], np.inf)
     queued = (returned[1:] <= end[:-1]) & within
-    span_us = sum(float(end[step == k].max() - start[step == k].min()) for k in np.unique(step[step >= 0]).tolist())
+    steps = np.unique(step[step >= 0])  # the profiled steps that launched GPU work
+    span_us = sum(float(end[step == k].max() - start[step == k].min()) for k in steps.tolist())
     cpu = np.nonzero(trace.kind == Kind.CPU_OP)[0]
     cpu_span_us = float((trace.ts[cpu] + trace.dur[cpu]).max() - trace.ts[cpu].min()) if cpu.size else 0.0
     n_queued = int(np.count_nonzero(queued))
@@ -196,7 +197,7 @@ def host_figures(trace: RankTrace) -> HostFigures:
                        gpu_span_s=span_us * 1e-6, cpu_span_s=cpu_span_us * 1e-6, issue_s=issue_us * 1e-6,
                        kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
                        gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
-                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(np.unique(step[step >= 0]).size)),
+                       starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(steps.size)),
                        full_queue_launches=full)
 
 

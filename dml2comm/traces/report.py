@@ -272,7 +272,7 @@ def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], sourc
     from types import SimpleNamespace
 
     from dml2comm.analysis import analyze, comm_by_dim
-    from dml2comm.hardware.cluster import check_gpu_matches_cluster, get_cluster, is_cluster_file, make_cluster
+    from dml2comm.hardware.cluster import is_cluster_file, plan_cluster
     from dml2comm.parallel.config import ParallelConfig
     from dml2comm.traces.compare import comparison_caveat, comparison_rows, measured_per_category, predicted_per_category
 
@@ -289,12 +289,8 @@ def predicted_comparison(ts: TraceSet, model: str, run: Mapping[str, int], sourc
                             sequence_parallel=o.sequence_parallel, recompute=o.recompute,
                             rank_order=o.rank_order or "tdp", cp_size=cp, cp_scheme=o.cp_scheme, ep_size=o.ep,
                             stack=o.stack, precision=o.precision, optimizer=o.optimizer, inputs_on_gpu=o.inputs_on_gpu)
-    if o.cluster:
-        cluster = get_cluster(o.cluster, num)
-        check_gpu_matches_cluster(options.get("gpu"), o.cluster, cluster)  # --gpu naming another GPU: refused
-    else:
-        cluster = make_cluster(o.gpu, num, min(o.gpus_per_node, num))
-    cluster = replace(cluster, collective_overhead_s=0.0)
+    # the analysis's own reading of --gpu/--cluster (a --gpu naming another GPU than the cluster's: refused)
+    cluster = replace(plan_cluster(options.get("gpu"), o.cluster, num, o.gpus_per_node), collective_overhead_s=0.0)
     analysis = analyze(o.model, config, cluster)
     predicted = predicted_per_category(analysis.summary, comm_by_dim(analysis))
     measured = measured_per_category([{"steps": r.steps} for r in ts.ranks])
