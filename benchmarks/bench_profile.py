@@ -57,9 +57,12 @@ def main() -> None:
                   f"{fitted.host.gap_s * 1e6:.2f} us idle per kernel)")
     print("\n(b) GPT-2 small's ratios at other micro-batches (no measurement)")
     model, _, _, s = RUNS["gpt2-small"]
+    fitted = profile_scale([parts_of["gpt2-small"]], "pytorch")
     for b in (4, 16):
         with_, without, share, band = predict(model, b, s, scales["gpt2-small"])
         print(f"  b={b}: {with_ * 1e3:.2f} ms with the ratios ({band_text(band)}), {without * 1e3:.2f} ms without ({with_ / without - 1:+.1%})")
+        t, _, _, band = predict(model, b, s, fitted)
+        print(f"    with the trace's host model: {t * 1e3:.2f} ms ({band_text(band)}; the plan's own host wait)")
     with_, without, _, band = predict(model, 8, s, scales["llama-1b"])
     m = measured["gpt2-small"]
     print(f"\n(b) GPT-2 small b=8 from Llama-1B's ratios: {with_ * 1e3:.2f} ms ({with_ / m - 1:+.1%} against {m * 1e3:.2f} ms measured; "

@@ -226,6 +226,21 @@ def test_a_plan_that_waits_longer_for_the_cpu_states_its_own_wait(parts):
     assert expected_error_of(small)["components"]["host"] == PROFILE_HOST_SPREAD
 
 
+def test_a_plan_that_waits_less_than_the_profiled_step_states_its_own_wait(parts):
+    # GPT-2 small's H100 trace at b = 8 is host-bound (its GPU waited about a fifth of the step);
+    # at b = 16 the plan's GPU work doubles and it waits a few percent: the CPU's speed, which the
+    # profile leaves uncertain, moves that plan only by its own wait (the band was ±30%, mostly the
+    # trace's wait, for a step the GPU sets)
+    scale = profile_scale([parts["gpt2"]], "pytorch")
+    trace_wait = dict(scale.detail)["error"]["host_wait_share"]
+    a = _analysis(GPT2, 16, scale)
+    band = expected_error_of(a)
+    wait = a.summary["host_wait_share"]
+    assert trace_wait > 0.15 and wait < trace_wait / 4
+    assert band["doublings"] > 0 and band["components"]["host"] == wait
+    assert band["total"] < 0.15
+
+
 def test_the_host_spread_is_the_measured_slowdowns_90_percent_quantile():
     import csv
     import statistics
