@@ -412,7 +412,9 @@ def _cost_assumptions(graph: OpGraph, config: ParallelConfig, cluster: Cluster, 
     if host.run_ahead:
         where = ("read from the profiled step (the CPU side over the profiler's slowdown)" if host.name == "trace"
                  else "fitted on 49 PyTorch 2.11 steps measured on four H100 and H200 machines")
-        host_text = (f"host: {host.name} ({fmt_s(host.kernel_s)} of CPU per kernel, the CPU running ahead of the GPU, and "
+        cpu = (fmt_s(host.kernel_s) if host.backward_kernel_s is None
+               else f"{fmt_s(host.kernel_s)} forward and {fmt_s(host.backward_kernel_s)} backward")
+        host_text = (f"host: {host.name} ({cpu} of CPU per kernel, the CPU running ahead of the GPU, and "
                      f"{fmt_s(host.gap_s)} of GPU idle per kernel, {where}; a step waits "
                      "for the CPU only when its kernels are shorter)")
     elif host.kernel_s > 0:

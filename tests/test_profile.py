@@ -70,8 +70,18 @@ def test_profile_reproduces_the_profiled_step(tmp_path, case):
     assert host["cpu_slowdown_factor"] == pytest.approx(1 / PROFILER_CPU_SLOWDOWN, rel=0.01 if b == 4 else 0.05)
     # the trace's issue time over the kernels the model charges (OpCosts.launches), not the trace's own
     fig = host["traces"][0]
-    assert host["kernel_s"] == pytest.approx(fig["issue_s"] / fig["launches"] * host["cpu_slowdown_factor"], rel=1e-12)
+    charged = host["kernel_s"] * fig["forward_launches"] + host["backward_kernel_s"] * (fig["launches"] - fig["forward_launches"])
+    assert charged == pytest.approx(fig["issue_s"] * host["cpu_slowdown_factor"], rel=1e-12)
     assert fig["launches"] != fig["kernels"]
+    # Llama-1B's step filled the launch queue: the passes share the issue time as the trace's
+    # launches did (a third forward), not as the model's kernels do (two fifths); GPT-2 small's
+    # never filled: one time per kernel
+    forward, backward = fig["pass_launches"]
+    if fig["full_queue_launches"]:
+        assert host["kernel_s"] * fig["forward_launches"] / charged == pytest.approx(forward / (forward + backward), rel=1e-12)
+        assert 0.3 < forward / (forward + backward) < 0.35 < fig["forward_launches"] / fig["launches"]
+    else:
+        assert host["backward_kernel_s"] == host["kernel_s"]
     # without --step-time the CPU side is the trace's over the bundled median slowdown: Llama-1B
     # the same within 0.1% (GPU-bound), GPT-2 small -0.2% (x 1/1.219 instead of x 0.827: a faster
     # CPU, so a shorter step than with --step-time)

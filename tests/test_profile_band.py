@@ -206,8 +206,8 @@ def test_the_overview_card_shows_the_traces_band(parts):
 
 def test_a_plan_that_waits_longer_for_the_cpu_states_its_own_wait(parts):
     # Llama-1B's H100 trace at b = 4 is GPU-bound (the GPU waited 1.1% of it); the plan at b = 2
-    # waits about a tenth of its step for the CPU, and its band says so (the measured b = 2 step,
-    # 97.97 ms, the mean of two machines' medians, is 5% off the prediction: inside it)
+    # waits about 4% of its step for the CPU, and its band says so (the measured b = 2 step,
+    # 97.97 ms, the mean of two machines' medians, is inside it)
     from dml2comm.cost.bands import PROFILE_HOST_SPREAD
 
     scale = profile_scale([parts["llama"]], "pytorch")
@@ -217,7 +217,7 @@ def test_a_plan_that_waits_longer_for_the_cpu_states_its_own_wait(parts):
     a = _analysis(LLAMA, 2, scale)
     band = expected_error_of(a)
     wait = a.summary["host_wait_share"]
-    assert wait > 5 * trace_wait and band["components"]["host"] == wait
+    assert wait > 3 * trace_wait and band["components"]["host"] == wait
     assert abs(a.summary["iteration_time_s"] / 0.09797 - 1) <= band["total"] == a.summary["expected_error"]
     # a plan the CPU sets almost entirely is as uncertain as the CPU's speed, no more
     gpt2 = profile_scale([parts["gpt2"]], "pytorch")

@@ -352,8 +352,9 @@ def _profile_rows(analysis: Any) -> list[tuple[str, str]]:
         slow = (f"; CPU side x{host['cpu_slowdown_factor']:.3f} for --step-time {host['step_time_s'] * 1e3:.2f} ms"
                 if host["step_time_s"] is not None
                 else f"; CPU side x{host['cpu_slowdown_factor']:.3f}, the profiler's measured median slowdown (--step-time measures a host-bound step's)")
-        rows.append(("host model (--profile)", f"{scale.host.kernel_s * 1e6:.1f} us CPU time and {scale.host.gap_s * 1e6:.2f} us "
-                                               f"GPU idle per kernel, from the trace ({bound}){slow}"))
+        cpu = (f"{scale.host.kernel_s * 1e6:.1f} us CPU time" if scale.host.backward_kernel_s is None else
+               f"{scale.host.kernel_s * 1e6:.1f} us (forward) and {scale.host.backward_kernel_s * 1e6:.1f} us (backward) CPU time")
+        rows.append(("host model (--profile)", f"{cpu} and {scale.host.gap_s * 1e6:.2f} us GPU idle per kernel, from the trace ({bound}){slow}"))
     return rows
 
 

@@ -294,7 +294,7 @@ def profile_expected_error(config: ParallelConfig, cluster: Cluster, num_params:
       plan off the profiled shapes (``doublings`` > 0), the plan's own predicted wait
       (``plan_wait``: :func:`host_wait_share`), larger or smaller: a plan at a smaller
       micro-batch waits longer for the CPU than a GPU-bound profiled step showed (Llama-1B's H100
-      step at b = 4 waited 1.1% of it; the plan at b = 2, 10%), and a plan at a larger one than a
+      step at b = 4 waited 1.1% of it; the plan at b = 2, 4%), and a plan at a larger one than a
       host-bound step's waits less (the CPU's speed, uncertain under the profiler, moves the plan
       only where the CPU sets it; over 228 dev pairs of unbundled traces, each trace predicting
       the other shapes of its process, the plan's own wait kept 227 inside their band at a median

@@ -48,6 +48,7 @@ Programming Guide: one launch for the whole graph) and for comparing kernel time
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -101,12 +102,32 @@ class HostModel:
     #: The CPU runs ahead of the GPU across the whole pass (one queue, :func:`queue_times`)
     #: instead of entering each GEMM window level with it (:func:`host_bound_times`' window rule).
     run_ahead: bool = False
+    #: CPU time per costed kernel of the backward pass where it differs from the forward's
+    #: ``kernel_s`` (None: the same; the presets).  A profiled step gives each pass its own
+    #: (:func:`dml2comm.traces.host.fitted_host_model`): the model's kernel count per pass differs
+    #: from eager PyTorch's (Llama-1B: 822 forward and 1,221 backward kernels counted against 718
+    #: and 1,448 launches in its traces: views such as a slice launch nothing forward and two
+    #: kernels backward), so one time per kernel over both passes put a sixth too much of the
+    #: CPU's time in the forward pass.
+    backward_kernel_s: float | None = None
 
     def __post_init__(self) -> None:
-        for field in ("kernel_s", "collective_call_s", "micro_batch_s", "iteration_s", "p2p_s", "gap_s"):
+        for field in ("kernel_s", "collective_call_s", "micro_batch_s", "iteration_s", "p2p_s", "gap_s", "backward_kernel_s"):
             value = getattr(self, field)
+            if value is None and field == "backward_kernel_s":
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"host model {self.name!r}: {field} must be a number >= 0 seconds, got {value!r}")
+
+    @property
+    def backward_s(self) -> float:
+        """CPU time per costed kernel of the backward pass (``backward_kernel_s``, else ``kernel_s``)."""
+        return self.kernel_s if self.backward_kernel_s is None else self.backward_kernel_s
+
+    def with_cpu_factor(self, factor: float) -> HostModel:
+        """This model with its CPU times per kernel (both passes) multiplied by ``factor``."""
+        back = None if self.backward_kernel_s is None else self.backward_kernel_s * factor
+        return dataclasses.replace(self, kernel_s=self.kernel_s * factor, backward_kernel_s=back)
 
     @property
     def active(self) -> bool:
@@ -309,7 +330,7 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
         times = [(f + host.gap_s * kf, b + host.gap_s * kb) for (f, b), (kf, kb) in zip(times, kernels)]
         between = [(f + host.gap_s * kf, b + host.gap_s * kb, kf, kb) for f, b, kf, kb in between]
     if host.run_ahead:
-        return queue_between_times(times, kernels, host.kernel_s, between)
+        return queue_between_times(times, kernels, host.kernel_s, between, host.backward_s)
     out = [list(t) for t in times]
     if host.kernel_s <= 0:
         return [tuple(t) for t in times], None  # type: ignore[misc]
@@ -317,7 +338,7 @@ def host_bound_times(times: Sequence[tuple[float, float]], kernels: Sequence[tup
     for phase, order in ((0, range(n)), (1, range(n - 1, -1, -1))):
         for window in _windows(list(order), gemm):
             gpu_s = sum(times[i][phase] for i in window)
-            host_s = host.kernel_s * sum(kernels[i][phase] for i in window)
+            host_s = (host.backward_s if phase else host.kernel_s) * sum(kernels[i][phase] for i in window)
             if host_s <= gpu_s:
                 continue
             excess = host_s - gpu_s
@@ -346,7 +367,7 @@ def queue_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[in
 
 
 def queue_between_times(times: Sequence[tuple[float, float]], kernels: Sequence[tuple[int, int]], kernel_s: float,
-                        between: Sequence[tuple[float, float, int, int]] = ()
+                        between: Sequence[tuple[float, float, int, int]] = (), backward_s: float | None = None
                         ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """:func:`queue_times` with ``between``: (forward GPU s, backward GPU s, forward kernels,
     backward kernels) of work the step queues after the forward pass and before the backward one
@@ -357,27 +378,28 @@ def queue_between_times(times: Sequence[tuple[float, float]], kernels: Sequence[
     out = [[0.0, 0.0] for _ in times]
     extra = [[0.0, 0.0] for _ in between]
     issued = end = 0.0
+    per_kernel = (kernel_s, kernel_s if backward_s is None else backward_s)
 
-    def run(gpu: float, count: int) -> float:
+    def run(gpu: float, count: int, phase: int) -> float:
         nonlocal issued, end
         before = end
         if count <= 0:
             end += gpu
         else:
             for _ in range(count):
-                issued += kernel_s
+                issued += per_kernel[phase]
                 end = max(end, issued) + gpu / count
         return end - before
 
     n = len(times)
     for i in range(n):
-        out[i][0] = run(times[i][0], kernels[i][0])
+        out[i][0] = run(times[i][0], kernels[i][0], 0)
     for j, (gpu_f, _, k_f, _) in enumerate(between):
-        extra[j][0] = run(gpu_f, k_f)
+        extra[j][0] = run(gpu_f, k_f, 0)
     for j in range(len(between) - 1, -1, -1):
-        extra[j][1] = run(between[j][1], between[j][3])
+        extra[j][1] = run(between[j][1], between[j][3], 1)
     for i in range(n - 1, -1, -1):
-        out[i][1] = run(times[i][1], kernels[i][1])
+        out[i][1] = run(times[i][1], kernels[i][1], 1)
     return [(f, b) for f, b in out], [(f, b) for f, b in extra]
 
 

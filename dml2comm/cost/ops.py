@@ -142,6 +142,8 @@ class OpCosts(NamedTuple):
     #: the kernels the host model charges ``kernel_s`` for (the ops', and the queued loss's), 0
     #: without a host model
     launches: int = 0
+    #: those of ``launches`` in the forward pass (the ops' forward kernels, the loss's forward)
+    forward_launches: int = 0
 
 
 # ----------------------------------------------------------------------------- cache keys
@@ -335,11 +337,11 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host, kernel_times = host_model.DEFAULT if host is None else host, times  # the times before the host model
-    queued, launches = (), 0
+    queued, launches = (), (0, 0)
     if host.kernel_s > 0:
         kernels = op_kernel_counts(graph, counted, is_gemm, unfused, train.itemsize == 2, kernel_regions(graph, stack, attention), flash)
         times, queued, launches = _host_times(times, _more_kernels(kernels, sums, casts, norm_kernels), is_gemm, host, loss)
-    return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None, queued, launches)
+    return OpCosts(costs, times, full_flops, fallback_types, kernel_times if host.run_ahead else None, queued, *launches)
 
 
 def _in_step_gemms(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, is_gemm: Sequence[bool],
@@ -384,14 +386,15 @@ def _attention_kernels(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu
 
 def _host_times(times: list[tuple[float, float]], kernels: list[tuple[int, int]], is_gemm: Sequence[bool], host: HostModel,
                 loss: Sequence[tuple[int, tuple[float, float, int, int]]]
-                ) -> tuple[list[tuple[float, float]], tuple[tuple[int, float, float, float, float], ...], int]:
+                ) -> tuple[list[tuple[float, float]], tuple[tuple[int, float, float, float, float], ...], tuple[int, int]]:
     """The op times with the host model (:func:`dml2comm.cost.host.host_bound_times`); under a
     run-ahead model the loss queued between the passes: per logits output (producer op, its
     forward and backward time in the queue, its forward and backward kernel time); and the
-    kernels charged ``kernel_s`` (the ops', the queued loss's)."""
+    kernels charged ``kernel_s`` (the ops', the queued loss's), all and the forward pass's."""
     between = [work for _, work in loss] if host.run_ahead else []
     times, loss_times = host_bound_times(times, kernels, is_gemm, host, between)
-    launches = sum(f + b for f, b in kernels) + sum(w[2] + w[3] for w in between)
+    forward = sum(f for f, _ in kernels) + sum(w[2] for w in between)
+    launches = (sum(f + b for f, b in kernels) + sum(w[2] + w[3] for w in between), forward)
     if not loss_times:
         return times, (), launches
     return times, tuple((i, f, b, w[0], w[1]) for (i, w), (f, b) in zip(loss, loss_times)), launches

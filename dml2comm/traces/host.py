@@ -152,6 +152,10 @@ class HostFigures:
     steps: int = 1
     #: launches that found the launch queue full (their intervals left out of ``issue_s``)
     full_queue_launches: int = 0
+    #: the launches of the forward pass (the loss's forward with it) and of the backward pass
+    #: (:func:`_pass_launches`; per step, summed); None where the trace's launches do not come
+    #: from two threads (eager PyTorch runs the backward on autograd's device thread)
+    pass_launches: tuple[int, int] | None = None
 
     @property
     def host_bound(self) -> bool:
@@ -198,7 +202,7 @@ def host_figures(trace: RankTrace) -> HostFigures:
                        kernel_s=issue_us * 1e-6 / kernels, queued_gaps=n_queued,
                        gap_s=float(idle[queued].sum()) * 1e-6 / n_queued if n_queued else 0.0,
                        starved_idle_s=float(idle[~queued].sum()) * 1e-6, steps=max(1, int(steps.size)),
-                       full_queue_launches=full)
+                       full_queue_launches=full, pass_launches=_pass_launches(trace, launch[launch >= 0]))
 
 
 def _step_of(trace: RankTrace, launch: np.ndarray) -> np.ndarray:
@@ -245,8 +249,27 @@ def _issue_us(trace: RankTrace, launch: np.ndarray, gpu_end: np.ndarray) -> tupl
     return float(interval[kept].sum()) * interval.size / np.count_nonzero(free), int(np.count_nonzero(full))
 
 
+def _pass_launches(trace: RankTrace, launch: np.ndarray) -> tuple[int, int] | None:
+    """(forward, backward) launches of the profiled steps (``launch``: the GPU items' launch-call
+    rows).  Eager PyTorch launches the backward from autograd's device thread and everything else
+    from the thread that runs the step: a launch from another thread than the first launch's is
+    the backward's; one from the step's thread before its profiled step's last backward launch
+    the forward's (the loss's forward with it); the rest (the optimizer, after the backward)
+    neither.  None: one thread launched everything, or nothing came before the backward."""
+    launch = launch[np.argsort(trace.ts[launch], kind="stable")]
+    ts, thread = trace.ts[launch], trace.thread[launch]
+    backward = thread != thread[0]
+    if not np.any(backward):
+        return None
+    steps = _step_of(trace, launch)
+    last = {k: float(ts[backward & (steps == k)].max()) for k in np.unique(steps[backward]).tolist()}
+    cut = np.array([last.get(k, -np.inf) for k in steps.tolist()])
+    forward = int(np.count_nonzero(~backward & (ts < cut)))
+    return (forward, int(np.count_nonzero(backward))) if forward else None
+
+
 def fitted_host_model(figures: list[HostFigures], preset: HostModel, factor: float | None = None,
-                      launches: list[int | None] | None = None) -> HostModel:
+                      launches: list[int | None] | None = None, forward_launches: list[int | None] | None = None) -> HostModel:
     """The host model of one or more profiled steps: ``preset`` (the stack's) with their issue time
     per kernel and idle per queued kernel (summed over the traces, over their kernels and queued
     gaps), named ``trace``.
@@ -264,14 +287,61 @@ def fitted_host_model(figures: list[HostFigures], preset: HostModel, factor: flo
         time (the trace's own kernels count no memsets and the model's count differs by a few
         percent: GPT-2 small 753 at b = 8 against 704 kernels and 119 memsets); None (for all, or
         for one trace, or 0): that trace's own kernels, every step's.
+    forward_launches : per trace, those of ``launches`` in the forward pass (the loss's forward
+        with them).  Given for every trace, each a step whose launch queue filled
+        (:attr:`HostFigures.full_queue_launches`) and whose passes launched from their own threads
+        (:attr:`HostFigures.pass_launches`), the issue time is shared between the passes as the
+        traces' launches were, and each pass's share spread over its modelled kernels
+        (``kernel_s`` and ``backward_kernel_s``; :func:`_pass_rates`); else one time per kernel
+        for both passes.
     """
     launches = launches if launches is not None else [None] * len(figures)
     kernels = sum(n * f.steps if n else f.kernels for n, f in zip(launches, figures))
     queued = sum(f.queued_gaps for f in figures)
-    kernel_s = sum(f.issue_s for f in figures) / kernels
+    issue_s = sum(f.issue_s for f in figures)
     gap_s = sum(f.gap_s * f.queued_gaps for f in figures) / queued if queued else 0.0
     factor = 1.0 / PROFILER_CPU_SLOWDOWN if factor is None else factor
-    return dataclasses.replace(preset, name="trace", kernel_s=kernel_s * factor, gap_s=gap_s)
+    uniform = dataclasses.replace(preset, name="trace", kernel_s=issue_s / kernels, gap_s=gap_s)
+    split = _pass_rates(figures, launches, forward_launches, issue_s)
+    fitted = uniform if split is None else dataclasses.replace(uniform, kernel_s=split[0], backward_kernel_s=split[1])
+    return fitted.with_cpu_factor(factor)
+
+
+def _pass_rates(figures: list[HostFigures], launches: list[int | None], forward_launches: list[int | None] | None,
+                issue_s: float) -> tuple[float, float] | None:
+    """(forward, backward) CPU time per modelled kernel (:func:`fitted_host_model`): the issue time
+    ``issue_s`` shared between the passes by the traces' launches, each share over that pass's
+    modelled kernels; None where a trace's launch queue never filled or a count is missing.
+
+    The model counts the kernels an op would launch, and eager PyTorch launches others: views
+    such as a slice launch nothing forward and a zero fill and a copy backward, and the
+    backward's gradient sums are its own kernels.  Llama-1B's model counts 822 forward and 1,221
+    backward kernels where its traces launch 718 and 1,448: one time per kernel put a sixth too
+    much of the CPU's time in the forward pass, which starved the GPU there at a smaller
+    micro-batch than the profiled GPU-bound step's (from the bundled b = 4 traces, the step at
+    b = 2 was predicted 5.3% long on the H100 and 2.7% on the H200; 0.0% and 0.5% short with the
+    split: ``benchmarks/bench_gpu_steps.py``).  The passes are shared by launches,
+    the CPU's work per launch taken to be the same in both, where the queue filled: there the
+    backward's launch intervals follow the GPU (each launch waits for a slot) and measure nothing
+    of the CPU.  Where it never filled (a step the CPU sets, or nearly) one time per kernel
+    stays: over the unbundled dev pairs of the measuring sessions (each trace predicting the
+    other shapes of its process) sharing by launches there took GPT-2 small's 124 pairs from 84
+    to 76 within 5% (its forward launches cost the CPU 1.3-2 times its backward's: their median
+    intervals 35-72 against 21-34 us), and sharing by each pass's measured intervals to 79; the
+    split where the queue filled takes all 228 pairs from 166 to 176 within 5% (mean 4.3% to
+    4.0%) and leaves the profiled steps themselves as they were."""
+    if forward_launches is None or any(f.pass_launches is None or not f.full_queue_launches or not n or not m
+                                       for f, n, m in zip(figures, launches, forward_launches)):
+        return None
+    fwd = sum(f.pass_launches[0] for f in figures)  # type: ignore[index]
+    bwd = sum(f.pass_launches[1] for f in figures)  # type: ignore[index]
+    n_f = sum(m * f.steps for m, f in zip(forward_launches, figures))  # type: ignore[operator]
+    n_b = sum(n * f.steps for n, f in zip(launches, figures)) - n_f  # type: ignore[operator]
+    if n_f <= 0 or n_b <= 0:
+        return None
+    share = fwd / (fwd + bwd)
+    return issue_s * share / n_f, issue_s * (1.0 - share) / n_b
+
 
 
 def check_step_time(step_time_s: float) -> None:

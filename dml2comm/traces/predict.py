@@ -132,8 +132,7 @@ def measured_and_modelled(trace_path: str, model_path: str, config: Any, options
             "shared_sum_s": shared_s,
             "blocks": len([k for k in kinds if k is LayerKind.BLOCK]), "host": host_figures(trace),
             "passes": k, "eager_optimizer": bool(updated),
-            "launches": k * shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack),
-                                           one.stack, one.attention, one.precision, None, layered).launches,
+            **_launches(imported, one, cluster, lenient, layered, k),
             "block_spread": _ratio_spread(join, kinds, table),
             "gemms": [(keys[i], meas, op_times[i][0]) for i, meas in join.gemms if i in keys],
             "own_step_s": functools.partial(_own_step_s, imported, gpu_name, dataclasses.replace(one, global_batch_size=k * b),
@@ -467,12 +466,25 @@ def profile_scale(parts: Sequence[dict[str, Any]], stack: str | None = None, ste
     host = None
     if stack is not None:
         figures, launches = [p["host"] for p in parts], [p.get("launches") for p in parts]
-        factor = _cpu_factor(parts, tuple(ratios), fitted_host_model(figures, host_model(AUTO, stack), 1.0, launches), step_time_s)
-        host = fitted_host_model(figures, host_model(AUTO, stack), factor, launches)
-        detail += (("host", {"kernel_s": host.kernel_s, "gap_s": host.gap_s, "run_ahead": host.run_ahead,
+        forward = [p.get("forward_launches") for p in parts]
+        traced = fitted_host_model(figures, host_model(AUTO, stack), 1.0, launches, forward)
+        factor = _cpu_factor(parts, tuple(ratios), traced, step_time_s)
+        host = traced.with_cpu_factor(factor)
+        detail += (("host", {"kernel_s": host.kernel_s, "backward_kernel_s": host.backward_s, "gap_s": host.gap_s, "run_ahead": host.run_ahead,
                              "step_time_s": step_time_s, "cpu_slowdown_factor": factor,
-                             "traces": [{"file": p["file"], **p["host"].to_dict(), "launches": p.get("launches")} for p in parts]}),)
+                             "traces": [{"file": p["file"], **p["host"].to_dict(), "launches": p.get("launches"),
+                                        "forward_launches": p.get("forward_launches")} for p in parts]}),)
     return ProfileScale(tuple(ratios), tuple((p["file"], p["sha256"]) for p in parts), host, detail)
+
+
+def _launches(imported: Any, one: Any, cluster: Any, lenient: bool, layered: Any, passes: int) -> dict[str, int]:
+    """The kernels the stack's host model charges CPU time for in the profiled step (its
+    ``passes`` micro-batches), all and the forward pass's (:class:`dml2comm.cost.ops.OpCosts`)."""
+    from dml2comm.cost.ops import shard_op_costs
+
+    costs = shard_op_costs(imported.graph, 1, False, one.dtype, cluster.gpu, lenient, host_model(AUTO, one.stack),
+                           one.stack, one.attention, one.precision, None, layered)
+    return {"launches": passes * costs.launches, "forward_launches": passes * costs.forward_launches}
 
 
 def _cpu_factor(parts: Sequence[dict[str, Any]], ratios: tuple, traced: Any, step_time_s: float | None) -> float:
@@ -489,7 +501,7 @@ def _cpu_factor(parts: Sequence[dict[str, Any]], ratios: tuple, traced: Any, ste
     _check_step_time_fits(step_time_s, parts[0]["host"])
 
     def step_s(factor: float) -> float:
-        host = dataclasses.replace(traced, kernel_s=traced.kernel_s * factor)
+        host = traced.with_cpu_factor(factor)
         return parts[0]["own_step_s"](ProfileScale(ratios, host=host))
 
     return step_time_factor(step_s, step_time_s)
