@@ -293,3 +293,43 @@ def test_an_embeddings_backward_launches_its_direct_or_sorted_path(b, launches):
     extra = eager_embedding_kernels(imported.graph, costs)
     # one backward kernel the op rule counts, plus these
     assert sorted(1 + bw for _, bw in extra.values()) == sorted(counts)
+
+
+def test_the_backward_pass_can_run_its_own_cpu_time_per_kernel():
+    # two one-kernel ops of 2 us each way; 10 us of CPU per forward kernel, 30 per backward one:
+    # the forward's kernels are issued at 10 and 20 us (ending 12, 22), the backward's at 50 and
+    # 80 (ending 52, 82): the backward's launches set its pace
+    times, kernels = [(2e-6, 2e-6)] * 2, [(1, 1)] * 2
+    out = host.queue_times(times, kernels, 10e-6)
+    assert sum(f + b for f, b in out) == pytest.approx(42e-6)
+    split, _ = host.queue_between_times(times, kernels, 10e-6, (), 30e-6)
+    assert [f for f, _ in split] == pytest.approx([12e-6, 10e-6]) and sum(b for _, b in split) == pytest.approx(60e-6)
+    # the same through a host model, with the window rule too (each window at its pass's rate)
+    queued = host.HostModel("q", kernel_s=10e-6, run_ahead=True, backward_kernel_s=30e-6)
+    assert host.host_bound_times(times, kernels, [True, True], queued)[0] == split
+    windows = host.HostModel("w", kernel_s=10e-6, backward_kernel_s=30e-6)
+    assert host.host_bound_times(times, kernels, [True, True], windows)[0] == [pytest.approx((10e-6, 30e-6))] * 2
+    # the CPU factor scales both passes; None keeps one time for both
+    assert queued.with_cpu_factor(0.5).backward_s == pytest.approx(15e-6) and queued.with_cpu_factor(0.5).kernel_s == pytest.approx(5e-6)
+    assert host.PYTORCH.backward_s == host.PYTORCH.kernel_s and host.PYTORCH.with_cpu_factor(2.0).backward_kernel_s is None
+    with pytest.raises(ConfigError):
+        host.HostModel("bad", kernel_s=1e-6, backward_kernel_s=-1e-6)
+
+
+def test_a_filled_queue_shares_the_launch_time_by_the_traces_launches():
+    from dml2comm.traces.host import HostFigures, fitted_host_model
+
+    def figures(full: int, passes: tuple[int, int] | None) -> HostFigures:
+        return HostFigures(kernels=900, gpu_items=1000, gpu_busy_s=0.1, gpu_span_s=0.1, cpu_span_s=0.05, issue_s=0.03,
+                           kernel_s=0.03 / 900, queued_gaps=10, gap_s=1e-6, starved_idle_s=0.0, full_queue_launches=full,
+                           pass_launches=passes)
+
+    # 300 of the trace's 900 pass launches forward, 400 of the model's 1,000 kernels: the forward
+    # gets a third of the 30 ms over its 400 kernels, the backward the rest over its 600
+    fitted = fitted_host_model([figures(200, (300, 600))], host.PYTORCH, 1.0, [1000], [400])
+    assert fitted.kernel_s == pytest.approx(0.01 / 400) and fitted.backward_s == pytest.approx(0.02 / 600)
+    assert fitted.kernel_s * 400 + fitted.backward_s * 600 == pytest.approx(0.03)
+    # a queue that never filled, a trace whose passes share a thread, no model counts: one time
+    for fig, forward in ((figures(0, (300, 600)), [400]), (figures(200, None), [400]), (figures(200, (300, 600)), None)):
+        one = fitted_host_model([fig], host.PYTORCH, 1.0, [1000], forward)
+        assert one.backward_kernel_s is None and one.kernel_s == pytest.approx(0.03 / 1000)

@@ -25,7 +25,8 @@ The model (:class:`HostModel`)
   kernels in proportion to their host time, so per-op figures still add up.  Kernels counted
   (:func:`kernel_counts`): one per op and pass with FLOPs or bytes in that pass (a view such as
   Reshape launches none), two for a matrix product's backward (data and weight gradient), one
-  per fused point-wise region (:func:`dml2comm.cost.ops.fused_kernels`).
+  per fused point-wise region (:func:`dml2comm.cost.ops.fused_kernels`).  A host model read
+  from a profiled step may charge the backward's kernels their own time (``backward_kernel_s``).
 - **Per pipeline message** (:func:`pipeline_message_s`, ``p2p_s``): the framework's host time
   for each send/receive instruction, added to every pipeline message per micro-batch in the
   stage tables (the per-micro-batch synchronisation of a pipelined step).
