@@ -2,7 +2,8 @@
 
 Pure functions, no I/O.  Quantities arrive in SI units (seconds, bytes, FLOPs) and are shown
 with binary prefixes for bytes (KiB, MiB, GiB, as nccl-tests prints message sizes) and decimal
-prefixes for FLOPs and time.
+prefixes for FLOPs and time.  :func:`decimal_int` is the one reading of a whole number that the
+flags, their comma-separated lists and ``--config`` files share.
 
 A number and its unit are joined by :data:`UNIT_SPACE`, a no-break space (U+00A0): browsers
 never wrap a table cell between them (HTML Living Standard, "white-space" processing breaks
@@ -27,6 +28,7 @@ from typing import Iterable, Sequence
 
 __all__ = [
     "UNIT_SPACE",
+    "decimal_int",
     "plain",
     "printable",
     "fmt_s",
@@ -64,6 +66,21 @@ _U = UNIT_SPACE
 #: some terminals); and the non-characters U+FFFE/U+FFFF.  XML 1.0 (Sec. 2.2, ``Char``) forbids
 #: the C0 ones even as character references, and a terminal acts on ESC and BEL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff]")
+
+
+#: A whole number as a flag, a list of sizes or a configuration file writes it: ASCII digits, an
+#: optional minus (so that ``-1`` is refused by its range, in the flag's words).
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
+def decimal_int(text: str) -> int:
+    """``"16"`` -> 16; anything but plain ASCII digits raises :class:`ValueError`, as ``int()``
+    does on a word.  ``int()`` itself also reads full-width and other Unicode digits (``"１６"``),
+    underscores (``"1_6"`` = 16) and surrounding spaces, which a size flag must not take for a
+    number the user did not type."""
+    if not isinstance(text, str) or not _DECIMAL.fullmatch(text):
+        raise ValueError(f"not a decimal integer: {text!r}")
+    return int(text)
 
 
 def printable(text: object) -> str:

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.cli.commands import COMMANDS
-from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float,
-                               host_model_of, positive_int, profiled_precision, stack_kwargs)
+from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, check_virtual_stages,
+                               finite_float, host_model_of, micro_batch_size, non_negative_int, positive_int, positive_int_up_to,
+                               profiled_precision, resolve_gpus_per_node, sequence_length, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError, Terminated
-from dml2comm.parallel.config import CP_SCHEMES, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES, Precision, Schedule
+from dml2comm.parallel.config import CP_SCHEMES, MAX_SEQ_LEN, OPTIMIZERS, RECOMPUTE_MODES, SCHEDULES, Precision
 from dml2comm.traces.predict import profile_from_args
 
 __all__ = ["EXAMPLES", "SUBCOMMANDS", "analyse_and_publish", "analysis_parser", "run_analysis"]
@@ -40,12 +41,19 @@ EXAMPLES = """examples (each runs as written from the repository root; outputs g
 
 SUBCOMMANDS = tuple(COMMANDS)
 
+#: ``--dim`` values, bounded as ``--seq-len`` is (:data:`~dml2comm.parallel.config.MAX_SEQ_LEN`,
+#: above :data:`~dml2comm.parallel.config.MAX_MICRO_BATCH`) before the model is bound to them.
+_DIM_VALUE = positive_int_up_to(MAX_SEQ_LEN, "2**22: no batch, sequence or image side of a real run is longer")
+#: The largest ``--capacity-factor``: an expert buffer of c x its even share holds every routed
+#: token at c = E / k, and E is at most 4,096 (the zoo's bound on experts), so a larger c only pads.
+MAX_CAPACITY_FACTOR = 4096.0
+
 
 def _dim(text: str) -> tuple[str, int]:
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, positive_int(value)
+    return name, _DIM_VALUE(value)
 
 
 def analysis_parser() -> argparse.ArgumentParser:
@@ -61,17 +69,19 @@ def analysis_parser() -> argparse.ArgumentParser:
     g.add_argument("--t", type=positive_int, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--p", type=positive_int, default=1, help="pipeline-parallel size (default 1)")
     g.add_argument("--cp", type=positive_int, default=1, help="context-parallel size c: the sequence split c-way (default 1)")
-    g.add_argument("--cp-scheme", default="ulysses", choices=CP_SCHEMES,
-                   help="context parallelism: ulysses (AllToAll of Q/K/V/output) or ring (K/V Send/Recv ring attention)")
+    g.add_argument("--cp-scheme", default=None, choices=CP_SCHEMES,
+                   help="context parallelism: ulysses (AllToAll of Q/K/V/output; default) or ring (K/V Send/Recv ring attention); "
+                        "needs --cp 2 or more")
     g.add_argument("--ep", type=positive_int, default=1,
                    help="expert-parallel size e for MoE models: experts placed e-way, carved out of d x c (default 1)")
-    g.add_argument("--capacity-factor", type=finite_float(), default=1.0,
-                   help="MoE expert capacity factor: padded expert buffers and AllToAlls (default 1.0, DeepSpeed MoE)")
+    g.add_argument("--capacity-factor", type=finite_float(maximum=MAX_CAPACITY_FACTOR, why="E / k at the zoo's 4,096 experts"),
+                   default=None, help="MoE expert capacity factor: padded expert buffers and AllToAlls (default 1.0, DeepSpeed MoE); "
+                                      "refused on a model without experts")
     g.add_argument("--gpus", type=positive_int, help="total GPUs, cross-checked against d*t*p*c")
     g.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     g.add_argument("--virtual-stages", type=positive_int, default=1, help="model chunks per GPU (interleaved)")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --t)")
-    g.add_argument("--zero", type=int, default=0, choices=ZERO_STAGES, help="ZeRO stage (default 0)")
+    g.add_argument("--zero", type=non_negative_int, default=0, choices=ZERO_STAGES, help="ZeRO stage (default 0)")
     g.add_argument("--recompute", default="none", choices=RECOMPUTE_MODES)
     g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     g.add_argument("--tp-comm-overlap", action="store_true",
@@ -86,14 +96,15 @@ def analysis_parser() -> argparse.ArgumentParser:
                    help="reduce gradients after the backward pass instead of overlapping it (Megatron-LM before 2023)")
     g.add_argument("--grad-reduce-dtype", choices=DTYPE_CHOICES,
                    help="dtype of the gradient all-reduce (default: the training dtype; fp32 = Megatron --accumulate-allreduce-grads-in-fp32)")
-    g.add_argument("--dropout", type=finite_float(), default=0.0,
-                   help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0)")
+    g.add_argument("--dropout", type=finite_float(), default=None,
+                   help="training dropout to assume for exports without Dropout nodes (memory of its masks; default 0); "
+                        "refused on an export with Dropout nodes, whose masks are counted already")
     g.add_argument("--rank-order", default="tdp", help="rank order, fastest first (default tdp: Megatron)")
     b = p.add_argument_group("batch and precision")
-    b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=positive_int,
+    b.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=micro_batch_size,
                    help="micro-batch size b; binds the model's symbolic batch axis (default: the model's own batch, else 1)")
     b.add_argument("--global-batch-size", type=positive_int, help="global batch B (default: b x d x p, enough micro-batches to fill the pipeline)")
-    b.add_argument("--seq-len", type=positive_int,
+    b.add_argument("--seq-len", type=sequence_length,
                    help="sequence length; binds the symbolic sequence axis (refused on a fixed-length export unless equal, "
                         "and above the model's position table)")
     b.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=VALUE",
@@ -111,7 +122,8 @@ def analysis_parser() -> argparse.ArgumentParser:
     o.add_argument("--no-advice", action="store_true",
                    help="skip the re-analysed speed recommendations and memory suggestions (faster)")
     o.add_argument("--tie-embeddings", action="store_true",
-                   help="count a legacy export's transposed copy of the embedding (tied LM head, e.g. GPT-2) once")
+                   help="count a legacy export's transposed copy of the embedding (tied LM head, e.g. GPT-2) once; refused on "
+                        "an export that stores no such copy")
     o.add_argument("--lenient", action="store_true", help="cost ops that have no cost rule as memory-bound, with a warning (If/Loop/Scan need no flag)")
     o.add_argument("--config", help="YAML file of options (keys as the long flags, e.g. micro_batch_size: 4); flags win")
     return p
@@ -129,7 +141,10 @@ def _load_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) 
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_decimal_loader()) or {}
+    except _NotDecimal as exc:
+        raise ConfigError(f"--config {path.name!r} line {exc.line}: {exc.text} is a YAML 1.1 number in another base or with "
+                          f"separators (read as {exc.value!r}); write it in plain decimal digits") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--config {path.name!r} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     except UnicodeDecodeError:
@@ -147,6 +162,39 @@ def _load_config_defaults(parser: argparse.ArgumentParser, argv: Sequence[str]) 
             continue  # "d:" with no value (YAML null): the option's default, as if the key were left out
         defaults[dest] = _config_value(actions[dest], key, value, path.name)
     parser.set_defaults(**defaults)
+
+
+class _NotDecimal(Exception):
+    """A ``--config`` number written other than in plain decimal: ``text`` at ``line``, which YAML
+    1.1 reads as ``value``."""
+
+    def __init__(self, text: str, value: Any, line: int) -> None:
+        super().__init__(text)
+        self.text, self.value, self.line = text, value, line
+
+
+def _decimal_loader() -> Any:
+    """``yaml.SafeLoader`` refusing (:class:`_NotDecimal`) the numbers YAML 1.1 reads in other bases
+    or with separators: ``0x10`` (16), ``010`` (8), ``0b10``, ``1_000``, ``1:30`` (90 seconds),
+    ``1_000.5``.  Read silently they set ``d: 0x10`` to 16, which the flag ``--d 0x10`` refuses."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def number(loader: yaml.SafeLoader, node: Any) -> Any:
+        is_int = node.tag.endswith(":int")
+        value = loader.construct_yaml_int(node) if is_int else loader.construct_yaml_float(node)
+        plain = re.fullmatch(r"[-+]?(0|[1-9][0-9]*)", node.value) if is_int else not re.search(r"[_:]", node.value)
+        if not plain:
+            raise _NotDecimal(node.value, value, node.start_mark.line + 1)
+        return value
+
+    Loader.add_constructor("tag:yaml.org,2002:int", number)
+    Loader.add_constructor("tag:yaml.org,2002:float", number)
+    return Loader
 
 
 def _config_value(action: argparse.Action, key: Any, value: Any, file_name: str) -> Any:
@@ -199,7 +247,8 @@ def run_analysis(argv: Sequence[str]) -> int:
 
 
 def _refuse_contradictions(args: argparse.Namespace, num_gpus: int) -> None:
-    """Flags that contradict each other, refused before the model is read."""
+    """Flags that contradict each other or would change nothing, refused before the model is read
+    (an unset ``--gpus-per-node`` takes its default here: :func:`~dml2comm.cli.args.resolve_gpus_per_node`)."""
     if args.gpus is not None and args.gpus != num_gpus:
         if args.cp == 1:
             raise ConfigError(f"--gpus {args.gpus} does not equal d*t*p = {args.d}*{args.t}*{args.p} = {num_gpus}; change --d/--t/--p or --gpus")
@@ -212,13 +261,21 @@ def _refuse_contradictions(args: argparse.Namespace, num_gpus: int) -> None:
     if args.no_async_tp_allreduce and args.t == 1:
         raise ConfigError("--no-async-tp-allreduce changes tensor parallelism's backward all-reduce, which t = 1 has none of; "
                           "add --t 2 or more, or drop it")
-    if args.virtual_stages > 1 and (Schedule.of(args.schedule) is not Schedule.INTERLEAVED or args.p == 1):
-        raise ConfigError(f"--virtual-stages {args.virtual_stages} splits each pipeline stage into chunks, which only "
-                          "--schedule interleaved with --p 2 or more runs; add them, or drop --virtual-stages")
+    check_virtual_stages(args.virtual_stages, args.schedule, args.p)
+    if args.cp_scheme is not None and args.cp == 1:
+        raise ConfigError(f"--cp-scheme {args.cp_scheme} chooses how context parallelism splits attention, which --cp 1 does not "
+                          "run; add --cp 2 or more, or drop --cp-scheme")
+    resolve_gpus_per_node(args)
     if args.step_time is not None and not args.profile:
         raise ConfigError("--step-time scales a profiled step's host figures; add --profile TRACE of that step")
     if args.step_time is not None and args.host_model is not None:
         raise ConfigError(f"--step-time scales the host figures of the --profile trace, which --host-model {args.host_model} replaces; drop one")
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The :class:`~dml2comm.parallel.config.ParallelConfig` keywords of the flags ``names`` that
+    were given (None: left out, so the configuration's default holds)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _load_checked(args: argparse.Namespace, options: Any) -> Any:
@@ -232,7 +289,30 @@ def _load_checked(args: argparse.Namespace, options: Any) -> Any:
         raise ConfigError(f"--dim binds the batch axis to {imported.model_batch}, --micro-batch-size to {args.micro_batch_size}; "
                           "give the micro-batch once (--micro-batch-size)")
     check_seq_len(imported, args.seq_len)
+    _refuse_idle_model_flags(args, imported)
     return imported
+
+
+def _refuse_idle_model_flags(args: argparse.Namespace, imported: Any) -> None:
+    """Flags the imported model gives nothing to act on, refused rather than ignored:
+    ``--capacity-factor`` without experts, ``--dropout`` beside the export's own Dropout nodes (the
+    memory model then counts those: :class:`dml2comm.cost.memory.ActivationModel`) and
+    ``--tie-embeddings`` where the export stores no copy of an embedding table."""
+    from dml2comm.ir.onnx_import import tied_copies
+    from dml2comm.parallel.expert import is_expert_scope
+
+    graph = imported.graph
+    if args.capacity_factor is not None and not any(is_expert_scope(op.scope) for op in graph.ops):
+        raise ConfigError(f"--capacity-factor {args.capacity_factor:g} pads the expert buffers of a mixture-of-experts model; this "
+                          "model has no experts (no ops under an 'experts' scope): drop --capacity-factor")
+    dropouts = sum(op.op_type == "Dropout" for op in graph.ops)
+    if args.dropout is not None and dropouts:
+        raise ConfigError(f"--dropout {args.dropout:g} assumes the masks of an export without Dropout nodes; this export has "
+                          f"{dropouts} Dropout node(s) of its own, whose masks are counted: drop --dropout")
+    if args.tie_embeddings and not tied_copies(graph):
+        raise ConfigError("--tie-embeddings counts a legacy export's stored copy of a tied embedding once, but this export stores no "
+                          "such copy (a dynamo export keeps a tied head as the embedding itself, an untied head stays a parameter): "
+                          "drop --tie-embeddings")
 
 
 def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, Any]:
@@ -270,11 +350,11 @@ def analyse_and_publish(argv: Sequence[str]) -> tuple[argparse.Namespace, Any, A
         dp_size=args.d, tp_size=args.t, pp_size=args.p, micro_batch_size=micro, global_batch_size=global_batch,
         seq_len=seq, dtype=args.dtype, schedule=args.schedule, virtual_stages=args.virtual_stages,
         zero_stage=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-        optimizer=args.optimizer, rank_order=args.rank_order, dropout=args.dropout,
+        optimizer=args.optimizer, rank_order=args.rank_order,
         overlap_grad_reduce=not args.no_overlap_grad_reduce, grad_reduce_dtype=args.grad_reduce_dtype,
         tp_comm_overlap=args.tp_comm_overlap, async_tp_allreduce=not args.no_async_tp_allreduce,
-        grad_accumulation_fusion=not args.no_gradient_accumulation_fusion, cp_size=args.cp, cp_scheme=args.cp_scheme, ep_size=args.ep,
-        capacity_factor=args.capacity_factor, **stack_kwargs(args),
+        grad_accumulation_fusion=not args.no_gradient_accumulation_fusion, cp_size=args.cp, ep_size=args.ep,
+        **_given(args, "cp_scheme", "capacity_factor", "dropout"), **stack_kwargs(args),
     )
     cluster = plan_cluster(args.gpu, args.cluster, num_gpus, args.gpus_per_node, nics_per_node=args.nics_per_node,
                            topology=args.topology)

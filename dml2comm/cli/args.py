@@ -13,9 +13,11 @@ import math
 from typing import Any
 
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import decimal_int
 
-__all__ = ["OneLineParser", "add_hardware_arguments", "add_profile_argument", "add_stack_arguments", "finite_float", "host_model_of",
-           "non_negative_int", "positive_int", "profiled_precision", "stack_kwargs", "suggest_options", "DTYPE_CHOICES", "ZERO_STAGES"]
+__all__ = ["OneLineParser", "add_hardware_arguments", "add_profile_argument", "add_stack_arguments", "check_gpus_per_node", "check_virtual_stages",
+           "finite_float", "host_model_of", "micro_batch_size", "non_negative_int", "positive_int", "positive_int_up_to", "profiled_precision", "resolve_gpus_per_node",
+           "sequence_length", "stack_kwargs", "suggest_options", "DEFAULT_GPUS_PER_NODE", "DTYPE_CHOICES", "ZERO_STAGES"]
 
 #: ``--dtype`` (and ``--grad-reduce-dtype``) choices: the training dtypes of
 #: :data:`dml2comm.parallel.config.DTYPES`, in its order (bf16, fp16, fp32).
@@ -65,7 +67,7 @@ MAX_SIZE = 2**53
 
 def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
-        value = int(text)
+        value = decimal_int(text)  # plain digits: int() would also read '１６' and '1_6'
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
     if value < minimum:
@@ -81,21 +83,56 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_int_up_to(limit: int, why: str):
+    """argparse ``type=`` for a size with a bound of its own: a positive integer up to ``limit``
+    (``why``: the bound's reason, said in the refusal)."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"expected a positive integer up to {limit:,} ({why}), got {text}")
+        return value
+    parse.__name__ = "positive integer"
+    return parse
+
+
+def micro_batch_size(text: str) -> int:
+    """argparse ``type=`` for ``--micro-batch-size``: a positive integer up to
+    :data:`~dml2comm.parallel.config.MAX_MICRO_BATCH`, refused by the flag's name before the model is read."""
+    from dml2comm.parallel.config import MAX_MICRO_BATCH
+
+    return positive_int_up_to(MAX_MICRO_BATCH, "2**20, far beyond any real micro-batch")(text)
+
+
+def sequence_length(text: str) -> int:
+    """argparse ``type=`` for ``--seq-len``: a positive integer up to
+    :data:`~dml2comm.parallel.config.MAX_SEQ_LEN`, refused before the model is bound to it (an
+    import bound to 10**9 tokens exhausted the memory)."""
+    from dml2comm.parallel.config import MAX_SEQ_LEN
+
+    return positive_int_up_to(MAX_SEQ_LEN, "2**22 tokens, far beyond any trained context")(text)
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type=`` for a count that may be zero (``--build-top 0``)."""
     return _int_at_least(text, 0, "a whole number >= 0")
 
 
-def finite_float(minimum: float = 0.0):
-    """argparse ``type=`` for a quantity: a finite number of at least ``minimum`` (``nan`` and
-    ``inf`` are refused by the flag's name, not by an internal field's)."""
+def finite_float(minimum: float = 0.0, maximum: float = math.inf, why: str = ""):
+    """argparse ``type=`` for a quantity: a finite number of at least ``minimum`` and at most
+    ``maximum`` (``why``: the upper bound's reason, said in the refusal); ``nan`` and ``inf`` are
+    refused by the flag's name, not by an internal field's.  ASCII only, without underscores:
+    ``float()`` also reads '１.５' and '1_0' (= 10)."""
     def parse(text: str) -> float:
         try:
+            if not text.isascii() or "_" in text:
+                raise ValueError(text)
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not math.isfinite(value) or value < minimum:
             raise argparse.ArgumentTypeError(f"expected a finite number >= {minimum:g}, got {text!r}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected a number up to {maximum:g} ({why}), got {text!r}")
         return value
     parse.__name__ = "number"
     return parse
@@ -186,6 +223,12 @@ _HARDWARE_HELP = {
 }
 
 
+#: The largest ``--collective-overhead-us``: one second per call, four orders of magnitude above the
+#: measured host overheads (the presets' fitted 51.5 µs; nccl-tests' small-message times are 5-100 µs);
+#: 10**15 µs planned a step of 10**9 s.
+MAX_COLLECTIVE_OVERHEAD_US = 1e6
+
+
 def add_hardware_arguments(parser: argparse.ArgumentParser, *, main: bool) -> argparse._ArgumentGroup:
     """The ``hardware`` group: ``--gpu``, ``--cluster``, ``--gpus-per-node``, ``--nics-per-node``,
     ``--host-model`` and ``--profile``, one definition for the main command (``main``: its longer
@@ -197,10 +240,11 @@ def add_hardware_arguments(parser: argparse.ArgumentParser, *, main: bool) -> ar
     h = parser.add_argument_group("hardware")
     h.add_argument("--gpu", help=_HARDWARE_HELP["--gpu"][which])
     h.add_argument("--cluster", help=_HARDWARE_HELP["--cluster"][which])
-    h.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)")
+    h.add_argument("--gpus-per-node", type=positive_int, default=None,
+                   help=f"GPUs per node of --gpu (default {DEFAULT_GPUS_PER_NODE}); a --cluster has its own, another value is refused")
     h.add_argument("--nics-per-node", type=positive_int, help=_HARDWARE_HELP["--nics-per-node"][which])
     if main:
-        h.add_argument("--collective-overhead-us", type=finite_float(), default=0.0,
+        h.add_argument("--collective-overhead-us", type=finite_float(maximum=MAX_COLLECTIVE_OVERHEAD_US, why="1 s per call"), default=0.0,
                        help="host-side overhead per collective call in microseconds (default 0: launches are asynchronous; "
                             "the presets' fitted value for standalone calls is 51.5)")
     h.add_argument("--host-model", default=None, choices=list(HOST_MODELS), help=_HARDWARE_HELP["--host-model"][which])
@@ -221,3 +265,43 @@ def host_model_of(args: argparse.Namespace) -> str:
     from dml2comm.cost.host import STACK_HOST_MODEL
 
     return args.host_model or STACK_HOST_MODEL[args.stack or "megatron"]
+
+
+#: GPUs per node where ``--gpu`` builds the cluster and ``--gpus-per-node`` is not given: a DGX or
+#: HGX node's eight.
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def check_gpus_per_node(gpus_per_node: int | None, cluster: str | None) -> None:
+    """``--gpus-per-node`` sizes the nodes ``--gpu`` builds; a ``--cluster`` preset or file brings
+    its own nodes, whose size is used: a different value would be ignored, so it is refused (an
+    equal one is accepted)."""
+    if gpus_per_node is None or not cluster or not cluster.strip():
+        return
+    from dml2comm.hardware.cluster import get_cluster
+
+    node = get_cluster(cluster).gpus_per_node
+    if gpus_per_node != node:
+        raise ConfigError(f"--gpus-per-node {gpus_per_node} contradicts --cluster {cluster}, whose nodes hold {node} GPUs (its own "
+                          f"node size is used); drop --gpus-per-node, or build nodes of {gpus_per_node} GPUs with --gpu NAME "
+                          f"--gpus-per-node {gpus_per_node} instead of --cluster")
+
+
+def resolve_gpus_per_node(args: argparse.Namespace) -> None:
+    """:func:`check_gpus_per_node` of the hardware flags, then an unset ``--gpus-per-node`` set to
+    :data:`DEFAULT_GPUS_PER_NODE` (the analysis, ``sweep`` and ``compare``; left None, the flag
+    stays told apart from its default)."""
+    check_gpus_per_node(args.gpus_per_node, args.cluster)
+    if args.gpus_per_node is None:
+        args.gpus_per_node = DEFAULT_GPUS_PER_NODE
+
+
+def check_virtual_stages(virtual_stages: int, schedule: str, p: int) -> None:
+    """``--virtual-stages v`` > 1 splits each pipeline stage into v chunks, which only the
+    interleaved schedule over p >= 2 stages runs (the others ignore v, as Megatron-LM does):
+    refused otherwise.  One check for the analysis and ``trace``'s prediction."""
+    from dml2comm.parallel.config import Schedule
+
+    if virtual_stages > 1 and (Schedule.of(schedule) is not Schedule.INTERLEAVED or p == 1):
+        raise ConfigError(f"--virtual-stages {virtual_stages} splits each pipeline stage into chunks, which only "
+                          "--schedule interleaved with --p 2 or more runs; add them, or drop --virtual-stages")

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from dml2comm.cli.args import OneLineParser, finite_float, positive_int
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import decimal_int
 from dml2comm.parallel.config import check_gpu_count
 from dml2comm.hardware.cluster import CLUSTERS, NVLINK3_NVSWITCH_A100, Link, cluster_names
 from dml2comm.network.collectives import CollectiveCost
@@ -27,7 +28,7 @@ from dml2comm.network.kinds import Algorithm, CollectiveKind
 from dml2comm.network.model import LIBRARIES
 from dml2comm.network.query import (TOPOLOGY_ALIASES, CollectiveSetup, collective_cost, cost_record, faster_elsewhere, nic_share,
                                     parse_algorithm, parse_op, table_rows, table_sizes)
-from dml2comm.network.topology import TOPOLOGY_NAMES, cluster_topology, make_topology
+from dml2comm.network.topology import TOPOLOGY_NAMES, TopologyName, cluster_topology, make_topology
 from dml2comm.network.units import format_bytes, format_rate, format_seconds, parse_latency, parse_rate, parse_size
 
 __all__ = ["run_collective"]
@@ -52,12 +53,19 @@ costs the textbook single ring (one direction of each link).
 def _dims(text: str) -> tuple[int, ...]:
     parts = text.lower().replace("*", "x").replace(",", "x").split("x")
     try:
-        dims = tuple(int(p) for p in parts)
+        dims = tuple(decimal_int(p.strip()) for p in parts)
     except ValueError:
         raise ConfigError(f"--dims must look like 4x4 or 4x2x2, got {text!r}") from None
     if any(d < 1 for d in dims):
         raise ConfigError(f"--dims must be positive integers, got {text!r}")
     return dims
+
+
+#: The ``--table`` range flags' defaults (refused without ``--table``: they set nothing else).
+_TABLE_DEFAULTS = {"min_bytes": "1KiB", "max_bytes": "1GiB", "step_factor": 4.0}
+#: The topology flags and the topologies that read them (:func:`make_topology`); the others ignore them.
+_TOPOLOGY_FLAGS = (("--radix", "radix", (TopologyName.TREE, TopologyName.FAT_TREE)), ("--levels", "levels", (TopologyName.FAT_TREE,)),
+                   ("--oversubscription", "oversubscription", (TopologyName.FAT_TREE,)))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,10 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--latency", help="per message / per hop, e.g. 5us (default 3.4 µs, NCCL's NVLink step latency)")
     t.add_argument("--links-per-gpu", type=positive_int, default=1, help="parallel links per connection (default 1)")
     t.add_argument("--dims", type=_dims, help="mesh2d/torus2d/torus3d dimensions, e.g. 4x4 (default: as square as possible)")
-    t.add_argument("--radix", type=positive_int, help="tree/fat-tree: GPUs per leaf switch and children per switch")
+    t.add_argument("--radix", type=positive_int, help="tree/fat-tree: GPUs per leaf switch and children per switch "
+                                                      "(refused with the other topologies)")
     t.add_argument("--levels", type=positive_int, help="fat-tree tiers (default: as few as the radix allows)")
-    t.add_argument("--oversubscription", type=finite_float(1.0), default=1.0,
-                   help="fat-tree: per tier above the leaves (default 1: full bisection)")
+    t.add_argument("--oversubscription", type=finite_float(1.0), default=None,
+                   help="fat-tree: per tier above the leaves (default 1: full bisection; refused with the other topologies)")
     t.add_argument("--in-network", action="store_true", help="switches reduce (SHARP / NVLink SHARP)")
     h = p.add_argument_group("cluster (two levels: nodes of GPUs, NICs between nodes)")
     h.add_argument("--cluster", help="preset: " + ", ".join(cluster_names()) + " (calibrated to NCCL)")
@@ -102,10 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--table", action="store_true", help="an nccl-tests-style table: sizes x algorithms")
     o.add_argument("--csv", action="store_true", help="with --table: CSV (one row per size and algorithm)")
-    o.add_argument("--min-bytes", "-b", default="1KiB", help="--table: smallest size (default 1KiB)")
-    o.add_argument("--max-bytes", "-e", default="1GiB", help="--table: largest size (default 1GiB)")
-    o.add_argument("--step-factor", "-f", type=finite_float(1.0 + 1e-9), default=4.0,
-                   help="--table: size multiplier (default 4)")
+    o.add_argument("--min-bytes", "-b", help=f"--table: smallest size (default {_TABLE_DEFAULTS['min_bytes']})")
+    o.add_argument("--max-bytes", "-e", help=f"--table: largest size (default {_TABLE_DEFAULTS['max_bytes']})")
+    o.add_argument("--step-factor", "-f", type=finite_float(1.0 + 1e-9), help=f"--table: size multiplier (default {_TABLE_DEFAULTS['step_factor']:g})")
     return p
 
 
@@ -127,7 +135,7 @@ def _cluster_setup(args: argparse.Namespace, kind: CollectiveKind, overhead: flo
         raise ConfigError(f"unknown cluster {args.cluster!r}; valid names: {', '.join(cluster_names())}")
     if args.topology and args.topology.strip().lower() not in ("hierarchical", "cluster"):
         raise ConfigError(f"--cluster implies its own two-level topology; drop --topology {args.topology}")
-    for flag, value in (("--dims", args.dims), ("--radix", args.radix), ("--levels", args.levels)):
+    for flag, value in (("--dims", args.dims), ("--radix", args.radix), ("--levels", args.levels), ("--oversubscription", args.oversubscription)):
         if value is not None:
             raise ConfigError(f"{flag} does not apply to --cluster (a cluster is nodes of GPUs joined by NICs)")
     k = args.gpus_per_node or preset.gpus_per_node
@@ -168,6 +176,7 @@ def _topology_setup(args: argparse.Namespace, kind: CollectiveKind, overhead: fl
             raise ConfigError(f"{flag} applies to --topology hierarchical or --cluster")
     name = args.topology or "switch"
     name = TOPOLOGY_ALIASES.get(name.strip().lower().replace("_", "-"), name)
+    _check_topology_flags(args, name)
     if args.bandwidth is None:
         per_link = NVLINK3_NVSWITCH_A100.bandwidth_bytes_per_s
         source = "default: one A100's 12 NVLink3 links (300 GB/s per direction)"
@@ -205,9 +214,21 @@ def _topology_setup(args: argparse.Namespace, kind: CollectiveKind, overhead: fl
     elif args.gpus_per_node is not None or args.inter_bandwidth is not None:
         raise ConfigError("--gpus-per-node and --inter-bandwidth apply to --topology hierarchical or --cluster")
     topo = make_topology(name, n, link, dims=args.dims, radix=args.radix, levels=args.levels,
-                         oversubscription=args.oversubscription, in_network=args.in_network,
+                         oversubscription=args.oversubscription or 1.0, in_network=args.in_network,
                          gpus_per_node=args.gpus_per_node, inter_link=inter)
     return CollectiveSetup(kind, n, topo, None, args.library or "textbook", overhead or 0.0, args.gamma, topo.description)
+
+
+def _check_topology_flags(args: argparse.Namespace, name: str) -> None:
+    """``--radix``, ``--levels`` and ``--oversubscription`` shape only the topologies of
+    :data:`_TOPOLOGY_FLAGS`; given with another they would be ignored, so they are refused."""
+    key = name.strip().lower().replace("_", "-")
+    if key not in TOPOLOGY_NAMES:
+        return  # make_topology refuses the name, listing the valid ones
+    topology = TopologyName.of(key)
+    for flag, attr, readers in _TOPOLOGY_FLAGS:
+        if getattr(args, attr) is not None and topology not in readers:
+            raise ConfigError(f"{flag} shapes --topology {' or '.join(readers)}, not {topology}; drop {flag} or change --topology")
 
 
 def _check_one_direction(args: argparse.Namespace, topology: str) -> None:
@@ -263,7 +284,8 @@ def _print_one(setup: CollectiveSetup, cost: CollectiveCost, verbose: bool, forc
 
 
 def _table(setup: CollectiveSetup, args: argparse.Namespace) -> None:
-    algs, rows = table_rows(setup, table_sizes(args.min_bytes, args.max_bytes, args.step_factor), args.algorithm)
+    sizes = {k: default if getattr(args, k) is None else getattr(args, k) for k, default in _TABLE_DEFAULTS.items()}
+    algs, rows = table_rows(setup, table_sizes(sizes["min_bytes"], sizes["max_bytes"], sizes["step_factor"]), args.algorithm)
     names = [a.value for a in algs]
     if args.csv:
         buf = io.StringIO()
@@ -347,6 +369,10 @@ def run_collective(argv: Sequence[str]) -> int:
         return 0
     if args.csv:
         raise ConfigError("--csv goes with --table")
+    for key in _TABLE_DEFAULTS:
+        if getattr(args, key) is not None:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} sets the range of --table; add --table, or drop {flag}")
     if args.size is None:
         raise ConfigError("give --size (e.g. 1GiB), or --table for a range of sizes")
     size = parse_size(args.size)

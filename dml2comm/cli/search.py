@@ -41,8 +41,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.cli.analyse import analyse_and_publish
 from dml2comm.cli.args import (DTYPE_CHOICES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float, host_model_of,
-                               non_negative_int, positive_int, stack_kwargs)
+                               non_negative_int, positive_int, resolve_gpus_per_node, sequence_length, stack_kwargs)
 from dml2comm.executors import add_executor_args, executor_from_args
+from dml2comm.fmt import decimal_int
 from dml2comm.errors import ConfigError
 from dml2comm.cost.memory import allocator_capacity_bytes
 from dml2comm.cost.profile import ProfileScale
@@ -79,7 +80,7 @@ def _hardware_args(p: argparse.ArgumentParser, scaling: bool = False, compare: b
     add_hardware_arguments(p, main=False)
     b = p.add_argument_group("batch")
     b.add_argument("--global-batch-size", type=positive_int, help="global batch B (sweep default: --gpus; compare: required)")
-    b.add_argument("--seq-len", type=positive_int, help="sequence length; binds the symbolic sequence axis")
+    b.add_argument("--seq-len", type=sequence_length, help="sequence length; binds the symbolic sequence axis")
     b.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
     b.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     add_stack_arguments(b)
@@ -150,7 +151,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     c.add_argument("--sp-only", action="store_true", help="always use sequence parallelism when t > 1")
     c.add_argument("--allow-cross-node-tp", action="store_true", help="allow t larger than the GPUs per node")
     c.add_argument("--cp", default="1", help="context-parallel sizes to try, e.g. --cp 1,2,4 (default 1)")
-    c.add_argument("--cp-scheme", default="ulysses", choices=CP_SCHEMES, help="context-parallel scheme (default ulysses)")
+    c.add_argument("--cp-scheme", default=None, choices=CP_SCHEMES,
+                   help="context-parallel scheme (default ulysses); needs a --cp list with a size of 2 or more")
     c.add_argument("--ep", default="1", help="expert-parallel sizes to try on a MoE model, e.g. --ep 1,8 (default 1)")
     r = p.add_argument_group("run")
     r.add_argument("--workers", type=positive_int, default=1,
@@ -165,6 +167,10 @@ def sweep_parser() -> argparse.ArgumentParser:
 def _constraints(args: argparse.Namespace) -> Constraints:
     if args.no_sp and args.sp_only:
         raise ConfigError("--no-sp and --sp-only contradict each other; drop one")
+    cp = parse_int_list(args.cp, "--cp")
+    if args.cp_scheme is not None and max(cp) == 1:
+        raise ConfigError(f"--cp-scheme {args.cp_scheme} chooses how context parallelism splits attention, which --cp {args.cp} does "
+                          "not try; add a size of 2 or more to --cp (e.g. --cp 1,2), or drop --cp-scheme")
     return Constraints(
         d=parse_int_list(args.d, "--d") if args.d else None,
         t=parse_int_list(args.t, "--t") if args.t else None,
@@ -177,13 +183,13 @@ def _constraints(args: argparse.Namespace) -> Constraints:
         sequence_parallel=(False,) if args.no_sp else (True,) if args.sp_only else (False, True),
         allow_cross_node_tp=args.allow_cross_node_tp, gpus_per_node=args.gpus_per_node,
         dtype=args.dtype, optimizer=args.optimizer, **stack_kwargs(args),
-        cp=parse_int_list(args.cp, "--cp"), ep=parse_int_list(args.ep, "--ep"), cp_scheme=args.cp_scheme,
+        cp=cp, ep=parse_int_list(args.ep, "--ep"), **({} if args.cp_scheme is None else {"cp_scheme": args.cp_scheme}),
     )
 
 
 def _zero_list(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+        values = tuple(sorted({decimal_int(x.strip()) for x in text.split(",") if x.strip()}))
     except ValueError:
         values = ()
     if not values:
@@ -219,6 +225,7 @@ def _profile(args: argparse.Namespace) -> ProfileScale | None:
 
 def run_sweep_command(argv: Sequence[str]) -> int:
     args = _site_flags(sweep_parser().parse_args(argv))
+    resolve_gpus_per_node(args)
     constraints = _constraints(args)
     if args.scaling is not None:
         if args.gpus is not None:
@@ -556,6 +563,7 @@ def compare_parser() -> argparse.ArgumentParser:
 
 def run_compare_command(argv: Sequence[str]) -> int:
     args = _site_flags(compare_parser().parse_args(argv))
+    resolve_gpus_per_node(args)
     if args.global_batch_size is None:
         raise ConfigError("compare needs --global-batch-size (the same batch for every configuration)")
     builder = cluster_builder(args.gpu, args.cluster, args.gpus_per_node, host_model_of(args), args.nics_per_node, _profile(args))

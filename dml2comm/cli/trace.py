@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.cli.args import DTYPE_CHOICES, ZERO_STAGES, OneLineParser, positive_int
+from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, check_gpus_per_node, check_virtual_stages, micro_batch_size,
+                               non_negative_int, positive_int, sequence_length)
 from dml2comm.cli.progress import progress_bar
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.export.files import check_output_folder
@@ -45,7 +46,7 @@ from dml2comm.traces.report import (PREDICTION_DEFAULTS, comparison_csv, events_
                                     trace_analysis_dict)
 from dml2comm.site.traces import page_context, publish_trace_outputs, trace_drawings
 
-__all__ = ["trace_parser", "run_trace_command", "refuse_unused_flags", "run_sizes"]
+__all__ = ["trace_parser", "run_trace_command", "refuse_idle_prediction_flags", "refuse_unused_flags", "run_sizes"]
 
 EXAMPLES = """examples (on the bundled 4-rank PyTorch-profiler trace; yours: a folder of rank-N.json[.gz]):
   python main.py trace tests/fixtures/traces/gloo_pp2_dp2 --processes 2 --out out/trace
@@ -79,16 +80,16 @@ def trace_parser() -> argparse.ArgumentParser:
     m.add_argument("--rank-order", help="rank order, fastest first (default tdp: Megatron)")
     f = p.add_argument_group("prediction (optional): the model and configuration of the run; these flags need --model")
     f.add_argument("--model", help="the ONNX model the run trained")
-    f.add_argument("--cp-scheme", choices=CP_SCHEMES, help="default ulysses")
+    f.add_argument("--cp-scheme", choices=CP_SCHEMES, help="default ulysses; needs a context-parallel run (cp 2 or more)")
     f.add_argument("--ep", type=positive_int, help="expert-parallel size (carved out of d x cp; default 1)")
-    f.add_argument("--micro-batch-size", type=positive_int)
+    f.add_argument("--micro-batch-size", type=micro_batch_size)
     f.add_argument("--global-batch-size", type=positive_int)
-    f.add_argument("--seq-len", type=positive_int)
+    f.add_argument("--seq-len", type=sequence_length)
     f.add_argument("--dtype", choices=DTYPE_CHOICES, help="default bf16")
     f.add_argument("--schedule", choices=SCHEDULES, help="default 1f1b")
-    f.add_argument("--virtual-stages", type=positive_int, help="default 1")
+    f.add_argument("--virtual-stages", type=positive_int, help="default 1; needs --schedule interleaved and p of 2 or more")
     f.add_argument("--recompute", choices=RECOMPUTE_MODES, help="default none")
-    f.add_argument("--zero", type=int, choices=ZERO_STAGES, help="default 0")
+    f.add_argument("--zero", type=non_negative_int, choices=ZERO_STAGES, help="default 0")
     f.add_argument("--sequence-parallel", action="store_true", default=None)
     f.add_argument("--stack", choices=STACKS, help="what ran the model: megatron (default) or pytorch (eager PyTorch / Hugging "
                                                    "Face: one kernel per op, SDPA flash attention)")
@@ -100,7 +101,8 @@ def trace_parser() -> argparse.ArgumentParser:
     f.add_argument("--gpu", help="default a100")
     f.add_argument("--cluster", help="a cluster preset or file; a file from python main.py calibrate also predicts with its base "
                    "preset's constants, side by side")
-    f.add_argument("--gpus-per-node", type=positive_int, help="default 8")
+    f.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node of --gpu (default 8); a --cluster has its own, another "
+                                                             "value is refused")
     return p
 
 
@@ -126,6 +128,18 @@ def refuse_unused_flags(args: argparse.Namespace) -> None:
     if unused:
         raise ConfigError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} used only by the prediction: "
                           f"add --model MODEL.onnx or drop {'it' if len(unused) == 1 else 'them'}")
+
+
+def refuse_idle_prediction_flags(args: argparse.Namespace, run: dict[str, int]) -> None:
+    """Prediction flags the run's sizes (:func:`run_sizes`) give nothing to act on, refused as the
+    analysis refuses them: ``--virtual-stages`` without the interleaved schedule over p >= 2
+    (:func:`~dml2comm.cli.args.check_virtual_stages`), ``--cp-scheme`` without context
+    parallelism and a ``--gpus-per-node`` that contradicts ``--cluster``."""
+    check_virtual_stages(args.virtual_stages or 1, args.schedule or PREDICTION_DEFAULTS["schedule"], run["pp"])
+    if args.cp_scheme is not None and run["cp"] == 1:
+        raise ConfigError(f"--cp-scheme {args.cp_scheme} chooses how context parallelism splits attention, which this run (cp 1) "
+                          "does not use; drop --cp-scheme")
+    check_gpus_per_node(args.gpus_per_node, args.cluster)
 
 
 def run_sizes(args: argparse.Namespace, ts: TraceSet) -> tuple[dict[str, int], str]:
@@ -206,6 +220,7 @@ def run_trace_command(argv: Sequence[str]) -> int:
         reasons = "; ".join(ts.problems) or "no trace could be read"
         raise TraceError(f"no rank could be analysed: {reasons}")
     run, source = run_sizes(args, ts)  # flags that contradict the traces: an error before anything is written
+    refuse_idle_prediction_flags(args, run)
     join = join_step(ts, args.model, args.micro_batch_size, args.seq_len)
     options = {k: getattr(args, k) for k in PREDICTION_DEFAULTS}
     if join is not None and options["micro_batch_size"] is None and join.get("micro_batch"):

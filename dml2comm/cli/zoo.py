@@ -9,15 +9,36 @@ from typing import Any, Sequence
 
 from dml2comm.cli.args import OneLineParser
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import decimal_int
 
 __all__ = ["run_zoo"]
 
 
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [decimal_int(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _integer(text: str) -> int:
+    """A zoo size in plain digits (``int()`` would also read '１６' and '1_6'); its range is the
+    zoo's own check (:func:`dml2comm.zoo.build`)."""
+    try:
+        return decimal_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _number(text: str) -> float:
+    """A zoo quantity in ASCII (``float()`` would also read '１.５' and '1_0'); whether it is finite
+    and in range is the zoo's own check."""
+    try:
+        if not text.isascii() or "_" in text:
+            raise ValueError(text)
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def run_zoo(argv: Sequence[str]) -> int:
@@ -42,7 +63,7 @@ def run_zoo(argv: Sequence[str]) -> int:
             elif prm.many:
                 kwargs["type"] = _int_list if prm.type is int else (lambda s: [x for x in s.split(",") if x])
             else:
-                kwargs["type"] = prm.type
+                kwargs["type"] = {int: _integer, float: _number}.get(prm.type, prm.type)
             if prm.choices:
                 kwargs["choices"] = list(prm.choices)
             if prm.required:

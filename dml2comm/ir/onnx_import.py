@@ -50,7 +50,8 @@ from onnx import TensorProto
 from dml2comm.errors import ConfigError, Dml2CommError, InputFileError, ModelError, UnboundDimError
 from dml2comm.ir.graph import Call, DType, Op, OpGraph, Tensor, vocab_table
 
-__all__ = ["ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "CONTROL_FLOW_OPS"]
+__all__ = ["ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "tied_copies",
+           "CONTROL_FLOW_OPS"]
 
 #: Protobuf refuses messages over 2 GiB; such models are inferred from their path instead.
 PROTO_LIMIT_BYTES = 2**31
@@ -2044,6 +2045,14 @@ def _tied_copies(ops: list[Op], tensors: dict[str, Tensor], tie: bool, dynamo: b
                 "embedding (GPT-2 does), the legacy exporter stored a copy; pass --tie-embeddings to count it once"
             )
     return notes
+
+
+def tied_copies(graph: OpGraph) -> tuple[str, ...]:
+    """The weights ``tie_embeddings`` counted as stored copies of an embedding table
+    (:func:`_tied_copies`): tied to another parameter, yet no op computes them (a view of a
+    parameter, the other kind of tied weight, is its op's output).  Empty without the option, or
+    where the export stores no such copy."""
+    return tuple(name for name, t in graph.tensors.items() if t.is_weight and t.tied_to is not None and graph.producer(name) is None)
 
 
 # ----------------------------------------------------------------------------- parameter-derived tensors

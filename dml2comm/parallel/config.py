@@ -11,7 +11,7 @@ from dml2comm.ir.graph import DType
 
 __all__ = ["ParallelConfig", "check_choice", "check_zero_stage", "DTYPES", "Schedule", "Recompute", "Stack", "Precision", "AttentionKernel", "Optimizer", "CpScheme", "DTypeName", "DEFAULT_PRECISION", "DEFAULT_ATTENTION", "SCHEDULES",
            "RECOMPUTE_MODES", "STACKS", "PRECISIONS", "ATTENTION_KERNELS", "OPTIMIZERS", "CP_SCHEMES",
-           "MAX_GPUS", "MAX_SCHEDULE_STEPS", "check_gpu_count"]
+           "MAX_GPUS", "MAX_MICRO_BATCH", "MAX_SCHEDULE_STEPS", "MAX_SEQ_LEN", "check_gpu_count"]
 
 DTYPES = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16, "fp32": DType.FLOAT}
 
@@ -143,6 +143,15 @@ MAX_GPUS = 2**22
 #: The most micro-batch slots the simulator holds, p x m x v (the pipeline's steps; 131,072 =
 #: 2**17 take about 5 s and 1 GB): real runs have thousands (Megatron's 1T GPT: p=64, m=192).
 MAX_SCHEDULE_STEPS = 2**17
+#: The largest micro-batch b (1,048,576 = 2**20 samples): real runs use 1 to a few thousand
+#: (Megatron's GPTs 1-16 per GPU, large-batch ResNet training 32-256 per GPU); a micro-batch of
+#: 10**12 planned a step of 10**9 s.
+MAX_MICRO_BATCH = 2**20
+#: The longest sequence (4,194,304 = 2**22 tokens): four times the longest contexts models are
+#: trained at (1M tokens: Liu et al. 2024, "World Model on Million-Length Video and Language with
+#: Blockwise RingAttention"); the import's memory grows with it (2**24 tokens: about 7 GB, and
+#: 10**9 exhausted the machine).
+MAX_SEQ_LEN = 2**22
 
 
 def check_choice(flag: str, value, choices: Sequence[str]) -> None:
@@ -302,12 +311,19 @@ class ParallelConfig:
             )
 
     def _check_plannable(self) -> None:
-        """Refuse sizes the planner cannot hold (:data:`MAX_GPUS`, :data:`MAX_SCHEDULE_STEPS`)
-        before any rank list or schedule array is built."""
+        """Refuse sizes the planner cannot hold (:data:`MAX_GPUS`, :data:`MAX_SCHEDULE_STEPS`) or
+        no real run has (:data:`MAX_MICRO_BATCH`, :data:`MAX_SEQ_LEN`) before any rank list or
+        schedule array is built."""
         gpus = self.dp_size * self.tp_size * self.pp_size * self.cp_size
         if gpus > MAX_GPUS:
             raise ConfigError(f"d x t x p x c = {self.dp_size} x {self.tp_size} x {self.pp_size} x {self.cp_size} = {gpus:,} GPUs "
                               f"is beyond the {MAX_GPUS:,} GPUs dml2comm plans (far beyond any real cluster); use smaller --d/--t/--p/--cp")
+        if self.micro_batch_size > MAX_MICRO_BATCH:
+            raise ConfigError(f"micro-batch {self.micro_batch_size:,} is beyond the {MAX_MICRO_BATCH:,} samples dml2comm plans (far "
+                              "beyond any real run's); use a smaller --micro-batch-size")
+        if isinstance(self.seq_len, int) and self.seq_len > MAX_SEQ_LEN:
+            raise ConfigError(f"sequence length {self.seq_len:,} is beyond the {MAX_SEQ_LEN:,} tokens dml2comm plans (far beyond any "
+                              "trained context); use a smaller --seq-len")
         if self.micro_batch_size * self.dp_size > self.global_batch_size:
             return  # the divisibility check below says what is wrong
         m = self.global_batch_size // (self.micro_batch_size * self.dp_size)

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.errors import ConfigError
+from dml2comm.fmt import decimal_int
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.cluster import Cluster, plan_cluster
 from dml2comm.parallel.config import RECOMPUTE_MODES, ParallelConfig
@@ -176,7 +177,7 @@ def parse_config_spec(text: str, global_batch: int, seq_len: int | None, dtype: 
             kwargs[name] = value.lower() in ("1", "true", "on")
         else:
             try:
-                kwargs[name] = int(value)
+                kwargs[name] = decimal_int(value)
             except ValueError:
                 raise ConfigError(f"--configs {text!r}: {key}={value!r} is not an integer") from None
     if kwargs.get("virtual_stages", 1) > 1:

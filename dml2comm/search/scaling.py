@@ -37,7 +37,7 @@ from dml2comm.hardware.cluster import Cluster
 from dml2comm.search.explain import BREAKDOWN, breakdown, config_diff, config_text
 from dml2comm.search.space import Constraints
 from dml2comm.search.sweep import SweepResult, SweepSpace, config_from_dict, run_sweep
-from dml2comm.fmt import fmt_bytes, fmt_s
+from dml2comm.fmt import decimal_int, fmt_bytes, fmt_s
 
 __all__ = ["DEFAULT_THRESHOLD", "ScalingPlan", "parse_gpu_counts", "plan_scaling", "run_scaling", "scaling_summary",
            "breakdown_reason", "SCALING_COLUMNS", "scaling_csv"]
@@ -61,7 +61,7 @@ def parse_gpu_counts(text: str, flag: str = "--scaling") -> tuple[int, ...]:
             pending = True
             continue
         try:
-            n = int(part)
+            n = decimal_int(part)
         except ValueError:
             raise ConfigError(f"{flag} expects comma-separated positive GPU counts, got {text!r}; {example}") from None
         if n < 1:

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from dml2comm.errors import ConfigError
-from dml2comm.parallel.config import CP_SCHEMES, RECOMPUTE_MODES, CpScheme, ParallelConfig, check_choice, check_zero_stage
+from dml2comm.fmt import decimal_int
+from dml2comm.parallel.config import (CP_SCHEMES, MAX_MICRO_BATCH, RECOMPUTE_MODES, CpScheme, ParallelConfig, check_choice,
+                                      check_zero_stage)
 
 __all__ = ["Constraints", "divisors", "enumerate_configs", "parse_int_list", "parse_name_list"]
 
@@ -45,7 +47,7 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> ``(1, 2, 4)``; anything else raises a one-line :class:`ConfigError`."""
     parts = [x.strip() for x in str(text).split(",") if x.strip()]
     try:
-        values = tuple(int(x) for x in parts)
+        values = tuple(decimal_int(x) for x in parts)  # plain digits: int() would also read '１６' and '1_6'
     except ValueError:
         raise ConfigError(f"{flag} expects comma-separated positive integers, got {text!r}; e.g. {flag} 1,2,4") from None
     if not values or any(v < 1 for v in values):
@@ -116,6 +118,9 @@ class Constraints:
         for flag, values in (("--micro-batch-sizes", self.micro_batch_sizes), ("--virtual-stages", self.virtual_stages)):
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ConfigError(f"{flag} expects positive integers, got {values!r}; e.g. {flag} 1,2,4")
+        if max(self.micro_batch_sizes) > MAX_MICRO_BATCH:
+            raise ConfigError(f"--micro-batch-sizes {max(self.micro_batch_sizes):,} is beyond the {MAX_MICRO_BATCH:,} samples dml2comm "
+                              "plans (far beyond any real run's); use smaller sizes")
         if not self.zero_stages:
             raise ConfigError("--zero is empty; give at least one stage, e.g. --zero 0,1")
         for z in self.zero_stages:  # the configuration's own checks and words (parallel.config)
