@@ -343,7 +343,6 @@ def _pass_rates(figures: list[HostFigures], launches: list[int | None], forward_
     return issue_s * share / n_f, issue_s * (1.0 - share) / n_b
 
 
-
 def check_step_time(step_time_s: float) -> None:
     """Refuse a ``--step-time`` that is not a positive number of seconds (one-line
     :class:`ConfigError`)."""
