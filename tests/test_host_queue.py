@@ -50,6 +50,7 @@ def test_a_full_queue_is_not_counted_as_issue_work(tmp_path):
     full = host_figures(load_trace(str(_queued_step(tmp_path / "full.json.gz", [100.0] * 3000))))
     assert full.full_queue_launches > 1500
     assert full.kernel_s == pytest.approx((DISPATCH_US + CALL_US) * 1e-6, rel=0.01)
+    assert full.pass_launches is None  # one thread launched everything: no backward thread to tell the passes apart
     # the same CPU in front of short kernels: the queue never fills, nothing is left out
     short = host_figures(load_trace(str(_queued_step(tmp_path / "short.json.gz", [3.0] * 3000))))
     assert short.full_queue_launches == 0

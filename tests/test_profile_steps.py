@@ -18,7 +18,7 @@ from dml2comm.traces.host import host_figures
 from dml2comm.traces.join import join_trace
 from dml2comm.traces.load import load_trace
 from dml2comm.traces.predict import measured_and_modelled, profile_scale
-from tests.h100_steps import GPT2, step_config
+from tests.h100_steps import GPT2, LLAMA, step_config
 
 #: Ids that must stay unique across the copies of a step.
 _IDS = ("External id", "correlation", "Sequence number", "Record function id", "Ev Idx")
@@ -90,6 +90,18 @@ def test_the_time_between_steps_is_no_host_wait(tmp_path):
         assert getattr(many, field) == pytest.approx(3 * getattr(one, field), rel=1e-6), field
     assert (many.kernel_s, many.gap_s, many.host_bound) == (pytest.approx(one.kernel_s, rel=1e-6), pytest.approx(one.gap_s, rel=1e-6),
                                                             one.host_bound)
+
+
+def test_each_steps_passes_are_told_apart(tmp_path):
+    # the forward's and the backward's launches are counted per profiled step (the optimizer's,
+    # after each step's backward, in neither): three copies of Llama-1B's step count three times
+    # one step's, and the share that splits the CPU's launch time between the passes is one step's
+    three = tmp_path / "three.json"
+    _stepped(LLAMA[1], three, (1.0, 1.0, 1.0))
+    one, many = (host_figures(load_trace(str(p))) for p in (LLAMA[1], three))
+    forward, backward = one.pass_launches
+    assert 0.3 < forward / (forward + backward) < 0.35 and one.full_queue_launches > 0
+    assert many.pass_launches == (3 * forward, 3 * backward)
 
 
 def test_a_trace_of_several_steps_predicts_as_one(tmp_path):
