@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dml2comm.cli.commands import COMMANDS
-from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, check_virtual_stages,
-                               finite_float, host_model_of, micro_batch_size, non_negative_int, positive_int, positive_int_up_to,
+from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, add_hardware_arguments, add_stack_arguments, check_cp_scheme,
+                               check_virtual_stages, finite_float, host_model_of, micro_batch_size, non_negative_int, positive_int, positive_int_up_to,
                                profiled_precision, resolve_gpus_per_node, sequence_length, stack_kwargs)
 from dml2comm.export.files import check_output_folder, publish_files
 from dml2comm.errors import ConfigError, Terminated
@@ -262,9 +262,7 @@ def _refuse_contradictions(args: argparse.Namespace, num_gpus: int) -> None:
         raise ConfigError("--no-async-tp-allreduce changes tensor parallelism's backward all-reduce, which t = 1 has none of; "
                           "add --t 2 or more, or drop it")
     check_virtual_stages(args.virtual_stages, args.schedule, args.p)
-    if args.cp_scheme is not None and args.cp == 1:
-        raise ConfigError(f"--cp-scheme {args.cp_scheme} chooses how context parallelism splits attention, which --cp 1 does not "
-                          "run; add --cp 2 or more, or drop --cp-scheme")
+    check_cp_scheme(args.cp_scheme, args.cp, "--cp 1 does not run", "add --cp 2 or more, or drop --cp-scheme")
     resolve_gpus_per_node(args)
     if args.step_time is not None and not args.profile:
         raise ConfigError("--step-time scales a profiled step's host figures; add --profile TRACE of that step")

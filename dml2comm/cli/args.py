@@ -15,9 +15,9 @@ from typing import Any
 from dml2comm.errors import ConfigError
 from dml2comm.fmt import decimal_int
 
-__all__ = ["OneLineParser", "add_hardware_arguments", "add_profile_argument", "add_stack_arguments", "check_gpus_per_node", "check_virtual_stages",
-           "finite_float", "host_model_of", "micro_batch_size", "non_negative_int", "positive_int", "positive_int_up_to", "profiled_precision", "resolve_gpus_per_node",
-           "sequence_length", "stack_kwargs", "suggest_options", "DEFAULT_GPUS_PER_NODE", "DTYPE_CHOICES", "ZERO_STAGES"]
+__all__ = ["OneLineParser", "add_hardware_arguments", "add_profile_argument", "add_stack_arguments", "check_cp_scheme", "check_gpus_per_node",
+           "check_virtual_stages", "finite_float", "host_model_of", "micro_batch_size", "non_negative_int", "positive_int",
+           "positive_int_up_to", "profiled_precision", "resolve_gpus_per_node", "sequence_length", "stack_kwargs", "suggest_options", "DEFAULT_GPUS_PER_NODE", "DTYPE_CHOICES", "ZERO_STAGES"]
 
 #: ``--dtype`` (and ``--grad-reduce-dtype``) choices: the training dtypes of
 #: :data:`dml2comm.parallel.config.DTYPES`, in its order (bf16, fp16, fp32).
@@ -294,6 +294,15 @@ def resolve_gpus_per_node(args: argparse.Namespace) -> None:
     check_gpus_per_node(args.gpus_per_node, args.cluster)
     if args.gpus_per_node is None:
         args.gpus_per_node = DEFAULT_GPUS_PER_NODE
+
+
+def check_cp_scheme(scheme: str | None, largest_cp: int, which: str, fix: str) -> None:
+    """``--cp-scheme`` chooses how context parallelism splits attention: refused where the largest
+    context-parallel size the command plans (``largest_cp``) is 1.  ``which``: what plans no
+    context parallelism, in the command's words (``--cp 1 does not run``); ``fix``: the remedy.
+    One check for the analysis, ``sweep`` and ``trace``'s prediction."""
+    if scheme is not None and largest_cp == 1:
+        raise ConfigError(f"--cp-scheme {scheme} chooses how context parallelism splits attention, which {which}; {fix}")
 
 
 def check_virtual_stages(virtual_stages: int, schedule: str, p: int) -> None:

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dml2comm.cli.analyse import analyse_and_publish
-from dml2comm.cli.args import (DTYPE_CHOICES, OneLineParser, add_hardware_arguments, add_stack_arguments, finite_float, host_model_of,
-                               non_negative_int, positive_int, resolve_gpus_per_node, sequence_length, stack_kwargs)
+from dml2comm.cli.args import (DTYPE_CHOICES, OneLineParser, add_hardware_arguments, add_stack_arguments, check_cp_scheme, finite_float,
+                               host_model_of, non_negative_int, positive_int, resolve_gpus_per_node, sequence_length, stack_kwargs)
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.fmt import decimal_int
 from dml2comm.errors import ConfigError
@@ -168,9 +168,7 @@ def _constraints(args: argparse.Namespace) -> Constraints:
     if args.no_sp and args.sp_only:
         raise ConfigError("--no-sp and --sp-only contradict each other; drop one")
     cp = parse_int_list(args.cp, "--cp")
-    if args.cp_scheme is not None and max(cp) == 1:
-        raise ConfigError(f"--cp-scheme {args.cp_scheme} chooses how context parallelism splits attention, which --cp {args.cp} does "
-                          "not try; add a size of 2 or more to --cp (e.g. --cp 1,2), or drop --cp-scheme")
+    check_cp_scheme(args.cp_scheme, max(cp), f"--cp {args.cp} does not try", "add a size of 2 or more to --cp (e.g. --cp 1,2), or drop --cp-scheme")
     return Constraints(
         d=parse_int_list(args.d, "--d") if args.d else None,
         t=parse_int_list(args.t, "--t") if args.t else None,
@@ -212,10 +210,9 @@ def _profile(args: argparse.Namespace) -> ProfileScale | None:
     dtype and optimizer (None without the flag)."""
     if not args.profile:
         return None
+    from dml2comm.hardware.cluster import plan_cluster
     from dml2comm.parallel.config import ParallelConfig
     from dml2comm.traces.predict import profile_from_args
-
-    from dml2comm.hardware.cluster import plan_cluster
 
     template = ParallelConfig(dp_size=1, tp_size=1, pp_size=1, micro_batch_size=1, global_batch_size=1, seq_len=args.seq_len,
                               dtype=args.dtype, optimizer=args.optimizer, **stack_kwargs(args))

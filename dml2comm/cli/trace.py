@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, check_gpus_per_node, check_virtual_stages, micro_batch_size,
-                               non_negative_int, positive_int, sequence_length)
+from dml2comm.cli.args import (DTYPE_CHOICES, ZERO_STAGES, OneLineParser, check_cp_scheme, check_gpus_per_node, check_virtual_stages,
+                               micro_batch_size, non_negative_int, positive_int, sequence_length)
 from dml2comm.cli.progress import progress_bar
 from dml2comm.executors import add_executor_args, executor_from_args
 from dml2comm.export.files import check_output_folder
@@ -136,9 +136,7 @@ def refuse_idle_prediction_flags(args: argparse.Namespace, run: dict[str, int]) 
     (:func:`~dml2comm.cli.args.check_virtual_stages`), ``--cp-scheme`` without context
     parallelism and a ``--gpus-per-node`` that contradicts ``--cluster``."""
     check_virtual_stages(args.virtual_stages or 1, args.schedule or PREDICTION_DEFAULTS["schedule"], run["pp"])
-    if args.cp_scheme is not None and run["cp"] == 1:
-        raise ConfigError(f"--cp-scheme {args.cp_scheme} chooses how context parallelism splits attention, which this run (cp 1) "
-                          "does not use; drop --cp-scheme")
+    check_cp_scheme(args.cp_scheme, run["cp"], "this run (cp 1) does not use", "drop --cp-scheme")
     check_gpus_per_node(args.gpus_per_node, args.cluster)
 
 
