@@ -160,6 +160,16 @@ def hf_config(kind, **kw):
         return tf.Qwen2Config(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
                               num_key_value_heads=kw["kv"], intermediate_size=kw["ffn"], vocab_size=kw["V"],
                               tie_word_embeddings=kw.get("tie", True), max_position_embeddings=kw.get("npos", 4096))
+    if kind == "qwen3":
+        return tf.Qwen3Config(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
+                              num_key_value_heads=kw["kv"], head_dim=kw.get("hd", kw["h"] // kw["a"]),
+                              intermediate_size=kw["ffn"], vocab_size=kw["V"],
+                              tie_word_embeddings=kw.get("tie", True), max_position_embeddings=kw.get("npos", 4096))
+    if kind == "gemma":
+        return tf.GemmaConfig(num_hidden_layers=kw["L"], hidden_size=kw["h"], num_attention_heads=kw["a"],
+                              num_key_value_heads=kw["kv"], head_dim=kw.get("hd", kw["h"] // kw["a"]),
+                              intermediate_size=kw["ffn"], vocab_size=kw["V"],
+                              hidden_activation="gelu_pytorch_tanh", max_position_embeddings=kw.get("npos", 4096))
     raise ValueError(kind)
 
 
@@ -222,6 +232,45 @@ RUNS5 = [  # set 5: the CPU side of different architectures on one machine (same
     ("resnet18", "resnet", dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512]), 16, 224, "bf16", True),
     ("gpt2-6l-512", "gpt2", dict(L=6, h=512, a=8), 2, 1024, "bf16", True),
 ]
+MX = dict(L=8, h=1024, a=16, kv=8, ffn=2048, V=32000, E=8, k=2)
+Q3 = dict(L=28, h=1024, a=16, kv=8, hd=128, ffn=3072, V=151936, tie=True)
+GM = dict(L=6, h=2048, a=8, kv=1, hd=256, ffn=16384, V=256000)
+L3 = dict(L=8, h=3072, a=24, kv=8, ffn=8192, V=128256)
+Q05 = dict(L=24, h=896, a=14, kv=2, ffn=4864, V=151936, tie=True)
+R50 = dict(depths=[3, 4, 6, 3])
+R18 = dict(depths=[2, 2, 2, 2], layer_type="basic", hidden_sizes=[64, 128, 256, 512])
+RUNS6 = [  # set 6: models no constant was fitted on (held out), other shapes of the measured ones, on an H200
+    ("mixtral-8x0.1b", "mixtral", MX, 4, 2048, "bf16", True),
+    ("mixtral-8x0.1b", "mixtral", MX, 8, 1024, "bf16", True),
+    ("mixtral-8x0.1b", "mixtral", MX, 2, 2048, "bf16", True),
+    ("mixtral-8x0.1b", "mixtral", MX, 4, 2048, "amp", True),
+    ("qwen3-0.6b", "qwen3", Q3, 4, 2048, "bf16", True),
+    ("qwen3-0.6b", "qwen3", Q3, 8, 1024, "bf16", True),
+    ("gemma-1b", "gemma", GM, 2, 2048, "bf16", True),
+    ("gemma-1b", "gemma", GM, 4, 2048, "bf16", True),
+    ("llama-3b-8l", "llama", L3, 2, 4096, "bf16", True),
+    ("llama-3b-8l", "llama", L3, 4, 2048, "bf16", True),
+    ("qwen2-0.5b", "qwen2", Q05, 4, 2048, "bf16", True),
+    ("qwen2-0.5b", "qwen2", Q05, 4, 2048, "amp", True),
+    ("gpt2-large", "gpt2", dict(L=36, h=1280, a=20), 4, 1024, "bf16", True),
+    ("gpt2-large", "gpt2", dict(L=36, h=1280, a=20), 8, 1024, "bf16", True),
+    ("bert-base", "bert", dict(L=12, h=768, a=12), 32, 512, "bf16", True),
+    ("bert-base", "bert", dict(L=12, h=768, a=12), 128, 128, "bf16", True),
+    ("bert-base", "bert", dict(L=12, h=768, a=12), 32, 512, "amp", True),
+    ("vit-base", "vit", dict(L=12, h=768, a=12), 64, 224, "bf16", True),
+    ("vit-base", "vit", dict(L=12, h=768, a=12), 128, 224, "bf16", True),
+    ("resnet50", "resnet", R50, 128, 224, "bf16", True),
+    ("resnet50", "resnet", R50, 128, 224, "amp", True),
+    ("resnet50", "resnet", R50, 64, 224, "bf16", True),
+    ("bert-6l-512", "bert", dict(L=6, h=512, a=8), 64, 128, "bf16", True),
+    ("vit-8l-512", "vit", dict(L=8, h=512, a=8), 128, 224, "bf16", True),
+    ("resnet18", "resnet", R18, 256, 224, "bf16", True),
+    ("gpt2-small", "gpt2", G2, 1, 1024, "bf16", True),
+    ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 4, 1024, "bf16", True),
+    ("llama-1b", "llama", L1, 2, 4096, "bf16", True),
+]
+if os.environ.get("SET") == "6":
+    RUNS = RUNS6[::-1] if os.environ.get("REV") else RUNS6
 if os.environ.get("SET") == "5":
     RUNS = RUNS5
 if os.environ.get("SET") == "3":
