@@ -400,8 +400,11 @@ def test_experts_picked_from_a_stacked_weight_are_expert_tensor_parallel(exporte
     rules = Counter(sh.rule for op, sh in zip(graph.ops, plan.shards) if op.op_type == "MatMul" and "experts" in op.scope)
     assert rules == {"column-parallel (experts)": 2, "row-parallel (experts)": 2}, rules
     # the split expert products compute half of each picked matrix: [64, 128, 64] of [64, 256, 64]
+    # (legacy: a batched product per routed pair); the dynamo export's per-pair gather is imported
+    # as one product of the 64 routed rows, [128, 64] of the picked [256, 64] matrix
     col = next(sh for sh in plan.shards if sh.rule == "column-parallel (experts)")
-    assert sorted(tuple(v.shape) for v in col.inputs if v is not None and v.rank == 3)[-1] == (64, 128, 64)
+    picked = [tuple(v.shape) for v in col.inputs if v is not None and v.rank >= 2]
+    assert (64, 128, 64) in picked if exporter == "legacy" else picked == [(128, 64), (64, 64)], picked
     # params per GPU: every other weight is planned as before, so the whole model loses exactly
     # half of the expert parameters: 273,472 - 196,608 / 2 = 175,168
     per_gpu = sum(w.numel / plan.weight_factor[w.name] for w in graph.weights)

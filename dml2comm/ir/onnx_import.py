@@ -268,6 +268,11 @@ def read_model_proto(
             f"inlined {num_functions} model-local function(s) ({num_calls} call(s)); "
             "each inlined op keeps its call's module scope"
         )
+    routed = _group_routed_expert_products(model)
+    if routed:
+        warnings.append(f"experts: {routed} routed expert product(s) written as a per-token gather of the expert weights "
+                        "(Hugging Face's batched_mm) costed as the grouped GEMM a training step runs (every token against "
+                        "its top-k experts, the weights read once)")
     restored = _restore_folded_batchnorm(model)
     if restored:
         warnings.append(
@@ -563,6 +568,63 @@ _FOLDED_CONSTANT = re.compile(r"^onnx::Conv_\d+$")
 #: PyTorch's BatchNorm defaults (``torch.nn.BatchNorm2d``: eps 1e-5, momentum 0.1, i.e. ONNX's
 #: momentum 0.9 on the running statistic).
 _BN_EPSILON, _BN_MOMENTUM = 1e-5, 0.9
+
+
+def _group_routed_expert_products(model: onnx.ModelProto) -> int:
+    """Rewrite each routed expert product an export writes per token into one matrix product;
+    returns how many.
+
+    Hugging Face's MoE layers with ``experts_implementation="batched_mm"`` (the exportable one:
+    ``grouped_mm``, the default on a GPU, and ``eager`` export in neither exporter; transformers
+    ``integrations/moe.py``) gather every routed (token, expert) pair's expert matrix and multiply
+    one vector by it: ``GatherND(W[E, N, K], expert[M, 1]) -> [M, N, K]``, ``MatMul`` with
+    ``Unsqueeze(x[M, K], -1)``, ``Squeeze``.  Costed as written that is ``M`` matrix-vector
+    products over ``M`` copies of the weights (the gathered ``[M, N, K]`` tensor: terabytes at a
+    real model's size).  A training step runs it as a grouped GEMM (``torch._grouped_mm`` over
+    the tokens sorted by expert: the measured Mixtral-style step of
+    ``benchmarks/data/gpu_steps/h200_set6_*.json``): the same ``2 M N K`` FLOPs, each expert's
+    weights read once.  So ``(W[0] @ x^T)^T`` stands for it (``Gather(W, 0)``, ``MatMul``, a
+    ``Transpose`` either side): an ``[N, K] x [K, M]`` product of the routed rows with its weight
+    gradient of the same size, the activation it saves ``x``, and the copies that permute the
+    rows into expert order and back (grouped_mm's ``index_select`` and scatter); the expert
+    weights keep their ``[E, N, K]`` parameters, and the tensor-parallel plan splits the picked
+    matrix as the stacked weight's (expert tensor parallelism)."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = Counter(i for n in graph.node for i in n.input if i)
+    replace_at: dict[int, list[onnx.NodeProto]] = {}
+    drop: set[int] = set()
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.domain not in _ONNX_DOMAINS or len(node.input) != 2:
+            continue
+        gather, unsq = producer.get(node.input[0]), producer.get(node.input[1])
+        squeeze = [n for n in graph.node if node.output[0] in n.input]
+        if (gather is None or unsq is None or gather.op_type != "GatherND" or unsq.op_type != "Unsqueeze"
+                or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze" or readers[node.output[0]] != 1
+                or readers[gather.output[0]] != 1 or any(a.name == "batch_dims" and a.i for a in gather.attribute)):
+            continue
+        base = node.output[0]
+        zero, w0, xt, yt = (f"{base}__{part}" for part in ("expert0", "expert_weight", "rows_t", "grouped_t"))
+        made = [onnx.helper.make_node("Constant", [], [zero], value=onnx.helper.make_tensor(zero, TensorProto.INT64, [], [0])),
+                onnx.helper.make_node("Gather", [gather.input[0], zero], [w0], name=f"{node.name}/expert_weight", axis=0),
+                onnx.helper.make_node("Transpose", [unsq.input[0]], [xt], name=f"{node.name}/permute", perm=[1, 0]),
+                onnx.helper.make_node("MatMul", [w0, xt], [yt], name=f"{node.name}/grouped"),
+                onnx.helper.make_node("Transpose", [yt], [squeeze[0].output[0]], name=f"{node.name}/unpermute", perm=[1, 0])]
+        for n in made:
+            n.metadata_props.extend(node.metadata_props)
+        replace_at[id(node)] = made
+        drop.update({id(gather), id(squeeze[0])} | ({id(unsq)} if readers[unsq.output[0]] == 1 else set()))
+    if not replace_at:
+        return 0
+    nodes = []
+    for n in graph.node:
+        if id(n) in replace_at:
+            nodes.extend(replace_at[id(n)])
+        elif id(n) not in drop:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replace_at)
 
 
 def _restore_folded_batchnorm(model: onnx.ModelProto) -> int:

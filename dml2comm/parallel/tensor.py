@@ -1147,7 +1147,7 @@ def _feeds_expert_product(graph: OpGraph, name: str, weight_of, depth: int = 12)
                         return True
                     continue
                 if nxt.op_type in _VIEWS_PASS or nxt.op_type in _ELEMENTWISE or nxt.op_type in (
-                        "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice"):
+                        "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Transpose"):
                     following.extend(o for o in nxt.outputs if o and o not in seen)
                     seen.update(nxt.outputs)
         frontier = following
