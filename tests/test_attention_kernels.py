@@ -268,6 +268,43 @@ def test_fp32_islands_are_the_rmsnorm_between_its_casts():
     assert not fp32_islands_of(load_model(FIXTURES / "llama_gqa_dynamo.onnx", ImportOptions(batch_size=2, seq_len=128)).graph)
 
 
+def test_an_rmsnorm_whose_casts_the_export_dropped_still_runs_in_fp32_eagerly(monkeypatch):
+    from dml2comm.cost.cache import castless_rms_norms_of
+
+    dynamo = load_model(FIXTURES / "llama_gqa_dynamo.onnx", ImportOptions(batch_size=2, seq_len=128)).graph
+    legacy = load_model(FIXTURES / "llama_gqa_legacy.onnx", ImportOptions(batch_size=2, seq_len=128)).graph
+    norms = castless_rms_norms_of(dynamo)
+    layers = sum(1 for op in dynamo.ops if op.op_type == "ReduceMean")
+    assert len(norms) == layers == 9  # two per block of four, and the final norm
+    assert not castless_rms_norms_of(legacy)  # its casts are ops: fp32_islands holds it
+    assert not castless_rms_norms_of(_gpt())  # LayerNorm is one op
+    norm = norms[0]
+    pow_, mul = dynamo.ops[norm.pow_op], dynamo.ops[norm.mul_op]
+    assert pow_.op_type == "Pow" and mul.op_type == "Mul" and pow_.inputs[0] in mul.inputs and len(norm.inner) == 5
+    eager, fused = _costs(dynamo, "pytorch", "unfused"), _costs(dynamo)
+    n = dynamo.tensor(pow_.inputs[0]).numel  # the norm's input: 2 x 128 x 256 elements
+    rows = n // 256
+    # the squares in fp32 (4 bytes written, Megatron's path 2)
+    assert eager.costs[pow_.index].bytes_fwd - fused.costs[pow_.index].bytes_fwd == n * 2
+    # the Mul: reads x (2) and rsqrt (one fp32 per row), writes 2, then the upcast's extra bytes:
+    # x read twice and the output written in fp32 (3 x 2) and the two casts (6 each)
+    c = eager.costs[mul.index]
+    assert c.bytes_fwd == n * 2 + rows * 4 + n * 2 + 3 * n * 2 + 2 * n * 6
+    assert c.bytes_bwd - 5 * n * 2 - 2 * n * 6 > 0 and "RMSNorm in fp32" in c.rule
+    assert "RMSNorm" not in fused.costs[mul.index].rule  # Megatron's fused norms: no casts
+    amp = op_costs(dynamo, tensor_parallel_of(dynamo, 1, False, 2), DType.BFLOAT16, H100, H100.peak_flops("bf16"),
+                   H100.hbm_bytes_per_s, False, NONE, "pytorch", "unfused", autocast=True)
+    assert "RMSNorm in fp32" not in amp.costs[mul.index].rule  # AMP: autocast's own casts (pow is on its fp32 list)
+    # the casts' launches are not charged to the host model, fitted on the modelled counts (docstring)
+    from dml2comm.cost.host import PYTORCH
+    hosted = shard_op_costs(dynamo, 1, False, "bf16", H100, False, PYTORCH, "pytorch", "unfused")
+    monkeypatch.setattr("dml2comm.cost.ops.castless_rms_norms_of", lambda graph: ())  # as before: no upcast
+    fresh = load_model(FIXTURES / "llama_gqa_dynamo.onnx", ImportOptions(batch_size=2, seq_len=128)).graph
+    plain = shard_op_costs(fresh, 1, False, "bf16", H100, False, PYTORCH, "pytorch", "unfused")
+    assert hosted.launches == plain.launches and hosted.forward_launches == plain.forward_launches
+    assert sum(f for f, _ in hosted.kernel_times) > sum(f for f, _ in plain.kernel_times)
+
+
 # ---- the defaults, and the caches kept apart
 def test_default_costs_are_megatron_unfused_and_caches_never_mix():
     graph = _gpt()

@@ -138,11 +138,11 @@ def _analysis(case, b: int, scale, gpu: str = "dgx-h100", **kw):
 def test_gpt2_from_llamas_ratios_is_covered(parts):
     # the command line refuses a trace of another model; through the functions the band takes the
     # distance from Llama's GEMM shapes to GPT-2's.  Against the mean of the four measurements of
-    # the GPT-2 step (two machines, validate.steps) the prediction is 4.3% off, inside the band
+    # the GPT-2 step (two machines, validate.steps) the prediction is 1.6% off, inside the band
     # (6.3%, read from Llama's GPU-bound trace: it holds nothing of the pytorch preset host model's
-    # own error on GPT-2's host-affected step).  Llama's block ratios (1.09 / 1.05) carry the
-    # element-wise work its export does not show (Hugging Face's fp32 RMSNorm, rotary halves),
-    # which GPT-2's blocks do not run
+    # own error on GPT-2's host-affected step).  Llama's block ratios are 0.98 / 0.98 (1.09 / 1.05
+    # and GPT-2 4.3% off while the model left out Hugging Face's fp32 RMSNorm, which its export
+    # does not show and GPT-2's blocks do not run: cost.norm.castless_rms_norms)
     from dml2comm.validate.steps import runs
 
     measured = next(r["time_s"] for r in runs() if r["name"] == "gpt2-small")
@@ -150,7 +150,7 @@ def test_gpt2_from_llamas_ratios_is_covered(parts):
     band = expected_error_of(a)
     assert band["doublings"] == pytest.approx(1.56, abs=0.01) and band["components"]["shapes"] > 0
     error = abs(a.summary["iteration_time_s"] / measured - 1)
-    assert error == pytest.approx(0.043, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.063, abs=0.002)
+    assert error == pytest.approx(0.016, abs=0.002) and band["total"] == a.summary["expected_error"] == pytest.approx(0.063, abs=0.002)
     assert error <= band["total"]
 
 

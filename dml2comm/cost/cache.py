@@ -32,6 +32,7 @@ from typing import Callable, MutableMapping, TypeVar
 from dml2comm.cost.attention import FlashCore, find_flash_cores
 from dml2comm.cost.gelu import GeluCall, gelu_calls
 from dml2comm.cost.memory import ActivationModel, autocast_dtypes, fp32_islands
+from dml2comm.cost.norm import UpcastRmsNorm, castless_rms_norms
 from dml2comm.ir.graph import DType, OpGraph
 from dml2comm.ir.layers import LayeredGraph, group_layers
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
@@ -44,7 +45,7 @@ from dml2comm.parallel.tensor import AttentionCore, TensorParallelPlan, find_att
 __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
            "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "FlashCoresKey",
            "Fp32IslandsKey", "layers_of", "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of",
-           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of",
+           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of", "castless_rms_norms_of",
            "AttentionCoresKey", "attention_cores_of", "GeluCallsKey", "gelu_calls_of"]
 
 T = TypeVar("T")
@@ -166,6 +167,11 @@ class Fp32IslandsKey(CacheKey):
     """Tensors eager code holds in fp32 (:func:`dml2comm.cost.memory.fp32_islands`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class CastlessRmsNormsKey(CacheKey):
+    """RMSNorms whose casts the export dropped (:func:`dml2comm.cost.norm.castless_rms_norms`)."""
+
+
 # ----------------------------------------------------------------------------- accessors
 # ``layered`` arguments: the grouping the caller works on, one per graph (group_layers(graph), or
 # for a collapsed graph its Collapsed.layered): the keys leave it out because the graph fixes it.
@@ -284,3 +290,8 @@ def gelu_calls_of(graph: OpGraph) -> tuple[GeluCall, ...]:
 def fp32_islands_of(graph: OpGraph) -> frozenset[str]:
     """:func:`~dml2comm.cost.memory.fp32_islands` of ``graph``, once."""
     return derived(graph, Fp32IslandsKey(), lambda: fp32_islands(graph))
+
+
+def castless_rms_norms_of(graph: OpGraph) -> tuple[UpcastRmsNorm, ...]:
+    """:func:`~dml2comm.cost.norm.castless_rms_norms` of ``graph`` (outside its fp32 islands), once."""
+    return derived(graph, CastlessRmsNormsKey(), lambda: castless_rms_norms(graph, fp32_islands_of(graph)))

@@ -181,9 +181,11 @@ EAGER = HostModel("eager", kernel_s=53.5e-6, p2p_s=1.5e-3)
 #: ``dml2comm/validate/data/h100_steps.json``), each step's prediction against the mean of its
 #: measurements, each modelled with its inputs made on the GPU as the measuring script did
 #: (``inputs_on_gpu``; ``benchmarks/bench_gpu_steps.py --kernel-us 34,36,37,38,39,39.5,40,40.5,41,42,44``).
-#: The mean error is flat at its optimum: 6.81-6.84% from 39 to 42 us (worst 26.2-23.4%); 39 us
-#: is kept, the optimum (6.8% mean, worst 26.2%: GPT-2 6-layer at b = 2, host-bound on a slow
-#: machine; 6.92% over the 47 steps before GPT-2 medium's export was bundled).  With the image steps' inputs copied over PCIe (2.4 ms of ResNet-18's 47 ms
+#: Refitted after the fp32 work of cast-free RMSNorms was costed
+#: (:func:`dml2comm.cost.ops.eager_rms_norm_upcasts`; ``--kernel-us 30,33,36,39,42,45``): 39 us
+#: stays the optimum, 6.65% mean (worst 26.2%: GPT-2 6-layer at b = 2, host-bound on a slow
+#: machine), 6.78% at 42 us, 6.99% at 36 us; before it, 6.81-6.84% from 39 to 42 us (6.92% over
+#: the 47 steps before GPT-2 medium's export was bundled).  With the image steps' inputs copied over PCIe (2.4 ms of ResNet-18's 47 ms
 #: step at b = 256, which the measured steps did not make) it was 7.06% at 39 us, the copy making
 #: up for host time of the host-bound image steps (set 4 and 5 alone want 44 us, the language
 #: steps 34 us).  It was the optimum at 6.9% (worst 28.4%) while the training loss was timed outside

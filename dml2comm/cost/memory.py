@@ -116,6 +116,7 @@ import numpy as np
 
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
 from dml2comm.cost.gelu import GeluCall, gelu_calls
+from dml2comm.cost.norm import castless_rms_norms
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Optimizer, Precision, Recompute, Stack
@@ -399,7 +400,10 @@ def fp32_islands(graph: OpGraph) -> frozenset[str]:
     (none reached: the cast was a no-op ``.to(device)`` or ``.type(value.dtype)``, GPT-2's).  The
     residual add that reads the upcast input together with another branch does not join.  An
     export without those casts (torch.export/dynamo drops no-op casts of an fp32 model) shows no
-    island; its norms are costed in the training dtype."""
+    island here: its RMSNorms are found by their ops instead
+    (:func:`dml2comm.cost.norm.castless_rms_norms`): the op costs add their fp32 traffic and casts
+    (:func:`dml2comm.cost.ops.eager_rms_norm_upcasts`) and the activations keep the fp32 copy of
+    their input (:meth:`ActivationModel._rms_input`)."""
     float_kind = 1  # TensorProto.FLOAT
     kinds = (POINTWISE_OPS - {"Cast", "CastLike"}) | REDUCTION_OPS
     inputs = set(graph.inputs)
@@ -878,38 +882,28 @@ class ActivationModel:
         return rest, copies
 
     def _rms_input(self, op: Op) -> str | None:
-        """x when ``op`` is the ``Pow(x, 2)`` or the ``Mul(x, rsqrt(...))`` of an RMSNorm written
-        as primitives whose input shows no fp32 cast (:func:`fp32_islands` found none: an export
-        made in fp32 drops ``.to(torch.float32)`` as a no-op) while training is 16-bit.  Hugging
-        Face's RMSNorms (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...; transformers
+        """x when ``op`` is the ``Pow(x, 2)`` or the ``Mul(x, rsqrt(...))`` (or ``Div``) of an
+        RMSNorm written as primitives whose input shows no fp32 cast
+        (:func:`dml2comm.cost.norm.castless_rms_norms`, the same norms the op costs upcast: an
+        export made in fp32 drops ``.to(torch.float32)`` as a no-op) while training is 16-bit.
+        Hugging Face's RMSNorms (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...; transformers
         ``modeling_llama.py``) compute ``hidden_states.to(torch.float32)`` first, so eager
         autograd keeps that fp32 copy for both ops (derivatives.yaml, ``pow.Tensor_Scalar``:
         ``pow_backward(grad, self, exponent)``; ``mul.Tensor``: ``grad * other``), 4 bytes per
         element (``benchmarks/fake_saved.py``: Llama-1B's norms keep [4, 2048, 2048] fp32)."""
-        g = self.graph
         if self.train_dtype.itemsize >= DType.FLOAT.itemsize:
             return None
-        ins = [n for n in op.inputs if n]
-        for x in ins:
-            if x in self.fp32 or not self._is_activation(x):
-                continue
-            for c in g.consumers(x):
-                pw = g.ops[c]
-                if pw.op_type != "Pow" or len(pw.inputs) < 2 or pw.inputs[0] != x:
-                    continue
-                e = g.tensor(pw.inputs[1])
-                if e is None or e.numel > 1 or self._is_activation(pw.inputs[1]):
-                    continue
-                if not any(g.ops[r].op_type == "ReduceMean" for r in g.consumers(pw.outputs[0])):
-                    continue
-                if op.index == pw.index:
-                    return x
-                if op.op_type == "Mul" and len(ins) == 2:
-                    other = g.tensor(ins[1] if ins[0] == x else ins[0])
-                    tx = g.tensor(x)
-                    if other is not None and tx is not None and other.rank == tx.rank and other.shape[-1] == 1:
-                        return x
-        return None
+        return self._castless_inputs.get(op.index)
+
+    @functools.cached_property
+    def _castless_inputs(self) -> dict[int, str]:
+        """The ``Pow`` and output ``Mul`` of each cast-free RMSNorm -> the norm's input."""
+        out: dict[int, str] = {}
+        for norm in castless_rms_norms(self.graph, self.fp32):
+            x = self.graph.ops[norm.pow_op].inputs[0]
+            if self._is_activation(x):
+                out[norm.pow_op] = out[norm.mul_op] = x
+        return out
 
     def _fp32_softmaxes(self) -> frozenset[int]:
         """The softmaxes eager code runs in fp32 while training is 16-bit, where the export does

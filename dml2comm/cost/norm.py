@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 __all__ = ["BatchNormLaw", "EagerNormLaw", "H100_BATCH_NORM_LAW", "H100_NORM_LAW", "EAGER_NORM_OPS", "LAW_NORM_OPS", "RMS_NORM_OPS",
            "batch_norm_times_s", "batch_norm_waves", "eager_norm_times_s", "eager_norm_kernels", "gamma_beta_split",
-           "op_norm_times_s"]
+           "op_norm_times_s", "UpcastRmsNorm", "castless_rms_norms"]
 
 #: ONNX ops eager PyTorch runs as ``layer_norm_kernel.cu``'s kernels: ``F.layer_norm`` and
 #: ``F.rms_norm`` (``aten::_fused_rms_norm``, PyTorch pull request #153666, 2025).
@@ -197,3 +197,55 @@ def op_norm_times_s(op_type: str, axis: int, x_shape: tuple[int, ...], itemsize:
     fwd, bwd = eager_norm_times_s(rows, width, itemsize, hbm_bytes_per_s, gpu.sm_count,
                                   gpu.l2_bytes or math.inf, rms)
     return (fwd, bwd), eager_norm_kernels(rows, width, gpu.sm_count, rms)[1] - 1
+
+
+class UpcastRmsNorm(NamedTuple):
+    """A Hugging Face RMSNorm written out as point-wise ops in an export that dropped its casts
+    (:func:`castless_rms_norms`): the ``Pow`` reading the input, the ``Mul`` writing the normalised
+    output, and the ops' tensors between them (the squares, their mean, ``mean + eps``, its
+    square root and reciprocal)."""
+
+    pow_op: int
+    mul_op: int
+    inner: frozenset[str]
+
+
+def castless_rms_norms(graph, islands: frozenset[str] = frozenset()) -> tuple[UpcastRmsNorm, ...]:
+    """The RMSNorms an export shows without the casts eager code runs them between.
+
+    Hugging Face's ``LlamaRMSNorm`` (and Mistral's, Qwen2's and 3's, Gemma's, Mixtral's, T5's)
+    computes ``x.to(torch.float32)``, ``pow(2).mean(-1, keepdim=True)``, ``x * torch.rsqrt(var +
+    eps)`` and ``.to(input_dtype)`` (transformers ``modeling_llama.py``): in a 16-bit model two
+    cast kernels and fp32 arithmetic.  An export made in fp32 by torch.export/dynamo drops both
+    casts as no-ops, leaving ``Pow(x) -> ReduceMean -> Add -> Sqrt -> Reciprocal -> Mul(x, .)``
+    (or ``Div(x, Sqrt(..))``).  Those chains are returned, except where the export kept the casts
+    (the squares already in ``islands``, :func:`dml2comm.cost.memory.fp32_islands`: the casts
+    are ops of their own there)."""
+    out = []
+
+    def only(name: str, op_types: tuple[str, ...]):
+        readers = list(graph.consumers(name))
+        if len(readers) != 1 or graph.ops[readers[0]].op_type not in op_types:
+            return None
+        return graph.ops[readers[0]]
+
+    for op in graph.ops:
+        if op.op_type != "Pow" or len(op.inputs) < 2 or not op.outputs or not op.outputs[0] or op.outputs[0] in islands:
+            continue
+        x, exponent = op.inputs[0], graph.tensor(op.inputs[1])
+        if exponent is None or exponent.numel > 1:  # x ** 2, a scalar exponent
+            continue
+        mean = only(op.outputs[0], ("ReduceMean",))
+        add = mean and only(mean.outputs[0], ("Add",))
+        sqrt = add and only(add.outputs[0], ("Sqrt",))
+        if sqrt is None:
+            continue
+        inner = [op.outputs[0], mean.outputs[0], add.outputs[0], sqrt.outputs[0]]
+        last = only(sqrt.outputs[0], ("Reciprocal", "Div"))
+        if last is not None and last.op_type == "Reciprocal":
+            inner.append(last.outputs[0])
+            last = only(last.outputs[0], ("Mul",))
+        if last is None or x not in last.inputs or (last.op_type == "Div" and last.inputs[0] != x):
+            continue
+        out.append(UpcastRmsNorm(op.index, last.index, frozenset(inner)))
+    return tuple(out)

@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, derived, flash_cores_of, fp32_islands_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, castless_rms_norms_of, derived, flash_cores_of, fp32_islands_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.calibrated import NORM_OPS, class_value, gemm_regime
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
@@ -50,7 +50,7 @@ from dml2comm.cost.colsum import column_sum_s
 from dml2comm.cost.gemm import IN_STEP_GEMM_SHARE, GemmShape, TrainingGemms, aligned_dim, gemm_time_s, is_aligned, training_gemms
 from dml2comm.cost.host import HostModel, host_bound_times, kernel_counts
 from dml2comm.cost.memory import AUTOCAST_FP32_OPS, POINTWISE_OPS, autocasts_activations, fusible_regions, linear_bias
-from dml2comm.cost.norm import BATCH_NORM_OPS, LAW_NORM_OPS, op_norm_times_s
+from dml2comm.cost.norm import BATCH_NORM_OPS, LAW_NORM_OPS, UpcastRmsNorm, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
 from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
@@ -312,7 +312,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     # under torch.autocast every activation has autocast's dtype (cost.memory.autocast_dtypes):
     # the residual stream, norms and fp32-list ops in fp32, GEMM and SDPA outputs 16-bit
     amp = autocast_dtypes_of(graph, train, True) if autocast else {}
-    train_view = _train_view(fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset(), amp, train)
+    norms, train_view = _eager_fp32(graph, eager, amp, train)
     # a calibrated GPU's own memory-bound efficiency (``calibrate``: element-wise), else the preset constant
     hbm_eff = hbm_efficiency_of(gpu)
     costs, times, full_flops, fallback_types, is_gemm, norm_kernels = _shard_costs(graph, tp, train, gpu, peak, hbm, lenient, stack,
@@ -328,12 +328,9 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     costs, times, unfused = _attention_kernels(graph, tp, train, gpu, peak, hbm * hbm_eff, flash, unfused, costs, times)
     forks = derived(graph, GradientForksKey(stack, attention), lambda: gradient_forks(graph, kernel_regions(graph, stack, attention)))
     costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff) if forks else (costs, times, [0] * len(costs))
-    casts = [(0, 0)] * len(costs)
     counted = costs  # the ops' own kernels; the casts below count theirs (``casts``)
-    if amp:
-        costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, hbm * hbm_eff)
-    elif eager and train.itemsize < 4:
-        costs, times, casts = eager_fp32_softmax_costs(graph, tp, train_view, costs, times, hbm * hbm_eff, flash)
+    costs, times, casts = _stack_casts(graph, tp, amp, eager and train.itemsize < 4, train_view, norms, is_gemm, flash,
+                                       costs, times, hbm * hbm_eff)
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host, kernel_times = host_model.DEFAULT if host is None else host, times  # the times before the host model
@@ -440,6 +437,30 @@ def eager_embedding_kernels(graph: OpGraph, costs: Sequence[OpCost]) -> dict[int
         direct, sorted_ = EMBEDDING_BACKWARD_LAUNCHES
         out[op.index] = (0, (sorted_ if indices.numel > EMBEDDING_SORT_THRESHOLD else direct) - 1)
     return out
+
+
+def _stack_casts(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], eager16: bool,
+                 view: Callable[[str, Tensor | None], Tensor | None], norms: Sequence[UpcastRmsNorm], is_gemm: Sequence[bool],
+                 flash: Sequence[FlashCore], costs: list[OpCost], times: list[tuple[float, float]], rate: float
+                 ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+    """The casts the stack adds, with their kernels per op: autocast's (``amp``), else in a pure
+    16-bit eager step (``eager16``) the fp32 softmaxes' and RMSNorms' the export does not show."""
+    if amp:
+        return autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, rate)
+    if eager16:
+        return eager_rms_norm_upcasts(graph, tp, view, norms, *eager_fp32_softmax_costs(graph, tp, view, costs, times, rate, flash),
+                                      rate)
+    return costs, times, [(0, 0)] * len(costs)
+
+
+def _eager_fp32(graph: OpGraph, eager: bool, amp: Mapping[str, DType], train: DType
+                ) -> tuple[tuple[UpcastRmsNorm, ...], Callable[[str, Tensor | None], Tensor | None]]:
+    """The RMSNorms eager code upcasts that the export shows without casts (pure 16-bit training
+    only: under autocast its own casts rule), and the stack's view of every tensor
+    (:func:`_train_view`) with their squares and mean in fp32 beside the export's fp32 islands."""
+    norms = castless_rms_norms_of(graph) if eager and train.itemsize < 4 and not amp else ()
+    fp32 = fp32_islands_of(graph) if eager and train.itemsize < 4 else frozenset()
+    return norms, _train_view(fp32.union(*(n.inner for n in norms)) if norms else fp32, amp, train)
 
 
 def _more_kernels(kernels: list[tuple[int, int]], sums: list[int] | None, casts: list[tuple[int, int]] | None,
@@ -1001,6 +1022,46 @@ def eager_fp32_softmax_costs(graph: OpGraph, tp: TensorParallelPlan, view: Calla
         costs[op.index] = OpCost(c.flops_fwd, fwd, c.flops_bwd, bwd, f"{c.rule}; in fp32 (softmax(..., dtype=torch.float32))", c.fallback)
         times[op.index] = (fwd / hbm, bwd / hbm)
         casts[op.index] = (2, 2)
+    return costs, times, casts
+
+
+def eager_rms_norm_upcasts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                           norms: Sequence[UpcastRmsNorm], costs: list[OpCost], times: list[tuple[float, float]],
+                           casts: list[tuple[int, int]], hbm: float
+                           ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+    """What eager code's fp32 RMSNorms (:func:`~dml2comm.cost.norm.castless_rms_norms`: the export
+    dropped their casts) move beyond the same ops in the model's ``t``-byte dtype, per element of
+    the norm's input, charged to the ``Mul`` writing its output: forward, ``x.to(torch.float32)``
+    (``t + 4`` bytes at :data:`WIDENING_CAST_SHARE` of the rate, one kernel), the ``Pow`` and the
+    ``Mul`` reading ``x`` and the ``Mul`` writing in fp32 (``3 (4 - t)``) and ``.to(input_dtype)``
+    (``4 + t``, one kernel); backward, autograd's casts of the gradient (``ToCopyBackward0``: one
+    widening, one narrowing, a kernel each) and the ``Mul``'s and ``Pow``'s backward reading the
+    gradient and ``x`` and writing ``x``'s gradient in fp32 (``5 (4 - t)``).  The squares and
+    their mean are already costed in fp32 (the view of ``norms``' inner tensors).  Measured: the
+    ``aten::to`` of the Llama-3B-like step of ``benchmarks/data/gpu_steps/h200_set6_*.json``, 51 us
+    per call for four per block on its ``[8192, 3072]`` stream (the trace's ``direct_copy`` and
+    ``bfloat16_copy`` kernels).
+
+    The casts' launches are not added to the host model's kernel count (``casts`` is returned
+    unchanged): its CPU time per kernel (:data:`dml2comm.cost.host.PYTORCH`) is fitted on the
+    modelled counts, which already count more forward kernels than eager PyTorch launches (views
+    such as ``Slice`` and ``Expand`` launch nothing).  Counted, the refit (``bench_gpu_steps.py
+    --kernel-us``) put the 49 fitted steps at 7.1% at best (37 us), uncounted 6.65% (39 us)."""
+    if not norms:
+        return costs, times, casts
+    costs, times, casts = list(costs), list(times), list(casts)
+    for norm in norms:
+        op = graph.ops[norm.mul_op]
+        shard = tp.shards[op.index]
+        out = view(op.outputs[0], shard.outputs[0] if shard.outputs else None)
+        if out is None or not out.dtype.is_float or out.dtype.itemsize >= DType.FLOAT.itemsize:
+            continue
+        t, n = out.dtype.itemsize, float(out.numel) * op.repeat
+        wider = DType.FLOAT.itemsize - t
+        narrow, widen = n * (DType.FLOAT.itemsize + t), n * (t + DType.FLOAT.itemsize)
+        _add_traffic(costs, times, op.index, 3 * n * wider + narrow, 5 * n * wider + narrow, hbm,
+                     "; RMSNorm in fp32 (x.to(torch.float32) ... .to(input_dtype))")
+        _add_traffic(costs, times, op.index, widen, widen, hbm * WIDENING_CAST_SHARE, "")
     return costs, times, casts
 
 
