@@ -49,6 +49,7 @@ from dataclasses import replace
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
+from pathlib import Path
 
 from dml2comm.analysis import Analysis, analyze_graph
 from dml2comm.cost.bands import host_wait_share
@@ -127,19 +128,25 @@ def analyse_step(file: str, params: int, cluster_name: str, cfg: ParallelConfig)
     ValueError
         The export is of another model than the one measured (its parameter count differs).
     """
-    options = ImportOptions(batch_size=cfg.micro_batch_size) if cfg.seq_len is None else ImportOptions(batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len)
     with resources.as_file(model_path(file)) as path:
-        imported = load_model(path, options)
-        if cfg.seq_len is not None:
-            check_seq_len(imported, cfg.seq_len)
-        if imported.graph.num_params != params:
-            raise ValueError(f"{file} has {imported.graph.num_params:,} parameters; the measured model had {params:,}")
-        cluster = replace(get_cluster(cluster_name, cfg.num_gpus), collective_overhead_s=0.0, host_model=STACK_HOST_MODEL[cfg.stack])
-        analysis = analyze_graph(imported, cfg, cluster, str(path), advise=False, timeline=False)
-        # the GPU's wait for the CPU in the predicted step, which the bands rank runs by (the
-        # analysis's own layer table: the coster reads it from the graph's cache)
-        share = host_wait_share(StageCoster(imported, cluster, collapse=False), cfg, float(analysis.summary["iteration_time_s"]))
-        return analysis, share
+        return analyse_step_at(path, params, cluster_name, cfg)
+
+
+def analyse_step_at(path: Path, params: int, cluster_name: str, cfg: ParallelConfig) -> tuple[Analysis, float | None]:
+    """:func:`analyse_step` of the export at ``path`` (a file, not package data: the held-out
+    models of ``benchmarks/bench_held_out.py``)."""
+    options = ImportOptions(batch_size=cfg.micro_batch_size) if cfg.seq_len is None else ImportOptions(batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len)
+    imported = load_model(path, options)
+    if cfg.seq_len is not None:
+        check_seq_len(imported, cfg.seq_len)
+    if imported.graph.num_params != params:
+        raise ValueError(f"{Path(path).name} has {imported.graph.num_params:,} parameters; the measured model had {params:,}")
+    cluster = replace(get_cluster(cluster_name, cfg.num_gpus), collective_overhead_s=0.0, host_model=STACK_HOST_MODEL[cfg.stack])
+    analysis = analyze_graph(imported, cfg, cluster, str(path), advise=False, timeline=False)
+    # the GPU's wait for the CPU in the predicted step, which the bands rank runs by (the
+    # analysis's own layer table: the coster reads it from the graph's cache)
+    share = host_wait_share(StageCoster(imported, cluster, collapse=False), cfg, float(analysis.summary["iteration_time_s"]))
+    return analysis, share
 
 
 def cases(sample: int | None = None, compute_scale: float = 1.0) -> list[Case]:
