@@ -590,18 +590,25 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
     weights keep their ``[E, N, K]`` parameters, and the tensor-parallel plan splits the picked
     matrix as the stacked weight's (expert tensor parallelism)."""
     graph = model.graph
+    if not any(n.op_type == "GatherND" for n in graph.node):
+        return 0
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, int] = Counter(i for n in graph.node for i in n.input if i)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            if i:
+                consumers.setdefault(i, []).append(n)
+    readers = {name: len(nodes) for name, nodes in consumers.items()}
     replace_at: dict[int, list[onnx.NodeProto]] = {}
     drop: set[int] = set()
     for node in graph.node:
         if node.op_type != "MatMul" or node.domain not in _ONNX_DOMAINS or len(node.input) != 2:
             continue
         gather, unsq = producer.get(node.input[0]), producer.get(node.input[1])
-        squeeze = [n for n in graph.node if node.output[0] in n.input]
+        squeeze = consumers.get(node.output[0], [])
         if (gather is None or unsq is None or gather.op_type != "GatherND" or unsq.op_type != "Unsqueeze"
-                or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze" or readers[node.output[0]] != 1
-                or readers[gather.output[0]] != 1 or any(a.name == "batch_dims" and a.i for a in gather.attribute)):
+                or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze"
+                or readers.get(gather.output[0]) != 1 or any(a.name == "batch_dims" and a.i for a in gather.attribute)):
             continue
         base = node.output[0]
         zero, w0, xt, yt = (f"{base}__{part}" for part in ("expert0", "expert_weight", "rows_t", "grouped_t"))
@@ -613,7 +620,7 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
         for n in made:
             n.metadata_props.extend(node.metadata_props)
         replace_at[id(node)] = made
-        drop.update({id(gather), id(squeeze[0])} | ({id(unsq)} if readers[unsq.output[0]] == 1 else set()))
+        drop.update({id(gather), id(squeeze[0])} | ({id(unsq)} if readers.get(unsq.output[0]) == 1 else set()))
     if not replace_at:
         return 0
     nodes = []
