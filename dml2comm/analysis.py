@@ -40,13 +40,13 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayerKind, LayeredGraph
-from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
+from dml2comm.ir.onnx_import import GROUPED_MM, ImportOptions, ImportResult, check_seq_len
 from dml2comm.load import load_model
 from dml2comm.model.run import FreeRun, run
 from dml2comm.network.model import collective_cost_for_group
 from dml2comm.network.kinds import CollectiveKind, ParallelDim, Phase
 from dml2comm.ops.registry import OpCost
-from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Schedule, Stack
+from dml2comm.parallel.config import AttentionKernel, ParallelConfig, Precision, Schedule, Stack
 from dml2comm.parallel.context import check_context_parallel
 from dml2comm.parallel.expert import check_expert_parallel
 from dml2comm.parallel.tensor import TensorParallelPlan
@@ -258,6 +258,11 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     folded = folded_normalization_warning(graph)
     if folded:
         warnings.append(folded)
+    if config.stack is Stack.PYTORCH and Precision.of(config.precision) is Precision.AMP and any(op.aten == GROUPED_MM for op in graph.ops):
+        warnings.append("experts under --precision amp: PyTorch's grouped GEMM takes bf16 operands only, so under autocast "
+                        "Hugging Face's experts fall back to fp32 products without tensor cores, which are costed here in bf16: "
+                        "the step is likely much longer (a measured Mixtral-style step on an H200 took 2.9x its bf16 time; "
+                        "--precision bf16 is modelled as it runs)")
     assumptions.append(_dropout_assumption(graph, config))
 
     # ---- stages: every number from the stage plan (the sweep's numbers, by construction)

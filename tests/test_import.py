@@ -376,6 +376,7 @@ def test_routed_expert_products_are_imported_as_one_product_of_the_routed_rows(f
         return
     grouped = [op for op in graph.ops if op.name.endswith("/grouped")]
     assert len(grouped) == products and not [op for op in graph.ops if op.op_type == "GatherND" and "experts" in op.scope]
+    assert {op.aten for op in grouped} == {"aten._grouped_mm.default"} and all("experts" in op.scope for op in grouped)
     pairs = 2 * 16 * 2  # tokens x top-2
     for op in grouped:
         w, x = graph.tensor(op.inputs[0]), graph.tensor(op.inputs[1])

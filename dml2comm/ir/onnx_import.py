@@ -50,7 +50,7 @@ from onnx import TensorProto
 from dml2comm.errors import ConfigError, Dml2CommError, InputFileError, ModelError, UnboundDimError
 from dml2comm.ir.graph import Call, DType, Op, OpGraph, Tensor, vocab_table
 
-__all__ = ["ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "tied_copies",
+__all__ = ["GROUPED_MM", "ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "tied_copies",
            "CONTROL_FLOW_OPS"]
 
 #: Protobuf refuses messages over 2 GiB; such models are inferred from their path instead.
@@ -570,6 +570,11 @@ _FOLDED_CONSTANT = re.compile(r"^onnx::Conv_\d+$")
 _BN_EPSILON, _BN_MOMENTUM = 1e-5, 0.9
 
 
+#: The PyTorch operator a routed expert product read by :func:`_group_routed_expert_products`
+#: stands for (its ``Op.aten``).
+GROUPED_MM = "aten._grouped_mm.default"
+
+
 def _group_routed_expert_products(model: onnx.ModelProto) -> int:
     """Rewrite each routed expert product an export writes per token into one matrix product;
     returns how many.
@@ -617,8 +622,10 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
                 onnx.helper.make_node("Transpose", [unsq.input[0]], [xt], name=f"{node.name}/permute", perm=[1, 0]),
                 onnx.helper.make_node("MatMul", [w0, xt], [yt], name=f"{node.name}/grouped"),
                 onnx.helper.make_node("Transpose", [yt], [squeeze[0].output[0]], name=f"{node.name}/unpermute", perm=[1, 0])]
-        for n in made:
-            n.metadata_props.extend(node.metadata_props)
+        for n in made:  # the module scope stays; the exporter's record of torch.bmm does not
+            n.metadata_props.extend(p for p in node.metadata_props if p.key != "pkg.torch.onnx.fx_node")
+        made[3].metadata_props.add(key="pkg.torch.onnx.fx_node", value=f"%{made[3].name} : [num_users=1] = "
+                                   f"call_function[target=torch.ops.{GROUPED_MM}](args = (...))")
         replace_at[id(node)] = made
         drop.update({id(gather), id(squeeze[0])} | ({id(unsq)} if readers.get(unsq.output[0]) == 1 else set()))
     if not replace_at:
