@@ -382,3 +382,31 @@ def test_routed_expert_products_are_imported_as_one_product_of_the_routed_rows(f
         w, x = graph.tensor(op.inputs[0]), graph.tensor(op.inputs[1])
         assert w.rank == 2 and x.shape == (w.shape[1], pairs)
     assert max(t.numel for t in graph.tensors.values() if t.dtype.is_float and not t.is_weight) < pairs * 256 * 64
+
+
+@pytest.mark.parametrize("table_is_weight", [True, False])
+def test_only_a_gather_of_stacked_weights_is_read_as_routed_experts(table_is_weight):
+    """The per-token GatherND -> MatMul -> Squeeze is rewritten only where the gathered tensor is a
+    parameter (the stacked experts), not where it is an activation."""
+    E, N, K, M = 4, 16, 8, 6
+    nodes = [helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("axes", TensorProto.INT64, [1], [-1])),
+             helper.make_node("GatherND", ["table", "idx"], ["picked"]),
+             helper.make_node("Unsqueeze", ["x", "axes"], ["col"]),
+             helper.make_node("MatMul", ["picked", "col"], ["prod"]),
+             helper.make_node("Squeeze", ["prod", "axes"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K]),
+              helper.make_tensor_value_info("idx", TensorProto.INT64, [M, 1])]
+    inits = []
+    if table_is_weight:
+        inits.append(helper.make_tensor("table", TensorProto.FLOAT, [E, N, K], [0.0] * (E * N * K)))
+    else:
+        inputs.append(helper.make_tensor_value_info("table", TensorProto.FLOAT, [E, N, K]))
+    graph = helper.make_graph(nodes, "routed", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    imported = load_model_proto(proto, ImportOptions(batch_size=1))
+    rewritten = [w for w in imported.warnings if "routed expert product" in w]
+    assert bool(rewritten) == table_is_weight
+    if table_is_weight:
+        (grouped,) = [op for op in imported.graph.ops if op.op_type == "MatMul"]
+        assert imported.graph.tensor(grouped.inputs[0]).shape == (N, K) and imported.graph.tensor(grouped.outputs[0]).shape == (N, M)
+        assert imported.graph.tensor("y").shape == (M, N) and imported.graph.num_params == E * N * K

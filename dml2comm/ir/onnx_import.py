@@ -598,6 +598,7 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
     if not any(n.op_type == "GatherND" for n in graph.node):
         return 0
     producer = {o: n for n in graph.node for o in n.output}
+    weights = {init.name for init in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for i in n.input:
@@ -612,6 +613,7 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
         gather, unsq = producer.get(node.input[0]), producer.get(node.input[1])
         squeeze = consumers.get(node.output[0], [])
         if (gather is None or unsq is None or gather.op_type != "GatherND" or unsq.op_type != "Unsqueeze"
+                or not _is_parameter_view(gather.input[0], producer, weights)
                 or len(squeeze) != 1 or squeeze[0].op_type != "Squeeze"
                 or readers.get(gather.output[0]) != 1 or any(a.name == "batch_dims" and a.i for a in gather.attribute)):
             continue
@@ -639,6 +641,19 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(replace_at)
+
+
+def _is_parameter_view(name: str, producer: Mapping[str, onnx.NodeProto], weights: set[str], depth: int = 4) -> bool:
+    """``name`` is an initializer, or one seen through at most ``depth`` transposes, reshapes,
+    casts or identities (the stacked expert weights a routed product picks from)."""
+    for _ in range(depth + 1):
+        if name in weights:
+            return True
+        node = producer.get(name)
+        if node is None or node.op_type not in ("Transpose", "Reshape", "Identity", "Cast") or not node.input:
+            return False
+        name = node.input[0]
+    return False
 
 
 def _restore_folded_batchnorm(model: onnx.ModelProto) -> int:
