@@ -260,9 +260,8 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
         warnings.append(folded)
     if config.stack is Stack.PYTORCH and Precision.of(config.precision) is Precision.AMP and any(op.aten == GROUPED_MM for op in graph.ops):
         warnings.append("experts under --precision amp: PyTorch's grouped GEMM takes bf16 operands only, so under autocast "
-                        "Hugging Face's experts fall back to fp32 products without tensor cores, which are costed here in bf16: "
-                        "the step is likely much longer (a measured Mixtral-style step on an H200 took 2.9x its bf16 time; "
-                        "--precision bf16 is modelled as it runs)")
+                        "Hugging Face's experts fall back to fp32 products without tensor cores, costed so (a measured "
+                        "Mixtral-style step on an H200 took 2.9x its bf16 time); --precision bf16 runs them as one grouped GEMM")
     assumptions.append(_dropout_assumption(graph, config))
 
     # ---- stages: every number from the stage plan (the sweep's numbers, by construction)

@@ -118,7 +118,7 @@ from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shap
 from dml2comm.cost.gelu import GeluCall, gelu_calls
 from dml2comm.cost.norm import castless_rms_norms
 from dml2comm.cost.pointwise import POINTWISE_OPS
-from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+from dml2comm.ir.graph import GROUPED_MM, DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Optimizer, Precision, Recompute, Stack
 from dml2comm.parallel.schedule import device_order
 
@@ -540,7 +540,8 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
     - GEMMs (:data:`AUTOCAST_LOWER_OPS`), a linear layer's bias ``Add`` (:func:`linear_bias`)
       and the flash cores' outputs (SDPA is on the CUDA lower-precision list,
       autocast_mode.cpp): ``low``.
-    - :data:`AUTOCAST_FP32_OPS`: fp32.
+    - :data:`AUTOCAST_FP32_OPS`, and the routed expert products read as ``torch._grouped_mm``
+      (on neither list, its fast path bf16 only: :func:`dml2comm.cost.ops.fp32_grouped_products`): fp32.
     - ``BatchNormalization``: its input's dtype (:data:`MIXED_TYPE_OPS`), not its weights'.
     - ``Cast``: its target type.
     - Anything else: PyTorch's type promotion over its float operands ("Tensor Attributes -
@@ -591,9 +592,9 @@ def autocast_dtypes(graph: OpGraph, low: DType, flash: Sequence[FlashCore] = (),
         kind = op.op_type
         if op.index in gelu_input:  # an F.gelu written as primitives: one op off autocast's lists
             dt = dtype_of(gelu_input[op.index])
-        elif kind in AUTOCAST_LOWER_OPS or op.index in lowered or linear_bias(graph, op, out, low):
+        elif (kind in AUTOCAST_LOWER_OPS and op.aten != GROUPED_MM) or op.index in lowered or linear_bias(graph, op, out, low):
             dt = low
-        elif kind in AUTOCAST_FP32_OPS:
+        elif kind in AUTOCAST_FP32_OPS or op.aten == GROUPED_MM:
             dt = DType.FLOAT
         elif kind in MIXED_TYPE_OPS and op.inputs and op.inputs[0]:
             dt = dtype_of(op.inputs[0])

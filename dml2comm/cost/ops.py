@@ -53,7 +53,7 @@ from dml2comm.cost.memory import AUTOCAST_FP32_OPS, POINTWISE_OPS, autocasts_act
 from dml2comm.cost.norm import BATCH_NORM_OPS, LAW_NORM_OPS, UpcastRmsNorm, op_norm_times_s
 from dml2comm.cost.profile import ProfileScale
 from dml2comm.hardware.gpus import GPU
-from dml2comm.ir.graph import DType, Op, OpGraph, Tensor
+from dml2comm.ir.graph import GROUPED_MM, DType, Op, OpGraph, Tensor
 from dml2comm.ir.layers import LayeredGraph
 from dml2comm.ops.registry import OpCost, op_cost
 from dml2comm.parallel.config import DTYPES, AttentionKernel, Precision, Stack
@@ -330,7 +330,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff) if forks else (costs, times, [0] * len(costs))
     counted = costs  # the ops' own kernels; the casts below count theirs (``casts``)
     costs, times, casts = _stack_casts(graph, tp, amp, eager and train.itemsize < 4, train_view, norms, is_gemm, flash,
-                                       costs, times, hbm * hbm_eff)
+                                       costs, times, hbm * hbm_eff, peak / gpu.peak_flops("fp32"))
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host, kernel_times = host_model.DEFAULT if host is None else host, times  # the times before the host model
@@ -441,16 +441,38 @@ def eager_embedding_kernels(graph: OpGraph, costs: Sequence[OpCost]) -> dict[int
 
 def _stack_casts(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], eager16: bool,
                  view: Callable[[str, Tensor | None], Tensor | None], norms: Sequence[UpcastRmsNorm], is_gemm: Sequence[bool],
-                 flash: Sequence[FlashCore], costs: list[OpCost], times: list[tuple[float, float]], rate: float
-                 ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
-    """The casts the stack adds, with their kernels per op: autocast's (``amp``), else in a pure
-    16-bit eager step (``eager16``) the fp32 softmaxes' and RMSNorms' the export does not show."""
+                 flash: Sequence[FlashCore], costs: list[OpCost], times: list[tuple[float, float]], rate: float,
+                 fp32_slowdown: float) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+    """The casts the stack adds, with their kernels per op: autocast's (``amp``, and its grouped
+    expert products in fp32: :func:`fp32_grouped_products`), else in a pure 16-bit eager step
+    (``eager16``) the fp32 softmaxes' and RMSNorms' the export does not show."""
     if amp:
-        return autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, rate)
+        costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, rate)
+        return costs, fp32_grouped_products(graph, times, fp32_slowdown), casts
     if eager16:
         return eager_rms_norm_upcasts(graph, tp, view, norms, *eager_fp32_softmax_costs(graph, tp, view, costs, times, rate, flash),
                                       rate)
     return costs, times, [(0, 0)] * len(costs)
+
+
+def fp32_grouped_products(graph: OpGraph, times: list[tuple[float, float]], slowdown: float) -> list[tuple[float, float]]:
+    """Under ``torch.autocast`` the routed expert products (:data:`~dml2comm.ir.graph.GROUPED_MM`)
+    run in fp32 on the CUDA cores: ``torch._grouped_mm`` is on neither of autocast's lists and
+    its fast path takes bf16 operands only (``aten/src/ATen/native/cuda/GroupedBlas.cpp``), so
+    transformers' fallback multiplies the fp32 operands expert by expert, without tensor cores
+    (``cutlass_80_simt_sgemm`` and ``sm80_xmma_gemm_f32f32`` kernels in the measured AMP trace of
+    ``benchmarks/data/gpu_steps/held_out/``, no TF32: PyTorch's default).  Their times are the
+    16-bit GEMM model's scaled by the peaks' ratio (``slowdown``: dense 16-bit over plain fp32,
+    14.8 on an H100 or H200) at the same efficiency.  Measured: that step took 169.8 ms, 2.9x its
+    bf16 step; its fp32 GEMM kernels ran 4.9 TFLOP at about 45 TFLOP/s (0.67 of the 67 TFLOP/s
+    plain fp32 peak)."""
+    grouped = [op.index for op in graph.ops if op.aten == GROUPED_MM]
+    if not grouped:
+        return times
+    times = list(times)
+    for i in grouped:
+        times[i] = (times[i][0] * slowdown, times[i][1] * slowdown)
+    return times
 
 
 def _eager_fp32(graph: OpGraph, eager: bool, amp: Mapping[str, DType], train: DType
@@ -658,7 +680,7 @@ def autocast_cast_costs(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, D
     seen: set[str] = set()
     low = _low_of(amp)
     for op in graph.ops:
-        if op.index in in_core and op.index not in flash:
+        if (op.index in in_core and op.index not in flash) or op.aten == GROUPED_MM:  # fp32 operands: no casts
             continue
         product = op.index in flash or (is_gemm[op.index] and op.op_type != "Conv")
         parts = [_autocast_weight_casts(graph, tp, op, amp, low, seen, is_gemm[op.index])]

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["Call", "DType", "Tensor", "Op", "OpGraph", "vocab_table"]
+__all__ = ["Call", "DType", "GROUPED_MM", "Tensor", "Op", "OpGraph", "vocab_table"]
+
+#: ``Op.aten`` of a routed expert product the importer reads as the grouped GEMM a training step
+#: runs (:func:`dml2comm.ir.onnx_import._group_routed_expert_products`: ``torch._grouped_mm``).
+GROUPED_MM = "aten._grouped_mm.default"
 
 
 class DType(enum.Enum):

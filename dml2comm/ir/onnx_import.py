@@ -48,7 +48,7 @@ import onnx
 from onnx import TensorProto
 
 from dml2comm.errors import ConfigError, Dml2CommError, InputFileError, ModelError, UnboundDimError
-from dml2comm.ir.graph import Call, DType, Op, OpGraph, Tensor, vocab_table
+from dml2comm.ir.graph import GROUPED_MM, Call, DType, Op, OpGraph, Tensor, vocab_table
 
 __all__ = ["GROUPED_MM", "ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "tied_copies",
            "CONTROL_FLOW_OPS"]
@@ -568,11 +568,6 @@ _FOLDED_CONSTANT = re.compile(r"^onnx::Conv_\d+$")
 #: PyTorch's BatchNorm defaults (``torch.nn.BatchNorm2d``: eps 1e-5, momentum 0.1, i.e. ONNX's
 #: momentum 0.9 on the running statistic).
 _BN_EPSILON, _BN_MOMENTUM = 1e-5, 0.9
-
-
-#: The PyTorch operator a routed expert product read by :func:`_group_routed_expert_products`
-#: stands for (its ``Op.aten``).
-GROUPED_MM = "aten._grouped_mm.default"
 
 
 def _group_routed_expert_products(model: onnx.ModelProto) -> int:
