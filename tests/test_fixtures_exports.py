@@ -70,7 +70,8 @@ ISSUE16_FIXTURES: dict[str, dict] = {
     "llama_logits_default_legacy.onnx": {"seq_len": 16},
     # the held-out measured steps' models (set 6, benchmarks/bench_held_out.py)
     **{f"step_{m}_dynamo.onnx": {"seq_len": 16} for m in ("mixtral_8x0_1b", "qwen3_0_6b", "gemma_1b", "llama_3b_8l", "qwen2_0_5b",
-                                                            "gpt2_large", "bert_base")},
+                                                            "gpt2_large", "bert_base", "mixtral_4x0_3b_top1",
+                                                            "mixtral_16x0_03b_top4")},
     "step_bert_base_legacy.onnx": {"seq_len": 16, "tie_embeddings": True},  # the legacy export stores the tied decoder twice
     **{f"step_{m}_{e}.onnx": {} for m in ("vit_base", "resnet50") for e in ("legacy", "dynamo")},
 }

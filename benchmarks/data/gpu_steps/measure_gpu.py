@@ -269,6 +269,18 @@ RUNS6 = [  # set 6: models no constant was fitted on (held out), other shapes of
     ("llama-0.3b", "llama", dict(L=12, h=1024, a=16, kv=4, ffn=2816, V=32000), 4, 1024, "bf16", True),
     ("llama-1b", "llama", L1, 2, 4096, "bf16", True),
 ]
+MX4 = dict(L=6, h=2048, a=16, kv=8, ffn=2816, V=32000, E=4, k=1)
+MX16 = dict(L=4, h=1024, a=16, kv=4, ffn=1024, V=32000, E=16, k=4)
+RUNS7 = [  # set 7: two more mixture-of-experts shapes (top-1 of 4, top-4 of 16), held out from the grouped-GEMM import
+    ("mixtral-4x0.3b-top1", "mixtral", MX4, 4, 2048, "bf16", True),
+    ("mixtral-4x0.3b-top1", "mixtral", MX4, 8, 2048, "bf16", True),
+    ("mixtral-4x0.3b-top1", "mixtral", MX4, 4, 2048, "amp", True),
+    ("mixtral-16x0.03b-top4", "mixtral", MX16, 8, 1024, "bf16", True),
+    ("mixtral-16x0.03b-top4", "mixtral", MX16, 16, 1024, "bf16", True),
+    ("mixtral-16x0.03b-top4", "mixtral", MX16, 8, 1024, "amp", True),
+]
+if os.environ.get("SET") == "7":
+    RUNS = RUNS7
 if os.environ.get("SET") == "6":
     RUNS = RUNS6[::-1] if os.environ.get("REV") else RUNS6
 if os.environ.get("SET") == "5":
