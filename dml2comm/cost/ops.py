@@ -319,7 +319,8 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
                                                                                  train_view)
     _head_split_views(graph, costs, times)
     if eager:
-        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, gpu, train, is_gemm)
+        costs, times = _eager_stack(graph, tp, train_view, costs, times, hbm, hbm_eff, norm_kernels, gpu, train, is_gemm,
+                                    peak / gpu.peak_flops("fp32") if amp else 1.0)
         unfused: frozenset[int] = frozenset()
     else:
         unfused = unfused_softmax_ops(graph, tp, train)
@@ -330,7 +331,7 @@ def op_costs(graph: OpGraph, tp: TensorParallelPlan, train: DType, gpu: GPU, pea
     costs, times, sums = _gradient_sums(forks, tp, train, costs, times, hbm * hbm_eff) if forks else (costs, times, [0] * len(costs))
     counted = costs  # the ops' own kernels; the casts below count theirs (``casts``)
     costs, times, casts = _stack_casts(graph, tp, amp, eager and train.itemsize < 4, train_view, norms, is_gemm, flash,
-                                       costs, times, hbm * hbm_eff, peak / gpu.peak_flops("fp32"))
+                                       costs, times, hbm * hbm_eff)
     if scale is not None:
         times = [(f * sf, b * sb) for (f, b), (sf, sb) in zip(times, scale)]
     host, kernel_times = host_model.DEFAULT if host is None else host, times  # the times before the host model
@@ -399,8 +400,8 @@ def _host_times(times: list[tuple[float, float]], kernels: list[tuple[int, int]]
 
 def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
                  costs: list[OpCost], times: list[tuple[float, float]], hbm: float, hbm_eff: float,
-                 extra_kernels: dict[int, tuple[int, int]], gpu: GPU, train: DType, is_gemm: Sequence[bool]
-                 ) -> tuple[list[OpCost], list[tuple[float, float]]]:
+                 extra_kernels: dict[int, tuple[int, int]], gpu: GPU, train: DType, is_gemm: Sequence[bool],
+                 fp32_slowdown: float = 1.0) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """The eager-PyTorch kernels on top of the op rules: :func:`eager_costs` (bias adds, gradient
     sums to broadcast operands, GELU calls), :func:`eager_conv_layouts` and
     :func:`eager_autograd_costs`, whose extra (forward, backward) kernels are added to
@@ -408,18 +409,80 @@ def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Te
     GEMMs at their in-step share (:func:`_in_step_gemms`).  ``hbm``: the GPU's kernel bandwidth;
     ``hbm_eff``: its memory-bound efficiency; ``gpu`` (its SMs for the column sums' law,
     :mod:`dml2comm.cost.colsum`), ``train`` (the training dtype) and ``is_gemm`` (which ops are
-    matrix products): for the GEMMs' in-step share."""
+    matrix products): for the GEMMs' in-step share; ``fp32_slowdown``: under autocast, the grouped
+    expert products' (:func:`fp32_grouped_products`), 1 otherwise."""
     times = _in_step_gemms(graph, tp, train, gpu, is_gemm, times)  # the products alone, before the bias sums join them
+    times = fp32_grouped_products(graph, times, fp32_slowdown) if fp32_slowdown != 1.0 else times
     sums = ColumnSums(hbm, gpu.sm_count)
     costs, times = eager_costs(graph, tp, view, costs, times, hbm * hbm_eff, sums)
     costs, times, conv = eager_conv_layouts(graph, tp, view, costs, times, hbm)
+    costs, times, routing = eager_expert_routing(graph, tp, view, costs, times, hbm)
     costs, times, autograd = eager_autograd_costs(graph, tp, view, costs, times, hbm * hbm_eff, sums)
     batch_norm = {op.index: BATCH_NORM_EXTRA_KERNELS for op in graph.ops if op.op_type in BATCH_NORM_OPS and not costs[op.index].fallback}
-    for more in (conv, autograd, batch_norm, eager_embedding_kernels(graph, costs)):
+    for more in (conv, routing, autograd, batch_norm, eager_embedding_kernels(graph, costs)):
         for i, (f, b) in more.items():
             f0, b0 = extra_kernels.get(i, (0, 0))
             extra_kernels[i] = (f0 + f, b0 + b)
     return costs, times
+
+
+#: Hugging Face's grouped-GEMM experts (transformers ``grouped_mm``, the default on a GPU) around
+#: the grouped products of each MoE layer, read off the three bf16 Mixtral-style traces of set 6
+#: (``benchmarks/data/gpu_steps/held_out/``, H200; ``/work``-side script ``moefit``, not
+#: bundled): (1) ``masked_fill_`` over the routed rows (``[P, n]`` with a ``[P, 1]`` mask, P =
+#: tokens x top-k): each product's output and the first product's input, forward and on their
+#: gradients, at :data:`EXPERT_FILL_SHARE` of the kernel bandwidth (1.50-1.54 TB/s on the H200:
+#: 0.367-0.377); (2) the sorts, gathers and scatter-adds that put the rows in expert order and
+#: back (``sort``, ``index``, ``_index_put_impl_``, ``histc``, ``cumsum``, ``scatter_``): 126 us a
+#: layer plus :data:`EXPERT_ROUTING_BYTES` per routed row element of the hidden size at the kernel
+#: bandwidth (272 us a layer at P h = 16.8 M, 199 us at 8.4 M); (3) their launches: 1,800 kernels
+#: in the b = 4 trace where the export's ops make 1,323, about 60 more a layer (as in set 7's
+#: traces).  The host model's CPU time per kernel (:data:`dml2comm.cost.host.PYTORCH`, fitted on
+#: the export-modelled counts of dense models) charges those small launches too much: counted
+#: whole, set 6's bf16 steps came out +15 to +25%; :data:`EXPERT_ROUTING_KERNELS` is fitted on
+#: set 6's three bf16 steps instead (10 a pass: 3.3% mean; 0: 11.2%, 15: 4.1%, 30: 19.4%).  Held
+#: out, set 7's top-1-of-4 and top-4-of-16 models (``benchmarks/bench_held_out.py``): 9.4% mean
+#: over their six steps, 18.1% before this routing was costed.
+EXPERT_FILL_SHARE = 0.37
+EXPERT_ROUTING_LAYER_S = 126e-6
+EXPERT_ROUTING_BYTES = 36.0
+EXPERT_ROUTING_KERNELS = (10, 10)
+
+
+def eager_expert_routing(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
+                         costs: list[OpCost], times: list[tuple[float, float]], hbm: float
+                         ) -> tuple[list[OpCost], list[tuple[float, float]], dict[int, tuple[int, int]]]:
+    """The routing work eager Hugging Face experts run around their grouped products
+    (:data:`~dml2comm.ir.graph.GROUPED_MM`, :data:`EXPERT_FILL_SHARE` and the constants beside
+    it), charged to each MoE layer's products: every product its output's masked fill, forward
+    and backward; the first of a layer also its input's and the layer's sorts, gathers and
+    scatters, with their launches.  ``hbm``: the GPU's kernel bandwidth (bytes/s)."""
+    kernels: dict[int, tuple[int, int]] = {}
+    grouped = [op for op in graph.ops if op.aten == GROUPED_MM and not costs[op.index].fallback]
+    if not grouped:
+        return costs, times, kernels
+    costs, times = list(costs), list(times)
+    layer_of = layers_of(graph).layer_of_op
+    first = {}
+    for op in grouped:
+        first.setdefault(layer_of[op.index], op.index)
+    for op in grouped:
+        shard = tp.shards[op.index]
+        rows = view(op.inputs[1], shard.inputs[1] if len(shard.inputs) > 1 else None)
+        out = view(op.outputs[0], shard.outputs[0] if shard.outputs else None)
+        if rows is None or out is None or rows.rank != 2 or out.rank != 2:
+            continue
+        t = out.dtype.itemsize
+        fill = 2.0 * out.numel * t * op.repeat
+        _add_traffic(costs, times, op.index, fill, fill, hbm * EXPERT_FILL_SHARE, "; expert rows masked (grouped_mm)")
+        if first[layer_of[op.index]] != op.index:
+            continue
+        head = 2.0 * rows.numel * rows.dtype.itemsize * op.repeat
+        _add_traffic(costs, times, op.index, head, head, hbm * EXPERT_FILL_SHARE, "")
+        route = (EXPERT_ROUTING_LAYER_S * hbm + EXPERT_ROUTING_BYTES * rows.numel) * op.repeat / 2
+        _add_traffic(costs, times, op.index, route, route, hbm, "; expert routing (sort, gather, scatter)")
+        kernels[op.index] = EXPERT_ROUTING_KERNELS
+    return costs, times, kernels
 
 
 def eager_embedding_kernels(graph: OpGraph, costs: Sequence[OpCost]) -> dict[int, tuple[int, int]]:
@@ -441,14 +504,12 @@ def eager_embedding_kernels(graph: OpGraph, costs: Sequence[OpCost]) -> dict[int
 
 def _stack_casts(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], eager16: bool,
                  view: Callable[[str, Tensor | None], Tensor | None], norms: Sequence[UpcastRmsNorm], is_gemm: Sequence[bool],
-                 flash: Sequence[FlashCore], costs: list[OpCost], times: list[tuple[float, float]], rate: float,
-                 fp32_slowdown: float) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
-    """The casts the stack adds, with their kernels per op: autocast's (``amp``, and its grouped
-    expert products in fp32: :func:`fp32_grouped_products`), else in a pure 16-bit eager step
-    (``eager16``) the fp32 softmaxes' and RMSNorms' the export does not show."""
+                 flash: Sequence[FlashCore], costs: list[OpCost], times: list[tuple[float, float]], rate: float
+                 ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+    """The casts the stack adds, with their kernels per op: autocast's (``amp``), else in a pure
+    16-bit eager step (``eager16``) the fp32 softmaxes' and RMSNorms' the export does not show."""
     if amp:
-        costs, times, casts = autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, rate)
-        return costs, fp32_grouped_products(graph, times, fp32_slowdown), casts
+        return autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, rate)
     if eager16:
         return eager_rms_norm_upcasts(graph, tp, view, norms, *eager_fp32_softmax_costs(graph, tp, view, costs, times, rate, flash),
                                       rate)
