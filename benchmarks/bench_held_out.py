@@ -14,7 +14,7 @@ validation's own in ``dml2comm/validate/data/models/``).
 Each row: the mean step time of the processes that measured it (three for set 6, two for sets 5 and 7)
 and their spread ((max - min) / min: what the measuring machine's CPU alone moves a host-bound
 step), the prediction and its error, the predicted share of the step the GPU waits for the CPU
-(``host``), and the peak memory's error.  Nothing here is fitted; the figures are the tool's
+(``host``), the expected error the tool printed for it (``band``) and the peak memory's error.  Nothing here is fitted; the figures are the tool's
 error on data it has not seen.
 """
 
@@ -69,13 +69,16 @@ def main() -> None:
         cfg = steps.step_config(b, None if name in IMAGES else s, mode)
         analysis, host = steps.analyse_step_at(model_path(name), rows[0]["params"], "hgx-h200", cfg)
         pt, pm = analysis.summary["iteration_time_s"], analysis.summary["peak_memory_bytes"]
-        errors.setdefault(k, []).append((pt / t - 1, pm / m - 1, host or 0.0))
+        band = analysis.summary["expected_error"]
+        errors.setdefault(k, []).append((pt / t - 1, pm / m - 1, host or 0.0, band))
         print(f"set {k} {name:15s} {mode:4s} b={b:3d} s={s:4d}  measured {t * 1e3:7.2f} ms (spread {max(times) / min(times) - 1:5.1%})"
-              f"  predicted {pt * 1e3:7.2f} ms {pt / t - 1:+6.1%}  host {host or 0:4.2f}  memory {pm / m - 1:+6.1%}")
+              f"  predicted {pt * 1e3:7.2f} ms {pt / t - 1:+6.1%} (band ±{band:.1%})  host {host or 0:4.2f}  memory {pm / m - 1:+6.1%}")
     for k, rows in sorted(errors.items()):
         time = [abs(e[0]) for e in rows]
         gpu = [abs(e[0]) for e in rows if e[2] < GPU_BOUND_HOST]
-        print(f"set {k}: time {statistics.mean(time):.1%} mean |error|, {sum(e <= 0.05 for e in time)} of {len(time)} within 5%; "
+        inside = sum(abs(e[0]) <= e[3] for e in rows)
+        print(f"set {k}: time {statistics.mean(time):.1%} mean |error|, {sum(e <= 0.05 for e in time)} of {len(time)} within 5%, "
+              f"{inside} inside the band the tool printed; "
               f"GPU-bound (host wait < {GPU_BOUND_HOST:.0%}) {statistics.mean(gpu) if gpu else float('nan'):.1%} over {len(gpu)}; "
               f"memory {statistics.mean(abs(e[1]) for e in rows):.1%} mean, {max(abs(e[1]) for e in rows):.1%} worst")
 

@@ -103,3 +103,21 @@ def test_each_moe_layer_pays_its_routing_once():
     megatron = shard_op_costs(graph, 1, False, "bf16", get_gpu("h100"), False, PYTORCH, "megatron", "flash", "bf16")
     assert not any("expert routing" in c.rule for c in megatron.costs)  # Megatron-Core's own dispatcher
     assert EXPERT_ROUTING_KERNELS == (10, 10)
+
+
+def test_the_constants_taken_from_the_held_out_traces_are_recomputed_from_the_bundled_ones():
+    """benchmarks/fit_held_out_traces.py on the four bundled traces gives the shipped numbers."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_held_out_traces as fit
+    from dml2comm.cost import ops
+
+    routing = fit.expert_routing()
+    assert routing["fill_share"] == pytest.approx(ops.EXPERT_FILL_SHARE, abs=0.005)
+    assert routing["layer_s"] == pytest.approx(ops.EXPERT_ROUTING_LAYER_S, abs=2e-6)
+    assert routing["bytes_per_element"] == pytest.approx(ops.EXPERT_ROUTING_BYTES, abs=0.5)
+    assert 55 < routing["launches_per_layer"] < 65  # what ops.EXPERT_ROUTING_KERNELS charges in part
+    assert fit.pointwise_conversions() == {"1x1 s1": (33, 6), "1x1 s2": (3, 3), "3x3": (16, 16), "7x7": (1, 1)}
+    calls, mean_s = fit.rms_norm_casts()
+    assert calls == 68 and mean_s == pytest.approx(58e-6, rel=0.02)

@@ -427,9 +427,9 @@ def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Te
 
 
 #: Hugging Face's grouped-GEMM experts (transformers ``grouped_mm``, the default on a GPU) around
-#: the grouped products of each MoE layer, read off the three bf16 Mixtral-style traces of set 6
-#: (``benchmarks/data/gpu_steps/held_out/``, H200; ``/work``-side script ``moefit``, not
-#: bundled): (1) ``masked_fill_`` over the routed rows (``[P, n]`` with a ``[P, 1]`` mask, P =
+#: the grouped products of each MoE layer, read off set 6's bf16 Mixtral-style traces (H200; the
+#: b = 4 and b = 2 ones bundled in ``benchmarks/data/gpu_steps/held_out/``, recomputed by
+#: ``benchmarks/fit_held_out_traces.py``): (1) ``masked_fill_`` over the routed rows (``[P, n]`` with a ``[P, 1]`` mask, P =
 #: tokens x top-k): each product's output and the first product's input, forward and on their
 #: gradients, at :data:`EXPERT_FILL_SHARE` of the kernel bandwidth (1.50-1.54 TB/s on the H200:
 #: 0.367-0.377); (2) the sorts, gathers and scatter-adds that put the rows in expert order and
@@ -1026,7 +1026,8 @@ def _pointwise_conv(graph: OpGraph, op: Op) -> bool:
     NCHW tensors directly, without layout conversions.  Measured on the held-out ResNet-50 step
     (``benchmarks/data/gpu_steps/held_out/``, H200, cuDNN 9.19, b = 128): 27 of its 33 such
     convolutions launched no conversion forward (the six that did, five at 7 x 7 and one at
-    14 x 14, two each); its stride-2 1x1 and its 3x3 and 7x7 convolutions converted as
+    14 x 14, two each; the trace is bundled there, ``benchmarks/fit_held_out_traces.py`` counts
+    them); its stride-2 1x1 and its 3x3 and 7x7 convolutions converted as
     ResNet-18's (:data:`CONV_LAYOUT_KERNELS`).  Costed with conversions, its conversions came out
     12.4 ms against 6.3 ms in the trace, the step +9% (b = 128) and +30% (b = 64, the
     conversions' launches on the CPU); without them -11% and -2%.  ResNet-18 has none (its 1x1
@@ -1140,9 +1141,9 @@ def eager_rms_norm_upcasts(graph: OpGraph, tp: TensorParallelPlan, view: Callabl
     widening, one narrowing, a kernel each) and the ``Mul``'s and ``Pow``'s backward reading the
     gradient and ``x`` and writing ``x``'s gradient in fp32 (``5 (4 - t)``).  The squares and
     their mean are already costed in fp32 (the view of ``norms``' inner tensors).  Measured: the
-    ``aten::to`` of the Llama-3B-like step of ``benchmarks/data/gpu_steps/h200_set6_*.json``, 51 us
-    per call for four per block on its ``[8192, 3072]`` stream (the trace's ``direct_copy`` and
-    ``bfloat16_copy`` kernels).
+    bundled trace of the Llama-3B-like held-out step (``benchmarks/data/gpu_steps/held_out/``,
+    ``benchmarks/fit_held_out_traces.py``) has 68 cast kernels on its ``[4, 2048, 3072]`` stream
+    (eight a block and the final norm's), 58 us each.
 
     The casts' launches are not added to the host model's kernel count (``casts`` is returned
     unchanged): its CPU time per kernel (:data:`dml2comm.cost.host.PYTORCH`) is fitted on the
