@@ -102,7 +102,8 @@ CONV_LAYOUT_HBM_SHARE = 0.559
 #: The conversion kernels per 16-bit convolution, (forward, backward), read off the same trace
 #: (166 conversions for 20 convolutions): forward its input, weight and output, backward the
 #: output's gradient twice, the weight, the weight's gradient and the input's gradient (one fewer
-#: where the input needs no gradient), besides the convolution's own kernels.
+#: where the input needs no gradient), besides the convolution's own kernels; none for a 1x1
+#: stride-1 convolution, which cuDNN mostly runs on NCHW directly (``_pointwise_conv``).
 CONV_LAYOUT_KERNELS = (3, 5)
 #: Kernels of an eager training-mode BatchNorm beyond one per pass (:mod:`dml2comm.cost.norm`),
 #: (forward, backward): the running-statistics update and the normalisation after the
@@ -444,8 +445,12 @@ def _eager_stack(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Te
 #: out, set 7's top-1-of-4 and top-4-of-16 models (``benchmarks/bench_held_out.py``): 9.4% mean
 #: over their six steps, 18.1% before this routing was costed.
 EXPERT_FILL_SHARE = 0.37
+#: The routing's fixed time a MoE layer (seconds; :data:`EXPERT_FILL_SHARE` says how it was read).
 EXPERT_ROUTING_LAYER_S = 126e-6
+#: The routing's bytes per routed row element of the hidden size, at the kernel bandwidth (the same).
 EXPERT_ROUTING_BYTES = 36.0
+#: The routing's (forward, backward) launches a MoE layer charged to the host model: fitted on set
+#: 6's bf16 step times (:data:`EXPERT_FILL_SHARE`), of about 60 launched a layer.
 EXPERT_ROUTING_KERNELS = (10, 10)
 
 
