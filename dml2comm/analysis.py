@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dml2comm.advice import alignment_recommendations, memory_suggestions, speed_recommendations
-from dml2comm.cost.cache import (attention_cores_of, attention_sites_of, flash_cores_of, layers_of, moe_of, parameter_readers_of, tensor_parallel_of)
+from dml2comm.cost.cache import (attention_cores_of, attention_sites_of, flash_cores_of, grouped_products_of, layers_of, moe_of, parameter_readers_of, tensor_parallel_of)
 from dml2comm.cost.compute import FLOP_EFFICIENCY, hbm_efficiency_of
 from dml2comm.fmt import fmt_s
 from dml2comm.cost.gemm import sustained_factor, sustained_source
@@ -40,7 +40,7 @@ from dml2comm.errors import ConfigError
 from dml2comm.hardware.cluster import Cluster, RankMap
 from dml2comm.ir.graph import OpGraph, Tensor
 from dml2comm.ir.layers import LayerKind, LayeredGraph
-from dml2comm.ir.onnx_import import GROUPED_MM, ImportOptions, ImportResult, check_seq_len
+from dml2comm.ir.onnx_import import ImportOptions, ImportResult, check_seq_len
 from dml2comm.load import load_model
 from dml2comm.model.run import FreeRun, run
 from dml2comm.network.model import collective_cost_for_group
@@ -258,7 +258,7 @@ def analyze_graph(imported: ImportResult, config: ParallelConfig, cluster: Clust
     folded = folded_normalization_warning(graph)
     if folded:
         warnings.append(folded)
-    if config.stack is Stack.PYTORCH and Precision.of(config.precision) is Precision.AMP and any(op.aten == GROUPED_MM for op in graph.ops):
+    if config.stack is Stack.PYTORCH and Precision.of(config.precision) is Precision.AMP and grouped_products_of(graph):
         warnings.append("experts under --precision amp: PyTorch's grouped GEMM takes bf16 operands only, so under autocast "
                         "Hugging Face's experts fall back to fp32 products without tensor cores, costed so (a measured "
                         "Mixtral-style step on an H200 took 2.9x its bf16 time); --precision bf16 runs them as one grouped GEMM")

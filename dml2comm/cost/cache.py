@@ -33,7 +33,7 @@ from dml2comm.cost.attention import FlashCore, find_flash_cores
 from dml2comm.cost.gelu import GeluCall, gelu_calls
 from dml2comm.cost.memory import ActivationModel, autocast_dtypes, fp32_islands
 from dml2comm.cost.norm import UpcastRmsNorm, castless_rms_norms
-from dml2comm.ir.graph import DType, OpGraph
+from dml2comm.ir.graph import GROUPED_MM, DType, OpGraph
 from dml2comm.ir.layers import LayeredGraph, group_layers
 from dml2comm.ir.repeats import Collapsed, collapse_repeats
 from dml2comm.parallel.config import DTYPES, AttentionKernel, Stack
@@ -45,7 +45,7 @@ from dml2comm.parallel.tensor import AttentionCore, TensorParallelPlan, find_att
 __all__ = ["CacheKey", "cached", "derived", "LayersKey", "CollapsedKey", "TensorParallelKey", "NeedsGradKey",
            "ParameterReadersKey", "WeightDerivedKey", "MoEKey", "AttentionSitesKey", "ActivationsKey", "FlashCoresKey",
            "Fp32IslandsKey", "layers_of", "collapsed_of", "tensor_parallel_of", "needs_grad_of", "parameter_readers_of",
-           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of", "castless_rms_norms_of",
+           "weight_derived_of", "moe_of", "attention_sites_of", "activation_model_of", "flash_cores_of", "fp32_islands_of", "castless_rms_norms_of", "grouped_products_of",
            "AttentionCoresKey", "attention_cores_of", "GeluCallsKey", "gelu_calls_of"]
 
 T = TypeVar("T")
@@ -168,6 +168,11 @@ class Fp32IslandsKey(CacheKey):
 
 
 @dataclass(frozen=True, slots=True)
+class GroupedProductsKey(CacheKey):
+    """The routed expert products (:func:`grouped_products_of`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class CastlessRmsNormsKey(CacheKey):
     """RMSNorms whose casts the export dropped (:func:`dml2comm.cost.norm.castless_rms_norms`)."""
 
@@ -256,7 +261,7 @@ def activation_model_of(graph: OpGraph, tp_size: int, sequence_parallel: bool, d
                                train, assumed_dropout=assumed_dropout, eager=eager, flash=flash,
                                fp32=fp32_islands_of(graph) if eager else frozenset(),
                                autocast=autocast_dtypes_of(graph, train, bool(flash)) if autocast and eager else None,
-                               gelus=gelu_calls_of(graph) if eager else ())
+                               gelus=gelu_calls_of(graph) if eager else (), castless=castless_rms_norms_of(graph) if eager else None)
 
     return derived(graph, ActivationsKey(tp_size, sequence_parallel, dtype, assumed_dropout, stack, attention, autocast), build)
 
@@ -290,6 +295,12 @@ def gelu_calls_of(graph: OpGraph) -> tuple[GeluCall, ...]:
 def fp32_islands_of(graph: OpGraph) -> frozenset[str]:
     """:func:`~dml2comm.cost.memory.fp32_islands` of ``graph``, once."""
     return derived(graph, Fp32IslandsKey(), lambda: fp32_islands(graph))
+
+
+def grouped_products_of(graph: OpGraph) -> tuple[int, ...]:
+    """The ops the importer read as routed expert products (``Op.aten`` ==
+    :data:`~dml2comm.ir.graph.GROUPED_MM`), once."""
+    return derived(graph, GroupedProductsKey(), lambda: tuple(op.index for op in graph.ops if op.aten == GROUPED_MM))
 
 
 def castless_rms_norms_of(graph: OpGraph) -> tuple[UpcastRmsNorm, ...]:

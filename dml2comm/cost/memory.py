@@ -116,7 +116,7 @@ import numpy as np
 
 from dml2comm.cost.attention import FlashCore, flash_saved_lse_bytes, flash_shape
 from dml2comm.cost.gelu import GeluCall, gelu_calls
-from dml2comm.cost.norm import castless_rms_norms
+from dml2comm.cost.norm import UpcastRmsNorm, castless_rms_norms
 from dml2comm.cost.pointwise import POINTWISE_OPS
 from dml2comm.ir.graph import GROUPED_MM, DType, Op, OpGraph, Tensor
 from dml2comm.parallel.config import Optimizer, Precision, Recompute, Stack
@@ -629,6 +629,7 @@ class ActivationModel:
         fp32: frozenset[str] = frozenset(),
         autocast: Mapping[str, DType] | None = None,
         gelus: Sequence[GeluCall] | None = None,
+        castless: Sequence[UpcastRmsNorm] | None = None,
     ) -> None:
         """``eager``: no point-wise fusion (``--stack pytorch``); ``flash``: the attention cores
         that run as flash kernels (:func:`dml2comm.cost.attention.find_flash_cores`); ``fp32``:
@@ -636,7 +637,8 @@ class ActivationModel:
         of every float activation of an fp32 model under ``torch.autocast(train_dtype)``
         (:func:`autocast_dtypes`; eager only), with the casts autocast makes (:meth:`_autocast_copies`);
         ``gelus``: the graph's :func:`~dml2comm.cost.gelu.gelu_calls` when the caller holds them
-        (:func:`dml2comm.cost.cache.activation_model_of`: found once per graph)."""
+        (:func:`dml2comm.cost.cache.activation_model_of`: found once per graph), ``castless`` its
+        :func:`~dml2comm.cost.norm.castless_rms_norms` outside ``fp32`` likewise."""
         self.graph = graph
         self.needs_grad = needs_grad
         self.train_dtype = train_dtype
@@ -657,6 +659,7 @@ class ActivationModel:
         self.size = size
         self._numel = numel
         self.fp32 = fp32
+        self._castless = castless
         self.base = self._view_bases(self._copied_outputs(flash) if eager else frozenset())
         self.flash_ops = frozenset(i for core in flash for i in core.ops)
         self.flash_carriers = frozenset(core.context_op for core in flash)  # the op holding each kernel
@@ -900,7 +903,7 @@ class ActivationModel:
     def _castless_inputs(self) -> dict[int, str]:
         """The ``Pow`` and output ``Mul`` of each cast-free RMSNorm -> the norm's input."""
         out: dict[int, str] = {}
-        for norm in castless_rms_norms(self.graph, self.fp32):
+        for norm in castless_rms_norms(self.graph, self.fp32) if self._castless is None else self._castless:
             x = self.graph.ops[norm.pow_op].inputs[0]
             if self._is_activation(x):
                 out[norm.pow_op] = out[norm.mul_op] = x

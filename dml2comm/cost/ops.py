@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from dml2comm.cost.attention import BACKWARD_KERNELS, FlashCore, flash_cost, flash_shape, flash_times_s
-from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, castless_rms_norms_of, derived, flash_cores_of, fp32_islands_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
+from dml2comm.cost.cache import (CacheKey, attention_cores_of, autocast_dtypes_of, castless_rms_norms_of, derived, flash_cores_of, fp32_islands_of, grouped_products_of, gelu_calls_of, layers_of, needs_grad_of, tensor_parallel_of,
                                  weight_derived_of)
 from dml2comm.cost.calibrated import NORM_OPS, class_value, gemm_regime
 from dml2comm.cost.compute import FLOP_EFFICIENCY, gemm_dims, hbm_efficiency_of, op_times_s, roofline_s
@@ -463,7 +463,7 @@ def eager_expert_routing(graph: OpGraph, tp: TensorParallelPlan, view: Callable[
     and backward; the first of a layer also its input's and the layer's sorts, gathers and
     scatters, with their launches.  ``hbm``: the GPU's kernel bandwidth (bytes/s)."""
     kernels: dict[int, tuple[int, int]] = {}
-    grouped = [op for op in graph.ops if op.aten == GROUPED_MM and not costs[op.index].fallback]
+    grouped = [graph.ops[i] for i in grouped_products_of(graph) if not costs[i].fallback]
     if not grouped:
         return costs, times, kernels
     costs, times = list(costs), list(times)
@@ -516,8 +516,8 @@ def _stack_casts(graph: OpGraph, tp: TensorParallelPlan, amp: dict[str, DType], 
     if amp:
         return autocast_cast_costs(graph, tp, amp, is_gemm, costs, times, rate)
     if eager16:
-        return eager_rms_norm_upcasts(graph, tp, view, norms, *eager_fp32_softmax_costs(graph, tp, view, costs, times, rate, flash),
-                                      rate)
+        costs, times, casts = eager_fp32_softmax_costs(graph, tp, view, costs, times, rate, flash)
+        return (*eager_rms_norm_upcasts(graph, tp, view, norms, costs, times, rate), casts)
     return costs, times, [(0, 0)] * len(costs)
 
 
@@ -532,7 +532,7 @@ def fp32_grouped_products(graph: OpGraph, times: list[tuple[float, float]], slow
     14.8 on an H100 or H200) at the same efficiency.  Measured: that step took 169.8 ms, 2.9x its
     bf16 step; its fp32 GEMM kernels ran 4.9 TFLOP at about 45 TFLOP/s (0.67 of the 67 TFLOP/s
     plain fp32 peak)."""
-    grouped = [op.index for op in graph.ops if op.aten == GROUPED_MM]
+    grouped = grouped_products_of(graph)
     if not grouped:
         return times
     times = list(times)
@@ -1043,7 +1043,7 @@ def _pointwise_conv(graph: OpGraph, op: Op) -> bool:
     ones = [int(v) for key in ("strides", "dilations") for v in (op.attr(key) or ())]
     pads = [int(v) for v in (op.attr("pads") or ())]
     return int(op.attr("group", 1)) == 1 and all(v == 1 for v in ones) and not any(pads) and op.attr("auto_pad", "NOTSET") in (
-        "NOTSET", "VALID", b"NOTSET", b"VALID")
+        "NOTSET", "VALID")
 
 
 def eager_conv_layouts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
@@ -1134,9 +1134,8 @@ def eager_fp32_softmax_costs(graph: OpGraph, tp: TensorParallelPlan, view: Calla
 
 
 def eager_rms_norm_upcasts(graph: OpGraph, tp: TensorParallelPlan, view: Callable[[str, Tensor | None], Tensor | None],
-                           norms: Sequence[UpcastRmsNorm], costs: list[OpCost], times: list[tuple[float, float]],
-                           casts: list[tuple[int, int]], hbm: float
-                           ) -> tuple[list[OpCost], list[tuple[float, float]], list[tuple[int, int]]]:
+                           norms: Sequence[UpcastRmsNorm], costs: list[OpCost], times: list[tuple[float, float]], hbm: float
+                           ) -> tuple[list[OpCost], list[tuple[float, float]]]:
     """What eager code's fp32 RMSNorms (:func:`~dml2comm.cost.norm.castless_rms_norms`: the export
     dropped their casts) move beyond the same ops in the model's ``t``-byte dtype, per element of
     the norm's input, charged to the ``Mul`` writing its output: forward, ``x.to(torch.float32)``
@@ -1150,14 +1149,13 @@ def eager_rms_norm_upcasts(graph: OpGraph, tp: TensorParallelPlan, view: Callabl
     ``benchmarks/fit_held_out_traces.py``) has 68 cast kernels on its ``[4, 2048, 3072]`` stream
     (eight a block and the final norm's), 58 us each.
 
-    The casts' launches are not added to the host model's kernel count (``casts`` is returned
-    unchanged): its CPU time per kernel (:data:`dml2comm.cost.host.PYTORCH`) is fitted on the
+    The casts' launches are not added to the host model's kernel count: its CPU time per kernel (:data:`dml2comm.cost.host.PYTORCH`) is fitted on the
     modelled counts, which already count more forward kernels than eager PyTorch launches (views
     such as ``Slice`` and ``Expand`` launch nothing).  Counted, the refit (``bench_gpu_steps.py
     --kernel-us``) put the 49 fitted steps at 7.1% at best (37 us), uncounted 6.65% (39 us)."""
     if not norms:
-        return costs, times, casts
-    costs, times, casts = list(costs), list(times), list(casts)
+        return costs, times
+    costs, times = list(costs), list(times)
     for norm in norms:
         op = graph.ops[norm.mul_op]
         shard = tp.shards[op.index]
@@ -1170,7 +1168,7 @@ def eager_rms_norm_upcasts(graph: OpGraph, tp: TensorParallelPlan, view: Callabl
         _add_traffic(costs, times, op.index, 3 * n * wider + narrow, 5 * n * wider + narrow, hbm,
                      "; RMSNorm in fp32 (x.to(torch.float32) ... .to(input_dtype))")
         _add_traffic(costs, times, op.index, widen, widen, hbm * WIDENING_CAST_SHARE, "")
-    return costs, times, casts
+    return costs, times
 
 
 def _is_linear_bias(graph: OpGraph, op: Op) -> bool:

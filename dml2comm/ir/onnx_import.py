@@ -50,7 +50,7 @@ from onnx import TensorProto
 from dml2comm.errors import ConfigError, Dml2CommError, InputFileError, ModelError, UnboundDimError
 from dml2comm.ir.graph import GROUPED_MM, Call, DType, Op, OpGraph, Tensor, vocab_table
 
-__all__ = ["GROUPED_MM", "ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "tied_copies",
+__all__ = ["ImportOptions", "ImportResult", "OpForwardCost", "SequenceInfo", "read_model", "read_model_proto", "check_seq_len", "tied_copies",
            "CONTROL_FLOW_OPS"]
 
 #: Protobuf refuses messages over 2 GiB; such models are inferred from their path instead.
