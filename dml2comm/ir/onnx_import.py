@@ -593,7 +593,7 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
     if not any(n.op_type == "GatherND" for n in graph.node):
         return 0
     producer = {o: n for n in graph.node for o in n.output}
-    weights = {init.name for init in graph.initializer}
+    weights = {init.name: len(init.dims) for init in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for i in n.input:
@@ -638,14 +638,15 @@ def _group_routed_expert_products(model: onnx.ModelProto) -> int:
     return len(replace_at)
 
 
-def _is_parameter_view(name: str, producer: Mapping[str, onnx.NodeProto], weights: set[str], depth: int = 4) -> bool:
-    """``name`` is an initializer, or one seen through at most ``depth`` transposes, reshapes,
-    casts or identities (the stacked expert weights a routed product picks from)."""
+def _is_parameter_view(name: str, producer: Mapping[str, onnx.NodeProto], weights: Mapping[str, int], depth: int = 4) -> bool:
+    """``name`` is a 3-D initializer (``weights``: name -> rank), or one seen through at most
+    ``depth`` transposes, casts or identities: the stacked ``[E, n, k]`` expert weights a routed
+    product picks from."""
     for _ in range(depth + 1):
         if name in weights:
-            return True
+            return weights[name] == 3
         node = producer.get(name)
-        if node is None or node.op_type not in ("Transpose", "Reshape", "Identity", "Cast") or not node.input:
+        if node is None or node.op_type not in ("Transpose", "Identity", "Cast") or not node.input:
             return False
         name = node.input[0]
     return False
